@@ -1,0 +1,311 @@
+"""Attention with Laplacian heads (Zhang & Papyan, arXiv 2602.09297).
+
+A standard head updates the residual stream with ``P V``, where
+``P = softmax(Q K^T / sqrt(head_dim) + mask)`` is row-stochastic. A
+*Laplacian head* uses the random-walk graph Laplacian ``I - P`` instead::
+
+    X <- X + sum_{i in A} P_i X W_Vi W_Oi + sum_{i in L} (I - P_i) X W_Vi W_Oi
+
+so its output before the output projection is ``V_i - P_i V_i``. It is taken
+from the same ``P V`` a standard head computes, so any fused kernel serves both
+kinds of head and no ``[length, length]`` tensor is formed.
+
+:func:`attend` is the seam where the kernel is chosen (``"xla"``, ``"cudnn"``,
+or the materialising ``"reference"``); :class:`MultiHeadAttention` holds the
+projections, qk-norm, dropout and the spectral conditioning of
+:mod:`laplax.spectral`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from laplax import spectral
+
+IMPLEMENTATIONS = (None, "xla", "cudnn", "reference")
+# Masked logits get this value rather than -inf, so that fully masked rows and
+# bfloat16 never produce NaN (the softmax is taken in float32).
+MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
+
+
+def laplacian_heads(num_heads: int, num_laplacian_heads: int = 0,
+                    mask: Sequence[bool] | None = None) -> np.ndarray:
+  """Which heads of a layer are Laplacian, as a bool array ``[num_heads]``.
+
+  Args:
+    num_heads: heads in the layer.
+    num_laplacian_heads: ``k``: the *last* ``k`` heads are Laplacian, as in the
+      reference runs ("ViT-S-5L" = 5 of 6).
+    mask: explicit per-head booleans; overrides ``num_laplacian_heads``.
+
+  Raises:
+    ValueError: ``k`` outside ``[0, num_heads]`` or a mask of the wrong length.
+  """
+  if mask is not None:
+    mask = np.asarray(mask, dtype=bool)
+    if mask.shape != (num_heads,):
+      raise ValueError(
+          f"laplacian head mask has {mask.size} entries but the layer has "
+          f"num_heads={num_heads}; give one boolean per head")
+    return mask
+  k = int(num_laplacian_heads)
+  if not 0 <= k <= num_heads:
+    raise ValueError(
+        f"num_laplacian_heads={k} is outside 0..num_heads={num_heads}; "
+        f"choose at most num_heads Laplacian heads")
+  return np.arange(num_heads) >= num_heads - k
+
+
+def _combine_masks(mask, is_causal, q_len, kv_len):
+  if is_causal:
+    # Queries are the last q_len positions of the kv_len keys (KV-cache style).
+    causal = (jnp.arange(q_len)[:, None] + (kv_len - q_len)
+              >= jnp.arange(kv_len)[None, :])[None, None]
+    mask = causal if mask is None else jnp.logical_and(mask, causal)
+  return mask
+
+
+def reference_attention(query, key, value, *, mask=None, is_causal=False,
+                        scale=None, dropout_rate=0.0, dropout_rng=None):
+  """Dense softmax attention that materialises ``P``.
+
+  Args:
+    query: ``[batch, q_length, num_heads, head_dim]``.
+    key, value: ``[batch, kv_length, num_kv_heads, head_dim]``; ``num_kv_heads``
+      divides ``num_heads`` (grouped-query attention repeats them).
+    mask: bool, broadcastable to ``[batch, num_heads, q_length, kv_length]``,
+      True = attend.
+    is_causal: add the causal mask (queries aligned to the last keys).
+    scale: logit scale, default ``1 / sqrt(head_dim)``.
+    dropout_rate, dropout_rng: attention dropout on ``P`` (inverted scaling).
+
+  Returns:
+    ``(PV, P)``: ``PV`` ``[batch, q_length, num_heads, head_dim]`` in
+    ``value.dtype`` and ``P`` float32 ``[batch, num_heads, q_length, kv_length]``
+    (after dropout). Logits and softmax are computed in float32.
+  """
+  num_heads, num_kv = query.shape[-2], key.shape[-2]
+  if num_heads != num_kv:
+    key = jnp.repeat(key, num_heads // num_kv, axis=-2)
+    value = jnp.repeat(value, num_heads // num_kv, axis=-2)
+  scale = query.shape[-1] ** -0.5 if scale is None else scale
+  logits = jnp.einsum("bqhd,bkhd->bhqk", query.astype(jnp.float32),
+                      key.astype(jnp.float32)) * scale
+  mask = _combine_masks(mask, is_causal, query.shape[1], key.shape[1])
+  if mask is not None:
+    logits = jnp.where(mask, logits, MASK_VALUE)
+  probs = jax.nn.softmax(logits, axis=-1)
+  if dropout_rate > 0.0 and dropout_rng is not None:
+    keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, probs.shape)
+    probs = jnp.where(keep, probs / (1.0 - dropout_rate), 0.0)
+  pv = jnp.einsum("bhqk,bkhd->bqhd", probs, value.astype(jnp.float32))
+  return pv.astype(value.dtype), probs
+
+
+def attend(query: jax.Array, key: jax.Array, value: jax.Array, *,
+           laplacian: Any, mask: jax.Array | None = None, is_causal: bool = False,
+           implementation: str | None = None, scale: float | None = None,
+           dropout_rate: float = 0.0, dropout_rng: jax.Array | None = None,
+           residual_value: jax.Array | None = None,
+           return_weights: bool = False):
+  """Multi-head attention where some heads are Laplacian (``V - P V``).
+
+  Standard heads return ``P_i V_i``, Laplacian heads ``V_i - P_i V_i``
+  (Zhang & Papyan 2026, the update ``sum_A P X W_V W_O + sum_L (I - P) X W_V W_O``),
+  both from one ``P V`` computation: ``jax.nn.dot_product_attention`` for
+  ``"xla"``/``"cudnn"`` (no ``[length, length]`` tensor with a fused kernel), or
+  :func:`reference_attention`. In causal attention token ``t``'s Laplacian
+  output is ``v_t - sum_{j<=t} p_tj v_j``, so token 0's is exactly 0.
+
+  Args:
+    query: ``[batch, q_length, num_heads, head_dim]``.
+    key, value: ``[batch, kv_length, num_kv_heads, head_dim]``.
+    laplacian: bool per head, ``[num_heads]`` (see :func:`laplacian_heads`).
+    mask: bool, broadcastable to ``[batch, num_heads, q_length, kv_length]``,
+      True = attend.
+    is_causal: causal attention (queries aligned to the last keys).
+    implementation: ``None`` (let JAX choose), ``"xla"``, ``"cudnn"`` (fused
+      flash attention, NVIDIA GPUs only) or ``"reference"`` (materialises ``P``).
+    scale: logit scale, default ``1 / sqrt(head_dim)``.
+    dropout_rate, dropout_rng: attention dropout on ``P``; when active it needs
+      ``P`` and therefore runs the reference implementation.
+    residual_value: the values at the query positions, ``[batch, q_length,
+      num_kv_heads, head_dim]``, the ``V`` of ``V - P V``. Defaults to ``value``,
+      which requires ``q_length == kv_length``; with a KV cache pass the current
+      chunk's values.
+    return_weights: also return ``P`` (``"reference"`` only).
+
+  Returns:
+    ``[batch, q_length, num_heads, head_dim]`` in ``value.dtype``; with
+    ``return_weights`` the pair ``(output, P)``, ``P`` float32
+    ``[batch, num_heads, q_length, kv_length]``.
+
+  Raises:
+    ValueError: unknown implementation, ``laplacian`` of the wrong length,
+      missing ``residual_value`` when lengths differ, or ``return_weights``
+      with a fused implementation.
+  """
+  if implementation not in IMPLEMENTATIONS:
+    raise ValueError(
+        f"attention implementation {implementation!r} is unknown; use one of "
+        f"'xla', 'cudnn', 'reference' or None")
+  num_heads = query.shape[-2]
+  try:
+    laplacian_np = np.asarray(laplacian, dtype=bool)
+  except jax.errors.TracerArrayConversionError:  # traced: decided at run time
+    laplacian_np = None
+  if np.shape(laplacian) != (num_heads,):
+    raise ValueError(
+        f"laplacian has shape {np.shape(laplacian)}; expected ({num_heads},), "
+        f"one boolean per query head")
+  use_dropout = dropout_rate > 0.0 and dropout_rng is not None
+  weights = None
+  if implementation == "reference" or use_dropout or return_weights:
+    if return_weights and implementation not in (None, "reference"):
+      raise ValueError("return_weights needs implementation='reference'")
+    pv, weights = reference_attention(
+        query, key, value, mask=mask, is_causal=is_causal, scale=scale,
+        dropout_rate=dropout_rate if use_dropout else 0.0,
+        dropout_rng=dropout_rng)
+  else:
+    if mask is not None:
+      mask = jnp.broadcast_to(
+          mask, (query.shape[0], num_heads, query.shape[1], key.shape[1]))
+    if is_causal and query.shape[1] != key.shape[1]:
+      mask = _combine_masks(mask, True, query.shape[1], key.shape[1])
+      is_causal = False
+    pv = jax.nn.dot_product_attention(
+        query, key, value, mask=mask, scale=scale, is_causal=is_causal,
+        implementation=implementation)
+
+  if laplacian_np is not None and not laplacian_np.any():
+    out = pv
+  else:
+    if residual_value is None:
+      if query.shape[1] != value.shape[1]:
+        raise ValueError(
+            "Laplacian heads need the values at the query positions: pass "
+            "residual_value when q_length != kv_length (e.g. with a KV cache)")
+      residual_value = value
+    if residual_value.shape[-2] != num_heads:  # grouped-query attention
+      residual_value = jnp.repeat(
+          residual_value, num_heads // residual_value.shape[-2], axis=-2)
+    lap_out = (residual_value - pv).astype(pv.dtype)
+    if laplacian_np is not None and laplacian_np.all():
+      out = lap_out
+    else:
+      sel = jnp.asarray(laplacian, dtype=bool)[:, None]
+      out = jnp.where(sel, lap_out, pv)
+  return (out, weights) if return_weights else out
+
+
+class ProjectionDense(nn.Module):
+  """Dense projection ``y = x (W + C) + b`` with an optional spectral correction.
+
+  ``C`` comes from :func:`laplax.spectral.correction` and is a constant: the
+  parameter tree (``kernel [in, features]``, ``bias [features]``) is the
+  baseline's, and ``dW`` is the baseline gradient at weights ``W + C``.
+
+  Attributes:
+    features: output dimension (``num_heads * head_dim``).
+    num_heads: column blocks for the ``"per_head"`` correction.
+    spectral_lam: ``lambda``; ``None`` disables the correction.
+    spectral_mode: ``"per_head"``, ``"full"`` or ``"svd"``.
+  """
+  features: int
+  num_heads: int = 1
+  use_bias: bool = True
+  spectral_lam: float | None = None
+  spectral_mode: str = "per_head"
+  dtype: Any = None
+  kernel_init: Callable = nn.initializers.xavier_uniform()
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    """``x [..., in] -> [..., features]`` in ``dtype`` (default ``x.dtype``)."""
+    kernel = self.param("kernel", self.kernel_init, (x.shape[-1], self.features),
+                        jnp.float32)
+    if self.spectral_lam is not None:
+      kernel = spectral.conditioned(kernel, lam=self.spectral_lam,
+                                    mode=self.spectral_mode,
+                                    num_heads=self.num_heads)
+    dtype = self.dtype or x.dtype
+    y = jnp.dot(x.astype(dtype), kernel.astype(dtype))
+    if self.use_bias:
+      bias = self.param("bias", nn.initializers.zeros, (self.features,),
+                        jnp.float32)
+      y = y + bias.astype(dtype)
+    return y
+
+
+class MultiHeadAttention(nn.Module):
+  """Self-attention with Laplacian heads and spectrally conditioned projections.
+
+  Input ``x [batch, length, model_dim]`` -> output ``[batch, length, model_dim]``.
+  ``W_Q, W_K, W_V`` are ``[model_dim, num_heads * head_dim]`` (plus the fixed
+  correction ``C`` when ``spectral_lam`` is set), ``W_O`` is
+  ``[num_heads * head_dim, model_dim]`` and is never corrected.
+
+  Attributes:
+    num_heads: attention heads.
+    head_dim: per-head dimension; default ``model_dim // num_heads``.
+    num_laplacian_heads: the last ``k`` heads use ``I - P``.
+    laplacian_mask: explicit per-head booleans (overrides the count).
+    qk_norm: LayerNorm over ``head_dim`` of queries and keys (DeiT-3 recipe).
+    attention_dropout: dropout on ``P`` (forces the reference kernel).
+    dropout: dropout on the output projection.
+    spectral_lam, spectral_mode: spectral conditioning (``None`` = off).
+    implementation: kernel for :func:`attend`.
+    use_bias: biases on the q/k/v projections.
+    dtype: compute dtype of the matmuls (parameters stay float32).
+    out_init: initialiser of ``W_O`` (GPT uses a depth-scaled normal).
+  """
+  num_heads: int
+  head_dim: int | None = None
+  num_laplacian_heads: int = 0
+  laplacian_mask: Sequence[bool] | None = None
+  qk_norm: bool = False
+  attention_dropout: float = 0.0
+  dropout: float = 0.0
+  spectral_lam: float | None = None
+  spectral_mode: str = "per_head"
+  implementation: str | None = None
+  use_bias: bool = True
+  dtype: Any = None
+  kernel_init: Callable = nn.initializers.xavier_uniform()
+  out_init: Callable = nn.initializers.xavier_uniform()
+
+  @nn.compact
+  def __call__(self, x: jax.Array, *, mask: jax.Array | None = None,
+               is_causal: bool = False, deterministic: bool = True):
+    """Applies attention; ``mask`` broadcasts to ``[batch, heads, length, length]``."""
+    model_dim = x.shape[-1]
+    head_dim = self.head_dim or model_dim // self.num_heads
+    laplacian = laplacian_heads(self.num_heads, self.num_laplacian_heads,
+                                self.laplacian_mask)
+    def project(name):
+      y = ProjectionDense(
+          self.num_heads * head_dim, num_heads=self.num_heads,
+          use_bias=self.use_bias, spectral_lam=self.spectral_lam,
+          spectral_mode=self.spectral_mode, dtype=self.dtype,
+          kernel_init=self.kernel_init, name=name)(x)
+      return y.reshape(*x.shape[:-1], self.num_heads, head_dim)
+    q, k, v = project("query"), project("key"), project("value")
+    if self.qk_norm:
+      q = nn.LayerNorm(name="query_norm", dtype=jnp.float32)(q).astype(v.dtype)
+      k = nn.LayerNorm(name="key_norm", dtype=jnp.float32)(k).astype(v.dtype)
+    dropout_rng = None
+    if not deterministic and self.attention_dropout > 0.0:
+      dropout_rng = self.make_rng("dropout")
+    y = attend(q, k, v, laplacian=laplacian, mask=mask, is_causal=is_causal,
+               implementation=self.implementation,
+               dropout_rate=self.attention_dropout, dropout_rng=dropout_rng)
+    y = y.reshape(*x.shape[:-1], self.num_heads * head_dim)
+    y = ProjectionDense(model_dim, dtype=self.dtype, kernel_init=self.out_init,
+                        name="out")(y)
+    return nn.Dropout(self.dropout)(y, deterministic=deterministic)

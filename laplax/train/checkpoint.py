@@ -1,0 +1,112 @@
+"""Checkpoints: an orbax CheckpointManager holding the whole state of a run.
+
+Each step directory holds two items: ``state`` (step, parameters, optimizer
+state, RNG key; :class:`TrainState`) and ``data`` (the grain iterator state as
+JSON), so a resumed run continues exactly where the saved one stood. Orbax
+writes each step into a temporary directory and renames it when complete, so
+a killed save never replaces the previous checkpoint.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import flax
+import jax
+import orbax.checkpoint as ocp
+
+
+@flax.struct.dataclass
+class TrainState:
+  """Everything that decides the rest of a run, besides the data position.
+
+  Attributes:
+    step: int32 scalar, number of updates applied.
+    params: float32 parameter pytree.
+    opt_state: optax state pytree.
+    rng: uint32 ``[2]`` raw key; step ``t`` uses ``fold_in(rng, t)``.
+  """
+  step: jax.Array
+  params: Any
+  opt_state: Any
+  rng: jax.Array
+
+
+class Checkpointer:
+  """Saves and restores :class:`TrainState` plus the data iterator state.
+
+  Args:
+    directory: where step directories live (created if missing).
+    max_to_keep: how many recent checkpoints to keep.
+  """
+
+  def __init__(self, directory: str, max_to_keep: int = 3):
+    self.directory = os.path.abspath(directory)
+    self.manager = ocp.CheckpointManager(
+        self.directory,
+        options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True),
+        item_names=("state", "data"))
+
+  def all_steps(self) -> list[int]:
+    """Steps of the complete checkpoints, ascending."""
+    return sorted(self.manager.all_steps())
+
+  def latest_step(self) -> int | None:
+    """The newest complete step, or ``None``."""
+    return self.manager.latest_step()
+
+  def save(self, state: TrainState, data_state: dict | None, *,
+           force: bool = False) -> bool:
+    """Starts an asynchronous save of ``state`` at ``state.step``.
+
+    Returns whether a save was started (orbax skips a step already saved).
+    """
+    step = int(jax.device_get(state.step))
+    if step in self.manager.all_steps():
+      return False
+    return self.manager.save(
+        step, args=ocp.args.Composite(
+            state=ocp.args.StandardSave(state),
+            data=ocp.args.JsonSave(data_state or {})), force=force)
+
+  def restore(self, abstract_state: TrainState, step: int | None = None,
+              with_data: bool = True):
+    """Restores ``(state, data_state)`` at ``step`` (default: the newest usable).
+
+    ``abstract_state`` gives the tree, shapes, dtypes and shardings
+    (``jax.ShapeDtypeStruct`` leaves). When the newest checkpoint cannot be
+    read it is skipped with a warning naming it and the previous one is used.
+
+    Raises:
+      FileNotFoundError: there is no readable checkpoint.
+    """
+    steps = [step] if step is not None else self.all_steps()[::-1]
+    if not steps:
+      raise FileNotFoundError(f"no checkpoint in {self.directory}")
+    for i, s in enumerate(steps):
+      items = {"state": ocp.args.StandardRestore(abstract_state)}
+      if with_data:
+        items["data"] = ocp.args.JsonRestore()
+      try:
+        restored = self.manager.restore(s, args=ocp.args.Composite(**items))
+      except Exception as e:  # pylint: disable=broad-except
+        if i + 1 == len(steps):
+          raise FileNotFoundError(
+              f"no readable checkpoint in {self.directory}: step {s} failed "
+              f"({type(e).__name__}: {e})") from e
+        logging.warning("checkpoint step %d in %s is unreadable (%s); using the "
+                        "previous one", s, self.directory, type(e).__name__)
+        continue
+      return restored["state"], (restored["data"] if with_data else None)
+    raise FileNotFoundError(f"no checkpoint in {self.directory}")
+
+  def wait(self) -> None:
+    """Blocks until every started save is committed."""
+    self.manager.wait_until_finished()
+
+  def close(self) -> None:
+    """Waits for pending saves and releases the manager."""
+    self.manager.wait_until_finished()
+    self.manager.close()

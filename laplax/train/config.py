@@ -1,0 +1,188 @@
+"""Validation of a training ConfigDict, before anything is compiled, prepared or written.
+
+Every problem is reported as one :class:`ConfigError` whose message is a single
+line saying what is wrong and how to fix it; the CLIs print it and exit 2.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import jax
+import ml_collections
+
+from laplax import attention, spectral
+
+TASKS = ("classification",)
+DTYPES = ("float32", "bfloat16")
+# Keys every config has (the documented contract of train.py).
+REQUIRED = (
+    "task", "seed", "batch_size", "total_steps", "log_every", "eval_every",
+    "checkpoint_every", "model.num_heads", "model.num_laplacian_heads",
+    "model.spectral.enabled", "model.spectral.lam", "model.spectral.mode",
+    "data.data_dir", "data.source_dir")
+# Model keys that decide the parameter tree: a workdir whose saved config
+# differs in one of these belongs to another run.
+ARCHITECTURE_KEYS = ("task", "model", "data.name", "data.image_size")
+
+
+class ConfigError(ValueError):
+  """A config that cannot run; the message is one line with the fix."""
+
+
+def get(config: ml_collections.ConfigDict, dotted: str, default: Any = KeyError):
+  """Returns ``config.a.b`` for ``"a.b"``; ``default`` (or KeyError) if missing."""
+  node = config
+  for part in dotted.split("."):
+    if not isinstance(node, (ml_collections.ConfigDict, dict)) or part not in node:
+      if default is KeyError:
+        raise KeyError(dotted)
+      return default
+    node = node[part]
+  return node
+
+
+def _require(cond: bool, message: str) -> None:
+  if not cond:
+    raise ConfigError(message)
+
+
+def _int(config, key, minimum):
+  value = get(config, key)
+  _require(isinstance(value, int) and not isinstance(value, bool) and value >= minimum,
+           f"config.{key}={value!r} must be an integer >= {minimum}")
+  return value
+
+
+def _float(config, key, minimum, maximum=float("inf"), open_min=False):
+  value = get(config, key)
+  ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+  ok = ok and (value > minimum if open_min else value >= minimum) and value <= maximum
+  bound = f"> {minimum}" if open_min else f">= {minimum}"
+  if maximum != float("inf"):
+    bound += f" and <= {maximum}"
+  _require(ok, f"config.{key}={value!r} must be a number {bound}")
+  return value
+
+
+def validate(config: ml_collections.ConfigDict) -> None:
+  """Checks types, ranges and consistency of every key the trainer reads.
+
+  Raises:
+    ConfigError: the first problem found, as one line naming the key and the fix.
+  """
+  for key in REQUIRED:
+    try:
+      get(config, key)
+    except KeyError:
+      raise ConfigError(f"config.{key} is missing; every laplax config defines it "
+                        f"(see configs/vit_fashion_mnist.py)") from None
+  _require(config.task in TASKS,
+           f"config.task={config.task!r} is unknown; use one of {', '.join(TASKS)}")
+  _int(config, "seed", 0)
+  _int(config, "batch_size", 1)
+  _int(config, "total_steps", 0)
+  for key in ("log_every", "eval_every", "checkpoint_every"):
+    _int(config, key, 1)
+  _int(config, "eval_batch_size", 1)
+
+  m = config.model
+  num_heads = _int(config, "model.num_heads", 1)
+  width = _int(config, "model.width", 1)
+  depth = _int(config, "model.depth", 1)
+  _int(config, "model.mlp_dim", 1)
+  patch = _int(config, "model.patch_size", 1)
+  _require(width % num_heads == 0,
+           f"config.model.width={width} is not divisible by config.model.num_heads="
+           f"{num_heads}; choose num_heads dividing the width")
+  counts = m.num_laplacian_heads
+  counts = list(counts) if isinstance(counts, (list, tuple)) else [counts] * depth
+  _require(len(counts) == depth,
+           f"config.model.num_laplacian_heads has {len(counts)} entries but "
+           f"model.depth={depth}; give one count per layer or a single int")
+  for k in counts:
+    _require(isinstance(k, int) and not isinstance(k, bool) and 0 <= k <= num_heads,
+             f"config.model.num_laplacian_heads={m.num_laplacian_heads!r} must be "
+             f"in 0..num_heads={num_heads} (the last k heads of a layer are Laplacian)")
+  mask = get(config, "model.laplacian_mask", None)
+  if mask is not None:
+    _require(len(mask) == depth and all(len(row) == num_heads for row in mask),
+             f"config.model.laplacian_mask must be {depth} lists of {num_heads} "
+             f"booleans (one per layer and head)")
+  for key in ("dropout", "attention_dropout", "drop_path"):
+    _float(config, f"model.{key}", 0.0, 0.99)
+  _require(m.posemb in ("learn", "sincos2d"),
+           f"config.model.posemb={m.posemb!r} is unknown; use 'learn' or 'sincos2d'")
+  _require(m.pool in ("tok", "gap"),
+           f"config.model.pool={m.pool!r} is unknown; use 'tok' or 'gap'")
+  _require(m.dtype in DTYPES,
+           f"config.model.dtype={m.dtype!r} is unknown; use one of {', '.join(DTYPES)}")
+  impl = m.implementation
+  _require(impl in attention.IMPLEMENTATIONS,
+           f"config.model.implementation={impl!r} is unknown; use 'xla', 'cudnn', "
+           f"'reference' or None")
+  if impl == "cudnn":
+    _require(jax.default_backend() == "gpu",
+             f"config.model.implementation='cudnn' needs an NVIDIA GPU but JAX runs "
+             f"on {jax.default_backend()!r}; use 'xla'")
+  _require(m.spectral.mode in spectral.MODES,
+           f"config.model.spectral.mode={m.spectral.mode!r} is unknown; use one of "
+           f"{', '.join(spectral.MODES)}")
+  _float(config, "model.spectral.lam", 0.0)
+  _require(isinstance(m.spectral.enabled, bool),
+           f"config.model.spectral.enabled={m.spectral.enabled!r} must be True or False")
+
+  image_size = get(config, "data.image_size", None)
+  if image_size is not None:
+    _int(config, "data.image_size", 1)
+    _require(image_size % patch == 0,
+             f"config.data.image_size={image_size} is not divisible by "
+             f"config.model.patch_size={patch}; change one of them")
+
+  o = config.optim
+  _float(config, "optim.lr", 0.0, open_min=True)
+  _float(config, "optim.weight_decay", 0.0)
+  _float(config, "optim.b1", 0.0, 1.0)
+  _float(config, "optim.b2", 0.0, 1.0)
+  _int(config, "optim.warmup_steps", 0)
+  if o.grad_clip is not None:
+    _float(config, "optim.grad_clip", 0.0, open_min=True)
+  _float(config, "optim.min_lr_ratio", 0.0, 1.0)
+  _float(config, "loss.label_smoothing", 0.0, 0.99)
+  _require(config.loss.type in ("softmax", "sigmoid"),
+           f"config.loss.type={config.loss.type!r} is unknown; use 'softmax' or 'sigmoid'")
+  _float(config, "loss.mixup", 0.0)
+  _float(config, "loss.cutmix", 0.0)
+
+
+def check_image_size(config: ml_collections.ConfigDict, image_shape) -> None:
+  """Checks the data's image size ``(H, W, C)`` against ``model.patch_size``.
+
+  Raises:
+    ConfigError: height or width not divisible by the patch size.
+  """
+  h, w = image_shape[:2]
+  p = config.model.patch_size
+  _require(h % p == 0 and w % p == 0,
+           f"image size {h}x{w} of dataset {config.data.name!r} is not divisible by "
+           f"config.model.patch_size={p}; choose a patch size that divides it or "
+           f"set config.data.image_size")
+
+
+def architecture_diff(saved: dict, config: ml_collections.ConfigDict) -> list[str]:
+  """Dotted keys under :data:`ARCHITECTURE_KEYS` where ``saved`` and ``config`` differ."""
+  new = json.loads(config.to_json())
+
+  def flatten(d, prefix=""):
+    if isinstance(d, dict):
+      out = {}
+      for k, v in d.items():
+        out.update(flatten(v, f"{prefix}{k}."))
+      return out
+    return {prefix[:-1]: list(d) if isinstance(d, tuple) else d}
+
+  a, b = flatten(saved), flatten(new)
+  keys = [k for k in sorted(set(a) | set(b))
+          if any(k == p or k.startswith(p + ".") for p in ARCHITECTURE_KEYS)]
+  return [k for k in keys if a.get(k) != b.get(k)]

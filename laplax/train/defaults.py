@@ -1,0 +1,104 @@
+"""Defaults shared by the config files in ``configs/``.
+
+Each config file's ``get_config(arg)`` starts from :func:`base_config`, parses
+its ``FILE.py:key=value,...`` argument with :func:`parse_arg`, and sets what
+its experiment changes.
+"""
+
+from __future__ import annotations
+
+import ast
+
+import ml_collections
+from ml_collections import config_dict
+
+
+def parse_arg(arg: str | None, **defaults) -> ml_collections.ConfigDict:
+  """Parses ``"laplacian=5,spectral=True"`` into a ConfigDict over ``defaults``.
+
+  Values are Python literals (``True``, ``12``, ``0.1``) or bare strings.
+
+  Raises:
+    ValueError: a key that is not in ``defaults`` or an item without ``=``.
+  """
+  out = ml_collections.ConfigDict(defaults)
+  for item in filter(None, (arg or "").split(",")):
+    key, sep, value = item.partition("=")
+    if not sep or key not in defaults:
+      raise ValueError(
+          f"config argument {item!r} is not key=value with key in "
+          f"{', '.join(defaults)}")
+    try:
+      value = ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+      pass
+    out[key] = value
+  return out
+
+
+def base_config() -> ml_collections.ConfigDict:
+  """Every key the trainer reads, with CPU-friendly defaults."""
+  c = ml_collections.ConfigDict()
+  c.task = "classification"
+  c.seed = 0
+  c.batch_size = 128
+  c.eval_batch_size = 500
+  c.total_steps = 1000
+  c.log_every = 50
+  c.eval_every = 1000
+  c.checkpoint_every = 500
+  c.keep_checkpoints = 3
+
+  c.data = ml_collections.ConfigDict()
+  c.data.name = "fashion_mnist_idx"
+  c.data.data_dir = "~/tensorflow_datasets"
+  c.data.source_dir = "/usr/share/datasets/fashion-mnist"
+  c.data.train_split = "train"
+  c.data.eval_split = "test"
+  c.data.image_size = config_dict.placeholder(int)
+  c.data.crop_padding = 2
+  c.data.flip = True
+  c.data.mean = config_dict.placeholder(tuple)
+  c.data.std = config_dict.placeholder(tuple)
+  c.data.num_threads = 2
+  c.data.prefetch = 4
+
+  c.model = ml_collections.ConfigDict()
+  c.model.name = "vit"
+  c.model.patch_size = 4
+  c.model.width = 128
+  c.model.depth = 4
+  c.model.mlp_dim = 256
+  c.model.num_heads = 4
+  c.model.num_laplacian_heads = 0
+  c.model.laplacian_mask = config_dict.placeholder(tuple)
+  c.model.qk_norm = False
+  c.model.dropout = 0.0
+  c.model.attention_dropout = 0.0
+  c.model.drop_path = 0.0
+  c.model.layerscale_init = config_dict.placeholder(float)
+  c.model.posemb = "learn"
+  c.model.pool = "tok"
+  c.model.implementation = config_dict.placeholder(str)
+  c.model.dtype = "float32"
+  c.model.spectral = ml_collections.ConfigDict()
+  c.model.spectral.enabled = False
+  c.model.spectral.lam = 10.0
+  c.model.spectral.mode = "per_head"
+
+  c.optim = ml_collections.ConfigDict()
+  c.optim.lr = 1e-3
+  c.optim.b1 = 0.9
+  c.optim.b2 = 0.999
+  c.optim.weight_decay = 0.05
+  c.optim.warmup_steps = 100
+  c.optim.min_lr_ratio = 0.0
+  c.optim.grad_clip = 1.0
+  c.optim.weight_decay_exclude = ("pos_embedding", "cls")
+
+  c.loss = ml_collections.ConfigDict()
+  c.loss.type = "softmax"
+  c.loss.label_smoothing = 0.1
+  c.loss.mixup = 0.0
+  c.loss.cutmix = 0.0
+  return c

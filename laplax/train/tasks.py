@@ -1,0 +1,152 @@
+"""Tasks: what the one training loop needs to know about a model and its loss.
+
+A task builds its model from the config, says what a batch looks like, and
+gives the training loss and the evaluation sums. Adding a task is one class
+here and one entry in :data:`TASKS`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+
+from laplax.models.vit import ViT
+
+
+def compute_dtype(name: str):
+  """``"float32"`` / ``"bfloat16"`` -> the jnp dtype (``None`` for float32)."""
+  return None if name == "float32" else jnp.dtype(name)
+
+
+def vit_from_config(model: ml_collections.ConfigDict, num_classes: int) -> ViT:
+  """Builds the :class:`~laplax.models.vit.ViT` a ``config.model`` describes."""
+  counts = model.num_laplacian_heads
+  mask = model.get("laplacian_mask", None)
+  return ViT(
+      num_classes=num_classes, patch_size=model.patch_size, width=model.width,
+      depth=model.depth, mlp_dim=model.mlp_dim, num_heads=model.num_heads,
+      num_laplacian_heads=tuple(counts) if isinstance(counts, (list, tuple)) else counts,
+      laplacian_mask=None if mask is None else tuple(tuple(r) for r in mask),
+      qk_norm=model.qk_norm, dropout=model.dropout,
+      attention_dropout=model.attention_dropout, drop_path=model.drop_path,
+      layerscale_init=model.layerscale_init, posemb=model.posemb, pool=model.pool,
+      spectral_lam=model.spectral.lam if model.spectral.enabled else None,
+      spectral_mode=model.spectral.mode, implementation=model.implementation,
+      dtype=compute_dtype(model.dtype))
+
+
+def mixup_cutmix(rng: jax.Array, images: jax.Array, targets: jax.Array, *,
+                 mixup: float, cutmix: float):
+  """Batch-level Mixup (Zhang et al. 2018) or CutMix (Yun et al. 2019).
+
+  ``images [B, H, W, C]``, ``targets [B, num_classes]`` (probabilities). When
+  both alphas are positive one of the two is chosen per batch with probability
+  1/2 (as in DeiT). The batch is mixed with its reverse; for CutMix the target
+  weight is the exact area ratio of the pasted box.
+  """
+  if mixup <= 0 and cutmix <= 0:
+    return images, targets
+  r_choice, r_lam, r_box = jax.random.split(rng, 3)
+  use_cutmix = (jax.random.bernoulli(r_choice, 0.5) if mixup > 0 and cutmix > 0
+                else jnp.asarray(cutmix > 0))
+  alpha = jnp.where(use_cutmix, max(cutmix, 1e-6), max(mixup, 1e-6))
+  lam = jax.random.beta(r_lam, alpha, alpha)
+  h, w = images.shape[1:3]
+  cut = jnp.sqrt(1.0 - lam)
+  cy, cx = jax.random.uniform(r_box, (2,)) * jnp.array([h, w])
+  y0 = jnp.clip(cy - cut * h / 2, 0, h).astype(jnp.int32)
+  y1 = jnp.clip(cy + cut * h / 2, 0, h).astype(jnp.int32)
+  x0 = jnp.clip(cx - cut * w / 2, 0, w).astype(jnp.int32)
+  x1 = jnp.clip(cx + cut * w / 2, 0, w).astype(jnp.int32)
+  ys, xs = jnp.arange(h)[:, None], jnp.arange(w)[None, :]
+  box = (ys >= y0) & (ys < y1) & (xs >= x0) & (xs < x1)
+  box_lam = 1.0 - box.mean()
+  lam = jnp.where(use_cutmix, box_lam, lam)
+  flipped = images[::-1]
+  mixed = jnp.where(use_cutmix, jnp.where(box[None, :, :, None], flipped, images),
+                    lam * images + (1 - lam) * flipped)
+  return mixed.astype(images.dtype), lam * targets + (1 - lam) * targets[::-1]
+
+
+class ClassificationTask:
+  """Supervised image classification (ViT / DeiT-3).
+
+  Batches: ``{"image": float32 [B, H, W, C], "label": int32 [B]}``, eval batches
+  also ``"mask": float32 [B]`` (1 = real example). Loss: softmax cross-entropy
+  with label smoothing, or DeiT-3's binary cross-entropy (``loss.type =
+  "sigmoid"``), after optional Mixup/CutMix.
+  """
+
+  def __init__(self, config: ml_collections.ConfigDict, num_classes: int,
+               image_shape: tuple[int, int, int]):
+    self.config = config
+    self.num_classes = num_classes
+    self.image_shape = tuple(image_shape)
+    self.model = vit_from_config(config.model, num_classes)
+
+  def batch_spec(self, batch_size: int) -> dict:
+    """``jax.ShapeDtypeStruct`` per field of a training batch."""
+    return {"image": jax.ShapeDtypeStruct((batch_size,) + self.image_shape, jnp.float32),
+            "label": jax.ShapeDtypeStruct((batch_size,), jnp.int32)}
+
+  def init(self, rng: jax.Array) -> Any:
+    """Initial parameters (float32 pytree) from ``rng``."""
+    images = jnp.zeros((1,) + self.image_shape, jnp.float32)
+    return self.model.init({"params": rng}, images)["params"]
+
+  def loss(self, params: Any, batch: dict, rng: jax.Array):
+    """Training loss (float32 scalar) and metrics dict for one batch."""
+    lc = self.config.loss
+    r_mix, r_drop = jax.random.split(rng)
+    targets = jax.nn.one_hot(batch["label"], self.num_classes)
+    images, targets = mixup_cutmix(r_mix, batch["image"], targets,
+                                   mixup=lc.mixup, cutmix=lc.cutmix)
+    logits, _ = self.model.apply({"params": params}, images, train=True,
+                                 rngs={"dropout": r_drop})
+    logits = logits.astype(jnp.float32)
+    if lc.label_smoothing:
+      targets = optax.smooth_labels(targets, lc.label_smoothing)
+    if lc.type == "sigmoid":
+      loss = optax.sigmoid_binary_cross_entropy(logits, targets).sum(-1).mean()
+    else:
+      loss = optax.softmax_cross_entropy(logits, targets).mean()
+    accuracy = (logits.argmax(-1) == batch["label"]).mean()
+    return loss, {"loss": loss, "accuracy": accuracy}
+
+  def eval_sums(self, params: Any, batch: dict) -> dict:
+    """Sums over the real examples of an eval batch: ``loss``, ``correct``, ``count``.
+
+    The loss is the unsmoothed softmax cross-entropy (nats per example).
+    """
+    logits, _ = self.model.apply({"params": params}, batch["image"], train=False)
+    logits = logits.astype(jnp.float32)
+    mask = batch["mask"]
+    loss = optax.softmax_cross_entropy_with_integer_labels(logits, batch["label"])
+    correct = (logits.argmax(-1) == batch["label"]).astype(jnp.float32)
+    return {"loss": (loss * mask).sum(), "correct": (correct * mask).sum(),
+            "count": mask.sum()}
+
+  @staticmethod
+  def summarize(sums: dict) -> dict:
+    """Eval sums -> ``{"accuracy", "loss", "num_examples"}``."""
+    count = float(sums["count"])
+    return {"accuracy": float(sums["correct"]) / count,
+            "loss": float(sums["loss"]) / count, "num_examples": int(count)}
+
+
+TASKS = {"classification": ClassificationTask}
+
+
+def make_task(config: ml_collections.ConfigDict, data_info: Any):
+  """The task object for ``config.task`` given the dataset's info."""
+  return TASKS[config.task](config, data_info.num_classes, data_info.image_shape)
+
+
+def np_batch(batch: dict) -> dict:
+  """Host batch -> dict of numpy arrays (drops non-array fields)."""
+  return {k: np.asarray(v) for k, v in batch.items()}
