@@ -32,8 +32,8 @@ def quiet() -> None:
   """Silences library chatter (absl/orbax INFO logs, TF-less TFDS warnings)."""
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
   logging.getLogger().setLevel(logging.WARNING)
-  for name in ("absl", "orbax", "jax", "tensorflow_datasets", "grain"):
-    logging.getLogger(name).setLevel(logging.WARNING)
+  for name in ("absl", "orbax", "tensorflow_datasets", "grain"):
+    logging.getLogger(name).setLevel(logging.ERROR)
   warnings.filterwarnings("ignore", category=UserWarning)
   warnings.filterwarnings("ignore", category=DeprecationWarning)
   warnings.filterwarnings("ignore", category=FutureWarning)

@@ -132,11 +132,11 @@ def setup(config: ml_collections.ConfigDict, workdir: str | None):
     ConfigError, images.DataError: one-line user errors.
   """
   config_lib.validate(config)
-  if workdir is not None:
-    check_workdir(config, workdir)
   images.prepare(config.data)
   info = images.info(config.data)
   config_lib.check_image_size(config, info.image_shape)
+  if workdir is not None:
+    check_workdir(config, workdir)
   return tasks.make_task(config, info), info
 
 

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Installs laplax on a fresh Debian/Ubuntu machine with Python 3.11:
+# the Fashion-MNIST files (Debian package dataset-fashion-mnist) and a
+# virtual environment .venv with the pinned Python packages.
+#   bash scripts/install.sh          # what train.py / eval.py need
+#   bash scripts/install.sh --test   # plus pytest, hypothesis
+set -euo pipefail
+cd "$(dirname "$0")/.."
+sudo=""
+[ "$(id -u)" -eq 0 ] || sudo="sudo"
+if [ ! -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq dataset-fashion-mnist
+fi
+python=${PYTHON:-python3.11}
+command -v "$python" >/dev/null || python=python3
+[ -x .venv/bin/python ] || "$python" -m venv .venv
+req=requirements.txt
+[ "${1:-}" = "--test" ] && req=requirements-test.txt
+.venv/bin/python -m pip install -q --disable-pip-version-check -r "$req"

@@ -1,0 +1,172 @@
+"""End-to-end tests of train.py / eval.py as a user runs them (subprocesses)."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIG = os.path.join(ROOT, "configs", "vit_fashion_mnist.py")
+# A tiny model so every step takes milliseconds on CPU.
+TINY = ["--config.model.width=32", "--config.model.depth=1", "--config.model.num_heads=2",
+        "--config.model.mlp_dim=32", "--config.model.patch_size=7",
+        "--config.model.num_laplacian_heads=1", "--config.batch_size=32",
+        "--config.eval_batch_size=2000", "--config.log_every=5",
+        "--config.optim.warmup_steps=5"]
+
+
+def run(args, timeout=300, **kwargs):
+  env = dict(os.environ, PYTHONUNBUFFERED="1")
+  return subprocess.run([sys.executable] + args, cwd=ROOT, capture_output=True,
+                        text=True, timeout=timeout, env=env, **kwargs)
+
+
+def train_args(workdir, data_dir, *extra, config=CONFIG):
+  return (["train.py", "--config", config, "--workdir", str(workdir),
+           f"--config.data.data_dir={data_dir}"] + TINY + list(extra))
+
+
+def read_metrics(workdir):
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    return [json.loads(line) for line in f]
+
+
+def final_params(workdir):
+  """Parameters of the newest checkpoint, as a flat dict of numpy arrays."""
+  import orbax.checkpoint as ocp
+  ckpt = os.path.join(workdir, "checkpoints")
+  step = max(int(s) for s in os.listdir(ckpt) if s.isdigit())
+  tree = ocp.StandardCheckpointer().restore(os.path.join(ckpt, str(step), "state"))
+  flat = {}
+  def walk(node, prefix):
+    if isinstance(node, dict):
+      for k, v in node.items():
+        walk(v, f"{prefix}/{k}")
+    else:
+      flat[prefix] = np.asarray(node)
+  walk(tree["params"], "")
+  return step, flat
+
+
+def test_train_then_eval_reports_same_accuracy(tmp_path, fmnist_data_dir):
+  workdir = tmp_path / "run"
+  r = run(train_args(workdir, fmnist_data_dir, "--config.total_steps=20",
+                     "--config.eval_every=20", "--config.checkpoint_every=10"))
+  assert r.returncode == 0, r.stderr[-3000:]
+  for name in ("config.json", "metrics.jsonl", "checkpoints"):
+    assert (workdir / name).exists(), name
+  assert any(f.startswith("events.out.tfevents") for f in os.listdir(workdir / "tensorboard"))
+  records = read_metrics(workdir)
+  assert all("step" in r for r in records)
+  train = [r for r in records if r["split"] == "train"]
+  assert [r["step"] for r in train] == [5, 10, 15, 20]
+  assert all(np.isfinite(r["loss"]) for r in train)
+  final = [r for r in records if r["split"] == "eval"][-1]
+  assert final["step"] == 20 and final["num_examples"] == 10000
+  saved = json.loads((workdir / "config.json").read_text())
+  assert saved["model"]["width"] == 32 and saved["total_steps"] == 20
+
+  r = run(["eval.py", "--workdir", str(workdir)])
+  assert r.returncode == 0, r.stderr[-3000:]
+  result = json.loads((workdir / "eval.json").read_text())
+  assert result["step"] == 20
+  assert result["accuracy"] == pytest.approx(final["accuracy"], abs=1e-9)
+  assert result["loss"] == pytest.approx(final["loss"], rel=1e-5)
+
+
+def test_sigkill_then_same_command_resumes_bitwise(tmp_path, fmnist_data_dir):
+  steps = ["--config.total_steps=40", "--config.eval_every=40",
+           "--config.checkpoint_every=5", "--config.model.dropout=0.1"]
+  ref = tmp_path / "ref"
+  r = run(train_args(ref, fmnist_data_dir, *steps))
+  assert r.returncode == 0, r.stderr[-3000:]
+
+  workdir = tmp_path / "killed"
+  args = [sys.executable] + train_args(workdir, fmnist_data_dir, *steps)
+  proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.DEVNULL)
+  ckpt = workdir / "checkpoints"
+  deadline = time.time() + 240
+  while time.time() < deadline:
+    done = [int(s) for s in os.listdir(ckpt) if s.isdigit()] if ckpt.exists() else []
+    if any(10 <= s < 40 for s in done):
+      break
+    time.sleep(0.05)
+  proc.send_signal(signal.SIGKILL)
+  proc.wait()
+  killed_at = max(int(s) for s in os.listdir(ckpt) if s.isdigit())
+  assert killed_at < 40, "the run finished before it could be killed"
+
+  r = run(train_args(workdir, fmnist_data_dir, *steps))
+  assert r.returncode == 0, r.stderr[-3000:]
+  step_a, params_a = final_params(ref)
+  step_b, params_b = final_params(workdir)
+  assert step_a == step_b == 40
+  assert params_a.keys() == params_b.keys()
+  for k in params_a:
+    np.testing.assert_array_equal(params_a[k], params_b[k], err_msg=k)
+  resumed = [r for r in read_metrics(workdir) if r["split"] == "train"]
+  assert resumed[-1]["step"] == 40
+
+
+def _snapshot(workdir):
+  out = {}
+  for root, _, files in os.walk(workdir):
+    for f in files:
+      p = os.path.join(root, f)
+      with open(p, "rb") as fh:
+        out[p] = fh.read()
+  return out
+
+
+@pytest.fixture(scope="module")
+def existing_run(tmp_path_factory, fmnist_data_dir):
+  workdir = tmp_path_factory.mktemp("existing") / "run"
+  r = run(train_args(workdir, fmnist_data_dir, "--config.total_steps=5",
+                     "--config.eval_every=5", "--config.checkpoint_every=5"))
+  assert r.returncode == 0, r.stderr[-3000:]
+  return workdir
+
+
+BAD_INPUTS = {
+    "missing dataset files": (
+        ["--config.data.source_dir=/nonexistent/fmnist", "--config.data.data_dir={fresh}"],
+        "apt-get install -y dataset-fashion-mnist"),
+    "too many laplacian heads": (["--config.model.num_laplacian_heads=3"],
+                                 "num_laplacian_heads"),
+    "unknown config key": (["--config.model.num_haeds=4"], "num_haeds"),
+    "unknown nested section": (["--config.optimizer.lr=1"], "optimizer"),
+    "patch size does not divide the image": (["--config.model.patch_size=5"],
+                                             "not divisible by"),
+    "bad value type": (["--config.model.depth=two"], "depth"),
+    "different architecture in the workdir": (["--config.model.width=64"],
+                                              "different architecture"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD_INPUTS))
+def test_bad_input_one_line_exit_2_nothing_changed(name, existing_run, tmp_path,
+                                                   fmnist_data_dir):
+  extra, expected = BAD_INPUTS[name]
+  extra = [e.replace("{fresh}", str(tmp_path / "fresh_tfds")) for e in extra]
+  before = _snapshot(existing_run)
+  r = run(train_args(existing_run, fmnist_data_dir, "--config.total_steps=10", *extra))
+  assert r.returncode == 2, (r.stdout[-2000:], r.stderr[-2000:])
+  lines = [l for l in r.stderr.splitlines() if l.strip()]
+  assert len(lines) == 1, r.stderr
+  assert expected in lines[0] and "Traceback" not in r.stderr
+  assert _snapshot(existing_run) == before
+  assert not (tmp_path / "fresh_tfds").exists() or not os.listdir(tmp_path / "fresh_tfds")
+
+
+def test_eval_without_checkpoint_is_one_line_exit_2(tmp_path):
+  r = run(["eval.py", "--workdir", str(tmp_path / "empty")])
+  assert r.returncode == 2
+  lines = [l for l in r.stderr.splitlines() if l.strip()]
+  assert len(lines) == 1 and "no " in lines[0] and "Traceback" not in r.stderr
+  assert not (tmp_path / "empty").exists()
