@@ -1,0 +1,1 @@
+"""Input pipelines: :mod:`laplax.data.images` (TFDS + grain) and TFDS builders."""
