@@ -70,7 +70,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.depth = 4
   c.model.mlp_dim = 256
   c.model.num_heads = 4
-  c.model.num_laplacian_heads = 0
+  # An int (the last k heads of every layer) or a per-layer list of ints.
+  c.model.num_laplacian_heads = config_dict.FieldReference(0, field_type=object)
   c.model.laplacian_mask = config_dict.placeholder(tuple)
   c.model.qk_norm = False
   c.model.dropout = 0.0

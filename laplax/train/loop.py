@@ -149,7 +149,7 @@ def make_train_step(task: Any, tx: optax.GradientTransformation, schedule):
         state.params, batch, rng)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    metrics = dict(metrics, grad_norm=optax.global_norm(grads),
+    metrics = dict(metrics, grad_norm=optax.tree.norm(grads),
                    lr=schedule(state.step))
     return state.replace(step=state.step + 1, params=params,
                          opt_state=opt_state), metrics

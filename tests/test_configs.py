@@ -1,0 +1,176 @@
+"""Config files, validation, optimizer: build the paper-scale configs and run one step."""
+
+import importlib.util
+import os
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+import pytest
+
+from laplax.train import config as config_lib
+from laplax.train import loop, optim, tasks
+from laplax.train.defaults import base_config, parse_arg
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def load(name, arg=None):
+  spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "configs", name + ".py"))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config(arg)
+
+
+@pytest.mark.parametrize("name,arg,image_shape,num_classes", [
+    ("deit3_imagenet", "laplacian=12,spectral=True", (192, 192, 3), 1000),
+    ("deit3_cifar", "laplacian=6,spectral=True", (224, 224, 3), 100),
+])
+def test_paper_scale_config_builds_and_runs_one_step(name, arg, image_shape, num_classes):
+  c = load(name, arg)
+  config_lib.validate(c)
+  assert (c.model.width, c.model.depth, c.model.num_heads, c.model.patch_size) == (768, 12, 12, 16)
+  assert c.model.spectral.enabled and c.model.qk_norm and c.model.layerscale_init == 1e-6
+  assert c.loss.type == "sigmoid" and c.model.dtype == "bfloat16"
+  c.batch_size = 2
+  task = tasks.ClassificationTask(c, num_classes, image_shape)
+  tx = optim.make_optimizer(c)
+  state = jax.jit(lambda: loop.init_state(task, tx, 0))()
+  n = sum(x.size for x in jax.tree_util.tree_leaves(state.params))
+  # ViT-B/16 is 86,567,656 parameters at 224 px with a 1000-way head and a
+  # 197-token position embedding; without those two: 85,647,360. This model
+  # adds qk-norm (12 x 2 x 128) and LayerScale (12 x 2 x 768), and its
+  # position embedding covers the patches only.
+  expected = (85_647_360 + 12 * 2 * 128 + 12 * 2 * 768
+              + (image_shape[0] // 16) ** 2 * 768 + 768 * num_classes + num_classes)
+  assert n == expected
+  step = jax.jit(loop.make_train_step(task, tx, optim.learning_rate_schedule(c.optim, c.total_steps)))
+  rng = np.random.default_rng(0)
+  batch = {"image": rng.standard_normal((2,) + image_shape, np.float32),
+           "label": rng.integers(0, num_classes, 2).astype(np.int32)}
+  new_state, metrics = step(state, batch)
+  assert int(new_state.step) == 1
+  assert np.isfinite(float(metrics["loss"])) and float(metrics["grad_norm"]) > 0
+  # Step 0 of the warm-up has learning rate 0, so parameters are unchanged but
+  # the optimizer moments have moved.
+  assert float(metrics["lr"]) == 0.0
+
+
+def test_parse_arg_and_errors():
+  a = parse_arg("laplacian=5,spectral=True,dataset=cifar10", laplacian=0, spectral=False,
+                dataset="cifar100")
+  assert a.laplacian == 5 and a.spectral is True and a.dataset == "cifar10"
+  with pytest.raises(ValueError, match="laplacien"):
+    parse_arg("laplacien=5", laplacian=0)
+
+
+def test_default_config_validates_and_has_contract_keys():
+  c = load("vit_fashion_mnist")
+  config_lib.validate(c)
+  for key in config_lib.REQUIRED:
+    config_lib.get(c, key)
+  assert c.model.num_laplacian_heads == c.model.num_heads  # all heads Laplacian
+
+
+@pytest.mark.parametrize("key,value,fragment", [
+    ("model.num_laplacian_heads", 5, "num_laplacian_heads"),
+    ("model.num_laplacian_heads", -1, "num_laplacian_heads"),
+    ("model.num_heads", 3, "not divisible"),
+    ("model.spectral.mode", "diag", "spectral.mode"),
+    ("batch_size", 0, "batch_size"),
+    ("optim.lr", 0.0, "optim.lr"),
+    ("model.implementation", "cudnn", "cudnn"),
+    ("data.image_size", 30, "not divisible"),
+    ("loss.type", "hinge", "loss.type"),
+    ("task", "segmentation", "task"),
+])
+def test_validate_rejects_with_one_line(key, value, fragment):
+  c = base_config()
+  node = c
+  *path, last = key.split(".")
+  for p in path:
+    node = node[p]
+  with c.unlocked():
+    node[last] = value
+  with pytest.raises(config_lib.ConfigError) as e:
+    config_lib.validate(c)
+  assert fragment in str(e.value) and "\n" not in str(e.value)
+
+
+def test_per_layer_counts_validated():
+  c = base_config()
+  c.model.num_laplacian_heads = (0, 1, 2, 4)
+  config_lib.validate(c)
+  c.model.num_laplacian_heads = (0, 1, 2)
+  with pytest.raises(config_lib.ConfigError, match="one count per layer"):
+    config_lib.validate(c)
+
+
+def test_architecture_diff_names_keys():
+  c = base_config()
+  saved = c.to_dict()
+  other = base_config()
+  other.model.width = 256
+  other.total_steps = 99  # not architecture
+  assert config_lib.architecture_diff(saved, other) == ["model.width"]
+
+
+def test_schedule_closed_form():
+  c = base_config()
+  c.optim.lr, c.optim.warmup_steps, c.optim.min_lr_ratio = 1e-3, 10, 0.1
+  sched = optim.learning_rate_schedule(c.optim, 110)
+  assert float(sched(0)) == 0.0
+  np.testing.assert_allclose(float(sched(5)), 0.5e-3, rtol=1e-6)
+  np.testing.assert_allclose(float(sched(10)), 1e-3, rtol=1e-6)
+  t = 50
+  expected = 1e-4 + (1e-3 - 1e-4) * 0.5 * (1 + np.cos(np.pi * (t - 10) / 100))
+  np.testing.assert_allclose(float(sched(t)), expected, rtol=1e-5)
+  np.testing.assert_allclose(float(sched(110)), 1e-4, rtol=1e-5)
+
+
+def test_weight_decay_mask_excludes_biases_norms_tokens():
+  c = base_config()
+  task = tasks.ClassificationTask(c, 10, (28, 28, 1))
+  params = jax.eval_shape(task.init, jax.random.PRNGKey(0))
+  mask = optim.decay_mask(params, tuple(c.optim.weight_decay_exclude))
+  flat = {"/".join(str(k.key) for k in path): v
+          for path, v in jax.tree_util.tree_flatten_with_path(mask)[0]}
+  assert flat["block0/attention/query/kernel"] and flat["head/kernel"]
+  assert flat["embedding/kernel"]
+  assert not flat["block0/attention/query/bias"] and not flat["block0/norm1/scale"]
+  assert not flat["cls"] and not flat["pos_embedding"]
+
+
+def test_weight_decay_applied_exactly_where_masked():
+  """One AdamW step with zero gradients: only decayed leaves shrink, by lr * wd * w."""
+  c = base_config()
+  c.optim.warmup_steps, c.optim.grad_clip = 0, None
+  c.total_steps = 10
+  task = tasks.ClassificationTask(c, 10, (28, 28, 1))
+  params = task.init(jax.random.PRNGKey(0))
+  tx = optim.make_optimizer(c)
+  state = tx.init(params)
+  zeros = jax.tree_util.tree_map(jnp.zeros_like, params)
+  updates, _ = tx.update(zeros, state, params)
+  lr = float(optim.learning_rate_schedule(c.optim, 10)(0))
+  np.testing.assert_allclose(updates["head"]["kernel"], -lr * 0.05 * params["head"]["kernel"],
+                             rtol=1e-6, atol=1e-12)
+  np.testing.assert_array_equal(updates["cls"], 0.0)
+  np.testing.assert_array_equal(updates["block0"]["norm1"]["scale"], 0.0)
+
+
+def test_mixup_cutmix_targets_are_mixtures():
+  rng = jax.random.PRNGKey(3)
+  images = jnp.arange(4 * 8 * 8 * 1, dtype=jnp.float32).reshape(4, 8, 8, 1)
+  targets = jax.nn.one_hot(jnp.arange(4), 4)
+  for mix, cut in ((0.8, 0.0), (0.0, 1.0)):
+    mixed, t = tasks.mixup_cutmix(rng, images, targets, mixup=mix, cutmix=cut)
+    np.testing.assert_allclose(t.sum(-1), 1.0, rtol=1e-6)
+    lam = float(t[0, 0])
+    if mix:
+      np.testing.assert_allclose(mixed, lam * images + (1 - lam) * images[::-1], rtol=1e-5)
+    else:  # the pasted area fraction equals 1 - lam
+      from_other = np.asarray(mixed[0] == images[3]) & np.asarray(mixed[0] != images[0])
+      np.testing.assert_allclose(from_other.mean(), 1 - lam, atol=1e-6)
