@@ -36,17 +36,18 @@ class MLP(nn.Module):
 
 
 class LayerScale(nn.Module):
-  """Per-channel scale ``gamma * x``, ``gamma [dim]`` initialised to ``init``.
+  """Per-channel scale ``gamma * x``, ``gamma [dim]`` initialised to ``init_value``.
 
   Touvron et al., "Going deeper with image transformers" (CaiT, 2021);
-  DeiT-3 uses ``init = 1e-6`` for ViT-B.
+  DeiT-3 uses ``init_value = 1e-6`` for ViT-B. (Not named ``init``: that would
+  shadow ``nn.Module.init``.)
   """
-  init: float = 1e-6
+  init_value: float = 1e-6
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
     """Scales the last axis of ``x``."""
-    gamma = self.param("scale", nn.initializers.constant(self.init),
+    gamma = self.param("scale", nn.initializers.constant(self.init_value),
                        (x.shape[-1],), jnp.float32)
     return x * gamma.astype(x.dtype)
 
