@@ -12,15 +12,27 @@ from laplax.train.defaults import base_config, parse_arg
 
 
 def get_config(arg=None):
-  """ViT (patch 4, width 128, depth 4, 4 heads) for 28x28 Fashion-MNIST."""
+  """ViT (patch 7, width 128, depth 4, 4 heads, mean-pooled) for 28x28 Fashion-MNIST.
+
+  1500 steps of 256 images (6.4 epochs), about 9 minutes on 2 CPU cores.
+  """
   a = parse_arg(arg, laplacian=4, spectral=False)
   c = base_config()
-  c.batch_size = 128
-  c.total_steps = 3000
-  c.eval_every = 1000
-  c.checkpoint_every = 500
+  c.batch_size = 256
+  c.eval_batch_size = 1000
+  c.total_steps = 1500
+  c.log_every = 50
+  c.eval_every = 500
+  c.checkpoint_every = 250
+  c.data.crop_padding = 0  # flips only: 6 epochs are too few to need crops
+  c.model.patch_size = 7
+  c.model.width = 128
+  c.model.depth = 4
+  c.model.mlp_dim = 256
+  c.model.num_heads = 4
+  c.model.pool = "gap"
   c.model.num_laplacian_heads = a.laplacian
   c.model.spectral.enabled = a.spectral
-  c.optim.lr = 1e-3
-  c.optim.warmup_steps = 200
+  c.optim.lr = 2e-3
+  c.optim.warmup_steps = 100
   return c
