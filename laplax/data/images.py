@@ -33,14 +33,11 @@ import numpy as np
 import tensorflow_datasets as tfds
 
 from laplax.data.builders import fashion_mnist_idx as fmnist
+from laplax.data.errors import DataError  # Re-exported: images.DataError.
 
 EVAL_CROP_FRACTION = 0.875  # eval of variable-size images: crop 224 of 256, as usual
 RRC_SCALE = (0.08, 1.0)  # random-resized-crop area fraction range (Inception)
 RRC_RATIO = (3 / 4, 4 / 3)  # random-resized-crop aspect ratio range
-
-
-class DataError(ValueError):
-  """A user-facing data problem; the message is one line: what is wrong and the fix."""
 
 
 class ImageInfo(NamedTuple):

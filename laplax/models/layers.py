@@ -18,19 +18,22 @@ class MLP(nn.Module):
   """
   mlp_dim: int
   dropout: float = 0.0
+  use_bias: bool = True
   dtype: Any = None
+  kernel_init: Callable = nn.initializers.xavier_uniform()
   out_init: Callable = nn.initializers.xavier_uniform()
 
   @nn.compact
   def __call__(self, x: jax.Array, deterministic: bool = True) -> jax.Array:
     """Applies the MLP to ``x [..., dim]``."""
     dim = x.shape[-1]
-    x = nn.Dense(self.mlp_dim, dtype=self.dtype,
-                 kernel_init=nn.initializers.xavier_uniform(),
+    x = nn.Dense(self.mlp_dim, dtype=self.dtype, use_bias=self.use_bias,
+                 kernel_init=self.kernel_init,
                  bias_init=nn.initializers.normal(1e-6), name="fc1")(x)
     x = nn.gelu(x)
     x = nn.Dropout(self.dropout)(x, deterministic=deterministic)
     x = nn.Dense(dim, dtype=self.dtype, kernel_init=self.out_init,
+                 use_bias=self.use_bias,
                  bias_init=nn.initializers.normal(1e-6), name="fc2")(x)
     return nn.Dropout(self.dropout)(x, deterministic=deterministic)
 
@@ -96,13 +99,17 @@ class Block(nn.Module):
   spectral_mode: str = "per_head"
   implementation: str | None = None
   use_bias: bool = True
+  rope: bool = False
   dtype: Any = None
+  kernel_init: Callable = nn.initializers.xavier_uniform()
   out_init: Callable = nn.initializers.xavier_uniform()
 
   @nn.compact
   def __call__(self, x: jax.Array, *, mask: jax.Array | None = None,
-               is_causal: bool = False, deterministic: bool = True):
-    """Applies the block; ``mask`` as in :func:`laplax.attention.attend`."""
+               is_causal: bool = False, deterministic: bool = True,
+               decode: bool = False):
+    """Applies the block; ``mask`` as in :func:`laplax.attention.attend`,
+    ``decode`` as in :class:`laplax.attention.MultiHeadAttention`."""
     out = {}
     y = nn.LayerNorm(name="norm1", dtype=jnp.float32)(x).astype(x.dtype)
     y = MultiHeadAttention(
@@ -111,15 +118,18 @@ class Block(nn.Module):
         attention_dropout=self.attention_dropout, dropout=self.dropout,
         spectral_lam=self.spectral_lam, spectral_mode=self.spectral_mode,
         implementation=self.implementation, use_bias=self.use_bias,
-        dtype=self.dtype, out_init=self.out_init, name="attention")(
-            y, mask=mask, is_causal=is_causal, deterministic=deterministic)
+        rope=self.rope, dtype=self.dtype, kernel_init=self.kernel_init,
+        out_init=self.out_init, name="attention")(
+            y, mask=mask, is_causal=is_causal, deterministic=deterministic,
+            decode=decode)
     if self.layerscale_init is not None:
       y = LayerScale(self.layerscale_init, name="ls1")(y)
     out["sa"] = y
     x = x + DropPath(self.drop_path)(y, deterministic)
     out["+sa"] = x
     y = nn.LayerNorm(name="norm2", dtype=jnp.float32)(x).astype(x.dtype)
-    y = MLP(self.mlp_dim, dropout=self.dropout, dtype=self.dtype,
+    y = MLP(self.mlp_dim, dropout=self.dropout, use_bias=self.use_bias,
+            dtype=self.dtype, kernel_init=self.kernel_init,
             out_init=self.out_init, name="mlp")(y, deterministic)
     if self.layerscale_init is not None:
       y = LayerScale(self.layerscale_init, name="ls2")(y)

@@ -14,7 +14,7 @@ import ml_collections
 
 from laplax import attention, spectral
 
-TASKS = ("classification",)
+TASKS = {"classification": "vit", "lm": "gpt"}  # task -> model.name
 DTYPES = ("float32", "bfloat16")
 # Keys every config has (the documented contract of train.py).
 REQUIRED = (
@@ -24,7 +24,8 @@ REQUIRED = (
     "data.data_dir", "data.source_dir")
 # Model keys that decide the parameter tree: a workdir whose saved config
 # differs in one of these belongs to another run.
-ARCHITECTURE_KEYS = ("task", "model", "data.name", "data.image_size")
+ARCHITECTURE_KEYS = ("task", "model", "data.name", "data.image_size",
+                     "data.tokenizer", "data.vocab_size")
 
 
 class ConfigError(ValueError):
@@ -80,6 +81,9 @@ def validate(config: ml_collections.ConfigDict) -> None:
                         f"(see configs/vit_fashion_mnist.py)") from None
   _require(config.task in TASKS,
            f"config.task={config.task!r} is unknown; use one of {', '.join(TASKS)}")
+  _require(get(config, "model.name", None) == TASKS[config.task],
+           f"config.model.name={get(config, 'model.name', None)!r} does not fit "
+           f"task {config.task!r}; use model.name={TASKS[config.task]!r}")
   _int(config, "seed", 0)
   _int(config, "batch_size", 1)
   _int(config, "total_steps", 0)
@@ -92,7 +96,6 @@ def validate(config: ml_collections.ConfigDict) -> None:
   width = _int(config, "model.width", 1)
   depth = _int(config, "model.depth", 1)
   _int(config, "model.mlp_dim", 1)
-  patch = _int(config, "model.patch_size", 1)
   _require(width % num_heads == 0,
            f"config.model.width={width} is not divisible by config.model.num_heads="
            f"{num_heads}; choose num_heads dividing the width")
@@ -110,12 +113,12 @@ def validate(config: ml_collections.ConfigDict) -> None:
     _require(len(mask) == depth and all(len(row) == num_heads for row in mask),
              f"config.model.laplacian_mask must be {depth} lists of {num_heads} "
              f"booleans (one per layer and head)")
-  for key in ("dropout", "attention_dropout", "drop_path"):
+  for key in ("dropout", "attention_dropout"):
     _float(config, f"model.{key}", 0.0, 0.99)
-  _require(m.posemb in ("learn", "sincos2d"),
-           f"config.model.posemb={m.posemb!r} is unknown; use 'learn' or 'sincos2d'")
-  _require(m.pool in ("tok", "gap"),
-           f"config.model.pool={m.pool!r} is unknown; use 'tok' or 'gap'")
+  if m.name == "vit":
+    _validate_vit(config)
+  else:
+    _validate_gpt(config)
   _require(m.dtype in DTYPES,
            f"config.model.dtype={m.dtype!r} is unknown; use one of {', '.join(DTYPES)}")
   impl = m.implementation
@@ -133,13 +136,6 @@ def validate(config: ml_collections.ConfigDict) -> None:
   _require(isinstance(m.spectral.enabled, bool),
            f"config.model.spectral.enabled={m.spectral.enabled!r} must be True or False")
 
-  image_size = get(config, "data.image_size", None)
-  if image_size is not None:
-    _int(config, "data.image_size", 1)
-    _require(image_size % patch == 0,
-             f"config.data.image_size={image_size} is not divisible by "
-             f"config.model.patch_size={patch}; change one of them")
-
   o = config.optim
   _float(config, "optim.lr", 0.0, open_min=True)
   _float(config, "optim.weight_decay", 0.0)
@@ -149,11 +145,41 @@ def validate(config: ml_collections.ConfigDict) -> None:
   if o.grad_clip is not None:
     _float(config, "optim.grad_clip", 0.0, open_min=True)
   _float(config, "optim.min_lr_ratio", 0.0, 1.0)
+
+
+def _validate_vit(config):
+  m = config.model
+  patch = _int(config, "model.patch_size", 1)
+  _float(config, "model.drop_path", 0.0, 0.99)
+  _require(m.posemb in ("learn", "sincos2d"),
+           f"config.model.posemb={m.posemb!r} is unknown; use 'learn' or 'sincos2d'")
+  _require(m.pool in ("tok", "gap"),
+           f"config.model.pool={m.pool!r} is unknown; use 'tok' or 'gap'")
+  image_size = get(config, "data.image_size", None)
+  if image_size is not None:
+    _int(config, "data.image_size", 1)
+    _require(image_size % patch == 0,
+             f"config.data.image_size={image_size} is not divisible by "
+             f"config.model.patch_size={patch}; change one of them")
   _float(config, "loss.label_smoothing", 0.0, 0.99)
   _require(config.loss.type in ("softmax", "sigmoid"),
            f"config.loss.type={config.loss.type!r} is unknown; use 'softmax' or 'sigmoid'")
   _float(config, "loss.mixup", 0.0)
   _float(config, "loss.cutmix", 0.0)
+
+
+def _validate_gpt(config):
+  m = config.model
+  _int(config, "model.max_length", 1)
+  _require(m.posemb in ("learn", "rope"),
+           f"config.model.posemb={m.posemb!r} is unknown; use 'learn' or 'rope'")
+  if m.posemb == "rope":
+    _require((m.width // m.num_heads) % 2 == 0,
+             f"rotary position encoding needs an even head_dim, got "
+             f"{m.width // m.num_heads}; change model.width or model.num_heads")
+  for key in ("tie_embeddings", "use_bias", "qk_norm"):
+    _require(isinstance(get(config, f"model.{key}"), bool),
+             f"config.model.{key}={get(config, f'model.{key}')!r} must be True or False")
 
 
 def check_image_size(config: ml_collections.ConfigDict, image_shape) -> None:

@@ -103,3 +103,42 @@ def base_config() -> ml_collections.ConfigDict:
   c.loss.mixup = 0.0
   c.loss.cutmix = 0.0
   return c
+
+
+def gpt_base_config() -> ml_collections.ConfigDict:
+  """:func:`base_config` turned into a causal LM on the Shakespeare plays."""
+  c = base_config()
+  c.task = "lm"
+  c.batch_size = 32
+  c.eval_batch_size = 32
+  c.data = ml_collections.ConfigDict()
+  c.data.name = "text_corpus"
+  c.data.data_dir = "~/tensorflow_datasets"
+  c.data.source_dir = "~/.cache/laplax/shakespeare"
+  c.data.tokenizer = "byte"
+  c.data.vocab_size = 512  # BPE only; byte level is always 256
+  c.data.validation_every = 10
+  c.data.max_eval_tokens = config_dict.placeholder(int)
+  c.data.num_threads = 1
+  c.data.prefetch = 4
+
+  m = c.model
+  m.name = "gpt"
+  for key in ("patch_size", "pool", "drop_path", "layerscale_init"):
+    del m[key]
+  m.max_length = 128
+  m.width = 128
+  m.depth = 4
+  m.num_heads = 4
+  m.mlp_dim = 512
+  m.posemb = "learn"
+  m.use_bias = True
+  m.tie_embeddings = True
+
+  c.optim.lr = 3e-3
+  c.optim.warmup_steps = 100
+  c.optim.weight_decay = 0.1
+  c.optim.b2 = 0.99
+  c.optim.weight_decay_exclude = ("pos_embedding", "token_embedding")
+  del c.loss
+  return c

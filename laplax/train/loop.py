@@ -23,7 +23,6 @@ import numpy as np
 import optax
 import tqdm
 
-from laplax.data import images
 from laplax.train import checkpoint as ckpt_lib
 from laplax.train import config as config_lib
 from laplax.train import optim, tasks
@@ -101,9 +100,10 @@ def evaluate(task: Any, params: Any, config: ml_collections.ConfigDict,
 
   Returns the task's summary (e.g. ``accuracy``, ``loss``, ``num_examples``).
   """
+  del config
   eval_step = eval_step or jax.jit(task.eval_sums)
   sums = None
-  for batch in images.eval_batches(config.data, batch_size=config.eval_batch_size):
+  for batch in task.eval_batches():
     out = jax.device_get(eval_step(params, batch))
     sums = out if sums is None else {k: sums[k] + np.float64(out[k]) for k in sums}
   return task.summarize(sums)
@@ -123,21 +123,20 @@ def init_state(task: Any, tx: optax.GradientTransformation, seed: int):
                              rng=jax.random.fold_in(rng, 1))
 
 
-def setup(config: ml_collections.ConfigDict, workdir: str | None):
-  """Validates the config and prepares the data; nothing in ``workdir`` is written.
+def setup(config: ml_collections.ConfigDict, workdir: str | None,
+          check: bool = True):
+  """Validates the config and the workdir, then prepares the task's data.
 
-  Returns ``(task, data_info)``.
+  Before the data is prepared nothing is written; the data preparation writes
+  only into ``data.data_dir`` (and a trained tokenizer into ``workdir``).
 
   Raises:
-    ConfigError, images.DataError: one-line user errors.
+    ConfigError, DataError: one-line user errors.
   """
   config_lib.validate(config)
-  images.prepare(config.data)
-  info = images.info(config.data)
-  config_lib.check_image_size(config, info.image_shape)
-  if workdir is not None:
+  if check and workdir is not None:
     check_workdir(config, workdir)
-  return tasks.make_task(config, info), info
+  return tasks.make_task(config, workdir)
 
 
 def make_train_step(task: Any, tx: optax.GradientTransformation, schedule):
@@ -183,11 +182,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   Returns the final evaluation summary (``{}`` if stopped early by a signal).
 
   Raises:
-    ConfigError, images.DataError: bad input (before anything is written).
+    ConfigError, DataError: bad input (before anything is written).
     NonFiniteError: the loss or gradient norm became non-finite.
   """
   # Checks and data, before any write.
-  task, info = setup(config, workdir)
+  task = setup(config, workdir)
 
   # Workdir.
   os.makedirs(workdir, exist_ok=True)
@@ -203,10 +202,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
                                        max_to_keep=config.get("keep_checkpoints", 3))
 
   # Input.
-  dataset = images.train_dataset(
-      config.data, batch_size=config.batch_size, seed=config.seed,
-      process_index=jax.process_index(), process_count=jax.process_count())
-  train_iter = iter(dataset)
+  train_iter = iter(task.train_dataset(jax.process_index(), jax.process_count()))
 
   # Initial state or resume.
   if checkpointer.latest_step() is not None:

@@ -7,14 +7,16 @@ here and one entry in :data:`TASKS`.
 
 from __future__ import annotations
 
-from typing import Any
+import math
+from typing import Any, Iterator
 
 import jax
 import jax.numpy as jnp
 import ml_collections
-import numpy as np
 import optax
 
+from laplax.data import images
+from laplax.models.gpt import GPT
 from laplax.models.vit import ViT
 
 
@@ -73,6 +75,23 @@ def mixup_cutmix(rng: jax.Array, images: jax.Array, targets: jax.Array, *,
   return mixed.astype(images.dtype), lam * targets + (1 - lam) * targets[::-1]
 
 
+def gpt_from_config(model: ml_collections.ConfigDict, vocab_size: int) -> GPT:
+  """Builds the :class:`~laplax.models.gpt.GPT` a ``config.model`` describes."""
+  counts = model.num_laplacian_heads
+  mask = model.get("laplacian_mask", None)
+  return GPT(
+      vocab_size=vocab_size, max_length=model.max_length, width=model.width,
+      depth=model.depth, num_heads=model.num_heads, mlp_dim=model.mlp_dim,
+      num_laplacian_heads=tuple(counts) if isinstance(counts, (list, tuple)) else counts,
+      laplacian_mask=None if mask is None else tuple(tuple(r) for r in mask),
+      posemb=model.posemb, qk_norm=model.qk_norm, dropout=model.dropout,
+      attention_dropout=model.attention_dropout, use_bias=model.use_bias,
+      tie_embeddings=model.tie_embeddings,
+      spectral_lam=model.spectral.lam if model.spectral.enabled else None,
+      spectral_mode=model.spectral.mode, implementation=model.implementation,
+      dtype=compute_dtype(model.dtype))
+
+
 class ClassificationTask:
   """Supervised image classification (ViT / DeiT-3).
 
@@ -80,6 +99,10 @@ class ClassificationTask:
   also ``"mask": float32 [B]`` (1 = real example). Loss: softmax cross-entropy
   with label smoothing, or DeiT-3's binary cross-entropy (``loss.type =
   "sigmoid"``), after optional Mixup/CutMix.
+
+  Args:
+    config: the run's config.
+    num_classes, image_shape: from the dataset (see :meth:`from_data`).
   """
 
   def __init__(self, config: ml_collections.ConfigDict, num_classes: int,
@@ -88,6 +111,33 @@ class ClassificationTask:
     self.num_classes = num_classes
     self.image_shape = tuple(image_shape)
     self.model = vit_from_config(config.model, num_classes)
+
+  @classmethod
+  def from_data(cls, config: ml_collections.ConfigDict, workdir: str | None):
+    """Prepares the image dataset and builds the task (writes nothing in workdir).
+
+    Raises:
+      DataError: dataset missing or unreadable.
+      ConfigError: image size not divisible by the patch size.
+    """
+    del workdir
+    from laplax.train import config as config_lib  # pylint: disable=import-outside-toplevel
+    images.prepare(config.data)
+    info = images.info(config.data)
+    config_lib.check_image_size(config, info.image_shape)
+    return cls(config, info.num_classes, info.image_shape)
+
+  def train_dataset(self, process_index: int = 0, process_count: int = 1):
+    """This process's infinite, augmented training batches (a grain IterDataset)."""
+    return images.train_dataset(
+        self.config.data, batch_size=self.config.batch_size // process_count,
+        seed=self.config.seed, process_index=process_index,
+        process_count=process_count)
+
+  def eval_batches(self) -> Iterator[dict]:
+    """Every example of the eval split once, with a ``mask`` for padding."""
+    return images.eval_batches(self.config.data,
+                               batch_size=self.config.eval_batch_size)
 
   def batch_spec(self, batch_size: int) -> dict:
     """``jax.ShapeDtypeStruct`` per field of a training batch."""
@@ -139,14 +189,99 @@ class ClassificationTask:
             "loss": float(sums["loss"]) / count, "num_examples": int(count)}
 
 
-TASKS = {"classification": ClassificationTask}
+class LanguageModelTask:
+  """Causal language modelling (GPT) on a text corpus.
+
+  Batches: ``{"tokens": int32 [B, max_length + 1]}``: the model reads
+  ``tokens[:, :-1]`` and predicts ``tokens[:, 1:]``; eval batches also carry
+  ``"mask": float32 [B, max_length]`` over target positions. Loss: mean
+  next-token cross-entropy in nats. Evaluation reports ``loss``,
+  ``perplexity = exp(loss)`` and ``bits_per_byte = sum(loss) / ln 2 /
+  sum(UTF-8 bytes of the target tokens)``.
+
+  Args:
+    config: the run's config.
+    tokenizer: from :func:`laplax.data.text.prepare` (``vocab_size``,
+      ``token_bytes``).
+  """
+
+  def __init__(self, config: ml_collections.ConfigDict, tokenizer: Any):
+    self.config = config
+    self.tokenizer = tokenizer
+    self.seq_len = config.model.max_length
+    self.model = gpt_from_config(config.model, tokenizer.vocab_size)
+    self.token_bytes = jnp.asarray(tokenizer.token_bytes, jnp.float32)
+
+  @classmethod
+  def from_data(cls, config: ml_collections.ConfigDict, workdir: str | None):
+    """Prepares corpus and tokenizer (a BPE tokenizer is saved in ``workdir``).
+
+    Raises:
+      DataError: empty or too short corpus, unknown tokenizer.
+    """
+    from laplax.data import text  # pylint: disable=import-outside-toplevel
+    tokenizer = text.prepare(config.data, workdir, seq_len=config.model.max_length)
+    return cls(config, tokenizer)
+
+  def train_dataset(self, process_index: int = 0, process_count: int = 1):
+    """This process's infinite stream of random-offset windows."""
+    from laplax.data import text  # pylint: disable=import-outside-toplevel
+    return text.train_dataset(
+        self.config.data, self.tokenizer,
+        batch_size=self.config.batch_size // process_count, seq_len=self.seq_len,
+        seed=self.config.seed, process_index=process_index,
+        process_count=process_count)
+
+  def eval_batches(self) -> Iterator[dict]:
+    """Consecutive windows covering the validation split once."""
+    from laplax.data import text  # pylint: disable=import-outside-toplevel
+    return text.eval_batches(self.config.data, self.tokenizer,
+                             batch_size=self.config.eval_batch_size,
+                             seq_len=self.seq_len)
+
+  def batch_spec(self, batch_size: int) -> dict:
+    """``jax.ShapeDtypeStruct`` per field of a training batch."""
+    return {"tokens": jax.ShapeDtypeStruct((batch_size, self.seq_len + 1), jnp.int32)}
+
+  def init(self, rng: jax.Array) -> Any:
+    """Initial parameters (float32 pytree) from ``rng``."""
+    tokens = jnp.zeros((1, self.seq_len), jnp.int32)
+    return self.model.init({"params": rng}, tokens)["params"]
+
+  def loss(self, params: Any, batch: dict, rng: jax.Array):
+    """Mean next-token cross-entropy (nats, float32) and metrics."""
+    tokens = batch["tokens"]
+    logits, _ = self.model.apply({"params": params}, tokens[:, :-1], train=True,
+                                 rngs={"dropout": rng})
+    loss = optax.softmax_cross_entropy_with_integer_labels(
+        logits, tokens[:, 1:]).mean()
+    return loss, {"loss": loss}
+
+  def eval_sums(self, params: Any, batch: dict) -> dict:
+    """Masked sums: ``loss`` (nats), ``count`` (tokens), ``bytes`` (UTF-8 bytes)."""
+    tokens, mask = batch["tokens"], batch["mask"]
+    logits, _ = self.model.apply({"params": params}, tokens[:, :-1], train=False)
+    targets = tokens[:, 1:]
+    loss = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
+    return {"loss": (loss * mask).sum(), "count": mask.sum(),
+            "bytes": (self.token_bytes[targets] * mask).sum()}
+
+  @staticmethod
+  def summarize(sums: dict) -> dict:
+    """Eval sums -> ``{"loss", "perplexity", "bits_per_byte", "num_tokens"}``."""
+    loss = float(sums["loss"]) / float(sums["count"])
+    return {"loss": loss, "perplexity": math.exp(min(loss, 700.0)),
+            "bits_per_byte": float(sums["loss"]) / math.log(2) / float(sums["bytes"]),
+            "num_tokens": int(sums["count"])}
 
 
-def make_task(config: ml_collections.ConfigDict, data_info: Any):
-  """The task object for ``config.task`` given the dataset's info."""
-  return TASKS[config.task](config, data_info.num_classes, data_info.image_shape)
+TASKS = {"classification": ClassificationTask, "lm": LanguageModelTask}
 
 
-def np_batch(batch: dict) -> dict:
-  """Host batch -> dict of numpy arrays (drops non-array fields)."""
-  return {k: np.asarray(v) for k, v in batch.items()}
+def make_task(config: ml_collections.ConfigDict, workdir: str | None):
+  """Prepares the data of ``config.task`` and returns the task object.
+
+  Raises:
+    DataError, ConfigError: one-line user errors.
+  """
+  return TASKS[config.task].from_data(config, workdir)

@@ -1,0 +1,27 @@
+"""The CPU default language model: a byte-level GPT on the Shakespeare corpus (42 works: 37 plays, 5 poems).
+
+    python train.py --config configs/gpt_shakespeare.py --workdir runs/gpt
+    python eval.py --workdir runs/gpt --sample "ROMEO." --temperature 0.8 --top_k 40
+
+Arguments: ``laplacian`` (Laplacian heads per layer, the last k of 4; default
+2 = half), ``spectral`` (lambda * I_k conditioning), ``tokenizer`` (``byte``
+or ``bpe``). Validation is 4 held-out works, every 10th by name: henry_v, macbeth,
+rape_of_lucrece (a poem), twelfth_night.
+"""
+
+from laplax.train.defaults import gpt_base_config, parse_arg
+
+
+def get_config(arg=None):
+  """GPT (width 128, depth 4, 4 heads, context 128), byte-level."""
+  a = parse_arg(arg, laplacian=2, spectral=False, tokenizer="byte")
+  c = gpt_base_config()
+  c.batch_size = 32
+  c.total_steps = 3000
+  c.log_every = 50
+  c.eval_every = 1000
+  c.checkpoint_every = 500
+  c.data.tokenizer = a.tokenizer
+  c.model.num_laplacian_heads = a.laplacian
+  c.model.spectral.enabled = a.spectral
+  return c

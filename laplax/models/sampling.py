@@ -1,0 +1,104 @@
+"""Generation with the KV cache, and log-likelihoods, for :class:`~laplax.models.gpt.GPT`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from laplax.models.gpt import GPT
+
+
+def generate(model: GPT, params: Any, prompt: np.ndarray, *, max_new_tokens: int,
+             temperature: float = 1.0, top_k: int | None = None,
+             rng: jax.Array | None = None) -> np.ndarray:
+  """Samples a continuation of ``prompt`` token by token with the KV cache.
+
+  Args:
+    model: the GPT (``max_length`` bounds prompt plus continuation).
+    params: its parameters.
+    prompt: int ``[length]`` token ids (at least one).
+    max_new_tokens: tokens to sample; cut so the total fits ``max_length``.
+    temperature: softmax temperature (0 = greedy).
+    top_k: sample among the ``k`` most likely tokens (``None`` = all).
+    rng: PRNG key (default ``PRNGKey(0)``).
+
+  Returns:
+    int32 ``[n]``: the sampled tokens (without the prompt).
+
+  Raises:
+    ValueError: an empty prompt or one longer than ``model.max_length``.
+  """
+  prompt = np.asarray(prompt, np.int32)
+  if prompt.size == 0:
+    raise ValueError("the prompt is empty; give at least one token")
+  if prompt.size > model.max_length:
+    raise ValueError(
+        f"the prompt has {prompt.size} tokens but the model's context is "
+        f"{model.max_length}; shorten the prompt")
+  steps = min(max_new_tokens, model.max_length - prompt.size)
+  rng = jax.random.PRNGKey(0) if rng is None else rng
+  cache = model.init(jax.random.PRNGKey(0), jnp.zeros((1, model.max_length), jnp.int32),
+                     decode=True)["cache"]
+
+  @jax.jit
+  def step(cache, tokens, rng):
+    (logits, _), updated = model.apply({"params": params, "cache": cache}, tokens,
+                                       decode=True, mutable=["cache"])
+    logits = logits[0, -1]
+    if top_k is not None:
+      kth = jnp.sort(logits)[-min(top_k, logits.shape[-1])]
+      logits = jnp.where(logits < kth, -jnp.inf, logits)
+    if temperature == 0:
+      nxt = jnp.argmax(logits)
+    else:
+      nxt = jax.random.categorical(rng, logits / temperature)
+    return updated["cache"], nxt.astype(jnp.int32)
+
+  out = []
+  tokens = jnp.asarray(prompt)[None]
+  for i in range(steps):
+    cache, nxt = step(cache, tokens, jax.random.fold_in(rng, i))
+    out.append(int(nxt))
+    tokens = nxt[None, None]
+  return np.asarray(out, np.int32)
+
+
+def continuation_logprob(model: GPT, params: Any, context: np.ndarray,
+                         continuation: np.ndarray) -> float:
+  """``sum_t log p(continuation_t | context, continuation_<t)`` in nats.
+
+  ``context`` and ``continuation`` are int token arrays; when together they
+  exceed ``model.max_length`` the oldest context tokens are dropped.
+
+  Raises:
+    ValueError: an empty continuation, or a continuation alone longer than
+      the context window.
+  """
+  context = np.asarray(context, np.int32)
+  continuation = np.asarray(continuation, np.int32)
+  if continuation.size == 0:
+    raise ValueError("the continuation is empty")
+  if continuation.size >= model.max_length:
+    raise ValueError(
+        f"a continuation of {continuation.size} tokens does not fit the context "
+        f"of {model.max_length}")
+  tokens = np.concatenate([context, continuation])[-(model.max_length + 1):]
+  inputs = np.zeros(model.max_length, np.int32)  # right padding: causal, so
+  inputs[:len(tokens) - 1] = tokens[:-1]          # it cannot change the scores
+  logits, _ = _forward(model)(params, jnp.asarray(inputs)[None])
+  logp = np.asarray(jax.nn.log_softmax(logits[0, :len(tokens) - 1], axis=-1))
+  targets = tokens[1:]
+  picked = logp[np.arange(len(targets)), targets]
+  return float(picked[-continuation.size:].sum())
+
+
+_FORWARD_CACHE: dict = {}
+
+
+def _forward(model: GPT):
+  if model not in _FORWARD_CACHE:
+    _FORWARD_CACHE[model] = jax.jit(lambda p, t: model.apply({"params": p}, t))
+  return _FORWARD_CACHE[model]
