@@ -1,13 +1,15 @@
-"""Train-step time of the default ViT with and without the two methods.
+"""Train-step time of the default ViT and GPT with and without the two methods.
 
-    python bench/step_time.py [--config configs/vit_fashion_mnist.py] [--rounds 5] [--steps 20]
+    python bench/step_time.py                       # ViT default and GPT default
+    python bench/step_time.py --config configs/gpt_shakespeare.py --rounds 5 --steps 20
 
-Builds the config's model and optimizer for four variants -- 0 Laplacian heads
-(the baseline), all heads Laplacian, spectral conditioning (lambda * I_k) with
-0 Laplacian heads, and both -- compiles each jitted train step, then times
-them interleaved over ``--rounds`` rounds of ``--steps`` steps on one
-synthetic batch, and prints the median step time of each and its ratio to the
-baseline measured in this same run. Target: overhead <= 2%.
+Builds each config's model and optimizer for five variants -- 0 Laplacian
+heads (the baseline), all heads Laplacian, half of them, spectral
+conditioning (lambda * I_k) with 0 Laplacian heads, and all Laplacian plus
+spectral -- compiles each jitted train step, then times them interleaved over
+``--rounds`` rounds of ``--steps`` steps on one synthetic batch, and prints the
+median step time (and tokens/s for language models) of each and its ratio to
+the baseline measured in this same run. Target: overhead <= 2%.
 """
 
 from __future__ import annotations
@@ -34,11 +36,19 @@ def load_config(path: str):
   return module.get_config()
 
 
+class _ByteVocab:
+  vocab_size = 256
+  token_bytes = np.ones(256, np.int32)
+
+
 def build(config, laplacian: int, spectral: bool, image_shape, num_classes):
   c = config.copy_and_resolve_references()
   c.model.num_laplacian_heads = laplacian
   c.model.spectral.enabled = spectral
-  task = tasks.ClassificationTask(c, num_classes, image_shape)
+  if c.task == "lm":
+    task = tasks.LanguageModelTask(c, _ByteVocab())
+  else:
+    task = tasks.ClassificationTask(c, num_classes, image_shape)
   tx = optim.make_optimizer(c)
   step = jax.jit(loop.make_train_step(
       task, tx, optim.learning_rate_schedule(c.optim, c.total_steps)),
@@ -47,27 +57,28 @@ def build(config, laplacian: int, spectral: bool, image_shape, num_classes):
   return step, state
 
 
-def main() -> None:
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--config", default="configs/vit_fashion_mnist.py")
-  parser.add_argument("--rounds", type=int, default=5)
-  parser.add_argument("--steps", type=int, default=20)
-  parser.add_argument("--image-shape", default="28,28,1")
-  parser.add_argument("--num-classes", type=int, default=10)
-  args = parser.parse_args()
-  config = load_config(args.config)
+def bench(path: str, args) -> None:
+  """Times the variants of one config and prints the table."""
+  config = load_config(path)
   image_shape = tuple(int(s) for s in args.image_shape.split(","))
   heads = config.model.num_heads
   variants = {
       "baseline (0 Laplacian heads)": (0, False),
       f"all {heads} heads Laplacian": (heads, False),
+      f"{heads // 2} of {heads} heads Laplacian": (heads // 2, False),
       "spectral lambda*I_k": (0, True),
       "all Laplacian + spectral": (heads, True),
   }
   rng = np.random.default_rng(0)
   b = config.batch_size
-  batch = {"image": rng.standard_normal((b,) + image_shape, np.float32),
-           "label": rng.integers(0, args.num_classes, b).astype(np.int32)}
+  if config.task == "lm":
+    length = config.model.max_length
+    batch = {"tokens": rng.integers(0, 256, (b, length + 1)).astype(np.int32)}
+    tokens_per_step = b * length
+  else:
+    batch = {"image": rng.standard_normal((b,) + image_shape, np.float32),
+             "label": rng.integers(0, args.num_classes, b).astype(np.int32)}
+    tokens_per_step = None
   batch = jax.device_put(batch)
   runs = {}
   for name, (k, s) in variants.items():
@@ -86,12 +97,26 @@ def main() -> None:
       times.append((time.perf_counter() - t0) / args.steps)
       run[1] = state
   base = statistics.median(runs["baseline (0 Laplacian heads)"][2])
-  print(f"config {args.config}, batch {b}, backend {jax.default_backend()}, "
+  print(f"\nconfig {path}, batch {b}, backend {jax.default_backend()}, "
         f"{args.rounds} rounds x {args.steps} steps, median step time")
-  print(f"{'variant':32s} {'ms/step':>9s} {'ratio':>7s}")
+  print(f"{'variant':32s} {'ms/step':>9s} {'tokens/s':>9s} {'ratio':>7s}")
   for name, (_, _, times) in runs.items():
     t = statistics.median(times)
-    print(f"{name:32s} {t * 1e3:9.2f} {t / base:7.3f}")
+    tps = f"{tokens_per_step / t:9.0f}" if tokens_per_step else f"{'-':>9s}"
+    print(f"{name:32s} {t * 1e3:9.2f} {tps} {t / base:7.3f}")
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--config", action="append",
+                      help="config file (repeatable); default: the ViT and GPT defaults")
+  parser.add_argument("--rounds", type=int, default=5)
+  parser.add_argument("--steps", type=int, default=20)
+  parser.add_argument("--image-shape", default="28,28,1")
+  parser.add_argument("--num-classes", type=int, default=10)
+  args = parser.parse_args()
+  for path in args.config or ["configs/vit_fashion_mnist.py", "configs/gpt_shakespeare.py"]:
+    bench(path, args)
 
 
 if __name__ == "__main__":

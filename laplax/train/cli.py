@@ -34,6 +34,8 @@ def quiet() -> None:
   logging.getLogger().setLevel(logging.WARNING)
   for name in ("absl", "orbax", "tensorflow_datasets", "grain"):
     logging.getLogger(name).setLevel(logging.ERROR)
+  import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel
+  tfds.disable_progress_bar()  # stderr stays for the one-line errors
   warnings.filterwarnings("ignore", category=UserWarning)
   warnings.filterwarnings("ignore", category=DeprecationWarning)
   warnings.filterwarnings("ignore", category=FutureWarning)
