@@ -55,11 +55,13 @@ def main() -> int:
                          f"--workdir {workdir}")
   task = loop.setup(config, workdir, check=False)
   tx = optim.make_optimizer(config)
-  try:
-    state, _ = checkpointer.restore(loop.abstract_state(task, tx, config.seed),
-                                    with_data=False)
-  except FileNotFoundError as e:
-    raise cli.UsageError(str(e).splitlines()[0]) from None
+  if not os.access(workdir, os.W_OK):
+    raise cli.UsageError(f"{workdir} is not writable; eval.py writes eval.json there")
+  state, _ = checkpointer.restore(loop.abstract_state(task, tx, config.seed),
+                                  with_data=False)
+  if int(state.step) != checkpointer.latest_step():
+    print(f"warning: the newest checkpoint (step {checkpointer.latest_step()}) is "
+          f"unreadable; evaluating step {int(state.step)}", file=sys.stderr)
 
   if _SAMPLE.value is not None:
     prompt = task.tokenizer.encode(_SAMPLE.value)

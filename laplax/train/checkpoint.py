@@ -18,6 +18,10 @@ import jax
 import orbax.checkpoint as ocp
 
 
+class CheckpointError(ValueError):
+  """No checkpoint of a run can be read; the message is one line."""
+
+
 @flax.struct.dataclass
 class TrainState:
   """Everything that decides the rest of a run, besides the data position.
@@ -72,35 +76,42 @@ class Checkpointer:
             data=ocp.args.JsonSave(data_state or {})), force=force)
 
   def restore(self, abstract_state: TrainState, step: int | None = None,
-              with_data: bool = True):
+              with_data: bool = True, discard_unreadable: bool = False):
     """Restores ``(state, data_state)`` at ``step`` (default: the newest usable).
 
     ``abstract_state`` gives the tree, shapes, dtypes and shardings
     (``jax.ShapeDtypeStruct`` leaves). When the newest checkpoint cannot be
-    read it is skipped with a warning naming it and the previous one is used.
+    read it is skipped with a warning naming it and the previous one is used;
+    with ``discard_unreadable`` the unreadable newer steps are deleted so that
+    the resumed run can save those steps again.
 
     Raises:
-      FileNotFoundError: there is no readable checkpoint.
+      CheckpointError: there is no readable checkpoint.
     """
     steps = [step] if step is not None else self.all_steps()[::-1]
     if not steps:
-      raise FileNotFoundError(f"no checkpoint in {self.directory}")
-    for i, s in enumerate(steps):
+      raise CheckpointError(f"no checkpoint in {self.directory}")
+    unreadable = []
+    for s in steps:
       items = {"state": ocp.args.StandardRestore(abstract_state)}
       if with_data:
         items["data"] = ocp.args.JsonRestore()
       try:
         restored = self.manager.restore(s, args=ocp.args.Composite(**items))
       except Exception as e:  # pylint: disable=broad-except
-        if i + 1 == len(steps):
-          raise FileNotFoundError(
-              f"no readable checkpoint in {self.directory}: step {s} failed "
-              f"({type(e).__name__}: {e})") from e
-        logging.warning("checkpoint step %d in %s is unreadable (%s); using the "
+        logging.warning("checkpoint step %d in %s is unreadable (%s); trying the "
                         "previous one", s, self.directory, type(e).__name__)
+        unreadable.append(s)
         continue
+      if discard_unreadable:
+        for bad in unreadable:
+          logging.warning("deleting unreadable checkpoint step %d", bad)
+          self.manager.delete(bad)
       return restored["state"], (restored["data"] if with_data else None)
-    raise FileNotFoundError(f"no checkpoint in {self.directory}")
+    raise CheckpointError(
+        f"no readable checkpoint in {self.directory} (steps "
+        f"{', '.join(map(str, unreadable))} failed); delete the directory to "
+        f"start again")
 
   def wait(self) -> None:
     """Blocks until every started save is committed."""

@@ -9,6 +9,7 @@ traceback and nothing written.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 import re
@@ -58,6 +59,38 @@ def _unknown_key_message(argv: list[str], config) -> str | None:
   return None
 
 
+def _config_spec(argv: list[str]) -> str | None:
+  for i, arg in enumerate(argv):
+    if arg == "--config" and i + 1 < len(argv):
+      return argv[i + 1]
+    if arg.startswith("--config="):
+      return arg.split("=", 1)[1]
+  return None
+
+
+def _load_config_file(spec: str):
+  """Loads ``FILE.py[:arg]`` the way config_flags does, or raises UsageError."""
+  path, _, arg = spec.partition(":")
+  if not os.path.isfile(path):
+    raise UsageError(f"config file {path} does not exist; e.g. --config "
+                     f"configs/vit_fashion_mnist.py")
+  try:
+    module_spec = importlib.util.spec_from_file_location("laplax_user_config", path)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    return module.get_config(arg) if arg else module.get_config()
+  except Exception as e:  # pylint: disable=broad-except
+    text = str(e).strip().splitlines()
+    raise UsageError(f"could not load config {spec}: {type(e).__name__}: "
+                     f"{text[0] if text else ''}") from None
+
+
+def _first_line(e: BaseException) -> str:
+  lines = [l.strip() for l in str(e).splitlines() if l.strip()]
+  useful = [l for l in lines if not l.endswith(":")] or lines
+  return useful[0] if useful else type(e).__name__
+
+
 def parse_flags(argv: list[str]) -> None:
   """Parses ``argv`` into absl FLAGS.
 
@@ -67,13 +100,18 @@ def parse_flags(argv: list[str]) -> None:
   try:
     flags.FLAGS(argv)
   except flags.Error as e:
-    raise UsageError(str(e).splitlines()[0]) from None
-  except (AttributeError, KeyError) as e:
-    config_flag = flags.FLAGS["config"].value if "config" in flags.FLAGS else None
+    spec = _config_spec(argv)
+    if spec is not None and "config" in str(e).split(":")[0]:
+      _load_config_file(spec)  # raises a UsageError naming the real problem
+    raise UsageError(_first_line(e)) from None
+  except Exception as e:  # pylint: disable=broad-except
+    spec = _config_spec(argv)
     msg = None
-    if isinstance(config_flag, ml_collections.ConfigDict):
-      msg = _unknown_key_message(argv, config_flag)
-    raise UsageError(msg or f"bad --config override: {e}") from None
+    if spec is not None:
+      config = _load_config_file(spec)  # raises a UsageError if it cannot load
+      if isinstance(config, ml_collections.ConfigDict):
+        msg = _unknown_key_message(argv, config)
+    raise UsageError(msg or f"bad command line: {_first_line(e)}") from None
 
 
 def load_config_flag(name: str = "config") -> ml_collections.ConfigDict:
@@ -87,9 +125,9 @@ def load_config_flag(name: str = "config") -> ml_collections.ConfigDict:
   try:
     config = flags.FLAGS[name].value
     config.keys()  # an _ErrorConfig raises here with the loading error
-  except Exception as e:  # pylint: disable=broad-except
-    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-    raise UsageError(f"could not load --{name}: {first}") from None
+  except Exception:  # pylint: disable=broad-except
+    _load_config_file(_config_spec(sys.argv) or "")  # names the real problem
+    raise UsageError(f"could not load --{name}") from None
   if not isinstance(config, ml_collections.ConfigDict):
     raise UsageError(f"--{name} did not give a ConfigDict (get_config() must return one)")
   return config
@@ -98,10 +136,14 @@ def load_config_flag(name: str = "config") -> ml_collections.ConfigDict:
 def run(main: Callable[[], int | None], user_errors: tuple = ()) -> None:
   """Runs ``main`` and maps user errors to one stderr line and exit code 2."""
   from laplax.data.images import DataError  # pylint: disable=import-outside-toplevel
-  errors = (UsageError, ConfigError, DataError) + tuple(user_errors)
+  from laplax.train.checkpoint import CheckpointError  # pylint: disable=import-outside-toplevel
+  errors = (UsageError, ConfigError, DataError, CheckpointError) + tuple(user_errors)
   try:
     code = main()
   except errors as e:
-    print(f"error: {e}", file=sys.stderr)
+    print(f"error: {_first_line(e) if chr(10) in str(e) else e}", file=sys.stderr)
     sys.exit(USAGE_EXIT)
+  except KeyboardInterrupt:
+    print("interrupted before training started; nothing was saved", file=sys.stderr)
+    sys.exit(130)
   sys.exit(code or 0)

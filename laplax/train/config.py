@@ -90,6 +90,15 @@ def validate(config: ml_collections.ConfigDict) -> None:
   for key in ("log_every", "eval_every", "checkpoint_every"):
     _int(config, key, 1)
   _int(config, "eval_batch_size", 1)
+  if get(config, "keep_checkpoints", None) is not None:
+    _int(config, "keep_checkpoints", 1)
+  for key in ("data.crop_padding", "data.prefetch", "data.num_threads"):
+    if get(config, key, None) is not None:
+      _int(config, key, 0)
+  exclude = get(config, "optim.weight_decay_exclude", ())
+  _require(isinstance(exclude, (list, tuple)) and all(isinstance(p, str) for p in exclude),
+           f"config.optim.weight_decay_exclude={exclude!r} must be a tuple of "
+           f"parameter-name regexes")
 
   m = config.model
   num_heads = _int(config, "model.num_heads", 1)
@@ -110,9 +119,11 @@ def validate(config: ml_collections.ConfigDict) -> None:
              f"in 0..num_heads={num_heads} (the last k heads of a layer are Laplacian)")
   mask = get(config, "model.laplacian_mask", None)
   if mask is not None:
-    _require(len(mask) == depth and all(len(row) == num_heads for row in mask),
+    _require(isinstance(mask, (list, tuple)) and len(mask) == depth
+             and all(isinstance(row, (list, tuple)) and len(row) == num_heads
+                     and all(isinstance(v, bool) for v in row) for row in mask),
              f"config.model.laplacian_mask must be {depth} lists of {num_heads} "
-             f"booleans (one per layer and head)")
+             f"booleans True/False (one per layer and head)")
   for key in ("dropout", "attention_dropout"):
     _float(config, f"model.{key}", 0.0, 0.99)
   if m.name == "vit":

@@ -50,6 +50,19 @@ class MetricWriter:
       from tensorboardX import SummaryWriter  # pylint: disable=import-outside-toplevel
       self.tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
 
+  def drop_after(self, step: int) -> None:
+    """Removes records newer than ``step`` (left by a run killed after it)."""
+    if not self.active or not os.path.exists(self.path):
+      return
+    with open(self.path) as f:
+      lines = [l for l in f if l.strip()]
+    keep = [l for l in lines if json.loads(l).get("step", 0) <= step]
+    if len(keep) != len(lines):
+      tmp = self.path + ".tmp"
+      with open(tmp, "w") as f:
+        f.writelines(keep)
+      os.replace(tmp, self.path)
+
   def write(self, step: int, split: str, metrics: dict) -> None:
     """Writes one record; values must be Python scalars."""
     if not self.active:
@@ -73,8 +86,13 @@ def load_saved_config(workdir: str) -> ml_collections.ConfigDict | None:
   path = os.path.join(workdir, CONFIG_FILE)
   if not os.path.exists(path):
     return None
-  with open(path) as f:
-    return ml_collections.ConfigDict(json.load(f))
+  try:
+    with open(path) as f:
+      return ml_collections.ConfigDict(json.load(f))
+  except (OSError, ValueError) as e:
+    raise config_lib.ConfigError(
+        f"{path} is unreadable ({type(e).__name__}); it is not a laplax run's "
+        f"config, use another --workdir") from None
 
 
 def check_workdir(config: ml_collections.ConfigDict, workdir: str) -> None:
@@ -83,6 +101,14 @@ def check_workdir(config: ml_collections.ConfigDict, workdir: str) -> None:
   Raises:
     ConfigError: the saved config differs in a key that decides the parameters.
   """
+  if os.path.exists(workdir) and not os.path.isdir(workdir):
+    raise config_lib.ConfigError(f"--workdir {workdir} is a file; give a directory")
+  parent = workdir
+  while not os.path.exists(parent):
+    parent = os.path.dirname(os.path.abspath(parent))
+  if not os.access(parent, os.W_OK):
+    raise config_lib.ConfigError(f"--workdir {workdir} is not writable ({parent}); "
+                                 f"choose a directory you can write to")
   saved = load_saved_config(workdir)
   if saved is None:
     return
@@ -207,7 +233,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   # Initial state or resume.
   if checkpointer.latest_step() is not None:
     state, data_state = checkpointer.restore(
-        abstract_state(task, tx, config.seed))
+        abstract_state(task, tx, config.seed), discard_unreadable=True)
     train_iter.set_state(data_state)
     logging.info("resumed from step %d", int(state.step))
   else:
@@ -215,6 +241,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     checkpointer.save(state, train_iter.get_state())
   start = int(state.step)
   num_params = sum(x.size for x in jax.tree_util.tree_leaves(state.params))
+  writer.drop_after(start)
   if start == 0:
     writer.write(0, "info", {"num_params": int(num_params)})
 
