@@ -144,6 +144,11 @@ BAD_INPUTS = {
     "patch size does not divide the image": (["--config.model.patch_size=5"],
                                              "not divisible by"),
     "bad value type": (["--config.model.depth=two"], "depth"),
+    "non-boolean head mask": (["--config.model.laplacian_mask=(('no', 'no'),)"],
+                              "laplacian_mask"),
+    "no checkpoints kept": (["--config.keep_checkpoints=0"], "keep_checkpoints"),
+    "negative crop padding": (["--config.data.crop_padding=-1"], "crop_padding"),
+    "config file argument": (["--config", CONFIG + ":foo=1"], "foo=1"),
     "different architecture in the workdir": (["--config.model.width=64"],
                                               "different architecture"),
 }
@@ -169,6 +174,41 @@ def test_bad_input_one_line_exit_2_nothing_changed(name, existing_run, tmp_path,
   assert _snapshot(existing_run) == before
   assert not (tmp_path / "new_run").exists()
   assert not (tmp_path / "fresh_tfds").exists() or not os.listdir(tmp_path / "fresh_tfds")
+
+
+def test_workdir_that_is_a_file(tmp_path, fmnist_data_dir):
+  path = tmp_path / "file"
+  path.write_text("mine")
+  r = run(train_args(path, fmnist_data_dir, "--config.total_steps=5"))
+  assert r.returncode == 2 and "is a file" in r.stderr and "Traceback" not in r.stderr
+  assert path.read_text() == "mine"
+
+
+def test_corrupt_newest_checkpoint_is_skipped_and_replaced(tmp_path, fmnist_data_dir):
+  """Truncate every file of the newest checkpoint: the same command resumes
+  from the previous one, saves the newest step again, and keeps one record
+  per step in metrics.jsonl."""
+  workdir = tmp_path / "run"
+  steps = ["--config.total_steps=10", "--config.eval_every=10", "--config.checkpoint_every=5"]
+  r = run(train_args(workdir, fmnist_data_dir, *steps))
+  assert r.returncode == 0, r.stderr[-3000:]
+  _, good = final_params(workdir)
+  for root, _, files in os.walk(workdir / "checkpoints" / "10"):
+    for f in files:
+      p = os.path.join(root, f)
+      with open(p, "r+b") as fh:
+        fh.truncate(os.path.getsize(p) // 2)
+  r = run(train_args(workdir, fmnist_data_dir, *steps))
+  assert r.returncode == 0, r.stderr[-3000:]
+  assert "unreadable" in r.stderr
+  step, params = final_params(workdir)
+  assert step == 10
+  for k in good:
+    np.testing.assert_array_equal(good[k], params[k], err_msg=k)
+  train_steps = [x["step"] for x in read_metrics(workdir) if x["split"] == "train"]
+  assert train_steps == [5, 10]
+  r = run(["eval.py", "--workdir", str(workdir)])
+  assert r.returncode == 0 and json.loads((workdir / "eval.json").read_text())["step"] == 10
 
 
 def test_eval_without_checkpoint_is_one_line_exit_2(tmp_path):

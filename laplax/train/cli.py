@@ -60,12 +60,14 @@ def _unknown_key_message(argv: list[str], config) -> str | None:
 
 
 def _config_spec(argv: list[str]) -> str | None:
+  """The value of the last ``--config`` flag in ``argv`` (absl: the last wins)."""
+  spec = None
   for i, arg in enumerate(argv):
     if arg == "--config" and i + 1 < len(argv):
-      return argv[i + 1]
-    if arg.startswith("--config="):
-      return arg.split("=", 1)[1]
-  return None
+      spec = argv[i + 1]
+    elif arg.startswith("--config="):
+      spec = arg.split("=", 1)[1]
+  return spec
 
 
 def _load_config_file(spec: str):
