@@ -12,8 +12,7 @@ for 400 epochs at batch 512. CIFAR must be prepared by TFDS in
 ``data.data_dir`` on a machine with internet (``tfds build cifar100``).
 """
 
-from laplax.models.vit import decode_variant
-from laplax.train.defaults import base_config, parse_arg
+from laplax.train.defaults import base_config, deit3_recipe, parse_arg
 
 NUM_TRAIN = 50_000
 
@@ -26,9 +25,7 @@ def get_config(arg=None):
   c.batch_size = 512
   c.eval_batch_size = 500
   steps_per_epoch = NUM_TRAIN // c.batch_size
-  c.total_steps = 400 * steps_per_epoch
   c.log_every = 50
-  c.eval_every = 10 * steps_per_epoch
   c.checkpoint_every = 1000
 
   c.data.name = a.dataset
@@ -39,21 +36,6 @@ def get_config(arg=None):
   c.data.mean = (0.5071, 0.4865, 0.4409)
   c.data.std = (0.2673, 0.2564, 0.2762)
 
-  c.model.update(decode_variant(a.variant))
-  c.model.num_laplacian_heads = a.laplacian
-  c.model.spectral.enabled = a.spectral
-  c.model.qk_norm = True
-  c.model.drop_path = 0.2
-  c.model.layerscale_init = 1e-6
-  c.model.dtype = "bfloat16"
-
-  c.optim.lr = 2e-3
-  c.optim.weight_decay = 0.05
-  c.optim.warmup_steps = 5 * steps_per_epoch
-  c.optim.grad_clip = 1.0
-
-  c.loss.type = "sigmoid"
-  c.loss.label_smoothing = 0.1
-  c.loss.mixup = 0.8
-  c.loss.cutmix = 1.0
+  deit3_recipe(c, variant=a.variant, laplacian=a.laplacian, spectral=a.spectral,
+               steps_per_epoch=steps_per_epoch)
   return c

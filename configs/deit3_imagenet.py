@@ -14,8 +14,7 @@ crop and flip) and DeiT-3's 224 px fine-tuning; evaluation is at 192 px.
 ImageNet must be prepared by TFDS in ``data.data_dir`` (manual download).
 """
 
-from laplax.models.vit import decode_variant
-from laplax.train.defaults import base_config, parse_arg
+from laplax.train.defaults import base_config, deit3_recipe, parse_arg
 
 NUM_TRAIN = 1_281_167
 
@@ -27,9 +26,7 @@ def get_config(arg=None):
   c.batch_size = 2048
   c.eval_batch_size = 1024
   steps_per_epoch = NUM_TRAIN // c.batch_size
-  c.total_steps = 400 * steps_per_epoch
   c.log_every = 100
-  c.eval_every = 10 * steps_per_epoch
   c.checkpoint_every = 2000
 
   c.data.name = "imagenet2012"
@@ -41,22 +38,6 @@ def get_config(arg=None):
   c.data.std = (0.229, 0.224, 0.225)
   c.data.num_threads = 16
 
-  c.model.update(decode_variant(a.variant))
-  c.model.num_laplacian_heads = a.laplacian
-  c.model.spectral.enabled = a.spectral
-  c.model.qk_norm = True
-  c.model.drop_path = 0.2
-  c.model.layerscale_init = 1e-6
-  c.model.dtype = "bfloat16"
-
-  c.optim.lr = 2e-3
-  c.optim.weight_decay = 0.05
-  c.optim.warmup_steps = 5 * steps_per_epoch
-  c.optim.grad_clip = 1.0
-  c.optim.b2 = 0.999
-
-  c.loss.type = "sigmoid"
-  c.loss.label_smoothing = 0.1
-  c.loss.mixup = 0.8
-  c.loss.cutmix = 1.0
+  deit3_recipe(c, variant=a.variant, laplacian=a.laplacian, spectral=a.spectral,
+               steps_per_epoch=steps_per_epoch)
   return c

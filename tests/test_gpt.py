@@ -1,8 +1,5 @@
 """GPT: KV-cache decoding, causality, initialisation, sizes of the paper configs."""
 
-import importlib.util
-import os
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -11,8 +8,8 @@ import pytest
 from laplax.models import sampling
 from laplax.models.gpt import GPT
 from laplax.train import loop, optim, tasks
+from test_configs import load
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HEAD_MIXES = {"standard": 0, "laplacian": 4, "mixed": (1, 3)}
 
 
@@ -86,13 +83,6 @@ def test_residual_projection_init_scale():
   q = np.ravel(params["block0"]["attention"]["query"]["kernel"])
   assert abs(q.std() - 0.02) / 0.02 < 0.05
   assert "lm_head" not in params  # tied
-
-
-def load(name, arg=None):
-  spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "configs", name + ".py"))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config(arg)
 
 
 @pytest.mark.parametrize("name,vocab,expected", [
