@@ -78,7 +78,7 @@ def main() -> int:
     print(_SAMPLE.value + task.tokenizer.decode(out))
     return 0
 
-  summary = loop.evaluate(task, state.params, config)
+  summary = loop.evaluate(task, state.params)
   if items is not None:
     result = lm_eval.score_choices(task.model, state.params, task.tokenizer, items)
     summary["choices_accuracy"] = result["choices_accuracy"]

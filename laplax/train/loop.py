@@ -120,13 +120,11 @@ def check_workdir(config: ml_collections.ConfigDict, workdir: str) -> None:
         f"another --workdir or the same config")
 
 
-def evaluate(task: Any, params: Any, config: ml_collections.ConfigDict,
-             eval_step=None) -> dict:
-  """Evaluates ``params`` on every example of ``config.data.eval_split``.
+def evaluate(task: Any, params: Any, eval_step=None) -> dict:
+  """Evaluates ``params`` on every example of the task's eval split.
 
   Returns the task's summary (e.g. ``accuracy``, ``loss``, ``num_examples``).
   """
-  del config
   eval_step = eval_step or jax.jit(task.eval_sums)
   sums = None
   for batch in task.eval_batches():
@@ -276,7 +274,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
       if step % config.checkpoint_every == 0 or step == config.total_steps:
         checkpointer.save(state, train_iter.get_state())
       if step % config.eval_every == 0 or step == config.total_steps:
-        summary = evaluate(task, state.params, config, eval_step)
+        summary = evaluate(task, state.params, eval_step)
         writer.write(step, "eval", summary)
         bar.write(f"step {step}: " + ", ".join(
             f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}"
@@ -291,7 +289,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
         break
   bar.close()
   if start >= config.total_steps and start > 0:
-    summary = evaluate(task, state.params, config, eval_step)
+    summary = evaluate(task, state.params, eval_step)
   checkpointer.close()
   writer.close()
   return summary

@@ -25,21 +25,27 @@ def compute_dtype(name: str):
   return None if name == "float32" else jnp.dtype(name)
 
 
-def vit_from_config(model: ml_collections.ConfigDict, num_classes: int) -> ViT:
-  """Builds the :class:`~laplax.models.vit.ViT` a ``config.model`` describes."""
+def _transformer_kwargs(model: ml_collections.ConfigDict) -> dict:
+  """Model kwargs every family shares: sizes, head mix, spectral, kernel, dtype."""
   counts = model.num_laplacian_heads
   mask = model.get("laplacian_mask", None)
-  return ViT(
-      num_classes=num_classes, patch_size=model.patch_size, width=model.width,
-      depth=model.depth, mlp_dim=model.mlp_dim, num_heads=model.num_heads,
+  return dict(
+      width=model.width, depth=model.depth, mlp_dim=model.mlp_dim,
+      num_heads=model.num_heads,
       num_laplacian_heads=tuple(counts) if isinstance(counts, (list, tuple)) else counts,
       laplacian_mask=None if mask is None else tuple(tuple(r) for r in mask),
       qk_norm=model.qk_norm, dropout=model.dropout,
-      attention_dropout=model.attention_dropout, drop_path=model.drop_path,
-      layerscale_init=model.layerscale_init, posemb=model.posemb, pool=model.pool,
+      attention_dropout=model.attention_dropout, posemb=model.posemb,
       spectral_lam=model.spectral.lam if model.spectral.enabled else None,
       spectral_mode=model.spectral.mode, implementation=model.implementation,
       dtype=compute_dtype(model.dtype))
+
+
+def vit_from_config(model: ml_collections.ConfigDict, num_classes: int) -> ViT:
+  """Builds the :class:`~laplax.models.vit.ViT` a ``config.model`` describes."""
+  return ViT(num_classes=num_classes, patch_size=model.patch_size,
+             drop_path=model.drop_path, layerscale_init=model.layerscale_init,
+             pool=model.pool, **_transformer_kwargs(model))
 
 
 def mixup_cutmix(rng: jax.Array, images: jax.Array, targets: jax.Array, *,
@@ -77,19 +83,9 @@ def mixup_cutmix(rng: jax.Array, images: jax.Array, targets: jax.Array, *,
 
 def gpt_from_config(model: ml_collections.ConfigDict, vocab_size: int) -> GPT:
   """Builds the :class:`~laplax.models.gpt.GPT` a ``config.model`` describes."""
-  counts = model.num_laplacian_heads
-  mask = model.get("laplacian_mask", None)
-  return GPT(
-      vocab_size=vocab_size, max_length=model.max_length, width=model.width,
-      depth=model.depth, num_heads=model.num_heads, mlp_dim=model.mlp_dim,
-      num_laplacian_heads=tuple(counts) if isinstance(counts, (list, tuple)) else counts,
-      laplacian_mask=None if mask is None else tuple(tuple(r) for r in mask),
-      posemb=model.posemb, qk_norm=model.qk_norm, dropout=model.dropout,
-      attention_dropout=model.attention_dropout, use_bias=model.use_bias,
-      tie_embeddings=model.tie_embeddings,
-      spectral_lam=model.spectral.lam if model.spectral.enabled else None,
-      spectral_mode=model.spectral.mode, implementation=model.implementation,
-      dtype=compute_dtype(model.dtype))
+  return GPT(vocab_size=vocab_size, max_length=model.max_length,
+             use_bias=model.use_bias, tie_embeddings=model.tie_embeddings,
+             **_transformer_kwargs(model))
 
 
 class ClassificationTask:
