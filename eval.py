@@ -4,13 +4,18 @@
     python eval.py --workdir runs/gpt                       # loss, perplexity, bits/byte
     python eval.py --workdir runs/gpt --sample "ROMEO." --temperature 0.8 --top_k 40
     python eval.py --workdir runs/gpt --choices questions.jsonl
+    python eval.py --workdir runs/dino                      # k-NN, linear probe, PCA
 
 Restores the newest checkpoint with the config saved in the workdir, evaluates
 the eval split, prints the result and writes ``eval.json`` into the workdir:
 ``accuracy``, ``loss``, ``num_examples``, ``step`` for classification;
 ``loss``, ``perplexity``, ``bits_per_byte``, ``num_tokens``, ``step`` for
-language models (plus ``choices_accuracy`` with ``--choices``). ``--sample``
-prints a continuation of the prompt (KV-cache decoding) instead.
+language models (plus ``choices_accuracy`` with ``--choices``);
+``knn_accuracy``, ``linear_probe_accuracy``, ``raw_pixel_knn_accuracy``,
+``num_examples``, ``step`` for DINO, which also writes ``patch_pca.png`` (the
+first three principal components of the teacher's patch features of a few
+test images, as RGB). ``--sample`` prints a continuation of the prompt
+(KV-cache decoding) instead.
 """
 
 import json
@@ -28,6 +33,7 @@ _TEMPERATURE = flags.DEFINE_float("temperature", 0.8, "LM sampling temperature (
 _TOP_K = flags.DEFINE_integer("top_k", 40, "LM sampling: keep the k most likely tokens (0 = all).")
 _SEED = flags.DEFINE_integer("seed", 0, "LM sampling seed.")
 _CHOICES = flags.DEFINE_string("choices", None, "LM only: multiple-choice JSONL file to score.")
+PCA_FIGURE = "patch_pca.png"
 
 
 def main() -> int:
@@ -78,7 +84,13 @@ def main() -> int:
     print(_SAMPLE.value + task.tokenizer.decode(out))
     return 0
 
-  summary = loop.evaluate(task, state.params)
+  if config.task == "dino":
+    figure = os.path.join(workdir, PCA_FIGURE)
+    summary = task.evaluate(state, references=True, figure=figure)
+    if config.eval.pca_images:
+      print(f"patch-feature PCA of {config.eval.pca_images} test images: {figure}")
+  else:
+    summary = loop.evaluate(task, state)
   if items is not None:
     result = lm_eval.score_choices(task.model, state.params, task.tokenizer, items)
     summary["choices_accuracy"] = result["choices_accuracy"]

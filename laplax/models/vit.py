@@ -76,6 +76,10 @@ class ViT(nn.Module):
     drop_path: maximum stochastic-depth rate, linearly increasing with depth.
     layerscale_init: LayerScale initial value (``None`` = no LayerScale).
     posemb: ``"learn"`` or ``"sincos2d"``.
+    posemb_grid: ``(rows, cols)`` of patches the position embedding is made
+      for (``None``: the grid of the input). An input with another grid gets
+      the embedding resized bicubically to its grid, as DINO does for its
+      small local crops (Caron et al. 2021, ``interpolate_pos_encoding``).
     pool: ``"tok"`` (class token) or ``"gap"`` (mean of patch tokens).
     spectral_lam, spectral_mode: spectral conditioning (``None`` = off).
     implementation: attention kernel.
@@ -95,6 +99,7 @@ class ViT(nn.Module):
   drop_path: float = 0.0
   layerscale_init: float | None = None
   posemb: str = "learn"
+  posemb_grid: tuple[int, int] | None = None
   pool: str = "tok"
   spectral_lam: float | None = None
   spectral_mode: str = "per_head"
@@ -115,14 +120,19 @@ class ViT(nn.Module):
                     images.astype(self.dtype or images.dtype))
     gh, gw = h // self.patch_size, w // self.patch_size
     x = x.reshape(x.shape[0], gh * gw, self.width)
+    ph, pw = self.posemb_grid or (gh, gw)
     if self.posemb == "learn":
       pos = self.param("pos_embedding", nn.initializers.normal(0.02),
-                       (1, gh * gw, self.width), jnp.float32)
+                       (1, ph * pw, self.width), jnp.float32)
     elif self.posemb == "sincos2d":
-      pos = posemb_sincos_2d(gh, gw, self.width)
+      pos = jnp.asarray(posemb_sincos_2d(ph, pw, self.width))
     else:
       raise ValueError(f"posemb {self.posemb!r} is unknown; use 'learn' or 'sincos2d'")
-    x = x + jnp.asarray(pos, x.dtype)
+    if (ph, pw) != (gh, gw):
+      pos = jax.image.resize(pos.reshape(ph, pw, self.width), (gh, gw, self.width),
+                             method="bicubic", antialias=False).reshape(
+                                 1, gh * gw, self.width)
+    x = x + pos.astype(x.dtype)
     if self.pool == "tok":
       cls = self.param("cls", nn.initializers.normal(1e-6), (1, 1, self.width),
                        jnp.float32)

@@ -14,7 +14,7 @@ import ml_collections
 
 from laplax import attention, spectral
 
-TASKS = {"classification": "vit", "lm": "gpt"}  # task -> model.name
+TASKS = {"classification": "vit", "lm": "gpt", "dino": "vit"}  # task -> model.name
 DTYPES = ("float32", "bfloat16")
 # Keys every config has (the documented contract of train.py).
 REQUIRED = (
@@ -25,7 +25,9 @@ REQUIRED = (
 # Model keys that decide the parameter tree: a workdir whose saved config
 # differs in one of these belongs to another run.
 ARCHITECTURE_KEYS = ("task", "model", "data.name", "data.image_size",
-                     "data.tokenizer", "data.vocab_size")
+                     "data.tokenizer", "data.vocab_size", "data.multicrop.global_size",
+                     "dino.out_dim", "dino.hidden_dim", "dino.bottleneck_dim",
+                     "dino.head_layers")
 
 
 class ConfigError(ValueError):
@@ -130,6 +132,8 @@ def validate(config: ml_collections.ConfigDict) -> None:
     _validate_vit(config)
   else:
     _validate_gpt(config)
+  if config.task == "dino":
+    _validate_dino(config)
   _require(m.dtype in DTYPES,
            f"config.model.dtype={m.dtype!r} is unknown; use one of {', '.join(DTYPES)}")
   impl = m.implementation
@@ -156,6 +160,8 @@ def validate(config: ml_collections.ConfigDict) -> None:
   if o.grad_clip is not None:
     _float(config, "optim.grad_clip", 0.0, open_min=True)
   _float(config, "optim.min_lr_ratio", 0.0, 1.0)
+  if get(config, "optim.weight_decay_end", None) is not None:
+    _float(config, "optim.weight_decay_end", 0.0)
 
 
 def _validate_vit(config):
@@ -172,11 +178,74 @@ def _validate_vit(config):
     _require(image_size % patch == 0,
              f"config.data.image_size={image_size} is not divisible by "
              f"config.model.patch_size={patch}; change one of them")
+  if config.task != "classification":
+    return
   _float(config, "loss.label_smoothing", 0.0, 0.99)
   _require(config.loss.type in ("softmax", "sigmoid"),
            f"config.loss.type={config.loss.type!r} is unknown; use 'softmax' or 'sigmoid'")
   _float(config, "loss.mixup", 0.0)
   _float(config, "loss.cutmix", 0.0)
+
+
+def _pair(config, key, minimum, maximum):
+  value = get(config, key)
+  ok = (isinstance(value, (list, tuple)) and len(value) == 2
+        and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value))
+  ok = ok and minimum <= value[0] <= value[1] <= maximum
+  _require(ok, f"config.{key}={value!r} must be two numbers (low, high) with "
+               f"{minimum} <= low <= high <= {maximum}")
+  return value
+
+
+def _validate_dino(config):
+  """Multi-crop, head, temperatures and momenta of a DINO config."""
+  patch = config.model.patch_size
+  _require(config.model.pool == "tok",
+           f"config.model.pool={config.model.pool!r}: DINO trains on the class "
+           f"token; use model.pool='tok'")
+  mc = "data.multicrop"
+  _int(config, f"{mc}.num_global", 1)
+  num_local = _int(config, f"{mc}.num_local", 0)
+  _require(get(config, f"{mc}.num_global") + num_local >= 2,
+           f"config.{mc} has {get(config, f'{mc}.num_global')} global and {num_local} "
+           f"local crops; DINO needs at least 2 views (e.g. num_global=2)")
+  for key in ("global_size", "local_size"):
+    size = _int(config, f"{mc}.{key}", patch)
+    _require(size % patch == 0,
+             f"config.{mc}.{key}={size} is not divisible by config.model.patch_size="
+             f"{patch}; choose a multiple of it")
+  g, l = get(config, f"{mc}.global_size"), get(config, f"{mc}.local_size")
+  _require(l <= g, f"config.{mc}.local_size={l} is larger than global_size={g}; "
+                   f"local crops must not be larger than global crops")
+  _pair(config, f"{mc}.global_scale", 1e-6, 1.0)
+  _pair(config, f"{mc}.local_scale", 1e-6, 1.0)
+  for key in ("jitter_prob", "grayscale_prob", "solarize_prob"):
+    _float(config, f"{mc}.{key}", 0.0, 1.0)
+  for key in ("brightness", "contrast", "saturation"):
+    _float(config, f"{mc}.{key}", 0.0, 1.0)
+  _float(config, f"{mc}.hue", 0.0, 0.5)
+  blur = get(config, f"{mc}.blur_prob")
+  _require(isinstance(blur, (list, tuple)) and len(blur) == 3
+           and all(isinstance(p, (int, float)) and 0 <= p <= 1 for p in blur),
+           f"config.{mc}.blur_prob={blur!r} must be 3 probabilities (first global "
+           f"view, second global view, local views)")
+  _pair(config, f"{mc}.blur_sigma", 0.0, 1e3)
+
+  _int(config, "dino.out_dim", 2)
+  for key in ("hidden_dim", "bottleneck_dim", "head_layers"):
+    _int(config, f"dino.{key}", 1)
+  for key in ("student_temp", "warmup_teacher_temp", "teacher_temp"):
+    _float(config, f"dino.{key}", 0.0, open_min=True)
+  _float(config, "dino.momentum_teacher", 0.0, 1.0)
+  _float(config, "dino.center_momentum", 0.0, 1.0)
+  _int(config, "dino.warmup_teacher_temp_steps", 0)
+  _int(config, "dino.freeze_last_layer_steps", 0)
+  _int(config, "eval.knn_k", 1)
+  _float(config, "eval.knn_temperature", 0.0, open_min=True)
+  _int(config, "eval.pca_images", 0)
+  _require(isinstance(get(config, "eval.linear_probe"), bool),
+           f"config.eval.linear_probe={get(config, 'eval.linear_probe')!r} must be "
+           f"True or False")
 
 
 def _validate_gpt(config):

@@ -173,3 +173,50 @@ def gpt_base_config() -> ml_collections.ConfigDict:
   c.optim.weight_decay_exclude = ("pos_embedding", "token_embedding")
   del c.loss
   return c
+
+
+def dino_base_config() -> ml_collections.ConfigDict:
+  """:func:`base_config` turned into DINO self-supervised training (no labels).
+
+  Keys follow the DINO reference code (Caron et al. 2021): ``dino.out_dim``,
+  ``momentum_teacher``, ``warmup_teacher_temp`` -> ``teacher_temp`` over
+  ``warmup_teacher_temp_steps``, ``student_temp``, ``center_momentum``,
+  ``freeze_last_layer_steps``; the optimizer's weight decay follows a cosine
+  from ``optim.weight_decay`` to ``optim.weight_decay_end``. Multi-crop
+  settings are ``data.multicrop`` (see ``images.default_multicrop_config``);
+  ``eval`` holds the k-NN settings (labels are used only there).
+  """
+  from laplax.data import images  # pylint: disable=import-outside-toplevel
+  c = base_config()
+  c.task = "dino"
+  del c.loss
+  c.data.multicrop = images.default_multicrop_config(c.data.name)
+  c.model.pool = "tok"
+  c.model.drop_path = 0.1
+
+  c.dino = ml_collections.ConfigDict()
+  c.dino.out_dim = 65536
+  c.dino.hidden_dim = 2048
+  c.dino.bottleneck_dim = 256
+  c.dino.head_layers = 3
+  c.dino.student_temp = 0.1
+  c.dino.warmup_teacher_temp = 0.04
+  c.dino.teacher_temp = 0.07
+  c.dino.warmup_teacher_temp_steps = 0
+  c.dino.momentum_teacher = 0.996
+  c.dino.center_momentum = 0.9
+  c.dino.freeze_last_layer_steps = 0
+
+  c.optim.lr = 5e-4
+  c.optim.min_lr_ratio = 0.002
+  c.optim.weight_decay = 0.04
+  c.optim.weight_decay_end = 0.4
+  c.optim.grad_clip = 3.0
+  c.optim.weight_decay_exclude = ("pos_embedding", "cls")
+
+  c.eval = ml_collections.ConfigDict()
+  c.eval.knn_k = 20
+  c.eval.knn_temperature = 0.07
+  c.eval.linear_probe = True
+  c.eval.pca_images = 8
+  return c

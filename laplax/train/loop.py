@@ -120,15 +120,19 @@ def check_workdir(config: ml_collections.ConfigDict, workdir: str) -> None:
         f"another --workdir or the same config")
 
 
-def evaluate(task: Any, params: Any, eval_step=None) -> dict:
-  """Evaluates ``params`` on every example of the task's eval split.
+def evaluate(task: Any, state: ckpt_lib.TrainState, eval_step=None) -> dict:
+  """Evaluates ``state`` on the task's eval split.
 
-  Returns the task's summary (e.g. ``accuracy``, ``loss``, ``num_examples``).
+  A task with its own ``evaluate(state)`` (DINO: k-NN on frozen features)
+  decides; otherwise the task's ``eval_sums`` are summed over every eval
+  batch and summarised (e.g. ``accuracy``, ``loss``, ``num_examples``).
   """
+  if hasattr(task, "evaluate"):
+    return task.evaluate(state)
   eval_step = eval_step or jax.jit(task.eval_sums)
   sums = None
   for batch in task.eval_batches():
-    out = jax.device_get(eval_step(params, batch))
+    out = jax.device_get(eval_step(state.params, batch))
     sums = out if sums is None else {k: sums[k] + np.float64(out[k]) for k in sums}
   return task.summarize(sums)
 
@@ -138,13 +142,19 @@ def abstract_state(task: Any, tx: optax.GradientTransformation, seed: int):
   return jax.eval_shape(lambda: init_state(task, tx, seed))
 
 
+def _stateful(task: Any) -> bool:
+  return hasattr(task, "init_task_state")
+
+
 def init_state(task: Any, tx: optax.GradientTransformation, seed: int):
-  """The TrainState at step 0: parameters from ``seed``, fresh optimizer state."""
+  """The TrainState at step 0: parameters from ``seed``, fresh optimizer state,
+  and the task's initial state (``task.init_task_state(params)``) if it has one."""
   rng = jax.random.PRNGKey(seed)
   params = task.init(jax.random.fold_in(rng, 0))
-  return ckpt_lib.TrainState(step=jnp.zeros((), jnp.int32), params=params,
-                             opt_state=tx.init(params),
-                             rng=jax.random.fold_in(rng, 1))
+  return ckpt_lib.TrainState(
+      step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
+      rng=jax.random.fold_in(rng, 1),
+      task_state=task.init_task_state(params) if _stateful(task) else None)
 
 
 def setup(config: ml_collections.ConfigDict, workdir: str | None,
@@ -164,18 +174,35 @@ def setup(config: ml_collections.ConfigDict, workdir: str | None,
 
 
 def make_train_step(task: Any, tx: optax.GradientTransformation, schedule):
-  """The pure train step ``(state, batch) -> (state, metrics)`` (to be jitted)."""
+  """The pure train step ``(state, batch) -> (state, metrics)`` (to be jitted).
+
+  ``task.loss(params, batch, rng) -> (loss, metrics)`` gives the gradient. A
+  task with a state (``init_task_state``) instead has ``task.loss(params,
+  batch, rng, task_state, step) -> (loss, (metrics, aux))``, may mask the
+  optimizer updates with ``task.mask_updates(updates, step)``, and updates its
+  state after the parameters with ``task.update_task_state(task_state, params,
+  aux, step)``.
+  """
+  stateful = _stateful(task)
 
   def train_step(state, batch):
     rng = jax.random.fold_in(state.rng, state.step)
-    (_, metrics), grads = jax.value_and_grad(task.loss, has_aux=True)(
-        state.params, batch, rng)
+    if stateful:
+      loss_fn = lambda p: task.loss(p, batch, rng, state.task_state, state.step)
+    else:
+      loss_fn = lambda p: task.loss(p, batch, rng)
+    (_, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+    metrics, aux = aux if stateful else (aux, None)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    if stateful:
+      updates = task.mask_updates(updates, state.step)
     params = optax.apply_updates(state.params, updates)
+    task_state = (task.update_task_state(state.task_state, params, aux, state.step)
+                  if stateful else state.task_state)
     metrics = dict(metrics, grad_norm=optax.tree.norm(grads),
                    lr=schedule(state.step))
-    return state.replace(step=state.step + 1, params=params,
-                         opt_state=opt_state), metrics
+    return state.replace(step=state.step + 1, params=params, opt_state=opt_state,
+                         task_state=task_state), metrics
 
   return train_step
 
@@ -244,7 +271,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     writer.write(0, "info", {"num_params": int(num_params)})
 
   train_step = jax.jit(make_train_step(task, tx, schedule), donate_argnums=0)
-  eval_step = jax.jit(task.eval_sums)
+  eval_step = jax.jit(task.eval_sums) if hasattr(task, "eval_sums") else None
   pending: list[dict] = []
   last_log = time.time()
   summary: dict = {}
@@ -270,11 +297,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
               f"grad_norm={record['grad_norm']}); last good checkpoint: step "
               f"{checkpointer.latest_step()} in {checkpointer.directory}")
         writer.write(step, "train", record)
+        warning = task.monitor(record) if hasattr(task, "monitor") else None
+        if warning:
+          bar.write(f"warning at step {step}: {warning}")
         bar.set_postfix(loss=f"{record['loss']:.4f}", refresh=False)
       if step % config.checkpoint_every == 0 or step == config.total_steps:
         checkpointer.save(state, train_iter.get_state())
       if step % config.eval_every == 0 or step == config.total_steps:
-        summary = evaluate(task, state.params, eval_step)
+        summary = evaluate(task, state, eval_step)
         writer.write(step, "eval", summary)
         bar.write(f"step {step}: " + ", ".join(
             f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}"
@@ -289,7 +319,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
         break
   bar.close()
   if start >= config.total_steps and start > 0:
-    summary = evaluate(task, state.params, eval_step)
+    summary = evaluate(task, state, eval_step)
   checkpointer.close()
   writer.close()
   return summary

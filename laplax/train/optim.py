@@ -21,6 +21,25 @@ def learning_rate_schedule(optim: ml_collections.ConfigDict,
       end_value=optim.lr * optim.min_lr_ratio)
 
 
+def cosine_ramp(start: float, end: float, steps: int) -> optax.Schedule:
+  """Half-cosine from ``start`` at step 0 to ``end`` at ``steps`` (then ``end``).
+
+  ``end - (end - start) * (1 + cos(pi * t / steps)) / 2``: DINO's
+  ``cosine_scheduler`` for the weight decay (0.04 -> 0.4) and the teacher
+  momentum (0.996 -> 1), here through ``optax.cosine_decay_schedule``.
+  """
+  decay = optax.cosine_decay_schedule(end - start, max(int(steps), 1))
+  return lambda t: end - decay(t)
+
+
+def weight_decay_schedule(optim: ml_collections.ConfigDict, total_steps: int):
+  """``optim.weight_decay``, or a cosine ramp to ``optim.weight_decay_end`` if set."""
+  end = optim.get("weight_decay_end", None)
+  if end is None:
+    return optim.weight_decay
+  return cosine_ramp(optim.weight_decay, end, total_steps)
+
+
 def decay_mask(params: Any, exclude: tuple[str, ...] = ()) -> Any:
   """Bool tree: True where weight decay applies.
 
@@ -38,14 +57,16 @@ def decay_mask(params: Any, exclude: tuple[str, ...] = ()) -> Any:
 def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
   """``clip_by_global_norm(optim.grad_clip)`` then AdamW with the schedule above.
 
-  Keys read: ``optim.{lr, b1, b2, weight_decay, warmup_steps, min_lr_ratio,
-  grad_clip, weight_decay_exclude}`` and ``total_steps``.
+  Keys read: ``optim.{lr, b1, b2, weight_decay, weight_decay_end (optional),
+  warmup_steps, min_lr_ratio, grad_clip, weight_decay_exclude}`` and
+  ``total_steps``.
   """
   o = config.optim
   exclude = tuple(o.get("weight_decay_exclude", ()) or ())
   adamw = optax.adamw(
       learning_rate_schedule(o, config.total_steps), b1=o.b1, b2=o.b2,
-      weight_decay=o.weight_decay, mask=lambda p: decay_mask(p, exclude))
+      weight_decay=weight_decay_schedule(o, config.total_steps),
+      mask=lambda p: decay_mask(p, exclude))
   if o.grad_clip:
     return optax.chain(optax.clip_by_global_norm(o.grad_clip), adamw)
   return adamw

@@ -13,11 +13,14 @@ from typing import Any, Iterator
 import jax
 import jax.numpy as jnp
 import ml_collections
+import numpy as np
 import optax
 
 from laplax.data import images
+from laplax.models import dino
 from laplax.models.gpt import GPT
 from laplax.models.vit import ViT
+from laplax.train import optim
 
 
 def compute_dtype(name: str):
@@ -271,7 +274,226 @@ class LanguageModelTask:
             "num_tokens": int(sums["count"])}
 
 
-TASKS = {"classification": ClassificationTask, "lm": LanguageModelTask}
+class DINOTask:
+  """Self-supervised DINO (Caron et al. 2021) on images, without labels.
+
+  Batches: ``{"global": float32 [G, B, H, W, C], "local": float32 [L, B, h, w,
+  C]}`` (multi-crop views, see ``images.multicrop_train_dataset``). The trained
+  parameters are the student's (``{"backbone", "head"}``); the task state is
+  ``{"teacher": the teacher's parameters, "center": float32 [out_dim]}``.
+  Schedules (per step): teacher temperature linear from
+  ``dino.warmup_teacher_temp`` to ``dino.teacher_temp`` over
+  ``dino.warmup_teacher_temp_steps``, then constant; teacher momentum a
+  half-cosine from ``dino.momentum_teacher`` to 1 over ``total_steps``; the
+  last head layer frozen for the first ``dino.freeze_last_layer_steps``.
+  Evaluation (labels used only there): weighted k-NN (``eval.knn_k``,
+  ``eval.knn_temperature``) on the teacher's class-token features of the
+  train split, scored on the eval split (``knn_accuracy``).
+
+  Args:
+    config: the run's config.
+    num_classes, image_shape: from the dataset (see :meth:`from_data`);
+      ``num_classes`` is only for evaluation.
+  """
+
+  def __init__(self, config: ml_collections.ConfigDict, num_classes: int,
+               image_shape: tuple[int, int, int]):
+    self.config = config
+    self.num_classes = num_classes
+    self.image_shape = tuple(image_shape)
+    d, mc, m = config.dino, config.data.multicrop, config.model
+    grid = mc.global_size // m.patch_size
+    head = dict(out_dim=d.out_dim, hidden_dim=d.hidden_dim,
+                bottleneck_dim=d.bottleneck_dim, num_layers=d.head_layers)
+
+    def network(drop_path):
+      backbone = ViT(num_classes=0, patch_size=m.patch_size, drop_path=drop_path,
+                     layerscale_init=m.layerscale_init, pool=m.pool,
+                     posemb_grid=(grid, grid), **_transformer_kwargs(m))
+      return dino.DINO(backbone=backbone, head=dino.DINOHead(**head))
+
+    self.student = network(m.drop_path)
+    self.teacher = network(0.0)
+    self.teacher_temp = optax.linear_schedule(
+        d.warmup_teacher_temp, d.teacher_temp, max(d.warmup_teacher_temp_steps, 1))
+    self.momentum = optim.cosine_ramp(d.momentum_teacher, 1.0, config.total_steps)
+    self.weight_decay = optim.weight_decay_schedule(config.optim, config.total_steps)
+
+  @classmethod
+  def from_data(cls, config: ml_collections.ConfigDict, workdir: str | None):
+    """Prepares the image dataset and builds the task (writes nothing in workdir).
+
+    Raises:
+      DataError: dataset missing or unreadable.
+    """
+    del workdir
+    images.prepare(config.data)
+    info = images.info(config.data)
+    return cls(config, info.num_classes, info.image_shape)
+
+  def train_dataset(self, process_index: int = 0, process_count: int = 1):
+    """This process's infinite multi-crop batches (a grain IterDataset)."""
+    return images.multicrop_train_dataset(
+        self.config.data, self.config.data.multicrop,
+        batch_size=self.config.batch_size // process_count, seed=self.config.seed,
+        process_index=process_index, process_count=process_count)
+
+  def batch_spec(self, batch_size: int) -> dict:
+    """``jax.ShapeDtypeStruct`` per field of a training batch."""
+    mc, c = self.config.data.multicrop, self.image_shape[-1]
+    return {
+        "global": jax.ShapeDtypeStruct(
+            (mc.num_global, batch_size, mc.global_size, mc.global_size, c), jnp.float32),
+        "local": jax.ShapeDtypeStruct(
+            (mc.num_local, batch_size, mc.local_size, mc.local_size, c), jnp.float32)}
+
+  def init(self, rng: jax.Array) -> Any:
+    """The student's initial parameters ``{"backbone", "head"}`` from ``rng``."""
+    spec = self.batch_spec(1)
+    crops = jnp.zeros(spec["global"].shape, jnp.float32)
+    return self.student.init({"params": rng}, crops)["params"]
+
+  def init_task_state(self, params: Any) -> dict:
+    """The teacher starts as a copy of the student; the centre at 0."""
+    return {"teacher": jax.tree_util.tree_map(jnp.array, params),
+            "center": jnp.zeros((self.config.dino.out_dim,), jnp.float32)}
+
+  def loss(self, params: Any, batch: dict, rng: jax.Array, task_state: dict,
+           step: jax.Array):
+    """DINO loss (float32) and ``(metrics, teacher logits [G, B, K])``.
+
+    Metrics: ``loss``, the collapse monitor (``teacher_entropy``,
+    ``teacher_marginal_entropy``, ``kl_teacher_student``, nats) and the
+    schedules' values at ``step``.
+    """
+    d = self.config.dino
+    teacher_logits, _ = self.teacher.apply({"params": task_state["teacher"]},
+                                           batch["global"], train=False)
+    teacher_logits = jax.lax.stop_gradient(teacher_logits)
+    student_logits, _ = self.student.apply({"params": params}, batch["global"],
+                                           batch["local"], train=True,
+                                           rngs={"dropout": rng})
+    temp = self.teacher_temp(step)
+    loss = dino.dino_loss(student_logits, teacher_logits, task_state["center"],
+                                student_temp=d.student_temp, teacher_temp=temp)
+    stats = dino.collapse_statistics(
+        student_logits, teacher_logits, task_state["center"],
+        student_temp=d.student_temp, teacher_temp=temp)
+    wd = self.weight_decay(step) if callable(self.weight_decay) else self.weight_decay
+    metrics = dict(stats, loss=loss, teacher_temp=temp,
+                   teacher_momentum=self.momentum(step), weight_decay=wd)
+    return loss, (metrics, teacher_logits)
+
+  def mask_updates(self, updates: Any, step: jax.Array) -> Any:
+    """Zeroes the head's last layer updates during ``freeze_last_layer_steps``."""
+    frozen = step < self.config.dino.freeze_last_layer_steps
+
+    def mask(path, u):
+      name = "/".join(str(getattr(k, "key", k)) for k in path)
+      return jnp.where(frozen, jnp.zeros_like(u), u) if name == "head/last_layer" else u
+    return jax.tree_util.tree_map_with_path(mask, updates)
+
+  def update_task_state(self, task_state: dict, params: Any,
+                        teacher_logits: jax.Array, step: jax.Array) -> dict:
+    """Teacher EMA with the updated student, then the centre EMA (Eq. 4)."""
+    return {"teacher": dino.update_teacher(task_state["teacher"], params,
+                                                 self.momentum(step)),
+            "center": dino.update_center(task_state["center"], teacher_logits,
+                                               self.config.dino.center_momentum)}
+
+  def monitor(self, record: dict) -> str | None:
+    """A warning line when the logged collapse statistics show a collapse."""
+    kind = dino.collapsed(record, self.config.dino.out_dim)
+    if kind is None:
+      return None
+    return (f"DINO outputs look collapsed ({kind}): teacher_entropy="
+            f"{record['teacher_entropy']:.3f}, marginal="
+            f"{record['teacher_marginal_entropy']:.3f}, kl="
+            f"{record['kl_teacher_student']:.2e} nats")
+
+  def features(self, params: Any, split: str, *, with_tokens: int = 0):
+    """Class-token features of every image of ``split`` (no augmentation).
+
+    Returns:
+      ``(features float32 [N, width], labels int32 [N], images, tokens)``:
+      ``images`` float32 ``[with_tokens, H, W, C]`` and the final-norm patch
+      tokens float32 ``[with_tokens, patches, width]`` of the first
+      ``with_tokens`` images (``None`` if 0).
+    """
+    backbone = self.teacher.backbone
+
+    @jax.jit
+    def embed(p, x):
+      feats, out = backbone.apply({"params": p}, x, train=False)
+      return feats, out["encoded"][:, 1:] if self.config.model.pool == "tok" else out["encoded"]
+
+    feats, labels, first, tokens = [], [], None, None
+    for batch in images.eval_batches(self.config.data, batch_size=self.config.eval_batch_size,
+                                     split=split):
+      f, t = embed(params["backbone"], batch["image"])
+      n = int(batch["mask"].sum())
+      feats.append(jax.device_get(f)[:n])
+      labels.append(batch["label"][:n])
+      if with_tokens and first is None:
+        first = batch["image"][:with_tokens]
+        tokens = jax.device_get(t)[:with_tokens]
+    return (np.concatenate(feats).astype(np.float32), np.concatenate(labels),
+            first, tokens)
+
+  def evaluate(self, state: Any, *, references: bool = False,
+               figure: str | None = None) -> dict:
+    """Frozen-feature evaluation of the teacher's class-token features.
+
+    Weighted k-NN (``knn_accuracy``; DINO's protocol, Wu et al. 2018) and, if
+    ``eval.linear_probe``, a linear probe (``linear_probe_accuracy``), both
+    fitted on the train split and scored on the eval split; labels are used
+    only here.
+
+    Args:
+      state: a TrainState of this task (its ``task_state["teacher"]``).
+      references: also report ``raw_pixel_knn_accuracy``, the same k-NN on
+        the normalised pixels (a reference that needs no network).
+      figure: if given, a PNG path for the patch-feature PCA of the first
+        ``eval.pca_images`` eval images (DINO's Fig. 1-style picture).
+
+    Returns:
+      ``{"knn_accuracy", "linear_probe_accuracy"?, "raw_pixel_knn_accuracy"?,
+      "num_examples"}`` (accuracies in [0, 1]; eval split size).
+    """
+    from laplax.analysis import probes  # pylint: disable=import-outside-toplevel
+    e, teacher = self.config.eval, state.task_state["teacher"]
+    knn = dict(num_classes=self.num_classes, k=e.knn_k, temperature=e.knn_temperature)
+    train_x, train_y, _, _ = self.features(teacher, self.config.data.train_split)
+    num_pca = e.pca_images if figure else 0
+    test_x, test_y, shown, tokens = self.features(teacher, self.config.data.eval_split,
+                                                  with_tokens=num_pca)
+    out = {"knn_accuracy": float(probes.knn_accuracy(train_x, train_y, test_x, test_y,
+                                                     **knn))}
+    if e.linear_probe:
+      probe = probes.linear_probe(train_x, train_y, test_x, test_y,
+                                  num_classes=self.num_classes, seed=self.config.seed)
+      out["linear_probe_accuracy"] = float(probe["accuracy"])
+    if references:
+      pixels = {}
+      for split in (self.config.data.train_split, self.config.data.eval_split):
+        pixels[split] = np.concatenate([
+            b["image"][:int(b["mask"].sum())].reshape(int(b["mask"].sum()), -1)
+            for b in images.eval_batches(self.config.data,
+                                         batch_size=self.config.eval_batch_size,
+                                         split=split)])
+      out["raw_pixel_knn_accuracy"] = float(probes.knn_accuracy(
+          pixels[self.config.data.train_split], train_y,
+          pixels[self.config.data.eval_split], test_y, **knn))
+    if figure and num_pca:
+      p = self.config.model.patch_size
+      grid = (shown.shape[1] // p, shown.shape[2] // p)
+      probes.save_pca_figure(figure, shown, probes.patch_pca_rgb(tokens, grid))
+    out["num_examples"] = int(len(test_y))
+    return out
+
+
+TASKS = {"classification": ClassificationTask, "lm": LanguageModelTask,
+         "dino": DINOTask}
 
 
 def make_task(config: ml_collections.ConfigDict, workdir: str | None):

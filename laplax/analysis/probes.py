@@ -1,0 +1,422 @@
+"""Frozen-feature evaluations of self-supervised (DINO) models.
+
+The encoder is frozen and only its output features are used:
+
+* :func:`knn_predict` / :func:`knn_accuracy`: the weighted k-NN classifier of
+  DINO (Caron et al., "Emerging Properties in Self-Supervised Vision
+  Transformers", ICCV 2021, arXiv 2104.14294, section 4.1), which follows the
+  non-parametric classifier of Wu et al. ("Unsupervised Feature Learning via
+  Non-Parametric Instance Discrimination", CVPR 2018). Features are L2
+  normalised; each of the ``k`` train features most cosine-similar to a test
+  feature votes for its label with weight ``exp(sim / T)``; the prediction is the
+  class with the largest summed vote. DINO uses ``k = 20``, ``T = 0.07``.
+* :func:`linear_probe`: a multinomial logistic regression (a linear layer and
+  softmax cross-entropy) trained on standardised frozen features, the "linear
+  evaluation" protocol of the self-supervised literature (DINO section 4.1).
+* :func:`patch_pca_rgb` / :func:`save_pca_figure`: DINO's qualitative figure of
+  patch features (e.g. DINOv2, Oquab et al. 2023, arXiv 2304.07193, figure 1):
+  a PCA of all patch tokens, whose first three components are shown as the
+  red, green and blue channels of each patch. DINOv2 additionally thresholds
+  the first component to remove the background and redoes the PCA on the
+  foreground; that second stage is not done here.
+
+All functions take NumPy or JAX arrays and return NumPy values.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from PIL import Image
+
+
+def _features(x, name: str) -> np.ndarray:
+  """``x`` as a finite float32 ``[n, d]`` array, or ValueError."""
+  x = np.asarray(x)
+  if x.ndim != 2:
+    raise ValueError(f"{name} must be 2-D [n, dim], got shape {x.shape}")
+  if not (np.issubdtype(x.dtype, np.floating) or np.issubdtype(x.dtype, np.integer)):
+    raise ValueError(f"{name} must be numeric, got dtype {x.dtype}")
+  x = x.astype(np.float32)
+  if not np.all(np.isfinite(x)):
+    raise ValueError(f"{name} contains NaN or inf")
+  return x
+
+
+def _labels(y, n: int, num_classes: int, name: str) -> np.ndarray:
+  """``y`` as int32 ``[n]`` with values in ``[0, num_classes)``, or ValueError."""
+  y = np.asarray(y)
+  if y.ndim != 1 or y.shape[0] != n:
+    raise ValueError(f"{name} must have shape ({n},), got {y.shape}")
+  if not np.issubdtype(y.dtype, np.integer):
+    raise ValueError(f"{name} must be integers, got dtype {y.dtype}")
+  if n and (y.min() < 0 or y.max() >= num_classes):
+    raise ValueError(
+        f"{name} must lie in [0, {num_classes}), got values in "
+        f"[{y.min()}, {y.max()}]")
+  return y.astype(np.int32)
+
+
+def _check_dims(train: np.ndarray, test: np.ndarray) -> None:
+  if train.shape[1] != test.shape[1]:
+    raise ValueError(
+        f"train features have dim {train.shape[1]} but test features have dim "
+        f"{test.shape[1]}")
+
+
+def _check_num_classes(num_classes, minimum: int) -> int:
+  if isinstance(num_classes, bool) or not isinstance(num_classes, (int, np.integer)) \
+      or num_classes < minimum:
+    raise ValueError(f"num_classes must be an integer >= {minimum}, got {num_classes!r}")
+  return int(num_classes)
+
+
+# --------------------------------------------------------------------------- k-NN
+
+
+def _l2_normalize(x: jax.Array) -> jax.Array:
+  """Rows of ``x`` divided by their L2 norm (zero rows stay zero)."""
+  norm = jnp.linalg.norm(x, axis=-1, keepdims=True)
+  return x / jnp.maximum(norm, 1e-12)
+
+
+@functools.partial(jax.jit, static_argnames=("k", "num_classes"))
+def _knn_chunks(train, train_labels, test_chunks, temperature, *, k: int,
+                num_classes: int):
+  """Predictions ``int32 [n_chunks, chunk]`` for ``test_chunks [n_chunks, chunk, D]``."""
+  train = _l2_normalize(train)
+
+  def one_chunk(test):
+    sims = _l2_normalize(test) @ train.T                       # [chunk, N]
+    top_sims, top_idx = jax.lax.top_k(sims, k)                 # [chunk, k], descending
+    # exp(sim / T) up to a per-row factor exp(-max / T), which leaves the
+    # argmax unchanged and keeps small temperatures finite. (The max is a
+    # reduction, not ``top_sims[:, :1]``: a second slice of the sort output
+    # stops XLA:CPU from rewriting the sort into its fast TopK, 50x slower.)
+    weights = jnp.exp((top_sims - jnp.max(top_sims, axis=1, keepdims=True))
+                      / temperature)
+    votes = jax.nn.one_hot(train_labels[top_idx], num_classes, dtype=weights.dtype)
+    votes = jnp.einsum("ck,ckn->cn", weights, votes)          # [chunk, num_classes]
+    return jnp.argmax(votes, axis=-1).astype(jnp.int32)
+
+  return jax.lax.map(one_chunk, test_chunks)
+
+
+def knn_predict(train_features, train_labels, test_features, *, num_classes: int,
+                k: int = 20, temperature: float = 0.07,
+                chunk_size: int = 1024) -> np.ndarray:
+  """Weighted k-NN classification of frozen features (DINO, Caron et al. 2021).
+
+  Following Wu et al. (2018) as used in DINO: all features are L2 normalised;
+  for each test feature the ``k`` train features of highest cosine similarity
+  ``s_j`` vote, neighbour ``j`` adding ``exp(s_j / temperature)`` to the score
+  of its label; the prediction is the label with the largest score (the
+  smallest label on an exact tie). Runs in one jitted JAX call that walks the
+  test features in chunks of ``chunk_size`` rows, so memory is
+  ``O(chunk_size * N)``; the last chunk is padded.
+
+  Args:
+    train_features: float ``[N, D]`` features of the labelled (train) set.
+    train_labels: int ``[N]`` labels in ``[0, num_classes)``.
+    test_features: float ``[M, D]`` features to classify.
+    num_classes: number of classes (keyword only).
+    k: number of neighbours, ``1 <= k <= N`` (DINO: 20).
+    temperature: ``T > 0`` of the vote weights ``exp(s / T)`` (DINO: 0.07).
+      ``T -> 0`` gives the majority label among the (tied) nearest neighbours,
+      ``T -> inf`` the plain majority vote of the ``k`` neighbours.
+    chunk_size: test rows per chunk, ``>= 1``.
+
+  Returns:
+    int32 ``[M]`` predicted labels.
+
+  Raises:
+    ValueError: features that are not 2-D, not finite or of different dims;
+      labels of the wrong shape, not integer or outside ``[0, num_classes)``;
+      ``k`` outside ``[1, N]``; ``temperature <= 0``; ``chunk_size < 1``.
+  """
+  num_classes = _check_num_classes(num_classes, 1)
+  train = _features(train_features, "train_features")
+  test = _features(test_features, "test_features")
+  _check_dims(train, test)
+  n = train.shape[0]
+  labels = _labels(train_labels, n, num_classes, "train_labels")
+  if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 1 <= k <= n:
+    raise ValueError(f"k must be an integer in [1, {n}] (the train set size), got {k!r}")
+  if not temperature > 0 or not math.isfinite(temperature):
+    raise ValueError(f"temperature must be finite and > 0, got {temperature!r}")
+  if isinstance(chunk_size, bool) or not isinstance(chunk_size, (int, np.integer)) \
+      or chunk_size < 1:
+    raise ValueError(f"chunk_size must be an integer >= 1, got {chunk_size!r}")
+  m = test.shape[0]
+  if m == 0:
+    return np.zeros((0,), np.int32)
+  chunk = min(int(chunk_size), m)
+  n_chunks = -(-m // chunk)
+  padded = np.zeros((n_chunks * chunk, test.shape[1]), np.float32)
+  padded[:m] = test
+  preds = _knn_chunks(jnp.asarray(train), jnp.asarray(labels),
+                      jnp.asarray(padded.reshape(n_chunks, chunk, -1)),
+                      jnp.float32(temperature), k=int(k), num_classes=num_classes)
+  return np.asarray(preds).reshape(-1)[:m].astype(np.int32)
+
+
+def knn_accuracy(train_features, train_labels, test_features, test_labels,
+                 **kw) -> float:
+  """Top-1 accuracy of :func:`knn_predict` on ``test_labels`` (int ``[M]``).
+
+  Args:
+    train_features, train_labels, test_features: as :func:`knn_predict`.
+    test_labels: int ``[M]`` true labels in ``[0, num_classes)``.
+    **kw: keyword arguments of :func:`knn_predict` (``num_classes`` required).
+
+  Returns:
+    Python float in ``[0, 1]``; ``nan`` for an empty test set.
+
+  Raises:
+    ValueError: as :func:`knn_predict`, or ``test_labels`` of the wrong shape or
+      range.
+  """
+  if "num_classes" not in kw:
+    raise ValueError("knn_accuracy needs the keyword argument num_classes")
+  preds = knn_predict(train_features, train_labels, test_features, **kw)
+  y = _labels(test_labels, preds.shape[0], int(kw["num_classes"]), "test_labels")
+  return float(np.mean(preds == y)) if y.size else float("nan")
+
+
+# ------------------------------------------------------------------ linear probe
+
+
+@functools.partial(jax.jit, static_argnames=("num_classes", "steps", "batch_size"))
+def _train_linear(x, y, x_test, y_test, mean, std, lr, weight_decay, key, *,
+                  num_classes: int, steps: int, batch_size: int):
+  """Trains ``softmax(x W + b)`` and returns ``(accuracy, train_accuracy, loss)``."""
+  x = (x - mean) / std
+  x_test = (x_test - mean) / std
+  n, d = x.shape
+  params = {"w": jnp.zeros((d, num_classes), jnp.float32),
+            "b": jnp.zeros((num_classes,), jnp.float32)}
+  schedule = optax.cosine_decay_schedule(lr, steps)
+  tx = optax.adamw(schedule, weight_decay=weight_decay,
+                   mask={"w": True, "b": False})
+  opt_state = tx.init(params)
+
+  def loss_fn(p, xb, yb):
+    logits = xb @ p["w"] + p["b"]
+    return optax.softmax_cross_entropy_with_integer_labels(logits, yb).mean()
+
+  def step(carry, t):
+    p, s = carry
+    idx = jax.random.randint(jax.random.fold_in(key, t), (batch_size,), 0, n)
+    grads = jax.grad(loss_fn)(p, x[idx], y[idx])
+    updates, s = tx.update(grads, s, p)
+    return (optax.apply_updates(p, updates), s), None
+
+  (params, _), _ = jax.lax.scan(step, (params, opt_state), jnp.arange(steps))
+
+  def accuracy(xs, ys):
+    return jnp.mean(jnp.argmax(xs @ params["w"] + params["b"], -1) == ys)
+
+  return accuracy(x_test, y_test), accuracy(x, y), loss_fn(params, x, y)
+
+
+def linear_probe(train_features, train_labels, test_features, test_labels, *,
+                 num_classes: int, steps: int = 1000, lr: float = 0.02,
+                 weight_decay: float = 1e-4, batch_size: int = 1024,
+                 seed: int = 0) -> dict:
+  """Linear evaluation: multinomial logistic regression on frozen features.
+
+  The linear-probe protocol of self-supervised learning (e.g. DINO, Caron et al.
+  2021, section 4.1), here as a plain multinomial logistic regression: each
+  feature is standardised with the mean and standard deviation of the *train*
+  features (a constant feature gets std 1), then ``logits = x W + b`` is fitted
+  by minimising the mean softmax cross-entropy with AdamW (decoupled weight
+  decay on ``W`` only) and a cosine learning-rate decay from ``lr`` to 0 over
+  ``steps`` minibatches of ``batch_size`` rows drawn with replacement. ``W`` and
+  ``b`` start at zero, so the run depends on ``seed`` only through the
+  minibatch draws and is deterministic under ``seed``. The whole run is one
+  jitted call (compiled once per shape and static argument).
+
+  The defaults (1000 steps of 1024 rows, ``lr = 0.02``) converge on 60,000 x 128
+  features in about 1.3 s on two CPU cores, plus about 2.5 s of compilation.
+
+  Args:
+    train_features: float ``[N, D]`` train features.
+    train_labels: int ``[N]`` labels in ``[0, num_classes)``.
+    test_features: float ``[M, D]`` test features.
+    test_labels: int ``[M]`` labels in ``[0, num_classes)``.
+    num_classes: number of classes, ``>= 2``.
+    steps: number of optimiser steps, ``>= 1``.
+    lr: peak learning rate, ``> 0``.
+    weight_decay: AdamW decoupled weight decay on ``W``, ``>= 0``.
+    batch_size: rows per step, ``>= 1`` (capped at ``N``).
+    seed: seed of the minibatch draws.
+
+  Returns:
+    ``{"accuracy": test accuracy, "train_accuracy": train accuracy, "loss":
+    mean train cross-entropy of the final parameters (without weight decay)}``,
+    all Python floats (``accuracy`` is ``nan`` for ``M = 0``).
+
+  Raises:
+    ValueError: features that are not 2-D, not finite, of different dims or an
+      empty train set; labels of the wrong shape, not integer or outside
+      ``[0, num_classes)``; ``num_classes < 2``; ``steps < 1``;
+      ``batch_size < 1``; ``lr <= 0``; ``weight_decay < 0``.
+  """
+  num_classes = _check_num_classes(num_classes, 2)
+  x = _features(train_features, "train_features")
+  x_test = _features(test_features, "test_features")
+  _check_dims(x, x_test)
+  if x.shape[0] == 0:
+    raise ValueError("linear_probe needs at least one train example")
+  y = _labels(train_labels, x.shape[0], num_classes, "train_labels")
+  y_test = _labels(test_labels, x_test.shape[0], num_classes, "test_labels")
+  for name, value in (("steps", steps), ("batch_size", batch_size)):
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+      raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+  if not lr > 0 or not math.isfinite(lr):
+    raise ValueError(f"lr must be finite and > 0, got {lr!r}")
+  if not weight_decay >= 0 or not math.isfinite(weight_decay):
+    raise ValueError(f"weight_decay must be finite and >= 0, got {weight_decay!r}")
+  x64 = x.astype(np.float64)
+  mean = x64.mean(axis=0)
+  std = x64.std(axis=0)
+  std = np.where(std > 1e-12 * np.maximum(1.0, np.abs(mean)), std, 1.0)
+  acc, train_acc, loss = _train_linear(
+      jnp.asarray(x), jnp.asarray(y), jnp.asarray(x_test), jnp.asarray(y_test),
+      jnp.asarray(mean, jnp.float32), jnp.asarray(std, jnp.float32),
+      jnp.float32(lr), jnp.float32(weight_decay), jax.random.key(int(seed)),
+      num_classes=num_classes, steps=int(steps),
+      batch_size=int(min(batch_size, x.shape[0])))
+  return {"accuracy": float(acc) if x_test.shape[0] else float("nan"),
+          "train_accuracy": float(train_acc), "loss": float(loss)}
+
+
+# ------------------------------------------------------------ patch PCA figure
+
+
+def patch_pca_rgb(patch_tokens, grid: Sequence[int]) -> np.ndarray:
+  """Patch tokens to an RGB map by PCA (DINO's qualitative figure).
+
+  All ``B * gh * gw`` patch vectors are pooled and centred, and projected on
+  the first three principal components (eigenvectors of their covariance, in
+  float64, by decreasing variance). Each component's sign is fixed so that its
+  loading of largest magnitude is positive. Each projection is min-max scaled
+  to ``0..255`` over all patches of all images (a constant projection maps to
+  0), and components 1, 2, 3 become R, G, B.
+
+  Args:
+    patch_tokens: float ``[B, gh * gw, D]`` patch tokens (without the class
+      token), row-major over the patch grid.
+    grid: ``(gh, gw)`` the patch grid.
+
+  Returns:
+    uint8 ``[B, gh, gw, 3]``.
+
+  Raises:
+    ValueError: tokens that are not 3-D or not finite, ``D < 3``, a grid that
+      is not two positive integers, or ``gh * gw`` not the number of tokens.
+  """
+  tokens = np.asarray(patch_tokens)
+  if tokens.ndim != 3:
+    raise ValueError(f"patch_tokens must be 3-D [B, gh*gw, D], got shape {tokens.shape}")
+  grid = tuple(grid)
+  if len(grid) != 2 or any(isinstance(g, bool) or not isinstance(g, (int, np.integer))
+                           or g < 1 for g in grid):
+    raise ValueError(f"grid must be two positive integers (gh, gw), got {grid!r}")
+  gh, gw = int(grid[0]), int(grid[1])
+  b, t, d = tokens.shape
+  if gh * gw != t:
+    raise ValueError(f"grid {gh}x{gw} = {gh * gw} patches but patch_tokens has {t}")
+  if d < 3:
+    raise ValueError(f"patch_tokens need dim D >= 3 for three components, got {d}")
+  if b == 0:
+    return np.zeros((0, gh, gw, 3), np.uint8)
+  x = tokens.reshape(b * t, d).astype(np.float64)
+  if not np.all(np.isfinite(x)):
+    raise ValueError("patch_tokens contains NaN or inf")
+  x = x - x.mean(axis=0)
+  eigvals, eigvecs = np.linalg.eigh(x.T @ x)              # ascending
+  comps = eigvecs[:, ::-1][:, :3]                         # [D, 3], descending
+  pivot = np.argmax(np.abs(comps), axis=0)
+  comps = comps * np.where(comps[pivot, np.arange(3)] < 0, -1.0, 1.0)
+  proj = x @ comps                                        # [B*T, 3]
+  lo, hi = proj.min(axis=0), proj.max(axis=0)
+  span = hi - lo
+  # A component without spread (relative to the largest) maps to 0.
+  flat = span <= 1e-12 * max(float(span.max()), 1e-300)
+  scaled = np.where(flat, 0.0, (proj - lo) / np.where(flat, 1.0, span) * 255.0)
+  rgb = np.clip(np.rint(scaled), 0, 255).astype(np.uint8)
+  return rgb.reshape(b, gh, gw, 3)
+
+
+def _to_uint8_image(image: np.ndarray) -> np.ndarray:
+  """``[H, W, C]`` of any range to uint8 ``[H, W, 3]`` by per-image min-max."""
+  image = image.astype(np.float64)
+  lo, hi = image.min(), image.max()
+  scaled = (image - lo) / (hi - lo) * 255.0 if hi > lo else np.zeros_like(image)
+  out = np.clip(np.rint(scaled), 0, 255).astype(np.uint8)
+  return np.repeat(out, 3, axis=-1) if out.shape[-1] == 1 else out
+
+
+def save_pca_figure(path, images, rgb, *, margin: int = 4,
+                    min_tile: int = 112) -> None:
+  """Writes a PNG: the images on top, their PCA maps (:func:`patch_pca_rgb`) below.
+
+  Each image is min-max scaled to ``0..255`` on its own (grey images are shown
+  as grey RGB). Each PCA map is upsampled with nearest neighbour to the image
+  size ``H x W``. Tiles are then enlarged by the integer factor
+  ``s = ceil(min_tile / min(H, W))`` (1 for images already that large), and
+  laid out in two rows of ``B`` tiles with ``margin`` white pixels between and
+  around them, so the PNG is ``B * W * s + (B + 1) * margin`` wide and
+  ``2 * H * s + 3 * margin`` high. Missing parent directories are created.
+
+  Args:
+    path: file name of the PNG.
+    images: float ``[B, H, W, C]`` input images of any range, ``C`` 1 or 3.
+    rgb: uint8 ``[B, gh, gw, 3]`` PCA maps.
+    margin: white pixels between tiles, ``>= 0``.
+    min_tile: smallest tile side to enlarge small images to, ``>= 1``.
+
+  Raises:
+    ValueError: images not ``[B, H, W, 1 or 3]`` or not finite, ``rgb`` not
+      ``[B, gh, gw, 3]``, different batch sizes, ``B = 0``, a negative margin
+      or ``min_tile < 1``.
+  """
+  images = np.asarray(images)
+  rgb = np.asarray(rgb)
+  if images.ndim != 4 or images.shape[-1] not in (1, 3):
+    raise ValueError(f"images must be [B, H, W, 1 or 3], got shape {images.shape}")
+  if rgb.ndim != 4 or rgb.shape[-1] != 3:
+    raise ValueError(f"rgb must be [B, gh, gw, 3], got shape {rgb.shape}")
+  if images.shape[0] != rgb.shape[0]:
+    raise ValueError(
+        f"images hold {images.shape[0]} images but rgb holds {rgb.shape[0]} maps")
+  b, h, w, _ = images.shape
+  if b == 0 or h == 0 or w == 0 or rgb.shape[1] == 0 or rgb.shape[2] == 0:
+    raise ValueError(f"nothing to draw: images {images.shape}, rgb {rgb.shape}")
+  if not np.all(np.isfinite(images)):
+    raise ValueError("images contains NaN or inf")
+  if margin < 0 or min_tile < 1:
+    raise ValueError(f"need margin >= 0 and min_tile >= 1, got {margin}, {min_tile}")
+  if rgb.dtype != np.uint8:
+    rgb = np.clip(np.rint(rgb), 0, 255).astype(np.uint8)
+  s = max(1, math.ceil(min_tile / min(h, w)))
+  th, tw = h * s, w * s
+  canvas = np.full((2 * th + 3 * margin, b * tw + (b + 1) * margin, 3), 255, np.uint8)
+  gh, gw = rgb.shape[1:3]
+  rows = np.arange(th) // s * gh // h          # nearest neighbour to H x W, then x s
+  cols = np.arange(tw) // s * gw // w
+  for i in range(b):
+    x0 = margin + i * (tw + margin)
+    image = np.repeat(np.repeat(_to_uint8_image(images[i]), s, 0), s, 1)
+    canvas[margin:margin + th, x0:x0 + tw] = image
+    canvas[2 * margin + th:2 * margin + 2 * th, x0:x0 + tw] = rgb[i][rows][:, cols]
+  os.makedirs(os.path.dirname(os.path.abspath(os.fspath(path))), exist_ok=True)
+  Image.fromarray(canvas, "RGB").save(path, format="PNG")
