@@ -193,7 +193,8 @@ def tiny_task(**dino_overrides):
   c = load("dino_fashion_mnist")
   c.model.update(width=32, depth=1, num_heads=2, mlp_dim=32, num_laplacian_heads=1)
   c.dino.update(out_dim=32, hidden_dim=16, bottleneck_dim=8, freeze_last_layer_steps=2,
-                **dino_overrides)
+                warmup_teacher_temp=0.04, teacher_temp=0.07,
+                warmup_teacher_temp_steps=200, **dino_overrides)
   c.data.multicrop.num_local = 2
   c.batch_size = 4
   c.total_steps = 10

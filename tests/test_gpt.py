@@ -132,8 +132,18 @@ def test_greedy_generation_equals_argmax_of_full_forward():
     logits, _ = model.apply({"params": params}, jnp.asarray(seq)[None])
     seq.append(int(jnp.argmax(logits[0, -1])))
   np.testing.assert_array_equal(out, seq[3:])
-  # The continuation is cut to the context.
-  assert len(sampling.generate(model, params, prompt, max_new_tokens=50)) == 7
+  # Past the context (10) decoding slides: the cache restarts on the last 5
+  # tokens, so token t is the argmax of a full forward pass over its window.
+  long = sampling.generate(model, params, prompt, max_new_tokens=12, temperature=0.0)
+  seq, window = list(prompt), list(prompt)
+  for _ in range(12):
+    if len(window) > 10:
+      window = seq[-5:]
+    logits, _ = model.apply({"params": params}, jnp.asarray(window)[None])
+    nxt = int(jnp.argmax(logits[0, -1]))
+    seq.append(nxt)
+    window = window + [nxt]
+  np.testing.assert_array_equal(long, seq[3:])
   with pytest.raises(ValueError, match="context"):
     sampling.generate(model, params, np.arange(11) % 40, max_new_tokens=1)
 

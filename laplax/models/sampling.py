@@ -16,17 +16,22 @@ def generate(model: GPT, params: Any, prompt: np.ndarray, *, max_new_tokens: int
              rng: jax.Array | None = None) -> np.ndarray:
   """Samples a continuation of ``prompt`` token by token with the KV cache.
 
+  When prompt plus continuation reach ``model.max_length``, decoding goes on
+  in a sliding window: a fresh cache is filled with the last ``max_length //
+  2`` tokens and sampling continues from there (each token still sees at least
+  half a context).
+
   Args:
-    model: the GPT (``max_length`` bounds prompt plus continuation).
+    model: the GPT.
     params: its parameters.
-    prompt: int ``[length]`` token ids (at least one).
-    max_new_tokens: tokens to sample; cut so the total fits ``max_length``.
+    prompt: int ``[length]`` token ids (at least one, at most ``max_length``).
+    max_new_tokens: tokens to sample.
     temperature: softmax temperature (0 = greedy).
     top_k: sample among the ``k`` most likely tokens (``None`` = all).
     rng: PRNG key (default ``PRNGKey(0)``).
 
   Returns:
-    int32 ``[n]``: the sampled tokens (without the prompt).
+    int32 ``[max_new_tokens]``: the sampled tokens (without the prompt).
 
   Raises:
     ValueError: an empty prompt or one longer than ``model.max_length``.
@@ -38,10 +43,10 @@ def generate(model: GPT, params: Any, prompt: np.ndarray, *, max_new_tokens: int
     raise ValueError(
         f"the prompt has {prompt.size} tokens but the model's context is "
         f"{model.max_length}; shorten the prompt")
-  steps = min(max_new_tokens, model.max_length - prompt.size)
   rng = jax.random.PRNGKey(0) if rng is None else rng
-  cache = model.init(jax.random.PRNGKey(0), jnp.zeros((1, model.max_length), jnp.int32),
-                     decode=True)["cache"]
+  empty_cache = model.init(jax.random.PRNGKey(0),
+                           jnp.zeros((1, model.max_length), jnp.int32),
+                           decode=True)["cache"]
 
   @jax.jit
   def step(cache, tokens, rng):
@@ -57,12 +62,18 @@ def generate(model: GPT, params: Any, prompt: np.ndarray, *, max_new_tokens: int
       nxt = jax.random.categorical(rng, logits / temperature)
     return updated["cache"], nxt.astype(jnp.int32)
 
+  seq = list(prompt)
   out = []
-  tokens = jnp.asarray(prompt)[None]
-  for i in range(steps):
+  cache, tokens, filled = empty_cache, jnp.asarray(prompt)[None], prompt.size
+  for i in range(max_new_tokens):
+    if filled > model.max_length:  # the cache is full: restart on the last half
+      keep = seq[-(model.max_length // 2):]
+      cache, tokens, filled = empty_cache, jnp.asarray(keep, jnp.int32)[None], len(keep)
     cache, nxt = step(cache, tokens, jax.random.fold_in(rng, i))
     out.append(int(nxt))
+    seq.append(int(nxt))
     tokens = nxt[None, None]
+    filled += 1
   return np.asarray(out, np.int32)
 
 
