@@ -53,6 +53,14 @@ def main() -> int:
   if (_SAMPLE.value is not None or _CHOICES.value) and not is_lm:
     raise cli.UsageError("--sample and --choices need a language-model workdir "
                          f"(task 'lm'); {workdir} holds task {config.task!r}")
+  if _SAMPLE.value is not None:
+    if _MAX_NEW.value < 1:
+      raise cli.UsageError(f"--max_new_tokens={_MAX_NEW.value} must be >= 1")
+    if _TEMPERATURE.value < 0:
+      raise cli.UsageError(f"--temperature={_TEMPERATURE.value} must be >= 0 "
+                           f"(0 = greedy)")
+    if _TOP_K.value < 0:
+      raise cli.UsageError(f"--top_k={_TOP_K.value} must be >= 0 (0 = all tokens)")
   items = lm_eval.read_choices(_CHOICES.value) if _CHOICES.value else None
   ckpt_dir = os.path.join(workdir, loop.CHECKPOINT_DIR)
   checkpointer = checkpoint.Checkpointer(ckpt_dir) if os.path.isdir(ckpt_dir) else None

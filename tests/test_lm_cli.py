@@ -100,6 +100,16 @@ def test_prompt_longer_than_context(trained):
   assert "context" in line
 
 
+@pytest.mark.parametrize("flags,fragment", [
+    (["--max_new_tokens", "-5"], "--max_new_tokens=-5"),
+    (["--temperature", "-1"], "--temperature=-1.0"),
+    (["--top_k", "-3"], "--top_k=-3"),
+])
+def test_bad_sampling_flags(trained, flags, fragment):
+  line = one_line_error(run(["eval.py", "--workdir", str(trained), "--sample", "ab"] + flags))
+  assert fragment in line
+
+
 @pytest.mark.parametrize("case", ["empty corpus", "short corpus", "unknown tokenizer"])
 def test_bad_lm_input(case, tmp_path, corpus):
   source = corpus
