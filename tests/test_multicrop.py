@@ -8,18 +8,7 @@ import tensorflow_datasets as tfds
 from tensorflow_datasets.testing import mocking
 
 from laplax.data import images
-
-
-def take(iterator, n):
-  return [next(iterator) for _ in range(n)]
-
-
-def assert_batches_equal(a, b):
-  assert len(a) == len(b)
-  for x, y in zip(a, b):
-    assert x.keys() == y.keys()
-    for k in x:
-      np.testing.assert_array_equal(x[k], y[k])
+from test_data import assert_batches_equal, take
 
 
 def pixels(x):

@@ -352,6 +352,15 @@ def _read_options(data_config) -> grain.ReadOptions:
   )
 
 
+def _shuffled_batches(data_config, source, make_batch, *, batch_size: int, seed: int,
+                      process_index: int, process_count: int) -> grain.IterDataset:
+  """This process's shard of ``source`` indices, shuffled per epoch, batched, and
+  turned into batches by ``make_batch(indices, rng)`` (grain ``random_map``)."""
+  ds = grain.MapDataset.range(len(source))[process_index::process_count]
+  ds = ds.seed(seed).shuffle().repeat().batch(batch_size, drop_remainder=True)
+  return ds.random_map(make_batch).to_iter_dataset(_read_options(data_config))
+
+
 def train_dataset(
   data_config: ml_collections.ConfigDict,
   *,
@@ -389,10 +398,10 @@ def train_dataset(
   """
   source = _open(data_config, data_config.train_split)
   p, _ = _preprocess_settings(data_config, source.dataset_info.features)
-  ds = grain.MapDataset.range(len(source))[process_index::process_count]
-  ds = ds.seed(seed).shuffle().repeat().batch(batch_size, drop_remainder=True)
-  ds = ds.random_map(functools.partial(_train_batch, source=source, p=p))
-  return ds.to_iter_dataset(_read_options(data_config))
+  return _shuffled_batches(
+    data_config, source, functools.partial(_train_batch, source=source, p=p),
+    batch_size=batch_size, seed=seed, process_index=process_index,
+    process_count=process_count)
 
 
 def eval_batches(
@@ -988,9 +997,8 @@ def multicrop_train_dataset(
   height, width, channels = source.dataset_info.features["image"].shape
   m = _multicrop_settings(data_config, multicrop, channels)
   fixed_size = height is not None and width is not None
-  ds = grain.MapDataset.range(len(source))[process_index::process_count]
-  ds = ds.seed(seed).shuffle().repeat().batch(batch_size, drop_remainder=True)
-  ds = ds.random_map(
-    functools.partial(_multicrop_batch, source=source, m=m, fixed_size=fixed_size)
-  )
-  return ds.to_iter_dataset(_read_options(data_config))
+  return _shuffled_batches(
+    data_config, source,
+    functools.partial(_multicrop_batch, source=source, m=m, fixed_size=fixed_size),
+    batch_size=batch_size, seed=seed, process_index=process_index,
+    process_count=process_count)

@@ -318,6 +318,13 @@ class DINOTask:
         d.warmup_teacher_temp, d.teacher_temp, max(d.warmup_teacher_temp_steps, 1))
     self.momentum = optim.cosine_ramp(d.momentum_teacher, 1.0, config.total_steps)
     self.weight_decay = optim.weight_decay_schedule(config.optim, config.total_steps)
+    self._embed = jax.jit(self._backbone_features)  # compiled once per task
+
+  def _backbone_features(self, backbone_params: Any, images: jax.Array):
+    """Class-token features ``[N, width]`` and final-norm patch tokens."""
+    feats, out = self.teacher.backbone.apply({"params": backbone_params}, images,
+                                             train=False)
+    return feats, out["encoded"][:, 1:]
 
   @classmethod
   def from_data(cls, config: ml_collections.ConfigDict, workdir: str | None):
@@ -420,17 +427,10 @@ class DINOTask:
       tokens float32 ``[with_tokens, patches, width]`` of the first
       ``with_tokens`` images (``None`` if 0).
     """
-    backbone = self.teacher.backbone
-
-    @jax.jit
-    def embed(p, x):
-      feats, out = backbone.apply({"params": p}, x, train=False)
-      return feats, out["encoded"][:, 1:] if self.config.model.pool == "tok" else out["encoded"]
-
     feats, labels, first, tokens = [], [], None, None
     for batch in images.eval_batches(self.config.data, batch_size=self.config.eval_batch_size,
                                      split=split):
-      f, t = embed(params["backbone"], batch["image"])
+      f, t = self._embed(params["backbone"], batch["image"])
       n = int(batch["mask"].sum())
       feats.append(jax.device_get(f)[:n])
       labels.append(batch["label"][:n])
