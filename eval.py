@@ -16,6 +16,17 @@ language models (plus ``choices_accuracy`` with ``--choices``);
 first three principal components of the teacher's patch features of a few
 test images, as RGB). ``--sample`` prints a continuation of the prompt
 (KV-cache decoding) instead.
+
+``--analysis`` measures the model instead of evaluating it (see
+``laplax.analysis.report``) and writes ``analysis.json`` and the plots
+``analysis_*.png`` into the workdir: per layer, the ANOVA of the token
+covariance, the singular-value spectrum and the components for 99% of the
+variance, neural-collapse statistics and CDNV by class (classification and
+DINO: the eval labels; language models: next-token ids), the conditioning of
+``W_Q, W_K, W_V`` with and without the spectral correction, the attention
+Jacobian and Theorem 3.4's bound, and the attention entropy per head::
+
+    python eval.py --workdir runs/vit --analysis --analysis_layers 0,3 --analysis_examples 2000
 """
 
 import json
@@ -33,12 +44,35 @@ _TEMPERATURE = flags.DEFINE_float("temperature", 0.8, "LM sampling temperature (
 _TOP_K = flags.DEFINE_integer("top_k", 40, "LM sampling: keep the k most likely tokens (0 = all).")
 _SEED = flags.DEFINE_integer("seed", 0, "LM sampling seed.")
 _CHOICES = flags.DEFINE_string("choices", None, "LM only: multiple-choice JSONL file to score.")
+_ANALYSIS = flags.DEFINE_bool(
+    "analysis", False, "Write analysis.json and analysis_*.png (token geometry, "
+    "conditioning) instead of evaluating.")
+_ANALYSIS_LAYERS = flags.DEFINE_string(
+    "analysis_layers", None, "--analysis: comma-separated block indices, e.g. 0,3 "
+    "(default: every layer).")
+_ANALYSIS_EXAMPLES = flags.DEFINE_integer(
+    "analysis_examples", 0, "--analysis: at most this many eval sequences (0 = all).")
+_ANALYSIS_CLASSES = flags.DEFINE_enum(
+    "analysis_classes", "auto", ["auto", "yes", "no"],
+    "--analysis: class statistics from the eval labels (auto: when the task has "
+    "them; language models use next-token classes).")
+_ANALYSIS_JACOBIAN = flags.DEFINE_integer(
+    "analysis_jacobian_dim", 2048, "--analysis: the attention Jacobian is taken on "
+    "the first DIM // width tokens of one example (0 = skip).")
+_ANALYSIS_BATCH = flags.DEFINE_integer(
+    "analysis_batch_size", 256, "--analysis: sequences per forward pass.")
+ANALYSIS_OPTIONS = ("analysis_layers", "analysis_examples", "analysis_classes",
+                    "analysis_jacobian_dim", "analysis_batch_size")
 PCA_FIGURE = "patch_pca.png"
 
 
 def main() -> int:
   cli.parse_flags(sys.argv)
   workdir = _WORKDIR.value
+  if not _ANALYSIS.value:
+    given = [name for name in ANALYSIS_OPTIONS if flags.FLAGS[name].present]
+    if given:
+      raise cli.UsageError(f"--{given[0]} needs --analysis")
   if not workdir:
     raise cli.UsageError("--workdir is required, e.g. --workdir runs/vit")
   cli.quiet()
@@ -61,6 +95,7 @@ def main() -> int:
                            f"(0 = greedy)")
     if _TOP_K.value < 0:
       raise cli.UsageError(f"--top_k={_TOP_K.value} must be >= 0 (0 = all tokens)")
+  analysis = _analysis_options(config) if _ANALYSIS.value else None
   items = lm_eval.read_choices(_CHOICES.value) if _CHOICES.value else None
   ckpt_dir = os.path.join(workdir, loop.CHECKPOINT_DIR)
   checkpointer = checkpoint.Checkpointer(ckpt_dir) if os.path.isdir(ckpt_dir) else None
@@ -92,6 +127,9 @@ def main() -> int:
     print(_SAMPLE.value + task.tokenizer.decode(out))
     return 0
 
+  if analysis is not None:
+    return _run_analysis(config, task, state, workdir, analysis)
+
   if config.task == "dino":
     figure = os.path.join(workdir, PCA_FIGURE)
     summary = task.evaluate(state, references=True, figure=figure)
@@ -107,6 +145,94 @@ def main() -> int:
   with open(os.path.join(workdir, "eval.json"), "w") as f:
     json.dump(summary, f, indent=2)
   print(json.dumps(summary))
+  return 0
+
+
+def _analysis_options(config) -> dict:
+  """The checked ``--analysis_*`` options, before any data is read.
+
+  Raises:
+    cli.UsageError: a layer that does not exist, class statistics asked of a
+      task without labels, bad numbers, or ``--analysis`` with ``--sample`` /
+      ``--choices``.
+  """
+  from laplax.analysis import report  # pylint: disable=import-outside-toplevel
+  if _SAMPLE.value is not None or _CHOICES.value:
+    raise cli.UsageError("--analysis cannot be combined with --sample or --choices; "
+                         "run them separately")
+  try:
+    layers = report.parse_layers(_ANALYSIS_LAYERS.value, int(config.model.depth))
+  except ValueError as e:
+    raise cli.UsageError(f"--analysis_layers={_ANALYSIS_LAYERS.value}: {e}") from None
+  for name, value, low in (("analysis_examples", _ANALYSIS_EXAMPLES.value, 0),
+                           ("analysis_jacobian_dim", _ANALYSIS_JACOBIAN.value, 0),
+                           ("analysis_batch_size", _ANALYSIS_BATCH.value, 1)):
+    if value < low:
+      raise cli.UsageError(f"--{name}={value} must be >= {low}")
+  if _ANALYSIS_CLASSES.value == "yes" and config.task == "lm":
+    raise cli.UsageError(
+        "--analysis_classes=yes needs per-sequence labels, which a language model's "
+        "eval windows do not have (its CDNV uses next-token classes by default)")
+  return {"layers": layers, "classes": _ANALYSIS_CLASSES.value != "no",
+          "max_examples": _ANALYSIS_EXAMPLES.value,
+          "jacobian_dim": _ANALYSIS_JACOBIAN.value, "batch_size": _ANALYSIS_BATCH.value}
+
+
+def _run_analysis(config, task, state, workdir: str, opts: dict) -> int:
+  """``--analysis``: streams the eval split, writes analysis.json and the plots."""
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  from laplax.analysis import plots, report  # pylint: disable=import-outside-toplevel
+  spectral = {"enabled": bool(config.model.spectral.enabled),
+              "lam": float(config.model.spectral.lam), "mode": config.model.spectral.mode}
+  if config.task == "lm":
+    params = state.params
+    if config.model.tie_embeddings:
+      unembed = np.asarray(params["token_embedding"]["embedding"])
+    else:
+      unembed = np.asarray(params["lm_head"]["kernel"]).T
+    target = report.Target(task.model, params, "lm",
+                           vocab_size=task.tokenizer.vocab_size if opts["classes"] else 0,
+                           token_classifier=unembed, spectral=spectral)
+    batches = task.eval_batches()
+  else:
+    num_classes = int(getattr(task, "num_classes", 0) or 0)
+    if _ANALYSIS_CLASSES.value == "yes" and num_classes < 2:
+      raise cli.UsageError(f"--analysis_classes=yes needs labels, but the eval split of "
+                           f"{config.data.name} has {num_classes} classes")
+    num_classes = num_classes if opts["classes"] and num_classes >= 2 else 0
+    if config.task == "dino":
+      from laplax.data import images  # pylint: disable=import-outside-toplevel
+      model = task.teacher.backbone
+      params = state.task_state["teacher"]["backbone"]
+      classifier = None
+      batches = images.eval_batches(config.data, batch_size=config.eval_batch_size)
+    else:
+      model, params = task.model, state.params
+      classifier = np.asarray(params["head"]["kernel"]).T if num_classes else None
+      batches = task.eval_batches()
+    target = report.Target(model, params, "image", num_classes=num_classes,
+                           classifier=classifier, spectral=spectral)
+  try:
+    analysis = report.run_analysis(
+        target, batches, layers=opts["layers"], max_examples=opts["max_examples"],
+        batch_size=opts["batch_size"], jacobian_dim=opts["jacobian_dim"])
+  except report.AnalysisError as e:
+    raise cli.UsageError(str(e)) from None
+  analysis["task"] = config.task
+  analysis["step"] = int(state.step)
+  path = report.write(analysis, workdir)
+  figures = plots.save_all(analysis, workdir,
+                           title=f"{os.path.basename(os.path.normpath(workdir))} "
+                                 f"(step {int(state.step)})")
+  summary = report.summary(analysis)
+  keys = [k for k, _, _ in report.QUANTITIES if any(v is not None for v in summary[k])]
+  print(f"analysis of {analysis['num_sequences']} sequences, "
+        f"{analysis['num_tokens']} tokens (step {analysis['step']})")
+  for j, layer in enumerate(summary["layer"]):
+    values = ", ".join(f"{k}={summary[k][j]:.4g}" if isinstance(summary[k][j], float)
+                       else f"{k}={summary[k][j]}" for k in keys)
+    print(f"layer {layer}: {values}")
+  print(f"wrote {path} and {', '.join(os.path.basename(f) for f in figures)}")
   return 0
 
 

@@ -29,7 +29,7 @@ def main() -> int:
   cli.quiet()
   from laplax.train import loop  # pylint: disable=import-outside-toplevel
   summary = loop.train_and_evaluate(config, _WORKDIR.value)
-  if summary:
+  if summary and loop.jax.process_index() == 0:
     print("final eval: " + ", ".join(f"{k}={v}" for k, v in summary.items()))
   return 0
 

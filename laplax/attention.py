@@ -25,9 +25,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from laplax import spectral
+from laplax import sharding, spectral
 
 IMPLEMENTATIONS = (None, "xla", "cudnn", "reference")
+# Logical axes of queries, keys, values and head outputs (laplax.sharding).
+HEADS_AXES = ("batch", "length", "heads", "head_dim")
 # Masked logits get this value rather than -inf, so that fully masked rows and
 # bfloat16 never produce NaN (the softmax is taken in float32).
 MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
@@ -216,6 +218,8 @@ class ProjectionDense(nn.Module):
     num_heads: column blocks for the ``"per_head"`` correction.
     spectral_lam: ``lambda``; ``None`` disables the correction.
     spectral_mode: ``"per_head"``, ``"full"`` or ``"svd"``.
+    axes: logical axis names of the kernel ``(in, out)`` (the bias has the
+      second); see :mod:`laplax.sharding`.
   """
   features: int
   num_heads: int = 1
@@ -224,12 +228,13 @@ class ProjectionDense(nn.Module):
   spectral_mode: str = "per_head"
   dtype: Any = None
   kernel_init: Callable = nn.initializers.xavier_uniform()
+  axes: tuple[str | None, str | None] = ("embed", "heads")
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
     """``x [..., in] -> [..., features]`` in ``dtype`` (default ``x.dtype``)."""
-    kernel = self.param("kernel", self.kernel_init, (x.shape[-1], self.features),
-                        jnp.float32)
+    kernel = self.param("kernel", sharding.logical_init(self.kernel_init, self.axes),
+                        (x.shape[-1], self.features), jnp.float32)
     if self.spectral_lam is not None:
       kernel = spectral.conditioned(kernel, lam=self.spectral_lam,
                                     mode=self.spectral_mode,
@@ -237,8 +242,9 @@ class ProjectionDense(nn.Module):
     dtype = self.dtype or x.dtype
     y = jnp.dot(x.astype(dtype), kernel.astype(dtype))
     if self.use_bias:
-      bias = self.param("bias", nn.initializers.zeros, (self.features,),
-                        jnp.float32)
+      bias = self.param("bias", sharding.logical_init(nn.initializers.zeros,
+                                                      self.axes[1:]),
+                        (self.features,), jnp.float32)
       y = y + bias.astype(dtype)
     return y
 
@@ -280,6 +286,12 @@ class MultiHeadAttention(nn.Module):
   Laplacian heads use the chunk's own values, so the result equals the full
   causal forward pass.
 
+  For analysis, when the ``"intermediates"`` collection is mutable (and not
+  decoding), the attention matrix ``P`` (float32 ``[batch, num_heads, length,
+  length]``, before dropout) is also sown as ``"attention_weights"``, computed
+  again by :func:`reference_attention`. Otherwise nothing is traced: training
+  and evaluation are unchanged.
+
   Attributes:
     num_heads: attention heads.
     head_dim: per-head dimension; default ``model_dim // num_heads``.
@@ -315,23 +327,30 @@ class MultiHeadAttention(nn.Module):
   @nn.compact
   def __call__(self, x: jax.Array, *, mask: jax.Array | None = None,
                is_causal: bool = False, deterministic: bool = True,
-               decode: bool = False):
-    """Applies attention; ``mask`` broadcasts to ``[batch, heads, length, length]``."""
+               decode: bool = False, laplacian: jax.Array | None = None):
+    """Applies attention; ``mask`` broadcasts to ``[batch, heads, length, length]``.
+
+    ``laplacian`` (bool ``[num_heads]``, may be traced, e.g. a scanned
+    per-layer input) overrides ``num_laplacian_heads`` / ``laplacian_mask``.
+    """
     model_dim = x.shape[-1]
     head_dim = self.head_dim or model_dim // self.num_heads
-    laplacian = laplacian_heads(self.num_heads, self.num_laplacian_heads,
-                                self.laplacian_mask)
+    if laplacian is None:
+      laplacian = laplacian_heads(self.num_heads, self.num_laplacian_heads,
+                                  self.laplacian_mask)
     def project(name):
       y = ProjectionDense(
           self.num_heads * head_dim, num_heads=self.num_heads,
           use_bias=self.use_bias, spectral_lam=self.spectral_lam,
           spectral_mode=self.spectral_mode, dtype=self.dtype,
           kernel_init=self.kernel_init, name=name)(x)
-      return y.reshape(*x.shape[:-1], self.num_heads, head_dim)
+      y = y.reshape(*x.shape[:-1], self.num_heads, head_dim)
+      return nn.with_logical_constraint(y, HEADS_AXES)
     q, k, v = project("query"), project("key"), project("value")
     if self.qk_norm:
-      q = nn.LayerNorm(name="query_norm", dtype=jnp.float32)(q).astype(v.dtype)
-      k = nn.LayerNorm(name="key_norm", dtype=jnp.float32)(k).astype(v.dtype)
+      norm = dict(dtype=jnp.float32, **sharding.layer_norm_inits("head_dim"))
+      q = nn.LayerNorm(name="query_norm", **norm)(q).astype(v.dtype)
+      k = nn.LayerNorm(name="key_norm", **norm)(k).astype(v.dtype)
     length = x.shape[1]
     start = 0
     if decode:
@@ -361,7 +380,11 @@ class MultiHeadAttention(nn.Module):
       y = attend(q, k, v, laplacian=laplacian, mask=mask, is_causal=is_causal,
                  implementation=self.implementation,
                  dropout_rate=self.attention_dropout, dropout_rng=dropout_rng)
+      if self.is_mutable_collection("intermediates"):  # analysis only
+        _, weights = reference_attention(q, k, v, mask=mask, is_causal=is_causal)
+        self.sow("intermediates", "attention_weights", weights)
+    y = nn.with_logical_constraint(y, HEADS_AXES)
     y = y.reshape(*x.shape[:-1], self.num_heads * head_dim)
     y = ProjectionDense(model_dim, dtype=self.dtype, kernel_init=self.out_init,
-                        use_bias=self.use_bias, name="out")(y)
+                        use_bias=self.use_bias, axes=("heads", "embed"), name="out")(y)
     return nn.Dropout(self.dropout)(y, deterministic=deterministic)

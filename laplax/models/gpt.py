@@ -20,7 +20,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from laplax.models.layers import Block, per_layer
+from laplax import sharding
+from laplax.models.layers import EMBED_AXES, transformer_blocks
 
 
 class GPT(nn.Module):
@@ -42,6 +43,9 @@ class GPT(nn.Module):
     spectral_lam, spectral_mode: spectral conditioning (``None`` = off).
     implementation: attention kernel.
     dtype: compute dtype (parameters float32, logits float32).
+    remat: rematerialisation of each block (see ``ViT.remat``).
+    scan_layers: blocks under ``nn.scan`` (parameters, and the KV cache when
+      decoding, stacked under ``blocks`` with a leading layer axis).
   """
   vocab_size: int
   max_length: int = 256
@@ -61,6 +65,8 @@ class GPT(nn.Module):
   spectral_mode: str = "per_head"
   implementation: str | None = None
   dtype: Any = None
+  remat: str = "none"
+  scan_layers: bool = False
 
   @nn.compact
   def __call__(self, tokens: jax.Array, *, train: bool = False, decode: bool = False):
@@ -74,8 +80,8 @@ class GPT(nn.Module):
     if length > self.max_length:
       raise ValueError(f"sequence length {length} exceeds max_length={self.max_length}")
     init = nn.initializers.normal(0.02)
-    embed = nn.Embed(self.vocab_size, self.width, embedding_init=init,
-                     name="token_embedding")
+    embed = nn.Embed(self.vocab_size, self.width, name="token_embedding",
+                     embedding_init=sharding.logical_init(init, ("vocab", "embed")))
     x = embed(tokens).astype(self.dtype or jnp.float32)
     start = 0
     if decode:
@@ -85,33 +91,36 @@ class GPT(nn.Module):
         start = position.value
         position.value = start + length
     if self.posemb == "learn":
-      pos = self.param("pos_embedding", init, (self.max_length, self.width), jnp.float32)
+      pos = self.param("pos_embedding", sharding.logical_init(init, ("length", "embed")),
+                       (self.max_length, self.width), jnp.float32)
       x = x + jax.lax.dynamic_slice_in_dim(pos, start, length).astype(x.dtype)[None]
     elif self.posemb != "rope":
       raise ValueError(f"posemb {self.posemb!r} is unknown; use 'learn' or 'rope'")
     x = nn.Dropout(self.dropout)(x, deterministic=not train)
+    x = nn.with_logical_constraint(x, EMBED_AXES)
 
-    counts = per_layer(self.num_laplacian_heads, self.depth, "num_laplacian_heads")
-    masks = (per_layer(self.laplacian_mask, self.depth, "laplacian_mask")
-             if self.laplacian_mask is not None else [None] * self.depth)
     out_init = nn.initializers.normal(0.02 / (2 * self.depth) ** 0.5)
-    for i in range(self.depth):
-      x, out[f"block{i}"] = Block(
-          num_heads=self.num_heads, mlp_dim=self.mlp_dim or 4 * self.width,
-          num_laplacian_heads=counts[i],
-          laplacian_mask=None if masks[i] is None else tuple(masks[i]),
-          qk_norm=self.qk_norm, dropout=self.dropout,
-          attention_dropout=self.attention_dropout,
-          spectral_lam=self.spectral_lam, spectral_mode=self.spectral_mode,
-          implementation=self.implementation, use_bias=self.use_bias,
-          rope=self.posemb == "rope", dtype=self.dtype, kernel_init=init,
-          out_init=out_init, name=f"block{i}")(
-              x, is_causal=True, deterministic=not train, decode=decode)
-    x = nn.LayerNorm(name="final_norm", dtype=jnp.float32)(x)
+    x, blocks = transformer_blocks(
+        x, depth=self.depth, num_heads=self.num_heads,
+        num_laplacian_heads=self.num_laplacian_heads,
+        laplacian_mask=self.laplacian_mask, remat=self.remat,
+        scan=self.scan_layers,
+        call=dict(is_causal=True, deterministic=not train, decode=decode),
+        mlp_dim=self.mlp_dim or 4 * self.width, qk_norm=self.qk_norm,
+        dropout=self.dropout, attention_dropout=self.attention_dropout,
+        spectral_lam=self.spectral_lam, spectral_mode=self.spectral_mode,
+        implementation=self.implementation, use_bias=self.use_bias,
+        rope=self.posemb == "rope", dtype=self.dtype, kernel_init=init,
+        out_init=out_init)
+    out.update(blocks)
+    x = nn.LayerNorm(name="final_norm", dtype=jnp.float32,
+                     **sharding.layer_norm_inits("embed"))(x)
     out["encoded"] = x
     if self.tie_embeddings:
       logits = embed.attend(x.astype(jnp.float32))
     else:
-      logits = nn.Dense(self.vocab_size, use_bias=False, kernel_init=init,
-                        dtype=jnp.float32, name="lm_head")(x)
+      logits = nn.Dense(self.vocab_size, use_bias=False, dtype=jnp.float32,
+                        kernel_init=sharding.logical_init(init, ("embed", "vocab")),
+                        name="lm_head")(x)
+    logits = nn.with_logical_constraint(logits, ("batch", "length", "vocab"))
     return logits.astype(jnp.float32), out

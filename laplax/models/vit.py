@@ -15,7 +15,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from laplax.models.layers import Block, per_layer
+from laplax import sharding
+from laplax.models.layers import EMBED_AXES, transformer_blocks
 
 # width, depth, mlp_dim, num_heads (ViT / DeiT naming).
 VARIANTS = {
@@ -84,6 +85,12 @@ class ViT(nn.Module):
     spectral_lam, spectral_mode: spectral conditioning (``None`` = off).
     implementation: attention kernel.
     dtype: compute dtype (parameters float32; logits float32).
+    remat: rematerialisation of each block, a name of
+      :data:`~laplax.models.layers.REMAT_POLICIES` (same values, same
+      parameters; less activation memory, more compute).
+    scan_layers: run the blocks under ``nn.scan`` (parameters stacked under
+      ``blocks`` with a leading layer axis; one block to compile); see
+      :func:`~laplax.models.layers.transformer_blocks`.
   """
   num_classes: int
   patch_size: int = 16
@@ -106,6 +113,8 @@ class ViT(nn.Module):
   implementation: str | None = None
   head_init_zero: bool = True
   dtype: Any = None
+  remat: str = "none"
+  scan_layers: bool = False
 
   @nn.compact
   def __call__(self, images: jax.Array, *, train: bool = False):
@@ -116,13 +125,17 @@ class ViT(nn.Module):
       raise ValueError(
           f"image size {h}x{w} is not divisible by patch_size={self.patch_size}")
     x = nn.Conv(self.width, (self.patch_size,) * 2, strides=self.patch_size,
-                padding="VALID", dtype=self.dtype, name="embedding")(
+                padding="VALID", dtype=self.dtype, name="embedding",
+                kernel_init=sharding.logical_init(nn.initializers.lecun_normal(),
+                                                  (None, None, None, "embed")),
+                bias_init=sharding.logical_init(nn.initializers.zeros, ("embed",)))(
                     images.astype(self.dtype or images.dtype))
     gh, gw = h // self.patch_size, w // self.patch_size
     x = x.reshape(x.shape[0], gh * gw, self.width)
     ph, pw = self.posemb_grid or (gh, gw)
     if self.posemb == "learn":
-      pos = self.param("pos_embedding", nn.initializers.normal(0.02),
+      pos = self.param("pos_embedding", sharding.logical_init(
+          nn.initializers.normal(0.02), (None, "length", "embed")),
                        (1, ph * pw, self.width), jnp.float32)
     elif self.posemb == "sincos2d":
       pos = jnp.asarray(posemb_sincos_2d(ph, pw, self.width))
@@ -134,34 +147,38 @@ class ViT(nn.Module):
                                  1, gh * gw, self.width)
     x = x + pos.astype(x.dtype)
     if self.pool == "tok":
-      cls = self.param("cls", nn.initializers.normal(1e-6), (1, 1, self.width),
-                       jnp.float32)
+      cls = self.param("cls", sharding.logical_init(nn.initializers.normal(1e-6),
+                                                    (None, None, "embed")),
+                       (1, 1, self.width), jnp.float32)
       x = jnp.concatenate([jnp.tile(cls.astype(x.dtype), (x.shape[0], 1, 1)), x], 1)
     elif self.pool != "gap":
       raise ValueError(f"pool {self.pool!r} is unknown; use 'tok' or 'gap'")
     x = nn.Dropout(self.dropout)(x, deterministic=not train)
+    x = nn.with_logical_constraint(x, EMBED_AXES)
 
-    counts = per_layer(self.num_laplacian_heads, self.depth, "num_laplacian_heads")
-    masks = (per_layer(self.laplacian_mask, self.depth, "laplacian_mask")
-             if self.laplacian_mask is not None else [None] * self.depth)
-    for i in range(self.depth):
-      rate = self.drop_path * i / max(self.depth - 1, 1)
-      x, out[f"block{i}"] = Block(
-          num_heads=self.num_heads, mlp_dim=self.mlp_dim,
-          num_laplacian_heads=counts[i],
-          laplacian_mask=None if masks[i] is None else tuple(masks[i]),
-          qk_norm=self.qk_norm, dropout=self.dropout,
-          attention_dropout=self.attention_dropout, drop_path=rate,
-          layerscale_init=self.layerscale_init, spectral_lam=self.spectral_lam,
-          spectral_mode=self.spectral_mode, implementation=self.implementation,
-          dtype=self.dtype, name=f"block{i}")(x, deterministic=not train)
-    x = nn.LayerNorm(name="encoder_norm", dtype=jnp.float32)(x)
+    x, blocks = transformer_blocks(
+        x, depth=self.depth, num_heads=self.num_heads,
+        num_laplacian_heads=self.num_laplacian_heads,
+        laplacian_mask=self.laplacian_mask,
+        drop_path=[self.drop_path * i / max(self.depth - 1, 1)
+                   for i in range(self.depth)],
+        remat=self.remat, scan=self.scan_layers,
+        call=dict(deterministic=not train), mlp_dim=self.mlp_dim,
+        qk_norm=self.qk_norm, dropout=self.dropout,
+        attention_dropout=self.attention_dropout,
+        layerscale_init=self.layerscale_init, spectral_lam=self.spectral_lam,
+        spectral_mode=self.spectral_mode, implementation=self.implementation,
+        dtype=self.dtype)
+    out.update(blocks)
+    x = nn.LayerNorm(name="encoder_norm", dtype=jnp.float32,
+                     **sharding.layer_norm_inits("embed"))(x)
     out["encoded"] = x
     x = x[:, 0] if self.pool == "tok" else x.mean(axis=1)
     out["pre_logits"] = x
     if self.num_classes:
       init = nn.initializers.zeros if self.head_init_zero else nn.initializers.xavier_uniform()
-      x = nn.Dense(self.num_classes, kernel_init=init, dtype=jnp.float32,
-                   name="head")(x)
+      x = nn.Dense(self.num_classes, dtype=jnp.float32, name="head",
+                   kernel_init=sharding.logical_init(init, ("embed", "classes")),
+                   bias_init=sharding.logical_init(nn.initializers.zeros, ("classes",)))(x)
     out["logits"] = x
     return x, out

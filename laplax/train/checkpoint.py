@@ -84,7 +84,9 @@ class Checkpointer:
     """Restores ``(state, data_state)`` at ``step`` (default: the newest usable).
 
     ``abstract_state`` gives the tree, shapes, dtypes and shardings
-    (``jax.ShapeDtypeStruct`` leaves). When the newest checkpoint cannot be
+    (``jax.ShapeDtypeStruct`` leaves): a checkpoint saved on any mesh is
+    restored onto these shardings, and leaves without one onto this process's
+    first device (``eval.py``). When the newest checkpoint cannot be
     read it is skipped with a warning naming it and the previous one is used;
     with ``discard_unreadable`` the unreadable newer steps are deleted so that
     the resumed run can save those steps again.
@@ -95,6 +97,10 @@ class Checkpointer:
     steps = [step] if step is not None else self.all_steps()[::-1]
     if not steps:
       raise CheckpointError(f"no checkpoint in {self.directory}")
+    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    abstract_state = jax.tree_util.tree_map(
+        lambda x: x if getattr(x, "sharding", None) is not None else
+        jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), abstract_state)
     unreadable = []
     for s in steps:
       items = {"state": ocp.args.StandardRestore(abstract_state)}

@@ -12,7 +12,8 @@ from typing import Any
 import jax
 import ml_collections
 
-from laplax import attention, spectral
+from laplax import attention, sharding, spectral
+from laplax.models import layers
 
 TASKS = {"classification": "vit", "lm": "gpt", "dino": "vit"}  # task -> model.name
 DTYPES = ("float32", "bfloat16")
@@ -28,6 +29,10 @@ ARCHITECTURE_KEYS = ("task", "model", "data.name", "data.image_size",
                      "data.tokenizer", "data.vocab_size", "data.multicrop.global_size",
                      "dino.out_dim", "dino.hidden_dim", "dino.bottleneck_dim",
                      "dino.head_layers")
+# Keys under ARCHITECTURE_KEYS that leave the parameter tree as it is.
+NOT_ARCHITECTURE_KEYS = ("model.remat",)
+# Architecture keys added after runs were saved, with the value such runs had.
+ADDED_ARCHITECTURE_KEYS = {"model.scan_layers": False}
 
 
 class ConfigError(ValueError):
@@ -69,8 +74,12 @@ def _float(config, key, minimum, maximum=float("inf"), open_min=False):
   return value
 
 
-def validate(config: ml_collections.ConfigDict) -> None:
+def validate(config: ml_collections.ConfigDict, num_devices: int | None = None) -> None:
   """Checks types, ranges and consistency of every key the trainer reads.
+
+  With ``num_devices`` (the trainer passes ``jax.device_count()``, after the
+  multi-process runtime started) the mesh is also checked against the devices
+  and the batch, heads and MLP sizes against the mesh (:func:`validate_mesh`).
 
   Raises:
     ConfigError: the first problem found, as one line naming the key and the fix.
@@ -162,6 +171,105 @@ def validate(config: ml_collections.ConfigDict) -> None:
   _float(config, "optim.min_lr_ratio", 0.0, 1.0)
   if get(config, "optim.weight_decay_end", None) is not None:
     _float(config, "optim.weight_decay_end", 0.0)
+  _validate_memory(config)
+  _validate_sharding(config)
+  if num_devices is not None:
+    validate_mesh(config, num_devices)
+
+
+def _validate_memory(config):
+  """``model.remat``, ``model.scan_layers``, ``optim.grad_accum_steps``
+  (optional: configs of older runs lack them)."""
+  remat = get(config, "model.remat", "none")
+  _require(isinstance(remat, str) and remat in layers.REMAT_POLICIES,
+           f"config.model.remat={remat!r} is unknown; use one of "
+           f"{', '.join(layers.REMAT_POLICIES)}")
+  scan = get(config, "model.scan_layers", False)
+  _require(isinstance(scan, bool),
+           f"config.model.scan_layers={scan!r} must be True or False")
+  if get(config, "optim.grad_accum_steps", None) is None:
+    return
+  accum = _int(config, "optim.grad_accum_steps", 1)
+  _require(config.batch_size % accum == 0,
+           f"config.batch_size={config.batch_size} is not divisible by "
+           f"config.optim.grad_accum_steps={accum}; the batch size is the global "
+           f"batch, cut into grad_accum_steps micro-batches")
+
+
+def _validate_sharding(config):
+  """``mesh_shape``, ``sharding_rules``, ``distributed.*`` (optional keys)."""
+  try:
+    sharding.parse_mesh_shape(get(config, "mesh_shape", sharding.DEFAULT_MESH_SHAPE))
+    sharding.parse_rules(get(config, "sharding_rules", None) or sharding.DEFAULT_RULES)
+  except ValueError as e:
+    raise ConfigError(f"config.{e}") from None
+  dist = get(config, "distributed", None)
+  if dist is None:
+    return
+  _require(isinstance(dist.get("enabled", False), bool),
+           f"config.distributed.enabled={dist.get('enabled')!r} must be True or False")
+  address = dist.get("coordinator_address", None)
+  if address is None:
+    return
+  _require(isinstance(address, str) and address.rpartition(":")[2].isdigit(),
+           f"config.distributed.coordinator_address={address!r} must be 'host:port'")
+  num = dist.get("num_processes", None)
+  pid = dist.get("process_id", None)
+  _require(isinstance(num, int) and not isinstance(num, bool) and num >= 1
+           and isinstance(pid, int) and not isinstance(pid, bool) and 0 <= pid < num,
+           f"config.distributed.num_processes={num!r} and process_id={pid!r} must be "
+           f"integers with 0 <= process_id < num_processes when coordinator_address "
+           f"is set")
+
+
+def validate_mesh(config: ml_collections.ConfigDict, num_devices: int,
+                  num_processes: int | None = None) -> tuple[int, int, int]:
+  """Checks ``config.mesh_shape`` against the devices and the model and batch sizes.
+
+  The mesh must use exactly ``num_devices`` devices; ``batch_size`` (per
+  micro-batch with ``optim.grad_accum_steps``) must be divisible by the
+  data-parallel size (the mesh axes of the logical axis ``batch``, by default
+  ``data * fsdp``), which must be a multiple of the number of processes (each
+  process loads its own rows); ``model.num_heads`` and ``model.mlp_dim`` must be
+  divisible by the tensor-parallel size.
+
+  Returns:
+    The resolved mesh shape ``(data, fsdp, tensor)``.
+
+  Raises:
+    ConfigError: the first mismatch, as one line with the fix.
+  """
+  value = get(config, "mesh_shape", sharding.DEFAULT_MESH_SHAPE)
+  try:
+    shape = sharding.resolve_mesh_shape(value, num_devices)
+  except ValueError as e:
+    hint = ("; for N fake CPU devices set XLA_FLAGS=--xla_force_host_platform_"
+            "device_count=N" if jax.default_backend() == "cpu" else "")
+    raise ConfigError(f"config.{e}{hint}") from None
+  rules = sharding.rules_from_config(config)
+  shown = "(" + ",".join(map(str, shape)) + ")"
+  dp = sharding.axis_size(shape, rules, "batch")
+  accum = get(config, "optim.grad_accum_steps", 1) or 1
+  per_step = config.batch_size // accum
+  what = (f"the micro-batch batch_size/grad_accum_steps={per_step}" if accum > 1
+          else f"config.batch_size={config.batch_size}")
+  _require(per_step % dp == 0,
+           f"{what} is not divisible by the data-parallel size {dp} (batch axes "
+           f"{'*'.join(sharding.mesh_axes(rules, 'batch')) or 'none'} of mesh_shape="
+           f"{shown}); choose a batch size that is a multiple of {dp * accum}")
+  processes = jax.process_count() if num_processes is None else num_processes
+  _require(dp % processes == 0,
+           f"the data-parallel size {dp} of mesh_shape={shown} is not a multiple of "
+           f"the {processes} processes; each process must hold its own rows of the "
+           f"batch")
+  m = config.model
+  for name, key in (("heads", "num_heads"), ("mlp", "mlp_dim")):
+    tp = sharding.axis_size(shape, rules, name)
+    size = m[key]
+    _require(size % tp == 0,
+             f"config.model.{key}={size} is not divisible by the tensor-parallel size "
+             f"{tp} of mesh_shape={shown}; choose a mesh whose tensor size divides it")
+  return shape
 
 
 def _validate_vit(config):
@@ -277,7 +385,12 @@ def check_image_size(config: ml_collections.ConfigDict, image_shape) -> None:
 
 
 def architecture_diff(saved: dict, config: ml_collections.ConfigDict) -> list[str]:
-  """Dotted keys under :data:`ARCHITECTURE_KEYS` where ``saved`` and ``config`` differ."""
+  """Dotted keys under :data:`ARCHITECTURE_KEYS` where ``saved`` and ``config`` differ.
+
+  Keys in :data:`NOT_ARCHITECTURE_KEYS` (``model.remat``) are ignored; a key of
+  :data:`ADDED_ARCHITECTURE_KEYS` missing on either side has its old value
+  (``model.scan_layers``: False), so runs saved before it existed resume.
+  """
   new = json.loads(config.to_json())
 
   def flatten(d, prefix=""):
@@ -289,6 +402,10 @@ def architecture_diff(saved: dict, config: ml_collections.ConfigDict) -> list[st
     return {prefix[:-1]: list(d) if isinstance(d, tuple) else d}
 
   a, b = flatten(saved), flatten(new)
+  for k, v in ADDED_ARCHITECTURE_KEYS.items():
+    a.setdefault(k, v)
+    b.setdefault(k, v)
   keys = [k for k in sorted(set(a) | set(b))
-          if any(k == p or k.startswith(p + ".") for p in ARCHITECTURE_KEYS)]
+          if any(k == p or k.startswith(p + ".") for p in ARCHITECTURE_KEYS)
+          and k not in NOT_ARCHITECTURE_KEYS]
   return [k for k in keys if a.get(k) != b.get(k)]

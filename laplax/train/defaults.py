@@ -12,6 +12,8 @@ import ast
 import ml_collections
 from ml_collections import config_dict
 
+from laplax import sharding
+
 
 def parse_arg(arg: str | None, **defaults) -> ml_collections.ConfigDict:
   """Parses ``"laplacian=5,spectral=True"`` into a ConfigDict over ``defaults``.
@@ -102,6 +104,32 @@ def base_config() -> ml_collections.ConfigDict:
   c.loss.label_smoothing = 0.1
   c.loss.mixup = 0.0
   c.loss.cutmix = 0.0
+
+  # Memory and compile time; parameters stay float32 and model.dtype is the
+  # matmul dtype. Rematerialise each block in the backward pass: "none",
+  # "full", "dots_saveable", "dots_with_no_batch_dims_saveable" (the
+  # jax.checkpoint policy; same values and parameters).
+  c.model.remat = "none"
+  # nn.scan over the blocks: one block to compile; the parameters are stacked
+  # under "blocks" with a leading layer axis (another checkpoint layout).
+  c.model.scan_layers = False
+  # Micro-batches per optimizer step (batch_size stays the global batch and
+  # must be divisible by it); the gradient is their mean.
+  c.optim.grad_accum_steps = 1
+
+  # Scale-out (laplax.sharding). Device mesh (data, fsdp, tensor); one -1
+  # takes the remaining devices: (-1, 1, 1) is data parallel over all of them.
+  c.mesh_shape = (-1, 1, 1)
+  # (logical axis, mesh axis | tuple of mesh axes | None) pairs, first match wins.
+  c.sharding_rules = sharding.DEFAULT_RULES
+  # Multi-process runs: jax.distributed.initialize(coordinator_address,
+  # num_processes, process_id) when coordinator_address is set, or with
+  # enabled=True from the environment (SLURM, Open MPI, TPU, JAX_* variables).
+  c.distributed = ml_collections.ConfigDict()
+  c.distributed.enabled = False
+  c.distributed.coordinator_address = config_dict.placeholder(str)
+  c.distributed.num_processes = config_dict.placeholder(int)
+  c.distributed.process_id = config_dict.placeholder(int)
   return c
 
 

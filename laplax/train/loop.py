@@ -1,7 +1,10 @@
 """The one training loop: setup, jitted step, logging, evaluation, checkpoints.
 
 ``train_and_evaluate(config, workdir)`` is read top to bottom in sections:
-checks, workdir, input, model and optimizer, checkpoint/resume, step, loop.
+multi-process runtime, checks, mesh, workdir, model and optimizer, input,
+sharding and checkpoint/resume, step, loop. The state lives sharded on the
+mesh of ``config.mesh_shape`` (:mod:`laplax.sharding`); every process feeds
+its rows of each global batch.
 The workdir holds ``config.json``, ``metrics.jsonl`` (one JSON object per
 record, each with ``step``), TensorBoard events, and ``checkpoints/``.
 """
@@ -16,13 +19,16 @@ import signal
 import time
 from typing import Any, Iterator
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import optax
 import tqdm
+from jax.sharding import NamedSharding, PartitionSpec as P
 
+from laplax import sharding
 from laplax.train import checkpoint as ckpt_lib
 from laplax.train import config as config_lib
 from laplax.train import optim, tasks
@@ -120,18 +126,23 @@ def check_workdir(config: ml_collections.ConfigDict, workdir: str) -> None:
         f"another --workdir or the same config")
 
 
-def evaluate(task: Any, state: ckpt_lib.TrainState, eval_step=None) -> dict:
+def evaluate(task: Any, state: ckpt_lib.TrainState, eval_step=None,
+             place=None) -> dict:
   """Evaluates ``state`` on the task's eval split.
 
   A task with its own ``evaluate(state)`` (DINO: k-NN on frozen features)
   decides; otherwise the task's ``eval_sums`` are summed over every eval
   batch and summarised (e.g. ``accuracy``, ``loss``, ``num_examples``).
+  ``place`` maps each eval batch to device arrays (the trainer's
+  :func:`laplax.sharding.whole_batch`); by default the batches go as they are.
   """
   if hasattr(task, "evaluate"):
     return task.evaluate(state)
   eval_step = eval_step or jax.jit(task.eval_sums)
   sums = None
   for batch in task.eval_batches():
+    if place is not None:
+      batch = place(batch)
     out = jax.device_get(eval_step(state.params, batch))
     sums = out if sums is None else {k: sums[k] + np.float64(out[k]) for k in sums}
   return task.summarize(sums)
@@ -150,11 +161,69 @@ def init_state(task: Any, tx: optax.GradientTransformation, seed: int):
   """The TrainState at step 0: parameters from ``seed``, fresh optimizer state,
   and the task's initial state (``task.init_task_state(params)``) if it has one."""
   rng = jax.random.PRNGKey(seed)
-  params = task.init(jax.random.fold_in(rng, 0))
+  # Inside sharding.context the parameters come boxed with their logical axes.
+  params = sharding.unbox(task.init(jax.random.fold_in(rng, 0)))
   return ckpt_lib.TrainState(
       step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
       rng=jax.random.fold_in(rng, 1),
       task_state=task.init_task_state(params) if _stateful(task) else None)
+
+
+def state_shardings(task: Any, tx: optax.GradientTransformation, seed: int,
+                    mesh: jax.sharding.Mesh, rules) -> ckpt_lib.TrainState:
+  """``NamedSharding`` of every leaf of the TrainState on ``mesh``.
+
+  The parameters' logical axes are read from ``jax.eval_shape`` of the
+  task's ``init`` under the logical axis ``rules`` (boxed leaves), then
+  mapped to mesh axes with FSDP (:func:`laplax.sharding.param_specs`); the
+  optimizer moments and DINO's teacher follow their parameters and the rest
+  is replicated (:func:`laplax.sharding.state_shardings`).
+  """
+  with nn.logical_axis_rules(tuple(rules)):
+    boxed = jax.eval_shape(lambda: task.init(jax.random.PRNGKey(seed)))
+  specs = sharding.param_specs(boxed, mesh, rules)
+  return sharding.state_shardings(abstract_state(task, tx, seed), specs, mesh)
+
+
+def sharded_abstract_state(task: Any, tx: optax.GradientTransformation, seed: int,
+                           shardings: ckpt_lib.TrainState) -> ckpt_lib.TrainState:
+  """The abstract TrainState whose ``jax.ShapeDtypeStruct`` leaves carry
+  ``shardings``: the restore target of a checkpoint saved on any mesh."""
+  return jax.tree_util.tree_map(
+      lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+      abstract_state(task, tx, seed), shardings)
+
+
+def create_state(task: Any, tx: optax.GradientTransformation, seed: int,
+                 shardings: ckpt_lib.TrainState) -> ckpt_lib.TrainState:
+  """:func:`init_state`, created already sharded (a jitted init with
+  ``out_shardings``); call it inside :func:`laplax.sharding.context`."""
+  return jax.jit(lambda: init_state(task, tx, seed), out_shardings=shardings)()
+
+
+def batch_shardings(task: Any, mesh: jax.sharding.Mesh, rules) -> dict:
+  """``NamedSharding`` per field of a training batch: the task's batch axis
+  (``task.batch_axis``, default 0) has the logical name ``"batch"``."""
+  axis = getattr(task, "batch_axis", 0)
+  names = {k: (None,) * axis + ("batch",) + (None,) * (len(v.shape) - axis - 1)
+           for k, v in task.batch_spec(1).items()}
+  return sharding.logical_shardings(names, mesh, rules)
+
+
+def jit_train_step(task: Any, tx: optax.GradientTransformation, schedule,
+                   state_sharding: ckpt_lib.TrainState, batch_sharding: dict):
+  """:func:`make_train_step` jitted with explicit shardings; the state is donated.
+
+  ``(state, batch) -> (state, metrics)``: the state keeps ``state_sharding``,
+  the batch is a global array with ``batch_sharding``, the metrics are
+  replicated scalars. Trace it (first call) inside
+  :func:`laplax.sharding.context`.
+  """
+  mesh = jax.tree_util.tree_leaves(state_sharding)[0].mesh
+  return jax.jit(make_train_step(task, tx, schedule),
+                 in_shardings=(state_sharding, batch_sharding),
+                 out_shardings=(state_sharding, NamedSharding(mesh, P())),
+                 donate_argnums=0)
 
 
 def setup(config: ml_collections.ConfigDict, workdir: str | None,
@@ -164,16 +233,41 @@ def setup(config: ml_collections.ConfigDict, workdir: str | None,
   Before the data is prepared nothing is written; the data preparation writes
   only into ``data.data_dir`` (and a trained tokenizer into ``workdir``).
 
+  ``check``: also check the mesh against this machine's devices
+  (``config.mesh_shape``) and the workdir (training; ``eval.py`` passes False).
+
   Raises:
     ConfigError, DataError: one-line user errors.
   """
-  config_lib.validate(config)
+  config_lib.validate(config, jax.device_count() if check else None)
   if check and workdir is not None:
     check_workdir(config, workdir)
   return tasks.make_task(config, workdir)
 
 
-def make_train_step(task: Any, tx: optax.GradientTransformation, schedule):
+def micro_batches(batch: Any, n: int, axis: int = 0) -> Any:
+  """Cuts every array of ``batch`` into ``n`` strided micro-batches along ``axis``.
+
+  ``[..., B, ...] -> [n, ..., B // n, ...]``: micro-batch ``k`` holds the
+  examples ``k, k + n, k + 2n, ...``, so that a batch sharded along ``axis``
+  (contiguous blocks per device) stays where it is when ``B // n`` is still a
+  multiple of the devices.
+
+  Raises:
+    ValueError: a batch axis of a length not divisible by ``n``.
+  """
+  def split(x):
+    size = x.shape[axis]
+    if size % n:
+      raise ValueError(f"a batch of {size} examples cannot be cut into {n} "
+                       f"micro-batches; choose a batch size divisible by it")
+    x = x.reshape(x.shape[:axis] + (size // n, n) + x.shape[axis + 1:])
+    return jnp.moveaxis(x, axis + 1, 0)
+  return jax.tree_util.tree_map(split, batch)
+
+
+def make_train_step(task: Any, tx: optax.GradientTransformation, schedule,
+                    grad_accum_steps: int | None = None):
   """The pure train step ``(state, batch) -> (state, metrics)`` (to be jitted).
 
   ``task.loss(params, batch, rng) -> (loss, metrics)`` gives the gradient. A
@@ -182,17 +276,59 @@ def make_train_step(task: Any, tx: optax.GradientTransformation, schedule):
   optimizer updates with ``task.mask_updates(updates, step)``, and updates its
   state after the parameters with ``task.update_task_state(task_state, params,
   aux, step)``.
+
+  Gradient accumulation: with ``grad_accum_steps = n > 1`` (default
+  ``config.optim.grad_accum_steps`` of the task, else 1) the batch, still the
+  global batch, is cut by :func:`micro_batches` into ``n`` micro-batches
+  along ``task.batch_axis`` (default 0; DINO's views ``[V, B, ...]``: 1), and
+  ``jax.lax.scan`` sums the gradients, metrics and aux of the micro-batches
+  (float32); one optimizer update then uses their means. Micro-batch ``k``
+  draws its randomness (dropout, Mixup, ...) from ``fold_in(step_rng, k)``;
+  with ``n = 1`` nothing is cut and the step is exactly the unaccumulated one
+  (``step_rng = fold_in(state.rng, step)``). Losses that are means over
+  examples, and their gradients, equal the whole batch's; a metric that is
+  not such a mean (DINO's ``teacher_marginal_entropy``) becomes a mean over
+  micro-batches. The aux is averaged too, so the task's
+  ``update_task_state`` must use only its mean over examples (DINO's centre:
+  the mean teacher logit).
   """
   stateful = _stateful(task)
+  if grad_accum_steps is None:
+    grad_accum_steps = config_lib.get(getattr(task, "config", {}),
+                                      "optim.grad_accum_steps", 1)
+  n = int(grad_accum_steps)
+  axis = getattr(task, "batch_axis", 0)
+
+  def gradients(params, batch, rng, task_state, step):
+    """(grads, metrics, aux) of one (micro-)batch."""
+    if stateful:
+      loss_fn = lambda p: task.loss(p, batch, rng, task_state, step)
+    else:
+      loss_fn = lambda p: task.loss(p, batch, rng)
+    (_, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+    metrics, aux = aux if stateful else (aux, None)
+    return grads, metrics, aux
+
+  def accumulated(params, batch, rng, task_state, step):
+    """(grads, metrics, aux) averaged over ``n`` micro-batches."""
+    micro = micro_batches(batch, n, axis)
+    one = jax.tree_util.tree_map(
+        lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), micro)
+    shapes = jax.eval_shape(gradients, params, one, rng, task_state, step)
+    zeros = jax.tree_util.tree_map(
+        lambda s: jnp.zeros(s.shape, jnp.promote_types(s.dtype, jnp.float32)), shapes)
+
+    def add(sums, xs):
+      k, mb = xs
+      out = gradients(params, mb, jax.random.fold_in(rng, k), task_state, step)
+      return jax.tree_util.tree_map(lambda a, b: a + b.astype(a.dtype), sums, out), None
+    sums, _ = jax.lax.scan(add, zeros, (jnp.arange(n), micro))
+    return jax.tree_util.tree_map(lambda a: a / n, sums)
 
   def train_step(state, batch):
     rng = jax.random.fold_in(state.rng, state.step)
-    if stateful:
-      loss_fn = lambda p: task.loss(p, batch, rng, state.task_state, state.step)
-    else:
-      loss_fn = lambda p: task.loss(p, batch, rng)
-    (_, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
-    metrics, aux = aux if stateful else (aux, None)
+    grads, metrics, aux = (gradients if n == 1 else accumulated)(
+        state.params, batch, rng, state.task_state, state.step)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     if stateful:
       updates = task.mask_updates(updates, state.step)
@@ -230,15 +366,33 @@ class _StopRequest:
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   """Trains ``config`` in ``workdir`` (resuming if it has a checkpoint).
 
+  Starts the multi-process runtime if ``config.distributed`` asks for it,
+  then trains on the mesh ``config.mesh_shape`` (a checkpoint saved on
+  another mesh is restored onto this one). Only process 0 writes
+  ``config.json``, metrics and logs; all processes write the checkpoints.
+
   Returns the final evaluation summary (``{}`` if stopped early by a signal).
 
   Raises:
     ConfigError, DataError: bad input (before anything is written).
     NonFiniteError: the loss or gradient norm became non-finite.
   """
+  # Multi-process runtime (config.distributed), before anything starts JAX's backend.
+  sharding.initialize_distributed(config.get("distributed", None))
+
   # Checks and data, before any write.
   task = setup(config, workdir)
 
+  # Mesh and logical axis rules; everything below is traced inside them.
+  mesh = sharding.make_mesh(config.get("mesh_shape", sharding.DEFAULT_MESH_SHAPE))
+  rules = sharding.rules_from_config(config)
+  with sharding.context(mesh, rules):
+    return _train(config, workdir, task, mesh, rules)
+
+
+def _train(config: ml_collections.ConfigDict, workdir: str, task: Any,
+           mesh: jax.sharding.Mesh, rules) -> dict:
+  """The body of :func:`train_and_evaluate`, inside the mesh and rules."""
   # Workdir.
   os.makedirs(workdir, exist_ok=True)
   if jax.process_index() == 0:
@@ -252,17 +406,21 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   checkpointer = ckpt_lib.Checkpointer(os.path.join(workdir, CHECKPOINT_DIR),
                                        max_to_keep=config.get("keep_checkpoints", 3))
 
-  # Input.
+  # Input: each process reads its rows of the global batch.
   train_iter = iter(task.train_dataset(jax.process_index(), jax.process_count()))
+  batch_sharding = batch_shardings(task, mesh, rules)
+  global_batch = task.batch_spec(config.batch_size)
 
-  # Initial state or resume.
+  # Sharding, then the initial state (created sharded) or resume (onto this mesh).
+  state_sharding = state_shardings(task, tx, config.seed, mesh, rules)
   if checkpointer.latest_step() is not None:
     state, data_state = checkpointer.restore(
-        abstract_state(task, tx, config.seed), discard_unreadable=True)
+        sharded_abstract_state(task, tx, config.seed, state_sharding),
+        discard_unreadable=True)
     train_iter.set_state(data_state)
     logging.info("resumed from step %d", int(state.step))
   else:
-    state = jax.jit(lambda: init_state(task, tx, config.seed))()
+    state = create_state(task, tx, config.seed, state_sharding)
     checkpointer.save(state, train_iter.get_state())
   start = int(state.step)
   num_params = sum(x.size for x in jax.tree_util.tree_leaves(state.params))
@@ -270,17 +428,19 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   if start == 0:
     writer.write(0, "info", {"num_params": int(num_params)})
 
-  train_step = jax.jit(make_train_step(task, tx, schedule), donate_argnums=0)
+  train_step = jit_train_step(task, tx, schedule, state_sharding, batch_sharding)
   eval_step = jax.jit(task.eval_sums) if hasattr(task, "eval_sums") else None
+  place = lambda batch: sharding.whole_batch(batch, mesh, rules)
   pending: list[dict] = []
   last_log = time.time()
   summary: dict = {}
   bar = tqdm.tqdm(total=config.total_steps, initial=start, unit="step",
                   dynamic_ncols=True, mininterval=1.0,
                   disable=jax.process_index() != 0)
+  say = bar.write if jax.process_index() == 0 else lambda text: None  # process 0 logs
   with _StopRequest() as stop:
     for step in range(start + 1, config.total_steps + 1):
-      batch = next(train_iter)
+      batch = sharding.global_batch(next(train_iter), batch_sharding, global_batch)
       state, metrics = train_step(state, batch)
       pending.append(metrics)
       bar.update(1)
@@ -299,27 +459,27 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
         writer.write(step, "train", record)
         warning = task.monitor(record) if hasattr(task, "monitor") else None
         if warning:
-          bar.write(f"warning at step {step}: {warning}")
+          say(f"warning at step {step}: {warning}")
         bar.set_postfix(loss=f"{record['loss']:.4f}", refresh=False)
       if step % config.checkpoint_every == 0 or step == config.total_steps:
         checkpointer.save(state, train_iter.get_state())
       if step % config.eval_every == 0 or step == config.total_steps:
-        summary = evaluate(task, state, eval_step)
+        summary = evaluate(task, state, eval_step, place)
         writer.write(step, "eval", summary)
-        bar.write(f"step {step}: " + ", ".join(
+        say(f"step {step}: " + ", ".join(
             f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}"
             for k, v in summary.items()))
       if stop.signum is not None:
         checkpointer.save(state, train_iter.get_state())
         checkpointer.wait()
         bar.close()
-        print(f"stopped by signal {stop.signum} at step {step}; checkpoint saved in "
-              f"{checkpointer.directory}; run the same command to resume")
+        say(f"stopped by signal {stop.signum} at step {step}; checkpoint saved in "
+            f"{checkpointer.directory}; run the same command to resume")
         summary = {}
         break
   bar.close()
   if start >= config.total_steps and start > 0:
-    summary = evaluate(task, state, eval_step)
+    summary = evaluate(task, state, eval_step, place)
   checkpointer.close()
   writer.close()
   return summary

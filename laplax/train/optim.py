@@ -9,6 +9,8 @@ import jax
 import ml_collections
 import optax
 
+from laplax.models import layers
+
 
 def learning_rate_schedule(optim: ml_collections.ConfigDict,
                            total_steps: int) -> optax.Schedule:
@@ -46,11 +48,13 @@ def decay_mask(params: Any, exclude: tuple[str, ...] = ()) -> Any:
   Decay applies to tensors with two or more dimensions (kernels), never to
   biases, norm scales, LayerScale, and not to parameters whose ``/``-joined
   path matches one of the regexes in ``exclude`` (class token, position
-  embedding by default in the configs).
+  embedding by default in the configs). Under scanned blocks
+  (``model.scan_layers``) the leading layer axis does not count.
   """
   def rule(path, x):
-    name = "/".join(str(getattr(k, "key", k)) for k in path)
-    return x.ndim >= 2 and not any(re.search(p, name) for p in exclude)
+    keys = [str(getattr(k, "key", k)) for k in path]
+    ndim = x.ndim - (layers.SCANNED_BLOCKS in keys)
+    return ndim >= 2 and not any(re.search(p, "/".join(keys)) for p in exclude)
   return jax.tree_util.tree_map_with_path(rule, params)
 
 

@@ -29,7 +29,8 @@ def compute_dtype(name: str):
 
 
 def _transformer_kwargs(model: ml_collections.ConfigDict) -> dict:
-  """Model kwargs every family shares: sizes, head mix, spectral, kernel, dtype."""
+  """Model kwargs every family shares: sizes, head mix, spectral, kernel, dtype,
+  remat and scan (absent from the configs of older runs: none, False)."""
   counts = model.num_laplacian_heads
   mask = model.get("laplacian_mask", None)
   return dict(
@@ -41,7 +42,8 @@ def _transformer_kwargs(model: ml_collections.ConfigDict) -> dict:
       attention_dropout=model.attention_dropout, posemb=model.posemb,
       spectral_lam=model.spectral.lam if model.spectral.enabled else None,
       spectral_mode=model.spectral.mode, implementation=model.implementation,
-      dtype=compute_dtype(model.dtype))
+      dtype=compute_dtype(model.dtype), remat=model.get("remat", "none"),
+      scan_layers=model.get("scan_layers", False))
 
 
 def vit_from_config(model: ml_collections.ConfigDict, num_classes: int) -> ViT:
@@ -295,6 +297,7 @@ class DINOTask:
     num_classes, image_shape: from the dataset (see :meth:`from_data`);
       ``num_classes`` is only for evaluation.
   """
+  batch_axis = 1  # examples are the second axis of the views [V, B, ...]
 
   def __init__(self, config: ml_collections.ConfigDict, num_classes: int,
                image_shape: tuple[int, int, int]):

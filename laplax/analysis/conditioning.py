@@ -1,0 +1,277 @@
+"""Conditioning of attention: projection kernels, the attention Jacobian, Theorem 3.4.
+
+The measurements of Saratchandran & Lucey ("Spectral Conditioning of Attention
+Improves Transformer Performance", NeurIPS 2025, arXiv 2603.07162; METHODS.md
+section 2):
+
+* :func:`kernel_conditioning`: the condition number ``kappa(W) = sigma_max /
+  sigma_min`` and the smallest singular value of a projection kernel ``W``
+  (``W_Q``, ``W_K`` or ``W_V``, ``[D, H * d_head]``), without and with the
+  correction ``C`` of :func:`laplax.spectral.correction` -- ``W + C`` is the
+  *effective* kernel the forward pass multiplies by when spectral conditioning
+  is on (:class:`laplax.attention.ProjectionDense`). Both the whole kernel
+  and each head's ``[D, d_head]`` column block are measured: with the
+  ``"per_head"`` correction only the blocks are conditioned (the whole kernel
+  ``W + C`` has ``C`` of rank ``d_head``), and one head's attention depends
+  only on its blocks.
+* :func:`jacobian_condition`: the condition number of the Jacobian of a map
+  ``X [T, D] -> Y [T, D']`` at one input, from ``jax.jacfwd`` flattened to the
+  ``[T D', T D]`` matrix (row-major), its singular values in float64.
+* :func:`theorem_3_4_bound`: the right-hand side of Theorem 3.4 for one head,
+  ``kappa(X)^3 kappa(L) kappa(W_V) (kappa(W_Q) + kappa(W_K)) + kappa(X)
+  kappa(softmax)``, beside the condition number of the Jacobian of that
+  head's ``SpecA(X) = softmax(X W_Q W_K^T X^T / sqrt(d)) X W_V``
+  (:func:`single_head_attention`). How the terms are read here (the
+  statement leaves the two softmax terms implicit): ``kappa(X)`` over the
+  ``min(T, D)`` singular values of the input; ``kappa(softmax)`` the
+  condition number of the attention matrix ``P`` ``[T, T]``; ``kappa(L)`` the
+  condition number of the softmax Jacobian ``L = blockdiag_t(Diag(p_t) - p_t
+  p_t^T)`` on its range (largest over smallest *nonzero* eigenvalue: ``L 1 =
+  0`` always, so the plain condition number is infinite).
+* :func:`attention_entropy`: the entropy ``-sum_j p_tj log p_tj`` (nats) of
+  each query's attention distribution, per head -- METHODS.md asks for it at
+  step 0 of spectrally conditioned runs, whose logits may start saturated.
+
+Condition numbers are ``inf`` where the smallest singular value is 0.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from laplax import spectral
+
+# Eigenvalues of the softmax Jacobian below this fraction of the largest count as 0.
+NULL_RTOL = 1e-12
+
+
+def _condition(s: np.ndarray) -> float:
+  """``s[0] / s[-1]`` of descending singular values (``inf`` if ``s[-1] == 0``)."""
+  s = np.asarray(s, np.float64)
+  return float(s[0] / s[-1]) if s[-1] > 0 else float("inf")
+
+
+def _singular(matrix) -> np.ndarray:
+  return np.linalg.svd(np.asarray(matrix, np.float64), compute_uv=False)
+
+
+def kernel_conditioning(kernel, *, num_heads: int = 1, lam: float | None = None,
+                        mode: str = "per_head") -> dict:
+  """Condition numbers and extreme singular values of ``W`` and of ``W + C``.
+
+  Args:
+    kernel: float ``[D, num_heads * d_head]`` projection kernel ``W``.
+    num_heads: column blocks (heads), for the per-head numbers and the
+      ``"per_head"`` correction.
+    lam: ``lambda`` of the ``lambda * I_k`` correction (Theorem 3.8); with
+      ``None`` and a mode other than ``"svd"`` only ``raw`` is returned.
+    mode: ``"per_head"``, ``"full"`` or ``"svd"`` (Theorem 3.5, ``kappa(W + C)
+      <= 2``), as in :func:`laplax.spectral.correction`.
+
+  Returns:
+    ``{"raw": stats of W, "corrected": stats of W + C}``, each ``{
+    "condition_number", "min_singular_value", "max_singular_value",
+    "head_condition_number": [H], "head_min_singular_value": [H]}`` (Python
+    floats; dimensionless / units of the kernel).
+
+  Raises:
+    ValueError: a kernel that is not 2-D, ``num_heads`` not dividing its
+      columns, or an unknown mode.
+  """
+  if mode not in spectral.MODES:
+    raise ValueError(f"spectral mode {mode!r} is unknown; use one of "
+                     f"{', '.join(spectral.MODES)}")
+  w = np.asarray(kernel, np.float32)
+  if w.ndim != 2 or num_heads < 1 or w.shape[1] % num_heads:
+    raise ValueError(f"kernel must be 2-D with columns divisible by num_heads="
+                     f"{num_heads}, got shape {w.shape}")
+
+  def stats(m):
+    s = _singular(m)
+    heads = [_singular(b) for b in np.split(np.asarray(m), num_heads, axis=1)]
+    return {"condition_number": _condition(s), "min_singular_value": float(s[-1]),
+            "max_singular_value": float(s[0]),
+            "head_condition_number": [_condition(h) for h in heads],
+            "head_min_singular_value": [float(h[-1]) for h in heads]}
+
+  out = {"raw": stats(w)}
+  if lam is not None or mode == "svd":
+    c = spectral.correction(w.shape, lam=0.0 if lam is None else lam, mode=mode,
+                            num_heads=num_heads, kernel=w if mode == "svd" else None)
+    out["corrected"] = stats(w + np.asarray(c))  # = spectral.conditioned(w)
+  return out
+
+
+def jacobian_matrix(fn: Callable[..., jax.Array], x, *args) -> np.ndarray:
+  """The Jacobian of ``fn`` in its first argument at ``x``, a float64 matrix.
+
+  Args:
+    fn: a JAX-traceable ``fn(x, *args)`` (compiled once per function and
+      shapes; pass weights in ``args`` rather than closing over them).
+    x: float input (any shape).
+    *args: further arguments of ``fn``, held fixed.
+
+  Returns:
+    ``d vec(fn(x, *args)) / d vec(x)`` ``[out.size, x.size]`` with row-major
+    ``vec``, from ``jax.jacfwd``.
+  """
+  x = jnp.asarray(x, jnp.float32)
+  jac = _jacfwd(fn)(x, *args)
+  return np.asarray(jac, np.float64).reshape(-1, x.size)
+
+
+@functools.lru_cache(maxsize=64)
+def _jacfwd(fn):
+  return jax.jit(jax.jacfwd(fn))
+
+
+def jacobian_condition(fn: Callable[..., jax.Array], x, *args) -> dict:
+  """Condition number of the Jacobian of ``fn`` at ``x`` (Saratchandran & Lucey, Sec. 3).
+
+  Args:
+    fn: a JAX-traceable map ``fn(x, *args)``, e.g. one attention block
+      ``[T, D] -> [T, D]``.
+    x: float input.
+    *args: further arguments of ``fn``, held fixed.
+
+  Returns:
+    ``{"condition_number", "sigma_max", "sigma_min", "numerical_rank",
+    "shape": [rows, cols]}`` over the ``min(rows, cols)`` singular values of
+    :func:`jacobian_matrix`. The Jacobian is computed in float32, so singular
+    values below ``max(shape) * eps_float32 * sigma_max`` are not resolved:
+    ``numerical_rank`` counts those above it, and a condition number beyond
+    about ``1e7`` means "numerically singular" (e.g. a causal Laplacian head,
+    whose output at token 0 is exactly 0).
+  """
+  j = jacobian_matrix(fn, x, *args)
+  s = _singular(j)
+  tol = max(j.shape) * float(np.finfo(np.float32).eps) * s[0]
+  return {"condition_number": _condition(s), "sigma_max": float(s[0]),
+          "sigma_min": float(s[-1]), "numerical_rank": int(np.sum(s > tol)),
+          "shape": list(j.shape)}
+
+
+def attention_probs(x, wq, wk, *, causal: bool = False, scale: float | None = None):
+  """``P = softmax(X W_Q (X W_K)^T * scale + causal mask)``, float32 ``[T, T]``.
+
+  Args:
+    x: float ``[T, D]``; wq, wk: float ``[D, d]``; ``scale`` default ``1/sqrt(d)``.
+  """
+  x = jnp.asarray(x, jnp.float32)
+  scale = wq.shape[-1] ** -0.5 if scale is None else scale
+  logits = (x @ wq) @ (x @ wk).T * scale
+  if causal:
+    t = x.shape[0]
+    logits = jnp.where(jnp.tril(jnp.ones((t, t), bool)), logits, -jnp.inf)
+  return jax.nn.softmax(logits, axis=-1)
+
+
+def single_head_attention(x, wq, wk, wv, *, causal: bool = False,
+                          scale: float | None = None) -> jax.Array:
+  """One head of ``SpecA(X) = softmax(X W_Q W_K^T X^T / sqrt(d)) X W_V`` (METHODS.md, Sec. 2).
+
+  The object of Theorem 3.4 (no bias, no normalisation, no output projection);
+  pass effective kernels ``W + C`` to get the spectrally conditioned head.
+
+  Args:
+    x: float ``[T, D]``; wq, wk: float ``[D, d]``; wv: float ``[D, d_v]``.
+    causal: mask keys after each query.
+    scale: logit scale, default ``1 / sqrt(d)``.
+
+  Returns:
+    float32 ``[T, d_v]``.
+  """
+  return attention_probs(x, wq, wk, causal=causal, scale=scale) @ (
+      jnp.asarray(x, jnp.float32) @ wv)
+
+
+def softmax_jacobian_condition(probs) -> float:
+  """``kappa(L)`` of the row-wise softmax Jacobian ``blockdiag_t(Diag(p_t) - p_t p_t^T)``.
+
+  Largest eigenvalue over the smallest nonzero one (relative threshold
+  :data:`NULL_RTOL`), over all rows ``p_t`` of ``probs``; ``L`` is symmetric
+  positive semi-definite with ``L 1 = 0``, so this is its condition number
+  on its range.
+
+  Args:
+    probs: float ``[T, T]`` row-stochastic attention matrix.
+
+  Returns:
+    float (``inf`` if every eigenvalue is 0, e.g. one-hot rows).
+  """
+  p = np.asarray(probs, np.float64)
+  eig = np.concatenate([np.linalg.eigvalsh(np.diag(r) - np.outer(r, r)) for r in p])
+  top = eig.max()
+  nonzero = eig[eig > NULL_RTOL * top] if top > 0 else eig[:0]
+  return float(top / nonzero.min()) if nonzero.size else float("inf")
+
+
+def theorem_3_4_bound(x, wq, wk, wv, *, causal: bool = False,
+                      scale: float | None = None) -> dict:
+  """Theorem 3.4's upper bound on ``kappa`` of the Jacobian of one attention head.
+
+  ``kappa(X)^3 kappa(L) kappa(W_V) (kappa(W_Q) + kappa(W_K)) + kappa(X)
+  kappa(softmax)`` (Saratchandran & Lucey 2025, Theorem 3.4; METHODS.md),
+  with the terms read as in the module docstring and ``P`` from
+  :func:`attention_probs`.
+
+  Args:
+    x: float ``[T, D]`` input tokens; wq, wk: ``[D, d]``; wv: ``[D, d_v]``
+      (effective kernels of one head).
+    causal, scale: as in :func:`single_head_attention`.
+
+  Returns:
+    dict of Python floats: ``bound`` and its terms ``kappa_x``, ``kappa_l``,
+    ``kappa_softmax``, ``kappa_wq``, ``kappa_wk``, ``kappa_wv``.
+  """
+  x, wq, wk, wv = (np.asarray(a, np.float64) for a in (x, wq, wk, wv))
+  scale = wq.shape[-1] ** -0.5 if scale is None else scale
+  logits = (x @ wq) @ (x @ wk).T * scale
+  if causal:
+    logits = np.where(np.tri(len(x), dtype=bool), logits, -np.inf)
+  p = np.exp(logits - logits.max(1, keepdims=True))
+  p /= p.sum(1, keepdims=True)
+  terms = {"kappa_x": _condition(_singular(x)),
+           "kappa_l": softmax_jacobian_condition(p),
+           "kappa_softmax": _condition(_singular(p)),
+           "kappa_wq": _condition(_singular(wq)), "kappa_wk": _condition(_singular(wk)),
+           "kappa_wv": _condition(_singular(wv))}
+  with np.errstate(over="ignore", invalid="ignore"):
+    bound = (terms["kappa_x"] ** 3 * terms["kappa_l"] * terms["kappa_wv"]
+             * (terms["kappa_wq"] + terms["kappa_wk"])
+             + terms["kappa_x"] * terms["kappa_softmax"])
+  return dict(terms, bound=float(bound))
+
+
+def attention_entropy(weights: jax.Array, query_mask: jax.Array | None = None, *,
+                      causal: bool = False):
+  """Per-head sums of attention entropies, jittable (divide by ``count``).
+
+  Args:
+    weights: float ``[batch, heads, T_q, T_k]`` attention matrices ``P`` (rows
+      sum to 1).
+    query_mask: optional ``[batch, T_q]``; nonzero = count this query.
+    causal: the keys visible to query ``t`` are ``0..t`` (for ``uniform``).
+
+  Returns:
+    ``(entropy [heads], uniform, count)`` float32: ``entropy`` the sum over
+    counted queries of ``-sum_j p_j log p_j`` (nats), ``uniform`` the same sum
+    for uniform attention over the visible keys (``log`` of their number, the
+    largest possible entropy), ``count`` the number of counted queries.
+  """
+  p = weights.astype(jnp.float32)
+  ent = -jnp.sum(jnp.where(p > 0, p * jnp.log(jnp.where(p > 0, p, 1.0)), 0.0), -1)
+  b, _, tq, tk = p.shape
+  mask = (jnp.ones((b, tq), jnp.float32) if query_mask is None
+          else (jnp.asarray(query_mask) != 0).astype(jnp.float32))
+  if causal:
+    visible = jnp.arange(tq, dtype=jnp.float32) + (tk - tq) + 1.0
+  else:
+    visible = jnp.full((tq,), float(tk))
+  uniform = jnp.sum(mask * jnp.log(visible)[None])
+  return jnp.einsum("bhq,bq->h", ent, mask), uniform, jnp.sum(mask)

@@ -1,0 +1,266 @@
+"""PNG plots of an analysis (``analysis.json``) and of several runs side by side.
+
+* :func:`plot_variance`: per-layer ANOVA traces (within-/between-sequence,
+  within-/between-class), log scale.
+* :func:`plot_spectra`: the spectral decay of each layer, the explained
+  variance ``s_i^2 / sum_j s_j^2`` of the centred token matrix against ``i``,
+  with the 99% component count in the legend.
+* :func:`plot_conditioning`: per layer, ``kappa`` of the effective ``W_Q,
+  W_K, W_V`` (worst head; dashed: without the correction), the attention
+  Jacobian's condition number and Theorem 3.4's bound (worst head), and the
+  attention entropy against its uniform maximum.
+* :func:`plot_collapse`: NC1, CDNV and the 99% component count per layer.
+* :func:`plot_compare`: one panel per main quantity
+  (:data:`laplax.analysis.report.QUANTITIES`), one curve per run.
+
+Quantities are those of :mod:`laplax.analysis.geometry` and
+:mod:`laplax.analysis.conditioning`; missing ones (``None``) are skipped.
+Uses matplotlib's non-interactive Agg backend.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Sequence
+
+import numpy as np
+
+from laplax.analysis import report
+
+FIGURES = {"variance": "analysis_variance.png", "spectra": "analysis_spectra.png",
+           "conditioning": "analysis_conditioning.png",
+           "collapse": "analysis_collapse.png"}
+
+
+def _pyplot():
+  import matplotlib  # pylint: disable=import-outside-toplevel
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+  return plt
+
+
+def _series(layers, values):
+  """``(x, y)`` of the layers whose value is a positive finite number."""
+  pts = [(l, v) for l, v in zip(layers, values)
+         if v is not None and np.isfinite(v) and v > 0]
+  return [p[0] for p in pts], [p[1] for p in pts]
+
+
+def _save(fig, path: str) -> str:
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  fig.tight_layout()
+  fig.savefig(path, dpi=100)
+  _pyplot().close(fig)
+  return path
+
+
+def _layer_axis(ax, layers):
+  ax.set_xlabel("layer")
+  if layers:
+    ax.set_xticks(sorted(set(layers)))
+
+
+def plot_variance(analysis: dict, path: str, title: str = "") -> str:
+  """Per-layer ANOVA traces of the token covariance (squared representation units).
+
+  METHODS.md's decomposition (Zhang & Papyan 2026): within-sequence,
+  between-sequence, within-class and between-class variance, log scale.
+
+  Args:
+    analysis: the dict of :func:`laplax.analysis.report.run_analysis`.
+    path: PNG file to write (parent directories are created).
+    title: figure title.
+
+  Returns:
+    ``path``.
+  """
+  plt = _pyplot()
+  s = report.summary(analysis)
+  fig, ax = plt.subplots(figsize=(6, 4))
+  for key, label in (("within_sequence", "within-sequence"),
+                     ("between_sequence", "between-sequence"),
+                     ("within_class", "within-class (of seq. means)"),
+                     ("between_class", "between-class")):
+    x, y = _series(s["layer"], s[key])
+    if x:
+      ax.plot(x, y, marker="o", label=label)
+  ax.set_yscale("log")
+  ax.set_ylabel("variance (trace, per token)")
+  _layer_axis(ax, s["layer"])
+  ax.legend(fontsize=8)
+  ax.set_title(title or "token covariance ANOVA")
+  return _save(fig, path)
+
+
+def plot_spectra(analysis: dict, path: str, title: str = "") -> str:
+  """Explained variance per principal component of each layer's centred tokens.
+
+  ``s_i^2 / sum_j s_j^2`` of the singular values of METHODS.md's spectral
+  decay, log-log, one curve per layer, the 99% component count in the legend.
+
+  Args:
+    analysis: the dict of :func:`laplax.analysis.report.run_analysis`.
+    path: PNG file to write (parent directories are created).
+    title: figure title.
+
+  Returns:
+    ``path``.
+  """
+  plt = _pyplot()
+  fig, ax = plt.subplots(figsize=(6, 4))
+  for entry in analysis.get("layers", []):
+    sv = np.asarray([v or 0.0 for v in entry.get("singular_values", [])], np.float64)
+    var = sv ** 2
+    if var.sum() <= 0:
+      continue
+    ratio = var / var.sum()
+    idx = np.flatnonzero(ratio > 0)
+    ax.plot(idx + 1, ratio[idx], label=f"layer {entry['layer']} "
+            f"(99%: {entry.get('components_99')})")
+  ax.set_xscale("log")
+  ax.set_yscale("log")
+  ax.set_xlabel("principal component")
+  ax.set_ylabel("explained variance ratio")
+  ax.legend(fontsize=8)
+  ax.set_title(title or "spectral decay of token representations")
+  return _save(fig, path)
+
+
+def plot_conditioning(analysis: dict, path: str, title: str = "") -> str:
+  """Condition numbers per layer (left) and the attention entropy per head (right).
+
+  Left: ``kappa`` of the effective ``W_Q, W_K, W_V`` (worst head; dashed:
+  ``W``, solid: ``W + C``), the attention Jacobian and Theorem 3.4's bound
+  (Saratchandran & Lucey 2025), log scale. Right: entropy in nats per head
+  and its uniform maximum.
+
+  Args:
+    analysis: the dict of :func:`laplax.analysis.report.run_analysis`.
+    path: PNG file to write (parent directories are created).
+    title: figure title.
+
+  Returns:
+    ``path``.
+  """
+  plt = _pyplot()
+  s = report.summary(analysis)
+  layers = s["layer"]
+  fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+  colors = {"query": "C0", "key": "C1", "value": "C2"}
+  for name, color in colors.items():
+    for state, style in (("raw", "--"), ("corrected", "-")):
+      vals = []
+      for e in analysis.get("layers", []):
+        heads = report.get_path(e, "weights", name, state, "head_condition_number")
+        vals.append(max(heads) if heads and None not in heads else None)
+      x, y = _series(layers, vals)
+      if x:
+        ax.plot(x, y, style, color=color, marker="o", ms=3,
+                label=f"W_{name[0].upper()} {'W + C' if state == 'corrected' else 'W'}")
+  for key, color, label in (("jacobian", "C3", "attention Jacobian"),
+                            ("bound", "C4", "Theorem 3.4 bound")):
+    x, y = _series(layers, s[key])
+    if x:
+      ax.plot(x, y, ":", color=color, marker="s", ms=4, label=label)
+  ax.set_yscale("log")
+  ax.set_ylabel("condition number (worst head)")
+  _layer_axis(ax, layers)
+  ax.legend(fontsize=7)
+  ax.set_title("conditioning")
+  entries = analysis.get("layers", [])
+  if entries and entries[0].get("attention_entropy"):
+    heads = len(entries[0]["attention_entropy"])
+    for h in range(heads):
+      ax2.plot(layers, [e["attention_entropy"][h] for e in entries], marker="o",
+               label=f"head {h}")
+    ax2.plot(layers, [e.get("attention_entropy_uniform") for e in entries], "k--", marker="x",
+             label="uniform (max)")
+    ax2.set_ylabel("attention entropy (nats)")
+    _layer_axis(ax2, layers)
+    ax2.legend(fontsize=7)
+  ax2.set_title("attention entropy")
+  if title:
+    fig.suptitle(title)
+  return _save(fig, path)
+
+
+def plot_collapse(analysis: dict, path: str, title: str = "") -> str:
+  """NC1 (Papyan et al. 2020), CDNV (Galanti et al. 2022) and the 99% component count per layer.
+
+  Args:
+    analysis: the dict of :func:`laplax.analysis.report.run_analysis`.
+    path: PNG file to write (parent directories are created).
+    title: figure title.
+
+  Returns:
+    ``path``.
+  """
+  plt = _pyplot()
+  s = report.summary(analysis)
+  fig, axes = plt.subplots(1, 3, figsize=(12, 3.5))
+  for ax, key, label, log in ((axes[0], "nc1", "NC1", True),
+                              (axes[1], "cdnv", "CDNV", True),
+                              (axes[2], "components_99", "components for 99%", False)):
+    x, y = _series(s["layer"], s[key])
+    if x:
+      ax.plot(x, y, marker="o")
+    if log and x:
+      ax.set_yscale("log")
+    ax.set_ylabel(label)
+    _layer_axis(ax, s["layer"])
+    ax.set_title(label)
+  if title:
+    fig.suptitle(title)
+  return _save(fig, path)
+
+
+def save_all(analysis: dict, workdir: str, title: str = "") -> list[str]:
+  """Writes the four figures of :data:`FIGURES` into ``workdir``.
+
+  Returns:
+    Their paths.
+
+  Raises:
+    OSError: a file cannot be written.
+  """
+  return [fn(analysis, os.path.join(workdir, FIGURES[key]), title)
+          for key, fn in (("variance", plot_variance), ("spectra", plot_spectra),
+                          ("conditioning", plot_conditioning),
+                          ("collapse", plot_collapse))]
+
+
+def plot_compare(analyses: dict, path: str,
+                 keys: Sequence[str] | None = None) -> str:
+  """One panel per quantity, one per-layer curve per run.
+
+  Args:
+    analyses: ``{run name: analysis dict}`` (insertion order = legend order).
+    path: PNG file to write.
+    keys: :data:`~laplax.analysis.report.QUANTITIES` keys to show (default:
+      those any run has).
+
+  Returns:
+    ``path``.
+  """
+  plt = _pyplot()
+  summaries = {name: report.summary(a) for name, a in analyses.items()}
+  labels = {k: label for k, label, _ in report.QUANTITIES}
+  if keys is None:
+    keys = [k for k in labels
+            if any(any(v is not None for v in s[k]) for s in summaries.values())]
+  cols = min(3, max(1, len(keys)))
+  rows = max(1, -(-len(keys) // cols))
+  fig, axes = plt.subplots(rows, cols, figsize=(4.5 * cols, 3.4 * rows), squeeze=False)
+  for ax, key in zip(axes.ravel(), keys):
+    for name, s in summaries.items():
+      x, y = _series(s["layer"], s[key])
+      if x:
+        ax.plot(x, y, marker="o", ms=3, label=name)
+    if key not in ("components_99", "entropy"):
+      ax.set_yscale("log")
+    ax.set_title(labels[key], fontsize=9)
+    _layer_axis(ax, [l for s in summaries.values() for l in s["layer"]])
+    ax.legend(fontsize=7)
+  for ax in axes.ravel()[len(keys):]:
+    ax.axis("off")
+  return _save(fig, path)
