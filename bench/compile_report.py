@@ -1,0 +1,254 @@
+"""Ahead-of-time compilation of a config's train step for a device slice.
+
+    python bench/compile_report.py --cpu-devices 8                 # fake CPU devices
+    python bench/compile_report.py --topology v5e:16x16            # needs libtpu
+    python bench/compile_report.py --topology v5e:4x4 --config configs/gpt_d20.py \
+        --mesh "(1,16,1)" --set model.remat=full
+
+Lowers and compiles the jitted, sharded train step of each ``--config``
+(default: ``configs/deit3_imagenet.py`` at its batch of 2048 and
+``configs/gpt_d20.py``) for the devices of a TPU slice
+(``jax.experimental.topologies.get_topology_desc``; install the optional
+extra with ``pip install -r requirements-tpu.txt``) or for ``--cpu-devices``
+fake CPU devices, from ``jax.ShapeDtypeStruct`` inputs that carry their
+shardings: nothing is allocated and no data is read. For each config it prints
+the mesh, the per-device memory of the compiled program
+(``compiled.memory_analysis()``: arguments, outputs, temporaries, the state
+donated in place) and the FLOPs per step (``compiled.cost_analysis()``, per
+device and times the number of devices) next to the analytic count
+
+    6 x (matmul parameters) x tokens + 12 x depth x length x width x tokens
+
+(forward and backward of every weight matmul plus the ``Q K^T`` and ``P V``
+products; with ``model.remat`` another forward is added: 8 instead of 6 and
+16 instead of 12). Memory and FLOPs are per step of ``batch_size`` examples.
+
+Errors: an unknown topology name or a missing libtpu, and meshes that do not
+fit the devices or the batch, print one line and exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import importlib.util
+import os
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+DEFAULT_CONFIGS = ("configs/deit3_imagenet.py", "configs/gpt_d20.py")
+GIB = 2.0**30
+
+
+def size(num_bytes: float) -> str:
+  """``num_bytes`` in GiB, or MiB below 1 GiB."""
+  return (f"{num_bytes / GIB:.2f} GiB" if num_bytes >= GIB
+          else f"{num_bytes / 2.0**20:.1f} MiB")
+
+
+def parse_args(argv=None):
+  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  where = p.add_mutually_exclusive_group()
+  where.add_argument("--topology", help="TPU slice, e.g. v5e:4x4, v5e:16x16, v4:2x2x2 (needs libtpu)")
+  where.add_argument("--cpu-devices", type=int, default=None,
+                     help="number of fake CPU devices (default 8 when no --topology)")
+  p.add_argument("--config", action="append",
+                 help="config file[:args] (repeatable; default: deit3_imagenet and gpt_d20)")
+  p.add_argument("--mesh", default=None,
+                 help="mesh_shape over (data, fsdp, tensor), e.g. '(1,16,1)'; default: all FSDP")
+  p.add_argument("--batch", type=int, default=None, help="global batch size (default: the config's)")
+  p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                 help="config override, e.g. model.remat=full (repeatable)")
+  return p.parse_args(argv)
+
+
+def fail(message: str) -> None:
+  print(f"compile_report: {message}", file=sys.stderr)
+  sys.exit(2)
+
+
+def load_config(spec: str):
+  path, _, arg = spec.partition(":")
+  if not os.path.exists(path):
+    fail(f"config file {path} does not exist")
+  module_spec = importlib.util.spec_from_file_location("report_config", path)
+  module = importlib.util.module_from_spec(module_spec)
+  module_spec.loader.exec_module(module)
+  return module.get_config(arg or None)
+
+
+def apply_override(config, item: str) -> None:
+  key, sep, raw = item.partition("=")
+  if not sep:
+    fail(f"--set {item!r} must be KEY=VALUE, e.g. model.remat=full")
+  node = config
+  parts = key.split(".")
+  for part in parts[:-1]:
+    if part not in node:
+      fail(f"--set {key}: unknown key {part!r}")
+    node = node[part]
+  if parts[-1] not in node:
+    fail(f"--set {key}: unknown key {parts[-1]!r}")
+  try:
+    value = ast.literal_eval(raw)
+  except (ValueError, SyntaxError):
+    value = raw
+  node[parts[-1]] = value
+
+
+class _Vocab:
+  """The tokenizer fields a language-model task reads, without a corpus."""
+
+  def __init__(self, vocab_size: int):
+    import numpy as np  # pylint: disable=import-outside-toplevel
+    self.vocab_size = vocab_size
+    self.token_bytes = np.ones(vocab_size, np.int32)
+
+
+IMAGENET_CLASSES = 1000
+
+
+def make_task(config):
+  """The config's task built from shapes alone (no dataset is opened)."""
+  from laplax.train import tasks  # pylint: disable=import-outside-toplevel
+  if config.task == "lm":
+    vocab = 256 if config.data.tokenizer == "byte" else int(config.data.vocab_size)
+    return tasks.LanguageModelTask(config, _Vocab(vocab))
+  if config.task == "classification":
+    size = config.data.get("image_size", None) or 28
+    channels = 3 if config.data.get("image_size", None) else 1
+    classes = IMAGENET_CLASSES if "imagenet" in config.data.name else 10
+    return tasks.ClassificationTask(config, classes, (size, size, channels))
+  fail(f"task {config.task!r} is not supported here; use a classification or lm config")
+  return None
+
+
+def analytic_flops(config, task, params, remat: bool) -> tuple[float, float]:
+  """(matmul-parameter count, analytic train FLOPs per step) of the config.
+
+  Matmul parameters are every kernel (weights with 2 or more dimensions)
+  except position embeddings and an untied token embedding table, which are
+  read, not multiplied (a tied table is the output projection and counts).
+  A classification head sees one token per image, so its FLOPs are counted
+  per image.
+  """
+  import jax  # pylint: disable=import-outside-toplevel
+  m = config.model
+  per_token, per_example = 0, 0
+  for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
+    name = "/".join(str(getattr(k, "key", k)) for k in path)
+    if leaf.ndim < 2 or name.startswith(("pos_embedding", "cls")):
+      continue
+    if name.startswith("token_embedding") and not m.get("tie_embeddings", False):
+      continue  # an untied input table is a lookup, not a matmul
+    if name.startswith("head/"):
+      per_example += leaf.size
+    else:
+      per_token += leaf.size
+  if config.task == "lm":
+    length = m.max_length
+  else:
+    length = (task.image_shape[0] // m.patch_size) ** 2 + (1 if m.pool == "tok" else 0)
+  batch = config.batch_size
+  tokens = batch * length
+  w, a = (8, 16) if remat else (6, 12)
+  flops = (w * per_token * tokens + w * per_example * batch
+           + a * m.depth * length * m.width * tokens)
+  return per_token + per_example, float(flops)
+
+
+def report(spec: str, devices, args) -> None:
+  """Compiles ``spec``'s train step for ``devices`` and prints the figures."""
+  import jax  # pylint: disable=import-outside-toplevel
+  from laplax import sharding  # pylint: disable=import-outside-toplevel
+  from laplax.train import config as config_lib  # pylint: disable=import-outside-toplevel
+  from laplax.train import loop, optim  # pylint: disable=import-outside-toplevel
+
+  config = load_config(spec)
+  for item in args.set:
+    apply_override(config, item)
+  if args.batch:
+    config.batch_size = args.batch
+  try:
+    config.mesh_shape = sharding.parse_mesh_shape(args.mesh or "(1,-1,1)")
+    config_lib.validate(config, len(devices))
+  except (config_lib.ConfigError, ValueError) as e:
+    fail(str(e).splitlines()[0])
+  mesh = sharding.make_mesh(config.mesh_shape, devices)
+  rules = sharding.rules_from_config(config)
+  task = make_task(config)
+  tx = optim.make_optimizer(config)
+  schedule = optim.learning_rate_schedule(config.optim, config.total_steps)
+  t0 = time.time()
+  with sharding.context(mesh, rules):
+    state_sharding = loop.state_shardings(task, tx, config.seed, mesh, rules)
+    state = loop.sharded_abstract_state(task, tx, config.seed, state_sharding)
+    batch_sharding = loop.batch_shardings(task, mesh, rules)
+    batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=batch_sharding[k])
+             for k, v in task.batch_spec(config.batch_size).items()}
+    step = loop.jit_train_step(task, tx, schedule, state_sharding, batch_sharding)
+    lowered = step.lower(state, batch)
+  t1 = time.time()
+  compiled = lowered.compile()
+  t2 = time.time()
+
+  mem = compiled.memory_analysis()
+  cost = compiled.cost_analysis()
+  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+  flops_device = float(cost.get("flops", float("nan")))
+  n = len(devices)
+  remat = config.model.get("remat", "none") not in (None, "none")
+  num_matmul, analytic = analytic_flops(config, task, state.params, remat)
+  num_params = sum(x.size for x in jax.tree_util.tree_leaves(state.params))
+  peak = (mem.argument_size_in_bytes + mem.output_size_in_bytes
+          - mem.alias_size_in_bytes + mem.temp_size_in_bytes)
+  print(f"\n== {spec}  ({devices[0].device_kind} x {n}, mesh (data, fsdp, tensor) = "
+        f"{tuple(mesh.shape.values())})")
+  print(f"   parameters {num_params / 1e6:.1f}M ({num_matmul / 1e6:.1f}M in matmuls); "
+        f"batch {config.batch_size}; dtype {config.model.dtype}; remat "
+        f"{config.model.get('remat', 'none')}; scan_layers {config.model.get('scan_layers', False)}; "
+        f"grad_accum_steps {config.optim.get('grad_accum_steps', 1)}")
+  print(f"   lower {t1 - t0:.1f} s, compile {t2 - t1:.1f} s")
+  print(f"   per-device memory: arguments {size(mem.argument_size_in_bytes)}, "
+        f"outputs {size(mem.output_size_in_bytes)} (donated in place "
+        f"{size(mem.alias_size_in_bytes)}), temporaries "
+        f"{size(mem.temp_size_in_bytes)} -> peak about {size(peak)}")
+  print(f"   FLOPs per step: {flops_device:.3e} per device, {flops_device * n:.3e} in all; "
+        f"analytic {analytic:.3e}; ratio compiled/analytic {flops_device * n / analytic:.3f}")
+
+
+def main(argv=None) -> None:
+  args = parse_args(argv)
+  if args.topology is None:
+    count = args.cpu_devices or 8
+    if count < 1:
+      fail(f"--cpu-devices={count} must be >= 1")
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                               f" --xla_force_host_platform_device_count={count}")
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+  import jax  # pylint: disable=import-outside-toplevel
+  if args.topology is not None:
+    try:
+      import libtpu  # pylint: disable=import-outside-toplevel,unused-import
+    except ImportError:
+      fail("--topology needs libtpu: pip install -r requirements-tpu.txt "
+           "(or use --cpu-devices N)")
+    from jax.experimental import topologies  # pylint: disable=import-outside-toplevel
+    try:
+      devices = list(topologies.get_topology_desc(
+          platform="tpu", topology_name=args.topology).devices)
+    except Exception as e:  # pylint: disable=broad-except
+      fail(f"--topology {args.topology!r} is not a TPU slice libtpu knows "
+           f"({str(e).splitlines()[0][:120]}); use e.g. v5e:4x4, v5e:16x16, v4:2x2x2")
+  else:
+    devices = jax.devices()
+  for spec in args.config or DEFAULT_CONFIGS:
+    report(spec, devices, args)
+
+
+if __name__ == "__main__":
+  main()

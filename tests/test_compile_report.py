@@ -1,0 +1,46 @@
+"""bench/compile_report.py: ahead-of-time compilation on 8 fake CPU devices.
+
+The report compiles the sharded train step from abstract inputs and prints
+per-device memory and FLOPs; the compiled FLOPs must agree with the analytic
+``6 N D`` + attention count within 10% (issue 5), and bad input must give one
+line and exit code 2.
+"""
+
+import os
+import re
+
+from test_train import ROOT, run
+
+REPORT = os.path.join(ROOT, "bench", "compile_report.py")
+# Width 256 so that matmuls dominate as at paper scale (at width 64 the
+# softmax, norms, cross-entropy and Adam add 15% to the 6 N D count).
+SMALL_GPT = ["--config", "configs/gpt_shakespeare.py", "--set", "model.width=256",
+             "--set", "model.mlp_dim=1024", "--set", "model.depth=2"]
+
+
+def test_compile_report_flops_match_analytic_count_on_fake_devices():
+  proc = run([REPORT, "--cpu-devices", "8", "--mesh", "(2,2,2)"] + SMALL_GPT)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  out = proc.stdout
+  assert "cpu x 8" in out and "(2, 2, 2)" in out
+  per_device, total, analytic, ratio = (float(x) for x in re.search(
+      r"FLOPs per step: (\S+) per device, (\S+) in all; analytic (\S+); "
+      r"ratio compiled/analytic (\S+)", out).groups())
+  assert abs(total - 8 * per_device) <= 1e-3 * total
+  assert 0.9 <= ratio <= 1.1, out
+  # Analytic count by hand: 2 blocks of 4 * 256^2 (attention) + 2 * 256 * 1024
+  # (MLP) weights plus the tied 256 x 256 output table, 32 x 64 tokens, and
+  # 12 * depth * length * width per token for Q K^T and P V.
+  tokens = 32 * 64
+  n = 2 * (4 * 256 * 256 + 2 * 256 * 1024) + 256 * 256
+  expected = 6 * n * tokens + 12 * 2 * 64 * 256 * tokens
+  assert abs(analytic - expected) <= 1e-3 * expected  # printed to 4 digits
+  assert re.search(r"per-device memory: arguments \S+ \w+B", out)
+
+
+def test_compile_report_bad_mesh_is_one_line_exit_2():
+  proc = run([REPORT, "--cpu-devices", "8", "--mesh", "(3,1,1)"] + SMALL_GPT)
+  assert proc.returncode == 2
+  lines = proc.stderr.strip().splitlines()
+  assert len(lines) == 1 and "mesh_shape" in lines[0], proc.stderr
+  assert "Traceback" not in proc.stderr
