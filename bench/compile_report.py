@@ -193,7 +193,17 @@ def report(spec: str, devices, args) -> None:
     step = loop.jit_train_step(task, tx, schedule, state_sharding, batch_sharding)
     lowered = step.lower(state, batch)
   t1 = time.time()
-  compiled = lowered.compile()
+  try:
+    compiled = lowered.compile()
+  except jax.errors.JaxRuntimeError as e:
+    if "RESOURCE_EXHAUSTED" not in str(e):
+      raise
+    print(f"\n== {spec}  ({devices[0].device_kind} x {len(devices)}, mesh (data, fsdp, "
+          f"tensor) = {tuple(mesh.shape.values())}, batch {config.batch_size}, remat "
+          f"{config.model.get('remat', 'none')}, grad_accum_steps "
+          f"{config.optim.get('grad_accum_steps', 1)})\n   does not fit: "
+          f"{str(e).splitlines()[0][:300]}")
+    return
   t2 = time.time()
 
   mem = compiled.memory_analysis()
