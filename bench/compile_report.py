@@ -77,8 +77,12 @@ def load_config(spec: str):
     fail(f"config file {path} does not exist")
   module_spec = importlib.util.spec_from_file_location("report_config", path)
   module = importlib.util.module_from_spec(module_spec)
-  module_spec.loader.exec_module(module)
-  return module.get_config(arg or None)
+  try:
+    module_spec.loader.exec_module(module)
+    return module.get_config(arg or None)
+  except Exception as e:  # pylint: disable=broad-except
+    fail(f"config {spec}: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
+  return None
 
 
 def apply_override(config, item: str) -> None:
@@ -97,7 +101,10 @@ def apply_override(config, item: str) -> None:
     value = ast.literal_eval(raw)
   except (ValueError, SyntaxError):
     value = raw
-  node[parts[-1]] = value
+  try:
+    node[parts[-1]] = value
+  except (TypeError, ValueError) as e:
+    fail(f"--set {item}: {str(e).splitlines()[0]}")
 
 
 class _Vocab:
@@ -174,7 +181,12 @@ def report(spec: str, devices, args) -> None:
   if args.batch:
     config.batch_size = args.batch
   try:
-    config.mesh_shape = sharding.parse_mesh_shape(args.mesh or "(1,-1,1)")
+    mesh_arg = args.mesh or "(1,-1,1)"
+    try:
+      config.mesh_shape = sharding.parse_mesh_shape(mesh_arg)
+    except ValueError:
+      fail(f"--mesh {mesh_arg!r} must be 3 integers (data, fsdp, tensor), each >= 1 "
+           f"except at most one -1 for the remaining devices, e.g. '(2,4,1)'")
     config_lib.validate(config, len(devices))
   except (config_lib.ConfigError, ValueError) as e:
     fail(str(e).splitlines()[0])
@@ -234,7 +246,7 @@ def report(spec: str, devices, args) -> None:
 def main(argv=None) -> None:
   args = parse_args(argv)
   if args.topology is None:
-    count = args.cpu_devices or 8
+    count = 8 if args.cpu_devices is None else args.cpu_devices
     if count < 1:
       fail(f"--cpu-devices={count} must be >= 1")
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +

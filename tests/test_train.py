@@ -217,3 +217,10 @@ def test_eval_without_checkpoint_is_one_line_exit_2(tmp_path):
   lines = [l for l in r.stderr.splitlines() if l.strip()]
   assert len(lines) == 1 and "no " in lines[0] and "Traceback" not in r.stderr
   assert not (tmp_path / "empty").exists()
+
+
+@pytest.mark.parametrize("script,flag", [("train.py", "--help"), ("eval.py", "-h")])
+def test_help_lists_the_flags_and_exits_0(script, flag):
+  r = run([script, flag])
+  assert r.returncode == 0, r.stderr
+  assert "--workdir" in r.stdout and "Traceback" not in r.stderr

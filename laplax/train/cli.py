@@ -96,9 +96,17 @@ def _first_line(e: BaseException) -> str:
 def parse_flags(argv: list[str]) -> None:
   """Parses ``argv`` into absl FLAGS.
 
+  ``--help``, ``-h`` or ``--helpfull`` prints the calling script's docstring
+  and its flags, then exits 0.
+
   Raises:
     UsageError: unknown flags, unknown config keys, bad values, bad config file.
   """
+  if any(a in ("--help", "-h", "--helpfull", "-?") for a in argv[1:]):
+    main = sys.modules.get("__main__")
+    print((getattr(main, "__doc__", None) or "").strip() + "\n")
+    print("flags:\n" + flags.FLAGS.main_module_help())
+    sys.exit(0)
   try:
     flags.FLAGS(argv)
   except flags.Error as e:
