@@ -438,6 +438,8 @@ def _train(config: ml_collections.ConfigDict, workdir: str, task: Any,
                   dynamic_ncols=True, mininterval=1.0,
                   disable=jax.process_index() != 0)
   say = bar.write if jax.process_index() == 0 else lambda text: None  # process 0 logs
+  if start > 0:
+    say(f"resumed from step {start} in {checkpointer.directory}")
   with _StopRequest() as stop:
     for step in range(start + 1, config.total_steps + 1):
       batch = sharding.global_batch(next(train_iter), batch_sharding, global_batch)
