@@ -107,29 +107,19 @@ def apply_override(config, item: str) -> None:
     fail(f"--set {item}: {str(e).splitlines()[0]}")
 
 
-class _Vocab:
-  """The tokenizer fields a language-model task reads, without a corpus."""
-
-  def __init__(self, vocab_size: int):
-    import numpy as np  # pylint: disable=import-outside-toplevel
-    self.vocab_size = vocab_size
-    self.token_bytes = np.ones(vocab_size, np.int32)
-
-
 IMAGENET_CLASSES = 1000
 
 
 def make_task(config):
   """The config's task built from shapes alone (no dataset is opened)."""
-  from laplax.train import tasks  # pylint: disable=import-outside-toplevel
+  from bench.step_time import make_task as task_from_shapes  # pylint: disable=import-outside-toplevel
   if config.task == "lm":
-    vocab = 256 if config.data.tokenizer == "byte" else int(config.data.vocab_size)
-    return tasks.LanguageModelTask(config, _Vocab(vocab))
+    return task_from_shapes(config, None, None)
   if config.task == "classification":
     size = config.data.get("image_size", None) or 28
     channels = 3 if config.data.get("image_size", None) else 1
     classes = IMAGENET_CLASSES if "imagenet" in config.data.name else 10
-    return tasks.ClassificationTask(config, classes, (size, size, channels))
+    return task_from_shapes(config, (size, size, channels), classes)
   fail(f"task {config.task!r} is not supported here; use a classification or lm config")
   return None
 

@@ -21,18 +21,15 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jax  # pylint: disable=wrong-import-position
 
-from bench.step_time import _ByteVocab, load_config  # pylint: disable=wrong-import-position
-from laplax.train import loop, optim, tasks  # pylint: disable=wrong-import-position
+from bench.step_time import load_config, make_task  # pylint: disable=wrong-import-position
+from laplax.train import loop, optim  # pylint: disable=wrong-import-position
 
 
 def compile_seconds(config, scan: bool, image_shape, num_classes) -> tuple[float, float]:
   """(trace + lower, compile) seconds of the train step of ``config``."""
   c = config.copy_and_resolve_references()
   c.model.scan_layers = scan
-  if c.task == "lm":
-    task = tasks.LanguageModelTask(c, _ByteVocab())
-  else:
-    task = tasks.ClassificationTask(c, num_classes, image_shape)
+  task = make_task(c, image_shape, num_classes)
   tx = optim.make_optimizer(c)
   step = jax.jit(loop.make_train_step(
       task, tx, optim.learning_rate_schedule(c.optim, c.total_steps)), donate_argnums=0)

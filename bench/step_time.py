@@ -36,19 +36,28 @@ def load_config(path: str):
   return module.get_config()
 
 
-class _ByteVocab:
-  vocab_size = 256
-  token_bytes = np.ones(256, np.int32)
+class ShapeVocab:
+  """The tokenizer fields a language-model task reads, without a corpus."""
+
+  def __init__(self, vocab_size: int = 256):
+    self.vocab_size = vocab_size
+    self.token_bytes = np.ones(vocab_size, np.int32)
+
+
+def make_task(config, image_shape, num_classes):
+  """``config``'s task built from shapes alone (no dataset is opened); a
+  language model gets the byte vocabulary or ``data.vocab_size`` for BPE."""
+  if config.task == "lm":
+    byte = config.data.get("tokenizer", "byte") == "byte"
+    return tasks.LanguageModelTask(config, ShapeVocab(256 if byte else int(config.data.vocab_size)))
+  return tasks.ClassificationTask(config, num_classes, image_shape)
 
 
 def build(config, laplacian: int, spectral: bool, image_shape, num_classes):
   c = config.copy_and_resolve_references()
   c.model.num_laplacian_heads = laplacian
   c.model.spectral.enabled = spectral
-  if c.task == "lm":
-    task = tasks.LanguageModelTask(c, _ByteVocab())
-  else:
-    task = tasks.ClassificationTask(c, num_classes, image_shape)
+  task = make_task(c, image_shape, num_classes)
   tx = optim.make_optimizer(c)
   step = jax.jit(loop.make_train_step(
       task, tx, optim.learning_rate_schedule(c.optim, c.total_steps)),
