@@ -2,6 +2,8 @@
 
     python bench/step_time.py                       # ViT default and GPT default
     python bench/step_time.py --config configs/gpt_shakespeare.py --rounds 5 --steps 20
+    python bench/step_time.py --config configs/gpt_d20.py --batch 16 \
+        --set model.implementation=cudnn --variants baseline,half --peak-tflops 989
 
 Builds each config's model and optimizer for five variants -- 0 Laplacian
 heads (the baseline), all heads Laplacian, half of them, spectral
@@ -10,6 +12,15 @@ spectral -- compiles each jitted train step, then times them interleaved over
 ``--rounds`` rounds of ``--steps`` steps on one synthetic batch, and prints the
 median step time (and tokens/s for language models) of each and its ratio to
 the baseline measured in this same run. Target: overhead <= 2%.
+
+``--set KEY=VALUE`` overrides config keys (as ``bench/compile_report.py``),
+``--batch`` the batch size, ``--variants`` picks some of ``baseline``,
+``all``, ``half``, ``spectral``, ``both``. Each row also gives the model
+TFLOP/s: the analytic train FLOPs per step of ``compile_report.analytic_flops``
+(6 x matmul parameters x tokens + 12 x depth x length x width x tokens, 8 and
+16 with ``model.remat``) over the step time; with ``--peak-tflops`` (the
+accelerator's dense peak, e.g. 989 for bf16 on an H100/H200 SXM) also the
+model FLOPs utilisation (MFU) = model TFLOP/s / peak.
 """
 
 from __future__ import annotations
@@ -54,6 +65,8 @@ def make_task(config, image_shape, num_classes):
 
 
 def build(config, laplacian: int, spectral: bool, image_shape, num_classes):
+  """(jitted train step, state, analytic train FLOPs per step) of a variant."""
+  from bench import compile_report  # pylint: disable=import-outside-toplevel
   c = config.copy_and_resolve_references()
   c.model.num_laplacian_heads = laplacian
   c.model.spectral.enabled = spectral
@@ -63,12 +76,22 @@ def build(config, laplacian: int, spectral: bool, image_shape, num_classes):
       task, tx, optim.learning_rate_schedule(c.optim, c.total_steps)),
                  donate_argnums=0)
   state = jax.jit(lambda: loop.init_state(task, tx, c.seed))()
-  return step, state
+  remat = c.model.get("remat", "none") not in (None, "none", False)
+  _, flops = compile_report.analytic_flops(c, task, state.params, remat)
+  return step, state, flops
+
+
+VARIANTS = ("baseline", "all", "half", "spectral", "both")
 
 
 def bench(path: str, args) -> None:
   """Times the variants of one config and prints the table."""
+  from bench import compile_report  # pylint: disable=import-outside-toplevel
   config = load_config(path)
+  for item in args.set:
+    compile_report.apply_override(config, item)
+  if args.batch:
+    config.batch_size = args.batch
   image_shape = tuple(int(s) for s in args.image_shape.split(","))
   heads = config.model.num_heads
   variants = {
@@ -78,6 +101,8 @@ def bench(path: str, args) -> None:
       "spectral lambda*I_k": (0, True),
       "all Laplacian + spectral": (heads, True),
   }
+  variants = {name: v for (name, v), key in zip(variants.items(), VARIANTS)
+              if key in args.variants}
   rng = np.random.default_rng(0)
   b = config.batch_size
   if config.task == "lm":
@@ -91,28 +116,34 @@ def bench(path: str, args) -> None:
   batch = jax.device_put(batch)
   runs = {}
   for name, (k, s) in variants.items():
-    step, state = build(config, k, s, image_shape, args.num_classes)
+    step, state, flops = build(config, k, s, image_shape, args.num_classes)
     for _ in range(3):  # compile and warm up
       state, m = step(state, batch)
     jax.block_until_ready(m)
-    runs[name] = [step, state, []]
+    runs[name] = [step, state, [], flops]
   for _ in range(args.rounds):
     for name, run in runs.items():
-      step, state, times = run
+      step, state, times, _ = run
       t0 = time.perf_counter()
       for _ in range(args.steps):
         state, m = step(state, batch)
       jax.block_until_ready(m)
       times.append((time.perf_counter() - t0) / args.steps)
       run[1] = state
-  base = statistics.median(runs["baseline (0 Laplacian heads)"][2])
-  print(f"\nconfig {path}, batch {b}, backend {jax.default_backend()}, "
-        f"{args.rounds} rounds x {args.steps} steps, median step time")
-  print(f"{'variant':32s} {'ms/step':>9s} {'tokens/s':>9s} {'ratio':>7s}")
-  for name, (_, _, times) in runs.items():
+  base = statistics.median(next(iter(runs.values()))[2])
+  device = jax.devices()[0]
+  print(f"\nconfig {path}, batch {b}, {device.platform} ({device.device_kind}), "
+        f"{args.rounds} rounds x {args.steps} steps, median step time; "
+        f"ratio to {next(iter(runs))}")
+  if args.set:
+    print("overrides: " + " ".join(args.set))
+  print(f"{'variant':32s} {'ms/step':>9s} {'tokens/s':>10s} {'ratio':>7s} "
+        f"{'TFLOP/s':>8s} {'MFU':>7s}")
+  for name, (_, _, times, flops) in runs.items():
     t = statistics.median(times)
-    tps = f"{tokens_per_step / t:9.0f}" if tokens_per_step else f"{'-':>9s}"
-    print(f"{name:32s} {t * 1e3:9.2f} {tps} {t / base:7.3f}")
+    tps = f"{tokens_per_step / t:10.0f}" if tokens_per_step else f"{'-':>10s}"
+    mfu = f"{flops / t / 1e12 / args.peak_tflops:7.2%}" if args.peak_tflops else f"{'-':>7s}"
+    print(f"{name:32s} {t * 1e3:9.2f} {tps} {t / base:7.3f} {flops / t / 1e12:8.2f} {mfu}")
 
 
 def main() -> None:
@@ -123,7 +154,19 @@ def main() -> None:
   parser.add_argument("--steps", type=int, default=20)
   parser.add_argument("--image-shape", default="28,28,1")
   parser.add_argument("--num-classes", type=int, default=10)
+  parser.add_argument("--batch", type=int, default=None,
+                      help="batch size (default: the config's)")
+  parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                      help="override a config key, e.g. model.dtype=bfloat16 (repeatable)")
+  parser.add_argument("--variants", default=",".join(VARIANTS),
+                      help="comma-separated subset of " + ",".join(VARIANTS))
+  parser.add_argument("--peak-tflops", type=float, default=None,
+                      help="dense peak TFLOP/s of the device, for MFU")
   args = parser.parse_args()
+  args.variants = args.variants.split(",")
+  unknown = sorted(set(args.variants) - set(VARIANTS))
+  if unknown or not args.variants:
+    parser.error(f"--variants {','.join(unknown)} unknown; use a subset of {','.join(VARIANTS)}")
   for path in args.config or ["configs/vit_fashion_mnist.py", "configs/gpt_shakespeare.py"]:
     bench(path, args)
 
