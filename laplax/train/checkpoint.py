@@ -11,11 +11,17 @@ from __future__ import annotations
 
 import logging
 import os
+import re
+import shutil
 from typing import Any
 
 import flax
 import jax
 import orbax.checkpoint as ocp
+
+
+# Orbax writes step N into "N.orbax-checkpoint-tmp..." and renames it when complete.
+_INCOMPLETE = re.compile(r"^(\d+)\.orbax-checkpoint-tmp")
 
 
 class CheckpointError(ValueError):
@@ -65,6 +71,27 @@ class Checkpointer:
     """The newest complete step, or ``None``."""
     return self.manager.latest_step()
 
+  def incomplete_steps(self) -> dict[int, str]:
+    """Steps whose write was interrupted (left in orbax's temporary
+    directories), as ``{step: path}``; they are never restored."""
+    if not os.path.isdir(self.directory):
+      return {}
+    found = {}
+    for name in os.listdir(self.directory):
+      m = _INCOMPLETE.match(name)
+      if m:
+        found[int(m.group(1))] = os.path.join(self.directory, name)
+    return found
+
+  def warn_incomplete(self, delete: bool) -> None:
+    """Warns about each :meth:`incomplete_steps` entry; ``delete`` removes
+    them (process 0), as the trainer does before it writes again."""
+    for bad, path in sorted(self.incomplete_steps().items()):
+      logging.warning("checkpoint step %d in %s is incomplete (its write was "
+                      "interrupted); it is ignored", bad, self.directory)
+      if delete and jax.process_index() == 0:
+        shutil.rmtree(path, ignore_errors=True)
+
   def save(self, state: TrainState, data_state: dict | None, *,
            force: bool = False) -> bool:
     """Starts an asynchronous save of ``state`` at ``state.step``.
@@ -88,12 +115,15 @@ class Checkpointer:
     restored onto these shardings, and leaves without one onto this process's
     first device (``eval.py``). When the newest checkpoint cannot be
     read it is skipped with a warning naming it and the previous one is used;
-    with ``discard_unreadable`` the unreadable newer steps are deleted so that
-    the resumed run can save those steps again.
+    a step whose write was interrupted (:meth:`incomplete_steps`) is named in
+    a warning too. With ``discard_unreadable`` (the trainer) the unreadable
+    and incomplete newer steps are deleted so that the resumed run can save
+    those steps again.
 
     Raises:
       CheckpointError: there is no readable checkpoint.
     """
+    self.warn_incomplete(delete=discard_unreadable)
     steps = [step] if step is not None else self.all_steps()[::-1]
     if not steps:
       raise CheckpointError(f"no checkpoint in {self.directory}")

@@ -169,6 +169,11 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None) 
   if o.grad_clip is not None:
     _float(config, "optim.grad_clip", 0.0, open_min=True)
   _float(config, "optim.min_lr_ratio", 0.0, 1.0)
+  skip = get(config, "optim.skip_nonfinite", False)
+  _require(isinstance(skip, bool),
+           f"config.optim.skip_nonfinite={skip!r} must be True or False")
+  if get(config, "debug.nan_at_step", None) is not None:
+    _int(config, "debug.nan_at_step", 1)
   if get(config, "optim.weight_decay_end", None) is not None:
     _float(config, "optim.weight_decay_end", 0.0)
   _validate_memory(config)

@@ -116,6 +116,15 @@ def base_config() -> ml_collections.ConfigDict:
   # Micro-batches per optimizer step (batch_size stays the global batch and
   # must be divisible by it); the gradient is their mean.
   c.optim.grad_accum_steps = 1
+  # A non-finite loss or gradient norm stops the run (False) or, with True,
+  # leaves that step's update out (parameters, optimizer and task state keep
+  # their values) and counts it in the metrics as skipped_updates.
+  c.optim.skip_nonfinite = False
+
+  # Testing aids. nan_at_step: the loss (and so the gradient) of that step is
+  # made NaN, to exercise the non-finite guard.
+  c.debug = ml_collections.ConfigDict()
+  c.debug.nan_at_step = config_dict.placeholder(int)
 
   # Scale-out (laplax.sharding). Device mesh (data, fsdp, tensor); one -1
   # takes the remaining devices: (-1, 1, 1) is data parallel over all of them.

@@ -291,12 +291,21 @@ def make_train_step(task: Any, tx: optax.GradientTransformation, schedule,
   micro-batches. The aux is averaged too, so the task's
   ``update_task_state`` must use only its mean over examples (DINO's centre:
   the mean teacher logit).
+
+  Non-finite guard: with ``config.optim.skip_nonfinite`` a step whose loss or
+  gradient norm is not finite changes nothing but ``step`` (parameters,
+  optimizer and task state keep their values; the metric ``skipped_updates``
+  is 1). Otherwise the update is applied and the caller stops on the metrics
+  (:func:`first_nonfinite`). ``config.debug.nan_at_step = k`` multiplies the
+  loss and gradient of the step that makes ``step == k`` by NaN.
   """
   stateful = _stateful(task)
+  task_config = getattr(task, "config", {})
   if grad_accum_steps is None:
-    grad_accum_steps = config_lib.get(getattr(task, "config", {}),
-                                      "optim.grad_accum_steps", 1)
+    grad_accum_steps = config_lib.get(task_config, "optim.grad_accum_steps", 1)
   n = int(grad_accum_steps)
+  skip_nonfinite = bool(config_lib.get(task_config, "optim.skip_nonfinite", False))
+  nan_at_step = config_lib.get(task_config, "debug.nan_at_step", None)
   axis = getattr(task, "batch_axis", 0)
 
   def gradients(params, batch, rng, task_state, step):
@@ -329,18 +338,53 @@ def make_train_step(task: Any, tx: optax.GradientTransformation, schedule,
     rng = jax.random.fold_in(state.rng, state.step)
     grads, metrics, aux = (gradients if n == 1 else accumulated)(
         state.params, batch, rng, state.task_state, state.step)
+    if nan_at_step is not None:  # debug.nan_at_step: poison this step's loss
+      poison = jnp.where(state.step + 1 == nan_at_step, jnp.nan, 1.0)
+      grads = jax.tree_util.tree_map(lambda g: g * poison.astype(g.dtype), grads)
+      metrics = dict(metrics, loss=metrics["loss"] * poison)
+    grad_norm = optax.tree.norm(grads)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     if stateful:
       updates = task.mask_updates(updates, state.step)
     params = optax.apply_updates(state.params, updates)
     task_state = (task.update_task_state(state.task_state, params, aux, state.step)
                   if stateful else state.task_state)
-    metrics = dict(metrics, grad_norm=optax.tree.norm(grads),
-                   lr=schedule(state.step))
-    return state.replace(step=state.step + 1, params=params, opt_state=opt_state,
-                         task_state=task_state), metrics
+    metrics = dict(metrics, grad_norm=grad_norm, lr=schedule(state.step))
+    new_state = state.replace(step=state.step + 1, params=params,
+                              opt_state=opt_state, task_state=task_state)
+    if skip_nonfinite:  # keep the old values where this step went non-finite
+      finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(grad_norm)
+      kept = state.replace(step=state.step + 1)
+      new_state = jax.tree_util.tree_map(
+          lambda new, old: jnp.where(finite, new, old), new_state, kept)
+      metrics["skipped_updates"] = 1.0 - finite.astype(jnp.float32)
+    return new_state, metrics
 
   return train_step
+
+
+def first_nonfinite(rows: list[tuple[int, dict]]) -> tuple[int, dict] | None:
+  """The first ``(step, metrics)`` whose loss or grad_norm is not finite.
+
+  ``rows`` are host-side per-step metrics; a step whose update was skipped
+  (``skipped_updates`` = 1) does not count. Returns ``None`` if all are finite.
+  """
+  for step, m in rows:
+    if m.get("skipped_updates", 0.0) > 0:
+      continue
+    if not (math.isfinite(float(m["loss"])) and math.isfinite(float(m["grad_norm"]))):
+      return step, m
+  return None
+
+
+def log_record(rows: list[tuple[int, dict]]) -> dict:
+  """One metrics.jsonl record of per-step ``rows``: means over the steps whose
+  update was applied, and ``skipped_updates`` as a count."""
+  applied = [m for _, m in rows if m.get("skipped_updates", 0.0) == 0] or [m for _, m in rows]
+  record = {k: float(np.mean([m[k] for m in applied])) for k in rows[0][1]}
+  if "skipped_updates" in record:
+    record["skipped_updates"] = int(sum(m["skipped_updates"] for _, m in rows))
+  return record
 
 
 class _StopRequest:
@@ -413,13 +457,15 @@ def _train(config: ml_collections.ConfigDict, workdir: str, task: Any,
 
   # Sharding, then the initial state (created sharded) or resume (onto this mesh).
   state_sharding = state_shardings(task, tx, config.seed, mesh, rules)
-  if checkpointer.latest_step() is not None:
+  resumed = checkpointer.latest_step() is not None
+  if resumed:
     state, data_state = checkpointer.restore(
         sharded_abstract_state(task, tx, config.seed, state_sharding),
         discard_unreadable=True)
     train_iter.set_state(data_state)
     logging.info("resumed from step %d", int(state.step))
   else:
+    checkpointer.warn_incomplete(delete=True)
     state = create_state(task, tx, config.seed, state_sharding)
     checkpointer.save(state, train_iter.get_state())
   start = int(state.step)
@@ -431,48 +477,68 @@ def _train(config: ml_collections.ConfigDict, workdir: str, task: Any,
   train_step = jit_train_step(task, tx, schedule, state_sharding, batch_sharding)
   eval_step = jax.jit(task.eval_sums) if hasattr(task, "eval_sums") else None
   place = lambda batch: sharding.whole_batch(batch, mesh, rules)
-  pending: list[dict] = []
+  pending: list[tuple[int, Any]] = []  # (step, metrics) since the last log
+
+  def check_finite():
+    """Fetches the pending metrics; stops on a non-finite step (stop mode)."""
+    pending[:] = jax.device_get(pending)
+    bad = first_nonfinite(pending)
+    if bad is not None:
+      checkpointer.wait()
+      bar.close()
+      step_, m = bad
+      raise NonFiniteError(
+          f"non-finite training metrics at step {step_} (loss={float(m['loss'])}, "
+          f"grad_norm={float(m['grad_norm'])}); nothing after step {step_ - 1} was "
+          f"saved; last good checkpoint: step {checkpointer.latest_step()} in "
+          f"{checkpointer.directory}; lower optim.lr or set "
+          f"optim.skip_nonfinite=True")
+
   last_log = time.time()
   summary: dict = {}
   bar = tqdm.tqdm(total=config.total_steps, initial=start, unit="step",
                   dynamic_ncols=True, mininterval=1.0,
                   disable=jax.process_index() != 0)
   say = bar.write if jax.process_index() == 0 else lambda text: None  # process 0 logs
-  if start > 0:
+  if resumed:
     say(f"resumed from step {start} in {checkpointer.directory}")
   with _StopRequest() as stop:
     for step in range(start + 1, config.total_steps + 1):
       batch = sharding.global_batch(next(train_iter), batch_sharding, global_batch)
       state, metrics = train_step(state, batch)
-      pending.append(metrics)
+      pending.append((step, metrics))
       bar.update(1)
-      if step % config.log_every == 0 or step == config.total_steps:
-        rows = jax.device_get(pending)
-        record = {k: float(np.mean([r[k] for r in rows])) for k in rows[0]}
+      last = step == config.total_steps
+      save = step % config.checkpoint_every == 0 or last or stop.signum is not None
+      if step % config.log_every == 0 or last:
+        check_finite()
+        record = log_record(pending)
         now = time.time()
-        record["steps_per_sec"] = len(rows) / max(now - last_log, 1e-9)
+        record["steps_per_sec"] = len(pending) / max(now - last_log, 1e-9)
+        skipped = [s_ for s_, m in pending if m.get("skipped_updates", 0.0) > 0]
         last_log, pending = now, []
-        if not (math.isfinite(record["loss"]) and math.isfinite(record["grad_norm"])):
-          checkpointer.wait()
-          raise NonFiniteError(
-              f"non-finite training metrics at step {step} (loss={record['loss']}, "
-              f"grad_norm={record['grad_norm']}); last good checkpoint: step "
-              f"{checkpointer.latest_step()} in {checkpointer.directory}")
         writer.write(step, "train", record)
         warning = task.monitor(record) if hasattr(task, "monitor") else None
+        if skipped:
+          warning = (f"skipped the non-finite update of step(s) "
+                     f"{', '.join(map(str, skipped))}" + (f"; {warning}" if warning else ""))
         if warning:
           say(f"warning at step {step}: {warning}")
         bar.set_postfix(loss=f"{record['loss']:.4f}", refresh=False)
-      if step % config.checkpoint_every == 0 or step == config.total_steps:
+      elif save or step % config.eval_every == 0:
+        check_finite()  # never save or evaluate a state past a non-finite step
+      if save:
         checkpointer.save(state, train_iter.get_state())
-      if step % config.eval_every == 0 or step == config.total_steps:
+      if step % config.eval_every == 0 or last:
         summary = evaluate(task, state, eval_step, place)
         writer.write(step, "eval", summary)
         say(f"step {step}: " + ", ".join(
             f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}"
             for k, v in summary.items()))
       if stop.signum is not None:
-        checkpointer.save(state, train_iter.get_state())
+        check_finite()
+        checkpointer.wait()
+        checkpointer.save(state, train_iter.get_state())  # if the signal came late
         checkpointer.wait()
         bar.close()
         say(f"stopped by signal {stop.signum} at step {step}; checkpoint saved in "

@@ -1,0 +1,272 @@
+"""Runs that survive: SIGKILL, SIGTERM, a killed checkpoint write, non-finite steps.
+
+Each test drives ``train.py`` as a user does (subprocesses) with tiny models.
+A run killed with SIGKILL at random steps and restarted with the same command
+must end with a state (parameters, optimizer state, RNG, step, DINO teacher
+and centre) bitwise equal to an uninterrupted run of the same config.
+``LAPLAX_RESUME_KILLS="vit,gpt,dino"`` sets the kills per task (default
+7,7,6: 20 in all) and ``LAPLAX_RESUME_SEED`` the random steps (default: new
+each run, printed on failure).
+"""
+
+import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from test_train import CONFIG, ROOT, TINY as VIT_TINY, read_metrics, run
+
+GPT_CONFIG = os.path.join(ROOT, "configs", "gpt_shakespeare.py")
+DINO_CONFIG = os.path.join(ROOT, "configs", "dino_fashion_mnist.py")
+GPT_TINY = ["--config.model.width=32", "--config.model.depth=1", "--config.model.num_heads=2",
+            "--config.model.mlp_dim=64", "--config.model.max_length=32",
+            "--config.model.dropout=0.1", "--config.batch_size=8",
+            "--config.eval_batch_size=16", "--config.optim.warmup_steps=5"]
+DINO_TINY = ["--config.model.width=32", "--config.model.depth=1", "--config.model.num_heads=2",
+             "--config.model.mlp_dim=32", "--config.model.num_laplacian_heads=1",
+             "--config.model.drop_path=0.1", "--config.batch_size=16",
+             "--config.eval_batch_size=2000", "--config.optim.warmup_steps=2",
+             "--config.dino.out_dim=64", "--config.dino.hidden_dim=32",
+             "--config.dino.bottleneck_dim=16", "--config.data.multicrop.num_local=2",
+             "--config.eval.linear_probe=False", "--config.dino.freeze_last_layer_steps=4",
+             "--config.dino.warmup_teacher_temp_steps=8",
+             "--config.data.train_split=train[:1000]", "--config.data.eval_split=test[:500]"]
+# Every step logged, checkpoints every 3 steps: kills land between, on and
+# during checkpoint writes.
+COMMON = ["--config.log_every=1", "--config.checkpoint_every=3", "--config.eval_every=1000"]
+TOTAL = {"vit": 30, "gpt": 30, "dino": 18}
+TEXT = ("When in the chronicle of wasted time I see descriptions of the fairest "
+        "wights, and beauty making beautiful old rhyme in praise of ladies dead "
+        "and lovely knights. ")
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+  d = tmp_path_factory.mktemp("sonnets")
+  for i, name in enumerate(("a", "b", "c")):
+    (d / f"{name}.txt").write_text((TEXT[i:] + TEXT[:i]) * 40)
+  return d
+
+
+def task_args(task, workdir, fmnist_data_dir, corpus, *extra):
+  """train.py arguments of the tiny ``task`` run in ``workdir``."""
+  if task == "vit":
+    base = ["--config", CONFIG, f"--config.data.data_dir={fmnist_data_dir}"] + VIT_TINY + [
+        "--config.model.dropout=0.1"]
+  elif task == "gpt":
+    base = ["--config", GPT_CONFIG, f"--config.data.source_dir={corpus}",
+            f"--config.data.data_dir={corpus}_tfds"] + GPT_TINY
+  else:
+    base = ["--config", DINO_CONFIG, f"--config.data.data_dir={fmnist_data_dir}"] + DINO_TINY
+  return (["train.py", "--workdir", str(workdir)] + base + COMMON
+          + [f"--config.total_steps={TOTAL[task]}"] + list(extra))
+
+
+def saved_state(workdir, step=None):
+  """``(step, {path: array})`` of the whole saved state at ``step`` (default newest)."""
+  import jax
+  import orbax.checkpoint as ocp
+  ckpt = os.path.join(workdir, "checkpoints")
+  if step is None:
+    step = max(int(s) for s in os.listdir(ckpt) if s.isdigit())
+  tree = ocp.StandardCheckpointer().restore(os.path.join(ckpt, str(step), "state"))
+  name = lambda path: "/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
+  flat = {name(p): np.asarray(x) for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
+  return step, flat
+
+
+def assert_bitwise_equal(a, b, context=""):
+  assert a.keys() == b.keys(), context
+  for k in a:
+    np.testing.assert_array_equal(a[k], b[k], err_msg=f"{k} {context}")
+
+
+def last_train_step(workdir):
+  path = os.path.join(workdir, "metrics.jsonl")
+  if not os.path.exists(path):
+    return 0
+  with open(path) as f:
+    steps = [int(m.group(1)) for m in re.finditer(r'"step": (\d+), "split": "train"', f.read())]
+  return max(steps, default=0)
+
+
+def start(args, log_path):
+  log = open(log_path, "w")
+  proc = subprocess.Popen([sys.executable] + args, cwd=ROOT, stdout=log,
+                          stderr=subprocess.STDOUT, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+  log.close()
+  return proc
+
+
+def wait_for_step(proc, workdir, step, timeout=240):
+  deadline = time.time() + timeout
+  while proc.poll() is None and time.time() < deadline:
+    if last_train_step(workdir) >= step:
+      return True
+    time.sleep(0.005)
+  return False
+
+
+_REFERENCES = {}
+
+
+def reference(task, tmp_path_factory, fmnist_data_dir, corpus):
+  """The uninterrupted run of ``task`` (once per module)."""
+  if task not in _REFERENCES:
+    workdir = tmp_path_factory.mktemp(f"ref_{task}") / "run"
+    r = run(task_args(task, workdir, fmnist_data_dir, corpus))
+    assert r.returncode == 0, r.stderr[-3000:]
+    _REFERENCES[task] = saved_state(workdir)
+  return _REFERENCES[task]
+
+
+def kills_per_task():
+  counts = os.environ.get("LAPLAX_RESUME_KILLS", "7,7,6").split(",")
+  return dict(zip(("vit", "gpt", "dino"), (int(c) for c in counts)))
+
+
+@pytest.mark.parametrize("task", ["vit", "gpt", "dino"])
+def test_sigkill_at_random_steps_resumes_bitwise(task, tmp_path, tmp_path_factory,
+                                                 fmnist_data_dir, corpus):
+  """SIGKILL at k random steps, each time restarting the same command; the
+  final state equals the uninterrupted run's bit for bit, and no restart ever
+  meets an unreadable checkpoint."""
+  ref_step, ref = reference(task, tmp_path_factory, fmnist_data_dir, corpus)
+  seed = int(os.environ.get("LAPLAX_RESUME_SEED", random.randrange(10**6)))
+  k = kills_per_task()[task]
+  targets = sorted(random.Random(seed).sample(range(2, TOTAL[task]), k))
+  context = f"(task {task}, LAPLAX_RESUME_SEED={seed}, kill steps {targets})"
+  workdir = tmp_path / "run"
+  args = task_args(task, workdir, fmnist_data_dir, corpus)
+  logs = []
+  for i, target in enumerate(targets):
+    logs.append(tmp_path / f"run{i}.log")
+    proc = start(args, logs[-1])
+    reached = wait_for_step(proc, workdir, target)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert reached, f"run {i} did not reach step {target}: " + logs[-1].read_text()[-2000:] + context
+  r = run(args)
+  assert r.returncode == 0, r.stderr[-3000:] + context
+  for text in [p.read_text() for p in logs] + [r.stderr]:
+    assert "unreadable" not in text, text[-3000:] + context
+  step, state = saved_state(workdir)
+  assert step == ref_step == TOTAL[task]
+  assert_bitwise_equal(ref, state, context)
+  train_steps = [m["step"] for m in read_metrics(workdir) if m["split"] == "train"]
+  assert train_steps == list(range(1, TOTAL[task] + 1)), context
+
+
+def test_sigterm_saves_exits_0_and_resumes_bitwise(tmp_path, tmp_path_factory,
+                                                   fmnist_data_dir, corpus):
+  """SIGTERM: the step in flight finishes, its checkpoint is committed and
+  restorable, the process exits 0 with one line saying how to resume, and the
+  same command then ends bitwise equal to the uninterrupted run."""
+  _, ref = reference("vit", tmp_path_factory, fmnist_data_dir, corpus)
+  workdir = tmp_path / "run"
+  args = task_args("vit", workdir, fmnist_data_dir, corpus)
+  proc = start(args, tmp_path / "term.log")
+  assert wait_for_step(proc, workdir, 10)
+  t0 = time.time()
+  proc.send_signal(signal.SIGTERM)
+  assert proc.wait(timeout=60) == 0, (tmp_path / "term.log").read_text()[-3000:]
+  elapsed = time.time() - t0
+  out = (tmp_path / "term.log").read_text()
+  stopped = re.search(r"stopped by signal 15 at step (\d+); checkpoint saved in (\S+); "
+                      r"run the same command to resume", out)
+  assert stopped, out[-3000:]
+  step = int(stopped.group(1))
+  assert 10 <= step < TOTAL["vit"]
+  assert elapsed < 20, f"took {elapsed:.1f} s to stop"
+  saved_step, state = saved_state(workdir, step)  # restorable
+  assert saved_step == step and int(state["step"]) == step
+  assert max(int(s) for s in os.listdir(workdir / "checkpoints") if s.isdigit()) == step
+  r = run(args)
+  assert r.returncode == 0, r.stderr[-3000:]
+  assert f"resumed from step {step}" in r.stderr + r.stdout
+  assert_bitwise_equal(ref, saved_state(workdir)[1])
+
+
+def test_sigkill_during_checkpoint_write_resumes_from_previous(tmp_path, fmnist_data_dir):
+  """A run killed while a large checkpoint is being written: the next start
+  warns that the step is incomplete and resumes from the previous one."""
+  big = ["--config", CONFIG, f"--config.data.data_dir={fmnist_data_dir}"] + VIT_TINY + [
+      "--config.model.width=384", "--config.model.depth=4", "--config.model.num_heads=4",
+      "--config.model.mlp_dim=1536", "--config.total_steps=8", "--config.checkpoint_every=2",
+      "--config.eval_every=1000", "--config.log_every=1"]
+  workdir = tmp_path / "run"
+  ckpt = workdir / "checkpoints"
+  args = ["train.py", "--workdir", str(workdir)] + big
+  caught = None
+  for attempt in range(4):
+    proc = start(args, tmp_path / f"big{attempt}.log")
+    deadline = time.time() + 240
+    while proc.poll() is None and time.time() < deadline and caught is None:
+      if ckpt.exists():
+        tmp = [n for n in os.listdir(ckpt) if ".orbax-checkpoint-tmp" in n
+               and int(n.split(".")[0]) >= 2]
+        if tmp:
+          caught = int(tmp[0].split(".")[0])
+          proc.send_signal(signal.SIGKILL)
+      time.sleep(0.001)
+    proc.kill()
+    proc.wait()
+    if caught is not None and any(".orbax-checkpoint-tmp" in n for n in os.listdir(ckpt)):
+      break
+    caught = None
+  assert caught is not None, "never caught a checkpoint being written"
+  complete = [int(s) for s in os.listdir(ckpt) if s.isdigit()]
+  assert caught not in complete
+  previous = max(complete)
+  r = run(args)
+  assert r.returncode == 0, r.stderr[-3000:]
+  assert re.search(rf"checkpoint step {caught} in \S+ is incomplete", r.stderr), r.stderr[-3000:]
+  assert f"resumed from step {previous}" in r.stderr + r.stdout
+  assert not any(".orbax-checkpoint-tmp" in n for n in os.listdir(ckpt))
+  assert saved_state(workdir)[0] == 8
+
+
+def test_injected_nan_stops_before_any_bad_checkpoint(tmp_path, fmnist_data_dir, corpus):
+  """debug.nan_at_step=11: the run stops naming step 11 and the last good
+  checkpoint (step 9), exit code 2, and nothing at or after step 11 is on disk."""
+  workdir = tmp_path / "run"
+  r = run(task_args("vit", workdir, fmnist_data_dir, corpus, "--config.log_every=5",
+                    "--config.debug.nan_at_step=11"))
+  assert r.returncode == 2, r.stderr[-3000:]
+  last = r.stderr.strip().splitlines()[-1]
+  assert last.startswith("error: non-finite training metrics at step 11 (loss=nan"), last
+  assert "last good checkpoint: step 9" in last and "Traceback" not in r.stderr
+  steps = sorted(int(s) for s in os.listdir(workdir / "checkpoints") if s.isdigit())
+  assert max(steps) == 9
+  _, state = saved_state(workdir, 9)
+  assert all(np.isfinite(v).all() for k, v in state.items() if v.dtype.kind == "f")
+  assert all(m["step"] <= 10 for m in read_metrics(workdir))
+
+
+def test_skip_nonfinite_leaves_the_update_out_and_counts_it(tmp_path, fmnist_data_dir, corpus):
+  """optim.skip_nonfinite=True: step 11's NaN update is left out (the state
+  after step 11 equals the state after step 10 but for the step counter),
+  counted in metrics.jsonl and named in a warning; the run finishes."""
+  workdir = tmp_path / "run"
+  extra = ["--config.log_every=5", "--config.checkpoint_every=1", "--config.keep_checkpoints=100",
+           "--config.debug.nan_at_step=11", "--config.optim.skip_nonfinite=True"]
+  r = run(task_args("vit", workdir, fmnist_data_dir, corpus, *extra))
+  assert r.returncode == 0, r.stderr[-3000:]
+  assert "skipped the non-finite update of step(s) 11" in r.stdout + r.stderr
+  train = {m["step"]: m for m in read_metrics(workdir) if m["split"] == "train"}
+  assert [train[s]["skipped_updates"] for s in (5, 10, 15, 20)] == [0, 0, 1, 0]
+  assert np.isfinite(train[15]["loss"])
+  _, before = saved_state(workdir, 10)
+  _, after = saved_state(workdir, 11)
+  assert int(after["step"]) == 11
+  assert_bitwise_equal({k: v for k, v in before.items() if k != "step"},
+                       {k: v for k, v in after.items() if k != "step"})
+  _, final = saved_state(workdir)
+  assert all(np.isfinite(v).all() for v in final.values() if v.dtype.kind == "f")
