@@ -172,10 +172,17 @@ def _open(data_config, split: str):
     raise DataError(_unreadable(name, data_dir, split, e)) from e
   try:
     source[0]  # Decodes one example: fails early if an image decoder is missing.
+    source[len(source) - 1]  # and if a prepared file is truncated or corrupt.
   except ImportError as e:
     raise DataError(
       f"Decoding the encoded images of {name!r} needs Pillow or OpenCV "
       f"({_one_line(e)}); install one with `pip install pillow`."
+    ) from e
+  except Exception as e:  # array_record raises RuntimeError, OSError, ...
+    raise DataError(
+      f"The prepared files of split {split!r} of {name!r} in {data_dir} are corrupt "
+      f"({_one_line(e)[:200]}); delete {os.path.join(data_dir, name)} and run "
+      f"again to prepare them anew."
     ) from e
   return source
 

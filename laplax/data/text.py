@@ -383,8 +383,15 @@ def read_split(data_config: ml_collections.ConfigDict, split: str) -> list[tuple
 
 
 def _read_split(builder: corpus.TextCorpus, split: str) -> list[tuple[str, str]]:
-  source = builder.as_data_source(split=split)
-  examples = source.__getitems__(list(range(len(source))))
+  try:
+    source = builder.as_data_source(split=split)
+    examples = source.__getitems__(list(range(len(source))))
+  except Exception as e:  # array_record raises RuntimeError, OSError, ...
+    raise DataError(
+      f"The prepared {split!r} split of the text corpus in {builder.data_dir} is "
+      f"corrupt ({' '.join(str(e).split())[:200] or type(e).__name__}); delete "
+      f"{builder.data_dir} and run again to prepare it anew."
+    ) from e
   return sorted((_as_str(e["name"]), _as_str(e["text"])) for e in examples)
 
 

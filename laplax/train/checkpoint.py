@@ -9,6 +9,7 @@ a killed save never replaces the previous checkpoint.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -22,6 +23,19 @@ import orbax.checkpoint as ocp
 
 # Orbax writes step N into "N.orbax-checkpoint-tmp..." and renames it when complete.
 _INCOMPLETE = re.compile(r"^(\d+)\.orbax-checkpoint-tmp")
+
+
+@contextlib.contextmanager
+def _orbax_errors_silenced():
+  """Orbax logs unreadable metadata at ERROR level; :class:`Checkpointer`
+  reports those steps itself, once, in one line."""
+  absl_logger = logging.getLogger("absl")
+  level = absl_logger.level
+  absl_logger.setLevel(logging.CRITICAL)
+  try:
+    yield
+  finally:
+    absl_logger.setLevel(level)
 
 
 class CheckpointError(ValueError):
@@ -58,18 +72,24 @@ class Checkpointer:
 
   def __init__(self, directory: str, max_to_keep: int = 3):
     self.directory = os.path.abspath(directory)
-    self.manager = ocp.CheckpointManager(
+    with _orbax_errors_silenced():
+      self.manager = self._manager(max_to_keep)
+
+  def _manager(self, max_to_keep: int) -> ocp.CheckpointManager:
+    return ocp.CheckpointManager(
         self.directory,
         options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True),
         item_names=("state", "data"))
 
   def all_steps(self) -> list[int]:
     """Steps of the complete checkpoints, ascending."""
-    return sorted(self.manager.all_steps())
+    with _orbax_errors_silenced():
+      return sorted(self.manager.all_steps())
 
   def latest_step(self) -> int | None:
     """The newest complete step, or ``None``."""
-    return self.manager.latest_step()
+    with _orbax_errors_silenced():
+      return self.manager.latest_step()
 
   def incomplete_steps(self) -> dict[int, str]:
     """Steps whose write was interrupted (left in orbax's temporary
@@ -123,7 +143,6 @@ class Checkpointer:
     Raises:
       CheckpointError: there is no readable checkpoint.
     """
-    self.warn_incomplete(delete=discard_unreadable)
     steps = [step] if step is not None else self.all_steps()[::-1]
     if not steps:
       raise CheckpointError(f"no checkpoint in {self.directory}")
@@ -137,21 +156,23 @@ class Checkpointer:
       if with_data:
         items["data"] = ocp.args.JsonRestore()
       try:
-        restored = self.manager.restore(s, args=ocp.args.Composite(**items))
+        with _orbax_errors_silenced():
+          restored = self.manager.restore(s, args=ocp.args.Composite(**items))
       except Exception as e:  # pylint: disable=broad-except
-        logging.warning("checkpoint step %d in %s is unreadable (%s); trying the "
-                        "previous one", s, self.directory, type(e).__name__)
-        unreadable.append(s)
+        unreadable.append((s, type(e).__name__))
         continue
-      if discard_unreadable:
-        for bad in unreadable:
-          logging.warning("deleting unreadable checkpoint step %d", bad)
+      # Warnings only once a usable step is found (else the error says it all).
+      self.warn_incomplete(delete=discard_unreadable)
+      for bad, reason in unreadable:
+        logging.warning("checkpoint step %d in %s is unreadable (%s); using step %d",
+                        bad, self.directory, reason, s)
+        if discard_unreadable:
           self.manager.delete(bad)
       return restored["state"], (restored["data"] if with_data else None)
     raise CheckpointError(
         f"no readable checkpoint in {self.directory} (steps "
-        f"{', '.join(map(str, unreadable))} failed); delete the directory to "
-        f"start again")
+        f"{', '.join(str(b) for b, _ in unreadable)} failed: {unreadable[0][1]}); "
+        f"move the directory away to start again")
 
   def wait(self) -> None:
     """Blocks until every started save is committed."""

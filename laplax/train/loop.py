@@ -109,6 +109,10 @@ def check_workdir(config: ml_collections.ConfigDict, workdir: str) -> None:
   """
   if os.path.exists(workdir) and not os.path.isdir(workdir):
     raise config_lib.ConfigError(f"--workdir {workdir} is a file; give a directory")
+  blocker = _file_in_path(workdir)
+  if blocker:
+    raise config_lib.ConfigError(f"--workdir {workdir} cannot be created: {blocker} "
+                                 f"is a file; give a directory")
   parent = workdir
   while not os.path.exists(parent):
     parent = os.path.dirname(os.path.abspath(parent))
@@ -242,7 +246,26 @@ def setup(config: ml_collections.ConfigDict, workdir: str | None,
   config_lib.validate(config, jax.device_count() if check else None)
   if check and workdir is not None:
     check_workdir(config, workdir)
+  data_dir = os.path.expanduser(str(config_lib.get(config, "data.data_dir", "") or ""))
+  if data_dir:
+    blocker = _file_in_path(data_dir)
+    if blocker:
+      raise config_lib.ConfigError(
+          f"config.data.data_dir={data_dir} cannot be a directory: {blocker} is a "
+          f"file; give a directory for the prepared datasets")
   return tasks.make_task(config, workdir)
+
+
+def _file_in_path(path: str) -> str | None:
+  """The first existing non-directory among ``path`` and its parents, if any."""
+  path = os.path.abspath(path)
+  while True:
+    if os.path.exists(path):
+      return None if os.path.isdir(path) else path
+    parent = os.path.dirname(path)
+    if parent == path:
+      return None
+    path = parent
 
 
 def micro_batches(batch: Any, n: int, axis: int = 0) -> Any:
@@ -438,12 +461,11 @@ def _train(config: ml_collections.ConfigDict, workdir: str, task: Any,
            mesh: jax.sharding.Mesh, rules) -> dict:
   """The body of :func:`train_and_evaluate`, inside the mesh and rules."""
   # Workdir.
-  os.makedirs(workdir, exist_ok=True)
-  if jax.process_index() == 0:
-    with open(os.path.join(workdir, CONFIG_FILE), "w") as f:
-      f.write(config.to_json(indent=2))
-  writer = MetricWriter(workdir)
-
+  try:
+    os.makedirs(workdir, exist_ok=True)
+  except OSError as e:
+    raise config_lib.ConfigError(f"--workdir {workdir} cannot be created "
+                                 f"({e.strerror}); choose another directory") from None
   # Model and optimizer.
   tx = optim.make_optimizer(config)
   schedule = optim.learning_rate_schedule(config.optim, config.total_steps)
@@ -468,6 +490,11 @@ def _train(config: ml_collections.ConfigDict, workdir: str, task: Any,
     checkpointer.warn_incomplete(delete=True)
     state = create_state(task, tx, config.seed, state_sharding)
     checkpointer.save(state, train_iter.get_state())
+  # Only now, with a usable state, does anything in the workdir change.
+  if jax.process_index() == 0:
+    with open(os.path.join(workdir, CONFIG_FILE), "w") as f:
+      f.write(config.to_json(indent=2))
+  writer = MetricWriter(workdir)
   start = int(state.step)
   num_params = sum(x.size for x in jax.tree_util.tree_leaves(state.params))
   writer.drop_after(start)
