@@ -33,6 +33,7 @@ import argparse
 import ast
 import importlib.util
 import os
+import re
 import sys
 import time
 
@@ -231,6 +232,10 @@ def report(spec: str, devices, args) -> None:
         f"{size(mem.temp_size_in_bytes)} -> peak about {size(peak)}")
   print(f"   FLOPs per step: {flops_device:.3e} per device, {flops_device * n:.3e} in all; "
         f"analytic {analytic:.3e}; ratio compiled/analytic {flops_device * n / analytic:.3f}")
+  loops = len(re.findall(r"\swhile\(", compiled.as_text() or ""))
+  if loops:
+    print(f"   the compiled program has {loops} while loop(s); cost_analysis() counts "
+          f"a loop body once, so the compiled FLOPs undercount")
 
 
 def main(argv=None) -> None:

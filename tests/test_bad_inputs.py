@@ -114,6 +114,10 @@ def bad_files(tmp_path_factory, fmnist_data_dir, existing_run):
   (d / "syntax_error.py").write_text("def get_config(:\n")
   (d / "raises.py").write_text("def get_config(arg=None):\n  raise KeyError('width')\n")
   (d / "afile").write_text("not a directory\n")
+  (d / "misspelt.py").write_text(
+      "from laplax.train.defaults import base_config\n\n"
+      "def get_config(arg=None):\n  c = base_config()\n  c.model.num_haeds = 8\n"
+      "  return c\n")
   # A prepared dataset whose train file lost its second half.
   shutil.copytree(os.path.join(fmnist_data_dir, "fashion_mnist_idx"),
                   d / "corrupt_tfds" / "fashion_mnist_idx")
@@ -151,6 +155,8 @@ BAD_PATHS = {
                                     "--workdir", "{new}"], ["SyntaxError"]),
     "config that raises": (["train.py", "--config", "{bad}/raises.py", "--workdir", "{new}"],
                            ["KeyError"]),
+    "config file with a misspelt key": (["train.py", "--config", "{bad}/misspelt.py",
+                                         "--workdir", "{new}"], ["model.num_haeds"]),
     "no --workdir": (["train.py", "--config", CONFIG], ["--workdir is required"]),
     "workdir is a file": (_train("{bad}/afile"), ["is a file"]),
     "workdir under a file": (_train("{bad}/afile/run"), ["is a file"]),

@@ -108,6 +108,9 @@ INCONSISTENT = [
     lambda d: _set(d, "mesh_shape", (2, 1, 1)),
     # a head mask of the wrong shape
     lambda d: _set(d, "model.laplacian_mask", ((True,),) * (d["model"]["depth"] + 1)),
+    # a misspelt key in a config file
+    lambda d: _set(d, "model.num_haeds", d["model"]["num_heads"]),
+    lambda d: _set(d, "optimizer", {"lr": 1.0}),
 ]
 
 

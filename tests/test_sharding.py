@@ -9,9 +9,12 @@ collectives.
 
 import json
 import os
+import re
+import signal
 import socket
 import subprocess
 import sys
+import time
 
 import jax
 import numpy as np
@@ -141,6 +144,38 @@ def test_two_processes_match_one(helper, tmp_path):
                              rtol=0, atol=TOL)
   assert [r["step"] for r in evals] == [3] and np.isfinite(evals[0]["loss"])
   assert sorted(os.listdir(workdir / "checkpoints")) == ["0", "3"]
+
+
+def test_sigterm_to_one_of_two_processes_stops_both_at_the_same_step(helper, tmp_path):
+  """SIGTERM reaches only process 1: the two processes agree at the next log
+  step, save that step together and both exit 0; the same commands resume."""
+  paths = helper[1]
+  workdir = tmp_path / "two"
+  common = (["train.py", "--config", GPT_CONFIG, "--workdir", str(workdir),
+             f"--config.data.source_dir={paths['corpus']}",
+             f"--config.data.data_dir={paths['data_dir']}"] + TINY_GPT +
+            ["--config.total_steps=400", "--config.log_every=2", "--config.eval_every=400",
+             "--config.checkpoint_every=400",
+             f"--config.distributed.coordinator_address=localhost:{free_port()}",
+             "--config.distributed.num_processes=2"])
+  procs = [subprocess.Popen([sys.executable] + common + [f"--config.distributed.process_id={i}"],
+                            cwd=ROOT, env=device_env(4), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True) for i in range(2)]
+  deadline = time.time() + 240
+  while time.time() < deadline and procs[0].poll() is None:
+    metrics = workdir / "metrics.jsonl"
+    if metrics.exists() and '"split": "train"' in metrics.read_text():
+      break
+    time.sleep(0.05)
+  procs[1].send_signal(signal.SIGTERM)
+  outs = [p.communicate(timeout=120) for p in procs]
+  for p, (_, err) in zip(procs, outs):
+    assert p.returncode == 0, err[-4000:]
+  stopped = re.search(r"stopped by a signal to another process at step (\d+)", outs[0][0])
+  assert stopped, outs[0][0][-2000:]
+  step = int(stopped.group(1))
+  assert step % 2 == 0 and step < 400
+  assert sorted(int(s) for s in os.listdir(workdir / "checkpoints") if s.isdigit()) == [0, step]
 
 
 BAD_MESHES = {

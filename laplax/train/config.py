@@ -74,12 +74,43 @@ def _float(config, key, minimum, maximum=float("inf"), open_min=False):
   return value
 
 
-def validate(config: ml_collections.ConfigDict, num_devices: int | None = None) -> None:
+def unknown_keys(config: ml_collections.ConfigDict) -> list[str]:
+  """Dotted keys of ``config`` that no laplax config of its task has.
+
+  The reference is the task's base config in :mod:`laplax.train.defaults`
+  (``base_config``, ``gpt_base_config``, ``dino_base_config``), which holds
+  every key the trainer reads.
+  """
+  from laplax.train import defaults  # pylint: disable=import-outside-toplevel
+  bases = {"classification": defaults.base_config, "lm": defaults.gpt_base_config,
+           "dino": defaults.dino_base_config}
+  if config.get("task") not in bases:
+    return []
+
+  def flat(node, prefix=""):
+    out = set()
+    for k, v in node.items():
+      if isinstance(v, (dict, ml_collections.ConfigDict)) and len(v):
+        out |= flat(v, f"{prefix}{k}.")
+      else:
+        out.add(prefix + k)
+    return out
+  known = flat(bases[config.task]().to_dict())
+  sections = {k.rsplit(".", 1)[0] for k in known if "." in k}
+  return sorted(k for k in flat(config.to_dict())
+                if k not in known and k not in sections)
+
+
+def validate(config: ml_collections.ConfigDict, num_devices: int | None = None,
+             strict_keys: bool = True) -> None:
   """Checks types, ranges and consistency of every key the trainer reads.
 
   With ``num_devices`` (the trainer passes ``jax.device_count()``, after the
   multi-process runtime started) the mesh is also checked against the devices
   and the batch, heads and MLP sizes against the mesh (:func:`validate_mesh`).
+  With ``strict_keys`` (training; ``eval.py`` reads configs of older runs) a
+  key that no config of the task has (:func:`unknown_keys`, e.g. a misspelt
+  key in a config file) is an error.
 
   Raises:
     ConfigError: the first problem found, as one line naming the key and the fix.
@@ -92,6 +123,12 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None) 
                         f"(see configs/vit_fashion_mnist.py)") from None
   _require(config.task in TASKS,
            f"config.task={config.task!r} is unknown; use one of {', '.join(TASKS)}")
+  if strict_keys:
+    extra = unknown_keys(config)
+    _require(not extra,
+             f"config.{extra[0] if extra else ''} is not a key of a laplax "
+             f"{config.task} config; check its spelling against "
+             f"laplax/train/defaults.py" + (f" ({len(extra)} such keys)" if len(extra) > 1 else ""))
   _require(get(config, "model.name", None) == TASKS[config.task],
            f"config.model.name={get(config, 'model.name', None)!r} does not fit "
            f"task {config.task!r}; use model.name={TASKS[config.task]!r}")

@@ -243,7 +243,7 @@ def setup(config: ml_collections.ConfigDict, workdir: str | None,
   Raises:
     ConfigError, DataError: one-line user errors.
   """
-  config_lib.validate(config, jax.device_count() if check else None)
+  config_lib.validate(config, jax.device_count() if check else None, strict_keys=check)
   if check and workdir is not None:
     check_workdir(config, workdir)
   data_dir = os.path.expanduser(str(config_lib.get(config, "data.data_dir", "") or ""))
@@ -529,6 +529,18 @@ def _train(config: ml_collections.ConfigDict, workdir: str, task: Any,
   say = bar.write if jax.process_index() == 0 else lambda text: None  # process 0 logs
   if resumed:
     say(f"resumed from step {start} in {checkpointer.directory}")
+  def stop_agreed(step: int) -> bool:
+    """Whether to stop after ``step`` on a signal. With several processes a
+    signal may reach only some of them; they agree at log steps (one small
+    all-gather), so all save the same step together and stop."""
+    if jax.process_count() == 1:
+      return stop.signum is not None
+    if step % config.log_every and step != config.total_steps:
+      return False
+    from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+    flags = multihost_utils.process_allgather(np.int32(stop.signum is not None))
+    return bool(np.any(flags))
+
   with _StopRequest() as stop:
     for step in range(start + 1, config.total_steps + 1):
       batch = sharding.global_batch(next(train_iter), batch_sharding, global_batch)
@@ -536,7 +548,8 @@ def _train(config: ml_collections.ConfigDict, workdir: str, task: Any,
       pending.append((step, metrics))
       bar.update(1)
       last = step == config.total_steps
-      save = step % config.checkpoint_every == 0 or last or stop.signum is not None
+      stopping = stop_agreed(step)
+      save = step % config.checkpoint_every == 0 or last or stopping
       if step % config.log_every == 0 or last:
         check_finite()
         record = log_record(pending)
@@ -562,13 +575,12 @@ def _train(config: ml_collections.ConfigDict, workdir: str, task: Any,
         say(f"step {step}: " + ", ".join(
             f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}"
             for k, v in summary.items()))
-      if stop.signum is not None:
-        check_finite()
-        checkpointer.wait()
-        checkpointer.save(state, train_iter.get_state())  # if the signal came late
+      if stopping:
         checkpointer.wait()
         bar.close()
-        say(f"stopped by signal {stop.signum} at step {step}; checkpoint saved in "
+        how = (f"signal {stop.signum}" if stop.signum is not None
+               else "a signal to another process")
+        say(f"stopped by {how} at step {step}; checkpoint saved in "
             f"{checkpointer.directory}; run the same command to resume")
         summary = {}
         break
