@@ -235,7 +235,7 @@ def report(spec: str, devices, args) -> None:
   loops = len(re.findall(r"\swhile\(", compiled.as_text() or ""))
   if loops:
     print(f"   the compiled program has {loops} while loop(s); cost_analysis() counts "
-          f"a loop body once, so the compiled FLOPs undercount")
+          f"a loop body once, so the compiled FLOPs may undercount")
 
 
 def main(argv=None) -> None:
