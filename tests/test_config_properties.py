@@ -55,7 +55,9 @@ BAD = [
     ("optim.b2", st.one_of(st.floats(min_value=1.0 + 1e-9), st.floats(max_value=-1e-9))),
     ("optim.weight_decay", st.floats(max_value=-1e-9)),
     ("optim.warmup_steps", st.one_of(st.integers(max_value=-1), not_int)),
-    ("optim.grad_accum_steps", st.one_of(st.integers(max_value=0), not_int)),
+    # None is allowed here: configs of older runs have no such key (1 then).
+    ("optim.grad_accum_steps", st.one_of(st.integers(max_value=0),
+                                         not_int.filter(lambda v: v is not None))),
     ("optim.skip_nonfinite", not_bool),
     ("debug.nan_at_step", st.one_of(st.integers(max_value=0), st.text(max_size=3))),
     ("task", unknown_name.filter(lambda s: s not in config_lib.TASKS)),

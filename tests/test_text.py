@@ -157,6 +157,22 @@ def test_directory_corpus(small_corpus, tmp_path):
   assert not os.path.exists(tmp_path / "run")  # the byte tokenizer writes nothing
 
 
+def test_truncated_prepared_corpus_is_one_line_data_error(small_corpus, tmp_path):
+  """A prepared split whose ArrayRecord file was cut to 100 bytes: reading it
+  raises DataError naming the split and the folder to delete."""
+  config = make_config(tmp_path / "tfds", small_corpus)
+  text.prepare(config)
+  files = sorted((tmp_path / "tfds").rglob("*train.array_record*"))
+  assert files
+  with open(files[0], "r+b") as f:
+    f.truncate(100)
+  with pytest.raises(errors.DataError) as e:
+    text.read_split(config, "train")
+  message = str(e.value)
+  assert "\n" not in message and "'train' split of the text corpus" in message
+  assert "corrupt" in message and str(tmp_path / "tfds") in message
+
+
 def test_validation_every(small_corpus, tmp_path):
   config = make_config(tmp_path / "tfds", small_corpus, validation_every=2)
   text.prepare(config)

@@ -37,6 +37,7 @@ import tensorflow_datasets as tfds
 
 from laplax.data.builders import fashion_mnist_idx as fmnist
 from laplax.data.errors import DataError  # Re-exported: images.DataError.
+from laplax.data.errors import corrupt_prepared
 
 EVAL_CROP_FRACTION = 0.875  # eval of variable-size images: crop 224 of 256, as usual
 RRC_SCALE = (0.08, 1.0)  # random-resized-crop area fraction range (Inception)
@@ -179,11 +180,8 @@ def _open(data_config, split: str):
       f"({_one_line(e)}); install one with `pip install pillow`."
     ) from e
   except Exception as e:  # array_record raises RuntimeError, OSError, ...
-    raise DataError(
-      f"The prepared files of split {split!r} of {name!r} in {data_dir} are corrupt "
-      f"({_one_line(e)[:200]}); delete {os.path.join(data_dir, name)} and run "
-      f"again to prepare them anew."
-    ) from e
+    raise corrupt_prepared(f"split {split!r} of {name!r} in {data_dir}",
+                           os.path.join(data_dir, name), e) from e
   return source
 
 

@@ -44,7 +44,7 @@ import tokenizers
 from ml_collections import config_dict
 
 from laplax.data.builders import text_corpus as corpus
-from laplax.data.errors import DataError
+from laplax.data.errors import DataError, corrupt_prepared
 
 DATASET_NAME = "text_corpus"
 TOKENIZERS = ("byte", "bpe")
@@ -387,11 +387,8 @@ def _read_split(builder: corpus.TextCorpus, split: str) -> list[tuple[str, str]]
     source = builder.as_data_source(split=split)
     examples = source.__getitems__(list(range(len(source))))
   except Exception as e:  # array_record raises RuntimeError, OSError, ...
-    raise DataError(
-      f"The prepared {split!r} split of the text corpus in {builder.data_dir} is "
-      f"corrupt ({' '.join(str(e).split())[:200] or type(e).__name__}); delete "
-      f"{builder.data_dir} and run again to prepare it anew."
-    ) from e
+    raise corrupt_prepared(f"the {split!r} split of the text corpus",
+                           builder.data_dir, e) from e
   return sorted((_as_str(e["name"]), _as_str(e["text"])) for e in examples)
 
 
