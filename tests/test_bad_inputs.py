@@ -88,6 +88,9 @@ BAD_CONFIGS = {
     "unknown dataset": (["--config.data.name=cifar11"], ["cifar11"]),
     "missing split": (["--config.data.train_split=validation"], ["validation"]),
     "malformed sharding rules": (["--config.sharding_rules=((1,2),)"], ["sharding_rules"]),
+    "infinite learning rate": (["--config.optim.lr=inf"], ["optim.lr"]),
+    "infinite spectral lambda": (["--config.model.spectral.lam=inf"], ["spectral.lam"]),
+    "empty data_dir": (["--config.data.data_dir="], ["data.data_dir"]),
 }
 
 
@@ -132,6 +135,16 @@ def bad_files(tmp_path_factory, fmnist_data_dir, existing_run):
   # A workdir whose config.json is not JSON, and one with only unreadable checkpoints.
   shutil.copytree(existing_run, d / "bad_config_run")
   (d / "bad_config_run" / "config.json").write_text("{not json")
+  shutil.copytree(existing_run, d / "list_config_run")
+  (d / "list_config_run" / "config.json").write_text("[]")
+  shutil.copytree(existing_run, d / "no_config_run")
+  os.remove(d / "no_config_run" / "config.json")
+  shutil.copytree(existing_run, d / "checkpoints_file_run")
+  shutil.rmtree(d / "checkpoints_file_run" / "checkpoints")
+  (d / "checkpoints_file_run" / "checkpoints").write_text("x")
+  shutil.copytree(existing_run, d / "metrics_dir_run")
+  os.remove(d / "metrics_dir_run" / "metrics.jsonl")
+  os.mkdir(d / "metrics_dir_run" / "metrics.jsonl")
   shutil.copytree(existing_run, d / "unreadable_run")
   for p in (d / "unreadable_run" / "checkpoints").rglob("*"):
     if p.is_file() and p.stat().st_size > 0:
@@ -172,6 +185,16 @@ BAD_PATHS = {
     "workdir with a corrupt config.json": (_train("{bad}/bad_config_run"), ["unreadable"]),
     "workdir whose checkpoints are all unreadable": (_train("{bad}/unreadable_run"),
                                                      ["no readable checkpoint"]),
+    "workdir with a JSON list as config.json": (_train("{bad}/list_config_run"),
+                                                ["not a laplax run's config"]),
+    "eval of a workdir with a JSON list as config.json": (
+        ["eval.py", "--workdir", "{bad}/list_config_run"], ["not a laplax run's config"]),
+    "workdir with checkpoints but no config.json": (
+        _train("{bad}/no_config_run", "--config.model.width=64"), ["no config.json"]),
+    "workdir whose checkpoints is a file": (_train("{bad}/checkpoints_file_run"),
+                                            ["should be a directory"]),
+    "workdir whose metrics.jsonl is a directory": (_train("{bad}/metrics_dir_run"),
+                                                   ["should be a file"]),
     "eval of a missing workdir": (["eval.py", "--workdir", "{new}"], ["no "]),
     "eval of a workdir with a corrupt config.json": (["eval.py", "--workdir",
                                                       "{bad}/bad_config_run"], ["unreadable"]),

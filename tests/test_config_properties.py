@@ -22,7 +22,9 @@ CONFIGS = ("vit_fashion_mnist", "gpt_shakespeare", "dino_fashion_mnist")
 BASE = {name: load(name).to_dict() for name in CONFIGS}
 
 not_int = st.one_of(st.text(max_size=3), st.floats(allow_nan=True), st.booleans(), st.none())
-not_number = st.one_of(st.text(max_size=3), st.booleans(), st.none(), st.lists(st.integers(), max_size=2))
+not_number = st.one_of(st.text(max_size=3), st.booleans(), st.none(),
+                       st.lists(st.integers(), max_size=2), st.just(float("inf")),
+                       st.just(float("nan")))
 not_bool = st.one_of(st.integers(), st.text(max_size=3), st.none(), st.floats())
 unknown_name = st.text(alphabet="abcdefghijklmnopqrstuvwxyz_0123456789", min_size=1, max_size=8)
 

@@ -13,6 +13,7 @@ import importlib.util
 import logging
 import os
 import re
+import signal
 import sys
 import warnings
 from typing import Callable
@@ -143,17 +144,39 @@ def load_config_flag(name: str = "config") -> ml_collections.ConfigDict:
   return config
 
 
+class _Signalled(KeyboardInterrupt):
+  """SIGTERM outside the training loop (which handles it itself)."""
+
+
+def _raise_signalled(signum, frame):  # pylint: disable=unused-argument
+  raise _Signalled(signum)
+
+
 def run(main: Callable[[], int | None], user_errors: tuple = ()) -> None:
-  """Runs ``main`` and maps user errors to one stderr line and exit code 2."""
+  """Runs ``main`` and maps user errors to one stderr line and exit code 2.
+
+  SIGTERM or SIGINT outside the training loop (during imports, data
+  preparation, compilation or evaluation) prints one line and exits with 0
+  for SIGTERM (as a preempted training loop does) or 130 for SIGINT; nothing
+  is half-written (datasets, caches and checkpoints are written atomically).
+  """
   from laplax.data.images import DataError  # pylint: disable=import-outside-toplevel
   from laplax.train.checkpoint import CheckpointError  # pylint: disable=import-outside-toplevel
   errors = (UsageError, ConfigError, DataError, CheckpointError) + tuple(user_errors)
+  signal.signal(signal.SIGTERM, _raise_signalled)
   try:
     code = main()
   except errors as e:
     print(f"error: {_first_line(e) if chr(10) in str(e) else e}", file=sys.stderr)
     sys.exit(USAGE_EXIT)
-  except KeyboardInterrupt:
-    print("interrupted before training started; nothing was saved", file=sys.stderr)
-    sys.exit(130)
+  except KeyboardInterrupt as e:
+    term = isinstance(e, _Signalled)
+    print(f"stopped by signal {int(signal.SIGTERM) if term else int(signal.SIGINT)} "
+          f"outside the training loop; nothing more was saved; run the same command "
+          f"to go on", file=sys.stderr)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # No interpreter teardown: threads of the data pipeline or of a checkpoint
+    # write may be mid-operation (an interrupted write is skipped on restart).
+    os._exit(0 if term else 130)  # pylint: disable=protected-access
   sys.exit(code or 0)

@@ -7,6 +7,7 @@ line saying what is wrong and how to fix it; the CLIs print it and exit 2.
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 import jax
@@ -66,11 +67,12 @@ def _int(config, key, minimum):
 def _float(config, key, minimum, maximum=float("inf"), open_min=False):
   value = get(config, key)
   ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+  ok = ok and math.isfinite(value)
   ok = ok and (value > minimum if open_min else value >= minimum) and value <= maximum
   bound = f"> {minimum}" if open_min else f">= {minimum}"
   if maximum != float("inf"):
     bound += f" and <= {maximum}"
-  _require(ok, f"config.{key}={value!r} must be a number {bound}")
+  _require(ok, f"config.{key}={value!r} must be a finite number {bound}")
   return value
 
 
@@ -132,6 +134,11 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None,
   _require(get(config, "model.name", None) == TASKS[config.task],
            f"config.model.name={get(config, 'model.name', None)!r} does not fit "
            f"task {config.task!r}; use model.name={TASKS[config.task]!r}")
+  for key in ("data.data_dir", "data.source_dir"):
+    value = get(config, key)
+    _require(isinstance(value, str) and value.strip() != "",
+             f"config.{key}={value!r} must be a directory path; give a folder, "
+             f"e.g. ~/tensorflow_datasets")
   _int(config, "seed", 0)
   _int(config, "batch_size", 1)
   _int(config, "total_steps", 0)

@@ -94,11 +94,25 @@ def load_saved_config(workdir: str) -> ml_collections.ConfigDict | None:
     return None
   try:
     with open(path) as f:
-      return ml_collections.ConfigDict(json.load(f))
+      saved = json.load(f)
   except (OSError, ValueError) as e:
     raise config_lib.ConfigError(
         f"{path} is unreadable ({type(e).__name__}); it is not a laplax run's "
         f"config, use another --workdir") from None
+  if not (isinstance(saved, dict) and isinstance(saved.get("model"), dict)
+          and saved.get("task") in config_lib.TASKS):
+    raise config_lib.ConfigError(
+        f"{path} is not a laplax run's config (no task and model); use another "
+        f"--workdir")
+  return ml_collections.ConfigDict(saved)
+
+
+def _write_config(config: ml_collections.ConfigDict, workdir: str) -> None:
+  """Writes ``workdir/config.json`` atomically (a temporary file, then a rename)."""
+  path = os.path.join(workdir, CONFIG_FILE)
+  with open(path + ".tmp", "w") as f:
+    f.write(config.to_json(indent=2))
+  os.replace(path + ".tmp", path)
 
 
 def check_workdir(config: ml_collections.ConfigDict, workdir: str) -> None:
@@ -119,7 +133,19 @@ def check_workdir(config: ml_collections.ConfigDict, workdir: str) -> None:
   if not os.access(parent, os.W_OK):
     raise config_lib.ConfigError(f"--workdir {workdir} is not writable ({parent}); "
                                  f"choose a directory you can write to")
+  for name, want_dir in ((CHECKPOINT_DIR, True), ("tensorboard", True),
+                         (CONFIG_FILE, False), (METRICS_FILE, False)):
+    path = os.path.join(workdir, name)
+    if os.path.exists(path) and os.path.isdir(path) != want_dir:
+      raise config_lib.ConfigError(
+          f"{path} should be a {'directory' if want_dir else 'file'}; this workdir "
+          f"is not a laplax run's, use another --workdir")
   saved = load_saved_config(workdir)
+  ckpt = os.path.join(workdir, CHECKPOINT_DIR)
+  if saved is None and os.path.isdir(ckpt) and any(n.isdigit() for n in os.listdir(ckpt)):
+    raise config_lib.ConfigError(
+        f"workdir {workdir} has checkpoints but no {CONFIG_FILE}, so its "
+        f"architecture is unknown; restore {CONFIG_FILE} or use another --workdir")
   if saved is None:
     return
   diff = config_lib.architecture_diff(saved.to_dict(), config)
@@ -253,7 +279,13 @@ def setup(config: ml_collections.ConfigDict, workdir: str | None,
       raise config_lib.ConfigError(
           f"config.data.data_dir={data_dir} cannot be a directory: {blocker} is a "
           f"file; give a directory for the prepared datasets")
-  return tasks.make_task(config, workdir)
+  try:
+    return tasks.make_task(config, workdir)
+  except OSError as e:
+    raise config_lib.ConfigError(
+        f"cannot prepare the data: {e.strerror or type(e).__name__}"
+        f"{f' ({e.filename})' if e.filename else ''}; check config.data.data_dir="
+        f"{config_lib.get(config, 'data.data_dir', '')}") from None
 
 
 def _file_in_path(path: str) -> str | None:
@@ -325,7 +357,7 @@ def make_train_step(task: Any, tx: optax.GradientTransformation, schedule,
   stateful = _stateful(task)
   task_config = getattr(task, "config", {})
   if grad_accum_steps is None:
-    grad_accum_steps = config_lib.get(task_config, "optim.grad_accum_steps", 1)
+    grad_accum_steps = config_lib.get(task_config, "optim.grad_accum_steps", 1) or 1
   n = int(grad_accum_steps)
   skip_nonfinite = bool(config_lib.get(task_config, "optim.skip_nonfinite", False))
   nan_at_step = config_lib.get(task_config, "debug.nan_at_step", None)
@@ -480,20 +512,23 @@ def _train(config: ml_collections.ConfigDict, workdir: str, task: Any,
   # Sharding, then the initial state (created sharded) or resume (onto this mesh).
   state_sharding = state_shardings(task, tx, config.seed, mesh, rules)
   resumed = checkpointer.latest_step() is not None
+  # config.json: on a fresh start before the first checkpoint (checkpoints
+  # without it are refused); on resume only once the state is restored, so
+  # that a failed restore changes nothing.
   if resumed:
     state, data_state = checkpointer.restore(
         sharded_abstract_state(task, tx, config.seed, state_sharding),
         discard_unreadable=True)
     train_iter.set_state(data_state)
     logging.info("resumed from step %d", int(state.step))
+    if jax.process_index() == 0:
+      _write_config(config, workdir)
   else:
+    if jax.process_index() == 0:
+      _write_config(config, workdir)
     checkpointer.warn_incomplete(delete=True)
     state = create_state(task, tx, config.seed, state_sharding)
     checkpointer.save(state, train_iter.get_state())
-  # Only now, with a usable state, does anything in the workdir change.
-  if jax.process_index() == 0:
-    with open(os.path.join(workdir, CONFIG_FILE), "w") as f:
-      f.write(config.to_json(indent=2))
   writer = MetricWriter(workdir)
   start = int(state.step)
   num_params = sum(x.size for x in jax.tree_util.tree_leaves(state.params))
