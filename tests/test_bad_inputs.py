@@ -117,6 +117,7 @@ def bad_files(tmp_path_factory, fmnist_data_dir, existing_run):
   (d / "syntax_error.py").write_text("def get_config(:\n")
   (d / "raises.py").write_text("def get_config(arg=None):\n  raise KeyError('width')\n")
   (d / "afile").write_text("not a directory\n")
+  (d / "returns_none.py").write_text("def get_config(arg=None):\n  pass\n")
   (d / "misspelt.py").write_text(
       "from laplax.train.defaults import base_config\n\n"
       "def get_config(arg=None):\n  c = base_config()\n  c.model.num_haeds = 8\n"
@@ -170,6 +171,9 @@ BAD_PATHS = {
                            ["KeyError"]),
     "config file with a misspelt key": (["train.py", "--config", "{bad}/misspelt.py",
                                          "--workdir", "{new}"], ["model.num_haeds"]),
+    "config that returns None, with an override": (
+        ["train.py", "--config", "{bad}/returns_none.py", "--workdir", "{new}",
+         "--config.total_steps=3"], ["returned NoneType"]),
     "no --workdir": (["train.py", "--config", CONFIG], ["--workdir is required"]),
     "workdir is a file": (_train("{bad}/afile"), ["is a file"]),
     "workdir under a file": (_train("{bad}/afile/run"), ["is a file"]),

@@ -81,11 +81,15 @@ def _load_config_file(spec: str):
     module_spec = importlib.util.spec_from_file_location("laplax_user_config", path)
     module = importlib.util.module_from_spec(module_spec)
     module_spec.loader.exec_module(module)
-    return module.get_config(arg) if arg else module.get_config()
+    config = module.get_config(arg) if arg else module.get_config()
   except Exception as e:  # pylint: disable=broad-except
     text = str(e).strip().splitlines()
     raise UsageError(f"could not load config {spec}: {type(e).__name__}: "
                      f"{text[0] if text else ''}") from None
+  if not isinstance(config, ml_collections.ConfigDict):
+    raise UsageError(f"get_config() of {path} returned {type(config).__name__}; it "
+                     f"must return an ml_collections.ConfigDict")
+  return config
 
 
 def _first_line(e: BaseException) -> str:
@@ -108,6 +112,9 @@ def parse_flags(argv: list[str]) -> None:
     print((getattr(main, "__doc__", None) or "").strip() + "\n")
     print("flags:\n" + flags.FLAGS.main_module_help())
     sys.exit(0)
+  absl_logger = logging.getLogger("absl")
+  level = absl_logger.level
+  absl_logger.setLevel(logging.ERROR)  # config_flags warns of a None config
   try:
     flags.FLAGS(argv)
   except flags.Error as e:
@@ -123,6 +130,8 @@ def parse_flags(argv: list[str]) -> None:
       if isinstance(config, ml_collections.ConfigDict):
         msg = _unknown_key_message(argv, config)
     raise UsageError(msg or f"bad command line: {_first_line(e)}") from None
+  finally:
+    absl_logger.setLevel(level)
 
 
 def load_config_flag(name: str = "config") -> ml_collections.ConfigDict:
@@ -135,6 +144,8 @@ def load_config_flag(name: str = "config") -> ml_collections.ConfigDict:
     raise UsageError(f"--{name} is required, e.g. --{name} configs/vit_fashion_mnist.py")
   try:
     config = flags.FLAGS[name].value
+    if not isinstance(config, ml_collections.ConfigDict):
+      raise TypeError(type(config).__name__)
     config.keys()  # an _ErrorConfig raises here with the loading error
   except Exception:  # pylint: disable=broad-except
     _load_config_file(_config_spec(sys.argv) or "")  # names the real problem
