@@ -73,13 +73,10 @@ class Checkpointer:
   def __init__(self, directory: str, max_to_keep: int = 3):
     self.directory = os.path.abspath(directory)
     with _orbax_errors_silenced():
-      self.manager = self._manager(max_to_keep)
-
-  def _manager(self, max_to_keep: int) -> ocp.CheckpointManager:
-    return ocp.CheckpointManager(
-        self.directory,
-        options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True),
-        item_names=("state", "data"))
+      self.manager = ocp.CheckpointManager(
+          self.directory,
+          options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True),
+          item_names=("state", "data"))
 
   def all_steps(self) -> list[int]:
     """Steps of the complete checkpoints, ascending."""

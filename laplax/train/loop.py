@@ -121,15 +121,11 @@ def check_workdir(config: ml_collections.ConfigDict, workdir: str) -> None:
   Raises:
     ConfigError: the saved config differs in a key that decides the parameters.
   """
-  if os.path.exists(workdir) and not os.path.isdir(workdir):
-    raise config_lib.ConfigError(f"--workdir {workdir} is a file; give a directory")
-  blocker = _file_in_path(workdir)
-  if blocker:
-    raise config_lib.ConfigError(f"--workdir {workdir} cannot be created: {blocker} "
-                                 f"is a file; give a directory")
-  parent = workdir
-  while not os.path.exists(parent):
-    parent = os.path.dirname(os.path.abspath(parent))
+  parent = _existing_ancestor(workdir)
+  if not os.path.isdir(parent):
+    raise config_lib.ConfigError(
+        f"--workdir {workdir} is a file; give a directory" if parent == os.path.abspath(workdir)
+        else f"--workdir {workdir} cannot be created: {parent} is a file; give a directory")
   if not os.access(parent, os.W_OK):
     raise config_lib.ConfigError(f"--workdir {workdir} is not writable ({parent}); "
                                  f"choose a directory you can write to")
@@ -273,12 +269,11 @@ def setup(config: ml_collections.ConfigDict, workdir: str | None,
   if check and workdir is not None:
     check_workdir(config, workdir)
   data_dir = os.path.expanduser(str(config_lib.get(config, "data.data_dir", "") or ""))
-  if data_dir:
-    blocker = _file_in_path(data_dir)
-    if blocker:
-      raise config_lib.ConfigError(
-          f"config.data.data_dir={data_dir} cannot be a directory: {blocker} is a "
-          f"file; give a directory for the prepared datasets")
+  if data_dir and not os.path.isdir(_existing_ancestor(data_dir)):
+    raise config_lib.ConfigError(
+        f"config.data.data_dir={data_dir} cannot be a directory: "
+        f"{_existing_ancestor(data_dir)} is a file; give a directory for the "
+        f"prepared datasets")
   try:
     return tasks.make_task(config, workdir)
   except OSError as e:
@@ -288,16 +283,12 @@ def setup(config: ml_collections.ConfigDict, workdir: str | None,
         f"{config_lib.get(config, 'data.data_dir', '')}") from None
 
 
-def _file_in_path(path: str) -> str | None:
-  """The first existing non-directory among ``path`` and its parents, if any."""
+def _existing_ancestor(path: str) -> str:
+  """``path`` (absolute) or its nearest parent that exists (file or directory)."""
   path = os.path.abspath(path)
-  while True:
-    if os.path.exists(path):
-      return None if os.path.isdir(path) else path
-    parent = os.path.dirname(path)
-    if parent == path:
-      return None
-    path = parent
+  while not os.path.exists(path):
+    path = os.path.dirname(path)
+  return path
 
 
 def micro_batches(batch: Any, n: int, axis: int = 0) -> Any:
