@@ -14,6 +14,8 @@ import ml_collections
 import pytest
 from hypothesis import strategies as st
 
+from laplax import spectral
+from laplax.models import layers
 from laplax.train import cli
 from laplax.train import config as config_lib
 from test_configs import load
@@ -45,12 +47,12 @@ BAD = [
                                             st.integers(min_value=1000), st.text(max_size=3))),
     ("model.dropout", st.one_of(st.floats(max_value=-1e-9), st.floats(min_value=1.0),
                                 not_number)),
-    ("model.dtype", unknown_name),
+    ("model.dtype", unknown_name.filter(lambda s: s not in config_lib.DTYPES)),
     ("model.implementation", unknown_name.filter(lambda s: s not in ("xla", "cudnn", "reference"))),
-    ("model.spectral.mode", unknown_name),
+    ("model.spectral.mode", unknown_name.filter(lambda s: s not in spectral.MODES)),
     ("model.spectral.lam", st.one_of(st.floats(max_value=-1e-9), not_number)),
     ("model.spectral.enabled", not_bool),
-    ("model.remat", unknown_name),
+    ("model.remat", unknown_name.filter(lambda s: s not in layers.REMAT_POLICIES)),
     ("model.scan_layers", not_bool),
     ("optim.lr", st.one_of(st.floats(max_value=0.0), not_number)),
     ("optim.b1", st.one_of(st.floats(min_value=1.0 + 1e-9), st.floats(max_value=-1e-9))),
