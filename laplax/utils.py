@@ -1,0 +1,73 @@
+"""Small helpers every laplax package uses (it imports nothing of laplax).
+
+One-line error text, atomic file writes, pytree paths as strings and dotted
+keys of nested dicts: each was written several times across the packages
+before; this is the one copy.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, Mapping
+
+
+def first_line(error: BaseException) -> str:
+  """The first useful line of ``str(error)`` (stripped), or the exception's type name.
+
+  Lines that only introduce what follows (ending with ``":"``) are skipped when
+  another line exists, so that a library's "Errors found:" header does not
+  hide the error itself.
+  """
+  lines = [l.strip() for l in str(error).splitlines() if l.strip()]
+  useful = [l for l in lines if not l.endswith(":")] or lines
+  return useful[0] if useful else type(error).__name__
+
+
+def atomic_write(path: str, data: str | bytes | Callable[[Any], None]) -> None:
+  """Writes ``path`` atomically: a temporary file in the same folder, then a rename.
+
+  Readers see the old file or the new one, never a half-written one. ``data``
+  is text, bytes, or a function that writes to the open binary file object.
+
+  Raises:
+    OSError: the folder is not writable, the disk is full, ... (the temporary
+      file is removed).
+  """
+  tmp = f"{path}.tmp{os.getpid()}"
+  try:
+    with open(tmp, "wb") as f:
+      if callable(data):
+        data(f)
+      else:
+        f.write(data.encode() if isinstance(data, str) else data)
+    os.replace(tmp, path)
+  except BaseException:
+    if os.path.exists(tmp):
+      os.remove(tmp)
+    raise
+
+
+def path_keys(path: tuple) -> tuple[str, ...]:
+  """A ``jax.tree_util`` key path as strings, e.g. ``("head", "kernel")``."""
+  return tuple(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k))))
+               for k in path)
+
+
+def path_str(path: tuple) -> str:
+  """A ``jax.tree_util`` key path joined by ``/``, e.g. ``"head/last_layer"``."""
+  return "/".join(path_keys(path))
+
+
+def flatten_dotted(tree: Mapping, prefix: str = "", *, keep_empty: bool = False) -> dict:
+  """``{"a": {"b": 1}}`` -> ``{"a.b": 1}`` (tuples become lists, as in JSON).
+
+  ``keep_empty``: an empty mapping stays a key of its own (``{"a": {}}`` ->
+  ``{"a": {}}``) instead of vanishing.
+  """
+  out = {}
+  for k, v in tree.items():
+    if isinstance(v, Mapping) and (len(v) or not keep_empty):
+      out.update(flatten_dotted(v, f"{prefix}{k}.", keep_empty=keep_empty))
+    else:
+      out[prefix + k] = list(v) if isinstance(v, tuple) else v
+  return out
