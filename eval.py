@@ -114,10 +114,10 @@ def main() -> int:
 
   if _SAMPLE.value is not None:
     prompt = task.tokenizer.encode(_SAMPLE.value)
-    if len(prompt) >= task.model.max_length:
+    if len(prompt) >= task.model.spec.max_length:
       raise cli.UsageError(
           f"the prompt is {len(prompt)} tokens but the context is "
-          f"{task.model.max_length}; shorten it")
+          f"{task.model.spec.max_length}; shorten it")
     if len(prompt) == 0:
       raise cli.UsageError("the prompt is empty; give some text to continue")
     out = sampling.generate(task.model, state.params, prompt,
@@ -136,7 +136,7 @@ def main() -> int:
     if config.eval.pca_images:
       print(f"patch-feature PCA of {config.eval.pca_images} test images: {figure}")
   else:
-    summary = loop.evaluate(task, state)
+    summary = task.evaluate(state)
   if items is not None:
     result = lm_eval.score_choices(task.model, state.params, task.tokenizer, items)
     summary["choices_accuracy"] = result["choices_accuracy"]
@@ -180,38 +180,25 @@ def _analysis_options(config) -> dict:
 
 def _run_analysis(config, task, state, workdir: str, opts: dict) -> int:
   """``--analysis``: streams the eval split, writes analysis.json and the plots."""
-  import numpy as np  # pylint: disable=import-outside-toplevel
   from laplax.analysis import plots, report  # pylint: disable=import-outside-toplevel
   spectral = {"enabled": bool(config.model.spectral.enabled),
               "lam": float(config.model.spectral.lam), "mode": config.model.spectral.mode}
+  model, params = task.backbone(state)
+  readout = task.readout(state)
   if config.task == "lm":
-    params = state.params
-    if config.model.tie_embeddings:
-      unembed = np.asarray(params["token_embedding"]["embedding"])
-    else:
-      unembed = np.asarray(params["lm_head"]["kernel"]).T
-    target = report.Target(task.model, params, "lm",
-                           vocab_size=task.tokenizer.vocab_size if opts["classes"] else 0,
-                           token_classifier=unembed, spectral=spectral)
-    batches = task.eval_batches()
+    vocab_size = task.tokenizer.vocab_size if opts["classes"] else 0
+    target = report.Target(model, params, "lm", vocab_size=vocab_size,
+                           token_classifier=readout, spectral=spectral)
   else:
-    num_classes = int(getattr(task, "num_classes", 0) or 0)
+    num_classes = int(task.num_classes)
     if _ANALYSIS_CLASSES.value == "yes" and num_classes < 2:
       raise cli.UsageError(f"--analysis_classes=yes needs labels, but the eval split of "
                            f"{config.data.name} has {num_classes} classes")
     num_classes = num_classes if opts["classes"] and num_classes >= 2 else 0
-    if config.task == "dino":
-      from laplax.data import images  # pylint: disable=import-outside-toplevel
-      model = task.teacher.backbone
-      params = state.task_state["teacher"]["backbone"]
-      classifier = None
-      batches = images.eval_batches(config.data, batch_size=config.eval_batch_size)
-    else:
-      model, params = task.model, state.params
-      classifier = np.asarray(params["head"]["kernel"]).T if num_classes else None
-      batches = task.eval_batches()
     target = report.Target(model, params, "image", num_classes=num_classes,
-                           classifier=classifier, spectral=spectral)
+                           classifier=readout if num_classes else None,
+                           spectral=spectral)
+  batches = task.eval_batches()
   try:
     analysis = report.run_analysis(
         target, batches, layers=opts["layers"], max_examples=opts["max_examples"],

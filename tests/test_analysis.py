@@ -30,8 +30,7 @@ import numpy as np
 import pytest
 
 from laplax.analysis import capture, compare, conditioning, geometry, report
-from laplax.models.gpt import GPT
-from laplax.models.vit import ViT
+from model_helper import make_vit, make_gpt
 from test_train import CONFIG, ROOT, TINY, run
 
 # ------------------------------------------------------------ NumPy reference
@@ -283,7 +282,7 @@ def test_attention_block_jacobian_matches_finite_differences():
   are compared; the condition number is checked against float64 differences
   in the single-head test above.
   """
-  model = ViT(num_classes=0, patch_size=7, width=8, depth=1, mlp_dim=8, num_heads=2,
+  model = make_vit(num_classes=0, patch_size=7, width=8, depth=1, mlp_dim=8, num_heads=2,
               pool="gap")
   params = jax.jit(model.init)(jax.random.PRNGKey(0), jnp.zeros((1, 14, 14, 1)))["params"]
   module, kwargs = capture.attention_module(model, 0)
@@ -317,7 +316,7 @@ def test_attention_entropy_uniform_and_one_hot():
 
 
 def tiny_vit(scan):
-  return ViT(num_classes=3, patch_size=7, width=16, depth=2, mlp_dim=16, num_heads=2,
+  return make_vit(num_classes=3, patch_size=7, width=16, depth=2, mlp_dim=16, num_heads=2,
              num_laplacian_heads=(0, 1), spectral_lam=10.0, scan_layers=scan)
 
 
@@ -385,7 +384,7 @@ def test_run_analysis_vit_streams_and_rebuilds_blocks(scan):
 
 
 def test_run_analysis_gpt_next_token_classes():
-  model = GPT(vocab_size=11, max_length=8, width=16, depth=2, num_heads=2,
+  model = make_gpt(vocab_size=11, max_length=8, width=16, depth=2, num_heads=2,
               num_laplacian_heads=1, posemb="rope", scan_layers=True)
   tokens = np.random.default_rng(1).integers(0, 11, size=(5, 9)).astype(np.int32)
   params = jax.jit(model.init)(jax.random.PRNGKey(0), tokens[:1, :-1])["params"]

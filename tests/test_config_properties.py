@@ -64,7 +64,7 @@ BAD = [
                                          not_int.filter(lambda v: v is not None))),
     ("optim.skip_nonfinite", not_bool),
     ("debug.nan_at_step", st.one_of(st.integers(max_value=0), st.text(max_size=3))),
-    ("task", unknown_name.filter(lambda s: s not in config_lib.TASKS)),
+    ("task", unknown_name.filter(lambda s: s not in config_lib.task_names())),
 ]
 
 

@@ -16,9 +16,9 @@ import optax
 import pytest
 
 from laplax.models import dino
-from laplax.models.vit import ViT
 from laplax.train import config as config_lib
 from laplax.train import loop, optim, tasks
+from model_helper import make_vit
 from test_configs import load
 from test_train import ROOT, read_metrics, run
 
@@ -133,19 +133,21 @@ def test_schedules_follow_their_closed_forms():
 
 
 def test_posemb_is_resized_for_smaller_crops():
-  vit = ViT(num_classes=0, patch_size=7, width=16, depth=1, mlp_dim=16, num_heads=2,
+  vit = make_vit(num_classes=0, patch_size=7, width=16, depth=1, mlp_dim=16, num_heads=2,
             posemb_grid=(4, 4))
   params = vit.init(jax.random.PRNGKey(0), jnp.zeros((1, 28, 28, 1)))["params"]
   assert params["pos_embedding"].shape == (1, 16, 16)
   feats, _ = vit.apply({"params": params}, jnp.ones((2, 14, 14, 1)))
   assert feats.shape == (2, 16) and np.all(np.isfinite(feats))
-  # An embedding constant over positions resizes to the same constant: with no
-  # blocks and zero images, every encoded patch token is LayerNorm(pos).
-  vit0 = ViT(num_classes=0, patch_size=7, width=16, depth=0, mlp_dim=16, num_heads=2,
-             posemb_grid=(4, 4))
+  # An embedding constant over positions resizes to the same constant: with a
+  # block whose parameters are all zero (an identity: both branches output 0)
+  # and zero images, every encoded patch token is LayerNorm(pos).
+  vit0 = make_vit(num_classes=0, patch_size=7, width=16, depth=1, mlp_dim=16, num_heads=2,
+                  posemb_grid=(4, 4))
   params0 = vit0.init(jax.random.PRNGKey(0), jnp.zeros((1, 28, 28, 1)))["params"]
   row = jnp.linspace(-1.0, 1.0, 16)
   params0 = dict(params0, pos_embedding=jnp.tile(row, (1, 16, 1)),
+                 block0=jax.tree_util.tree_map(jnp.zeros_like, params0["block0"]),
                  embedding={"kernel": jnp.zeros_like(params0["embedding"]["kernel"]),
                             "bias": jnp.zeros(16)})
   _, small = vit0.apply({"params": params0}, jnp.zeros((1, 14, 14, 1)))

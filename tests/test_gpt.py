@@ -5,9 +5,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from laplax.models import sampling
+from laplax.models import sampling, spec as spec_lib
 from laplax.models.gpt import GPT
 from laplax.train import loop, optim, tasks
+from model_helper import make_gpt
 from test_configs import load
 
 HEAD_MIXES = {"standard": 0, "laplacian": 4, "mixed": (1, 3)}
@@ -16,11 +17,11 @@ HEAD_MIXES = {"standard": 0, "laplacian": 4, "mixed": (1, 3)}
 def tiny(laplacian, **kw):
   kw = dict(vocab_size=40, max_length=10, width=16, depth=2, num_heads=4,
             num_laplacian_heads=laplacian, **kw)
-  return GPT(**kw)
+  return make_gpt(**kw)
 
 
 def init(model, seed=0):
-  tokens = jnp.zeros((2, model.max_length), jnp.int32)
+  tokens = jnp.zeros((2, model.spec.max_length), jnp.int32)
   return model.init(jax.random.PRNGKey(seed), tokens)["params"]
 
 
@@ -71,7 +72,7 @@ def test_laplacian_layer_output_at_token_zero_is_bias_only():
 
 
 def test_residual_projection_init_scale():
-  model = GPT(vocab_size=64, max_length=16, width=256, depth=6, num_heads=4)
+  model = make_gpt(vocab_size=64, max_length=16, width=256, depth=6, num_heads=4)
   params = init(model)
   target = 0.02 / np.sqrt(2 * 6)
   for name in ("out",):
@@ -89,7 +90,7 @@ def test_residual_projection_init_scale():
     ("gpt2_124m", 50257, 124e6), ("gpt_d20", 65536, 561e6)])
 def test_paper_config_parameter_count(name, vocab, expected):
   c = load(name)
-  model = tasks.gpt_from_config(c.model, vocab)
+  model = GPT(spec_lib.from_config(c.model), vocab_size=vocab)
   shapes = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0),
                                              jnp.zeros((1, 8), jnp.int32)))
   n = sum(x.size for x in jax.tree_util.tree_leaves(shapes))

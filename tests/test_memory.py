@@ -12,11 +12,10 @@ import numpy as np
 import optax
 import pytest
 
-from laplax.models.gpt import GPT
-from laplax.models.vit import ViT
 from laplax.train import config as config_lib
 from laplax.train import loop, optim, tasks
 from laplax.train.defaults import base_config
+from model_helper import make_vit, make_gpt
 from test_configs import load
 
 
@@ -143,13 +142,13 @@ def test_micro_batches_are_strided_and_reject_indivisible():
 
 
 def tiny_vit(depth=3, **kw):
-  return ViT(num_classes=5, patch_size=4, width=32, depth=depth, mlp_dim=32, num_heads=4,
+  return make_vit(num_classes=5, patch_size=4, width=32, depth=depth, mlp_dim=32, num_heads=4,
              num_laplacian_heads=(1, 4, 0)[:depth], spectral_lam=10.0,
              layerscale_init=0.1, head_init_zero=False, **kw)
 
 
 def tiny_gpt(depth=3, **kw):
-  return GPT(vocab_size=40, max_length=10, width=32, depth=depth, num_heads=4, mlp_dim=32,
+  return make_gpt(vocab_size=40, max_length=10, width=32, depth=depth, num_heads=4, mlp_dim=32,
              num_laplacian_heads=(0, 2, 4)[:depth], spectral_lam=10.0, posemb="rope",
              qk_norm=True, **kw)
 

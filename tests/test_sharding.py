@@ -23,6 +23,7 @@ import pytest
 import sharding_helper
 from laplax import sharding
 from laplax.train import config as config_lib
+from model_helper import make_gpt
 from test_train import ROOT, read_metrics, run
 
 HELPER = os.path.join(ROOT, "tests", "sharding_helper.py")
@@ -252,8 +253,7 @@ def test_rules_parsing():
 def test_models_init_plain_arrays_outside_the_sharding_context():
   """Logical names box parameters only under the rules; values are the same."""
   import flax.linen as nn
-  from laplax.models.gpt import GPT
-  model = GPT(vocab_size=16, max_length=8, width=16, depth=1, num_heads=2,
+  model = make_gpt(vocab_size=16, max_length=8, width=16, depth=1, num_heads=2,
               num_laplacian_heads=1)
   tokens = jax.numpy.zeros((1, 8), jax.numpy.int32)
   plain = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), tokens))["params"]

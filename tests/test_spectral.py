@@ -19,7 +19,7 @@ import pytest
 
 from laplax import spectral
 from laplax.attention import MultiHeadAttention, ProjectionDense
-from laplax.models.vit import ViT
+from model_helper import make_vit
 
 LAM = 10.0
 MODES = ["per_head", "full", "svd"]
@@ -362,7 +362,7 @@ def test_projection_dense_spectral_direct(mode):
 
 
 def tiny_vit(**kw):
-  return ViT(num_classes=3, patch_size=4, width=8, depth=1, mlp_dim=16,
+  return make_vit(num_classes=3, patch_size=4, width=8, depth=1, mlp_dim=16,
              num_heads=2, num_laplacian_heads=1, head_init_zero=False,
              layerscale_init=0.5, **kw)
 

@@ -13,8 +13,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from laplax.models.layers import DropPath, LayerScale, per_layer
-from laplax.models.vit import VARIANTS, ViT, decode_variant, posemb_sincos_2d
+from laplax.models import spec as spec_lib
+from laplax.models.layers import DropPath, LayerScale
+from laplax.models.vit import VARIANTS, decode_variant, posemb_sincos_2d
+from model_helper import make_vit
 
 KEY = lambda seed: jax.random.key(seed, impl="rbg")  # fast to compile on CPU
 BATCH, IMG, PATCH, WIDTH, HEADS, MLP, CLASSES = 2, 8, 4, 8, 2, 16, 3
@@ -25,7 +27,7 @@ def vit(**kw):
   cfg = dict(num_classes=CLASSES, patch_size=PATCH, width=WIDTH, depth=2,
              mlp_dim=MLP, num_heads=HEADS, head_init_zero=False)
   cfg.update(kw)
-  return ViT(**cfg)
+  return make_vit(**cfg)
 
 
 def random_params(model, seed=0, images=None):
@@ -192,7 +194,7 @@ def test_decode_variant_errors(bad):
 def test_parameter_count_closed_form():
   """ViT-S/16 on 32 x 32 images, 10 classes, counted abstractly."""
   cfg = decode_variant("S/16")
-  model = ViT(num_classes=10, **cfg)
+  model = make_vit(num_classes=10, **cfg)
   images = jax.ShapeDtypeStruct((1, 32, 32, 3), jnp.float32)
   shapes = jax.eval_shape(lambda k, x: model.init(k, x), KEY(0), images)
   count = sum(x.size for x in jax.tree.leaves(shapes))
@@ -249,14 +251,16 @@ def test_per_layer_errors():
     init(num_laplacian_heads=[1])
   with pytest.raises(ValueError, match=msg.format("num_laplacian_heads", 3)):
     init(num_laplacian_heads=[1, 1, 1])
-  with pytest.raises(ValueError, match=msg.format("laplacian_mask", 3)):
+  with pytest.raises(ValueError, match=r"laplacian_mask must be depth=2 lists"):
     init(laplacian_mask=[[True, False]] * 3)
   with pytest.raises(ValueError, match=r"num_heads=2"):
     init(laplacian_mask=[[True], [True, False]])
   with pytest.raises(ValueError, match=r"num_heads=2"):
     init(num_laplacian_heads=[0, 3])
-  assert per_layer(3, 4, "x") == [3, 3, 3, 3]
-  assert per_layer((1, 2), 2, "x") == [1, 2]
+  np.testing.assert_array_equal(spec_lib.laplacian_mask(3, 2, 1),
+                                [[False, False, True]] * 2)
+  np.testing.assert_array_equal(spec_lib.laplacian_mask(2, 2, (1, 2)),
+                                [[False, True], [True, True]])
 
 
 @pytest.mark.parametrize("size", [(10, 8), (8, 6), (9, 9)])

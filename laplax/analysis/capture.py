@@ -23,9 +23,9 @@ import flax.linen as nn
 import jax
 import numpy as np
 
-from laplax.attention import MultiHeadAttention, laplacian_heads
-from laplax.models.gpt import GPT
-from laplax.models.layers import SCANNED_BLOCKS, per_layer
+from laplax.attention import MultiHeadAttention
+from laplax.models.layers import SCANNED_BLOCKS, attention_module as block_attention
+from laplax.models.spec import GPTSpec
 
 PROJECTIONS = ("query", "key", "value")
 
@@ -73,40 +73,29 @@ def projection_kernels(params: dict, layer: int) -> dict:
 
 
 def is_causal(model: nn.Module) -> bool:
-  """Whether ``model``'s attention is causal (a :class:`GPT`) or bidirectional (a ViT).
+  """Whether ``model``'s attention is causal (a GPT's spec) or bidirectional (a ViT).
 
   Args:
-    model: a laplax ViT or GPT (bound or not).
-
-  Returns:
-    ``True`` for a GPT.
+    model: a laplax ViT or GPT (bound or not), read through ``model.spec``.
   """
-  return isinstance(model, GPT)
+  return isinstance(model.spec, GPTSpec)
 
 
 def attention_module(model: nn.Module, layer: int):
   """Layer ``layer``'s attention block as a standalone module and its call kwargs.
 
-  Rebuilt from the model's attributes (heads, Laplacian heads of that layer,
-  qk-norm, spectral settings, rotary positions, biases) with the reference
-  kernel and float32 compute, so that ``module.apply({"params":
-  attention_params(params, layer)}, y, **kwargs)`` maps the block's normalised
-  input ``y [batch, T, D]`` to its attention branch, as in the model.
+  Built from ``model.spec`` by :func:`laplax.models.layers.attention_module`
+  (the constructor the model's blocks use) with the reference kernel and
+  float32 compute, so that ``module.apply({"params": attention_params(params,
+  layer)}, y, **kwargs)`` maps the block's normalised input ``y [batch, T, D]``
+  to its attention branch, as in the model.
 
   Returns:
     ``(MultiHeadAttention, {"is_causal": bool, "laplacian": bool [heads]})``.
   """
-  counts = per_layer(model.num_laplacian_heads, model.depth, "num_laplacian_heads")
-  masks = (per_layer(model.laplacian_mask, model.depth, "laplacian_mask")
-           if model.laplacian_mask is not None else [None] * model.depth)
-  laplacian = laplacian_heads(model.num_heads, counts[layer], masks[layer])
-  causal = is_causal(model)
-  module = MultiHeadAttention(
-      num_heads=model.num_heads, qk_norm=model.qk_norm,
-      spectral_lam=model.spectral_lam, spectral_mode=model.spectral_mode,
-      implementation="reference", use_bias=getattr(model, "use_bias", True),
-      rope=causal and getattr(model, "posemb", "") == "rope")
-  return module, {"is_causal": causal, "laplacian": laplacian}
+  laplacian = model.spec.laplacian_array[layer]
+  module = block_attention(model.spec, implementation="reference", dtype=None)
+  return module, {"is_causal": is_causal(model), "laplacian": laplacian}
 
 
 def _capture_filter(module: nn.Module, method_name: str) -> bool:

@@ -169,13 +169,13 @@ def _jacobian_section(target: Target, layer: int, y: np.ndarray, attn_out: np.nd
     diff = np.abs(np.asarray(_jit(apply)(jnp.asarray(y), params)) - ref).max()
     section["block_check"] = float(diff / max(float(np.abs(ref).max()), 1e-30))
   kernels = capture.projection_kernels(target.params, layer)
-  heads = model.num_heads
+  heads, sp = model.spec.num_heads, model.spec.attention.spectral
   eff = {}
   for name, w in kernels.items():
-    if model.spectral_lam is not None:  # the effective kernel W + C
+    if sp is not None:  # the effective kernel W + C
       w = w + np.asarray(spectral.correction(
-          w.shape, lam=model.spectral_lam, mode=model.spectral_mode, num_heads=heads,
-          kernel=w if model.spectral_mode == "svd" else None))
+          w.shape, lam=sp.lam, mode=sp.mode, num_heads=heads,
+          kernel=w if sp.mode == "svd" else None))
     eff[name] = np.split(w, heads, axis=1)
   causal = capture.is_causal(model)
   per_head = []
@@ -193,7 +193,7 @@ def _weights_section(target: Target, layer: int) -> dict:
   out = {}
   for name, w in capture.projection_kernels(target.params, layer).items():
     res = conditioning.kernel_conditioning(
-        w, num_heads=target.model.num_heads, lam=float(s["lam"]), mode=s["mode"])
+        w, num_heads=target.model.spec.num_heads, lam=float(s["lam"]), mode=s["mode"])
     res["effective"] = "corrected" if s["enabled"] else "raw"
     out[name] = res
   return out
@@ -237,10 +237,11 @@ def run_analysis(target: Target, batches: Iterable[dict], *, layers: Sequence[in
   model = target.model
   if batch_size < 1:
     raise AnalysisError(f"batch_size must be >= 1, got {batch_size}")
-  bad = [i for i in layers if not 0 <= i < model.depth]
+  depth = model.spec.depth
+  bad = [i for i in layers if not 0 <= i < depth]
   if bad:
     raise AnalysisError(f"layers {bad} do not exist; the model has layers "
-                        f"0..{model.depth - 1}")
+                        f"0..{depth - 1}")
   causal = capture.is_causal(model)
   fwd = _jitted_forward(model, tuple(layers))
   accs, feature_acc = {}, None
@@ -302,8 +303,8 @@ def run_analysis(target: Target, batches: Iterable[dict], *, layers: Sequence[in
   features = feature_acc.finalize(classifier=target.classifier,
                                   token_classifier=target.token_classifier)
   any_acc = accs[layers[0]] if layers else feature_acc
-  result = {"kind": target.kind, "causal": causal, "depth": int(model.depth),
-            "num_heads": int(model.num_heads),
+  result = {"kind": target.kind, "causal": causal, "depth": int(depth),
+            "num_heads": int(model.spec.num_heads),
             "num_sequences": int(any_acc.num_sequences),
             "num_tokens": int(any_acc.num_tokens),
             "num_classes": int(target.num_classes), "vocab_size": int(target.vocab_size),

@@ -76,11 +76,6 @@ class DINO(nn.Module):
   backbone: ViT
   head: DINOHead
 
-  def features(self, images: jax.Array, *, train: bool = False):
-    """``[N, H, W, C]`` -> (class-token features ``[N, width]``, block outputs)."""
-    feats, out = self.backbone(images, train=train)
-    return feats, out
-
   def __call__(self, global_crops: jax.Array, local_crops: jax.Array | None = None,
                *, train: bool = False):
     views = [global_crops]

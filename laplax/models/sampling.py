@@ -16,8 +16,8 @@ def generate(model: GPT, params: Any, prompt: np.ndarray, *, max_new_tokens: int
              rng: jax.Array | None = None) -> np.ndarray:
   """Samples a continuation of ``prompt`` token by token with the KV cache.
 
-  When prompt plus continuation reach ``model.max_length``, decoding goes on
-  in a sliding window: a fresh cache is filled with the last ``max_length //
+  When prompt plus continuation reach ``model.spec.max_length``, decoding goes on
+  in a sliding window: a fresh cache is filled with the last ``spec.max_length //
   2`` tokens and sampling continues from there (each token still sees at least
   half a context).
 
@@ -34,18 +34,18 @@ def generate(model: GPT, params: Any, prompt: np.ndarray, *, max_new_tokens: int
     int32 ``[max_new_tokens]``: the sampled tokens (without the prompt).
 
   Raises:
-    ValueError: an empty prompt or one longer than ``model.max_length``.
+    ValueError: an empty prompt or one longer than ``model.spec.max_length``.
   """
   prompt = np.asarray(prompt, np.int32)
   if prompt.size == 0:
     raise ValueError("the prompt is empty; give at least one token")
-  if prompt.size > model.max_length:
+  if prompt.size > model.spec.max_length:
     raise ValueError(
         f"the prompt has {prompt.size} tokens but the model's context is "
-        f"{model.max_length}; shorten the prompt")
+        f"{model.spec.max_length}; shorten the prompt")
   rng = jax.random.PRNGKey(0) if rng is None else rng
   empty_cache = model.init(jax.random.PRNGKey(0),
-                           jnp.zeros((1, model.max_length), jnp.int32),
+                           jnp.zeros((1, model.spec.max_length), jnp.int32),
                            decode=True)["cache"]
 
   @jax.jit
@@ -66,8 +66,8 @@ def generate(model: GPT, params: Any, prompt: np.ndarray, *, max_new_tokens: int
   out = []
   cache, tokens, filled = empty_cache, jnp.asarray(prompt)[None], prompt.size
   for i in range(max_new_tokens):
-    if filled > model.max_length:  # the cache is full: restart on the last half
-      keep = seq[-(model.max_length // 2):]
+    if filled > model.spec.max_length:  # the cache is full: restart on the last half
+      keep = seq[-(model.spec.max_length // 2):]
       cache, tokens, filled = empty_cache, jnp.asarray(keep, jnp.int32)[None], len(keep)
     cache, nxt = step(cache, tokens, jax.random.fold_in(rng, i))
     out.append(int(nxt))
@@ -82,7 +82,7 @@ def continuation_logprob(model: GPT, params: Any, context: np.ndarray,
   """``sum_t log p(continuation_t | context, continuation_<t)`` in nats.
 
   ``context`` and ``continuation`` are int token arrays; when together they
-  exceed ``model.max_length`` the oldest context tokens are dropped.
+  exceed ``model.spec.max_length`` the oldest context tokens are dropped.
 
   Raises:
     ValueError: an empty continuation, or a continuation alone longer than
@@ -92,12 +92,12 @@ def continuation_logprob(model: GPT, params: Any, context: np.ndarray,
   continuation = np.asarray(continuation, np.int32)
   if continuation.size == 0:
     raise ValueError("the continuation is empty")
-  if continuation.size >= model.max_length:
+  if continuation.size >= model.spec.max_length:
     raise ValueError(
         f"a continuation of {continuation.size} tokens does not fit the context "
-        f"of {model.max_length}")
-  tokens = np.concatenate([context, continuation])[-(model.max_length + 1):]
-  inputs = np.zeros(model.max_length, np.int32)  # right padding: causal, so
+        f"of {model.spec.max_length}")
+  tokens = np.concatenate([context, continuation])[-(model.spec.max_length + 1):]
+  inputs = np.zeros(model.spec.max_length, np.int32)  # right padding: causal, so
   inputs[:len(tokens) - 1] = tokens[:-1]          # it cannot change the scores
   logits, _ = _forward(model)(params, jnp.asarray(inputs)[None])
   logp = np.asarray(jax.nn.log_softmax(logits[0, :len(tokens) - 1], axis=-1))

@@ -13,11 +13,9 @@ from typing import Any
 import jax
 import ml_collections
 
-from laplax import attention, sharding, spectral
-from laplax.models import layers
+from laplax import sharding, utils
+from laplax.models import spec as spec_lib
 
-TASKS = {"classification": "vit", "lm": "gpt", "dino": "vit"}  # task -> model.name
-DTYPES = ("float32", "bfloat16")
 # Keys every config has (the documented contract of train.py).
 REQUIRED = (
     "task", "seed", "batch_size", "total_steps", "log_every", "eval_every",
@@ -32,12 +30,21 @@ ARCHITECTURE_KEYS = ("task", "model", "data.name", "data.image_size",
                      "dino.head_layers")
 # Keys under ARCHITECTURE_KEYS that leave the parameter tree as it is.
 NOT_ARCHITECTURE_KEYS = ("model.remat",)
-# Architecture keys added after runs were saved, with the value such runs had.
-ADDED_ARCHITECTURE_KEYS = {"model.scan_layers": False}
 
 
 class ConfigError(ValueError):
   """A config that cannot run; the message is one line with the fix."""
+
+
+def task_names() -> tuple[str, ...]:
+  """The names of the tasks of the one registry, :data:`laplax.train.tasks.TASKS`."""
+  from laplax.train import tasks  # pylint: disable=import-outside-toplevel
+  return tuple(tasks.TASKS)
+
+
+def _task_class(name: str):
+  from laplax.train import tasks  # pylint: disable=import-outside-toplevel
+  return tasks.TASKS[name]
 
 
 def get(config: ml_collections.ConfigDict, dotted: str, default: Any = KeyError):
@@ -79,27 +86,16 @@ def _float(config, key, minimum, maximum=float("inf"), open_min=False):
 def unknown_keys(config: ml_collections.ConfigDict) -> list[str]:
   """Dotted keys of ``config`` that no laplax config of its task has.
 
-  The reference is the task's base config in :mod:`laplax.train.defaults`
-  (``base_config``, ``gpt_base_config``, ``dino_base_config``), which holds
-  every key the trainer reads.
+  The reference is the task's base config (``base_config`` of its class in
+  :data:`laplax.train.tasks.TASKS`, from :mod:`laplax.train.defaults`), which
+  holds every key the trainer reads.
   """
-  from laplax.train import defaults  # pylint: disable=import-outside-toplevel
-  bases = {"classification": defaults.base_config, "lm": defaults.gpt_base_config,
-           "dino": defaults.dino_base_config}
-  if config.get("task") not in bases:
+  if config.get("task") not in task_names():
     return []
-
-  def flat(node, prefix=""):
-    out = set()
-    for k, v in node.items():
-      if isinstance(v, (dict, ml_collections.ConfigDict)) and len(v):
-        out |= flat(v, f"{prefix}{k}.")
-      else:
-        out.add(prefix + k)
-    return out
-  known = flat(bases[config.task]().to_dict())
+  known = utils.flatten_dotted(_task_class(config.task).base_config().to_dict(),
+                               keep_empty=True)
   sections = {k.rsplit(".", 1)[0] for k in known if "." in k}
-  return sorted(k for k in flat(config.to_dict())
+  return sorted(k for k in utils.flatten_dotted(config.to_dict(), keep_empty=True)
                 if k not in known and k not in sections)
 
 
@@ -123,17 +119,18 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None,
     except KeyError:
       raise ConfigError(f"config.{key} is missing; every laplax config defines it "
                         f"(see configs/vit_fashion_mnist.py)") from None
-  _require(config.task in TASKS,
-           f"config.task={config.task!r} is unknown; use one of {', '.join(TASKS)}")
+  _require(config.task in task_names(),
+           f"config.task={config.task!r} is unknown; use one of {', '.join(task_names())}")
   if strict_keys:
     extra = unknown_keys(config)
     _require(not extra,
              f"config.{extra[0] if extra else ''} is not a key of a laplax "
              f"{config.task} config; check its spelling against "
              f"laplax/train/defaults.py" + (f" ({len(extra)} such keys)" if len(extra) > 1 else ""))
-  _require(get(config, "model.name", None) == TASKS[config.task],
+  family = _task_class(config.task).family
+  _require(get(config, "model.name", None) == family,
            f"config.model.name={get(config, 'model.name', None)!r} does not fit "
-           f"task {config.task!r}; use model.name={TASKS[config.task]!r}")
+           f"task {config.task!r}; use model.name={family!r}")
   for key in ("data.data_dir", "data.source_dir"):
     value = get(config, key)
     _require(isinstance(value, str) and value.strip() != "",
@@ -155,54 +152,11 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None,
            f"config.optim.weight_decay_exclude={exclude!r} must be a tuple of "
            f"parameter-name regexes")
 
-  m = config.model
-  num_heads = _int(config, "model.num_heads", 1)
-  width = _int(config, "model.width", 1)
-  depth = _int(config, "model.depth", 1)
-  _int(config, "model.mlp_dim", 1)
-  _require(width % num_heads == 0,
-           f"config.model.width={width} is not divisible by config.model.num_heads="
-           f"{num_heads}; choose num_heads dividing the width")
-  counts = m.num_laplacian_heads
-  counts = list(counts) if isinstance(counts, (list, tuple)) else [counts] * depth
-  _require(len(counts) == depth,
-           f"config.model.num_laplacian_heads has {len(counts)} entries but "
-           f"model.depth={depth}; give one count per layer or a single int")
-  for k in counts:
-    _require(isinstance(k, int) and not isinstance(k, bool) and 0 <= k <= num_heads,
-             f"config.model.num_laplacian_heads={m.num_laplacian_heads!r} must be "
-             f"in 0..num_heads={num_heads} (the last k heads of a layer are Laplacian)")
-  mask = get(config, "model.laplacian_mask", None)
-  if mask is not None:
-    _require(isinstance(mask, (list, tuple)) and len(mask) == depth
-             and all(isinstance(row, (list, tuple)) and len(row) == num_heads
-                     and all(isinstance(v, bool) for v in row) for row in mask),
-             f"config.model.laplacian_mask must be {depth} lists of {num_heads} "
-             f"booleans True/False (one per layer and head)")
-  for key in ("dropout", "attention_dropout"):
-    _float(config, f"model.{key}", 0.0, 0.99)
-  if m.name == "vit":
-    _validate_vit(config)
-  else:
-    _validate_gpt(config)
+  _validate_model(config)
+  if config.task == "classification":
+    _validate_classification(config)
   if config.task == "dino":
     _validate_dino(config)
-  _require(m.dtype in DTYPES,
-           f"config.model.dtype={m.dtype!r} is unknown; use one of {', '.join(DTYPES)}")
-  impl = m.implementation
-  _require(impl in attention.IMPLEMENTATIONS,
-           f"config.model.implementation={impl!r} is unknown; use 'xla', 'cudnn', "
-           f"'reference' or None")
-  if impl == "cudnn":
-    _require(jax.default_backend() == "gpu",
-             f"config.model.implementation='cudnn' needs an NVIDIA GPU but JAX runs "
-             f"on {jax.default_backend()!r}; use 'xla'")
-  _require(m.spectral.mode in spectral.MODES,
-           f"config.model.spectral.mode={m.spectral.mode!r} is unknown; use one of "
-           f"{', '.join(spectral.MODES)}")
-  _float(config, "model.spectral.lam", 0.0)
-  _require(isinstance(m.spectral.enabled, bool),
-           f"config.model.spectral.enabled={m.spectral.enabled!r} must be True or False")
 
   o = config.optim
   _float(config, "optim.lr", 0.0, open_min=True)
@@ -227,15 +181,7 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None,
 
 
 def _validate_memory(config):
-  """``model.remat``, ``model.scan_layers``, ``optim.grad_accum_steps``
-  (optional: configs of older runs lack them)."""
-  remat = get(config, "model.remat", "none")
-  _require(isinstance(remat, str) and remat in layers.REMAT_POLICIES,
-           f"config.model.remat={remat!r} is unknown; use one of "
-           f"{', '.join(layers.REMAT_POLICIES)}")
-  scan = get(config, "model.scan_layers", False)
-  _require(isinstance(scan, bool),
-           f"config.model.scan_layers={scan!r} must be True or False")
+  """``optim.grad_accum_steps`` (``None`` means 1)."""
   if get(config, "optim.grad_accum_steps", None) is None:
     return
   accum = _int(config, "optim.grad_accum_steps", 1)
@@ -321,22 +267,30 @@ def validate_mesh(config: ml_collections.ConfigDict, num_devices: int,
   return shape
 
 
-def _validate_vit(config):
+def _validate_model(config):
+  """The model section: every field of the model spec
+  (:func:`laplax.models.spec.from_config`: types, ranges, heads vs width,
+  Laplacian heads vs heads, qk-norm, spectral, rotary), then what the spec
+  cannot know (the backend for cuDNN, the image size for the patches)."""
   m = config.model
-  patch = _int(config, "model.patch_size", 1)
-  _float(config, "model.drop_path", 0.0, 0.99)
-  _require(m.posemb in ("learn", "sincos2d"),
-           f"config.model.posemb={m.posemb!r} is unknown; use 'learn' or 'sincos2d'")
-  _require(m.pool in ("tok", "gap"),
-           f"config.model.pool={m.pool!r} is unknown; use 'tok' or 'gap'")
+  try:
+    model_spec = spec_lib.from_config(m)
+  except spec_lib.SpecError as e:
+    raise ConfigError(f"config.{e}") from None
+  if model_spec.attention.implementation == "cudnn":
+    _require(jax.default_backend() == "gpu",
+             f"config.model.implementation='cudnn' needs an NVIDIA GPU but JAX runs "
+             f"on {jax.default_backend()!r}; use 'xla'")
   image_size = get(config, "data.image_size", None)
-  if image_size is not None:
+  if m.name == "vit" and image_size is not None:
     _int(config, "data.image_size", 1)
-    _require(image_size % patch == 0,
+    _require(image_size % m.patch_size == 0,
              f"config.data.image_size={image_size} is not divisible by "
-             f"config.model.patch_size={patch}; change one of them")
-  if config.task != "classification":
-    return
+             f"config.model.patch_size={m.patch_size}; change one of them")
+
+
+def _validate_classification(config):
+  """The loss section of a classification config."""
   _float(config, "loss.label_smoothing", 0.0, 0.99)
   _require(config.loss.type in ("softmax", "sigmoid"),
            f"config.loss.type={config.loss.type!r} is unknown; use 'softmax' or 'sigmoid'")
@@ -405,20 +359,6 @@ def _validate_dino(config):
            f"True or False")
 
 
-def _validate_gpt(config):
-  m = config.model
-  _int(config, "model.max_length", 1)
-  _require(m.posemb in ("learn", "rope"),
-           f"config.model.posemb={m.posemb!r} is unknown; use 'learn' or 'rope'")
-  if m.posemb == "rope":
-    _require((m.width // m.num_heads) % 2 == 0,
-             f"rotary position encoding needs an even head_dim, got "
-             f"{m.width // m.num_heads}; change model.width or model.num_heads")
-  for key in ("tie_embeddings", "use_bias", "qk_norm"):
-    _require(isinstance(get(config, f"model.{key}"), bool),
-             f"config.model.{key}={get(config, f'model.{key}')!r} must be True or False")
-
-
 def check_image_size(config: ml_collections.ConfigDict, image_shape) -> None:
   """Checks the data's image size ``(H, W, C)`` against ``model.patch_size``.
 
@@ -436,24 +376,19 @@ def check_image_size(config: ml_collections.ConfigDict, image_shape) -> None:
 def architecture_diff(saved: dict, config: ml_collections.ConfigDict) -> list[str]:
   """Dotted keys under :data:`ARCHITECTURE_KEYS` where ``saved`` and ``config`` differ.
 
-  Keys in :data:`NOT_ARCHITECTURE_KEYS` (``model.remat``) are ignored; a key of
-  :data:`ADDED_ARCHITECTURE_KEYS` missing on either side has its old value
-  (``model.scan_layers``: False), so runs saved before it existed resume.
+  Keys in :data:`NOT_ARCHITECTURE_KEYS` (``model.remat``) are ignored. A model
+  key missing on one side has the model spec's default
+  (:func:`laplax.models.spec.config_defaults`), so a run saved before a model
+  option existed resumes with the option at its default.
   """
-  new = json.loads(config.to_json())
-
-  def flatten(d, prefix=""):
-    if isinstance(d, dict):
-      out = {}
-      for k, v in d.items():
-        out.update(flatten(v, f"{prefix}{k}."))
-      return out
-    return {prefix[:-1]: list(d) if isinstance(d, tuple) else d}
-
-  a, b = flatten(saved), flatten(new)
-  for k, v in ADDED_ARCHITECTURE_KEYS.items():
-    a.setdefault(k, v)
-    b.setdefault(k, v)
+  a = utils.flatten_dotted(saved)
+  b = utils.flatten_dotted(json.loads(config.to_json()))
+  family = get(config, "model.name", None)
+  if family in spec_lib.FAMILIES:
+    defaults = utils.flatten_dotted({"model": spec_lib.config_defaults(family)})
+    for k, v in defaults.items():
+      a.setdefault(k, v)
+      b.setdefault(k, v)
   keys = [k for k in sorted(set(a) | set(b))
           if any(k == p or k.startswith(p + ".") for p in ARCHITECTURE_KEYS)
           and k not in NOT_ARCHITECTURE_KEYS]

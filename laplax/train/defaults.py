@@ -13,6 +13,7 @@ import ml_collections
 from ml_collections import config_dict
 
 from laplax import sharding
+from laplax.models import spec as spec_lib
 
 
 def parse_arg(arg: str | None, **defaults) -> ml_collections.ConfigDict:
@@ -36,6 +37,35 @@ def parse_arg(arg: str | None, **defaults) -> ml_collections.ConfigDict:
       pass
     out[key] = value
   return out
+
+
+def model_config(name: str) -> ml_collections.ConfigDict:
+  """The ``config.model`` section of family ``name`` (``"vit"``, ``"gpt"``), with
+  every key and default taken from the model spec
+  (:func:`laplax.models.spec.config_defaults`).
+
+  ``None`` defaults become typed placeholders so that ``--config.model.KEY=``
+  overrides type-check: ``num_laplacian_heads`` takes an int (the last k heads
+  of every layer) or a per-layer list, ``laplacian_mask`` per-layer tuples of
+  booleans. ``remat`` and ``scan_layers`` change memory and compile time, not
+  the values (``scan_layers`` stacks the parameters under ``blocks``: another
+  checkpoint layout).
+  """
+  def section(values: dict) -> ml_collections.ConfigDict:
+    out = ml_collections.ConfigDict()
+    for key, value in values.items():
+      if isinstance(value, dict):
+        out[key] = section(value)
+      elif key == "num_laplacian_heads":
+        out[key] = config_dict.FieldReference(value, field_type=object)
+      elif key == "laplacian_mask":
+        out[key] = config_dict.placeholder(tuple)
+      elif value is None:
+        out[key] = config_dict.placeholder(spec_lib.field_type(name, key))
+      else:
+        out[key] = value
+    return out
+  return section(spec_lib.config_defaults(name))
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -65,29 +95,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.data.num_threads = 2
   c.data.prefetch = 4
 
-  c.model = ml_collections.ConfigDict()
-  c.model.name = "vit"
+  c.model = model_config("vit")
   c.model.patch_size = 4
-  c.model.width = 128
-  c.model.depth = 4
-  c.model.mlp_dim = 256
-  c.model.num_heads = 4
-  # An int (the last k heads of every layer) or a per-layer list of ints.
-  c.model.num_laplacian_heads = config_dict.FieldReference(0, field_type=object)
-  c.model.laplacian_mask = config_dict.placeholder(tuple)
-  c.model.qk_norm = False
-  c.model.dropout = 0.0
-  c.model.attention_dropout = 0.0
-  c.model.drop_path = 0.0
-  c.model.layerscale_init = config_dict.placeholder(float)
-  c.model.posemb = "learn"
-  c.model.pool = "tok"
-  c.model.implementation = config_dict.placeholder(str)
-  c.model.dtype = "float32"
-  c.model.spectral = ml_collections.ConfigDict()
-  c.model.spectral.enabled = False
-  c.model.spectral.lam = 10.0
-  c.model.spectral.mode = "per_head"
 
   c.optim = ml_collections.ConfigDict()
   c.optim.lr = 1e-3
@@ -105,14 +114,6 @@ def base_config() -> ml_collections.ConfigDict:
   c.loss.mixup = 0.0
   c.loss.cutmix = 0.0
 
-  # Memory and compile time; parameters stay float32 and model.dtype is the
-  # matmul dtype. Rematerialise each block in the backward pass: "none",
-  # "full", "dots_saveable", "dots_with_no_batch_dims_saveable" (the
-  # jax.checkpoint policy; same values and parameters).
-  c.model.remat = "none"
-  # nn.scan over the blocks: one block to compile; the parameters are stacked
-  # under "blocks" with a leading layer axis (another checkpoint layout).
-  c.model.scan_layers = False
   # Micro-batches per optimizer step (batch_size stays the global batch and
   # must be divisible by it); the gradient is their mean.
   c.optim.grad_accum_steps = 1
@@ -190,18 +191,9 @@ def gpt_base_config() -> ml_collections.ConfigDict:
   c.data.num_threads = 1
   c.data.prefetch = 4
 
-  m = c.model
-  m.name = "gpt"
-  for key in ("patch_size", "pool", "drop_path", "layerscale_init"):
-    del m[key]
-  m.max_length = 128
-  m.width = 128
-  m.depth = 4
-  m.num_heads = 4
-  m.mlp_dim = 512
-  m.posemb = "learn"
-  m.use_bias = True
-  m.tie_embeddings = True
+  c.model = model_config("gpt")
+  c.model.update(max_length=128, width=128, depth=4, num_heads=4, mlp_dim=512,
+                 posemb="learn", use_bias=True, tie_embeddings=True)
 
   c.optim.lr = 3e-3
   c.optim.warmup_steps = 100

@@ -28,10 +28,11 @@ import optax
 import tqdm
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from laplax import sharding
+from laplax import sharding, utils
 from laplax.train import checkpoint as ckpt_lib
 from laplax.train import config as config_lib
 from laplax.train import optim, tasks
+from laplax.train.protocol import Task
 
 CONFIG_FILE = "config.json"
 METRICS_FILE = "metrics.jsonl"
@@ -64,10 +65,7 @@ class MetricWriter:
       lines = [l for l in f if l.strip()]
     keep = [l for l in lines if json.loads(l).get("step", 0) <= step]
     if len(keep) != len(lines):
-      tmp = self.path + ".tmp"
-      with open(tmp, "w") as f:
-        f.writelines(keep)
-      os.replace(tmp, self.path)
+      utils.atomic_write(self.path, "".join(keep))
 
   def write(self, step: int, split: str, metrics: dict) -> None:
     """Writes one record; values must be Python scalars."""
@@ -100,7 +98,7 @@ def load_saved_config(workdir: str) -> ml_collections.ConfigDict | None:
         f"{path} is unreadable ({type(e).__name__}); it is not a laplax run's "
         f"config, use another --workdir") from None
   if not (isinstance(saved, dict) and isinstance(saved.get("model"), dict)
-          and saved.get("task") in config_lib.TASKS):
+          and saved.get("task") in config_lib.task_names()):
     raise config_lib.ConfigError(
         f"{path} is not a laplax run's config (no task and model); use another "
         f"--workdir")
@@ -109,10 +107,7 @@ def load_saved_config(workdir: str) -> ml_collections.ConfigDict | None:
 
 def _write_config(config: ml_collections.ConfigDict, workdir: str) -> None:
   """Writes ``workdir/config.json`` atomically (a temporary file, then a rename)."""
-  path = os.path.join(workdir, CONFIG_FILE)
-  with open(path + ".tmp", "w") as f:
-    f.write(config.to_json(indent=2))
-  os.replace(path + ".tmp", path)
+  utils.atomic_write(os.path.join(workdir, CONFIG_FILE), config.to_json(indent=2))
 
 
 def check_workdir(config: ml_collections.ConfigDict, workdir: str) -> None:
@@ -152,50 +147,25 @@ def check_workdir(config: ml_collections.ConfigDict, workdir: str) -> None:
         f"another --workdir or the same config")
 
 
-def evaluate(task: Any, state: ckpt_lib.TrainState, eval_step=None,
-             place=None) -> dict:
-  """Evaluates ``state`` on the task's eval split.
-
-  A task with its own ``evaluate(state)`` (DINO: k-NN on frozen features)
-  decides; otherwise the task's ``eval_sums`` are summed over every eval
-  batch and summarised (e.g. ``accuracy``, ``loss``, ``num_examples``).
-  ``place`` maps each eval batch to device arrays (the trainer's
-  :func:`laplax.sharding.whole_batch`); by default the batches go as they are.
-  """
-  if hasattr(task, "evaluate"):
-    return task.evaluate(state)
-  eval_step = eval_step or jax.jit(task.eval_sums)
-  sums = None
-  for batch in task.eval_batches():
-    if place is not None:
-      batch = place(batch)
-    out = jax.device_get(eval_step(state.params, batch))
-    sums = out if sums is None else {k: sums[k] + np.float64(out[k]) for k in sums}
-  return task.summarize(sums)
-
-
-def abstract_state(task: Any, tx: optax.GradientTransformation, seed: int):
+def abstract_state(task: Task, tx: optax.GradientTransformation, seed: int):
   """Shapes and dtypes of the TrainState (``jax.ShapeDtypeStruct`` leaves)."""
   return jax.eval_shape(lambda: init_state(task, tx, seed))
 
 
-def _stateful(task: Any) -> bool:
-  return hasattr(task, "init_task_state")
-
-
-def init_state(task: Any, tx: optax.GradientTransformation, seed: int):
+def init_state(task: Task, tx: optax.GradientTransformation, seed: int):
   """The TrainState at step 0: parameters from ``seed``, fresh optimizer state,
-  and the task's initial state (``task.init_task_state(params)``) if it has one."""
+  and the task's initial state (``task.init_task_state(params)``, ``None`` for
+  most tasks)."""
   rng = jax.random.PRNGKey(seed)
   # Inside sharding.context the parameters come boxed with their logical axes.
   params = sharding.unbox(task.init(jax.random.fold_in(rng, 0)))
   return ckpt_lib.TrainState(
       step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
       rng=jax.random.fold_in(rng, 1),
-      task_state=task.init_task_state(params) if _stateful(task) else None)
+      task_state=task.init_task_state(params))
 
 
-def state_shardings(task: Any, tx: optax.GradientTransformation, seed: int,
+def state_shardings(task: Task, tx: optax.GradientTransformation, seed: int,
                     mesh: jax.sharding.Mesh, rules) -> ckpt_lib.TrainState:
   """``NamedSharding`` of every leaf of the TrainState on ``mesh``.
 
@@ -211,7 +181,7 @@ def state_shardings(task: Any, tx: optax.GradientTransformation, seed: int,
   return sharding.state_shardings(abstract_state(task, tx, seed), specs, mesh)
 
 
-def sharded_abstract_state(task: Any, tx: optax.GradientTransformation, seed: int,
+def sharded_abstract_state(task: Task, tx: optax.GradientTransformation, seed: int,
                            shardings: ckpt_lib.TrainState) -> ckpt_lib.TrainState:
   """The abstract TrainState whose ``jax.ShapeDtypeStruct`` leaves carry
   ``shardings``: the restore target of a checkpoint saved on any mesh."""
@@ -220,23 +190,23 @@ def sharded_abstract_state(task: Any, tx: optax.GradientTransformation, seed: in
       abstract_state(task, tx, seed), shardings)
 
 
-def create_state(task: Any, tx: optax.GradientTransformation, seed: int,
+def create_state(task: Task, tx: optax.GradientTransformation, seed: int,
                  shardings: ckpt_lib.TrainState) -> ckpt_lib.TrainState:
   """:func:`init_state`, created already sharded (a jitted init with
   ``out_shardings``); call it inside :func:`laplax.sharding.context`."""
   return jax.jit(lambda: init_state(task, tx, seed), out_shardings=shardings)()
 
 
-def batch_shardings(task: Any, mesh: jax.sharding.Mesh, rules) -> dict:
+def batch_shardings(task: Task, mesh: jax.sharding.Mesh, rules) -> dict:
   """``NamedSharding`` per field of a training batch: the task's batch axis
-  (``task.batch_axis``, default 0) has the logical name ``"batch"``."""
-  axis = getattr(task, "batch_axis", 0)
+  (``task.batch_axis``) has the logical name ``"batch"``."""
+  axis = task.batch_axis
   names = {k: (None,) * axis + ("batch",) + (None,) * (len(v.shape) - axis - 1)
            for k, v in task.batch_spec(1).items()}
   return sharding.logical_shardings(names, mesh, rules)
 
 
-def jit_train_step(task: Any, tx: optax.GradientTransformation, schedule,
+def jit_train_step(task: Task, tx: optax.GradientTransformation, schedule,
                    state_sharding: ckpt_lib.TrainState, batch_sharding: dict):
   """:func:`make_train_step` jitted with explicit shardings; the state is donated.
 
@@ -312,56 +282,46 @@ def micro_batches(batch: Any, n: int, axis: int = 0) -> Any:
   return jax.tree_util.tree_map(split, batch)
 
 
-def make_train_step(task: Any, tx: optax.GradientTransformation, schedule,
+def make_train_step(task: Task, tx: optax.GradientTransformation, schedule,
                     grad_accum_steps: int | None = None):
   """The pure train step ``(state, batch) -> (state, metrics)`` (to be jitted).
 
-  ``task.loss(params, batch, rng) -> (loss, metrics)`` gives the gradient. A
-  task with a state (``init_task_state``) instead has ``task.loss(params,
-  batch, rng, task_state, step) -> (loss, (metrics, aux))``, may mask the
-  optimizer updates with ``task.mask_updates(updates, step)``, and updates its
-  state after the parameters with ``task.update_task_state(task_state, params,
-  aux, step)``.
+  ``task.loss(params, batch, rng, task_state, step) -> (loss, (metrics,
+  aux))`` gives the gradient (the :class:`~laplax.train.protocol.Task`
+  protocol); ``task.mask_updates(updates, step)`` may zero the updates of
+  frozen parameters, and ``task.update_task_state(task_state, params, aux,
+  step)`` updates the task's state after the parameters.
 
   Gradient accumulation: with ``grad_accum_steps = n > 1`` (default
-  ``config.optim.grad_accum_steps`` of the task, else 1) the batch, still the
-  global batch, is cut by :func:`micro_batches` into ``n`` micro-batches
-  along ``task.batch_axis`` (default 0; DINO's views ``[V, B, ...]``: 1), and
-  ``jax.lax.scan`` sums the gradients, metrics and aux of the micro-batches
-  (float32); one optimizer update then uses their means. Micro-batch ``k``
-  draws its randomness (dropout, Mixup, ...) from ``fold_in(step_rng, k)``;
-  with ``n = 1`` nothing is cut and the step is exactly the unaccumulated one
-  (``step_rng = fold_in(state.rng, step)``). Losses that are means over
-  examples, and their gradients, equal the whole batch's; a metric that is
-  not such a mean (DINO's ``teacher_marginal_entropy``) becomes a mean over
-  micro-batches. The aux is averaged too, so the task's
-  ``update_task_state`` must use only its mean over examples (DINO's centre:
-  the mean teacher logit).
+  ``config.optim.grad_accum_steps`` of the task; ``None`` means 1) the batch,
+  still the global batch, is cut by :func:`micro_batches` into ``n``
+  micro-batches along ``task.batch_axis`` (DINO's views ``[V, B, ...]``: 1),
+  and ``jax.lax.scan`` sums the gradients, metrics and aux of the
+  micro-batches (float32); one optimizer update then uses their means.
+  Micro-batch ``k`` draws its randomness (dropout, Mixup, ...) from
+  ``fold_in(step_rng, k)``; with ``n = 1`` nothing is cut and the step is
+  exactly the unaccumulated one (``step_rng = fold_in(state.rng, step)``).
+  Losses that are means over examples, and their gradients, equal the whole
+  batch's; a metric that is not such a mean (DINO's
+  ``teacher_marginal_entropy``) becomes a mean over micro-batches. The aux is
+  averaged too, so the task's ``update_task_state`` must use only its mean
+  over examples (DINO's centre: the mean teacher logit).
 
   Non-finite guard: with ``config.optim.skip_nonfinite`` a step whose loss or
   gradient norm is not finite changes nothing but ``step`` (parameters,
   optimizer and task state keep their values; the metric ``skipped_updates``
   is 1). Otherwise the update is applied and the caller stops on the metrics
-  (:func:`first_nonfinite`). ``config.debug.nan_at_step = k`` multiplies the
-  loss and gradient of the step that makes ``step == k`` by NaN.
+  (:func:`first_nonfinite`).
   """
-  stateful = _stateful(task)
-  task_config = getattr(task, "config", {})
-  if grad_accum_steps is None:
-    grad_accum_steps = config_lib.get(task_config, "optim.grad_accum_steps", 1) or 1
-  n = int(grad_accum_steps)
-  skip_nonfinite = bool(config_lib.get(task_config, "optim.skip_nonfinite", False))
-  nan_at_step = config_lib.get(task_config, "debug.nan_at_step", None)
-  axis = getattr(task, "batch_axis", 0)
+  o = task.config.optim
+  n = int(grad_accum_steps or o.get("grad_accum_steps", 1) or 1)
+  skip_nonfinite = bool(o.get("skip_nonfinite", False))
+  axis = task.batch_axis
 
   def gradients(params, batch, rng, task_state, step):
     """(grads, metrics, aux) of one (micro-)batch."""
-    if stateful:
-      loss_fn = lambda p: task.loss(p, batch, rng, task_state, step)
-    else:
-      loss_fn = lambda p: task.loss(p, batch, rng)
-    (_, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
-    metrics, aux = aux if stateful else (aux, None)
+    loss_fn = lambda p: task.loss(p, batch, rng, task_state, step)
+    (_, (metrics, aux)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
     return grads, metrics, aux
 
   def accumulated(params, batch, rng, task_state, step):
@@ -384,17 +344,11 @@ def make_train_step(task: Any, tx: optax.GradientTransformation, schedule,
     rng = jax.random.fold_in(state.rng, state.step)
     grads, metrics, aux = (gradients if n == 1 else accumulated)(
         state.params, batch, rng, state.task_state, state.step)
-    if nan_at_step is not None:  # debug.nan_at_step: poison this step's loss
-      poison = jnp.where(state.step + 1 == nan_at_step, jnp.nan, 1.0)
-      grads = jax.tree_util.tree_map(lambda g: g * poison.astype(g.dtype), grads)
-      metrics = dict(metrics, loss=metrics["loss"] * poison)
     grad_norm = optax.tree.norm(grads)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
-    if stateful:
-      updates = task.mask_updates(updates, state.step)
+    updates = task.mask_updates(updates, state.step)
     params = optax.apply_updates(state.params, updates)
-    task_state = (task.update_task_state(state.task_state, params, aux, state.step)
-                  if stateful else state.task_state)
+    task_state = task.update_task_state(state.task_state, params, aux, state.step)
     metrics = dict(metrics, grad_norm=grad_norm, lr=schedule(state.step))
     new_state = state.replace(step=state.step + 1, params=params,
                               opt_state=opt_state, task_state=task_state)
@@ -480,7 +434,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     return _train(config, workdir, task, mesh, rules)
 
 
-def _train(config: ml_collections.ConfigDict, workdir: str, task: Any,
+def _train(config: ml_collections.ConfigDict, workdir: str, task: Task,
            mesh: jax.sharding.Mesh, rules) -> dict:
   """The body of :func:`train_and_evaluate`, inside the mesh and rules."""
   # Workdir.
@@ -528,7 +482,6 @@ def _train(config: ml_collections.ConfigDict, workdir: str, task: Any,
     writer.write(0, "info", {"num_params": int(num_params)})
 
   train_step = jit_train_step(task, tx, schedule, state_sharding, batch_sharding)
-  eval_step = jax.jit(task.eval_sums) if hasattr(task, "eval_sums") else None
   place = lambda batch: sharding.whole_batch(batch, mesh, rules)
   pending: list[tuple[int, Any]] = []  # (step, metrics) since the last log
 
@@ -584,7 +537,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str, task: Any,
         skipped = [s_ for s_, m in pending if m.get("skipped_updates", 0.0) > 0]
         last_log, pending = now, []
         writer.write(step, "train", record)
-        warning = task.monitor(record) if hasattr(task, "monitor") else None
+        warning = task.monitor(record)
         if skipped:
           warning = (f"skipped the non-finite update of step(s) "
                      f"{', '.join(map(str, skipped))}" + (f"; {warning}" if warning else ""))
@@ -596,7 +549,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str, task: Any,
       if save:
         checkpointer.save(state, train_iter.get_state())
       if step % config.eval_every == 0 or last:
-        summary = evaluate(task, state, eval_step, place)
+        summary = task.evaluate(state, place)
         writer.write(step, "eval", summary)
         say(f"step {step}: " + ", ".join(
             f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}"
@@ -612,7 +565,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str, task: Any,
         break
   bar.close()
   if start >= config.total_steps and start > 0:
-    summary = evaluate(task, state, eval_step, place)
+    summary = task.evaluate(state, place)
   checkpointer.close()
   writer.close()
   return summary

@@ -1,56 +1,33 @@
 """Tasks: what the one training loop needs to know about a model and its loss.
 
-A task builds its model from the config, says what a batch looks like, and
-gives the training loss and the evaluation sums. Adding a task is one class
-here and one entry in :data:`TASKS`.
+A task builds its model from the config (through the model spec,
+:func:`laplax.models.spec.from_config`), says what a batch looks like, and
+gives the training loss and the evaluation. Every task follows the
+:class:`~laplax.train.protocol.Task` protocol, so the loop calls the same
+methods of every task. Adding a task is one class here and one entry in
+:data:`TASKS`, the one task registry.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any, Iterator
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import optax
 
+from laplax import utils
 from laplax.data import images
-from laplax.models import dino
+from laplax.models import dino, spec as spec_lib
 from laplax.models.gpt import GPT
 from laplax.models.vit import ViT
-from laplax.train import optim
-
-
-def compute_dtype(name: str):
-  """``"float32"`` / ``"bfloat16"`` -> the jnp dtype (``None`` for float32)."""
-  return None if name == "float32" else jnp.dtype(name)
-
-
-def _transformer_kwargs(model: ml_collections.ConfigDict) -> dict:
-  """Model kwargs every family shares: sizes, head mix, spectral, kernel, dtype,
-  remat and scan (absent from the configs of older runs: none, False)."""
-  counts = model.num_laplacian_heads
-  mask = model.get("laplacian_mask", None)
-  return dict(
-      width=model.width, depth=model.depth, mlp_dim=model.mlp_dim,
-      num_heads=model.num_heads,
-      num_laplacian_heads=tuple(counts) if isinstance(counts, (list, tuple)) else counts,
-      laplacian_mask=None if mask is None else tuple(tuple(r) for r in mask),
-      qk_norm=model.qk_norm, dropout=model.dropout,
-      attention_dropout=model.attention_dropout, posemb=model.posemb,
-      spectral_lam=model.spectral.lam if model.spectral.enabled else None,
-      spectral_mode=model.spectral.mode, implementation=model.implementation,
-      dtype=compute_dtype(model.dtype), remat=model.get("remat", "none"),
-      scan_layers=model.get("scan_layers", False))
-
-
-def vit_from_config(model: ml_collections.ConfigDict, num_classes: int) -> ViT:
-  """Builds the :class:`~laplax.models.vit.ViT` a ``config.model`` describes."""
-  return ViT(num_classes=num_classes, patch_size=model.patch_size,
-             drop_path=model.drop_path, layerscale_init=model.layerscale_init,
-             pool=model.pool, **_transformer_kwargs(model))
+from laplax.train import defaults, optim
+from laplax.train.protocol import NaNAtStep, Task, TaskBase
 
 
 def mixup_cutmix(rng: jax.Array, images: jax.Array, targets: jax.Array, *,
@@ -86,14 +63,7 @@ def mixup_cutmix(rng: jax.Array, images: jax.Array, targets: jax.Array, *,
   return mixed.astype(images.dtype), lam * targets + (1 - lam) * targets[::-1]
 
 
-def gpt_from_config(model: ml_collections.ConfigDict, vocab_size: int) -> GPT:
-  """Builds the :class:`~laplax.models.gpt.GPT` a ``config.model`` describes."""
-  return GPT(vocab_size=vocab_size, max_length=model.max_length,
-             use_bias=model.use_bias, tie_embeddings=model.tie_embeddings,
-             **_transformer_kwargs(model))
-
-
-class ClassificationTask:
+class ClassificationTask(TaskBase):
   """Supervised image classification (ViT / DeiT-3).
 
   Batches: ``{"image": float32 [B, H, W, C], "label": int32 [B]}``, eval batches
@@ -106,12 +76,15 @@ class ClassificationTask:
     num_classes, image_shape: from the dataset (see :meth:`from_data`).
   """
 
+  family = "vit"
+  base_config = staticmethod(defaults.base_config)
+
   def __init__(self, config: ml_collections.ConfigDict, num_classes: int,
                image_shape: tuple[int, int, int]):
     self.config = config
     self.num_classes = num_classes
     self.image_shape = tuple(image_shape)
-    self.model = vit_from_config(config.model, num_classes)
+    self.model = ViT(spec_lib.from_config(config.model), num_classes=num_classes)
 
   @classmethod
   def from_data(cls, config: ml_collections.ConfigDict, workdir: str | None):
@@ -150,8 +123,10 @@ class ClassificationTask:
     images = jnp.zeros((1,) + self.image_shape, jnp.float32)
     return self.model.init({"params": rng}, images)["params"]
 
-  def loss(self, params: Any, batch: dict, rng: jax.Array):
-    """Training loss (float32 scalar) and metrics dict for one batch."""
+  def loss(self, params: Any, batch: dict, rng: jax.Array, task_state: Any = None,
+           step: jax.Array | None = None):
+    """Training loss (float32 scalar) and ``(metrics, None)`` for one batch."""
+    del task_state, step
     lc = self.config.loss
     r_mix, r_drop = jax.random.split(rng)
     targets = jax.nn.one_hot(batch["label"], self.num_classes)
@@ -167,7 +142,11 @@ class ClassificationTask:
     else:
       loss = optax.softmax_cross_entropy(logits, targets).mean()
     accuracy = (logits.argmax(-1) == batch["label"]).mean()
-    return loss, {"loss": loss, "accuracy": accuracy}
+    return loss, ({"loss": loss, "accuracy": accuracy}, None)
+
+  def readout(self, state: Any) -> np.ndarray:
+    """The classifier's rows ``[num_classes, width]`` (float32)."""
+    return np.asarray(state.params["head"]["kernel"]).T
 
   def eval_sums(self, params: Any, batch: dict) -> dict:
     """Sums over the real examples of an eval batch: ``loss``, ``correct``, ``count``.
@@ -190,7 +169,7 @@ class ClassificationTask:
             "loss": float(sums["loss"]) / count, "num_examples": int(count)}
 
 
-class LanguageModelTask:
+class LanguageModelTask(TaskBase):
   """Causal language modelling (GPT) on a text corpus.
 
   Batches: ``{"tokens": int32 [B, max_length + 1]}``: the model reads
@@ -206,11 +185,14 @@ class LanguageModelTask:
       ``token_bytes``).
   """
 
+  family = "gpt"
+  base_config = staticmethod(defaults.gpt_base_config)
+
   def __init__(self, config: ml_collections.ConfigDict, tokenizer: Any):
     self.config = config
     self.tokenizer = tokenizer
     self.seq_len = config.model.max_length
-    self.model = gpt_from_config(config.model, tokenizer.vocab_size)
+    self.model = GPT(spec_lib.from_config(config.model), vocab_size=tokenizer.vocab_size)
     self.token_bytes = jnp.asarray(tokenizer.token_bytes, jnp.float32)
 
   @classmethod
@@ -249,14 +231,23 @@ class LanguageModelTask:
     tokens = jnp.zeros((1, self.seq_len), jnp.int32)
     return self.model.init({"params": rng}, tokens)["params"]
 
-  def loss(self, params: Any, batch: dict, rng: jax.Array):
-    """Mean next-token cross-entropy (nats, float32) and metrics."""
+  def loss(self, params: Any, batch: dict, rng: jax.Array, task_state: Any = None,
+           step: jax.Array | None = None):
+    """Mean next-token cross-entropy (nats, float32) and ``(metrics, None)``."""
+    del task_state, step
     tokens = batch["tokens"]
     logits, _ = self.model.apply({"params": params}, tokens[:, :-1], train=True,
                                  rngs={"dropout": rng})
     loss = optax.softmax_cross_entropy_with_integer_labels(
         logits, tokens[:, 1:]).mean()
-    return loss, {"loss": loss}
+    return loss, ({"loss": loss}, None)
+
+  def readout(self, state: Any) -> np.ndarray:
+    """The unembedding ``[vocab_size, width]`` (float32): the token embedding
+    when tied, else the output layer's kernel transposed."""
+    if self.model.spec.tie_embeddings:
+      return np.asarray(state.params["token_embedding"]["embedding"])
+    return np.asarray(state.params["lm_head"]["kernel"]).T
 
   def eval_sums(self, params: Any, batch: dict) -> dict:
     """Masked sums: ``loss`` (nats), ``count`` (tokens), ``bytes`` (UTF-8 bytes)."""
@@ -276,7 +267,7 @@ class LanguageModelTask:
             "num_tokens": int(sums["count"])}
 
 
-class DINOTask:
+class DINOTask(TaskBase):
   """Self-supervised DINO (Caron et al. 2021) on images, without labels.
 
   Batches: ``{"global": float32 [G, B, H, W, C], "local": float32 [L, B, h, w,
@@ -297,6 +288,8 @@ class DINOTask:
     num_classes, image_shape: from the dataset (see :meth:`from_data`);
       ``num_classes`` is only for evaluation.
   """
+  family = "vit"
+  base_config = staticmethod(defaults.dino_base_config)
   batch_axis = 1  # examples are the second axis of the views [V, B, ...]
 
   def __init__(self, config: ml_collections.ConfigDict, num_classes: int,
@@ -304,19 +297,15 @@ class DINOTask:
     self.config = config
     self.num_classes = num_classes
     self.image_shape = tuple(image_shape)
-    d, mc, m = config.dino, config.data.multicrop, config.model
-    grid = mc.global_size // m.patch_size
-    head = dict(out_dim=d.out_dim, hidden_dim=d.hidden_dim,
-                bottleneck_dim=d.bottleneck_dim, num_layers=d.head_layers)
-
-    def network(drop_path):
-      backbone = ViT(num_classes=0, patch_size=m.patch_size, drop_path=drop_path,
-                     layerscale_init=m.layerscale_init, pool=m.pool,
-                     posemb_grid=(grid, grid), **_transformer_kwargs(m))
-      return dino.DINO(backbone=backbone, head=dino.DINOHead(**head))
-
-    self.student = network(m.drop_path)
-    self.teacher = network(0.0)
+    d, mc = config.dino, config.data.multicrop
+    spec = spec_lib.from_config(config.model)
+    grid = (mc.global_size // spec.patch_size,) * 2
+    head = dino.DINOHead(out_dim=d.out_dim, hidden_dim=d.hidden_dim,
+                         bottleneck_dim=d.bottleneck_dim, num_layers=d.head_layers)
+    self.student = dino.DINO(backbone=ViT(spec, posemb_grid=grid), head=head)
+    teacher_spec = dataclasses.replace(spec, drop_path=0.0)
+    self.teacher = dino.DINO(backbone=ViT(teacher_spec, posemb_grid=grid), head=head)
+    self.model = self.student
     self.teacher_temp = optax.linear_schedule(
         d.warmup_teacher_temp, d.teacher_temp, max(d.warmup_teacher_temp_steps, 1))
     self.momentum = optim.cosine_ramp(d.momentum_teacher, 1.0, config.total_steps)
@@ -399,8 +388,8 @@ class DINOTask:
     frozen = step < self.config.dino.freeze_last_layer_steps
 
     def mask(path, u):
-      name = "/".join(str(getattr(k, "key", k)) for k in path)
-      return jnp.where(frozen, jnp.zeros_like(u), u) if name == "head/last_layer" else u
+      frozen_leaf = utils.path_str(path) == "head/last_layer"
+      return jnp.where(frozen, jnp.zeros_like(u), u) if frozen_leaf else u
     return jax.tree_util.tree_map_with_path(mask, updates)
 
   def update_task_state(self, task_state: dict, params: Any,
@@ -421,8 +410,20 @@ class DINOTask:
             f"{record['teacher_marginal_entropy']:.3f}, kl="
             f"{record['kl_teacher_student']:.2e} nats")
 
+  def eval_batches(self, split: str | None = None) -> Iterator[dict]:
+    """Every image of ``split`` (default ``data.eval_split``) once, unaugmented,
+    with its label and a ``mask`` for padding (labels are used only in evaluation)."""
+    return images.eval_batches(self.config.data, batch_size=self.config.eval_batch_size,
+                               **({"split": split} if split else {}))
+
+  def backbone(self, state: Any) -> tuple[nn.Module, Any]:
+    """The teacher's backbone (the network DINO evaluates) and its parameters."""
+    return self.teacher.backbone, state.task_state["teacher"]["backbone"]
+
   def features(self, params: Any, split: str, *, with_tokens: int = 0):
     """Class-token features of every image of ``split`` (no augmentation).
+
+    ``params`` are the backbone's (see :meth:`backbone`).
 
     Returns:
       ``(features float32 [N, width], labels int32 [N], images, tokens)``:
@@ -431,9 +432,8 @@ class DINOTask:
       ``with_tokens`` images (``None`` if 0).
     """
     feats, labels, first, tokens = [], [], None, None
-    for batch in images.eval_batches(self.config.data, batch_size=self.config.eval_batch_size,
-                                     split=split):
-      f, t = self._embed(params["backbone"], batch["image"])
+    for batch in self.eval_batches(split):
+      f, t = self._embed(params, batch["image"])
       n = int(batch["mask"].sum())
       feats.append(jax.device_get(f)[:n])
       labels.append(batch["label"][:n])
@@ -443,7 +443,7 @@ class DINOTask:
     return (np.concatenate(feats).astype(np.float32), np.concatenate(labels),
             first, tokens)
 
-  def evaluate(self, state: Any, *, references: bool = False,
+  def evaluate(self, state: Any, place=None, *, references: bool = False,
                figure: str | None = None) -> dict:
     """Frozen-feature evaluation of the teacher's class-token features.
 
@@ -454,6 +454,7 @@ class DINOTask:
 
     Args:
       state: a TrainState of this task (its ``task_state["teacher"]``).
+      place: unused (the features are computed on the default device).
       references: also report ``raw_pixel_knn_accuracy``, the same k-NN on
         the normalised pixels (a reference that needs no network).
       figure: if given, a PNG path for the patch-feature PCA of the first
@@ -464,7 +465,8 @@ class DINOTask:
       "num_examples"}`` (accuracies in [0, 1]; eval split size).
     """
     from laplax.analysis import probes  # pylint: disable=import-outside-toplevel
-    e, teacher = self.config.eval, state.task_state["teacher"]
+    del place
+    e, (_, teacher) = self.config.eval, self.backbone(state)
     knn = dict(num_classes=self.num_classes, k=e.knn_k, temperature=e.knn_temperature)
     train_x, train_y, _, _ = self.features(teacher, self.config.data.train_split)
     num_pca = e.pca_images if figure else 0
@@ -481,9 +483,7 @@ class DINOTask:
       for split in (self.config.data.train_split, self.config.data.eval_split):
         pixels[split] = np.concatenate([
             b["image"][:int(b["mask"].sum())].reshape(int(b["mask"].sum()), -1)
-            for b in images.eval_batches(self.config.data,
-                                         batch_size=self.config.eval_batch_size,
-                                         split=split)])
+            for b in self.eval_batches(split)])
       out["raw_pixel_knn_accuracy"] = float(probes.knn_accuracy(
           pixels[self.config.data.train_split], train_y,
           pixels[self.config.data.eval_split], test_y, **knn))
@@ -499,10 +499,13 @@ TASKS = {"classification": ClassificationTask, "lm": LanguageModelTask,
          "dino": DINOTask}
 
 
-def make_task(config: ml_collections.ConfigDict, workdir: str | None):
-  """Prepares the data of ``config.task`` and returns the task object.
+def make_task(config: ml_collections.ConfigDict, workdir: str | None) -> Task:
+  """Prepares the data of ``config.task`` and returns the task object
+  (wrapped in :class:`NaNAtStep` when ``config.debug.nan_at_step`` is set).
 
   Raises:
     DataError, ConfigError: one-line user errors.
   """
-  return TASKS[config.task].from_data(config, workdir)
+  task = TASKS[config.task].from_data(config, workdir)
+  nan_at_step = config.get("debug", {}).get("nan_at_step", None)
+  return task if nan_at_step is None else NaNAtStep(task, nan_at_step)

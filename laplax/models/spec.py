@@ -1,0 +1,412 @@
+"""The typed model spec: one frozen description of a model, from config to kernel.
+
+:func:`from_config` builds it once from ``config.model``; every model module
+(:class:`~laplax.models.vit.ViT`, :class:`~laplax.models.gpt.GPT`, the DINO
+backbone, :class:`~laplax.models.layers.Block`) takes it whole, and the
+analysis reads it from the model (``model.spec``). An option is a field here
+and the lines that read it (the idea of the Flax lm1b example's
+``TransformerConfig`` and nanoGPT's ``GPTConfig``).
+
+* :class:`SpectralSpec`: ``lambda * I_k`` / SVD conditioning of ``W_Q, W_K,
+  W_V`` (Saratchandran & Lucey 2025, Theorems 3.5 and 3.8).
+* :class:`AttentionSpec`: what every layer's
+  :class:`~laplax.attention.MultiHeadAttention` shares; its field names are
+  attribute names of that module, passed on as they are.
+* :class:`TransformerSpec` with :class:`ViTSpec` and :class:`GPTSpec`: sizes,
+  the Laplacian heads resolved into one bool array ``[depth, num_heads]``
+  (Zhang & Papyan 2026: the last ``k`` heads of a layer by default), and the
+  model-level switches.
+
+Validation is derived from the fields: each field's metadata gives its config
+key, type and range, and ``__post_init__`` checks them and the consistency
+(heads vs width, Laplacian heads vs heads, rotary head size) with one-line
+messages. The config defaults of the model section
+(:func:`config_defaults`) come from the same fields.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Mapping, Sequence
+
+import jax
+import numpy as np
+
+from laplax import attention, spectral
+
+DTYPES = ("float32", "bfloat16")
+# Rematerialisation of each block (``model.remat``): name -> jax.checkpoint
+# policy. "full" saves nothing inside a block (recomputes all of it in the
+# backward pass); the others save the matmul outputs (all of them, or only
+# those without batch dimensions, i.e. not attention's QK^T and PV).
+REMAT_POLICIES = {
+    "none": None,
+    "full": None,
+    "dots_saveable": jax.checkpoint_policies.dots_saveable,
+    "dots_with_no_batch_dims_saveable":
+        jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+KERNEL_INITS = ("xavier_uniform", "gpt2")
+
+
+class SpecError(ValueError):
+  """A model setting that cannot be built; one line ``model.KEY=...: the fix``."""
+
+
+def _field(default, check: str, key: str | None = None, **rules):
+  """A spec field whose metadata says how to validate it and its config key."""
+  return dataclasses.field(default=default,
+                           metadata=dict(rules, check=check, key=key))
+
+
+def _is_int(v) -> bool:
+  return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+
+
+def _is_number(v) -> bool:
+  return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(
+      v, (bool, np.bool_))
+
+
+def _check_value(key: str, value: Any, meta: Mapping) -> None:
+  """Raises :class:`SpecError` when ``value`` breaks the field's ``meta`` rules."""
+  check = meta["check"]
+  if check == "int":
+    minimum = meta.get("min", 0)
+    if not (_is_int(value) and value >= minimum):
+      raise SpecError(f"model.{key}={value!r} must be an integer >= {minimum}")
+  elif check == "float":
+    lo, hi, open_min = meta.get("min", 0.0), meta.get("max", math.inf), meta.get("open_min")
+    ok = _is_number(value) and math.isfinite(value)
+    ok = ok and (value > lo if open_min else value >= lo) and value <= hi
+    if not ok:
+      bound = (f"> {lo}" if open_min else f">= {lo}") + (
+          f" and <= {hi}" if hi != math.inf else "")
+      raise SpecError(f"model.{key}={value!r} must be a finite number {bound}")
+  elif check == "bool":
+    if not isinstance(value, (bool, np.bool_)):
+      raise SpecError(f"model.{key}={value!r} must be True or False")
+  elif check == "choice":
+    choices = meta["choices"]
+    if not (value is None or isinstance(value, str)) or value not in choices:
+      shown = ", ".join("None" if c is None else repr(c) for c in choices)
+      raise SpecError(f"model.{key}={value!r} is unknown; use one of {shown}")
+
+
+class _Checked:
+  """Validates every field that carries ``check`` metadata in ``__post_init__``."""
+
+  def __post_init__(self):
+    for f in dataclasses.fields(self):
+      if "check" not in f.metadata:
+        continue
+      value = getattr(self, f.name)
+      if value is None and f.metadata.get("optional"):
+        continue
+      _check_value(f.metadata["key"] or f.name, value, f.metadata)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SpectralSpec(_Checked):
+  """The fixed correction ``C`` of ``W_Q, W_K, W_V`` (see :mod:`laplax.spectral`).
+
+  Attributes:
+    lam: ``lambda`` of ``lambda * I_k`` (Theorem 3.8; 10 in the paper).
+    mode: layout of ``I_k`` or the SVD correction (:data:`laplax.spectral.MODES`).
+  """
+  lam: float = _field(10.0, "float", "spectral.lam")
+  mode: str = _field("per_head", "choice", "spectral.mode", choices=spectral.MODES)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class AttentionSpec(_Checked):
+  """Settings every layer's :class:`~laplax.attention.MultiHeadAttention` shares.
+
+  Attributes:
+    num_heads: heads per layer.
+    qk_norm: LayerNorm of queries and keys over ``head_dim`` (DeiT-3 recipe).
+    attention_dropout: dropout on ``P`` (forces the reference kernel).
+    implementation: the kernel of :func:`laplax.attention.attend`.
+    rope: rotary position embedding on queries and keys.
+    spectral: the conditioning of ``W_Q, W_K, W_V`` (``None`` = off).
+  """
+  num_heads: int = _field(4, "int", min=1)
+  qk_norm: bool = _field(False, "bool")
+  attention_dropout: float = _field(0.0, "float", max=0.99)
+  implementation: str | None = _field(None, "choice",
+                                      choices=attention.IMPLEMENTATIONS)
+  rope: bool = False
+  spectral: SpectralSpec | None = None
+
+  def module_kwargs(self) -> dict:
+    """The :class:`~laplax.attention.MultiHeadAttention` attributes this spec sets."""
+    out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+           if f.name != "spectral"}
+    out["spectral_lam"] = None if self.spectral is None else self.spectral.lam
+    out["spectral_mode"] = "per_head" if self.spectral is None else self.spectral.mode
+    return out
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TransformerSpec(_Checked):
+  """What ViT and GPT share: sizes, Laplacian heads, attention and memory settings.
+
+  Attributes:
+    width, depth, mlp_dim: residual width, blocks, MLP hidden size.
+    attention: the :class:`AttentionSpec` of every layer.
+    laplacian: bool ``[depth, num_heads]`` as nested tuples (hashable, so a
+      model with a spec can be a ``jit`` static argument): True = that head
+      of that layer uses ``I - P``. Use :attr:`laplacian_array`.
+    dropout: dropout on the residual branches and embeddings.
+    layerscale_init: LayerScale's initial value on both residual branches
+      (``None``: no LayerScale; CaiT, Touvron et al. 2021; 1e-6 in DeiT-3).
+    use_bias: biases in the attention and MLP projections.
+    dtype: compute dtype name (parameters stay float32).
+    remat: ``jax.checkpoint`` policy name of each block (memory only).
+    scan_layers: blocks under ``nn.scan`` (parameters stacked under
+      ``blocks``; another checkpoint layout).
+    kernel_init: ``"xavier_uniform"`` (ViT) or ``"gpt2"`` (normal 0.02, output
+      projections ``0.02 / sqrt(2 depth)``, Radford et al. 2019).
+  """
+  width: int = _field(128, "int", min=1)
+  depth: int = _field(4, "int", min=1)
+  mlp_dim: int = _field(256, "int", min=1)
+  attention: AttentionSpec = dataclasses.field(default_factory=AttentionSpec)
+  laplacian: tuple = ()
+  dropout: float = _field(0.0, "float", max=0.99)
+  layerscale_init: float | None = _field(None, "float", optional=True)
+  use_bias: bool = _field(True, "bool")
+  dtype: str = _field("float32", "choice", choices=DTYPES)
+  remat: str = _field("none", "choice", choices=tuple(REMAT_POLICIES))
+  scan_layers: bool = _field(False, "bool")
+  kernel_init: str = "xavier_uniform"
+
+  def __post_init__(self):
+    super().__post_init__()
+    heads = self.attention.num_heads
+    if self.width % heads:
+      raise SpecError(
+          f"model.width={self.width} is not divisible by model.num_heads={heads}; "
+          f"choose num_heads dividing the width")
+    if not self.laplacian:
+      object.__setattr__(self, "laplacian", ((False,) * heads,) * self.depth)
+    shape = np.shape(self.laplacian)
+    if shape != (self.depth, heads):
+      raise SpecError(f"model laplacian heads have shape {shape}; expected "
+                      f"(depth, num_heads)=({self.depth}, {heads})")
+    object.__setattr__(self, "laplacian",
+                       tuple(tuple(bool(h) for h in row) for row in self.laplacian))
+    if self.kernel_init not in KERNEL_INITS:
+      raise SpecError(f"kernel_init={self.kernel_init!r} is unknown; use one of "
+                      f"{', '.join(KERNEL_INITS)}")
+    if self.attention.rope and self.head_dim % 2:
+      raise SpecError(f"rotary position encoding needs an even head_dim, got "
+                      f"{self.head_dim}; change model.width or model.num_heads")
+
+  @property
+  def num_heads(self) -> int:
+    """Heads per layer (``attention.num_heads``)."""
+    return self.attention.num_heads
+
+  @property
+  def head_dim(self) -> int:
+    """``width // num_heads``."""
+    return self.width // self.attention.num_heads
+
+  @property
+  def laplacian_array(self) -> np.ndarray:
+    """The Laplacian heads, bool ``[depth, num_heads]``."""
+    return np.asarray(self.laplacian, dtype=bool).reshape(self.depth, self.num_heads)
+
+  def compute_dtype(self):
+    """The jnp dtype of the matmuls (``None`` for float32: the input's dtype)."""
+    import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+    return None if self.dtype == "float32" else jnp.dtype(self.dtype)
+
+  def drop_path_rates(self) -> tuple[float, ...]:
+    """Per-layer stochastic-depth rates (0 unless the family has drop-path)."""
+    return (0.0,) * self.depth
+
+  def inits(self):
+    """``(kernel_init, out_init)``: initialisers of the input projections
+    (``W_Q, W_K, W_V``, the MLP's first layer) and of the output projections
+    (``W_O``, the MLP's second layer)."""
+    import flax.linen as nn  # pylint: disable=import-outside-toplevel
+    if self.kernel_init == "gpt2":
+      return (nn.initializers.normal(0.02),
+              nn.initializers.normal(0.02 / (2 * self.depth) ** 0.5))
+    return nn.initializers.xavier_uniform(), nn.initializers.xavier_uniform()
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ViTSpec(TransformerSpec):
+  """A ViT (DeiT-3 form): patches, pooling, position embedding, drop-path.
+
+  Attributes:
+    patch_size: square patch side in pixels.
+    pool: ``"tok"`` (class token) or ``"gap"`` (mean of the patch tokens).
+    posemb: ``"learn"`` or ``"sincos2d"``.
+    drop_path: the deepest block's stochastic-depth rate (linear in depth).
+  """
+  patch_size: int = _field(4, "int", min=1)
+  pool: str = _field("tok", "choice", choices=("tok", "gap"))
+  posemb: str = _field("learn", "choice", choices=("learn", "sincos2d"))
+  drop_path: float = _field(0.0, "float", max=0.99)
+
+  def drop_path_rates(self) -> tuple[float, ...]:
+    """``drop_path * i / (depth - 1)`` for block ``i`` (DeiT, Touvron et al. 2021)."""
+    return tuple(self.drop_path * i / max(self.depth - 1, 1) for i in range(self.depth))
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class GPTSpec(TransformerSpec):
+  """A causal LM (GPT-2 form): context, position encoding, tied embeddings.
+
+  Attributes:
+    max_length: context length in tokens.
+    posemb: ``"learn"`` (GPT-2) or ``"rope"`` (rotary on queries and keys).
+    tie_embeddings: the output layer is the transposed token embedding.
+  """
+  max_length: int = _field(128, "int", min=1)
+  posemb: str = _field("learn", "choice", choices=("learn", "rope"))
+  tie_embeddings: bool = _field(True, "bool")
+  kernel_init: str = "gpt2"
+
+
+FAMILIES = {"vit": ViTSpec, "gpt": GPTSpec}
+# Config keys of the model section that are conveniences resolved here, not fields.
+LAPLACIAN_KEYS = ("num_laplacian_heads", "laplacian_mask")
+
+
+def laplacian_mask(num_heads: int, depth: int, num_laplacian_heads: Any = 0,
+                   mask: Sequence[Sequence[bool]] | None = None) -> np.ndarray:
+  """Resolves the config's Laplacian-head conveniences into bool ``[depth, num_heads]``.
+
+  Args:
+    num_heads, depth: heads per layer and layers.
+    num_laplacian_heads: an int ``k`` (the last ``k`` heads of every layer, as
+      in the reference runs: "ViT-S-5L" = 5 of 6) or one count per layer.
+    mask: explicit per-layer lists of per-head booleans (overrides the counts).
+
+  Raises:
+    SpecError: counts outside ``0..num_heads``, lists of the wrong length, or
+      a mask that is not ``depth`` lists of ``num_heads`` booleans.
+  """
+  counts = (list(num_laplacian_heads) if isinstance(num_laplacian_heads, (list, tuple))
+            else [num_laplacian_heads] * depth)
+  if len(counts) != depth:
+    raise SpecError(
+        f"model.num_laplacian_heads has {len(counts)} entries but model.depth={depth}; "
+        f"give one count per layer or a single int")
+  for k in counts:
+    if not (_is_int(k) and 0 <= k <= num_heads):
+      raise SpecError(
+          f"model.num_laplacian_heads={num_laplacian_heads!r} must be in "
+          f"0..num_heads={num_heads} (the last k heads of a layer are Laplacian)")
+  if mask is not None:
+    if not (isinstance(mask, (list, tuple)) and len(mask) == depth
+            and all(isinstance(row, (list, tuple)) and len(row) == num_heads
+                    and all(isinstance(v, (bool, np.bool_)) for v in row) for row in mask)):
+      raise SpecError(f"model.laplacian_mask must be depth={depth} lists of "
+                      f"num_heads={num_heads} booleans True/False (one per layer and head)")
+    return np.asarray(mask, dtype=bool)
+  return np.stack([np.arange(num_heads) >= num_heads - int(k) for k in counts])
+
+
+def _spec_fields(cls) -> dict:
+  """``{config key: (owner class, field)}`` of a spec class and its nested specs."""
+  out = {}
+  for owner in (cls, AttentionSpec, SpectralSpec):
+    for f in dataclasses.fields(owner):
+      if "check" in f.metadata:
+        out[f.metadata["key"] or f.name] = (owner, f)
+  return out
+
+
+def from_config(model: Mapping) -> ViTSpec | GPTSpec:
+  """The spec of a ``config.model`` section (a ConfigDict or a plain dict).
+
+  Keys the section lacks take the fields' defaults (configs of runs saved
+  before a field existed). ``spectral.enabled`` decides whether the
+  :class:`SpectralSpec` is attached; its ``lam`` and ``mode`` are checked
+  either way. ``mlp_dim`` ``None`` means ``4 * width``.
+
+  Raises:
+    SpecError: an unknown ``name`` (family) or the first bad value, as one line
+      ``model.KEY=...`` with the fix.
+  """
+  get = lambda key, default=None: model.get(key, default) if hasattr(model, "get") else default
+  cls = FAMILIES.get(get("name", "vit"))
+  if cls is None:
+    raise SpecError(f"model.name={get('name')!r} is unknown; use one of "
+                    f"{', '.join(FAMILIES)}")
+  values = {}
+  for key, (owner, f) in _spec_fields(cls).items():
+    node, leaf = model, key
+    if "." in key:
+      section, leaf = key.split(".", 1)
+      node = get(section) or {}
+    default = f.default
+    values[key] = node.get(leaf, default) if hasattr(node, "get") else default
+  if values.get("mlp_dim") is None:
+    values["mlp_dim"] = 4 * values["width"] if _is_int(values["width"]) else None
+  sp = get("spectral") or {}
+  enabled = sp.get("enabled", False) if hasattr(sp, "get") else False
+  _check_value("spectral.enabled", enabled, {"check": "bool"})
+  spectral_spec = SpectralSpec(lam=values.pop("spectral.lam"),
+                               mode=values.pop("spectral.mode"))
+  attn = {f.name: values.pop(f.metadata["key"] or f.name)
+          for f in dataclasses.fields(AttentionSpec) if "check" in f.metadata}
+  posemb = values["posemb"]
+  attn["rope"] = posemb == "rope"
+  _check_value("num_heads", attn["num_heads"], {"check": "int", "min": 1})
+  for key in ("width", "depth"):
+    _check_value(key, values[key], {"check": "int", "min": 1})
+  attention_spec = AttentionSpec(**attn, spectral=spectral_spec if enabled else None)
+  heads = laplacian_mask(attn["num_heads"], values["depth"],
+                         get("num_laplacian_heads", 0), get("laplacian_mask", None))
+  return cls(attention=attention_spec, laplacian=tuple(map(tuple, heads)), **values)
+
+
+def build(name: str = "vit", **model_keys) -> ViTSpec | GPTSpec:
+  """:func:`from_config` of ``{"name": name, **model_keys}``, for notebooks and tests.
+
+  Example: ``build("vit", width=64, depth=2, num_heads=2, num_laplacian_heads=1)``.
+  ``spectral`` may be a dict ``{"enabled", "lam", "mode"}``.
+
+  Raises:
+    SpecError: as :func:`from_config`.
+  """
+  return from_config({"name": name, **model_keys})
+
+
+def config_defaults(name: str) -> dict:
+  """The model section's config defaults of family ``name``, from the spec fields.
+
+  Returns ``{config key: default}`` with the nested ``spectral`` section
+  (``enabled`` False) and the Laplacian-head conveniences
+  (``num_laplacian_heads`` 0, ``laplacian_mask`` None), in field order.
+  Derived fields (``rope``: ``posemb == "rope"``) and fields without a
+  config key (``kernel_init``: the family's) are not in it.
+  """
+  cls = FAMILIES[name]
+  out: dict = {"name": name}
+  for key, (_, f) in _spec_fields(cls).items():
+    value = f.default
+    if "." in key:
+      section, leaf = key.split(".", 1)
+      out.setdefault(section, {"enabled": False})[leaf] = value
+    else:
+      out[key] = value
+  out["num_laplacian_heads"] = 0
+  out["laplacian_mask"] = None
+  return out
+
+
+def field_type(name: str, key: str):
+  """The Python type a config key of family ``name`` holds (for None defaults)."""
+  for k, (_, f) in _spec_fields(FAMILIES[name]).items():
+    if k == key:
+      return {"int": int, "float": float, "bool": bool}.get(f.metadata["check"], str)
+  raise KeyError(key)

@@ -1,0 +1,170 @@
+"""The task protocol: what the one training loop asks of every task.
+
+:class:`Task` is the protocol (one ``loss`` signature, one return shape);
+:class:`TaskBase` gives the defaults of a task without state; the tasks
+themselves are in :mod:`laplax.train.tasks`. :class:`NaNAtStep` wraps a task
+to inject a non-finite loss, so the fault used to test the trainer's guard
+is not a branch of the production train step.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Iterator, Protocol
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+
+class Task(Protocol):
+  """What the training loop, ``eval.py`` and the analysis use of a task.
+
+  Attributes:
+    config: the run's config.
+    family: the model family its ``config.model.name`` must be (``"vit"``,
+      ``"gpt"``; :data:`laplax.models.spec.FAMILIES`).
+    base_config: a function returning the task's base config, which holds
+      every key the trainer reads (:mod:`laplax.train.defaults`).
+    batch_axis: the examples' axis in every batch field (DINO's views
+      ``[V, B, ...]``: 1).
+    model: the trained network (``model.apply({"params": params}, ...)``).
+  """
+  config: ml_collections.ConfigDict
+  family: str
+  base_config: Any
+  batch_axis: int
+  model: nn.Module
+
+  def init(self, rng: jax.Array) -> Any:
+    """Initial parameters (float32 pytree) from ``rng``."""
+
+  def init_task_state(self, params: Any) -> Any:
+    """State the task carries beside the parameters (``None`` if none)."""
+
+  def loss(self, params: Any, batch: dict, rng: jax.Array, task_state: Any,
+           step: jax.Array) -> tuple[jax.Array, tuple[dict, Any]]:
+    """``(loss float32 scalar, (metrics dict of float32 scalars, aux))``.
+
+    ``aux`` goes to :meth:`update_task_state` (``None`` if unused).
+    """
+
+  def mask_updates(self, updates: Any, step: jax.Array) -> Any:
+    """The optimizer updates, with those of frozen parameters zeroed."""
+
+  def update_task_state(self, task_state: Any, params: Any, aux: Any,
+                        step: jax.Array) -> Any:
+    """The task state after the parameters were updated to ``params``."""
+
+  def train_dataset(self, process_index: int = 0, process_count: int = 1):
+    """This process's infinite training batches (a grain IterDataset)."""
+
+  def eval_batches(self) -> Iterator[dict]:
+    """Every example of the eval split once (with a ``mask``)."""
+
+  def batch_spec(self, batch_size: int) -> dict:
+    """``jax.ShapeDtypeStruct`` per field of a training batch."""
+
+  def evaluate(self, state: Any, place=None) -> dict:
+    """The eval summary of a TrainState (Python scalars)."""
+
+  def monitor(self, record: dict) -> str | None:
+    """A warning line for a logged training record, or ``None``."""
+
+  def backbone(self, state: Any) -> tuple[nn.Module, Any]:
+    """``(network, params)`` whose token geometry the analysis measures."""
+
+  def readout(self, state: Any) -> np.ndarray | None:
+    """The matrix ``[classes, width]`` that reads the backbone's features
+    (a classifier or an unembedding), or ``None``."""
+
+
+class TaskBase:
+  """The defaults of a :class:`Task` without state, frozen parameters or monitor.
+
+  Its :meth:`evaluate` sums the subclass's ``eval_sums(params, batch)`` over
+  every eval batch (jitted once per task) and summarises them with
+  ``summarize(sums)``.
+  """
+  batch_axis = 0
+  family: str
+  config: ml_collections.ConfigDict
+  model: nn.Module
+
+  def init_task_state(self, params: Any) -> Any:
+    """No task state."""
+    del params
+
+  def mask_updates(self, updates: Any, step: jax.Array) -> Any:
+    """Nothing frozen."""
+    del step
+    return updates
+
+  def update_task_state(self, task_state: Any, params: Any, aux: Any,
+                        step: jax.Array) -> Any:
+    """No task state to update."""
+    del params, aux, step
+    return task_state
+
+  def monitor(self, record: dict) -> str | None:
+    """Nothing to warn about."""
+    del record
+
+  def backbone(self, state: Any) -> tuple[nn.Module, Any]:
+    """The trained model and its parameters."""
+    return self.model, state.params
+
+  def readout(self, state: Any) -> np.ndarray | None:
+    """No readout."""
+    del state
+
+  def eval_sums(self, params: Any, batch: dict) -> dict:
+    """Sums over the real examples of an eval batch (float32 scalars)."""
+    raise NotImplementedError
+
+  @staticmethod
+  def summarize(sums: dict) -> dict:
+    """Eval sums -> the summary."""
+    raise NotImplementedError
+
+  @functools.cached_property
+  def _eval_step(self):
+    return jax.jit(self.eval_sums)  # compiled once per task
+
+  def evaluate(self, state: Any, place=None) -> dict:
+    """Sums :meth:`eval_sums` over every eval batch and summarises them.
+
+    ``place`` maps each eval batch to device arrays (the trainer's
+    :func:`laplax.sharding.whole_batch`); by default the batches go as they are.
+    """
+    sums = None
+    for batch in self.eval_batches():
+      if place is not None:
+        batch = place(batch)
+      out = jax.device_get(self._eval_step(state.params, batch))
+      sums = out if sums is None else {k: sums[k] + np.float64(out[k]) for k in sums}
+    return self.summarize(sums)
+
+
+class NaNAtStep:
+  """A task whose loss (and so gradient) is NaN at one step: a fault to test
+  the trainer's non-finite guard (``config.debug.nan_at_step``).
+
+  Wraps any :class:`Task`; ``loss`` multiplies the wrapped loss and its
+  logged value by NaN when the state's step is ``step - 1`` (the step that
+  makes ``step``) and by 1 otherwise; everything else is the wrapped task's.
+  """
+
+  def __init__(self, task: Task, step: int):
+    self._task, self._step = task, int(step)
+
+  def __getattr__(self, name: str) -> Any:
+    return getattr(self._task, name)
+
+  def loss(self, params, batch, rng, task_state, step):
+    """The wrapped loss, poisoned at the chosen step."""
+    loss, (metrics, aux) = self._task.loss(params, batch, rng, task_state, step)
+    poison = jnp.where(step + 1 == self._step, jnp.nan, 1.0)
+    return loss * poison, (dict(metrics, loss=metrics["loss"] * poison), aux)
