@@ -38,9 +38,8 @@ import numpy as np
 import tensorflow_datasets as tfds
 from ml_collections import config_dict
 
-from laplax.data import augment
+from laplax.data import augment, common
 from laplax.data.builders import fashion_mnist_idx as fmnist
-from laplax.data.common import data_dir, read_options
 from laplax.data.errors import DataError  # Re-exported: images.DataError.
 from laplax.data.errors import corrupt_prepared
 from laplax.data.multicrop import MultiCrop, multicrop_settings, multicrop_views
@@ -117,7 +116,7 @@ def prepare(data_config: ml_collections.ConfigDict) -> None:
     _open(data_config, data_config.train_split)
     _open(data_config, data_config.eval_split)
     return
-  builder = tfds.builder(data_config.name, data_dir=data_dir(data_config))
+  builder = tfds.builder(data_config.name, data_dir=common.data_dir(data_config))
   if builder.is_prepared():
     return
   source_dir = os.path.expanduser(data_config.source_dir or fmnist.DEFAULT_SOURCE_DIR)
@@ -174,11 +173,11 @@ def _unreadable(name: str, data_dir: str, split: str, error: Exception) -> str:
 
 def _open(data_config, split: str):
   """Returns the TFDS data source of ``split``, or raises DataError."""
-  name, directory = data_config.name, data_dir(data_config)
+  name, data_dir = data_config.name, common.data_dir(data_config)
   try:
-    source = tfds.data_source(name, split=split, data_dir=directory, download=False)
+    source = tfds.data_source(name, split=split, data_dir=data_dir, download=False)
   except Exception as e:  # tfds raises NotImplementedError, ValueError, ... here.
-    raise DataError(_unreadable(name, directory, split, e)) from e
+    raise DataError(_unreadable(name, data_dir, split, e)) from e
   try:
     source[0]  # Decodes one example: fails early if an image decoder is missing.
     source[len(source) - 1]  # and if a prepared file is truncated or corrupt.
@@ -188,8 +187,8 @@ def _open(data_config, split: str):
       f"({first_line(e)}); install one with `pip install pillow`."
     ) from e
   except Exception as e:  # array_record raises RuntimeError, OSError, ...
-    raise corrupt_prepared(f"split {split!r} of {name!r} in {directory}",
-                           os.path.join(directory, name), e) from e
+    raise corrupt_prepared(f"split {split!r} of {name!r} in {data_dir}",
+                           os.path.join(data_dir, name), e) from e
   return source
 
 
@@ -319,7 +318,7 @@ def _shuffled_batches(data_config, source, make_batch, *, batch_size: int, seed:
   turned into batches by ``make_batch(indices, rng)`` (grain ``random_map``)."""
   ds = grain.MapDataset.range(len(source))[process_index::process_count]
   ds = ds.seed(seed).shuffle().repeat().batch(batch_size, drop_remainder=True)
-  return ds.random_map(make_batch).to_iter_dataset(read_options(data_config))
+  return ds.random_map(make_batch).to_iter_dataset(common.read_options(data_config))
 
 
 def train_dataset(
@@ -399,7 +398,7 @@ def eval_batches(
   p, _ = _preprocess_settings(data_config, source.dataset_info.features)
   ds = grain.MapDataset.range(len(source)).batch(batch_size)
   ds = ds.map(functools.partial(_eval_batch, source=source, p=p, batch_size=batch_size))
-  return iter(ds.to_iter_dataset(read_options(data_config)))
+  return iter(ds.to_iter_dataset(common.read_options(data_config)))
 
 
 # --------------------------------------------------------------------------
