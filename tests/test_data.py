@@ -336,7 +336,7 @@ def test_resize_crops_handle_any_image_size():
   rng = np.random.default_rng(0)
   for shape in ((50, 70, 3), (17, 9, 3), (1, 1, 3)):
     image = rng.integers(0, 256, size=shape).astype(np.uint8)
-    out = augment.random_resized_crops([image], rng, 24, fixed_size=True, flip=True)[0]
+    out = augment.random_resized_crops([image], rng, 24, fixed_size=False, flip=True)[0]
     assert out.shape == (24, 24, 3) and out.dtype == np.float32
     assert image.min() <= out.min() and out.max() <= image.max()
     assert augment.center_crops([image], 24, 0.875, fixed_size=False)[0].shape == (24, 24, 3)
