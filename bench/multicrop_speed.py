@@ -1,4 +1,4 @@
-"""Milliseconds per batch of the DINO multi-crop input pipeline (laplax.data.images).
+"""Milliseconds per batch of the DINO multi-crop input pipeline (laplax.data.images, .multicrop).
 
     python bench/multicrop_speed.py                        # Fashion-MNIST, batch 128
     python bench/multicrop_speed.py --batch_size 256 --batches 50
@@ -35,6 +35,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np  # pylint: disable=wrong-import-position
 
 from laplax.data import images  # pylint: disable=wrong-import-position
+from laplax.data.multicrop import multicrop_views  # pylint: disable=wrong-import-position
 
 
 def median_ms(fn, batches: int) -> tuple[float, float]:
@@ -76,7 +77,7 @@ def main() -> None:
 
   def augment():
     for local in (False, True):
-      images._multicrop_views(pictures, rng, m, fixed, local)  # pylint: disable=protected-access
+      multicrop_views(pictures, rng, m, fixed, local)
 
   def batch():
     images._multicrop_batch(  # pylint: disable=protected-access

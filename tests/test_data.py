@@ -9,7 +9,7 @@ import pytest
 import tensorflow_datasets as tfds
 from tensorflow_datasets.testing import mocking
 
-from laplax.data import images
+from laplax.data import augment, images
 from laplax.data.builders import fashion_mnist_idx as fmnist
 
 SOURCE_DIR = fmnist.DEFAULT_SOURCE_DIR
@@ -42,6 +42,26 @@ def assert_batches_equal(a, b):
     assert x.keys() == y.keys()
     for k in x:
       np.testing.assert_array_equal(x[k], y[k])
+
+
+def bilinear_resize(image, height, width):
+  """NumPy reference: bilinear resize of uint8/float [h, w, C] to float32 [height, width, C].
+
+  Half-pixel centres (output pixel j samples input coordinate (j + 0.5) n_in /
+  n_out - 0.5, clipped to the image), no antialiasing: the convention
+  ``augment.resized_crops`` documents, written independently of it.
+  """
+
+  def taps(n_in, n_out):
+    x = np.clip((np.arange(n_out) + 0.5) * (n_in / n_out) - 0.5, 0, n_in - 1)
+    lo = np.floor(x).astype(np.int64)
+    return lo, np.minimum(lo + 1, n_in - 1), (x - lo).astype(np.float32)
+
+  y0, y1, wy = taps(image.shape[0], height)
+  x0, x1, wx = taps(image.shape[1], width)
+  image = image.astype(np.float32)
+  rows = image[y0] * (1 - wy)[:, None, None] + image[y1] * wy[:, None, None]
+  return rows[:, x0] * (1 - wx)[None, :, None] + rows[:, x1] * wx[None, :, None]
 
 
 @pytest.fixture(scope="module")
@@ -215,7 +235,7 @@ def test_without_augmentation_train_yields_shuffled_shard_of_source(fm_config, i
 def test_random_crop_flip_takes_windows_of_the_padded_image():
   rng = np.random.default_rng(0)
   batch = rng.integers(1, 256, size=(16, 8, 8, 2), dtype=np.uint8)
-  out = images._random_flip(images._random_crop(batch, 2, rng), rng)
+  out = augment.random_flip(augment.random_crop(batch, 2, rng), rng)
   assert out.shape == batch.shape and out.dtype == batch.dtype
   padded = np.pad(batch, ((0, 0), (2, 2), (2, 2), (0, 0)))
   windows = lambda i: [  # noqa: E731
@@ -308,7 +328,7 @@ def test_cifar10_resized_through_mock(mock_cifar10):
   assert batch["image"].shape == (4, 40, 40, 3)
   # Fixed-size (32 px) images are resized whole for eval, not centre-cropped.
   image = tfds.data_source("cifar10", split="test")[0]["image"]
-  expected = images._resize(image, 40, 40) / 127.5 - 1
+  expected = bilinear_resize(image, 40, 40) / 127.5 - 1
   np.testing.assert_allclose(batch["image"][0], expected, atol=1e-5)
 
 
@@ -316,11 +336,23 @@ def test_resize_crops_handle_any_image_size():
   rng = np.random.default_rng(0)
   for shape in ((50, 70, 3), (17, 9, 3), (1, 1, 3)):
     image = rng.integers(0, 256, size=shape).astype(np.uint8)
-    out = images._random_resized_crop(image, 24, rng)
+    out = augment.random_resized_crops([image], rng, 24, fixed_size=False, flip=True)[0]
     assert out.shape == (24, 24, 3) and out.dtype == np.float32
     assert image.min() <= out.min() and out.max() <= image.max()
-    assert images._center_crop_resize(image, 24, 0.875).shape == (24, 24, 3)
+    assert augment.center_crops([image], 24, 0.875, fixed_size=False)[0].shape == (24, 24, 3)
   constant = np.full((33, 45, 3), 7, np.uint8)
-  np.testing.assert_allclose(images._center_crop_resize(constant, 16, 0.875), 7)
+  np.testing.assert_allclose(augment.center_crops([constant], 16, 0.875, fixed_size=True), 7)
   ramp = np.arange(8, dtype=np.float32)[None, :, None] * np.ones((8, 1, 1))
-  np.testing.assert_allclose(images._resize(ramp, 8, 8), ramp)
+  np.testing.assert_allclose(augment.center_crops([ramp], 8, 1.0, fixed_size=True)[0], ramp)
+  np.testing.assert_allclose(bilinear_resize(ramp, 8, 8), ramp)
+
+
+def test_center_crops_resize_the_central_square_like_the_reference():
+  rng = np.random.default_rng(1)
+  image = rng.integers(0, 256, size=(12, 20, 2)).astype(np.uint8)
+  # The central 12 x 12 square (columns 4..15) resized to 7 x 7, vectorised or not.
+  expected = bilinear_resize(image[:, 4:16], 7, 7)
+  for fixed_size in (True, False):
+    out = augment.center_crops([image, image], 7, 1.0, fixed_size=fixed_size)
+    assert out.shape == (2, 7, 7, 2) and out.flags.c_contiguous
+    np.testing.assert_allclose(out[1], expected, atol=1e-4)

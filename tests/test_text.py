@@ -33,6 +33,11 @@ def take(iterator, n):
   return [next(iterator) for _ in range(n)]
 
 
+def read_split(data_config, split):
+  """The (name, text) documents of a prepared split, sorted by name; DataError if not prepared."""
+  return text._read_split(text._prepared_builder(data_config), split)
+
+
 def one_line_error(excinfo):
   message = str(excinfo.value)
   assert message and "\n" not in message, message
@@ -114,8 +119,8 @@ def small_corpus(tmp_path):
 
 @needs_tarball
 def test_split_is_by_play(byte_cfg, byte_tok, plays):
-  train = dict(text.read_split(byte_cfg, "train"))
-  validation = dict(text.read_split(byte_cfg, "validation"))
+  train = dict(read_split(byte_cfg, "train"))
+  validation = dict(read_split(byte_cfg, "validation"))
   assert len(plays) == 42
   assert not set(train) & set(validation)
   assert set(train) | set(validation) == set(plays)
@@ -145,7 +150,7 @@ def test_strip_gutenberg():
 def test_directory_corpus(small_corpus, tmp_path):
   config = make_config(tmp_path / "tfds", small_corpus)
   tok = text.prepare(config, str(tmp_path / "run"), seq_len=8)
-  train, validation = (text.read_split(config, s) for s in ("train", "validation"))
+  train, validation = (read_split(config, s) for s in ("train", "validation"))
   assert [n for n, _ in train] == ["b.txt", "c.txt"]
   assert [n for n, _ in validation] == ["sub/a.txt"]  # fewer than 10: the last one
   assert dict(train)["c.txt"] == "Body of c.\nMore body."
@@ -167,7 +172,7 @@ def test_truncated_prepared_corpus_is_one_line_data_error(small_corpus, tmp_path
   with open(files[0], "r+b") as f:
     f.truncate(100)
   with pytest.raises(errors.DataError) as e:
-    text.read_split(config, "train")
+    read_split(config, "train")
   message = str(e.value)
   assert "\n" not in message and "'train' split of the text corpus" in message
   assert "corrupt" in message and str(tmp_path / "tfds") in message
@@ -176,7 +181,7 @@ def test_truncated_prepared_corpus_is_one_line_data_error(small_corpus, tmp_path
 def test_validation_every(small_corpus, tmp_path):
   config = make_config(tmp_path / "tfds", small_corpus, validation_every=2)
   text.prepare(config)
-  assert [n for n, _ in text.read_split(config, "validation")] == ["c.txt"]
+  assert [n for n, _ in read_split(config, "validation")] == ["c.txt"]
   assert corpus.validation_positions(42, 10) == [9, 19, 29, 39]
   assert corpus.validation_positions(3, 10) == [2]
 
@@ -191,7 +196,7 @@ def test_sources_do_not_collide(tmp_path):
     text.prepare(configs[-1])
   for i, config in enumerate(configs):
     expected = [(f"{j}.txt", f"corpus {i} doc {j}") for j in range(2)]
-    assert text.read_split(config, "train") == expected
+    assert read_split(config, "train") == expected
   names = {corpus.make_config(c.source_dir).name for c in configs}
   assert len(names) == 2 and all(n.startswith("corpus-k10-") for n in names)
 
@@ -231,13 +236,13 @@ def test_bpe_tokenizer(bpe_tok, bpe_cfg, bpe_workdir, plays):
 
 @needs_tarball
 def test_bpe_is_trained_on_train_split_only(bpe_tok, bpe_cfg):
-  train_texts = [t + SEP for _, t in text.read_split(bpe_cfg, "train")]
+  train_texts = [t + SEP for _, t in read_split(bpe_cfg, "train")]
   assert text.make_tokenizer(bpe_cfg, train_texts).fingerprint == bpe_tok.fingerprint
 
 
 @needs_tarball
 def test_bpe_token_streams(bpe_tok, bpe_cfg):
-  validation = text.read_split(bpe_cfg, "validation")
+  validation = read_split(bpe_cfg, "validation")
   expected = np.concatenate([bpe_tok.encode(t + SEP) for _, t in validation])
   tokens = text.split_tokens(bpe_cfg, bpe_tok, "validation")
   assert tokens.dtype == np.uint16

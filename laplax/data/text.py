@@ -17,7 +17,8 @@ token stream is the concatenation, in document-name order, of
 document encoded on its own, so BPE never merges across documents). The
 streams are encoded once and cached as ``.npy`` files under
 ``DATA_DIR/laplax_cache/<key>/``, ``<key>`` a hash of the prepared corpus and
-the tokenizer; later runs memory-map them.
+the tokenizer; later runs memory-map them. The tokenizers themselves are in
+:mod:`laplax.data.tokenizers` (their names are re-exported here).
 
 Training windows are ``seq_len + 1`` consecutive train tokens at offsets
 drawn by :func:`window_offsets` from (seed, global example index): the stream
@@ -33,22 +34,32 @@ import functools
 import hashlib
 import json
 import os
-from collections.abc import Iterator, Sequence
-from typing import NamedTuple, Union
+from collections.abc import Iterator
+from typing import NamedTuple
 
 import grain
 import ml_collections
 import numpy as np
 import tensorflow_datasets as tfds
-import tokenizers
 from ml_collections import config_dict
 
+from laplax.data import common
 from laplax.data.builders import text_corpus as corpus
 from laplax.data.errors import DataError, corrupt_prepared
+from laplax.data.tokenizers import (  # All but tokenizer_kind re-exported: text.ByteTokenizer, ...
+  TOKENIZER_FILE,
+  TOKENIZERS,
+  BPETokenizer,
+  ByteTokenizer,
+  Tokenizer,
+  load_tokenizer,
+  make_tokenizer,
+  tokenizer_kind,
+  tokenizer_path,
+)
+from laplax.utils import atomic_write
 
 DATASET_NAME = "text_corpus"
-TOKENIZERS = ("byte", "bpe")
-TOKENIZER_FILE = "tokenizer.json"  # the BPE tokenizer, in the workdir
 DOCUMENT_SEPARATOR = "\n\n"  # appended to every document before encoding
 CACHE_DIR = "laplax_cache"  # token cache, under data_dir
 _CACHE_FORMAT = 1  # bump when the cached arrays change meaning
@@ -103,223 +114,7 @@ def default_config() -> ml_collections.ConfigDict:
 
 
 # --------------------------------------------------------------------------
-# Tokenizers.
-
-_BYTE_TOKEN_BYTES = np.ones(256, np.int32)
-_BYTE_TOKEN_BYTES.setflags(write=False)
-
-
-class ByteTokenizer:
-  """UTF-8 bytes as tokens: vocabulary 256; nothing to train or save.
-
-  Attributes:
-    name: ``"byte"``.
-    vocab_size: 256.
-    token_bytes: int32 [256], all ones.
-    fingerprint: identifies the tokenizer in the token cache key.
-  """
-
-  name = "byte"
-  vocab_size = 256
-  token_bytes = _BYTE_TOKEN_BYTES
-  fingerprint = "byte"
-
-  def encode(self, text: str) -> np.ndarray:
-    """``text`` -> int32 [number of UTF-8 bytes] token ids."""
-    return np.frombuffer(text.encode("utf-8"), np.uint8).astype(np.int32)
-
-  def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
-    """``encode`` of each text: a list of int32 [n_i]."""
-    return [self.encode(t) for t in texts]
-
-  def decode(self, ids) -> str:
-    """Int [n] token ids -> text; invalid UTF-8 becomes U+FFFD.
-
-    Raises:
-      ValueError: an id outside [0, 256).
-    """
-    ids = np.asarray(ids).reshape(-1)
-    if ids.size and (ids.min() < 0 or ids.max() >= 256):
-      raise ValueError(f"byte token ids must be in [0, 256), got [{ids.min()}, {ids.max()}]")
-    return ids.astype(np.uint8).tobytes().decode("utf-8", errors="replace")
-
-
-class BPETokenizer:
-  """Byte-level BPE (HuggingFace ``tokenizers``, GPT-2 style pre-tokenisation).
-
-  Ids 0..255 are the bytes, the rest learned merges; no special tokens. Every
-  string round-trips exactly through ``encode``/``decode``.
-
-  Attributes:
-    name: ``"bpe"``.
-    vocab_size: number of tokens.
-    token_bytes: int32 [vocab_size], the UTF-8 byte length of each token.
-    fingerprint: a hash of the vocabulary and merges, for the token cache key.
-  """
-
-  name = "bpe"
-
-  def __init__(self, tokenizer: tokenizers.Tokenizer):
-    self._tokenizer = tokenizer
-    self.vocab_size = tokenizer.get_vocab_size()
-    # Byte-level BPE spells each byte as one character, so a token's string
-    # length is its byte length.
-    self.token_bytes = np.array(
-      [len(tokenizer.id_to_token(i)) for i in range(self.vocab_size)], np.int32
-    )
-    self.token_bytes.setflags(write=False)
-    canonical = json.dumps(json.loads(tokenizer.to_str()), sort_keys=True)
-    self.fingerprint = "bpe-" + hashlib.sha256(canonical.encode()).hexdigest()[:16]
-
-  @classmethod
-  def train(cls, texts: Sequence[str], vocab_size: int) -> BPETokenizer:
-    """Learns ``vocab_size - 256`` merges on ``texts``.
-
-    Raises:
-      DataError: the texts support fewer than ``vocab_size`` tokens.
-    """
-    tokenizer = tokenizers.Tokenizer(tokenizers.models.BPE())
-    tokenizer.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = tokenizers.decoders.ByteLevel()
-    trainer = tokenizers.trainers.BpeTrainer(
-      vocab_size=vocab_size,
-      initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet(),
-      special_tokens=[],
-      show_progress=False,
-    )
-    tokenizer.train_from_iterator(texts, trainer=trainer)
-    if tokenizer.get_vocab_size() != vocab_size:
-      raise DataError(
-        f"BPE learned only {tokenizer.get_vocab_size()} tokens from the train split but "
-        f"--config.data.vocab_size={vocab_size}; lower it or use a larger corpus."
-      )
-    return cls(tokenizer)
-
-  @classmethod
-  def load(cls, path: str) -> BPETokenizer:
-    """Reads a tokenizer written by :meth:`save`.
-
-    Raises:
-      DataError: the file is missing or not a tokenizer.
-    """
-    try:
-      return cls(tokenizers.Tokenizer.from_file(path))
-    except Exception as e:  # tokenizers raises plain Exception for bad JSON.
-      reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
-      raise DataError(
-        f"Cannot load the BPE tokenizer {path} ({reason}); delete it to retrain it "
-        "(a run resumed from this workdir then needs the old file back)."
-      ) from None
-
-  def save(self, path: str) -> None:
-    """Writes the tokenizer to ``path`` (JSON), atomically."""
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    tmp = f"{path}.tmp{os.getpid()}"
-    self._tokenizer.save(tmp)
-    os.replace(tmp, path)
-
-  def encode(self, text: str) -> np.ndarray:
-    """``text`` -> int32 [n] token ids."""
-    return np.asarray(self._tokenizer.encode(text).ids, np.int32)
-
-  def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
-    """``encode`` of each text (in parallel threads): a list of int32 [n_i]."""
-    return [np.asarray(e.ids, np.int32) for e in self._tokenizer.encode_batch(list(texts))]
-
-  def decode(self, ids) -> str:
-    """Int [n] token ids -> text; bytes that are not valid UTF-8 become U+FFFD."""
-    return self._tokenizer.decode(np.asarray(ids).reshape(-1).tolist())
-
-
-Tokenizer = Union[ByteTokenizer, BPETokenizer]
-
-
-def _tokenizer_kind(data_config) -> str:
-  kind = data_config.tokenizer
-  if kind not in TOKENIZERS:
-    raise DataError(
-      f"Unknown tokenizer {kind!r}; valid names: {', '.join(TOKENIZERS)} "
-      "(--config.data.tokenizer)."
-    )
-  return kind
-
-
-def _bpe_vocab_size(data_config) -> int:
-  size = data_config.vocab_size
-  if isinstance(size, bool) or not isinstance(size, int) or size < 256:
-    raise DataError(
-      f"--config.data.vocab_size={size!r} must be an integer >= 256 for the BPE "
-      "tokenizer (the 256 bytes plus learned merges)."
-    )
-  return size
-
-
-def tokenizer_path(workdir: str) -> str:
-  """Where the BPE tokenizer of a run lives: ``WORKDIR/tokenizer.json``."""
-  return os.path.join(os.path.expanduser(workdir), TOKENIZER_FILE)
-
-
-def make_tokenizer(data_config: ml_collections.ConfigDict, texts: Sequence[str]) -> Tokenizer:
-  """A new tokenizer of kind ``data_config.tokenizer``; writes nothing.
-
-  Args:
-    data_config: data config (see ``default_config``).
-    texts: training texts; the BPE tokenizer learns its merges on them.
-
-  Returns:
-    A :class:`ByteTokenizer`, or a :class:`BPETokenizer` of exactly
-    ``data_config.vocab_size`` tokens.
-
-  Raises:
-    DataError: unknown tokenizer name, bad ``vocab_size``, or too little text
-      for ``vocab_size``.
-  """
-  if _tokenizer_kind(data_config) == "byte":
-    return ByteTokenizer()
-  return BPETokenizer.train(texts, _bpe_vocab_size(data_config))
-
-
-def load_tokenizer(data_config: ml_collections.ConfigDict, workdir: str | None) -> Tokenizer:
-  """The tokenizer of the run in ``workdir`` (trained there by :func:`prepare`).
-
-  Args:
-    data_config: data config (see ``default_config``).
-    workdir: the run's directory; unused for the byte tokenizer.
-
-  Returns:
-    A :class:`ByteTokenizer`, or the :class:`BPETokenizer` read from
-    ``WORKDIR/tokenizer.json``.
-
-  Raises:
-    DataError: unknown tokenizer name; for BPE, no readable
-      ``tokenizer.json`` in ``workdir`` or one whose vocabulary size is not
-      ``data_config.vocab_size``.
-  """
-  if _tokenizer_kind(data_config) == "byte":
-    return ByteTokenizer()
-  vocab_size = _bpe_vocab_size(data_config)
-  if workdir is None or not os.path.isfile(tokenizer_path(workdir)):
-    where = f"in workdir {workdir}" if workdir is not None else "without a workdir"
-    raise DataError(
-      f"No BPE tokenizer {TOKENIZER_FILE} {where}; run "
-      "laplax.data.text.prepare(config.data, workdir) (train.py does) first."
-    )
-  path = tokenizer_path(workdir)
-  tokenizer = BPETokenizer.load(path)
-  if tokenizer.vocab_size != vocab_size:
-    raise DataError(
-      f"{path} has {tokenizer.vocab_size} tokens but --config.data.vocab_size="
-      f"{vocab_size}; set it to {tokenizer.vocab_size} or use a new --workdir."
-    )
-  return tokenizer
-
-
-# --------------------------------------------------------------------------
 # The TFDS corpus.
-
-
-def _data_dir(data_config) -> str:
-  return os.path.expanduser(data_config.data_dir)
 
 
 def _builder(data_config) -> corpus.TextCorpus:
@@ -333,7 +128,7 @@ def _builder(data_config) -> corpus.TextCorpus:
   config = corpus.make_config(
     source_dir, data_config.get("validation_every", corpus.DEFAULT_VALIDATION_EVERY)
   )
-  return corpus.TextCorpus(config=config, data_dir=_data_dir(data_config))
+  return corpus.TextCorpus(config=config, data_dir=common.data_dir(data_config))
 
 
 def _prepare_corpus(builder: corpus.TextCorpus) -> None:
@@ -366,23 +161,12 @@ def _as_str(value) -> str:
   return value.decode("utf-8") if isinstance(value, bytes) else str(value)
 
 
-def read_split(data_config: ml_collections.ConfigDict, split: str) -> list[tuple[str, str]]:
-  """The documents of a prepared split.
-
-  Args:
-    data_config: data config (see ``default_config``).
-    split: ``"train"`` or ``"validation"``.
-
-  Returns:
-    ``(name, text)`` pairs sorted by name.
+def _read_split(builder: corpus.TextCorpus, split: str) -> list[tuple[str, str]]:
+  """The ``(name, text)`` documents of ``split`` of a prepared corpus, sorted by name.
 
   Raises:
-    DataError: the corpus is not prepared in ``data_config.data_dir``.
+    DataError: the prepared files are corrupt (``errors.corrupt_prepared``).
   """
-  return _read_split(_prepared_builder(data_config), split)
-
-
-def _read_split(builder: corpus.TextCorpus, split: str) -> list[tuple[str, str]]:
   try:
     source = builder.as_data_source(split=split)
     examples = source.__getitems__(list(range(len(source))))
@@ -397,7 +181,7 @@ def _prepared_builder(data_config) -> corpus.TextCorpus:
   if not builder.is_prepared():
     raise DataError(
       f"Text corpus {builder.builder_config.name} ({builder.builder_config.source_dir}) "
-      f"is not prepared in {_data_dir(data_config)}; run "
+      f"is not prepared in {common.data_dir(data_config)}; run "
       "laplax.data.text.prepare(config.data, workdir) (train.py does) first."
     )
   return builder
@@ -418,14 +202,7 @@ def _cache_dir(data_config, builder: corpus.TextCorpus, tokenizer: Tokenizer) ->
     "tokenizer": tokenizer.fingerprint,
   }
   key = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
-  return os.path.join(_data_dir(data_config), CACHE_DIR, key)
-
-
-def _save_atomic(path: str, write) -> None:
-  tmp = f"{path}.tmp{os.getpid()}"
-  with open(tmp, "wb") as f:
-    write(f)
-  os.replace(tmp, path)
+  return os.path.join(common.data_dir(data_config), CACHE_DIR, key)
 
 
 def _encode_split(tokenizer: Tokenizer, documents: list[tuple[str, str]]) -> np.ndarray:
@@ -446,10 +223,10 @@ def _ensure_cache(data_config, builder, tokenizer, documents) -> dict[str, int]:
   meta = {"tokenizer": tokenizer.name, "vocab_size": tokenizer.vocab_size, "num_tokens": {}}
   for split in corpus.SPLITS:
     tokens = _encode_split(tokenizer, documents(split))
-    _save_atomic(os.path.join(directory, f"{split}.npy"), functools.partial(np.save, arr=tokens))
+    atomic_write(os.path.join(directory, f"{split}.npy"), functools.partial(np.save, arr=tokens))
     meta["num_tokens"][split] = len(tokens)
   meta["documents"] = {s: [name for name, _ in documents(s)] for s in corpus.SPLITS}
-  _save_atomic(meta_path, lambda f: f.write(json.dumps(meta, indent=1).encode()))
+  atomic_write(meta_path, json.dumps(meta, indent=1))
   return meta["num_tokens"]
 
 
@@ -522,9 +299,7 @@ def prepare(
       document; a split shorter than ``seq_len + 1`` tokens (with the sizes);
       an unreadable or mismatched ``tokenizer.json``.
   """
-  kind = _tokenizer_kind(data_config)
-  if kind == "bpe":
-    _bpe_vocab_size(data_config)
+  kind = tokenizer_kind(data_config)
   builder = _builder(data_config)
   _prepare_corpus(builder)
 
@@ -672,12 +447,7 @@ def train_dataset(
   ds = grain.MapDataset.range(process_index, _MAX_EXAMPLES, process_count)
   ds = ds.batch(batch_size, drop_remainder=True)
   ds = ds.map(functools.partial(_train_batch, tokens=tokens, seq_len=seq_len, seed=seed))
-  return ds.to_iter_dataset(
-    grain.ReadOptions(
-      num_threads=int(data_config.num_threads),
-      prefetch_buffer_size=int(data_config.prefetch),
-    )
-  )
+  return ds.to_iter_dataset(common.read_options(data_config))
 
 
 def eval_batches(

@@ -81,19 +81,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.checkpoint_every = 500
   c.keep_checkpoints = 3
 
-  c.data = ml_collections.ConfigDict()
-  c.data.name = "fashion_mnist_idx"
-  c.data.data_dir = "~/tensorflow_datasets"
-  c.data.source_dir = "/usr/share/datasets/fashion-mnist"
-  c.data.train_split = "train"
-  c.data.eval_split = "test"
-  c.data.image_size = config_dict.placeholder(int)
-  c.data.crop_padding = 2
-  c.data.flip = True
-  c.data.mean = config_dict.placeholder(tuple)
-  c.data.std = config_dict.placeholder(tuple)
-  c.data.num_threads = 2
-  c.data.prefetch = 4
+  from laplax.data import images  # pylint: disable=import-outside-toplevel
+  c.data = images.default_config()  # The data keys are defined with the pipeline.
 
   c.model = model_config("vit")
   c.model.patch_size = 4
@@ -180,16 +169,8 @@ def gpt_base_config() -> ml_collections.ConfigDict:
   c.task = "lm"
   c.batch_size = 32
   c.eval_batch_size = 32
-  c.data = ml_collections.ConfigDict()
-  c.data.name = "text_corpus"
-  c.data.data_dir = "~/tensorflow_datasets"
-  c.data.source_dir = "~/.cache/laplax/shakespeare"
-  c.data.tokenizer = "byte"
-  c.data.vocab_size = 512  # BPE only; byte level is always 256
-  c.data.validation_every = 10
-  c.data.max_eval_tokens = config_dict.placeholder(int)
-  c.data.num_threads = 1
-  c.data.prefetch = 4
+  from laplax.data import text  # pylint: disable=import-outside-toplevel
+  c.data = text.default_config()
 
   c.model = model_config("gpt")
   c.model.update(max_length=128, width=128, depth=4, num_heads=4, mlp_dim=512,

@@ -16,7 +16,8 @@ import zlib
 
 import numpy as np
 import tensorflow_datasets as tfds
-from etils import epath
+
+from laplax.data.builders.base import OwnCodePath
 
 DEFAULT_SOURCE_DIR = "/usr/share/datasets/fashion-mnist"
 INSTALL_COMMAND = "sudo apt-get install -y dataset-fashion-mnist"
@@ -105,7 +106,7 @@ def read_split(source_dir: str, split: str) -> tuple[np.ndarray, np.ndarray]:
   return images[..., None], labels
 
 
-class FashionMnistIdx(tfds.core.GeneratorBasedBuilder):
+class FashionMnistIdx(OwnCodePath, tfds.core.GeneratorBasedBuilder):
   """Fashion-MNIST (Xiao et al. 2017) from local IDX files."""
 
   VERSION = tfds.core.Version("1.0.0")
@@ -114,14 +115,6 @@ class FashionMnistIdx(tfds.core.GeneratorBasedBuilder):
     "Place the four Fashion-MNIST *-ubyte.gz IDX files in the manual dir, e.g. "
     f"`{INSTALL_COMMAND}` puts them in {DEFAULT_SOURCE_DIR}."
   )
-
-  # TFDS 4.9.10's default `code_path` imports `importlib_resources`, which it
-  # only declares as a dependency for Python < 3.9; pointing it at this file
-  # avoids that import.
-  @tfds.core.utils.classproperty
-  @classmethod
-  def code_path(cls) -> epath.Path:
-    return epath.Path(__file__)
 
   def _info(self) -> tfds.core.DatasetInfo:
     return self.dataset_info_from_configs(

@@ -43,9 +43,10 @@ import tarfile
 import zlib
 
 import tensorflow_datasets as tfds
-from etils import epath
 
+from laplax.data.builders.base import OwnCodePath
 from laplax.data.errors import DataError
+from laplax.utils import first_line
 
 DEFAULT_SOURCE_DIR = os.path.join(
   os.environ.get("LAPLAX_DATA", "~/.cache/laplax"), "shakespeare"
@@ -145,9 +146,8 @@ def _read_tarball(path: str) -> list[tuple[str, str]]:
         for m in members
       ]
   except (tarfile.TarError, OSError, EOFError, zlib.error) as e:
-    reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
     raise DataError(
-      f"Cannot read {path} ({reason}); delete it and reinstall it with `{INSTALL_COMMAND}`."
+      f"Cannot read {path} ({first_line(e)}); delete it and reinstall it with `{INSTALL_COMMAND}`."
     ) from None
 
 
@@ -225,7 +225,7 @@ def validation_positions(num_documents: int, validation_every: int) -> list[int]
   return positions or [num_documents - 1]
 
 
-class TextCorpus(tfds.core.GeneratorBasedBuilder):
+class TextCorpus(OwnCodePath, tfds.core.GeneratorBasedBuilder):
   """Plain-text documents (the Shakespeare plays by default), split by document."""
 
   VERSION = tfds.core.Version("1.0.0")
@@ -235,12 +235,6 @@ class TextCorpus(tfds.core.GeneratorBasedBuilder):
     f"or a tree of UTF-8 .txt files, in the manual dir; `{INSTALL_COMMAND}` puts "
     f"the tarball in {DEFAULT_SOURCE_DIR}."
   )
-
-  # See fashion_mnist_idx.py: avoids TFDS's import of `importlib_resources`.
-  @tfds.core.utils.classproperty
-  @classmethod
-  def code_path(cls) -> epath.Path:
-    return epath.Path(__file__)
 
   def _info(self) -> tfds.core.DatasetInfo:
     return self.dataset_info_from_configs(

@@ -1,0 +1,249 @@
+"""Tokenizers of the language-model pipeline: UTF-8 bytes, or byte-level BPE.
+
+Typical use (``laplax.data.text.prepare`` does this and re-exports the names)::
+
+  tok = tokenizers.make_tokenizer(cfg.data, train_texts)  # byte, or BPE trained on the texts
+  ids = tok.encode("To be, or not")        # int32 [n]
+  text = tok.decode(ids)                   # round-trips exactly
+  tok = tokenizers.load_tokenizer(cfg.data, workdir)  # BPE: WORKDIR/tokenizer.json
+
+Both kinds have ``name``, ``vocab_size``, ``token_bytes`` (int32
+[vocab_size], each token's UTF-8 byte length, for bits per byte) and
+``fingerprint`` (identifies the tokenizer in the token cache key).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Sequence
+from typing import Union
+
+import ml_collections
+import numpy as np
+import tokenizers  # HuggingFace tokenizers (absolute import: not this module)
+
+from laplax.data.errors import DataError
+from laplax.utils import atomic_write, first_line
+
+TOKENIZERS = ("byte", "bpe")
+TOKENIZER_FILE = "tokenizer.json"  # the BPE tokenizer, in the workdir
+
+_BYTE_TOKEN_BYTES = np.ones(256, np.int32)
+_BYTE_TOKEN_BYTES.setflags(write=False)
+
+
+class ByteTokenizer:
+  """UTF-8 bytes as tokens: vocabulary 256; nothing to train or save.
+
+  Attributes:
+    name: ``"byte"``.
+    vocab_size: 256.
+    token_bytes: int32 [256], all ones.
+    fingerprint: identifies the tokenizer in the token cache key.
+  """
+
+  name = "byte"
+  vocab_size = 256
+  token_bytes = _BYTE_TOKEN_BYTES
+  fingerprint = "byte"
+
+  def encode(self, text: str) -> np.ndarray:
+    """``text`` -> int32 [number of UTF-8 bytes] token ids."""
+    return np.frombuffer(text.encode("utf-8"), np.uint8).astype(np.int32)
+
+  def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
+    """``encode`` of each text: a list of int32 [n_i]."""
+    return [self.encode(t) for t in texts]
+
+  def decode(self, ids) -> str:
+    """Int [n] token ids -> text; invalid UTF-8 becomes U+FFFD.
+
+    Raises:
+      ValueError: an id outside [0, 256).
+    """
+    ids = np.asarray(ids).reshape(-1)
+    if ids.size and (ids.min() < 0 or ids.max() >= 256):
+      raise ValueError(f"byte token ids must be in [0, 256), got [{ids.min()}, {ids.max()}]")
+    return ids.astype(np.uint8).tobytes().decode("utf-8", errors="replace")
+
+
+class BPETokenizer:
+  """Byte-level BPE (HuggingFace ``tokenizers``, GPT-2 style pre-tokenisation).
+
+  Ids 0..255 are the bytes, the rest learned merges; no special tokens. Every
+  string round-trips exactly through ``encode``/``decode``.
+
+  Attributes:
+    name: ``"bpe"``.
+    vocab_size: number of tokens.
+    token_bytes: int32 [vocab_size], the UTF-8 byte length of each token.
+    fingerprint: a hash of the vocabulary and merges, for the token cache key.
+  """
+
+  name = "bpe"
+
+  def __init__(self, tokenizer: tokenizers.Tokenizer):
+    self._tokenizer = tokenizer
+    self.vocab_size = tokenizer.get_vocab_size()
+    # Byte-level BPE spells each byte as one character, so a token's string
+    # length is its byte length.
+    self.token_bytes = np.array(
+      [len(tokenizer.id_to_token(i)) for i in range(self.vocab_size)], np.int32
+    )
+    self.token_bytes.setflags(write=False)
+    canonical = json.dumps(json.loads(tokenizer.to_str()), sort_keys=True)
+    self.fingerprint = "bpe-" + hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+  @classmethod
+  def train(cls, texts: Sequence[str], vocab_size: int) -> BPETokenizer:
+    """Learns ``vocab_size - 256`` merges on ``texts``.
+
+    Raises:
+      DataError: the texts support fewer than ``vocab_size`` tokens.
+    """
+    tokenizer = tokenizers.Tokenizer(tokenizers.models.BPE())
+    tokenizer.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = tokenizers.decoders.ByteLevel()
+    trainer = tokenizers.trainers.BpeTrainer(
+      vocab_size=vocab_size,
+      initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet(),
+      special_tokens=[],
+      show_progress=False,
+    )
+    tokenizer.train_from_iterator(texts, trainer=trainer)
+    if tokenizer.get_vocab_size() != vocab_size:
+      raise DataError(
+        f"BPE learned only {tokenizer.get_vocab_size()} tokens from the train split but "
+        f"--config.data.vocab_size={vocab_size}; lower it or use a larger corpus."
+      )
+    return cls(tokenizer)
+
+  @classmethod
+  def load(cls, path: str) -> BPETokenizer:
+    """Reads a tokenizer written by :meth:`save`.
+
+    Raises:
+      DataError: the file is missing or not a tokenizer.
+    """
+    try:
+      return cls(tokenizers.Tokenizer.from_file(path))
+    except Exception as e:  # tokenizers raises plain Exception for bad JSON.
+      raise DataError(
+        f"Cannot load the BPE tokenizer {path} ({first_line(e)}); delete it to retrain it "
+        "(a run resumed from this workdir then needs the old file back)."
+      ) from None
+
+  def save(self, path: str) -> None:
+    """Writes the tokenizer to ``path`` (pretty JSON, as ``tokenizers``' own save), atomically."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    atomic_write(path, self._tokenizer.to_str(pretty=True))
+
+  def encode(self, text: str) -> np.ndarray:
+    """``text`` -> int32 [n] token ids."""
+    return np.asarray(self._tokenizer.encode(text).ids, np.int32)
+
+  def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
+    """``encode`` of each text (in parallel threads): a list of int32 [n_i]."""
+    return [np.asarray(e.ids, np.int32) for e in self._tokenizer.encode_batch(list(texts))]
+
+  def decode(self, ids) -> str:
+    """Int [n] token ids -> text; bytes that are not valid UTF-8 become U+FFFD."""
+    return self._tokenizer.decode(np.asarray(ids).reshape(-1).tolist())
+
+
+Tokenizer = Union[ByteTokenizer, BPETokenizer]
+
+
+def tokenizer_kind(data_config: ml_collections.ConfigDict) -> str:
+  """``data_config.tokenizer`` (``"byte"`` or ``"bpe"``), with ``vocab_size`` checked for BPE.
+
+  Raises:
+    DataError: unknown tokenizer name, or a BPE ``vocab_size`` that is not an
+      integer >= 256.
+  """
+  kind = _tokenizer_name(data_config)
+  if kind == "bpe":
+    _bpe_vocab_size(data_config)
+  return kind
+
+
+def _tokenizer_name(data_config) -> str:
+  kind = data_config.tokenizer
+  if kind not in TOKENIZERS:
+    raise DataError(
+      f"Unknown tokenizer {kind!r}; valid names: {', '.join(TOKENIZERS)} "
+      "(--config.data.tokenizer)."
+    )
+  return kind
+
+
+def _bpe_vocab_size(data_config) -> int:
+  size = data_config.vocab_size
+  if isinstance(size, bool) or not isinstance(size, int) or size < 256:
+    raise DataError(
+      f"--config.data.vocab_size={size!r} must be an integer >= 256 for the BPE "
+      "tokenizer (the 256 bytes plus learned merges)."
+    )
+  return size
+
+
+def tokenizer_path(workdir: str) -> str:
+  """Where the BPE tokenizer of a run lives: ``WORKDIR/tokenizer.json``."""
+  return os.path.join(os.path.expanduser(workdir), TOKENIZER_FILE)
+
+
+def make_tokenizer(data_config: ml_collections.ConfigDict, texts: Sequence[str]) -> Tokenizer:
+  """A new tokenizer of kind ``data_config.tokenizer``; writes nothing.
+
+  Args:
+    data_config: data config (see ``default_config``).
+    texts: training texts; the BPE tokenizer learns its merges on them.
+
+  Returns:
+    A :class:`ByteTokenizer`, or a :class:`BPETokenizer` of exactly
+    ``data_config.vocab_size`` tokens.
+
+  Raises:
+    DataError: unknown tokenizer name, bad ``vocab_size``, or too little text
+      for ``vocab_size``.
+  """
+  if tokenizer_kind(data_config) == "byte":
+    return ByteTokenizer()
+  return BPETokenizer.train(texts, _bpe_vocab_size(data_config))
+
+
+def load_tokenizer(data_config: ml_collections.ConfigDict, workdir: str | None) -> Tokenizer:
+  """The tokenizer of the run in ``workdir`` (trained there by :func:`prepare`).
+
+  Args:
+    data_config: data config (see ``default_config``).
+    workdir: the run's directory; unused for the byte tokenizer.
+
+  Returns:
+    A :class:`ByteTokenizer`, or the :class:`BPETokenizer` read from
+    ``WORKDIR/tokenizer.json``.
+
+  Raises:
+    DataError: unknown tokenizer name; for BPE, no readable
+      ``tokenizer.json`` in ``workdir`` or one whose vocabulary size is not
+      ``data_config.vocab_size``.
+  """
+  if tokenizer_kind(data_config) == "byte":
+    return ByteTokenizer()
+  vocab_size = _bpe_vocab_size(data_config)
+  if workdir is None or not os.path.isfile(tokenizer_path(workdir)):
+    where = f"in workdir {workdir}" if workdir is not None else "without a workdir"
+    raise DataError(
+      f"No BPE tokenizer {TOKENIZER_FILE} {where}; run "
+      "laplax.data.text.prepare(config.data, workdir) (train.py does) first."
+    )
+  path = tokenizer_path(workdir)
+  tokenizer = BPETokenizer.load(path)
+  if tokenizer.vocab_size != vocab_size:
+    raise DataError(
+      f"{path} has {tokenizer.vocab_size} tokens but --config.data.vocab_size="
+      f"{vocab_size}; set it to {tokenizer.vocab_size} or use a new --workdir."
+    )
+  return tokenizer
