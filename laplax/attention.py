@@ -33,6 +33,10 @@ HEADS_AXES = ("batch", "length", "heads", "head_dim")
 # Masked logits get this value rather than -inf, so that fully masked rows and
 # bfloat16 never produce NaN (the softmax is taken in float32).
 MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
+LAPLACIAN_MIXES = ("fixed", "learned")
+# The learned mix starts at alpha = sigmoid(+-4): 0.982 on the heads the
+# config marks Laplacian, 0.018 on the others.
+LAPLACIAN_MIX_INIT = 4.0
 
 
 def laplacian_heads(num_heads: int, num_laplacian_heads: int = 0,
@@ -114,7 +118,7 @@ def attend(query: jax.Array, key: jax.Array, value: jax.Array, *,
            implementation: str | None = None, scale: float | None = None,
            dropout_rate: float = 0.0, dropout_rng: jax.Array | None = None,
            residual_value: jax.Array | None = None,
-           return_weights: bool = False):
+           return_weights: bool = False, mix: jax.Array | None = None):
   """Multi-head attention where some heads are Laplacian (``V - P V``).
 
   Standard heads return ``P_i V_i``, Laplacian heads ``V_i - P_i V_i``
@@ -141,6 +145,11 @@ def attend(query: jax.Array, key: jax.Array, value: jax.Array, *,
       which requires ``q_length == kv_length``; with a KV cache pass the current
       chunk's values.
     return_weights: also return ``P`` (``"reference"`` only).
+    mix: optional float ``[num_heads]`` ``alpha`` (may be traced): head ``i``
+      outputs ``alpha_i V_i + (1 - 2 alpha_i) P_i V_i`` instead, so ``alpha =
+      0`` is a standard head and ``alpha = 1`` a Laplacian head exactly (the
+      learned mix, :class:`MultiHeadAttention` with ``laplacian_mix=
+      "learned"``); ``laplacian`` is then only checked for its shape.
 
   Returns:
     ``[batch, q_length, num_heads, head_dim]`` in ``value.dtype``; with
@@ -185,7 +194,7 @@ def attend(query: jax.Array, key: jax.Array, value: jax.Array, *,
         query, key, value, mask=mask, scale=scale, is_causal=is_causal,
         implementation=implementation)
 
-  if laplacian_np is not None and not laplacian_np.any():
+  if mix is None and laplacian_np is not None and not laplacian_np.any():
     out = pv
   else:
     if residual_value is None:
@@ -197,6 +206,11 @@ def attend(query: jax.Array, key: jax.Array, value: jax.Array, *,
     if residual_value.shape[-2] != num_heads:  # grouped-query attention
       residual_value = jnp.repeat(
           residual_value, num_heads // residual_value.shape[-2], axis=-2)
+    if mix is not None:
+      alpha = jnp.asarray(mix, jnp.float32)[:, None]
+      out = (alpha * residual_value.astype(jnp.float32)
+             + (1.0 - 2.0 * alpha) * pv.astype(jnp.float32)).astype(pv.dtype)
+      return (out, weights) if return_weights else out
     lap_out = (residual_value - pv).astype(pv.dtype)
     if laplacian_np is not None and laplacian_np.all():
       out = lap_out
@@ -302,6 +316,14 @@ class MultiHeadAttention(nn.Module):
     dropout: dropout on the output projection.
     spectral_lam, spectral_mode: spectral conditioning (``None`` = off).
     implementation: kernel for :func:`attend`.
+    laplacian_mix: ``"fixed"`` (the heads marked Laplacian output ``V - P V``,
+      the others ``P V``) or ``"learned"``: head ``i`` outputs ``alpha_i V +
+      (1 - 2 alpha_i) P V`` with ``alpha_i = sigmoid(a_i)`` and ``a`` a
+      parameter ``laplacian_mix [num_heads]`` initialised at the fixed pattern
+      (``+LAPLACIAN_MIX_INIT`` on the Laplacian heads, ``-`` on the others;
+      alpha 0.982 / 0.018). A vector, so no weight decay reaches it. Zhang &
+      Papyan call their fixed choice of heads likely suboptimal; this lets a
+      run learn the mix.
     use_bias: biases on the q/k/v/out projections.
     rope: rotary position embedding on queries and keys (after qk-norm).
     dtype: compute dtype of the matmuls (parameters stay float32).
@@ -318,6 +340,7 @@ class MultiHeadAttention(nn.Module):
   spectral_lam: float | None = None
   spectral_mode: str = "per_head"
   implementation: str | None = None
+  laplacian_mix: str = "fixed"
   use_bias: bool = True
   rope: bool = False
   dtype: Any = None
@@ -366,6 +389,16 @@ class MultiHeadAttention(nn.Module):
     dropout_rng = None
     if not deterministic and self.attention_dropout > 0.0:
       dropout_rng = self.make_rng("dropout")
+    mix = None
+    if self.laplacian_mix == "learned":
+      pattern = jnp.asarray(laplacian, jnp.float32)
+      logits = self.param("laplacian_mix", sharding.logical_init(
+          lambda rng, shape: LAPLACIAN_MIX_INIT * (2.0 * pattern - 1.0), ("heads",)),
+                          (self.num_heads,))
+      mix = jax.nn.sigmoid(logits)
+    elif self.laplacian_mix != "fixed":
+      raise ValueError(f"laplacian_mix={self.laplacian_mix!r} is unknown; use one of "
+                       f"{', '.join(LAPLACIAN_MIXES)}")
     if decode and not is_init:
       max_length = cached_k.value.shape[1]
       cached_k.value = jax.lax.dynamic_update_slice(cached_k.value, k, (0, start, 0, 0))
@@ -375,11 +408,11 @@ class MultiHeadAttention(nn.Module):
       mask = visible[None, None] if mask is None else jnp.logical_and(mask, visible)
       y = attend(q, cached_k.value, cached_v.value, laplacian=laplacian, mask=mask,
                  implementation=self.implementation, residual_value=v,
-                 dropout_rate=self.attention_dropout, dropout_rng=dropout_rng)
+                 dropout_rate=self.attention_dropout, dropout_rng=dropout_rng, mix=mix)
     else:
       y = attend(q, k, v, laplacian=laplacian, mask=mask, is_causal=is_causal,
                  implementation=self.implementation,
-                 dropout_rate=self.attention_dropout, dropout_rng=dropout_rng)
+                 dropout_rate=self.attention_dropout, dropout_rng=dropout_rng, mix=mix)
       if self.is_mutable_collection("intermediates"):  # analysis only
         _, weights = reference_attention(q, k, v, mask=mask, is_causal=is_causal)
         self.sow("intermediates", "attention_weights", weights)

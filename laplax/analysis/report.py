@@ -224,7 +224,9 @@ def run_analysis(target: Target, batches: Iterable[dict], *, layers: Sequence[in
     ``layers`` (one dict per chosen layer: ``layer``, the
     :meth:`~laplax.analysis.geometry.GeometryAccumulator.finalize` output,
     ``attention_entropy`` [heads] and ``attention_entropy_uniform`` (nats per
-    query), ``weights`` (per projection, :func:`~laplax.analysis.conditioning.
+    query), ``laplacian_alpha`` [heads] (with ``model.laplacian_mix=
+    "learned"``: the learned ``alpha`` of ``alpha V + (1 - 2 alpha) P V``),
+    ``weights`` (per projection, :func:`~laplax.analysis.conditioning.
     kernel_conditioning` plus ``effective``), ``jacobian``), and ``features``
     (the geometry of the representation the head reads: ViT ``pre_logits``
     by class with NC3, GPT final hidden states by next token). Non-finite
@@ -297,6 +299,9 @@ def run_analysis(target: Target, batches: Iterable[dict], *, layers: Sequence[in
     entry["attention_entropy"] = (ent_sum[i] / max(ent_count[i], 1.0)).tolist()
     entry["attention_entropy_uniform"] = ent_uniform[i] / max(ent_count[i], 1.0)
     entry["weights"] = _weights_section(target, i)
+    mix = capture.attention_params(target.params, i).get("laplacian_mix")
+    if mix is not None:  # model.laplacian_mix="learned": alpha = sigmoid(a) per head
+      entry["laplacian_alpha"] = (1.0 / (1.0 + np.exp(-np.asarray(mix, np.float64)))).tolist()
     if i in io:
       entry["jacobian"] = _jacobian_section(target, i, io[i][0], io[i][1], jacobian_dim)
     out_layers.append(entry)

@@ -129,6 +129,9 @@ class AttentionSpec(_Checked):
     attention_dropout: dropout on ``P`` (forces the reference kernel).
     implementation: the kernel of :func:`laplax.attention.attend`.
     rope: rotary position embedding on queries and keys.
+    laplacian_mix: ``"fixed"`` (the heads of ``laplacian`` use ``I - P``) or
+      ``"learned"`` (a learned ``alpha`` per head and layer, initialised at
+      that pattern; see :class:`~laplax.attention.MultiHeadAttention`).
     spectral: the conditioning of ``W_Q, W_K, W_V`` (``None`` = off).
   """
   num_heads: int = _field(4, "int", min=1)
@@ -137,6 +140,7 @@ class AttentionSpec(_Checked):
   implementation: str | None = _field(None, "choice",
                                       choices=attention.IMPLEMENTATIONS)
   rope: bool = False
+  laplacian_mix: str = _field("fixed", "choice", choices=attention.LAPLACIAN_MIXES)
   spectral: SpectralSpec | None = None
 
   def module_kwargs(self) -> dict:
