@@ -170,6 +170,10 @@ class TransformerSpec(_Checked):
     remat: ``jax.checkpoint`` policy name of each block (memory only).
     scan_layers: blocks under ``nn.scan`` (parameters stacked under
       ``blocks``; another checkpoint layout).
+    zero_init_out: zero-initialised output projections of every block
+      (``W_O`` and the MLP's second layer), as in the Laplacian authors'
+      nanochat: each block starts as the identity, so Laplacian heads are a
+      no-op at initialisation; the gradient still reaches ``W_O``.
     kernel_init: ``"xavier_uniform"`` (ViT) or ``"gpt2"`` (normal 0.02, output
       projections ``0.02 / sqrt(2 depth)``, Radford et al. 2019).
   """
@@ -184,6 +188,7 @@ class TransformerSpec(_Checked):
   dtype: str = _field("float32", "choice", choices=DTYPES)
   remat: str = _field("none", "choice", choices=tuple(REMAT_POLICIES))
   scan_layers: bool = _field(False, "bool")
+  zero_init_out: bool = _field(False, "bool")
   kernel_init: str = "xavier_uniform"
 
   def __post_init__(self):
@@ -235,12 +240,14 @@ class TransformerSpec(_Checked):
   def inits(self):
     """``(kernel_init, out_init)``: initialisers of the input projections
     (``W_Q, W_K, W_V``, the MLP's first layer) and of the output projections
-    (``W_O``, the MLP's second layer)."""
+    (``W_O``, the MLP's second layer; zeros with ``zero_init_out``)."""
     import flax.linen as nn  # pylint: disable=import-outside-toplevel
     if self.kernel_init == "gpt2":
-      return (nn.initializers.normal(0.02),
-              nn.initializers.normal(0.02 / (2 * self.depth) ** 0.5))
-    return nn.initializers.xavier_uniform(), nn.initializers.xavier_uniform()
+      kernel_init = nn.initializers.normal(0.02)
+      out_init = nn.initializers.normal(0.02 / (2 * self.depth) ** 0.5)
+    else:
+      kernel_init = out_init = nn.initializers.xavier_uniform()
+    return kernel_init, nn.initializers.zeros if self.zero_init_out else out_init
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
