@@ -36,6 +36,8 @@ import ml_collections
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from laplax import utils
+
 AXES = ("data", "fsdp", "tensor")
 DEFAULT_MESH_SHAPE = (-1, 1, 1)
 # (logical axis, mesh axis or axes or None); the first rule naming a logical
@@ -251,11 +253,6 @@ def param_specs(boxed_params: Any, mesh: jax.sharding.Mesh, rules: Sequence) -> 
                                 is_leaf=lambda x: isinstance(x, P))
 
 
-def _path_keys(path) -> tuple:
-  return tuple(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k))))
-               for k in path)
-
-
 def state_shardings(abstract_state: Any, specs: Any, mesh: jax.sharding.Mesh) -> Any:
   """``NamedSharding`` of every leaf of a TrainState.
 
@@ -268,12 +265,12 @@ def state_shardings(abstract_state: Any, specs: Any, mesh: jax.sharding.Mesh) ->
   flat_specs = jax.tree_util.tree_flatten_with_path(
       specs, is_leaf=lambda x: isinstance(x, P))[0]
   flat_shapes = jax.tree_util.tree_leaves(abstract_state.params)
-  by_path = {_path_keys(path): (spec, x.shape)
+  by_path = {utils.path_keys(path): (spec, x.shape)
              for (path, spec), x in zip(flat_specs, flat_shapes)}
   replicated = NamedSharding(mesh, P())
 
   def leaf(path, x):
-    keys = _path_keys(path)
+    keys = utils.path_keys(path)
     for i in range(1, len(keys)):
       hit = by_path.get(keys[i:])
       if hit is not None and tuple(hit[1]) == tuple(x.shape):

@@ -523,3 +523,27 @@ def test_multi_head_attention_causal_and_dropout_determinism():
   assert np.abs(np.asarray(tr - ev)).max() > 1e-3
   np.testing.assert_allclose(np.asarray(ev2[:, :-1]), np.asarray(ev[:, :-1]),
                              atol=1e-6)
+
+
+# ------------------------------------------------------------- chex variants
+
+
+class AttendVariants(chex.TestCase):
+  """``attend`` jitted and not against the NumPy formula ``V - P V`` / ``P V``."""
+
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_matches_numpy_reference(self):
+    rng = np.random.default_rng(7)
+    q, k, v = (rng.normal(size=(2, 6, 4, 8)).astype(np.float32) for _ in range(3))
+    laplacian = np.array([False, True, False, True])
+    for causal in (False, True):
+      got = self.variant(lambda q, k, v, c=causal: attend(
+          q, k, v, laplacian=laplacian, is_causal=c))(q, k, v)
+      logits = np.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(8)
+      if causal:
+        logits = np.where(np.tril(np.ones((6, 6), bool)), logits, -np.inf)
+      p = np.exp(logits - logits.max(-1, keepdims=True))
+      p /= p.sum(-1, keepdims=True)
+      pv = np.einsum("bhqk,bkhd->bqhd", p, v)
+      want = np.where(laplacian[:, None], v - pv, pv)
+      chex.assert_trees_all_close(got, want, atol=1e-5)

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -216,9 +217,7 @@ def test_train_step_freezes_last_layer_then_updates_teacher_and_center():
   c, task = tiny_task()
   tx = optim.make_optimizer(c)
   state = jax.jit(lambda: loop.init_state(task, tx, 0))()
-  chex_equal = lambda a, b: jax.tree_util.tree_all(
-      jax.tree_util.tree_map(lambda x, y: bool(jnp.array_equal(x, y)), a, b))
-  assert chex_equal(state.params, state.task_state["teacher"])
+  chex.assert_trees_all_equal(state.params, state.task_state["teacher"])
   step = jax.jit(loop.make_train_step(task, tx, optim.learning_rate_schedule(c.optim, 10)))
   lasts = [np.asarray(state.params["head"]["last_layer"])]
   for i in range(4):
@@ -232,8 +231,7 @@ def test_train_step_freezes_last_layer_then_updates_teacher_and_center():
     m = float(task.momentum(i))
     expected = jax.tree_util.tree_map(lambda t, s: m * t + (1 - m) * s,
                                       old.task_state["teacher"], state.params)
-    jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7),
-                           state.task_state["teacher"], expected)
+    chex.assert_trees_all_close(state.task_state["teacher"], expected, rtol=1e-6, atol=1e-7)
     np.testing.assert_allclose(
         state.task_state["center"],
         0.9 * np.asarray(old.task_state["center"])

@@ -1,5 +1,6 @@
 """GPT: KV-cache decoding, causality, initialisation, sizes of the paper configs."""
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -39,7 +40,7 @@ def test_kv_cache_logits_equal_full_forward(mix, posemb):
                                    tokens[:, lo:hi], decode=True, mutable=["cache"])
     cache = upd["cache"]
     pieces.append(logits)
-  np.testing.assert_allclose(jnp.concatenate(pieces, 1), full, atol=1e-5, rtol=1e-5)
+  chex.assert_trees_all_close(jnp.concatenate(pieces, 1), full, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("spectral", [None, 10.0])
@@ -52,7 +53,7 @@ def test_causality(mix, spectral):
   b = a.at[:, t + 1:].set((a[:, t + 1:] + 7) % 40)
   la, oa = model.apply({"params": params}, a)
   lb, ob = model.apply({"params": params}, b)
-  np.testing.assert_array_equal(la[:, :t + 1], lb[:, :t + 1])
+  chex.assert_trees_all_equal(la[:, :t + 1], lb[:, :t + 1])
   for i in range(2):
     np.testing.assert_array_equal(oa[f"block{i}"]["sa"][:, :t + 1],
                                   ob[f"block{i}"]["sa"][:, :t + 1])

@@ -6,6 +6,7 @@ and a scanned model with the unscanned parameters restacked gives the same
 logits (also through the KV cache). Tiny models, float32.
 """
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -258,3 +259,21 @@ def test_remat_is_not_architecture_scan_is_and_old_runs_resume():
   del saved["model"]["scan_layers"], saved["model"]["remat"]
   del saved["optim"]["grad_accum_steps"]
   assert config_lib.architecture_diff(saved, base_config()) == []
+
+
+@pytest.mark.parametrize("make", [vit_task, gpt_task], ids=["vit", "gpt_scan_traced_mask"])
+def test_train_step_traces_once_for_many_steps(make):
+  """``chex.assert_max_traces``: a run of many steps compiles the step once,
+  also with scanned layers whose Laplacian heads differ per layer (the mask
+  [depth, heads] is a traced scanned input; gpt_task's (0, 2, 4))."""
+  c, build, batch = make()
+  c.total_steps = 10
+  task = build()
+  tx = optim.make_optimizer(c)
+  state = jax.jit(lambda: loop.init_state(task, tx, 0))()
+  chex.clear_trace_counter()
+  step = jax.jit(chex.assert_max_traces(
+      loop.make_train_step(task, tx, optim.learning_rate_schedule(c.optim, 10)), n=1))
+  for _ in range(4):
+    state, metrics = step(state, batch)
+  assert int(state.step) == 4 and np.isfinite(float(metrics["loss"]))

@@ -389,3 +389,21 @@ def test_vit_spectral(mode):
   # for the default mode; MultiHeadAttention checks it for all three.
   check_forward_and_grad("vit", mode, base, cond, params, params_c, apply, loss,
                          grad=mode == "per_head")
+
+
+class CorrectionVariants(chex.TestCase):
+  """``spectral.correction`` jitted and not: the closed forms of each layout."""
+
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_closed_forms(self):
+    w = np.random.default_rng(3).normal(size=(8, 6)).astype(np.float32)
+    full = self.variant(lambda: spectral.correction((8, 6), lam=LAM, mode="full"))()
+    chex.assert_trees_all_close(full, LAM * np.eye(8, 6))
+    per_head = self.variant(lambda: spectral.correction(
+        (8, 6), lam=LAM, mode="per_head", num_heads=2))()
+    chex.assert_trees_all_close(per_head, LAM * np.tile(np.eye(8, 3), (1, 2)))
+    svd = self.variant(lambda k: spectral.correction((8, 6), lam=LAM, mode="svd",
+                                                     kernel=k))(w)
+    s = np.linalg.svd(w + np.asarray(svd), compute_uv=False)
+    s0 = np.linalg.svd(w, compute_uv=False)
+    chex.assert_trees_all_close(s, s0 + s0[0], rtol=1e-4)  # W + C = U (S + s_max I) V^T

@@ -109,8 +109,7 @@ class Checkpointer:
       if delete and jax.process_index() == 0:
         shutil.rmtree(path, ignore_errors=True)
 
-  def save(self, state: TrainState, data_state: dict | None, *,
-           force: bool = False) -> bool:
+  def save(self, state: TrainState, data_state: dict | None) -> bool:
     """Starts an asynchronous save of ``state`` at ``state.step``.
 
     Returns whether a save was started (orbax skips a step already saved).
@@ -121,7 +120,7 @@ class Checkpointer:
     return self.manager.save(
         step, args=ocp.args.Composite(
             state=ocp.args.StandardSave(state),
-            data=ocp.args.JsonSave(data_state or {})), force=force)
+            data=ocp.args.JsonSave(data_state or {})))
 
   def restore(self, abstract_state: TrainState, step: int | None = None,
               with_data: bool = True, discard_unreadable: bool = False):

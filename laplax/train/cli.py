@@ -21,6 +21,7 @@ from typing import Callable
 from absl import flags
 import ml_collections
 
+from laplax import utils
 from laplax.train.config import ConfigError
 
 USAGE_EXIT = 2
@@ -83,19 +84,12 @@ def _load_config_file(spec: str):
     module_spec.loader.exec_module(module)
     config = module.get_config(arg) if arg else module.get_config()
   except Exception as e:  # pylint: disable=broad-except
-    text = str(e).strip().splitlines()
     raise UsageError(f"could not load config {spec}: {type(e).__name__}: "
-                     f"{text[0] if text else ''}") from None
+                     f"{utils.first_line(e) if str(e).strip() else ''}") from None
   if not isinstance(config, ml_collections.ConfigDict):
     raise UsageError(f"get_config() of {path} returned {type(config).__name__}; it "
                      f"must return an ml_collections.ConfigDict")
   return config
-
-
-def _first_line(e: BaseException) -> str:
-  lines = [l.strip() for l in str(e).splitlines() if l.strip()]
-  useful = [l for l in lines if not l.endswith(":")] or lines
-  return useful[0] if useful else type(e).__name__
 
 
 def parse_flags(argv: list[str]) -> None:
@@ -121,7 +115,7 @@ def parse_flags(argv: list[str]) -> None:
     spec = _config_spec(argv)
     if spec is not None and "config" in str(e).split(":")[0]:
       _load_config_file(spec)  # raises a UsageError naming the real problem
-    raise UsageError(_first_line(e)) from None
+    raise UsageError(utils.first_line(e)) from None
   except Exception as e:  # pylint: disable=broad-except
     spec = _config_spec(argv)
     msg = None
@@ -129,7 +123,7 @@ def parse_flags(argv: list[str]) -> None:
       config = _load_config_file(spec)  # raises a UsageError if it cannot load
       if isinstance(config, ml_collections.ConfigDict):
         msg = _unknown_key_message(argv, config)
-    raise UsageError(msg or f"bad command line: {_first_line(e)}") from None
+    raise UsageError(msg or f"bad command line: {utils.first_line(e)}") from None
   finally:
     absl_logger.setLevel(level)
 
@@ -178,7 +172,7 @@ def run(main: Callable[[], int | None], user_errors: tuple = ()) -> None:
   try:
     code = main()
   except errors as e:
-    print(f"error: {_first_line(e) if chr(10) in str(e) else e}", file=sys.stderr)
+    print(f"error: {utils.first_line(e) if chr(10) in str(e) else e}", file=sys.stderr)
     sys.exit(USAGE_EXIT)
   except KeyboardInterrupt as e:
     term = isinstance(e, _Signalled)

@@ -108,7 +108,7 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None,
   With ``num_devices`` (the trainer passes ``jax.device_count()``, after the
   multi-process runtime started) the mesh is also checked against the devices
   and the batch, heads and MLP sizes against the mesh (:func:`validate_mesh`).
-  With ``strict_keys`` (training; ``eval.py`` reads configs of older runs) a
+  With ``strict_keys`` (training; ``eval.py`` reads the configs of saved runs) a
   key that no config of the task has (:func:`unknown_keys`, e.g. a misspelt
   key in a config file) is an error.
 

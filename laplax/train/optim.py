@@ -9,6 +9,7 @@ import jax
 import ml_collections
 import optax
 
+from laplax import utils
 from laplax.models import layers
 
 
@@ -52,7 +53,7 @@ def decay_mask(params: Any, exclude: tuple[str, ...] = ()) -> Any:
   (``model.scan_layers``) the leading layer axis does not count.
   """
   def rule(path, x):
-    keys = [str(getattr(k, "key", k)) for k in path]
+    keys = list(utils.path_keys(path))
     ndim = x.ndim - (layers.SCANNED_BLOCKS in keys)
     return ndim >= 2 and not any(re.search(p, "/".join(keys)) for p in exclude)
   return jax.tree_util.tree_map_with_path(rule, params)
