@@ -122,6 +122,20 @@ def components_for(singular: np.ndarray, threshold: float = 0.99) -> int:
   return int(min(np.searchsorted(cum, threshold) + 1, len(var)))
 
 
+def _nc1(sigma_w: np.ndarray, sigma_b: np.ndarray, num: int) -> float:
+  """NC1 = tr(Sigma_W Sigma_B^+) / C, with Sigma_B^+ of rank <= C - 1
+  (eigenvalues below ``PINV_RTOL`` of the largest dropped; ``inf`` when
+  Sigma_B vanishes)."""
+  eig, vec = np.linalg.eigh(sigma_b)
+  eig, vec = eig[::-1], vec[:, ::-1]
+  keep = eig > PINV_RTOL * max(eig[0], 0.0)
+  keep[num - 1:] = False
+  if eig[0] <= 0.0 or not keep.any():
+    return float("inf")
+  v = vec[:, keep]
+  return float(np.sum(np.einsum("di,de,ei->i", v, sigma_w, v) / eig[keep]) / num)
+
+
 def class_statistics(count, sums, sq_norms, second_moment, *, classifier=None,
                      max_pairwise_classes: int = 2048) -> dict:
   """Neural-collapse quantities and CDNV from per-class sufficient statistics.
@@ -186,16 +200,7 @@ def class_statistics(count, sums, sq_norms, second_moment, *, classifier=None,
                pairwise_classes=num, cdnv_classes=0)
     return out
 
-  # NC1: tr(Sigma_W Sigma_B^+) / C, Sigma_B^+ of rank <= C - 1.
-  eig, vec = np.linalg.eigh(sigma_b)
-  eig, vec = eig[::-1], vec[:, ::-1]
-  keep = eig > PINV_RTOL * max(eig[0], 0.0)
-  keep[num - 1:] = False
-  if eig[0] <= 0.0 or not keep.any():
-    out["nc1"] = float("inf")
-  else:
-    v = vec[:, keep]
-    out["nc1"] = float(np.sum(np.einsum("di,de,ei->i", v, sigma_w, v) / eig[keep]) / num)
+  out["nc1"] = _nc1(sigma_w, sigma_b, num)
   mean_norm = norms.mean()
   out["equinorm"] = float(norms.std() / mean_norm) if mean_norm > 0 else nan
 

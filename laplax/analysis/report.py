@@ -199,6 +199,23 @@ def _weights_section(target: Target, layer: int) -> dict:
   return out
 
 
+def _layer_entry(target: Target, i: int, acc, entropy, entropy_uniform, io,
+                 jacobian_dim: int) -> dict:
+  """One layer's dict of :func:`run_analysis` (geometry, entropies, weights,
+  learned mix, Jacobian when ``io`` holds the block's input and output)."""
+  entry = {"layer": int(i)}
+  entry.update(acc.finalize())
+  entry["attention_entropy"] = np.asarray(entropy).tolist()
+  entry["attention_entropy_uniform"] = entropy_uniform
+  entry["weights"] = _weights_section(target, i)
+  mix = capture.attention_params(target.params, i).get("laplacian_mix")
+  if mix is not None:  # model.laplacian_mix="learned": alpha = sigmoid(a) per head
+    entry["laplacian_alpha"] = (1.0 / (1.0 + np.exp(-np.asarray(mix, np.float64)))).tolist()
+  if io is not None:
+    entry["jacobian"] = _jacobian_section(target, i, io[0], io[1], jacobian_dim)
+  return entry
+
+
 def run_analysis(target: Target, batches: Iterable[dict], *, layers: Sequence[int],
                  max_examples: int = 0, batch_size: int = 256,
                  jacobian_dim: int = 2048,
@@ -292,19 +309,9 @@ def run_analysis(target: Target, batches: Iterable[dict], *, layers: Sequence[in
     io = jax.device_get(_jitted_block_io(model, tuple(layers))(target.params,
                                                                jnp.asarray(first)))
     io = {i: (a[0], b[0]) for i, (a, b) in io.items()}
-  out_layers = []
-  for i in layers:
-    entry = {"layer": int(i)}
-    entry.update(accs[i].finalize())
-    entry["attention_entropy"] = (ent_sum[i] / max(ent_count[i], 1.0)).tolist()
-    entry["attention_entropy_uniform"] = ent_uniform[i] / max(ent_count[i], 1.0)
-    entry["weights"] = _weights_section(target, i)
-    mix = capture.attention_params(target.params, i).get("laplacian_mix")
-    if mix is not None:  # model.laplacian_mix="learned": alpha = sigmoid(a) per head
-      entry["laplacian_alpha"] = (1.0 / (1.0 + np.exp(-np.asarray(mix, np.float64)))).tolist()
-    if i in io:
-      entry["jacobian"] = _jacobian_section(target, i, io[i][0], io[i][1], jacobian_dim)
-    out_layers.append(entry)
+  out_layers = [_layer_entry(target, i, accs[i], ent_sum[i] / max(ent_count[i], 1.0),
+                             ent_uniform[i] / max(ent_count[i], 1.0), io.get(i), jacobian_dim)
+                for i in layers]
   features = feature_acc.finalize(classifier=target.classifier,
                                   token_classifier=target.token_classifier)
   any_acc = accs[layers[0]] if layers else feature_acc

@@ -11,7 +11,6 @@ record, each with ``step``), TensorBoard events, and ``checkpoints/``.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -28,123 +27,18 @@ import optax
 import tqdm
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from laplax import sharding, utils
+from laplax import sharding
 from laplax.train import checkpoint as ckpt_lib
 from laplax.train import config as config_lib
 from laplax.train import optim, tasks
 from laplax.train.protocol import Task
-
-CONFIG_FILE = "config.json"
-METRICS_FILE = "metrics.jsonl"
-CHECKPOINT_DIR = "checkpoints"
-
+# CONFIG_FILE, METRICS_FILE and load_saved_config are also read from here (eval.py).
+from laplax.train.workdir import (CHECKPOINT_DIR, CONFIG_FILE, METRICS_FILE,
+                                  MetricWriter, check_workdir, existing_ancestor,
+                                  load_saved_config, write_config)
 
 class NonFiniteError(RuntimeError):
   """The loss or gradient norm became NaN or infinite."""
-
-
-class MetricWriter:
-  """Appends records to ``metrics.jsonl`` and TensorBoard event files.
-
-  Only process 0 writes. Each record is ``{"step": int, "split": str, ...}``.
-  """
-
-  def __init__(self, workdir: str):
-    self.active = jax.process_index() == 0
-    self.path = os.path.join(workdir, METRICS_FILE)
-    self.tb = None
-    if self.active:
-      from tensorboardX import SummaryWriter  # pylint: disable=import-outside-toplevel
-      self.tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
-
-  def drop_after(self, step: int) -> None:
-    """Removes records newer than ``step`` (left by a run killed after it)."""
-    if not self.active or not os.path.exists(self.path):
-      return
-    with open(self.path) as f:
-      lines = [l for l in f if l.strip()]
-    keep = [l for l in lines if json.loads(l).get("step", 0) <= step]
-    if len(keep) != len(lines):
-      utils.atomic_write(self.path, "".join(keep))
-
-  def write(self, step: int, split: str, metrics: dict) -> None:
-    """Writes one record; values must be Python scalars."""
-    if not self.active:
-      return
-    record = {"step": int(step), "split": split, **metrics}
-    with open(self.path, "a") as f:
-      f.write(json.dumps(record) + "\n")
-    for k, v in metrics.items():
-      if isinstance(v, (int, float)):
-        self.tb.add_scalar(f"{split}/{k}", v, step)
-    self.tb.flush()
-
-  def close(self) -> None:
-    """Closes the TensorBoard writer."""
-    if self.tb is not None:
-      self.tb.close()
-
-
-def load_saved_config(workdir: str) -> ml_collections.ConfigDict | None:
-  """The config saved in ``workdir/config.json``, or ``None`` if there is none."""
-  path = os.path.join(workdir, CONFIG_FILE)
-  if not os.path.exists(path):
-    return None
-  try:
-    with open(path) as f:
-      saved = json.load(f)
-  except (OSError, ValueError) as e:
-    raise config_lib.ConfigError(
-        f"{path} is unreadable ({type(e).__name__}); it is not a laplax run's "
-        f"config, use another --workdir") from None
-  if not (isinstance(saved, dict) and isinstance(saved.get("model"), dict)
-          and saved.get("task") in config_lib.task_names()):
-    raise config_lib.ConfigError(
-        f"{path} is not a laplax run's config (no task and model); use another "
-        f"--workdir")
-  return ml_collections.ConfigDict(saved)
-
-
-def _write_config(config: ml_collections.ConfigDict, workdir: str) -> None:
-  """Writes ``workdir/config.json`` atomically (a temporary file, then a rename)."""
-  utils.atomic_write(os.path.join(workdir, CONFIG_FILE), config.to_json(indent=2))
-
-
-def check_workdir(config: ml_collections.ConfigDict, workdir: str) -> None:
-  """Refuses a workdir that belongs to a run of another architecture.
-
-  Raises:
-    ConfigError: the saved config differs in a key that decides the parameters.
-  """
-  parent = _existing_ancestor(workdir)
-  if not os.path.isdir(parent):
-    raise config_lib.ConfigError(
-        f"--workdir {workdir} is a file; give a directory" if parent == os.path.abspath(workdir)
-        else f"--workdir {workdir} cannot be created: {parent} is a file; give a directory")
-  if not os.access(parent, os.W_OK):
-    raise config_lib.ConfigError(f"--workdir {workdir} is not writable ({parent}); "
-                                 f"choose a directory you can write to")
-  for name, want_dir in ((CHECKPOINT_DIR, True), ("tensorboard", True),
-                         (CONFIG_FILE, False), (METRICS_FILE, False)):
-    path = os.path.join(workdir, name)
-    if os.path.exists(path) and os.path.isdir(path) != want_dir:
-      raise config_lib.ConfigError(
-          f"{path} should be a {'directory' if want_dir else 'file'}; this workdir "
-          f"is not a laplax run's, use another --workdir")
-  saved = load_saved_config(workdir)
-  ckpt = os.path.join(workdir, CHECKPOINT_DIR)
-  if saved is None and os.path.isdir(ckpt) and any(n.isdigit() for n in os.listdir(ckpt)):
-    raise config_lib.ConfigError(
-        f"workdir {workdir} has checkpoints but no {CONFIG_FILE}, so its "
-        f"architecture is unknown; restore {CONFIG_FILE} or use another --workdir")
-  if saved is None:
-    return
-  diff = config_lib.architecture_diff(saved.to_dict(), config)
-  if diff:
-    raise config_lib.ConfigError(
-        f"workdir {workdir} holds a run with a different architecture "
-        f"({', '.join(diff[:6])}{' ...' if len(diff) > 6 else ''} differ); use "
-        f"another --workdir or the same config")
 
 
 def abstract_state(task: Task, tx: optax.GradientTransformation, seed: int):
@@ -239,10 +133,10 @@ def setup(config: ml_collections.ConfigDict, workdir: str | None,
   if check and workdir is not None:
     check_workdir(config, workdir)
   data_dir = os.path.expanduser(str(config_lib.get(config, "data.data_dir", "") or ""))
-  if data_dir and not os.path.isdir(_existing_ancestor(data_dir)):
+  if data_dir and not os.path.isdir(existing_ancestor(data_dir)):
     raise config_lib.ConfigError(
         f"config.data.data_dir={data_dir} cannot be a directory: "
-        f"{_existing_ancestor(data_dir)} is a file; give a directory for the "
+        f"{existing_ancestor(data_dir)} is a file; give a directory for the "
         f"prepared datasets")
   try:
     return tasks.make_task(config, workdir)
@@ -251,14 +145,6 @@ def setup(config: ml_collections.ConfigDict, workdir: str | None,
         f"cannot prepare the data: {e.strerror or type(e).__name__}"
         f"{f' ({e.filename})' if e.filename else ''}; check config.data.data_dir="
         f"{config_lib.get(config, 'data.data_dir', '')}") from None
-
-
-def _existing_ancestor(path: str) -> str:
-  """``path`` (absolute) or its nearest parent that exists (file or directory)."""
-  path = os.path.abspath(path)
-  while not os.path.exists(path):
-    path = os.path.dirname(path)
-  return path
 
 
 def micro_batches(batch: Any, n: int, axis: int = 0) -> Any:
@@ -434,91 +320,126 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     return _train(config, workdir, task, mesh, rules)
 
 
-def _train(config: ml_collections.ConfigDict, workdir: str, task: Task,
-           mesh: jax.sharding.Mesh, rules) -> dict:
-  """The body of :func:`train_and_evaluate`, inside the mesh and rules."""
-  # Workdir.
+def _open_workdir(config, workdir: str) -> ckpt_lib.Checkpointer:
+  """Creates ``workdir`` and returns the checkpointer of its ``checkpoints/``.
+
+  Raises:
+    ConfigError: the workdir cannot be created.
+  """
   try:
     os.makedirs(workdir, exist_ok=True)
   except OSError as e:
     raise config_lib.ConfigError(f"--workdir {workdir} cannot be created "
                                  f"({e.strerror}); choose another directory") from None
-  # Model and optimizer.
-  tx = optim.make_optimizer(config)
-  schedule = optim.learning_rate_schedule(config.optim, config.total_steps)
-  checkpointer = ckpt_lib.Checkpointer(os.path.join(workdir, CHECKPOINT_DIR),
-                                       max_to_keep=config.get("keep_checkpoints", 3))
+  return ckpt_lib.Checkpointer(os.path.join(workdir, CHECKPOINT_DIR),
+                               max_to_keep=config.get("keep_checkpoints", 3))
 
-  # Input: each process reads its rows of the global batch.
-  train_iter = iter(task.train_dataset(jax.process_index(), jax.process_count()))
-  batch_sharding = batch_shardings(task, mesh, rules)
-  global_batch = task.batch_spec(config.batch_size)
 
-  # Sharding, then the initial state (created sharded) or resume (onto this mesh).
-  state_sharding = state_shardings(task, tx, config.seed, mesh, rules)
-  resumed = checkpointer.latest_step() is not None
-  # config.json: on a fresh start before the first checkpoint (checkpoints
-  # without it are refused); on resume only once the state is restored, so
-  # that a failed restore changes nothing.
-  if resumed:
+def _restore_or_start(config, workdir: str, task: Task, tx, checkpointer, train_iter,
+                      state_sharding):
+  """The restored state (onto this mesh; the data position set) or the initial
+  one (created sharded, saved as step 0).
+
+  ``config.json`` is written on a fresh start before the first checkpoint
+  (checkpoints without it are refused), on resume only once the state is
+  restored, so that a failed restore changes nothing.
+  """
+  if checkpointer.latest_step() is not None:
     state, data_state = checkpointer.restore(
         sharded_abstract_state(task, tx, config.seed, state_sharding),
         discard_unreadable=True)
     train_iter.set_state(data_state)
     logging.info("resumed from step %d", int(state.step))
     if jax.process_index() == 0:
-      _write_config(config, workdir)
-  else:
-    if jax.process_index() == 0:
-      _write_config(config, workdir)
-    checkpointer.warn_incomplete(delete=True)
-    state = create_state(task, tx, config.seed, state_sharding)
-    checkpointer.save(state, train_iter.get_state())
-  writer = MetricWriter(workdir)
-  start = int(state.step)
-  num_params = sum(x.size for x in jax.tree_util.tree_leaves(state.params))
+      write_config(config, workdir)
+    return state
+  if jax.process_index() == 0:
+    write_config(config, workdir)
+  checkpointer.warn_incomplete(delete=True)
+  state = create_state(task, tx, config.seed, state_sharding)
+  checkpointer.save(state, train_iter.get_state())
+  return state
+
+
+def _fetch_finite(pending: list, checkpointer, bar) -> list:
+  """The pending ``(step, metrics)`` fetched to the host.
+
+  Raises:
+    NonFiniteError: a step's loss or gradient norm is not finite (the
+      checkpoint writes finish and the progress bar closes first).
+  """
+  pending = jax.device_get(pending)
+  bad = first_nonfinite(pending)
+  if bad is not None:
+    checkpointer.wait()
+    bar.close()
+    step, m = bad
+    raise NonFiniteError(
+        f"non-finite training metrics at step {step} (loss={float(m['loss'])}, "
+        f"grad_norm={float(m['grad_norm'])}); nothing after step {step - 1} was "
+        f"saved; last good checkpoint: step {checkpointer.latest_step()} in "
+        f"{checkpointer.directory}; lower optim.lr or set optim.skip_nonfinite=True")
+  return pending
+
+
+def _stop_agreed(stop: _StopRequest, step: int, config) -> bool:
+  """Whether to stop after ``step`` on a signal. With several processes a
+  signal may reach only some of them; they agree at log steps (one small
+  all-gather), so all save the same step together and stop."""
+  if jax.process_count() == 1:
+    return stop.signum is not None
+  if step % config.log_every and step != config.total_steps:
+    return False
+  from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+  flags = multihost_utils.process_allgather(np.int32(stop.signum is not None))
+  return bool(np.any(flags))
+
+
+def _warning(task: Task, record: dict, skipped: list[int]) -> str | None:
+  """The task's monitor line for a logged record, and the skipped updates."""
+  warning = task.monitor(record)
+  if skipped:
+    warning = (f"skipped the non-finite update of step(s) "
+               f"{', '.join(map(str, skipped))}" + (f"; {warning}" if warning else ""))
+  return warning
+
+
+def _train(config: ml_collections.ConfigDict, workdir: str, task: Task,
+           mesh: jax.sharding.Mesh, rules) -> dict:
+  """The body of :func:`train_and_evaluate`, inside the mesh and rules."""
+  # Workdir, optimizer, checkpoints.
+  checkpointer = _open_workdir(config, workdir)
+  tx = optim.make_optimizer(config)
+  schedule = optim.learning_rate_schedule(config.optim, config.total_steps)
+
+  # Input: each process reads its rows of the global batch.
+  train_iter = iter(task.train_dataset(jax.process_index(), jax.process_count()))
+  batch_sharding = batch_shardings(task, mesh, rules)
+  global_batch = task.batch_spec(config.batch_size)
+  # Sharding, then the initial state (created sharded) or resume (onto this mesh).
+  state_sharding = state_shardings(task, tx, config.seed, mesh, rules)
+  resumed = checkpointer.latest_step() is not None
+  state = _restore_or_start(config, workdir, task, tx, checkpointer, train_iter,
+                            state_sharding)
+  writer, start = MetricWriter(workdir), int(state.step)
   writer.drop_after(start)
   if start == 0:
-    writer.write(0, "info", {"num_params": int(num_params)})
+    writer.write(0, "info", {"num_params": int(sum(
+        x.size for x in jax.tree_util.tree_leaves(state.params)))})
 
   train_step = jit_train_step(task, tx, schedule, state_sharding, batch_sharding)
   place = lambda batch: sharding.whole_batch(batch, mesh, rules)
   pending: list[tuple[int, Any]] = []  # (step, metrics) since the last log
 
   def check_finite():
-    """Fetches the pending metrics; stops on a non-finite step (stop mode)."""
-    pending[:] = jax.device_get(pending)
-    bad = first_nonfinite(pending)
-    if bad is not None:
-      checkpointer.wait()
-      bar.close()
-      step_, m = bad
-      raise NonFiniteError(
-          f"non-finite training metrics at step {step_} (loss={float(m['loss'])}, "
-          f"grad_norm={float(m['grad_norm'])}); nothing after step {step_ - 1} was "
-          f"saved; last good checkpoint: step {checkpointer.latest_step()} in "
-          f"{checkpointer.directory}; lower optim.lr or set "
-          f"optim.skip_nonfinite=True")
-
-  last_log = time.time()
-  summary: dict = {}
+    pending[:] = _fetch_finite(pending, checkpointer, bar)
+  last_log, summary = time.time(), {}
   bar = tqdm.tqdm(total=config.total_steps, initial=start, unit="step",
                   dynamic_ncols=True, mininterval=1.0,
                   disable=jax.process_index() != 0)
   say = bar.write if jax.process_index() == 0 else lambda text: None  # process 0 logs
   if resumed:
     say(f"resumed from step {start} in {checkpointer.directory}")
-  def stop_agreed(step: int) -> bool:
-    """Whether to stop after ``step`` on a signal. With several processes a
-    signal may reach only some of them; they agree at log steps (one small
-    all-gather), so all save the same step together and stop."""
-    if jax.process_count() == 1:
-      return stop.signum is not None
-    if step % config.log_every and step != config.total_steps:
-      return False
-    from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
-    flags = multihost_utils.process_allgather(np.int32(stop.signum is not None))
-    return bool(np.any(flags))
 
   with _StopRequest() as stop:
     for step in range(start + 1, config.total_steps + 1):
@@ -527,7 +448,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str, task: Task,
       pending.append((step, metrics))
       bar.update(1)
       last = step == config.total_steps
-      stopping = stop_agreed(step)
+      stopping = _stop_agreed(stop, step, config)
       save = step % config.checkpoint_every == 0 or last or stopping
       if step % config.log_every == 0 or last:
         check_finite()
@@ -537,10 +458,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str, task: Task,
         skipped = [s_ for s_, m in pending if m.get("skipped_updates", 0.0) > 0]
         last_log, pending = now, []
         writer.write(step, "train", record)
-        warning = task.monitor(record)
-        if skipped:
-          warning = (f"skipped the non-finite update of step(s) "
-                     f"{', '.join(map(str, skipped))}" + (f"; {warning}" if warning else ""))
+        warning = _warning(task, record, skipped)
         if warning:
           say(f"warning at step {step}: {warning}")
         bar.set_postfix(loss=f"{record['loss']:.4f}", refresh=False)
@@ -551,14 +469,12 @@ def _train(config: ml_collections.ConfigDict, workdir: str, task: Task,
       if step % config.eval_every == 0 or last:
         summary = task.evaluate(state, place)
         writer.write(step, "eval", summary)
-        say(f"step {step}: " + ", ".join(
-            f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}"
-            for k, v in summary.items()))
+        say(f"step {step}: " + ", ".join(f"{k}={v:.4f}" if isinstance(v, float)
+                                          else f"{k}={v}" for k, v in summary.items()))
       if stopping:
         checkpointer.wait()
         bar.close()
-        how = (f"signal {stop.signum}" if stop.signum is not None
-               else "a signal to another process")
+        how = f"signal {stop.signum}" if stop.signum else "a signal to another process"
         say(f"stopped by {how} at step {step}; checkpoint saved in "
             f"{checkpointer.directory}; run the same command to resume")
         summary = {}
