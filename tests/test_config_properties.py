@@ -15,7 +15,7 @@ import pytest
 from hypothesis import strategies as st
 
 from laplax import spectral
-from laplax.models import layers
+from laplax.models import layers, spec as spec_lib
 from laplax.train import cli
 from laplax.train import config as config_lib
 from test_configs import load
@@ -47,7 +47,7 @@ BAD = [
                                             st.integers(min_value=1000), st.text(max_size=3))),
     ("model.dropout", st.one_of(st.floats(max_value=-1e-9), st.floats(min_value=1.0),
                                 not_number)),
-    ("model.dtype", unknown_name.filter(lambda s: s not in config_lib.DTYPES)),
+    ("model.dtype", unknown_name.filter(lambda s: s not in spec_lib.DTYPES)),
     ("model.implementation", unknown_name.filter(lambda s: s not in ("xla", "cudnn", "reference"))),
     ("model.spectral.mode", unknown_name.filter(lambda s: s not in spectral.MODES)),
     ("model.spectral.lam", st.one_of(st.floats(max_value=-1e-9), not_number)),
@@ -144,7 +144,7 @@ def good_configs(draw):
       st.integers(0, heads), st.lists(st.integers(0, heads), min_size=m["depth"],
                                       max_size=m["depth"])))
   m["dropout"] = draw(st.floats(0.0, 0.99))
-  m["dtype"] = draw(st.sampled_from(config_lib.DTYPES))
+  m["dtype"] = draw(st.sampled_from(spec_lib.DTYPES))
   m["implementation"] = draw(st.sampled_from([None, "xla", "reference"]))
   m["spectral"]["enabled"] = draw(st.booleans())
   m["spectral"]["lam"] = draw(st.floats(0.0, 1e3))

@@ -179,18 +179,6 @@ class Block(nn.Module):
     return x, out
 
 
-def remat_policy(name: str):
-  """The ``jax.checkpoint`` policy of a :data:`REMAT_POLICIES` name.
-
-  Raises:
-    ValueError: an unknown name.
-  """
-  if name not in REMAT_POLICIES:
-    raise ValueError(f"remat {name!r} is unknown; use one of "
-                     f"{', '.join(REMAT_POLICIES)}")
-  return REMAT_POLICIES[name]
-
-
 def transformer_blocks(x: jax.Array, spec: TransformerSpec, *,
                        call: dict | None = None) -> tuple[jax.Array, dict]:
   """Applies the ``spec.depth`` :class:`Block` s to ``x``, looped or under ``nn.scan``.
@@ -222,7 +210,7 @@ def transformer_blocks(x: jax.Array, spec: TransformerSpec, *,
   """
   call = dict(call or {})
   depth, scan = spec.depth, spec.scan_layers
-  policy = remat_policy(spec.remat)
+  policy = REMAT_POLICIES[spec.remat]  # a name the spec has checked
   heads = spec.laplacian_array
   rates = spec.drop_path_rates()
 

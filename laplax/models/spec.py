@@ -322,7 +322,7 @@ def laplacian_mask(num_heads: int, depth: int, num_laplacian_heads: Any = 0,
       raise SpecError(f"model.laplacian_mask must be depth={depth} lists of "
                       f"num_heads={num_heads} booleans True/False (one per layer and head)")
     return np.asarray(mask, dtype=bool)
-  return np.stack([np.arange(num_heads) >= num_heads - int(k) for k in counts])
+  return np.stack([attention.laplacian_heads(num_heads, int(k)) for k in counts])
 
 
 def _spec_fields(cls) -> dict:

@@ -16,7 +16,7 @@ import math
 import os
 import signal
 import time
-from typing import Any, Iterator
+from typing import Any
 
 import flax.linen as nn
 import jax
