@@ -284,6 +284,8 @@ def test_validate_mesh_messages():
   c.model.num_heads = 4
   with pytest.raises(config_lib.ConfigError, match="mlp_dim=6"):
     config_lib.validate_mesh(c, 4)
+  c.model.mlp_dim = None      # 4 * width, resolved by the model spec
+  assert config_lib.validate_mesh(c, 4) == (1, 1, 4)
 
 
 @pytest.mark.parametrize("key,value,fragment", [

@@ -259,10 +259,11 @@ def validate_mesh(config: ml_collections.ConfigDict, num_devices: int,
            f"the data-parallel size {dp} of mesh_shape={shown} is not a multiple of "
            f"the {processes} processes; each process must hold its own rows of the "
            f"batch")
-  m = config.model
+  model = spec_lib.from_config(config.model)   # mlp_dim None -> 4 * width
+  sizes = {"num_heads": model.attention.num_heads, "mlp_dim": model.mlp_dim}
   for name, key in (("heads", "num_heads"), ("mlp", "mlp_dim")):
     tp = sharding.axis_size(shape, rules, name)
-    size = m[key]
+    size = sizes[key]
     _require(size % tp == 0,
              f"config.model.{key}={size} is not divisible by the tensor-parallel size "
              f"{tp} of mesh_shape={shown}; choose a mesh whose tensor size divides it")
