@@ -181,8 +181,10 @@ def _analysis_options(config) -> dict:
 def _run_analysis(config, task, state, workdir: str, opts: dict) -> int:
   """``--analysis``: streams the eval split, writes analysis.json and the plots."""
   from laplax.analysis import plots, report  # pylint: disable=import-outside-toplevel
-  spectral = {"enabled": bool(config.model.spectral.enabled),
-              "lam": float(config.model.spectral.lam), "mode": config.model.spectral.mode}
+  from laplax import spectral as spectral_lib  # pylint: disable=import-outside-toplevel
+  sp = config.model.spectral
+  spectral = {"enabled": bool(sp.enabled), "lam": float(sp.lam), "mode": sp.mode,
+              "targets": spectral_lib.check_targets(sp.get("targets", spectral_lib.TARGETS))}
   model, params = task.backbone(state)
   readout = task.readout(state)
   if config.task == "lm":

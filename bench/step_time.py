@@ -5,17 +5,18 @@
     python bench/step_time.py --config configs/gpt_d20.py --batch 16 \
         --set model.implementation=cudnn --variants baseline,half --peak-tflops 989
 
-Builds each config's model and optimizer for five variants -- 0 Laplacian
+Builds each config's model and optimizer for eight variants -- 0 Laplacian
 heads (the baseline), all heads Laplacian, half of them, spectral
-conditioning (lambda * I_k) with 0 Laplacian heads, and all Laplacian plus
-spectral -- compiles each jitted train step, then times them interleaved over
+conditioning (lambda * I_k, the default ``full`` layout) with 0 Laplacian
+heads, all Laplacian plus spectral, and the other spectral layouts
+``per_head``, ``fused`` and ``svd`` -- compiles each jitted train step, then times them interleaved over
 ``--rounds`` rounds of ``--steps`` steps on one synthetic batch, and prints the
 median step time (and tokens/s for language models) of each and its ratio to
 the baseline measured in this same run. Target: overhead <= 2%.
 
 ``--set KEY=VALUE`` overrides config keys (as ``bench/compile_report.py``),
 ``--batch`` the batch size, ``--variants`` picks some of ``baseline``,
-``all``, ``half``, ``spectral``, ``both``. Each row also gives the model
+``all``, ``half``, ``spectral``, ``both``, ``per_head``, ``fused``, ``svd``. Each row also gives the model
 TFLOP/s: the analytic train FLOPs per step of ``compile_report.analytic_flops``
 (6 x matmul parameters x tokens + 12 x depth x length x width x tokens, 8 and
 16 with ``model.remat``) over the step time; with ``--peak-tflops`` (the
@@ -64,12 +65,15 @@ def make_task(config, image_shape, num_classes):
   return tasks.ClassificationTask(config, num_classes, image_shape)
 
 
-def build(config, laplacian: int, spectral: bool, image_shape, num_classes):
-  """(jitted train step, state, analytic train FLOPs per step) of a variant."""
+def build(config, laplacian: int, spectral: str | None, image_shape, num_classes):
+  """(jitted train step, state, analytic train FLOPs per step) of a variant;
+  ``spectral`` is a ``model.spectral.mode`` or ``None`` (off)."""
   from bench import compile_report  # pylint: disable=import-outside-toplevel
   c = config.copy_and_resolve_references()
   c.model.num_laplacian_heads = laplacian
-  c.model.spectral.enabled = spectral
+  c.model.spectral.enabled = spectral is not None
+  if spectral is not None:
+    c.model.spectral.mode = spectral
   task = make_task(c, image_shape, num_classes)
   tx = optim.make_optimizer(c)
   step = jax.jit(loop.make_train_step(
@@ -81,7 +85,7 @@ def build(config, laplacian: int, spectral: bool, image_shape, num_classes):
   return step, state, flops
 
 
-VARIANTS = ("baseline", "all", "half", "spectral", "both")
+VARIANTS = ("baseline", "all", "half", "spectral", "both", "per_head", "fused", "svd")
 
 
 def bench(path: str, args) -> None:
@@ -95,11 +99,14 @@ def bench(path: str, args) -> None:
   image_shape = tuple(int(s) for s in args.image_shape.split(","))
   heads = config.model.num_heads
   variants = {
-      "baseline (0 Laplacian heads)": (0, False),
-      f"all {heads} heads Laplacian": (heads, False),
-      f"{heads // 2} of {heads} heads Laplacian": (heads // 2, False),
-      "spectral lambda*I_k": (0, True),
-      "all Laplacian + spectral": (heads, True),
+      "baseline (0 Laplacian heads)": (0, None),
+      f"all {heads} heads Laplacian": (heads, None),
+      f"{heads // 2} of {heads} heads Laplacian": (heads // 2, None),
+      "spectral lambda*I_k (full)": (0, "full"),
+      "all Laplacian + spectral (full)": (heads, "full"),
+      "spectral per_head": (0, "per_head"),
+      "spectral fused": (0, "fused"),
+      "spectral svd (Theorem 3.5)": (0, "svd"),
   }
   variants = {name: v for (name, v), key in zip(variants.items(), VARIANTS)
               if key in args.variants}
@@ -115,7 +122,7 @@ def bench(path: str, args) -> None:
     tokens_per_step = None
   batch = jax.device_put(batch)
   runs = {}
-  for name, (k, s) in variants.items():
+  for name, (k, s) in variants.items():  # s: spectral mode or None
     step, state, flops = build(config, k, s, image_shape, args.num_classes)
     for _ in range(3):  # compile and warm up
       state, m = step(state, batch)

@@ -223,15 +223,20 @@ def attend(query: jax.Array, key: jax.Array, value: jax.Array, *,
 class ProjectionDense(nn.Module):
   """Dense projection ``y = x (W + C) + b`` with an optional spectral correction.
 
-  ``C`` comes from :func:`laplax.spectral.correction` and is a constant: the
-  parameter tree (``kernel [in, features]``, ``bias [features]``) is the
-  baseline's, and ``dW`` is the baseline gradient at weights ``W + C``.
+  ``C`` is :func:`laplax.spectral.correction` and is a constant: the parameter
+  tree (``kernel [in, features]``, ``bias [features]``) is the baseline's, and
+  ``dW`` is the baseline gradient at weights ``W + C``. With the correction
+  the output is computed by :func:`laplax.spectral.project` as ``x W + x C``
+  and returned in float32, exact at every compute ``dtype``; without it, ``x
+  W`` in ``dtype``.
 
   Attributes:
     features: output dimension (``num_heads * head_dim``).
     num_heads: column blocks for the ``"per_head"`` correction.
     spectral_lam: ``lambda``; ``None`` disables the correction.
-    spectral_mode: ``"per_head"``, ``"full"`` or ``"svd"``.
+    spectral_mode: one of :data:`laplax.spectral.MODES`.
+    spectral_target: ``"q"``, ``"k"`` or ``"v"``: which projection this is
+      (the slice of the ``"fused"`` identity it gets).
     axes: logical axis names of the kernel ``(in, out)`` (the bias has the
       second); see :mod:`laplax.sharding`.
   """
@@ -239,27 +244,30 @@ class ProjectionDense(nn.Module):
   num_heads: int = 1
   use_bias: bool = True
   spectral_lam: float | None = None
-  spectral_mode: str = "per_head"
+  spectral_mode: str = spectral.DEFAULT_MODE
+  spectral_target: str = "q"
   dtype: Any = None
   kernel_init: Callable = nn.initializers.xavier_uniform()
   axes: tuple[str | None, str | None] = ("embed", "heads")
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
-    """``x [..., in] -> [..., features]`` in ``dtype`` (default ``x.dtype``)."""
+    """``x [..., in] -> [..., features]``: float32 with the correction, else in
+    ``dtype`` (default ``x.dtype``)."""
     kernel = self.param("kernel", sharding.logical_init(self.kernel_init, self.axes),
                         (x.shape[-1], self.features), jnp.float32)
-    if self.spectral_lam is not None:
-      kernel = spectral.conditioned(kernel, lam=self.spectral_lam,
-                                    mode=self.spectral_mode,
-                                    num_heads=self.num_heads)
     dtype = self.dtype or x.dtype
-    y = jnp.dot(x.astype(dtype), kernel.astype(dtype))
+    if self.spectral_lam is not None:
+      y = spectral.project(x, kernel, lam=self.spectral_lam, mode=self.spectral_mode,
+                           num_heads=self.num_heads, target=self.spectral_target,
+                           dtype=dtype)
+    else:
+      y = jnp.dot(x.astype(dtype), kernel.astype(dtype))
     if self.use_bias:
       bias = self.param("bias", sharding.logical_init(nn.initializers.zeros,
                                                       self.axes[1:]),
                         (self.features,), jnp.float32)
-      y = y + bias.astype(dtype)
+      y = y + bias.astype(y.dtype)
     return y
 
 
@@ -315,6 +323,10 @@ class MultiHeadAttention(nn.Module):
     attention_dropout: dropout on ``P`` (forces the reference kernel).
     dropout: dropout on the output projection.
     spectral_lam, spectral_mode: spectral conditioning (``None`` = off).
+    spectral_targets: which of ``W_Q, W_K, W_V`` are corrected (a string of
+      ``"qkv"`` letters). The corrected projections are summed in float32
+      (:class:`ProjectionDense`); qk-norm and rotary then see them in float32
+      and the attention kernel in ``dtype``.
     implementation: kernel for :func:`attend`.
     laplacian_mix: ``"fixed"`` (the heads marked Laplacian output ``V - P V``,
       the others ``P V``) or ``"learned"``: head ``i`` outputs ``alpha_i V +
@@ -338,7 +350,8 @@ class MultiHeadAttention(nn.Module):
   attention_dropout: float = 0.0
   dropout: float = 0.0
   spectral_lam: float | None = None
-  spectral_mode: str = "per_head"
+  spectral_mode: str = spectral.DEFAULT_MODE
+  spectral_targets: str = spectral.TARGETS
   implementation: str | None = None
   laplacian_mix: str = "fixed"
   use_bias: bool = True
@@ -361,31 +374,34 @@ class MultiHeadAttention(nn.Module):
     if laplacian is None:
       laplacian = laplacian_heads(self.num_heads, self.num_laplacian_heads,
                                   self.laplacian_mask)
-    def project(name):
+    dtype = self.dtype or x.dtype
+    def project(name, target):
+      lam = self.spectral_lam if target in self.spectral_targets else None
       y = ProjectionDense(
           self.num_heads * head_dim, num_heads=self.num_heads,
-          use_bias=self.use_bias, spectral_lam=self.spectral_lam,
-          spectral_mode=self.spectral_mode, dtype=self.dtype,
+          use_bias=self.use_bias, spectral_lam=lam,
+          spectral_mode=self.spectral_mode, spectral_target=target, dtype=self.dtype,
           kernel_init=self.kernel_init, name=name)(x)
       y = y.reshape(*x.shape[:-1], self.num_heads, head_dim)
       return nn.with_logical_constraint(y, HEADS_AXES)
-    q, k, v = project("query"), project("key"), project("value")
+    q, k, v = project("query", "q"), project("key", "k"), project("value", "v")
     if self.qk_norm:
       norm = dict(dtype=jnp.float32, **sharding.layer_norm_inits("head_dim"))
-      q = nn.LayerNorm(name="query_norm", **norm)(q).astype(v.dtype)
-      k = nn.LayerNorm(name="key_norm", **norm)(k).astype(v.dtype)
+      q = nn.LayerNorm(name="query_norm", **norm)(q)
+      k = nn.LayerNorm(name="key_norm", **norm)(k)
     length = x.shape[1]
     start = 0
     if decode:
       is_init = not self.has_variable("cache", "cached_key")
-      cached_k = self.variable("cache", "cached_key", jnp.zeros, k.shape, k.dtype)
-      cached_v = self.variable("cache", "cached_value", jnp.zeros, v.shape, v.dtype)
+      cached_k = self.variable("cache", "cached_key", jnp.zeros, k.shape, dtype)
+      cached_v = self.variable("cache", "cached_value", jnp.zeros, v.shape, dtype)
       index = self.variable("cache", "cache_index", lambda: jnp.zeros((), jnp.int32))
       if not is_init:
         start = index.value
     positions = start + jnp.arange(length)
     if self.rope:
       q, k = rotary(q, positions), rotary(k, positions)
+    q, k, v = q.astype(dtype), k.astype(dtype), v.astype(dtype)
     dropout_rng = None
     if not deterministic and self.attention_dropout > 0.0:
       dropout_rng = self.make_rng("dropout")

@@ -15,7 +15,7 @@ from laplax.models.vit import ViT
 
 def model_spec(name, **kw):
   lam = kw.pop("spectral_lam", None)
-  mode = kw.pop("spectral_mode", "per_head")
+  mode = kw.pop("spectral_mode", "full")
   if lam is not None:
     kw["spectral"] = {"enabled": True, "lam": lam, "mode": mode}
   if "dtype" in kw and kw["dtype"] is not None and not isinstance(kw["dtype"], str):

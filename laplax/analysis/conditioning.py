@@ -12,22 +12,38 @@ section 2):
   is on (:class:`laplax.attention.ProjectionDense`). Both the whole kernel
   and each head's ``[D, d_head]`` column block are measured: with the
   ``"per_head"`` correction only the blocks are conditioned (the whole kernel
-  ``W + C`` has ``C`` of rank ``d_head``), and one head's attention depends
-  only on its blocks.
+  ``W + C`` has ``C`` of rank ``d_head``), with ``"full"`` both, and one
+  head's attention depends only on its blocks.
 * :func:`jacobian_condition`: the condition number of the Jacobian of a map
   ``X [T, D] -> Y [T, D']`` at one input, from ``jax.jacfwd`` flattened to the
-  ``[T D', T D]`` matrix (row-major), its singular values in float64.
+  ``[T D', T D]`` matrix (row-major), its singular values in float64. The
+  analysis applies it to the attention block and to each head *with respect
+  to the input* ``X`` (the ``input`` Jacobian): a quantity of interest of its
+  own, but not the one Theorem 3.4 bounds.
+* :func:`weight_jacobian_matrix` / :func:`weight_jacobian_condition`: the
+  Jacobian of one head's output ``softmax(X W_Q W_K^T X^T) X W_V`` *with
+  respect to the weights* ``(W_Q, W_K, W_V)`` at one input, in closed form
+  in float64 -- the object of Theorem 3.4 (the ``kappa(X)^3`` factor comes
+  from the three ``X`` factors of ``dA / dW_Q``).
 * :func:`theorem_3_4_bound`: the right-hand side of Theorem 3.4 for one head,
   ``kappa(X)^3 kappa(L) kappa(W_V) (kappa(W_Q) + kappa(W_K)) + kappa(X)
-  kappa(softmax)``, beside the condition number of the Jacobian of that
-  head's ``SpecA(X) = softmax(X W_Q W_K^T X^T / sqrt(d)) X W_V``
-  (:func:`single_head_attention`). How the terms are read here (the
-  statement leaves the two softmax terms implicit): ``kappa(X)`` over the
-  ``min(T, D)`` singular values of the input; ``kappa(softmax)`` the
-  condition number of the attention matrix ``P`` ``[T, T]``; ``kappa(L)`` the
-  condition number of the softmax Jacobian ``L = blockdiag_t(Diag(p_t) - p_t
-  p_t^T)`` on its range (largest over smallest *nonzero* eigenvalue: ``L 1 =
-  0`` always, so the plain condition number is infinite).
+  kappa(softmax)``; :func:`head_conditioning` puts it beside the measured
+  weight Jacobian, with the paper's unscaled logits and with laplax's
+  ``1/sqrt(d)``. How the terms are read here (the statement leaves the two
+  softmax terms implicit): ``kappa(X)`` over the ``min(T, D)`` singular values
+  of the input; ``kappa(softmax)`` the condition number of the attention
+  matrix ``P`` ``[T, T]``; ``kappa(L)`` the condition number of the softmax
+  Jacobian ``L = blockdiag_t(Diag(p_t) - p_t p_t^T)`` on its range (largest
+  over smallest *nonzero* eigenvalue: ``L 1 = 0`` always, so the plain
+  condition number is infinite). Measured on random heads
+  (``tests/test_conditioning_theorem.py``): with ``T <= D`` tokens and a
+  weight Jacobian of full numerical rank the bound was never below the
+  measured value. It can be below it (a) with ``T > D``, where ``P X`` has
+  rank ``D < T`` and the Jacobian is often rank-deficient while every term of
+  the bound stays finite (the theorem needs ``X`` of full row rank), and (b)
+  on saturated heads, where a row of ``P`` is one-hot in floating point, the
+  ``W_Q, W_K`` directions vanish, and ``kappa(L)`` read on the numerical
+  range no longer sees the vanishing eigenvalues.
 * :func:`attention_entropy`: the entropy ``-sum_j p_tj log p_tj`` (nats) of
   each query's attention distribution, per head -- METHODS.md asks for it at
   step 0 of spectrally conditioned runs, whose logits may start saturated.
@@ -61,7 +77,8 @@ def _singular(matrix) -> np.ndarray:
 
 
 def kernel_conditioning(kernel, *, num_heads: int = 1, lam: float | None = None,
-                        mode: str = "per_head") -> dict:
+                        mode: str = spectral.DEFAULT_MODE, target: str = "q",
+                        targets: str = spectral.TARGETS) -> dict:
   """Condition numbers and extreme singular values of ``W`` and of ``W + C``.
 
   Args:
@@ -70,8 +87,10 @@ def kernel_conditioning(kernel, *, num_heads: int = 1, lam: float | None = None,
       ``"per_head"`` correction.
     lam: ``lambda`` of the ``lambda * I_k`` correction (Theorem 3.8); with
       ``None`` and a mode other than ``"svd"`` only ``raw`` is returned.
-    mode: ``"per_head"``, ``"full"`` or ``"svd"`` (Theorem 3.5, ``kappa(W + C)
-      <= 2``), as in :func:`laplax.spectral.correction`.
+    mode: one of :data:`laplax.spectral.MODES` (``"svd"``: Theorem 3.5,
+      ``kappa(W + C) <= 2``), as in :func:`laplax.spectral.correction`.
+    target: which projection ``kernel`` is (``"q"``, ``"k"``, ``"v"``).
+    targets: the projections the correction applies to; outside them ``C = 0``.
 
   Returns:
     ``{"raw": stats of W, "corrected": stats of W + C}``, each ``{
@@ -101,9 +120,13 @@ def kernel_conditioning(kernel, *, num_heads: int = 1, lam: float | None = None,
 
   out = {"raw": stats(w)}
   if lam is not None or mode == "svd":
-    c = spectral.correction(w.shape, lam=0.0 if lam is None else lam, mode=mode,
-                            num_heads=num_heads, kernel=w if mode == "svd" else None)
-    out["corrected"] = stats(w + np.asarray(c))  # = spectral.conditioned(w)
+    if target not in targets:
+      out["corrected"] = out["raw"]
+    else:
+      c = spectral.correction(w.shape, lam=0.0 if lam is None else lam, mode=mode,
+                              num_heads=num_heads, kernel=w if mode == "svd" else None,
+                              target=target)
+      out["corrected"] = stats(w + np.asarray(c))  # = spectral.conditioned(w)
   return out
 
 
@@ -131,7 +154,7 @@ def _jacfwd(fn):
 
 
 def jacobian_condition(fn: Callable[..., jax.Array], x, *args) -> dict:
-  """Condition number of the Jacobian of ``fn`` at ``x`` (Saratchandran & Lucey, Sec. 3).
+  """Condition number of the Jacobian of ``fn`` in its first argument at ``x``.
 
   Args:
     fn: a JAX-traceable map ``fn(x, *args)``, e.g. one attention block
@@ -148,12 +171,8 @@ def jacobian_condition(fn: Callable[..., jax.Array], x, *args) -> dict:
     about ``1e7`` means "numerically singular" (e.g. a causal Laplacian head,
     whose output at token 0 is exactly 0).
   """
-  j = jacobian_matrix(fn, x, *args)
-  s = _singular(j)
-  tol = max(j.shape) * float(np.finfo(np.float32).eps) * s[0]
-  return {"condition_number": _condition(s), "sigma_max": float(s[0]),
-          "sigma_min": float(s[-1]), "numerical_rank": int(np.sum(s > tol)),
-          "shape": list(j.shape)}
+  return _matrix_condition(jacobian_matrix(fn, x, *args),
+                           float(np.finfo(np.float32).eps))
 
 
 def attention_probs(x, wq, wk, *, causal: bool = False, scale: float | None = None):
@@ -213,9 +232,10 @@ def softmax_jacobian_condition(probs) -> float:
 
 def theorem_3_4_bound(x, wq, wk, wv, *, causal: bool = False,
                       scale: float | None = None) -> dict:
-  """Theorem 3.4's upper bound on ``kappa`` of the Jacobian of one attention head.
+  """Theorem 3.4's upper bound on ``kappa`` of one head's weight Jacobian.
 
-  ``kappa(X)^3 kappa(L) kappa(W_V) (kappa(W_Q) + kappa(W_K)) + kappa(X)
+  The Jacobian is :func:`weight_jacobian_matrix` (with respect to ``(W_Q,
+  W_K, W_V)``); the bound is ``kappa(X)^3 kappa(L) kappa(W_V) (kappa(W_Q) + kappa(W_K)) + kappa(X)
   kappa(softmax)`` (Saratchandran & Lucey 2025, Theorem 3.4; METHODS.md),
   with the terms read as in the module docstring and ``P`` from
   :func:`attention_probs`.
@@ -231,11 +251,7 @@ def theorem_3_4_bound(x, wq, wk, wv, *, causal: bool = False,
   """
   x, wq, wk, wv = (np.asarray(a, np.float64) for a in (x, wq, wk, wv))
   scale = wq.shape[-1] ** -0.5 if scale is None else scale
-  logits = (x @ wq) @ (x @ wk).T * scale
-  if causal:
-    logits = np.where(np.tri(len(x), dtype=bool), logits, -np.inf)
-  p = np.exp(logits - logits.max(1, keepdims=True))
-  p /= p.sum(1, keepdims=True)
+  p = _softmax_rows(x, wq, wk, causal, scale)
   terms = {"kappa_x": _condition(_singular(x)),
            "kappa_l": softmax_jacobian_condition(p),
            "kappa_softmax": _condition(_singular(p)),
@@ -246,6 +262,116 @@ def theorem_3_4_bound(x, wq, wk, wv, *, causal: bool = False,
              * (terms["kappa_wq"] + terms["kappa_wk"])
              + terms["kappa_x"] * terms["kappa_softmax"])
   return dict(terms, bound=float(bound))
+
+
+def weight_jacobian_matrix(x, wq, wk, wv, *, causal: bool = False,
+                           scale: float | None = None) -> np.ndarray:
+  """The Jacobian of one head's output with respect to its weights, in float64.
+
+  The object of Theorem 3.4 (Saratchandran & Lucey 2025): ``A = P X W_V``
+  with ``P = softmax(scale * X W_Q W_K^T X^T)`` (row-wise, causal mask
+  optional), differentiated with respect to ``(W_Q, W_K, W_V)`` at the fixed
+  input ``X``. Closed form, with ``Q, K, V = X W_Q, X W_K, X W_V`` and the
+  softmax Jacobian ``L_t = Diag(p_t) - p_t p_t^T`` of row ``t``::
+
+      dA_tc / dW_V[a, b] = (P X)_ta delta_cb
+      dA_tc / dW_Q[a, b] = scale X_ta (V^T L_t K)_cb
+      dA_tc / dW_K[a, b] = scale Q_tb (V^T L_t X)_ca
+
+  Args:
+    x: float ``[T, D]`` input tokens; wq, wk: ``[D, d]``; wv: ``[D, d_v]``.
+    causal: mask keys after each query.
+    scale: logit scale, default ``1 / sqrt(d)`` (laplax's attention); the
+      paper's statement has ``1``.
+
+  Returns:
+    float64 ``[T * d_v, D * d + D * d + D * d_v]``: rows ``vec(A)``, columns
+    ``[vec(W_Q) | vec(W_K) | vec(W_V)]`` (row-major ``vec``).
+  """
+  x, wq, wk, wv = (np.asarray(a, np.float64) for a in (x, wq, wk, wv))
+  t, dim = x.shape
+  d, dv = wq.shape[1], wv.shape[1]
+  scale = d ** -0.5 if scale is None else scale
+  p = _softmax_rows(x, wq, wk, causal, scale)
+  q, k, v = x @ wq, x @ wk, x @ wv
+  lap = np.einsum("tu,uw->tuw", p, np.eye(t)) - np.einsum("tu,tw->tuw", p, p)
+  g = np.einsum("uc,tuw->tcw", v, lap)  # V^T L_t, [T, d_v, T]
+  jq = scale * np.einsum("ta,tcb->tcab", x, g @ k).reshape(t * dv, dim * d)
+  jk = scale * np.einsum("tb,tca->tcab", q, g @ x).reshape(t * dv, dim * d)
+  jv = np.einsum("ta,cb->tcab", p @ x, np.eye(dv)).reshape(t * dv, dim * dv)
+  return np.concatenate([jq, jk, jv], axis=1)
+
+
+def _matrix_condition(j: np.ndarray, eps: float) -> dict:
+  """Condition number and rank of a Jacobian matrix (``eps``: its precision)."""
+  s = _singular(j)
+  tol = max(j.shape) * eps * s[0]
+  return {"condition_number": _condition(s), "sigma_max": float(s[0]),
+          "sigma_min": float(s[-1]), "numerical_rank": int(np.sum(s > tol)),
+          "shape": list(j.shape)}
+
+
+def weight_jacobian_condition(x, wq, wk, wv, *, causal: bool = False,
+                              scale: float | None = None) -> dict:
+  """Condition number of :func:`weight_jacobian_matrix` (Theorem 3.4's quantity).
+
+  Args:
+    x, wq, wk, wv, causal, scale: as in :func:`weight_jacobian_matrix`.
+
+  Returns:
+    ``{"condition_number", "sigma_max", "sigma_min", "numerical_rank",
+    "shape"}`` over the ``min(rows, cols)`` singular values (float64; a
+    ``numerical_rank`` below ``min(shape)`` means numerically singular, e.g.
+    ``T > D``, where ``P X`` has rank ``D < T``).
+  """
+  return _matrix_condition(weight_jacobian_matrix(x, wq, wk, wv, causal=causal,
+                                                  scale=scale),
+                           float(np.finfo(np.float64).eps))
+
+
+def _softmax_rows(x, wq, wk, causal, scale):
+  logits = (x @ wq) @ (x @ wk).T * scale
+  if causal:
+    logits = np.where(np.tri(len(x), dtype=bool), logits, -np.inf)
+  p = np.exp(logits - logits.max(1, keepdims=True))
+  return p / p.sum(1, keepdims=True)
+
+
+def head_conditioning(x, wq, wk, wv, *, causal: bool = False) -> dict:
+  """Theorem 3.4 for one head, measured as stated and beside laplax's head.
+
+  Args:
+    x: float ``[T, D]`` input tokens of the head; wq, wk: ``[D, d]``; wv:
+      ``[D, d_v]`` (effective kernels ``W + C``).
+    causal: mask keys after each query.
+
+  Returns:
+    dict of Python floats: ``weight_condition_number`` (the Jacobian with
+    respect to ``(W_Q, W_K, W_V)`` of laplax's head, logits scaled by
+    ``1/sqrt(d)``), ``weight_condition_number_unscaled`` (the paper's head,
+    unscaled logits), ``theorem_3_4`` (:func:`theorem_3_4_bound` with unscaled
+    logits: the bound on ``weight_condition_number_unscaled``), ``bound_holds``,
+    ``theorem_3_4_scaled_logits`` (the same terms with laplax's ``P``), and
+    ``weight_numerical_rank`` / ``weight_jacobian_shape``.
+
+    How the ``1/sqrt(d)`` scale enters: laplax's head at ``W_Q`` is the paper's
+    head at ``W_Q / sqrt(d)``, which has the same ``kappa(W_Q)``, so the bound
+    with laplax's ``P`` bounds the paper's head there; laplax's Jacobian is that
+    head's with its ``W_Q`` columns multiplied by ``1/sqrt(d)``, which can
+    raise the condition number by at most a factor ``sqrt(d)``.
+  """
+  d = np.shape(wq)[1]
+  scaled = weight_jacobian_condition(x, wq, wk, wv, causal=causal)
+  unscaled = weight_jacobian_condition(x, wq, wk, wv, causal=causal, scale=1.0)
+  bound = theorem_3_4_bound(x, wq, wk, wv, causal=causal, scale=1.0)
+  bound_scaled = theorem_3_4_bound(x, wq, wk, wv, causal=causal, scale=d ** -0.5)
+  return {"weight_condition_number": scaled["condition_number"],
+          "weight_condition_number_unscaled": unscaled["condition_number"],
+          "weight_numerical_rank": unscaled["numerical_rank"],
+          "weight_jacobian_shape": unscaled["shape"],
+          "theorem_3_4": bound,
+          "bound_holds": bool(bound["bound"] >= unscaled["condition_number"]),
+          "theorem_3_4_scaled_logits": bound_scaled}
 
 
 def attention_entropy(weights: jax.Array, query_mask: jax.Array | None = None, *,

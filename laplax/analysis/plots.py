@@ -157,7 +157,8 @@ def plot_conditioning(analysis: dict, path: str, title: str = "") -> str:
       if x:
         ax.plot(x, y, style, color=color, marker="o", ms=3,
                 label=f"W_{name[0].upper()} {'W + C' if state == 'corrected' else 'W'}")
-  for key, color, label in (("jacobian", "C3", "attention Jacobian"),
+  for key, color, label in (("jacobian", "C3", "block Jacobian w.r.t. X"),
+                            ("weight_jacobian", "C5", "head Jacobian w.r.t. W"),
                             ("bound", "C4", "Theorem 3.4 bound")):
     x, y = _series(layers, s[key])
     if x:

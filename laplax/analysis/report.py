@@ -54,8 +54,8 @@ class Target:
       reading the ``features`` (NC3).
     token_classifier: optional float ``[vocab_size, D]`` unembedding (NC3 on
       the LM's final hidden states).
-    spectral: ``{"enabled", "lam", "mode"}`` of the run (the correction is
-      measured as a counterfactual when disabled).
+    spectral: ``{"enabled", "lam", "mode", "targets"}`` of the run (the
+      correction is measured as a counterfactual when disabled).
   """
   model: nn.Module
   params: Any
@@ -65,7 +65,8 @@ class Target:
   classifier: np.ndarray | None = None
   token_classifier: np.ndarray | None = None
   spectral: dict = dataclasses.field(default_factory=lambda: {
-      "enabled": False, "lam": 10.0, "mode": "per_head"})
+      "enabled": False, "lam": 10.0, "mode": spectral.DEFAULT_MODE,
+      "targets": spectral.TARGETS})
 
 
 def _forward(model, layers, causal, params, inputs, mask):
@@ -154,14 +155,17 @@ def _head_fn(causal: bool):
 
 def _jacobian_section(target: Target, layer: int, y: np.ndarray, attn_out: np.ndarray,
                       max_dim: int) -> dict:
-  """Jacobian of the attention block at ``y [T, D]`` and Theorem 3.4 per head."""
+  """Jacobians of the attention block at ``y [T, D]``: with respect to the input
+  (block and heads) and, per head, with respect to the weights with Theorem
+  3.4's bound (:func:`~laplax.analysis.conditioning.head_conditioning`)."""
   model = target.model
   tokens = max(1, min(y.shape[0], max_dim // y.shape[1]))
   y = np.asarray(y[:tokens], np.float32)
   module, kwargs = capture.attention_module(model, layer)
   params = capture.attention_params(target.params, layer)
   apply = _block_fn(module, kwargs["is_causal"], tuple(bool(b) for b in kwargs["laplacian"]))
-  section = dict(conditioning.jacobian_condition(apply, y, params), tokens=int(tokens))
+  section = {"tokens": int(tokens),
+             "input": conditioning.jacobian_condition(apply, y, params)}
   if tokens == attn_out.shape[0] or kwargs["is_causal"]:
     # The rebuilt block reproduces the model's attention branch (a causal
     # block's prefix output does not depend on the tokens after it).
@@ -172,18 +176,19 @@ def _jacobian_section(target: Target, layer: int, y: np.ndarray, attn_out: np.nd
   heads, sp = model.spec.num_heads, model.spec.attention.spectral
   eff = {}
   for name, w in kernels.items():
-    if sp is not None:  # the effective kernel W + C
+    target_name = name[0]  # query -> "q", key -> "k", value -> "v"
+    if sp is not None and target_name in sp.targets:  # the effective kernel W + C
       w = w + np.asarray(spectral.correction(
           w.shape, lam=sp.lam, mode=sp.mode, num_heads=heads,
-          kernel=w if sp.mode == "svd" else None))
+          kernel=w if sp.mode == "svd" else None, target=target_name))
     eff[name] = np.split(w, heads, axis=1)
   causal = capture.is_causal(model)
   per_head = []
   for h in range(heads):
     wq, wk, wv = eff["query"][h], eff["key"][h], eff["value"][h]
     head = conditioning.jacobian_condition(_head_fn(causal), y, wq, wk, wv)
-    per_head.append(dict(conditioning.theorem_3_4_bound(y, wq, wk, wv, causal=causal),
-                         condition_number=head["condition_number"]))
+    per_head.append(dict(conditioning.head_conditioning(y, wq, wk, wv, causal=causal),
+                         input_condition_number=head["condition_number"]))
   section["heads"] = per_head
   return section
 
@@ -193,7 +198,8 @@ def _weights_section(target: Target, layer: int) -> dict:
   out = {}
   for name, w in capture.projection_kernels(target.params, layer).items():
     res = conditioning.kernel_conditioning(
-        w, num_heads=target.model.spec.num_heads, lam=float(s["lam"]), mode=s["mode"])
+        w, num_heads=target.model.spec.num_heads, lam=float(s["lam"]), mode=s["mode"],
+        target=name[0], targets=s.get("targets", spectral.TARGETS))
     res["effective"] = "corrected" if s["enabled"] else "raw"
     out[name] = res
   return out
@@ -399,11 +405,12 @@ def _kappa(entry: dict, name: str):
   return None if any(h is None for h in heads) else max(heads)
 
 
-def _bound(entry: dict):
+def _worst_head(entry: dict, *path):
+  """Largest value of ``path`` over the heads of ``entry``'s Jacobian section."""
   heads = get_path(entry, "jacobian", "heads")
   if not heads:
     return None
-  vals = [h.get("bound") for h in heads]
+  vals = [get_path(h, *path) for h in heads]
   return None if any(v is None for v in vals) else max(vals)
 
 
@@ -431,9 +438,12 @@ QUANTITIES = (
     ("kappa_q", "kappa(W_Q) effective, worst head", lambda e: _kappa(e, "query")),
     ("kappa_k", "kappa(W_K) effective, worst head", lambda e: _kappa(e, "key")),
     ("kappa_v", "kappa(W_V) effective, worst head", lambda e: _kappa(e, "value")),
-    ("jacobian", "kappa(attention Jacobian)",
-     lambda e: get_path(e, "jacobian", "condition_number")),
-    ("bound", "Theorem 3.4 bound, worst head", _bound),
+    ("jacobian", "kappa(block Jacobian w.r.t. input X)",
+     lambda e: get_path(e, "jacobian", "input", "condition_number")),
+    ("weight_jacobian", "kappa(head Jacobian w.r.t. W_Q,W_K,W_V), unscaled logits, worst",
+     lambda e: _worst_head(e, "weight_condition_number_unscaled")),
+    ("bound", "Theorem 3.4 bound (unscaled logits), worst head",
+     lambda e: _worst_head(e, "theorem_3_4", "bound")),
     ("entropy", "attention entropy, mean over heads (nats)", _entropy),
 )
 

@@ -87,6 +87,12 @@ def _check_value(key: str, value: Any, meta: Mapping) -> None:
   elif check == "bool":
     if not isinstance(value, (bool, np.bool_)):
       raise SpecError(f"model.{key}={value!r} must be True or False")
+  elif check == "targets":
+    try:
+      spectral.check_targets(value)
+    except ValueError:
+      raise SpecError(f"model.{key}={value!r} must be distinct letters of 'qkv' "
+                      f"(e.g. 'qkv', 'q', 'qk', 'v')") from None
   elif check == "choice":
     choices = meta["choices"]
     if not (value is None or isinstance(value, str)) or value not in choices:
@@ -113,10 +119,19 @@ class SpectralSpec(_Checked):
 
   Attributes:
     lam: ``lambda`` of ``lambda * I_k`` (Theorem 3.8; 10 in the paper).
-    mode: layout of ``I_k`` or the SVD correction (:data:`laplax.spectral.MODES`).
+    mode: layout of ``I_k`` or the SVD correction (:data:`laplax.spectral.MODES`;
+      ``"full"`` by default, see :mod:`laplax.spectral` for why).
+    targets: which of ``W_Q, W_K, W_V`` are corrected, letters of ``"qkv"``
+      (stored in that order; ``"q"`` or ``"v"`` for ablations).
   """
   lam: float = _field(10.0, "float", "spectral.lam")
-  mode: str = _field("per_head", "choice", "spectral.mode", choices=spectral.MODES)
+  mode: str = _field(spectral.DEFAULT_MODE, "choice", "spectral.mode",
+                     choices=spectral.MODES)
+  targets: str = _field(spectral.TARGETS, "targets", "spectral.targets")
+
+  def __post_init__(self):
+    super().__post_init__()
+    object.__setattr__(self, "targets", spectral.check_targets(self.targets))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -148,7 +163,9 @@ class AttentionSpec(_Checked):
     out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
            if f.name != "spectral"}
     out["spectral_lam"] = None if self.spectral is None else self.spectral.lam
-    out["spectral_mode"] = "per_head" if self.spectral is None else self.spectral.mode
+    if self.spectral is not None:
+      out["spectral_mode"] = self.spectral.mode
+      out["spectral_targets"] = self.spectral.targets
     return out
 
 
@@ -366,7 +383,8 @@ def from_config(model: Mapping) -> ViTSpec | GPTSpec:
   enabled = sp.get("enabled", False) if hasattr(sp, "get") else False
   _check_value("spectral.enabled", enabled, {"check": "bool"})
   spectral_spec = SpectralSpec(lam=values.pop("spectral.lam"),
-                               mode=values.pop("spectral.mode"))
+                               mode=values.pop("spectral.mode"),
+                               targets=values.pop("spectral.targets"))
   attn = {f.name: values.pop(f.metadata["key"] or f.name)
           for f in dataclasses.fields(AttentionSpec) if "check" in f.metadata}
   posemb = values["posemb"]
@@ -384,7 +402,7 @@ def build(name: str = "vit", **model_keys) -> ViTSpec | GPTSpec:
   """:func:`from_config` of ``{"name": name, **model_keys}``, for notebooks and tests.
 
   Example: ``build("vit", width=64, depth=2, num_heads=2, num_laplacian_heads=1)``.
-  ``spectral`` may be a dict ``{"enabled", "lam", "mode"}``.
+  ``spectral`` may be a dict ``{"enabled", "lam", "mode", "targets"}``.
 
   Raises:
     SpecError: as :func:`from_config`.

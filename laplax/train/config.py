@@ -346,7 +346,9 @@ def check_image_size(config: ml_collections.ConfigDict, image_shape) -> None:
 def architecture_diff(saved: dict, config: ml_collections.ConfigDict) -> list[str]:
   """Dotted keys under :data:`ARCHITECTURE_KEYS` where ``saved`` and ``config`` differ.
 
-  Keys in :data:`NOT_ARCHITECTURE_KEYS` (``model.remat``) are ignored. A model
+  Keys in :data:`NOT_ARCHITECTURE_KEYS` (``model.remat``) are ignored, and so
+  are ``model.spectral.*`` when spectral conditioning is off on both sides
+  (the layout of a correction that is not applied changes nothing). A model
   key missing on one side has the model spec's default
   (:func:`laplax.models.spec.config_defaults`), so a run saved before a model
   option existed resumes with the option at its default.
@@ -362,4 +364,6 @@ def architecture_diff(saved: dict, config: ml_collections.ConfigDict) -> list[st
   keys = [k for k in sorted(set(a) | set(b))
           if any(k == p or k.startswith(p + ".") for p in ARCHITECTURE_KEYS)
           and k not in NOT_ARCHITECTURE_KEYS]
+  if not a.get("model.spectral.enabled") and not b.get("model.spectral.enabled"):
+    keys = [k for k in keys if not k.startswith("model.spectral.")]
   return [k for k in keys if a.get(k) != b.get(k)]

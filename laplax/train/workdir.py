@@ -120,9 +120,11 @@ def check_workdir(config: ml_collections.ConfigDict, workdir: str) -> None:
     return
   diff = config_lib.architecture_diff(saved.to_dict(), config)
   if diff:
+    was = utils.flatten_dotted(saved.to_dict())
+    shown = ", ".join(f"{k} (saved {was.get(k)!r})" for k in diff[:6])
     raise config_lib.ConfigError(
         f"workdir {workdir} holds a run with a different architecture "
-        f"({', '.join(diff[:6])}{' ...' if len(diff) > 6 else ''} differ); use "
+        f"({shown}{' ...' if len(diff) > 6 else ''} differ); use "
         f"another --workdir or the same config")
 
 

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# The spectral-conditioning study of README "Spectral conditioning: layouts and
+# saturation" on the default ViT (Fashion-MNIST, width 128, 4 heads of 32) with
+# 0 Laplacian heads, so that only the spectral correction differs:
+#   init:  a step-0 checkpoint (--config.total_steps=0) of each variant and
+#          eval.py --analysis on it (entropy, self-weight, head similarity,
+#          W_Q/W_K gradient norms, conditioning); then one table.
+#   train: 1200 steps (the config's budget) of baseline, full, per_head,
+#          fused (lambda 10) and full at the small lambda the init table
+#          picks, then eval.py; RUNS (names baseline, MODE or MODE_lamX)
+#          chooses which.
+#   bash scripts/spectral_study.sh init  [RUNS_DIR]    # default runs/spectral
+#   RUNS="baseline full per_head fused full_lam2" bash scripts/spectral_study.sh train
+#   bash scripts/spectral_study.sh table [RUNS_DIR]    # print both tables
+set -euo pipefail
+cd "$(dirname "$0")/.."
+what=${1:?init, train or table}
+runs=${2:-runs/spectral}
+py=.venv/bin/python
+run() {  # name, steps, extra flags
+  $py train.py --config configs/vit_fashion_mnist.py:laplacian=0 --workdir "$runs/$1" \
+    --config.total_steps="$2" "${@:3}"
+}
+sp() {  # mode, lam: the spectral flags
+  echo --config.model.spectral.enabled=True --config.model.spectral.mode="$1" \
+    --config.model.spectral.lam="$2"
+}
+case $what in
+  init)
+    run init_baseline 0
+    for mode in full per_head fused; do run "init_$mode" 0 $(sp "$mode" 10); done
+    for lam in 1 2 5; do run "init_full_lam$lam" 0 $(sp full "$lam"); done
+    run init_full_qk_norm 0 $(sp full 10) --config.model.qk_norm=True
+    for d in "$runs"/init_*; do
+      $py eval.py --workdir "$d" --analysis --analysis_examples 512; done
+    ;;
+  train)
+    for name in ${RUNS:-baseline full per_head fused full_lam2}; do
+      if [ "$name" = baseline ]; then run baseline 1200
+      else
+        mode=${name%%_lam*}; lam=10
+        [ "$mode" != "$name" ] && lam=${name##*_lam}
+        run "$name" 1200 $(sp "$mode" "$lam")
+      fi
+      $py eval.py --workdir "$runs/$name"
+    done
+    ;;
+  table) ;;
+  *) echo "usage: $0 init|train|table [RUNS_DIR]" >&2; exit 2 ;;
+esac
+$py scripts/spectral_table.py "$runs"
