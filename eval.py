@@ -24,7 +24,16 @@ covariance, the singular-value spectrum and the components for 99% of the
 variance, neural-collapse statistics and CDNV by class (classification and
 DINO: the eval labels; language models: next-token ids), the conditioning of
 ``W_Q, W_K, W_V`` with and without the spectral correction, the attention
-Jacobian and Theorem 3.4's bound, and the attention entropy per head::
+Jacobian and Theorem 3.4's bound, and per head the attention saturation:
+``attention_entropy`` (nats), ``attention_self_weight`` (the mean diagonal
+weight ``p_tt``), ``attention_head_similarity`` (mean cosine similarity of
+two heads' rows of ``P``; ``attention_head_similarity_mean`` over pairs) and
+``gradient_norms`` (``{"query", "key"}``: the L2 norm of the gradient of the
+training loss in each head's column block of ``W_Q`` / ``W_K``, on the first
+analysed batch, with dropout and Mixup/CutMix drawn from ``PRNGKey(0)``;
+``null`` with ``gradient_norms_reason`` for DINO, whose loss needs
+multi-crop training views). A step-0 checkpoint (``train.py ...
+--config.total_steps=0``) gives them at initialisation::
 
     python eval.py --workdir runs/vit --analysis --analysis_layers 0,3 --analysis_examples 2000
 """
@@ -178,6 +187,18 @@ def _analysis_options(config) -> dict:
           "jacobian_dim": _ANALYSIS_JACOBIAN.value, "batch_size": _ANALYSIS_BATCH.value}
 
 
+def _training_loss(task, state):
+  """``loss_fn(params, batch)``: the task's training loss (as train.py's step
+  computes it) at ``state``'s step and task state, with the fixed key
+  ``PRNGKey(0)`` for dropout and augmentation, so the gradient is reproducible."""
+  import jax  # pylint: disable=import-outside-toplevel
+  rng = jax.random.PRNGKey(0)
+
+  def loss_fn(params, batch):
+    return task.loss(params, batch, rng, state.task_state, state.step)[0]
+  return loss_fn
+
+
 def _run_analysis(config, task, state, workdir: str, opts: dict) -> int:
   """``--analysis``: streams the eval split, writes analysis.json and the plots."""
   from laplax.analysis import plots, report  # pylint: disable=import-outside-toplevel
@@ -187,10 +208,14 @@ def _run_analysis(config, task, state, workdir: str, opts: dict) -> int:
               "targets": spectral_lib.check_targets(sp.get("targets", spectral_lib.TARGETS))}
   model, params = task.backbone(state)
   readout = task.readout(state)
+  grad = {"no_loss_reason": "DINO's loss needs multi-crop training views and the "
+                            "teacher; the eval split has single images"}
+  if config.task != "dino":  # the backbone's params are the trained ones
+    grad = {"loss_fn": _training_loss(task, state)}
   if config.task == "lm":
     vocab_size = task.tokenizer.vocab_size if opts["classes"] else 0
     target = report.Target(model, params, "lm", vocab_size=vocab_size,
-                           token_classifier=readout, spectral=spectral)
+                           token_classifier=readout, spectral=spectral, **grad)
   else:
     num_classes = int(task.num_classes)
     if _ANALYSIS_CLASSES.value == "yes" and num_classes < 2:
@@ -199,7 +224,7 @@ def _run_analysis(config, task, state, workdir: str, opts: dict) -> int:
     num_classes = num_classes if opts["classes"] and num_classes >= 2 else 0
     target = report.Target(model, params, "image", num_classes=num_classes,
                            classifier=readout if num_classes else None,
-                           spectral=spectral)
+                           spectral=spectral, **grad)
   batches = task.eval_batches()
   try:
     analysis = report.run_analysis(

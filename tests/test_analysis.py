@@ -401,6 +401,10 @@ def test_run_analysis_gpt_next_token_classes():
   assert entry["jacobian"]["tokens"] == 4 and entry["jacobian"]["block_check"] < 1e-5
   assert a["features"]["token_classes"]["nc3"] is not None
   assert report.summary(a)["cdnv"] == [entry["token_classes"]["cdnv"]]
+  # No Target.loss_fn: no gradient norms, and the reason says why.
+  assert a["gradient_batch"] is None and entry["gradient_norms"] is None
+  assert "loss_fn" in entry["gradient_norms_reason"]
+  assert report.summary(a)["grad_q"] == [None]
 
 
 def test_parse_layers():
@@ -445,9 +449,16 @@ def test_eval_analysis_writes_json_and_plots_then_compare(trained, tmp_path, cap
   assert entry["classes"]["num_classes"] == 10 and entry["components_99"] >= 1
   assert entry["jacobian"]["block_check"] < 1e-5
   assert a["features"]["classes"]["nc3"] is not None
+  # The gradient of the training loss on the first chunk (128 images); after
+  # 2 steps the classifier is no longer zero, so it reaches W_Q and W_K.
+  assert a["gradient_batch"]["num_sequences"] == 128
+  grads = entry["gradient_norms"]["query"] + entry["gradient_norms"]["key"]
+  assert len(grads) == 4 and all(0 < g < 1e3 for g in grads)
+  assert len(entry["attention_self_weight"]) == 2
+  assert 0 <= entry["attention_head_similarity_mean"] <= 1
   for name in ("variance", "spectra", "conditioning", "collapse"):
     assert (trained / f"analysis_{name}.png").stat().st_size > 1000
-  assert "layer 0:" in r.stdout
+  assert "layer 0:" in r.stdout and "grad_q=" in r.stdout
   assert not (trained / "eval.json").exists()  # --analysis replaces the evaluation
 
   # python -m laplax.analysis.compare RUN OTHER --out FILE (in-process: same main()).

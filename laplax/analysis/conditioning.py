@@ -47,6 +47,11 @@ section 2):
 * :func:`attention_entropy`: the entropy ``-sum_j p_tj log p_tj`` (nats) of
   each query's attention distribution, per head -- METHODS.md asks for it at
   step 0 of spectrally conditioned runs, whose logits may start saturated.
+* :func:`attention_self_weight` and :func:`attention_head_similarity`: two
+  more signs of that saturation -- the weight ``p_tt`` a query puts on its
+  own token (``W_Q, W_K`` near ``lam I`` make ``x_t^T W_Q W_K^T x_t`` the
+  largest logit of row ``t``) and the cosine similarity of the heads' rows
+  (heads all conditioned towards the same identity attend alike).
 
 Condition numbers are ``inf`` where the smallest singular value is 0.
 """
@@ -401,3 +406,81 @@ def attention_entropy(weights: jax.Array, query_mask: jax.Array | None = None, *
     visible = jnp.full((tq,), float(tk))
   uniform = jnp.sum(mask * jnp.log(visible)[None])
   return jnp.einsum("bhq,bq->h", ent, mask), uniform, jnp.sum(mask)
+
+
+def _query_mask(query_mask, batch: int, queries: int) -> jax.Array:
+  """Float32 ``[batch, queries]``: 1 where a query counts (all of them by default)."""
+  if query_mask is None:
+    return jnp.ones((batch, queries), jnp.float32)
+  mask = jnp.asarray(query_mask)
+  if mask.shape != (batch, queries):
+    raise ValueError(f"query_mask must have shape {(batch, queries)}, got {mask.shape}")
+  return (mask != 0).astype(jnp.float32)
+
+
+def attention_self_weight(weights: jax.Array, query_mask: jax.Array | None = None):
+  """Per-head sums of the weight each query puts on its own token, jittable.
+
+  For query ``t`` the self-weight is the diagonal entry ``p_tt`` of ``P``
+  (with ``T_q < T_k``, e.g. queries that are the last ``T_q`` of the keys, the
+  entry ``p_{t, t + T_k - T_q}``). Causal attention has the same diagonal, so
+  no ``causal`` flag is needed. One-hot rows on the diagonal give 1 (the
+  saturated start of spectrally conditioned attention with ``W + lam I``),
+  uniform rows over ``T_k`` keys give ``1 / T_k``.
+
+  Args:
+    weights: float ``[batch, heads, T_q, T_k]`` attention matrices ``P`` (rows
+      sum to 1), ``T_q <= T_k``.
+    query_mask: optional ``[batch, T_q]``; nonzero = count this query.
+
+  Returns:
+    ``(self_weight [heads], count)`` float32: the sum over counted queries of
+    ``p_tt`` (a probability, dimensionless) and the number of counted queries;
+    divide the first by the second for the mean.
+
+  Raises:
+    ValueError: ``weights`` not 4-D, ``T_q > T_k``, or a ``query_mask`` of
+      another shape than ``[batch, T_q]``.
+  """
+  p = jnp.asarray(weights).astype(jnp.float32)
+  if p.ndim != 4 or p.shape[2] > p.shape[3]:
+    raise ValueError(f"weights must be [batch, heads, T_q, T_k] with T_q <= T_k, "
+                     f"got shape {p.shape}")
+  b, _, tq, tk = p.shape
+  diag = jnp.diagonal(p, offset=tk - tq, axis1=2, axis2=3)  # [batch, heads, T_q]
+  mask = _query_mask(query_mask, b, tq)
+  return jnp.einsum("bhq,bq->h", diag, mask), jnp.sum(mask)
+
+
+def attention_head_similarity(weights: jax.Array, query_mask: jax.Array | None = None):
+  """Sums of the cosine similarity between heads' attention rows, jittable.
+
+  For every counted query ``t`` and heads ``a, b``: ``cos(p^a_t, p^b_t) =
+  <p^a_t, p^b_t> / (||p^a_t|| ||p^b_t||)`` over the keys. Rows of ``P`` are
+  non-negative, so it lies in ``[0, 1]``: 1 for heads with equal rows (rows
+  that sum to 1 are parallel only when equal), 0 for heads attending to
+  disjoint keys (e.g. one-hot rows on different keys). A row of zeros
+  (not a softmax row) has similarity 0 with every head, itself included.
+
+  Args:
+    weights: float ``[batch, heads, T_q, T_k]`` attention matrices ``P``.
+    query_mask: optional ``[batch, T_q]``; nonzero = count this query.
+
+  Returns:
+    ``(similarity [heads, heads], count)`` float32: the sum over counted
+    queries of the cosine similarity of each pair of heads (dimensionless;
+    symmetric, diagonal ``count`` for softmax rows) and the number of counted
+    queries; divide the first by the second for the mean.
+
+  Raises:
+    ValueError: ``weights`` not 4-D, or a ``query_mask`` of another shape
+      than ``[batch, T_q]``.
+  """
+  p = jnp.asarray(weights).astype(jnp.float32)
+  if p.ndim != 4:
+    raise ValueError(f"weights must be [batch, heads, T_q, T_k], got shape {p.shape}")
+  b, _, tq, _ = p.shape
+  norm = jnp.sqrt(jnp.sum(p * p, -1, keepdims=True))
+  unit = p / jnp.where(norm > 0, norm, 1.0)
+  mask = _query_mask(query_mask, b, tq)
+  return jnp.einsum("baqk,bcqk,bq->ac", unit, unit, mask), jnp.sum(mask)

@@ -4,8 +4,10 @@
 forward pass (:func:`laplax.analysis.capture.analysis_apply`), streams every
 chosen layer's block outputs into a
 :class:`~laplax.analysis.geometry.GeometryAccumulator`, sums the attention
-entropies, and then measures the projection kernels and the attention
-Jacobian of each chosen layer (:mod:`laplax.analysis.conditioning`). The
+entropies, self-weights and head similarities, and then measures the
+projection kernels, the attention Jacobian and (given the training loss) the
+per-head gradient norms of ``W_Q, W_K`` of each chosen layer
+(:mod:`laplax.analysis.conditioning`). The
 result is a JSON-ready dict (``eval.py --analysis`` writes it as
 ``analysis.json``); :func:`summary` reads its main per-layer quantities, which
 the plots and ``python -m laplax.analysis.compare`` show.
@@ -56,6 +58,14 @@ class Target:
       the LM's final hidden states).
     spectral: ``{"enabled", "lam", "mode", "targets"}`` of the run (the
       correction is measured as a counterfactual when disabled).
+    loss_fn: optional ``loss_fn(params, batch) -> float32 scalar``, the
+      training loss at ``params`` (the tree of ``params`` above) on a batch in
+      the training layout (``kind="image"``: ``{"image" [B, H, W, C], "label"
+      int32 [B]}``; ``"lm"``: ``{"tokens" int32 [B, T + 1]}``), traceable by
+      ``jax.grad``; it should be deterministic (fixed dropout/augmentation
+      key). ``None`` skips the gradient norms.
+    no_loss_reason: why there is no ``loss_fn`` (written beside
+      ``gradient_norms: null``).
   """
   model: nn.Module
   params: Any
@@ -67,18 +77,29 @@ class Target:
   spectral: dict = dataclasses.field(default_factory=lambda: {
       "enabled": False, "lam": 10.0, "mode": spectral.DEFAULT_MODE,
       "targets": spectral.TARGETS})
+  loss_fn: Callable[[Any, dict], jax.Array] | None = None
+  no_loss_reason: str = "no training loss was given (Target.loss_fn is None)"
+
+
+def _attention_sums(weights, qmask, causal) -> dict:
+  """One layer's attention sums over a chunk (see :func:`run_analysis`)."""
+  ent, uniform, count = conditioning.attention_entropy(weights, qmask, causal=causal)
+  self_weight, _ = conditioning.attention_self_weight(weights, qmask)
+  similarity, _ = conditioning.attention_head_similarity(weights, qmask)
+  return {"entropy": ent, "uniform": uniform, "self_weight": self_weight,
+          "similarity": similarity, "count": count}
 
 
 def _forward(model, layers, causal, params, inputs, mask):
-  """Block outputs, attention-entropy sums per chosen layer, and the features."""
+  """Block outputs, attention sums per chosen layer, and the features."""
   out, inter = capture.analysis_apply(model, params, inputs)
   reps = capture.block_outputs(out, layers)
   length = next(iter(reps.values())).shape[1] if reps else out["encoded"].shape[1]
   qmask = mask if mask.ndim == 2 else jnp.broadcast_to(mask[:, None], (mask.shape[0], length))
-  ent = {i: conditioning.attention_entropy(capture.attention_weights(inter, i), qmask,
-                                           causal=causal) for i in layers}
+  attn = {i: _attention_sums(capture.attention_weights(inter, i), qmask, causal)
+          for i in layers}
   feats = out["pre_logits"][:, None] if "pre_logits" in out else out["encoded"]
-  return reps, ent, feats
+  return reps, attn, feats
 
 
 def _chunks(arrays: dict, size: int):
@@ -104,6 +125,59 @@ def _split_batch(batch: dict, kind: str) -> dict:
          "mask": np.asarray(batch.get("mask", np.ones(len(batch["image"]))), np.float32)}
   if "label" in batch:
     out["labels"] = np.asarray(batch["label"]).astype(np.int32)
+  return out
+
+
+def _gradient_batch(chunk: dict, kind: str) -> tuple[dict | None, str | None]:
+  """The real sequences of a chunk in the training layout, or ``(None, reason)``.
+
+  Images: those with a nonzero mask (``{"image", "label"}``). Language
+  models: the windows whose every target is real (``{"tokens" [n, T + 1]}``,
+  rebuilt from the inputs and the next-token labels), since the training loss
+  has no mask.
+  """
+  mask = chunk["mask"]
+  if kind == "lm":
+    full = (mask != 0).all(1)
+    if not full.any():
+      return None, "the first eval batch has no window without padding"
+    tokens = np.concatenate([chunk["inputs"][full], chunk["token_labels"][full][:, -1:]], 1)
+    return {"tokens": tokens.astype(np.int32)}, None
+  if "labels" not in chunk:
+    return None, "the eval batches have no labels for the training loss"
+  real = mask.reshape(len(mask), -1).any(1)
+  return {"image": chunk["inputs"][real], "label": chunk["labels"][real]}, None
+
+
+def gradient_norms(grads: Any, layer: int, num_heads: int) -> dict:
+  """Per-head L2 norms of the gradient of the ``W_Q`` and ``W_K`` kernels of a layer.
+
+  Head ``h`` owns columns ``h * d_head : (h + 1) * d_head`` of a kernel
+  ``[D, num_heads * d_head]`` (the reshape of :class:`laplax.attention.
+  MultiHeadAttention`), so its norm is the Frobenius norm of that block.
+
+  Args:
+    grads: a gradient with the tree of the model's parameters (looped or
+      scanned layout), e.g. ``jax.grad(loss)(params)``.
+    layer: block index.
+    num_heads: heads of the layer.
+
+  Returns:
+    ``{"query": [heads], "key": [heads]}`` of Python floats, in units of the
+    loss per unit of kernel entry.
+
+  Raises:
+    KeyError: no such layer. ValueError: ``num_heads`` does not divide the
+      kernels' columns.
+  """
+  attn = capture.attention_params(grads, layer)
+  out = {}
+  for name in ("query", "key"):
+    g = np.asarray(attn[name]["kernel"], np.float64)
+    if g.ndim != 2 or num_heads < 1 or g.shape[1] % num_heads:
+      raise ValueError(f"{name} kernel gradient {g.shape} cannot be cut into "
+                       f"{num_heads} heads")
+    out[name] = [float(np.linalg.norm(b)) for b in np.split(g, num_heads, axis=1)]
   return out
 
 
@@ -205,14 +279,27 @@ def _weights_section(target: Target, layer: int) -> dict:
   return out
 
 
-def _layer_entry(target: Target, i: int, acc, entropy, entropy_uniform, io,
+def _layer_entry(target: Target, i: int, acc, attn: dict, io, grads, no_grad_reason,
                  jacobian_dim: int) -> dict:
-  """One layer's dict of :func:`run_analysis` (geometry, entropies, weights,
-  learned mix, Jacobian when ``io`` holds the block's input and output)."""
+  """One layer's dict of :func:`run_analysis` (geometry, attention statistics,
+  weights, learned mix, gradient norms, Jacobian when ``io`` holds the block's
+  input and output). ``attn`` holds the layer's attention sums (float64)."""
   entry = {"layer": int(i)}
   entry.update(acc.finalize())
-  entry["attention_entropy"] = np.asarray(entropy).tolist()
-  entry["attention_entropy_uniform"] = entropy_uniform
+  count = max(float(attn["count"]), 1.0)
+  entry["attention_entropy"] = (attn["entropy"] / count).tolist()
+  entry["attention_entropy_uniform"] = float(attn["uniform"]) / count
+  entry["attention_self_weight"] = (attn["self_weight"] / count).tolist()
+  similarity = attn["similarity"] / count
+  entry["attention_head_similarity"] = similarity.tolist()
+  heads = similarity.shape[0]
+  entry["attention_head_similarity_mean"] = (
+      float(similarity[np.triu_indices(heads, 1)].mean()) if heads > 1 else None)
+  if grads is None:
+    entry["gradient_norms"] = None
+    entry["gradient_norms_reason"] = no_grad_reason
+  else:
+    entry["gradient_norms"] = gradient_norms(grads, i, target.model.spec.num_heads)
   entry["weights"] = _weights_section(target, i)
   mix = capture.attention_params(target.params, i).get("laplacian_mix")
   if mix is not None:  # model.laplacian_mix="learned": alpha = sigmoid(a) per head
@@ -242,22 +329,36 @@ def run_analysis(target: Target, batches: Iterable[dict], *, layers: Sequence[in
       // D`` tokens (at least 1) of the first example; 0 skips it.
     progress: called with the number of sequences done after each chunk.
 
+  The gradient norms use one batch: the real sequences of the first chunk
+  (at most ``batch_size``; language models: its windows without padding),
+  in the training layout, through ``target.loss_fn``.
+
   Returns:
     JSON-ready dict: ``kind``, ``num_sequences``, ``num_tokens``, ``spectral``,
-    ``layers`` (one dict per chosen layer: ``layer``, the
+    ``gradient_batch`` (``{"loss", "num_sequences"}`` of the gradient's batch,
+    or ``None`` without one), ``layers`` (one dict per chosen layer:
+    ``layer``, the
     :meth:`~laplax.analysis.geometry.GeometryAccumulator.finalize` output,
     ``attention_entropy`` [heads] and ``attention_entropy_uniform`` (nats per
-    query), ``laplacian_alpha`` [heads] (with ``model.laplacian_mix=
-    "learned"``: the learned ``alpha`` of ``alpha V + (1 - 2 alpha) P V``),
-    ``weights`` (per projection, :func:`~laplax.analysis.conditioning.
-    kernel_conditioning` plus ``effective``), ``jacobian``), and ``features``
-    (the geometry of the representation the head reads: ViT ``pre_logits``
-    by class with NC3, GPT final hidden states by next token). Non-finite
-    numbers become ``None``.
+    query), ``attention_self_weight`` [heads] (mean diagonal weight ``p_tt``,
+    a probability), ``attention_head_similarity`` [heads, heads] (mean
+    cosine similarity of two heads' rows of ``P``) and
+    ``attention_head_similarity_mean`` (over head pairs ``a < b``; ``None``
+    with one head) -- all means over the counted queries --,
+    ``gradient_norms`` (``{"query": [heads], "key": [heads]}``: L2 norms of
+    the training loss's gradient in each head's ``[D, d_head]`` column block
+    of ``W_Q``, ``W_K``; see :func:`gradient_norms`) or ``None`` with
+    ``gradient_norms_reason``, ``laplacian_alpha`` [heads] (with
+    ``model.laplacian_mix="learned"``: the learned ``alpha`` of ``alpha V +
+    (1 - 2 alpha) P V``), ``weights`` (per projection,
+    :func:`~laplax.analysis.conditioning.kernel_conditioning` plus
+    ``effective``), ``jacobian``), and ``features`` (the geometry of the
+    representation the head reads: ViT ``pre_logits`` by class with NC3, GPT
+    final hidden states by next token). Non-finite numbers become ``None``.
 
   Raises:
     AnalysisError: ``batches`` without a real example, layers the model does
-      not have, or ``batch_size < 1``.
+      not have, or ``batch_size < 1``. Errors of ``target.loss_fn`` propagate.
   """
   model = target.model
   if batch_size < 1:
@@ -270,8 +371,9 @@ def run_analysis(target: Target, batches: Iterable[dict], *, layers: Sequence[in
   causal = capture.is_causal(model)
   fwd = _jitted_forward(model, tuple(layers))
   accs, feature_acc = {}, None
-  ent_sum, ent_uniform, ent_count = {}, {}, {}
-  first = None
+  attn_sums = {}
+  first = grad_batch = None
+  grad_reason = None if target.loss_fn is not None else target.no_loss_reason
   done = 0
   for batch in batches:
     arrays = _split_batch(batch, target.kind)
@@ -280,20 +382,19 @@ def run_analysis(target: Target, batches: Iterable[dict], *, layers: Sequence[in
     for chunk in _chunks(arrays, batch_size):
       if not chunk["mask"].any():
         continue
-      reps, ent, feats = fwd(target.params, chunk["inputs"], chunk["mask"])
-      reps, ent, feats = jax.device_get((reps, ent, feats))
+      reps, attn, feats = fwd(target.params, chunk["inputs"], chunk["mask"])
+      reps, attn, feats = jax.device_get((reps, attn, feats))
       labels = chunk.get("labels") if target.num_classes else None
       token_labels = chunk.get("token_labels") if target.vocab_size else None
       for i in layers:
         if i not in accs:
           accs[i] = geometry.GeometryAccumulator(reps[i].shape[-1], target.num_classes,
                                                  target.vocab_size)
-          ent_sum[i], ent_uniform[i], ent_count[i] = 0.0, 0.0, 0.0
+          attn_sums[i] = {k: 0.0 for k in attn[i]}
         accs[i].update(reps[i], mask=chunk["mask"], labels=labels,
                        token_labels=token_labels)
-        ent_sum[i] = ent_sum[i] + np.asarray(ent[i][0], np.float64)
-        ent_uniform[i] += float(ent[i][1])
-        ent_count[i] += float(ent[i][2])
+        for k, v in attn[i].items():
+          attn_sums[i][k] = attn_sums[i][k] + np.asarray(v, np.float64)
       if feature_acc is None:
         feature_acc = geometry.GeometryAccumulator(feats.shape[-1], target.num_classes,
                                                    target.vocab_size)
@@ -302,6 +403,8 @@ def run_analysis(target: Target, batches: Iterable[dict], *, layers: Sequence[in
       if first is None:
         real = np.flatnonzero(chunk["mask"].reshape(len(chunk["mask"]), -1).any(1))
         first = chunk["inputs"][real[:1]]
+        if grad_reason is None:
+          grad_batch, grad_reason = _gradient_batch(chunk, target.kind)
       done += int((chunk["mask"].reshape(len(chunk["mask"]), -1) != 0).any(1).sum())
       if progress is not None:
         progress(done)
@@ -315,8 +418,14 @@ def run_analysis(target: Target, batches: Iterable[dict], *, layers: Sequence[in
     io = jax.device_get(_jitted_block_io(model, tuple(layers))(target.params,
                                                                jnp.asarray(first)))
     io = {i: (a[0], b[0]) for i, (a, b) in io.items()}
-  out_layers = [_layer_entry(target, i, accs[i], ent_sum[i] / max(ent_count[i], 1.0),
-                             ent_uniform[i] / max(ent_count[i], 1.0), io.get(i), jacobian_dim)
+  grads, gradient = None, None
+  if grad_batch is not None:
+    loss, grads = jax.device_get(jax.jit(jax.value_and_grad(target.loss_fn))(
+        target.params, grad_batch))
+    gradient = {"loss": float(loss), "num_sequences": int(len(next(iter(
+        grad_batch.values()))))}
+  out_layers = [_layer_entry(target, i, accs[i], attn_sums[i], io.get(i), grads,
+                             grad_reason, jacobian_dim)
                 for i in layers]
   features = feature_acc.finalize(classifier=target.classifier,
                                   token_classifier=target.token_classifier)
@@ -326,7 +435,8 @@ def run_analysis(target: Target, batches: Iterable[dict], *, layers: Sequence[in
             "num_sequences": int(any_acc.num_sequences),
             "num_tokens": int(any_acc.num_tokens),
             "num_classes": int(target.num_classes), "vocab_size": int(target.vocab_size),
-            "spectral": dict(target.spectral), "layers": out_layers,
+            "spectral": dict(target.spectral), "gradient_batch": gradient,
+            "layers": out_layers,
             "features": features}
   return sanitize(result)
 
@@ -414,9 +524,14 @@ def _worst_head(entry: dict, *path):
   return None if any(v is None for v in vals) else max(vals)
 
 
+def _head_mean(entry: dict, *keys):
+  """Mean over heads of the per-head list at ``entry[k0][k1]...`` (``None`` if missing)."""
+  e = get_path(entry, *keys)
+  return float(np.mean(e)) if e and None not in e else None
+
+
 def _entropy(entry: dict):
-  e = entry.get("attention_entropy")
-  return float(np.mean(e)) if e else None
+  return _head_mean(entry, "attention_entropy")
 
 
 # (key, label, extractor of one layer's entry): the main per-layer quantities.
@@ -445,6 +560,14 @@ QUANTITIES = (
     ("bound", "Theorem 3.4 bound (unscaled logits), worst head",
      lambda e: _worst_head(e, "theorem_3_4", "bound")),
     ("entropy", "attention entropy, mean over heads (nats)", _entropy),
+    ("self_weight", "attention self-weight p_tt, mean over heads",
+     lambda e: _head_mean(e, "attention_self_weight")),
+    ("head_similarity", "cosine similarity of heads' P rows, mean over pairs",
+     lambda e: e.get("attention_head_similarity_mean")),
+    ("grad_q", "||dL/dW_Q|| of a head, mean over heads",
+     lambda e: _head_mean(e, "gradient_norms", "query")),
+    ("grad_k", "||dL/dW_K|| of a head, mean over heads",
+     lambda e: _head_mean(e, "gradient_norms", "key")),
 )
 
 
@@ -457,7 +580,8 @@ def summary(analysis: dict) -> dict:
   Returns:
     ``{"layer": [layer indices], key: [value per layer, None where missing]}``
     for every key of :data:`QUANTITIES` (variances in squared representation
-    units, entropies in nats, the rest dimensionless).
+    units, entropies in nats, gradient norms in loss units per kernel unit,
+    the rest dimensionless).
   """
   entries = analysis.get("layers", [])
   out = {"layer": [e["layer"] for e in entries]}
