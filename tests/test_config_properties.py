@@ -30,6 +30,14 @@ not_number = st.one_of(st.text(max_size=3), st.booleans(), st.none(),
 not_bool = st.one_of(st.integers(), st.text(max_size=3), st.none(), st.floats())
 unknown_name = st.text(alphabet="abcdefghijklmnopqrstuvwxyz_0123456789", min_size=1, max_size=8)
 
+def _valid_targets(t):
+  try:
+    spectral.check_targets(t)
+    return True
+  except ValueError:
+    return False
+
+
 # (dotted key, strategy of bad values); the message must name the key.
 BAD = [
     ("seed", st.one_of(st.integers(max_value=-1), not_int)),
@@ -42,7 +50,9 @@ BAD = [
     ("model.num_heads", st.one_of(st.integers(max_value=0), not_int)),
     ("model.depth", st.one_of(st.integers(max_value=0), not_int)),
     ("model.width", st.one_of(st.integers(max_value=0), not_int)),
-    ("model.mlp_dim", st.one_of(st.integers(max_value=0), not_int)),
+    # None is allowed here: 4 * width (laplax.models.spec.from_config).
+    ("model.mlp_dim", st.one_of(st.integers(max_value=0),
+                                not_int.filter(lambda v: v is not None))),
     ("model.num_laplacian_heads", st.one_of(st.integers(max_value=-1),
                                             st.integers(min_value=1000), st.text(max_size=3))),
     ("model.dropout", st.one_of(st.floats(max_value=-1e-9), st.floats(min_value=1.0),
@@ -52,6 +62,9 @@ BAD = [
     ("model.spectral.mode", unknown_name.filter(lambda s: s not in spectral.MODES)),
     ("model.spectral.lam", st.one_of(st.floats(max_value=-1e-9), not_number)),
     ("model.spectral.enabled", not_bool),
+    ("model.spectral.targets", st.one_of(
+        st.text(max_size=4).filter(lambda t: not _valid_targets(t)),
+        st.integers(), st.none())),
     ("model.remat", unknown_name.filter(lambda s: s not in layers.REMAT_POLICIES)),
     ("model.scan_layers", not_bool),
     ("optim.lr", st.one_of(st.floats(max_value=0.0), not_number)),

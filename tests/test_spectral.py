@@ -570,3 +570,26 @@ def test_check_targets(value, ok):
       spectral.check_targets(value)
   else:
     assert spectral.check_targets(value) == ok
+
+
+def test_old_workdirs_keep_per_head_and_resume_checks():
+  """A saved config.json with ``mode: per_head`` (the old default) builds a
+  per_head model; resuming it under the new default ``full`` is refused only
+  when spectral conditioning is on (off, the layout changes nothing), and a
+  config saved before ``targets`` existed means all three."""
+  from laplax.models import spec as spec_lib
+  from laplax.train import config as config_lib
+  from laplax.train.defaults import base_config
+  new = base_config()
+  saved = new.to_dict()
+  saved["model"]["spectral"] = {"enabled": True, "lam": 10.0, "mode": "per_head"}
+  built = spec_lib.from_config(saved["model"])
+  assert built.attention.spectral.mode == "per_head"
+  assert built.attention.spectral.targets == "qkv"
+  new.model.spectral.enabled = True
+  assert config_lib.architecture_diff(saved, new) == ["model.spectral.mode"]
+  new.model.spectral.mode = "per_head"
+  assert config_lib.architecture_diff(saved, new) == []
+  saved["model"]["spectral"]["enabled"] = False
+  new.model.spectral.enabled, new.model.spectral.mode = False, "full"
+  assert config_lib.architecture_diff(saved, new) == []
