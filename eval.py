@@ -24,7 +24,10 @@ covariance, the singular-value spectrum and the components for 99% of the
 variance, neural-collapse statistics and CDNV by class (classification and
 DINO: the eval labels; language models: next-token ids), the conditioning of
 ``W_Q, W_K, W_V`` with and without the spectral correction, the attention
-Jacobian and Theorem 3.4's bound, and per head the attention saturation:
+block's Jacobian with respect to its input (``jacobian.input``) and per head
+the Jacobian with respect to ``(W_Q, W_K, W_V)`` beside Theorem 3.4's bound
+(``weight_condition_number_unscaled``, ``theorem_3_4``), and per head the
+attention saturation:
 ``attention_entropy`` (nats), ``attention_self_weight`` (the mean diagonal
 weight ``p_tt``), ``attention_head_similarity`` (mean cosine similarity of
 two heads' rows of ``P``; ``attention_head_similarity_mean`` over pairs) and
