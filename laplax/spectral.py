@@ -207,7 +207,9 @@ def project(x: jax.Array, kernel: jax.Array, *, lam: float, mode: str = DEFAULT_
   contribution survives beside ``lam * x`` (forming ``W + C`` in bfloat16
   would round ``W``'s diagonal away). For ``"svd"`` ``C`` is a dense matrix of
   the same scale as ``W`` (``sigma_max(C) = sigma_max(W)``) and ``W + C`` is
-  cast to ``dtype`` as one kernel.
+  cast to ``dtype`` as one kernel; in float32 too, where ``W + C`` loses
+  nothing (spacing 1e-6 near 10), so the slice form is used only below
+  float32.
 
   Args:
     x: ``[..., D]`` inputs.
@@ -222,8 +224,13 @@ def project(x: jax.Array, kernel: jax.Array, *, lam: float, mode: str = DEFAULT_
     ValueError: as :func:`correction`.
   """
   dtype = dtype or x.dtype
-  if mode == "svd":
-    kernel = conditioned(kernel, lam=lam, mode=mode, num_heads=num_heads)
+  if mode == "svd" or jnp.dtype(dtype) == jnp.float32:
+    # float32 holds W's entries beside lam (spacing 1e-6 near 10): one kernel.
+    # (The slice form below also mis-partitioned on a (2, 2, 2) data/fsdp/
+    # tensor CPU mesh in the "full" layout -- tests/test_sharding.py -- while
+    # this form is exact there; the low-precision path is not yet checked on
+    # tensor-parallel meshes.)
+    kernel = conditioned(kernel, lam=lam, mode=mode, num_heads=num_heads, target=target)
     return jnp.dot(x.astype(dtype), kernel.astype(dtype),
                    preferred_element_type=jnp.float32)
   y = jnp.dot(x.astype(dtype), kernel.astype(dtype), preferred_element_type=jnp.float32)
