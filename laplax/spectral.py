@@ -231,8 +231,8 @@ def project(x: jax.Array, kernel: jax.Array, *, lam: float, mode: str = DEFAULT_
     # this form is exact there; the low-precision path is not yet checked on
     # tensor-parallel meshes.)
     kernel = conditioned(kernel, lam=lam, mode=mode, num_heads=num_heads, target=target)
-    return jnp.dot(x.astype(dtype), kernel.astype(dtype),
-                   preferred_element_type=jnp.float32)
+    y = jnp.dot(x.astype(dtype), kernel.astype(dtype))
+    return y.astype(jnp.float32)
   y = jnp.dot(x.astype(dtype), kernel.astype(dtype), preferred_element_type=jnp.float32)
   return y + identity_product(x, kernel.shape, lam=lam, mode=mode,
                               num_heads=num_heads, target=target)
