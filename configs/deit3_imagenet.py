@@ -6,8 +6,8 @@
 Arguments: ``laplacian`` (Laplacian heads per layer, the last k of 12; the
 paper's "ViT-B-12L" is 12), ``spectral`` (lambda * I_k conditioning, lambda=10).
 
-Recipe (METHODS.md): 400 epochs at 192 px, batch 2048, AdamW lr 2e-3, wd 0.05,
-cosine, 5 warm-up epochs, grad-clip 1.0, Mixup 0.8, CutMix 1.0, label
+Recipe (DeiT-3, Touvron et al. 2022, as the Laplacian-head ViT runs used
+it): 400 epochs at 192 px, batch 2048, AdamW lr 2e-3, wd 0.05, cosine, 5 warm-up epochs, grad-clip 1.0, Mixup 0.8, CutMix 1.0, label
 smoothing 0.1, binary cross-entropy, bfloat16, drop-path 0.2, LayerScale 1e-6,
 qk-norm. Not reproduced here: 3-Augment (the pipeline does random-resized
 crop and flip) and DeiT-3's 224 px fine-tuning; evaluation is at 192 px.

@@ -226,9 +226,9 @@ class ProjectionDense(nn.Module):
   ``C`` is :func:`laplax.spectral.correction` and is a constant: the parameter
   tree (``kernel [in, features]``, ``bias [features]``) is the baseline's, and
   ``dW`` is the baseline gradient at weights ``W + C``. With the correction
-  the output is computed by :func:`laplax.spectral.project` as ``x W + x C``
-  and returned in float32, exact at every compute ``dtype``; without it, ``x
-  W`` in ``dtype``.
+  the output is :func:`laplax.spectral.project` (one ``W + C`` kernel in
+  float32, ``x W + x C`` with ``x C`` a slice of ``x`` below it), returned
+  in float32; without it, ``x W`` in ``dtype``.
 
   Attributes:
     features: output dimension (``num_heads * head_dim``).

@@ -43,11 +43,12 @@ the same map).
 corrected (``"fused"`` reads it too: a projection outside ``targets`` gets no
 slice of the fused identity).
 
-Precision: :func:`project` computes ``x W + x C`` with ``x C`` taken as ``lam``
-times a zero-padded slice of ``x`` (no matmul, no ``W + C``). Forming ``W +
-C`` in bfloat16 would round away ``W``'s diagonal (the bfloat16 spacing near
-10 is 0.0625; the entries of ``W`` are about 0.02), i.e. freeze it in the
-forward pass.
+Precision: below float32 :func:`project` computes ``x W + x C`` with ``x C``
+taken as ``lam`` times a zero-padded slice of ``x`` (no matmul, no ``W +
+C``). Forming ``W + C`` in bfloat16 would round away ``W``'s diagonal (the
+bfloat16 spacing near 10 is 0.0625; the entries of ``W`` are about 0.02),
+i.e. freeze it in the forward pass. In float32 one ``W + C`` kernel loses
+nothing and is used.
 
 The correction adds no parameter, no optimizer state and no gradient memory: the
 gradient with respect to ``W`` is the baseline's gradient at weights ``W + C``.
@@ -200,7 +201,7 @@ def identity_product(x: jax.Array, shape: Sequence[int], *, lam: float,
 
 def project(x: jax.Array, kernel: jax.Array, *, lam: float, mode: str = DEFAULT_MODE,
             num_heads: int = 1, target: str = "q", dtype: Any = None) -> jax.Array:
-  """``x (W + C)`` computed as ``x W + x C``, exact at every compute dtype.
+  """``x (W + C)``, exact at every compute dtype (``x W + x C`` below float32).
 
   ``x W`` is a matmul in ``dtype`` with float32 accumulation; ``x C`` is
   :func:`identity_product` in float32; the sum is float32, so ``W``'s

@@ -1,8 +1,8 @@
 """Conditioning of attention: projection kernels, the attention Jacobian, Theorem 3.4.
 
 The measurements of Saratchandran & Lucey ("Spectral Conditioning of Attention
-Improves Transformer Performance", NeurIPS 2025, arXiv 2603.07162; METHODS.md
-section 2):
+Improves Transformer Performance", NeurIPS 2025, arXiv 2603.07162; the layouts are in
+:mod:`laplax.spectral`):
 
 * :func:`kernel_conditioning`: the condition number ``kappa(W) = sigma_max /
   sigma_min`` and the smallest singular value of a projection kernel ``W``
