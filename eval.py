@@ -204,7 +204,7 @@ def _training_loss(task, state):
 
 def _run_analysis(config, task, state, workdir: str, opts: dict) -> int:
   """``--analysis``: streams the eval split, writes analysis.json and the plots."""
-  from laplax.analysis import plots, report  # pylint: disable=import-outside-toplevel
+  from laplax.analysis import plots, report, summary  # pylint: disable=import-outside-toplevel
   from laplax import spectral as spectral_lib  # pylint: disable=import-outside-toplevel
   sp = config.model.spectral
   spectral = {"enabled": bool(sp.enabled), "lam": float(sp.lam), "mode": sp.mode,
@@ -241,13 +241,13 @@ def _run_analysis(config, task, state, workdir: str, opts: dict) -> int:
   figures = plots.save_all(analysis, workdir,
                            title=f"{os.path.basename(os.path.normpath(workdir))} "
                                  f"(step {int(state.step)})")
-  summary = report.summary(analysis)
-  keys = [k for k, _, _ in report.QUANTITIES if any(v is not None for v in summary[k])]
+  rows = summary.summary(analysis)
+  keys = [k for k, _, _ in summary.QUANTITIES if any(v is not None for v in rows[k])]
   print(f"analysis of {analysis['num_sequences']} sequences, "
         f"{analysis['num_tokens']} tokens (step {analysis['step']})")
-  for j, layer in enumerate(summary["layer"]):
-    values = ", ".join(f"{k}={summary[k][j]:.4g}" if isinstance(summary[k][j], float)
-                       else f"{k}={summary[k][j]}" for k in keys)
+  for j, layer in enumerate(rows["layer"]):
+    values = ", ".join(f"{k}={rows[k][j]:.4g}" if isinstance(rows[k][j], float)
+                       else f"{k}={rows[k][j]}" for k in keys)
     print(f"layer {layer}: {values}")
   print(f"wrote {path} and {', '.join(os.path.basename(f) for f in figures)}")
   return 0

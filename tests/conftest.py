@@ -1,10 +1,40 @@
-"""Shared pytest fixtures: a Fashion-MNIST TFDS data_dir prepared once per session."""
+"""Shared pytest set-up: one JAX compilation cache, and Fashion-MNIST prepared once.
+
+Many tests run ``train.py``/``eval.py`` in subprocesses on the same tiny
+models (kill-and-resume chains, bad inputs, the CLIs), each compiling the same
+programs again. :func:`pytest_configure` points JAX's persistent compilation
+cache (``JAX_COMPILATION_CACHE_DIR``) at one new temporary directory for the
+whole session, before JAX is imported; xdist workers and every subprocess
+inherit it through the environment, so a program is compiled once per
+session. A cache hit loads the executable XLA compiled for the same program,
+so results are bitwise those of a compile. A cache directory set by the user
+is left as it is.
+"""
 
 import os
+import shutil
+import tempfile
 
 import pytest
 
 FMNIST_SOURCE = "/usr/share/datasets/fashion-mnist"
+_CACHE_OWNER = "LAPLAX_TEST_CACHE_OWNER"
+
+
+def pytest_configure(config):  # pylint: disable=unused-argument
+  """Sets the session's compilation cache (the xdist controller's, shared)."""
+  if "JAX_COMPILATION_CACHE_DIR" in os.environ:
+    return
+  os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="laplax_jax_cache_")
+  os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+  os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
+  os.environ[_CACHE_OWNER] = str(os.getpid())
+
+
+def pytest_unconfigure(config):  # pylint: disable=unused-argument
+  """Removes the cache directory in the process that made it."""
+  if os.environ.get(_CACHE_OWNER) == str(os.getpid()):
+    shutil.rmtree(os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from laplax.analysis import capture, compare, conditioning, geometry, report
+from laplax.analysis import capture, compare, conditioning, geometry, report, summary
 from model_helper import make_vit, make_gpt
 from test_train import CONFIG, ROOT, TINY, run
 
@@ -400,11 +400,11 @@ def test_run_analysis_gpt_next_token_classes():
   assert entry["token_classes"]["cdnv"] > 0
   assert entry["jacobian"]["tokens"] == 4 and entry["jacobian"]["block_check"] < 1e-5
   assert a["features"]["token_classes"]["nc3"] is not None
-  assert report.summary(a)["cdnv"] == [entry["token_classes"]["cdnv"]]
+  assert summary.summary(a)["cdnv"] == [entry["token_classes"]["cdnv"]]
   # No Target.loss_fn: no gradient norms, and the reason says why.
   assert a["gradient_batch"] is None and entry["gradient_norms"] is None
   assert "loss_fn" in entry["gradient_norms_reason"]
-  assert report.summary(a)["grad_q"] == [None]
+  assert summary.summary(a)["grad_q"] == [None]
 
 
 def test_parse_layers():

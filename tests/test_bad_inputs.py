@@ -4,12 +4,22 @@ Each one must print exactly one line on stderr, starting with ``error:``,
 that says what is wrong (the expected words below), exit with code 2 without
 a traceback, and change no file of an existing workdir, dataset directory or
 config file (nor create the workdir it was given).
+
+The bad paths, and a few of the bad config values, run ``train.py`` /
+``eval.py`` as subprocesses. Every bad config value also runs in this process
+through the entry point of ``python train.py`` (``cli.run(train.main)``, with
+``sys.argv`` set and the absl flags reset), which saves the 2-3 s of imports a
+subprocess spends before it reads its arguments.
 """
 
 import os
 import shutil
+import signal
+import sys
+import types
 
 import pytest
+from absl import flags
 
 from test_train import CONFIG, ROOT, TINY, run, train_args
 
@@ -94,14 +104,45 @@ BAD_CONFIGS = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(BAD_CONFIGS))
-def test_bad_config_one_line_exit_2_nothing_changed(name, existing_run, tmp_path,
-                                                    fmnist_data_dir):
+# The bad config values also run as subprocesses (the rest only in-process).
+SUBPROCESS_CONFIGS = ("missing dataset files", "unknown config key", "unknown flag",
+                      "mesh larger than the devices")
+
+
+def run_train_in_process(argv, capfd):
+  """``python train.py ARGV[1:]`` in this process: its exit code and output."""
+  import train  # pylint: disable=import-outside-toplevel
+  from laplax.train.loop import NonFiniteError  # pylint: disable=import-outside-toplevel
+  capfd.readouterr()
+  saved_argv, saved_term = sys.argv, signal.getsignal(signal.SIGTERM)
+  flags.FLAGS.unparse_flags()
+  sys.argv = list(argv)
+  code = 0
+  try:
+    train.cli.run(train.main, user_errors=(NonFiniteError,))
+  except SystemExit as e:
+    code = e.code
+  finally:
+    sys.argv = saved_argv
+    signal.signal(signal.SIGTERM, saved_term)
+    flags.FLAGS.unparse_flags()
+    # config_flags defines a flag per config field at each parse.
+    for flag in [f for f in flags.FLAGS if f.startswith("config.")]:
+      delattr(flags.FLAGS, flag)
+  out, err = capfd.readouterr()
+  return types.SimpleNamespace(returncode=code, stdout=out, stderr=err)
+
+
+@pytest.mark.parametrize("name,how", [(n, "in-process") for n in sorted(BAD_CONFIGS)]
+                         + [(n, "subprocess") for n in SUBPROCESS_CONFIGS])
+def test_bad_config_one_line_exit_2_nothing_changed(name, how, existing_run, tmp_path,
+                                                    fmnist_data_dir, capfd):
   extra, expected = BAD_CONFIGS[name]
   extra = [e.replace("{fresh}", str(tmp_path / "fresh_tfds")) for e in extra]
   before = _snapshot(existing_run, fmnist_data_dir)
   for workdir in (existing_run, tmp_path / "new_run"):
-    r = run(train_args(workdir, fmnist_data_dir, "--config.total_steps=10", *extra))
+    argv = train_args(workdir, fmnist_data_dir, "--config.total_steps=10", *extra)
+    r = run(argv) if how == "subprocess" else run_train_in_process(argv, capfd)
     # On the existing workdir its own architecture check may answer first.
     _one_line_exit_2(r, expected + (["different architecture"] if workdir == existing_run else []))
   assert _snapshot(existing_run, fmnist_data_dir) == before
@@ -222,3 +263,4 @@ def test_bad_path_one_line_exit_2_nothing_changed(name, bad_files, tmp_path, fmn
 
 def test_corpus_has_at_least_30_bad_inputs():
   assert len(BAD_CONFIGS) + len(BAD_PATHS) >= 30
+  assert set(SUBPROCESS_CONFIGS) <= set(BAD_CONFIGS)

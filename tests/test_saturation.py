@@ -22,7 +22,7 @@ import numpy as np
 import optax
 import pytest
 
-from laplax.analysis import capture, conditioning, report
+from laplax.analysis import capture, conditioning, report, summary
 from laplax.models.layers import SCANNED_BLOCKS
 from model_helper import make_gpt, make_vit
 from test_train import CONFIG, TINY, run
@@ -169,7 +169,7 @@ def test_run_analysis_vit_gradient_norms_and_attention_statistics():
     sim = np_similarity(p, qmask)
     np.testing.assert_allclose(entry["attention_head_similarity"], sim, rtol=1e-5)
     assert entry["attention_head_similarity_mean"] == pytest.approx(sim[0, 1], rel=1e-5)
-  s = report.summary(a)
+  s = summary.summary(a)
   assert s["self_weight"][0] == pytest.approx(np.mean(a["layers"][0]["attention_self_weight"]))
   assert s["grad_k"][1] == pytest.approx(np.mean(a["layers"][1]["gradient_norms"]["key"]))
 

@@ -5,7 +5,7 @@
 Reads ``analysis.json`` (written by ``eval.py --workdir RUN --analysis``) from
 each workdir, draws one panel per main quantity with one per-layer curve per
 run (:func:`laplax.analysis.plots.plot_compare`) and prints, for each
-quantity of :data:`laplax.analysis.report.QUANTITIES` that some run has, a
+quantity of :data:`laplax.analysis.summary.QUANTITIES` that some run has, a
 markdown table with a row per layer and a column per run (``-`` where a run
 lacks it). Bad input -- a directory without ``analysis.json``, an unreadable
 file, no run -- prints one line and exits with code 2.
@@ -18,7 +18,7 @@ import os
 import sys
 from typing import Sequence
 
-from laplax.analysis import report
+from laplax.analysis import report, summary
 
 USAGE_EXIT = 2
 
@@ -53,11 +53,11 @@ def markdown_tables(analyses: dict) -> str:
     The tables, each under a ``### label`` heading; quantities no run has
     are left out.
   """
-  summaries = {n: report.summary(a) for n, a in analyses.items()}
+  summaries = {n: summary.summary(a) for n, a in analyses.items()}
   names = list(summaries)
   layers = sorted({l for s in summaries.values() for l in s["layer"]})
   parts = []
-  for key, label, _ in report.QUANTITIES:
+  for key, label, _ in summary.QUANTITIES:
     if not any(any(v is not None for v in s[key]) for s in summaries.values()):
       continue
     lines = [f"### {label}", "", "| layer | " + " | ".join(names) + " |",

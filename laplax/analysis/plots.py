@@ -11,7 +11,7 @@
   attention entropy against its uniform maximum.
 * :func:`plot_collapse`: NC1, CDNV and the 99% component count per layer.
 * :func:`plot_compare`: one panel per main quantity
-  (:data:`laplax.analysis.report.QUANTITIES`), one curve per run.
+  (:data:`laplax.analysis.summary.QUANTITIES`), one curve per run.
 
 Quantities are those of :mod:`laplax.analysis.geometry` and
 :mod:`laplax.analysis.conditioning`; missing ones (``None``) are skipped.
@@ -25,7 +25,7 @@ from typing import Sequence
 
 import numpy as np
 
-from laplax.analysis import report
+from laplax.analysis import summary
 
 FIGURES = {"variance": "analysis_variance.png", "spectra": "analysis_spectra.png",
            "conditioning": "analysis_conditioning.png",
@@ -75,7 +75,7 @@ def plot_variance(analysis: dict, path: str, title: str = "") -> str:
     ``path``.
   """
   plt = _pyplot()
-  s = report.summary(analysis)
+  s = summary.summary(analysis)
   fig, ax = plt.subplots(figsize=(6, 4))
   for key, label in (("within_sequence", "within-sequence"),
                      ("between_sequence", "between-sequence"),
@@ -143,7 +143,7 @@ def plot_conditioning(analysis: dict, path: str, title: str = "") -> str:
     ``path``.
   """
   plt = _pyplot()
-  s = report.summary(analysis)
+  s = summary.summary(analysis)
   layers = s["layer"]
   fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4))
   colors = {"query": "C0", "key": "C1", "value": "C2"}
@@ -151,7 +151,7 @@ def plot_conditioning(analysis: dict, path: str, title: str = "") -> str:
     for state, style in (("raw", "--"), ("corrected", "-")):
       vals = []
       for e in analysis.get("layers", []):
-        heads = report.get_path(e, "weights", name, state, "head_condition_number")
+        heads = summary.get_path(e, "weights", name, state, "head_condition_number")
         vals.append(max(heads) if heads and None not in heads else None)
       x, y = _series(layers, vals)
       if x:
@@ -197,7 +197,7 @@ def plot_collapse(analysis: dict, path: str, title: str = "") -> str:
     ``path``.
   """
   plt = _pyplot()
-  s = report.summary(analysis)
+  s = summary.summary(analysis)
   fig, axes = plt.subplots(1, 3, figsize=(12, 3.5))
   for ax, key, label, log in ((axes[0], "nc1", "NC1", True),
                               (axes[1], "cdnv", "CDNV", True),
@@ -237,15 +237,15 @@ def plot_compare(analyses: dict, path: str,
   Args:
     analyses: ``{run name: analysis dict}`` (insertion order = legend order).
     path: PNG file to write.
-    keys: :data:`~laplax.analysis.report.QUANTITIES` keys to show (default:
+    keys: :data:`~laplax.analysis.summary.QUANTITIES` keys to show (default:
       those any run has).
 
   Returns:
     ``path``.
   """
   plt = _pyplot()
-  summaries = {name: report.summary(a) for name, a in analyses.items()}
-  labels = {k: label for k, label, _ in report.QUANTITIES}
+  summaries = {name: summary.summary(a) for name, a in analyses.items()}
+  labels = {k: label for k, label, _ in summary.QUANTITIES}
   if keys is None:
     keys = [k for k in labels
             if any(any(v is not None for v in s[k]) for s in summaries.values())]

@@ -9,7 +9,7 @@ projection kernels, the attention Jacobian and (given the training loss) the
 per-head gradient norms of ``W_Q, W_K`` of each chosen layer
 (:mod:`laplax.analysis.conditioning`). The
 result is a JSON-ready dict (``eval.py --analysis`` writes it as
-``analysis.json``); :func:`summary` reads its main per-layer quantities, which
+``analysis.json``); :func:`laplax.analysis.summary.summary` reads its main per-layer quantities, which
 the plots and ``python -m laplax.analysis.compare`` show.
 
 Memory: the accumulators' (see :mod:`laplax.analysis.geometry`) plus one
@@ -309,6 +309,72 @@ def _layer_entry(target: Target, i: int, acc, attn: dict, io, grads, no_grad_rea
   return entry
 
 
+@dataclasses.dataclass
+class _Streamed:
+  """What one pass over the eval split gathered (see :func:`_stream`)."""
+  accs: dict
+  attn_sums: dict
+  features: geometry.GeometryAccumulator
+  first: np.ndarray
+  grad_batch: dict | None
+  grad_reason: str | None
+
+
+def _stream(target: Target, batches: Iterable[dict], layers: tuple, max_examples: int,
+            batch_size: int, progress: Callable[[int], None] | None) -> _Streamed:
+  """One pass of ``batches`` through the eval forward: the layers' accumulators
+  and attention sums, the features' accumulator, the first real example
+  (``first``, for the Jacobian) and the gradient batch (or why there is none).
+
+  Raises:
+    AnalysisError: no real example in ``batches``.
+  """
+  fwd = _jitted_forward(target.model, layers)
+  accs, feature_acc = {}, None
+  attn_sums = {}
+  first = grad_batch = None
+  grad_reason = None if target.loss_fn is not None else target.no_loss_reason
+  done = 0
+  for batch in batches:
+    arrays = _split_batch(batch, target.kind)
+    if max_examples:
+      arrays["mask"], _ = _limit(arrays["mask"], max_examples - done)
+    for chunk in _chunks(arrays, batch_size):
+      if not chunk["mask"].any():
+        continue
+      reps, attn, feats = fwd(target.params, chunk["inputs"], chunk["mask"])
+      reps, attn, feats = jax.device_get((reps, attn, feats))
+      labels = chunk.get("labels") if target.num_classes else None
+      token_labels = chunk.get("token_labels") if target.vocab_size else None
+      for i in layers:
+        if i not in accs:
+          accs[i] = geometry.GeometryAccumulator(reps[i].shape[-1], target.num_classes,
+                                                 target.vocab_size)
+          attn_sums[i] = {k: 0.0 for k in attn[i]}
+        accs[i].update(reps[i], mask=chunk["mask"], labels=labels,
+                       token_labels=token_labels)
+        for k, v in attn[i].items():
+          attn_sums[i][k] = attn_sums[i][k] + np.asarray(v, np.float64)
+      if feature_acc is None:
+        feature_acc = geometry.GeometryAccumulator(feats.shape[-1], target.num_classes,
+                                                   target.vocab_size)
+      feature_acc.update(feats, mask=chunk["mask"], labels=labels,
+                         token_labels=token_labels)
+      if first is None:
+        real = np.flatnonzero(chunk["mask"].reshape(len(chunk["mask"]), -1).any(1))
+        first = chunk["inputs"][real[:1]]
+        if grad_reason is None:
+          grad_batch, grad_reason = _gradient_batch(chunk, target.kind)
+      done += int((chunk["mask"].reshape(len(chunk["mask"]), -1) != 0).any(1).sum())
+      if progress is not None:
+        progress(done)
+    if max_examples and done >= max_examples:
+      break
+  if feature_acc is None:
+    raise AnalysisError("the eval split gave no examples to analyse")
+  return _Streamed(accs, attn_sums, feature_acc, first, grad_batch, grad_reason)
+
+
 def run_analysis(target: Target, batches: Iterable[dict], *, layers: Sequence[int],
                  max_examples: int = 0, batch_size: int = 256,
                  jacobian_dim: int = 2048,
@@ -369,49 +435,9 @@ def run_analysis(target: Target, batches: Iterable[dict], *, layers: Sequence[in
     raise AnalysisError(f"layers {bad} do not exist; the model has layers "
                         f"0..{depth - 1}")
   causal = capture.is_causal(model)
-  fwd = _jitted_forward(model, tuple(layers))
-  accs, feature_acc = {}, None
-  attn_sums = {}
-  first = grad_batch = None
-  grad_reason = None if target.loss_fn is not None else target.no_loss_reason
-  done = 0
-  for batch in batches:
-    arrays = _split_batch(batch, target.kind)
-    if max_examples:
-      arrays["mask"], _ = _limit(arrays["mask"], max_examples - done)
-    for chunk in _chunks(arrays, batch_size):
-      if not chunk["mask"].any():
-        continue
-      reps, attn, feats = fwd(target.params, chunk["inputs"], chunk["mask"])
-      reps, attn, feats = jax.device_get((reps, attn, feats))
-      labels = chunk.get("labels") if target.num_classes else None
-      token_labels = chunk.get("token_labels") if target.vocab_size else None
-      for i in layers:
-        if i not in accs:
-          accs[i] = geometry.GeometryAccumulator(reps[i].shape[-1], target.num_classes,
-                                                 target.vocab_size)
-          attn_sums[i] = {k: 0.0 for k in attn[i]}
-        accs[i].update(reps[i], mask=chunk["mask"], labels=labels,
-                       token_labels=token_labels)
-        for k, v in attn[i].items():
-          attn_sums[i][k] = attn_sums[i][k] + np.asarray(v, np.float64)
-      if feature_acc is None:
-        feature_acc = geometry.GeometryAccumulator(feats.shape[-1], target.num_classes,
-                                                   target.vocab_size)
-      feature_acc.update(feats, mask=chunk["mask"], labels=labels,
-                         token_labels=token_labels)
-      if first is None:
-        real = np.flatnonzero(chunk["mask"].reshape(len(chunk["mask"]), -1).any(1))
-        first = chunk["inputs"][real[:1]]
-        if grad_reason is None:
-          grad_batch, grad_reason = _gradient_batch(chunk, target.kind)
-      done += int((chunk["mask"].reshape(len(chunk["mask"]), -1) != 0).any(1).sum())
-      if progress is not None:
-        progress(done)
-    if max_examples and done >= max_examples:
-      break
-  if feature_acc is None:
-    raise AnalysisError("the eval split gave no examples to analyse")
+  streamed = _stream(target, batches, tuple(layers), max_examples, batch_size, progress)
+  accs, attn_sums, feature_acc = streamed.accs, streamed.attn_sums, streamed.features
+  first, grad_batch, grad_reason = streamed.first, streamed.grad_batch, streamed.grad_reason
 
   io = {}
   if jacobian_dim and layers:
@@ -490,104 +516,6 @@ def read(workdir: str) -> dict:
   """
   with open(os.path.join(workdir, ANALYSIS_FILE)) as f:
     return json.load(f)
-
-
-# ------------------------------------------------------------------ summaries
-
-
-def get_path(d: Any, *keys):
-  """``d[k0][k1]...``, or ``None`` where a key is missing or a value is ``None``."""
-  for k in keys:
-    if not isinstance(d, dict) or d.get(k) is None:
-      return None
-    d = d[k]
-  return d
-
-
-def _kappa(entry: dict, name: str):
-  """Worst head's condition number of the effective kernel ``name``."""
-  w = get_path(entry, "weights", name)
-  if w is None:
-    return None
-  heads = get_path(w, w.get("effective", "raw"), "head_condition_number")
-  if not heads:
-    return None
-  return None if any(h is None for h in heads) else max(heads)
-
-
-def _worst_head(entry: dict, *path):
-  """Largest value of ``path`` over the heads of ``entry``'s Jacobian section."""
-  heads = get_path(entry, "jacobian", "heads")
-  if not heads:
-    return None
-  vals = [get_path(h, *path) for h in heads]
-  return None if any(v is None for v in vals) else max(vals)
-
-
-def _head_mean(entry: dict, *keys):
-  """Mean over heads of the per-head list at ``entry[k0][k1]...`` (``None`` if missing)."""
-  e = get_path(entry, *keys)
-  return float(np.mean(e)) if e and None not in e else None
-
-
-def _entropy(entry: dict):
-  return _head_mean(entry, "attention_entropy")
-
-
-# (key, label, extractor of one layer's entry): the main per-layer quantities.
-QUANTITIES = (
-    ("within_sequence", "within-sequence variance (trace)",
-     lambda e: get_path(e, "anova", "within_sequence")),
-    ("between_sequence", "between-sequence variance (trace)",
-     lambda e: get_path(e, "anova", "between_sequence")),
-    ("within_class", "within-class variance (trace)",
-     lambda e: get_path(e, "anova", "within_class")),
-    ("between_class", "between-class variance (trace)",
-     lambda e: get_path(e, "anova", "between_class")),
-    ("components_99", "principal components for 99% variance",
-     lambda e: e.get("components_99")),
-    ("nc1", "NC1 tr(Sigma_W Sigma_B^+)/C", lambda e: get_path(e, "classes", "nc1")),
-    ("cdnv", "CDNV (classes; LM: next tokens)",
-     lambda e: get_path(e, "classes", "cdnv") if get_path(e, "classes", "cdnv") is not None
-     else get_path(e, "token_classes", "cdnv")),
-    ("kappa_q", "kappa(W_Q) effective, worst head", lambda e: _kappa(e, "query")),
-    ("kappa_k", "kappa(W_K) effective, worst head", lambda e: _kappa(e, "key")),
-    ("kappa_v", "kappa(W_V) effective, worst head", lambda e: _kappa(e, "value")),
-    ("jacobian", "kappa(block Jacobian w.r.t. input X)",
-     lambda e: get_path(e, "jacobian", "input", "condition_number")),
-    ("weight_jacobian", "kappa(head Jacobian w.r.t. W_Q,W_K,W_V), unscaled logits, worst",
-     lambda e: _worst_head(e, "weight_condition_number_unscaled")),
-    ("bound", "Theorem 3.4 bound (unscaled logits), worst head",
-     lambda e: _worst_head(e, "theorem_3_4", "bound")),
-    ("entropy", "attention entropy, mean over heads (nats)", _entropy),
-    ("self_weight", "attention self-weight p_tt, mean over heads",
-     lambda e: _head_mean(e, "attention_self_weight")),
-    ("head_similarity", "cosine similarity of heads' P rows, mean over pairs",
-     lambda e: e.get("attention_head_similarity_mean")),
-    ("grad_q", "||dL/dW_Q|| of a head, mean over heads",
-     lambda e: _head_mean(e, "gradient_norms", "query")),
-    ("grad_k", "||dL/dW_K|| of a head, mean over heads",
-     lambda e: _head_mean(e, "gradient_norms", "key")),
-)
-
-
-def summary(analysis: dict) -> dict:
-  """The main per-layer quantities of an analysis, as aligned lists.
-
-  Args:
-    analysis: the dict of :func:`run_analysis` (or read from ``analysis.json``).
-
-  Returns:
-    ``{"layer": [layer indices], key: [value per layer, None where missing]}``
-    for every key of :data:`QUANTITIES` (variances in squared representation
-    units, entropies in nats, gradient norms in loss units per kernel unit,
-    the rest dimensionless).
-  """
-  entries = analysis.get("layers", [])
-  out = {"layer": [e["layer"] for e in entries]}
-  for key, _, get in QUANTITIES:
-    out[key] = [get(e) for e in entries]
-  return out
 
 
 def parse_layers(text: str | None, depth: int) -> list[int]:
