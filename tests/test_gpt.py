@@ -126,13 +126,21 @@ def test_paper_config_one_step_at_tiny_width(name, vocab):
 def test_greedy_generation_equals_argmax_of_full_forward():
   model = tiny((1, 3))
   params = init(model)
+  # One compiled forward over the whole context (10): the model is causal, so
+  # the logits at position len(seq) - 1 are those of the unpadded sequence.
+  full = jax.jit(lambda p, x: model.apply({"params": p}, x)[0])
+
+  def last_argmax(seq):
+    padded = np.zeros((1, 10), np.int32)
+    padded[0, :len(seq)] = seq
+    return int(jnp.argmax(full(params, padded)[0, len(seq) - 1]))
+
   prompt = np.array([3, 14, 15], np.int32)
   out = sampling.generate(model, params, prompt, max_new_tokens=5, temperature=0.0)
   assert out.shape == (5,)
   seq = list(prompt)
   for _ in range(5):
-    logits, _ = model.apply({"params": params}, jnp.asarray(seq)[None])
-    seq.append(int(jnp.argmax(logits[0, -1])))
+    seq.append(last_argmax(seq))
   np.testing.assert_array_equal(out, seq[3:])
   # Past the context (10) decoding slides: the cache restarts on the last 5
   # tokens, so token t is the argmax of a full forward pass over its window.
@@ -141,8 +149,7 @@ def test_greedy_generation_equals_argmax_of_full_forward():
   for _ in range(12):
     if len(window) > 10:
       window = seq[-5:]
-    logits, _ = model.apply({"params": params}, jnp.asarray(window)[None])
-    nxt = int(jnp.argmax(logits[0, -1]))
+    nxt = last_argmax(window)
     seq.append(nxt)
     window = window + [nxt]
   np.testing.assert_array_equal(long, seq[3:])
