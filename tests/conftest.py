@@ -1,14 +1,22 @@
-"""Shared pytest set-up: one JAX compilation cache, and Fashion-MNIST prepared once.
+"""Shared pytest set-up: how XLA compiles for the tests, and Fashion-MNIST prepared once.
 
-Many tests run ``train.py``/``eval.py`` in subprocesses on the same tiny
-models (kill-and-resume chains, bad inputs, the CLIs), each compiling the same
-programs again. :func:`pytest_configure` points JAX's persistent compilation
-cache (``JAX_COMPILATION_CACHE_DIR``) at one new temporary directory for the
-whole session, before JAX is imported; xdist workers and every subprocess
-inherit it through the environment, so a program is compiled once per
-session. A cache hit loads the executable XLA compiled for the same program,
-so results are bitwise those of a compile. A cache directory set by the user
-is left as it is.
+Compiling, not running, is most of the suite's time: its models are tiny.
+:func:`pytest_configure` sets, before JAX is imported and for the whole
+session (xdist workers and every subprocess inherit the environment):
+
+- ``JAX_COMPILATION_CACHE_DIR``: one new temporary directory as JAX's
+  persistent compilation cache. Many tests run ``train.py``/``eval.py`` in
+  subprocesses on the same tiny models (kill-and-resume chains, the CLIs), so
+  a program is compiled once per session; a cache hit loads the executable
+  XLA compiled for the same program, so results are bitwise those of a compile.
+- ``JAX_DISABLE_MOST_OPTIMIZATIONS=1``: XLA's backend optimisation off, which
+  compiles about 30% faster and runs slower; the tests check values and
+  equalities, and everything one test compares runs under the same setting.
+  ``test_train.test_train_then_eval_reports_same_accuracy`` runs train.py
+  and eval.py with XLA's defaults (what users, ``bench/`` and the README's
+  numbers get).
+
+A value the user has set for either is left as it is.
 """
 
 import os
@@ -23,6 +31,7 @@ _CACHE_OWNER = "LAPLAX_TEST_CACHE_OWNER"
 
 def pytest_configure(config):  # pylint: disable=unused-argument
   """Sets the session's compilation cache (the xdist controller's, shared)."""
+  os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
   if "JAX_COMPILATION_CACHE_DIR" in os.environ:
     return
   os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="laplax_jax_cache_")

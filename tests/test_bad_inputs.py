@@ -5,11 +5,11 @@ that says what is wrong (the expected words below), exit with code 2 without
 a traceback, and change no file of an existing workdir, dataset directory or
 config file (nor create the workdir it was given).
 
-The bad paths, and a few of the bad config values, run ``train.py`` /
-``eval.py`` as subprocesses. Every bad config value also runs in this process
-through the entry point of ``python train.py`` (``cli.run(train.main)``, with
-``sys.argv`` set and the absl flags reset), which saves the 2-3 s of imports a
-subprocess spends before it reads its arguments.
+Every bad input to ``train.py`` runs in this process through the entry point
+of ``python train.py`` (``cli.run(train.main)``, with ``sys.argv`` set and
+the absl flags reset), which saves the 2-3 s of imports a subprocess spends
+before it reads its arguments; eight of them, and every bad input to
+``eval.py``, also run as subprocesses.
 """
 
 import os
@@ -248,15 +248,31 @@ BAD_PATHS = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(BAD_PATHS))
-def test_bad_path_one_line_exit_2_nothing_changed(name, bad_files, tmp_path, fmnist_data_dir):
+# train.py's bad paths run in-process, and these also as subprocesses; eval.py's
+# run as subprocesses only (eval.py and train.py both define --workdir).
+SUBPROCESS_PATHS = ("config file missing", "config with a syntax error",
+                    "truncated prepared dataset", "workdir whose checkpoints are all unreadable")
+
+
+def _path_cases():
+  for name in sorted(BAD_PATHS):
+    if BAD_PATHS[name][0][0] == "train.py":
+      yield name, "in-process"
+    if BAD_PATHS[name][0][0] != "train.py" or name in SUBPROCESS_PATHS:
+      yield name, "subprocess"
+
+
+@pytest.mark.parametrize("name,how", list(_path_cases()))
+def test_bad_path_one_line_exit_2_nothing_changed(name, how, bad_files, tmp_path,
+                                                  fmnist_data_dir, capfd):
   argv, expected = BAD_PATHS[name]
   subs = {"{bad}": str(bad_files), "{new}": str(tmp_path / "new_run"),
           "{fmnist}": fmnist_data_dir}
   for key, value in subs.items():
     argv = [a.replace(key, value) for a in argv]
   before = _snapshot(bad_files, fmnist_data_dir)
-  _one_line_exit_2(run(argv), expected)
+  _one_line_exit_2(run(argv) if how == "subprocess" else run_train_in_process(argv, capfd),
+                   expected)
   assert _snapshot(bad_files, fmnist_data_dir) == before
   assert not (tmp_path / "new_run").exists()
 
@@ -264,3 +280,4 @@ def test_bad_path_one_line_exit_2_nothing_changed(name, bad_files, tmp_path, fmn
 def test_corpus_has_at_least_30_bad_inputs():
   assert len(BAD_CONFIGS) + len(BAD_PATHS) >= 30
   assert set(SUBPROCESS_CONFIGS) <= set(BAD_CONFIGS)
+  assert set(SUBPROCESS_PATHS) <= set(BAD_PATHS)

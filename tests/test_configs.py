@@ -163,11 +163,11 @@ def test_weight_decay_applied_exactly_where_masked():
   c.optim.warmup_steps, c.optim.grad_clip = 0, None
   c.total_steps = 10
   task = tasks.ClassificationTask(c, 10, (28, 28, 1))
-  params = task.init(jax.random.PRNGKey(0))
+  params = jax.jit(task.init)(jax.random.PRNGKey(0))
   tx = optim.make_optimizer(c)
   state = tx.init(params)
   zeros = jax.tree_util.tree_map(jnp.zeros_like, params)
-  updates, _ = tx.update(zeros, state, params)
+  updates, _ = jax.jit(tx.update)(zeros, state, params)
   lr = float(optim.learning_rate_schedule(c.optim, 10)(0))
   np.testing.assert_allclose(updates["head"]["kernel"], -lr * 0.05 * params["head"]["kernel"],
                              rtol=1e-6, atol=1e-12)

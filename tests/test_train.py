@@ -18,8 +18,12 @@ TINY = ["--config.model.width=32", "--config.model.depth=1", "--config.model.num
         "--config.optim.warmup_steps=5"]
 
 
-def run(args, timeout=300, **kwargs):
+def run(args, timeout=300, xla_defaults=False, **kwargs):
+  """``python ARGS`` in the repository; ``xla_defaults``: without the suite's
+  ``JAX_DISABLE_MOST_OPTIMIZATIONS`` (see conftest.py)."""
   env = dict(os.environ, PYTHONUNBUFFERED="1")
+  if xla_defaults:
+    env.pop("JAX_DISABLE_MOST_OPTIMIZATIONS", None)
   return subprocess.run([sys.executable] + args, cwd=ROOT, capture_output=True,
                         text=True, timeout=timeout, env=env, **kwargs)
 
@@ -52,9 +56,12 @@ def final_params(workdir):
 
 
 def test_train_then_eval_reports_same_accuracy(tmp_path, fmnist_data_dir):
+  """With XLA's default optimisations, as users run it (the rest of the suite
+  compiles with most optimisations off; see conftest.py)."""
   workdir = tmp_path / "run"
   r = run(train_args(workdir, fmnist_data_dir, "--config.total_steps=20",
-                     "--config.eval_every=20", "--config.checkpoint_every=10"))
+                     "--config.eval_every=20", "--config.checkpoint_every=10"),
+          xla_defaults=True)
   assert r.returncode == 0, r.stderr[-3000:]
   for name in ("config.json", "metrics.jsonl", "checkpoints"):
     assert (workdir / name).exists(), name
@@ -69,7 +76,7 @@ def test_train_then_eval_reports_same_accuracy(tmp_path, fmnist_data_dir):
   saved = json.loads((workdir / "config.json").read_text())
   assert saved["model"]["width"] == 32 and saved["total_steps"] == 20
 
-  r = run(["eval.py", "--workdir", str(workdir)])
+  r = run(["eval.py", "--workdir", str(workdir)], xla_defaults=True)
   assert r.returncode == 0, r.stderr[-3000:]
   result = json.loads((workdir / "eval.json").read_text())
   assert result["step"] == 20
