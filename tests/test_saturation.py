@@ -220,8 +220,9 @@ def test_eval_analysis_of_a_step_0_checkpoint(tmp_path, fmnist_data_dir):
   a = json.loads((workdir / "analysis.json").read_text())
   assert a["step"] == 0 and a["num_sequences"] == 64
   # At initialisation the classifier is zero: uniform logits, loss log(10)
-  # (label smoothing and Mixup do not change it), and no gradient reaches W_Q, W_K.
-  assert a["gradient_batch"] == {"loss": pytest.approx(math.log(10), rel=1e-6),
+  # (label smoothing and Mixup do not change it; float32 means over the batch),
+  # and no gradient reaches W_Q, W_K.
+  assert a["gradient_batch"] == {"loss": pytest.approx(math.log(10), rel=1e-5),
                                  "num_sequences": 64}
   entry = a["layers"][0]
   assert entry["gradient_norms"] == {"query": [0.0, 0.0], "key": [0.0, 0.0]}
