@@ -202,7 +202,7 @@ def test_sigkill_during_checkpoint_write_resumes_from_previous(tmp_path, fmnist_
   big = ["--config", CONFIG, f"--config.data.data_dir={fmnist_data_dir}"] + VIT_TINY + [
       "--config.model.width=384", "--config.model.depth=4", "--config.model.num_heads=4",
       "--config.model.mlp_dim=1536", "--config.total_steps=8", "--config.checkpoint_every=2",
-      "--config.eval_every=1000", "--config.log_every=1"]
+      "--config.eval_every=1000", "--config.log_every=1", "--config.data.eval_split=test[:500]"]
   workdir = tmp_path / "run"
   ckpt = workdir / "checkpoints"
   args = ["train.py", "--workdir", str(workdir)] + big
