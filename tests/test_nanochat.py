@@ -69,7 +69,7 @@ def _params(model):
 
 
 def _shapes(model):
-  return jax.eval_shape(_params, model)
+  return jax.eval_shape(lambda: _params(model))
 
 
 def test_rmsnorm_model_has_no_norm_parameters_and_muon_labels():
