@@ -34,6 +34,9 @@ HEADS_AXES = ("batch", "length", "heads", "head_dim")
 # bfloat16 never produce NaN (the softmax is taken in float32).
 MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
 LAPLACIAN_MIXES = ("fixed", "learned")
+# Kinds of qk-norm: Flax's learnable LayerNorm (DeiT-3) or the parameter-free
+# RMSNorm of nanochat/gpt.py (:func:`rms_norm`).
+QK_NORM_TYPES = ("layernorm", "rmsnorm")
 # The learned mix starts at alpha = sigmoid(+-4): 0.982 on the heads the
 # config marks Laplacian, 0.018 on the others.
 LAPLACIAN_MIX_INIT = 4.0
@@ -271,6 +274,24 @@ class ProjectionDense(nn.Module):
     return y
 
 
+def rms_norm(x: jax.Array, eps: float | None = None) -> jax.Array:
+  """Parameter-free RMSNorm over the last axis: ``x / sqrt(mean(x^2) + eps)``.
+
+  The ``norm`` of nanochat/gpt.py (``F.rms_norm`` without a weight, whose
+  ``eps`` defaults to ``torch.finfo(x.dtype).eps``). Computed in float32.
+
+  Args:
+    x: ``[..., dim]``, any float dtype.
+    eps: added to the mean square; ``None``: ``finfo(x.dtype).eps`` (as torch).
+
+  Returns:
+    float32 ``[..., dim]`` (the callers cast back to their compute dtype).
+  """
+  eps = float(jnp.finfo(x.dtype).eps) if eps is None else eps
+  y = x.astype(jnp.float32)
+  return y * jax.lax.rsqrt(jnp.mean(jnp.square(y), axis=-1, keepdims=True) + eps)
+
+
 def rotary(x: jax.Array, positions: jax.Array, theta: float = 10_000.0) -> jax.Array:
   """Rotary position embedding (Su et al. 2021, RoFormer eq. 34), half-split form.
 
@@ -319,7 +340,15 @@ class MultiHeadAttention(nn.Module):
     head_dim: per-head dimension; default ``model_dim // num_heads``.
     num_laplacian_heads: the last ``k`` heads use ``I - P``.
     laplacian_mask: explicit per-head booleans (overrides the count).
-    qk_norm: LayerNorm over ``head_dim`` of queries and keys (DeiT-3 recipe).
+    qk_norm: normalise queries and keys over ``head_dim`` (DeiT-3 recipe).
+    qk_norm_type: ``"layernorm"`` (learnable ``query_norm`` / ``key_norm``)
+      or ``"rmsnorm"`` (:func:`rms_norm`, no parameters; nanochat/gpt.py).
+    qk_scale: factor on ``q`` and on ``k`` after the qk-norm (nanochat/gpt.py:
+      1.2 each, so the logits are ``1.44 q.k / sqrt(head_dim)`` with the
+      kernel's default scale); 1.0 multiplies nothing. The parameter-free
+      RMSNorm and the scale commute with rotary (a rotation of pairs keeps
+      the mean square), so applying them before it, as here, equals
+      nanochat's order (rotary first).
     attention_dropout: dropout on ``P`` (forces the reference kernel).
     dropout: dropout on the output projection.
     spectral_lam, spectral_mode: spectral conditioning (``None`` = off).
@@ -347,6 +376,8 @@ class MultiHeadAttention(nn.Module):
   num_laplacian_heads: int = 0
   laplacian_mask: Sequence[bool] | None = None
   qk_norm: bool = False
+  qk_norm_type: str = "layernorm"
+  qk_scale: float = 1.0
   attention_dropout: float = 0.0
   dropout: float = 0.0
   spectral_lam: float | None = None
@@ -385,10 +416,14 @@ class MultiHeadAttention(nn.Module):
       y = y.reshape(*x.shape[:-1], self.num_heads, head_dim)
       return nn.with_logical_constraint(y, HEADS_AXES)
     q, k, v = project("query", "q"), project("key", "k"), project("value", "v")
-    if self.qk_norm:
+    if self.qk_norm and self.qk_norm_type == "rmsnorm":
+      q, k = rms_norm(q), rms_norm(k)
+    elif self.qk_norm:
       norm = dict(dtype=jnp.float32, **sharding.layer_norm_inits("head_dim"))
       q = nn.LayerNorm(name="query_norm", **norm)(q)
       k = nn.LayerNorm(name="key_norm", **norm)(k)
+    if self.qk_scale != 1.0:
+      q, k = q * self.qk_scale, k * self.qk_scale
     length = x.shape[1]
     start = 0
     if decode:

@@ -1,7 +1,9 @@
 """Decoder-only causal language model in the GPT-2 style (Radford et al. 2019).
 
-Token embedding, learned or rotary position encoding, pre-LN blocks with a GELU
-MLP, optional qk-norm and weight tying, residual output projections
+Token embedding, learned or rotary position encoding, pre-norm blocks with a
+GELU (or ReLU^2) MLP, LayerNorm (or parameter-free RMSNorm, optionally also
+after the token embedding: the options of the Laplacian authors' nanochat,
+``configs/gpt_d20.py``), optional qk-norm and weight tying, residual output projections
 initialised with std ``0.02 / sqrt(2 * num_layers)``. Laplacian heads take the
 causal form ``v_t - sum_{j<=t} p_tj v_j`` (token 0's output is exactly 0) and
 spectral conditioning applies to every layer's ``W_Q, W_K, W_V``.
@@ -19,7 +21,7 @@ import jax
 import jax.numpy as jnp
 
 from laplax import sharding
-from laplax.models.layers import EMBED_AXES, transformer_blocks
+from laplax.models.layers import EMBED_AXES, norm_layer, transformer_blocks
 from laplax.models.spec import GPTSpec
 
 
@@ -66,14 +68,15 @@ class GPT(nn.Module):
       pos = self.param("pos_embedding", sharding.logical_init(init, ("length", "embed")),
                        (spec.max_length, spec.width), jnp.float32)
       x = x + jax.lax.dynamic_slice_in_dim(pos, start, length).astype(x.dtype)[None]
+    if spec.embed_norm:  # nanochat/gpt.py: norm(wte(idx)) before the blocks
+      x = norm_layer(spec, "embed_norm")(x).astype(x.dtype)
     x = nn.Dropout(spec.dropout)(x, deterministic=not train)
     x = nn.with_logical_constraint(x, EMBED_AXES)
 
     x, blocks = transformer_blocks(
         x, spec, call=dict(is_causal=True, deterministic=not train, decode=decode))
     out.update(blocks)
-    x = nn.LayerNorm(name="final_norm", dtype=jnp.float32,
-                     **sharding.layer_norm_inits("embed"))(x)
+    x = norm_layer(spec, "final_norm")(x)
     out["encoded"] = x
     if spec.tie_embeddings:
       logits = embed.attend(x.astype(jnp.float32))

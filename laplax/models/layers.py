@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 
 from laplax import sharding
-from laplax.attention import MultiHeadAttention
+from laplax.attention import MultiHeadAttention, rms_norm
 from laplax.models.spec import REMAT_POLICIES, TransformerSpec
 
 # With scan_layers=True the blocks are one module of this name whose
@@ -23,13 +23,52 @@ EMBED_AXES = ("batch", "length", "embed")
 MLP_AXES = ("batch", "length", "mlp")
 
 
+def relu2(x: jax.Array) -> jax.Array:
+  """ReLU squared, ``max(x, 0)^2`` (the MLP of nanochat/gpt.py); same shape and dtype."""
+  return jnp.square(nn.relu(x))
+
+
+# ``model.mlp_activation`` -> function. "gelu" is ``nn.gelu``'s default, the
+# tanh approximation (what laplax's MLP has always used).
+ACTIVATIONS = {"gelu": nn.gelu, "relu2": relu2}
+
+
+class RMSNorm(nn.Module):
+  """Parameter-free RMSNorm (:func:`laplax.attention.rms_norm`) as a module.
+
+  A module (with no variables) rather than a bare function so that it has a
+  name: the analysis captures a block's ``norm1`` output by module name.
+  ``x [..., dim] -> float32 [..., dim]``.
+  """
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    """Normalises the last axis of ``x``."""
+    return rms_norm(x)
+
+
+def norm_layer(spec: TransformerSpec, name: str) -> Callable[[jax.Array], jax.Array]:
+  """The norm ``spec.norm`` names, as a function ``x [..., dim] -> float32 [..., dim]``.
+
+  A submodule called ``name`` (call this inside a compact method):
+  ``"layernorm"``: a learnable float32 ``nn.LayerNorm``; ``"rmsnorm"``:
+  :class:`RMSNorm`, no parameters (nanochat/gpt.py).
+  """
+  if spec.norm == "rmsnorm":
+    return RMSNorm(name=name)
+  return nn.LayerNorm(name=name, dtype=jnp.float32, **sharding.layer_norm_inits("embed"))
+
+
 class MLP(nn.Module):
-  """Transformer MLP ``Dense(mlp_dim) -> GELU -> Dropout -> Dense(in)``.
+  """Transformer MLP ``Dense(mlp_dim) -> activation -> Dropout -> Dense(in)``.
 
   ``x [..., dim] -> [..., dim]``; matmuls in ``dtype``, parameters float32.
   Kernels have the logical axes ``("embed", "mlp")`` and ``("mlp", "embed")``.
+  ``activation`` is a key of :data:`ACTIVATIONS` (``"gelu"``: tanh
+  approximation; ``"relu2"``: ReLU squared, nanochat/gpt.py).
   """
   mlp_dim: int
+  activation: str = "gelu"
   dropout: float = 0.0
   use_bias: bool = True
   dtype: Any = None
@@ -46,7 +85,7 @@ class MLP(nn.Module):
                  bias_init=sharding.logical_init(bias_init, ("mlp",)), name="fc1")(x)
     if x.ndim == len(MLP_AXES):
       x = nn.with_logical_constraint(x, MLP_AXES)
-    x = nn.gelu(x)
+    x = ACTIVATIONS[self.activation](x)
     x = nn.Dropout(self.dropout)(x, deterministic=deterministic)
     x = nn.Dense(dim, dtype=self.dtype,
                  kernel_init=sharding.logical_init(self.out_init, ("mlp", "embed")),
@@ -155,9 +194,8 @@ class Block(nn.Module):
     dtype = spec.compute_dtype()
     layerscale = spec.layerscale_init
     out = {}
-    norm = dict(dtype=jnp.float32, **sharding.layer_norm_inits("embed"))
     x = nn.with_logical_constraint(x, EMBED_AXES)
-    y = nn.LayerNorm(name="norm1", **norm)(x).astype(x.dtype)
+    y = norm_layer(spec, "norm1")(x).astype(x.dtype)
     y = attention_module(spec, self.laplacian_mask, name="attention")(
         y, mask=mask, is_causal=is_causal, deterministic=deterministic,
         decode=decode, laplacian=laplacian)
@@ -166,8 +204,9 @@ class Block(nn.Module):
     out["sa"] = y
     x = x + DropPath(self.drop_path)(y, deterministic, drop_path)
     out["+sa"] = x
-    y = nn.LayerNorm(name="norm2", **norm)(x).astype(x.dtype)
-    y = MLP(spec.mlp_dim, dropout=spec.dropout, use_bias=spec.use_bias,
+    y = norm_layer(spec, "norm2")(x).astype(x.dtype)
+    y = MLP(spec.mlp_dim, activation=spec.mlp_activation,
+            dropout=spec.dropout, use_bias=spec.use_bias,
             dtype=dtype, kernel_init=kernel_init, out_init=out_init,
             name="mlp")(y, deterministic)
     if layerscale is not None:

@@ -48,6 +48,14 @@ REMAT_POLICIES = {
         jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
 }
 KERNEL_INITS = ("xavier_uniform", "gpt2")
+# ``model.norm``: the blocks' and final norms. "rmsnorm" is parameter-free
+# (nanochat/gpt.py's ``norm``); "layernorm" is Flax's learnable LayerNorm.
+NORMS = ("layernorm", "rmsnorm")
+# ``model.mlp_activation``: "gelu" (Flax's default tanh approximation) or
+# "relu2" (ReLU squared, nanochat/gpt.py's MLP).
+MLP_ACTIVATIONS = ("gelu", "relu2")
+# ``model.qk_norm_type``: the qk-norm's kind when ``model.qk_norm`` is on.
+QK_NORM_TYPES = attention.QK_NORM_TYPES
 
 
 class SpecError(ValueError):
@@ -140,7 +148,11 @@ class AttentionSpec(_Checked):
 
   Attributes:
     num_heads: heads per layer.
-    qk_norm: LayerNorm of queries and keys over ``head_dim`` (DeiT-3 recipe).
+    qk_norm: normalise queries and keys over ``head_dim`` (DeiT-3 recipe).
+    qk_norm_type: ``"layernorm"`` (learnable, DeiT-3) or ``"rmsnorm"``
+      (parameter-free, nanochat/gpt.py).
+    qk_scale: constant factor on queries and on keys after the qk-norm
+      (1.2 in nanochat/gpt.py: logits ``1.44 q.k / sqrt(head_dim)``).
     attention_dropout: dropout on ``P`` (forces the reference kernel).
     implementation: the kernel of :func:`laplax.attention.attend`.
     rope: rotary position embedding on queries and keys.
@@ -151,6 +163,8 @@ class AttentionSpec(_Checked):
   """
   num_heads: int = _field(4, "int", min=1)
   qk_norm: bool = _field(False, "bool")
+  qk_norm_type: str = _field("layernorm", "choice", choices=QK_NORM_TYPES)
+  qk_scale: float = _field(1.0, "float", open_min=True)
   attention_dropout: float = _field(0.0, "float", max=0.99)
   implementation: str | None = _field(None, "choice",
                                       choices=attention.IMPLEMENTATIONS)
@@ -193,6 +207,9 @@ class TransformerSpec(_Checked):
       no-op at initialisation; the gradient still reaches ``W_O``.
     kernel_init: ``"xavier_uniform"`` (ViT) or ``"gpt2"`` (normal 0.02, output
       projections ``0.02 / sqrt(2 depth)``, Radford et al. 2019).
+    norm: the blocks' and the final norm, :data:`NORMS` (``"rmsnorm"`` has
+      no parameters: nanochat/gpt.py).
+    mlp_activation: the MLP's nonlinearity, :data:`MLP_ACTIVATIONS`.
   """
   width: int = _field(128, "int", min=1)
   depth: int = _field(4, "int", min=1)
@@ -207,6 +224,8 @@ class TransformerSpec(_Checked):
   scan_layers: bool = _field(False, "bool")
   zero_init_out: bool = _field(False, "bool")
   kernel_init: str = "xavier_uniform"
+  norm: str = _field("layernorm", "choice", choices=NORMS)
+  mlp_activation: str = _field("gelu", "choice", choices=MLP_ACTIVATIONS)
 
   def __post_init__(self):
     super().__post_init__()
@@ -295,10 +314,13 @@ class GPTSpec(TransformerSpec):
     max_length: context length in tokens.
     posemb: ``"learn"`` (GPT-2) or ``"rope"`` (rotary on queries and keys).
     tie_embeddings: the output layer is the transposed token embedding.
+    embed_norm: a ``norm`` of the token embedding before the first block
+      (nanochat/gpt.py normalises there).
   """
   max_length: int = _field(128, "int", min=1)
   posemb: str = _field("learn", "choice", choices=("learn", "rope"))
   tie_embeddings: bool = _field(True, "bool")
+  embed_norm: bool = _field(False, "bool")
   kernel_init: str = "gpt2"
 
 

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from laplax import sharding
-from laplax.models.layers import EMBED_AXES, transformer_blocks
+from laplax.models.layers import EMBED_AXES, norm_layer, transformer_blocks
 from laplax.models.spec import ViTSpec
 
 # width, depth, mlp_dim, num_heads (ViT / DeiT naming).
@@ -123,8 +123,7 @@ class ViT(nn.Module):
 
     x, blocks = transformer_blocks(x, spec, call=dict(deterministic=not train))
     out.update(blocks)
-    x = nn.LayerNorm(name="encoder_norm", dtype=jnp.float32,
-                     **sharding.layer_norm_inits("embed"))(x)
+    x = norm_layer(spec, "encoder_norm")(x)
     out["encoded"] = x
     x = x[:, 0] if spec.pool == "tok" else x.mean(axis=1)
     out["pre_logits"] = x

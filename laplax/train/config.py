@@ -176,10 +176,27 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None,
     _int(config, "debug.nan_at_step", 1)
   if get(config, "optim.weight_decay_end", None) is not None:
     _float(config, "optim.weight_decay_end", 0.0)
+  _validate_muon(config)
   _validate_memory(config)
   _validate_sharding(config)
   if num_devices is not None:
     validate_mesh(config, num_devices)
+
+
+def _validate_muon(config):
+  """``optim.optimizer`` and the Muon keys (missing keys: AdamW, as before)."""
+  name = get(config, "optim.optimizer", "adamw")
+  _require(name in ("adamw", "muon"),
+           f"config.optim.optimizer={name!r} is unknown; use 'adamw' or 'muon'")
+  if get(config, "optim.muon_lr", None) is not None:
+    _float(config, "optim.muon_lr", 0.0, open_min=True)
+  if get(config, "optim.muon_momentum", None) is not None:
+    _float(config, "optim.muon_momentum", 0.0, 1.0)
+  if get(config, "optim.muon_weight_decay", None) is not None:
+    _float(config, "optim.muon_weight_decay", 0.0)
+  for key in ("optim.embedding_lr", "optim.unembedding_lr"):
+    if get(config, key, None) is not None:
+      _float(config, key, 0.0, open_min=True)
 
 
 def _validate_memory(config):

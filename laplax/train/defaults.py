@@ -96,6 +96,15 @@ def base_config() -> ml_collections.ConfigDict:
   c.optim.min_lr_ratio = 0.0
   c.optim.grad_clip = 1.0
   c.optim.weight_decay_exclude = ("pos_embedding", "cls")
+  # "adamw", or "muon": optax.contrib.muon on the block matrices, AdamW on
+  # the rest, the embeddings and the output layer at their own peak learning
+  # rates (None: optim.lr), as nanochat's setup_optimizer (laplax.train.optim).
+  c.optim.optimizer = "adamw"
+  c.optim.muon_lr = 0.02
+  c.optim.muon_momentum = 0.95
+  c.optim.muon_weight_decay = 0.0
+  c.optim.embedding_lr = config_dict.placeholder(float)
+  c.optim.unembedding_lr = config_dict.placeholder(float)
 
   c.loss = ml_collections.ConfigDict()
   c.loss.type = "softmax"

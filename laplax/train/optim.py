@@ -1,4 +1,5 @@
-"""The optax optimiser of a config: AdamW, warm-up + cosine, clipping, decay mask."""
+"""The optax optimiser of a config: AdamW (or Muon for the block matrices),
+warm-up + cosine, clipping, decay mask."""
 
 from __future__ import annotations
 
@@ -13,15 +14,22 @@ from laplax import utils
 from laplax.models import layers
 
 
+OPTIMIZERS = ("adamw", "muon")
+# Labels of optimizer.param_labels (optim.optimizer="muon").
+MUON_LABELS = ("muon", "embedding", "unembedding", "adamw")
+
+
 def learning_rate_schedule(optim: ml_collections.ConfigDict,
-                           total_steps: int) -> optax.Schedule:
-  """Linear warm-up from 0 to ``optim.lr`` over ``optim.warmup_steps``, then
-  cosine decay to ``optim.lr * optim.min_lr_ratio`` at ``total_steps``."""
+                           total_steps: int, peak: float | None = None) -> optax.Schedule:
+  """Linear warm-up from 0 to ``peak`` (default ``optim.lr``) over
+  ``optim.warmup_steps``, then cosine decay to ``peak * optim.min_lr_ratio``
+  at ``total_steps``."""
+  peak = optim.lr if peak is None else peak
   warmup = min(optim.warmup_steps, max(total_steps - 1, 0))
   return optax.warmup_cosine_decay_schedule(
-      init_value=0.0, peak_value=optim.lr, warmup_steps=warmup,
+      init_value=0.0, peak_value=peak, warmup_steps=warmup,
       decay_steps=max(total_steps, warmup + 1),
-      end_value=optim.lr * optim.min_lr_ratio)
+      end_value=peak * optim.min_lr_ratio)
 
 
 def cosine_ramp(start: float, end: float, steps: int) -> optax.Schedule:
@@ -59,12 +67,75 @@ def decay_mask(params: Any, exclude: tuple[str, ...] = ()) -> Any:
   return jax.tree_util.tree_map_with_path(rule, params)
 
 
-def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
-  """``clip_by_global_norm(optim.grad_clip)`` then AdamW with the schedule above.
+def param_labels(params: Any) -> Any:
+  """String tree: which optimizer of ``optim.optimizer="muon"`` updates each leaf.
 
-  Keys read: ``optim.{lr, b1, b2, weight_decay, weight_decay_end (optional),
-  warmup_steps, min_lr_ratio, grad_clip, weight_decay_exclude}`` and
-  ``total_steps``.
+  * ``"muon"``: matrices inside the blocks (``block{i}/...`` or the scanned
+    ``blocks/...``, two dimensions besides the layer axis): ``W_Q, W_K,
+    W_V, W_O`` and the MLP kernels (nanochat/gpt.py's ``setup_optimizer``:
+    every parameter of ``transformer.h``).
+  * ``"embedding"``: ``token_embedding`` and ``pos_embedding`` (with tied
+    embeddings the token table is also the output layer).
+  * ``"unembedding"``: ``lm_head`` (untied output layer).
+  * ``"adamw"``: the rest (biases, norm scales, LayerScale, the learned
+    Laplacian mix, a ViT's head), at ``optim.lr``.
+  """
+  def rule(path, x):
+    keys = list(utils.path_keys(path))
+    scanned = layers.SCANNED_BLOCKS in keys
+    in_block = scanned or any(re.fullmatch(r"block\d+", k) for k in keys)
+    if in_block and x.ndim - scanned == 2:
+      return "muon"
+    if keys and keys[0] in ("token_embedding", "pos_embedding"):
+      return "embedding"
+    if keys and keys[0] == "lm_head":
+      return "unembedding"
+    return "adamw"
+  return jax.tree_util.tree_map_with_path(rule, params)
+
+
+def _muon_dims(params: Any) -> Any:
+  """Muon's dimension numbers: the last two axes are the matrix (a leading
+  layer axis of scanned blocks is a batch axis, orthogonalised per layer)."""
+  return jax.tree_util.tree_map(
+      lambda x: optax.contrib.MuonDimensionNumbers(x.ndim - 2, x.ndim - 1), params)
+
+
+def _muon_partition(o: ml_collections.ConfigDict, total_steps: int,
+                    adamw: optax.GradientTransformation) -> optax.GradientTransformation:
+  """``optax.partition`` of :func:`param_labels`: ``optax.contrib.muon`` on the
+  block matrices; AdamW (same betas, decay and mask as ``adamw``) on the
+  embeddings and the output layer at their own learning rates; ``adamw`` on
+  the rest. Every group follows the warm-up + cosine shape of its peak.
+
+  Keys read: ``optim.{muon_lr, muon_momentum, muon_weight_decay,
+  embedding_lr, unembedding_lr}`` (``None``: ``optim.lr``).
+  """
+  def group(key):
+    lr = o.get(key, None)
+    return learning_rate_schedule(o, total_steps, o.lr if lr is None else lr)
+  exclude = tuple(o.get("weight_decay_exclude", ()) or ())
+  def adamw_at(key):
+    return optax.adamw(group(key), b1=o.b1, b2=o.b2,
+                       weight_decay=weight_decay_schedule(o, total_steps),
+                       mask=lambda p: decay_mask(p, exclude))
+  muon = optax.contrib.muon(
+      group("muon_lr"), beta=o.get("muon_momentum", 0.95),
+      weight_decay=o.get("muon_weight_decay", 0.0) or 0.0,
+      muon_weight_dimension_numbers=_muon_dims)
+  return optax.partition(
+      {"muon": muon, "embedding": adamw_at("embedding_lr"),
+       "unembedding": adamw_at("unembedding_lr"), "adamw": adamw},
+      param_labels)
+
+
+def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
+  """``clip_by_global_norm(optim.grad_clip)`` then AdamW with the schedule above,
+  or with ``optim.optimizer="muon"`` the partition of :func:`_muon_partition`.
+
+  Keys read: ``optim.{optimizer (default "adamw"), lr, b1, b2, weight_decay,
+  weight_decay_end (optional), warmup_steps, min_lr_ratio, grad_clip,
+  weight_decay_exclude}``, the Muon keys, and ``total_steps``.
   """
   o = config.optim
   exclude = tuple(o.get("weight_decay_exclude", ()) or ())
@@ -72,6 +143,8 @@ def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransform
       learning_rate_schedule(o, config.total_steps), b1=o.b1, b2=o.b2,
       weight_decay=weight_decay_schedule(o, config.total_steps),
       mask=lambda p: decay_mask(p, exclude))
+  if o.get("optimizer", "adamw") == "muon":
+    adamw = _muon_partition(o, config.total_steps, adamw)
   if o.grad_clip:
     return optax.chain(optax.clip_by_global_norm(o.grad_clip), adamw)
   return adamw
