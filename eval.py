@@ -6,7 +6,8 @@
     python eval.py --workdir runs/gpt --choices questions.jsonl
     python eval.py --workdir runs/dino                      # k-NN, linear probe, PCA
 
-Restores the newest checkpoint with the config saved in the workdir, evaluates
+Restores the newest checkpoint with the config saved in the workdir
+(``laplax.load``, :mod:`laplax.train.restore`; onto one device), evaluates
 the eval split, prints the result and writes ``eval.json`` into the workdir:
 ``accuracy``, ``loss``, ``num_examples``, ``step`` for classification;
 ``loss``, ``perplexity``, ``bits_per_byte``, ``num_tokens``, ``step`` for
@@ -90,11 +91,8 @@ def main() -> int:
   cli.quiet()
   import jax  # pylint: disable=import-outside-toplevel
   from laplax.models import sampling  # pylint: disable=import-outside-toplevel
-  from laplax.train import checkpoint, lm_eval, loop, optim  # pylint: disable=import-outside-toplevel
-  config = loop.load_saved_config(workdir)
-  if config is None:
-    raise cli.UsageError(f"{workdir} has no {loop.CONFIG_FILE}; train first with "
-                         f"train.py --workdir {workdir}")
+  from laplax.train import lm_eval, restore  # pylint: disable=import-outside-toplevel
+  config = restore.saved_config(workdir)
   is_lm = config.task == "lm"
   if (_SAMPLE.value is not None or _CHOICES.value) and not is_lm:
     raise cli.UsageError("--sample and --choices need a language-model workdir "
@@ -109,20 +107,16 @@ def main() -> int:
       raise cli.UsageError(f"--top_k={_TOP_K.value} must be >= 0 (0 = all tokens)")
   analysis = _analysis_options(config) if _ANALYSIS.value else None
   items = lm_eval.read_choices(_CHOICES.value) if _CHOICES.value else None
-  ckpt_dir = os.path.join(workdir, loop.CHECKPOINT_DIR)
-  checkpointer = checkpoint.Checkpointer(ckpt_dir) if os.path.isdir(ckpt_dir) else None
-  if checkpointer is None or checkpointer.latest_step() is None:
-    raise cli.UsageError(f"{workdir} has no checkpoint; train first with train.py "
-                         f"--workdir {workdir}")
-  task = loop.setup(config, workdir, check=False)
-  tx = optim.make_optimizer(config)
+  if not restore.saved_steps(workdir):
+    raise restore.LoadError(f"{workdir} has no checkpoint; train first with train.py "
+                            f"--workdir {workdir}")
   if not os.access(workdir, os.W_OK):
     raise cli.UsageError(f"{workdir} is not writable; eval.py writes eval.json there")
-  state, _ = checkpointer.restore(loop.abstract_state(task, tx, config.seed),
-                                  with_data=False)
-  if int(state.step) != checkpointer.latest_step():
-    print(f"warning: the newest checkpoint (step {checkpointer.latest_step()}) is "
-          f"unreadable; evaluating step {int(state.step)}", file=sys.stderr)
+  run = restore.load(workdir)
+  config, task, state = run.config, run.task, run.state
+  if run.step != run.latest_step:
+    print(f"warning: the newest checkpoint (step {run.latest_step}) is "
+          f"unreadable; evaluating step {run.step}", file=sys.stderr)
 
   if _SAMPLE.value is not None:
     prompt = task.tokenizer.encode(_SAMPLE.value)
@@ -255,4 +249,5 @@ def _run_analysis(config, task, state, workdir: str, opts: dict) -> int:
 
 if __name__ == "__main__":
   from laplax.train.lm_eval import ChoicesError  # pylint: disable=wrong-import-position
-  cli.run(main, user_errors=(ChoicesError,))
+  from laplax.train.restore import LoadError  # pylint: disable=wrong-import-position
+  cli.run(main, user_errors=(ChoicesError, LoadError))
