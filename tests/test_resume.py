@@ -217,7 +217,7 @@ def test_sigkill_during_checkpoint_write_resumes_from_previous(tmp_path, fmnist_
         if tmp:
           caught = int(tmp[0].split(".")[0])
           proc.send_signal(signal.SIGKILL)
-      time.sleep(0.001)
+      time.sleep(0.005)
     proc.kill()
     proc.wait()
     if caught is not None and any(".orbax-checkpoint-tmp" in n for n in os.listdir(ckpt)):
