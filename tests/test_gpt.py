@@ -121,6 +121,9 @@ def test_paper_config_one_step_at_tiny_width(name, vocab):
   assert abs(float(metrics["loss"]) - np.log(vocab)) < 0.5
   delta = jax.tree_util.tree_map(lambda a, b: float(jnp.abs(a - b).max()), new.params, state.params)
   assert max(jax.tree_util.tree_leaves(delta)) > 0
+  if c.model.zero_init_out:  # gpt_d20 (nanochat): W_O and the MLP output move first
+    for module, dense in (("attention", "out"), ("mlp", "fc2")):
+      assert delta["block0"][module][dense]["kernel"] > 0, (module, dense)
 
 
 def test_greedy_generation_equals_argmax_of_full_forward():

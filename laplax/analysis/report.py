@@ -381,9 +381,10 @@ def run_analysis(target: Target, batches: Iterable[dict], *, layers: Sequence[in
                  progress: Callable[[int], None] | None = None) -> dict:
   """Streams ``batches`` through ``target`` and measures geometry and conditioning.
 
-  Sources: METHODS.md (the geometry of Zhang & Papyan 2026; the conditioning
-  of Saratchandran & Lucey 2025); definitions in
-  :mod:`laplax.analysis.geometry` and :mod:`laplax.analysis.conditioning`.
+  Sources: the token geometry of Zhang & Papyan 2026 (Laplacian heads) and the
+  conditioning of Saratchandran & Lucey 2025 (spectrally conditioned
+  attention); definitions in :mod:`laplax.analysis.geometry` and
+  :mod:`laplax.analysis.conditioning`.
 
   Args:
     target: the model, its parameters and what the data has (:class:`Target`).
