@@ -45,8 +45,8 @@ Improves Transformer Performance", NeurIPS 2025, arXiv 2603.07162; the layouts a
   ``W_Q, W_K`` directions vanish, and ``kappa(L)`` read on the numerical
   range no longer sees the vanishing eigenvalues.
 * :func:`attention_entropy`: the entropy ``-sum_j p_tj log p_tj`` (nats) of
-  each query's attention distribution, per head -- METHODS.md asks for it at
-  step 0 of spectrally conditioned runs, whose logits may start saturated.
+  each query's attention distribution, per head -- measured at step 0 of
+  spectrally conditioned runs, whose logits may start saturated.
 * :func:`attention_self_weight` and :func:`attention_head_similarity`: two
   more signs of that saturation -- the weight ``p_tt`` a query puts on its
   own token (``W_Q, W_K`` near ``lam I`` make ``x_t^T W_Q W_K^T x_t`` the
@@ -197,7 +197,7 @@ def attention_probs(x, wq, wk, *, causal: bool = False, scale: float | None = No
 
 def single_head_attention(x, wq, wk, wv, *, causal: bool = False,
                           scale: float | None = None) -> jax.Array:
-  """One head of ``SpecA(X) = softmax(X W_Q W_K^T X^T / sqrt(d)) X W_V`` (METHODS.md, Sec. 2).
+  """One head of ``SpecA(X) = softmax(X W_Q W_K^T X^T / sqrt(d)) X W_V`` (Saratchandran & Lucey 2025, Sec. 2).
 
   The object of Theorem 3.4 (no bias, no normalisation, no output projection);
   pass effective kernels ``W + C`` to get the spectrally conditioned head.
@@ -241,7 +241,7 @@ def theorem_3_4_bound(x, wq, wk, wv, *, causal: bool = False,
 
   The Jacobian is :func:`weight_jacobian_matrix` (with respect to ``(W_Q,
   W_K, W_V)``); the bound is ``kappa(X)^3 kappa(L) kappa(W_V) (kappa(W_Q) + kappa(W_K)) + kappa(X)
-  kappa(softmax)`` (Saratchandran & Lucey 2025, Theorem 3.4; METHODS.md),
+  kappa(softmax)`` (Saratchandran & Lucey 2025, Theorem 3.4),
   with the terms read as in the module docstring and ``P`` from
   :func:`attention_probs`.
 

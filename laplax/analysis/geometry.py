@@ -1,7 +1,7 @@
 """Token geometry of one layer from streamed sufficient statistics.
 
-The measurements of METHODS.md ("Geometry measurements the paper reports",
-Zhang & Papyan, arXiv 2602.09297) for token representations ``h[s, t]``
+The geometry measurements of the Laplacian-heads paper (Zhang & Papyan,
+arXiv 2602.09297) for token representations ``h[s, t]``
 (sequence ``s``, token ``t``) of one layer:
 
 * ANOVA of the token covariance (traces, i.e. variances summed over the ``D``
@@ -50,7 +50,7 @@ Zhang & Papyan, arXiv 2602.09297) for token representations ``h[s, t]``
   mu_G^T`` (``N x D``), i.e. the square roots of the eigenvalues of the
   token scatter matrix, and ``components_99``: the number of principal
   components whose cumulative explained variance first reaches 99%
-  (METHODS.md's "number of principal components for 99% of token variance").
+  (the paper's "number of principal components for 99% of token variance").
 
 Everything is computed from sufficient statistics that
 :class:`GeometryAccumulator` streams over batches in float64: a 50,000-image
@@ -144,7 +144,7 @@ def class_statistics(count, sums, sq_norms, second_moment, *, classifier=None,
   per-class counts, sums and sums of squared norms, and by ``sum_i x_i
   x_i^T``. Any common shift of all ``x_i`` leaves every output unchanged.
   Definitions: see the module docstring (Papyan et al. 2020; Galanti et al.
-  2022; METHODS.md).
+  2022).
 
   Args:
     count: int ``[C]`` examples per class (classes with 0 are absent).
