@@ -63,7 +63,7 @@ def _layer_axis(ax, layers):
 def plot_variance(analysis: dict, path: str, title: str = "") -> str:
   """Per-layer ANOVA traces of the token covariance (squared representation units).
 
-  METHODS.md's decomposition (Zhang & Papyan 2026): within-sequence,
+  The decomposition of Zhang & Papyan 2026: within-sequence,
   between-sequence, within-class and between-class variance, log scale.
 
   Args:
@@ -95,7 +95,7 @@ def plot_variance(analysis: dict, path: str, title: str = "") -> str:
 def plot_spectra(analysis: dict, path: str, title: str = "") -> str:
   """Explained variance per principal component of each layer's centred tokens.
 
-  ``s_i^2 / sum_j s_j^2`` of the singular values of METHODS.md's spectral
+  ``s_i^2 / sum_j s_j^2`` of the singular values of the paper's spectral
   decay, log-log, one curve per layer, the 99% component count in the legend.
 
   Args:

@@ -143,7 +143,7 @@ def base_config() -> ml_collections.ConfigDict:
 
 def deit3_recipe(c: ml_collections.ConfigDict, *, variant: str, laplacian,
                  spectral: bool, steps_per_epoch: int) -> ml_collections.ConfigDict:
-  """Applies the DeiT-3 recipe of the Laplacian-heads paper (METHODS.md) to ``c``.
+  """Applies the DeiT-3 recipe of the Laplacian-heads paper (Zhang & Papyan 2026) to ``c``.
 
   400 epochs, AdamW lr 2e-3, weight decay 0.05, cosine with 5 warm-up epochs,
   grad-clip 1.0, Mixup 0.8, CutMix 1.0, label smoothing 0.1, binary
