@@ -28,9 +28,14 @@ def relu2(x: jax.Array) -> jax.Array:
   return jnp.square(nn.relu(x))
 
 
+def gelu_exact(x: jax.Array) -> jax.Array:
+  """GELU in its exact erf form, ``x * Phi(x)`` (PyTorch's ``nn.GELU()``, timm's ViTs)."""
+  return nn.gelu(x, approximate=False)
+
+
 # ``model.mlp_activation`` -> function. "gelu" is ``nn.gelu``'s default, the
-# tanh approximation (what laplax's MLP has always used).
-ACTIVATIONS = {"gelu": nn.gelu, "relu2": relu2}
+# tanh approximation (what laplax's MLP has always used; GPT-2's ``gelu_new``).
+ACTIVATIONS = {"gelu": nn.gelu, "gelu_exact": gelu_exact, "relu2": relu2}
 
 
 class RMSNorm(nn.Module):
@@ -51,12 +56,14 @@ def norm_layer(spec: TransformerSpec, name: str) -> Callable[[jax.Array], jax.Ar
   """The norm ``spec.norm`` names, as a function ``x [..., dim] -> float32 [..., dim]``.
 
   A submodule called ``name`` (call this inside a compact method):
-  ``"layernorm"``: a learnable float32 ``nn.LayerNorm``; ``"rmsnorm"``:
+  ``"layernorm"``: a learnable float32 ``nn.LayerNorm`` with ``epsilon =
+  spec.norm_eps``; ``"rmsnorm"``:
   :class:`RMSNorm`, no parameters (nanochat/gpt.py).
   """
   if spec.norm == "rmsnorm":
     return RMSNorm(name=name)
-  return nn.LayerNorm(name=name, dtype=jnp.float32, **sharding.layer_norm_inits("embed"))
+  return nn.LayerNorm(name=name, dtype=jnp.float32, epsilon=spec.norm_eps,
+                      **sharding.layer_norm_inits("embed"))
 
 
 class MLP(nn.Module):

@@ -51,9 +51,10 @@ KERNEL_INITS = ("xavier_uniform", "gpt2")
 # ``model.norm``: the blocks' and final norms. "rmsnorm" is parameter-free
 # (nanochat/gpt.py's ``norm``); "layernorm" is Flax's learnable LayerNorm.
 NORMS = ("layernorm", "rmsnorm")
-# ``model.mlp_activation``: "gelu" (Flax's default tanh approximation) or
-# "relu2" (ReLU squared, nanochat/gpt.py's MLP).
-MLP_ACTIVATIONS = ("gelu", "relu2")
+# ``model.mlp_activation``: "gelu" (Flax's default tanh approximation, GPT-2's
+# ``gelu_new``), "gelu_exact" (the erf form, PyTorch's ``nn.GELU()`` that timm's
+# ViTs use) or "relu2" (ReLU squared, nanochat/gpt.py's MLP).
+MLP_ACTIVATIONS = ("gelu", "gelu_exact", "relu2")
 # ``model.qk_norm_type``: the qk-norm's kind when ``model.qk_norm`` is on.
 QK_NORM_TYPES = attention.QK_NORM_TYPES
 
@@ -210,6 +211,8 @@ class TransformerSpec(_Checked):
     norm: the blocks' and the final norm, :data:`NORMS` (``"rmsnorm"`` has
       no parameters: nanochat/gpt.py).
     mlp_activation: the MLP's nonlinearity, :data:`MLP_ACTIVATIONS`.
+    norm_eps: the ``epsilon`` of the blocks' and the final LayerNorm (1e-6,
+      Flax's default and timm's ViTs'; GPT-2 uses 1e-5).
   """
   width: int = _field(128, "int", min=1)
   depth: int = _field(4, "int", min=1)
@@ -226,6 +229,7 @@ class TransformerSpec(_Checked):
   kernel_init: str = "xavier_uniform"
   norm: str = _field("layernorm", "choice", choices=NORMS)
   mlp_activation: str = _field("gelu", "choice", choices=MLP_ACTIVATIONS)
+  norm_eps: float = _field(1e-6, "float", open_min=True, max=1.0)
 
   def __post_init__(self):
     super().__post_init__()
@@ -295,11 +299,14 @@ class ViTSpec(TransformerSpec):
     pool: ``"tok"`` (class token) or ``"gap"`` (mean of the patch tokens).
     posemb: ``"learn"`` or ``"sincos2d"``.
     drop_path: the deepest block's stochastic-depth rate (linear in depth).
+    fc_norm: the final norm after pooling instead of before it (timm's
+      ``fc_norm``, the MAE / BEiT recipe for mean pooling).
   """
   patch_size: int = _field(4, "int", min=1)
   pool: str = _field("tok", "choice", choices=("tok", "gap"))
   posemb: str = _field("learn", "choice", choices=("learn", "sincos2d"))
   drop_path: float = _field(0.0, "float", max=0.99)
+  fc_norm: bool = _field(False, "bool")
 
   def drop_path_rates(self) -> tuple[float, ...]:
     """``drop_path * i / (depth - 1)`` for block ``i`` (DeiT, Touvron et al. 2021)."""

@@ -64,7 +64,8 @@ class ViT(nn.Module):
   ``(logits [batch, num_classes] float32, out)``, where ``out`` has the block
   intermediates ``out["block{i}"]`` (see :class:`~laplax.models.layers.Block`),
   ``out["encoded"]`` (final-norm tokens ``[batch, 1 + patches, width]`` with the
-  class token first when ``pool == "tok"``) and ``out["pre_logits"]``.
+  class token first when ``pool == "tok"``; before the norm with ``fc_norm``)
+  and ``out["pre_logits"]`` (pooled, normalised).
 
   Attributes:
     spec: the :class:`~laplax.models.spec.ViTSpec` (sizes, Laplacian heads,
@@ -123,9 +124,12 @@ class ViT(nn.Module):
 
     x, blocks = transformer_blocks(x, spec, call=dict(deterministic=not train))
     out.update(blocks)
-    x = norm_layer(spec, "encoder_norm")(x)
+    if not spec.fc_norm:
+      x = norm_layer(spec, "encoder_norm")(x)
     out["encoded"] = x
     x = x[:, 0] if spec.pool == "tok" else x.mean(axis=1)
+    if spec.fc_norm:
+      x = norm_layer(spec, "encoder_norm")(x)
     out["pre_logits"] = x
     if self.num_classes:
       init = nn.initializers.zeros if self.head_init_zero else nn.initializers.xavier_uniform()

@@ -170,6 +170,27 @@ class Checkpointer:
         f"{', '.join(str(b) for b, _ in unreadable)} failed: {unreadable[0][1]}); "
         f"move the directory away to start again")
 
+  def restore_params(self) -> tuple[int, Any]:
+    """``(step, params)`` of the newest readable checkpoint: the parameter
+    tree as saved (NumPy leaves on the host), without a target tree, so the
+    run that saved it may have another task or config (fine-tuning).
+
+    Raises:
+      CheckpointError: there is no readable checkpoint.
+    """
+    steps = self.all_steps()[::-1]
+    for s in steps:
+      try:
+        with _orbax_errors_silenced():
+          restored = self.manager.restore(
+              s, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
+      except Exception:  # pylint: disable=broad-except
+        logging.warning("checkpoint step %d in %s is unreadable; trying the previous one",
+                        s, self.directory)
+        continue
+      return s, jax.device_get(restored["state"]["params"])
+    raise CheckpointError(f"no readable checkpoint in {self.directory}")
+
   def wait(self) -> None:
     """Blocks until every started save is committed."""
     self.manager.wait_until_finished()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from typing import Any
 
 import jax
@@ -144,6 +145,13 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None,
   for key in ("log_every", "eval_every", "checkpoint_every"):
     _int(config, key, 1)
   _int(config, "eval_batch_size", 1)
+  init_from = get(config, "init_from", "") or ""
+  _require(isinstance(init_from, str),
+           f"config.init_from={init_from!r} must be the path of a laplax workdir")
+  if init_from:
+    _require(os.path.isdir(os.path.join(os.path.expanduser(init_from), "checkpoints")),
+             f"config.init_from={init_from} is not a laplax workdir (no checkpoints/ "
+             f"in it); give a train.py or laplax.convert --workdir")
   if get(config, "keep_checkpoints", None) is not None:
     _int(config, "keep_checkpoints", 1)
   for key in ("data.crop_padding", "data.prefetch", "data.num_threads"):

@@ -80,6 +80,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.eval_every = 1000
   c.checkpoint_every = 500
   c.keep_checkpoints = 3
+  # Fine-tuning: a laplax workdir (a train.py run, or one `python -m
+  # laplax.convert` wrote) whose newest parameters start this run instead of
+  # the random initialisation (at step 0 only; the optimizer starts fresh).
+  c.init_from = ""
 
   from laplax.data import images  # pylint: disable=import-outside-toplevel
   c.data = images.default_config()  # The data keys are defined with the pipeline.

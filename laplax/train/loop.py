@@ -27,7 +27,7 @@ import optax
 import tqdm
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from laplax import sharding
+from laplax import sharding, utils
 from laplax.train import checkpoint as ckpt_lib
 from laplax.train import config as config_lib
 from laplax.train import optim, tasks
@@ -353,12 +353,72 @@ def _restore_or_start(config, workdir: str, task: Task, tx, checkpointer, train_
     if jax.process_index() == 0:
       write_config(config, workdir)
     return state
+  init = None
+  if config.get("init_from", ""):  # checked before anything is written
+    init = initial_params(config.init_from, abstract_state(task, tx, config.seed).params)
   if jax.process_index() == 0:
     write_config(config, workdir)
   checkpointer.warn_incomplete(delete=True)
   state = create_state(task, tx, config.seed, state_sharding)
+  if init is not None:
+    params = jax.tree_util.tree_map(
+        lambda new, old: old if new is None else new, init, jax.device_get(state.params),
+        is_leaf=lambda x: x is None)
+    params = jax.device_put(params, state_sharding.params)
+    opt_state = jax.jit(tx.init, out_shardings=state_sharding.opt_state)(params)
+    state = state.replace(params=params, opt_state=opt_state,
+                          task_state=jax.jit(task.init_task_state,
+                                             out_shardings=state_sharding.task_state)(params))
   checkpointer.save(state, train_iter.get_state())
   return state
+
+
+def initial_params(init_from: str, abstract_params: Any) -> Any:
+  """The parameters of the newest checkpoint of the workdir ``init_from``
+  for a new run whose parameters are ``abstract_params`` (``config.init_from``).
+
+  Every parameter must be there with its shape (cast to the new dtype), except
+  the classifier ``head``: one of another shape (another number of classes)
+  is left to the new run's initialisation (leaf ``None`` in the result), as
+  fine-tuning on a new label set does.
+
+  Raises:
+    ConfigError: no readable checkpoint, or a parameter missing, extra, or of
+      another shape (named, one line).
+  """
+  where = os.path.join(os.path.expanduser(init_from), CHECKPOINT_DIR)
+  try:
+    step, saved = ckpt_lib.Checkpointer(where).restore_params()
+  except ckpt_lib.CheckpointError as e:
+    raise config_lib.ConfigError(f"config.init_from: {e}") from None
+  flat_saved = {utils.path_str(p): v
+                for p, v in jax.tree_util.tree_flatten_with_path(saved)[0]}
+  flat_new, treedef = jax.tree_util.tree_flatten_with_path(abstract_params)
+  names = [utils.path_str(p) for p, _ in flat_new]
+  extra = sorted(set(flat_saved) - set(names))
+  if extra:
+    raise config_lib.ConfigError(
+        f"config.init_from={init_from} has parameter {extra[0]} that this model has "
+        f"not; use the same model.* keys (Laplacian heads and spectral settings may differ)")
+  leaves = []
+  for name, (_, x) in zip(names, flat_new):
+    if name not in flat_saved:
+      raise config_lib.ConfigError(
+          f"config.init_from={init_from} lacks parameter {name}; use the same model.* "
+          f"keys as the run it holds")
+    value = np.asarray(flat_saved[name])
+    if value.shape != tuple(x.shape):
+      if name.split("/")[0] == "head":
+        logging.info("init_from: %s %s -> %s, left at its initialisation",
+                     name, value.shape, tuple(x.shape))
+        leaves.append(None)
+        continue
+      raise config_lib.ConfigError(
+          f"config.init_from={init_from}: parameter {name} has shape {value.shape}, "
+          f"this model's is {tuple(x.shape)}; use the same model.* keys")
+    leaves.append(value.astype(x.dtype))
+  logging.info("initialised from step %d of %s", step, init_from)
+  return jax.tree_util.tree_unflatten(treedef, leaves)
 
 
 def _fetch_finite(pending: list, checkpointer, bar) -> list:

@@ -1,0 +1,104 @@
+"""Convert weights between laplax and timm / Hugging Face ``transformers``.
+
+    python -m laplax.convert --from timm --model deit3_small_patch16_224 \
+        --workdir runs/deit3_s [--weights FILE.safetensors|.pth] \
+        [--model_args img_size=28,in_chans=1,patch_size=7,num_classes=10] \
+        [--config configs/deit3_imagenet.py] [--config.key=value ...]
+    python -m laplax.convert --from hf-gpt2 --model HF_DIR --workdir runs/gpt2 \
+        [--config configs/gpt2_124m.py] [--config.key=value ...]
+    python -m laplax.convert --to timm --workdir runs/vit --out OUT_DIR [--force]
+    python -m laplax.convert --to hf-gpt2 --workdir runs/gpt --out OUT_DIR [--force]
+
+``--from`` writes a new laplax workdir (``config.json`` and a step-0
+checkpoint): ``eval.py --workdir`` evaluates it, ``train.py
+--config.init_from=WORKDIR`` fine-tunes from it (Laplacian heads and
+spectral settings may differ). The config gives the data and training
+settings (default: ``configs/deit3_imagenet.py`` for timm,
+``configs/gpt2_124m.py`` for GPT-2); the model keys come from the source.
+``--to`` writes ``OUT_DIR`` for timm (``model.safetensors`` and
+``timm_config.json``, the ``VisionTransformer`` arguments) or a
+``save_pretrained`` directory for ``transformers``. A model with Laplacian
+heads or spectral conditioning is refused unless ``--force``.
+Bad input prints one line and exits with code 2; nothing is written.
+"""
+
+import os
+import sys
+
+from absl import flags
+from ml_collections import config_flags
+
+from laplax.train import cli
+
+_FROM = flags.DEFINE_enum("from", None, ["timm", "hf-gpt2"], "Source of the weights.")
+_TO = flags.DEFINE_enum("to", None, ["timm", "hf-gpt2"], "Target of the weights.")
+_MODEL = flags.DEFINE_string("model", None, "timm model name, or a Hugging Face "
+                             "save_pretrained directory of GPT2LMHeadModel.")
+_WEIGHTS = flags.DEFINE_string("weights", None, "timm weights (.safetensors or .pth); "
+                               "default: the timm model's random initialisation.")
+_MODEL_ARGS = flags.DEFINE_string("model_args", "", "timm.create_model keyword "
+                                  "arguments, k=v,k=v (ints, floats, True/False, strings).")
+_WORKDIR = flags.DEFINE_string("workdir", None, "The laplax workdir (new for --from).")
+_OUT = flags.DEFINE_string("out", None, "Output directory of --to (must not exist).")
+_FORCE = flags.DEFINE_bool("force", False, "Write a model with Laplacian heads or "
+                           "spectral conditioning anyway.")
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", None, "Data and training settings of --from (FILE.py[:args]).",
+    lock_config=False)
+
+REPO_CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))), "configs")
+DEFAULT_CONFIGS = {"timm": "deit3_imagenet.py", "hf-gpt2": "gpt2_124m.py"}
+
+
+def _config(source: str):
+  """The ``--config`` ConfigDict, or the source's default config file."""
+  if flags.FLAGS["config"].present or flags.FLAGS["config"].value is not None:
+    return cli.load_config_flag()
+  path = os.path.join(REPO_CONFIGS, DEFAULT_CONFIGS[source])
+  if not os.path.isfile(path):
+    raise cli.UsageError(f"--config is required here (no {path}); give the data and "
+                         f"training settings, e.g. --config configs/{DEFAULT_CONFIGS[source]}")
+  return cli._load_config_file(path)  # pylint: disable=protected-access
+
+
+def main() -> int:
+  """Runs the conversion the flags ask for."""
+  cli.parse_flags(sys.argv)
+  source, target = flags.FLAGS["from"].value, _TO.value
+  if (source is None) == (target is None):
+    raise cli.UsageError("give exactly one of --from timm|hf-gpt2 and --to timm|hf-gpt2")
+  if not _WORKDIR.value:
+    raise cli.UsageError("--workdir is required (the laplax run directory)")
+  cli.quiet()
+  # pylint: disable=import-outside-toplevel
+  from laplax.convert import common, hf_gpt2, timm_vit
+  try:
+    if source is not None:
+      if not _MODEL.value:
+        raise cli.UsageError("--model is required with --from (a timm model name or a "
+                             "Hugging Face directory)")
+      config = _config(source)
+      if source == "timm":
+        timm_vit.convert_from_timm(_MODEL.value, _WEIGHTS.value, _MODEL_ARGS.value,
+                                   config, _WORKDIR.value)
+      else:
+        if _WEIGHTS.value or _MODEL_ARGS.value:
+          raise cli.UsageError("--weights and --model_args are for --from timm; the "
+                               "Hugging Face directory holds the weights and config")
+        hf_gpt2.convert_from_hf(_MODEL.value, config, _WORKDIR.value)
+      print(f"wrote {_WORKDIR.value} (step 0): evaluate it with eval.py --workdir "
+            f"{_WORKDIR.value}, fine-tune with train.py --config.init_from={_WORKDIR.value}")
+    else:
+      if not _OUT.value:
+        raise cli.UsageError(f"--out is required with --to {target} (a new directory)")
+      convert = timm_vit.convert_to_timm if target == "timm" else hf_gpt2.convert_to_hf
+      note = convert(_WORKDIR.value, _OUT.value, _FORCE.value)
+      print(f"wrote {_OUT.value}" + (f"; --force: {note}" if note else ""))
+  except common.ConvertError as e:
+    raise cli.UsageError(str(e)) from None
+  return 0
+
+
+if __name__ == "__main__":
+  cli.run(main)
