@@ -79,6 +79,7 @@ def main() -> int:
         raise cli.UsageError("--model is required with --from (a timm model name or a "
                              "Hugging Face directory)")
       config = _config(source)
+      common.plain_attention(config, sys.argv)
       if source == "timm":
         timm_vit.convert_from_timm(_MODEL.value, _WEIGHTS.value, _MODEL_ARGS.value,
                                    config, _WORKDIR.value)

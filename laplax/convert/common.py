@@ -178,6 +178,31 @@ def read_workdir(workdir: str):
   return config, spec, from_layout(params, spec), step
 
 
+# The attention options a conversion resets to the source's plain attention
+# unless the command line sets them (``--config.model.KEY=...``).
+LAPLAX_OPTIONS = {"num_laplacian_heads": 0, "laplacian_mask": None,
+                  "laplacian_mix": "fixed", "spectral.enabled": False}
+
+
+def plain_attention(config: ml_collections.ConfigDict, argv: list[str]) -> None:
+  """Sets :data:`LAPLAX_OPTIONS` in ``config.model`` to plain attention, except
+  those ``argv`` sets (``--config.model.num_laplacian_heads=2`` converts into
+  a model with Laplacian heads) and all of them when the config file is given
+  arguments (``--config FILE.py:laplacian=2``)."""
+  if any(":" in a for i, a in enumerate(argv)
+         if a.startswith("--config=") or (i and argv[i - 1] == "--config")):
+    return
+  for key, value in LAPLAX_OPTIONS.items():
+    if any(a.startswith(f"--config.model.{key}") for a in argv):
+      continue
+    node, leaf = config.model, key
+    if "." in key:
+      section, leaf = key.split(".")
+      node = config.model.get(section)
+    if node is not None and leaf in node:
+      node[leaf] = value
+
+
 def refuse_laplax_only(spec: spec_lib.TransformerSpec, target: str, force: bool) -> str | None:
   """What ``target`` (timm, Hugging Face) must change to run a model with
   Laplacian heads or spectral conditioning, or ``None`` for a plain model.
@@ -188,7 +213,7 @@ def refuse_laplax_only(spec: spec_lib.TransformerSpec, target: str, force: bool)
   changes = []
   heads = spec.laplacian_array
   if heads.any() or spec.attention.laplacian_mix != "fixed":
-    layers = "; ".join(f"layer {i}: heads {list(np.flatnonzero(row))}"
+    layers = "; ".join(f"layer {i}: heads {[int(h) for h in np.flatnonzero(row)]}"
                        for i, row in enumerate(heads) if row.any())
     changes.append("Laplacian heads output V - softmax(QK^T/sqrt(d))V "
                    f"({layers or 'a learned mix per head'})")
