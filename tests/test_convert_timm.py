@@ -257,3 +257,19 @@ def test_cli_bad_inputs_one_line_exit_2_nothing_written(tmp_path):
     timm_vit.convert_from_timm("vit_tiny_patch16_224", None, "depth=1", None, str(exists))
   assert sorted(os.listdir(tmp_path)) == ["exists", "other.safetensors"]
   assert os.listdir(exists) == []
+
+
+def test_library_imports_no_pytorch(tmp_path):
+  """With PyTorch installed, training, evaluation, analysis and the converter
+  modules import no torch (tensorboardX would: laplax blocks it there)."""
+  code = ("import sys; import laplax, laplax.train.loop, laplax.train.restore, "
+          "laplax.convert, laplax.convert.timm_vit, laplax.convert.hf_gpt2, "
+          "laplax.analysis.report, eval; "
+          "from laplax.train.workdir import MetricWriter; "
+          f"MetricWriter({str(tmp_path)!r}).close(); "
+          "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+          "('torch', 'timm', 'transformers')))")
+  r = run(["-c", code])
+  assert r.returncode == 0, r.stderr[-2000:]
+  assert r.stdout.strip() == "[]"
+  assert (tmp_path / "tensorboard").is_dir()

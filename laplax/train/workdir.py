@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 import jax
 import ml_collections
@@ -22,6 +23,25 @@ CHECKPOINT_DIR = "checkpoints"
 
 
 
+def _summary_writer():
+  """tensorboardX's ``SummaryWriter`` class, imported without PyTorch.
+
+  tensorboardX imports ``torch`` when it is installed (only to accept torch
+  tensors), which costs seconds at every start of ``train.py`` on a machine
+  with PyTorch (the test dependencies); the import is blocked while
+  tensorboardX loads, unless torch is already imported.
+  """
+  if "torch" in sys.modules or "tensorboardX" in sys.modules:
+    from tensorboardX import SummaryWriter  # pylint: disable=import-outside-toplevel
+    return SummaryWriter
+  sys.modules["torch"] = None  # `import torch` raises ImportError meanwhile
+  try:
+    from tensorboardX import SummaryWriter  # pylint: disable=import-outside-toplevel
+  finally:
+    del sys.modules["torch"]
+  return SummaryWriter
+
+
 class MetricWriter:
   """Appends records to ``metrics.jsonl`` and TensorBoard event files.
 
@@ -33,8 +53,7 @@ class MetricWriter:
     self.path = os.path.join(workdir, METRICS_FILE)
     self.tb = None
     if self.active:
-      from tensorboardX import SummaryWriter  # pylint: disable=import-outside-toplevel
-      self.tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
+      self.tb = _summary_writer()(os.path.join(workdir, "tensorboard"))
 
   def drop_after(self, step: int) -> None:
     """Removes records newer than ``step`` (left by a run killed after it)."""
