@@ -46,17 +46,33 @@ def abstract_state(task: Task, tx: optax.GradientTransformation, seed: int):
   return jax.eval_shape(lambda: init_state(task, tx, seed))
 
 
+def _init(task: Task, tx: optax.GradientTransformation, seed: int):
+  """``(params as task.init returns them, TrainState at step 0)``."""
+  rng = jax.random.PRNGKey(seed)
+  # Inside sharding.context the parameters come boxed with their logical axes.
+  boxed = task.init(jax.random.fold_in(rng, 0))
+  params = sharding.unbox(boxed)
+  return boxed, ckpt_lib.TrainState(
+      step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
+      rng=jax.random.fold_in(rng, 1),
+      task_state=task.init_task_state(params))
+
+
 def init_state(task: Task, tx: optax.GradientTransformation, seed: int):
   """The TrainState at step 0: parameters from ``seed``, fresh optimizer state,
   and the task's initial state (``task.init_task_state(params)``, ``None`` for
   most tasks)."""
-  rng = jax.random.PRNGKey(seed)
-  # Inside sharding.context the parameters come boxed with their logical axes.
-  params = sharding.unbox(task.init(jax.random.fold_in(rng, 0)))
-  return ckpt_lib.TrainState(
-      step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
-      rng=jax.random.fold_in(rng, 1),
-      task_state=task.init_task_state(params))
+  return _init(task, tx, seed)[1]
+
+
+def abstract_and_shardings(task: Task, tx: optax.GradientTransformation, seed: int,
+                           mesh: jax.sharding.Mesh, rules):
+  """``(abstract TrainState, its NamedShardings on mesh)`` from one trace of
+  the initialisation (see :func:`state_shardings`)."""
+  with nn.logical_axis_rules(tuple(rules)):
+    boxed, abstract = jax.eval_shape(lambda: _init(task, tx, seed))
+  specs = sharding.param_specs(boxed, mesh, rules)
+  return abstract, sharding.state_shardings(abstract, specs, mesh)
 
 
 def state_shardings(task: Task, tx: optax.GradientTransformation, seed: int,
@@ -69,19 +85,19 @@ def state_shardings(task: Task, tx: optax.GradientTransformation, seed: int,
   optimizer moments and DINO's teacher follow their parameters and the rest
   is replicated (:func:`laplax.sharding.state_shardings`).
   """
-  with nn.logical_axis_rules(tuple(rules)):
-    boxed = jax.eval_shape(lambda: task.init(jax.random.PRNGKey(seed)))
-  specs = sharding.param_specs(boxed, mesh, rules)
-  return sharding.state_shardings(abstract_state(task, tx, seed), specs, mesh)
+  return abstract_and_shardings(task, tx, seed, mesh, rules)[1]
 
 
 def sharded_abstract_state(task: Task, tx: optax.GradientTransformation, seed: int,
-                           shardings: ckpt_lib.TrainState) -> ckpt_lib.TrainState:
+                           shardings: ckpt_lib.TrainState,
+                           abstract: ckpt_lib.TrainState | None = None) -> ckpt_lib.TrainState:
   """The abstract TrainState whose ``jax.ShapeDtypeStruct`` leaves carry
-  ``shardings``: the restore target of a checkpoint saved on any mesh."""
+  ``shardings``: the restore target of a checkpoint saved on any mesh
+  (``abstract``: :func:`abstract_state`, if already known)."""
+  if abstract is None:
+    abstract = abstract_state(task, tx, seed)
   return jax.tree_util.tree_map(
-      lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-      abstract_state(task, tx, seed), shardings)
+      lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract, shardings)
 
 
 def create_state(task: Task, tx: optax.GradientTransformation, seed: int,
@@ -336,7 +352,7 @@ def _open_workdir(config, workdir: str) -> ckpt_lib.Checkpointer:
 
 
 def _restore_or_start(config, workdir: str, task: Task, tx, checkpointer, train_iter,
-                      state_sharding):
+                      state_sharding, abstract):
   """The restored state (onto this mesh; the data position set) or the initial
   one (created sharded, saved as step 0).
 
@@ -346,7 +362,7 @@ def _restore_or_start(config, workdir: str, task: Task, tx, checkpointer, train_
   """
   if checkpointer.latest_step() is not None:
     state, data_state = checkpointer.restore(
-        sharded_abstract_state(task, tx, config.seed, state_sharding),
+        sharded_abstract_state(task, tx, config.seed, state_sharding, abstract),
         discard_unreadable=True)
     train_iter.set_state(data_state)
     logging.info("resumed from step %d", int(state.step))
@@ -355,7 +371,7 @@ def _restore_or_start(config, workdir: str, task: Task, tx, checkpointer, train_
     return state
   init = None
   if config.get("init_from", ""):  # checked before anything is written
-    init = initial_params(config.init_from, abstract_state(task, tx, config.seed).params)
+    init = initial_params(config.init_from, abstract.params)
   if jax.process_index() == 0:
     write_config(config, workdir)
   checkpointer.warn_incomplete(delete=True)
@@ -477,10 +493,10 @@ def _train(config: ml_collections.ConfigDict, workdir: str, task: Task,
   batch_sharding = batch_shardings(task, mesh, rules)
   global_batch = task.batch_spec(config.batch_size)
   # Sharding, then the initial state (created sharded) or resume (onto this mesh).
-  state_sharding = state_shardings(task, tx, config.seed, mesh, rules)
+  abstract, state_sharding = abstract_and_shardings(task, tx, config.seed, mesh, rules)
   resumed = checkpointer.latest_step() is not None
   state = _restore_or_start(config, workdir, task, tx, checkpointer, train_iter,
-                            state_sharding)
+                            state_sharding, abstract)
   writer, start = MetricWriter(workdir), int(state.step)
   writer.drop_after(start)
   if start == 0:
