@@ -5,6 +5,9 @@
         --workdir runs/deit3 --config.batch_size=256
 
 Re-running the same command on a workdir with a checkpoint resumes from it.
+``--config.init_from=WORKDIR`` starts from the parameters of another run (or of
+``python -m laplax.convert``), with that run's model keys except those given
+here (e.g. ``--config.model.num_laplacian_heads=2``).
 Bad input prints one line and exits with code 2.
 """
 
@@ -24,6 +27,7 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (created if missi
 def main() -> int:
   cli.parse_flags(sys.argv)
   config = cli.load_config_flag()
+  cli.model_from_init(config, sys.argv)
   if not _WORKDIR.value:
     raise cli.UsageError("--workdir is required, e.g. --workdir runs/vit")
   cli.quiet()

@@ -149,6 +149,48 @@ def load_config_flag(name: str = "config") -> ml_collections.ConfigDict:
   return config
 
 
+def model_from_init(config: ml_collections.ConfigDict, argv: list[str]) -> None:
+  """With ``config.init_from``, ``config.model`` takes the model section of that
+  workdir's ``config.json``, except the keys the command line sets
+  (``--config.model.num_laplacian_heads=2`` fine-tunes a converted timm
+  model with Laplacian heads; the architecture is the one the weights have).
+
+  Raises:
+    ConfigError: ``init_from`` has no readable ``config.json``, or its model
+      family differs from the config's.
+  """
+  init_from = config.get("init_from", "") or ""
+  if not isinstance(init_from, str) or not init_from:
+    return
+  from laplax.train.workdir import load_saved_config  # pylint: disable=import-outside-toplevel
+  path = os.path.expanduser(init_from)
+  saved = load_saved_config(path) if os.path.isdir(path) else None
+  if saved is None:
+    raise ConfigError(f"config.init_from={init_from} is not a laplax workdir (no "
+                      f"config.json); give a train.py or laplax.convert --workdir")
+  if saved.model.get("name") != config.model.get("name"):
+    raise ConfigError(f"config.init_from={init_from} holds a {saved.model.get('name')} "
+                      f"model, this config a {config.model.get('name')}; use a config of "
+                      f"the same family")
+  given = [m.group(1) for a in argv for m in [re.match(r"--config\.model\.([\w.]+)", a)] if m]
+  for key, value in utils.flatten_dotted(saved.model.to_dict()).items():
+    if any(key == g or key.startswith(g + ".") for g in given):
+      continue
+    *parents, leaf = key.split(".")
+    node = config.model
+    for part in parents:
+      node = node.get(part) if isinstance(node, ml_collections.ConfigDict) else None
+    if not (isinstance(node, ml_collections.ConfigDict) and leaf in node):
+      continue
+    if key == "laplacian_mask" and value:
+      value = tuple(tuple(row) for row in value)
+    try:
+      node[leaf] = value
+    except TypeError:
+      raise ConfigError(f"config.init_from={init_from}: its model.{key}={value!r} does "
+                        f"not fit this config's type; set --config.model.{key}") from None
+
+
 class _Signalled(KeyboardInterrupt):
   """SIGTERM outside the training loop (which handles it itself)."""
 
