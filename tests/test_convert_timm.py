@@ -191,7 +191,7 @@ def test_cli_timm_workdir_evaluates_fine_tunes_and_goes_back(tmp_path, fmnist_da
   data = f"--config.data.data_dir={fmnist_data_dir}"
   r = run(["-m", "laplax.convert", "--from", "timm", "--model", "vit_tiny_patch16_224",
            "--model_args", FMNIST_ARGS, "--workdir", str(conv), "--config", CONFIG, data,
-           "--config.eval_batch_size=2000"])
+           "--config.eval_batch_size=1000", "--config.data.eval_split=test[:1000]"])
   assert r.returncode == 0, r.stderr[-2000:]
   assert (conv / "checkpoints" / "0").is_dir()
   saved = json.loads((conv / "config.json").read_text())
@@ -199,7 +199,7 @@ def test_cli_timm_workdir_evaluates_fine_tunes_and_goes_back(tmp_path, fmnist_da
   r = run(["eval.py", "--workdir", str(conv)])
   assert r.returncode == 0, r.stderr[-2000:]
   result = json.loads((conv / "eval.json").read_text())
-  assert result["step"] == 0 and result["num_examples"] == 10000
+  assert result["step"] == 0 and result["num_examples"] == 1000
   # The converted parameters are the timm model's, and eval.py's accuracy is theirs.
   _, spec, params, _ = common.read_workdir(str(conv))
   assert spec.mlp_activation == "gelu_exact" and not spec.laplacian_array.any()
@@ -215,7 +215,8 @@ def test_cli_timm_workdir_evaluates_fine_tunes_and_goes_back(tmp_path, fmnist_da
   r = run(["train.py", "--config", CONFIG, "--workdir", str(ft), data,
            f"--config.init_from={conv}", "--config.total_steps=2", "--config.log_every=1",
            "--config.eval_every=1000", "--config.batch_size=8",
-           "--config.eval_batch_size=2000", "--config.model.num_laplacian_heads=1"])
+           "--config.eval_batch_size=1000", "--config.data.eval_split=test[:1000]",
+           "--config.model.num_laplacian_heads=1"])
   assert r.returncode == 0, r.stderr[-2000:]
   assert [m["step"] for m in read_metrics(ft) if m["split"] == "train"] == [1, 2]
   _, ft_spec, ft_params, step = common.read_workdir(str(ft))
