@@ -201,9 +201,10 @@ def test_sigkill_during_checkpoint_write_resumes_from_previous(tmp_path, fmnist_
   """A run killed while a large checkpoint is being written: the next start
   warns that the step is incomplete and resumes from the previous one."""
   big = ["--config", CONFIG, f"--config.data.data_dir={fmnist_data_dir}"] + VIT_TINY + [
-      "--config.model.width=384", "--config.model.depth=4", "--config.model.num_heads=4",
-      "--config.model.mlp_dim=1536", "--config.total_steps=8", "--config.checkpoint_every=2",
-      "--config.eval_every=1000", "--config.log_every=1", "--config.data.eval_split=test[:500]"]
+      "--config.model.width=256", "--config.model.depth=4", "--config.model.num_heads=4",
+      "--config.model.mlp_dim=1024", "--config.total_steps=6", "--config.checkpoint_every=2",
+      "--config.eval_every=1000", "--config.log_every=1", "--config.data.eval_split=test[:500]",
+      "--config.eval_batch_size=500"]
   workdir = tmp_path / "run"
   ckpt = workdir / "checkpoints"
   args = ["train.py", "--workdir", str(workdir)] + big
@@ -233,7 +234,7 @@ def test_sigkill_during_checkpoint_write_resumes_from_previous(tmp_path, fmnist_
   assert re.search(rf"checkpoint step {caught} in \S+ is incomplete", r.stderr), r.stderr[-3000:]
   assert f"resumed from step {previous}" in r.stderr + r.stdout
   assert not any(".orbax-checkpoint-tmp" in n for n in os.listdir(ckpt))
-  assert saved_state(workdir)[0] == 8
+  assert saved_state(workdir)[0] == 6
 
 
 def test_injected_nan_stops_before_any_bad_checkpoint(tmp_path, fmnist_data_dir, corpus):
