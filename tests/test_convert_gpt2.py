@@ -12,6 +12,7 @@ the same logits and converts back bit for bit. Bad inputs fail with one line
 naming the problem and write nothing.
 """
 
+import importlib.util
 import inspect
 import json
 import os
@@ -23,22 +24,33 @@ import sys
 import numpy as np
 import pytest
 
-transformers = pytest.importorskip("transformers")
-torch = pytest.importorskip("torch")
+import jax
+import jax.numpy as jnp
+from safetensors.numpy import load_file, save_file
 
-import jax  # pylint: disable=wrong-import-position
-import jax.numpy as jnp  # pylint: disable=wrong-import-position
-from safetensors.numpy import load_file, save_file  # pylint: disable=wrong-import-position
-from transformers.initialization import no_init_weights  # pylint: disable=wrong-import-position
+from laplax.convert import common, hf_gpt2
+from laplax.data.tokenizers import BPETokenizer
+from laplax.models import spec as spec_lib
+from laplax.models.gpt import GPT
+from test_configs import load
+from test_train import ROOT
 
-from laplax.convert import common, hf_gpt2  # pylint: disable=wrong-import-position
-from laplax.data.tokenizers import BPETokenizer  # pylint: disable=wrong-import-position
-from laplax.models import spec as spec_lib  # pylint: disable=wrong-import-position
-from laplax.models.gpt import GPT  # pylint: disable=wrong-import-position
-from test_configs import load  # pylint: disable=wrong-import-position
-from test_train import ROOT  # pylint: disable=wrong-import-position
+pytestmark = pytest.mark.skipif(
+    not all(importlib.util.find_spec(m) for m in ("torch", "transformers")),
+    reason="the test oracles: pip install -r requirements-test.txt")
+# Imported by the module fixture below, not at collection (every xdist worker
+# collects every file, and torch + transformers take seconds to import).
+torch = transformers = no_init_weights = None
 
-torch.set_num_threads(1)
+
+@pytest.fixture(autouse=True, scope="module")
+def _torch_and_transformers():
+  global torch, transformers, no_init_weights  # pylint: disable=global-statement
+  import torch as torch_module  # pylint: disable=import-outside-toplevel
+  import transformers as transformers_module  # pylint: disable=import-outside-toplevel
+  from transformers.initialization import no_init_weights as no_init  # pylint: disable=import-outside-toplevel
+  torch_module.set_num_threads(1)
+  torch, transformers, no_init_weights = torch_module, transformers_module, no_init
 SMALL = dict(vocab_size=300, n_positions=32, n_embd=64, n_layer=2, n_head=4)
 TEXT = ("the quick brown fox jumps over the lazy dog. pack my box with five dozen "
         "liquor jugs! how vexingly quick daft zebras jump; sphinx of black quartz, "

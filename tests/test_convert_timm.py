@@ -8,6 +8,7 @@ timm model's attention is replaced, test-side, by a PyTorch attention that
 returns ``v - SDPA(q, k, v)`` on the last ``K`` heads (the authors' formula).
 """
 
+import importlib.util
 import json
 import os
 
@@ -15,16 +16,26 @@ import jax
 import numpy as np
 import pytest
 
-timm = pytest.importorskip("timm")
-torch = pytest.importorskip("torch")
-import torch.nn.functional as F  # pylint: disable=wrong-import-position
+from laplax.convert import common, timm_vit
+from laplax.models import spec as spec_lib
+from laplax.models.vit import ViT
+from test_train import CONFIG, read_metrics, run
 
-from laplax.convert import common, timm_vit  # pylint: disable=wrong-import-position
-from laplax.models import spec as spec_lib  # pylint: disable=wrong-import-position
-from laplax.models.vit import ViT  # pylint: disable=wrong-import-position
-from test_train import CONFIG, ROOT, read_metrics, run  # pylint: disable=wrong-import-position
+pytestmark = pytest.mark.skipif(
+    not all(importlib.util.find_spec(m) for m in ("torch", "timm")),
+    reason="the test oracles: pip install -r requirements-test.txt")
+# Imported by the module fixture below, not at collection (every xdist worker
+# collects every file, and torch + timm take seconds to import).
+timm = torch = None
 
-torch.set_num_threads(1)
+
+@pytest.fixture(autouse=True, scope="module")
+def _torch_and_timm():
+  global timm, torch  # pylint: disable=global-statement
+  import timm as timm_module  # pylint: disable=import-outside-toplevel
+  import torch as torch_module  # pylint: disable=import-outside-toplevel
+  torch_module.set_num_threads(1)
+  timm, torch = timm_module, torch_module
 TOL = 1e-5
 MODELS = ["vit_tiny_patch16_224", "vit_small_patch16_224", "vit_base_patch16_224",
           "deit3_small_patch16_224", "deit3_base_patch16_224"]
@@ -105,23 +116,28 @@ def test_timm_logits_and_bitwise_round_trip(name):
   np.testing.assert_array_equal(timm_logits(back, images), timm_logits(tm, images))
 
 
-class LaplacianAttention(torch.nn.Module):
-  """timm's attention with the last ``k`` heads returning ``v - SDPA(q, k, v)``."""
+def laplacian_attention(attn, k):
+  """timm's attention module ``attn`` with the last ``k`` heads returning
+  ``v - SDPA(q, k, v)`` (the authors' formula), the others ``SDPA(q, k, v)``."""
 
-  def __init__(self, attn, k):
-    super().__init__()
-    self.attn, self.k = attn, k
+  class LaplacianAttention(torch.nn.Module):
 
-  def forward(self, x, attn_mask=None, **kwargs):  # pylint: disable=unused-argument
-    a = self.attn
-    b, n, c = x.shape
-    qkv = a.qkv(x).reshape(b, n, 3, a.num_heads, c // a.num_heads).permute(2, 0, 3, 1, 4)
-    q, k, v = qkv.unbind(0)
-    q, k = a.q_norm(q), a.k_norm(k)
-    y = F.scaled_dot_product_attention(q, k, v)
-    if self.k:
-      y = torch.cat([y[:, :-self.k], v[:, -self.k:] - y[:, -self.k:]], dim=1)
-    return a.proj(y.transpose(1, 2).reshape(b, n, c))
+    def __init__(self):
+      super().__init__()
+      self.attn = attn
+
+    def forward(self, x, attn_mask=None, **kwargs):  # pylint: disable=unused-argument
+      a = self.attn
+      b, n, c = x.shape
+      qkv = a.qkv(x).reshape(b, n, 3, a.num_heads, c // a.num_heads).permute(2, 0, 3, 1, 4)
+      q, keys, v = qkv.unbind(0)
+      q, keys = a.q_norm(q), a.k_norm(keys)
+      y = torch.nn.functional.scaled_dot_product_attention(q, keys, v)
+      if k:
+        y = torch.cat([y[:, :-k], v[:, -k:] - y[:, -k:]], dim=1)
+      return a.proj(y.transpose(1, 2).reshape(b, n, c))
+
+  return LaplacianAttention()
 
 
 @pytest.mark.parametrize("name,k,model_args", [
@@ -136,7 +152,7 @@ def test_laplacian_heads_equal_authors_formula_in_timm(name, k, model_args):
   assert arch["qk_norm"] == bool(model_args.get("qk_norm"))
   params = timm_vit.timm_to_laplax(timm_state(tm), arch)
   for block in tm.blocks:
-    block.attn = LaplacianAttention(block.attn, k)
+    block.attn = laplacian_attention(block.attn, k)
   err = compare(tm, params, laplax_model(arch, num_laplacian_heads=k), arch)
   print(f"\n{name} K={k} {model_args}: max|logit diff|/max|logit| = {err:.2e}")
   assert err <= TOL
