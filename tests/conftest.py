@@ -31,9 +31,10 @@ import pytest
 
 FMNIST_SOURCE = "/usr/share/datasets/fashion-mnist"
 _CACHE_OWNER = "LAPLAX_TEST_CACHE_OWNER"
-# The test files that take longest (about 5, 2.5, 2.5 and 2 minutes of one
+# The test files that take longest (about 4, 2, 2, 2 and 1.5 minutes of one
 # worker on a 2-core machine), in that order; the rest keep their order.
-LONGEST_FIRST = ("test_resume.py", "test_dino.py", "test_configs.py", "test_sharding.py")
+LONGEST_FIRST = ("test_resume.py", "test_sharding.py", "test_dino.py",
+                 "test_convert_timm.py", "test_memory.py")
 
 
 def pytest_configure(config):  # pylint: disable=unused-argument
