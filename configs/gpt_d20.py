@@ -52,10 +52,7 @@ Differences from nanochat, not implemented:
 * bfloat16 weights of the embeddings and fp8 matmuls (options there).
 """
 
-from laplax.train.defaults import gpt_base_config, parse_arg
-
-# nanochat/gpt.py setup_optimizer: AdamW learning rates scaled by (d / 768)^-0.5.
-_ADAMW_SCALE = (1280 / 768) ** -0.5
+from laplax.train.defaults import gpt_base_config, nanochat_recipe, parse_arg
 
 
 def get_config(arg=None):
@@ -72,30 +69,10 @@ def get_config(arg=None):
   c.data.vocab_size = 65536
   m = c.model
   m.max_length, m.width, m.depth, m.num_heads, m.mlp_dim = 2048, 1280, 20, 10, 5120
-  m.posemb = "rope"
-  m.tie_embeddings = False
-  m.use_bias = False
-  m.norm = "rmsnorm"
-  m.embed_norm = True
-  m.mlp_activation = "relu2"
-  m.qk_norm = True
-  m.qk_norm_type = "rmsnorm"
-  m.qk_scale = 1.2
-  m.zero_init_out = True
+  nanochat_recipe(c)  # the architecture and Muon/AdamW options, as in gpt_shakespeare
   m.dtype = "bfloat16"
   m.num_laplacian_heads = a.laplacian
   m.spectral.enabled = a.spectral
-  o = c.optim
-  o.optimizer = "muon"
-  o.muon_lr = 0.02
-  o.muon_momentum = 0.95
-  o.muon_weight_decay = 0.0
-  o.embedding_lr = round(0.3 * _ADAMW_SCALE, 4)
-  o.unembedding_lr = round(0.008 * _ADAMW_SCALE, 4)
-  o.lr = 3e-4  # the other AdamW leaves (none in this config)
-  o.warmup_steps = 40
-  o.b1 = 0.8
-  o.b2 = 0.95
-  o.weight_decay = 0.0
-  o.grad_clip = None
+  c.optim.lr = 3e-4  # the other AdamW leaves (none in this config)
+  c.optim.warmup_steps = 40
   return c

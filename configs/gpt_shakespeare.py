@@ -5,11 +5,13 @@
 
 Arguments: ``laplacian`` (Laplacian heads per layer, the last k of 4; default
 2 = half), ``spectral`` (lambda * I_k conditioning), ``tokenizer`` (``byte``
-or ``bpe``). Validation is 4 held-out works, every 10th by name: henry_v, macbeth,
+or ``bpe``), ``recipe`` (``plain``, or ``nanochat``: the options of the
+authors' nanochat that laplax has, Muon included,
+:func:`laplax.train.defaults.nanochat_recipe`). Validation is 4 held-out works, every 10th by name: henry_v, macbeth,
 rape_of_lucrece (a poem), twelfth_night.
 """
 
-from laplax.train.defaults import gpt_base_config, parse_arg
+from laplax.train.defaults import check_recipe, gpt_base_config, nanochat_recipe, parse_arg
 
 
 def get_config(arg=None):
@@ -20,7 +22,8 @@ def get_config(arg=None):
   positions learned much faster than learned ones here (2.82 against 3.26
   bits per byte after 300 steps).
   """
-  a = parse_arg(arg, laplacian=2, spectral=False, tokenizer="byte")
+  a = parse_arg(arg, laplacian=2, spectral=False, tokenizer="byte", recipe="plain")
+  check_recipe("gpt", a.recipe)
   c = gpt_base_config()
   c.batch_size = 32
   c.total_steps = 4200
@@ -33,4 +36,6 @@ def get_config(arg=None):
   c.data.tokenizer = a.tokenizer
   c.model.num_laplacian_heads = a.laplacian
   c.model.spectral.enabled = a.spectral
+  if a.recipe == "nanochat":
+    nanochat_recipe(c)
   return c

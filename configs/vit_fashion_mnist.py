@@ -3,12 +3,15 @@
     python train.py --config configs/vit_fashion_mnist.py --workdir runs/vit
     python train.py --config configs/vit_fashion_mnist.py:laplacian=0 --workdir runs/vit0
     python train.py --config configs/vit_fashion_mnist.py:spectral=True --workdir runs/vits
+    python train.py --config configs/vit_fashion_mnist.py:recipe=deit3 --workdir runs/vitd
 
 Arguments: ``laplacian`` (Laplacian heads per layer, the last k of 4; default
-all 4), ``spectral`` (lambda * I_k conditioning, default False).
+all 4), ``spectral`` (lambda * I_k conditioning, default False), ``recipe``
+(``plain``, or ``deit3``: qk-norm and LayerScale 1e-6 as the authors' mixed
+DeiT-3, :func:`laplax.train.defaults.deit3_recipe`).
 """
 
-from laplax.train.defaults import base_config, parse_arg
+from laplax.train.defaults import base_config, check_recipe, deit3_recipe, parse_arg
 
 
 def get_config(arg=None):
@@ -16,7 +19,8 @@ def get_config(arg=None):
 
   1200 steps of 256 images (5.1 epochs), about 9 minutes on 2 CPU cores.
   """
-  a = parse_arg(arg, laplacian=4, spectral=False)
+  a = parse_arg(arg, laplacian=4, spectral=False, recipe="plain")
+  check_recipe("vit", a.recipe)
   c = base_config()
   c.batch_size = 256
   c.eval_batch_size = 1000
@@ -35,4 +39,6 @@ def get_config(arg=None):
   c.model.spectral.enabled = a.spectral
   c.optim.lr = 2e-3
   c.optim.warmup_steps = 100
+  if a.recipe == "deit3":
+    deit3_recipe(c)
   return c

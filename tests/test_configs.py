@@ -178,3 +178,29 @@ def test_mixup_cutmix_targets_are_mixtures():
     else:  # the pasted area fraction equals 1 - lam
       from_other = np.asarray(mixed[0] == images[3]) & np.asarray(mixed[0] != images[0])
       np.testing.assert_allclose(from_other.mean(), 1 - lam, atol=1e-6)
+
+
+def test_recipes_set_the_authors_options_and_unknown_ones_are_refused():
+  """``recipe=deit3`` / ``recipe=nanochat`` (the options of the Laplacian
+  authors' timm and nanochat code); the defaults stay plain."""
+  from laplax.models import spec as spec_lib
+  from laplax.train import config as config_lib
+  plain, deit3 = load("vit_fashion_mnist"), load("vit_fashion_mnist", "recipe=deit3")
+  assert not plain.model.qk_norm and plain.model.layerscale_init is None
+  assert deit3.model.qk_norm and deit3.model.layerscale_init == 1e-6
+  spec = spec_lib.from_config(deit3.model)
+  assert spec.attention.qk_norm and spec.attention.qk_norm_type == "layernorm"
+  gpt, nano = load("gpt_shakespeare"), load("gpt_shakespeare", "recipe=nanochat")
+  d20 = load("gpt_d20")
+  assert gpt.optim.optimizer == "adamw" and not gpt.model.zero_init_out
+  keys = ("posemb", "tie_embeddings", "use_bias", "norm", "embed_norm", "mlp_activation",
+          "qk_norm", "qk_norm_type", "qk_scale", "zero_init_out")
+  assert {k: nano.model[k] for k in keys} == {k: d20.model[k] for k in keys}
+  assert nano.model.zero_init_out and nano.optim.optimizer == "muon"
+  # nanochat's AdamW learning rates scale with (width / 768)^-0.5.
+  assert nano.optim.embedding_lr == round(0.3 * (128 / 768) ** -0.5, 4)
+  for c in (deit3, nano):
+    config_lib.validate(c, 1)
+  for name in ("vit_fashion_mnist", "gpt_shakespeare"):
+    with pytest.raises(ValueError, match="recipe='mae' is unknown"):
+      load(name, "recipe=mae")

@@ -198,6 +198,60 @@ def gpt_base_config() -> ml_collections.ConfigDict:
   return c
 
 
+# ``recipe=`` of the CPU configs: the plain laplax model, or the options the
+# Laplacian authors' code runs with.
+RECIPES = {"vit": ("plain", "deit3"), "gpt": ("plain", "nanochat")}
+
+
+def check_recipe(family: str, recipe: str) -> None:
+  """Raises ValueError (one line) for a ``recipe`` the family has not."""
+  if recipe not in RECIPES[family]:
+    raise ValueError(f"recipe={recipe!r} is unknown for a {family} config; use one of "
+                     f"{', '.join(RECIPES[family])}")
+
+
+def deit3_recipe(c: ml_collections.ConfigDict) -> None:
+  """The mixed DeiT-3 of the Laplacian authors' timm fork (attention_mixed.py):
+  qk-norm and LayerScale 1e-6 on both branches, so each block starts near the
+  identity (Touvron et al. 2022 for LayerScale in DeiT-3)."""
+  c.model.qk_norm = True
+  c.model.qk_norm_type = "layernorm"
+  c.model.layerscale_init = 1e-6
+
+
+def nanochat_recipe(c: ml_collections.ConfigDict) -> None:
+  """The architecture and optimiser options of the Laplacian authors' nanochat
+  (nanochat/gpt.py) that laplax has: rotary positions, parameter-free RMSNorm
+  everywhere and after the token embedding, ReLU^2 MLP, qk-norm (RMSNorm, then
+  x1.2), no biases, untied embeddings, zero-initialised output projections
+  (Laplacian heads are a no-op at step 0), and Muon on the block matrices with
+  AdamW on the embeddings at nanochat's learning rates (AdamW ones scaled by
+  ``(width / 768)^-0.5``). What laplax lacks of nanochat is listed in
+  ``configs/gpt_d20.py``."""
+  m, o = c.model, c.optim
+  m.posemb = "rope"
+  m.tie_embeddings = False
+  m.use_bias = False
+  m.norm = "rmsnorm"
+  m.embed_norm = True
+  m.mlp_activation = "relu2"
+  m.qk_norm = True
+  m.qk_norm_type = "rmsnorm"
+  m.qk_scale = 1.2
+  m.zero_init_out = True
+  scale = (m.width / 768) ** -0.5
+  o.optimizer = "muon"
+  o.muon_lr = 0.02
+  o.muon_momentum = 0.95
+  o.muon_weight_decay = 0.0
+  o.embedding_lr = round(0.3 * scale, 4)
+  o.unembedding_lr = round(0.008 * scale, 4)
+  o.b1 = 0.8
+  o.b2 = 0.95
+  o.weight_decay = 0.0
+  o.grad_clip = None
+
+
 def dino_base_config() -> ml_collections.ConfigDict:
   """:func:`base_config` turned into DINO self-supervised training (no labels).
 
