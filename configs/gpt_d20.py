@@ -52,7 +52,7 @@ Differences from nanochat, not implemented:
 * bfloat16 weights of the embeddings and fp8 matmuls (options there).
 """
 
-from laplax.train.defaults import gpt_base_config, nanochat_recipe, parse_arg
+from laplax.train.defaults import gpt_base_config, nanochat_options, parse_arg
 
 
 def get_config(arg=None):
@@ -69,7 +69,7 @@ def get_config(arg=None):
   c.data.vocab_size = 65536
   m = c.model
   m.max_length, m.width, m.depth, m.num_heads, m.mlp_dim = 2048, 1280, 20, 10, 5120
-  nanochat_recipe(c)  # the architecture and Muon/AdamW options, as in gpt_shakespeare
+  nanochat_options(c)  # the architecture and Muon/AdamW options, as in gpt_shakespeare
   m.dtype = "bfloat16"
   m.num_laplacian_heads = a.laplacian
   m.spectral.enabled = a.spectral

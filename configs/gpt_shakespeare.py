@@ -7,11 +7,11 @@ Arguments: ``laplacian`` (Laplacian heads per layer, the last k of 4; default
 2 = half), ``spectral`` (lambda * I_k conditioning), ``tokenizer`` (``byte``
 or ``bpe``), ``recipe`` (``plain``, or ``nanochat``: the options of the
 authors' nanochat that laplax has, Muon included,
-:func:`laplax.train.defaults.nanochat_recipe`). Validation is 4 held-out works, every 10th by name: henry_v, macbeth,
+:func:`laplax.train.defaults.nanochat_options`). Validation is 4 held-out works, every 10th by name: henry_v, macbeth,
 rape_of_lucrece (a poem), twelfth_night.
 """
 
-from laplax.train.defaults import check_recipe, gpt_base_config, nanochat_recipe, parse_arg
+from laplax.train.defaults import check_recipe, gpt_base_config, nanochat_options, parse_arg
 
 
 def get_config(arg=None):
@@ -37,5 +37,5 @@ def get_config(arg=None):
   c.model.num_laplacian_heads = a.laplacian
   c.model.spectral.enabled = a.spectral
   if a.recipe == "nanochat":
-    nanochat_recipe(c)
+    nanochat_options(c)
   return c

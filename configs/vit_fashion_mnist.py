@@ -8,10 +8,10 @@
 Arguments: ``laplacian`` (Laplacian heads per layer, the last k of 4; default
 all 4), ``spectral`` (lambda * I_k conditioning, default False), ``recipe``
 (``plain``, or ``deit3``: qk-norm and LayerScale 1e-6 as the authors' mixed
-DeiT-3, :func:`laplax.train.defaults.deit3_recipe`).
+DeiT-3, :func:`laplax.train.defaults.mixed_deit3_options`).
 """
 
-from laplax.train.defaults import base_config, check_recipe, deit3_recipe, parse_arg
+from laplax.train.defaults import base_config, check_recipe, mixed_deit3_options, parse_arg
 
 
 def get_config(arg=None):
@@ -40,5 +40,5 @@ def get_config(arg=None):
   c.optim.lr = 2e-3
   c.optim.warmup_steps = 100
   if a.recipe == "deit3":
-    deit3_recipe(c)
+    mixed_deit3_options(c)
   return c

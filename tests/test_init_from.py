@@ -6,7 +6,7 @@ import pytest
 
 from laplax.convert import common
 from laplax.train import config as config_lib
-from laplax.train import loop, optim, tasks
+from laplax.train import finetune, loop, optim, tasks
 from test_configs import load
 
 
@@ -36,14 +36,14 @@ def source(tmp_path_factory):
 
 def test_same_model_gets_every_parameter_and_laplacian_heads_may_differ(source):
   workdir, params = source
-  got = loop.initial_params(workdir, abstract_params(tiny_config(num_laplacian_heads=1)))
+  got = finetune.initial_params(workdir, abstract_params(tiny_config(num_laplacian_heads=1)))
   for name, value in common.flat(params).items():
     np.testing.assert_array_equal(common.flat(got)[name], value, err_msg=name)
 
 
 def test_head_of_another_number_of_classes_is_left_to_the_new_run(source):
   workdir, params = source
-  got = loop.initial_params(workdir, abstract_params(tiny_config(), 5))
+  got = finetune.initial_params(workdir, abstract_params(tiny_config(), 5))
   assert got["head"]["kernel"] is None and got["head"]["bias"] is None
   np.testing.assert_array_equal(got["embedding"]["kernel"], params["embedding"]["kernel"])
 
@@ -56,5 +56,39 @@ def test_head_of_another_number_of_classes_is_left_to_the_new_run(source):
 def test_mismatch_is_one_line_naming_the_parameter(source, model, num_classes, fragment):
   workdir, _ = source
   with pytest.raises(config_lib.ConfigError) as e:
-    loop.initial_params(workdir, abstract_params(tiny_config(**model), num_classes))
+    finetune.initial_params(workdir, abstract_params(tiny_config(**model), num_classes))
   assert fragment in str(e.value) and "\n" not in str(e.value)
+
+
+def test_written_workdir_has_the_usual_permissions(source):
+  import os
+  umask = os.umask(0)
+  os.umask(umask)
+  assert os.stat(source[0]).st_mode & 0o777 == 0o777 & ~umask
+
+
+def test_a_learned_mix_the_saved_run_lacks_starts_at_its_initialisation(source):
+  workdir, params = source
+  got = finetune.initial_params(
+      workdir, abstract_params(tiny_config(num_laplacian_heads=1, laplacian_mix="learned")))
+  assert got["block0"]["attention"]["laplacian_mix"] is None
+  np.testing.assert_array_equal(got["head"]["kernel"], params["head"]["kernel"])
+
+
+def test_failed_init_from_leaves_no_workdir(source, tmp_path, fmnist_data_dir):
+  from laplax.train import loop
+  config = tiny_config(mlp_dim=64)
+  config.data.data_dir = fmnist_data_dir
+  config.init_from = source[0]
+  workdir = tmp_path / "new"
+  with pytest.raises(finetune.InitFromError, match="mlp/fc1/bias has shape"):
+    loop.train_and_evaluate(config, str(workdir))
+  assert not workdir.exists()
+
+
+def test_keys_the_config_argument_changes_count_as_given():
+  from laplax.train import cli
+  from test_train import CONFIG
+  assert "num_laplacian_heads" in cli.explicit_model_keys(["x", "--config", CONFIG + ":laplacian=1"])
+  assert cli.explicit_model_keys(["x", f"--config={CONFIG}:spectral=False",
+                                  "--config.model.width=8"]) == ["width"]

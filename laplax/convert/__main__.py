@@ -1,4 +1,4 @@
-"""Convert weights between laplax and timm / Hugging Face ``transformers``.
+r"""Convert weights between laplax and timm / Hugging Face ``transformers``.
 
     python -m laplax.convert --from timm --model deit3_small_patch16_224 \
         --workdir runs/deit3_s [--weights FILE.safetensors|.pth] \
@@ -62,8 +62,25 @@ def _config(source: str):
   return cli._load_config_file(path)  # pylint: disable=protected-access
 
 
+def _with_default_config(argv: list[str]) -> list[str]:
+  """``argv`` with ``--config`` set to the source's default config file when
+  ``--from`` is given without one (so ``--config.key=value`` overrides parse)."""
+  source = None
+  for i, a in enumerate(argv):
+    if a == "--from" and i + 1 < len(argv):
+      source = argv[i + 1]
+    elif a.startswith("--from="):
+      source = a.split("=", 1)[1]
+  has_config = any(a == "--config" or a.startswith("--config=") for a in argv)
+  path = os.path.join(REPO_CONFIGS, DEFAULT_CONFIGS.get(source, ""))
+  if source in DEFAULT_CONFIGS and not has_config and os.path.isfile(path):
+    return argv[:1] + [f"--config={path}"] + argv[1:]
+  return argv
+
+
 def main() -> int:
   """Runs the conversion the flags ask for."""
+  sys.argv = _with_default_config(sys.argv)
   cli.parse_flags(sys.argv)
   source, target = flags.FLAGS["from"].value, _TO.value
   if (source is None) == (target is None):
@@ -79,7 +96,7 @@ def main() -> int:
         raise cli.UsageError("--model is required with --from (a timm model name or a "
                              "Hugging Face directory)")
       config = _config(source)
-      common.plain_attention(config, sys.argv)
+      common.plain_attention(config, cli.explicit_model_keys(sys.argv))
       if source == "timm":
         timm_vit.convert_from_timm(_MODEL.value, _WEIGHTS.value, _MODEL_ARGS.value,
                                    config, _WORKDIR.value)

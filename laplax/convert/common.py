@@ -68,6 +68,17 @@ def from_layout(params: dict, spec: spec_lib.TransformerSpec) -> dict:
   return params
 
 
+def new_directory(parent: str) -> str:
+  """A new temporary directory in ``parent`` (renamed into place by the
+  caller) with the permissions ``os.makedirs`` would give (``mkdtemp``'s are
+  0700)."""
+  tmp = tempfile.mkdtemp(prefix=".convert-", dir=parent)
+  umask = os.umask(0)
+  os.umask(umask)
+  os.chmod(tmp, 0o777 & ~umask)
+  return tmp
+
+
 def _task(config: ml_collections.ConfigDict, num_classes: int | None,
           image_shape: tuple | None, vocab_size: int | None):
   """The laplax task of ``config`` built without its data (sizes given)."""
@@ -137,7 +148,7 @@ def write_workdir(workdir: str, config: ml_collections.ConfigDict, params: Mappi
       rng=jax.random.fold_in(rng, 1), task_state=task.init_task_state(params))
   parent = os.path.dirname(workdir)
   os.makedirs(parent, exist_ok=True)
-  tmp = tempfile.mkdtemp(prefix=".convert-", dir=parent)
+  tmp = new_directory(parent)
   try:
     write_config(config, tmp)
     checkpointer = ckpt_lib.Checkpointer(os.path.join(tmp, CHECKPOINT_DIR))
@@ -178,22 +189,20 @@ def read_workdir(workdir: str):
   return config, spec, from_layout(params, spec), step
 
 
-# The attention options a conversion resets to the source's plain attention
-# unless the command line sets them (``--config.model.KEY=...``).
-LAPLAX_OPTIONS = {"num_laplacian_heads": 0, "laplacian_mask": None,
-                  "laplacian_mix": "fixed", "spectral.enabled": False}
+# The options a conversion resets to the source's model (plain attention,
+# float32 compute, so the logits are the source's) unless the command line
+# sets them.
+SOURCE_OPTIONS = {"num_laplacian_heads": 0, "laplacian_mask": None,
+                  "laplacian_mix": "fixed", "spectral.enabled": False, "dtype": "float32"}
 
 
-def plain_attention(config: ml_collections.ConfigDict, argv: list[str]) -> None:
-  """Sets :data:`LAPLAX_OPTIONS` in ``config.model`` to plain attention, except
-  those ``argv`` sets (``--config.model.num_laplacian_heads=2`` converts into
-  a model with Laplacian heads) and all of them when the config file is given
-  arguments (``--config FILE.py:laplacian=2``)."""
-  if any(":" in a for i, a in enumerate(argv)
-         if a.startswith("--config=") or (i and argv[i - 1] == "--config")):
-    return
-  for key, value in LAPLAX_OPTIONS.items():
-    if any(a.startswith(f"--config.model.{key}") for a in argv):
+def plain_attention(config: ml_collections.ConfigDict, given: list[str]) -> None:
+  """Sets :data:`SOURCE_OPTIONS` in ``config.model``, except the keys in
+  ``given`` (:func:`laplax.train.cli.explicit_model_keys`:
+  ``--config.model.num_laplacian_heads=2`` converts into a model with
+  Laplacian heads)."""
+  for key, value in SOURCE_OPTIONS.items():
+    if any(key == g or key.startswith(g + ".") for g in given):
       continue
     node, leaf = config.model, key
     if "." in key:
@@ -224,8 +233,8 @@ def refuse_laplax_only(spec: spec_lib.TransformerSpec, target: str, force: bool)
                    f" at every forward (the written weights are W without it)")
   if not changes:
     return None
-  message = f"{target} has no equivalent: " + "; ".join(changes)
+  message = f"{target} has no equivalent of: " + "; ".join(changes)
   if not force:
-    raise ConvertError(f"this model has {message}; pass --force to write the weights "
-                       f"anyway (the target code must then make these changes)")
+    raise ConvertError(f"{message}; pass --force to write the weights anyway (the "
+                       f"target code must then make these changes)")
   return message

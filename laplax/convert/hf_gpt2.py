@@ -34,7 +34,6 @@ import copy
 import json
 import os
 import shutil
-import tempfile
 from typing import Mapping
 
 import ml_collections
@@ -549,7 +548,7 @@ def convert_to_hf(workdir: str, out_dir: str, force: bool = False) -> str | None
   hf = hf_config(spec, vocab_size, _eos_token_id(tokenizer))
   parent = os.path.dirname(out_abs)
   os.makedirs(parent, exist_ok=True)
-  tmp = tempfile.mkdtemp(prefix=".convert-", dir=parent)
+  tmp = common.new_directory(parent)
   try:
     with open(os.path.join(tmp, CONFIG_FILE), "w", encoding="utf-8") as f:
       json.dump(hf, f, indent=2)

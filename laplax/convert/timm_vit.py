@@ -33,7 +33,6 @@ import json
 import math
 import os
 import shutil
-import tempfile
 from typing import Any, Mapping
 
 import numpy as np
@@ -86,14 +85,16 @@ def timm_model(name: str, model_args: Mapping | None = None):
   except ImportError:
     raise ConvertError("--from timm needs timm and torch: pip install -r "
                        "requirements-test.txt") from None
-  if name not in timm.list_models():
-    close = timm.list_models(f"*{name.split('_')[0]}*")[:5]
+  if not timm.is_model(name.split(".")[0]):  # a tag (".augreg_in21k") names weights
+    close = timm.list_models(f"{name.split('_')[0]}_*")[:5]
     raise ConvertError(f"--model {name} is not a timm model" +
                        (f"; e.g. {', '.join(close)}" if close else ""))
   try:
     return timm.create_model(name, pretrained=False, **dict(model_args or {})).eval()
-  except TypeError as e:
-    raise ConvertError(f"timm.create_model({name!r}) refused --model_args: {e}") from None
+  except Exception as e:  # pylint: disable=broad-except  # timm asserts, KeyErrors, ...
+    raise ConvertError(f"timm.create_model({name!r}) failed with --model_args "
+                       f"{dict(model_args or {})}: {type(e).__name__}: "
+                       f"{str(e).splitlines()[0] if str(e) else ''}") from None
 
 
 def _identity(module) -> bool:
@@ -113,9 +114,12 @@ def architecture(model) -> dict:
     raise ConvertError(f"{type(model).__name__} is not a timm VisionTransformer; "
                        f"laplax converts timm ViT / DeiT-3 models")
   block = model.blocks[0]
+  if type(block).__name__ != "Block":
+    raise ConvertError(f"this timm model's blocks are {type(block).__name__}; laplax "
+                       f"converts timm's plain pre-norm Block")
   attn, mlp = block.attn, block.mlp
   act = type(mlp.act).__name__
-  approximate = getattr(mlp.act, "approximate", "none")
+  tanh = act == "GELUTanh" or getattr(mlp.act, "approximate", "none") == "tanh"
   checks = [
       (getattr(model, "num_reg_tokens", 0) == 0, "register tokens"),
       (_identity(model.norm_pre), "a norm before the blocks (norm_pre)"),
@@ -126,7 +130,9 @@ def architecture(model) -> dict:
       (model.cls_token is not None or model.global_pool == "avg",
        "no class token with token pooling"),
       (attn.qkv.bias is not None, "qkv_bias=False (laplax biases all projections)"),
-      (act == "GELU", f"the MLP activation {act}"),
+      (attn.proj.bias is not None and mlp.fc1.bias is not None,
+       "bias-free projections (laplax biases all projections)"),
+      (act in ("GELU", "GELUTanh"), f"the MLP activation {act}"),
       (_identity(getattr(attn, "norm", None)), "a norm inside attention"),
       (_identity(getattr(mlp, "norm", None)), "a norm inside the MLP"),
       (model.pos_embed is not None, "no position embedding"),
@@ -151,7 +157,7 @@ def architecture(model) -> dict:
       class_token=model.cls_token is not None, no_embed_class=bool(model.no_embed_class),
       fc_norm=not _identity(model.fc_norm), qk_norm=qk_norm,
       layerscale=not _identity(block.ls1),
-      gelu="gelu" if approximate == "tanh" else "gelu_exact", norm_eps=float(norm.eps))
+      gelu="gelu" if tanh else "gelu_exact", norm_eps=float(norm.eps))
 
 
 def model_keys(arch: Mapping) -> dict:
@@ -391,7 +397,7 @@ def convert_to_timm(workdir: str, out_dir: str, force: bool) -> str | None:
   from safetensors.numpy import save_file  # pylint: disable=import-outside-toplevel
   parent = os.path.dirname(os.path.abspath(out_dir))
   os.makedirs(parent, exist_ok=True)
-  tmp = tempfile.mkdtemp(prefix=".convert-", dir=parent)
+  tmp = common.new_directory(parent)
   try:
     save_file(state, os.path.join(tmp, WEIGHTS))
     with open(os.path.join(tmp, TIMM_CONFIG), "w") as f:

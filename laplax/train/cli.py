@@ -149,11 +149,31 @@ def load_config_flag(name: str = "config") -> ml_collections.ConfigDict:
   return config
 
 
+def explicit_model_keys(argv: list[str]) -> list[str]:
+  """The dotted ``config.model`` keys a command line sets: ``--config.model.KEY=``
+  overrides, and the keys the config file's argument changes
+  (``--config FILE.py:laplacian=1`` against ``FILE.py`` without it).
+
+  Raises:
+    UsageError: the config file cannot be loaded.
+  """
+  keys = [m.group(1) for a in argv for m in [re.match(r"--config\.model\.([\w.]+)", a)] if m]
+  spec = _config_spec(argv)
+  if spec and ":" in spec:
+    with_arg = utils.flatten_dotted(_load_config_file(spec).model.to_dict())
+    plain = utils.flatten_dotted(_load_config_file(spec.partition(":")[0]).model.to_dict())
+    keys += [k for k, v in with_arg.items() if plain.get(k) != v]
+  return keys
+
+
 def model_from_init(config: ml_collections.ConfigDict, argv: list[str]) -> None:
   """With ``config.init_from``, ``config.model`` takes the model section of that
   workdir's ``config.json``, except the keys the command line sets
-  (``--config.model.num_laplacian_heads=2`` fine-tunes a converted timm
-  model with Laplacian heads; the architecture is the one the weights have).
+  (:func:`explicit_model_keys`: ``--config.model.num_laplacian_heads=2``
+  fine-tunes a converted timm model with Laplacian heads; the architecture
+  is the one the weights have). A language model also takes its
+  ``data.tokenizer`` and ``data.vocab_size`` (its ``tokenizer.json`` is
+  copied by the trainer).
 
   Raises:
     ConfigError: ``init_from`` has no readable ``config.json``, or its model
@@ -172,7 +192,12 @@ def model_from_init(config: ml_collections.ConfigDict, argv: list[str]) -> None:
     raise ConfigError(f"config.init_from={init_from} holds a {saved.model.get('name')} "
                       f"model, this config a {config.model.get('name')}; use a config of "
                       f"the same family")
-  given = [m.group(1) for a in argv for m in [re.match(r"--config\.model\.([\w.]+)", a)] if m]
+  given = explicit_model_keys(argv)
+  if config.task == "lm":  # the embedding rows mean the saved run's tokens
+    for key in ("tokenizer", "vocab_size"):
+      if key in config.data and key in saved.data and not any(
+          a.startswith(f"--config.data.{key}=") for a in argv):
+        config.data[key] = saved.data[key]
   for key, value in utils.flatten_dotted(saved.model.to_dict()).items():
     if any(key == g or key.startswith(g + ".") for g in given):
       continue

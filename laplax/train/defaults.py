@@ -210,7 +210,7 @@ def check_recipe(family: str, recipe: str) -> None:
                      f"{', '.join(RECIPES[family])}")
 
 
-def deit3_recipe(c: ml_collections.ConfigDict) -> None:
+def mixed_deit3_options(c: ml_collections.ConfigDict) -> None:
   """The mixed DeiT-3 of the Laplacian authors' timm fork (attention_mixed.py):
   qk-norm and LayerScale 1e-6 on both branches, so each block starts near the
   identity (Touvron et al. 2022 for LayerScale in DeiT-3)."""
@@ -219,7 +219,7 @@ def deit3_recipe(c: ml_collections.ConfigDict) -> None:
   c.model.layerscale_init = 1e-6
 
 
-def nanochat_recipe(c: ml_collections.ConfigDict) -> None:
+def nanochat_options(c: ml_collections.ConfigDict) -> None:
   """The architecture and optimiser options of the Laplacian authors' nanochat
   (nanochat/gpt.py) that laplax has: rotary positions, parameter-free RMSNorm
   everywhere and after the token embedding, ReLU^2 MLP, qk-norm (RMSNorm, then

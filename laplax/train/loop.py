@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import shutil
 import signal
 import time
 from typing import Any
@@ -27,10 +28,10 @@ import optax
 import tqdm
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from laplax import sharding, utils
+from laplax import sharding
 from laplax.train import checkpoint as ckpt_lib
 from laplax.train import config as config_lib
-from laplax.train import optim, tasks
+from laplax.train import finetune, optim, tasks
 from laplax.train.protocol import Task
 # CONFIG_FILE, METRICS_FILE and load_saved_config are also read from here (eval.py).
 from laplax.train.workdir import (CHECKPOINT_DIR, CONFIG_FILE, METRICS_FILE,
@@ -154,6 +155,8 @@ def setup(config: ml_collections.ConfigDict, workdir: str | None,
         f"config.data.data_dir={data_dir} cannot be a directory: "
         f"{existing_ancestor(data_dir)} is a file; give a directory for the "
         f"prepared datasets")
+  if check and workdir is not None and config.get("init_from", ""):
+    finetune.copy_init_tokenizer(config, workdir)
   try:
     return tasks.make_task(config, workdir)
   except OSError as e:
@@ -327,8 +330,32 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   sharding.initialize_distributed(config.get("distributed", None))
 
   # Checks and data, before any write.
-  task = setup(config, workdir)
+  before = set(os.listdir(workdir)) if os.path.isdir(workdir) else None
+  try:
+    return _train_in(config, workdir, setup(config, workdir))
+  except finetune.InitFromError:
+    _remove_new(workdir, before)  # what this start wrote: nothing is left
+    raise
 
+
+def _remove_new(workdir: str, before: set | None) -> None:
+  """Removes what appeared in ``workdir`` since ``before`` (its entries then;
+  ``None``: it did not exist), on process 0."""
+  if jax.process_index() != 0 or not os.path.isdir(workdir):
+    return
+  if before is None:
+    shutil.rmtree(workdir, ignore_errors=True)
+    return
+  for name in set(os.listdir(workdir)) - before:
+    path = os.path.join(workdir, name)
+    if os.path.isdir(path):
+      shutil.rmtree(path, ignore_errors=True)
+    else:
+      os.remove(path)
+
+
+def _train_in(config, workdir: str, task: Task) -> dict:
+  """:func:`_train` on the config's mesh, under its logical axis rules."""
   # Mesh and logical axis rules; everything below is traced inside them.
   mesh = sharding.make_mesh(config.get("mesh_shape", sharding.DEFAULT_MESH_SHAPE))
   rules = sharding.rules_from_config(config)
@@ -371,7 +398,7 @@ def _restore_or_start(config, workdir: str, task: Task, tx, checkpointer, train_
     return state
   init = None
   if config.get("init_from", ""):  # checked before anything is written
-    init = initial_params(config.init_from, abstract.params)
+    init = finetune.initial_params(config.init_from, abstract.params)
   if jax.process_index() == 0:
     write_config(config, workdir)
   checkpointer.warn_incomplete(delete=True)
@@ -387,54 +414,6 @@ def _restore_or_start(config, workdir: str, task: Task, tx, checkpointer, train_
                                              out_shardings=state_sharding.task_state)(params))
   checkpointer.save(state, train_iter.get_state())
   return state
-
-
-def initial_params(init_from: str, abstract_params: Any) -> Any:
-  """The parameters of the newest checkpoint of the workdir ``init_from``
-  for a new run whose parameters are ``abstract_params`` (``config.init_from``).
-
-  Every parameter must be there with its shape (cast to the new dtype), except
-  the classifier ``head``: one of another shape (another number of classes)
-  is left to the new run's initialisation (leaf ``None`` in the result), as
-  fine-tuning on a new label set does.
-
-  Raises:
-    ConfigError: no readable checkpoint, or a parameter missing, extra, or of
-      another shape (named, one line).
-  """
-  where = os.path.join(os.path.expanduser(init_from), CHECKPOINT_DIR)
-  try:
-    step, saved = ckpt_lib.Checkpointer(where).restore_params()
-  except ckpt_lib.CheckpointError as e:
-    raise config_lib.ConfigError(f"config.init_from: {e}") from None
-  flat_saved = {utils.path_str(p): v
-                for p, v in jax.tree_util.tree_flatten_with_path(saved)[0]}
-  flat_new, treedef = jax.tree_util.tree_flatten_with_path(abstract_params)
-  names = [utils.path_str(p) for p, _ in flat_new]
-  extra = sorted(set(flat_saved) - set(names))
-  if extra:
-    raise config_lib.ConfigError(
-        f"config.init_from={init_from} has parameter {extra[0]} that this model has "
-        f"not; use the same model.* keys (Laplacian heads and spectral settings may differ)")
-  leaves = []
-  for name, (_, x) in zip(names, flat_new):
-    if name not in flat_saved:
-      raise config_lib.ConfigError(
-          f"config.init_from={init_from} lacks parameter {name}; use the same model.* "
-          f"keys as the run it holds")
-    value = np.asarray(flat_saved[name])
-    if value.shape != tuple(x.shape):
-      if name.split("/")[0] == "head":
-        logging.info("init_from: %s %s -> %s, left at its initialisation",
-                     name, value.shape, tuple(x.shape))
-        leaves.append(None)
-        continue
-      raise config_lib.ConfigError(
-          f"config.init_from={init_from}: parameter {name} has shape {value.shape}, "
-          f"this model's is {tuple(x.shape)}; use the same model.* keys")
-    leaves.append(value.astype(x.dtype))
-  logging.info("initialised from step %d of %s", step, init_from)
-  return jax.tree_util.tree_unflatten(treedef, leaves)
 
 
 def _fetch_finite(pending: list, checkpointer, bar) -> list:

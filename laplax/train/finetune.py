@@ -1,0 +1,92 @@
+"""Fine-tuning: a new run that starts from another workdir's parameters.
+
+``config.init_from = WORKDIR`` (a ``train.py`` run, or one that ``python -m
+laplax.convert`` wrote): :func:`initial_params` reads the newest parameters
+of that workdir for the new run's model (checked name by name and shape by
+shape); the optimizer starts fresh. ``laplax.train.cli.model_from_init``
+gives the new run the saved run's model keys.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from typing import Any
+
+import jax
+import numpy as np
+
+from laplax import utils
+from laplax.data import tokenizers
+from laplax.train import checkpoint as ckpt_lib
+from laplax.train import config as config_lib
+from laplax.train.workdir import CHECKPOINT_DIR
+
+
+def copy_init_tokenizer(config, workdir: str) -> None:
+  """A language model fine-tuned from ``config.init_from`` reads that run's
+  tokens: its ``tokenizer.json`` is copied into a workdir that has none."""
+  source = tokenizers.tokenizer_path(config.init_from)
+  target = tokenizers.tokenizer_path(workdir)
+  if config.task == "lm" and os.path.isfile(source) and not os.path.exists(target):
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    shutil.copyfile(source, target)
+
+
+class InitFromError(config_lib.ConfigError):
+  """``config.init_from`` does not fit the new run (one line, the parameter named)."""
+
+
+def initial_params(init_from: str, abstract_params: Any) -> Any:
+  """The parameters of the newest checkpoint of the workdir ``init_from``
+  for a new run whose parameters are ``abstract_params`` (``config.init_from``).
+
+  Every parameter must be there with its shape (cast to the new dtype), except
+  the classifier ``head``: one of another shape (another number of classes)
+  is left to the new run's initialisation (leaf ``None`` in the result), as
+  fine-tuning on a new label set does; so is a learned Laplacian mix
+  (``laplacian_mix``) the saved run has not (one it has and this run has not
+  is dropped).
+
+  Raises:
+    ConfigError: no readable checkpoint, or a parameter missing, extra, or of
+      another shape (named, one line).
+  """
+  where = os.path.join(os.path.expanduser(init_from), CHECKPOINT_DIR)
+  try:
+    step, saved = ckpt_lib.Checkpointer(where).restore_params()
+  except ckpt_lib.CheckpointError as e:
+    raise InitFromError(f"config.init_from: {e}") from None
+  flat_saved = {utils.path_str(p): v
+                for p, v in jax.tree_util.tree_flatten_with_path(saved)[0]}
+  flat_new, treedef = jax.tree_util.tree_flatten_with_path(abstract_params)
+  names = [utils.path_str(p) for p, _ in flat_new]
+  mix = lambda name: name.endswith("/laplacian_mix")
+  extra = sorted(n for n in set(flat_saved) - set(names) if not mix(n))
+  if extra:
+    raise InitFromError(
+        f"config.init_from={init_from} has parameter {extra[0]} that this model has "
+        f"not; use the same model.* keys (Laplacian heads and spectral settings may differ)")
+  leaves = []
+  for name, (_, x) in zip(names, flat_new):
+    if name not in flat_saved and mix(name):
+      leaves.append(None)
+      continue
+    if name not in flat_saved:
+      raise InitFromError(
+          f"config.init_from={init_from} lacks parameter {name}; use the same model.* "
+          f"keys as the run it holds")
+    value = np.asarray(flat_saved[name])
+    if value.shape != tuple(x.shape):
+      if name.split("/")[0] == "head":
+        logging.info("init_from: %s %s -> %s, left at its initialisation",
+                     name, value.shape, tuple(x.shape))
+        leaves.append(None)
+        continue
+      raise InitFromError(
+          f"config.init_from={init_from}: parameter {name} has shape {value.shape}, "
+          f"this model's is {tuple(x.shape)}; use the same model.* keys")
+    leaves.append(value.astype(x.dtype))
+  logging.info("initialised from step %d of %s", step, init_from)
+  return jax.tree_util.tree_unflatten(treedef, leaves)
