@@ -65,15 +65,10 @@ def _config(source: str):
 def _with_default_config(argv: list[str]) -> list[str]:
   """``argv`` with ``--config`` set to the source's default config file when
   ``--from`` is given without one (so ``--config.key=value`` overrides parse)."""
-  source = None
-  for i, a in enumerate(argv):
-    if a == "--from" and i + 1 < len(argv):
-      source = argv[i + 1]
-    elif a.startswith("--from="):
-      source = a.split("=", 1)[1]
-  has_config = any(a == "--config" or a.startswith("--config=") for a in argv)
+  source = cli.flag_value(argv, "from")
   path = os.path.join(REPO_CONFIGS, DEFAULT_CONFIGS.get(source, ""))
-  if source in DEFAULT_CONFIGS and not has_config and os.path.isfile(path):
+  if (source in DEFAULT_CONFIGS and cli.flag_value(argv, "config") is None
+      and os.path.isfile(path)):
     return argv[:1] + [f"--config={path}"] + argv[1:]
   return argv
 

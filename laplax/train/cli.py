@@ -61,15 +61,21 @@ def _unknown_key_message(argv: list[str], config) -> str | None:
   return None
 
 
-def _config_spec(argv: list[str]) -> str | None:
-  """The value of the last ``--config`` flag in ``argv`` (absl: the last wins)."""
-  spec = None
+def flag_value(argv: list[str], name: str) -> str | None:
+  """The value of the last ``--NAME VALUE`` / ``--NAME=VALUE`` in ``argv``
+  (absl: the last wins), read before the flags are parsed; ``None`` if absent."""
+  value = None
   for i, arg in enumerate(argv):
-    if arg == "--config" and i + 1 < len(argv):
-      spec = argv[i + 1]
-    elif arg.startswith("--config="):
-      spec = arg.split("=", 1)[1]
-  return spec
+    if arg == f"--{name}" and i + 1 < len(argv):
+      value = argv[i + 1]
+    elif arg.startswith(f"--{name}="):
+      value = arg.split("=", 1)[1]
+  return value
+
+
+def _config_spec(argv: list[str]) -> str | None:
+  """The value of the last ``--config`` flag in ``argv``."""
+  return flag_value(argv, "config")
 
 
 def _load_config_file(spec: str):
