@@ -147,8 +147,13 @@ def test_anova_parts_add_up_and_match_reference():
   tokens, mask, labels = random_batch(rng, b=9, t=7, d=5, classes=3, offset=1e3)
   acc = geometry.GeometryAccumulator(5, num_classes=3)
   acc.update(tokens, mask=mask, labels=labels)
-  a = acc.finalize()["anova"]
+  out = acc.finalize()
+  a, f = out["anova"], out["fractions"]
   assert a["within_sequence"] + a["between_sequence"] == pytest.approx(a["total"], rel=1e-6)
+  # The fractions the paper reads: within + between-sequence = 1 to 1e-6.
+  assert f["within_sequence"] + f["between_sequence"] == pytest.approx(1.0, abs=1e-6)
+  assert f["between_class"] == pytest.approx(a["between_class"] / a["total"], rel=1e-12)
+  assert 0 < f["within_class"] < 1 and 0 < f["between_class"] < 1
   assert a["within_class"] + a["between_class"] == pytest.approx(
       a["between_sequence"], rel=1e-6)
   ref = reference(tokens, mask, labels, 3)

@@ -392,7 +392,9 @@ class GeometryAccumulator:
       ``anova`` (``total``, ``within_sequence``, ``between_sequence``, and
       with classes ``within_class``, ``between_class``: traces, in squared
       units of the representation, per token), ``singular_values`` (``[D]``,
-      descending, of the centred token matrix), ``components_99``, and with
+      descending, of the centred token matrix), ``components_99``,
+      ``fractions`` (each ``anova`` term divided by ``total``: within- and
+      between-sequence add up to 1, as the paper reads the geometry), and with
       classes ``classes`` / with token classes ``token_classes``: the output
       of :func:`class_statistics`.
 
@@ -423,6 +425,9 @@ class GeometryAccumulator:
       out["classes"] = class_statistics(
           self.class_count, self.class_sum, self.class_sq, self.seq_second,
           classifier=classifier, max_pairwise_classes=max_pairwise_classes)
+    total = anova["total"]
+    out["fractions"] = {k: (v / total if total > 0 else None)
+                        for k, v in anova.items() if k != "total"}
     if self.num_token_classes:
       out["token_classes"] = class_statistics(
           self.tclass_count, self.tclass_sum, self.tclass_sq, self.token_scatter,
