@@ -1,7 +1,7 @@
 """Tests of laplax.analysis (geometry, conditioning, capture, report, plots, compare)
 and of ``eval.py --analysis`` / ``python -m laplax.analysis.compare``.
 
-References are NumPy float64 transcriptions of METHODS.md's definitions on all
+References are NumPy float64 transcriptions of the definitions in laplax/analysis/geometry.py's docstring on all
 tokens at once:
 
 * ANOVA: ``total = 1/N sum ||h - mu_G||^2``, ``within_sequence = 1/N sum ||h -

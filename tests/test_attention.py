@@ -1,7 +1,7 @@
-"""Tests of laplax.attention: Laplacian heads (METHODS.md section 1).
+"""Tests of laplax.attention: Laplacian heads (Zhang & Papyan 2026; laplax/attention.py).
 
 Every numeric expectation comes from ``np_attention``, a float64 NumPy
-evaluation of the formula in METHODS.md: per head
+evaluation of the formula (Zhang & Papyan 2026, as laplax.attention.attend documents it): per head
 ``P = softmax(Q K^T / sqrt(d_head) + mask)``, standard heads ``P V``,
 Laplacian heads ``V - P V``, grouped-query attention repeating ``K, V`` to the
 query heads first.
@@ -38,7 +38,7 @@ HEADS = {
 
 def np_attention(q, k, v, laplacian, *, mask=None, causal=False,
                  residual_value=None, return_weights=False):
-  """METHODS.md formula in float64 NumPy.
+  """The Laplacian-head formula (laplax.attention.attend) in float64 NumPy.
 
   ``mask`` is boolean (True = attend) and enters as an additive 0 / -inf term.
   A row without any allowed key has no defined softmax; for it the library's

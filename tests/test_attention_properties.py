@@ -6,9 +6,9 @@ no allowed key), random head mixes and causal or not. For every draw:
 
 * outputs are finite;
 * ``"xla"`` and ``"reference"`` agree with the float64 NumPy formula of
-  METHODS.md (``np_attention`` of test_attention.py);
+  the paper (``np_attention`` of test_attention.py);
 * Laplacian heads equal ``V`` minus the standard heads' output on the same
-  inputs (METHODS.md section 1, ``(I - P) V``);
+  inputs (Zhang & Papyan 2026, ``(I - P) V``);
 * with ``is_causal``, perturbing the tokens after position ``t`` changes no
   output at positions ``<= t``.
 

@@ -1,5 +1,5 @@
 """Tests of laplax.spectral and of spectral conditioning inside the models
-(METHODS.md section 2:
+(Saratchandran & Lucey 2025, as laplax.spectral documents it:
 ``softmax(X (W_Q + C_Q) (W_K + C_K)^T X^T / sqrt(d)) X (W_V + C_V)``).
 
 Closed forms are built with NumPy: ``full = lam * eye(D, H * dh)``;
