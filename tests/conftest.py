@@ -15,8 +15,14 @@ session (xdist workers and every subprocess inherit the environment):
   ``test_train.test_train_then_eval_reports_same_accuracy`` runs train.py
   and eval.py with XLA's defaults (what users, ``bench/`` and the README's
   numbers get).
+- ``XLA_FLAGS`` += :data:`FAST_COMPILE_FLAGS`: XLA's CPU backend without its
+  MLIR fusion emitters (the older LLVM emitters), which compile a small
+  program in about 29 instead of 50 ms. The
+  suite compiles thousands of them (every new shape of an op run outside
+  ``jit`` is one): ``tests/test_gpt.py`` alone 70 -> 55 s. Subprocesses that
+  set their own device count append to these (``test_train.xla_env``).
 
-A value the user has set for either is left as it is.
+A value the user has set for any of these is left as it is.
 
 :func:`pytest_collection_modifyitems` puts the longest test files first
 (:data:`LONGEST_FIRST`), so that with ``-n 2 --dist loadfile`` the other
@@ -31,17 +37,20 @@ import pytest
 
 FMNIST_SOURCE = "/usr/share/datasets/fashion-mnist"
 _CACHE_OWNER = "LAPLAX_TEST_CACHE_OWNER"
-# The test files that take longest (about 4, 2, 1 and 2 minutes of one worker
-# on a 2-core machine), in that order; the rest keep their order. Two heavy
-# files side by side run slower than a heavy and a light one (the runs of
-# 2026-12-01: with test_convert_timm.py and test_memory.py also first the
+FAST_COMPILE_FLAGS = "--xla_cpu_use_fusion_emitters=false"
+# The test files that take longest (about 3.5, 2.5, 1.5, 1 and 2 minutes of one
+# worker on a 2-core machine), in that order; the rest keep their order. Two
+# heavy files side by side run slower than a heavy and a light one (the runs
+# of 2026-12-01: with test_convert_timm.py and test_memory.py also first the
 # suite took 14.9 instead of 12.5 minutes), so only these go first.
-LONGEST_FIRST = ("test_resume.py", "test_dino.py", "test_configs.py", "test_sharding.py")
+LONGEST_FIRST = ("test_resume.py", "test_sweep.py", "test_dino.py", "test_configs.py",
+                 "test_sharding.py")
 
 
 def pytest_configure(config):  # pylint: disable=unused-argument
   """Sets the session's compilation cache (the xdist controller's, shared)."""
   os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
+  os.environ.setdefault("XLA_FLAGS", FAST_COMPILE_FLAGS)
   if "JAX_COMPILATION_CACHE_DIR" in os.environ:
     return
   os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="laplax_jax_cache_")

@@ -14,14 +14,11 @@ before it reads its arguments; eight of them, and every bad input to
 
 import os
 import shutil
-import signal
 import sys
-import types
 
 import pytest
-from absl import flags
 
-from test_train import CONFIG, ROOT, TINY, run, train_args
+from test_train import CONFIG, ROOT, TINY, run, run_train_in_process, train_args
 
 GPT_CONFIG = os.path.join(ROOT, "configs", "gpt_shakespeare.py")
 FMNIST_SOURCE = "/usr/share/datasets/fashion-mnist"
@@ -107,30 +104,6 @@ BAD_CONFIGS = {
 # The bad config values also run as subprocesses (the rest only in-process).
 SUBPROCESS_CONFIGS = ("missing dataset files", "unknown config key", "unknown flag",
                       "mesh larger than the devices")
-
-
-def run_train_in_process(argv, capfd):
-  """``python train.py ARGV[1:]`` in this process: its exit code and output."""
-  import train  # pylint: disable=import-outside-toplevel
-  from laplax.train.loop import NonFiniteError  # pylint: disable=import-outside-toplevel
-  capfd.readouterr()
-  saved_argv, saved_term = sys.argv, signal.getsignal(signal.SIGTERM)
-  flags.FLAGS.unparse_flags()
-  sys.argv = list(argv)
-  code = 0
-  try:
-    train.cli.run(train.main, user_errors=(NonFiniteError,))
-  except SystemExit as e:
-    code = e.code
-  finally:
-    sys.argv = saved_argv
-    signal.signal(signal.SIGTERM, saved_term)
-    flags.FLAGS.unparse_flags()
-    # config_flags defines a flag per config field at each parse.
-    for flag in [f for f in flags.FLAGS if f.startswith("config.")]:
-      delattr(flags.FLAGS, flag)
-  out, err = capfd.readouterr()
-  return types.SimpleNamespace(returncode=code, stdout=out, stderr=err)
 
 
 @pytest.mark.parametrize("name,how", [(n, "in-process") for n in sorted(BAD_CONFIGS)]

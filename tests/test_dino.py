@@ -18,7 +18,7 @@ from laplax.train import config as config_lib
 from laplax.train import loop, optim, tasks
 from model_helper import make_vit
 from test_configs import load
-from test_train import ROOT, read_metrics, run
+from test_train import ROOT, read_metrics, run, run_train_in_process
 
 DINO_CONFIG = os.path.join(ROOT, "configs", "dino_fashion_mnist.py")
 # A tiny DINO so every step takes milliseconds on CPU.
@@ -311,9 +311,10 @@ def test_collapse_is_flagged_with_a_uniform_teacher(tmp_path, fmnist_data_dir):
     ("--config.data.multicrop.local_scale=(0.5,0.1)", "local_scale"),
     ("--config.model.pool=gap", "class token"),
 ])
-def test_bad_dino_input_one_line_exit_2(tmp_path, fragment, flag):
+def test_bad_dino_input_one_line_exit_2(tmp_path, fragment, flag, capfd):
   workdir = tmp_path / "bad"
-  r = run(["train.py", "--config", DINO_CONFIG, "--workdir", str(workdir), flag])
+  r = run_train_in_process(["train.py", "--config", DINO_CONFIG, "--workdir", str(workdir),
+                            flag], capfd)
   assert r.returncode == 2, r.stderr[-2000:]
   lines = r.stderr.strip().splitlines()
   assert len(lines) == 1 and fragment in lines[0], r.stderr

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from test_train import ROOT, run
+from test_train import ROOT, run, run_train_in_process
 
 GPT_CONFIG = os.path.join(ROOT, "configs", "gpt_shakespeare.py")
 TINY = ["--config.model.width=32", "--config.model.depth=1", "--config.model.num_heads=2",
@@ -111,7 +111,7 @@ def test_bad_sampling_flags(trained, flags, fragment):
 
 
 @pytest.mark.parametrize("case", ["empty corpus", "short corpus", "unknown tokenizer"])
-def test_bad_lm_input(case, tmp_path, corpus):
+def test_bad_lm_input(case, tmp_path, corpus, capfd):
   source = corpus
   extra = []
   if case == "empty corpus":
@@ -125,10 +125,10 @@ def test_bad_lm_input(case, tmp_path, corpus):
   else:
     extra = ["--config.data.tokenizer=wordpiece"]
   workdir = tmp_path / "run"
-  r = run(["train.py", "--config", GPT_CONFIG, "--workdir", str(workdir),
-           f"--config.data.source_dir={source}",
-           f"--config.data.data_dir={tmp_path / 'tfds'}", "--config.total_steps=5"]
-          + TINY + extra)
+  r = run_train_in_process(["train.py", "--config", GPT_CONFIG, "--workdir", str(workdir),
+                            f"--config.data.source_dir={source}",
+                            f"--config.data.data_dir={tmp_path / 'tfds'}",
+                            "--config.total_steps=5"] + TINY + extra, capfd)
   line = one_line_error(r)
   assert {"empty corpus": "no", "short corpus": "shorter",
           "unknown tokenizer": "wordpiece"}[case] in line.lower()

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from test_resume import DINO_CONFIG, DINO_TINY, GPT_CONFIG, GPT_TINY, TEXT
-from test_train import CONFIG, ROOT, TINY
+from test_train import CONFIG, ROOT, TINY, xla_env
 
 VIT = ["--config", CONFIG] + TINY + [
     "--config.data.eval_split=test[:1000]", "--config.total_steps=6",
@@ -79,7 +79,7 @@ def runs(tmp_path_factory, fmnist_data_dir):
       "gpt": GPT + [f"--config.data.source_dir={corpus}",
                     f"--config.data.data_dir={corpus}_tfds"],
       "dino": DINO + [f"--config.data.data_dir={fmnist_data_dir}"]}
-  two_devices = {"XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+  two_devices = {"XLA_FLAGS": xla_env(2)["XLA_FLAGS"]}
   _train_then_eval({t: (["train.py", "--workdir", str(dirs[t])] + train[t],
                         two_devices if t == "vit" else None, dirs[t]) for t in dirs},
                    root)

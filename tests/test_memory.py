@@ -37,9 +37,13 @@ def forward(model, params, x):
   return jax.jit(model.apply)({"params": params}, x)
 
 
-def assert_trees_close(a, b, atol):
-  jax.tree_util.tree_map(
-      lambda x, y: np.testing.assert_allclose(x, y, atol=atol, rtol=atol), a, b)
+def assert_trees_close(a, b, atol, scaled=False):
+  """Leafwise ``|a - b| <= atol + atol |b|``; ``scaled``: ``atol`` times each
+  leaf's largest ``|b|`` (an error relative to the tensor's scale)."""
+  def check(x, y):
+    tol = atol * max(float(np.abs(y).max()), 1.0) if scaled else atol
+    np.testing.assert_allclose(x, y, atol=tol, rtol=atol)
+  jax.tree_util.tree_map(check, a, b)
 
 
 # --------------------------------------------------------------------------
@@ -174,7 +178,9 @@ def test_remat_same_loss_gradients_and_parameter_names(family, remat):
   v0, g0 = jax.jit(jax.value_and_grad(lambda p: loss(plain, p)))(params)
   v1, g1 = jax.jit(jax.value_and_grad(lambda p: loss(rematted, p)))(params)
   assert float(v1) == pytest.approx(float(v0), rel=1e-6)
-  assert_trees_close(g1, g0, 1e-5)
+  # The recomputed forward fuses and sums in another order: a float32 kernel
+  # gradient whose entries reach 3e4 differs by ~1e-6 of that scale.
+  assert_trees_close(g1, g0, 1e-5, scaled=True)
 
 
 def test_scanned_vit_same_logits_with_mixed_heads_and_spectral():

@@ -24,7 +24,7 @@ import sharding_helper
 from laplax import sharding
 from laplax.train import config as config_lib
 from model_helper import make_gpt
-from test_train import ROOT, read_metrics, run
+from test_train import ROOT, read_metrics, run, xla_env
 
 HELPER = os.path.join(ROOT, "tests", "sharding_helper.py")
 GPT_CONFIG = os.path.join(ROOT, "configs", "gpt_shakespeare.py")
@@ -43,8 +43,7 @@ def device_env(n):
   Most XLA optimisations are off: the programs are tiny and compiling them
   dominates; every run compared here uses the same setting.
   """
-  return dict(os.environ, PYTHONUNBUFFERED="1", JAX_DISABLE_MOST_OPTIMIZATIONS="1",
-              XLA_FLAGS=f"--xla_force_host_platform_device_count={n}")
+  return xla_env(n, PYTHONUNBUFFERED="1", JAX_DISABLE_MOST_OPTIMIZATIONS="1")
 
 
 @pytest.fixture(scope="module")

@@ -2,11 +2,14 @@
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import types
 
 import numpy as np
 import pytest
+from absl import flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(ROOT, "configs", "vit_fashion_mnist.py")
@@ -20,12 +23,50 @@ TINY = ["--config.model.width=32", "--config.model.depth=1", "--config.model.num
 
 def run(args, timeout=300, xla_defaults=False, **kwargs):
   """``python ARGS`` in the repository; ``xla_defaults``: without the suite's
-  ``JAX_DISABLE_MOST_OPTIMIZATIONS`` (see conftest.py)."""
+  ``JAX_DISABLE_MOST_OPTIMIZATIONS`` and ``XLA_FLAGS`` (see conftest.py)."""
   env = dict(os.environ, PYTHONUNBUFFERED="1")
   if xla_defaults:
     env.pop("JAX_DISABLE_MOST_OPTIMIZATIONS", None)
+    env.pop("XLA_FLAGS", None)
   return subprocess.run([sys.executable] + args, cwd=ROOT, capture_output=True,
                         text=True, timeout=timeout, env=env, **kwargs)
+
+
+def xla_env(num_devices=None, **extra):
+  """``os.environ`` with ``extra``, and ``num_devices`` fake CPU devices added
+  to the session's ``XLA_FLAGS`` (not replacing them)."""
+  env = dict(os.environ, **extra)
+  if num_devices is not None:
+    env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "")
+                        + f" --xla_force_host_platform_device_count={num_devices}").strip()
+  return env
+
+
+def run_train_in_process(argv, capfd):
+  """``python train.py ARGV[1:]`` in this process: its exit code and output
+  (``capfd``: pytest's fixture). For the bad inputs that fail before anything
+  runs, it saves the 3-4 s a subprocess spends starting; test_bad_inputs.py
+  runs a few of them as subprocesses too."""
+  import train  # pylint: disable=import-outside-toplevel
+  from laplax.train.loop import NonFiniteError  # pylint: disable=import-outside-toplevel
+  capfd.readouterr()
+  saved_argv, saved_term = sys.argv, signal.getsignal(signal.SIGTERM)
+  flags.FLAGS.unparse_flags()
+  sys.argv = list(argv)
+  code = 0
+  try:
+    train.cli.run(train.main, user_errors=(NonFiniteError,))
+  except SystemExit as e:
+    code = e.code
+  finally:
+    sys.argv = saved_argv
+    signal.signal(signal.SIGTERM, saved_term)
+    flags.FLAGS.unparse_flags()
+    # config_flags defines a flag per config field at each parse.
+    for flag in [f for f in flags.FLAGS if f.startswith("config.")]:
+      delattr(flags.FLAGS, flag)
+  out, err = capfd.readouterr()
+  return types.SimpleNamespace(returncode=code, stdout=out, stderr=err)
 
 
 def train_args(workdir, data_dir, *extra, config=CONFIG):
