@@ -98,8 +98,9 @@ def _load_config_file(spec: str):
   return config
 
 
-def parse_flags(argv: list[str]) -> None:
-  """Parses ``argv`` into absl FLAGS.
+def parse_flags(argv: list[str], flag_values: flags.FlagValues | None = None) -> None:
+  """Parses ``argv`` into absl FLAGS (or into ``flag_values``: ``python -m
+  laplax.sweep`` checks each run's ``train.py`` command line on its own).
 
   ``--help``, ``-h`` or ``--helpfull`` prints the calling script's docstring
   and its flags, then exits 0.
@@ -112,11 +113,12 @@ def parse_flags(argv: list[str]) -> None:
     print((getattr(main, "__doc__", None) or "").strip() + "\n")
     print("flags:\n" + flags.FLAGS.main_module_help())
     sys.exit(0)
+  flag_values = flags.FLAGS if flag_values is None else flag_values
   absl_logger = logging.getLogger("absl")
   level = absl_logger.level
   absl_logger.setLevel(logging.ERROR)  # config_flags warns of a None config
   try:
-    flags.FLAGS(argv)
+    flag_values(argv)
   except flags.Error as e:
     spec = _config_spec(argv)
     if spec is not None and "config" in str(e).split(":")[0]:
@@ -134,21 +136,24 @@ def parse_flags(argv: list[str]) -> None:
     absl_logger.setLevel(level)
 
 
-def load_config_flag(name: str = "config") -> ml_collections.ConfigDict:
-  """The parsed ``--config`` as a ConfigDict.
+def load_config_flag(name: str = "config", flag_values: flags.FlagValues | None = None,
+                     argv: list[str] | None = None) -> ml_collections.ConfigDict:
+  """The parsed ``--config`` (of ``flag_values``, default absl's FLAGS, parsed
+  from ``argv``, default ``sys.argv``) as a ConfigDict.
 
   Raises:
     UsageError: the flag is missing or its file could not be loaded.
   """
-  if flags.FLAGS[name].present == 0 and flags.FLAGS[name].value is None:
+  flag_values = flags.FLAGS if flag_values is None else flag_values
+  if flag_values[name].present == 0 and flag_values[name].value is None:
     raise UsageError(f"--{name} is required, e.g. --{name} configs/vit_fashion_mnist.py")
   try:
-    config = flags.FLAGS[name].value
+    config = flag_values[name].value
     if not isinstance(config, ml_collections.ConfigDict):
       raise TypeError(type(config).__name__)
     config.keys()  # an _ErrorConfig raises here with the loading error
   except Exception:  # pylint: disable=broad-except
-    _load_config_file(_config_spec(sys.argv) or "")  # names the real problem
+    _load_config_file(_config_spec(sys.argv if argv is None else argv) or "")  # names the real problem
     raise UsageError(f"could not load --{name}") from None
   if not isinstance(config, ml_collections.ConfigDict):
     raise UsageError(f"--{name} did not give a ConfigDict (get_config() must return one)")

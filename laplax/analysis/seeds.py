@@ -1,0 +1,209 @@
+"""Results over seeds: the final metrics of a set of runs, mean +- std per grid cell.
+
+:func:`run_results` reads what one finished run left in its workdir (the
+``eval.json`` of ``eval.py``, the last training record of ``metrics.jsonl``
+and, when present, the per-layer quantities of ``analysis.json`` through
+:func:`laplax.analysis.summary.summary`); :func:`aggregate` reduces the runs
+of each cell to mean, standard deviation and count; :func:`markdown` prints
+that as tables and :func:`plot_curves` draws the training curves with the
+seeds as a band. ``python -m laplax.sweep`` writes all three.
+
+The standard deviation is the sample one (``ddof=1``, ``None`` for one
+seed), in the metric's own unit.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from typing import Sequence
+
+import numpy as np
+
+from laplax.analysis import summary as summary_lib
+
+# eval.json counts and ids, not results.
+NOT_METRICS = ("step", "num_examples", "num_tokens", "num_questions")
+# Training-record keys that are timings or bookkeeping, not results.
+NOT_TRAIN_METRICS = ("step", "split", "steps_per_sec", "time")
+
+
+def _numbers(record: dict, skip: Sequence[str]) -> dict:
+  return {k: float(v) for k, v in record.items()
+          if k not in skip and isinstance(v, (int, float)) and not isinstance(v, bool)
+          and math.isfinite(float(v))}
+
+
+def read_jsonl(path: str) -> list[dict]:
+  """The records of a JSON-lines file (``[]`` if it does not exist); a
+  truncated last line (a killed writer) is left out."""
+  if not os.path.exists(path):
+    return []
+  records = []
+  with open(path) as f:
+    for line in f:
+      try:
+        records.append(json.loads(line))
+      except json.JSONDecodeError:
+        continue
+  return records
+
+
+def run_results(workdir: str) -> dict:
+  """The final results of one run.
+
+  Returns:
+    ``{"metrics": {name: value}, "layers": {quantity: [value per layer]}}``:
+    every number of ``eval.json`` but the counts (:data:`NOT_METRICS`), the
+    last training record's numbers as ``train_NAME`` (timings left out), and
+    the per-layer quantities of ``analysis.json`` (``{}`` without one;
+    ``None`` where a layer lacks one).
+
+  Raises:
+    ValueError: ``workdir`` has no readable ``eval.json``.
+  """
+  try:
+    with open(os.path.join(workdir, "eval.json")) as f:
+      evaluated = json.load(f)
+  except (OSError, json.JSONDecodeError) as e:
+    raise ValueError(f"{workdir} has no readable eval.json ({type(e).__name__}); "
+                     f"run eval.py --workdir {workdir}") from None
+  metrics = _numbers(evaluated, NOT_METRICS)
+  train = [r for r in read_jsonl(os.path.join(workdir, "metrics.jsonl"))
+           if r.get("split") == "train"]
+  if train:
+    metrics.update({f"train_{k}": v for k, v in _numbers(train[-1], NOT_TRAIN_METRICS).items()})
+  layers = {}
+  analysis_path = os.path.join(workdir, "analysis.json")
+  if os.path.exists(analysis_path):
+    with open(analysis_path) as f:
+      per_layer = summary_lib.summary(json.load(f))
+    layers = {k: v for k, v in per_layer.items() if any(x is not None for x in v)}
+  return {"metrics": metrics, "layers": layers}
+
+
+def mean_std(values: Sequence[float | None]) -> dict:
+  """``{"mean", "std", "n"}`` of the non-missing ``values`` (sample std,
+  ``ddof=1``; ``None`` for fewer than two values, both ``None`` for none)."""
+  x = np.asarray([v for v in values if v is not None], np.float64)
+  if x.size == 0:
+    return {"mean": None, "std": None, "n": 0}
+  return {"mean": float(x.mean()), "std": float(x.std(ddof=1)) if x.size > 1 else None,
+          "n": int(x.size)}
+
+
+def aggregate(cells: Sequence[dict]) -> list[dict]:
+  """Mean +- std over seeds, per cell.
+
+  Args:
+    cells: ``[{"grid": {key: value}, "runs": {seed: run_results(...)}}]``.
+
+  Returns:
+    One dict per cell: ``grid``, ``seeds`` (sorted), ``metrics`` (``{name:
+    mean_std}`` over the seeds that have the metric) and ``layers``
+    (``{quantity: [mean_std per layer]}``).
+  """
+  out = []
+  for cell in cells:
+    runs = [cell["runs"][s] for s in sorted(cell["runs"])]
+    names = sorted({k for r in runs for k in r["metrics"]})
+    metrics = {k: mean_std([r["metrics"].get(k) for r in runs]) for k in names}
+    layers = {}
+    for q in sorted({k for r in runs for k in r["layers"] if k != "layer"}):
+      depth = max(len(r["layers"].get(q, [])) for r in runs)
+      layers[q] = [mean_std([r["layers"][q][i] if i < len(r["layers"].get(q, [])) else None
+                             for r in runs]) for i in range(depth)]
+    out.append({"grid": dict(cell["grid"]), "seeds": sorted(cell["runs"]),
+                "metrics": metrics, "layers": layers})
+  return out
+
+
+def _pm(stat: dict) -> str:
+  if stat["mean"] is None:
+    return "-"
+  if stat["std"] is None:
+    return f"{stat['mean']:.4g}"
+  return f"{stat['mean']:.4g} ± {stat['std']:.2g}"
+
+
+def cell_name(grid: dict) -> str:
+  """``key=value, ...`` of a cell (``(all runs)`` for an empty grid)."""
+  return ", ".join(f"{k}={v}" for k, v in grid.items()) or "(all runs)"
+
+
+def markdown(aggregated: Sequence[dict]) -> str:
+  """The cells as markdown: one table of the final metrics (rows: cells), then
+  one table per per-layer quantity (rows: cells, columns: layers). Entries
+  are ``mean ± std`` over the seeds (sample std)."""
+  if not aggregated:
+    return "(no finished runs)\n"
+  metrics = sorted({k for c in aggregated for k in c["metrics"]})
+  lines = ["| cell | seeds | " + " | ".join(metrics) + " |",
+           "|" + "---|" * (len(metrics) + 2)]
+  for c in aggregated:
+    row = [_pm(c["metrics"][k]) if k in c["metrics"] else "-" for k in metrics]
+    lines.append(f"| {cell_name(c['grid'])} | {len(c['seeds'])} | " + " | ".join(row) + " |")
+  labels = {key: label for key, label, _ in summary_lib.QUANTITIES}
+  for q in [key for key, _, _ in summary_lib.QUANTITIES
+            if any(key in c["layers"] for c in aggregated)]:
+    depth = max(len(c["layers"].get(q, [])) for c in aggregated)
+    lines += ["", f"### {labels[q]} (`{q}`), per layer", "",
+              "| cell | " + " | ".join(f"layer {i}" for i in range(depth)) + " |",
+              "|" + "---|" * (depth + 1)]
+    for c in aggregated:
+      vals = c["layers"].get(q, [])
+      row = [_pm(vals[i]) if i < len(vals) else "-" for i in range(depth)]
+      lines.append(f"| {cell_name(c['grid'])} | " + " | ".join(row) + " |")
+  return "\n".join(lines) + "\n"
+
+
+def _band(series: Sequence[dict[int, float]]):
+  """Steps common to every seed's ``{step: value}``, with mean and std there."""
+  steps = sorted(set.intersection(*(set(s) for s in series))) if series else []
+  values = np.asarray([[s[t] for t in steps] for s in series], np.float64)
+  if not steps:
+    return np.zeros(0), np.zeros(0), np.zeros(0)
+  std = values.std(0, ddof=1) if len(series) > 1 else np.zeros(len(steps))
+  return np.asarray(steps), values.mean(0), std
+
+
+def plot_curves(cells: Sequence[dict], path: str, title: str = "") -> str | None:
+  """Training curves, one colour per cell, the seeds' mean +- std as a band.
+
+  Args:
+    cells: ``[{"grid": {...}, "workdirs": [run workdir per seed]}]``.
+    path: the PNG to write.
+    title: the figure's title.
+
+  Returns:
+    ``path``, or ``None`` when no run has a training record. Panels: the
+    training loss, then each metric of the eval records (``split`` ``eval``)
+    of ``metrics.jsonl``, against the step.
+  """
+  records = [[read_jsonl(os.path.join(w, "metrics.jsonl")) for w in c["workdirs"]]
+             for c in cells]
+  eval_keys = sorted({k for runs in records for run in runs for r in run
+                      if r.get("split") == "eval" for k in _numbers(r, NOT_METRICS)})
+  panels = [("train", "loss")] + [("eval", k) for k in eval_keys]
+  if not any(r.get("split") == "train" for runs in records for run in runs for r in run):
+    return None
+  from laplax.analysis.plots import _pyplot, _save  # pylint: disable=import-outside-toplevel
+  plt = _pyplot()
+  fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.4), squeeze=False)
+  for ax, (split, key) in zip(axes[0], panels):
+    for i, (cell, runs) in enumerate(zip(cells, records)):
+      series = [{r["step"]: float(r[key]) for r in run if r.get("split") == split
+                 and isinstance(r.get(key), (int, float))} for run in runs]
+      steps, mean, std = _band([s for s in series if s])
+      if not len(steps):
+        continue
+      colour = f"C{i % 10}"
+      ax.plot(steps, mean, color=colour, label=f"{cell_name(cell['grid'])} (n={len(runs)})")
+      ax.fill_between(steps, mean - std, mean + std, color=colour, alpha=0.25, linewidth=0)
+    ax.set_xlabel("step")
+    ax.set_title(f"{split} {key}")
+  axes[0][0].legend(fontsize=7)
+  if title:
+    fig.suptitle(title)
+  return _save(fig, path)

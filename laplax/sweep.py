@@ -1,0 +1,441 @@
+"""Seeded sweeps: every cell of a grid of config values, over seeds, one run after another.
+
+    python -m laplax.sweep --config configs/vit_fashion_mnist.py \\
+        --grid model.num_laplacian_heads=0,4 --grid :recipe=plain,deit3 \\
+        --seeds 0,1,2 --workdir runs/sweep_vit --analysis
+
+A grid key is a dotted config key (``model.num_laplacian_heads``,
+``model.spectral.mode``, ``optim.lr``), whose values are parsed as
+``--config.KEY=VALUE`` parses them, or ``:NAME``, an argument of the config
+file (``:recipe=deit3`` runs ``configs/vit_fashion_mnist.py:recipe=deit3``).
+Values are split at the commas outside brackets and quotes
+(``--grid data.multicrop.local_scale=(0.05,0.4),(0.1,0.5)``). Further
+``--config.KEY=VALUE`` flags apply to every run.
+
+Each run of the cross product (grid cells x ``--seeds``, which set
+``config.seed``) trains with ``train.py`` in ``WORKDIR/<name>/`` (``name``:
+``key=value,...,seed=S`` with the last part of each key), then ``eval.py``
+writes its ``eval.json`` (and, with ``--analysis``, ``eval.py --analysis``
+its ``analysis.json``); both print into ``train.log`` / ``eval.log`` there.
+A run whose ``eval.json`` (and ``analysis.json``) are of its last step is
+finished and is not touched again; an interrupted one resumes from its newest
+checkpoint, so re-running the same command finishes the sweep. After every run
+the sweep writes ``WORKDIR/summary.json`` and ``WORKDIR/summary.md`` (per
+cell, mean +- sample std over seeds of every final metric and of the
+per-layer analysis quantities; :mod:`laplax.analysis.seeds`) and
+``WORKDIR/curves.png`` (training curves, seeds as bands).
+
+Every run's config is checked before the first one starts: a bad flag, grid
+key or value prints one line and exits with code 2, with nothing written. A
+run that fails stops the sweep (exit 1, naming its log). SIGTERM or SIGINT
+stops the running ``train.py`` at its next step with a checkpoint (exit 0);
+if the sweep itself is killed, so is its ``train.py`` (Linux), and the same
+command resumes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import itertools
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from typing import Sequence
+
+from laplax import utils
+
+USAGE_EXIT = 2
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SWEEP_FILE = "sweep.json"
+SUMMARY_JSON, SUMMARY_MD, CURVES = "summary.json", "summary.md", "curves.png"
+# The flags a re-run must repeat: they decide what every run is.
+_SAME_ON_RERUN = ("config", "overrides", "analysis", "analysis_examples")
+
+
+class SweepError(ValueError):
+  """A sweep the command line describes cannot run; the message is one line."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+  """One run of a sweep: its grid cell, seed, workdir and ``train.py`` arguments."""
+  name: str
+  cell: tuple  # ((grid key, value), ...)
+  seed: int
+  workdir: str
+  config: str  # FILE.py[:args]
+  overrides: tuple  # --config.KEY=VALUE ...
+
+  def train_args(self) -> list[str]:
+    return (["--config", self.config, "--workdir", self.workdir] + list(self.overrides))
+
+
+def split_values(text: str) -> list[str]:
+  """``text`` split at the commas outside ``()``, ``[]``, ``{}`` and quotes.
+
+  Raises:
+    SweepError: unbalanced brackets or quotes, or an empty value.
+  """
+  values, depth, quote, start = [], 0, None, 0
+  for i, ch in enumerate(text):
+    if quote:
+      quote = None if ch == quote else quote
+    elif ch in "'\"":
+      quote = ch
+    elif ch in "([{":
+      depth += 1
+    elif ch in ")]}":
+      depth -= 1
+      if depth < 0:
+        break
+    elif ch == "," and depth == 0:
+      values.append(text[start:i])
+      start = i + 1
+  if depth or quote:
+    raise SweepError(f"unbalanced brackets or quotes in {text!r}; e.g. --grid "
+                     f"data.multicrop.local_scale=(0.05,0.4),(0.1,0.5)")
+  values.append(text[start:])
+  if any(not v.strip() for v in values):
+    raise SweepError(f"empty value in {text!r}; give KEY=V1,V2 with no empty value")
+  return [v.strip() for v in values]
+
+
+def parse_grid(items: Sequence[str]) -> list[tuple[str, list[str]]]:
+  """``["KEY=V1,V2", ...]`` as ``[(KEY, [V1, V2]), ...]``.
+
+  Raises:
+    SweepError: no ``=``, a malformed key, a key given twice, ``seed``.
+  """
+  grid = []
+  for item in items:
+    key, eq, values = item.partition("=")
+    key = key.strip()
+    if not eq or not re.fullmatch(r":\w+|\w+(\.\w+)*", key):
+      raise SweepError(f"--grid {item}: give KEY=V1,V2 with KEY a dotted config key "
+                       f"(model.num_laplacian_heads) or :NAME, an argument of the "
+                       f"config file (:recipe)")
+    if key in ("seed", ":seed"):
+      raise SweepError(f"--grid {item}: the seeds come from --seeds, e.g. --seeds 0,1,2")
+    if key in [k for k, _ in grid]:
+      raise SweepError(f"--grid {key} is given twice; give its values once, comma-separated")
+    grid.append((key, split_values(values)))
+  return grid
+
+
+def parse_seeds(text: str) -> list[int]:
+  """``"0,1,2"`` as ``[0, 1, 2]``.
+
+  Raises:
+    SweepError: not comma-separated integers >= 0, or a seed given twice.
+  """
+  try:
+    seeds = [int(s) for s in text.split(",")]
+  except ValueError:
+    seeds = []
+  if not seeds or min(seeds) < 0 or len(set(seeds)) != len(seeds):
+    raise SweepError(f"--seeds {text}: give distinct integers >= 0, comma-separated, "
+                     f"e.g. --seeds 0,1,2")
+  return seeds
+
+
+def _with_file_args(config: str, args: Sequence[tuple[str, str]]) -> str:
+  """``FILE.py[:a=1]`` with ``args`` (``[(name, value)]``) set in its argument."""
+  path, _, given = config.partition(":")
+  merged = dict(p.split("=", 1) if "=" in p else (p, "") for p in given.split(",") if p)
+  merged.update(args)
+  return path + (":" + ",".join(f"{k}={v}" for k, v in merged.items()) if merged else "")
+
+
+def _short_names(keys: Sequence[str]) -> list[str]:
+  """The last part of each key (``model.num_laplacian_heads`` ->
+  ``num_laplacian_heads``, ``:recipe`` -> ``recipe``), or the whole key where
+  two last parts clash."""
+  last = [k.lstrip(":").rsplit(".", 1)[-1] for k in keys]
+  return [s if last.count(s) == 1 else k.lstrip(":") for s, k in zip(last, keys)]
+
+
+def plan(config: str, grid: Sequence[tuple[str, list[str]]], seeds: Sequence[int],
+         overrides: Sequence[str], workdir: str) -> list[Run]:
+  """The runs of the sweep, cells in grid order (the last key fastest), seeds
+  innermost.
+
+  Raises:
+    SweepError: two runs would share a workdir name.
+  """
+  keys = [k for k, _ in grid]
+  short = _short_names(keys)
+  runs = []
+  for values in itertools.product(*[v for _, v in grid]):
+    cell = tuple(zip(keys, values))
+    spec = _with_file_args(config, [(k[1:], v) for k, v in cell if k.startswith(":")])
+    cell_flags = [f"--config.{k}={v}" for k, v in cell if not k.startswith(":")]
+    for seed in seeds:
+      parts = [f"{s}={re.sub(r'[^A-Za-z0-9._+-]', '-', v)}" for s, v in zip(short, values)]
+      name = ",".join(parts + [f"seed={seed}"])
+      runs.append(Run(name=name, cell=cell, seed=seed, workdir=os.path.join(workdir, name),
+                      config=spec, overrides=tuple(list(overrides) + cell_flags
+                                                   + [f"--config.seed={seed}"])))
+  names = [r.name for r in runs]
+  clash = next((n for n in names if names.count(n) > 1), None)
+  if clash:
+    raise SweepError(f"two runs would share the workdir {clash}: grid values differ only "
+                     f"in characters a directory name cannot keep; give distinct values")
+  return runs
+
+
+def check_runs(runs: Sequence[Run]) -> dict:
+  """Parses and validates every run's config as ``train.py`` would, before any
+  runs; the configs by run name.
+
+  Raises:
+    SweepError: the first run whose flags, config or workdir is refused, as
+      one line naming the run.
+  """
+  from absl import flags  # pylint: disable=import-outside-toplevel
+  import jax  # pylint: disable=import-outside-toplevel
+  from ml_collections import config_flags  # pylint: disable=import-outside-toplevel
+  from laplax.train import cli, config as config_lib, workdir as workdir_lib  # pylint: disable=import-outside-toplevel
+  configs = {}
+  for run in runs:
+    argv = ["train.py"] + run.train_args()
+    values = flags.FlagValues()
+    config_flags.DEFINE_config_file("config", None, "", flag_values=values, lock_config=True,
+                                    sys_argv=argv)
+    flags.DEFINE_string("workdir", None, "", flag_values=values)
+    try:
+      cli.parse_flags(argv, values)
+      config = cli.load_config_flag("config", values, argv)
+      cli.model_from_init(config, argv)
+      config_lib.validate(config, jax.device_count())
+      workdir_lib.check_workdir(config, run.workdir)
+    except (cli.UsageError, config_lib.ConfigError) as e:
+      raise SweepError(f"run {run.name}: {utils.first_line(e)}") from None
+    configs[run.name] = config
+  return configs
+
+
+def _parse_args(argv: Sequence[str]):
+  parser = argparse.ArgumentParser(
+      prog="python -m laplax.sweep", description=__doc__.split("\n\n")[0],
+      epilog="Any --config.KEY=VALUE applies to every run.")
+  parser.add_argument("--config", required=True, help="FILE.py[:args], as for train.py")
+  parser.add_argument("--grid", action="append", default=[],
+                      help="KEY=V1,V2 (repeatable); KEY a dotted config key or :NAME")
+  parser.add_argument("--seeds", default="0", help="comma-separated seeds (config.seed)")
+  parser.add_argument("--workdir", required=True, help="the sweep's directory")
+  parser.add_argument("--analysis", action="store_true",
+                      help="also run eval.py --analysis on every run")
+  parser.add_argument("--analysis_examples", type=int, default=0,
+                      help="--analysis: at most this many eval sequences (0 = all)")
+
+  def error(message):
+    raise SweepError(message)
+  parser.error = error
+  args, rest = parser.parse_known_args(list(argv))
+  for arg in rest:
+    if not re.match(r"--config\.\w+(\.\w+)*=", arg):
+      raise SweepError(f"unknown argument {arg}; the sweep takes --config, --grid, "
+                       f"--seeds, --workdir, --analysis and --config.KEY=VALUE")
+    if arg.startswith("--config.seed="):
+      raise SweepError(f"{arg}: the seeds come from --seeds, e.g. --seeds 0,1,2")
+  if args.analysis_examples < 0:
+    raise SweepError(f"--analysis_examples={args.analysis_examples} must be >= 0")
+  args.overrides = rest
+  return args
+
+
+def _check_sweep_file(args) -> None:
+  """Refuses a workdir that holds a sweep of another command (its config,
+  overrides or analysis flags differ; grid values and seeds may be added)."""
+  path = os.path.join(args.workdir, SWEEP_FILE)
+  if not os.path.exists(path):
+    if os.path.isdir(args.workdir) and os.listdir(args.workdir):
+      raise SweepError(f"--workdir {args.workdir} is not empty and holds no {SWEEP_FILE}; "
+                       f"give a new directory for the sweep")
+    return
+  try:
+    with open(path) as f:
+      saved = json.load(f)
+  except (OSError, json.JSONDecodeError) as e:
+    raise SweepError(f"{path} is unreadable ({type(e).__name__}); move it away or use "
+                     f"another --workdir") from None
+  for key in _SAME_ON_RERUN:
+    now = getattr(args, key)
+    if saved.get(key) != (list(now) if isinstance(now, (list, tuple)) else now):
+      raise SweepError(f"--workdir {args.workdir} holds a sweep with {key}="
+                       f"{saved.get(key)!r}, not {now!r}; repeat its command or use "
+                       f"another --workdir")
+
+
+def _json_step(path: str) -> int | None:
+  try:
+    with open(path) as f:
+      return int(json.load(f)["step"])
+  except (OSError, ValueError, KeyError, TypeError):
+    return None
+
+
+def _steps_left(run: Run, config, analysis: bool) -> list[str]:
+  """What ``run`` still needs: any of ``train``, ``eval``, ``analysis``."""
+  from laplax.train import restore  # pylint: disable=import-outside-toplevel
+  total = int(config.total_steps)
+  need = []
+  if total not in restore.saved_steps(run.workdir) and not (
+      total == 0 and restore.saved_steps(run.workdir)):
+    need.append("train")
+  if "train" in need or _json_step(os.path.join(run.workdir, "eval.json")) != total:
+    need.append("eval")
+  if analysis and ("train" in need or
+                   _json_step(os.path.join(run.workdir, "analysis.json")) != total):
+    need.append("analysis")
+  return need
+
+
+class _Child:
+  """The running ``train.py``/``eval.py``: SIGTERM and SIGINT of the sweep go
+  to it (it saves and exits); on Linux it is killed if the sweep dies."""
+  proc = None
+  stopped = False
+
+  @classmethod
+  def forward(cls, signum, frame):  # pylint: disable=unused-argument
+    cls.stopped = True
+    if cls.proc is not None and cls.proc.poll() is None:
+      cls.proc.send_signal(signal.SIGTERM)
+
+
+def _die_with_parent():
+  if sys.platform.startswith("linux"):
+    import ctypes  # pylint: disable=import-outside-toplevel
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def _call(script: str, args: Sequence[str], log_path: str) -> int:
+  """``python SCRIPT ARGS`` with its output appended to ``log_path``; its exit code."""
+  with open(log_path, "a") as log:
+    log.write(f"\n$ {script} {' '.join(args)}\n")
+    log.flush()
+    _Child.proc = subprocess.Popen(
+        [sys.executable, os.path.join(ROOT, script)] + list(args), stdout=log,
+        stderr=subprocess.STDOUT, env=dict(os.environ, PYTHONUNBUFFERED="1"),
+        preexec_fn=_die_with_parent)
+    code = _Child.proc.wait()
+  _Child.proc = None
+  return code
+
+
+def _last_line(path: str) -> str:
+  with open(path) as f:
+    lines = [l.strip() for l in f if l.strip()]
+  return lines[-1] if lines else ""
+
+
+def run_one(run: Run, need: Sequence[str], args) -> None:
+  """Trains and evaluates ``run`` as far as ``need`` says.
+
+  Raises:
+    SweepError: ``train.py`` or ``eval.py`` failed (naming its log).
+  """
+  os.makedirs(run.workdir, exist_ok=True)
+  steps = [("train", "train.py", run.train_args(), "train.log"),
+           ("eval", "eval.py", ["--workdir", run.workdir], "eval.log"),
+           ("analysis", "eval.py", ["--workdir", run.workdir, "--analysis",
+                                    f"--analysis_examples={args.analysis_examples}"],
+            "eval.log")]
+  for what, script, script_args, log in steps:
+    if what not in need:
+      continue
+    log_path = os.path.join(run.workdir, log)
+    code = _call(script, script_args, log_path)
+    if _Child.stopped:
+      return
+    if code != 0:
+      raise SweepError(f"run {run.name}: {script}{' --analysis' if what == 'analysis' else ''} "
+                       f"exited with {code}: {_last_line(log_path)} (log: {log_path})")
+
+
+def write_summary(runs: Sequence[Run], configs: dict, args) -> list[str]:
+  """``summary.json``, ``summary.md`` and ``curves.png`` of the finished runs;
+  the paths written."""
+  from laplax.analysis import seeds as seeds_lib  # pylint: disable=import-outside-toplevel
+  finished = [r for r in runs if not _steps_left(r, configs[r.name], args.analysis)]
+  cells = {}
+  for r in runs:
+    cells.setdefault(r.cell, {"grid": dict(r.cell), "runs": {}, "workdirs": []})
+  for r in finished:
+    cells[r.cell]["runs"][r.seed] = seeds_lib.run_results(r.workdir)
+    cells[r.cell]["workdirs"].append(r.workdir)
+  done_cells = [c for c in cells.values() if c["runs"]]
+  aggregated = seeds_lib.aggregate(done_cells)
+  result = {"command": "python -m laplax.sweep " + " ".join(args.argv),
+            "runs": {r.name: {"grid": dict(r.cell), "seed": r.seed,
+                              **seeds_lib.run_results(r.workdir)} for r in finished},
+            "cells": aggregated, "unfinished": [r.name for r in runs if r not in finished]}
+  paths = [os.path.join(args.workdir, SUMMARY_JSON), os.path.join(args.workdir, SUMMARY_MD)]
+  utils.atomic_write(paths[0], json.dumps(result, indent=2))
+  header = (f"# Sweep {args.workdir}\n\n`{result['command']}`\n\n{len(finished)} of "
+            f"{len(runs)} runs finished; mean ± sample std over seeds.\n\n")
+  utils.atomic_write(paths[1], header + seeds_lib.markdown(aggregated))
+  curves = seeds_lib.plot_curves(done_cells, os.path.join(args.workdir, CURVES),
+                                 title=os.path.basename(os.path.normpath(args.workdir)))
+  return paths + ([curves] if curves else [])
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  """The CLI (see the module docstring); returns the exit code."""
+  argv = list(sys.argv[1:] if argv is None else argv)
+  from laplax.train import cli  # pylint: disable=import-outside-toplevel
+  try:
+    args = _parse_args(argv)
+    args.argv = argv
+    grid, seeds = parse_grid(args.grid), parse_seeds(args.seeds)
+    runs = plan(args.config, grid, seeds, args.overrides, args.workdir)
+    _check_sweep_file(args)
+    cli.quiet()
+    configs = check_runs(runs)
+  except SweepError as e:
+    print(f"error: {e}", file=sys.stderr)
+    return USAGE_EXIT
+  os.makedirs(args.workdir, exist_ok=True)
+  record = {key: (list(getattr(args, key)) if isinstance(getattr(args, key), (list, tuple))
+                  else getattr(args, key)) for key in _SAME_ON_RERUN}
+  utils.atomic_write(os.path.join(args.workdir, SWEEP_FILE),
+                     json.dumps(dict(record, grid=grid, seeds=seeds), indent=2))
+  signal.signal(signal.SIGTERM, _Child.forward)
+  signal.signal(signal.SIGINT, _Child.forward)
+  for i, run in enumerate(runs, 1):
+    need = _steps_left(run, configs[run.name], args.analysis)
+    tag = f"[{i}/{len(runs)}] {run.name}"
+    if not need:
+      print(f"{tag}: finished before, skipped", flush=True)
+      continue
+    print(f"{tag}: {' + '.join(need)} ...", flush=True)
+    start = time.time()
+    try:
+      run_one(run, need, args)
+    except SweepError as e:
+      write_summary(runs, configs, args)
+      print(f"error: {e}", file=sys.stderr)
+      return 1
+    if _Child.stopped:
+      print(f"{tag}: stopped by a signal; run the same command to go on", flush=True)
+      write_summary(runs, configs, args)
+      return 0
+    with open(os.path.join(run.workdir, "eval.json")) as f:
+      shown = {k: v for k, v in json.load(f).items() if k not in ("step",)}
+    print(f"{tag}: done in {time.time() - start:.0f} s: "
+          + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                      for k, v in list(shown.items())[:4]), flush=True)
+    write_summary(runs, configs, args)
+  paths = write_summary(runs, configs, args)
+  print("summary: " + ", ".join(paths))
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
