@@ -309,10 +309,14 @@ class _Child:
       cls.proc.send_signal(signal.SIGTERM)
 
 
-def _die_with_parent():
-  if sys.platform.startswith("linux"):
-    import ctypes  # pylint: disable=import-outside-toplevel
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+# Starts ``python ARGS`` so that it dies with the sweep (Linux: the parent-death
+# signal SIGKILL), without a fork-time hook in the sweep, which has JAX's
+# threads running: a separate small interpreter sets it and execs.
+_LAUNCHER = ("import ctypes, os, sys\n"
+             "if sys.platform.startswith('linux'):\n"
+             "  ctypes.CDLL(None).prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL\n"
+             "  if os.getppid() != int(sys.argv[1]): sys.exit(1)  # the sweep is gone\n"
+             "os.execv(sys.executable, [sys.executable] + sys.argv[2:])\n")
 
 
 def _call(script: str, args: Sequence[str], log_path: str) -> int:
@@ -321,9 +325,9 @@ def _call(script: str, args: Sequence[str], log_path: str) -> int:
     log.write(f"\n$ {script} {' '.join(args)}\n")
     log.flush()
     _Child.proc = subprocess.Popen(
-        [sys.executable, os.path.join(ROOT, script)] + list(args), stdout=log,
-        stderr=subprocess.STDOUT, env=dict(os.environ, PYTHONUNBUFFERED="1"),
-        preexec_fn=_die_with_parent)
+        [sys.executable, "-c", _LAUNCHER, str(os.getpid()), os.path.join(ROOT, script)]
+        + list(args), stdout=log, stderr=subprocess.STDOUT,
+        env=dict(os.environ, PYTHONUNBUFFERED="1"))
     code = _Child.proc.wait()
   _Child.proc = None
   return code
