@@ -31,7 +31,10 @@ the Jacobian with respect to ``(W_Q, W_K, W_V)`` beside Theorem 3.4's bound
 attention saturation:
 ``attention_entropy`` (nats), ``attention_self_weight`` (the mean diagonal
 weight ``p_tt``), ``attention_head_similarity`` (mean cosine similarity of
-two heads' rows of ``P``; ``attention_head_similarity_mean`` over pairs) and
+two heads' rows of ``P``; ``attention_head_similarity_mean`` over pairs), ``head_smoothing_cosine``
+(per head, the mean cosine between its contribution after ``W_O`` and the
+token's deviation from its sequence mean; negative = smoothing; means over
+the Laplacian and standard heads beside it) and
 ``gradient_norms`` (``{"query", "key"}``: the L2 norm of the gradient of the
 training loss in each head's column block of ``W_Q`` / ``W_K``, on the first
 analysed batch, with dropout and Mixup/CutMix drawn from ``PRNGKey(0)``;

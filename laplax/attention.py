@@ -332,8 +332,10 @@ class MultiHeadAttention(nn.Module):
   For analysis, when the ``"intermediates"`` collection is mutable (and not
   decoding), the attention matrix ``P`` (float32 ``[batch, num_heads, length,
   length]``, before dropout) is also sown as ``"attention_weights"``, computed
-  again by :func:`reference_attention`. Otherwise nothing is traced: training
-  and evaluation are unchanged.
+  again by :func:`reference_attention`, and each head's output before ``W_O``
+  (``[batch, length, num_heads, head_dim]``, the compute dtype; ``V - PV`` for
+  a Laplacian head) as ``"head_outputs"``. Otherwise nothing is traced:
+  training and evaluation are unchanged.
 
   Attributes:
     num_heads: attention heads.
@@ -467,6 +469,7 @@ class MultiHeadAttention(nn.Module):
       if self.is_mutable_collection("intermediates"):  # analysis only
         _, weights = reference_attention(q, k, v, mask=mask, is_causal=is_causal)
         self.sow("intermediates", "attention_weights", weights)
+        self.sow("intermediates", "head_outputs", y)
     y = nn.with_logical_constraint(y, HEADS_AXES)
     y = y.reshape(*x.shape[:-1], self.num_heads * head_dim)
     y = ProjectionDense(model_dim, dtype=self.dtype, kernel_init=self.out_init,

@@ -388,6 +388,82 @@ def test_run_analysis_vit_streams_and_rebuilds_blocks(scan):
   json.dumps(a, allow_nan=False)
 
 
+def np_smoothing_cosine(o, w, x, mask):
+  """NumPy float64 reference: per head, the mean over counted tokens of
+  cos(o_h W_h, x - mu_s), tokens with a zero vector left out."""
+  o, w, x, m = (np.asarray(a, np.float64) for a in (o, w, x, mask))
+  mu = (x * m[..., None]).sum(1, keepdims=True) / m.sum(1)[:, None, None]
+  dev = x - mu
+  out = []
+  for h in range(w.shape[0]):
+    vals = []
+    for b in range(x.shape[0]):
+      for t in range(x.shape[1]):
+        c = o[b, t, h] @ w[h]
+        if m[b, t] and np.linalg.norm(c) > 0 and np.linalg.norm(dev[b, t]) > 0:
+          vals.append(c @ dev[b, t] / (np.linalg.norm(c) * np.linalg.norm(dev[b, t])))
+    out.append(np.mean(vals) if vals else None)
+  return out
+
+
+def test_smoothing_cosine_is_minus_one_for_the_negative_deviation_and_matches_numpy():
+  rng = np.random.default_rng(0)
+  x = rng.normal(size=(3, 5, 4))
+  mask = np.ones((3, 5))
+  mask[2, 3:] = 0
+  mu = (x * mask[..., None]).sum(1, keepdims=True) / mask.sum(1)[:, None, None]
+  dev = x - mu
+  eye = np.stack([np.eye(4), 2.5 * np.eye(4)])  # two heads, W_h = I and 2.5 I
+  o = np.stack([-dev, 0.3 * dev], axis=2)  # head 0 smooths exactly, head 1 sharpens
+  total, count = geometry.smoothing_cosine_sums(o, eye, x, mask)
+  np.testing.assert_allclose(np.asarray(total) / np.asarray(count), [-1.0, 1.0], atol=1e-6)
+  assert np.asarray(count).tolist() == [13.0, 13.0]  # the 2 padded tokens are not counted
+  # Random heads against the NumPy formula; a head whose output is zero at
+  # some tokens (a causal Laplacian head at token 0) leaves them out.
+  o = rng.normal(size=(3, 5, 2, 3))
+  o[:, 0, 1] = 0.0
+  w = rng.normal(size=(2, 3, 4))
+  total, count = geometry.smoothing_cosine_sums(o, w, x, mask)
+  np.testing.assert_allclose(np.asarray(total) / np.asarray(count),
+                             np_smoothing_cosine(o, w, x, mask), atol=1e-5)
+  assert np.asarray(count).tolist() == [13.0, 10.0]
+
+
+def test_head_contributions_add_up_to_the_attention_branch():
+  """sum_h o_h W_O[h] * gamma + gamma * b = the block's attention branch, so
+  the smoothing cosine reads what each head adds to the residual stream; the
+  analysis reports it per head and averaged over the spec's Laplacian heads."""
+  model = make_vit(num_classes=3, patch_size=7, width=16, depth=2, num_heads=2, mlp_dim=16,
+                   num_laplacian_heads=1, layerscale_init=0.5, pool="gap")
+  images = jax.random.normal(jax.random.PRNGKey(3), (4, 14, 14, 1))
+  params = jax.jit(model.init)(jax.random.PRNGKey(0), images[:1])["params"]
+  params = jax.tree_util.tree_map(lambda a: a + 0.1 * jax.random.normal(
+      jax.random.PRNGKey(a.size), a.shape), params)  # LayerScale and biases off their init
+  out, inter = capture.analysis_apply(model, params, images)
+  for i in range(2):
+    o = capture.head_outputs(inter, i)
+    w = capture.head_out_kernels(params, i, 2)
+    gamma = params[f"block{i}"]["ls1"]["scale"]
+    branch = jnp.einsum("bthd,hdD->btD", o, w) + gamma * params[f"block{i}"]["attention"]["out"]["bias"]
+    np.testing.assert_allclose(branch, out[f"block{i}"]["sa"], atol=1e-5)
+    np.testing.assert_allclose(out[f"block{i}"]["input"] + out[f"block{i}"]["sa"],
+                               out[f"block{i}"]["+sa"], atol=1e-6)
+  target = report.Target(model, params, "image", num_classes=3)
+  a = report.run_analysis(target, image_batches(np.random.default_rng(0), 6, 3), layers=[0, 1],
+                          batch_size=4, jacobian_dim=0)
+  out, inter = capture.analysis_apply(model, params, jnp.asarray(
+      np.concatenate([b["image"] for b in image_batches(np.random.default_rng(0), 6, 3)])))
+  for i, entry in enumerate(a["layers"]):
+    expected = np_smoothing_cosine(capture.head_outputs(inter, i),
+                                   capture.head_out_kernels(params, i, 2),
+                                   out[f"block{i}"]["input"], np.ones((6, 4)))
+    np.testing.assert_allclose(entry["head_smoothing_cosine"], expected, atol=1e-5)
+    assert entry["laplacian_smoothing_cosine"] == pytest.approx(expected[1], abs=1e-5)  # last head
+    assert entry["standard_smoothing_cosine"] == pytest.approx(expected[0], abs=1e-5)
+  assert summary.summary(a)["laplacian_smoothing"] == [
+      e["laplacian_smoothing_cosine"] for e in a["layers"]]
+
+
 def test_run_analysis_gpt_next_token_classes():
   model = make_gpt(vocab_size=11, max_length=8, width=16, depth=2, num_heads=2,
               num_laplacian_heads=1, posemb="rope", scan_layers=True)

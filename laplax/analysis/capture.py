@@ -21,6 +21,7 @@ from typing import Any, Sequence
 
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from laplax.attention import MultiHeadAttention
@@ -157,6 +158,34 @@ def block_io(intermediates: dict, layer: int) -> tuple[jax.Array, jax.Array]:
   """
   tree = _layer_tree(intermediates, layer)
   return tree["norm1"]["__call__"][0], tree["attention"]["__call__"][0]
+
+
+def head_outputs(intermediates: dict, layer: int) -> jax.Array:
+  """Layer ``layer``'s per-head attention outputs before ``W_O``, as sown by
+  ``MultiHeadAttention``: ``[B, T, heads, head_dim]`` in the compute dtype.
+
+  Raises:
+    KeyError: no such layer.
+  """
+  return _layer_tree(intermediates, layer)["attention"]["head_outputs"][0]
+
+
+def head_out_kernels(params: dict, layer: int, num_heads: int) -> jax.Array:
+  """``W_O``'s rows per head, times LayerScale's ``gamma`` when the block has one.
+
+  Returns:
+    float32 ``[heads, head_dim, D]``: head ``h``'s output ``o_h [head_dim]``
+    adds ``o_h @ result[h]`` to the residual stream (besides ``W_O``'s bias).
+
+  Raises:
+    KeyError: no such layer.
+  """
+  block = _layer_tree(nn.meta.unbox(params), layer)
+  kernel = jnp.asarray(block["attention"]["out"]["kernel"], jnp.float32)
+  kernel = kernel.reshape(num_heads, kernel.shape[0] // num_heads, kernel.shape[1])
+  if "ls1" in block:
+    kernel = kernel * jnp.asarray(block["ls1"]["scale"], jnp.float32)
+  return kernel
 
 
 def block_outputs(out: dict, layers: Sequence[int]) -> dict:

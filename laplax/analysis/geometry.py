@@ -61,12 +61,24 @@ with ``C`` sequence classes; ``+ V (D + 2)`` with ``V`` token classes. So
 ViT-B (``D = 768``) with 1000 classes needs 22 MB per layer; a GPT with a
 50,257-token vocabulary 314 MB per layer with next-token classes (choose the
 layers).
+
+* Smoothing by a head (:func:`smoothing_cosine_sums`): per head ``h`` and
+  token, the cosine between the head's contribution to the residual stream
+  ``c_h[s,t]`` (its output through its rows of ``W_O``, times LayerScale's
+  ``gamma`` when the block has one; ``W_O``'s bias belongs to no head) and the
+  token's deviation from its sequence mean at the block input, ``x[s,t] -
+  mu_s``. The paper's within-sequence variance shrinks where heads pull
+  tokens towards their sequence means (a negative cosine, "smoothing") and
+  grows where they push them away (positive); an exact negative deviation
+  gives -1. Computed in the analysis forward pass (jax), streamed as sums.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 # Pseudo-inverse of Sigma_B: eigenvalues below this fraction of the largest are zero.
@@ -433,3 +445,51 @@ class GeometryAccumulator:
           self.tclass_count, self.tclass_sum, self.tclass_sq, self.token_scatter,
           classifier=token_classifier, max_pairwise_classes=max_pairwise_classes)
     return out
+
+
+def smoothing_cosine_sums(head_outputs: jax.Array, out_kernel: jax.Array,
+                          residual: jax.Array, mask: jax.Array):
+  """Per-head sums of ``cos(c_h[s,t], x[s,t] - mu_s)``, jittable (see the module docstring).
+
+  With ``W_h = out_kernel[h]`` the contribution of head ``h`` is ``c_h = o_h
+  W_h``; the cosine is computed without forming ``c_h`` (``<c_h, d> = <o_h,
+  d W_h^T>``, ``||c_h||^2 = o_h W_h W_h^T o_h^T``), in float32. ``mu_s`` is
+  the mean of sequence ``s``'s counted tokens. A token whose contribution or
+  deviation is zero (e.g. a causal Laplacian head at token 0, ``V - PV = 0``)
+  is not counted for that head.
+
+  Args:
+    head_outputs: float ``[batch, T, heads, head_dim]``, each head's output
+      before ``W_O`` (``MultiHeadAttention``'s sown ``"head_outputs"``).
+    out_kernel: float ``[heads, head_dim, D]``, ``W_O``'s rows per head, times
+      LayerScale's ``gamma [D]`` if the block has one.
+    residual: float ``[batch, T, D]``, the block input ``x``.
+    mask: ``[batch, T]``; nonzero = a real token.
+
+  Returns:
+    ``(cosine_sum [heads], count [heads])`` float32; divide for the mean
+    (dimensionless, in [-1, 1]).
+
+  Raises:
+    ValueError: shapes that do not fit together.
+  """
+  o = jnp.asarray(head_outputs, jnp.float32)
+  w = jnp.asarray(out_kernel, jnp.float32)
+  x = jnp.asarray(residual, jnp.float32)
+  m = jnp.asarray(mask, jnp.float32)
+  if (o.ndim != 4 or w.ndim != 3 or x.ndim != 3 or o.shape[2:] != w.shape[:2]
+      or w.shape[2] != x.shape[2] or o.shape[:2] != x.shape[:2] or m.shape != x.shape[:2]):
+    raise ValueError(f"head_outputs [B, T, H, d], out_kernel [H, d, D], residual [B, T, D] "
+                     f"and mask [B, T] do not fit: {o.shape}, {w.shape}, {x.shape}, {m.shape}")
+  n = jnp.maximum(m.sum(1, keepdims=True), 1.0)
+  mean = (x * m[..., None]).sum(1, keepdims=True) / n[..., None]
+  dev = x - mean  # [B, T, D]
+  dot = jnp.einsum("bthd,bthd->bth", o, jnp.einsum("btD,hdD->bthd", dev, w))
+  gram = jnp.einsum("hdD,heD->hde", w, w)
+  c_norm2 = jnp.einsum("bthd,hde,bthe->bth", o, gram, o)
+  d_norm2 = jnp.sum(dev * dev, -1)[..., None]  # [B, T, 1]
+  tiny = jnp.finfo(jnp.float32).tiny
+  valid = (c_norm2 > tiny) & (d_norm2 > tiny) & (m[..., None] != 0)
+  cos = jnp.where(valid, jnp.clip(dot / jnp.sqrt(jnp.where(valid, c_norm2 * d_norm2, 1.0)),
+                                  -1.0, 1.0), 0.0)
+  return cos.sum((0, 1)), valid.astype(jnp.float32).sum((0, 1))

@@ -98,6 +98,12 @@ def _forward(model, layers, causal, params, inputs, mask):
   qmask = mask if mask.ndim == 2 else jnp.broadcast_to(mask[:, None], (mask.shape[0], length))
   attn = {i: _attention_sums(capture.attention_weights(inter, i), qmask, causal)
           for i in layers}
+  for i in layers:
+    cos, count = geometry.smoothing_cosine_sums(
+        capture.head_outputs(inter, i),
+        capture.head_out_kernels(params, i, model.spec.num_heads),
+        out[f"block{i}"]["input"], qmask)
+    attn[i].update(smoothing_sum=cos, smoothing_count=count)
   feats = out["pre_logits"][:, None] if "pre_logits" in out else out["encoded"]
   return reps, attn, feats
 
@@ -295,6 +301,7 @@ def _layer_entry(target: Target, i: int, acc, attn: dict, io, grads, no_grad_rea
   heads = similarity.shape[0]
   entry["attention_head_similarity_mean"] = (
       float(similarity[np.triu_indices(heads, 1)].mean()) if heads > 1 else None)
+  entry.update(_smoothing_entry(attn, target.model.spec.laplacian_array[i]))
   if grads is None:
     entry["gradient_norms"] = None
     entry["gradient_norms_reason"] = no_grad_reason
@@ -307,6 +314,22 @@ def _layer_entry(target: Target, i: int, acc, attn: dict, io, grads, no_grad_rea
   if io is not None:
     entry["jacobian"] = _jacobian_section(target, i, io[0], io[1], jacobian_dim)
   return entry
+
+
+def _smoothing_entry(attn: dict, laplacian: np.ndarray) -> dict:
+  """``head_smoothing_cosine`` [heads] (``None`` for a head with no counted
+  token) and its means over the Laplacian and the standard heads (``None``
+  without such heads); see :func:`laplax.analysis.geometry.smoothing_cosine_sums`."""
+  count = np.asarray(attn["smoothing_count"], np.float64)
+  per_head = [float(s / c) if c else None
+              for s, c in zip(np.asarray(attn["smoothing_sum"], np.float64), count)]
+  def mean_of(heads):
+    values = [per_head[h] for h in heads if per_head[h] is not None]
+    return float(np.mean(values)) if values else None
+  laplacian = np.asarray(laplacian, bool)
+  return {"head_smoothing_cosine": per_head,
+          "laplacian_smoothing_cosine": mean_of(np.flatnonzero(laplacian)),
+          "standard_smoothing_cosine": mean_of(np.flatnonzero(~laplacian))}
 
 
 @dataclasses.dataclass
@@ -412,6 +435,12 @@ def run_analysis(target: Target, batches: Iterable[dict], *, layers: Sequence[in
     cosine similarity of two heads' rows of ``P``) and
     ``attention_head_similarity_mean`` (over head pairs ``a < b``; ``None``
     with one head) -- all means over the counted queries --,
+    ``head_smoothing_cosine`` [heads] (the mean cosine between each head's
+    contribution after ``W_O`` and the token's deviation from its sequence
+    mean; negative = the head smooths;
+    :func:`~laplax.analysis.geometry.smoothing_cosine_sums`) and its means
+    ``laplacian_smoothing_cosine`` / ``standard_smoothing_cosine`` over the
+    Laplacian / standard heads of the spec (``None`` without such heads),
     ``gradient_norms`` (``{"query": [heads], "key": [heads]}``: L2 norms of
     the training loss's gradient in each head's ``[D, d_head]`` column block
     of ``W_Q``, ``W_K``; see :func:`gradient_norms`) or ``None`` with

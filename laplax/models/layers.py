@@ -169,7 +169,8 @@ class Block(nn.Module):
   """Pre-LN Transformer block with Laplacian heads and spectral conditioning.
 
   ``x [batch, length, dim] -> (x, out)`` where ``out`` holds the named
-  intermediates ``"sa"`` (attention branch), ``"+sa"`` (residual after it),
+  intermediates ``"input"`` (the block input, the residual stream), ``"sa"``
+  (attention branch), ``"+sa"`` (residual after it),
   ``"mlp"`` and ``"+mlp"`` (= the block output), each ``[batch, length, dim]``,
   for analysis without a second forward path (big_vision convention).
 
@@ -202,6 +203,7 @@ class Block(nn.Module):
     layerscale = spec.layerscale_init
     out = {}
     x = nn.with_logical_constraint(x, EMBED_AXES)
+    out["input"] = x
     y = norm_layer(spec, "norm1")(x).astype(x.dtype)
     y = attention_module(spec, self.laplacian_mask, name="attention")(
         y, mask=mask, is_causal=is_causal, deterministic=deterministic,
