@@ -48,6 +48,7 @@ import time
 from typing import Sequence
 
 from laplax import utils
+from laplax.analysis import seeds as seeds_lib
 
 USAGE_EXIT = 2
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -216,6 +217,14 @@ def check_runs(runs: Sequence[Run]) -> dict:
     except (cli.UsageError, config_lib.ConfigError) as e:
       raise SweepError(f"run {run.name}: {utils.first_line(e)}") from None
     configs[run.name] = config
+  seen = {}
+  for run in runs:  # a grid axis that changes nothing (e.g. an override sets its key)
+    key = (run.seed, configs[run.name].to_json())
+    if key in seen and seen[key].cell != run.cell:
+      raise SweepError(f"runs {seen[key].name} and {run.name} have the same config: the "
+                       f"grid values differ but the runs would not (does a --config. "
+                       f"override set the key a :NAME argument changes?)")
+    seen.setdefault(key, run)
   return configs
 
 
@@ -243,6 +252,8 @@ def _parse_args(argv: Sequence[str]):
                        f"--seeds, --workdir, --analysis and --config.KEY=VALUE")
     if arg.startswith("--config.seed="):
       raise SweepError(f"{arg}: the seeds come from --seeds, e.g. --seeds 0,1,2")
+  if not args.workdir.strip():
+    raise SweepError("--workdir is empty; give the sweep's directory, e.g. --workdir runs/sweep")
   if args.analysis_examples < 0:
     raise SweepError(f"--analysis_examples={args.analysis_examples} must be >= 0")
   args.overrides = rest
@@ -366,7 +377,6 @@ def run_one(run: Run, need: Sequence[str], args) -> None:
 def write_summary(runs: Sequence[Run], configs: dict, args) -> list[str]:
   """``summary.json``, ``summary.md`` and ``curves.png`` of the finished runs;
   the paths written."""
-  from laplax.analysis import seeds as seeds_lib  # pylint: disable=import-outside-toplevel
   finished = [r for r in runs if not _steps_left(r, configs[r.name], args.analysis)]
   cells = {}
   for r in runs:
@@ -415,6 +425,11 @@ def main(argv: Sequence[str] | None = None) -> int:
   for i, run in enumerate(runs, 1):
     need = _steps_left(run, configs[run.name], args.analysis)
     tag = f"[{i}/{len(runs)}] {run.name}"
+    if _Child.stopped and need:  # a signal between two runs
+      print(f"{tag}: not started, stopped by a signal; run the same command to go on",
+            flush=True)
+      write_summary(runs, configs, args)
+      return 0
     if not need:
       print(f"{tag}: finished before, skipped", flush=True)
       continue
@@ -422,6 +437,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     start = time.time()
     try:
       run_one(run, need, args)
+    except OSError as e:
+      print(f"error: run {run.name}: {e.strerror or e}: {e.filename or run.workdir}",
+            file=sys.stderr)
+      return 1
     except SweepError as e:
       write_summary(runs, configs, args)
       print(f"error: {e}", file=sys.stderr)
@@ -431,7 +450,7 @@ def main(argv: Sequence[str] | None = None) -> int:
       write_summary(runs, configs, args)
       return 0
     with open(os.path.join(run.workdir, "eval.json")) as f:
-      shown = {k: v for k, v in json.load(f).items() if k not in ("step",)}
+      shown = {k: v for k, v in json.load(f).items() if k not in seeds_lib.NOT_METRICS}
     print(f"{tag}: done in {time.time() - start:.0f} s: "
           + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
                       for k, v in list(shown.items())[:4]), flush=True)

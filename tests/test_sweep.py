@@ -70,6 +70,10 @@ def test_plan_names_order_and_file_arguments():
     (["--config.model.nope=1"], "unknown config key 'model.nope'"),
     (["--frobnicate"], "unknown argument --frobnicate"),
     (["--grid", ":recipe=plain,bogus"], "recipe"),
+    # The override sets the key the :laplacian axis changes: both cells equal.
+    (["--grid", ":laplacian=0,2", "--config.model.num_laplacian_heads=1"],
+     "have the same config"),
+    (["--workdir", " "], "--workdir is empty"),
 ])
 def test_bad_sweep_is_one_line_exit_2_nothing_written(extra, fragment, tmp_path, capsys,
                                                        fmnist_data_dir):

@@ -25,8 +25,8 @@ from laplax.analysis import summary as summary_lib
 
 # eval.json counts and ids, not results.
 NOT_METRICS = ("step", "num_examples", "num_tokens", "num_questions")
-# Training-record keys that are timings or bookkeeping, not results.
-NOT_TRAIN_METRICS = ("step", "split", "steps_per_sec", "time")
+# Training-record keys that are timings, settings or bookkeeping, not results.
+NOT_TRAIN_METRICS = ("step", "split", "steps_per_sec", "time", "lr")
 
 
 def _numbers(record: dict, skip: Sequence[str]) -> dict:
@@ -199,7 +199,8 @@ def plot_curves(cells: Sequence[dict], path: str, title: str = "") -> str | None
       if not len(steps):
         continue
       colour = f"C{i % 10}"
-      ax.plot(steps, mean, color=colour, label=f"{cell_name(cell['grid'])} (n={len(runs)})")
+      ax.plot(steps, mean, color=colour, marker="o", markersize=3,
+              label=f"{cell_name(cell['grid'])} (n={len(runs)})")
       ax.fill_between(steps, mean - std, mean + std, color=colour, alpha=0.25, linewidth=0)
     ax.set_xlabel("step")
     ax.set_title(f"{split} {key}")
