@@ -381,14 +381,15 @@ def write_summary(runs: Sequence[Run], configs: dict, args) -> list[str]:
   cells = {}
   for r in runs:
     cells.setdefault(r.cell, {"grid": dict(r.cell), "runs": {}, "workdirs": []})
+  results = {r.name: seeds_lib.run_results(r.workdir) for r in finished}
   for r in finished:
-    cells[r.cell]["runs"][r.seed] = seeds_lib.run_results(r.workdir)
+    cells[r.cell]["runs"][r.seed] = results[r.name]
     cells[r.cell]["workdirs"].append(r.workdir)
   done_cells = [c for c in cells.values() if c["runs"]]
   aggregated = seeds_lib.aggregate(done_cells)
   result = {"command": "python -m laplax.sweep " + " ".join(args.argv),
-            "runs": {r.name: {"grid": dict(r.cell), "seed": r.seed,
-                              **seeds_lib.run_results(r.workdir)} for r in finished},
+            "runs": {r.name: {"grid": dict(r.cell), "seed": r.seed, **results[r.name]}
+                     for r in finished},
             "cells": aggregated, "unfinished": [r.name for r in runs if r not in finished]}
   paths = [os.path.join(args.workdir, SUMMARY_JSON), os.path.join(args.workdir, SUMMARY_MD)]
   utils.atomic_write(paths[0], json.dumps(result, indent=2))
