@@ -53,40 +53,51 @@ from absl import flags
 
 from laplax.train import cli
 
-_WORKDIR = flags.DEFINE_string("workdir", None, "Run directory written by train.py.")
-_SAMPLE = flags.DEFINE_string("sample", None, "LM only: prompt to continue.")
-_MAX_NEW = flags.DEFINE_integer("max_new_tokens", 400, "LM sampling: tokens to generate.")
-_TEMPERATURE = flags.DEFINE_float("temperature", 0.8, "LM sampling temperature (0 = greedy).")
-_TOP_K = flags.DEFINE_integer("top_k", 40, "LM sampling: keep the k most likely tokens (0 = all).")
-_SEED = flags.DEFINE_integer("seed", 0, "LM sampling seed.")
-_CHOICES = flags.DEFINE_string("choices", None, "LM only: multiple-choice JSONL file to score.")
+# eval.py's own flags (not absl's global FLAGS, where train.py defines its
+# --workdir and --config): the two scripts' mains can then run in one process
+# (the tests run many eval.py commands in-process).
+FLAGS = flags.FlagValues()
+_WORKDIR = flags.DEFINE_string("workdir", None, "Run directory written by train.py.",
+                               flag_values=FLAGS)
+_SAMPLE = flags.DEFINE_string("sample", None, "LM only: prompt to continue.",
+                              flag_values=FLAGS)
+_MAX_NEW = flags.DEFINE_integer("max_new_tokens", 400, "LM sampling: tokens to generate.",
+                                flag_values=FLAGS)
+_TEMPERATURE = flags.DEFINE_float("temperature", 0.8, "LM sampling temperature (0 = greedy).",
+                                  flag_values=FLAGS)
+_TOP_K = flags.DEFINE_integer("top_k", 40, "LM sampling: keep the k most likely tokens "
+                              "(0 = all).", flag_values=FLAGS)
+_SEED = flags.DEFINE_integer("seed", 0, "LM sampling seed.", flag_values=FLAGS)
+_CHOICES = flags.DEFINE_string("choices", None, "LM only: multiple-choice JSONL file to "
+                               "score.", flag_values=FLAGS)
 _ANALYSIS = flags.DEFINE_bool(
     "analysis", False, "Write analysis.json and analysis_*.png (token geometry, "
-    "conditioning) instead of evaluating.")
+    "conditioning) instead of evaluating.", flag_values=FLAGS)
 _ANALYSIS_LAYERS = flags.DEFINE_string(
     "analysis_layers", None, "--analysis: comma-separated block indices, e.g. 0,3 "
-    "(default: every layer).")
+    "(default: every layer).", flag_values=FLAGS)
 _ANALYSIS_EXAMPLES = flags.DEFINE_integer(
-    "analysis_examples", 0, "--analysis: at most this many eval sequences (0 = all).")
+    "analysis_examples", 0, "--analysis: at most this many eval sequences (0 = all).",
+    flag_values=FLAGS)
 _ANALYSIS_CLASSES = flags.DEFINE_enum(
     "analysis_classes", "auto", ["auto", "yes", "no"],
     "--analysis: class statistics from the eval labels (auto: when the task has "
-    "them; language models use next-token classes).")
+    "them; language models use next-token classes).", flag_values=FLAGS)
 _ANALYSIS_JACOBIAN = flags.DEFINE_integer(
     "analysis_jacobian_dim", 2048, "--analysis: the attention Jacobian is taken on "
-    "the first DIM // width tokens of one example (0 = skip).")
+    "the first DIM // width tokens of one example (0 = skip).", flag_values=FLAGS)
 _ANALYSIS_BATCH = flags.DEFINE_integer(
-    "analysis_batch_size", 256, "--analysis: sequences per forward pass.")
+    "analysis_batch_size", 256, "--analysis: sequences per forward pass.", flag_values=FLAGS)
 ANALYSIS_OPTIONS = ("analysis_layers", "analysis_examples", "analysis_classes",
                     "analysis_jacobian_dim", "analysis_batch_size")
 PCA_FIGURE = "patch_pca.png"
 
 
 def main() -> int:
-  cli.parse_flags(sys.argv)
+  cli.parse_flags(sys.argv, FLAGS)
   workdir = _WORKDIR.value
   if not _ANALYSIS.value:
-    given = [name for name in ANALYSIS_OPTIONS if flags.FLAGS[name].present]
+    given = [name for name in ANALYSIS_OPTIONS if FLAGS[name].present]
     if given:
       raise cli.UsageError(f"--{given[0]} needs --analysis")
   if not workdir:
@@ -250,7 +261,12 @@ def _run_analysis(config, task, state, workdir: str, opts: dict) -> int:
   return 0
 
 
-if __name__ == "__main__":
-  from laplax.train.lm_eval import ChoicesError  # pylint: disable=wrong-import-position
-  from laplax.train.restore import LoadError  # pylint: disable=wrong-import-position
+def run_cli() -> None:
+  """``python eval.py``: :func:`main` with its user errors as one line, exit 2."""
+  from laplax.train.lm_eval import ChoicesError  # pylint: disable=import-outside-toplevel
+  from laplax.train.restore import LoadError  # pylint: disable=import-outside-toplevel
   cli.run(main, user_errors=(ChoicesError, LoadError))
+
+
+if __name__ == "__main__":
+  run_cli()

@@ -31,7 +31,7 @@ import pytest
 
 from laplax.analysis import capture, compare, conditioning, geometry, report, summary
 from model_helper import make_vit, make_gpt
-from test_train import CONFIG, ROOT, TINY, run
+from test_train import CONFIG, ROOT, TINY, run_in_process
 
 # ------------------------------------------------------------ NumPy reference
 
@@ -511,17 +511,18 @@ def one_line_error(r):
 def trained(tmp_path_factory, fmnist_data_dir):
   """A tiny ViT trained for 2 steps, evaluated on 256 test images."""
   workdir = tmp_path_factory.mktemp("analysis") / "run"
-  r = run(["train.py", "--config", CONFIG, "--workdir", str(workdir),
-           f"--config.data.data_dir={fmnist_data_dir}"] + TINY +
-          ["--config.total_steps=2", "--config.eval_every=2", "--config.checkpoint_every=2",
-           "--config.data.eval_split=test[:256]"])
+  r = run_in_process(["train.py", "--config", CONFIG, "--workdir", str(workdir),
+                      f"--config.data.data_dir={fmnist_data_dir}"] + TINY +
+                     ["--config.total_steps=2", "--config.eval_every=2",
+                      "--config.checkpoint_every=2", "--config.data.eval_split=test[:256]"])
   assert r.returncode == 0, r.stderr[-3000:]
   return workdir
 
 
-def test_eval_analysis_writes_json_and_plots_then_compare(trained, tmp_path, capsys):
-  r = run(["eval.py", "--workdir", str(trained), "--analysis", "--analysis_examples=200",
-           "--analysis_batch_size=128", "--analysis_jacobian_dim=512"])
+def test_eval_analysis_writes_json_and_plots_then_compare(trained, tmp_path, capfd):
+  r = run_in_process(["eval.py", "--workdir", str(trained), "--analysis",
+                      "--analysis_examples=200", "--analysis_batch_size=128",
+                      "--analysis_jacobian_dim=512"], capfd)
   assert r.returncode == 0, r.stderr[-3000:]
   a = json.loads((trained / "analysis.json").read_text())
   assert a["task"] == "classification" and a["step"] == 2
@@ -549,24 +550,25 @@ def test_eval_analysis_writes_json_and_plots_then_compare(trained, tmp_path, cap
   out = tmp_path / "cmp.png"
   assert compare.main([str(trained), str(other), "--out", str(out)]) == 0
   assert out.stat().st_size > 1000
-  printed = capsys.readouterr().out
+  printed = capfd.readouterr().out
   assert "| layer | run | other |" in printed and "### NC1" in printed
   with pytest.raises(SystemExit) as e:
     compare.main([str(trained), str(tmp_path / "missing")])
   assert e.value.code == 2
-  err = capsys.readouterr().err.strip().splitlines()
+  err = capfd.readouterr().err.strip().splitlines()
   assert len(err) == 1 and "has no analysis.json" in err[0]
 
 
-def test_eval_analysis_bad_input_one_line_exit_2(trained, tmp_path):
+def test_eval_analysis_bad_input_one_line_exit_2(trained, tmp_path, capfd):
   # A layer index that does not exist (the tiny model has depth 1).
-  r = run(["eval.py", "--workdir", str(trained), "--analysis", "--analysis_layers=0,1"])
+  r = run_in_process(["eval.py", "--workdir", str(trained), "--analysis",
+                      "--analysis_layers=0,1"], capfd)
   assert "layer 1 does not exist" in one_line_error(r)
   # A workdir without a checkpoint.
   empty = tmp_path / "empty"
   empty.mkdir()
   shutil.copy(trained / "config.json", empty / "config.json")
-  r = run(["eval.py", "--workdir", str(empty), "--analysis"])
+  r = run_in_process(["eval.py", "--workdir", str(empty), "--analysis"], capfd)
   assert "no checkpoint" in one_line_error(r)
   # A language-model run has no sequence labels for class statistics.
   sys.path.insert(0, os.path.join(ROOT, "configs"))
@@ -577,5 +579,6 @@ def test_eval_analysis_bad_input_one_line_exit_2(trained, tmp_path):
   lm = tmp_path / "lm"
   lm.mkdir()
   (lm / "config.json").write_text(json.dumps(gpt_shakespeare.get_config().to_dict()))
-  r = run(["eval.py", "--workdir", str(lm), "--analysis", "--analysis_classes=yes"])
+  r = run_in_process(["eval.py", "--workdir", str(lm), "--analysis",
+                      "--analysis_classes=yes"], capfd)
   assert "per-sequence labels" in one_line_error(r)

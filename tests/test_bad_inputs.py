@@ -5,11 +5,10 @@ that says what is wrong (the expected words below), exit with code 2 without
 a traceback, and change no file of an existing workdir, dataset directory or
 config file (nor create the workdir it was given).
 
-Every bad input to ``train.py`` runs in this process through the entry point
-of ``python train.py`` (``cli.run(train.main)``, with ``sys.argv`` set and
-the absl flags reset), which saves the 2-3 s of imports a subprocess spends
-before it reads its arguments; eight of them, and every bad input to
-``eval.py``, also run as subprocesses.
+Every bad input runs in this process through the entry point of ``python
+train.py`` / ``python eval.py`` (``test_train.run_in_process``: ``sys.argv``
+set and the flags reset), which saves the ~4 s of imports a subprocess spends
+before it reads its arguments; nine of them also run as subprocesses.
 """
 
 import os
@@ -18,7 +17,7 @@ import sys
 
 import pytest
 
-from test_train import CONFIG, ROOT, TINY, run, run_train_in_process, train_args
+from test_train import CONFIG, ROOT, TINY, run, run_in_process, train_args
 
 GPT_CONFIG = os.path.join(ROOT, "configs", "gpt_shakespeare.py")
 FMNIST_SOURCE = "/usr/share/datasets/fashion-mnist"
@@ -115,7 +114,7 @@ def test_bad_config_one_line_exit_2_nothing_changed(name, how, existing_run, tmp
   before = _snapshot(existing_run, fmnist_data_dir)
   for workdir in (existing_run, tmp_path / "new_run"):
     argv = train_args(workdir, fmnist_data_dir, "--config.total_steps=10", *extra)
-    r = run(argv) if how == "subprocess" else run_train_in_process(argv, capfd)
+    r = run(argv) if how == "subprocess" else run_in_process(argv, capfd)
     # On the existing workdir its own architecture check may answer first.
     _one_line_exit_2(r, expected + (["different architecture"] if workdir == existing_run else []))
   assert _snapshot(existing_run, fmnist_data_dir) == before
@@ -221,17 +220,16 @@ BAD_PATHS = {
 }
 
 
-# train.py's bad paths run in-process, and these also as subprocesses; eval.py's
-# run as subprocesses only (eval.py and train.py both define --workdir).
+# Every bad path runs in-process, and these also as subprocesses.
 SUBPROCESS_PATHS = ("config file missing", "config with a syntax error",
-                    "truncated prepared dataset", "workdir whose checkpoints are all unreadable")
+                    "truncated prepared dataset", "workdir whose checkpoints are all unreadable",
+                    "eval of a workdir whose checkpoints are unreadable")
 
 
 def _path_cases():
   for name in sorted(BAD_PATHS):
-    if BAD_PATHS[name][0][0] == "train.py":
-      yield name, "in-process"
-    if BAD_PATHS[name][0][0] != "train.py" or name in SUBPROCESS_PATHS:
+    yield name, "in-process"
+    if name in SUBPROCESS_PATHS:
       yield name, "subprocess"
 
 
@@ -244,7 +242,7 @@ def test_bad_path_one_line_exit_2_nothing_changed(name, how, bad_files, tmp_path
   for key, value in subs.items():
     argv = [a.replace(key, value) for a in argv]
   before = _snapshot(bad_files, fmnist_data_dir)
-  _one_line_exit_2(run(argv) if how == "subprocess" else run_train_in_process(argv, capfd),
+  _one_line_exit_2(run(argv) if how == "subprocess" else run_in_process(argv, capfd),
                    expected)
   assert _snapshot(bad_files, fmnist_data_dir) == before
   assert not (tmp_path / "new_run").exists()

@@ -19,7 +19,7 @@ import pytest
 from laplax.convert import common, timm_vit
 from laplax.models import spec as spec_lib
 from laplax.models.vit import ViT
-from test_train import CONFIG, read_metrics, run
+from test_train import CONFIG, read_metrics, run, run_in_process
 
 pytestmark = pytest.mark.skipif(
     not all(importlib.util.find_spec(m) for m in ("torch", "timm")),
@@ -200,7 +200,7 @@ def test_unsupported_and_mismatched_weights_are_named():
 FMNIST_ARGS = "img_size=28,patch_size=7,in_chans=1,num_classes=10,depth=2,embed_dim=32,num_heads=2"
 
 
-def test_cli_timm_workdir_evaluates_fine_tunes_and_goes_back(tmp_path, fmnist_data_dir):
+def test_cli_timm_workdir_evaluates_fine_tunes_and_goes_back(tmp_path, fmnist_data_dir, capfd):
   """--from timm -> eval.py; train.py --config.init_from with Laplacian heads;
   --to timm refuses them without --force (and writes them with it); a plain
   model goes back strictly."""
@@ -213,7 +213,7 @@ def test_cli_timm_workdir_evaluates_fine_tunes_and_goes_back(tmp_path, fmnist_da
   assert (conv / "checkpoints" / "0").is_dir()
   saved = json.loads((conv / "config.json").read_text())
   assert saved["model"]["mlp_activation"] == "gelu_exact" and saved["model"]["width"] == 32
-  r = run(["eval.py", "--workdir", str(conv)])
+  r = run_in_process(["eval.py", "--workdir", str(conv)], capfd)
   assert r.returncode == 0, r.stderr[-2000:]
   result = json.loads((conv / "eval.json").read_text())
   assert result["step"] == 0 and result["num_examples"] == 1000
@@ -229,11 +229,12 @@ def test_cli_timm_workdir_evaluates_fine_tunes_and_goes_back(tmp_path, fmnist_da
   # Fine-tune with one Laplacian head per layer, from the converted weights
   # (the model keys come from the converted workdir's config.json).
   ft = tmp_path / "ft"
-  r = run(["train.py", "--config", CONFIG, "--workdir", str(ft), data,
-           f"--config.init_from={conv}", "--config.total_steps=2", "--config.log_every=1",
-           "--config.eval_every=1000", "--config.batch_size=8",
-           "--config.eval_batch_size=1000", "--config.data.eval_split=test[:1000]",
-           "--config.model.num_laplacian_heads=1"])
+  r = run_in_process(["train.py", "--config", CONFIG, "--workdir", str(ft), data,
+                      f"--config.init_from={conv}", "--config.total_steps=2",
+                      "--config.log_every=1", "--config.eval_every=1000",
+                      "--config.batch_size=8", "--config.eval_batch_size=1000",
+                      "--config.data.eval_split=test[:1000]",
+                      "--config.model.num_laplacian_heads=1"], capfd)
   assert r.returncode == 0, r.stderr[-2000:]
   assert [m["step"] for m in read_metrics(ft) if m["split"] == "train"] == [1, 2]
   _, ft_spec, ft_params, step = common.read_workdir(str(ft))

@@ -18,7 +18,7 @@ from laplax.train import config as config_lib
 from laplax.train import loop, optim, tasks
 from model_helper import make_vit
 from test_configs import load
-from test_train import ROOT, read_metrics, run, run_train_in_process
+from test_train import ROOT, read_metrics, run_in_process
 
 DINO_CONFIG = os.path.join(ROOT, "configs", "dino_fashion_mnist.py")
 # A tiny DINO so every step takes milliseconds on CPU.
@@ -244,12 +244,12 @@ def test_train_step_freezes_last_layer_then_updates_teacher_and_center():
 # Through train.py and eval.py on real Fashion-MNIST.
 
 
-def test_dino_train_eval_and_init_checkpoint(tmp_path, fmnist_data_dir):
+def test_dino_train_eval_and_init_checkpoint(tmp_path, fmnist_data_dir, capfd):
   init = tmp_path / "init"
-  r = run(dino_args(init, fmnist_data_dir, "--config.total_steps=0"))
+  r = run_in_process(dino_args(init, fmnist_data_dir, "--config.total_steps=0"), capfd)
   assert r.returncode == 0, r.stderr[-3000:]
   assert (init / "checkpoints" / "0").exists()
-  r = run(["eval.py", "--workdir", str(init)])
+  r = run_in_process(["eval.py", "--workdir", str(init)], capfd)
   assert r.returncode == 0, r.stderr[-3000:]
   result = json.loads((init / "eval.json").read_text())
   assert result["step"] == 0 and result["num_examples"] == 1000
@@ -278,8 +278,8 @@ def test_dino_train_eval_and_init_checkpoint(tmp_path, fmnist_data_dir):
   assert (init / "patch_pca.png").exists()
 
   workdir = tmp_path / "run"
-  r = run(dino_args(workdir, fmnist_data_dir, "--config.total_steps=6",
-                    "--config.eval_every=6", "--config.checkpoint_every=3"))
+  r = run_in_process(dino_args(workdir, fmnist_data_dir, "--config.total_steps=6",
+                               "--config.eval_every=6", "--config.checkpoint_every=3"), capfd)
   assert r.returncode == 0, r.stderr[-3000:]
   records = read_metrics(workdir)
   train = [x for x in records if x["split"] == "train"]
@@ -288,18 +288,19 @@ def test_dino_train_eval_and_init_checkpoint(tmp_path, fmnist_data_dir):
               "teacher_momentum", "weight_decay"):
     assert all(np.isfinite(x[key]) for x in train), key
   final = [x for x in records if x["split"] == "eval"][-1]
-  r = run(["eval.py", "--workdir", str(workdir)])
+  r = run_in_process(["eval.py", "--workdir", str(workdir)], capfd)
   assert r.returncode == 0, r.stderr[-3000:]
   result = json.loads((workdir / "eval.json").read_text())
   assert result["step"] == 6
   assert result["knn_accuracy"] == pytest.approx(final["knn_accuracy"], abs=1e-9)
 
 
-def test_collapse_is_flagged_with_a_uniform_teacher(tmp_path, fmnist_data_dir):
+def test_collapse_is_flagged_with_a_uniform_teacher(tmp_path, fmnist_data_dir, capfd):
   workdir = tmp_path / "hot"
-  r = run(dino_args(workdir, fmnist_data_dir, "--config.total_steps=4",
-                    "--config.eval_every=100", "--config.dino.warmup_teacher_temp=100.0",
-                    "--config.dino.teacher_temp=100.0"))
+  r = run_in_process(dino_args(workdir, fmnist_data_dir, "--config.total_steps=4",
+                               "--config.eval_every=100",
+                               "--config.dino.warmup_teacher_temp=100.0",
+                               "--config.dino.teacher_temp=100.0"), capfd)
   assert r.returncode == 0, r.stderr[-3000:]
   assert "collapsed (uniform)" in r.stderr + r.stdout
 
@@ -313,8 +314,8 @@ def test_collapse_is_flagged_with_a_uniform_teacher(tmp_path, fmnist_data_dir):
 ])
 def test_bad_dino_input_one_line_exit_2(tmp_path, fragment, flag, capfd):
   workdir = tmp_path / "bad"
-  r = run_train_in_process(["train.py", "--config", DINO_CONFIG, "--workdir", str(workdir),
-                            flag], capfd)
+  r = run_in_process(["train.py", "--config", DINO_CONFIG, "--workdir", str(workdir), flag],
+                     capfd)
   assert r.returncode == 2, r.stderr[-2000:]
   lines = r.stderr.strip().splitlines()
   assert len(lines) == 1 and fragment in lines[0], r.stderr

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from test_train import ROOT, run, run_train_in_process
+from test_train import ROOT, run_in_process
 
 GPT_CONFIG = os.path.join(ROOT, "configs", "gpt_shakespeare.py")
 TINY = ["--config.model.width=32", "--config.model.depth=1", "--config.model.num_heads=2",
@@ -29,10 +29,10 @@ def corpus(tmp_path_factory):
 def trained(tmp_path_factory, corpus):
   root = tmp_path_factory.mktemp("lm")
   workdir, data_dir = root / "run", root / "tfds"
-  r = run(["train.py", "--config", GPT_CONFIG, "--workdir", str(workdir),
-           f"--config.data.source_dir={corpus}", f"--config.data.data_dir={data_dir}",
-           "--config.total_steps=150", "--config.eval_every=150",
-           "--config.checkpoint_every=150"] + TINY)
+  r = run_in_process(["train.py", "--config", GPT_CONFIG, "--workdir", str(workdir),
+                      f"--config.data.source_dir={corpus}", f"--config.data.data_dir={data_dir}",
+                      "--config.total_steps=150", "--config.eval_every=150",
+                      "--config.checkpoint_every=150"] + TINY)
   assert r.returncode == 0, r.stderr[-3000:]
   return workdir
 
@@ -44,8 +44,8 @@ def one_line_error(r):
   return lines[0]
 
 
-def test_eval_reports_loss_perplexity_bits_per_byte(trained):
-  r = run(["eval.py", "--workdir", str(trained)])
+def test_eval_reports_loss_perplexity_bits_per_byte(trained, capfd):
+  r = run_in_process(["eval.py", "--workdir", str(trained)], capfd)
   assert r.returncode == 0, r.stderr[-3000:]
   result = json.loads((trained / "eval.json").read_text())
   assert result["step"] == 150
@@ -62,41 +62,43 @@ def test_eval_reports_loss_perplexity_bits_per_byte(trained):
   assert final["bits_per_byte"] == pytest.approx(result["bits_per_byte"], rel=1e-6)
 
 
-def test_greedy_sample_continues_the_sentence(trained):
-  r = run(["eval.py", "--workdir", str(trained), "--sample", "the cat sat",
-           "--temperature", "0", "--max_new_tokens", "20"])
+def test_greedy_sample_continues_the_sentence(trained, capfd):
+  r = run_in_process(["eval.py", "--workdir", str(trained), "--sample", "the cat sat",
+                      "--temperature", "0", "--max_new_tokens", "20"], capfd)
   assert r.returncode == 0, r.stderr[-3000:]
   assert r.stdout.strip().startswith("the cat sat on the mat.")
 
 
-def test_choices_accuracy_by_construction(trained, tmp_path):
+def test_choices_accuracy_by_construction(trained, tmp_path, capfd):
   """Q1's answer is the sentence's continuation (a trained model gets it
   right), Q2 marks the nonsense choice as the answer (it must get it wrong):
   accuracy is exactly 1/2."""
   path = tmp_path / "q.jsonl"
   q = {"question": "the cat sat on the", "choices": ["mat.", "xqz."]}
   path.write_text(json.dumps(dict(q, answer=0)) + "\n" + json.dumps(dict(q, answer=1)) + "\n")
-  r = run(["eval.py", "--workdir", str(trained), "--choices", str(path)])
+  r = run_in_process(["eval.py", "--workdir", str(trained), "--choices", str(path)], capfd)
   assert r.returncode == 0, r.stderr[-3000:]
   result = json.loads((trained / "eval.json").read_text())
   assert result["choices_accuracy"] == 0.5 and result["num_questions"] == 2
 
 
-def test_malformed_choices_names_the_line(trained, tmp_path):
+def test_malformed_choices_names_the_line(trained, tmp_path, capfd):
   path = tmp_path / "bad.jsonl"
   path.write_text('{"question": "q", "choices": ["a", "b"], "answer": 0}\n{"question": "q",\n')
   before = (trained / "eval.json").read_bytes() if (trained / "eval.json").exists() else None
-  line = one_line_error(run(["eval.py", "--workdir", str(trained), "--choices", str(path)]))
+  line = one_line_error(run_in_process(["eval.py", "--workdir", str(trained), "--choices",
+                                        str(path)], capfd))
   assert "line 2" in line
   path.write_text('{"question": "q", "choices": ["a", "b"], "answer": 5}\n')
-  assert "line 1" in one_line_error(run(["eval.py", "--workdir", str(trained),
-                                         "--choices", str(path)]))
+  assert "line 1" in one_line_error(run_in_process(["eval.py", "--workdir", str(trained),
+                                                    "--choices", str(path)], capfd))
   after = (trained / "eval.json").read_bytes() if (trained / "eval.json").exists() else None
   assert before == after
 
 
-def test_prompt_longer_than_context(trained):
-  line = one_line_error(run(["eval.py", "--workdir", str(trained), "--sample", "x" * 40]))
+def test_prompt_longer_than_context(trained, capfd):
+  line = one_line_error(run_in_process(["eval.py", "--workdir", str(trained), "--sample",
+                                        "x" * 40], capfd))
   assert "context" in line
 
 
@@ -105,8 +107,9 @@ def test_prompt_longer_than_context(trained):
     (["--temperature", "-1"], "--temperature=-1.0"),
     (["--top_k", "-3"], "--top_k=-3"),
 ])
-def test_bad_sampling_flags(trained, flags, fragment):
-  line = one_line_error(run(["eval.py", "--workdir", str(trained), "--sample", "ab"] + flags))
+def test_bad_sampling_flags(trained, flags, fragment, capfd):
+  line = one_line_error(run_in_process(["eval.py", "--workdir", str(trained), "--sample", "ab"]
+                                       + flags, capfd))
   assert fragment in line
 
 
@@ -125,7 +128,7 @@ def test_bad_lm_input(case, tmp_path, corpus, capfd):
   else:
     extra = ["--config.data.tokenizer=wordpiece"]
   workdir = tmp_path / "run"
-  r = run_train_in_process(["train.py", "--config", GPT_CONFIG, "--workdir", str(workdir),
+  r = run_in_process(["train.py", "--config", GPT_CONFIG, "--workdir", str(workdir),
                             f"--config.data.source_dir={source}",
                             f"--config.data.data_dir={tmp_path / 'tfds'}",
                             "--config.total_steps=5"] + TINY + extra, capfd)

@@ -1,13 +1,17 @@
 """Runs that survive: SIGKILL, SIGTERM, a killed checkpoint write, non-finite steps.
 
-Each test drives ``train.py`` as a user does (subprocesses) with tiny models.
+Each test drives ``train.py`` as a user does with tiny models: the starts
+that are killed or signalled in subprocesses, the others in this process
+(``test_train.run_in_process``, the same entry point without the ~4 s of a
+new process's imports).
+
 A run killed with SIGKILL at random steps and restarted with the same command
 must end with a state (parameters, optimizer state, RNG, step, DINO teacher
 and centre) bitwise equal to an uninterrupted run of the same config.
 ``LAPLAX_RESUME_KILLS="vit,gpt,dino"`` sets the kills per task (default
 3,2,2: 7 in all, to keep the suite short, with new random steps at every
-run; 7,7,6 gives the 20 of the acceptance run) and ``LAPLAX_RESUME_SEED`` the random steps (default: new
-each run, printed on failure).
+run; 7,7,6 gives the 20 of the acceptance run) and ``LAPLAX_RESUME_SEED``
+the random steps (default: new each run, printed on failure).
 """
 
 import os
@@ -22,7 +26,7 @@ import time
 import numpy as np
 import pytest
 
-from test_train import CONFIG, ROOT, TINY as VIT_TINY, read_metrics, run
+from test_train import CONFIG, ROOT, TINY as VIT_TINY, read_metrics, run_in_process
 
 GPT_CONFIG = os.path.join(ROOT, "configs", "gpt_shakespeare.py")
 DINO_CONFIG = os.path.join(ROOT, "configs", "dino_fashion_mnist.py")
@@ -119,10 +123,11 @@ _REFERENCES = {}
 
 
 def reference(task, tmp_path_factory, fmnist_data_dir, corpus):
-  """The uninterrupted run of ``task`` (once per module)."""
+  """The uninterrupted run of ``task`` (once per module; in this process, as
+  nothing in it is killed)."""
   if task not in _REFERENCES:
     workdir = tmp_path_factory.mktemp(f"ref_{task}") / "run"
-    r = run(task_args(task, workdir, fmnist_data_dir, corpus))
+    r = run_in_process(task_args(task, workdir, fmnist_data_dir, corpus))
     assert r.returncode == 0, r.stderr[-3000:]
     _REFERENCES[task] = saved_state(workdir)
   return _REFERENCES[task]
@@ -135,7 +140,7 @@ def kills_per_task():
 
 @pytest.mark.parametrize("task", ["vit", "gpt", "dino"])
 def test_sigkill_at_random_steps_resumes_bitwise(task, tmp_path, tmp_path_factory,
-                                                 fmnist_data_dir, corpus):
+                                                 fmnist_data_dir, corpus, capfd):
   """SIGKILL at k random steps, each time restarting the same command; the
   final state equals the uninterrupted run's bit for bit, and no restart ever
   meets an unreadable checkpoint."""
@@ -154,7 +159,7 @@ def test_sigkill_at_random_steps_resumes_bitwise(task, tmp_path, tmp_path_factor
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert reached, f"run {i} did not reach step {target}: " + logs[-1].read_text()[-2000:] + context
-  r = run(args)
+  r = run_in_process(args, capfd)  # the last start is not killed
   assert r.returncode == 0, r.stderr[-3000:] + context
   for text in [p.read_text() for p in logs] + [r.stderr]:
     assert "unreadable" not in text, text[-3000:] + context
@@ -168,7 +173,7 @@ def test_sigkill_at_random_steps_resumes_bitwise(task, tmp_path, tmp_path_factor
 
 
 def test_sigterm_saves_exits_0_and_resumes_bitwise(tmp_path, tmp_path_factory,
-                                                   fmnist_data_dir, corpus):
+                                                   fmnist_data_dir, corpus, capfd):
   """SIGTERM: the step in flight finishes, its checkpoint is committed and
   restorable, the process exits 0 with one line saying how to resume, and the
   same command then ends bitwise equal to the uninterrupted run."""
@@ -191,13 +196,13 @@ def test_sigterm_saves_exits_0_and_resumes_bitwise(tmp_path, tmp_path_factory,
   saved_step, state = saved_state(workdir, step)  # restorable
   assert saved_step == step and int(state["step"]) == step
   assert max(int(s) for s in os.listdir(workdir / "checkpoints") if s.isdigit()) == step
-  r = run(args)
+  r = run_in_process(args, capfd)
   assert r.returncode == 0, r.stderr[-3000:]
   assert f"resumed from step {step}" in r.stderr + r.stdout
   assert_bitwise_equal(ref, saved_state(workdir)[1])
 
 
-def test_sigkill_during_checkpoint_write_resumes_from_previous(tmp_path, fmnist_data_dir):
+def test_sigkill_during_checkpoint_write_resumes_from_previous(tmp_path, fmnist_data_dir, capfd):
   """A run killed while a large checkpoint is being written: the next start
   warns that the step is incomplete and resumes from the previous one."""
   big = ["--config", CONFIG, f"--config.data.data_dir={fmnist_data_dir}"] + VIT_TINY + [
@@ -229,7 +234,7 @@ def test_sigkill_during_checkpoint_write_resumes_from_previous(tmp_path, fmnist_
   complete = [int(s) for s in os.listdir(ckpt) if s.isdigit()]
   assert caught not in complete
   previous = max(complete)
-  r = run(args)
+  r = run_in_process(args, capfd)
   assert r.returncode == 0, r.stderr[-3000:]
   assert re.search(rf"checkpoint step {caught} in \S+ is incomplete", r.stderr), r.stderr[-3000:]
   assert f"resumed from step {previous}" in r.stderr + r.stdout
@@ -237,12 +242,12 @@ def test_sigkill_during_checkpoint_write_resumes_from_previous(tmp_path, fmnist_
   assert saved_state(workdir)[0] == 6
 
 
-def test_injected_nan_stops_before_any_bad_checkpoint(tmp_path, fmnist_data_dir, corpus):
+def test_injected_nan_stops_before_any_bad_checkpoint(tmp_path, fmnist_data_dir, corpus, capfd):
   """debug.nan_at_step=11: the run stops naming step 11 and the last good
   checkpoint (step 9), exit code 2, and nothing at or after step 11 is on disk."""
   workdir = tmp_path / "run"
-  r = run(task_args("vit", workdir, fmnist_data_dir, corpus, "--config.log_every=5",
-                    "--config.debug.nan_at_step=11"))
+  r = run_in_process(task_args("vit", workdir, fmnist_data_dir, corpus, "--config.log_every=5",
+                               "--config.debug.nan_at_step=11"), capfd)
   assert r.returncode == 2, r.stderr[-3000:]
   last = r.stderr.strip().splitlines()[-1]
   assert last.startswith("error: non-finite training metrics at step 11 (loss=nan"), last
@@ -254,14 +259,15 @@ def test_injected_nan_stops_before_any_bad_checkpoint(tmp_path, fmnist_data_dir,
   assert all(m["step"] <= 10 for m in read_metrics(workdir))
 
 
-def test_skip_nonfinite_leaves_the_update_out_and_counts_it(tmp_path, fmnist_data_dir, corpus):
+def test_skip_nonfinite_leaves_the_update_out_and_counts_it(tmp_path, fmnist_data_dir, corpus,
+                                                            capfd):
   """optim.skip_nonfinite=True: step 11's NaN update is left out (the state
   after step 11 equals the state after step 10 but for the step counter),
   counted in metrics.jsonl and named in a warning; the run finishes."""
   workdir = tmp_path / "run"
   extra = ["--config.log_every=5", "--config.checkpoint_every=1", "--config.keep_checkpoints=100",
            "--config.debug.nan_at_step=11", "--config.optim.skip_nonfinite=True"]
-  r = run(task_args("vit", workdir, fmnist_data_dir, corpus, *extra))
+  r = run_in_process(task_args("vit", workdir, fmnist_data_dir, corpus, *extra), capfd)
   assert r.returncode == 0, r.stderr[-3000:]
   assert "skipped the non-finite update of step(s) 11" in r.stdout + r.stderr
   train = {m["step"]: m for m in read_metrics(workdir) if m["split"] == "train"}

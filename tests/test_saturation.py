@@ -25,7 +25,7 @@ import pytest
 from laplax.analysis import capture, conditioning, report, summary
 from laplax.models.layers import SCANNED_BLOCKS
 from model_helper import make_gpt, make_vit
-from test_train import CONFIG, TINY, run
+from test_train import CONFIG, TINY, run_in_process
 
 
 def random_probs(rng, b, h, t, causal=False):
@@ -206,16 +206,16 @@ def test_run_analysis_gpt_gradient_uses_unpadded_windows_one_head():
                              rtol=1e-5)
 
 
-def test_eval_analysis_of_a_step_0_checkpoint(tmp_path, fmnist_data_dir):
+def test_eval_analysis_of_a_step_0_checkpoint(tmp_path, fmnist_data_dir, capfd):
   """train.py --config.total_steps=0 saves step 0, which eval.py --analysis reads."""
   workdir = tmp_path / "init"
-  r = run(["train.py", "--config", CONFIG, "--workdir", str(workdir),
-           f"--config.data.data_dir={fmnist_data_dir}"] + TINY +
-          ["--config.total_steps=0", "--config.data.eval_split=test[:64]",
-           "--config.eval_batch_size=64"])
+  r = run_in_process(["train.py", "--config", CONFIG, "--workdir", str(workdir),
+                      f"--config.data.data_dir={fmnist_data_dir}"] + TINY +
+                     ["--config.total_steps=0", "--config.data.eval_split=test[:64]",
+                      "--config.eval_batch_size=64"], capfd)
   assert r.returncode == 0, r.stderr[-3000:]
-  r = run(["eval.py", "--workdir", str(workdir), "--analysis",
-           "--analysis_jacobian_dim=0"])
+  r = run_in_process(["eval.py", "--workdir", str(workdir), "--analysis",
+                      "--analysis_jacobian_dim=0"], capfd)
   assert r.returncode == 0, r.stderr[-3000:]
   a = json.loads((workdir / "analysis.json").read_text())
   assert a["step"] == 0 and a["num_sequences"] == 64

@@ -20,7 +20,7 @@ import pytest
 
 from laplax import sweep
 from laplax.analysis import seeds
-from test_train import CONFIG, ROOT, TINY, run
+from test_train import CONFIG, ROOT, TINY, run, run_in_process
 
 SWEEP_TINY = [a for a in TINY if not a.startswith(("--config.model.num_laplacian_heads",
                                                    "--config.log_every"))] + [
@@ -121,7 +121,7 @@ def _sweep_argv(workdir, data_dir):
            "--seeds", "0,1", f"--config.data.data_dir={data_dir}"] + GRID + SWEEP_TINY)
 
 
-def test_sigkill_in_the_third_run_then_the_same_command_finishes(tmp_path, fmnist_data_dir):
+def test_sigkill_in_the_third_run_then_the_same_command_finishes(tmp_path, fmnist_data_dir, capfd):
   out = tmp_path / "sweep"
   argv = _sweep_argv(out, fmnist_data_dir)
   log = open(tmp_path / "first.log", "w")
@@ -158,8 +158,8 @@ def test_sigkill_in_the_third_run_then_the_same_command_finishes(tmp_path, fmnis
   ref = tmp_path / "reference"
   cfg = sweep.plan(CONFIG, sweep.parse_grid(GRID[1::2]), [0, 1],
                    [f"--config.data.data_dir={fmnist_data_dir}"] + SWEEP_TINY, str(ref))[2]
-  assert run(["train.py"] + cfg.train_args()).returncode == 0
-  assert run(["eval.py", "--workdir", cfg.workdir]).returncode == 0
+  assert run_in_process(["train.py"] + cfg.train_args(), capfd).returncode == 0
+  assert run_in_process(["eval.py", "--workdir", cfg.workdir], capfd).returncode == 0
   results = {n: seeds.run_results(str(out / n)) for n in names}
   assert results[names[2]] == seeds.run_results(cfg.workdir)
   summary = json.loads((out / "summary.json").read_text())

@@ -1,6 +1,8 @@
-"""End-to-end tests of train.py / eval.py as a user runs them (subprocesses)."""
+"""End-to-end tests of train.py / eval.py as a user runs them (subprocesses, and
+in-process through the same entry points where no process of its own is needed)."""
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -42,30 +44,49 @@ def xla_env(num_devices=None, **extra):
   return env
 
 
-def run_train_in_process(argv, capfd):
-  """``python train.py ARGV[1:]`` in this process: its exit code and output
-  (``capfd``: pytest's fixture). For the bad inputs that fail before anything
-  runs, it saves the 3-4 s a subprocess spends starting; test_bad_inputs.py
-  runs a few of them as subprocesses too."""
-  import train  # pylint: disable=import-outside-toplevel
-  from laplax.train.loop import NonFiniteError  # pylint: disable=import-outside-toplevel
-  capfd.readouterr()
+def run_in_process(argv, capfd=None):
+  """``python train.py ARGV[1:]`` or ``python eval.py ARGV[1:]`` in this
+  process: its exit code and output (``capfd``: pytest's fixture; without it,
+  as in a module-scoped fixture, the output is not returned). It saves
+  the ~4 s a subprocess spends importing JAX, Flax, TFDS and orbax; the tests
+  that need a process of its own (signals, exit paths, device counts, XLA's
+  default flags) use :func:`run`, and test_bad_inputs.py runs some cases both
+  ways. The two scripts' flags live in different ``FlagValues`` (train.py's in
+  absl's global FLAGS, eval.py's in ``eval.FLAGS``)."""
+  import importlib  # pylint: disable=import-outside-toplevel
+  script = os.path.basename(argv[0])
+  if script not in ("train.py", "eval.py"):
+    raise ValueError(f"run_in_process runs train.py or eval.py, not {argv[0]}")
+  module = importlib.import_module(script[:-3])
+  fv = flags.FLAGS if script == "train.py" else module.FLAGS
+  if capfd is not None:
+    capfd.readouterr()
   saved_argv, saved_term = sys.argv, signal.getsignal(signal.SIGTERM)
-  flags.FLAGS.unparse_flags()
+  fv.unparse_flags()
   sys.argv = list(argv)
+  # What a script's logging warnings print on stderr when no handler is set
+  # (logging.lastResort), which pytest's log capture would otherwise take.
+  handler = logging.StreamHandler(sys.stderr)
+  handler.setLevel(logging.WARNING)
+  logging.getLogger().addHandler(handler)
   code = 0
   try:
-    train.cli.run(train.main, user_errors=(NonFiniteError,))
+    if script == "train.py":
+      from laplax.train.loop import NonFiniteError  # pylint: disable=import-outside-toplevel
+      module.cli.run(module.main, user_errors=(NonFiniteError,))
+    else:
+      module.run_cli()
   except SystemExit as e:
     code = e.code
   finally:
+    logging.getLogger().removeHandler(handler)
     sys.argv = saved_argv
     signal.signal(signal.SIGTERM, saved_term)
-    flags.FLAGS.unparse_flags()
+    fv.unparse_flags()
     # config_flags defines a flag per config field at each parse.
     for flag in [f for f in flags.FLAGS if f.startswith("config.")]:
       delattr(flags.FLAGS, flag)
-  out, err = capfd.readouterr()
+  out, err = capfd.readouterr() if capfd is not None else ("", "")
   return types.SimpleNamespace(returncode=code, stdout=out, stderr=err)
 
 
@@ -96,7 +117,7 @@ def final_params(workdir):
   return step, flat
 
 
-def test_train_then_eval_reports_same_accuracy(tmp_path, fmnist_data_dir):
+def test_train_then_eval_reports_same_accuracy(tmp_path, fmnist_data_dir, capfd):
   """With XLA's default optimisations, as users run it (the rest of the suite
   compiles with most optimisations off; see conftest.py)."""
   workdir = tmp_path / "run"
@@ -133,13 +154,13 @@ def test_workdir_that_is_a_file(tmp_path, fmnist_data_dir):
   assert path.read_text() == "mine"
 
 
-def test_corrupt_newest_checkpoint_is_skipped_and_replaced(tmp_path, fmnist_data_dir):
+def test_corrupt_newest_checkpoint_is_skipped_and_replaced(tmp_path, fmnist_data_dir, capfd):
   """Truncate every file of the newest checkpoint: the same command resumes
   from the previous one, saves the newest step again, and keeps one record
   per step in metrics.jsonl."""
   workdir = tmp_path / "run"
   steps = ["--config.total_steps=10", "--config.eval_every=10", "--config.checkpoint_every=5"]
-  r = run(train_args(workdir, fmnist_data_dir, *steps))
+  r = run_in_process(train_args(workdir, fmnist_data_dir, *steps), capfd)
   assert r.returncode == 0, r.stderr[-3000:]
   _, good = final_params(workdir)
   for root, _, files in os.walk(workdir / "checkpoints" / "10"):
@@ -147,7 +168,7 @@ def test_corrupt_newest_checkpoint_is_skipped_and_replaced(tmp_path, fmnist_data
       p = os.path.join(root, f)
       with open(p, "r+b") as fh:
         fh.truncate(os.path.getsize(p) // 2)
-  r = run(train_args(workdir, fmnist_data_dir, *steps))
+  r = run_in_process(train_args(workdir, fmnist_data_dir, *steps), capfd)
   assert r.returncode == 0, r.stderr[-3000:]
   assert "unreadable" in r.stderr
   step, params = final_params(workdir)
@@ -156,11 +177,11 @@ def test_corrupt_newest_checkpoint_is_skipped_and_replaced(tmp_path, fmnist_data
     np.testing.assert_array_equal(good[k], params[k], err_msg=k)
   train_steps = [x["step"] for x in read_metrics(workdir) if x["split"] == "train"]
   assert train_steps == [5, 10]
-  r = run(["eval.py", "--workdir", str(workdir)])
+  r = run_in_process(["eval.py", "--workdir", str(workdir)], capfd)
   assert r.returncode == 0 and json.loads((workdir / "eval.json").read_text())["step"] == 10
 
 
-def test_eval_without_checkpoint_is_one_line_exit_2(tmp_path):
+def test_eval_without_checkpoint_is_one_line_exit_2(tmp_path, capfd):
   r = run(["eval.py", "--workdir", str(tmp_path / "empty")])
   assert r.returncode == 2
   lines = [l for l in r.stderr.splitlines() if l.strip()]

@@ -99,8 +99,9 @@ def _load_config_file(spec: str):
 
 
 def parse_flags(argv: list[str], flag_values: flags.FlagValues | None = None) -> None:
-  """Parses ``argv`` into absl FLAGS (or into ``flag_values``: ``python -m
-  laplax.sweep`` checks each run's ``train.py`` command line on its own).
+  """Parses ``argv`` into absl FLAGS (or into ``flag_values``: eval.py's own
+  flags, or ``python -m laplax.sweep`` checking each run's ``train.py``
+  command line on its own).
 
   ``--help``, ``-h`` or ``--helpfull`` prints the calling script's docstring
   and its flags, then exits 0.
@@ -108,12 +109,12 @@ def parse_flags(argv: list[str], flag_values: flags.FlagValues | None = None) ->
   Raises:
     UsageError: unknown flags, unknown config keys, bad values, bad config file.
   """
+  flag_values = flags.FLAGS if flag_values is None else flag_values
   if any(a in ("--help", "-h", "--helpfull", "-?") for a in argv[1:]):
     main = sys.modules.get("__main__")
     print((getattr(main, "__doc__", None) or "").strip() + "\n")
-    print("flags:\n" + flags.FLAGS.main_module_help())
+    print("flags:\n" + flag_values.main_module_help())
     sys.exit(0)
-  flag_values = flags.FLAGS if flag_values is None else flag_values
   absl_logger = logging.getLogger("absl")
   level = absl_logger.level
   absl_logger.setLevel(logging.ERROR)  # config_flags warns of a None config
