@@ -4,7 +4,7 @@
     python eval.py --workdir runs/gpt                       # loss, perplexity, bits/byte
     python eval.py --workdir runs/gpt --sample "ROMEO." --temperature 0.8 --top_k 40
     python eval.py --workdir runs/gpt --choices questions.jsonl
-    python eval.py --workdir runs/dino                      # k-NN, linear probe, PCA
+    python eval.py --workdir runs/dino                      # k-NN, linear probe, PCA, mIoU
 
 Restores the newest checkpoint with the config saved in the workdir
 (``laplax.load``, :mod:`laplax.train.restore`; onto one device), evaluates
@@ -13,10 +13,14 @@ the eval split, prints the result and writes ``eval.json`` into the workdir:
 ``loss``, ``perplexity``, ``bits_per_byte``, ``num_tokens``, ``step`` for
 language models (plus ``choices_accuracy`` with ``--choices``);
 ``knn_accuracy``, ``linear_probe_accuracy``, ``raw_pixel_knn_accuracy``,
-``num_examples``, ``step`` for DINO, which also writes ``patch_pca.png`` (the
-first three principal components of the teacher's patch features of a few
-test images, as RGB). ``--sample`` prints a continuation of the prompt
-(KV-cache decoding) instead.
+``segmentation_miou``, ``segmentation_pixel_accuracy``,
+``segmentation_dataset``, ``num_examples``, ``step`` for DINO, which also
+writes ``patch_pca.png`` (the first three principal components of the
+teacher's patch features of a few test images, as RGB) and
+``segmentation.png`` (test images, true and predicted masks of the linear
+segmentation probe on the teacher's patch tokens; the data and sizes are
+``config.eval.segmentation*``, see ``laplax.data.segmentation``).
+``--sample`` prints a continuation of the prompt (KV-cache decoding) instead.
 
 ``--analysis`` measures the model instead of evaluating it (see
 ``laplax.analysis.report``) and writes ``analysis.json`` and the plots
@@ -91,6 +95,7 @@ _ANALYSIS_BATCH = flags.DEFINE_integer(
 ANALYSIS_OPTIONS = ("analysis_layers", "analysis_examples", "analysis_classes",
                     "analysis_jacobian_dim", "analysis_batch_size")
 PCA_FIGURE = "patch_pca.png"
+SEGMENTATION_FIGURE = "segmentation.png"
 
 
 def main() -> int:
@@ -152,9 +157,21 @@ def main() -> int:
 
   if config.task == "dino":
     figure = os.path.join(workdir, PCA_FIGURE)
-    summary = task.evaluate(state, references=True, figure=figure)
+    masks_figure = os.path.join(workdir, SEGMENTATION_FIGURE)
+    summary = task.evaluate(state, references=True, figure=figure, segmentation=True,
+                            segmentation_figure=masks_figure)
     if config.eval.pca_images:
       print(f"patch-feature PCA of {config.eval.pca_images} test images: {figure}")
+    settings = task.segmentation_settings()
+    if "segmentation_miou" in summary:
+      print(f"linear segmentation probe on {summary['segmentation_dataset']}: mIoU "
+            f"{summary['segmentation_miou']:.4f}" + (
+                f"; masks of {settings['segmentation_figure_images']} test images: "
+                f"{masks_figure}" if settings["segmentation_figure_images"] else ""))
+    elif settings["segmentation"]:
+      print(f"no segmentation probe: {config.data.name} has no masks and is not "
+            f"Fashion-MNIST; train with --config.eval.segmentation_dataset="
+            f"scene_parse150 (or set it in {workdir}/config.json)")
   else:
     summary = task.evaluate(state)
   if items is not None:

@@ -31,7 +31,10 @@ TINY = ["--config.model.width=32", "--config.model.depth=1", "--config.model.num
         "--config.dino.freeze_last_layer_steps=2",
         "--config.dino.warmup_teacher_temp_steps=4",
         # Evaluation on slices keeps k-NN and feature extraction to seconds.
-        "--config.data.train_split=train[:3000]", "--config.data.eval_split=test[:1000]"]
+        "--config.data.train_split=train[:3000]", "--config.data.eval_split=test[:1000]",
+        # and a small segmentation probe (eval.py only).
+        "--config.eval.segmentation_train_images=32", "--config.eval.segmentation_test_images=16",
+        "--config.eval.segmentation_steps=20", "--config.eval.segmentation_figure_images=2"]
 
 
 def dino_args(workdir, data_dir, *extra):
@@ -276,10 +279,18 @@ def test_dino_train_eval_and_init_checkpoint(tmp_path, fmnist_data_dir, capfd):
   assert result["raw_pixel_knn_accuracy"] == pytest.approx(expected, abs=0.003)
   assert 0.7 < expected < 0.9
   assert (init / "patch_pca.png").exists()
+  # The linear segmentation probe on Fashion-MNIST canvases at 28 px (11
+  # classes, most pixels background) and its picture.
+  assert result["segmentation_dataset"] == "fashion_canvases"
+  assert 0.0 <= result["segmentation_miou"] <= 1.0
+  assert 1 / 11 < result["segmentation_pixel_accuracy"] <= 1.0
+  assert (init / "segmentation.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+  assert "linear segmentation probe on fashion_canvases" in r.stdout
 
   workdir = tmp_path / "run"
   r = run_in_process(dino_args(workdir, fmnist_data_dir, "--config.total_steps=6",
-                               "--config.eval_every=6", "--config.checkpoint_every=3"), capfd)
+                               "--config.eval_every=6", "--config.checkpoint_every=3",
+                               "--config.eval.segmentation=False"), capfd)
   assert r.returncode == 0, r.stderr[-3000:]
   records = read_metrics(workdir)
   train = [x for x in records if x["split"] == "train"]
@@ -293,6 +304,7 @@ def test_dino_train_eval_and_init_checkpoint(tmp_path, fmnist_data_dir, capfd):
   result = json.loads((workdir / "eval.json").read_text())
   assert result["step"] == 6
   assert result["knn_accuracy"] == pytest.approx(final["knn_accuracy"], abs=1e-9)
+  assert "segmentation_miou" not in result and not (workdir / "segmentation.png").exists()
 
 
 def test_collapse_is_flagged_with_a_uniform_teacher(tmp_path, fmnist_data_dir, capfd):

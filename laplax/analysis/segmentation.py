@@ -19,13 +19,17 @@ union (mIoU).
   canvases with 2-4 Fashion-MNIST garments pasted at random positions, each
   pixel labelled with its garment's class + 1 (a later garment covers an
   earlier one where its pixels are on) or 0, background (11 classes).
-  Deterministic under the seed.
+  Deterministic under the seed. The TFDS dataset ``fashion_mosaic``
+  (:mod:`laplax.data.builders.fashion_mosaic`) stores such canvases.
+* :func:`save_segmentation_figure`: test images, their true and predicted
+  masks, as a PNG (``eval.py`` writes ``segmentation.png`` for DINO runs).
 """
 
 from __future__ import annotations
 
 import functools
 import math
+import os
 
 import jax
 import jax.numpy as jnp
@@ -218,3 +222,66 @@ def fashion_canvases(images, labels, num_canvases: int, *, canvas_size: int = 56
       canvases[m, top:top + h, left:left + w][on] = images[i][on]
       masks[m, top:top + h, left:left + w][on] = int(labels[i]) + 1
   return canvases[..., None], masks
+
+
+def save_segmentation_figure(path, images, masks, predictions, num_classes: int, *,
+                             title: str = "") -> str:
+  """Writes a PNG of ``B`` columns: an image, its true mask, the predicted mask.
+
+  Each image is min-max scaled on its own (grey images in grey); class ``c``
+  gets the same colour in both masks (matplotlib's ``tab20`` for up to 20
+  classes, else ``nipy_spectral``), ignored pixels (below 0) are white.
+  Masks are drawn at their own resolution, stretched over the image's area.
+
+  Args:
+    path: file name of the PNG (parent directories are created).
+    images: float ``[B, H, W, C]`` with ``C`` 1 or 3, any range.
+    masks: int ``[B, h, w]`` true classes (below 0: ignored).
+    predictions: int ``[B, h, w]`` predicted classes.
+    num_classes: number of classes, ``>= 1`` (fixes the colours).
+    title: figure title.
+
+  Returns:
+    ``path``.
+
+  Raises:
+    ValueError: shapes that do not fit, ``B = 0`` or non-finite images.
+  """
+  images, masks, predictions = (np.asarray(images), np.asarray(masks),
+                                np.asarray(predictions))
+  if (images.ndim != 4 or images.shape[-1] not in (1, 3) or masks.ndim != 3
+      or predictions.shape != masks.shape or len(images) != len(masks) or not len(images)):
+    raise ValueError(f"need images [B, H, W, 1 or 3] and masks, predictions [B, h, w] "
+                     f"with B >= 1; got {images.shape}, {masks.shape}, {predictions.shape}")
+  if not np.isfinite(images).all():
+    raise ValueError("images contains NaN or inf")
+  import matplotlib  # pylint: disable=import-outside-toplevel
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+  from matplotlib import colors  # pylint: disable=import-outside-toplevel
+  n = max(int(num_classes), 1)
+  base = plt.get_cmap("tab20" if n <= 20 else "nipy_spectral")
+  cmap = colors.ListedColormap([base(i / max(n - 1, 1)) if n > 20 else base(i)
+                                for i in range(n)]).with_extremes(under="white")
+  b = len(images)
+  fig, axes = plt.subplots(3, b, figsize=(1.6 * b, 5.0), squeeze=False)
+  for i in range(b):
+    x = images[i].astype(np.float64)
+    x = (x - x.min()) / (x.max() - x.min()) if x.max() > x.min() else np.zeros_like(x)
+    axes[0, i].imshow(x[..., 0] if x.shape[-1] == 1 else x, cmap="gray", vmin=0, vmax=1,
+                      interpolation="nearest")
+    for row, m in ((1, masks[i]), (2, predictions[i])):
+      axes[row, i].imshow(np.where(m < 0, -1, m), cmap=cmap, vmin=-0.5, vmax=n - 0.5,
+                          interpolation="nearest")
+  for row, name in enumerate(("image", "true mask", "predicted")):
+    axes[row, 0].set_ylabel(name)
+  for ax in axes.ravel():
+    ax.set_xticks([])
+    ax.set_yticks([])
+  if title:
+    fig.suptitle(title, fontsize=9)
+  os.makedirs(os.path.dirname(os.path.abspath(os.fspath(path))), exist_ok=True)
+  fig.tight_layout()
+  fig.savefig(path, dpi=100)
+  plt.close(fig)
+  return path

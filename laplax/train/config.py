@@ -352,6 +352,30 @@ def _validate_dino(config):
   _require(isinstance(get(config, "eval.linear_probe"), bool),
            f"config.eval.linear_probe={get(config, 'eval.linear_probe')!r} must be "
            f"True or False")
+  _validate_segmentation(config)
+
+
+def _validate_segmentation(config):
+  """The ``eval.segmentation*`` keys of a DINO config (a run saved before they
+  existed lacks them: eval.py then uses the defaults)."""
+  from laplax.data import segmentation  # pylint: disable=import-outside-toplevel
+  on = get(config, "eval.segmentation", None)
+  _require(on is None or isinstance(on, bool),
+           f"config.eval.segmentation={on!r} must be True or False")
+  dataset = get(config, "eval.segmentation_dataset", None)
+  if dataset is not None:
+    _require(dataset in segmentation.DATASETS,
+             f"config.eval.segmentation_dataset={dataset!r} is unknown; use one of "
+             f"{', '.join(map(repr, segmentation.DATASETS))}")
+    _require(dataset != segmentation.FASHION_CANVASES
+             or segmentation.is_fashion_mnist(config.data),
+             f"config.eval.segmentation_dataset='fashion_canvases' builds canvases from "
+             f"the run's Fashion-MNIST images, but config.data.name={config.data.name!r}; "
+             f"use 'auto' or 'scene_parse150'")
+  for key, low in (("segmentation_train_images", 2), ("segmentation_test_images", 1),
+                   ("segmentation_steps", 1), ("segmentation_figure_images", 0)):
+    if get(config, f"eval.{key}", None) is not None:
+      _int(config, f"eval.{key}", low)
 
 
 def check_image_size(config: ml_collections.ConfigDict, image_shape) -> None:

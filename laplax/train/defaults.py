@@ -296,4 +296,22 @@ def dino_base_config() -> ml_collections.ConfigDict:
   c.eval.knn_temperature = 0.07
   c.eval.linear_probe = True
   c.eval.pca_images = 8
+  # eval.py's linear segmentation probe on the frozen teacher's final-norm
+  # patch tokens (laplax.analysis.segmentation, DINOv2's linear protocol):
+  # segmentation_dataset "auto" (the run's own masks, e.g. fashion_mosaic;
+  # Fashion-MNIST canvases for a Fashion-MNIST run; else skipped),
+  # "fashion_canvases" or "scene_parse150" (ADE20K, prepared by TFDS in
+  # data.data_dir); see laplax.data.segmentation. It fits on the first
+  # segmentation_train_images of the train split in segmentation_steps AdamW
+  # steps, scores the first segmentation_test_images of the eval split
+  # (segmentation_miou) and draws segmentation_figure_images of them.
+  c.eval.update(segmentation_defaults())
   return c
+
+
+def segmentation_defaults() -> dict:
+  """The ``eval.segmentation*`` keys of :func:`dino_base_config` and their
+  defaults (also used for runs saved before the keys existed)."""
+  return {"segmentation": True, "segmentation_dataset": "auto",
+          "segmentation_train_images": 500, "segmentation_test_images": 200,
+          "segmentation_steps": 300, "segmentation_figure_images": 6}

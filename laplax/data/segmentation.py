@@ -1,0 +1,279 @@
+"""Images with per-pixel class masks, for the linear segmentation probe of DINO runs.
+
+:func:`load` gives the train and test images (normalised as the run's images)
+and their masks, both at the backbone's input size ``S`` (the size of the
+run's eval images; a multiple of the patch size): each image's central square
+resized to ``S x S`` (bilinear, as the eval images are), each mask's with
+nearest neighbour at the same pixel centres. The data comes from one of three
+sources (``config.eval.segmentation_dataset``):
+
+* the run's own dataset, when it has a ``mask`` feature (``fashion_mosaic``,
+  :mod:`laplax.data.builders.fashion_mosaic`): the first images of
+  ``data.train_split`` and ``data.eval_split``; mask values are classes
+  (0 background), ``label.num_classes + 1`` of them.
+* ``fashion_canvases``, for a run on Fashion-MNIST: canvases of 2-4 garments
+  (:func:`laplax.analysis.segmentation.fashion_canvases`, seeds
+  ``fashion_mosaic.SEEDS``) whose garments come from the first
+  ``CANVAS_POOL * n`` images of the run's own ``data.train_split`` /
+  ``data.eval_split``; 11 classes. The canvases are built at 56 px, twice the
+  garment size (at 28 px a garment would fill the canvas), then resized to
+  ``S`` (28 px for ``configs/dino_fashion_mnist.py``: the garments at half
+  their training scale).
+* ``scene_parse150``: TFDS's MIT Scene Parsing data (ADE20K images) prepared
+  in ``data.data_dir`` (``tfds build scene_parse150 --data_dir=DIR
+  --file_format=array_record`` on a machine with internet), splits ``train``
+  and ``test`` (ADE20K's validation images). ``tfds.data_source`` decodes its
+  ``Image`` features (JPEG image, PNG annotation) with OpenCV or, without it,
+  PIL; TensorFlow is needed only to *encode* images from arrays (preparing a
+  dataset from arrays, or ``tfds.testing.mock_data`` with ``decoders``). The
+  class of a pixel is the annotation's first (red) channel: ``c`` in 1..150
+  becomes class ``c - 1``; 0 (unlabelled) and values above 150 are ignored
+  (-1), as in the usual ADE20K protocol (mmsegmentation's
+  ``reduce_zero_label``); 150 classes. TFDS 4.9's builder takes its
+  annotations from the Places Challenge 2017 *instance* masks
+  (``annotations_instance.tar``), whose red channel holds the 100 object
+  categories of the instance task (``instanceInfo100``), not the 150-class
+  scene-parsing masks of ADEChallengeData2016: with it the score is over
+  those object categories and the rest of each scene is ignored.
+
+Raises :class:`~laplax.data.errors.DataError` (one line) for a dataset that
+is not prepared, unreadable, or whose channels do not fit the backbone.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import ml_collections
+import numpy as np
+
+from laplax.data import augment, images
+from laplax.data.builders import fashion_mosaic
+from laplax.data.errors import DataError
+
+SCENE_PARSE150 = "scene_parse150"
+SCENE_PARSE150_CLASSES = 150
+SCENE_PARSE150_SPLITS = ("train", "test")
+FASHION_CANVASES = "fashion_canvases"
+AUTO = "auto"
+DATASETS = (AUTO, FASHION_CANVASES, SCENE_PARSE150)
+# Datasets whose images are Fashion-MNIST garments (the canvases' material).
+FASHION_MNIST_NAMES = ("fashion_mnist_idx", "fashion_mnist")
+# Canvases of n images draw their garments from the first CANVAS_POOL * n
+# images of the split (reading all 60,000 would take seconds).
+CANVAS_POOL = 10
+IGNORE = -1
+
+
+class SegmentationData(NamedTuple):
+  """Train and test images with their masks.
+
+  Attributes:
+    train_images: float32 ``[N, S, S, C]``, normalised as the run's images.
+    train_masks: int32 ``[N, S, S]`` in ``[0, num_classes)``, -1 ignored.
+    test_images: float32 ``[M, S, S, C]``.
+    test_masks: int32 ``[M, S, S]``.
+    num_classes: number of classes (background included where it is one).
+    name: where the data came from: the dataset's name, ``fashion_canvases``
+      or ``scene_parse150``.
+  """
+
+  train_images: np.ndarray
+  train_masks: np.ndarray
+  test_images: np.ndarray
+  test_masks: np.ndarray
+  num_classes: int
+  name: str
+
+
+def is_fashion_mnist(data_config: ml_collections.ConfigDict) -> bool:
+  """True if the run reads Fashion-MNIST (the canvases' garments)."""
+  return data_config.name.split("/")[0] in FASHION_MNIST_NAMES
+
+
+def has_masks(data_config: ml_collections.ConfigDict) -> bool:
+  """True if the run's dataset has a ``mask`` feature (e.g. ``fashion_mosaic``).
+
+  Raises:
+    DataError: the dataset is not prepared or unreadable.
+  """
+  source = images._open(data_config, data_config.train_split)  # pylint: disable=protected-access
+  return "mask" in source.dataset_info.features
+
+
+def resolve(data_config: ml_collections.ConfigDict, dataset: str) -> str | None:
+  """Which source ``dataset`` (a value of :data:`DATASETS`) means for this run.
+
+  Returns:
+    ``"masks"`` (the run's own dataset), ``"fashion_canvases"``,
+    ``"scene_parse150"``, or ``None`` for ``"auto"`` on a dataset that has no
+    masks and is not Fashion-MNIST (nothing to evaluate on).
+
+  Raises:
+    DataError: the run's dataset is unreadable.
+  """
+  if dataset == SCENE_PARSE150:
+    return SCENE_PARSE150
+  if dataset == FASHION_CANVASES:
+    return FASHION_CANVASES
+  if has_masks(data_config):
+    return "masks"
+  return FASHION_CANVASES if is_fashion_mnist(data_config) else None
+
+
+def _square(raw: list[np.ndarray], image_size: int) -> np.ndarray:
+  """uint8 images (a list of ``[h, w, C]``) -> float32 ``[N, S, S, C]`` in
+  0..255: each image's central square resized to ``S`` (bilinear)."""
+  if not raw:
+    return np.zeros((0, image_size, image_size, 0), np.float32)
+  fixed = len({x.shape for x in raw}) == 1
+  if fixed and raw[0].shape[:2] == (image_size, image_size):
+    return np.stack(raw).astype(np.float32)
+  return augment.center_crops(raw, image_size, 1.0, fixed_size=fixed)
+
+
+def _normalised(raw: list[np.ndarray], data_config, image_size: int,
+                channels: int) -> np.ndarray:
+  """:func:`_square`, then normalised as the run's images (float32 ``[N, S, S, C]``)."""
+  if not raw:
+    return np.zeros((0, image_size, image_size, channels), np.float32)
+  scale, offset = images._normalisation(data_config, channels)  # pylint: disable=protected-access
+  return _square(raw, image_size) * scale - offset
+
+
+def square_nearest(mask: np.ndarray, size: int) -> np.ndarray:
+  """The central square of ``mask [h, w]`` resized to ``[size, size]``, nearest
+  neighbour, sampled at the pixel centres of the bilinear image resize
+  (``augment.center_crops``): output pixel ``i`` reads input
+  ``floor(top + (i + 0.5) * side / size)``."""
+  mask = np.asarray(mask)
+  h, w = mask.shape
+  if (h, w) == (size, size):
+    return mask
+  top, left, side, _ = augment.center_boxes(h, w, 1.0)
+  centres = (np.arange(size) + 0.5) * side / size
+  rows = np.clip(np.floor(top + centres).astype(np.int64), 0, h - 1)
+  cols = np.clip(np.floor(left + centres).astype(np.int64), 0, w - 1)
+  return mask[rows][:, cols]
+
+
+def _own_split(data_config, split: str, num: int):
+  """The first ``num`` (uint8 images, int32 masks) of ``split`` of the run's dataset."""
+  source = images._open(data_config, split)  # pylint: disable=protected-access
+  examples = source.__getitems__(list(range(min(num, len(source)))))
+  masks = np.stack([np.asarray(e["mask"], np.int32) for e in examples])
+  return [np.asarray(e["image"]) for e in examples], masks
+
+
+def _canvas_split(data_config, split: str, num: int, seed: int):
+  """``num`` canvases (uint8 ``[56, 56, 1]`` list, int32 masks) from ``split``'s garments."""
+  from laplax.analysis import segmentation  # pylint: disable=import-outside-toplevel
+  source = images._open(data_config, split)  # pylint: disable=protected-access
+  pool = source.__getitems__(list(range(min(len(source), CANVAS_POOL * max(num, 1)))))
+  garments = np.stack([np.asarray(e["image"]) for e in pool])
+  labels = np.array([e["label"] for e in pool])
+  canvases, masks = segmentation.fashion_canvases(
+      garments, labels, num, canvas_size=fashion_mosaic.CANVAS_SIZE, seed=seed)
+  return list(canvases), masks
+
+
+def scene_parse150_mask(annotation: np.ndarray) -> np.ndarray:
+  """An ADE20K annotation -> int32 class ids: red channel ``c`` in 1..150 -> ``c - 1``,
+  else -1 (ignored).
+
+  Args:
+    annotation: uint8 ``[h, w, 3]`` (or ``[h, w, 1]`` / ``[h, w]``) as TFDS
+      decodes ``scene_parse150``'s ``annotation``.
+
+  Returns:
+    int32 ``[h, w]``.
+  """
+  a = np.asarray(annotation)
+  category = (a[..., 0] if a.ndim == 3 else a).astype(np.int32)
+  valid = (category >= 1) & (category <= SCENE_PARSE150_CLASSES)
+  return np.where(valid, category - 1, IGNORE).astype(np.int32)
+
+
+def read_scene_parse150(data_dir: str, split: str, num_images: int, image_size: int):
+  """The first ``num_images`` of ``split`` of TFDS ``scene_parse150``, without TensorFlow.
+
+  Args:
+    data_dir: TFDS data directory holding the prepared ``scene_parse150``.
+    split: ``"train"`` or ``"test"`` (a TFDS split string works too).
+    num_images: how many (fewer if the split is smaller).
+    image_size: side ``S`` of the square output.
+
+  Returns:
+    ``(images, masks)``: uint8 ``[N, S, S, 3]`` (the central square of each
+    image, bilinear, rounded) and int32 ``[N, S, S]`` (:func:`scene_parse150_mask`
+    of the annotation, :func:`square_nearest`).
+
+  Raises:
+    DataError: not prepared in ``data_dir``, unreadable, or no image decoder.
+  """
+  config = ml_collections.ConfigDict({"name": SCENE_PARSE150, "data_dir": data_dir})
+  source = images._open(config, split)  # pylint: disable=protected-access
+  # One read per example: scene_parse150 images are large and few are needed.
+  examples = [source[i] for i in range(min(num_images, len(source)))]
+  if not examples:
+    return (np.zeros((0, image_size, image_size, 3), np.uint8),
+            np.zeros((0, image_size, image_size), np.int32))
+  pictures = _square([np.asarray(e["image"]) for e in examples], image_size)
+  masks = np.stack([square_nearest(scene_parse150_mask(e["annotation"]), image_size)
+                    for e in examples])
+  return np.clip(np.rint(pictures), 0, 255).astype(np.uint8), masks
+
+
+def load(data_config: ml_collections.ConfigDict, source: str, *, num_train: int,
+         num_test: int, image_size: int, channels: int) -> SegmentationData:
+  """The segmentation train and test data of a run (see the module docstring).
+
+  Args:
+    data_config: the run's data config (its normalisation, splits, data_dir).
+    source: a value :func:`resolve` returned (not ``None``).
+    num_train, num_test: images per split (fewer if a split is smaller).
+    image_size: the backbone's input side ``S``.
+    channels: the backbone's input channels.
+
+  Returns:
+    A :class:`SegmentationData`.
+
+  Raises:
+    DataError: a dataset not prepared or unreadable, too few images, or
+      images whose channels are not ``channels``.
+  """
+  if source == SCENE_PARSE150:
+    if channels != 3:
+      raise DataError(
+          f"scene_parse150 images are RGB but the backbone takes {channels}-channel "
+          f"images; use config.eval.segmentation_dataset='auto' for this run")
+    parts = [read_scene_parse150(data_config.data_dir, split, n, image_size)
+             for split, n in zip(SCENE_PARSE150_SPLITS, (num_train, num_test))]
+    name, num_classes = SCENE_PARSE150, SCENE_PARSE150_CLASSES
+    parts = [(list(x), m) for x, m in parts]
+  elif source == FASHION_CANVASES:
+    parts = [_canvas_split(data_config, split, n, fashion_mosaic.SEEDS[role])
+             for split, n, role in ((data_config.train_split, num_train, "train"),
+                                    (data_config.eval_split, num_test, "test"))]
+    name, num_classes = FASHION_CANVASES, fashion_mosaic.NUM_MASK_CLASSES
+  else:
+    parts = [_own_split(data_config, split, n)
+             for split, n in ((data_config.train_split, num_train),
+                              (data_config.eval_split, num_test))]
+    info = images._open(data_config, data_config.train_split).dataset_info  # pylint: disable=protected-access
+    name, num_classes = data_config.name, int(info.features["label"].num_classes) + 1
+  (train_raw, train_masks), (test_raw, test_masks) = parts
+  for raw in (train_raw, test_raw):
+    if raw and raw[0].shape[-1] != channels:
+      raise DataError(f"{name} images have {raw[0].shape[-1]} channels but the backbone "
+                      f"takes {channels}")
+  if len(train_raw) < 2 or len(test_raw) < 1:
+    raise DataError(f"{name} gave {len(train_raw)} train and {len(test_raw)} test images "
+                    f"for the segmentation probe; it needs at least 2 and 1")
+  def masks(m):
+    return np.stack([square_nearest(x, image_size) for x in m]).astype(np.int32)
+  return SegmentationData(
+      train_images=_normalised(train_raw, data_config, image_size, channels),
+      train_masks=masks(train_masks),
+      test_images=_normalised(test_raw, data_config, image_size, channels),
+      test_masks=masks(test_masks), num_classes=num_classes, name=name)
