@@ -279,10 +279,10 @@ def test_dino_task_reads_the_mosaic_masks(mosaic_data_dir):
     ("dino_fashion_mnist", "--config.eval.segmentation=maybe", "eval.segmentation"),
 ])
 def test_bad_segmentation_settings_one_line_exit_2(tmp_path, config, flag, fragment, capfd):
-  from test_train import ROOT, run_train_in_process  # pylint: disable=import-outside-toplevel
+  from test_train import ROOT, run_in_process  # pylint: disable=import-outside-toplevel
   workdir = tmp_path / "bad"
-  r = run_train_in_process(["train.py", "--config", os.path.join(ROOT, "configs", config + ".py"),
-                            "--workdir", str(workdir), flag], capfd)
+  r = run_in_process(["train.py", "--config", os.path.join(ROOT, "configs", config + ".py"),
+                      "--workdir", str(workdir), flag], capfd)
   assert r.returncode == 2, r.stderr[-2000:]
   lines = r.stderr.strip().splitlines()
   assert len(lines) == 1 and lines[0].startswith("error: ") and fragment in lines[0], r.stderr
