@@ -117,7 +117,7 @@ def final_params(workdir):
   return step, flat
 
 
-def test_train_then_eval_reports_same_accuracy(tmp_path, fmnist_data_dir, capfd):
+def test_train_then_eval_reports_same_accuracy(tmp_path, fmnist_data_dir):
   """With XLA's default optimisations, as users run it (the rest of the suite
   compiles with most optimisations off; see conftest.py)."""
   workdir = tmp_path / "run"
@@ -181,7 +181,7 @@ def test_corrupt_newest_checkpoint_is_skipped_and_replaced(tmp_path, fmnist_data
   assert r.returncode == 0 and json.loads((workdir / "eval.json").read_text())["step"] == 10
 
 
-def test_eval_without_checkpoint_is_one_line_exit_2(tmp_path, capfd):
+def test_eval_without_checkpoint_is_one_line_exit_2(tmp_path):
   r = run(["eval.py", "--workdir", str(tmp_path / "empty")])
   assert r.returncode == 2
   lines = [l for l in r.stderr.splitlines() if l.strip()]
