@@ -14,6 +14,8 @@ kinds of head and no ``[length, length]`` tensor is formed.
 or the materialising ``"reference"``); :class:`MultiHeadAttention` holds the
 projections, qk-norm, dropout and the spectral conditioning of
 :mod:`laplax.spectral`.
+
+See docs/methods.md for both methods, their config keys and laplax's choices.
 """
 
 from __future__ import annotations

@@ -52,6 +52,8 @@ nothing and is used.
 
 The correction adds no parameter, no optimizer state and no gradient memory: the
 gradient with respect to ``W`` is the baseline's gradient at weights ``W + C``.
+
+See docs/methods.md for both methods, their config keys and laplax's choices.
 """
 
 from __future__ import annotations
