@@ -35,8 +35,8 @@ evaluated; give each evaluation its own directory to keep its pictures.
 
 ``--analysis`` measures the model instead of evaluating it (see
 ``laplax.analysis.report``) and writes ``analysis.json`` and the plots
-``analysis_*.png`` into the workdir (or ``--out``'s file and directory): per layer, the ANOVA of the token
-covariance, the singular-value spectrum and the components for 99% of the
+``analysis_*.png`` into the workdir (or ``--out``'s file and directory):
+per layer, the ANOVA of the token covariance, the singular-value spectrum and the components for 99% of the
 variance, neural-collapse statistics and CDNV by class (classification and
 DINO: the eval labels; language models: next-token ids), the conditioning of
 ``W_Q, W_K, W_V`` with and without the spectral correction, the attention
