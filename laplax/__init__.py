@@ -1,34 +1,75 @@
 """laplax: Laplacian heads and spectrally conditioned attention in JAX/Flax.
 
-Modules: :mod:`laplax.attention` (``attend``, ``MultiHeadAttention``),
-:mod:`laplax.spectral` (the fixed corrections and condition numbers),
-:mod:`laplax.models`, :mod:`laplax.data`, :mod:`laplax.train`.
+The public API (each name is imported on first use, so ``import laplax``
+imports neither JAX nor the trainer; ``help(laplax.NAME)`` documents it):
 
-``laplax.load(workdir, step=None)`` restores a run that ``train.py`` wrote
-(model, parameters, DINO teacher, config) onto one device, ready for
-``model.apply`` (:func:`laplax.train.restore.load`; it raises
-``laplax.LoadError``). It is imported on first use, so ``import laplax``
-imports neither JAX nor the trainer.
+* Attention (:mod:`laplax.attention`): ``attend`` (one ``P V`` call; Laplacian
+  heads output ``V - P V``), ``MultiHeadAttention`` (a Flax Linen module:
+  projections, Laplacian heads, spectral conditioning, qk-norm, KV cache),
+  ``laplacian_heads`` (which heads are Laplacian).
+* Spectral conditioning (:mod:`laplax.spectral`): ``correction`` (the fixed
+  ``lambda * I_k`` or SVD correction ``C`` added to ``W_Q, W_K, W_V``),
+  ``condition_number``.
+* Models (:mod:`laplax.models`): ``ViT``, ``GPT``, ``DINO``, ``DINOHead``;
+  ``build_spec("vit", width=..., depth=..., ...)`` and ``spec_from_config(
+  config.model)`` build the model spec every model takes.
+* Trained runs: ``load(workdir, step=None)`` restores a run that
+  ``laplax-train`` (``train.py``) wrote, onto one device (``Loaded``;
+  it raises ``LoadError``).
+* Analysis (:mod:`laplax.analysis`): ``run_analysis`` with an
+  ``AnalysisTarget`` (what ``laplax-eval --analysis`` computes),
+  ``read_analysis`` and ``analysis_summary`` (its per-layer table),
+  ``GeometryAccumulator`` (token geometry: ANOVA, spectrum, neural collapse,
+  CDNV), ``kernel_conditioning`` and ``head_conditioning`` (condition numbers
+  of the projections and of a head's Jacobian, Theorem 3.4).
 """
+
+import importlib
 
 __version__ = "0.1.0"
 
-_LAZY = ("load", "Loaded", "LoadError")
+# Public name -> (module, attribute there).
+_PUBLIC = {
+    "attend": ("laplax.attention", "attend"),
+    "MultiHeadAttention": ("laplax.attention", "MultiHeadAttention"),
+    "laplacian_heads": ("laplax.attention", "laplacian_heads"),
+    "correction": ("laplax.spectral", "correction"),
+    "condition_number": ("laplax.spectral", "condition_number"),
+    "ViT": ("laplax.models.vit", "ViT"),
+    "GPT": ("laplax.models.gpt", "GPT"),
+    "DINO": ("laplax.models.dino", "DINO"),
+    "DINOHead": ("laplax.models.dino", "DINOHead"),
+    "build_spec": ("laplax.models.spec", "build"),
+    "spec_from_config": ("laplax.models.spec", "from_config"),
+    "load": ("laplax.train.restore", "load"),
+    "Loaded": ("laplax.train.restore", "Loaded"),
+    "LoadError": ("laplax.train.restore", "LoadError"),
+    "run_analysis": ("laplax.analysis.report", "run_analysis"),
+    "AnalysisTarget": ("laplax.analysis.report", "Target"),
+    "read_analysis": ("laplax.analysis.report", "read"),
+    "analysis_summary": ("laplax.analysis.summary", "summary"),
+    "GeometryAccumulator": ("laplax.analysis.geometry", "GeometryAccumulator"),
+    "kernel_conditioning": ("laplax.analysis.conditioning", "kernel_conditioning"),
+    "head_conditioning": ("laplax.analysis.conditioning", "head_conditioning"),
+}
+
+__all__ = sorted(_PUBLIC) + ["__version__"]
 
 
 def __getattr__(name: str):
-  """``laplax.load``, ``laplax.Loaded``, ``laplax.LoadError`` from
-  :mod:`laplax.train.restore`, imported on first access.
+  """A public name of :data:`__all__`, imported from its module on first access.
 
   Raises:
-    AttributeError: any other name.
+    AttributeError: a name that is not public.
   """
-  if name in _LAZY:
-    from laplax.train import restore  # pylint: disable=import-outside-toplevel
-    return getattr(restore, name)
-  raise AttributeError(f"module 'laplax' has no attribute {name!r}")
+  if name not in _PUBLIC:
+    raise AttributeError(f"module 'laplax' has no attribute {name!r}")
+  module, attribute = _PUBLIC[name]
+  value = getattr(importlib.import_module(module), attribute)
+  globals()[name] = value  # later accesses skip this function
+  return value
 
 
 def __dir__():
-  """The module's names, with the lazily imported ones."""
-  return sorted(list(globals()) + list(_LAZY))
+  """The module's names, with the public ones not imported yet."""
+  return sorted(set(globals()) | set(__all__))

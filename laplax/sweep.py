@@ -42,6 +42,7 @@ import json
 import os
 import re
 import signal
+import site
 import subprocess
 import sys
 import time
@@ -51,7 +52,12 @@ from laplax import utils
 from laplax.analysis import seeds as seeds_lib
 
 USAGE_EXIT = 2
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The directory holding the laplax package: the runs import this same laplax
+# (put on their PYTHONPATH unless it is a site-packages directory).
+PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# What ``train.py`` / ``eval.py`` run (``python -m`` of these: the commands
+# are in the package, so a sweep works from an installed laplax too).
+COMMANDS = {"train.py": "laplax.train.train_cli", "eval.py": "laplax.train.eval_cli"}
 SWEEP_FILE = "sweep.json"
 SUMMARY_JSON, SUMMARY_MD, CURVES = "summary.json", "summary.md", "curves.png"
 # The flags a re-run must repeat: they decide what every run is.
@@ -331,14 +337,19 @@ _LAUNCHER = ("import ctypes, os, sys\n"
 
 
 def _call(script: str, args: Sequence[str], log_path: str) -> int:
-  """``python SCRIPT ARGS`` with its output appended to ``log_path``; its exit code."""
+  """``python SCRIPT ARGS`` (as ``python -m`` of its :data:`COMMANDS` module)
+  with its output appended to ``log_path``; its exit code."""
+  env = dict(os.environ, PYTHONUNBUFFERED="1")
+  if PACKAGE_PARENT not in site.getsitepackages():  # a checkout, on sys.path by hand
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (PACKAGE_PARENT, os.environ.get("PYTHONPATH")) if p)
   with open(log_path, "a") as log:
     log.write(f"\n$ {script} {' '.join(args)}\n")
     log.flush()
     _Child.proc = subprocess.Popen(
-        [sys.executable, "-c", _LAUNCHER, str(os.getpid()), os.path.join(ROOT, script)]
+        [sys.executable, "-c", _LAUNCHER, str(os.getpid()), "-m", COMMANDS[script]]
         + list(args), stdout=log, stderr=subprocess.STDOUT,
-        env=dict(os.environ, PYTHONUNBUFFERED="1"))
+        env=env)
     code = _Child.proc.wait()
   _Child.proc = None
   return code

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from test_resume import DINO_CONFIG, DINO_TINY, GPT_CONFIG, GPT_TINY, TEXT
-from test_train import CONFIG, ROOT, TINY, xla_env
+from test_train import CONFIG, ROOT, TINY, run_in_process, xla_env
 
 VIT = ["--config", CONFIG] + TINY + [
     "--config.data.eval_split=test[:1000]", "--config.total_steps=6",
@@ -130,14 +130,11 @@ def _on_one_device(tree):
   return all(x.sharding.device_set == {device} for x in jax.tree_util.tree_leaves(tree))
 
 
-def test_vit_reproduces_eval_accuracy_and_loads_older_steps(runs):
+def _classifier_eval(run):
+  """``(correct, summed loss, count)`` of a loaded ViT over its eval split,
+  through ``model.apply`` and optax (not the task's evaluation code)."""
   import jax
-  import laplax
   import optax
-  run = laplax.load(str(runs["vit"]))
-  assert (run.step, run.latest_step, run.teacher) == (6, 6, None)
-  assert run.config.model.width == 32 and run.config.is_locked
-  assert type(run.model).__name__ == "ViT" and _on_one_device(run.state)
   apply = jax.jit(lambda p, x: run.model.apply({"params": p}, x, train=False)[0])
   correct = loss = count = 0.0
   for batch in run.task.eval_batches():
@@ -147,6 +144,16 @@ def test_vit_reproduces_eval_accuracy_and_loads_older_steps(runs):
     loss += float((optax.softmax_cross_entropy_with_integer_labels(
         logits, batch["label"]) * mask).sum())
     count += float(mask.sum())
+  return correct, loss, count
+
+
+def test_vit_reproduces_eval_accuracy_and_loads_older_steps(runs):
+  import laplax
+  run = laplax.load(str(runs["vit"]))
+  assert (run.step, run.latest_step, run.teacher) == (6, 6, None)
+  assert run.config.model.width == 32 and run.config.is_locked
+  assert type(run.model).__name__ == "ViT" and _on_one_device(run.state)
+  correct, loss, count = _classifier_eval(run)
   result = _eval_json(runs["vit"])
   assert count == result["num_examples"] == 1000
   assert correct / count == result["accuracy"]
@@ -285,3 +292,82 @@ def test_import_laplax_is_light():
       restore.load, restore.Loaded, restore.LoadError)
   with pytest.raises(AttributeError, match="no attribute 'lod'"):
     laplax.lod  # pylint: disable=pointless-statement
+
+
+def _snapshot(directory):
+  """``{relative path: bytes}`` of every file under ``directory``, and the
+  relative paths of its directories."""
+  files, dirs = {}, set()
+  for p in directory.rglob("*"):
+    if p.is_dir():
+      dirs.add(str(p.relative_to(directory)))
+    else:
+      files[str(p.relative_to(directory))] = p.read_bytes()
+  return files, dirs
+
+
+def _chmod_tree(directory, writable):
+  for p in [directory, *directory.rglob("*")]:
+    mode = p.stat().st_mode
+    p.chmod(mode | 0o200 if writable else mode & ~0o222)
+
+
+def test_eval_step_and_out_only_read_the_workdir(runs, tmp_path, capfd):
+  """``eval.py --step N --out FILE`` on a read-only workdir: the results of
+  step N in FILE (the analysis' pictures next to it), the workdir unchanged
+  byte for byte (the tests may run as root, whom chmod does not stop)."""
+  import laplax
+  workdir = tmp_path / "vit"
+  shutil.copytree(runs["vit"], workdir)
+  before = _snapshot(workdir)
+  _chmod_tree(workdir, writable=False)
+  try:
+    out = tmp_path / "evals" / "step3" / "result.json"
+    r = run_in_process(["eval.py", "--workdir", str(workdir), "--step", "3",
+                        "--out", str(out)], capfd)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert f"wrote {out}" in r.stdout
+    result = json.loads(out.read_text())
+    correct, loss, count = _classifier_eval(laplax.load(str(runs["vit"]), step=3))
+    assert (result["step"], result["num_examples"]) == (3, count)
+    assert result["accuracy"] == correct / count
+    assert result["loss"] == pytest.approx(loss / count, rel=1e-5)
+    assert result["loss"] != _eval_json(runs["vit"])["loss"]  # step 6's
+
+    latest = tmp_path / "evals" / "latest.json"
+    r = run_in_process(["eval.py", "--workdir", str(workdir), "--out", str(latest)], capfd)
+    assert r.returncode == 0, r.stderr[-3000:]
+    newest, saved = json.loads(latest.read_text()), _eval_json(runs["vit"])
+    assert newest["step"] == saved["step"] == 6
+    assert newest["accuracy"] == saved["accuracy"]
+    assert newest["loss"] == pytest.approx(saved["loss"], rel=1e-6)
+
+    analysis = tmp_path / "analysis" / "a.json"
+    r = run_in_process(["eval.py", "--workdir", str(workdir), "--analysis", "--step", "0",
+                        "--analysis_layers", "0", "--analysis_examples", "32",
+                        "--analysis_jacobian_dim", "0", "--out", str(analysis)], capfd)
+    assert r.returncode == 0, r.stderr[-3000:]
+    written = json.loads(analysis.read_text())
+    assert (written["step"], written["num_sequences"]) == (0, 32)
+    assert [entry["layer"] for entry in written["layers"]] == [0]
+    pictures = sorted(p.name for p in analysis.parent.iterdir() if p.suffix == ".png")
+    assert pictures and all(p.startswith("analysis_") for p in pictures), pictures
+    assert all((analysis.parent / p).read_bytes()[:4] == b"\x89PNG" for p in pictures)
+
+    for argv, words in (
+        (["--step", "5"], ["--step 5 is not saved", "saved steps: 0, 3, 6"]),
+        (["--step=-1"], ["--step=-1 must be >= 0"]),
+        (["--out", str(tmp_path / "evals")], ["is a directory; give a file name"]),
+        (["--out", str(out / "x.json")], ["is a file, not a directory"])):
+      extra = [] if argv[0] == "--out" else ["--out", str(tmp_path / "bad" / "e.json")]
+      r = run_in_process(["eval.py", "--workdir", str(workdir)] + argv + extra, capfd)
+      lines = [l for l in r.stderr.splitlines() if l.strip()]
+      assert r.returncode == 2 and len(lines) == 1, r.stderr[-2000:]
+      assert all(w in lines[0] for w in words), lines[0]
+    assert not (tmp_path / "bad").exists()
+    if os.geteuid() != 0:  # root may write anyway
+      r = run_in_process(["eval.py", "--workdir", str(workdir)], capfd)
+      assert r.returncode == 2 and "is not writable" in r.stderr and "--out" in r.stderr
+  finally:
+    _chmod_tree(workdir, writable=True)
+  assert _snapshot(workdir) == before

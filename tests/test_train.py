@@ -71,11 +71,7 @@ def run_in_process(argv, capfd=None):
   logging.getLogger().addHandler(handler)
   code = 0
   try:
-    if script == "train.py":
-      from laplax.train.loop import NonFiniteError  # pylint: disable=import-outside-toplevel
-      module.cli.run(module.main, user_errors=(NonFiniteError,))
-    else:
-      module.run_cli()
+    module.run_cli()
   except SystemExit as e:
     code = e.code
   finally:

@@ -522,8 +522,9 @@ def sanitize(tree: Any) -> Any:
   return tree
 
 
-def write(analysis: dict, workdir: str) -> str:
-  """Writes ``analysis`` as ``workdir/analysis.json`` (strict JSON, indented).
+def write(analysis: dict, workdir: str, path: str | None = None) -> str:
+  """Writes ``analysis`` as ``workdir/analysis.json`` (or as ``path``, when
+  given: ``eval.py --analysis --out FILE``), strict JSON, indented.
 
   Returns:
     The path written.
@@ -532,7 +533,7 @@ def write(analysis: dict, workdir: str) -> str:
     OSError: the file cannot be written. ValueError: a non-finite number
       (pass the dict through :func:`sanitize` first).
   """
-  path = os.path.join(workdir, ANALYSIS_FILE)
+  path = path or os.path.join(workdir, ANALYSIS_FILE)
   with open(path, "w") as f:
     json.dump(analysis, f, indent=1, allow_nan=False)
   return path

@@ -15,6 +15,7 @@ import os
 import re
 import signal
 import sys
+import types
 import warnings
 from typing import Callable
 
@@ -98,22 +99,26 @@ def _load_config_file(spec: str):
   return config
 
 
-def parse_flags(argv: list[str], flag_values: flags.FlagValues | None = None) -> None:
+def parse_flags(argv: list[str], flag_values: flags.FlagValues | None = None,
+                help_module: types.ModuleType | None = None) -> None:
   """Parses ``argv`` into absl FLAGS (or into ``flag_values``: eval.py's own
   flags, or ``python -m laplax.sweep`` checking each run's ``train.py``
   command line on its own).
 
-  ``--help``, ``-h`` or ``--helpfull`` prints the calling script's docstring
-  and its flags, then exits 0.
+  ``--help``, ``-h`` or ``--helpfull`` prints the docstring of
+  ``help_module`` (default: the ``__main__`` script's) and the flags it
+  defines, then exits 0. The CLIs in the package pass their own module: run
+  as a console script (``laplax-train``), ``__main__`` is pip's launcher.
 
   Raises:
     UsageError: unknown flags, unknown config keys, bad values, bad config file.
   """
   flag_values = flags.FLAGS if flag_values is None else flag_values
   if any(a in ("--help", "-h", "--helpfull", "-?") for a in argv[1:]):
-    main = sys.modules.get("__main__")
-    print((getattr(main, "__doc__", None) or "").strip() + "\n")
-    print("flags:\n" + flag_values.main_module_help())
+    module = help_module or sys.modules.get("__main__")
+    print((getattr(module, "__doc__", None) or "").strip() + "\n")
+    print("flags:\n" + (flag_values.module_help(help_module) if help_module
+                         else flag_values.main_module_help()))
     sys.exit(0)
   absl_logger = logging.getLogger("absl")
   level = absl_logger.level

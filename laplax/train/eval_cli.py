@@ -1,0 +1,385 @@
+"""Evaluate a checkpoint of a laplax run (``laplax-eval``, or ``python eval.py``).
+
+    laplax-eval --workdir runs/vit
+    laplax-eval --workdir runs/vit --step 600 --out evals/vit_600/eval.json
+    laplax-eval --workdir runs/gpt                       # loss, perplexity, bits/byte
+    laplax-eval --workdir runs/gpt --sample "ROMEO." --temperature 0.8 --top_k 40
+    laplax-eval --workdir runs/gpt --choices questions.jsonl
+    laplax-eval --workdir runs/dino                      # k-NN, linear probe, PCA, mIoU
+
+Restores the newest checkpoint (``--step N``: the checkpoint of step ``N``;
+an ``N`` that is not saved is an error naming the saved steps) with the config
+saved in the workdir (``laplax.load``, :mod:`laplax.train.restore`; onto one
+device), evaluates the eval split, prints the result and writes ``eval.json``
+into the workdir:
+``accuracy``, ``loss``, ``num_examples``, ``step`` for classification;
+``loss``, ``perplexity``, ``bits_per_byte``, ``num_tokens``, ``step`` for
+language models (plus ``choices_accuracy`` with ``--choices``);
+``knn_accuracy``, ``linear_probe_accuracy``, ``raw_pixel_knn_accuracy``,
+``segmentation_miou``, ``segmentation_pixel_accuracy``,
+``segmentation_dataset``, ``num_examples``, ``step`` for DINO, which also
+writes ``patch_pca.png`` (the first three principal components of the
+teacher's patch features of a few test images, as RGB) and
+``segmentation.png`` (test images, true and predicted masks of the linear
+segmentation probe on the teacher's patch tokens; the data and sizes are
+``config.eval.segmentation*``, see ``laplax.data.segmentation``).
+``--sample`` prints a continuation of the prompt (KV-cache decoding) instead.
+
+``--out FILE`` writes the results to ``FILE`` instead of the workdir:
+``FILE`` holds what ``eval.json`` (with ``--analysis``: ``analysis.json``)
+would, and the pictures (``patch_pca.png``, ``segmentation.png``,
+``analysis_*.png``) are written next to it, in ``FILE``'s directory (created
+if missing), under the names they have in a workdir. The workdir is then only
+read, so a read-only one (another user's run, a mounted archive) can be
+evaluated; give each evaluation its own directory to keep its pictures.
+
+``--analysis`` measures the model instead of evaluating it (see
+``laplax.analysis.report``) and writes ``analysis.json`` and the plots
+``analysis_*.png`` into the workdir (or ``--out``'s file and directory):
+per layer, the ANOVA of the token covariance, the singular-value spectrum and the components for 99% of the
+variance, neural-collapse statistics and CDNV by class (classification and
+DINO: the eval labels; language models: next-token ids), the conditioning of
+``W_Q, W_K, W_V`` with and without the spectral correction, the attention
+block's Jacobian with respect to its input (``jacobian.input``) and per head
+the Jacobian with respect to ``(W_Q, W_K, W_V)`` beside Theorem 3.4's bound
+(``weight_condition_number_unscaled``, ``theorem_3_4``), and per head the
+attention saturation:
+``attention_entropy`` (nats), ``attention_self_weight`` (the mean diagonal
+weight ``p_tt``), ``attention_head_similarity`` (mean cosine similarity of
+two heads' rows of ``P``; ``attention_head_similarity_mean`` over pairs), ``head_smoothing_cosine``
+(per head, the mean cosine between its contribution after ``W_O`` and the
+token's deviation from its sequence mean; negative = smoothing; means over
+the Laplacian and standard heads beside it) and
+``gradient_norms`` (``{"query", "key"}``: the L2 norm of the gradient of the
+training loss in each head's column block of ``W_Q`` / ``W_K``, on the first
+analysed batch, with dropout and Mixup/CutMix drawn from ``PRNGKey(0)``;
+``null`` with ``gradient_norms_reason`` for DINO, whose loss needs
+multi-crop training views). A step-0 checkpoint (``laplax-train ...
+--config.total_steps=0``, or ``--step 0`` of a run that saved it) gives them
+at initialisation::
+
+    laplax-eval --workdir runs/vit --analysis --analysis_layers 0,3 --analysis_examples 2000
+
+Bad input prints one line and exits with code 2, with nothing written.
+"""
+
+import json
+import os
+import sys
+
+from absl import flags
+
+from laplax.train import cli
+
+# The evaluator's own flags (not absl's global FLAGS, where train_cli defines
+# its --workdir and --config): the two commands' mains can then run in one
+# process (the tests run many eval.py commands in-process).
+FLAGS = flags.FlagValues()
+_WORKDIR = flags.DEFINE_string("workdir", None, "Run directory written by train.py.",
+                               flag_values=FLAGS)
+_STEP = flags.DEFINE_integer("step", None, "Evaluate the checkpoint of this step "
+                             "(default: the newest readable one).", flag_values=FLAGS)
+_OUT = flags.DEFINE_string(
+    "out", None, "Write the results to this file instead of WORKDIR/eval.json "
+    "(WORKDIR/analysis.json with --analysis), the pictures into its directory; "
+    "the workdir is only read.", flag_values=FLAGS)
+_SAMPLE = flags.DEFINE_string("sample", None, "LM only: prompt to continue.",
+                              flag_values=FLAGS)
+_MAX_NEW = flags.DEFINE_integer("max_new_tokens", 400, "LM sampling: tokens to generate.",
+                                flag_values=FLAGS)
+_TEMPERATURE = flags.DEFINE_float("temperature", 0.8, "LM sampling temperature (0 = greedy).",
+                                  flag_values=FLAGS)
+_TOP_K = flags.DEFINE_integer("top_k", 40, "LM sampling: keep the k most likely tokens "
+                              "(0 = all).", flag_values=FLAGS)
+_SEED = flags.DEFINE_integer("seed", 0, "LM sampling seed.", flag_values=FLAGS)
+_CHOICES = flags.DEFINE_string("choices", None, "LM only: multiple-choice JSONL file to "
+                               "score.", flag_values=FLAGS)
+_ANALYSIS = flags.DEFINE_bool(
+    "analysis", False, "Write analysis.json and analysis_*.png (token geometry, "
+    "conditioning) instead of evaluating.", flag_values=FLAGS)
+_ANALYSIS_LAYERS = flags.DEFINE_string(
+    "analysis_layers", None, "--analysis: comma-separated block indices, e.g. 0,3 "
+    "(default: every layer).", flag_values=FLAGS)
+_ANALYSIS_EXAMPLES = flags.DEFINE_integer(
+    "analysis_examples", 0, "--analysis: at most this many eval sequences (0 = all).",
+    flag_values=FLAGS)
+_ANALYSIS_CLASSES = flags.DEFINE_enum(
+    "analysis_classes", "auto", ["auto", "yes", "no"],
+    "--analysis: class statistics from the eval labels (auto: when the task has "
+    "them; language models use next-token classes).", flag_values=FLAGS)
+_ANALYSIS_JACOBIAN = flags.DEFINE_integer(
+    "analysis_jacobian_dim", 2048, "--analysis: the attention Jacobian is taken on "
+    "the first DIM // width tokens of one example (0 = skip).", flag_values=FLAGS)
+_ANALYSIS_BATCH = flags.DEFINE_integer(
+    "analysis_batch_size", 256, "--analysis: sequences per forward pass.", flag_values=FLAGS)
+ANALYSIS_OPTIONS = ("analysis_layers", "analysis_examples", "analysis_classes",
+                    "analysis_jacobian_dim", "analysis_batch_size")
+EVAL_FILE = "eval.json"
+PCA_FIGURE = "patch_pca.png"
+SEGMENTATION_FIGURE = "segmentation.png"
+
+
+def _out_path(workdir: str) -> str | None:
+  """``--out`` as an absolute path, checked before anything is evaluated
+  (``None`` without ``--out``; the workdir must then be writable, unless
+  ``--sample`` only prints).
+
+  Raises:
+    cli.UsageError: ``--out`` an existing directory or under a file or an
+      unwritable directory; without ``--out``, a workdir that is not writable.
+  """
+  from laplax.train.workdir import existing_ancestor  # pylint: disable=import-outside-toplevel
+  if _OUT.value is None:
+    if _SAMPLE.value is None and not os.access(workdir, os.W_OK):
+      raise cli.UsageError(f"{workdir} is not writable; eval.py writes eval.json there; "
+                           f"give --out FILE to write the results elsewhere")
+    return None
+  if not _OUT.value.strip():
+    raise cli.UsageError("--out is empty; give a file name, e.g. --out evals/eval.json")
+  path = os.path.abspath(os.path.expanduser(_OUT.value))
+  if os.path.isdir(path) or _OUT.value.endswith(os.sep):
+    raise cli.UsageError(f"--out={_OUT.value} is a directory; give a file name, e.g. "
+                         f"--out {os.path.join(_OUT.value, 'eval.json')}")
+  parent = existing_ancestor(os.path.dirname(path))
+  if not os.path.isdir(parent):
+    raise cli.UsageError(f"--out={_OUT.value}: {parent} is a file, not a directory")
+  if not os.access(parent, os.W_OK):
+    raise cli.UsageError(f"--out={_OUT.value}: {parent} is not writable")
+  return path
+
+
+def _check_flags() -> None:
+  """The checks of the flags alone, before anything is read.
+
+  Raises:
+    cli.UsageError: the first bad flag or combination.
+  """
+  if not _ANALYSIS.value:
+    given = [name for name in ANALYSIS_OPTIONS if FLAGS[name].present]
+    if given:
+      raise cli.UsageError(f"--{given[0]} needs --analysis")
+  if not _WORKDIR.value:
+    raise cli.UsageError("--workdir is required, e.g. --workdir runs/vit")
+  if _STEP.value is not None and _STEP.value < 0:
+    raise cli.UsageError(f"--step={_STEP.value} must be >= 0 (a saved step; default: "
+                         f"the newest)")
+  if _OUT.value is not None and _SAMPLE.value is not None:
+    raise cli.UsageError("--out takes the results of an evaluation; --sample only "
+                         "prints its text (redirect it instead)")
+  if _SAMPLE.value is not None:
+    if _MAX_NEW.value < 1:
+      raise cli.UsageError(f"--max_new_tokens={_MAX_NEW.value} must be >= 1")
+    if _TEMPERATURE.value < 0:
+      raise cli.UsageError(f"--temperature={_TEMPERATURE.value} must be >= 0 "
+                           f"(0 = greedy)")
+    if _TOP_K.value < 0:
+      raise cli.UsageError(f"--top_k={_TOP_K.value} must be >= 0 (0 = all tokens)")
+
+
+def main() -> int:
+  """Parses ``sys.argv``, evaluates (or samples, or analyses) and writes the
+  results; returns 0.
+
+  Raises:
+    cli.UsageError, LoadError, ChoicesError, ConfigError, DataError: the
+      user errors :func:`run_cli` prints as one line.
+  """
+  cli.parse_flags(sys.argv, FLAGS, help_module=sys.modules[__name__])
+  _check_flags()
+  workdir = _WORKDIR.value
+  cli.quiet()
+  from laplax.train import lm_eval, restore  # pylint: disable=import-outside-toplevel
+  config = restore.saved_config(workdir)
+  if (_SAMPLE.value is not None or _CHOICES.value) and config.task != "lm":
+    raise cli.UsageError("--sample and --choices need a language-model workdir "
+                         f"(task 'lm'); {workdir} holds task {config.task!r}")
+  analysis = _analysis_options(config) if _ANALYSIS.value else None
+  items = lm_eval.read_choices(_CHOICES.value) if _CHOICES.value else None
+  steps = restore.saved_steps(workdir)
+  if not steps:
+    raise restore.LoadError(f"{workdir} has no checkpoint; train first with train.py "
+                            f"--workdir {workdir}")
+  if _STEP.value is not None and _STEP.value not in steps:
+    raise restore.LoadError(f"--step {_STEP.value} is not saved in {workdir}; saved "
+                            f"steps: {', '.join(map(str, steps))}")
+  out = _out_path(workdir)
+  run = restore.load(workdir, step=_STEP.value)
+  config, task, state = run.config, run.task, run.state
+  if _STEP.value is None and run.step != run.latest_step:
+    print(f"warning: the newest checkpoint (step {run.latest_step}) is "
+          f"unreadable; evaluating step {run.step}", file=sys.stderr)
+  if _SAMPLE.value is not None:
+    return _sample(task, state)
+  if out:
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+  if analysis is not None:
+    return _run_analysis(config, task, state, workdir, analysis, out)
+
+  if config.task == "dino":
+    summary = _evaluate_dino(config, task, state, workdir,
+                             os.path.dirname(out) if out else workdir)
+  else:
+    summary = task.evaluate(state)
+  if items is not None:
+    result = lm_eval.score_choices(task.model, state.params, task.tokenizer, items)
+    summary["choices_accuracy"] = result["choices_accuracy"]
+    summary["num_questions"] = result["num_questions"]
+  summary["step"] = int(state.step)
+  path = out or os.path.join(workdir, EVAL_FILE)
+  with open(path, "w") as f:
+    json.dump(summary, f, indent=2)
+  if out:
+    print(f"wrote {path}")
+  print(json.dumps(summary))
+  return 0
+
+
+def _sample(task, state) -> int:
+  """``--sample``: prints the prompt and its continuation (KV-cache decoding).
+
+  Raises:
+    cli.UsageError: an empty prompt, or one that fills the context.
+  """
+  import jax  # pylint: disable=import-outside-toplevel
+  from laplax.models import sampling  # pylint: disable=import-outside-toplevel
+  prompt = task.tokenizer.encode(_SAMPLE.value)
+  if len(prompt) >= task.model.spec.max_length:
+    raise cli.UsageError(
+        f"the prompt is {len(prompt)} tokens but the context is "
+        f"{task.model.spec.max_length}; shorten it")
+  if len(prompt) == 0:
+    raise cli.UsageError("the prompt is empty; give some text to continue")
+  tokens = sampling.generate(task.model, state.params, prompt,
+                             max_new_tokens=_MAX_NEW.value,
+                             temperature=_TEMPERATURE.value, top_k=_TOP_K.value or None,
+                             rng=jax.random.PRNGKey(_SEED.value))
+  print(_SAMPLE.value + task.tokenizer.decode(tokens))
+  return 0
+
+
+def _evaluate_dino(config, task, state, workdir: str, out_dir: str) -> dict:
+  """DINO's evaluation (probes, segmentation) with its pictures in ``out_dir``."""
+  figure = os.path.join(out_dir, PCA_FIGURE)
+  masks_figure = os.path.join(out_dir, SEGMENTATION_FIGURE)
+  summary = task.evaluate(state, references=True, figure=figure, segmentation=True,
+                          segmentation_figure=masks_figure)
+  if config.eval.pca_images:
+    print(f"patch-feature PCA of {config.eval.pca_images} test images: {figure}")
+  settings = task.segmentation_settings()
+  if "segmentation_miou" in summary:
+    print(f"linear segmentation probe on {summary['segmentation_dataset']}: mIoU "
+          f"{summary['segmentation_miou']:.4f}" + (
+              f"; masks of {settings['segmentation_figure_images']} test images: "
+              f"{masks_figure}" if settings["segmentation_figure_images"] else ""))
+  elif settings["segmentation"]:
+    print(f"no segmentation probe: {config.data.name} has no masks and is not "
+          f"Fashion-MNIST; train with --config.eval.segmentation_dataset="
+          f"scene_parse150 (or set it in {workdir}/config.json)")
+  return summary
+
+
+def _analysis_options(config) -> dict:
+  """The checked ``--analysis_*`` options, before any data is read.
+
+  Raises:
+    cli.UsageError: a layer that does not exist, class statistics asked of a
+      task without labels, bad numbers, or ``--analysis`` with ``--sample`` /
+      ``--choices``.
+  """
+  from laplax.analysis import report  # pylint: disable=import-outside-toplevel
+  if _SAMPLE.value is not None or _CHOICES.value:
+    raise cli.UsageError("--analysis cannot be combined with --sample or --choices; "
+                         "run them separately")
+  try:
+    layers = report.parse_layers(_ANALYSIS_LAYERS.value, int(config.model.depth))
+  except ValueError as e:
+    raise cli.UsageError(f"--analysis_layers={_ANALYSIS_LAYERS.value}: {e}") from None
+  for name, value, low in (("analysis_examples", _ANALYSIS_EXAMPLES.value, 0),
+                           ("analysis_jacobian_dim", _ANALYSIS_JACOBIAN.value, 0),
+                           ("analysis_batch_size", _ANALYSIS_BATCH.value, 1)):
+    if value < low:
+      raise cli.UsageError(f"--{name}={value} must be >= {low}")
+  if _ANALYSIS_CLASSES.value == "yes" and config.task == "lm":
+    raise cli.UsageError(
+        "--analysis_classes=yes needs per-sequence labels, which a language model's "
+        "eval windows do not have (its CDNV uses next-token classes by default)")
+  return {"layers": layers, "classes": _ANALYSIS_CLASSES.value != "no",
+          "max_examples": _ANALYSIS_EXAMPLES.value,
+          "jacobian_dim": _ANALYSIS_JACOBIAN.value, "batch_size": _ANALYSIS_BATCH.value}
+
+
+def _training_loss(task, state):
+  """``loss_fn(params, batch)``: the task's training loss (as train.py's step
+  computes it) at ``state``'s step and task state, with the fixed key
+  ``PRNGKey(0)`` for dropout and augmentation, so the gradient is reproducible."""
+  import jax  # pylint: disable=import-outside-toplevel
+  rng = jax.random.PRNGKey(0)
+
+  def loss_fn(params, batch):
+    return task.loss(params, batch, rng, state.task_state, state.step)[0]
+  return loss_fn
+
+
+def _run_analysis(config, task, state, workdir: str, opts: dict, out: str | None) -> int:
+  """``--analysis``: streams the eval split, writes analysis.json (or ``out``)
+  and the plots (into the workdir or ``out``'s directory)."""
+  from laplax.analysis import plots, report, summary  # pylint: disable=import-outside-toplevel
+  from laplax import spectral as spectral_lib  # pylint: disable=import-outside-toplevel
+  sp = config.model.spectral
+  spectral = {"enabled": bool(sp.enabled), "lam": float(sp.lam), "mode": sp.mode,
+              "targets": spectral_lib.check_targets(sp.get("targets", spectral_lib.TARGETS))}
+  model, params = task.backbone(state)
+  readout = task.readout(state)
+  grad = {"no_loss_reason": "DINO's loss needs multi-crop training views and the "
+                            "teacher; the eval split has single images"}
+  if config.task != "dino":  # the backbone's params are the trained ones
+    grad = {"loss_fn": _training_loss(task, state)}
+  if config.task == "lm":
+    vocab_size = task.tokenizer.vocab_size if opts["classes"] else 0
+    target = report.Target(model, params, "lm", vocab_size=vocab_size,
+                           token_classifier=readout, spectral=spectral, **grad)
+  else:
+    num_classes = int(task.num_classes)
+    if _ANALYSIS_CLASSES.value == "yes" and num_classes < 2:
+      raise cli.UsageError(f"--analysis_classes=yes needs labels, but the eval split of "
+                           f"{config.data.name} has {num_classes} classes")
+    num_classes = num_classes if opts["classes"] and num_classes >= 2 else 0
+    target = report.Target(model, params, "image", num_classes=num_classes,
+                           classifier=readout if num_classes else None,
+                           spectral=spectral, **grad)
+  batches = task.eval_batches()
+  try:
+    analysis = report.run_analysis(
+        target, batches, layers=opts["layers"], max_examples=opts["max_examples"],
+        batch_size=opts["batch_size"], jacobian_dim=opts["jacobian_dim"])
+  except report.AnalysisError as e:
+    raise cli.UsageError(str(e)) from None
+  analysis["task"] = config.task
+  analysis["step"] = int(state.step)
+  path = report.write(analysis, workdir, path=out)
+  figures = plots.save_all(analysis, os.path.dirname(path),
+                           title=f"{os.path.basename(os.path.normpath(workdir))} "
+                                 f"(step {int(state.step)})")
+  rows = summary.summary(analysis)
+  keys = [k for k, _, _ in summary.QUANTITIES if any(v is not None for v in rows[k])]
+  print(f"analysis of {analysis['num_sequences']} sequences, "
+        f"{analysis['num_tokens']} tokens (step {analysis['step']})")
+  for j, layer in enumerate(rows["layer"]):
+    values = ", ".join(f"{k}={rows[k][j]:.4g}" if isinstance(rows[k][j], float)
+                       else f"{k}={rows[k][j]}" for k in keys)
+    print(f"layer {layer}: {values}")
+  print(f"wrote {path} and {', '.join(os.path.basename(f) for f in figures)}"
+        + (f" in {os.path.dirname(path)}" if out else ""))
+  return 0
+
+
+def run_cli() -> None:
+  """The ``laplax-eval`` command (``python eval.py``): :func:`main` with its
+  user errors as one stderr line and exit code 2."""
+  from laplax.train.lm_eval import ChoicesError  # pylint: disable=import-outside-toplevel
+  from laplax.train.restore import LoadError  # pylint: disable=import-outside-toplevel
+  cli.run(main, user_errors=(ChoicesError, LoadError))
+
+
+if __name__ == "__main__":
+  run_cli()

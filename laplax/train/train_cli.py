@@ -1,0 +1,59 @@
+"""Train a laplax model (``laplax-train``, or ``python train.py`` in a checkout).
+
+    laplax-train --config configs/vit_fashion_mnist.py --workdir runs/vit
+    laplax-train --config configs/deit3_cifar.py:laplacian=12,spectral=True \
+        --workdir runs/deit3 --config.batch_size=256
+
+``--config`` is a config file (a ``get_config()`` Python file, optionally
+``FILE.py:arg``) given by its path; the repository's are in ``configs/``.
+Re-running the same command on a workdir with a checkpoint resumes from it.
+``--config.init_from=WORKDIR`` starts from the parameters of another run (or of
+``python -m laplax.convert``), with that run's model keys except those given
+here (e.g. ``--config.model.num_laplacian_heads=2``).
+Bad input prints one line and exits with code 2.
+"""
+
+import sys
+
+from absl import flags
+from ml_collections import config_flags
+
+from laplax.train import cli
+
+# In absl's global FLAGS (``eval_cli`` keeps its own, so both can be parsed in
+# one process).
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", None, "Config file (get_config()), optionally FILE.py:arg.",
+    lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (created if missing).")
+
+
+def main() -> int:
+  """Parses ``sys.argv``, trains (or resumes) and prints the final eval; returns 0.
+
+  Raises:
+    cli.UsageError, ConfigError, DataError, CheckpointError, NonFiniteError:
+      the user errors :func:`run_cli` prints as one line.
+  """
+  cli.parse_flags(sys.argv, help_module=sys.modules[__name__])
+  config = cli.load_config_flag()
+  cli.model_from_init(config, sys.argv)
+  if not _WORKDIR.value:
+    raise cli.UsageError("--workdir is required, e.g. --workdir runs/vit")
+  cli.quiet()
+  from laplax.train import loop  # pylint: disable=import-outside-toplevel
+  summary = loop.train_and_evaluate(config, _WORKDIR.value)
+  if summary and loop.jax.process_index() == 0:
+    print("final eval: " + ", ".join(f"{k}={v}" for k, v in summary.items()))
+  return 0
+
+
+def run_cli() -> None:
+  """The ``laplax-train`` command: :func:`main` with its user errors as one
+  stderr line and exit code 2 (:func:`laplax.train.cli.run`)."""
+  from laplax.train.loop import NonFiniteError  # pylint: disable=import-outside-toplevel
+  cli.run(main, user_errors=(NonFiniteError,))
+
+
+if __name__ == "__main__":
+  run_cli()
