@@ -6,15 +6,19 @@ by a ``KernelSpecManager`` that looks only there, so no kernelspec installed
 on the machine (a user's ``python3``) is used or needed, and nothing is
 installed. ``IPYTHONDIR`` and ``JUPYTER_RUNTIME_DIR`` also point into the
 temporary directory, and so does ``TMPDIR``, where the notebook's training
-workdirs go. ``LAPLAX_DEMO_STEPS=20`` shortens both training runs (and makes
-the notebook use batches of 32); ``LAPLAX_DATA_DIR`` is the session's
-prepared Fashion-MNIST (conftest.py's ``fmnist_data_dir``).
+workdirs go. ``LAPLAX_DEMO_STEPS=20`` shortens both training runs (the
+notebook then also uses batches of 32 and 500 test images);
+``LAPLAX_DATA_DIR`` is the session's prepared Fashion-MNIST (conftest.py's
+``fmnist_data_dir``). The first cell's two other ways to find laplax (no
+checkout: an error naming ``LAPLAX_REPO``; with it: a clone) run in
+subprocesses outside the checkout.
 """
 
 import base64
 import io
 import json
 import os
+import subprocess
 import sys
 
 import jax
@@ -39,6 +43,46 @@ def kernel_manager(directory) -> KernelManager:
       "display_name": f"Python ({sys.executable})", "language": "python"}))
   specs = KernelSpecManager(kernel_dirs=[str(directory / "kernels")])
   return KernelManager(kernel_name=KERNEL, kernel_spec_manager=specs)
+
+
+def setup_cell() -> str:
+  """The source of the notebook's first code cell (finds or installs laplax)."""
+  nb = nbformat.read(NOTEBOOK, as_version=4)
+  return next(c.source for c in nb.cells if c.cell_type == "code")
+
+
+def run_setup_cell(cwd, **env):
+  """The first cell in a new interpreter in ``cwd`` (outside the checkout)."""
+  env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "LAPLAX_REPO")} | env
+  probe = subprocess.run([sys.executable, "-c", "import importlib.util, sys; "
+                          "sys.exit(importlib.util.find_spec('laplax') is not None)"],
+                         cwd=cwd, env=env, check=False)
+  if probe.returncode:
+    pytest.skip("laplax is installed in this interpreter, so the cell finds it there")
+  return subprocess.run([sys.executable, "-c", setup_cell()], cwd=cwd, env=env,
+                        capture_output=True, text=True, timeout=120, check=False)
+
+
+def test_setup_cell_without_checkout_or_repo_asks_for_laplax_repo(tmp_path):
+  result = run_setup_cell(tmp_path)
+  assert result.returncode == 1
+  assert result.stderr.strip().splitlines()[-1].startswith(
+      "RuntimeError: no laplax checkout found: set LAPLAX_REPO to the git URL")
+  assert not list(tmp_path.iterdir())  # nothing cloned or downloaded
+
+
+def test_setup_cell_clones_laplax_repo(tmp_path):
+  """With LAPLAX_REPO (here this checkout's git repository) the cell clones it
+  and takes laplax and configs/ from the clone (nothing to pip install here)."""
+  if not os.path.isdir(os.path.join(ROOT, ".git")) and not os.path.isfile(
+      os.path.join(ROOT, ".git")):
+    pytest.skip("the repository is not a git checkout")
+  result = run_setup_cell(tmp_path, LAPLAX_REPO=ROOT, LAPLAX_DEMO_STEPS="7")
+  assert result.returncode == 0, result.stderr
+  clone = tmp_path / "laplax"
+  assert (clone / "configs" / "vit_fashion_mnist.py").is_file()
+  assert result.stdout.splitlines()[-1] == (
+      f"laplax from {clone} | steps per run: 7 | batch size: 32")
 
 
 def test_notebook_outputs_are_cleared():
