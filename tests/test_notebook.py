@@ -20,6 +20,7 @@ import json
 import os
 import subprocess
 import sys
+import types
 
 import jax
 import nbformat
@@ -83,6 +84,36 @@ def test_setup_cell_clones_laplax_repo(tmp_path):
   assert (clone / "configs" / "vit_fashion_mnist.py").is_file()
   assert result.stdout.splitlines()[-1] == (
       f"laplax from {clone} | steps per run: 7 | batch size: 32")
+
+
+def test_data_cell_downloads_missing_idx_files(tmp_path, monkeypatch):
+  """Where the IDX files are absent (Colab) the data cell fetches the four of
+  them into ./fashion-mnist and points SOURCE_DIR there; here its URL is
+  replaced by a file:// URL of the Debian package's directory."""
+  from laplax.data.builders import fashion_mnist_idx as fmnist
+  source = "/usr/share/datasets/fashion-mnist"
+  if not os.path.isfile(os.path.join(source, "train-images-idx3-ubyte.gz")):
+    pytest.skip("Fashion-MNIST missing: apt-get install -y dataset-fashion-mnist")
+  nb = nbformat.read(NOTEBOOK, as_version=4)
+  cell = next(c.source for c in nb.cells if c.cell_type == "code" and "FMNIST_URL" in c.source)
+  official = 'FMNIST_URL = "http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/"'
+  assert official in cell
+  monkeypatch.chdir(tmp_path)
+  monkeypatch.delenv("LAPLAX_DATA_DIR", raising=False)
+  absent = types.SimpleNamespace(DEFAULT_SOURCE_DIR=str(tmp_path / "absent"),
+                                 source_files=fmnist.source_files)
+  namespace = {"os": os, "fmnist": absent}
+  exec(cell.replace(official, f'FMNIST_URL = "file://{source}/"'), namespace)  # pylint: disable=exec-used
+  assert namespace["SOURCE_DIR"] == str(tmp_path / "fashion-mnist")
+  names = sorted(os.listdir(tmp_path / "fashion-mnist"))
+  assert names == sorted(os.path.basename(p) for pair in fmnist.source_files(source).values()
+                         for p in pair)
+  for name in names:
+    with open(tmp_path / "fashion-mnist" / name, "rb") as got, \
+         open(os.path.join(source, name), "rb") as want:
+      assert got.read() == want.read()
+  fmnist.check_headers(str(tmp_path / "fashion-mnist"))
+  assert namespace["DATA_DIR"] == "~/tensorflow_datasets"
 
 
 def test_notebook_outputs_are_cleared():
