@@ -43,7 +43,7 @@ FAST_COMPILE_FLAGS = "--xla_cpu_use_fusion_emitters=false"
 # heavy files side by side run slower than a heavy and a light one (the runs
 # of 2026-12-01: with test_convert_timm.py and test_memory.py also first the
 # suite took 14.9 instead of 12.5 minutes), so only these go first.
-LONGEST_FIRST = ("test_resume.py", "test_sweep.py", "test_dino.py", "test_configs.py",
+LONGEST_FIRST = ("test_resume.py", "test_sweep.py", "test_notebook.py", "test_dino.py", "test_configs.py",
                  "test_sharding.py")
 
 
