@@ -19,12 +19,15 @@ writes ``patch_pca.png`` (the first three principal components of the
 teacher's patch features of a few test images, as RGB) and
 ``segmentation.png`` (test images, true and predicted masks of the linear
 segmentation probe on the teacher's patch tokens; the data and sizes are
-``config.eval.segmentation*``, see ``laplax.data.segmentation``).
+``config.eval.segmentation*``, see ``laplax.data.segmentation``); the figures
+go into the run's TensorBoard events as images too (and its W&B run with
+``config.wandb.project``).
 ``--sample`` prints a continuation of the prompt (KV-cache decoding) instead.
 
 ``--analysis`` measures the model instead of evaluating it (see
 ``laplax.analysis.report``) and writes ``analysis.json`` and the plots
-``analysis_*.png`` into the workdir: per layer, the ANOVA of the token
+``analysis_*.png`` into the workdir (and the plots as images into its
+TensorBoard events and W&B run): per layer, the ANOVA of the token
 covariance, the singular-value spectrum and the components for 99% of the
 variance, neural-collapse statistics and CDNV by class (classification and
 DINO: the eval labels; language models: next-token ids), the conditioning of
@@ -111,6 +114,7 @@ def main() -> int:
   import jax  # pylint: disable=import-outside-toplevel
   from laplax.models import sampling  # pylint: disable=import-outside-toplevel
   from laplax.train import lm_eval, restore  # pylint: disable=import-outside-toplevel
+  from laplax.train import workdir as workdir_lib  # pylint: disable=import-outside-toplevel
   config = restore.saved_config(workdir)
   is_lm = config.task == "lm"
   if (_SAMPLE.value is not None or _CHOICES.value) and not is_lm:
@@ -172,6 +176,9 @@ def main() -> int:
       print(f"no segmentation probe: {config.data.name} has no masks and is not "
             f"Fashion-MNIST; train with --config.eval.segmentation_dataset="
             f"scene_parse150 (or set it in {workdir}/config.json)")
+    made = ((figure, config.eval.pca_images), (masks_figure, "segmentation_miou" in summary
+                                               and settings["segmentation_figure_images"]))
+    workdir_lib.log_figures(workdir, config, int(state.step), [f for f, m in made if m])
   else:
     summary = task.evaluate(state)
   if items is not None:
@@ -266,6 +273,8 @@ def _run_analysis(config, task, state, workdir: str, opts: dict) -> int:
   figures = plots.save_all(analysis, workdir,
                            title=f"{os.path.basename(os.path.normpath(workdir))} "
                                  f"(step {int(state.step)})")
+  from laplax.train import workdir as workdir_lib  # pylint: disable=import-outside-toplevel
+  workdir_lib.log_figures(workdir, config, int(state.step), figures)
   rows = summary.summary(analysis)
   keys = [k for k, _, _ in summary.QUANTITIES if any(v is not None for v in rows[k])]
   print(f"analysis of {analysis['num_sequences']} sequences, "
