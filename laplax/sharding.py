@@ -328,6 +328,24 @@ def whole_batch(batch: Any, mesh: jax.sharding.Mesh, rules: Sequence) -> Any:
   return jax.tree_util.tree_map(put, batch)
 
 
+def replicated(tree: Any) -> Any:
+  """``tree`` with every array sharded over a mesh replicated over that mesh
+  (whole on every device; arrays on one device stay as they are).
+
+  A collective: with several processes every process must call it at the
+  same point (as the training loop's evaluations do). For work that does not
+  split over the mesh inside it, e.g. token-by-token sampling of one sequence
+  during training; it costs one copy of ``tree`` per device.
+  """
+  leaves = jax.tree_util.tree_leaves(tree)
+  meshes = {x.sharding.mesh for x in leaves if isinstance(x.sharding, NamedSharding)
+            and len(x.sharding.device_set) > 1}
+  if not meshes:
+    return tree
+  (mesh,) = meshes
+  return jax.jit(lambda t: t, out_shardings=NamedSharding(mesh, P()))(tree)
+
+
 def initialize_distributed(dist: ml_collections.ConfigDict | None) -> bool:
   """Starts JAX's multi-process runtime if ``config.distributed`` asks for it.
 

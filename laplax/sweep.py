@@ -215,10 +215,11 @@ def check_runs(runs: Sequence[Run]) -> dict:
                                     sys_argv=argv)
     flags.DEFINE_string("workdir", None, "", flag_values=values)
     try:
-      cli.parse_flags(argv, values)
+      cli.parse_flags(argv, values, jax_config=False)
       config = cli.load_config_flag("config", values, argv)
       cli.model_from_init(config, argv)
       config_lib.validate(config, jax.device_count())
+      workdir_lib.check_wandb(config)
       workdir_lib.check_workdir(config, run.workdir)
     except (cli.UsageError, config_lib.ConfigError) as e:
       raise SweepError(f"run {run.name}: {utils.first_line(e)}") from None

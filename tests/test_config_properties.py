@@ -77,6 +77,13 @@ BAD = [
                                          not_int.filter(lambda v: v is not None))),
     ("optim.skip_nonfinite", not_bool),
     ("debug.nan_at_step", st.one_of(st.integers(max_value=0), st.text(max_size=3))),
+    # None is allowed for the observability keys: configs of older runs lack them.
+    ("profile.start_step", st.one_of(st.integers(max_value=0),
+                                     not_int.filter(lambda v: v is not None))),
+    ("profile.num_steps", st.one_of(st.integers(max_value=-1),
+                                    not_int.filter(lambda v: v is not None))),
+    ("wandb.mode", unknown_name.filter(lambda s: s not in config_lib.WANDB_MODES)),
+    ("wandb.project", st.one_of(st.just(""), st.just("  "), st.integers(), st.booleans())),
     ("task", unknown_name.filter(lambda s: s not in config_lib.task_names())),
 ]
 
@@ -171,6 +178,11 @@ def good_configs(draw):
   d["optim"]["warmup_steps"] = draw(st.integers(0, 1000))
   d["optim"]["skip_nonfinite"] = draw(st.booleans())
   d["debug"]["nan_at_step"] = draw(st.one_of(st.none(), st.integers(1, 10**6)))
+  d["profile"]["start_step"] = draw(st.integers(1, 10**6))
+  d["profile"]["num_steps"] = draw(st.integers(0, 100))
+  d["wandb"]["mode"] = draw(st.sampled_from([None, *config_lib.WANDB_MODES]))
+  d["wandb"]["project"] = draw(st.one_of(st.none(), st.text(min_size=1, max_size=8).filter(
+      str.strip)))
   d["seed"] = draw(st.integers(0, 2**31 - 1))
   d["total_steps"] = draw(st.integers(0, 10**6))
   for key in ("log_every", "eval_every", "checkpoint_every"):

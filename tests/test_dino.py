@@ -286,6 +286,10 @@ def test_dino_train_eval_and_init_checkpoint(tmp_path, fmnist_data_dir, capfd):
   assert 1 / 11 < result["segmentation_pixel_accuracy"] <= 1.0
   assert (init / "segmentation.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
   assert "linear segmentation probe on fashion_canvases" in r.stdout
+  # Both pictures are also images of the run's TensorBoard events, byte for byte.
+  assert tensorboard_images(init) == {
+      "patch_pca": (0, (init / "patch_pca.png").read_bytes()),
+      "segmentation": (0, (init / "segmentation.png").read_bytes())}
 
   workdir = tmp_path / "run"
   r = run_in_process(dino_args(workdir, fmnist_data_dir, "--config.total_steps=6",
@@ -305,6 +309,14 @@ def test_dino_train_eval_and_init_checkpoint(tmp_path, fmnist_data_dir, capfd):
   assert result["step"] == 6
   assert result["knn_accuracy"] == pytest.approx(final["knn_accuracy"], abs=1e-9)
   assert "segmentation_miou" not in result and not (workdir / "segmentation.png").exists()
+  assert tensorboard_images(workdir) == {"patch_pca": (6, (workdir / "patch_pca.png").read_bytes())}
+
+
+def tensorboard_images(workdir):
+  """``{tag: (step, PNG bytes)}`` of the images in the run's TensorBoard events."""
+  from test_observability import read_events  # pylint: disable=import-outside-toplevel
+  return {v.tag: (step, v.image.encoded_image_string) for step, v in read_events(workdir)
+          if v.WhichOneof("value") == "image"}
 
 
 def test_collapse_is_flagged_with_a_uniform_teacher(tmp_path, fmnist_data_dir, capfd):

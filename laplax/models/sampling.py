@@ -44,35 +44,20 @@ def generate(model: GPT, params: Any, prompt: np.ndarray, *, max_new_tokens: int
         f"the prompt has {prompt.size} tokens but the model's context is "
         f"{model.spec.max_length}; shorten the prompt")
   rng = jax.random.PRNGKey(0) if rng is None else rng
-  empty_cache = model.init(jax.random.PRNGKey(0),
-                           jnp.zeros((1, model.spec.max_length), jnp.int32),
-                           decode=True)["cache"]
-
-  @jax.jit
-  def step(cache, tokens, rng):
-    (logits, _), updated = model.apply({"params": params, "cache": cache}, tokens,
-                                       decode=True, mutable=["cache"])
-    logits = logits[0, -1]
-    if top_k is not None:
-      kth = jnp.sort(logits)[-min(top_k, logits.shape[-1])]
-      logits = jnp.where(logits < kth, -jnp.inf, logits)
-    if temperature == 0:
-      nxt = jnp.argmax(logits)
-    else:
-      nxt = jax.random.categorical(rng, logits / temperature)
-    return updated["cache"], nxt.astype(jnp.int32)
+  empty_cache = _empty_cache(model)
+  step = _decode_step(model, float(temperature), top_k)
 
   seq = list(prompt)
   out = []
-  cache, tokens, filled = empty_cache, jnp.asarray(prompt)[None], prompt.size
+  cache, tokens, filled = empty_cache, prompt[None], prompt.size
   for i in range(max_new_tokens):
     if filled > model.spec.max_length:  # the cache is full: restart on the last half
       keep = seq[-(model.spec.max_length // 2):]
-      cache, tokens, filled = empty_cache, jnp.asarray(keep, jnp.int32)[None], len(keep)
-    cache, nxt = step(cache, tokens, jax.random.fold_in(rng, i))
-    out.append(int(nxt))
-    seq.append(int(nxt))
-    tokens = nxt[None, None]
+      cache, tokens, filled = empty_cache, np.asarray(keep, np.int32)[None], len(keep)
+    cache, tokens = step(params, cache, tokens, rng, np.int32(i))
+    nxt = np.asarray(tokens).item()  # one transfer per token
+    out.append(nxt)
+    seq.append(nxt)
     filled += 1
   return np.asarray(out, np.int32)
 
@@ -107,6 +92,42 @@ def continuation_logprob(model: GPT, params: Any, context: np.ndarray,
 
 
 _FORWARD_CACHE: dict = {}
+_DECODE_CACHE: dict = {}
+
+
+def _empty_cache(model: GPT) -> Any:
+  """The model's empty KV cache for one sequence (every entry of the
+  ``"cache"`` collection starts at zero), built from shapes alone: no
+  parameters are initialised."""
+  shapes = jax.eval_shape(lambda: model.init(
+      jax.random.PRNGKey(0), jnp.zeros((1, model.spec.max_length), jnp.int32),
+      decode=True)["cache"])
+  return jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+
+
+def _decode_step(model: GPT, temperature: float, top_k: int | None):
+  """``(params, cache, tokens [1, n], rng, i) -> (cache, next token [1, 1])``
+  with the key ``fold_in(rng, i)``, jitted once per ``(model, temperature,
+  top_k)``: the parameters are an argument, so sampling again (each
+  evaluation of a training run) compiles nothing new for prompts of a length
+  seen before."""
+  key = (model, temperature, top_k)
+  if key not in _DECODE_CACHE:
+    def step(params, cache, tokens, rng, i):
+      rng = jax.random.fold_in(rng, i)
+      (logits, _), updated = model.apply({"params": params, "cache": cache}, tokens,
+                                         decode=True, mutable=["cache"])
+      logits = logits[0, -1]
+      if top_k is not None:
+        kth = jnp.sort(logits)[-min(top_k, logits.shape[-1])]
+        logits = jnp.where(logits < kth, -jnp.inf, logits)
+      if temperature == 0:
+        nxt = jnp.argmax(logits)
+      else:
+        nxt = jax.random.categorical(rng, logits / temperature)
+      return updated["cache"], nxt.astype(jnp.int32)[None, None]
+    _DECODE_CACHE[key] = jax.jit(step)
+  return _DECODE_CACHE[key]
 
 
 def _forward(model: GPT):

@@ -32,17 +32,40 @@ class UsageError(ValueError):
   """A command-line problem; the message is one line with the fix."""
 
 
+# Python warnings known to be noise for a laplax user: (category, message
+# regex, module regex). Each is silenced by name; every other warning (JAX's
+# "Some donated buffers were not usable", its sharding warnings, a library
+# deprecation that concerns the user's own settings) reaches stderr. Found by
+# running train.py and eval.py (ViT, GPT, DINO; --analysis, --sample,
+# --choices; resume, two devices, bfloat16) with `python -W default`.
+NOISY_WARNINGS = (
+    # ml_collections.config_flags loads the --config file with importlib's
+    # deprecated loader.load_module() (config_flags.py, _load_source), at
+    # every train.py start: a deprecation in ml_collections' code, not the
+    # user's, that importlib's frozen bootstrap module raises.
+    (DeprecationWarning, r"the load_module\(\) method is deprecated",
+     r"importlib\._bootstrap"),
+)
+
+
+def silence_noisy_warnings() -> None:
+  """Ignores the warnings of :data:`NOISY_WARNINGS`, and only those (the
+  filters go first, so they hold under ``python -W default`` too)."""
+  for category, message, module in NOISY_WARNINGS:
+    warnings.filterwarnings("ignore", message=message, category=category, module=module)
+
+
 def quiet() -> None:
-  """Silences library chatter (absl/orbax INFO logs, TF-less TFDS warnings)."""
+  """Silences library chatter: absl/orbax/TFDS/grain INFO logs, TFDS's
+  progress bars, and the known-noisy Python warnings
+  (:func:`silence_noisy_warnings`); other warnings reach the user."""
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
   logging.getLogger().setLevel(logging.WARNING)
   for name in ("absl", "orbax", "tensorflow_datasets", "grain"):
     logging.getLogger(name).setLevel(logging.ERROR)
   import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel
   tfds.disable_progress_bar()  # stderr stays for the one-line errors
-  warnings.filterwarnings("ignore", category=UserWarning)
-  warnings.filterwarnings("ignore", category=DeprecationWarning)
-  warnings.filterwarnings("ignore", category=FutureWarning)
+  silence_noisy_warnings()
 
 
 def _unknown_key_message(argv: list[str], config) -> str | None:
@@ -99,11 +122,62 @@ def _load_config_file(spec: str):
   return config
 
 
+_JAX_FLAG = re.compile(r"--(no)?jax_\w")
+_ABSL_DEFINE = {bool: flags.DEFINE_bool, int: flags.DEFINE_integer,
+                float: flags.DEFINE_float, str: flags.DEFINE_string,
+                "enum": flags.DEFINE_enum, "enum_class": flags.DEFINE_enum_class}
+
+
+def jax_options(argv: list[str], apply: bool = True) -> list[str]:
+  """Sets the ``--jax_NAME=VALUE`` options of ``argv`` (``--jax_NAME`` /
+  ``--nojax_NAME`` for booleans) in ``jax.config`` and returns ``argv``
+  without them.
+
+  The equivalent of ``jax.config.parse_flags_with_absl()`` for a script with
+  flags of its own: every JAX config option becomes an absl flag (of its
+  type, e.g. ``--jax_debug_nans=true``, ``--jax_log_compiles``,
+  ``--jax_default_matmul_precision=highest``) in a ``FlagValues`` of its
+  own, so ``train.py`` and ``eval.py`` take them alike and parsing them twice
+  in one process (the tests) is safe. Options that must be set before JAX
+  starts its backend (``jax_platforms``, ``jax_num_cpu_devices``) work too:
+  the scripts parse their flags first. ``apply=False`` only checks them.
+
+  Raises:
+    UsageError: an unknown ``--jax_`` option or a bad value.
+  """
+  given = [a for a in argv[1:] if _JAX_FLAG.match(a)]
+  if not given:
+    return argv
+  import jax  # pylint: disable=import-outside-toplevel
+  values = flags.FlagValues()
+  current = jax.config.values
+  for name, (kind, args, kwargs) in jax.config.meta.items():
+    _ABSL_DEFINE[kind](name, current[name], *args, flag_values=values, **kwargs)
+  try:
+    values([argv[0]] + given)
+  except flags.Error as e:
+    raise UsageError(f"{utils.first_line(e)} (a JAX option; the names are "
+                     f"those of jax.config.values)") from None
+  if apply:
+    for name in jax.config.meta:
+      if values[name].present:
+        try:
+          jax.config.update(name, values[name].value)
+        except Exception as e:  # pylint: disable=broad-except
+          raise UsageError(f"--{name}={values[name].value}: {utils.first_line(e)}") from None
+  return [argv[0]] + [a for a in argv[1:] if a not in given]
+
+
 def parse_flags(argv: list[str], flag_values: flags.FlagValues | None = None,
-                help_module: types.ModuleType | None = None) -> None:
+                help_module: types.ModuleType | None = None,
+                jax_config: bool = True) -> None:
   """Parses ``argv`` into absl FLAGS (or into ``flag_values``: eval.py's own
   flags, or ``python -m laplax.sweep`` checking each run's ``train.py``
-  command line on its own).
+  command line on its own). ``--jax_NAME=VALUE`` options set JAX's config
+  (:func:`jax_options`; with ``jax_config=False``, as the sweep checks
+  another process's command line, they are only checked). The known-noisy
+  warnings are silenced first (:func:`silence_noisy_warnings`: loading the
+  config file raises one).
 
   ``--help``, ``-h`` or ``--helpfull`` prints the docstring of
   ``help_module`` (default: the ``__main__`` script's) and the flags it
@@ -111,15 +185,20 @@ def parse_flags(argv: list[str], flag_values: flags.FlagValues | None = None,
   as a console script (``laplax-train``), ``__main__`` is pip's launcher.
 
   Raises:
-    UsageError: unknown flags, unknown config keys, bad values, bad config file.
+    UsageError: unknown flags, unknown config keys, bad values, bad config file,
+      unknown JAX options.
   """
+  silence_noisy_warnings()
   flag_values = flags.FLAGS if flag_values is None else flag_values
   if any(a in ("--help", "-h", "--helpfull", "-?") for a in argv[1:]):
     module = help_module or sys.modules.get("__main__")
     print((getattr(module, "__doc__", None) or "").strip() + "\n")
     print("flags:\n" + (flag_values.module_help(help_module) if help_module
                          else flag_values.main_module_help()))
+    print("\nand any JAX option as --jax_NAME=VALUE (e.g. --jax_debug_nans=true; "
+          "the names of jax.config.values)")
     sys.exit(0)
+  argv = jax_options(argv, apply=jax_config)
   absl_logger = logging.getLogger("absl")
   level = absl_logger.level
   absl_logger.setLevel(logging.ERROR)  # config_flags warns of a None config

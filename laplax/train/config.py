@@ -187,6 +187,7 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None,
   _validate_muon(config)
   _validate_memory(config)
   _validate_sharding(config)
+  _validate_observability(config)
   if num_devices is not None:
     validate_mesh(config, num_devices)
 
@@ -216,6 +217,31 @@ def _validate_memory(config):
            f"config.batch_size={config.batch_size} is not divisible by "
            f"config.optim.grad_accum_steps={accum}; the batch size is the global "
            f"batch, cut into grad_accum_steps micro-batches")
+
+
+WANDB_MODES = ("online", "offline", "disabled")
+
+
+def _validate_observability(config):
+  """``profile.*``, ``wandb.*`` and the GPT's ``eval.sample_*`` (optional keys)."""
+  for key, low, fix in (
+      ("profile.start_step", 1, "the first traced training step (steps count from 1)"),
+      ("profile.num_steps", 0, "the number of traced steps, 0 for no trace"),
+      ("eval.sample_tokens", 0, "tokens sampled at each evaluation, 0 for none"),
+      ("eval.sample_prompt_tokens", 1, "validation tokens that prompt the sample")):
+    value = get(config, key, None)
+    if value is None:  # a config saved before the key existed
+      continue
+    _require(isinstance(value, int) and not isinstance(value, bool) and value >= low,
+             f"config.{key}={value!r} must be an integer >= {low}: {fix}")
+  for key in ("project", "entity", "name"):
+    value = get(config, f"wandb.{key}", None)
+    _require(value is None or (isinstance(value, str) and value.strip()),
+             f"config.wandb.{key}={value!r} must be a non-empty string (or unset)")
+  mode = get(config, "wandb.mode", None)
+  _require(mode is None or mode in WANDB_MODES,
+           f"config.wandb.mode={mode!r} is unknown; use one of "
+           f"{', '.join(map(repr, WANDB_MODES))} (or leave it unset)")
 
 
 def _validate_sharding(config):

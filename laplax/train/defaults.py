@@ -142,6 +142,22 @@ def base_config() -> ml_collections.ConfigDict:
   c.distributed.coordinator_address = config_dict.placeholder(str)
   c.distributed.num_processes = config_dict.placeholder(int)
   c.distributed.process_id = config_dict.placeholder(int)
+
+  # Observability (README "Observability"). profile: a jax.profiler trace of
+  # num_steps training steps from start_step on (each step annotated
+  # "train"), written under WORKDIR/profile/; num_steps 0 = no trace.
+  c.profile = ml_collections.ConfigDict()
+  c.profile.start_step = 10
+  c.profile.num_steps = 0
+  # Weights & Biases (optional; needs `pip install wandb`): with a project,
+  # the scalars, the config, GPT samples and eval.py's figures are logged to
+  # it too. mode "online", "offline" or "disabled" (None: wandb's own
+  # default, e.g. WANDB_MODE); name None: the workdir's name.
+  c.wandb = ml_collections.ConfigDict()
+  c.wandb.project = config_dict.placeholder(str)
+  c.wandb.entity = config_dict.placeholder(str)
+  c.wandb.name = config_dict.placeholder(str)
+  c.wandb.mode = config_dict.placeholder(str)
   return c
 
 
@@ -195,6 +211,13 @@ def gpt_base_config() -> ml_collections.ConfigDict:
   c.optim.b2 = 0.99
   c.optim.weight_decay_exclude = ("pos_embedding", "token_embedding")
   del c.loss
+
+  # At each evaluation of train.py: sample_tokens tokens decoded greedily
+  # after the first sample_prompt_tokens tokens of the validation text (at
+  # most half the context), into TensorBoard and metrics.jsonl; 0 = none.
+  c.eval = ml_collections.ConfigDict()
+  c.eval.sample_tokens = 64
+  c.eval.sample_prompt_tokens = 16
   return c
 
 

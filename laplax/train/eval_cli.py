@@ -22,7 +22,9 @@ writes ``patch_pca.png`` (the first three principal components of the
 teacher's patch features of a few test images, as RGB) and
 ``segmentation.png`` (test images, true and predicted masks of the linear
 segmentation probe on the teacher's patch tokens; the data and sizes are
-``config.eval.segmentation*``, see ``laplax.data.segmentation``).
+``config.eval.segmentation*``, see ``laplax.data.segmentation``); without
+``--out`` the figures go into the run's TensorBoard events as images too (and
+its W&B run with ``config.wandb.project``).
 ``--sample`` prints a continuation of the prompt (KV-cache decoding) instead.
 
 ``--out FILE`` writes the results to ``FILE`` instead of the workdir:
@@ -275,6 +277,11 @@ def _evaluate_dino(config, task, state, workdir: str, out_dir: str) -> dict:
     print(f"no segmentation probe: {config.data.name} has no masks and is not "
           f"Fashion-MNIST; train with --config.eval.segmentation_dataset="
           f"scene_parse150 (or set it in {workdir}/config.json)")
+  if _OUT.value is None:  # with --out the workdir is only read
+    from laplax.train import workdir as workdir_lib  # pylint: disable=import-outside-toplevel
+    made = ((figure, config.eval.pca_images),
+            (masks_figure, "segmentation_miou" in summary and settings["segmentation_figure_images"]))
+    workdir_lib.log_figures(workdir, config, int(state.step), [f for f, m in made if m])
   return summary
 
 
@@ -360,6 +367,9 @@ def _run_analysis(config, task, state, workdir: str, opts: dict, out: str | None
   figures = plots.save_all(analysis, os.path.dirname(path),
                            title=f"{os.path.basename(os.path.normpath(workdir))} "
                                  f"(step {int(state.step)})")
+  if out is None:  # with --out the workdir is only read
+    from laplax.train import workdir as workdir_lib  # pylint: disable=import-outside-toplevel
+    workdir_lib.log_figures(workdir, config, int(state.step), figures)
   rows = summary.summary(analysis)
   keys = [k for k, _, _ in summary.QUANTITIES if any(v is not None for v in rows[k])]
   print(f"analysis of {analysis['num_sequences']} sequences, "

@@ -6,11 +6,15 @@ sharding and checkpoint/resume, step, loop. The state lives sharded on the
 mesh of ``config.mesh_shape`` (:mod:`laplax.sharding`); every process feeds
 its rows of each global batch.
 The workdir holds ``config.json``, ``metrics.jsonl`` (one JSON object per
-record, each with ``step``), TensorBoard events, and ``checkpoints/``.
+record, each with ``step``), TensorBoard events (scalars, the config, GPT
+samples; :class:`~laplax.train.workdir.MetricWriter`), ``checkpoints/``, and
+on request a profiler trace (``profile/``, :class:`Profiler`) and a Weights &
+Biases run (``wandb/``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -35,8 +39,10 @@ from laplax.train import finetune, optim, tasks
 from laplax.train.protocol import Task
 # CONFIG_FILE, METRICS_FILE and load_saved_config are also read from here (eval.py).
 from laplax.train.workdir import (CHECKPOINT_DIR, CONFIG_FILE, METRICS_FILE,
-                                  MetricWriter, check_workdir, existing_ancestor,
-                                  load_saved_config, write_config)
+                                  MetricWriter, check_wandb, check_workdir,
+                                  existing_ancestor, load_saved_config, write_config)
+
+PROFILE_DIR = "profile"
 
 class NonFiniteError(RuntimeError):
   """The loss or gradient norm became NaN or infinite."""
@@ -144,9 +150,12 @@ def setup(config: ml_collections.ConfigDict, workdir: str | None,
   (``config.mesh_shape``) and the workdir (training; ``eval.py`` passes False).
 
   Raises:
-    ConfigError, DataError: one-line user errors.
+    ConfigError, DataError: one-line user errors (also: ``config.wandb.project``
+      without the ``wandb`` package, when ``check``).
   """
   config_lib.validate(config, jax.device_count() if check else None, strict_keys=check)
+  if check:
+    check_wandb(config)
   if check and workdir is not None:
     check_workdir(config, workdir)
   data_dir = os.path.expanduser(str(config_lib.get(config, "data.data_dir", "") or ""))
@@ -292,6 +301,63 @@ def log_record(rows: list[tuple[int, dict]]) -> dict:
   return record
 
 
+class Profiler:
+  """A ``jax.profiler`` trace of ``config.profile.num_steps`` training steps
+  from ``config.profile.start_step`` on, into ``WORKDIR/profile/``
+  (``plugins/profile/<time>/<host>.xplane.pb`` for TensorBoard's profile
+  plugin, and ``<host>.trace.json.gz``, a Chrome trace that Perfetto opens).
+
+  Every step runs under ``jax.profiler.StepTraceAnnotation("train",
+  step_num=step)`` (traced or not: the annotation costs microseconds), so
+  the trace viewer shows the steps. The trace starts before step
+  ``start_step`` and stops once the state of the last traced step (or of
+  the run's last step) is computed. Every process traces; with several
+  processes each writes under ``profile/process_<index>/`` (processes on one
+  host would otherwise write the same file).
+  """
+
+  def __init__(self, config: ml_collections.ConfigDict, workdir: str):
+    p = config.get("profile", None)
+    self.first = int(p.get("start_step", 1)) if p is not None else 1
+    self.num = int(p.get("num_steps", 0)) if p is not None else 0
+    self.total = int(config.total_steps)
+    self.last = min(self.first + self.num - 1, self.total)
+    self.directory = os.path.join(workdir, PROFILE_DIR)
+    if jax.process_count() > 1:
+      self.directory = os.path.join(self.directory, f"process_{jax.process_index()}")
+    self.tracing = False
+
+  def check(self, start: int, say) -> None:
+    """Says so when the traced steps are not among this run's (``start`` + 1
+    to ``total_steps``; e.g. a resumed run past them)."""
+    if self.num and not start < self.first <= self.total:
+      say(f"no profile: config.profile.start_step={self.first} is not among the "
+          f"steps {start + 1}-{self.total} this run trains")
+
+  def step(self, step: int):
+    """The context of training step ``step``: starts the trace at the first
+    traced step; the step annotation."""
+    if self.num and step == self.first and not self.tracing:
+      jax.profiler.start_trace(self.directory)
+      self.tracing = True
+    return jax.profiler.StepTraceAnnotation("train", step_num=step)
+
+  def after(self, step: int, state: Any, say) -> None:
+    """Stops the trace after the last traced step (or at ``stop``)."""
+    if self.tracing and step >= self.last:
+      self.stop(state)
+      say(f"profile of steps {self.first}-{step} written to {self.directory} (open "
+          f"it with TensorBoard's profile plugin or ui.perfetto.dev)")
+
+  def stop(self, state: Any = None) -> None:
+    """Ends a running trace (waiting for ``state``'s computation)."""
+    if self.tracing:
+      if state is not None:
+        jax.block_until_ready(state)
+      jax.profiler.stop_trace()
+      self.tracing = False
+
+
 class _StopRequest:
   """Records SIGTERM/SIGINT so the loop can checkpoint and exit cleanly."""
 
@@ -320,10 +386,18 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   another mesh is restored onto this one). Only process 0 writes
   ``config.json``, metrics and logs; all processes write the checkpoints.
 
+  At each start the config goes to TensorBoard (text and hparams); at each
+  evaluation the task's text samples (:meth:`Task.text_samples`: a GPT's
+  greedy continuation of the validation text) go to ``metrics.jsonl`` and
+  TensorBoard; with ``config.wandb.project`` the same go to W&B; with
+  ``config.profile.num_steps`` the chosen steps are traced (:class:`Profiler`).
+
   Returns the final evaluation summary (``{}`` if stopped early by a signal).
 
   Raises:
-    ConfigError, DataError: bad input (before anything is written).
+    ConfigError, DataError: bad input (before anything is written; also
+      ``config.wandb.project`` without ``wandb``; a failing ``wandb.init``
+      after the config is written).
     NonFiniteError: the loss or gradient norm became non-finite.
   """
   # Multi-process runtime (config.distributed), before anything starts JAX's backend.
@@ -459,6 +533,18 @@ def _warning(task: Task, record: dict, skipped: list[int]) -> str | None:
   return warning
 
 
+@contextlib.contextmanager
+def _on_error(writer: MetricWriter, profiler: Profiler):
+  """On an exception (a non-finite loss, a crash): ends the profiler trace and
+  closes the writer (the W&B run finishes as failed), then re-raises."""
+  try:
+    yield
+  except BaseException:
+    profiler.stop()
+    writer.close(failed=True)
+    raise
+
+
 def _train(config: ml_collections.ConfigDict, workdir: str, task: Task,
            mesh: jax.sharding.Mesh, rules) -> dict:
   """The body of :func:`train_and_evaluate`, inside the mesh and rules."""
@@ -476,8 +562,9 @@ def _train(config: ml_collections.ConfigDict, workdir: str, task: Task,
   resumed = checkpointer.latest_step() is not None
   state = _restore_or_start(config, workdir, task, tx, checkpointer, train_iter,
                             state_sharding, abstract)
-  writer, start = MetricWriter(workdir), int(state.step)
+  writer, start = MetricWriter(workdir, config), int(state.step)
   writer.drop_after(start)
+  writer.write_config(config, start)
   if start == 0:
     writer.write(0, "info", {"num_params": int(sum(
         x.size for x in jax.tree_util.tree_leaves(state.params)))})
@@ -495,11 +582,15 @@ def _train(config: ml_collections.ConfigDict, workdir: str, task: Task,
   say = bar.write if jax.process_index() == 0 else lambda text: None  # process 0 logs
   if resumed:
     say(f"resumed from step {start} in {checkpointer.directory}")
+  profiler = Profiler(config, workdir)
+  profiler.check(start, say)
 
-  with _StopRequest() as stop:
+  with _StopRequest() as stop, _on_error(writer, profiler):
     for step in range(start + 1, config.total_steps + 1):
-      batch = sharding.global_batch(next(train_iter), batch_sharding, global_batch)
-      state, metrics = train_step(state, batch)
+      with profiler.step(step):
+        batch = sharding.global_batch(next(train_iter), batch_sharding, global_batch)
+        state, metrics = train_step(state, batch)
+      profiler.after(step, state, say)
       pending.append((step, metrics))
       bar.update(1)
       last = step == config.total_steps
@@ -524,6 +615,8 @@ def _train(config: ml_collections.ConfigDict, workdir: str, task: Task,
       if step % config.eval_every == 0 or last:
         summary = task.evaluate(state, place)
         writer.write(step, "eval", summary)
+        for name, text in task.text_samples(state).items():
+          writer.write_text(step, name, text)
         say(f"step {step}: " + ", ".join(f"{k}={v:.4f}" if isinstance(v, float)
                                           else f"{k}={v}" for k, v in summary.items()))
       if stopping:
@@ -534,6 +627,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str, task: Task,
             f"{checkpointer.directory}; run the same command to resume")
         summary = {}
         break
+  profiler.stop(state)
   bar.close()
   if start >= config.total_steps and start > 0:
     summary = task.evaluate(state, place)

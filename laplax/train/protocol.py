@@ -73,6 +73,10 @@ class Task(Protocol):
   def monitor(self, record: dict) -> str | None:
     """A warning line for a logged training record, or ``None``."""
 
+  def text_samples(self, state: Any) -> dict[str, str]:
+    """Text the model generates at an evaluation, by name (``{}`` for a task
+    without text); every process calls it, process 0 writes it."""
+
   def backbone(self, state: Any) -> tuple[nn.Module, Any]:
     """``(network, params)`` whose token geometry the analysis measures."""
 
@@ -111,6 +115,11 @@ class TaskBase:
   def monitor(self, record: dict) -> str | None:
     """Nothing to warn about."""
     del record
+
+  def text_samples(self, state: Any) -> dict[str, str]:
+    """No text."""
+    del state
+    return {}
 
   def backbone(self, state: Any) -> tuple[nn.Module, Any]:
     """The trained model and its parameters."""

@@ -2,7 +2,10 @@
 
 The workdir holds ``config.json`` (written atomically), ``metrics.jsonl`` (one
 JSON object per record, each with ``step``), TensorBoard events under
-``tensorboard/`` and orbax checkpoints under ``checkpoints/``.
+``tensorboard/`` (scalars, the config as text and hparams, GPT samples as
+text, ``eval.py``'s figures as images), orbax checkpoints under
+``checkpoints/``, and with ``config.wandb.project`` the Weights & Biases run
+under ``wandb/`` (its id in ``wandb_run_id``).
 """
 
 from __future__ import annotations
@@ -20,7 +23,8 @@ from laplax.train import config as config_lib
 CONFIG_FILE = "config.json"
 METRICS_FILE = "metrics.jsonl"
 CHECKPOINT_DIR = "checkpoints"
-
+TENSORBOARD_DIR = "tensorboard"
+WANDB_RUN_ID = "wandb_run_id"
 
 
 def _summary_writer():
@@ -42,18 +46,66 @@ def _summary_writer():
   return SummaryWriter
 
 
+def check_wandb(config: ml_collections.ConfigDict) -> None:
+  """Checks that ``wandb`` imports when ``config.wandb.project`` is set.
+
+  Raises:
+    ConfigError: a project is set and the package is missing (or broken).
+  """
+  project = config_lib.get(config, "wandb.project", None)
+  if not project:
+    return
+  try:
+    import wandb  # pylint: disable=import-outside-toplevel,unused-import
+  except ImportError:
+    raise config_lib.ConfigError(
+        f"config.wandb.project={project!r} needs the wandb package, which is not "
+        f"installed; pip install wandb, or leave config.wandb.project unset") from None
+
+
+def _hparam(value):
+  """A config value as TensorBoard's hparams take it: bool, int, float or str."""
+  if isinstance(value, (bool, int, float, str)):
+    return value
+  return json.dumps(value)
+
+
+def _code_block(text: str) -> str:
+  """``text`` as a Markdown code block (TensorBoard renders text as Markdown)."""
+  return "\n".join("    " + line for line in text.splitlines())
+
+
 class MetricWriter:
-  """Appends records to ``metrics.jsonl`` and TensorBoard event files.
+  """Appends records to ``metrics.jsonl``, TensorBoard event files and, with
+  ``config.wandb.project``, a Weights & Biases run.
 
   Only process 0 writes. Each record is ``{"step": int, "split": str, ...}``.
+
+  Args:
+    workdir: the run's directory.
+    config: the run's config; with ``config.wandb.project`` (and ``wandb``
+      installed, see :func:`check_wandb`) the W&B run of the workdir is
+      started or resumed (its id is kept in ``workdir/wandb_run_id``;
+      ``wandb.entity``, ``wandb.name`` (default: the workdir's name) and
+      ``wandb.mode``; the config as the run's config). Its console output is
+      silenced (``wandb.Settings(silent=True, console="off")``).
+    use_wandb: ``False`` leaves W&B out whatever the config says.
+
+  Raises:
+    ConfigError: ``wandb.init`` failed (e.g. online without ``wandb login``).
   """
 
-  def __init__(self, workdir: str):
+  def __init__(self, workdir: str, config: ml_collections.ConfigDict | None = None,
+               use_wandb: bool = True):
     self.active = jax.process_index() == 0
     self.path = os.path.join(workdir, METRICS_FILE)
     self.tb = None
-    if self.active:
-      self.tb = _summary_writer()(os.path.join(workdir, "tensorboard"))
+    self.wandb = None
+    if not self.active:
+      return
+    if use_wandb and config is not None and config_lib.get(config, "wandb.project", None):
+      self.wandb = _start_wandb(workdir, config)
+    self.tb = _summary_writer()(os.path.join(workdir, TENSORBOARD_DIR))
 
   def drop_after(self, step: int) -> None:
     """Removes records newer than ``step`` (left by a run killed after it)."""
@@ -65,22 +117,130 @@ class MetricWriter:
     if len(keep) != len(lines):
       utils.atomic_write(self.path, "".join(keep))
 
-  def write(self, step: int, split: str, metrics: dict) -> None:
-    """Writes one record; values must be Python scalars."""
-    if not self.active:
-      return
-    record = {"step": int(step), "split": split, **metrics}
+  def _append(self, record: dict) -> None:
     with open(self.path, "a") as f:
       f.write(json.dumps(record) + "\n")
-    for k, v in metrics.items():
-      if isinstance(v, (int, float)):
-        self.tb.add_scalar(f"{split}/{k}", v, step)
+
+  def write(self, step: int, split: str, metrics: dict) -> None:
+    """Writes one record; values must be Python scalars. TensorBoard and W&B
+    get the numbers, as ``SPLIT/KEY``."""
+    if not self.active:
+      return
+    self._append({"step": int(step), "split": split, **metrics})
+    numbers = {f"{split}/{k}": v for k, v in metrics.items() if isinstance(v, (int, float))}
+    for tag, v in numbers.items():
+      self.tb.add_scalar(tag, v, step)
+    self.tb.flush()
+    if self.wandb is not None and numbers:
+      self.wandb.log(numbers, step=int(step))
+
+  def write_config(self, config: ml_collections.ConfigDict, step: int) -> None:
+    """The config into TensorBoard: as text (tag ``config``, its JSON) and as
+    the hparams of the run (the hparams plugin's session-start summary; keys
+    flattened with dots, e.g. ``optim.lr``; values bool, int, float or str,
+    lists and ``None`` as JSON text). TensorBoard takes the metrics of the
+    hparams table from the run's scalars. W&B got the config at its start."""
+    if not self.active:
+      return
+    from tensorboardX.summary import hparams  # pylint: disable=import-outside-toplevel
+    self.tb.add_text("config", _code_block(config.to_json(indent=2)), step)
+    flat = utils.flatten_dotted(json.loads(config.to_json()))
+    _, session_start, _ = hparams({k: _hparam(v) for k, v in flat.items()}, {})
+    self.tb.file_writer.add_summary(session_start, step)
     self.tb.flush()
 
-  def close(self) -> None:
-    """Closes the TensorBoard writer."""
+  def write_text(self, step: int, tag: str, text: str) -> None:
+    """Text (a GPT sample): a ``{"step", "split": tag, "text"}`` record,
+    TensorBoard text ``tag`` (a Markdown code block) and W&B ``tag``."""
+    if not self.active:
+      return
+    self._append({"step": int(step), "split": tag, "text": text})
+    self.tb.add_text(tag, _code_block(text), step)
+    self.tb.flush()
+    if self.wandb is not None:
+      self.wandb.log({tag: text}, step=int(step))
+
+  def write_images(self, step: int, paths: dict[str, str]) -> None:
+    """PNG files as TensorBoard images (``{tag: path}``; the file's bytes as
+    they are, no re-encoding) and W&B images."""
+    if not self.active or not paths:
+      return
+    from PIL import Image  # pylint: disable=import-outside-toplevel
+    from tensorboardX.proto.summary_pb2 import Summary  # pylint: disable=import-outside-toplevel
+    for tag, path in paths.items():
+      with open(path, "rb") as f:
+        data = f.read()
+      with Image.open(path) as im:
+        width, height = im.size
+        channels = len(im.getbands())
+      image = Summary.Image(height=height, width=width, colorspace=channels,
+                            encoded_image_string=data)
+      self.tb.file_writer.add_summary(
+          Summary(value=[Summary.Value(tag=tag, image=image)]), step)
+    self.tb.flush()
+    if self.wandb is not None:
+      import wandb  # pylint: disable=import-outside-toplevel
+      self.wandb.log({tag: wandb.Image(path) for tag, path in paths.items()}, step=int(step))
+
+  def close(self, failed: bool = False) -> None:
+    """Closes the TensorBoard writer and finishes the W&B run (exit code 1
+    if ``failed``)."""
     if self.tb is not None:
       self.tb.close()
+      self.tb = None
+    if self.wandb is not None:
+      self.wandb.finish(exit_code=1 if failed else 0)
+      self.wandb = None
+
+
+def _start_wandb(workdir: str, config: ml_collections.ConfigDict):
+  """Starts (or resumes, by the id in ``workdir/wandb_run_id``) the W&B run.
+
+  Raises:
+    ConfigError: wandb is missing or ``wandb.init`` failed.
+  """
+  check_wandb(config)
+  import wandb  # pylint: disable=import-outside-toplevel
+  w = config.wandb
+  id_path = os.path.join(workdir, WANDB_RUN_ID)
+  run_id = None
+  if os.path.exists(id_path):
+    with open(id_path) as f:
+      run_id = f.read().strip() or None
+  try:
+    run = wandb.init(
+        project=w.project, entity=w.get("entity", None),
+        name=w.get("name", None) or os.path.basename(os.path.abspath(workdir)),
+        mode=w.get("mode", None), dir=workdir, id=run_id, resume="allow",
+        config=json.loads(config.to_json()),
+        settings=wandb.Settings(silent=True, console="off"))
+  except Exception as e:  # pylint: disable=broad-except
+    raise config_lib.ConfigError(
+        f"wandb.init failed ({type(e).__name__}: {utils.first_line(e)}); check "
+        f"config.wandb.* and `wandb login`, or use --config.wandb.mode=offline") from None
+  if run_id is None:
+    utils.atomic_write(id_path, run.id + "\n")
+  return run
+
+
+def log_figures(workdir: str, config: ml_collections.ConfigDict, step: int,
+                paths: list[str]) -> None:
+  """Adds the PNG figures ``eval.py`` wrote to the run's TensorBoard events
+  (tag: the file name without ``.png``, at the checkpoint's ``step``) and, with
+  ``config.wandb.project``, to its W&B run. A missing ``wandb`` or a failing
+  ``wandb.init`` prints one warning line and the figures go to TensorBoard
+  only."""
+  if not paths:
+    return
+  try:
+    writer = MetricWriter(workdir, config)
+  except config_lib.ConfigError as e:  # no wandb, or wandb.init failed
+    print(f"warning: {e}; the figures go to TensorBoard only", file=sys.stderr)
+    writer = MetricWriter(workdir, config, use_wandb=False)
+  try:
+    writer.write_images(step, {os.path.splitext(os.path.basename(p))[0]: p for p in paths})
+  finally:
+    writer.close()
 
 
 def load_saved_config(workdir: str) -> ml_collections.ConfigDict | None:
@@ -122,7 +282,7 @@ def check_workdir(config: ml_collections.ConfigDict, workdir: str) -> None:
   if not os.access(parent, os.W_OK):
     raise config_lib.ConfigError(f"--workdir {workdir} is not writable ({parent}); "
                                  f"choose a directory you can write to")
-  for name, want_dir in ((CHECKPOINT_DIR, True), ("tensorboard", True),
+  for name, want_dir in ((CHECKPOINT_DIR, True), (TENSORBOARD_DIR, True),
                          (CONFIG_FILE, False), (METRICS_FILE, False)):
     path = os.path.join(workdir, name)
     if os.path.exists(path) and os.path.isdir(path) != want_dir:
