@@ -1,4 +1,5 @@
-"""Language-model evaluations for ``eval.py``: sampling and multiple choice.
+"""Language-model evaluations: multiple choice for ``eval.py``, and the text
+sample of the validation prompt that ``train.py`` writes at each evaluation.
 
 Multiple-choice files are JSON lines, one question per line::
 
@@ -15,8 +16,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import flax.linen as nn
 import numpy as np
 
+from laplax import sharding
 from laplax.models import sampling
 
 
@@ -80,3 +83,29 @@ def score_choices(model: Any, params: Any, tokenizer: Any, items: list[dict]) ->
   correct = sum(p == item["answer"] for p, item in zip(predictions, items))
   return {"choices_accuracy": correct / len(items), "num_questions": len(items),
           "predictions": predictions}
+
+
+def validation_samples(task: Any, state: Any) -> dict[str, str]:
+  """``LanguageModelTask.text_samples``: ``{"sample": text}`` at an
+  evaluation of ``train.py``, the text being the first ``eval.sample_prompt_tokens`` tokens of the validation
+  text (at most half the context), then ``eval.sample_tokens`` tokens decoded
+  greedily with the KV cache (:func:`laplax.models.sampling.generate`,
+  temperature 0). The same prompt at every evaluation, so a run's samples
+  show its text change. ``{}`` when ``eval.sample_tokens`` is 0 or the config
+  has no ``eval`` (a run saved before the keys existed).
+
+  In training every device of the mesh computes the whole sample: the
+  parameters are replicated first (:func:`laplax.sharding.replicated`, a
+  collective: every process calls this), and no logical axis rules apply (a
+  batch of one is not split).
+  """
+  e = task.config.get("eval", None)
+  num = int(e.get("sample_tokens", 0) or 0) if e is not None else 0
+  if num <= 0:
+    return {}
+  k = max(1, min(int(e.get("sample_prompt_tokens", 16)), task.seq_len // 2))
+  prompt = next(iter(task.eval_batches()))["tokens"][0, :k]
+  params = sharding.replicated(state.params)
+  with nn.logical_axis_rules(()):
+    out = sampling.generate(task.model, params, prompt, max_new_tokens=num, temperature=0.0)
+  return {"sample": task.tokenizer.decode(prompt) + task.tokenizer.decode(out)}

@@ -8,8 +8,9 @@ its rows of each global batch.
 The workdir holds ``config.json``, ``metrics.jsonl`` (one JSON object per
 record, each with ``step``), TensorBoard events (scalars, the config, GPT
 samples; :class:`~laplax.train.workdir.MetricWriter`), ``checkpoints/``, and
-on request a profiler trace (``profile/``, :class:`Profiler`) and a Weights &
-Biases run (``wandb/``).
+on request a profiler trace (``profile/``,
+:class:`~laplax.train.profiler.Profiler`) and a Weights & Biases run
+(``wandb/``).
 """
 
 from __future__ import annotations
@@ -36,13 +37,12 @@ from laplax import sharding
 from laplax.train import checkpoint as ckpt_lib
 from laplax.train import config as config_lib
 from laplax.train import finetune, optim, tasks
+from laplax.train.profiler import Profiler
 from laplax.train.protocol import Task
 # CONFIG_FILE, METRICS_FILE and load_saved_config are also read from here (eval.py).
 from laplax.train.workdir import (CHECKPOINT_DIR, CONFIG_FILE, METRICS_FILE,
                                   MetricWriter, check_wandb, check_workdir,
                                   existing_ancestor, load_saved_config, write_config)
-
-PROFILE_DIR = "profile"
 
 class NonFiniteError(RuntimeError):
   """The loss or gradient norm became NaN or infinite."""
@@ -301,63 +301,6 @@ def log_record(rows: list[tuple[int, dict]]) -> dict:
   return record
 
 
-class Profiler:
-  """A ``jax.profiler`` trace of ``config.profile.num_steps`` training steps
-  from ``config.profile.start_step`` on, into ``WORKDIR/profile/``
-  (``plugins/profile/<time>/<host>.xplane.pb`` for TensorBoard's profile
-  plugin, and ``<host>.trace.json.gz``, a Chrome trace that Perfetto opens).
-
-  Every step runs under ``jax.profiler.StepTraceAnnotation("train",
-  step_num=step)`` (traced or not: the annotation costs microseconds), so
-  the trace viewer shows the steps. The trace starts before step
-  ``start_step`` and stops once the state of the last traced step (or of
-  the run's last step) is computed. Every process traces; with several
-  processes each writes under ``profile/process_<index>/`` (processes on one
-  host would otherwise write the same file).
-  """
-
-  def __init__(self, config: ml_collections.ConfigDict, workdir: str):
-    p = config.get("profile", None)
-    self.first = int(p.get("start_step", 1)) if p is not None else 1
-    self.num = int(p.get("num_steps", 0)) if p is not None else 0
-    self.total = int(config.total_steps)
-    self.last = min(self.first + self.num - 1, self.total)
-    self.directory = os.path.join(workdir, PROFILE_DIR)
-    if jax.process_count() > 1:
-      self.directory = os.path.join(self.directory, f"process_{jax.process_index()}")
-    self.tracing = False
-
-  def check(self, start: int, say) -> None:
-    """Says so when the traced steps are not among this run's (``start`` + 1
-    to ``total_steps``; e.g. a resumed run past them)."""
-    if self.num and not start < self.first <= self.total:
-      say(f"no profile: config.profile.start_step={self.first} is not among the "
-          f"steps {start + 1}-{self.total} this run trains")
-
-  def step(self, step: int):
-    """The context of training step ``step``: starts the trace at the first
-    traced step; the step annotation."""
-    if self.num and step == self.first and not self.tracing:
-      jax.profiler.start_trace(self.directory)
-      self.tracing = True
-    return jax.profiler.StepTraceAnnotation("train", step_num=step)
-
-  def after(self, step: int, state: Any, say) -> None:
-    """Stops the trace after the last traced step (or at ``stop``)."""
-    if self.tracing and step >= self.last:
-      self.stop(state)
-      say(f"profile of steps {self.first}-{step} written to {self.directory} (open "
-          f"it with TensorBoard's profile plugin or ui.perfetto.dev)")
-
-  def stop(self, state: Any = None) -> None:
-    """Ends a running trace (waiting for ``state``'s computation)."""
-    if self.tracing:
-      if state is not None:
-        jax.block_until_ready(state)
-      jax.profiler.stop_trace()
-      self.tracing = False
-
-
 class _StopRequest:
   """Records SIGTERM/SIGINT so the loop can checkpoint and exit cleanly."""
 
@@ -390,7 +333,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   evaluation the task's text samples (:meth:`Task.text_samples`: a GPT's
   greedy continuation of the validation text) go to ``metrics.jsonl`` and
   TensorBoard; with ``config.wandb.project`` the same go to W&B; with
-  ``config.profile.num_steps`` the chosen steps are traced (:class:`Profiler`).
+  ``config.profile.num_steps`` the chosen steps are traced
+  (:class:`~laplax.train.profiler.Profiler`).
 
   Returns the final evaluation summary (``{}`` if stopped early by a signal).
 
@@ -615,8 +559,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str, task: Task,
       if step % config.eval_every == 0 or last:
         summary = task.evaluate(state, place)
         writer.write(step, "eval", summary)
-        for name, text in task.text_samples(state).items():
-          writer.write_text(step, name, text)
+        writer.write_texts(step, task.text_samples(state))
         say(f"step {step}: " + ", ".join(f"{k}={v:.4f}" if isinstance(v, float)
                                           else f"{k}={v}" for k, v in summary.items()))
       if stopping:

@@ -11,7 +11,6 @@ methods of every task. Adding a task is one class here and one entry in
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from typing import Any, Iterator
 
@@ -22,12 +21,12 @@ import ml_collections
 import numpy as np
 import optax
 
-from laplax import sharding, utils
+from laplax import utils
 from laplax.data import images
 from laplax.models import dino, spec as spec_lib
 from laplax.models.gpt import GPT
 from laplax.models.vit import ViT
-from laplax.train import defaults, optim
+from laplax.train import defaults, lm_eval, optim
 from laplax.train.protocol import NaNAtStep, Task, TaskBase
 
 
@@ -188,6 +187,7 @@ class LanguageModelTask(TaskBase):
 
   family = "gpt"
   base_config = staticmethod(defaults.gpt_base_config)
+  text_samples = lm_eval.validation_samples  # the sample at each evaluation
 
   def __init__(self, config: ml_collections.ConfigDict, tokenizer: Any):
     self.config = config
@@ -258,38 +258,6 @@ class LanguageModelTask(TaskBase):
     loss = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
     return {"loss": (loss * mask).sum(), "count": mask.sum(),
             "bytes": (self.token_bytes[targets] * mask).sum()}
-
-  def text_samples(self, state: Any) -> dict[str, str]:
-    """``{"sample": prompt + continuation}`` at an evaluation: the first
-    ``eval.sample_prompt_tokens`` tokens of the validation text, then
-    ``eval.sample_tokens`` tokens decoded greedily with the KV cache
-    (:func:`laplax.models.sampling.generate`, temperature 0). The same prompt
-    at every evaluation, so a run's samples show its text improving.
-    ``{}`` when ``eval.sample_tokens`` is 0 (or the config has no ``eval``).
-
-    In training, every device of the mesh computes the whole sample (the
-    parameters are replicated first, :func:`laplax.sharding.replicated`;
-    no logical axis rules: a batch of one is not split).
-    """
-    from laplax.models import sampling  # pylint: disable=import-outside-toplevel
-    e = self.config.get("eval", None)
-    num = int(e.get("sample_tokens", 0) or 0) if e is not None else 0
-    if num <= 0:
-      return {}
-    prompt = self._sample_prompt
-    params = sharding.replicated(state.params)
-    with nn.logical_axis_rules(()):
-      out = sampling.generate(self.model, params, prompt, max_new_tokens=num,
-                              temperature=0.0)
-    return {"sample": self.tokenizer.decode(prompt) + self.tokenizer.decode(out)}
-
-  @functools.cached_property
-  def _sample_prompt(self) -> np.ndarray:
-    """int32 ``[k]``: the first ``eval.sample_prompt_tokens`` validation tokens
-    (at most half the context)."""
-    k = int(self.config.eval.get("sample_prompt_tokens", 16))
-    k = max(1, min(k, self.seq_len // 2))
-    return next(iter(self.eval_batches()))["tokens"][0, :k]
 
   @staticmethod
   def summarize(sums: dict) -> dict:

@@ -149,16 +149,18 @@ class MetricWriter:
     self.tb.file_writer.add_summary(session_start, step)
     self.tb.flush()
 
-  def write_text(self, step: int, tag: str, text: str) -> None:
-    """Text (a GPT sample): a ``{"step", "split": tag, "text"}`` record,
-    TensorBoard text ``tag`` (a Markdown code block) and W&B ``tag``."""
-    if not self.active:
+  def write_texts(self, step: int, texts: dict[str, str]) -> None:
+    """Texts (a GPT sample), ``{tag: text}``: a ``{"step", "split": tag,
+    "text"}`` record each, TensorBoard text ``tag`` (a Markdown code block)
+    and W&B ``tag``."""
+    if not self.active or not texts:
       return
-    self._append({"step": int(step), "split": tag, "text": text})
-    self.tb.add_text(tag, _code_block(text), step)
+    for tag, text in texts.items():
+      self._append({"step": int(step), "split": tag, "text": text})
+      self.tb.add_text(tag, _code_block(text), step)
     self.tb.flush()
     if self.wandb is not None:
-      self.wandb.log({tag: text}, step=int(step))
+      self.wandb.log(dict(texts), step=int(step))
 
   def write_images(self, step: int, paths: dict[str, str]) -> None:
     """PNG files as TensorBoard images (``{tag: path}``; the file's bytes as
