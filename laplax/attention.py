@@ -316,6 +316,32 @@ def rotary(x: jax.Array, positions: jax.Array, theta: float = 10_000.0) -> jax.A
   return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1).astype(x.dtype)
 
 
+def _check_settings(self, model_dim: int) -> None:
+  """The settings of :class:`MultiHeadAttention` ``self`` that a model spec
+  would refuse, checked for direct use (a plain function: Flax wraps methods).
+
+  Raises:
+    ValueError: ``num_heads`` < 1, ``spectral_targets`` (with spectral
+      conditioning on) not distinct letters of ``"qkv"``, an unknown ``qk_norm_type``, or ``rope`` with an odd
+      head dimension; the message names the setting and the fix.
+  """
+  if self.num_heads < 1:
+    raise ValueError(f"num_heads={self.num_heads!r} must be an integer >= 1")
+  targets = self.spectral_targets
+  if self.spectral_lam and (not targets or len(set(targets)) != len(targets)
+      or any(t not in spectral.TARGETS for t in targets)):
+    raise ValueError(f"spectral_targets={targets!r} must be distinct letters of "
+                     f"{spectral.TARGETS!r}, e.g. 'qkv' or 'qk'")
+  if self.qk_norm and self.qk_norm_type not in QK_NORM_TYPES:
+    raise ValueError(f"qk_norm_type={self.qk_norm_type!r} is unknown; use one of "
+                     f"{', '.join(QK_NORM_TYPES)}")
+  head_dim = self.head_dim or model_dim // self.num_heads
+  if self.rope and head_dim % 2:
+    raise ValueError(f"rope needs an even head dimension, got {head_dim} "
+                     f"(model dim {model_dim}, num_heads {self.num_heads}); "
+                     f"set head_dim or num_heads so that it is even")
+
+
 class MultiHeadAttention(nn.Module):
   """Self-attention with Laplacian heads and spectrally conditioned projections.
 
@@ -404,6 +430,7 @@ class MultiHeadAttention(nn.Module):
     ``laplacian`` (bool ``[num_heads]``, may be traced, e.g. a scanned
     per-layer input) overrides ``num_laplacian_heads`` / ``laplacian_mask``.
     """
+    _check_settings(self, x.shape[-1])
     model_dim = x.shape[-1]
     head_dim = self.head_dim or model_dim // self.num_heads
     if laplacian is None:

@@ -9,6 +9,8 @@ query heads first.
 
 from __future__ import annotations
 
+import re
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -547,3 +549,19 @@ class AttendVariants(chex.TestCase):
       pv = np.einsum("bhqk,bkhd->bqhd", p, v)
       want = np.where(laplacian[:, None], v - pv, pv)
       chex.assert_trees_all_close(got, want, atol=1e-5)
+
+
+@pytest.mark.parametrize("settings, message", [
+    (dict(num_heads=0), "num_heads=0 must be an integer >= 1"),
+    (dict(num_heads=4, spectral_lam=10.0, spectral_targets="qx"), "distinct letters of 'qkv'"),
+    (dict(num_heads=4, spectral_lam=10.0, spectral_targets=""), "distinct letters of 'qkv'"),
+    (dict(num_heads=4, qk_norm=True, qk_norm_type="bogus"), "qk_norm_type='bogus' is unknown"),
+    (dict(num_heads=4, rope=True), "rope needs an even head dimension, got 15"),
+])
+def test_direct_use_refuses_settings_a_spec_would_refuse(settings, message):
+  """MultiHeadAttention used on its own (README's "Use it in your own model")
+  names the bad setting instead of computing something else or failing deep
+  inside (model dim 60: 4 heads of 15)."""
+  x = jnp.zeros((1, 5, 60))
+  with pytest.raises(ValueError, match=re.escape(message)):
+    MultiHeadAttention(**settings).init(jax.random.PRNGKey(0), x)

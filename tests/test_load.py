@@ -358,7 +358,9 @@ def test_eval_step_and_out_only_read_the_workdir(runs, tmp_path, capfd):
         (["--step", "5"], ["--step 5 is not saved", "saved steps: 0, 3, 6"]),
         (["--step=-1"], ["--step=-1 must be >= 0"]),
         (["--out", str(tmp_path / "evals")], ["is a directory; give a file name"]),
-        (["--out", str(out / "x.json")], ["is a file, not a directory"])):
+        (["--out", str(out / "x.json")], ["is a file, not a directory"]),
+        # /proc refuses new files even to root (os.access says writable)
+        (["--out", "/proc/laplax_none/e.json"], ["cannot write in /proc"])):
       extra = [] if argv[0] == "--out" else ["--out", str(tmp_path / "bad" / "e.json")]
       r = run_in_process(["eval.py", "--workdir", str(workdir)] + argv + extra, capfd)
       lines = [l for l in r.stderr.splitlines() if l.strip()]

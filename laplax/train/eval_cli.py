@@ -68,6 +68,7 @@ Bad input prints one line and exits with code 2, with nothing written.
 import json
 import os
 import sys
+import tempfile
 
 from absl import flags
 
@@ -147,6 +148,12 @@ def _out_path(workdir: str) -> str | None:
     raise cli.UsageError(f"--out={_OUT.value}: {parent} is a file, not a directory")
   if not os.access(parent, os.W_OK):
     raise cli.UsageError(f"--out={_OUT.value}: {parent} is not writable")
+  try:  # os.access passes for root; a file system may still refuse
+    with tempfile.TemporaryFile(dir=parent):
+      pass
+  except OSError as e:
+    raise cli.UsageError(f"--out={_OUT.value}: cannot write in {parent} "
+                         f"({e.strerror}); give --out a writable place") from None
   return path
 
 
