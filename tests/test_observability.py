@@ -158,6 +158,33 @@ def test_tensorboard_has_the_scalars_config_hparams_and_samples(gpt_run):
     assert texts[("sample/text_summary", step)] == "    " + text
 
 
+def test_train_records_have_the_input_wait_fraction(gpt_run):
+  train = [r for r in read_metrics(gpt_run) if r["split"] == "train"]
+  assert [r["step"] for r in train] == [2, 4]
+  for r in train:
+    assert 0.0 <= r["data_wait_fraction"] <= 1.0 and r["steps_per_sec"] > 0, r
+
+
+def test_log_interval_divides_input_wait_by_wall_time():
+  from laplax.train.timing import LogInterval
+  now = [100.0]
+  interval = LogInterval(clock=lambda: now[0])
+  def fetch(seconds, value):
+    now[0] += seconds
+    return value
+  assert interval.wait_for(lambda: fetch(0.5, "batch")) == "batch"
+  now[0] += 1.5  # a step
+  assert interval.wait_for(lambda: fetch(1.0, 7)) == 7
+  now[0] += 1.0
+  assert interval.record(2) == {"steps_per_sec": 0.5, "data_wait_fraction": 0.375}
+  now[0] += 2.0  # the next interval starts at the record: no input wait in it
+  assert interval.record(4) == {"steps_per_sec": 2.0, "data_wait_fraction": 0.0}
+  with pytest.raises(StopIteration):  # a failing fetch still counts its wait
+    interval.wait_for(lambda: next(iter([])) if fetch(1.0, True) else None)
+  now[0] += 3.0
+  assert interval.record(1)["data_wait_fraction"] == 0.25
+
+
 def _flatten(d, prefix=""):
   out = {}
   for k, v in d.items():

@@ -26,7 +26,7 @@ from laplax.analysis import summary as summary_lib
 # eval.json counts and ids, not results.
 NOT_METRICS = ("step", "num_examples", "num_tokens", "num_questions")
 # Training-record keys that are timings, settings or bookkeeping, not results.
-NOT_TRAIN_METRICS = ("step", "split", "steps_per_sec", "time", "lr")
+NOT_TRAIN_METRICS = ("step", "split", "steps_per_sec", "data_wait_fraction", "time", "lr")
 
 
 def _numbers(record: dict, skip: Sequence[str]) -> dict:

@@ -21,7 +21,6 @@ import math
 import os
 import shutil
 import signal
-import time
 from typing import Any
 
 import flax.linen as nn
@@ -39,6 +38,7 @@ from laplax.train import config as config_lib
 from laplax.train import finetune, optim, tasks
 from laplax.train.profiler import Profiler
 from laplax.train.protocol import Task
+from laplax.train.timing import LogInterval
 # CONFIG_FILE, METRICS_FILE and load_saved_config are also read from here (eval.py).
 from laplax.train.workdir import (CHECKPOINT_DIR, CONFIG_FILE, METRICS_FILE,
                                   MetricWriter, check_wandb, check_workdir,
@@ -519,7 +519,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str, task: Task,
 
   def check_finite():
     pending[:] = _fetch_finite(pending, checkpointer, bar)
-  last_log, summary = time.time(), {}
+  interval, summary = LogInterval(), {}
   bar = tqdm.tqdm(total=config.total_steps, initial=start, unit="step",
                   dynamic_ncols=True, mininterval=1.0,
                   disable=jax.process_index() != 0)
@@ -532,7 +532,8 @@ def _train(config: ml_collections.ConfigDict, workdir: str, task: Task,
   with _StopRequest() as stop, _on_error(writer, profiler):
     for step in range(start + 1, config.total_steps + 1):
       with profiler.step(step):
-        batch = sharding.global_batch(next(train_iter), batch_sharding, global_batch)
+        batch = interval.wait_for(lambda: sharding.global_batch(
+            next(train_iter), batch_sharding, global_batch))
         state, metrics = train_step(state, batch)
       profiler.after(step, state, say)
       pending.append((step, metrics))
@@ -542,11 +543,9 @@ def _train(config: ml_collections.ConfigDict, workdir: str, task: Task,
       save = step % config.checkpoint_every == 0 or last or stopping
       if step % config.log_every == 0 or last:
         check_finite()
-        record = log_record(pending)
-        now = time.time()
-        record["steps_per_sec"] = len(pending) / max(now - last_log, 1e-9)
+        record = dict(log_record(pending), **interval.record(len(pending)))
         skipped = [s_ for s_, m in pending if m.get("skipped_updates", 0.0) > 0]
-        last_log, pending = now, []
+        pending = []
         writer.write(step, "train", record)
         warning = _warning(task, record, skipped)
         if warning:
