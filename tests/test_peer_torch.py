@@ -134,3 +134,37 @@ def test_laplax_training_stack_imports_without_torch():
                         text=True, timeout=120, check=False)
   assert proc.returncode == 0, proc.stderr[-2000:]
   assert proc.stdout.strip() == "[]", proc.stdout
+
+
+def test_step_time_peer_runs_and_writes_json(tmp_path, monkeypatch, capsys):
+  """``bench/step_time.py --peer`` end to end (in this process) on a tiny GPT,
+  eager only (no torch.compile in the tests): the JSON's ratios, MFU and
+  losses agree with its times; a setting the peer lacks is one line, exit 2."""
+  import json
+  out = tmp_path / "peer.json"
+  tiny = ["--set", "model.width=32", "--set", "model.depth=1", "--set", "model.mlp_dim=64",
+          "--set", "model.max_length=16", "--batch", "4"]
+  argv = ["step_time.py", "--peer", "--config", GPT_CONFIG, "--peer-modes", "eager",
+          "--rounds", "2", "--steps", "2", "--warmup", "2", "--peak-size", "64"]
+  monkeypatch.setattr(sys, "argv", argv + tiny + ["--json", str(out)])
+  step_time.main()
+  printed = capsys.readouterr().out
+  assert "laplax/peer" in printed and "PyTorch eager" in printed
+  record = json.loads(out.read_text())
+  assert record["machine"]["torch_threads"] == len(os.sched_getaffinity(0))
+  (result,) = record["results"]
+  assert result["unit"] == "tokens/s" and result["items_per_step"] == 4 * 16
+  lx, eager = result["candidates"]["laplax (JAX)"], result["candidates"]["PyTorch eager"]
+  assert len(eager["ms_per_step_rounds"]) == 2
+  assert eager["laplax_over_peer"] == pytest.approx(eager["ms_per_step"] / lx["ms_per_step"])
+  peak = result["matmul_peak_flops"]["jnp.dot_median"]
+  assert lx["mfu"] == pytest.approx(lx["gflops_per_s"] * 1e9 / peak)
+  # Same weights, schedule and batch for 6 steps: the same loss.
+  assert eager["last_loss"] == pytest.approx(lx["last_loss"], abs=1e-4)
+
+  monkeypatch.setattr(sys, "argv", argv + ["--set", "model.qk_norm=True"])
+  with pytest.raises(SystemExit) as e:
+    step_time.main()
+  err = capsys.readouterr().err.strip().splitlines()
+  assert e.value.code == 2 and len(err) == 1 and err[0].startswith("error:")
+  assert "model.qk_norm" in err[0]
