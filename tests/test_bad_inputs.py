@@ -8,16 +8,20 @@ config file (nor create the workdir it was given).
 Every bad input runs in this process through the entry point of ``python
 train.py`` / ``python eval.py`` (``test_train.run_in_process``: ``sys.argv``
 set and the flags reset), which saves the ~4 s of imports a subprocess spends
-before it reads its arguments; nine of them also run as subprocesses.
+before it reads its arguments; ten of them also run as subprocesses.
 """
 
+import json
 import os
 import shutil
+import socket
 import sys
 
 import pytest
 
 from test_train import CONFIG, ROOT, TINY, run, run_in_process, train_args
+
+from laplax.train import lock as lock_lib
 
 GPT_CONFIG = os.path.join(ROOT, "configs", "gpt_shakespeare.py")
 FMNIST_SOURCE = "/usr/share/datasets/fashion-mnist"
@@ -97,6 +101,8 @@ BAD_CONFIGS = {
     "infinite learning rate": (["--config.optim.lr=inf"], ["optim.lr"]),
     "infinite spectral lambda": (["--config.model.spectral.lam=inf"], ["spectral.lam"]),
     "empty data_dir": (["--config.data.data_dir="], ["data.data_dir"]),
+    "non-boolean checkpoint_verify": (["--config.checkpoint_verify=maybe"],
+                                      ["checkpoint_verify"]),
 }
 
 
@@ -168,6 +174,20 @@ def bad_files(tmp_path_factory, fmnist_data_dir, existing_run):
     if p.is_file() and p.stat().st_size > 0:
       with open(p, "r+b") as f:
         f.truncate(p.stat().st_size // 2)
+  # Workdirs locked by a live process (this one) and by another host.
+  for name, host in (("locked_run", socket.gethostname()), ("foreign_lock_run", "elsewhere")):
+    shutil.copytree(existing_run, d / name)
+    (d / name / lock_lib.LOCK_FILE).write_text(json.dumps(
+        {"host": host, "pid": os.getpid(), "started_iso": "2026-12-02T00:00:00",
+         "proc_start": lock_lib._proc_start(os.getpid())}))  # pylint: disable=protected-access
+  # One flipped bit in the biggest data file of every checkpoint.
+  shutil.copytree(existing_run, d / "flipped_run")
+  for step_dir in (d / "flipped_run" / "checkpoints").iterdir():
+    biggest = max((p for p in step_dir.rglob("*") if p.is_file() and "/d/" in str(p)),
+                  key=lambda p: p.stat().st_size)
+    data = bytearray(biggest.read_bytes())
+    data[len(data) // 2] ^= 1
+    biggest.write_bytes(bytes(data))
   return d
 
 
@@ -221,13 +241,20 @@ BAD_PATHS = {
                                                       "{bad}/bad_config_run"], ["unreadable"]),
     "eval of a workdir whose checkpoints are unreadable": (
         ["eval.py", "--workdir", "{bad}/unreadable_run"], ["no readable checkpoint"]),
+    "workdir locked by a live train.py": (_train("{bad}/locked_run"), ["is in use by train.py"]),
+    "workdir locked by another host": (_train("{bad}/foreign_lock_run"), ["--force_unlock"]),
+    "workdir whose checkpoints fail their checksums": (_train("{bad}/flipped_run"),
+                                                       ["checksum mismatch"]),
+    "eval of a workdir whose checkpoints fail their checksums": (
+        ["eval.py", "--workdir", "{bad}/flipped_run"], ["checksum mismatch"]),
 }
 
 
 # Every bad path runs in-process, and these also as subprocesses.
 SUBPROCESS_PATHS = ("config file missing", "config with a syntax error",
                     "truncated prepared dataset", "workdir whose checkpoints are all unreadable",
-                    "eval of a workdir whose checkpoints are unreadable")
+                    "eval of a workdir whose checkpoints are unreadable",
+                    "workdir locked by a live train.py")
 
 
 def _path_cases():

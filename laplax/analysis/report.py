@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from laplax import spectral
+from laplax import spectral, utils
 from laplax.analysis import capture, conditioning, geometry
 
 ANALYSIS_FILE = "analysis.json"
@@ -534,8 +534,8 @@ def write(analysis: dict, workdir: str, path: str | None = None) -> str:
       (pass the dict through :func:`sanitize` first).
   """
   path = path or os.path.join(workdir, ANALYSIS_FILE)
-  with open(path, "w") as f:
-    json.dump(analysis, f, indent=1, allow_nan=False)
+  text = json.dumps(analysis, indent=1, allow_nan=False)
+  utils.atomic_write(path, text)  # readers never see half of it
   return path
 
 

@@ -182,7 +182,7 @@ def read_workdir(workdir: str):
                        f"--workdir {workdir}")
   try:
     step, params = ckpt_lib.Checkpointer(
-        os.path.join(workdir, CHECKPOINT_DIR)).restore_params()
+        os.path.join(workdir, CHECKPOINT_DIR), read_only=True).restore_params()
   except ckpt_lib.CheckpointError as e:
     raise ConvertError(str(e)) from None
   spec = spec_lib.from_config(config.model)

@@ -321,7 +321,9 @@ def _raise_signalled(signum, frame):  # pylint: disable=unused-argument
 
 
 def run(main: Callable[[], int | None], user_errors: tuple = ()) -> None:
-  """Runs ``main`` and maps user errors to one stderr line and exit code 2.
+  """Runs ``main`` and maps user errors to one stderr line and exit code 2
+  (also a locked workdir, :class:`~laplax.train.lock.LockError`, and a file
+  that cannot be written, :class:`~laplax.train.saving.SaveError`).
 
   SIGTERM or SIGINT outside the training loop (during imports, data
   preparation, compilation or evaluation) prints one line and exits with 0
@@ -330,7 +332,10 @@ def run(main: Callable[[], int | None], user_errors: tuple = ()) -> None:
   """
   from laplax.data.images import DataError  # pylint: disable=import-outside-toplevel
   from laplax.train.checkpoint import CheckpointError  # pylint: disable=import-outside-toplevel
-  errors = (UsageError, ConfigError, DataError, CheckpointError) + tuple(user_errors)
+  from laplax.train.lock import LockError  # pylint: disable=import-outside-toplevel
+  from laplax.train.saving import SaveError  # pylint: disable=import-outside-toplevel
+  errors = (UsageError, ConfigError, DataError, CheckpointError, LockError,
+            SaveError) + tuple(user_errors)
   signal.signal(signal.SIGTERM, _raise_signalled)
   try:
     code = main()

@@ -154,6 +154,9 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None,
              f"in it); give a train.py or laplax.convert --workdir")
   if get(config, "keep_checkpoints", None) is not None:
     _int(config, "keep_checkpoints", 1)
+  verify = get(config, "checkpoint_verify", True)
+  _require(isinstance(verify, bool),
+           f"config.checkpoint_verify={verify!r} must be True or False")
   for key in ("data.crop_padding", "data.prefetch", "data.num_threads"):
     if get(config, key, None) is not None:
       _int(config, key, 0)

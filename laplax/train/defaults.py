@@ -80,6 +80,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.eval_every = 1000
   c.checkpoint_every = 500
   c.keep_checkpoints = 3
+  # A CRC-32 manifest of each checkpoint's files, written with it and checked
+  # before it is restored (train.py resume, eval.py, laplax.load); False
+  # writes and checks none (very large checkpoints; the cost is in the README).
+  c.checkpoint_verify = True
   # Fine-tuning: a laplax workdir (a train.py run, or one `python -m
   # laplax.convert` wrote) whose newest parameters start this run instead of
   # the random initialisation (at step 0 only; the optimizer starts fresh).

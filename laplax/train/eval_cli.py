@@ -72,7 +72,8 @@ import tempfile
 
 from absl import flags
 
-from laplax.train import cli
+from laplax import utils
+from laplax.train import cli, saving
 
 # The evaluator's own flags (not absl's global FLAGS, where train_cli defines
 # its --workdir and --config): the two commands' mains can then run in one
@@ -214,7 +215,7 @@ def main() -> int:
   out = _out_path(workdir)
   run = restore.load(workdir, step=_STEP.value)
   config, task, state = run.config, run.task, run.state
-  if _STEP.value is None and run.step != run.latest_step:
+  if _STEP.value is None and run.step < run.latest_step:
     print(f"warning: the newest checkpoint (step {run.latest_step}) is "
           f"unreadable; evaluating step {run.step}", file=sys.stderr)
   if _SAMPLE.value is not None:
@@ -235,8 +236,8 @@ def main() -> int:
     summary["num_questions"] = result["num_questions"]
   summary["step"] = int(state.step)
   path = out or os.path.join(workdir, EVAL_FILE)
-  with open(path, "w") as f:
-    json.dump(summary, f, indent=2)
+  with saving.guard(os.path.basename(path), os.path.dirname(path)):
+    utils.atomic_write(path, json.dumps(summary, indent=2))
   if out:
     print(f"wrote {path}")
   print(json.dumps(summary))
@@ -370,10 +371,12 @@ def _run_analysis(config, task, state, workdir: str, opts: dict, out: str | None
     raise cli.UsageError(str(e)) from None
   analysis["task"] = config.task
   analysis["step"] = int(state.step)
-  path = report.write(analysis, workdir, path=out)
-  figures = plots.save_all(analysis, os.path.dirname(path),
-                           title=f"{os.path.basename(os.path.normpath(workdir))} "
-                                 f"(step {int(state.step)})")
+  where = os.path.dirname(out) if out else workdir
+  with saving.guard(f"{os.path.basename(out or report.ANALYSIS_FILE)} and its figures", where):
+    path = report.write(analysis, workdir, path=out)
+    figures = plots.save_all(analysis, os.path.dirname(path),
+                             title=f"{os.path.basename(os.path.normpath(workdir))} "
+                                   f"(step {int(state.step)})")
   if out is None:  # with --out the workdir is only read
     from laplax.train import workdir as workdir_lib  # pylint: disable=import-outside-toplevel
     workdir_lib.log_figures(workdir, config, int(state.step), figures)

@@ -55,7 +55,7 @@ def initial_params(init_from: str, abstract_params: Any) -> Any:
   """
   where = os.path.join(os.path.expanduser(init_from), CHECKPOINT_DIR)
   try:
-    step, saved = ckpt_lib.Checkpointer(where).restore_params()
+    step, saved = ckpt_lib.Checkpointer(where, read_only=True).restore_params()
   except ckpt_lib.CheckpointError as e:
     raise InitFromError(f"config.init_from: {e}") from None
   flat_saved = {utils.path_str(p): v

@@ -36,8 +36,10 @@ from laplax import sharding
 from laplax.train import checkpoint as ckpt_lib
 from laplax.train import config as config_lib
 from laplax.train import finetune, optim, tasks
+from laplax.train import lock as lock_lib
 from laplax.train.profiler import Profiler
 from laplax.train.protocol import Task
+from laplax.train.saving import SaveError
 from laplax.train.timing import LogInterval
 # CONFIG_FILE, METRICS_FILE and load_saved_config are also read from here (eval.py).
 from laplax.train.workdir import (CHECKPOINT_DIR, CONFIG_FILE, METRICS_FILE,
@@ -321,7 +323,8 @@ class _StopRequest:
       signal.signal(s, h)
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
+                       force_unlock: bool = False) -> dict:
   """Trains ``config`` in ``workdir`` (resuming if it has a checkpoint).
 
   Starts the multi-process runtime if ``config.distributed`` asks for it,
@@ -336,21 +339,32 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   ``config.profile.num_steps`` the chosen steps are traced
   (:class:`~laplax.train.profiler.Profiler`).
 
+  One run writes a workdir at a time: process 0 holds its lock
+  (:mod:`laplax.train.lock`; ``force_unlock`` takes over another host's)
+  from the first write to the end.
+
   Returns the final evaluation summary (``{}`` if stopped early by a signal).
 
   Raises:
+    LockError: another run holds the workdir (checked before anything else).
     ConfigError, DataError: bad input (before anything is written; also
       ``config.wandb.project`` without ``wandb``; a failing ``wandb.init``
       after the config is written).
     NonFiniteError: the loss or gradient norm became non-finite.
+    SaveError: a file could not be written (a full disk); what is on disk
+      resumes with the same command.
   """
   # Multi-process runtime (config.distributed), before anything starts JAX's backend.
   sharding.initialize_distributed(config.get("distributed", None))
 
-  # Checks and data, before any write.
+  # The lock (several processes: all agree in lock_lib.hold), checks, data; no write.
+  if jax.process_count() == 1:
+    lock_lib.check(workdir, force_unlock)
   before = set(os.listdir(workdir)) if os.path.isdir(workdir) else None
   try:
-    return _train_in(config, workdir, setup(config, workdir))
+    task = setup(config, workdir)
+    with lock_lib.hold(workdir, force_unlock):
+      return _train_in(config, workdir, task)
   except finetune.InitFromError:
     _remove_new(workdir, before)  # what this start wrote: nothing is left
     raise
@@ -382,18 +396,10 @@ def _train_in(config, workdir: str, task: Task) -> dict:
 
 
 def _open_workdir(config, workdir: str) -> ckpt_lib.Checkpointer:
-  """Creates ``workdir`` and returns the checkpointer of its ``checkpoints/``.
-
-  Raises:
-    ConfigError: the workdir cannot be created.
-  """
-  try:
-    os.makedirs(workdir, exist_ok=True)
-  except OSError as e:
-    raise config_lib.ConfigError(f"--workdir {workdir} cannot be created "
-                                 f"({e.strerror}); choose another directory") from None
+  """The checkpointer of ``workdir/checkpoints/`` (the workdir exists: the lock)."""
   return ckpt_lib.Checkpointer(os.path.join(workdir, CHECKPOINT_DIR),
-                               max_to_keep=config.get("keep_checkpoints", 3))
+                               max_to_keep=config.get("keep_checkpoints", 3),
+                               verify=bool(config.get("checkpoint_verify", True)))
 
 
 def _restore_or_start(config, workdir: str, task: Task, tx, checkpointer, train_iter,
@@ -412,7 +418,7 @@ def _restore_or_start(config, workdir: str, task: Task, tx, checkpointer, train_
     train_iter.set_state(data_state)
     logging.info("resumed from step %d", int(state.step))
     if jax.process_index() == 0:
-      write_config(config, workdir)
+      write_config(config, workdir, last_step=checkpointer.latest_step())
     return state
   init = None
   if config.get("init_from", ""):  # checked before anything is written
@@ -478,15 +484,33 @@ def _warning(task: Task, record: dict, skipped: list[int]) -> str | None:
 
 
 @contextlib.contextmanager
-def _on_error(writer: MetricWriter, profiler: Profiler):
-  """On an exception (a non-finite loss, a crash): ends the profiler trace and
-  closes the writer (the W&B run finishes as failed), then re-raises."""
+def _on_error(writer: MetricWriter, profiler: Profiler, checkpointer, bar):
+  """On an exception (a non-finite loss, a crash): ends the profiler trace,
+  the progress bar and the writer (the W&B run finishes as failed), then
+  re-raises. A failed write (a full disk) is reported as the failed
+  checkpoint save when one failed too (its cause, usually)."""
   try:
     yield
-  except BaseException:
+  except BaseException as e:
     profiler.stop()
+    bar.close()
     writer.close(failed=True)
+    if isinstance(e, SaveError):
+      checkpointer.wait()
     raise
+
+
+def _open_writer(config, workdir: str, checkpointer, state) -> tuple[MetricWriter, int]:
+  """The metrics writer, with the records after the restored step dropped and
+  the config (and, at step 0, the parameter count) written; and that step."""
+  start = int(state.step)
+  writer = MetricWriter(workdir, config, last_step=checkpointer.last_complete)
+  writer.drop_after(start)
+  writer.write_config(config, start)
+  if start == 0:
+    writer.write(0, "info", {"num_params": int(sum(
+        x.size for x in jax.tree_util.tree_leaves(state.params)))})
+  return writer, start
 
 
 def _train(config: ml_collections.ConfigDict, workdir: str, task: Task,
@@ -506,12 +530,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str, task: Task,
   resumed = checkpointer.latest_step() is not None
   state = _restore_or_start(config, workdir, task, tx, checkpointer, train_iter,
                             state_sharding, abstract)
-  writer, start = MetricWriter(workdir, config), int(state.step)
-  writer.drop_after(start)
-  writer.write_config(config, start)
-  if start == 0:
-    writer.write(0, "info", {"num_params": int(sum(
-        x.size for x in jax.tree_util.tree_leaves(state.params)))})
+  writer, start = _open_writer(config, workdir, checkpointer, state)
 
   train_step = jit_train_step(task, tx, schedule, state_sharding, batch_sharding)
   place = lambda batch: sharding.whole_batch(batch, mesh, rules)
@@ -529,7 +548,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str, task: Task,
   profiler = Profiler(config, workdir)
   profiler.check(start, say)
 
-  with _StopRequest() as stop, _on_error(writer, profiler):
+  with _StopRequest() as stop, _on_error(writer, profiler, checkpointer, bar):
     for step in range(start + 1, config.total_steps + 1):
       with profiler.step(step):
         batch = interval.wait_for(lambda: sharding.global_batch(
@@ -569,10 +588,10 @@ def _train(config: ml_collections.ConfigDict, workdir: str, task: Task,
             f"{checkpointer.directory}; run the same command to resume")
         summary = {}
         break
+    checkpointer.close()
   profiler.stop(state)
   bar.close()
   if start >= config.total_steps and start > 0:
     summary = task.evaluate(state, place)
-  checkpointer.close()
   writer.close()
   return summary

@@ -10,6 +10,13 @@ prepared, as for ``eval.py``: a classifier needs its number of classes, a
 language model its tokenizer) and restores a checkpoint onto one device,
 whatever mesh the run was trained on. ``eval.py`` restores through it too.
 Every problem with the workdir is a :class:`LoadError` with a one-line message.
+
+A workdir may be read while ``train.py`` writes it: the checkpoints are read
+without its lock and without writing anything; orbax renames a step into
+place only when it is complete (its checksum manifest with it), and a step
+that ``train.py`` deletes while it is read is replaced by its newest one.
+With ``checkpoint_verify`` in the run's config (the default) every file of
+the restored step is checked against its manifest first.
 """
 
 from __future__ import annotations
@@ -97,7 +104,7 @@ def saved_steps(workdir: str) -> list[int]:
   directory = os.path.join(workdir, CHECKPOINT_DIR)
   if not os.path.isdir(directory):
     return []
-  return ckpt_lib.Checkpointer(directory).all_steps()
+  return ckpt_lib.Checkpointer(directory, read_only=True).all_steps()
 
 
 def _single_device(abstract_state: ckpt_lib.TrainState) -> ckpt_lib.TrainState:
@@ -113,7 +120,9 @@ def _restore(workdir: str, task, config, step: int | None) -> ckpt_lib.TrainStat
   Raises:
     LoadError: the checkpoint(s) cannot be read.
   """
-  checkpointer = ckpt_lib.Checkpointer(os.path.join(workdir, CHECKPOINT_DIR))
+  checkpointer = ckpt_lib.Checkpointer(os.path.join(workdir, CHECKPOINT_DIR),
+                                       verify=bool(config.get("checkpoint_verify", True)),
+                                       read_only=True)
   target = _single_device(loop.abstract_state(task, optim.make_optimizer(config),
                                               config.seed))
   try:
@@ -121,7 +130,7 @@ def _restore(workdir: str, task, config, step: int | None) -> ckpt_lib.TrainStat
   except ckpt_lib.CheckpointError as e:
     if step is None:
       raise LoadError(str(e)) from None
-    reason = re.search(r"failed: (\w+)", str(e))
+    reason = re.search(r"failed: ([^)]*)\)", str(e))
     raise LoadError(f"checkpoint step {step} in {checkpointer.directory} is "
                     f"unreadable ({reason.group(1) if reason else 'unknown'}); "
                     f"load another step") from None
@@ -136,9 +145,10 @@ def load(workdir: str, step: int | None = None) -> Loaded:
   language model's tokenizer when it is missing) and restores the checkpoint
   of ``step``. A checkpoint saved sharded on any mesh is restored whole onto
   ``jax.local_devices()[0]`` (``jax.devices()[0]`` in a single process).
-  When ``step`` is ``None`` and the newest checkpoint is unreadable, the
-  newest readable one is used with a logged warning (``Loaded.step`` then
-  differs from ``Loaded.latest_step``).
+  When ``step`` is ``None`` and the newest checkpoint is unreadable (or,
+  with the run's ``checkpoint_verify``, fails its checksums), the newest
+  readable one is used with a logged warning (``Loaded.step`` is then below
+  ``Loaded.latest_step``).
 
   Args:
     workdir: the directory ``train.py --workdir`` wrote.
@@ -170,5 +180,6 @@ def load(workdir: str, step: int | None = None) -> Loaded:
   if isinstance(state.task_state, dict) and "teacher" in state.task_state:
     teacher = state.task_state["teacher"]
   return Loaded(model=task.model, params=state.params, config=config,
-                step=int(state.step), latest_step=steps[-1], teacher=teacher,
+                step=int(state.step), latest_step=max(steps[-1], int(state.step)),
+                teacher=teacher,
                 task=task, state=state)

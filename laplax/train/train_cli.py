@@ -10,7 +10,11 @@ Re-running the same command on a workdir with a checkpoint resumes from it.
 ``--config.init_from=WORKDIR`` starts from the parameters of another run (or of
 ``python -m laplax.convert``), with that run's model keys except those given
 here (e.g. ``--config.model.num_laplacian_heads=2``).
-Bad input prints one line and exits with code 2.
+One ``train.py`` writes a workdir at a time (the lock ``WORKDIR/train.lock``): a
+second start on it is refused in one line; ``--force_unlock`` takes over the
+lock of a run on another host that has ended without releasing it.
+Bad input, a locked workdir, or a file that cannot be written (a full disk)
+prints one line and exits with code 2.
 """
 
 import sys
@@ -26,23 +30,29 @@ _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Config file (get_config()), optionally FILE.py:arg.",
     lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (created if missing).")
+_FORCE_UNLOCK = flags.DEFINE_bool(
+    "force_unlock", False, "Take over the workdir's lock when another host holds it "
+    "(that run must have ended; a dead process of this host is taken over anyway).")
 
 
 def main() -> int:
   """Parses ``sys.argv``, trains (or resumes) and prints the final eval; returns 0.
 
   Raises:
-    cli.UsageError, ConfigError, DataError, CheckpointError, NonFiniteError:
-      the user errors :func:`run_cli` prints as one line.
+    cli.UsageError, ConfigError, DataError, CheckpointError, NonFiniteError,
+    LockError, SaveError: the user errors :func:`run_cli` prints as one line.
   """
   cli.parse_flags(sys.argv, help_module=sys.modules[__name__])
   config = cli.load_config_flag()
   cli.model_from_init(config, sys.argv)
   if not _WORKDIR.value:
     raise cli.UsageError("--workdir is required, e.g. --workdir runs/vit")
+  from laplax.train import lock  # pylint: disable=import-outside-toplevel
+  lock.check_single_process(config, _WORKDIR.value, _FORCE_UNLOCK.value)  # in seconds
   cli.quiet()
   from laplax.train import loop  # pylint: disable=import-outside-toplevel
-  summary = loop.train_and_evaluate(config, _WORKDIR.value)
+  summary = loop.train_and_evaluate(config, _WORKDIR.value,
+                                    force_unlock=_FORCE_UNLOCK.value)
   if summary and loop.jax.process_index() == 0:
     print("final eval: " + ", ".join(f"{k}={v}" for k, v in summary.items()))
   return 0

@@ -5,20 +5,27 @@ JSON object per record, each with ``step``), TensorBoard events under
 ``tensorboard/`` (scalars, the config as text and hparams, GPT samples as
 text, ``eval.py``'s figures as images), orbax checkpoints under
 ``checkpoints/``, and with ``config.wandb.project`` the Weights & Biases run
-under ``wandb/`` (its id in ``wandb_run_id``).
+under ``wandb/`` (its id in ``wandb_run_id``). A write that fails on an
+operating-system error (a full disk) raises a one-line
+:class:`~laplax.train.saving.SaveError` naming the file; a half-written
+``metrics.jsonl`` record is cut off again.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
+import threading
+from typing import Callable
 
 import jax
 import ml_collections
 
 from laplax import utils
 from laplax.train import config as config_lib
+from laplax.train import saving
 
 CONFIG_FILE = "config.json"
 METRICS_FILE = "metrics.jsonl"
@@ -90,22 +97,46 @@ class MetricWriter:
       ``wandb.mode``; the config as the run's config). Its console output is
       silenced (``wandb.Settings(silent=True, console="off")``).
     use_wandb: ``False`` leaves W&B out whatever the config says.
+    last_step: in training, returns the newest complete checkpoint's step
+      (named in the message of a failed write).
 
   Raises:
     ConfigError: ``wandb.init`` failed (e.g. online without ``wandb login``).
+    SaveError: the TensorBoard directory or event file cannot be written.
   """
 
   def __init__(self, workdir: str, config: ml_collections.ConfigDict | None = None,
-               use_wandb: bool = True):
+               use_wandb: bool = True, last_step: Callable[[], int | None] | None = None):
     self.active = jax.process_index() == 0
     self.path = os.path.join(workdir, METRICS_FILE)
+    self.tb_dir = os.path.join(workdir, TENSORBOARD_DIR)
+    self.last_step = last_step
     self.tb = None
     self.wandb = None
+    self._thread_error = _ThreadOSError()
     if not self.active:
       return
     if use_wandb and config is not None and config_lib.get(config, "wandb.project", None):
       self.wandb = _start_wandb(workdir, config)
-    self.tb = _summary_writer()(os.path.join(workdir, TENSORBOARD_DIR))
+    with self._tb_guard(check=False):
+      # A large queue: a writer thread killed by a full disk cannot block a put
+      # before the error is seen.
+      self.tb = _summary_writer()(self.tb_dir, max_queue=10000)
+    self._thread_error.install()
+
+  def _metrics_guard(self):
+    return saving.guard(METRICS_FILE, os.path.dirname(self.path), self.last_step)
+
+  @contextlib.contextmanager
+  def _tb_guard(self, check: bool = True):
+    """OS errors of TensorBoard's writes (also those that killed its writer
+    thread) as a SaveError."""
+    with saving.guard("TensorBoard events", self.tb_dir, self.last_step):
+      if check:
+        self._thread_error.reraise()
+      yield
+      if check:
+        self._thread_error.reraise()
 
   def drop_after(self, step: int) -> None:
     """Removes records newer than ``step`` (left by a run killed after it)."""
@@ -113,13 +144,28 @@ class MetricWriter:
       return
     with open(self.path) as f:
       lines = [l for l in f if l.strip()]
-    keep = [l for l in lines if json.loads(l).get("step", 0) <= step]
+    keep = [l for l in lines if _record_step(l) <= step]
     if len(keep) != len(lines):
-      utils.atomic_write(self.path, "".join(keep))
+      with self._metrics_guard():
+        utils.atomic_write(self.path, "".join(l if l.endswith("\n") else l + "\n"
+                                              for l in keep))
 
   def _append(self, record: dict) -> None:
-    with open(self.path, "a") as f:
-      f.write(json.dumps(record) + "\n")
+    """Appends one line; if the write fails the file is cut back to its
+    previous length, so no half-written record is left."""
+    data = (json.dumps(record) + "\n").encode()
+    with self._metrics_guard():
+      fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+      try:
+        end = os.lseek(fd, 0, os.SEEK_END)
+        try:
+          while data:
+            data = data[os.write(fd, data):]
+        except OSError:
+          os.ftruncate(fd, end)
+          raise
+      finally:
+        os.close(fd)
 
   def write(self, step: int, split: str, metrics: dict) -> None:
     """Writes one record; values must be Python scalars. TensorBoard and W&B
@@ -128,9 +174,10 @@ class MetricWriter:
       return
     self._append({"step": int(step), "split": split, **metrics})
     numbers = {f"{split}/{k}": v for k, v in metrics.items() if isinstance(v, (int, float))}
-    for tag, v in numbers.items():
-      self.tb.add_scalar(tag, v, step)
-    self.tb.flush()
+    with self._tb_guard():
+      for tag, v in numbers.items():
+        self.tb.add_scalar(tag, v, step)
+      self.tb.flush()
     if self.wandb is not None and numbers:
       self.wandb.log(numbers, step=int(step))
 
@@ -143,11 +190,12 @@ class MetricWriter:
     if not self.active:
       return
     from tensorboardX.summary import hparams  # pylint: disable=import-outside-toplevel
-    self.tb.add_text("config", _code_block(config.to_json(indent=2)), step)
     flat = utils.flatten_dotted(json.loads(config.to_json()))
     _, session_start, _ = hparams({k: _hparam(v) for k, v in flat.items()}, {})
-    self.tb.file_writer.add_summary(session_start, step)
-    self.tb.flush()
+    with self._tb_guard():
+      self.tb.add_text("config", _code_block(config.to_json(indent=2)), step)
+      self.tb.file_writer.add_summary(session_start, step)
+      self.tb.flush()
 
   def write_texts(self, step: int, texts: dict[str, str]) -> None:
     """Texts (a GPT sample), ``{tag: text}``: a ``{"step", "split": tag,
@@ -157,8 +205,10 @@ class MetricWriter:
       return
     for tag, text in texts.items():
       self._append({"step": int(step), "split": tag, "text": text})
-      self.tb.add_text(tag, _code_block(text), step)
-    self.tb.flush()
+      with self._tb_guard():
+        self.tb.add_text(tag, _code_block(text), step)
+    with self._tb_guard():
+      self.tb.flush()
     if self.wandb is not None:
       self.wandb.log(dict(texts), step=int(step))
 
@@ -177,22 +227,91 @@ class MetricWriter:
         channels = len(im.getbands())
       image = Summary.Image(height=height, width=width, colorspace=channels,
                             encoded_image_string=data)
-      self.tb.file_writer.add_summary(
-          Summary(value=[Summary.Value(tag=tag, image=image)]), step)
-    self.tb.flush()
+      with self._tb_guard():
+        self.tb.file_writer.add_summary(
+            Summary(value=[Summary.Value(tag=tag, image=image)]), step)
+    with self._tb_guard():
+      self.tb.flush()
     if self.wandb is not None:
       import wandb  # pylint: disable=import-outside-toplevel
       self.wandb.log({tag: wandb.Image(path) for tag, path in paths.items()}, step=int(step))
 
   def close(self, failed: bool = False) -> None:
     """Closes the TensorBoard writer and finishes the W&B run (exit code 1
-    if ``failed``)."""
+    if ``failed``; a write error while closing is then ignored: the first
+    error is the one reported).
+
+    Raises:
+      SaveError: the last TensorBoard events cannot be written (not ``failed``).
+    """
     if self.tb is not None:
-      self.tb.close()
-      self.tb = None
+      tb, self.tb = self.tb, None
+      try:
+        with self._tb_guard(check=not failed):
+          try:
+            tb.close()
+          except Exception:  # pylint: disable=broad-except
+            _abandon(tb)
+            if not failed:
+              raise
+      finally:
+        self._thread_error.uninstall()
     if self.wandb is not None:
       self.wandb.finish(exit_code=1 if failed else 0)
       self.wandb = None
+
+
+def _abandon(tb) -> None:
+  """Stops a tensorboardX writer whose last flush failed (a full disk) without
+  writing more: its writer thread ends, and its close at exit (an ``atexit``
+  hook that would flush again and print the error) is skipped. Uses
+  tensorboardX 2.6's ``EventFileWriter`` attributes."""
+  for file_writer in (tb.all_writers or {}).values():
+    events = file_writer.event_writer
+    events._closed = True  # pylint: disable=protected-access
+    worker = getattr(events, "_worker", None)
+    if worker is not None and worker.is_alive():
+      with contextlib.suppress(Exception):
+        worker.stop()
+
+
+def _record_step(line: str) -> int:
+  """The ``step`` of a metrics.jsonl line; a line that is not JSON (cut off
+  by a killed writer) counts as newer than any step, so it is dropped."""
+  try:
+    return int(json.loads(line).get("step", 0))
+  except (ValueError, AttributeError, TypeError):
+    return sys.maxsize
+
+
+class _ThreadOSError:
+  """Keeps the OS error (a full disk) that killed tensorboardX's event-writer
+  thread, instead of the traceback Python would print, for the main thread to
+  raise; other exceptions reach the previous ``threading.excepthook``."""
+
+  def __init__(self):
+    self.error = None
+    self._previous = None
+
+  def install(self) -> None:
+    self._previous = threading.excepthook
+    threading.excepthook = self._hook
+
+  def uninstall(self) -> None:
+    if self._previous is not None and threading.excepthook == self._hook:
+      threading.excepthook = self._previous
+    self._previous = None
+
+  def _hook(self, args) -> None:
+    if (type(args.thread).__name__ == "_EventLoggerThread"
+        and saving.os_error(args.exc_value) is not None):
+      self.error = self.error or args.exc_value
+      return
+    (self._previous or threading.__excepthook__)(args)
+
+  def reraise(self) -> None:
+    if self.error is not None:
+      raise self.error
 
 
 def _start_wandb(workdir: str, config: ml_collections.ConfigDict):
@@ -265,9 +384,15 @@ def load_saved_config(workdir: str) -> ml_collections.ConfigDict | None:
   return ml_collections.ConfigDict(saved)
 
 
-def write_config(config: ml_collections.ConfigDict, workdir: str) -> None:
-  """Writes ``workdir/config.json`` atomically (a temporary file, then a rename)."""
-  utils.atomic_write(os.path.join(workdir, CONFIG_FILE), config.to_json(indent=2))
+def write_config(config: ml_collections.ConfigDict, workdir: str,
+                 last_step: int | None = None) -> None:
+  """Writes ``workdir/config.json`` atomically (a temporary file, then a rename).
+
+  Raises:
+    SaveError: it cannot be written (naming ``last_step``, the newest checkpoint).
+  """
+  with saving.guard(CONFIG_FILE, workdir, lambda: last_step):
+    utils.atomic_write(os.path.join(workdir, CONFIG_FILE), config.to_json(indent=2))
 
 
 def check_workdir(config: ml_collections.ConfigDict, workdir: str) -> None:
