@@ -91,12 +91,16 @@ def guard(what: str, where: str, last_step: Callable[[], int | None] | None = No
 
 
 def tree_size(path: str) -> int:
-  """Bytes of the files under ``path`` (0 if it does not exist)."""
+  """Bytes the file system gives ``path`` and everything under it (0 if it
+  does not exist): per file and directory the larger of its length and its
+  allocated blocks (``st_blocks * 512``), since a checkpoint of many small
+  files takes more space than its files' lengths add up to."""
   total = 0
-  for root, _, files in os.walk(path):
-    for name in files:
+  for root, dirs, files in os.walk(path):
+    for name in [*dirs, *files, *([""] if root == path else [])]:
       with contextlib.suppress(OSError):
-        total += os.path.getsize(os.path.join(root, name))
+        st = os.lstat(os.path.join(root, name))
+        total += max(st.st_size if name in files else 0, st.st_blocks * 512)
   return total
 
 
