@@ -68,71 +68,38 @@ def model_config(name: str) -> ml_collections.ConfigDict:
   return section(spec_lib.config_defaults(name))
 
 
-def base_config() -> ml_collections.ConfigDict:
-  """Every key the trainer reads, with CPU-friendly defaults."""
-  c = ml_collections.ConfigDict()
-  c.task = "classification"
-  c.seed = 0
-  c.batch_size = 128
-  c.eval_batch_size = 500
-  c.total_steps = 1000
-  c.log_every = 50
-  c.eval_every = 1000
-  c.checkpoint_every = 500
-  c.keep_checkpoints = 3
-  # A CRC-32 manifest of each checkpoint's files, written with it and checked
-  # before it is restored (train.py resume, eval.py, laplax.load); False
-  # writes and checks none (very large checkpoints; the cost is in the README).
-  c.checkpoint_verify = True
-  # Fine-tuning: a laplax workdir (a train.py run, or one `python -m
-  # laplax.convert` wrote) whose newest parameters start this run instead of
-  # the random initialisation (at step 0 only; the optimizer starts fresh).
-  c.init_from = ""
-
-  from laplax.data import images  # pylint: disable=import-outside-toplevel
-  c.data = images.default_config()  # The data keys are defined with the pipeline.
-
-  c.model = model_config("vit")
-  c.model.patch_size = 4
-
-  c.optim = ml_collections.ConfigDict()
-  c.optim.lr = 1e-3
-  c.optim.b1 = 0.9
-  c.optim.b2 = 0.999
-  c.optim.weight_decay = 0.05
-  c.optim.warmup_steps = 100
-  c.optim.min_lr_ratio = 0.0
-  c.optim.grad_clip = 1.0
-  c.optim.weight_decay_exclude = ("pos_embedding", "cls")
+def _optim_config() -> ml_collections.ConfigDict:
+  """The ``optim`` keys of :func:`base_config` (AdamW by default)."""
+  o = ml_collections.ConfigDict()
+  o.lr = 1e-3
+  o.b1 = 0.9
+  o.b2 = 0.999
+  o.weight_decay = 0.05
+  o.warmup_steps = 100
+  o.min_lr_ratio = 0.0
+  o.grad_clip = 1.0
+  o.weight_decay_exclude = ("pos_embedding", "cls")
   # "adamw", or "muon": optax.contrib.muon on the block matrices, AdamW on
   # the rest, the embeddings and the output layer at their own peak learning
   # rates (None: optim.lr), as nanochat's setup_optimizer (laplax.train.optim).
-  c.optim.optimizer = "adamw"
-  c.optim.muon_lr = 0.02
-  c.optim.muon_momentum = 0.95
-  c.optim.muon_weight_decay = 0.0
-  c.optim.embedding_lr = config_dict.placeholder(float)
-  c.optim.unembedding_lr = config_dict.placeholder(float)
-
-  c.loss = ml_collections.ConfigDict()
-  c.loss.type = "softmax"
-  c.loss.label_smoothing = 0.1
-  c.loss.mixup = 0.0
-  c.loss.cutmix = 0.0
-
+  o.optimizer = "adamw"
+  o.muon_lr = 0.02
+  o.muon_momentum = 0.95
+  o.muon_weight_decay = 0.0
+  o.embedding_lr = config_dict.placeholder(float)
+  o.unembedding_lr = config_dict.placeholder(float)
   # Micro-batches per optimizer step (batch_size stays the global batch and
   # must be divisible by it); the gradient is their mean.
-  c.optim.grad_accum_steps = 1
+  o.grad_accum_steps = 1
   # A non-finite loss or gradient norm stops the run (False) or, with True,
   # leaves that step's update out (parameters, optimizer and task state keep
   # their values) and counts it in the metrics as skipped_updates.
-  c.optim.skip_nonfinite = False
+  o.skip_nonfinite = False
+  return o
 
-  # Testing aids. nan_at_step: the loss (and so the gradient) of that step is
-  # made NaN, to exercise the non-finite guard.
-  c.debug = ml_collections.ConfigDict()
-  c.debug.nan_at_step = config_dict.placeholder(int)
 
+def _environment_config(c: ml_collections.ConfigDict) -> None:
+  """Adds the scale-out and observability keys of :func:`base_config` to ``c``."""
   # Scale-out (laplax.sharding). Device mesh (data, fsdp, tensor); one -1
   # takes the remaining devices: (-1, 1, 1) is data parallel over all of them.
   c.mesh_shape = (-1, 1, 1)
@@ -162,6 +129,49 @@ def base_config() -> ml_collections.ConfigDict:
   c.wandb.entity = config_dict.placeholder(str)
   c.wandb.name = config_dict.placeholder(str)
   c.wandb.mode = config_dict.placeholder(str)
+
+
+def base_config() -> ml_collections.ConfigDict:
+  """Every key the trainer reads, with CPU-friendly defaults."""
+  c = ml_collections.ConfigDict()
+  c.task = "classification"
+  c.seed = 0
+  c.batch_size = 128
+  c.eval_batch_size = 500
+  c.total_steps = 1000
+  c.log_every = 50
+  c.eval_every = 1000
+  c.checkpoint_every = 500
+  c.keep_checkpoints = 3
+  # A CRC-32 manifest of each checkpoint's files, written with it and checked
+  # before it is restored (train.py resume, eval.py, laplax.load); False
+  # writes and checks none (very large checkpoints; the cost is in the README).
+  c.checkpoint_verify = True
+  # Fine-tuning: a laplax workdir (a train.py run, or one `python -m
+  # laplax.convert` wrote) whose newest parameters start this run instead of
+  # the random initialisation (at step 0 only; the optimizer starts fresh).
+  c.init_from = ""
+
+  from laplax.data import images  # pylint: disable=import-outside-toplevel
+  c.data = images.default_config()  # The data keys are defined with the pipeline.
+
+  c.model = model_config("vit")
+  c.model.patch_size = 4
+
+  c.optim = _optim_config()
+
+  c.loss = ml_collections.ConfigDict()
+  c.loss.type = "softmax"
+  c.loss.label_smoothing = 0.1
+  c.loss.mixup = 0.0
+  c.loss.cutmix = 0.0
+
+  # Testing aids. nan_at_step: the loss (and so the gradient) of that step is
+  # made NaN, to exercise the non-finite guard.
+  c.debug = ml_collections.ConfigDict()
+  c.debug.nan_at_step = config_dict.placeholder(int)
+
+  _environment_config(c)
   return c
 
 

@@ -576,10 +576,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str, task: Task,
         checkpointer.save(state, train_iter.get_state())
       if step % config.eval_every == 0 or last:
         summary = task.evaluate(state, place)
-        writer.write(step, "eval", summary)
-        writer.write_texts(step, task.text_samples(state))
-        say(f"step {step}: " + ", ".join(f"{k}={v:.4f}" if isinstance(v, float)
-                                          else f"{k}={v}" for k, v in summary.items()))
+        writer.write_eval(step, summary, task.text_samples(state), say)
       if stopping:
         checkpointer.wait()
         bar.close()
