@@ -3,6 +3,7 @@
 import gzip
 import os
 import shutil
+import types
 
 import numpy as np
 import pytest
@@ -209,6 +210,64 @@ def test_train_resumes_exactly_from_state(fm_config):
   resumed = iter(images.train_dataset(fm_config, batch_size=32, seed=3))
   resumed.set_state(state)
   assert_batches_equal(take(resumed, 4), expected)
+
+
+class CountingSource:
+  """A TFDS data source that counts the examples read through ``__getitems__``."""
+
+  def __init__(self, source):
+    self.source, self.dataset_info, self.reads = source, source.dataset_info, 0
+
+  def __len__(self):
+    return len(self.source)
+
+  def __getitems__(self, keys):
+    self.reads += len(keys)
+    return self.source.__getitems__(keys)
+
+
+@needs_source
+def test_decoded_cache_gives_the_idx_values_and_decodes_each_example_once(fm_config, idx):
+  counting = CountingSource(images._open(fm_config, "train"))
+  cache = images.cached(counting)
+  assert isinstance(cache, images.DecodedCache) and len(cache) == 60000
+  first = np.array([59999, 7, 7, 0, 123])
+  pixels, labels = cache.read(first)
+  np.testing.assert_array_equal(pixels, idx["train"][0][first])
+  np.testing.assert_array_equal(labels, idx["train"][1][first])
+  assert pixels.dtype == np.uint8 and labels.dtype == np.int32
+  assert counting.reads == 4  # 7 twice in one batch: decoded once
+  pixels, labels = cache.read(np.array([123, 8, 0]))
+  assert counting.reads == 5  # only 8 is new
+  np.testing.assert_array_equal(pixels, idx["train"][0][[123, 8, 0]])
+  np.testing.assert_array_equal(labels, idx["train"][1][[123, 8, 0]])
+
+
+@needs_source
+def test_decoded_cache_only_for_fixed_size_uint8_splits_that_fit(fm_config, monkeypatch):
+  source = images._open(fm_config, "test")
+  assert isinstance(images.cached(source), images.DecodedCache)
+  monkeypatch.setattr(images, "CACHE_MAX_BYTES", 10000 * 28 * 28 - 1)
+  assert images.cached(source) is source  # one byte over the limit
+  monkeypatch.undo()
+  for shape, dtype in (((None, None, 3), np.uint8), ((28, 28, 1), np.float32)):
+    feature = types.SimpleNamespace(shape=shape, np_dtype=dtype)
+    other = types.SimpleNamespace(
+        dataset_info=types.SimpleNamespace(features={"image": feature}), __len__=lambda: 10)
+    assert images.cached(other) is other
+
+
+@needs_source
+def test_train_and_multicrop_batches_equal_with_and_without_the_cache(fm_config, monkeypatch):
+  # 1000 x 61 batches: the second epoch starts inside the run and reads cached examples.
+  cached = take(iter(images.train_dataset(fm_config, batch_size=1000, seed=5)), 61)
+  views = take(iter(images.multicrop_train_dataset(
+      fm_config, images.default_multicrop_config(fm_config.name), batch_size=64, seed=2)), 2)
+  monkeypatch.setattr(images, "cached", lambda source: source)
+  assert_batches_equal(
+      cached[-2:], take(iter(images.train_dataset(fm_config, batch_size=1000, seed=5)), 61)[-2:])
+  assert_batches_equal(views, take(iter(images.multicrop_train_dataset(
+      fm_config, images.default_multicrop_config(fm_config.name), batch_size=64, seed=2)), 2))
 
 
 @needs_source

@@ -262,8 +262,68 @@ def _normalise(images: np.ndarray, p: _Preprocess) -> np.ndarray:
   return images.astype(np.float32) * p.scale - p.offset
 
 
-def _read(source, indices: np.ndarray) -> tuple[list[np.ndarray], np.ndarray]:
-  """One batched read: (list of uint8 [h, w, C] images, int32 [n] labels)."""
+# Largest split :class:`DecodedCache` keeps, in bytes of decoded uint8 pixels.
+CACHE_MAX_BYTES = 2 << 30
+
+
+class DecodedCache:
+  """The decoded images and labels of one split of fixed-size images, each
+  kept in memory after its first read.
+
+  TFDS decodes every example in Python (its ``tf.train.Example`` parser in
+  NumPy mode): about 1 ms a 28 x 28 Fashion-MNIST example on a 2-core CPU,
+  two thirds of the input pipeline's time, and paid again every epoch. A
+  training run reads each example once an epoch (the default ViT: 5 epochs),
+  so keeping the decoded ``uint8`` pixels (47 MB for Fashion-MNIST's 60,000
+  training images; the array is allocated zeroed, so only pages of read
+  examples take memory) removes that cost after the first epoch. The values
+  read are the source's, so batches are bit-equal with and without the cache.
+  Safe with grain's read threads: an example two threads decode at once is
+  written twice with the same bytes.
+  """
+
+  def __init__(self, source, shape: tuple[int, int, int]):
+    """``source``: a TFDS data source whose ``image`` feature is uint8 of the
+    fixed ``shape`` (H, W, C)."""
+    n = len(source)
+    self.source = source
+    self.dataset_info = source.dataset_info
+    self._images = np.zeros((n,) + tuple(shape), np.uint8)
+    self._labels = np.zeros(n, np.int32)
+    self._have = np.zeros(n, bool)
+
+  def __len__(self) -> int:
+    return len(self._labels)
+
+  def read(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(uint8 [n, H, W, C] images, int32 [n] labels) of the examples ``indices``."""
+    indices = np.asarray(indices, np.int64)
+    missing = np.unique(indices[~self._have[indices]])
+    if missing.size:
+      examples = self.source.__getitems__(missing.tolist())
+      self._images[missing] = np.stack([e["image"] for e in examples])
+      self._labels[missing] = [e["label"] for e in examples]
+      self._have[missing] = True
+    return self._images[indices], self._labels[indices]
+
+
+def cached(source):
+  """``source`` behind a :class:`DecodedCache` when its images have one fixed
+  size and uint8 pixels and the split's pixels fit in :data:`CACHE_MAX_BYTES`;
+  else ``source`` itself."""
+  feature = source.dataset_info.features["image"]
+  shape = feature.shape
+  if (None in shape or np.dtype(feature.np_dtype) != np.uint8
+      or len(source) * int(np.prod(shape)) > CACHE_MAX_BYTES):
+    return source
+  return DecodedCache(source, shape)
+
+
+def _read(source, indices: np.ndarray) -> tuple[list[np.ndarray] | np.ndarray, np.ndarray]:
+  """One batched read: (uint8 images, [n, h, w, C] from a :class:`DecodedCache`,
+  else a list of [h, w, C]; int32 [n] labels)."""
+  if isinstance(source, DecodedCache):
+    return source.read(indices)
   examples = source.__getitems__(indices.tolist())
   labels = np.array([e["label"] for e in examples], dtype=np.int32)
   return [e["image"] for e in examples], labels
@@ -364,7 +424,7 @@ def train_dataset(
   Raises:
     DataError: the dataset is not prepared/readable or misconfigured.
   """
-  source = _open(data_config, data_config.train_split)
+  source = cached(_open(data_config, data_config.train_split))
   p, _ = _preprocess_settings(data_config, source.dataset_info.features)
   return _shuffled_batches(
     data_config, source, functools.partial(_train_batch, source=source, p=p),
@@ -479,7 +539,7 @@ def multicrop_train_dataset(
     DataError: the dataset is not prepared/readable, or the data or
     multi-crop config is invalid.
   """
-  source = _open(data_config, data_config.train_split)
+  source = cached(_open(data_config, data_config.train_split))
   height, width, channels = source.dataset_info.features["image"].shape
   m = _multicrop_settings(data_config, multicrop, channels)
   fixed_size = height is not None and width is not None
