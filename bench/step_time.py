@@ -393,8 +393,6 @@ def fail(message: str) -> None:
 
 
 def main() -> None:
-  from laplax.train import cli  # pylint: disable=import-outside-toplevel
-  cli.xla_cpu_defaults()  # XLA as train.py compiles (before JAX starts its backend)
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--config", action="append",
                       help="config file (repeatable); default: the ViT and GPT defaults")

@@ -11,7 +11,6 @@ import gzip
 import json
 import os
 import struct
-import subprocess
 import sys
 import warnings
 
@@ -346,37 +345,6 @@ def test_jax_options_set_jax_config(gpt_run, capfd):
       jax.config.update(name, before[name])
   with pytest.raises(cli.UsageError, match="jax_debug_nans=maybe"):
     cli.jax_options(["train.py", "--jax_debug_nans=maybe"])
-
-
-def test_xla_cpu_defaults_add_only_the_options_xla_flags_lacks():
-  from laplax.train import cli  # pylint: disable=import-outside-toplevel
-  option = cli.XLA_CPU_DEFAULTS[0]
-  name = option.split("=")[0]
-  env = {}
-  assert cli.xla_cpu_defaults(env) == [option] and env["XLA_FLAGS"] == option
-  env = {"XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
-  cli.xla_cpu_defaults(env)
-  assert env["XLA_FLAGS"].split() == ["--xla_force_host_platform_device_count=8", option]
-  env = {"XLA_FLAGS": f"{name}= --xla_cpu_enable_fast_math=true"}
-  assert cli.xla_cpu_defaults(env) == []  # the user's value stays
-  assert env["XLA_FLAGS"] == f"{name}= --xla_cpu_enable_fast_math=true"
-
-
-@pytest.mark.parametrize("user_flags, ynn", [("", True), (
-    "--xla_cpu_experimental_ynn_fusion_type=", False)])
-def test_commands_compile_matmuls_with_ynnpack_unless_the_user_says(user_flags, ynn):
-  # What cli.run (train.py, eval.py) sets reaches XLA: the compiled dot is a YNN fusion.
-  code = ("import jax, jax.numpy as jnp\n"
-          "from laplax.train import cli\n"
-          "def main():\n"
-          "  x = jnp.ones((64, 64))\n"
-          "  print('__ynn_fusion' in jax.jit(jnp.dot).lower(x, x).compile().as_text())\n"
-          "cli.run(main)\n")
-  env = dict(os.environ)
-  env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " " + user_flags).strip()
-  out = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True,
-                       text=True, check=True).stdout
-  assert out.split()[-1] == str(ynn)
 
 
 def test_only_the_named_noisy_warnings_are_silenced():

@@ -128,32 +128,6 @@ _ABSL_DEFINE = {bool: flags.DEFINE_bool, int: flags.DEFINE_integer,
                 "enum": flags.DEFINE_enum, "enum_class": flags.DEFINE_enum_class}
 
 
-# XLA CPU compiler options that laplax's commands (train.py, eval.py, the
-# sweep's runs) set unless XLA_FLAGS already names them. Chosen by
-# ``bench/xla_flags.py`` (README "Benchmarks"): XNNPACK's successor YNNPACK
-# for the matmuls was 8-9% faster on both default configs with bit-equal
-# losses; the options that changed the numerics (fast math) are left off.
-XLA_CPU_DEFAULTS = ("--xla_cpu_experimental_ynn_fusion_type=LIBRARY_FUSION_TYPE_DOT",)
-
-
-def xla_cpu_defaults(environ=os.environ) -> list[str]:
-  """Appends each option of :data:`XLA_CPU_DEFAULTS` whose name ``XLA_FLAGS``
-  lacks to ``XLA_FLAGS``; returns the options added.
-
-  XLA reads ``XLA_FLAGS`` when JAX starts its backend (the first array or
-  device query), so this runs first in the commands; afterwards it has no
-  effect. The options concern the CPU backend only (GPUs and TPUs ignore
-  them). To turn one off, name it in ``XLA_FLAGS`` with another value, e.g.
-  ``XLA_FLAGS=--xla_cpu_experimental_ynn_fusion_type=`` (none).
-  """
-  current = environ.get("XLA_FLAGS", "")
-  given = {f.split("=", 1)[0] for f in current.split()}
-  added = [f for f in XLA_CPU_DEFAULTS if f.split("=", 1)[0] not in given]
-  if added:
-    environ["XLA_FLAGS"] = " ".join([current] + added).strip()
-  return added
-
-
 def jax_options(argv: list[str], apply: bool = True) -> list[str]:
   """Sets the ``--jax_NAME=VALUE`` options of ``argv`` (``--jax_NAME`` /
   ``--nojax_NAME`` for booleans) in ``jax.config`` and returns ``argv``
@@ -347,8 +321,7 @@ def _raise_signalled(signum, frame):  # pylint: disable=unused-argument
 
 
 def run(main: Callable[[], int | None], user_errors: tuple = ()) -> None:
-  """Runs ``main`` (after :func:`xla_cpu_defaults`) and maps user errors to
-  one stderr line and exit code 2
+  """Runs ``main`` and maps user errors to one stderr line and exit code 2
   (also a locked workdir, :class:`~laplax.train.lock.LockError`, and a file
   that cannot be written, :class:`~laplax.train.saving.SaveError`).
 
@@ -363,7 +336,6 @@ def run(main: Callable[[], int | None], user_errors: tuple = ()) -> None:
   from laplax.train.saving import SaveError  # pylint: disable=import-outside-toplevel
   errors = (UsageError, ConfigError, DataError, CheckpointError, LockError,
             SaveError) + tuple(user_errors)
-  xla_cpu_defaults()
   signal.signal(signal.SIGTERM, _raise_signalled)
   try:
     code = main()
