@@ -112,13 +112,18 @@ def test_bound_holds_on_random_heads_with_at_most_d_tokens():
   assert checked >= 85  # 89 of 100 with this seed
 
 
-def test_bound_fails_on_a_saturated_head():
+def test_bound_is_vacuous_or_fails_on_a_saturated_head():
   """Weights of std 5 on two causal tokens: the second row of P is one-hot in
-  float64, the Jacobian loses the W_Q / W_K directions (rank d_v of 2 d_v)."""
+  float64, the Jacobian loses the W_Q / W_K directions (rank d_v of 2 d_v).
+  Whether the bound then holds depends on the last bits of ``kappa(softmax)``
+  (a ratio of eigenvalues near 1e-23 and 1; the outcome differed between two
+  machines with the same packages): either it fails, or it holds only
+  because ``kappa(softmax)`` is astronomically large."""
   x, ws = random_head(np.random.default_rng(3), 2, 6, 4, std=5.0)
   out = conditioning.head_conditioning(x, *ws, causal=True)
   assert out["weight_numerical_rank"] == 4
-  assert not out["bound_holds"]
+  assert out["weight_condition_number_unscaled"] > 1e12
+  assert not out["bound_holds"] or out["theorem_3_4"]["kappa_softmax"] > 1e15
 
 
 def test_bound_fails_when_tokens_exceed_width():

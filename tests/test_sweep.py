@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 
 import numpy as np
 import pytest
@@ -92,6 +93,10 @@ def test_mean_std_and_markdown_against_numpy(tmp_path):
   assert stat["n"] == 3 and stat["mean"] == pytest.approx(np.mean(values))
   assert stat["std"] == pytest.approx(np.std(values, ddof=1))
   assert seeds.mean_std([0.5]) == {"mean": 0.5, "std": None, "n": 1}
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")  # no overflow in the squares
+    huge = seeds.mean_std([1e200, 3e200])
+  np.testing.assert_allclose([huge["mean"], huge["std"]], [2e200, np.sqrt(2) * 1e200], rtol=1e-12)
   for seed, acc in enumerate(values):
     w = tmp_path / f"r{seed}"
     w.mkdir()

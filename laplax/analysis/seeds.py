@@ -89,8 +89,12 @@ def mean_std(values: Sequence[float | None]) -> dict:
   x = np.asarray([v for v in values if v is not None], np.float64)
   if x.size == 0:
     return {"mean": None, "std": None, "n": 0}
-  return {"mean": float(x.mean()), "std": float(x.std(ddof=1)) if x.size > 1 else None,
-          "n": int(x.size)}
+  # Scaled by the largest magnitude so that the squares of huge values (the
+  # Jacobian condition numbers reach 1e54 and more) do not overflow.
+  scale = float(np.max(np.abs(x)))
+  scale = scale if np.isfinite(scale) and scale > 0 else 1.0
+  std = float((x / scale).std(ddof=1) * scale) if x.size > 1 else None
+  return {"mean": float(x.mean()), "std": std, "n": int(x.size)}
 
 
 def aggregate(cells: Sequence[dict]) -> list[dict]:
