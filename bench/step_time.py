@@ -113,6 +113,7 @@ def build(config, laplacian: int, spectral: str | None, image_shape, num_classes
   return step, state, flops
 
 
+DEFAULT_CONFIGS = ("configs/vit_fashion_mnist.py", "configs/gpt_shakespeare.py")
 VARIANTS = ("baseline", "all", "half", "spectral", "both", "per_head", "fused", "svd")
 
 
@@ -371,7 +372,7 @@ def run_peer(args) -> None:
   torch.set_num_threads(len(os.sched_getaffinity(0)))
   before = machine()
   results = []
-  for path in args.config or ["configs/vit_fashion_mnist.py", "configs/gpt_shakespeare.py"]:
+  for path in args.config or DEFAULT_CONFIGS:
     try:
       results.append(bench_peer(path, args))
     except ValueError as e:
@@ -434,7 +435,7 @@ def main() -> None:
   unknown = sorted(set(args.variants) - set(VARIANTS))
   if unknown or not args.variants:
     parser.error(f"--variants {','.join(unknown)} unknown; use a subset of {','.join(VARIANTS)}")
-  for path in args.config or ["configs/vit_fashion_mnist.py", "configs/gpt_shakespeare.py"]:
+  for path in args.config or DEFAULT_CONFIGS:
     bench(path, args)
 
 

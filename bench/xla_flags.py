@@ -32,7 +32,11 @@ import subprocess
 import sys
 import time
 
-# One option set a worker; ``default`` is XLA as laplax runs it.
+# The repository root, for ``bench.step_time`` (imported lazily: XLA reads
+# XLA_FLAGS when JAX starts, so only the workers set theirs first).
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+# One option set a worker; ``default`` is XLA's defaults, as laplax runs it.
 OPTION_SETS = {
     "default": "",
     "fast_math": "--xla_cpu_enable_fast_math=true",
@@ -54,13 +58,11 @@ OPTION_SETS = {
     "ynn_dot_fast_math": ("--xla_cpu_experimental_ynn_fusion_type=LIBRARY_FUSION_TYPE_DOT "
                           "--xla_cpu_enable_fast_math=true"),
 }
-DEFAULT_CONFIGS = ("configs/vit_fashion_mnist.py", "configs/gpt_shakespeare.py")
 
 
 def worker(config_path: str, batch: int, warmup: int) -> None:
   """Builds and warms up the train step, then answers ``N`` lines on stdin
   with one JSON line (seconds for N steps, loss after them) on stdout."""
-  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   import jax  # pylint: disable=import-outside-toplevel
   from bench import step_time  # pylint: disable=import-outside-toplevel
   config = step_time.load_config(config_path)
@@ -152,6 +154,7 @@ def main() -> None:
     print(f"error: --only {args.only!r}: unknown option set {bad[0] if bad else ''!r}; "
           f"choose from {','.join(OPTION_SETS)}", file=sys.stderr)
     sys.exit(2)
+  from bench.step_time import DEFAULT_CONFIGS  # pylint: disable=import-outside-toplevel
   configs = args.config or list(DEFAULT_CONFIGS)
   missing = [c for c in configs if not os.path.isfile(c)]
   if missing:
