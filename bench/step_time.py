@@ -106,7 +106,7 @@ def build(config, laplacian: int, spectral: str | None, image_shape, num_classes
   tx = optim.make_optimizer(c)
   step = jax.jit(loop.make_train_step(
       task, tx, optim.learning_rate_schedule(c.optim, c.total_steps)),
-                 donate_argnums=0)
+                 donate_argnums=0, compiler_options=loop.compiler_options(jax.devices()))
   state = jax.jit(lambda: loop.init_state(task, tx, c.seed))()
   remat = c.model.get("remat", "none") not in (None, "none", False)
   _, flops = compile_report.analytic_flops(c, task, state.params, remat)

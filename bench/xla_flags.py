@@ -49,6 +49,8 @@ OPTION_SETS = {
     "xnn_graph_greedy": "--xla_cpu_experimental_xnn_graph_fusion_mode=XNN_GRAPH_FUSION_MODE_GREEDY",
     "onednn": "--xla_cpu_use_onednn=true",
     "ynn_dot": "--xla_cpu_experimental_ynn_fusion_type=LIBRARY_FUSION_TYPE_DOT",
+    "ynn_individual_dot": "--xla_cpu_experimental_ynn_fusion_type=LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT",
+    "ynn_off": "--xla_cpu_experimental_ynn_fusion_type=",
     "ynn_dot_eltwise": ("--xla_cpu_experimental_ynn_fusion_type="
                         "LIBRARY_FUSION_TYPE_DOT,LIBRARY_FUSION_TYPE_ELTWISE"),
     "ynn_dot_reduce": ("--xla_cpu_experimental_ynn_fusion_type="

@@ -20,6 +20,7 @@ See docs/methods.md for both methods, their config keys and laplax's choices.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, Sequence
 
 import flax.linen as nn
@@ -118,6 +119,77 @@ def reference_attention(query, key, value, *, mask=None, is_causal=False,
   return pv.astype(value.dtype), probs
 
 
+def _softmax_pv(q, k, v, mask, is_causal, scale):
+  """Forward of :func:`_xla_attention` on heads-major ``[batch, heads, length,
+  head_dim]`` arrays: ``(P V, P)``, ``P`` float32 ``[batch, heads, q, kv]``."""
+  q_len, kv_len = q.shape[2], k.shape[2]
+  if q.dtype == jnp.float32:  # scale the [L, d] queries, not the [L, L] logits
+    logits = jnp.einsum("bhqd,bhkd->bhqk", q * jnp.float32(scale), k)
+  else:
+    logits = jnp.einsum("bhqd,bhkd->bhqk", q, k,
+                        preferred_element_type=jnp.float32) * jnp.float32(scale)
+  if is_causal:  # a constant: queries are the last q_len of the kv_len keys
+    allowed = (np.arange(q_len)[:, None] + (kv_len - q_len)
+               >= np.arange(kv_len)[None, :])
+    logits = jnp.where(allowed, logits, jnp.float32(MASK_VALUE))
+  if mask is not None:
+    logits = jnp.where(mask, logits, jnp.float32(MASK_VALUE))
+  logits = logits - jnp.max(logits, axis=-1, keepdims=True)
+  unnormalised = jnp.exp(logits)
+  probs = unnormalised / jnp.sum(unnormalised, axis=-1, keepdims=True)
+  pv = jnp.einsum("bhqk,bhkd->bhqd", probs.astype(v.dtype), v,
+                  preferred_element_type=jnp.float32)
+  return pv.astype(v.dtype), probs
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
+def _heads_major_attention(q, k, v, mask, is_causal, scale):
+  return _softmax_pv(q, k, v, mask, is_causal, scale)[0]
+
+
+def _heads_major_attention_fwd(q, k, v, mask, is_causal, scale):
+  pv, probs = _softmax_pv(q, k, v, mask, is_causal, scale)
+  return pv, (q, k, v, mask, probs, pv)
+
+
+def _heads_major_attention_bwd(is_causal, scale, residuals, d_pv):
+  q, k, v, mask, probs, pv = residuals
+  del is_causal  # masked entries of P are 0, so their gradients vanish
+  f32 = jnp.float32
+  d_pv32 = d_pv.astype(f32)
+  d_v = jnp.einsum("bhqk,bhqd->bhkd", probs, d_pv32)
+  d_probs = jnp.einsum("bhqd,bhkd->bhqk", d_pv32, v.astype(f32))
+  # softmax backward dS = P * (dP - rowsum(dP * P)), with rowsum(dP * P) =
+  # rowsum(dO * O) (FlashAttention-2, Dao 2023): an [L, d] reduction, not [L, L].
+  delta = jnp.sum(d_pv32 * pv.astype(f32), axis=-1, keepdims=True)
+  d_logits = probs * (d_probs - delta) * f32(scale)
+  d_q = jnp.einsum("bhqk,bhkd->bhqd", d_logits, k.astype(f32))
+  d_k = jnp.einsum("bhqk,bhqd->bhkd", d_logits, q.astype(f32))
+  return d_q.astype(q.dtype), d_k.astype(k.dtype), d_v.astype(v.dtype), None
+
+
+_heads_major_attention.defvjp(_heads_major_attention_fwd, _heads_major_attention_bwd)
+
+
+def _xla_attention(query, key, value, mask, is_causal, scale):
+  """``P V`` of softmax attention, composed of XLA ops with a hand-written VJP.
+
+  ``query [batch, q_length, heads, head_dim]``, ``key``/``value [batch,
+  kv_length, heads, head_dim]`` (as many heads), ``mask`` bool broadcastable
+  to ``[batch, heads, q_length, kv_length]`` or ``None``; ``is_causal`` and
+  ``scale`` are Python values. Returns ``[batch, q_length, heads, head_dim]``
+  in ``value.dtype``. Logits and softmax are float32 (masked with
+  :data:`MASK_VALUE`); the backward pass reuses the saved ``P`` and takes the
+  softmax's row term from ``dO . O``, and everything runs heads-major, one
+  transpose in and out: on CPU this is faster than the autodiff of
+  ``jax.nn.dot_product_attention``'s XLA path (README, "Speed").
+  """
+  to_heads = lambda x: jnp.swapaxes(x, 1, 2)
+  out = _heads_major_attention(to_heads(query), to_heads(key), to_heads(value),
+                               mask, is_causal, scale)
+  return to_heads(out)
+
+
 def attend(query: jax.Array, key: jax.Array, value: jax.Array, *,
            laplacian: Any, mask: jax.Array | None = None, is_causal: bool = False,
            implementation: str | None = None, scale: float | None = None,
@@ -188,7 +260,7 @@ def attend(query: jax.Array, key: jax.Array, value: jax.Array, *,
         query, key, value, mask=mask, is_causal=is_causal, scale=scale,
         dropout_rate=dropout_rate if use_dropout else 0.0,
         dropout_rng=dropout_rng)
-  else:
+  elif implementation == "cudnn":
     if mask is not None:
       mask = jnp.broadcast_to(
           mask, (query.shape[0], num_heads, query.shape[1], key.shape[1]))
@@ -198,6 +270,14 @@ def attend(query: jax.Array, key: jax.Array, value: jax.Array, *,
     pv = jax.nn.dot_product_attention(
         query, key, value, mask=mask, scale=scale, is_causal=is_causal,
         implementation=implementation)
+  else:
+    if key.shape[-2] != num_heads:  # grouped-query attention
+      key = jnp.repeat(key, num_heads // key.shape[-2], axis=-2)
+      value = jnp.repeat(value, num_heads // value.shape[-2], axis=-2)
+    if mask is not None:
+      mask = jnp.asarray(mask, bool)
+    pv = _xla_attention(query, key, value, mask, bool(is_causal),
+                        query.shape[-1] ** -0.5 if scale is None else float(scale))
 
   if mix is None and laplacian_np is not None and not laplacian_np.any():
     out = pv
@@ -294,24 +374,59 @@ def rms_norm(x: jax.Array, eps: float | None = None) -> jax.Array:
   return y * jax.lax.rsqrt(jnp.mean(jnp.square(y), axis=-1, keepdims=True) + eps)
 
 
-def rotary(x: jax.Array, positions: jax.Array, theta: float = 10_000.0) -> jax.Array:
+def rotary_table(length: int, head_dim: int,
+                 theta: float = 10_000.0) -> tuple[np.ndarray, np.ndarray]:
+  """Sines and cosines of the rotary angles, ``(sin, cos)``, each float32
+  ``[length, head_dim // 2]``.
+
+  Row ``t`` holds ``t * theta^(-2i/head_dim)`` for ``i < head_dim / 2``
+  (RoFormer eq. 34), computed in float64 with NumPy and rounded once, so a
+  jitted model gets them as constants instead of evaluating ``sin``/``cos``
+  in every fusion that reads them.
+  """
+  half = head_dim // 2
+  freq = theta ** (-np.arange(half, dtype=np.float64) / half)
+  angle = np.arange(length, dtype=np.float64)[:, None] * freq
+  return np.sin(angle).astype(np.float32), np.cos(angle).astype(np.float32)
+
+
+def rotary(x: jax.Array, positions: Any, theta: float = 10_000.0,
+           max_length: int | None = None) -> jax.Array:
   """Rotary position embedding (Su et al. 2021, RoFormer eq. 34), half-split form.
+
+  Channel pairs ``(x_i, x_{i + head_dim/2})`` of a token at position ``t``
+  are rotated by the angle ``t * theta^(-2i/head_dim)`` (the table of
+  :func:`rotary_table`), so the dot product of a rotated query and key
+  depends on their positions only through ``t_q - t_k``.
 
   Args:
     x: ``[batch, length, heads, head_dim]`` (``head_dim`` even).
-    positions: int ``[batch, length]`` or ``[length]`` absolute positions.
+    positions: int ``[batch, length]`` or ``[length]`` absolute positions,
+      ``>= 0``. Concrete positions (NumPy, Python) index the table in NumPy;
+      traced ones (a KV cache's offset) gather from a table of
+      ``max_length`` rows.
     theta: base of the frequencies ``theta^(-2i/head_dim)``.
+    max_length: rows of the table for traced ``positions`` (every position
+      must be below it; the gather clamps the others).
 
   Returns:
     ``x`` rotated, same shape and dtype (computed in float32).
+
+  Raises:
+    ValueError: traced ``positions`` without ``max_length``.
   """
-  half = x.shape[-1] // 2
-  freq = theta ** (-jnp.arange(half, dtype=jnp.float32) / half)
-  angle = jnp.asarray(positions, jnp.float32)[..., None] * freq  # [.., L, half]
-  angle = angle[..., None, :]  # broadcast over heads
-  if angle.ndim == 3:
-    angle = angle[None]
-  sin, cos = jnp.sin(angle), jnp.cos(angle)
+  try:
+    positions = np.asarray(positions, dtype=np.int64)
+    sin, cos = rotary_table(int(positions.max(initial=0)) + 1, x.shape[-1], theta)
+    sin, cos = sin[positions], cos[positions]
+  except jax.errors.TracerArrayConversionError:
+    if max_length is None:
+      raise ValueError("rotary got traced positions without max_length; pass "
+                       "max_length, the number of positions the table must cover") from None
+    sin, cos = rotary_table(max_length, x.shape[-1], theta)
+    sin = jnp.take(sin, positions, axis=0, mode="clip")
+    cos = jnp.take(cos, positions, axis=0, mode="clip")
+  sin, cos = sin[..., None, :], cos[..., None, :]  # broadcast over heads
   x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
   return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1).astype(x.dtype)
 
@@ -464,9 +579,11 @@ class MultiHeadAttention(nn.Module):
       index = self.variable("cache", "cache_index", lambda: jnp.zeros((), jnp.int32))
       if not is_init:
         start = index.value
-    positions = start + jnp.arange(length)
+    positions = start + np.arange(length)  # traced when decoding
     if self.rope:
-      q, k = rotary(q, positions), rotary(k, positions)
+      max_length = cached_k.value.shape[1] if decode else None
+      q = rotary(q, positions, max_length=max_length)
+      k = rotary(k, positions, max_length=max_length)
     q, k, v = q.astype(dtype), k.astype(dtype), v.astype(dtype)
     dropout_rng = None
     if not deterministic and self.attention_dropout > 0.0:

@@ -565,3 +565,80 @@ def test_direct_use_refuses_settings_a_spec_would_refuse(settings, message):
   x = jnp.zeros((1, 5, 60))
   with pytest.raises(ValueError, match=re.escape(message)):
     MultiHeadAttention(**settings).init(jax.random.PRNGKey(0), x)
+
+
+# ------------------------------------------------- the XLA kernel's own VJP
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_xla_kernel_vjp_equals_autodiff_of_reference(dtype):
+  """The default kernel's hand-written backward pass (saved P, the dO . O row
+  term) gives the gradients that autodiff of the materialising reference
+  gives: without a mask, with an arbitrary mask, and causally with fewer
+  queries than keys (a KV-cache chunk), all in one compile; bfloat16 to its
+  precision."""
+  rng = np.random.default_rng(11)
+  cases = [dict(mask=None, is_causal=False, tq=T),
+           dict(mask=jnp.asarray(MASKS["arbitrary"][0]), is_causal=False, tq=T),
+           dict(mask=None, is_causal=True, tq=3)]
+  inputs = [tuple(jnp.asarray(a, dtype) for a in qkv(seed=20 + i, tq=c["tq"]))
+            + (jnp.asarray(rng.normal(size=(B, c["tq"], N, D)), jnp.float32),)
+            for i, c in enumerate(cases)]
+
+  def grads(impl, case, q, k, v, ct):
+    def f(q, k, v):
+      out = attend(q, k, v, laplacian=np.zeros(N, bool), mask=case["mask"],
+                   is_causal=case["is_causal"], implementation=impl)
+      return jnp.sum(out.astype(jnp.float32) * ct)
+    return jax.grad(f, argnums=(0, 1, 2))(q, k, v)
+
+  @jax.jit
+  def all_grads(inputs):
+    return [(grads("xla", c, *x), grads("reference", c, *x))
+            for c, x in zip(cases, inputs)]
+
+  tol = TOL if dtype == jnp.float32 else dict(atol=3e-2, rtol=3e-2)
+  for case, (g_xla, g_ref) in zip(cases, all_grads(inputs)):
+    assert all(g.dtype == dtype for g in g_xla)
+    assert all(float(jnp.abs(g.astype(jnp.float32)).max()) > 1e-3 for g in g_ref)
+    chex.assert_trees_all_close(
+        jax.tree_util.tree_map(lambda a: a.astype(jnp.float32), g_xla),
+        jax.tree_util.tree_map(lambda a: a.astype(jnp.float32), g_ref),
+        custom_message=f"{case['is_causal']=}, mask {case['mask'] is not None}",
+        **tol)
+
+
+# ------------------------------------------------------------------- rotary
+
+
+def test_rotary_matches_numpy_rotation_and_is_relative():
+  """rotary() rotates the pair (x_i, x_{i+d/2}) of a token at position t by
+  t * theta^(-2i/d) (RoFormer eq. 34), and so q.k after rotation depends on
+  the positions only through their difference."""
+  from laplax.attention import rotary  # pylint: disable=import-outside-toplevel
+  rng = np.random.default_rng(3)
+  d, length = 8, 6
+  x = rng.normal(size=(2, length, 3, d)).astype(np.float32)
+  pos = np.array([0, 1, 2, 5, 9, 40])
+  got = np.asarray(rotary(jnp.asarray(x), pos))
+  angle = pos[:, None] * 10_000.0 ** (-np.arange(d // 2) / (d // 2))
+  c, s = np.cos(angle)[None, :, None], np.sin(angle)[None, :, None]
+  x1, x2 = x[..., :d // 2], x[..., d // 2:]
+  want = np.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], -1)
+  np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
+  # <R_a q, R_b k> = <R_{a+7} q, R_{b+7} k>.
+  q, k = jnp.asarray(x[:, :1]), jnp.asarray(x[:, 1:2])
+  dot = lambda a, b: float(jnp.sum(rotary(q, np.array([a])) * rotary(k, np.array([b]))))
+  np.testing.assert_allclose(dot(2, 5), dot(9, 12), rtol=1e-4)
+
+
+def test_rotary_traced_positions_gather_the_same_table():
+  """Traced positions (a KV cache's offset) read the NumPy table of
+  max_length rows and equal concrete positions bit for bit; without
+  max_length they are refused."""
+  from laplax.attention import rotary  # pylint: disable=import-outside-toplevel
+  x = jnp.asarray(np.random.default_rng(4).normal(size=(1, 3, 2, 8)), jnp.float32)
+  traced = jax.jit(lambda x, s: rotary(x, s + jnp.arange(3), max_length=16))(x, 5)
+  np.testing.assert_array_equal(np.asarray(traced), np.asarray(rotary(x, np.arange(5, 8))))
+  with pytest.raises(ValueError, match="traced positions without max_length"):
+    jax.jit(lambda x, s: rotary(x, s + jnp.arange(3)))(x, 5)

@@ -28,14 +28,53 @@ def relu2(x: jax.Array) -> jax.Array:
   return jnp.square(nn.relu(x))
 
 
+_SQRT_2_OVER_PI = 0.7978845608028654  # sqrt(2 / pi)
+_GELU_CUBIC = 0.044715
+
+
+def _gelu_tanh_forward(x):
+  """``x * 0.5 * (1 + tanh(u))``, ``u = sqrt(2/pi) (x + 0.044715 x^3)``:
+  the expression of ``jax.nn.gelu(approximate=True)``, op for op."""
+  cdf = 0.5 * (1.0 + jnp.tanh(_SQRT_2_OVER_PI * (x + _GELU_CUBIC * (x ** 3))))
+  return x * cdf
+
+
+@jax.custom_vjp
+def gelu(x: jax.Array) -> jax.Array:
+  """GELU, tanh approximation (Hendrycks & Gimpel 2016, eq. 3; GPT-2's
+  ``gelu_new``): ``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))``.
+
+  Same shape and dtype as ``x``; the forward pass is
+  ``jax.nn.gelu(approximate=True)``'s. The backward pass is written out,
+  ``g * (0.5 (1 + t) + 0.5 x (1 - t^2) sqrt(2/pi) (1 + 3 * 0.044715 x^2))``
+  with ``t = tanh(u)`` recomputed from ``x``: one elementwise pass that keeps
+  only ``x``, where autodiff keeps and rereads the intermediates (README,
+  "Speed").
+  """
+  return _gelu_tanh_forward(x)
+
+
+def _gelu_fwd(x):
+  return _gelu_tanh_forward(x), x
+
+
+def _gelu_bwd(x, g):
+  t = jnp.tanh(_SQRT_2_OVER_PI * (x + _GELU_CUBIC * (x ** 3)))
+  du = _SQRT_2_OVER_PI * (1.0 + 3.0 * _GELU_CUBIC * (x * x))
+  return (g * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * du),)
+
+
+gelu.defvjp(_gelu_fwd, _gelu_bwd)
+
+
 def gelu_exact(x: jax.Array) -> jax.Array:
   """GELU in its exact erf form, ``x * Phi(x)`` (PyTorch's ``nn.GELU()``, timm's ViTs)."""
   return nn.gelu(x, approximate=False)
 
 
-# ``model.mlp_activation`` -> function. "gelu" is ``nn.gelu``'s default, the
+# ``model.mlp_activation`` -> function. "gelu" is :func:`gelu`, ``nn.gelu``'s default, the
 # tanh approximation (what laplax's MLP has always used; GPT-2's ``gelu_new``).
-ACTIVATIONS = {"gelu": nn.gelu, "gelu_exact": gelu_exact, "relu2": relu2}
+ACTIVATIONS = {"gelu": gelu, "gelu_exact": gelu_exact, "relu2": relu2}
 
 
 class RMSNorm(nn.Module):
