@@ -6,7 +6,7 @@
 
 Builds each config's train step as ``bench/step_time.py`` does (the config as
 it is, float32, one synthetic batch, compiled with laplax's
-``loop.compiler_options`` unless ``--options`` gives a JSON dict of XLA
+``laplax.utils.compiler_options`` unless ``--options`` gives a JSON dict of XLA
 compile options instead), runs ``--warmup`` steps, then traces ``--steps``
 steps with ``jax.profiler`` (a Perfetto trace in a temporary directory) and
 reads back the time of every executed XLA op (fusion, matmul, copy). Each
@@ -48,6 +48,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import jax  # pylint: disable=wrong-import-position
 
 from bench import step_time  # pylint: disable=wrong-import-position
+from laplax import utils  # pylint: disable=wrong-import-position
 from laplax.train import loop, optim  # pylint: disable=wrong-import-position
 
 PROJECTIONS = ("query", "key", "value", "out")
@@ -88,7 +89,7 @@ def profile(path: str, args) -> None:
   image_shape = (28, 28, 1)
   task = step_time.make_task(config, image_shape, 10)
   tx = optim.make_optimizer(config)
-  options = (loop.compiler_options(jax.devices()) if args.options is None
+  options = (utils.compiler_options(jax.devices()) if args.options is None
              else json.loads(args.options))
   step = jax.jit(loop.make_train_step(
       task, tx, optim.learning_rate_schedule(config.optim, config.total_steps)),

@@ -20,7 +20,6 @@ See docs/methods.md for both methods, their config keys and laplax's choices.
 
 from __future__ import annotations
 
-import functools
 from typing import Any, Callable, Sequence
 
 import flax.linen as nn
@@ -28,14 +27,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from laplax import sharding, spectral
+from laplax import kernels, sharding, spectral
 
 IMPLEMENTATIONS = (None, "xla", "cudnn", "reference")
 # Logical axes of queries, keys, values and head outputs (laplax.sharding).
 HEADS_AXES = ("batch", "length", "heads", "head_dim")
 # Masked logits get this value rather than -inf, so that fully masked rows and
 # bfloat16 never produce NaN (the softmax is taken in float32).
-MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
+MASK_VALUE = kernels.MASK_VALUE
 LAPLACIAN_MIXES = ("fixed", "learned")
 # Kinds of qk-norm: Flax's learnable LayerNorm (DeiT-3) or the parameter-free
 # RMSNorm of nanochat/gpt.py (:func:`rms_norm`).
@@ -117,77 +116,6 @@ def reference_attention(query, key, value, *, mask=None, is_causal=False,
     probs = jnp.where(keep, probs / (1.0 - dropout_rate), 0.0)
   pv = jnp.einsum("bhqk,bkhd->bqhd", probs, value.astype(jnp.float32))
   return pv.astype(value.dtype), probs
-
-
-def _softmax_pv(q, k, v, mask, is_causal, scale):
-  """Forward of :func:`_xla_attention` on heads-major ``[batch, heads, length,
-  head_dim]`` arrays: ``(P V, P)``, ``P`` float32 ``[batch, heads, q, kv]``."""
-  q_len, kv_len = q.shape[2], k.shape[2]
-  if q.dtype == jnp.float32:  # scale the [L, d] queries, not the [L, L] logits
-    logits = jnp.einsum("bhqd,bhkd->bhqk", q * jnp.float32(scale), k)
-  else:
-    logits = jnp.einsum("bhqd,bhkd->bhqk", q, k,
-                        preferred_element_type=jnp.float32) * jnp.float32(scale)
-  if is_causal:  # a constant: queries are the last q_len of the kv_len keys
-    allowed = (np.arange(q_len)[:, None] + (kv_len - q_len)
-               >= np.arange(kv_len)[None, :])
-    logits = jnp.where(allowed, logits, jnp.float32(MASK_VALUE))
-  if mask is not None:
-    logits = jnp.where(mask, logits, jnp.float32(MASK_VALUE))
-  logits = logits - jnp.max(logits, axis=-1, keepdims=True)
-  unnormalised = jnp.exp(logits)
-  probs = unnormalised / jnp.sum(unnormalised, axis=-1, keepdims=True)
-  pv = jnp.einsum("bhqk,bhkd->bhqd", probs.astype(v.dtype), v,
-                  preferred_element_type=jnp.float32)
-  return pv.astype(v.dtype), probs
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
-def _heads_major_attention(q, k, v, mask, is_causal, scale):
-  return _softmax_pv(q, k, v, mask, is_causal, scale)[0]
-
-
-def _heads_major_attention_fwd(q, k, v, mask, is_causal, scale):
-  pv, probs = _softmax_pv(q, k, v, mask, is_causal, scale)
-  return pv, (q, k, v, mask, probs, pv)
-
-
-def _heads_major_attention_bwd(is_causal, scale, residuals, d_pv):
-  q, k, v, mask, probs, pv = residuals
-  del is_causal  # masked entries of P are 0, so their gradients vanish
-  f32 = jnp.float32
-  d_pv32 = d_pv.astype(f32)
-  d_v = jnp.einsum("bhqk,bhqd->bhkd", probs, d_pv32)
-  d_probs = jnp.einsum("bhqd,bhkd->bhqk", d_pv32, v.astype(f32))
-  # softmax backward dS = P * (dP - rowsum(dP * P)), with rowsum(dP * P) =
-  # rowsum(dO * O) (FlashAttention-2, Dao 2023): an [L, d] reduction, not [L, L].
-  delta = jnp.sum(d_pv32 * pv.astype(f32), axis=-1, keepdims=True)
-  d_logits = probs * (d_probs - delta) * f32(scale)
-  d_q = jnp.einsum("bhqk,bhkd->bhqd", d_logits, k.astype(f32))
-  d_k = jnp.einsum("bhqk,bhqd->bhkd", d_logits, q.astype(f32))
-  return d_q.astype(q.dtype), d_k.astype(k.dtype), d_v.astype(v.dtype), None
-
-
-_heads_major_attention.defvjp(_heads_major_attention_fwd, _heads_major_attention_bwd)
-
-
-def _xla_attention(query, key, value, mask, is_causal, scale):
-  """``P V`` of softmax attention, composed of XLA ops with a hand-written VJP.
-
-  ``query [batch, q_length, heads, head_dim]``, ``key``/``value [batch,
-  kv_length, heads, head_dim]`` (as many heads), ``mask`` bool broadcastable
-  to ``[batch, heads, q_length, kv_length]`` or ``None``; ``is_causal`` and
-  ``scale`` are Python values. Returns ``[batch, q_length, heads, head_dim]``
-  in ``value.dtype``. Logits and softmax are float32 (masked with
-  :data:`MASK_VALUE`); the backward pass reuses the saved ``P`` and takes the
-  softmax's row term from ``dO . O``, and everything runs heads-major, one
-  transpose in and out: on CPU this is faster than the autodiff of
-  ``jax.nn.dot_product_attention``'s XLA path (README, "Speed").
-  """
-  to_heads = lambda x: jnp.swapaxes(x, 1, 2)
-  out = _heads_major_attention(to_heads(query), to_heads(key), to_heads(value),
-                               mask, is_causal, scale)
-  return to_heads(out)
 
 
 def attend(query: jax.Array, key: jax.Array, value: jax.Array, *,
@@ -276,7 +204,7 @@ def attend(query: jax.Array, key: jax.Array, value: jax.Array, *,
       value = jnp.repeat(value, num_heads // value.shape[-2], axis=-2)
     if mask is not None:
       mask = jnp.asarray(mask, bool)
-    pv = _xla_attention(query, key, value, mask, bool(is_causal),
+    pv = kernels.xla_attention(query, key, value, mask, bool(is_causal),
                         query.shape[-1] ** -0.5 if scale is None else float(scale))
 
   if mix is None and laplacian_np is not None and not laplacian_np.any():

@@ -572,8 +572,8 @@ def test_direct_use_refuses_settings_a_spec_would_refuse(settings, message):
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 def test_xla_kernel_vjp_equals_autodiff_of_reference(dtype):
-  """The default kernel's hand-written backward pass (saved P, the dO . O row
-  term) gives the gradients that autodiff of the materialising reference
+  """The default kernel's hand-written backward pass (laplax.kernels, from the
+  saved P) gives the gradients that autodiff of the materialising reference
   gives: without a mask, with an arbitrary mask, and causally with fewer
   queries than keys (a KV-cache chunk), all in one compile; bfloat16 to its
   precision."""

@@ -32,7 +32,7 @@ import optax
 import tqdm
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from laplax import sharding
+from laplax import sharding, utils
 from laplax.train import checkpoint as ckpt_lib
 from laplax.train import config as config_lib
 from laplax.train import finetune, optim, tasks
@@ -125,39 +125,13 @@ def batch_shardings(task: Task, mesh: jax.sharding.Mesh, rules) -> dict:
   return sharding.logical_shardings(names, mesh, rules)
 
 
-# XLA options of the train step on CPU. XLA's default hands YNNPACK each
-# matmul and the reductions; laplax keeps the matmuls there but leaves the
-# reductions to XLA's own loops, because YNNPACK's reduction fusions need
-# their broadcast operands written out (LayerNorm's scale as a [batch,
-# length, width] array) and ran slower: the train step's op time fell 20%
-# (ViT) and 2% (GPT), README "Speed". (YNNPACK's wider DOT fusions, matmuls
-# with their elementwise neighbours, broke bitwise kill-and-resume in the
-# test suite, so they are not used.)
-CPU_COMPILER_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"}
-
-
-def compiler_options(devices) -> dict:
-  """The ``compiler_options`` laplax jits its train step with on ``devices``.
-
-  :data:`CPU_COMPILER_OPTIONS` when every device is a CPU, else none; none
-  either when ``XLA_FLAGS`` sets an option of the same name (the user's
-  choice wins). Every path that runs a train step (``train.py``, a resumed
-  run, the tests, ``bench/``) compiles it with the same options, so runs stay
-  bitwise comparable with each other.
-  """
-  if any(d.platform != "cpu" for d in devices):
-    return {}
-  flags = os.environ.get("XLA_FLAGS", "")
-  return {k: v for k, v in CPU_COMPILER_OPTIONS.items() if k not in flags}
-
-
 def jit_train_step(task: Task, tx: optax.GradientTransformation, schedule,
                    state_sharding: ckpt_lib.TrainState, batch_sharding: dict):
   """:func:`make_train_step` jitted with explicit shardings; the state is donated.
 
   ``(state, batch) -> (state, metrics)``: the state keeps ``state_sharding``,
   the batch is a global array with ``batch_sharding``, the metrics are
-  replicated scalars; compiled with :func:`compiler_options`. Trace it
+  replicated scalars; compiled with :func:`laplax.utils.compiler_options`. Trace it
   (first call) inside :func:`laplax.sharding.context`.
   """
   mesh = jax.tree_util.tree_leaves(state_sharding)[0].mesh
@@ -165,7 +139,7 @@ def jit_train_step(task: Task, tx: optax.GradientTransformation, schedule,
                  in_shardings=(state_sharding, batch_sharding),
                  out_shardings=(state_sharding, NamedSharding(mesh, P())),
                  donate_argnums=0,
-                 compiler_options=compiler_options(mesh.devices.flat))
+                 compiler_options=utils.compiler_options(mesh.devices.flat))
 
 
 def setup(config: ml_collections.ConfigDict, workdir: str | None,

@@ -1,0 +1,97 @@
+"""Attention kernels composed of XLA ops, with hand-written derivatives.
+
+:func:`xla_attention` is the ``P V`` that :func:`laplax.attention.attend`
+uses for ``implementation=None`` and ``"xla"`` (``"cudnn"`` goes to
+``jax.nn.dot_product_attention``): the softmax attention of Vaswani et al.
+(2017, eq. 1), computed heads-major with a custom VJP. Its values are those
+of the materialising :func:`laplax.attention.reference_attention`; its
+gradients are checked against autodiff of it in ``tests/test_attention.py``.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+# Masked logits get this value rather than -inf, so that fully masked rows and
+# bfloat16 never produce NaN (the softmax is taken in float32).
+MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
+
+
+def _softmax_pv(q, k, v, mask, is_causal, scale):
+  """Forward of :func:`_xla_attention` on heads-major ``[batch, heads, length,
+  head_dim]`` arrays: ``(P V, P)``, ``P`` float32 ``[batch, heads, q, kv]``."""
+  q_len, kv_len = q.shape[2], k.shape[2]
+  if q.dtype == jnp.float32:  # scale the [L, d] queries, not the [L, L] logits
+    logits = jnp.einsum("bhqd,bhkd->bhqk", q * jnp.float32(scale), k)
+  else:
+    logits = jnp.einsum("bhqd,bhkd->bhqk", q, k,
+                        preferred_element_type=jnp.float32) * jnp.float32(scale)
+  if is_causal:  # a constant: queries are the last q_len of the kv_len keys
+    allowed = (np.arange(q_len)[:, None] + (kv_len - q_len)
+               >= np.arange(kv_len)[None, :])
+    logits = jnp.where(allowed, logits, jnp.float32(MASK_VALUE))
+  if mask is not None:
+    logits = jnp.where(mask, logits, jnp.float32(MASK_VALUE))
+  logits = logits - jnp.max(logits, axis=-1, keepdims=True)
+  unnormalised = jnp.exp(logits)
+  probs = unnormalised / jnp.sum(unnormalised, axis=-1, keepdims=True)
+  pv = jnp.einsum("bhqk,bhkd->bhqd", probs.astype(v.dtype), v,
+                  preferred_element_type=jnp.float32)
+  return pv.astype(v.dtype), probs
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
+def _heads_major_attention(q, k, v, mask, is_causal, scale):
+  return _softmax_pv(q, k, v, mask, is_causal, scale)[0]
+
+
+def _heads_major_attention_fwd(q, k, v, mask, is_causal, scale):
+  pv, probs = _softmax_pv(q, k, v, mask, is_causal, scale)
+  return pv, (q, k, v, mask, probs)
+
+
+def _heads_major_attention_bwd(is_causal, scale, residuals, d_pv):
+  q, k, v, mask, probs = residuals
+  del is_causal  # masked entries of P are 0, so their gradients vanish
+  f32 = jnp.float32
+  d_pv32 = d_pv.astype(f32)
+  d_v = jnp.einsum("bhqk,bhqd->bhkd", probs, d_pv32)
+  d_probs = jnp.einsum("bhqd,bhkd->bhqk", d_pv32, v.astype(f32))
+  # softmax backward: dS = P * (dP - rowsum(dP * P)). (FlashAttention's
+  # rowsum(dO * O), equal in exact arithmetic, is not used: O is a matmul's
+  # output, so its rounding moves with the fusion, and the cancellation in
+  # dP - rowsum amplified that in the gradients of rematerialised blocks.)
+  delta = jnp.sum(d_probs * probs, axis=-1, keepdims=True)
+  d_logits = probs * (d_probs - delta) * f32(scale)
+  d_q = jnp.einsum("bhqk,bhkd->bhqd", d_logits, k.astype(f32))
+  d_k = jnp.einsum("bhqk,bhqd->bhkd", d_logits, q.astype(f32))
+  return d_q.astype(q.dtype), d_k.astype(k.dtype), d_v.astype(v.dtype), None
+
+
+_heads_major_attention.defvjp(_heads_major_attention_fwd, _heads_major_attention_bwd)
+
+
+def xla_attention(query, key, value, mask, is_causal, scale):
+  """``P V`` of softmax attention, composed of XLA ops with a hand-written VJP.
+
+  ``query [batch, q_length, heads, head_dim]``, ``key``/``value [batch,
+  kv_length, heads, head_dim]`` (as many heads), ``mask`` bool broadcastable
+  to ``[batch, heads, q_length, kv_length]`` or ``None``; ``is_causal`` and
+  ``scale`` are Python values. Returns ``[batch, q_length, heads, head_dim]``
+  in ``value.dtype``. Logits and softmax are float32 (masked with
+  :data:`MASK_VALUE`); the backward pass reuses the saved ``P`` (the
+  softmax's VJP ``dS = P (dP - rowsum(dP P))`` written out, no logits kept)
+  and everything runs heads-major, one transpose in and out: on CPU this is
+  faster than the autodiff of ``jax.nn.dot_product_attention``'s XLA path
+  (README, "Speed").
+
+  Raises nothing itself; shapes that do not broadcast fail in ``einsum``.
+  """
+  to_heads = lambda x: jnp.swapaxes(x, 1, 2)
+  out = _heads_major_attention(to_heads(query), to_heads(key), to_heads(value),
+                               mask, is_causal, scale)
+  return to_heads(out)
