@@ -36,9 +36,14 @@ import time
 # XLA_FLAGS when JAX starts, so only the workers set theirs first).
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-# One option set a worker; ``default`` is XLA's defaults, as laplax runs it.
+# One option set a worker. ``default`` is laplax as it runs: XLA's defaults
+# plus the train step's own compile options (laplax.utils.compiler_options,
+# which step back wherever XLA_FLAGS names the same option); ``xla_default``
+# restores XLA's own YNNPACK setting (matmuls, convolutions and reductions).
 OPTION_SETS = {
     "default": "",
+    "xla_default": ("--xla_cpu_experimental_ynn_fusion_type=LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT,"
+                    "LIBRARY_FUSION_TYPE_INDIVIDUAL_CONVOLUTION,LIBRARY_FUSION_TYPE_REDUCE"),
     "fast_math": "--xla_cpu_enable_fast_math=true",
     "fast_math_approx": ("--xla_cpu_enable_fast_math=true "
                          "--xla_cpu_fast_math_honor_functions=false"),

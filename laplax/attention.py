@@ -264,11 +264,23 @@ class ProjectionDense(nn.Module):
   axes: tuple[str | None, str | None] = ("embed", "heads")
 
   @nn.compact
+  def weights(self, in_features: int) -> tuple[jax.Array, jax.Array | None]:
+    """The parameters ``(kernel [in_features, features], bias [features] or
+    None)``, float32, created on first use: what :class:`MultiHeadAttention`
+    stacks to project q, k and v with one matmul."""
+    kernel = self.param("kernel", sharding.logical_init(self.kernel_init, self.axes),
+                        (in_features, self.features), jnp.float32)
+    bias = None
+    if self.use_bias:
+      bias = self.param("bias", sharding.logical_init(nn.initializers.zeros,
+                                                      self.axes[1:]),
+                        (self.features,), jnp.float32)
+    return kernel, bias
+
   def __call__(self, x: jax.Array) -> jax.Array:
     """``x [..., in] -> [..., features]``: float32 with the correction, else in
     ``dtype`` (default ``x.dtype``)."""
-    kernel = self.param("kernel", sharding.logical_init(self.kernel_init, self.axes),
-                        (x.shape[-1], self.features), jnp.float32)
+    kernel, bias = self.weights(x.shape[-1])
     dtype = self.dtype or x.dtype
     if self.spectral_lam is not None:
       y = spectral.project(x, kernel, lam=self.spectral_lam, mode=self.spectral_mode,
@@ -276,10 +288,7 @@ class ProjectionDense(nn.Module):
                            dtype=dtype)
     else:
       y = jnp.dot(x.astype(dtype), kernel.astype(dtype))
-    if self.use_bias:
-      bias = self.param("bias", sharding.logical_init(nn.initializers.zeros,
-                                                      self.axes[1:]),
-                        (self.features,), jnp.float32)
+    if bias is not None:
       y = y + bias.astype(y.dtype)
     return y
 
@@ -385,13 +394,53 @@ def _check_settings(self, model_dim: int) -> None:
                      f"set head_dim or num_heads so that it is even")
 
 
+def _project_qkv(self, x: jax.Array, head_dim: int, dtype: Any):
+  """q, k, v ``[batch, length, num_heads, head_dim]`` of :class:`MultiHeadAttention`
+  ``self`` (a plain function called from its compact ``__call__``, so the
+  three ``ProjectionDense`` are its submodules ``query``, ``key``, ``value``)."""
+  model_dim = x.shape[-1]
+  def projection(name, target):
+    lam = self.spectral_lam if target in self.spectral_targets else None
+    return ProjectionDense(
+        self.num_heads * head_dim, num_heads=self.num_heads,
+        use_bias=self.use_bias, spectral_lam=lam,
+        spectral_mode=self.spectral_mode, spectral_target=target, dtype=self.dtype,
+        kernel_init=self.kernel_init, name=name)
+  def heads(y):
+    y = y.reshape(*x.shape[:-1], self.num_heads, head_dim)
+    return nn.with_logical_constraint(y, HEADS_AXES)
+  names = (("query", "q"), ("key", "k"), ("value", "v"))
+  if self.spectral_lam is None or jnp.dtype(dtype) == jnp.float32:
+    # One matmul for q, k and v: the three kernels stacked [in, 3, features]
+    # (a new axis, so a "heads"-sharded kernel stays sharded), the same
+    # parameters and products as three ProjectionDense calls (in float32 a
+    # corrected one multiplies by W + C, spectral.project's float32 form).
+    weights = [projection(n, t).weights(model_dim) for n, t in names]
+    kernels = [spectral.conditioned(w, lam=self.spectral_lam, mode=self.spectral_mode,
+                                    num_heads=self.num_heads, target=t)
+               if self.spectral_lam is not None and t in self.spectral_targets else w
+               for (w, _), (_, t) in zip(weights, names)]
+    kernel = jnp.stack(kernels, axis=1).astype(dtype)
+    y = jnp.einsum("...i,itf->...tf", x.astype(dtype), kernel)
+    if self.use_bias:
+      y = y + jnp.stack([b for _, b in weights]).astype(dtype)
+    q, k, v = (heads(y[..., i, :]) for i in range(3))
+  else:
+    q, k, v = (heads(projection(n, t)(x)) for n, t in names)
+  return q, k, v
+
+
 class MultiHeadAttention(nn.Module):
   """Self-attention with Laplacian heads and spectrally conditioned projections.
 
   Input ``x [batch, length, model_dim]`` -> output ``[batch, length, model_dim]``.
   ``W_Q, W_K, W_V`` are ``[model_dim, num_heads * head_dim]`` (plus the fixed
   correction ``C`` when ``spectral_lam`` is set), ``W_O`` is
-  ``[num_heads * head_dim, model_dim]`` and is never corrected.
+  ``[num_heads * head_dim, model_dim]`` and is never corrected. q, k and v
+  come from one matmul with the three (effective) kernels stacked
+  (``[model_dim, 3, num_heads * head_dim]``), the parameters staying three
+  ``ProjectionDense`` trees; only spectral conditioning below float32 runs
+  them apart (each adds its ``x C`` in float32).
 
   With ``decode=True`` the keys and values are appended to a KV cache (the
   ``"cache"`` collection, ``[batch, max_length, heads, head_dim]``, created by
@@ -480,16 +529,7 @@ class MultiHeadAttention(nn.Module):
       laplacian = laplacian_heads(self.num_heads, self.num_laplacian_heads,
                                   self.laplacian_mask)
     dtype = self.dtype or x.dtype
-    def project(name, target):
-      lam = self.spectral_lam if target in self.spectral_targets else None
-      y = ProjectionDense(
-          self.num_heads * head_dim, num_heads=self.num_heads,
-          use_bias=self.use_bias, spectral_lam=lam,
-          spectral_mode=self.spectral_mode, spectral_target=target, dtype=self.dtype,
-          kernel_init=self.kernel_init, name=name)(x)
-      y = y.reshape(*x.shape[:-1], self.num_heads, head_dim)
-      return nn.with_logical_constraint(y, HEADS_AXES)
-    q, k, v = project("query", "q"), project("key", "k"), project("value", "v")
+    q, k, v = _project_qkv(self, x, head_dim, dtype)
     if self.qk_norm and self.qk_norm_type == "rmsnorm":
       q, k = rms_norm(q), rms_norm(k)
     elif self.qk_norm:
