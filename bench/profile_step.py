@@ -2,12 +2,11 @@
 
     python bench/profile_step.py                      # ViT and GPT defaults
     python bench/profile_step.py --config configs/gpt_shakespeare.py --top 20
-    python bench/profile_step.py --options '{}'       # XLA's own CPU defaults
+    python bench/profile_step.py --options '{"xla_cpu_prefer_vector_width": 512}'
 
 Builds each config's train step as ``bench/step_time.py`` does (the config as
-it is, float32, one synthetic batch, compiled with laplax's
-``laplax.utils.compiler_options`` unless ``--options`` gives a JSON dict of XLA
-compile options instead), runs ``--warmup`` steps, then traces ``--steps``
+it is, float32, one synthetic batch, compiled with XLA's defaults unless
+``--options`` gives a JSON dict of XLA compile options), runs ``--warmup`` steps, then traces ``--steps``
 steps with ``jax.profiler`` (a Perfetto trace in a temporary directory) and
 reads back the time of every executed XLA op (fusion, matmul, copy). Each
 op is put in a component by the name JAX gave it when tracing (its
@@ -16,7 +15,8 @@ op is put in a component by the name JAX gave it when tracing (its
 - ``attention core``: ``Q K^T``, the mask, the softmax, ``P V`` and the
   Laplacian heads' ``V - P V`` (``dot`` for matmuls, ``other`` for the rest),
   forward and backward;
-- ``attention projections``: the q, k, v and out projections;
+- ``attention projections``: the q, k, v (one ``qkv`` matmul) and out
+  projections;
 - ``mlp``: the two MLP matmuls (``dot``) and the activation and biases;
 - ``norms``: LayerNorm / RMSNorm;
 - ``optimizer``: the update (clipping, AdamW, the schedule);
@@ -48,10 +48,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import jax  # pylint: disable=wrong-import-position
 
 from bench import step_time  # pylint: disable=wrong-import-position
-from laplax import utils  # pylint: disable=wrong-import-position
 from laplax.train import loop, optim  # pylint: disable=wrong-import-position
 
-PROJECTIONS = ("query", "key", "value", "out")
+PROJECTIONS = ("query", "key", "value", "qkv", "out")
 
 
 def component(op_name: str) -> str:
@@ -89,8 +88,7 @@ def profile(path: str, args) -> None:
   image_shape = (28, 28, 1)
   task = step_time.make_task(config, image_shape, 10)
   tx = optim.make_optimizer(config)
-  options = (utils.compiler_options(jax.devices()) if args.options is None
-             else json.loads(args.options))
+  options = {} if args.options is None else json.loads(args.options)
   step = jax.jit(loop.make_train_step(
       task, tx, optim.learning_rate_schedule(config.optim, config.total_steps)),
                  donate_argnums=0, compiler_options=options)
@@ -140,7 +138,7 @@ def main() -> None:
   parser.add_argument("--steps", type=int, default=5, help="traced steps")
   parser.add_argument("--warmup", type=int, default=3, help="steps before the trace")
   parser.add_argument("--options", default=None, metavar="JSON",
-                      help="XLA compile options instead of laplax's, e.g. '{}'")
+                      help="XLA compile options, e.g. '{\"xla_cpu_prefer_vector_width\": 512}'")
   parser.add_argument("--top", type=int, default=0, help="also list the N slowest ops")
   args = parser.parse_args()
   if args.options is not None:

@@ -66,7 +66,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import jax  # pylint: disable=wrong-import-position
 import numpy as np  # pylint: disable=wrong-import-position
 
-from laplax import utils  # pylint: disable=wrong-import-position
 from laplax.train import loop, optim, tasks  # pylint: disable=wrong-import-position
 
 
@@ -107,7 +106,7 @@ def build(config, laplacian: int, spectral: str | None, image_shape, num_classes
   tx = optim.make_optimizer(c)
   step = jax.jit(loop.make_train_step(
       task, tx, optim.learning_rate_schedule(c.optim, c.total_steps)),
-                 donate_argnums=0, compiler_options=utils.compiler_options(jax.devices()))
+                 donate_argnums=0)
   state = jax.jit(lambda: loop.init_state(task, tx, c.seed))()
   remat = c.model.get("remat", "none") not in (None, "none", False)
   _, flops = compile_report.analytic_flops(c, task, state.params, remat)

@@ -36,14 +36,13 @@ import time
 # XLA_FLAGS when JAX starts, so only the workers set theirs first).
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-# One option set a worker. ``default`` is laplax as it runs: XLA's defaults
-# plus the train step's own compile options (laplax.utils.compiler_options,
-# which step back wherever XLA_FLAGS names the same option); ``xla_default``
-# restores XLA's own YNNPACK setting (matmuls, convolutions and reductions).
+# One option set a worker; ``default`` is XLA's defaults, as laplax runs it
+# (YNNPACK takes single matmuls, convolutions and reductions: the same
+# compiled program as ``--xla_cpu_experimental_ynn_fusion_type=
+# LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT,LIBRARY_FUSION_TYPE_INDIVIDUAL_CONVOLUTION,
+# LIBRARY_FUSION_TYPE_REDUCE``).
 OPTION_SETS = {
     "default": "",
-    "xla_default": ("--xla_cpu_experimental_ynn_fusion_type=LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT,"
-                    "LIBRARY_FUSION_TYPE_INDIVIDUAL_CONVOLUTION,LIBRARY_FUSION_TYPE_REDUCE"),
     "fast_math": "--xla_cpu_enable_fast_math=true",
     "fast_math_approx": ("--xla_cpu_enable_fast_math=true "
                          "--xla_cpu_fast_math_honor_functions=false"),
@@ -54,8 +53,9 @@ OPTION_SETS = {
     "xnn_graph_greedy": "--xla_cpu_experimental_xnn_graph_fusion_mode=XNN_GRAPH_FUSION_MODE_GREEDY",
     "onednn": "--xla_cpu_use_onednn=true",
     "ynn_dot": "--xla_cpu_experimental_ynn_fusion_type=LIBRARY_FUSION_TYPE_DOT",
+    # YNNPACK for single matmuls only (XLA's own loops for the reductions).
     "ynn_individual_dot": "--xla_cpu_experimental_ynn_fusion_type=LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT",
-    "ynn_off": "--xla_cpu_experimental_ynn_fusion_type=",
+    "ynn_off": "--xla_cpu_experimental_ynn_fusion_type=",  # no YNNPACK at all
     "ynn_dot_eltwise": ("--xla_cpu_experimental_ynn_fusion_type="
                         "LIBRARY_FUSION_TYPE_DOT,LIBRARY_FUSION_TYPE_ELTWISE"),
     "ynn_dot_reduce": ("--xla_cpu_experimental_ynn_fusion_type="

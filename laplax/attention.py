@@ -420,10 +420,11 @@ def _project_qkv(self, x: jax.Array, head_dim: int, dtype: Any):
                                     num_heads=self.num_heads, target=t)
                if self.spectral_lam is not None and t in self.spectral_targets else w
                for (w, _), (_, t) in zip(weights, names)]
-    kernel = jnp.stack(kernels, axis=1).astype(dtype)
-    y = jnp.einsum("...i,itf->...tf", x.astype(dtype), kernel)
-    if self.use_bias:
-      y = y + jnp.stack([b for _, b in weights]).astype(dtype)
+    with jax.named_scope("qkv"):  # the ops' name in profiles (bench/profile_step.py)
+      kernel = jnp.stack(kernels, axis=1).astype(dtype)
+      y = jnp.einsum("...i,itf->...tf", x.astype(dtype), kernel)
+      if self.use_bias:
+        y = y + jnp.stack([b for _, b in weights]).astype(dtype)
     q, k, v = (heads(y[..., i, :]) for i in range(3))
   else:
     q, k, v = (heads(projection(n, t)(x)) for n, t in names)

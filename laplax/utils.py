@@ -2,8 +2,7 @@
 
 One-line error text, atomic file writes, pytree paths as strings and dotted
 keys of nested dicts: each was written several times across the packages
-before; this is the one copy. Also the XLA compile options of laplax's
-train step (:func:`compiler_options`).
+before; this is the one copy.
 """
 
 from __future__ import annotations
@@ -72,29 +71,3 @@ def flatten_dotted(tree: Mapping, prefix: str = "", *, keep_empty: bool = False)
     else:
       out[prefix + k] = list(v) if isinstance(v, tuple) else v
   return out
-
-
-# XLA options of the train step on CPU. XLA's default hands YNNPACK each
-# matmul and the reductions; laplax keeps the matmuls there but leaves the
-# reductions to XLA's own loops, because YNNPACK's reduction fusions need
-# their broadcast operands written out (LayerNorm's scale as a [batch,
-# length, width] array) and ran slower: the train step's op time fell 20%
-# (ViT) and 2% (GPT), README "Speed". (YNNPACK's wider DOT fusions, matmuls
-# with their elementwise neighbours, broke bitwise kill-and-resume in the
-# test suite, so they are not used.)
-CPU_COMPILER_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"}
-
-
-def compiler_options(devices) -> dict:
-  """The ``compiler_options`` laplax jits its train step with on ``devices``.
-
-  :data:`CPU_COMPILER_OPTIONS` when every device is a CPU, else none; none
-  either when ``XLA_FLAGS`` sets an option of the same name (the user's
-  choice wins). Every path that runs a train step (``train.py``, a resumed
-  run, the tests, ``bench/``) compiles it with the same options, so runs stay
-  bitwise comparable with each other.
-  """
-  if any(d.platform != "cpu" for d in devices):
-    return {}
-  flags = os.environ.get("XLA_FLAGS", "")
-  return {k: v for k, v in CPU_COMPILER_OPTIONS.items() if k not in flags}

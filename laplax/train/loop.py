@@ -32,7 +32,7 @@ import optax
 import tqdm
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from laplax import sharding, utils
+from laplax import sharding
 from laplax.train import checkpoint as ckpt_lib
 from laplax.train import config as config_lib
 from laplax.train import finetune, optim, tasks
@@ -131,15 +131,14 @@ def jit_train_step(task: Task, tx: optax.GradientTransformation, schedule,
 
   ``(state, batch) -> (state, metrics)``: the state keeps ``state_sharding``,
   the batch is a global array with ``batch_sharding``, the metrics are
-  replicated scalars; compiled with :func:`laplax.utils.compiler_options`. Trace it
-  (first call) inside :func:`laplax.sharding.context`.
+  replicated scalars. Trace it (first call) inside
+  :func:`laplax.sharding.context`.
   """
   mesh = jax.tree_util.tree_leaves(state_sharding)[0].mesh
   return jax.jit(make_train_step(task, tx, schedule),
                  in_shardings=(state_sharding, batch_sharding),
                  out_shardings=(state_sharding, NamedSharding(mesh, P())),
-                 donate_argnums=0,
-                 compiler_options=utils.compiler_options(mesh.devices.flat))
+                 donate_argnums=0)
 
 
 def setup(config: ml_collections.ConfigDict, workdir: str | None,
