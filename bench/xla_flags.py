@@ -37,10 +37,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # One option set a worker; ``default`` is XLA's defaults, as laplax runs it
-# (YNNPACK takes single matmuls, convolutions and reductions: the same
-# compiled program as ``--xla_cpu_experimental_ynn_fusion_type=
-# LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT,LIBRARY_FUSION_TYPE_INDIVIDUAL_CONVOLUTION,
-# LIBRARY_FUSION_TYPE_REDUCE``).
+# (in jaxlib 0.10.2 they hand YNNPACK single matmuls and the reductions).
 OPTION_SETS = {
     "default": "",
     "fast_math": "--xla_cpu_enable_fast_math=true",
