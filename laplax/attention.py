@@ -10,8 +10,8 @@ so its output before the output projection is ``V_i - P_i V_i``. It is taken
 from the same ``P V`` a standard head computes, so any fused kernel serves both
 kinds of head and no ``[length, length]`` tensor is formed.
 
-:func:`attend` is the seam where the kernel is chosen (``"xla"``, ``"cudnn"``,
-or the materialising ``"reference"``); :class:`MultiHeadAttention` holds the
+:func:`attend` is the seam where the kernel is chosen (``"xla"``, the
+:mod:`laplax.kernels` one, ``"cudnn"``, or the materialising ``"reference"``); :class:`MultiHeadAttention` holds the
 projections, qk-norm, dropout and the spectral conditioning of
 :mod:`laplax.spectral`.
 
@@ -128,9 +128,10 @@ def attend(query: jax.Array, key: jax.Array, value: jax.Array, *,
 
   Standard heads return ``P_i V_i``, Laplacian heads ``V_i - P_i V_i``
   (Zhang & Papyan 2026, the update ``sum_A P X W_V W_O + sum_L (I - P) X W_V W_O``),
-  both from one ``P V`` computation: ``jax.nn.dot_product_attention`` for
-  ``"xla"``/``"cudnn"`` (no ``[length, length]`` tensor with a fused kernel), or
-  :func:`reference_attention`. In causal attention token ``t``'s Laplacian
+  both from one ``P V`` computation: :func:`laplax.kernels.xla_attention`
+  (XLA ops with a hand-written VJP) for ``None``/``"xla"``,
+  ``jax.nn.dot_product_attention`` for ``"cudnn"`` (no ``[length, length]``
+  tensor), or :func:`reference_attention`. In causal attention token ``t``'s Laplacian
   output is ``v_t - sum_{j<=t} p_tj v_j``, so token 0's is exactly 0.
 
   Args:
@@ -140,8 +141,9 @@ def attend(query: jax.Array, key: jax.Array, value: jax.Array, *,
     mask: bool, broadcastable to ``[batch, num_heads, q_length, kv_length]``,
       True = attend.
     is_causal: causal attention (queries aligned to the last keys).
-    implementation: ``None`` (let JAX choose), ``"xla"``, ``"cudnn"`` (fused
-      flash attention, NVIDIA GPUs only) or ``"reference"`` (materialises ``P``).
+    implementation: ``None`` or ``"xla"`` (:func:`laplax.kernels.xla_attention`),
+      ``"cudnn"`` (fused flash attention, NVIDIA GPUs only) or
+      ``"reference"`` (materialises ``P``).
     scale: logit scale, default ``1 / sqrt(head_dim)``.
     dropout_rate, dropout_rng: attention dropout on ``P``; when active it needs
       ``P`` and therefore runs the reference implementation.
@@ -204,8 +206,9 @@ def attend(query: jax.Array, key: jax.Array, value: jax.Array, *,
       value = jnp.repeat(value, num_heads // value.shape[-2], axis=-2)
     if mask is not None:
       mask = jnp.asarray(mask, bool)
-    pv = kernels.xla_attention(query, key, value, mask, bool(is_causal),
-                        query.shape[-1] ** -0.5 if scale is None else float(scale))
+    pv = kernels.xla_attention(
+        query, key, value, mask, bool(is_causal),
+        query.shape[-1] ** -0.5 if scale is None else float(scale))
 
   if mix is None and laplacian_np is not None and not laplacian_np.any():
     out = pv
