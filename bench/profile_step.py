@@ -19,8 +19,11 @@ op is put in a component by the name JAX gave it when tracing (its
   projections;
 - ``mlp``: the two MLP matmuls (``dot``) and the activation and biases;
 - ``norms``: LayerNorm / RMSNorm;
-- ``optimizer``: the update (clipping, AdamW, the schedule);
-- ``rest``: embeddings, the head, the loss and what has no name.
+- ``outside the model``: ops of neither the forward nor the backward pass:
+  the optimizer update (clipping, AdamW, the schedule), the metrics, the
+  batch;
+- ``rest``: embeddings, the head, the loss, and ops XLA made without a name
+  (copies and broadcasts it inserted).
 
 It prints ms/step and share per component, the sum of op time (the two
 CPU threads can each run an op, so it can exceed the wall time), the wall
@@ -64,18 +67,20 @@ def component(op_name: str) -> str:
     return f"mlp ({dot})"
   if any("norm" in part for part in op_name.split("/")[:-1]):
     return "norms"
-  if "jvp(" not in op_name and "transpose(" not in op_name:
-    return "optimizer"
+  if op_name and "jvp(" not in op_name and "transpose(" not in op_name:
+    return "outside the model"
   return "rest"
 
 
 def op_names(hlo_text: str) -> dict[str, str]:
-  """``{instruction name: op_name}`` of the compiled HLO's instructions."""
+  """``{instruction name: op_name}`` of the compiled HLO's instructions
+  (``""`` for those without one)."""
   names = {}
   for line in hlo_text.splitlines():
-    m = re.match(r'\s*(?:ROOT )?%?([\w.\-]+) = .*op_name="([^"]+)"', line)
+    m = re.match(r"\s*(?:ROOT )?%?([\w.\-]+) = ", line)
     if m:
-      names[m.group(1)] = m.group(2)
+      op = re.search(r'op_name="([^"]+)"', line)
+      names[m.group(1)] = op.group(1) if op else ""
   return names
 
 
@@ -141,18 +146,26 @@ def main() -> None:
                       help="XLA compile options, e.g. '{\"xla_cpu_prefer_vector_width\": 512}'")
   parser.add_argument("--top", type=int, default=0, help="also list the N slowest ops")
   args = parser.parse_args()
+
+  def fail(message: str) -> None:
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
   if args.options is not None:
     try:
-      assert isinstance(json.loads(args.options), dict)
-    except (ValueError, AssertionError):
-      print(f"error: --options {args.options!r} is not a JSON object; give e.g. "
-            "'{}' or '{\"xla_cpu_prefer_vector_width\": 512}'", file=sys.stderr)
-      sys.exit(2)
-  for path in args.config or step_time.DEFAULT_CONFIGS:
+      options = json.loads(args.options)
+    except ValueError:
+      options = None
+    if not isinstance(options, dict):
+      fail(f"--options {args.options!r} is not a JSON object; give e.g. "
+           "'{\"xla_cpu_prefer_vector_width\": 512}'")
+  if args.steps < 1 or args.warmup < 0:
+    fail(f"--steps {args.steps} / --warmup {args.warmup}: trace at least 1 step "
+         "after 0 or more warm-up steps")
+  paths = args.config or step_time.DEFAULT_CONFIGS
+  for path in paths:
     if not os.path.isfile(path):
-      print(f"error: config {path} does not exist; give a configs/*.py file",
-            file=sys.stderr)
-      sys.exit(2)
+      fail(f"config {path} does not exist; give a configs/*.py file")
+  for path in paths:
     profile(path, args)
 
 

@@ -10,8 +10,9 @@ so its output before the output projection is ``V_i - P_i V_i``. It is taken
 from the same ``P V`` a standard head computes, so any fused kernel serves both
 kinds of head and no ``[length, length]`` tensor is formed.
 
-:func:`attend` is the seam where the kernel is chosen (``"xla"``, the
-:mod:`laplax.kernels` one, ``"cudnn"``, or the materialising ``"reference"``); :class:`MultiHeadAttention` holds the
+:func:`attend` is the seam where the kernel is chosen (``"xla"``, which is
+:func:`laplax.kernels.xla_attention`, ``"cudnn"``, or the materialising
+``"reference"``); :class:`MultiHeadAttention` holds the
 projections, qk-norm, dropout and the spectral conditioning of
 :mod:`laplax.spectral`.
 
@@ -413,22 +414,23 @@ def _project_qkv(self, x: jax.Array, head_dim: int, dtype: Any):
     y = y.reshape(*x.shape[:-1], self.num_heads, head_dim)
     return nn.with_logical_constraint(y, HEADS_AXES)
   names = (("query", "q"), ("key", "k"), ("value", "v"))
-  if self.spectral_lam is None or jnp.dtype(dtype) == jnp.float32:
+  fuse = self.spectral_lam is None or jnp.dtype(dtype) == jnp.float32
+  if fuse and not self.is_mutable_collection("intermediates"):  # analysis: apart
     # One matmul for q, k and v: the three kernels stacked [in, 3, features]
     # (a new axis, so a "heads"-sharded kernel stays sharded), the same
     # parameters and products as three ProjectionDense calls (in float32 a
     # corrected one multiplies by W + C, spectral.project's float32 form).
     weights = [projection(n, t).weights(model_dim) for n, t in names]
-    kernels = [spectral.conditioned(w, lam=self.spectral_lam, mode=self.spectral_mode,
-                                    num_heads=self.num_heads, target=t)
-               if self.spectral_lam is not None and t in self.spectral_targets else w
-               for (w, _), (_, t) in zip(weights, names)]
     with jax.named_scope("qkv"):  # the ops' name in profiles (bench/profile_step.py)
+      kernels = [spectral.conditioned(w, lam=self.spectral_lam, mode=self.spectral_mode,
+                                      num_heads=self.num_heads, target=t)
+                 if self.spectral_lam is not None and t in self.spectral_targets else w
+                 for (w, _), (_, t) in zip(weights, names)]
       kernel = jnp.stack(kernels, axis=1).astype(dtype)
       y = jnp.einsum("...i,itf->...tf", x.astype(dtype), kernel)
       if self.use_bias:
         y = y + jnp.stack([b for _, b in weights]).astype(dtype)
-    q, k, v = (heads(y[..., i, :]) for i in range(3))
+      q, k, v = (heads(y[..., i, :]) for i in range(3))
   else:
     q, k, v = (heads(projection(n, t)(x)) for n, t in names)
   return q, k, v
@@ -443,8 +445,10 @@ class MultiHeadAttention(nn.Module):
   ``[num_heads * head_dim, model_dim]`` and is never corrected. q, k and v
   come from one matmul with the three (effective) kernels stacked
   (``[model_dim, 3, num_heads * head_dim]``), the parameters staying three
-  ``ProjectionDense`` trees; only spectral conditioning below float32 runs
-  them apart (each adds its ``x C`` in float32).
+  ``ProjectionDense`` trees; spectral conditioning below float32 runs them
+  apart (each adds its ``x C`` in float32), and so does analysis (a mutable
+  ``"intermediates"`` collection), so that ``capture_intermediates`` records
+  each projection's output.
 
   With ``decode=True`` the keys and values are appended to a KV cache (the
   ``"cache"`` collection, ``[batch, max_length, heads, head_dim]``, created by

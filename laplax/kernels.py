@@ -21,6 +21,12 @@ import numpy as np
 MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
 
 
+def _causal(q_len: int, kv_len: int) -> np.ndarray:
+  """Bool ``[q_len, kv_len]``, a constant: the queries are the last ``q_len``
+  of the ``kv_len`` keys."""
+  return np.arange(q_len)[:, None] + (kv_len - q_len) >= np.arange(kv_len)[None, :]
+
+
 def _softmax_pv(q, k, v, mask, is_causal, scale):
   """Forward of :func:`_xla_attention` on heads-major ``[batch, heads, length,
   head_dim]`` arrays: ``(P V, P)``, ``P`` float32 ``[batch, heads, q, kv]``."""
@@ -30,10 +36,8 @@ def _softmax_pv(q, k, v, mask, is_causal, scale):
   else:
     logits = jnp.einsum("bhqd,bhkd->bhqk", q, k,
                         preferred_element_type=jnp.float32) * jnp.float32(scale)
-  if is_causal:  # a constant: queries are the last q_len of the kv_len keys
-    allowed = (np.arange(q_len)[:, None] + (kv_len - q_len)
-               >= np.arange(kv_len)[None, :])
-    logits = jnp.where(allowed, logits, jnp.float32(MASK_VALUE))
+  if is_causal:
+    logits = jnp.where(_causal(q_len, kv_len), logits, jnp.float32(MASK_VALUE))
   if mask is not None:
     logits = jnp.where(mask, logits, jnp.float32(MASK_VALUE))
   logits = logits - jnp.max(logits, axis=-1, keepdims=True)
@@ -56,7 +60,6 @@ def _heads_major_attention_fwd(q, k, v, mask, is_causal, scale):
 
 def _heads_major_attention_bwd(is_causal, scale, residuals, d_pv):
   q, k, v, mask, probs = residuals
-  del is_causal  # masked entries of P are 0, so their gradients vanish
   f32 = jnp.float32
   d_pv32 = d_pv.astype(f32)
   d_v = jnp.einsum("bhqk,bhqd->bhkd", probs, d_pv32)
@@ -67,6 +70,13 @@ def _heads_major_attention_bwd(is_causal, scale, residuals, d_pv):
   # dP - rowsum amplified that in the gradients of rematerialised blocks.)
   delta = jnp.sum(d_probs * probs, axis=-1, keepdims=True)
   d_logits = probs * (d_probs - delta) * f32(scale)
+  # Masked logits are constants (MASK_VALUE): no gradient reaches q or k
+  # through them. (P is 0 there, except in a row whose keys are all masked,
+  # where it is uniform and this zeroes the whole row.)
+  if is_causal:
+    d_logits = jnp.where(_causal(q.shape[2], k.shape[2]), d_logits, 0.0)
+  if mask is not None:
+    d_logits = jnp.where(mask, d_logits, 0.0)
   d_q = jnp.einsum("bhqk,bhkd->bhqd", d_logits, k.astype(f32))
   d_k = jnp.einsum("bhqk,bhqd->bhkd", d_logits, q.astype(f32))
   return d_q.astype(q.dtype), d_k.astype(k.dtype), d_v.astype(v.dtype), None
@@ -87,9 +97,9 @@ def xla_attention(query, key, value, mask, is_causal, scale):
   softmax's VJP ``dS = P (dP - rowsum(dP P))`` written out, no logits kept)
   and everything runs heads-major, one transpose in and out: on CPU this is
   faster than the autodiff of ``jax.nn.dot_product_attention``'s XLA path
-  (README, "Speed").
+  (README, "Where the step's time goes, and what changed").
 
-  Raises nothing itself; shapes that do not broadcast fail in ``einsum``.
+  Raises nothing itself; a mask that does not broadcast fails in ``jnp.where``.
   """
   to_heads = lambda x: jnp.swapaxes(x, 1, 2)
   out = _heads_major_attention(to_heads(query), to_heads(key), to_heads(value),

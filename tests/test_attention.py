@@ -225,7 +225,7 @@ GRAD_CASES = [("mixed", N), ("mixed", 1), ("laplacian", N)]
 
 def test_gradients_default_equal_reference():
   """d/dq, d/dk, d/dv of <attend(q, k, v), ct> agree between the default
-  (fused-kernel) path and the materialising reference, for mixed and
+  (laplax.kernels) path and the materialising reference, for mixed and
   Laplacian heads, with and without grouped-query attention (one compile)."""
   mask = jnp.asarray(key_padding([T, 3]))
   ct = jnp.asarray(np.random.default_rng(8).normal(size=(B, T, N, D)),
@@ -574,13 +574,18 @@ def test_direct_use_refuses_settings_a_spec_would_refuse(settings, message):
 def test_xla_kernel_vjp_equals_autodiff_of_reference(dtype):
   """The default kernel's hand-written backward pass (laplax.kernels, from the
   saved P) gives the gradients that autodiff of the materialising reference
-  gives: without a mask, with an arbitrary mask, and causally with fewer
-  queries than keys (a KV-cache chunk), all in one compile; bfloat16 to its
+  gives: without a mask, with an arbitrary mask, causally with fewer
+  queries than keys (a KV-cache chunk), and with a query whose keys are all
+  masked (its q gradient is exactly 0: its output, the mean of v, does not
+  depend on q) and an explicit scale, all in one compile; bfloat16 to its
   precision."""
   rng = np.random.default_rng(11)
-  cases = [dict(mask=None, is_causal=False, tq=T),
-           dict(mask=jnp.asarray(MASKS["arbitrary"][0]), is_causal=False, tq=T),
-           dict(mask=None, is_causal=True, tq=3)]
+  empty_row = np.array(MASKS["arbitrary"][0])
+  empty_row[0, 0, 1, :] = False  # query 1 of example 0 may attend to nothing
+  cases = [dict(mask=None, is_causal=False, tq=T, scale=None),
+           dict(mask=jnp.asarray(MASKS["arbitrary"][0]), is_causal=False, tq=T, scale=None),
+           dict(mask=None, is_causal=True, tq=3, scale=None),
+           dict(mask=jnp.asarray(empty_row), is_causal=True, tq=T, scale=0.37)]
   inputs = [tuple(jnp.asarray(a, dtype) for a in qkv(seed=20 + i, tq=c["tq"]))
             + (jnp.asarray(rng.normal(size=(B, c["tq"], N, D)), jnp.float32),)
             for i, c in enumerate(cases)]
@@ -588,7 +593,8 @@ def test_xla_kernel_vjp_equals_autodiff_of_reference(dtype):
   def grads(impl, case, q, k, v, ct):
     def f(q, k, v):
       out = attend(q, k, v, laplacian=np.zeros(N, bool), mask=case["mask"],
-                   is_causal=case["is_causal"], implementation=impl)
+                   is_causal=case["is_causal"], implementation=impl,
+                   scale=case["scale"])
       return jnp.sum(out.astype(jnp.float32) * ct)
     return jax.grad(f, argnums=(0, 1, 2))(q, k, v)
 
@@ -606,6 +612,8 @@ def test_xla_kernel_vjp_equals_autodiff_of_reference(dtype):
         jax.tree_util.tree_map(lambda a: a.astype(jnp.float32), g_ref),
         custom_message=f"{case['is_causal']=}, mask {case['mask'] is not None}",
         **tol)
+    if case["scale"] is not None:  # the fully masked query row
+      assert float(jnp.abs(g_xla[0][0, 1].astype(jnp.float32)).max()) == 0.0
 
 
 # ------------------------------------------------------------------- rotary

@@ -49,7 +49,7 @@ def gelu(x: jax.Array) -> jax.Array:
   ``g * (0.5 (1 + t) + 0.5 x (1 - t^2) sqrt(2/pi) (1 + 3 * 0.044715 x^2))``
   with ``t = tanh(u)`` recomputed from ``x``: one elementwise pass that keeps
   only ``x``, where autodiff keeps and rereads the intermediates (README,
-  "Speed").
+  "Where the step's time goes, and what changed").
   """
   return _gelu_tanh_forward(x)
 
