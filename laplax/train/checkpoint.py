@@ -245,8 +245,15 @@ class Checkpointer:
       with _orbax_errors_silenced(), contextlib.suppress(Exception):
         self.manager.close()
       if jax.process_index() == 0:
-        for path in self.incomplete_steps().values():
-          shutil.rmtree(path, ignore_errors=True)
+        # A writer thread of orbax may still add files while the tree goes
+        # (seen once in a loaded test run): retry until nothing is left.
+        for _ in range(50):
+          leftover = list(self.incomplete_steps().values())
+          if not leftover:
+            break
+          for path in leftover:
+            shutil.rmtree(path, ignore_errors=True)
+          time.sleep(0.02)
       last = self.last_complete()
       self._failure = saving.SaveError(saving.message(
           err[1], f"checkpoint step {step}", self.directory, last,
