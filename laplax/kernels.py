@@ -28,7 +28,7 @@ def _causal(q_len: int, kv_len: int) -> np.ndarray:
 
 
 def _softmax_pv(q, k, v, mask, is_causal, scale):
-  """Forward of :func:`_xla_attention` on heads-major ``[batch, heads, length,
+  """Forward of :func:`xla_attention` on heads-major ``[batch, heads, length,
   head_dim]`` arrays: ``(P V, P)``, ``P`` float32 ``[batch, heads, q, kv]``."""
   q_len, kv_len = q.shape[2], k.shape[2]
   if q.dtype == jnp.float32:  # scale the [L, d] queries, not the [L, L] logits
