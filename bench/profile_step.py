@@ -51,7 +51,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import jax  # pylint: disable=wrong-import-position
 
 from bench import step_time  # pylint: disable=wrong-import-position
-from laplax.train import loop, optim  # pylint: disable=wrong-import-position
 
 PROJECTIONS = ("query", "key", "value", "qkv", "out")
 
@@ -91,13 +90,10 @@ def profile(path: str, args) -> None:
   for item in args.set:
     compile_report.apply_override(config, item)
   image_shape = (28, 28, 1)
-  task = step_time.make_task(config, image_shape, 10)
-  tx = optim.make_optimizer(config)
   options = {} if args.options is None else json.loads(args.options)
-  step = jax.jit(loop.make_train_step(
-      task, tx, optim.learning_rate_schedule(config.optim, config.total_steps)),
-                 donate_argnums=0, compiler_options=options)
-  state = jax.jit(lambda: loop.init_state(task, tx, config.seed))()
+  spectral = config.model.spectral.mode if config.model.spectral.enabled else None
+  step, state, _ = step_time.build(config, config.model.num_laplacian_heads, spectral,
+                                   image_shape, 10, compiler_options=options)
   batch = jax.device_put(step_time.synthetic_batch(config, image_shape, 10))
   names = op_names(step.lower(state, batch).compile().as_text())
   for _ in range(args.warmup):

@@ -93,9 +93,11 @@ def make_task(config, image_shape, num_classes):
   return tasks.ClassificationTask(config, num_classes, image_shape)
 
 
-def build(config, laplacian: int, spectral: str | None, image_shape, num_classes):
+def build(config, laplacian: int, spectral: str | None, image_shape, num_classes,
+          compiler_options: dict | None = None):
   """(jitted train step, state, analytic train FLOPs per step) of a variant;
-  ``spectral`` is a ``model.spectral.mode`` or ``None`` (off)."""
+  ``spectral`` is a ``model.spectral.mode`` or ``None`` (off);
+  ``compiler_options``: XLA compile options of the step (default XLA's)."""
   from bench import compile_report  # pylint: disable=import-outside-toplevel
   c = config.copy_and_resolve_references()
   c.model.num_laplacian_heads = laplacian
@@ -106,7 +108,7 @@ def build(config, laplacian: int, spectral: str | None, image_shape, num_classes
   tx = optim.make_optimizer(c)
   step = jax.jit(loop.make_train_step(
       task, tx, optim.learning_rate_schedule(c.optim, c.total_steps)),
-                 donate_argnums=0)
+                 donate_argnums=0, compiler_options=compiler_options)
   state = jax.jit(lambda: loop.init_state(task, tx, c.seed))()
   remat = c.model.get("remat", "none") not in (None, "none", False)
   _, flops = compile_report.analytic_flops(c, task, state.params, remat)

@@ -71,12 +71,15 @@ def _heads_major_attention_bwd(is_causal, scale, residuals, d_pv):
   delta = jnp.sum(d_probs * probs, axis=-1, keepdims=True)
   d_logits = probs * (d_probs - delta) * f32(scale)
   # Masked logits are constants (MASK_VALUE): no gradient reaches q or k
-  # through them. (P is 0 there, except in a row whose keys are all masked,
-  # where it is uniform and this zeroes the whole row.)
-  if is_causal:
-    d_logits = jnp.where(_causal(q.shape[2], k.shape[2]), d_logits, 0.0)
-  if mask is not None:
-    d_logits = jnp.where(mask, d_logits, 0.0)
+  # through them. P is exactly 0 there already, except in a row whose keys
+  # are all masked, where it is uniform: only a mask (or more queries than
+  # keys) can empty a row, so the causal-only step skips this select.
+  allowed = mask
+  if is_causal and (mask is not None or q.shape[2] > k.shape[2]):
+    causal = _causal(q.shape[2], k.shape[2])
+    allowed = causal if mask is None else jnp.logical_and(mask, causal)
+  if allowed is not None:
+    d_logits = jnp.where(allowed, d_logits, 0.0)
   d_q = jnp.einsum("bhqk,bhkd->bhqd", d_logits, k.astype(f32))
   d_k = jnp.einsum("bhqk,bhqd->bhkd", d_logits, q.astype(f32))
   return d_q.astype(q.dtype), d_k.astype(k.dtype), d_v.astype(v.dtype), None
