@@ -59,6 +59,9 @@ OPTION_SETS = {
                        "LIBRARY_FUSION_TYPE_DOT,LIBRARY_FUSION_TYPE_REDUCE"),
     "ynn_dot_512": ("--xla_cpu_experimental_ynn_fusion_type=LIBRARY_FUSION_TYPE_DOT "
                     "--xla_cpu_prefer_vector_width=512"),
+    # Scheduling and fusion passes of XLA CPU (defaults: see XLA's debug_options_flags.cc).
+    "concurrency_sched": "--xla_cpu_enable_concurrency_optimized_scheduler=true",
+    "concurrency_sched_off": "--xla_cpu_enable_concurrency_optimized_scheduler=false",
     "ynn_dot_fast_math": ("--xla_cpu_experimental_ynn_fusion_type=LIBRARY_FUSION_TYPE_DOT "
                           "--xla_cpu_enable_fast_math=true"),
 }

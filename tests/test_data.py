@@ -244,6 +244,39 @@ def test_decoded_cache_gives_the_idx_values_and_decodes_each_example_once(fm_con
 
 
 @needs_source
+def test_decoded_cache_fill_decodes_the_shard_in_the_background(fm_config, idx):
+  counting = CountingSource(images._open(fm_config, "test"))
+  cache = images.cached(counting)
+  shard = np.arange(10000)[1::3]  # process 1 of 3
+  thread = cache.start_fill(shard[::-1])  # any order: decoded ascending
+  assert cache.start_fill(np.arange(5)) is thread  # once per cache
+  thread.join(timeout=60)
+  assert not thread.is_alive()
+  assert counting.reads == shard.size  # each example of the shard once
+  pixels, labels = cache.read(shard[[0, 100, -1]])
+  assert counting.reads == shard.size  # read from memory
+  np.testing.assert_array_equal(pixels, idx["test"][0][shard[[0, 100, -1]]])
+  np.testing.assert_array_equal(labels, idx["test"][1][shard[[0, 100, -1]]])
+  cache.read(np.array([0]))  # not in the shard: decoded on demand
+  assert counting.reads == shard.size + 1
+
+
+def test_decoded_cache_fill_leaves_a_bad_example_to_the_read_that_needs_it():
+  class Broken:
+    dataset_info = None
+    def __len__(self):
+      return 10
+    def __getitems__(self, keys):
+      raise OSError("record 3 is corrupt")
+  cache = images.DecodedCache(Broken(), (2, 2, 1))
+  thread = cache.start_fill(np.arange(10))
+  thread.join(timeout=60)
+  assert not thread.is_alive()  # ended quietly
+  with pytest.raises(OSError, match="record 3 is corrupt"):
+    cache.read(np.array([3]))
+
+
+@needs_source
 def test_decoded_cache_only_for_fixed_size_uint8_splits_that_fit(fm_config, monkeypatch):
   source = images._open(fm_config, "test")
   assert isinstance(images.cached(source), images.DecodedCache)
