@@ -34,7 +34,8 @@ betas, weight decay on the parameters laplax decays
 config's peak learning rate (constant: the schedule costs nothing), eps
 1e-8 (optax's and PyTorch's default), PyTorch's fused CPU/GPU kernel;
 :func:`train_step` clips the global gradient norm to ``optim.grad_clip``
-first. :func:`load_laplax_params` copies a laplax parameter tree into a peer
+first, and accumulates over ``optim.grad_accum_steps`` micro-batches as
+laplax does (the default ViT's 4 of 64 images). :func:`load_laplax_params` copies a laplax parameter tree into a peer
 (the evidence, in ``tests/test_peer_torch.py``, that both compute the same
 loss). PyTorch is a benchmark-only dependency (``requirements-bench.txt``);
 the library never imports this module nor torch.
@@ -81,7 +82,6 @@ def check_supported(config) -> None:
       ("model.head_dim", m.get("head_dim", None), None),
       ("model.num_kv_heads", m.get("num_kv_heads", None), None),
       ("optim.optimizer", config.optim.get("optimizer", "adamw"), "adamw"),
-      ("optim.grad_accum_steps", config.optim.get("grad_accum_steps", 1), 1),
   ]
   if config.task == "lm":
     checks.append(("model.posemb in (rope, learn)", m.posemb in ("rope", "learn"), True))
@@ -387,11 +387,30 @@ def make_optimizer(model: nn.Module, config) -> torch.optim.Optimizer:
 
 
 def train_step(loss_fn: Callable, model: nn.Module, opt: torch.optim.Optimizer,
-               grad_clip: float | None, batch: tuple) -> torch.Tensor:
-  """One step: ``loss_fn(*batch)``, backward, global-norm clip, AdamW; the loss."""
+               grad_clip: float | None, batch: tuple,
+               grad_accum_steps: int = 1) -> torch.Tensor:
+  """One step: ``loss_fn(*batch)``, backward, global-norm clip, AdamW; the loss.
+
+  With ``grad_accum_steps = n > 1`` (laplax's ``optim.grad_accum_steps``) the
+  batch is cut into ``n`` equal micro-batches along its first axis, each
+  one's ``loss / n`` is backpropagated into the summed gradients, and the
+  loss returned is the sum of those: the whole batch's mean loss and its
+  gradient, as laplax's accumulation. Raises ValueError if ``n`` does not
+  divide the batch.
+  """
+  n = int(grad_accum_steps)
+  if batch[0].shape[0] % n:
+    raise ValueError(f"a batch of {batch[0].shape[0]} cannot be cut into {n} micro-batches")
   opt.zero_grad(set_to_none=True)
-  loss = loss_fn(*batch)
-  loss.backward()
+  if n == 1:
+    loss = loss_fn(*batch)
+    loss.backward()
+  else:
+    loss = 0.0
+    for micro in zip(*(torch.chunk(x, n) for x in batch)):
+      part = loss_fn(*micro) / n
+      part.backward()
+      loss = loss + part.detach()
   if grad_clip:
     torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
   opt.step()

@@ -260,7 +260,8 @@ def build_peers(config, params, batch, modes, schedule):
       for group in opt.param_groups:  # laplax's schedule, precomputed
         group["lr"] = float(schedule[min(count[0], len(schedule) - 1)])
       count[0] += 1
-      return peer_torch.train_step(loss_fn, model, opt, config.optim.grad_clip, args)
+      return peer_torch.train_step(loss_fn, model, opt, config.optim.grad_clip, args,
+                                   config.optim.get("grad_accum_steps", 1) or 1)
     peers["PyTorch eager" if mode == "eager" else "torch.compile"] = [step, model]
   return peers
 

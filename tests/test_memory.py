@@ -89,8 +89,8 @@ def test_grad_accumulation_equals_one_batch(make):
   task = build()
   start = jax.jit(lambda: loop.init_state(task, tx, 0))()
   results = []
-  for accum in (1, 4):
-    c.optim.grad_accum_steps = accum
+  for accum, unroll in ((1, False), (4, False), (4, True)):
+    c.optim.grad_accum_steps, c.optim.grad_accum_unroll = accum, unroll
     config_lib.validate(c)
     state = start
     step = jax.jit(loop.make_train_step(task, tx, optim.learning_rate_schedule(c.optim, 10)))
@@ -99,11 +99,16 @@ def test_grad_accumulation_equals_one_batch(make):
       state, m = step(state, batch)
       metrics.append(m)
     results.append((state, metrics))
-  (one, m1), (four, m4) = results
+  (one, m1), (four, m4), (unrolled, mu) = results
   for a, b in zip(m1, m4):
     for key in a:
       assert float(b[key]) == pytest.approx(float(a[key]), rel=1e-5, abs=1e-7), key
   assert_trees_close(four.params, one.params, 1e-5)
+  # Unrolled: the same micro-batch sums in the same order as the rolled loop.
+  for a, b in zip(m4, mu):
+    for key in a:
+      assert float(b[key]) == pytest.approx(float(a[key]), rel=1e-6, abs=1e-8), key
+  assert_trees_close(unrolled.params, four.params, 1e-6)
 
 
 def test_grad_accumulation_dino_splits_the_batch_axis_and_keeps_the_centre():
@@ -242,6 +247,7 @@ def test_weight_decay_mask_ignores_the_layer_axis():
     ("model.scan_layers", 1, "model.scan_layers"),
     ("optim.grad_accum_steps", 0, "optim.grad_accum_steps"),
     ("optim.grad_accum_steps", 3, "not divisible"),
+    ("optim.grad_accum_unroll", "yes", "optim.grad_accum_unroll"),
 ])
 def test_validate_rejects_memory_keys_with_one_line(key, value, fragment):
   c = base_config()

@@ -119,6 +119,26 @@ def test_optimizer_decays_what_laplax_decays():
   assert opt.param_groups[0]["betas"] == (config.optim.b1, config.optim.b2)
 
 
+def test_peer_accumulation_gives_the_whole_batch_loss_and_gradients():
+  """``train_step`` with micro-batches (laplax's ``optim.grad_accum_steps``):
+  the same loss and gradients as the whole batch (a mean over equal parts)."""
+  config = _tiny(VIT_CONFIG, patch_size=4, num_laplacian_heads=4, pool="gap")
+  _, _, _, peer, batch = _laplax_and_peer(config)
+  args = peer_torch.torch_batch(batch)
+  results = []
+  for n in (1, 3):  # the tiny batch has 3 examples
+    opt = torch.optim.SGD(peer.parameters(), lr=0.0)  # gradients only
+    loss = peer_torch.train_step(peer, peer, opt, None, args, grad_accum_steps=n)
+    results.append((float(loss), {k: p.grad.clone() for k, p in peer.named_parameters()}))
+  (loss1, grads1), (loss3, grads3) = results
+  assert loss3 == pytest.approx(loss1, rel=1e-6)
+  for name, g in grads1.items():
+    np.testing.assert_allclose(grads3[name].numpy(), g.numpy(), rtol=1e-5,
+                               atol=1e-6 * max(float(g.abs().max()), 1e-3), err_msg=name)
+  with pytest.raises(ValueError, match="cannot be cut into 2"):
+    peer_torch.train_step(peer, peer, opt, None, args, grad_accum_steps=2)
+
+
 def test_unsupported_setting_is_refused():
   config = step_time.load_config(VIT_CONFIG)
   config.model.qk_norm = True

@@ -182,7 +182,8 @@ BAD_MESHES = {
     "two entries": (1, ["--config.mesh_shape=(2,4)"], "must be 3 integers"),
     "not integers": (1, ["--config.mesh_shape=(2,x,1)"], "must be 3 integers"),
     "batch not divisible by data x fsdp": (
-        8, ["--config.mesh_shape=(2,2,2)", "--config.batch_size=30"],
+        8, ["--config.mesh_shape=(2,2,2)", "--config.batch_size=30",
+            "--config.optim.grad_accum_steps=1"],
         "not divisible by the data-parallel size 4"),
     "heads not divisible by tensor": (
         8, ["--config.mesh_shape=(2,1,4)", "--config.model.num_heads=2",

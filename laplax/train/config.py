@@ -212,7 +212,10 @@ def _validate_muon(config):
 
 
 def _validate_memory(config):
-  """``optim.grad_accum_steps`` (``None`` means 1)."""
+  """``optim.grad_accum_steps`` (``None`` means 1), ``optim.grad_accum_unroll``."""
+  unroll = get(config, "optim.grad_accum_unroll", False)
+  _require(isinstance(unroll, bool),
+           f"config.optim.grad_accum_unroll={unroll!r} must be True or False")
   if get(config, "optim.grad_accum_steps", None) is None:
     return
   accum = _int(config, "optim.grad_accum_steps", 1)

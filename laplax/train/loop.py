@@ -217,6 +217,11 @@ def make_train_step(task: Task, tx: optax.GradientTransformation, schedule,
   Micro-batch ``k`` draws its randomness (dropout, Mixup, ...) from
   ``fold_in(step_rng, k)``; with ``n = 1`` nothing is cut and the step is
   exactly the unaccumulated one (``step_rng = fold_in(state.rng, step)``).
+  ``config.optim.grad_accum_unroll`` unrolls the loop (a copy of the forward
+  and backward pass per micro-batch): the same sums in the same order,
+  compiled for longer, and on a CPU faster when a micro-batch's activations
+  fit the cache and the batch's do not (the default ViT's 4 x 64 images: 1.2x
+  on 2 cores, 32 MiB L3; README "Cache blocking").
   Losses that are means over examples, and their gradients, equal the whole
   batch's; a metric that is not such a mean (DINO's
   ``teacher_marginal_entropy``) becomes a mean over micro-batches. The aux is
@@ -232,6 +237,7 @@ def make_train_step(task: Task, tx: optax.GradientTransformation, schedule,
   o = task.config.optim
   n = int(grad_accum_steps or o.get("grad_accum_steps", 1) or 1)
   skip_nonfinite = bool(o.get("skip_nonfinite", False))
+  unroll = bool(o.get("grad_accum_unroll", False))
   axis = task.batch_axis
 
   def gradients(params, batch, rng, task_state, step):
@@ -253,7 +259,7 @@ def make_train_step(task: Task, tx: optax.GradientTransformation, schedule,
       k, mb = xs
       out = gradients(params, mb, jax.random.fold_in(rng, k), task_state, step)
       return jax.tree_util.tree_map(lambda a, b: a + b.astype(a.dtype), sums, out), None
-    sums, _ = jax.lax.scan(add, zeros, (jnp.arange(n), micro))
+    sums, _ = jax.lax.scan(add, zeros, (jnp.arange(n), micro), unroll=unroll)
     return jax.tree_util.tree_map(lambda a: a / n, sums)
 
   def train_step(state, batch):
