@@ -242,9 +242,10 @@ class MatmulPeak:
     self.times["torch.mm"].append(flops / (time.perf_counter() - t0))
 
 
-def build_peers(config, params, batch, modes, schedule):
+def build_peers(config, params, batch, modes, schedule, grad_accum_steps: int = 1):
   """``{name: [step function, model]}`` of the PyTorch peers in ``modes``
-  (``eager``, ``compile``), each from laplax's initial ``params``."""
+  (``eager``, ``compile``), each from laplax's initial ``params``, each
+  step accumulating over ``grad_accum_steps`` micro-batches."""
   import torch  # pylint: disable=import-outside-toplevel
   from bench import peer_torch  # pylint: disable=import-outside-toplevel
   args = peer_torch.torch_batch(batch)
@@ -261,7 +262,7 @@ def build_peers(config, params, batch, modes, schedule):
         group["lr"] = float(schedule[min(count[0], len(schedule) - 1)])
       count[0] += 1
       return peer_torch.train_step(loss_fn, model, opt, config.optim.grad_clip, args,
-                                   config.optim.get("grad_accum_steps", 1) or 1)
+                                   grad_accum_steps)
     peers["PyTorch eager" if mode == "eager" else "torch.compile"] = [step, model]
   return peers
 
@@ -276,6 +277,9 @@ def bench_peer(path: str, args) -> dict:
   if args.batch:
     config.batch_size = args.batch
   peer_torch.check_supported(config)
+  if config.batch_size % args.peer_grad_accum:
+    raise ValueError(f"--peer-grad-accum {args.peer_grad_accum} does not divide the batch "
+                     f"size {config.batch_size}; choose a divisor")
   image_shape = tuple(int(s) for s in args.image_shape.split(","))
   batch_np = synthetic_batch(config, image_shape, args.num_classes)
   k = config.model.num_laplacian_heads
@@ -284,7 +288,8 @@ def bench_peer(path: str, args) -> dict:
   total = args.warmup + args.rounds * args.steps
   schedule = np.asarray(jax.vmap(optim.learning_rate_schedule(
       config.optim, config.total_steps))(np.arange(total)))
-  peers = build_peers(config, params, batch_np, args.peer_modes, schedule)
+  peers = build_peers(config, params, batch_np, args.peer_modes, schedule,
+                      args.peer_grad_accum)
   batch = jax.device_put(batch_np)
   laplax_state = [state, None]
 
@@ -327,6 +332,10 @@ def report_peer(path, config, flops, times, losses, peak, threads, args) -> dict
         f"{args.rounds} rounds x {args.steps} steps after {args.warmup} warm-up steps, "
         f"medians; threads: XLA {len(os.sched_getaffinity(0))} (the usable CPUs), "
         f"torch {threads}")
+  accum = config.optim.get("grad_accum_steps", 1) or 1
+  print(f"gradient over micro-batches: laplax {accum}"
+        + (" (unrolled)" if accum > 1 and config.optim.get("grad_accum_unroll") else "")
+        + f" (optim.grad_accum_steps), PyTorch {args.peer_grad_accum} (--peer-grad-accum)")
   if args.set:
     print("overrides: " + " ".join(args.set))
   print(f"float32 matmul peak ({args.peak_size}x{args.peak_size}, median of rounds): "
@@ -354,6 +363,9 @@ def report_peer(path, config, flops, times, losses, peak, threads, args) -> dict
           "num_laplacian_heads": config.model.num_laplacian_heads, "num_heads": heads,
           "flops_per_step": flops, "rounds": args.rounds, "steps": args.steps,
           "warmup": args.warmup, "torch_threads": threads,
+          "grad_accum_steps": {"laplax": config.optim.get("grad_accum_steps", 1) or 1,
+                               "laplax_unrolled": bool(config.optim.get("grad_accum_unroll")),
+                               "peer": args.peer_grad_accum},
           "matmul_peak_flops": {"size": args.peak_size, "jnp.dot_median": peak_flops,
                                 "jnp.dot_max": max(peak.times["jnp.dot"]),
                                 "torch.mm_median": torch_peak},
@@ -417,6 +429,9 @@ def main() -> None:
                            "torch.compile (needs requirements-bench.txt); --variants is unused")
   parser.add_argument("--peer-modes", default="eager,compile",
                       help="with --peer: comma-separated subset of eager,compile")
+  parser.add_argument("--peer-grad-accum", type=int, default=1, metavar="N",
+                      help="with --peer: micro-batches of the PyTorch step (default 1, "
+                           "the whole batch; laplax uses the config's optim.grad_accum_steps)")
   parser.add_argument("--warmup", type=int, default=3,
                       help="with --peer: warm-up steps of each candidate (compiles)")
   parser.add_argument("--peak-size", type=int, default=2048,
@@ -428,8 +443,8 @@ def main() -> None:
     args.peer_modes = args.peer_modes.split(",")
     if not args.peer_modes or set(args.peer_modes) - {"eager", "compile"}:
       fail(f"--peer-modes {','.join(args.peer_modes)}: use a subset of eager,compile")
-    if min(args.rounds, args.steps, args.warmup, args.peak_size) < 1:
-      fail("--rounds, --steps, --warmup and --peak-size must be >= 1")
+    if min(args.rounds, args.steps, args.warmup, args.peak_size, args.peer_grad_accum) < 1:
+      fail("--rounds, --steps, --warmup, --peak-size and --peer-grad-accum must be >= 1")
     run_peer(args)
     return
   if args.json:

@@ -163,7 +163,8 @@ def test_step_time_peer_runs_and_writes_json(tmp_path, monkeypatch, capsys):
   import json
   out = tmp_path / "peer.json"
   tiny = ["--set", "model.width=32", "--set", "model.depth=1", "--set", "model.mlp_dim=64",
-          "--set", "model.max_length=16", "--batch", "4"]
+          "--set", "model.max_length=16", "--batch", "4",
+          "--set", "optim.grad_accum_steps=2", "--peer-grad-accum", "2"]
   argv = ["step_time.py", "--peer", "--config", GPT_CONFIG, "--peer-modes", "eager",
           "--rounds", "2", "--steps", "2", "--warmup", "2", "--peak-size", "64"]
   monkeypatch.setattr(sys, "argv", argv + tiny + ["--json", str(out)])
@@ -174,6 +175,7 @@ def test_step_time_peer_runs_and_writes_json(tmp_path, monkeypatch, capsys):
   assert record["machine"]["torch_threads"] == len(os.sched_getaffinity(0))
   (result,) = record["results"]
   assert result["unit"] == "tokens/s" and result["items_per_step"] == 4 * 16
+  assert result["grad_accum_steps"] == {"laplax": 2, "laplax_unrolled": False, "peer": 2}
   lx, eager = result["candidates"]["laplax (JAX)"], result["candidates"]["PyTorch eager"]
   assert len(eager["ms_per_step_rounds"]) == 2
   assert eager["laplax_over_peer"] == pytest.approx(eager["ms_per_step"] / lx["ms_per_step"])
@@ -188,3 +190,8 @@ def test_step_time_peer_runs_and_writes_json(tmp_path, monkeypatch, capsys):
   err = capsys.readouterr().err.strip().splitlines()
   assert e.value.code == 2 and len(err) == 1 and err[0].startswith("error:")
   assert "model.qk_norm" in err[0]
+  monkeypatch.setattr(sys, "argv", argv + tiny + ["--peer-grad-accum", "3"])
+  with pytest.raises(SystemExit) as e:
+    step_time.main()
+  err = capsys.readouterr().err.strip().splitlines()
+  assert e.value.code == 2 and len(err) == 1 and "--peer-grad-accum 3" in err[0]
