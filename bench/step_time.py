@@ -10,7 +10,8 @@ heads (the baseline), all heads Laplacian, half of them, spectral
 conditioning (lambda * I_k, the default ``full`` layout) with 0 Laplacian
 heads, all Laplacian plus spectral, and the other spectral layouts
 ``per_head``, ``fused`` and ``svd`` -- compiles each jitted train step, then times them interleaved over
-``--rounds`` rounds of ``--steps`` steps on one synthetic batch, and prints the
+``--rounds`` rounds of ``--steps`` steps on one synthetic batch (the first
+variant rotating each round), and prints the
 median step time (and tokens/s for language models) of each and its ratio to
 the baseline measured in this same run. Target: overhead <= 2%.
 
@@ -159,8 +160,10 @@ def bench(path: str, args) -> None:
       state, m = step(state, batch)
     jax.block_until_ready(m)
     runs[name] = [step, state, [], flops]
-  for _ in range(args.rounds):
-    for name, run in runs.items():
+  names = list(runs)
+  for r in range(args.rounds):  # the first variant rotates each round
+    for name in names[r % len(names):] + names[:r % len(names)]:
+      run = runs[name]
       step, state, times, _ = run
       t0 = time.perf_counter()
       for _ in range(args.steps):

@@ -17,7 +17,7 @@ from laplax.train.defaults import base_config, check_recipe, mixed_deit3_options
 def get_config(arg=None):
   """ViT (patch 7, width 128, depth 4, 4 heads, mean-pooled) for 28x28 Fashion-MNIST.
 
-  1200 steps of 256 images (5.1 epochs), about 9 minutes on 2 CPU cores.
+  1200 steps of 256 images (5.1 epochs), about 4 minutes on 2 CPU cores.
   """
   a = parse_arg(arg, laplacian=4, spectral=False, recipe="plain")
   check_recipe("vit", a.recipe)

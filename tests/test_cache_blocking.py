@@ -1,0 +1,47 @@
+"""bench/cache_blocking.py end to end at a tiny GPT: the table's rows and
+their losses, the skipped micro-batch counts, and one-line errors."""
+
+import os
+import re
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from bench import cache_blocking  # pylint: disable=wrong-import-position
+
+TINY = ["--config", os.path.join(ROOT, "configs/gpt_shakespeare.py"),
+        "--set", "model.width=32", "--set", "model.depth=1", "--set", "model.mlp_dim=64",
+        "--set", "model.max_length=16", "--set", "batch_size=4",
+        "--rounds", "2", "--steps", "1", "--warmup", "1"]
+
+
+def test_rows_per_micro_batch_count_with_equal_losses(monkeypatch, capsys):
+  monkeypatch.setattr(sys, "argv", ["cache_blocking.py", "--accum", "1,2,3", "--sizes", "1"]
+                      + TINY)
+  cache_blocking.main()
+  out = capsys.readouterr().out
+  assert re.search(r"^\s+1\s+[\d.]+\s+[\d.]+$", out, re.M), out  # 1 MiB: us, GB/s
+  assert "skipped: 3 micro-batches do not divide batch_size=4" in out
+  rows = re.findall(r"^(1 x 4|2 x 2|2 x 2 unrolled)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+(\S+)$",
+                    out, re.M)
+  assert [r[0] for r in rows] == ["1 x 4", "2 x 2", "2 x 2 unrolled"], out
+  assert float(rows[0][2]) == 1.0  # the speed-up of the reference row
+  losses = [float(r[4]) for r in rows]  # the same two updates: the same loss
+  assert max(losses) - min(losses) <= 1e-5 * abs(losses[0]), losses
+
+
+@pytest.mark.parametrize("extra,fragment", [
+    (["--accum", "1,x"], "comma-separated integers"),
+    (["--accum", "0"], ">= 1"),
+    (["--config", "configs/nope.py"], "no config file"),
+])
+def test_bad_arguments_are_one_line_exit_2(monkeypatch, capsys, extra, fragment):
+  monkeypatch.setattr(sys, "argv", ["cache_blocking.py", "--sizes", ""] + extra)
+  with pytest.raises(SystemExit) as e:
+    cache_blocking.main()
+  err = capsys.readouterr().err.strip().splitlines()
+  assert e.value.code == 2 and len(err) == 1 and err[0].startswith("error:")
+  assert fragment in err[0]
