@@ -14,11 +14,13 @@ update) and per ``optim.grad_accum_unroll`` (the micro-batch loop rolled, a
 while loop in XLA, or unrolled), compiles each (the compile seconds are
 printed), and times them round-robin over ``--rounds`` rounds of ``--steps``
 steps, the first candidate rotating each round. It prints the median ms per
-step, the speed-up over the unaccumulated step of the same run and the loss
+step, the speed-up over the first count of ``--accum`` (default 1: the
+whole batch) measured in the same run and the loss
 after the last step (equal to a few digits: the same training). Micro-batch
 counts that do not divide the batch are skipped. Nothing is written.
 
-Errors (an unknown config, a bad list) print one ``error:`` line and exit 2.
+Errors (an unknown config, a bad list, no count dividing the batch) print one
+``error:`` line and exit 2 (a bad ``--set`` key: ``compile_report``'s line).
 """
 
 from __future__ import annotations
@@ -61,10 +63,12 @@ def micro_batches(path: str, accum: list[int], args) -> None:
   config = step_time.load_config(path)
   for item in args.set:
     compile_report.apply_override(config, item)
+  if config.batch_size < 1:
+    fail(f"batch_size={config.batch_size} must be >= 1")
   image_shape = (28, 28, 1)
   batch = jax.device_put(step_time.synthetic_batch(config, image_shape, 10))
   runs = {}
-  for n in accum:
+  for n in dict.fromkeys(accum):  # in order, each once
     if config.batch_size % n:
       print(f"skipped: {n} micro-batches do not divide batch_size={config.batch_size}")
       continue
@@ -83,6 +87,8 @@ def micro_batches(path: str, accum: list[int], args) -> None:
       name = f"{n} x {config.batch_size // n}" + (" unrolled" if unroll else "")
       runs[name] = {"step": step, "state": state, "times": [], "compile": seconds,
                     "metrics": metrics}
+  if not runs:
+    fail(f"no micro-batch count in --accum divides batch_size={config.batch_size}")
   names = list(runs)
   for r in range(args.rounds):
     for name in names[r % len(names):] + names[:r % len(names)]:
@@ -118,7 +124,7 @@ def main() -> None:
                       help="array sizes in MiB for the bandwidth part; empty: skip it")
   parser.add_argument("--rounds", type=int, default=7)
   parser.add_argument("--steps", type=int, default=5)
-  parser.add_argument("--warmup", type=int, default=2)
+  parser.add_argument("--warmup", type=int, default=2, help="steps before timing (>= 1)")
   parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                       help="config override (repeatable)")
   args = parser.parse_args()
@@ -130,14 +136,14 @@ def main() -> None:
          f"integers, e.g. --accum 1,2,4")
   if not accum or min(accum) < 1 or min(sizes, default=1) < 1:
     fail("--accum and --sizes take integers >= 1")
-  if min(args.rounds, args.steps) < 1 or args.warmup < 0:
-    fail("--rounds and --steps must be >= 1, --warmup >= 0")
+  if min(args.rounds, args.steps, args.warmup) < 1:
+    fail("--rounds, --steps and --warmup must be >= 1")
   paths = args.config or list(step_time.DEFAULT_CONFIGS)
   for path in paths:
     if not os.path.isfile(path):
       fail(f"no config file {path}; pass e.g. --config configs/vit_fashion_mnist.py")
   device = jax.devices()[0]
-  print(f"{device.platform} ({device.device_kind}), {os.cpu_count()} CPUs")
+  print(f"{device.platform} ({device.device_kind}), {len(os.sched_getaffinity(0))} usable CPUs")
   if sizes:
     bandwidth(sizes)
   for path in paths:

@@ -34,8 +34,10 @@ betas, weight decay on the parameters laplax decays
 config's peak learning rate (constant: the schedule costs nothing), eps
 1e-8 (optax's and PyTorch's default), PyTorch's fused CPU/GPU kernel;
 :func:`train_step` clips the global gradient norm to ``optim.grad_clip``
-first, and accumulates over ``optim.grad_accum_steps`` micro-batches as
-laplax does (the default ViT's 4 of 64 images). :func:`load_laplax_params` copies a laplax parameter tree into a peer
+first, and with ``grad_accum_steps = n`` (``bench/step_time.py
+--peer-grad-accum``; default 1, the whole batch, whatever the config's
+``optim.grad_accum_steps``) accumulates over ``n`` micro-batches as laplax
+does. :func:`load_laplax_params` copies a laplax parameter tree into a peer
 (the evidence, in ``tests/test_peer_torch.py``, that both compute the same
 loss). PyTorch is a benchmark-only dependency (``requirements-bench.txt``);
 the library never imports this module nor torch.

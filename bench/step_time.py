@@ -116,6 +116,17 @@ def build(config, laplacian: int, spectral: str | None, image_shape, num_classes
   return step, state, flops
 
 
+def batch_problem(config) -> str | None:
+  """One line saying why ``config.batch_size`` cannot be cut into its
+  ``optim.grad_accum_steps`` micro-batches, with the fix; None if it can."""
+  accum = config.optim.get("grad_accum_steps", 1) or 1
+  if config.batch_size < 1 or config.batch_size % accum:
+    return (f"batch size {config.batch_size} is not a positive multiple of the config's "
+            f"optim.grad_accum_steps={accum}; pass --batch with a multiple of {accum}, or "
+            f"--set optim.grad_accum_steps=1")
+  return None
+
+
 DEFAULT_CONFIGS = ("configs/vit_fashion_mnist.py", "configs/gpt_shakespeare.py")
 VARIANTS = ("baseline", "all", "half", "spectral", "both", "per_head", "fused", "svd")
 
@@ -128,6 +139,8 @@ def bench(path: str, args) -> None:
     compile_report.apply_override(config, item)
   if args.batch:
     config.batch_size = args.batch
+  if batch_problem(config):
+    fail(batch_problem(config))
   image_shape = tuple(int(s) for s in args.image_shape.split(","))
   heads = config.model.num_heads
   variants = {

@@ -168,6 +168,14 @@ def main() -> None:
     print(f"error: --config {missing[0]}: no such file; give a config file such as "
           f"{DEFAULT_CONFIGS[1]}", file=sys.stderr)
     sys.exit(2)
+  from bench import step_time  # pylint: disable=import-outside-toplevel
+  for path in configs:  # refused here rather than as a worker's traceback
+    config = step_time.load_config(path)
+    if args.batch:
+      config.batch_size = args.batch
+    if step_time.batch_problem(config):
+      print(f"error: --config {path}: {step_time.batch_problem(config)}", file=sys.stderr)
+      sys.exit(2)
   results = [bench(c, names, args) for c in configs]
   if args.json:
     with open(args.json, "w") as f:

@@ -221,8 +221,9 @@ def _validate_memory(config):
   accum = _int(config, "optim.grad_accum_steps", 1)
   _require(config.batch_size % accum == 0,
            f"config.batch_size={config.batch_size} is not divisible by "
-           f"config.optim.grad_accum_steps={accum}; the batch size is the global "
-           f"batch, cut into grad_accum_steps micro-batches")
+           f"config.optim.grad_accum_steps={accum} (the global batch is cut into "
+           f"that many micro-batches); use a multiple of {accum} or set "
+           f"--config.optim.grad_accum_steps=1")
 
 
 WANDB_MODES = ("online", "offline", "disabled")
