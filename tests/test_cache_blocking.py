@@ -37,6 +37,8 @@ def test_rows_per_micro_batch_count_with_equal_losses(monkeypatch, capsys):
     (["--accum", "1,x"], "comma-separated integers"),
     (["--accum", "0"], ">= 1"),
     (["--config", "configs/nope.py"], "no config file"),
+    (["--warmup", "0"], ">= 1"),
+    (["--accum", "3"] + TINY, "no micro-batch count in --accum divides batch_size=4"),
 ])
 def test_bad_arguments_are_one_line_exit_2(monkeypatch, capsys, extra, fragment):
   monkeypatch.setattr(sys, "argv", ["cache_blocking.py", "--sizes", ""] + extra)
@@ -45,3 +47,15 @@ def test_bad_arguments_are_one_line_exit_2(monkeypatch, capsys, extra, fragment)
   err = capsys.readouterr().err.strip().splitlines()
   assert e.value.code == 2 and len(err) == 1 and err[0].startswith("error:")
   assert fragment in err[0]
+
+
+def test_step_time_refuses_a_batch_the_micro_batches_cannot_cut(monkeypatch, capsys):
+  from bench import step_time  # pylint: disable=import-outside-toplevel
+  monkeypatch.setattr(sys, "argv", ["step_time.py", "--config",
+                                    os.path.join(ROOT, "configs/vit_fashion_mnist.py"),
+                                    "--batch", "6", "--variants", "baseline"])
+  with pytest.raises(SystemExit) as e:
+    step_time.main()
+  err = capsys.readouterr().err.strip().splitlines()
+  assert e.value.code == 2 and len(err) == 1
+  assert "optim.grad_accum_steps=4" in err[0] and "--set optim.grad_accum_steps=1" in err[0]
