@@ -38,6 +38,7 @@ import jax.numpy as jnp  # pylint: disable=wrong-import-position
 import numpy as np  # pylint: disable=wrong-import-position
 
 from bench import compile_report, step_time  # pylint: disable=wrong-import-position
+from bench.step_time import fail  # pylint: disable=wrong-import-position
 
 
 def bandwidth(sizes_mib: list[int], reps: int = 20, rounds: int = 5) -> None:
@@ -67,7 +68,7 @@ def micro_batches(path: str, accum: list[int], args) -> None:
     fail(f"batch_size={config.batch_size} must be >= 1")
   image_shape = (28, 28, 1)
   batch = jax.device_put(step_time.synthetic_batch(config, image_shape, 10))
-  runs = {}
+  candidates, compile_seconds = {}, {}
   for n in dict.fromkeys(accum):  # in order, each once
     if config.batch_size % n:
       print(f"skipped: {n} micro-batches do not divide batch_size={config.batch_size}")
@@ -85,33 +86,20 @@ def micro_batches(path: str, accum: list[int], args) -> None:
         state, metrics = step(state, batch)
       jax.block_until_ready(metrics)
       name = f"{n} x {config.batch_size // n}" + (" unrolled" if unroll else "")
-      runs[name] = {"step": step, "state": state, "times": [], "compile": seconds,
-                    "metrics": metrics}
-  if not runs:
+      candidates[name], compile_seconds[name] = step_time.stepper(step, state, batch), seconds
+  if not candidates:
     fail(f"no micro-batch count in --accum divides batch_size={config.batch_size}")
-  names = list(runs)
-  for r in range(args.rounds):
-    for name in names[r % len(names):] + names[:r % len(names)]:
-      run = runs[name]
-      t0 = time.perf_counter()
-      for _ in range(args.steps):
-        run["state"], run["metrics"] = run["step"](run["state"], batch)
-      jax.block_until_ready(run["metrics"])
-      run["times"].append((time.perf_counter() - t0) / args.steps)
-  base = statistics.median(runs[names[0]]["times"])
+  times, metrics = step_time.round_robin(candidates, args.rounds, args.steps)
+  first = next(iter(times))
+  base = statistics.median(times[first])
   print(f"\nconfig {path}, batch {config.batch_size}: {args.rounds} rounds x {args.steps} "
-        f"steps, median; speed-up over {names[0]}")
+        f"steps, median; speed-up over {first}")
   print(f"{'micro-batches':24s} {'ms/step':>9s} {'speed-up':>9s} {'compile s':>10s} "
         f"{'loss':>12s}")
-  for name, run in runs.items():
-    t = statistics.median(run["times"])
-    print(f"{name:24s} {t * 1e3:9.2f} {base / t:9.3f} {run['compile']:10.1f} "
-          f"{float(run['metrics']['loss']):12.7f}")
-
-
-def fail(message: str) -> None:
-  print(f"error: {message}", file=sys.stderr)
-  sys.exit(2)
+  for name, ts in times.items():
+    t = statistics.median(ts)
+    print(f"{name:24s} {t * 1e3:9.2f} {base / t:9.3f} {compile_seconds[name]:10.1f} "
+          f"{float(metrics[name]['loss']):12.7f}")
 
 
 def main() -> None:

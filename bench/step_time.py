@@ -116,6 +116,38 @@ def build(config, laplacian: int, spectral: str | None, image_shape, num_classes
   return step, state, flops
 
 
+def stepper(step, state, batch):
+  """A function that runs one more ``step(state, batch)`` on the kept state and
+  returns its metrics (a jitted train step as a round-robin candidate)."""
+  kept = [state]
+  def run():
+    kept[0], metrics = step(kept[0], batch)
+    return metrics
+  return run
+
+
+def round_robin(candidates: dict, rounds: int, steps: int, after_round=None):
+  """Times ``candidates`` (``{name: function running one step}``) in turns:
+  ``rounds`` rounds of ``steps`` calls each, the first candidate rotating
+  each round, ``after_round()`` (if given) after every round.
+
+  Returns:
+    ``({name: [seconds per step, one per round]}, {name: last call's output})``.
+  """
+  times, last = {name: [] for name in candidates}, {}
+  names = list(candidates)
+  for r in range(rounds):
+    for name in names[r % len(names):] + names[:r % len(names)]:
+      t0 = time.perf_counter()
+      for _ in range(steps):
+        last[name] = candidates[name]()
+      jax.block_until_ready(last[name])
+      times[name].append((time.perf_counter() - t0) / steps)
+    if after_round is not None:
+      after_round()
+  return times, last
+
+
 def batch_problem(config) -> str | None:
   """One line saying why ``config.batch_size`` cannot be cut into its
   ``optim.grad_accum_steps`` micro-batches, with the fix; None if it can."""
@@ -166,38 +198,28 @@ def bench(path: str, args) -> None:
              "label": rng.integers(0, args.num_classes, b).astype(np.int32)}
     tokens_per_step = None
   batch = jax.device_put(batch)
-  runs = {}
+  candidates, flops = {}, {}
   for name, (k, s) in variants.items():  # s: spectral mode or None
-    step, state, flops = build(config, k, s, image_shape, args.num_classes)
+    step, state, flops[name] = build(config, k, s, image_shape, args.num_classes)
     for _ in range(3):  # compile and warm up
       state, m = step(state, batch)
     jax.block_until_ready(m)
-    runs[name] = [step, state, [], flops]
-  names = list(runs)
-  for r in range(args.rounds):  # the first variant rotates each round
-    for name in names[r % len(names):] + names[:r % len(names)]:
-      run = runs[name]
-      step, state, times, _ = run
-      t0 = time.perf_counter()
-      for _ in range(args.steps):
-        state, m = step(state, batch)
-      jax.block_until_ready(m)
-      times.append((time.perf_counter() - t0) / args.steps)
-      run[1] = state
-  base = statistics.median(next(iter(runs.values()))[2])
+    candidates[name] = stepper(step, state, batch)
+  times, _ = round_robin(candidates, args.rounds, args.steps)
+  base = statistics.median(next(iter(times.values())))
   device = jax.devices()[0]
   print(f"\nconfig {path}, batch {b}, {device.platform} ({device.device_kind}), "
         f"{args.rounds} rounds x {args.steps} steps, median step time; "
-        f"ratio to {next(iter(runs))}")
+        f"ratio to {next(iter(times))}")
   if args.set:
     print("overrides: " + " ".join(args.set))
   print(f"{'variant':32s} {'ms/step':>9s} {'tokens/s':>10s} {'ratio':>7s} "
         f"{'TFLOP/s':>8s} {'MFU':>7s}")
-  for name, (_, _, times, flops) in runs.items():
-    t = statistics.median(times)
+  for name, ts in times.items():
+    t, f = statistics.median(ts), flops[name]
     tps = f"{tokens_per_step / t:10.0f}" if tokens_per_step else f"{'-':>10s}"
-    mfu = f"{flops / t / 1e12 / args.peak_tflops:7.2%}" if args.peak_tflops else f"{'-':>7s}"
-    print(f"{name:32s} {t * 1e3:9.2f} {tps} {t / base:7.3f} {flops / t / 1e12:8.2f} {mfu}")
+    mfu = f"{f / t / 1e12 / args.peak_tflops:7.2%}" if args.peak_tflops else f"{'-':>7s}"
+    print(f"{name:32s} {t * 1e3:9.2f} {tps} {t / base:7.3f} {f / t / 1e12:8.2f} {mfu}")
 
 
 def synthetic_batch(config, image_shape, num_classes, seed: int = 0) -> dict:
@@ -307,29 +329,15 @@ def bench_peer(path: str, args) -> dict:
   peers = build_peers(config, params, batch_np, args.peer_modes, schedule,
                       args.peer_grad_accum)
   batch = jax.device_put(batch_np)
-  laplax_state = [state, None]
-
-  def laplax_step():
-    laplax_state[0], laplax_state[1] = step(laplax_state[0], batch)
-    return laplax_state[1]["loss"]
-  candidates = {"laplax (JAX)": laplax_step, **{n: p[0] for n, p in peers.items()}}
-  losses = {}
-  for name, fn in candidates.items():  # compile and warm up
+  laplax_step = stepper(step, state, batch)
+  candidates = {"laplax (JAX)": lambda: laplax_step()["loss"],
+                **{n: p[0] for n, p in peers.items()}}
+  for fn in candidates.values():  # compile and warm up
     for _ in range(args.warmup):
-      losses[name] = fn()
-    jax.block_until_ready(losses[name])
+      out = fn()
+    jax.block_until_ready(out)
   peak = MatmulPeak(args.peak_size)
-  times = {name: [] for name in candidates}
-  names = list(candidates)
-  for r in range(args.rounds):
-    for name in names[r % len(names):] + names[:r % len(names)]:
-      fn = candidates[name]
-      t0 = time.perf_counter()
-      for _ in range(args.steps):
-        losses[name] = fn()
-      jax.block_until_ready(losses[name])
-      times[name].append((time.perf_counter() - t0) / args.steps)
-    peak.run()
+  times, losses = round_robin(candidates, args.rounds, args.steps, after_round=peak.run)
   return report_peer(path, config, flops, times, losses, peak, torch.get_num_threads(), args)
 
 
