@@ -310,7 +310,8 @@ def prepare(
       read[split] = _read_split(builder, split)
     return read[split]
 
-  saved = kind == "bpe" and workdir is not None and os.path.isfile(tokenizer_path(workdir))
+  trained = kind != "byte"  # BPE or nanochat: trained once, kept in the workdir
+  saved = trained and workdir is not None and os.path.isfile(tokenizer_path(workdir, kind))
   if saved:
     tokenizer = load_tokenizer(data_config, workdir)
   else:
@@ -320,8 +321,8 @@ def prepare(
   if seq_len is not None:
     for split in corpus.SPLITS:
       _check_window(num_tokens[split], split, seq_len)
-  if kind == "bpe" and workdir is not None and not saved:
-    tokenizer.save(tokenizer_path(workdir))
+  if trained and workdir is not None and not saved:
+    tokenizer.save(tokenizer_path(workdir, kind))
   return tokenizer
 
 

@@ -169,6 +169,17 @@ class ClassificationTask(TaskBase):
             "loss": float(sums["loss"]) / count, "num_examples": int(count)}
 
 
+def _text_input(config: ml_collections.ConfigDict):
+  """The input module of a language-model config: :mod:`laplax.data.fineweb`
+  for ``data.name == "fineweb_edu"``, else :mod:`laplax.data.text`."""
+  # pylint: disable=import-outside-toplevel
+  if config.data.get("name", "") == "fineweb_edu":
+    from laplax.data import fineweb
+    return fineweb
+  from laplax.data import text
+  return text
+
+
 class LanguageModelTask(TaskBase):
   """Causal language modelling (GPT) on a text corpus.
 
@@ -176,8 +187,12 @@ class LanguageModelTask(TaskBase):
   ``tokens[:, :-1]`` and predicts ``tokens[:, 1:]``; eval batches also carry
   ``"mask": float32 [B, max_length]`` over target positions. Loss: mean
   next-token cross-entropy in nats. Evaluation reports ``loss``,
-  ``perplexity = exp(loss)`` and ``bits_per_byte = sum(loss) / ln 2 /
-  sum(UTF-8 bytes of the target tokens)``.
+  ``perplexity = exp(loss)`` and ``bits_per_byte = sum(loss where bytes > 0)
+  / ln 2 / sum(UTF-8 bytes of the target tokens)`` (nanochat's definition;
+  only its tokenizer has tokens of 0 bytes). The input is
+  :mod:`laplax.data.text` (a TFDS text corpus) or, with ``data.name =
+  "fineweb_edu"``, :mod:`laplax.data.fineweb` (parquet shards packed as
+  nanochat packs them).
 
   Args:
     config: the run's config.
@@ -195,33 +210,40 @@ class LanguageModelTask(TaskBase):
     self.seq_len = config.model.max_length
     self.model = GPT(spec_lib.from_config(config.model), vocab_size=tokenizer.vocab_size)
     self.token_bytes = jnp.asarray(tokenizer.token_bytes, jnp.float32)
+    self.zero_byte_tokens = bool((np.asarray(tokenizer.token_bytes) == 0).any())
 
   @classmethod
   def from_data(cls, config: ml_collections.ConfigDict, workdir: str | None):
-    """Prepares corpus and tokenizer (a BPE tokenizer is saved in ``workdir``).
+    """Prepares corpus and tokenizer (a trained tokenizer is saved in ``workdir``).
 
     Raises:
       DataError: empty or too short corpus, unknown tokenizer.
     """
-    from laplax.data import text  # pylint: disable=import-outside-toplevel
-    tokenizer = text.prepare(config.data, workdir, seq_len=config.model.max_length)
+    data = _text_input(config)
+    extra = {}
+    if config.data.get("name", "") == "fineweb_edu":  # streams checked against the batch
+      extra["batch_size"] = config.batch_size
+    tokenizer = data.prepare(config.data, workdir, seq_len=config.model.max_length, **extra)
     return cls(config, tokenizer)
 
   def train_dataset(self, process_index: int = 0, process_count: int = 1):
-    """This process's infinite stream of random-offset windows."""
-    from laplax.data import text  # pylint: disable=import-outside-toplevel
-    return text.train_dataset(
+    """This process's infinite stream of training windows (random offsets,
+    or FineWeb-Edu's packed stream)."""
+    return _text_input(self.config).train_dataset(
         self.config.data, self.tokenizer,
         batch_size=self.config.batch_size // process_count, seq_len=self.seq_len,
         seed=self.config.seed, process_index=process_index,
         process_count=process_count)
 
   def eval_batches(self) -> Iterator[dict]:
-    """Consecutive windows covering the validation split once."""
-    from laplax.data import text  # pylint: disable=import-outside-toplevel
-    return text.eval_batches(self.config.data, self.tokenizer,
+    """The validation split's windows (each target once; FineWeb-Edu: packed as in training)."""
+    data = _text_input(self.config)
+    extra = {}
+    if self.config.data.get("name", "") == "fineweb_edu":  # pops as the train batch's
+      extra["train_batch_size"] = self.config.batch_size
+    return data.eval_batches(self.config.data, self.tokenizer,
                              batch_size=self.config.eval_batch_size,
-                             seq_len=self.seq_len)
+                             seq_len=self.seq_len, **extra)
 
   def batch_spec(self, batch_size: int) -> dict:
     """``jax.ShapeDtypeStruct`` per field of a training batch."""
@@ -256,15 +278,26 @@ class LanguageModelTask(TaskBase):
     logits, _ = self.model.apply({"params": params}, tokens[:, :-1], train=False)
     targets = tokens[:, 1:]
     loss = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
-    return {"loss": (loss * mask).sum(), "count": mask.sum(),
-            "bytes": (self.token_bytes[targets] * mask).sum()}
+    num_bytes = self.token_bytes[targets] * mask
+    sums = {"loss": (loss * mask).sum(), "count": mask.sum(), "bytes": num_bytes.sum()}
+    if self.zero_byte_tokens:  # left out of bits per byte (nanochat's special tokens)
+      sums["byte_loss"] = (loss * mask * (num_bytes > 0)).sum()
+    return sums
 
   @staticmethod
   def summarize(sums: dict) -> dict:
-    """Eval sums -> ``{"loss", "perplexity", "bits_per_byte", "num_tokens"}``."""
+    """Eval sums -> ``{"loss", "perplexity", "bits_per_byte", "num_tokens"}``.
+
+    ``bits_per_byte`` is nanochat's (``nanochat/loss_eval.py``): the loss of
+    the targets that have bytes over ``ln 2`` times their bytes, so special
+    tokens (0 bytes, e.g. ``<|bos|>``) count neither. The byte and BPE
+    tokenizers have no such token: there it is the loss of all targets
+    (``eval_sums`` then sums no separate ``byte_loss``).
+    """
     loss = float(sums["loss"]) / float(sums["count"])
+    byte_loss = float(sums.get("byte_loss", sums["loss"]))
     return {"loss": loss, "perplexity": math.exp(min(loss, 700.0)),
-            "bits_per_byte": float(sums["loss"]) / math.log(2) / float(sums["bytes"]),
+            "bits_per_byte": byte_loss / math.log(2) / float(sums["bytes"]),
             "num_tokens": int(sums["count"])}
 
 
