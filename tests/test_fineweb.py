@@ -316,18 +316,19 @@ def test_eval_batches_are_the_validation_streams(shards, tok):
   assert sum(b["mask"].sum() for b in whole) == pops * w * 2 * seq_len
 
 
-@pytest.mark.parametrize("change,message", [
-    ({"streams": 3}, "must be a positive integer dividing the batch size 4"),
-    ({"streams": 9}, "at most 6 row groups"),
-    ({"pop_rows": 3}, "dividing the 4 rows of each stream"),
-    ({"tokenizer": "bpe"}, "needs --config.data.tokenizer=nanochat"),
-    ({"source_dir": "/nonexistent/fineweb"}, "does not exist"),
+@pytest.mark.parametrize("change,batch,seq_len,message", [
+    ({"streams": 3}, 4, 8, "must be a positive integer dividing the batch size 4"),
+    ({"streams": 9}, 9, 8, "at most 6 row groups"),
+    ({"pop_rows": 3}, 4, 8, "dividing the 4 rows of each stream"),
+    ({}, 4, 10_000, "fewer tokens than one pop of each stream (4 x 10000 + 1)"),
+    ({"max_eval_tokens": 10}, 4, 8, "max_eval_tokens=10 must be None"),
+    ({"tokenizer": "bpe"}, 4, 8, "needs --config.data.tokenizer=nanochat"),
+    ({"source_dir": "/nonexistent/fineweb"}, 4, 8, "does not exist"),
 ])
-def test_bad_settings_are_one_line_errors(shards, tmp_path, change, message):
+def test_bad_settings_are_one_line_errors(shards, tmp_path, change, batch, seq_len, message):
   c = _config(shards, **change)
   with pytest.raises(DataError) as e:
-    fineweb.prepare(c, str(tmp_path / "w"), batch_size=4 if "streams" not in change else
-                    (4 if change["streams"] == 3 else 9))
+    fineweb.prepare(c, str(tmp_path / "w"), batch_size=batch, seq_len=seq_len)
   assert message in str(e.value) and "\n" not in str(e.value)
   assert not (tmp_path / "w").exists()  # nothing written
 

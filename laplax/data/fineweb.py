@@ -274,8 +274,9 @@ def _stream_groups(data_config, split: str, streams: int) -> list[list[tuple[str
 
 def prepare(data_config: ml_collections.ConfigDict, workdir: str | None = None, *,
             seq_len: int | None = None, batch_size: int | None = None) -> NanochatTokenizer:
-  """Checks the shards (and ``streams``/``pop_rows`` against ``batch_size``,
-  the global batch, when given) and returns the run's tokenizer.
+  """Checks the shards (and, given ``batch_size``, the global batch, the
+  ``streams``/``pop_rows`` against it; with ``seq_len`` too, that the
+  validation shard holds a pop of each stream) and returns the run's tokenizer.
 
   The tokenizer is ``WORKDIR/nanochat_tokenizer.json`` when there (a
   resumed run, or one ``laplax.convert --from nanochat`` wrote); else the
@@ -289,7 +290,6 @@ def prepare(data_config: ml_collections.ConfigDict, workdir: str | None = None, 
       shard directory; bad ``streams``/``pop_rows``; a tokenizer of another
       ``vocab_size``.
   """
-  del seq_len  # the stream repeats: any context fits
   if tokenizer_kind(data_config) != "nanochat":
     raise DataError(f"The FineWeb-Edu input needs --config.data.tokenizer=nanochat, not "
                     f"{data_config.tokenizer!r} (its documents begin with <|bos|>).")
@@ -313,6 +313,9 @@ def prepare(data_config: ml_collections.ConfigDict, workdir: str | None = None, 
     texts = training_texts(iter_documents(paths[:-1]), data_config.tokenizer_max_chars,
                            data_config.tokenizer_doc_cap)
     tokenizer = NanochatTokenizer.train(texts, data_config.vocab_size)
+  if batch_size is not None and seq_len is not None:  # the validation split holds a pop
+    next(eval_batches(data_config, tokenizer, batch_size=1, seq_len=seq_len,
+                      train_batch_size=batch_size))
   if path is not None:
     tokenizer.save(path)
   return tokenizer
@@ -342,6 +345,9 @@ class _TrainIterator(grain.DatasetIterator):
                       f"FineWeb-Edu streams, this run has --config.data.streams={self._num}; "
                       "resume with the run's setting or use a new --workdir.")
     for i, stream in self._streams.items():
+      if str(i) not in state.get("positions", {}):
+        raise DataError(f"The checkpoint's data position has no FineWeb-Edu stream {i}; it "
+                        "was saved by another run: use a new --workdir.")
       stream.position = [int(v) for v in state["positions"][str(i)]]
 
 
@@ -483,7 +489,8 @@ def _eval_rows(streams, pops, rows, seq_len, batch_size):
     if any(x is None for x in popped):
       if p == 0:
         raise DataError("The validation shard holds fewer tokens than one pop of each stream "
-                        f"({rows} x {seq_len} + 1); use a larger last shard or fewer rows.")
+                        f"({rows} x {seq_len} + 1); use a larger last shard, fewer rows per "
+                        "pop or a shorter context.")
       done = True
     else:
       buffer.extend(np.concatenate(popped))

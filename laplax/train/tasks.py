@@ -169,17 +169,6 @@ class ClassificationTask(TaskBase):
             "loss": float(sums["loss"]) / count, "num_examples": int(count)}
 
 
-def _text_input(config: ml_collections.ConfigDict):
-  """The input module of a language-model config: :mod:`laplax.data.fineweb`
-  for ``data.name == "fineweb_edu"``, else :mod:`laplax.data.text`."""
-  # pylint: disable=import-outside-toplevel
-  if config.data.get("name", "") == "fineweb_edu":
-    from laplax.data import fineweb
-    return fineweb
-  from laplax.data import text
-  return text
-
-
 class LanguageModelTask(TaskBase):
   """Causal language modelling (GPT) on a text corpus.
 
@@ -188,16 +177,11 @@ class LanguageModelTask(TaskBase):
   ``"mask": float32 [B, max_length]`` over target positions. Loss: mean
   next-token cross-entropy in nats. Evaluation reports ``loss``,
   ``perplexity = exp(loss)`` and ``bits_per_byte = sum(loss where bytes > 0)
-  / ln 2 / sum(UTF-8 bytes of the target tokens)`` (nanochat's definition;
-  only its tokenizer has tokens of 0 bytes). The input is
-  :mod:`laplax.data.text` (a TFDS text corpus) or, with ``data.name =
-  "fineweb_edu"``, :mod:`laplax.data.fineweb` (parquet shards packed as
-  nanochat packs them).
+  / ln 2 / sum(UTF-8 bytes of the target tokens)`` (nanochat's definition).
 
   Args:
     config: the run's config.
-    tokenizer: from :func:`laplax.data.text.prepare` (``vocab_size``,
-      ``token_bytes``).
+    tokenizer: from :func:`laplax.data.lm_input.prepare` (``vocab_size``, ``token_bytes``).
   """
 
   family = "gpt"
@@ -219,31 +203,18 @@ class LanguageModelTask(TaskBase):
     Raises:
       DataError: empty or too short corpus, unknown tokenizer.
     """
-    data = _text_input(config)
-    extra = {}
-    if config.data.get("name", "") == "fineweb_edu":  # streams checked against the batch
-      extra["batch_size"] = config.batch_size
-    tokenizer = data.prepare(config.data, workdir, seq_len=config.model.max_length, **extra)
-    return cls(config, tokenizer)
+    from laplax.data import lm_input  # pylint: disable=import-outside-toplevel
+    return cls(config, lm_input.prepare(config, workdir))
 
   def train_dataset(self, process_index: int = 0, process_count: int = 1):
-    """This process's infinite stream of training windows (random offsets,
-    or FineWeb-Edu's packed stream)."""
-    return _text_input(self.config).train_dataset(
-        self.config.data, self.tokenizer,
-        batch_size=self.config.batch_size // process_count, seq_len=self.seq_len,
-        seed=self.config.seed, process_index=process_index,
-        process_count=process_count)
+    """This process's infinite stream of training windows."""
+    from laplax.data import lm_input  # pylint: disable=import-outside-toplevel
+    return lm_input.train_dataset(self.config, self.tokenizer, process_index, process_count)
 
   def eval_batches(self) -> Iterator[dict]:
-    """The validation split's windows (each target once; FineWeb-Edu: packed as in training)."""
-    data = _text_input(self.config)
-    extra = {}
-    if self.config.data.get("name", "") == "fineweb_edu":  # pops as the train batch's
-      extra["train_batch_size"] = self.config.batch_size
-    return data.eval_batches(self.config.data, self.tokenizer,
-                             batch_size=self.config.eval_batch_size,
-                             seq_len=self.seq_len, **extra)
+    """The validation split's windows (each target once)."""
+    from laplax.data import lm_input  # pylint: disable=import-outside-toplevel
+    return lm_input.eval_batches(self.config, self.tokenizer)
 
   def batch_spec(self, batch_size: int) -> dict:
     """``jax.ShapeDtypeStruct`` per field of a training batch."""
@@ -286,14 +257,9 @@ class LanguageModelTask(TaskBase):
 
   @staticmethod
   def summarize(sums: dict) -> dict:
-    """Eval sums -> ``{"loss", "perplexity", "bits_per_byte", "num_tokens"}``.
-
-    ``bits_per_byte`` is nanochat's (``nanochat/loss_eval.py``): the loss of
-    the targets that have bytes over ``ln 2`` times their bytes, so special
-    tokens (0 bytes, e.g. ``<|bos|>``) count neither. The byte and BPE
-    tokenizers have no such token: there it is the loss of all targets
-    (``eval_sums`` then sums no separate ``byte_loss``).
-    """
+    """Eval sums -> ``{"loss", "perplexity", "bits_per_byte", "num_tokens"}``;
+    ``bits_per_byte`` as nanochat's ``loss_eval.py`` (0-byte targets count
+    neither loss nor bytes; without such tokens ``byte_loss`` is not summed)."""
     loss = float(sums["loss"]) / float(sums["count"])
     byte_loss = float(sums.get("byte_loss", sums["loss"]))
     return {"loss": loss, "perplexity": math.exp(min(loss, 700.0)),
