@@ -423,3 +423,21 @@ def test_gpt_d20_trains_on_parquet_shards(shards, tmp_path):
   it = iter(fineweb.train_dataset(_config(shards, streams=2), tok, batch_size=4, seq_len=8))
   next(it), next(it)
   assert saved == it.get_state()
+
+
+def test_text_corpus_with_the_nanochat_tokenizer_saves_and_reloads_it(tmp_path):
+  from laplax.data import text
+  corpus = tmp_path / "corpus"
+  corpus.mkdir()
+  for name in "abc":
+    (corpus / f"{name}.txt").write_text("the cat sat on the mat. " * 50)
+  c = text.default_config()
+  c.update(source_dir=str(corpus), data_dir=str(tmp_path / "tfds"), tokenizer="nanochat",
+           vocab_size=270)
+  tok = text.prepare(c, str(tmp_path / "w"), seq_len=16)
+  assert isinstance(tok, nt.NanochatTokenizer) and tok.vocab_size == 270
+  assert os.listdir(tmp_path / "w") == [nt.TOKENIZER_FILE]
+  again = text.prepare(c, str(tmp_path / "w"), seq_len=16)  # read, not trained
+  assert again.fingerprint == tok.fingerprint
+  np.testing.assert_array_equal(text.split_tokens(c, tok, "validation")[:12],
+                                tok.encode("the cat sat on the mat. " * 50)[:12])

@@ -310,8 +310,9 @@ def prepare(data_config: ml_collections.ConfigDict, workdir: str | None = None, 
                       f"--config.data.vocab_size={data_config.vocab_size}; set it to "
                       f"{tokenizer.vocab_size}.")
   else:
-    texts = training_texts(iter_documents(paths[:-1]), data_config.tokenizer_max_chars,
-                           data_config.tokenizer_doc_cap)
+    texts = training_texts(iter_documents(paths[:-1]),
+                           data_config.get("tokenizer_max_chars", 2_000_000_000),
+                           data_config.get("tokenizer_doc_cap", 10_000))
     tokenizer = NanochatTokenizer.train(texts, data_config.vocab_size)
   if batch_size is not None and seq_len is not None:  # the validation split holds a pop
     next(eval_batches(data_config, tokenizer, batch_size=1, seq_len=seq_len,
