@@ -296,6 +296,14 @@ def test_processes_read_their_streams_and_save_every_position(shards, tok):
   np.testing.assert_array_equal(next(resumed)["tokens"], next(whole)["tokens"][:4])
 
 
+def test_allgather_positions_pass_through_jax(monkeypatch):
+  from jax.experimental import multihost_utils
+  other = np.array([[2, 7, 11], [3, 0, 5]], np.int64)  # process 1's streams 2 and 3
+  monkeypatch.setattr(multihost_utils, "process_allgather", lambda x: np.stack([x, other]))
+  parts = fineweb._allgather_positions({"1": [4, 9], "0": [1, 2]})
+  assert parts == [{"0": [1, 2], "1": [4, 9]}, {"2": [7, 11], "3": [0, 5]}]
+
+
 def test_eval_batches_are_the_validation_streams(shards, tok):
   seq_len, w = 8, 2
   c = _config(shards, streams=w, max_eval_tokens=3 * 2 * seq_len * w + 5)  # 3 pops a stream
@@ -416,6 +424,10 @@ def test_gpt_d20_trains_on_parquet_shards(shards, tmp_path):
   assert config["data"]["name"] == "fineweb_edu" and config["data"]["tokenizer"] == "nanochat"
   evals = [json.loads(l) for l in open(workdir / "metrics.jsonl") if '"eval"' in l]
   assert evals[-1]["num_tokens"] == 8 * 8 and 0 < evals[-1]["bits_per_byte"] < 20
+  # eval.py reads the workdir's tokenizer and the same validation rows.
+  assert run_in_process(["eval.py", "--workdir", str(workdir)]).returncode == 0
+  result = json.loads((workdir / "eval.json").read_text())
+  assert result["bits_per_byte"] == pytest.approx(evals[-1]["bits_per_byte"], rel=1e-5)
   # The checkpoint holds the data position two batches on: resuming reads batch 3.
   with open(workdir / "checkpoints" / "2" / "data" / "metadata") as f:
     saved = json.load(f)

@@ -34,8 +34,8 @@ pops of each stream (nanochat's gradient-accumulation micro-steps; with
 = nanochat's number of GPUs and ``R`` its ``device_batch_size``, step ``s``
 holds exactly the tokens of nanochat's step ``s``. Process ``p`` of ``P``
 reads streams ``p W / P`` to ``(p + 1) W / P - 1`` (``W`` a multiple of
-``P``): its rows are the global rows ``p B / P`` on, as the trainer places
-process-local rows. The stream is a function of the files, the tokenizer,
+``P``), and the trainer puts its ``B / P`` rows on its own devices
+(``jax.make_array_from_process_local_data``). The stream is a function of the files, the tokenizer,
 ``W``, ``R`` and ``T`` only (no seed: nanochat does not shuffle; the shards
 were shuffled when made).
 
