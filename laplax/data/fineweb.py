@@ -323,7 +323,7 @@ def prepare(data_config: ml_collections.ConfigDict, workdir: str | None = None, 
 
 
 class _TrainIterator(grain.DatasetIterator):
-  """The batches of this process's streams; state: all streams' positions."""
+  """The batches of this process's streams; state: their positions (see _GatheredState)."""
 
   def __init__(self, streams: dict[int, TokenStream], num_streams: int, rows: int,
                pops: int, seq_len: int):
