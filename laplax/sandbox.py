@@ -94,6 +94,9 @@ MAX_REPORT_BYTES = 1 << 20  # more on the result pipe than this: the run failed
 CHILD_FLAG = "--sandbox-child"
 # The interpreter of the sandboxed program (tests point it at another one).
 PYTHON = sys.executable
+# Whether to try the network and PID namespaces (tests turn them off to see
+# what a machine without them gets).
+NAMESPACES = True
 _CLONE_NEWNET, _CLONE_NEWPID, _CLONE_NEWUSER = 0x40000000, 0x20000000, 0x10000000
 # Names disabled by nanochat's reliability_guard (os, shutil, subprocess) ...
 _NANOCHAT_OS = (
@@ -202,7 +205,7 @@ def _run(program: str, work: str, timeout: float, memory_mb: int) -> Result:
   """Starts the sandboxed interpreter on ``program`` in ``work`` and watches it."""
   read_end, write_end = os.pipe()
   settings = {"program": program, "work": work, "fd": write_end, "timeout": timeout,
-              "memory": memory_mb << 20}
+              "memory": memory_mb << 20, "namespaces": NAMESPACES}
   env = {"PATH": os.defpath, "HOME": work, "TMPDIR": work, "LC_ALL": "C.UTF-8",
          "OMP_NUM_THREADS": "1"}
   start = time.monotonic()
@@ -313,51 +316,69 @@ def _unshare(flags: int) -> None:
     raise OSError(code, os.strerror(code))
 
 
-def _namespaces(isolation: dict) -> bool:
+def _namespaces(isolation: dict, allowed: bool) -> bool:
   """Enters new network and PID namespaces where the kernel allows (as root, or
   else in a new user namespace). Returns whether the PID namespace was made
   (the next fork is then its first process)."""
-  attempts = [_CLONE_NEWNET | _CLONE_NEWPID]
-  if os.geteuid() != 0:
+  attempts = [_CLONE_NEWNET | _CLONE_NEWPID] if allowed else []
+  if allowed and os.geteuid() != 0:
     attempts.append(_CLONE_NEWUSER | _CLONE_NEWNET | _CLONE_NEWPID)
-  error = None
+  error = "turned off"
   for flags in attempts:
     try:
       _unshare(flags)
     except (OSError, AttributeError) as e:
-      error = e
+      error = f"unshare: {getattr(e, 'strerror', None) or e}"
       continue
     isolation["network"] = "namespace"
     isolation["processes"] = "pid namespace"
     return True
-  reason = f"none (unshare: {getattr(error, 'strerror', None) or error})"
-  isolation["network"] = reason
+  isolation["network"] = f"none ({error})"
   isolation["processes"] = "process group"
   return False
 
 
-def _user_and_limits(isolation: dict, memory: int) -> None:
-  """Drops root to ``nobody`` (no groups) where possible, then sets the limits."""
-  import resource  # not at module level: the guard hides this module from the program
+def _program_user(isolation: dict) -> tuple[int | None, int | None]:
+  """Who the program will run as: ``(uid to switch to or None, that user's
+  thread count now)``, counted before any namespace hides other processes.
+
+  Root switches to ``nobody`` when ``nobody`` can read the interpreter's
+  installation (a program imports from it); the count is ``None`` for root,
+  whom ``RLIMIT_NPROC`` never binds.
+  """
+  if os.geteuid() != 0:
+    isolation["user"] = f"uid {os.getuid()} (not root: the caller's own user)"
+    return None, _tasks_of(os.getuid())
   unreadable = _unreadable_by_others()
-  if os.geteuid() == 0 and unreadable:
+  if unreadable:
     isolation["user"] = f"root (nobody cannot read {unreadable})"
-  elif os.geteuid() == 0:
+    return None, None
+  return NOBODY, _tasks_of(NOBODY)
+
+
+def _user_and_limits(isolation: dict, memory: int, uid: int | None,
+                     tasks: int | None) -> None:
+  """Switches to ``uid`` (no groups) if given, then sets the limits (memory,
+  core files, file size, and ``RLIMIT_NPROC`` at ``tasks + NPROC``)."""
+  import resource  # not at module level: the guard hides this module from the program
+  if uid is not None:
     try:
       os.setgroups([])
-      os.setgid(NOBODY)
-      os.setuid(NOBODY)
+      os.setgid(uid)
+      os.setuid(uid)
       isolation["user"] = "nobody"
     except OSError as e:
       isolation["user"] = f"root (setuid: {e.strerror})"
-  else:
-    isolation["user"] = f"uid {os.getuid()} (not root: the caller's own user)"
+      tasks = None
   for limit in (resource.RLIMIT_AS, resource.RLIMIT_DATA, resource.RLIMIT_STACK):
     resource.setrlimit(limit, (memory, memory))
   resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
   resource.setrlimit(resource.RLIMIT_FSIZE, (FILE_SIZE_MB << 20, FILE_SIZE_MB << 20))
-  nproc = NPROC + _tasks_of(os.getuid())
-  soft, hard = resource.getrlimit(resource.RLIMIT_NPROC)
+  if tasks is None:
+    isolation["nproc"] = "none (root is exempt)"
+    return
+  nproc = NPROC + tasks
+  _, hard = resource.getrlimit(resource.RLIMIT_NPROC)
   if hard != resource.RLIM_INFINITY:
     nproc = min(nproc, hard)
   resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
@@ -410,13 +431,14 @@ def _child_main(settings: dict) -> None:
   write = lambda message: os.write(fd, (json.dumps(message) + "\n").encode())
   with open(settings["program"], encoding="utf-8") as f:
     source = f.read()
-  if _namespaces(isolation):
+  uid, tasks = _program_user(isolation)
+  if _namespaces(isolation, settings["namespaces"]):
     pid = os.fork()  # the program process: pid 1 of the new namespace
     if pid:
       _, wait_status = os.waitpid(pid, 0)
       write({"exit": os.waitstatus_to_exitcode(wait_status)})
       os._exit(0)
-  _user_and_limits(isolation, settings["memory"])
+  _user_and_limits(isolation, settings["memory"], uid, tasks)
   _guard(os.path.realpath(settings["work"]))
   exit_now, dumps = os._exit, json.dumps
   write({"isolation": isolation})
@@ -510,11 +532,15 @@ def _guard(work: str) -> None:
 
   def path_writer(name):
     original = getattr(os, name)
-    def checked(path, *args, **kwargs):
-      inside(path, kwargs.get("dir_fd"))
-      if name in ("symlink", "link"):
-        inside(args[0] if name == "link" else path, kwargs.get("src_dir_fd"))
-      return original(path, *args, **kwargs)
+    def checked(*args, **kwargs):
+      if name == "link":  # a hard link is the file itself: both ends inside
+        inside(kwargs.get("src", args[0] if args else None), kwargs.get("src_dir_fd"))
+      if name in ("symlink", "link"):  # (src, dst): dst is what is created
+        inside(kwargs.get("dst", args[1] if len(args) > 1 else None),
+               kwargs.get("dst_dir_fd", kwargs.get("dir_fd")))
+      else:
+        inside(kwargs.get("path", args[0] if args else None), kwargs.get("dir_fd"))
+      return original(*args, **kwargs)
     return checked
 
   builtins.open = io.open = open_checked
@@ -545,8 +571,8 @@ def _inside(work: str):
   realpath, join, fspath = os.path.realpath, os.path.join, os.fspath
 
   def check(path, dir_fd=None):
-    if isinstance(path, int):
-      return
+    if path is None or isinstance(path, int):
+      return  # an open descriptor, or a call the original will reject
     text = os.fsdecode(fspath(path))
     if dir_fd is not None and not text.startswith("/"):
       raise PermissionError(errno.EACCES, "the sandbox refuses paths relative to a "
