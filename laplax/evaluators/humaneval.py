@@ -217,8 +217,12 @@ def score_completions(problems: Sequence[dict],
 
   Raises:
     HumanEvalError: the lengths differ, a problem has no samples, a sample is
-      not a string.
+      not a string, ``workers`` is not positive.
+    laplax.sandbox.SandboxError: ``timeout`` or ``memory_mb`` not positive.
   """
+  sandbox.check_limits(timeout, memory_mb)
+  if workers is not None and (not isinstance(workers, int) or workers < 1):
+    raise HumanEvalError(f"workers must be a positive number, got {workers!r}")
   if len(problems) != len(completions):
     raise HumanEvalError(f"{len(completions)} completions for {len(problems)} "
                          f"problems; pass one completion (or list of samples) "
@@ -299,6 +303,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.workers is not None and args.workers < 1:
       raise HumanEvalError(f"--workers must be at least 1, got {args.workers}")
+    sandbox.check_limits(args.timeout, sandbox.MEMORY_MB)
     problems = load_problems(args.problems)
     if args.canonical:
       if not all(isinstance(p.get("canonical_solution"), str) for p in problems):
