@@ -18,13 +18,14 @@ whose asserts raise on a wrong answer). It is run like nanochat's
   ``PYTHON*`` variables, no working directory on ``sys.path``), with a
   minimal environment, never a fork of the caller (a fork of a process
   running JAX threads is unsafe); ``exec(program, {})`` as nanochat does, so
-  ``__name__`` is not ``"__main__"``;
+  ``__name__`` is not ``"__main__"``; in a new session (process group),
+  killed as a whole when the run ends;
 - in a fresh temporary directory as its working directory (also ``HOME``
   and ``TMPDIR``), deleted afterwards;
-- with a time limit: ``timeout`` seconds (nanochat: 5) of an interval timer
-  raise ``TimeoutError``-like ``SandboxTimeout`` in the program; a program
-  still alive 1 s later is killed (nanochat: ``join(timeout + 1)``). The
-  limit counts from the moment the interpreter is ready, not from its start;
+- with a time limit: after ``timeout`` seconds (nanochat: 5) an interval
+  timer raises ``SandboxTimeout`` in the program; a program still alive 1 s
+  later is killed (nanochat: ``join(timeout + 1)``). The limit counts from
+  the moment the interpreter is ready, not from its start;
 - with memory limits: ``RLIMIT_AS``, ``RLIMIT_DATA`` and ``RLIMIT_STACK`` of
   ``memory_mb`` (nanochat: 256 MB), no core files, files of at most 64 MiB;
 - without standard input (``/dev/null``, and ``sys.stdin`` raises on read as
@@ -40,27 +41,31 @@ whose asserts raise on a wrong answer). It is run like nanochat's
   file, anywhere but inside the temporary directory raises
   ``PermissionError``.
 
-Where the kernel allows it (root, or unprivileged user namespaces) the
-program also gets:
+These hold on any Linux machine. Where the kernel allows it (root, or a
+user allowed unprivileged user namespaces), the program also gets:
 
 - a new network namespace: no interface but a loopback that is down, so no
   connection leaves it, loopback ports of the machine included;
 - a new PID namespace whose first process is the program: when it ends or is
   killed, the kernel kills every process it started (fork bombs included);
-- when the caller is root, the ``nobody`` user (uid 65534) with no groups:
-  the kernel refuses writes outside the temporary directory and world-writable
-  directories, signals to other users' processes, and more than 64 processes
-  (``RLIMIT_NPROC``).
+- a new mount namespace in which every file system is read-only but the
+  temporary directory: writes elsewhere fail with ``EROFS`` even past the
+  guard (``ctypes``);
+- when the caller is root and ``nobody`` can read the interpreter's
+  installation, the ``nobody`` user (uid 65534) with no groups: the kernel
+  also refuses signals to other users' processes and more than 64 processes
+  (``RLIMIT_NPROC``, which never binds root). A non-root caller's program
+  runs as the caller, with ``RLIMIT_NPROC`` 64 above the caller's count.
 
-``isolation`` in the result says which of these held. Where none does (a
-non-root user without user namespaces) the guard above, the process group
-killed as a whole after every run, and an ``RLIMIT_NPROC`` of 64 processes
-above the user's current count are what is left: code that calls the C
-library through ``ctypes`` can then reach the network, write where the user
-may write and signal the user's processes. Like nanochat's, this is a guard
-against accidents of generated code, not a security boundary against an
-adversary (a program can, for instance, write a forged result line to the
-pipe that reports to the caller).
+``isolation`` in the result says which of these held (``"none (why)"``
+where one did not). Without namespaces (a non-root user without user
+namespaces, or a container that forbids them) only the guard and the
+process limits are left: code that calls the C library through ``ctypes``
+can then reach the network, write where the user may write, and signal the
+user's processes. Like nanochat's, this sandbox guards against accidents of
+generated code; it is not a security boundary against an adversary (a
+program can, for instance, write a forged result line to the pipe that
+reports to the caller, or, as root, undo its mounts).
 
 The sandboxed interpreter runs :mod:`laplax.sandbox_child` as a script (it
 uses only the standard library); this module starts and watches it.
@@ -115,9 +120,10 @@ class Result:
       a signal, ``os._exit``, a closed result pipe); ``"sandbox: ..."`` (the
       sandbox itself could not start the program).
     seconds: wall-clock seconds from the interpreter being ready to the end.
-    isolation: what held, e.g. ``{"network": "namespace", "processes":
-      "pid namespace", "user": "nobody", "guard": "on"}``; a value that says
-      ``none (...)`` names what was not available and why.
+    isolation: what held, e.g. ``{"user": "nobody", "network": "namespace",
+      "processes": "pid namespace", "files": "read-only but the temporary
+      directory", "nproc": 65}``; a value ``"none (...)"`` says what was not
+      available and why. Empty if the interpreter never became ready.
   """
   passed: bool
   status: str

@@ -39,6 +39,10 @@ FILE_SIZE_MB = 64  # RLIMIT_FSIZE: no file the program writes grows past this
 NPROC = 64  # processes the program may add (RLIMIT_NPROC)
 NOBODY = 65534  # the uid and gid a root caller's program runs as
 _CLONE_NEWNET, _CLONE_NEWPID, _CLONE_NEWUSER = 0x40000000, 0x20000000, 0x10000000
+_CLONE_NEWNS = 0x00020000
+_MS_BIND, _MS_REC, _MS_PRIVATE = 4096, 16384, 1 << 18
+# mount_setattr(2): the same number on every architecture (Linux 5.12+).
+_SYS_MOUNT_SETATTR, _AT_FDCWD, _AT_RECURSIVE, _MOUNT_ATTR_RDONLY = 442, -100, 0x8000, 1
 # Names disabled by nanochat's reliability_guard (os, shutil, subprocess) ...
 _NANOCHAT_OS = (
     "kill", "system", "putenv", "remove", "removedirs", "rmdir", "fchdir", "setuid",
@@ -101,7 +105,54 @@ def _namespaces(isolation: dict, allowed: bool) -> bool:
     return True
   isolation["network"] = f"none ({error})"
   isolation["processes"] = "process group"
+  isolation["files"] = f"none ({error})"
   return False
+
+
+def _read_only_files(isolation: dict, work: str) -> None:
+  """In a new mount namespace, makes every mount read-only but ``work``.
+
+  Steps: ``unshare(CLONE_NEWNS)``; every mount private (so that nothing
+  propagates back to the caller's namespace); ``work`` bind-mounted on
+  itself; ``mount_setattr(2)`` (Linux 5.12+) sets ``MOUNT_ATTR_RDONLY`` on
+  the whole tree, then clears it on ``work``. Any step failing leaves the
+  files as they were (the guard still confines writes) and says why in
+  ``isolation["files"]``.
+  """
+  libc = ctypes.CDLL(None, use_errno=True)
+  libc.mount.argtypes = (ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p,
+                         ctypes.c_ulong, ctypes.c_void_p)
+  libc.syscall.restype = ctypes.c_long
+  attributes = (ctypes.c_uint64 * 4)()  # struct mount_attr: set, clr, propagation, userns_fd
+
+  def setattr_(path: str, flags: int, set_: int, clear: int) -> int:
+    attributes[0], attributes[1] = set_, clear
+    return libc.syscall(ctypes.c_long(_SYS_MOUNT_SETATTR), ctypes.c_int(_AT_FDCWD),
+                        path.encode(), ctypes.c_uint(flags), attributes,
+                        ctypes.c_size_t(ctypes.sizeof(attributes)))
+
+  steps = (
+      ("unshare", lambda: 0 if _try_unshare(_CLONE_NEWNS) else -1),
+      ("private mounts", lambda: libc.mount(None, b"/", None, _MS_REC | _MS_PRIVATE, None)),
+      ("bind", lambda: libc.mount(work.encode(), work.encode(), None, _MS_BIND, None)),
+      ("read-only", lambda: setattr_("/", _AT_RECURSIVE, _MOUNT_ATTR_RDONLY, 0)),
+      ("writable work", lambda: setattr_(work, 0, 0, _MOUNT_ATTR_RDONLY)),
+  )
+  for name, step in steps:
+    if step() != 0:
+      code = ctypes.get_errno()
+      isolation["files"] = f"none ({name}: {os.strerror(code) if code else 'failed'})"
+      return
+  os.chdir(work)  # onto the writable bind mount (the old cwd is beneath it)
+  isolation["files"] = "read-only but the temporary directory"
+
+
+def _try_unshare(flags: int) -> bool:
+  try:
+    _unshare(flags)
+  except OSError:
+    return False
+  return True
 
 
 def _program_user(isolation: dict) -> tuple[int | None, int | None]:
@@ -199,6 +250,7 @@ def main(settings: dict) -> None:
     source = f.read()
   uid, tasks = _program_user(isolation)
   if _namespaces(isolation, settings["namespaces"]):
+    _read_only_files(isolation, os.path.realpath(settings["work"]))
     pid = os.fork()  # the program process: pid 1 of the new namespace
     if pid:
       _, wait_status = os.waitpid(pid, 0)

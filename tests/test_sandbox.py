@@ -312,26 +312,52 @@ def test_one_write_outside_without_namespaces(sentinel, monkeypatch):
   assert not result.passed and "PermissionError" in result.status
 
 
-def test_writes_outside_refused_by_the_kernel_as_nobody(sentinel):
-  """As ``nobody``, a write past the guard (the C library's ``open``) into a
-  directory only root may write is refused by the kernel."""
+PAST_THE_GUARD = [  # calls of the C library: only the kernel can refuse them
+    "libc.open({new!r}, 0o101, 0o644)",  # O_CREAT | O_WRONLY
+    "libc.unlink({keep!r})",
+    "libc.rename({keep!r}, {new!r})",
+    "libc.rmdir({sub!r})",
+    "libc.mkdir({new!r}, 0o777)",
+    "libc.open(b'/dev/shm/laplax-sandbox-test', 0o101, 0o644)",
+]
+
+
+def test_writes_past_the_guard_are_refused_by_the_kernel(sentinel, isolation):
+  """With the files read-only but the temporary directory (a mount namespace),
+  writes through ``ctypes`` fail with ``EROFS``, whoever the program runs as."""
+  if not isolation["files"].startswith("read-only"):
+    pytest.skip(f"no read-only mount namespace here: {isolation['files']}")
+  paths = {"keep": os.path.join(sentinel, "keep.txt").encode(),
+           "new": os.path.join(sentinel, "new").encode(),
+           "sub": os.path.join(sentinel, "sub").encode()}
+  programs = ["import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+               f"if {template.format(**paths)} >= 0:\n"
+               "  raise RuntimeError('the call succeeded')\n"
+               "raise OSError(ctypes.get_errno(), '')" for template in PAST_THE_GUARD]
+  for program, result in zip(programs, run_each(programs)):
+    assert result.status == "error: OSError: [Errno 30]", (program, result)
+  assert not os.path.exists("/dev/shm/laplax-sandbox-test")
+
+
+def test_writes_past_the_guard_refused_as_nobody(sentinel, monkeypatch):
+  """As ``nobody`` without namespaces, a write through ``ctypes`` into a
+  directory only root may write is refused by the kernel (``EACCES``)."""
   python = _nobody_python()
   if python is None:
     pytest.skip("no interpreter that the nobody user can read, or not root")
   target = os.path.join(sentinel, "sub")
   os.chmod(target, 0o755)
-  old, sandbox.PYTHON = sandbox.PYTHON, python
-  try:
-    result = run(f"""
-        import ctypes
-        libc = ctypes.CDLL(None, use_errno=True)
-        fd = libc.open({os.path.join(target, "new").encode()!r}, 0o101, 0o644)
-        assert fd >= 0, ctypes.get_errno()
-        """)
-  finally:
-    sandbox.PYTHON = old
-  assert not result.passed and result.status == "error: AssertionError: 13"  # EACCES
+  monkeypatch.setattr(sandbox, "PYTHON", python)
+  monkeypatch.setattr(sandbox, "NAMESPACES", False)
+  result = run(f"""
+      import ctypes
+      libc = ctypes.CDLL(None, use_errno=True)
+      fd = libc.open({os.path.join(target, "new").encode()!r}, 0o101, 0o644)
+      assert fd >= 0, ctypes.get_errno()
+      """)
   os.chmod(target, 0o777)  # as the sentinel fixture left it
+  assert result.isolation["user"] == "nobody"
+  assert not result.passed and result.status == "error: AssertionError: 13"  # EACCES
 
 
 DELETES = [
