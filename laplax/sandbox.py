@@ -122,8 +122,9 @@ class Result:
     seconds: wall-clock seconds from the interpreter being ready to the end.
     isolation: what held, e.g. ``{"user": "nobody", "network": "namespace",
       "processes": "pid namespace", "files": "read-only but the temporary
-      directory", "nproc": 65}``; a value ``"none (...)"`` says what was not
-      available and why. Empty if the interpreter never became ready.
+      directory", "memory": "256 MiB", "nproc": 65}``; a value
+      ``"none (...)"`` says what was not available and why. Empty if the
+      interpreter never became ready.
   """
   passed: bool
   status: str

@@ -187,10 +187,17 @@ def _user_and_limits(isolation: dict, memory: int, uid: int | None,
     except OSError as e:
       isolation["user"] = f"root (setuid: {e.strerror})"
       tasks = None
-  for limit in (resource.RLIMIT_AS, resource.RLIMIT_DATA, resource.RLIMIT_STACK):
-    resource.setrlimit(limit, (memory, memory))
-  resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-  resource.setrlimit(resource.RLIMIT_FSIZE, (FILE_SIZE_MB << 20, FILE_SIZE_MB << 20))
+  limits = [(resource.RLIMIT_AS, memory), (resource.RLIMIT_DATA, memory),
+            (resource.RLIMIT_STACK, memory), (resource.RLIMIT_CORE, 0),
+            (resource.RLIMIT_FSIZE, FILE_SIZE_MB << 20)]
+  refused = []
+  for limit, value in limits:
+    try:
+      resource.setrlimit(limit, (value, value))
+    except (ValueError, OSError):  # macOS refuses RLIMIT_AS (nanochat skips it there)
+      refused.append(limit)
+  isolation["memory"] = (f"{memory >> 20} MiB" if not refused else
+                         f"none for limits {refused} (setrlimit refused them)")
   if tasks is None:
     isolation["nproc"] = "none (root is exempt)"
     return

@@ -10,6 +10,7 @@ import concurrent.futures
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -211,12 +212,16 @@ def test_fork_bomb_through_ctypes_dies_with_the_program(mode, isolation):
           libc.prctl(15, b"{name}", 0, 0, 0)  # PR_SET_NAME
           if {leave_group}:
             libc.setsid()
-          time.sleep(600)
+          time.sleep(120)
         forked += pid > 0
       raise RuntimeError(f"forked {{forked}}")
       """)
-  assert not result.passed and result.status == "error: RuntimeError: forked 20", result
-  assert _all_gone(name)
+  try:
+    assert not result.passed and result.status == "error: RuntimeError: forked 20", result
+    assert _all_gone(name)
+  finally:  # a failing sandbox must not leave the test's processes behind
+    for pid in _living(name):
+      os.kill(int(pid), signal.SIGKILL)
 
 
 def test_fork_bomb_meets_the_process_limit():
@@ -318,7 +323,7 @@ PAST_THE_GUARD = [  # calls of the C library: only the kernel can refuse them
     "libc.rename({keep!r}, {new!r})",
     "libc.rmdir({sub!r})",
     "libc.mkdir({new!r}, 0o777)",
-    "libc.open(b'/dev/shm/laplax-sandbox-test', 0o101, 0o644)",
+    "libc.open({shm!r}, 0o101, 0o644)",  # a tmpfs of its own
 ]
 
 
@@ -327,16 +332,21 @@ def test_writes_past_the_guard_are_refused_by_the_kernel(sentinel, isolation):
   writes through ``ctypes`` fail with ``EROFS``, whoever the program runs as."""
   if not isolation["files"].startswith("read-only"):
     pytest.skip(f"no read-only mount namespace here: {isolation['files']}")
+  shm = f"/dev/shm/laplax-sandbox-{uuid.uuid4().hex}"
   paths = {"keep": os.path.join(sentinel, "keep.txt").encode(),
            "new": os.path.join(sentinel, "new").encode(),
-           "sub": os.path.join(sentinel, "sub").encode()}
+           "sub": os.path.join(sentinel, "sub").encode(), "shm": shm.encode()}
   programs = ["import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
                f"if {template.format(**paths)} >= 0:\n"
                "  raise RuntimeError('the call succeeded')\n"
                "raise OSError(ctypes.get_errno(), '')" for template in PAST_THE_GUARD]
-  for program, result in zip(programs, run_each(programs)):
-    assert result.status == "error: OSError: [Errno 30]", (program, result)
-  assert not os.path.exists("/dev/shm/laplax-sandbox-test")
+  try:
+    for program, result in zip(programs, run_each(programs)):
+      assert result.status == "error: OSError: [Errno 30]", (program, result)
+    assert not os.path.exists(shm)
+  finally:
+    if os.path.exists(shm):
+      os.remove(shm)
 
 
 def test_writes_past_the_guard_refused_as_nobody(sentinel, monkeypatch):
