@@ -248,30 +248,47 @@ def main(settings: dict) -> None:
   """The sandboxed interpreter: isolate, limit, guard, then run the program.
 
   Reports on ``settings["fd"]`` one JSON line when ready (``isolation``) and
-  one with the ``status``; in a PID namespace the waiting first process adds
-  ``{"exit": code}`` (negative: the signal) of the program process.
+  one with the ``status`` (``"sandbox: ..."`` if the set-up itself failed);
+  in a PID namespace the waiting first process adds ``{"exit": code}``
+  (negative: the signal) of the program process.
   """
   fd, isolation = settings["fd"], {}
-  write = lambda message: os.write(fd, (json.dumps(message) + "\n").encode())
+  write, exit_now, dumps = os.write, os._exit, json.dumps  # before the program can swap them
+
+  def report(message: dict) -> None:
+    write(fd, (dumps(message) + "\n").encode())
+
+  try:
+    source = _prepare(settings, isolation, report)
+  except BaseException as e:  # pylint: disable=broad-except
+    report({"status": "sandbox: " + _one_line(e)})
+    exit_now(1)
+  report({"isolation": isolation})
+  status = _execute(source, settings["timeout"])
+  try:
+    report({"status": status})
+  finally:
+    exit_now(0)  # no atexit handlers or finalizers of the program
+
+
+def _prepare(settings: dict, isolation: dict, report) -> str:
+  """Steps 1-4 of the module docstring; returns the program's source. In a
+  PID namespace the first process waits for the program process here and
+  exits (it never returns)."""
   with open(settings["program"], encoding="utf-8") as f:
     source = f.read()
+  work = os.path.realpath(settings["work"])
   uid, tasks = _program_user(isolation)
   if _namespaces(isolation, settings["namespaces"]):
-    _read_only_files(isolation, os.path.realpath(settings["work"]))
+    _read_only_files(isolation, work)
     pid = os.fork()  # the program process: pid 1 of the new namespace
     if pid:
       _, wait_status = os.waitpid(pid, 0)
-      write({"exit": os.waitstatus_to_exitcode(wait_status)})
+      report({"exit": os.waitstatus_to_exitcode(wait_status)})
       os._exit(0)
   _user_and_limits(isolation, settings["memory"], uid, tasks)
-  _guard(os.path.realpath(settings["work"]))
-  exit_now, dumps = os._exit, json.dumps
-  write({"isolation": isolation})
-  status = _execute(source, settings["timeout"])
-  try:
-    os.write(fd, (dumps({"status": status}) + "\n").encode())
-  finally:
-    exit_now(0)  # no atexit handlers or finalizers of the program
+  _guard(work)
+  return source
 
 
 def _execute(source: str, timeout: float) -> str:

@@ -121,6 +121,23 @@ def test_a_correct_program_passes_and_a_wrong_one_fails(mode):
   assert not crash.passed and crash.status == "crashed: killed by signal SIGSEGV"
 
 
+def test_syntax_errors_and_failed_set_up_are_reported(tmp_path):
+  syntax = run("def f(:\n  pass")
+  assert not syntax.passed and syntax.status.startswith("error: SyntaxError"), syntax
+  # The sandboxed interpreter, given a program file that does not exist,
+  # reports why on its pipe instead of dying silently.
+  read_end, write_end = os.pipe()
+  settings = {"program": str(tmp_path / "missing.py"), "work": str(tmp_path),
+              "fd": write_end, "timeout": 1.0, "memory": 256 << 20, "namespaces": False}
+  done = subprocess.run([sys.executable, "-I", sandbox.CHILD, json.dumps(settings)],
+                        pass_fds=(write_end,), capture_output=True, timeout=120)
+  os.close(write_end)
+  with os.fdopen(read_end) as pipe:
+    report = json.loads(pipe.readline())
+  assert done.returncode == 1
+  assert report["status"].startswith("sandbox: error: FileNotFoundError"), report
+
+
 def test_program_runs_like_nanochat_exec(tmp_path):
   """``exec(program, {})``: ``__name__`` is not ``"__main__"``, standard
   modules import, the working directory is an empty writable directory."""
