@@ -36,7 +36,10 @@ whose asserts raise on a wrong answer). It is run like nanochat's
   ``spawn*`` families, ``posix_spawn``, ``os.popen``, ``setsid``, the same
   names of the ``posix`` module, and ``socket.socket``. A disabled call
   raises ``SandboxRefused`` (a ``TypeError``, as calling nanochat's ``None``
-  does, so a program's ``except`` clauses see what they saw there). Opening
+  does, so a program's ``except`` clauses see what they saw there), but
+  ``os.getcwd`` and ``os.putenv`` still serve a module being imported
+  (``multiprocessing``, ``numpy``: nanochat's forked child had them loaded
+  before its guard). Opening
   a file for writing, making a directory, link, FIFO or node, or touching a
   file, anywhere but inside the temporary directory raises
   ``PermissionError``.

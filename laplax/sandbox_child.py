@@ -59,6 +59,8 @@ _MORE_OS = (
     "spawnvpe", "posix_spawn", "posix_spawnp", "popen", "setsid", "setpgid",
     "setpgrp", "setreuid", "setresuid", "setgid", "setregid", "setresgid",
     "pidfd_open")
+# Disabled calls that a module being imported may still make (harmless ones).
+_IMPORT_TIME_OK = ("getcwd", "putenv")
 # Calls that create or modify a path: refused outside the temporary directory.
 _PATH_WRITERS = ("mkdir", "symlink", "link", "mkfifo", "mknod", "utime")
 _OPEN_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
@@ -334,12 +336,29 @@ class _NoInput:
   read = readline = readlines = __iter__ = fileno = _refuse
 
 
-def _refused(name: str):
-  """A stand-in for a disabled call: raises :class:`SandboxRefused`."""
+def _refused(name: str, original=None):
+  """A stand-in for a disabled call: raises :class:`SandboxRefused`, except
+  that ``original`` (if given) still serves calls made while a module is
+  being imported (``numpy`` calls ``os.putenv`` and ``multiprocessing``
+  ``os.getcwd`` on import; nanochat's forked child had them imported before
+  its guard)."""
   def refused(*args, **kwargs):
+    if original is not None and _importing():
+      return original(*args, **kwargs)
     raise SandboxRefused(f"{name} is disabled in the sandbox")
   refused.__name__ = name.rsplit(".", 1)[-1]
   return refused
+
+
+def _importing() -> bool:
+  """Whether an ``import`` statement is running (a frame of importlib's
+  bootstrap is on the stack)."""
+  frame = sys._getframe(2)  # pylint: disable=protected-access
+  while frame is not None:
+    if frame.f_code.co_filename.startswith("<frozen importlib._bootstrap"):
+      return True
+    frame = frame.f_back
+  return False
 
 
 def _guard(work: str) -> None:
@@ -390,7 +409,9 @@ def _guard(work: str) -> None:
   replacements = {"open": os_open}
   replacements.update((name, path_writer(name)) for name in _PATH_WRITERS
                       if hasattr(os, name))
-  replacements.update((name, _refused(f"os.{name}")) for name in _NANOCHAT_OS + _MORE_OS)
+  replacements.update((name, _refused(f"os.{name}", getattr(os, name, None)
+                                     if name in _IMPORT_TIME_OK else None))
+                      for name in _NANOCHAT_OS + _MORE_OS)
   for module in (os, posix):
     for name, value in replacements.items():
       if hasattr(module, name) or name in _NANOCHAT_OS:
@@ -399,7 +420,10 @@ def _guard(work: str) -> None:
     setattr(shutil, name, _refused(f"shutil.{name}"))
   subprocess.Popen = _refused("subprocess.Popen")
   _posixsubprocess.fork_exec = _refused("_posixsubprocess.fork_exec")
-  socket.socket = _refused("socket.socket")
+  class RefusedSocket(socket.socket):  # a class still: ssl subclasses it on import
+    def __init__(self, *args, **kwargs):
+      raise SandboxRefused("socket.socket is disabled in the sandbox")
+  socket.socket = RefusedSocket
   socket.create_connection = _refused("socket.create_connection")
   builtins.exit = builtins.quit = builtins.help = None
   sys.stdin = sys.__stdin__ = _NoInput()

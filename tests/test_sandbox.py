@@ -143,6 +143,8 @@ def test_program_runs_like_nanochat_exec(tmp_path):
   modules import, the working directory is an empty writable directory."""
   result = run("""
       import collections, hashlib, math, re, typing, os
+      import ssl, urllib.request, logging.handlers  # import fine
+      import multiprocessing, numpy  # call os.getcwd / os.putenv on import
       assert __name__ != "__main__"
       assert os.listdir(".") == []
       with open("scratch.txt", "w") as f:
@@ -173,6 +175,11 @@ def test_program_catching_the_timeout_is_killed(mode):
 def test_allocating_10_gb_fails_with_memory_error(mode):
   result = run("x = bytearray(10 * 2**30)\nx[-1] = 1")
   assert not result.passed and result.status == "memory"
+
+
+def test_guarded_calls_are_refused_outside_imports():
+  assert_none_passed(["import os\nos.getcwd()", "import os\nos.putenv('A', '1')",
+                      "import os\nos.chdir('/')"], ("SandboxRefused",))
 
 
 STARTS_PROCESSES = [
