@@ -100,8 +100,8 @@ MAX_REPORT_BYTES = 1 << 20  # more on the result pipe than this: the run failed
 CHILD = os.path.abspath(sandbox_child.__file__)  # run by path in the sandbox
 # The interpreter of the sandboxed program (tests point it at another one).
 PYTHON = sys.executable
-# Whether to try the network and PID namespaces (tests turn them off to see
-# what a machine without them gets).
+# Whether to try the network, PID and mount namespaces (tests turn them off to
+# see what a machine without them gets).
 NAMESPACES = True
 
 
@@ -195,9 +195,9 @@ def _run(program: str, work: str, timeout: float, memory_mb: int) -> Result:
   start = time.monotonic()
   try:
     proc = subprocess.Popen(
-        [PYTHON, "-I", CHILD, json.dumps(settings)], cwd=work, env=env, stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, pass_fds=(write_end,),
-        start_new_session=True)
+        [PYTHON, "-I", CHILD, json.dumps(settings)], cwd=work, env=env,
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        pass_fds=(write_end,), start_new_session=True)
   except OSError as e:
     os.close(read_end)
     return Result(False, f"sandbox: cannot start {PYTHON} ({e})", 0.0, {})
@@ -282,8 +282,6 @@ def _describe_exit(returncode: int | None, messages: list) -> str:
     except ValueError:
       return f"killed by signal {-code}"
   return f"exit code {code} without a result"
-
-
 
 
 class _Parser(argparse.ArgumentParser):

@@ -90,8 +90,9 @@ def _unshare(flags: int) -> None:
 
 def _namespaces(isolation: dict, allowed: bool) -> bool:
   """Enters new network and PID namespaces where the kernel allows (as root, or
-  else in a new user namespace). Returns whether the PID namespace was made
-  (the next fork is then its first process)."""
+  else in a new user namespace). Returns whether they were made (the next
+  fork is then the PID namespace's first process); if not, says why in
+  ``isolation`` (``network``, ``processes``, ``files``)."""
   attempts = [_CLONE_NEWNET | _CLONE_NEWPID] if allowed else []
   if allowed and os.geteuid() != 0:
     attempts.append(_CLONE_NEWUSER | _CLONE_NEWNET | _CLONE_NEWPID)
@@ -133,8 +134,12 @@ def _read_only_files(isolation: dict, work: str) -> None:
                         path.encode(), ctypes.c_uint(flags), attributes,
                         ctypes.c_size_t(ctypes.sizeof(attributes)))
 
+  try:
+    _unshare(_CLONE_NEWNS)
+  except OSError as e:
+    isolation["files"] = f"none (unshare: {e.strerror})"
+    return
   steps = (
-      ("unshare", lambda: 0 if _try_unshare(_CLONE_NEWNS) else -1),
       ("private mounts", lambda: libc.mount(None, b"/", None, _MS_REC | _MS_PRIVATE, None)),
       ("bind", lambda: libc.mount(work.encode(), work.encode(), None, _MS_BIND, None)),
       ("read-only", lambda: setattr_("/", _AT_RECURSIVE, _MOUNT_ATTR_RDONLY, 0)),
@@ -147,14 +152,6 @@ def _read_only_files(isolation: dict, work: str) -> None:
       return
   os.chdir(work)  # onto the writable bind mount (the old cwd is beneath it)
   isolation["files"] = "read-only but the temporary directory"
-
-
-def _try_unshare(flags: int) -> bool:
-  try:
-    _unshare(flags)
-  except OSError:
-    return False
-  return True
 
 
 def _program_user(isolation: dict) -> tuple[int | None, int | None]:
@@ -189,17 +186,17 @@ def _user_and_limits(isolation: dict, memory: int, uid: int | None,
     except OSError as e:
       isolation["user"] = f"root (setuid: {e.strerror})"
       tasks = None
-  limits = [(resource.RLIMIT_AS, memory), (resource.RLIMIT_DATA, memory),
-            (resource.RLIMIT_STACK, memory), (resource.RLIMIT_CORE, 0),
-            (resource.RLIMIT_FSIZE, FILE_SIZE_MB << 20)]
+  limits = {"RLIMIT_AS": memory, "RLIMIT_DATA": memory, "RLIMIT_STACK": memory,
+            "RLIMIT_CORE": 0, "RLIMIT_FSIZE": FILE_SIZE_MB << 20}
   refused = []
-  for limit, value in limits:
+  for name, value in limits.items():
     try:
-      resource.setrlimit(limit, (value, value))
+      resource.setrlimit(getattr(resource, name), (value, value))
     except (ValueError, OSError):  # macOS refuses RLIMIT_AS (nanochat skips it there)
-      refused.append(limit)
+      refused.append(name)
   isolation["memory"] = (f"{memory >> 20} MiB" if not refused else
-                         f"none for limits {refused} (setrlimit refused them)")
+                         f"{memory >> 20} MiB but not {', '.join(refused)} "
+                         f"(setrlimit refused)")
   if tasks is None:
     isolation["nproc"] = "none (root is exempt)"
     return
