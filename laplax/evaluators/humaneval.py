@@ -234,19 +234,18 @@ def score_completions(problems: Sequence[dict],
       raise HumanEvalError(f"problem {problem.get('task_id', i)}: its completions "
                            f"must be one string or a non-empty list of strings")
     jobs += [(i, build_program(problem, s)) for s in samples]
-  workers = workers or len(os.sched_getaffinity(0))
-  outcomes = [[] for _ in problems]
+  if workers is None:
+    workers = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+               else os.cpu_count() or 1)
   with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
-    futures = {pool.submit(sandbox.run_program, program, timeout, memory_mb): i
-               for i, program in jobs}
-    # Results are collected in completion order, then put in sample order.
-    order = {future: n for n, future in enumerate(futures)}
-    done = []
-    for future in tqdm.tqdm(concurrent.futures.as_completed(futures), total=len(jobs),
-                            desc="HumanEval", unit="program", disable=not progress):
-      done.append((order[future], futures[future], future.result()))
-  for _, i, result in sorted(done, key=lambda item: item[0]):
-    outcomes[i].append(result)
+    futures = [pool.submit(sandbox.run_program, program, timeout, memory_mb)
+               for _, program in jobs]
+    for _ in tqdm.tqdm(concurrent.futures.as_completed(futures), total=len(jobs),
+                       desc="HumanEval", unit="program", disable=not progress):
+      pass
+  outcomes = [[] for _ in problems]
+  for (i, _), future in zip(jobs, futures):  # in sample order
+    outcomes[i].append(future.result())
   results = [{"task_id": problem["task_id"], "passed": [r.passed for r in runs],
               "status": [r.status for r in runs]}
              for problem, runs in zip(problems, outcomes)]
