@@ -52,6 +52,7 @@ Differences from nanochat, not implemented:
 * bfloat16 weights of the embeddings and fp8 matmuls (options there).
 """
 
+from laplax.data import fineweb
 from laplax.train.defaults import gpt_base_config, nanochat_options, parse_arg
 
 
@@ -65,8 +66,12 @@ def get_config(arg=None):
   c.log_every = 100
   c.eval_every = 1000
   c.checkpoint_every = 1000
-  c.data.tokenizer = "bpe"
-  c.data.vocab_size = 65536
+  # FineWeb-Edu parquet shards (--config.data.source_dir=DIR) with nanochat's
+  # 65,536-token tokenizer, packed as nanochat's 8 GPUs read them: 8 streams of
+  # 32 x 2048 tokens per step; validation bpb on 20 x 524,288 tokens.
+  c.data = fineweb.default_config()
+  c.data.streams = 8
+  c.data.max_eval_tokens = 20 * 524_288
   m = c.model
   m.max_length, m.width, m.depth, m.num_heads, m.mlp_dim = 2048, 1280, 20, 10, 5120
   nanochat_options(c)  # the architecture and Muon/AdamW options, as in gpt_shakespeare

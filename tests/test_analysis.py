@@ -142,6 +142,37 @@ def test_rank_r_token_matrix_needs_r_components(rank):
   assert geometry.components_for(np.array([10.0, 1.5, 0.1]), 0.99) == 2
 
 
+def test_per_sequence_components_are_the_mean_of_each_sequences_own_pca():
+  """Each sequence's count from np.linalg.svd of its own centred tokens, averaged;
+  sequences of given ranks, one masked to one token (no variance: left out)."""
+  rng = np.random.default_rng(5)
+  d, length, ranks = 12, 20, [1, 4, 2, 9, 3]
+  tokens = np.stack([rng.normal(size=(length, r)) @ rng.normal(size=(r, d)) * (1 + s)
+                     + rng.normal(size=d) for s, r in enumerate(ranks)])
+  tokens[2] += 1e-3 * rng.normal(size=(length, d))  # full rank, 99% still in 2
+  mask = np.ones((len(ranks), length))
+  mask[3, 1:] = 0
+  mask[4, 15:] = 0
+
+  def count(x):
+    sv = np.linalg.svd(x - x.mean(0), compute_uv=False)
+    cum = np.cumsum(sv ** 2) / np.sum(sv ** 2)
+    return int(np.argmax(cum >= 0.99) + 1)
+
+  want = [count(tokens[s][mask[s] > 0]) for s in (0, 1, 2, 4)]
+  assert want == [1, 4, 2, 3]
+  acc = geometry.GeometryAccumulator(d)
+  acc.update(tokens[:2], mask=mask[:2])
+  acc.update(tokens[2:], mask=mask[2:])  # streamed
+  out = acc.finalize()
+  assert out["components_99_per_sequence"] == pytest.approx(np.mean(want), abs=1e-12)
+  assert out["sequences_with_variance"] == 4
+  # The all-token PCA is another number: the sequences span more directions together.
+  assert out["components_99"] > max(want)
+  assert summary.summary({"layers": [dict(out, layer=0)]})["components_99_per_sequence"] == [
+      np.mean(want)]
+
+
 def test_anova_parts_add_up_and_match_reference():
   rng = np.random.default_rng(1)
   tokens, mask, labels = random_batch(rng, b=9, t=7, d=5, classes=3, offset=1e3)

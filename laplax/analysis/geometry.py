@@ -50,7 +50,12 @@ arXiv 2602.09297) for token representations ``h[s, t]``
   mu_G^T`` (``N x D``), i.e. the square roots of the eigenvalues of the
   token scatter matrix, and ``components_99``: the number of principal
   components whose cumulative explained variance first reaches 99%
-  (the paper's "number of principal components for 99% of token variance").
+  (all tokens in one PCA). Beside it ``components_99_per_sequence``: the
+  same count for each sequence on its own (the PCA of ``h[s, :] - mu_s``,
+  its counted tokens centred by its own mean), averaged over the sequences
+  with non-zero variance (at least two distinct tokens). The paper's
+  "number of principal components for 99% of token variance" (547.7 and
+  430.4 for its GPT) is not an integer, so an average of this kind.
 
 Everything is computed from sufficient statistics that
 :class:`GeometryAccumulator` streams over batches in float64: a 50,000-image
@@ -132,6 +137,28 @@ def components_for(singular: np.ndarray, threshold: float = 0.99) -> int:
     return 0
   cum = np.cumsum(var) / total
   return int(min(np.searchsorted(cum, threshold) + 1, len(var)))
+
+
+def sequence_components(tokens: np.ndarray, threshold: float = 0.99) -> int | None:
+  """``components_for`` of one sequence's own PCA.
+
+  Args:
+    tokens: float ``[n, D]``, the sequence's counted tokens.
+    threshold: explained-variance fraction.
+
+  Returns:
+    The number of components of ``tokens - tokens.mean(0)`` for
+    ``threshold`` of its variance; None when that variance is 0 (one token,
+    or all equal). The eigenvalues come from the smaller of the two Gram
+    matrices (``[n, n]`` or ``[D, D]``; the same non-zero spectrum).
+  """
+  x = np.asarray(tokens, np.float64)
+  x = x - x.mean(0)
+  gram = x @ x.T if x.shape[0] < x.shape[1] else x.T @ x
+  sv = singular_values(gram)
+  if not np.any(sv > 0.0):
+    return None
+  return components_for(sv, threshold)
 
 
 def _nc1(sigma_w: np.ndarray, sigma_b: np.ndarray, num: int) -> float:
@@ -277,12 +304,15 @@ class GeometryAccumulator:
     num_classes: number of sequence classes (0 = no sequence labels).
     num_token_classes: number of token classes, e.g. the vocabulary for
       next-token ids (0 = none).
+    threshold: explained-variance fraction of the per-sequence counts,
+      computed in :meth:`update` (one int per sequence is kept).
 
   Raises:
     ValueError: ``dim < 1`` or negative class counts.
   """
 
-  def __init__(self, dim: int, num_classes: int = 0, num_token_classes: int = 0):
+  def __init__(self, dim: int, num_classes: int = 0, num_token_classes: int = 0,
+               threshold: float = 0.99):
     if dim < 1 or num_classes < 0 or num_token_classes < 0:
       raise ValueError(f"need dim >= 1 and class counts >= 0, got dim={dim}, "
                        f"num_classes={num_classes}, num_token_classes={num_token_classes}")
@@ -290,6 +320,8 @@ class GeometryAccumulator:
     self.shift = None
     self.num_tokens = 0
     self.num_sequences = 0
+    self.threshold = threshold
+    self.sequence_components = []                      # per sequence with variance
     self.token_sum = np.zeros(dim)                     # sum_t h
     self.token_scatter = np.zeros((dim, dim))          # sum_t h h^T
     self.seq_weighted_sq = 0.0                         # sum_s n_s ||mu_s||^2
@@ -359,6 +391,10 @@ class GeometryAccumulator:
     self.token_sum += flat.sum(0)
     self.token_scatter += flat.T @ flat
     self.seq_weighted_sq += float(np.sum(n_s * np.sum(seq_mean ** 2, axis=1)))
+    for row, used in zip(x, m):
+      k = sequence_components(row[used], self.threshold)
+      if k is not None:
+        self.sequence_components.append(k)
     if self.num_classes:
       y = np.asarray(labels)
       if y.shape != (b,) or not np.issubdtype(y.dtype, np.integer):
@@ -396,7 +432,8 @@ class GeometryAccumulator:
         classifier reads).
       token_classifier: optional float ``[num_token_classes, D]`` (e.g. the
         unembedding) for NC3 on tokens by token class.
-      threshold: explained-variance fraction of ``components_99``.
+      threshold: explained-variance fraction of ``components_99`` (the
+        per-sequence counts use the accumulator's ``threshold``).
       max_pairwise_classes: see :func:`class_statistics`.
 
     Returns:
@@ -404,7 +441,10 @@ class GeometryAccumulator:
       ``anova`` (``total``, ``within_sequence``, ``between_sequence``, and
       with classes ``within_class``, ``between_class``: traces, in squared
       units of the representation, per token), ``singular_values`` (``[D]``,
-      descending, of the centred token matrix), ``components_99``,
+      descending, of the centred token matrix), ``components_99`` (one PCA
+      of all tokens), ``components_99_per_sequence`` (float: the mean over
+      sequences of each sequence's own count; None when no sequence has
+      variance) and ``sequences_with_variance`` (how many it averages),
       ``fractions`` (each ``anova`` term divided by ``total``: within- and
       between-sequence add up to 1, as the paper reads the geometry), and with
       classes ``classes`` / with token classes ``token_classes``: the output
@@ -428,6 +468,9 @@ class GeometryAccumulator:
     sv = singular_values((scatter + scatter.T) / 2)
     out["singular_values"] = sv.tolist()
     out["components_99"] = components_for(sv, threshold)
+    per_seq = self.sequence_components
+    out["components_99_per_sequence"] = float(np.mean(per_seq)) if per_seq else None
+    out["sequences_with_variance"] = len(per_seq)
     if self.num_classes:
       present = self.class_tokens > 0
       class_mean = self.class_token_sum[present] / self.class_tokens[present, None]

@@ -257,7 +257,8 @@ def plot_compare(analyses: dict, path: str,
       x, y = _series(s["layer"], s[key])
       if x:
         ax.plot(x, y, marker="o", ms=3, label=name)
-    if key not in ("components_99", "entropy", "self_weight", "head_similarity"):
+    if key not in ("components_99", "components_99_per_sequence", "entropy", "self_weight",
+                   "head_similarity"):
       ax.set_yscale("log")
     ax.set_title(labels[key], fontsize=9)
     _layer_axis(ax, [l for s in summaries.values() for l in s["layer"]])

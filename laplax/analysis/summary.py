@@ -68,6 +68,8 @@ QUANTITIES = (
      lambda e: get_path(e, "fractions", "between_class")),
     ("components_99", "principal components for 99% variance",
      lambda e: e.get("components_99")),
+    ("components_99_per_sequence", "components for 99% of a sequence's variance, mean",
+     lambda e: e.get("components_99_per_sequence")),
     ("nc1", "NC1 tr(Sigma_W Sigma_B^+)/C", lambda e: get_path(e, "classes", "nc1")),
     ("cdnv", "CDNV (classes; LM: next tokens)",
      lambda e: get_path(e, "classes", "cdnv") if get_path(e, "classes", "cdnv") is not None

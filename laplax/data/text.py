@@ -276,21 +276,22 @@ def prepare(
 
   Steps: check the tokenizer settings; build the TFDS corpus in
   ``data_config.data_dir`` unless prepared (checking the source first); load
-  the BPE tokenizer from ``WORKDIR/tokenizer.json`` if there, else train it
+  a BPE tokenizer from ``WORKDIR/tokenizer.json`` (nanochat's from
+  ``WORKDIR/nanochat_tokenizer.json``) if there, else train it
   on the train split; encode both splits into the token cache unless cached
   (a second call does not encode); check each split holds a window of
-  ``seq_len + 1`` tokens; only then save a newly trained BPE tokenizer to
-  ``WORKDIR/tokenizer.json``. Nothing else is written to ``workdir``; with
-  ``workdir`` None a BPE tokenizer is trained but not saved.
+  ``seq_len + 1`` tokens; only then save a newly trained tokenizer to the
+  workdir. Nothing else is written to ``workdir``; with ``workdir`` None a
+  tokenizer is trained but not saved.
 
   Args:
     data_config: data config (see ``default_config``).
-    workdir: the run's directory (BPE only).
+    workdir: the run's directory (BPE and nanochat tokenizers only).
     seq_len: model context; None skips the split-length check.
 
   Returns:
-    The :class:`ByteTokenizer` or :class:`BPETokenizer` to pass to the
-    other functions.
+    The :class:`ByteTokenizer`, :class:`BPETokenizer` or
+    :class:`NanochatTokenizer` to pass to the other functions.
 
   Raises:
     DataError: unknown tokenizer or bad ``vocab_size``/``validation_every``;
@@ -310,7 +311,8 @@ def prepare(
       read[split] = _read_split(builder, split)
     return read[split]
 
-  saved = kind == "bpe" and workdir is not None and os.path.isfile(tokenizer_path(workdir))
+  trained = kind != "byte"  # BPE or nanochat: trained once, kept in the workdir
+  saved = trained and workdir is not None and os.path.isfile(tokenizer_path(workdir, kind))
   if saved:
     tokenizer = load_tokenizer(data_config, workdir)
   else:
@@ -320,8 +322,8 @@ def prepare(
   if seq_len is not None:
     for split in corpus.SPLITS:
       _check_window(num_tokens[split], split, seq_len)
-  if kind == "bpe" and workdir is not None and not saved:
-    tokenizer.save(tokenizer_path(workdir))
+  if trained and workdir is not None and not saved:
+    tokenizer.save(tokenizer_path(workdir, kind))
   return tokenizer
 
 

@@ -1,4 +1,4 @@
-"""Tokenizers of the language-model pipeline: UTF-8 bytes, or byte-level BPE.
+"""Tokenizers of the language-model pipeline: UTF-8 bytes, byte-level BPE, or nanochat's.
 
 Typical use (``laplax.data.text.prepare`` does this and re-exports the names)::
 
@@ -7,8 +7,11 @@ Typical use (``laplax.data.text.prepare`` does this and re-exports the names)::
   text = tok.decode(ids)                   # round-trips exactly
   tok = tokenizers.load_tokenizer(cfg.data, workdir)  # BPE: WORKDIR/tokenizer.json
 
-Both kinds have ``name``, ``vocab_size``, ``token_bytes`` (int32
-[vocab_size], each token's UTF-8 byte length, for bits per byte) and
+``data.tokenizer="nanochat"`` is nanochat's GPT-4-style BPE with special
+tokens (:mod:`laplax.data.nanochat_tokenizer`, saved as
+``WORKDIR/nanochat_tokenizer.json``). All kinds have ``name``, ``vocab_size``, ``token_bytes`` (int32
+[vocab_size], each token's UTF-8 byte length, for bits per byte; 0 for a
+special token, whose loss bits per byte leaves out) and
 ``fingerprint`` (identifies the tokenizer in the token cache key).
 """
 
@@ -25,9 +28,11 @@ import numpy as np
 import tokenizers  # HuggingFace tokenizers (absolute import: not this module)
 
 from laplax.data.errors import DataError
+from laplax.data.nanochat_tokenizer import NanochatTokenizer
+from laplax.data.nanochat_tokenizer import tokenizer_path as nanochat_tokenizer_path
 from laplax.utils import atomic_write, first_line
 
-TOKENIZERS = ("byte", "bpe")
+TOKENIZERS = ("byte", "bpe", "nanochat")
 TOKENIZER_FILE = "tokenizer.json"  # the BPE tokenizer, in the workdir
 
 _BYTE_TOKEN_BYTES = np.ones(256, np.int32)
@@ -153,18 +158,19 @@ class BPETokenizer:
     return self._tokenizer.decode(np.asarray(ids).reshape(-1).tolist())
 
 
-Tokenizer = Union[ByteTokenizer, BPETokenizer]
+Tokenizer = Union[ByteTokenizer, BPETokenizer, NanochatTokenizer]
 
 
 def tokenizer_kind(data_config: ml_collections.ConfigDict) -> str:
-  """``data_config.tokenizer`` (``"byte"`` or ``"bpe"``), with ``vocab_size`` checked for BPE.
+  """``data_config.tokenizer`` (``"byte"``, ``"bpe"`` or ``"nanochat"``), with
+  ``vocab_size`` checked for the trained kinds.
 
   Raises:
-    DataError: unknown tokenizer name, or a BPE ``vocab_size`` that is not an
-      integer >= 256.
+    DataError: unknown tokenizer name, or a ``vocab_size`` that is not an
+      integer >= 256 (BPE) or >= 265 (nanochat: 256 bytes, 9 special tokens).
   """
   kind = _tokenizer_name(data_config)
-  if kind == "bpe":
+  if kind != "byte":
     _bpe_vocab_size(data_config)
   return kind
 
@@ -180,17 +186,23 @@ def _tokenizer_name(data_config) -> str:
 
 
 def _bpe_vocab_size(data_config) -> int:
-  size = data_config.vocab_size
-  if isinstance(size, bool) or not isinstance(size, int) or size < 256:
+  size, kind = data_config.vocab_size, data_config.tokenizer
+  least = 265 if kind == "nanochat" else 256
+  if isinstance(size, bool) or not isinstance(size, int) or size < least:
+    what = ("256 bytes, 9 special tokens" if kind == "nanochat"
+            else "the 256 bytes plus learned merges")
     raise DataError(
-      f"--config.data.vocab_size={size!r} must be an integer >= 256 for the BPE "
-      "tokenizer (the 256 bytes plus learned merges)."
+      f"--config.data.vocab_size={size!r} must be an integer >= {least} for the {kind} "
+      f"tokenizer ({what})."
     )
   return size
 
 
-def tokenizer_path(workdir: str) -> str:
-  """Where the BPE tokenizer of a run lives: ``WORKDIR/tokenizer.json``."""
+def tokenizer_path(workdir: str, kind: str = "bpe") -> str:
+  """Where the trained tokenizer of a run lives: ``WORKDIR/tokenizer.json``
+  (BPE) or ``WORKDIR/nanochat_tokenizer.json`` (``kind="nanochat"``)."""
+  if kind == "nanochat":
+    return nanochat_tokenizer_path(workdir)
   return os.path.join(os.path.expanduser(workdir), TOKENIZER_FILE)
 
 
@@ -202,15 +214,18 @@ def make_tokenizer(data_config: ml_collections.ConfigDict, texts: Sequence[str])
     texts: training texts; the BPE tokenizer learns its merges on them.
 
   Returns:
-    A :class:`ByteTokenizer`, or a :class:`BPETokenizer` of exactly
-    ``data_config.vocab_size`` tokens.
+    A :class:`ByteTokenizer`, or a :class:`BPETokenizer` or
+    :class:`NanochatTokenizer` of exactly ``data_config.vocab_size`` tokens.
 
   Raises:
     DataError: unknown tokenizer name, bad ``vocab_size``, or too little text
       for ``vocab_size``.
   """
-  if tokenizer_kind(data_config) == "byte":
+  kind = tokenizer_kind(data_config)
+  if kind == "byte":
     return ByteTokenizer()
+  if kind == "nanochat":
+    return NanochatTokenizer.train(texts, _bpe_vocab_size(data_config))
   return BPETokenizer.train(texts, _bpe_vocab_size(data_config))
 
 
@@ -223,24 +238,30 @@ def load_tokenizer(data_config: ml_collections.ConfigDict, workdir: str | None) 
 
   Returns:
     A :class:`ByteTokenizer`, or the :class:`BPETokenizer` read from
-    ``WORKDIR/tokenizer.json``.
+    ``WORKDIR/tokenizer.json``, or the :class:`NanochatTokenizer` read from
+    ``WORKDIR/nanochat_tokenizer.json``.
 
   Raises:
-    DataError: unknown tokenizer name; for BPE, no readable
-      ``tokenizer.json`` in ``workdir`` or one whose vocabulary size is not
+    DataError: unknown tokenizer name; for BPE and nanochat, no readable
+      tokenizer file in ``workdir`` or one whose vocabulary size is not
       ``data_config.vocab_size``.
   """
-  if tokenizer_kind(data_config) == "byte":
+  kind = tokenizer_kind(data_config)
+  if kind == "byte":
     return ByteTokenizer()
   vocab_size = _bpe_vocab_size(data_config)
-  if workdir is None or not os.path.isfile(tokenizer_path(workdir)):
+  path = tokenizer_path(workdir, kind) if workdir is not None else None
+  if path is None or not os.path.isfile(path):
     where = f"in workdir {workdir}" if workdir is not None else "without a workdir"
     raise DataError(
-      f"No BPE tokenizer {TOKENIZER_FILE} {where}; run "
+      f"No {'BPE' if kind == 'bpe' else kind} tokenizer "
+      f"{os.path.basename(tokenizer_path('.', kind))} {where}; run "
       "laplax.data.text.prepare(config.data, workdir) (train.py does) first."
     )
-  path = tokenizer_path(workdir)
-  tokenizer = BPETokenizer.load(path)
+  if kind == "nanochat":
+    tokenizer = NanochatTokenizer.from_path(path)
+  else:
+    tokenizer = BPETokenizer.load(path)
   if tokenizer.vocab_size != vocab_size:
     raise DataError(
       f"{path} has {tokenizer.vocab_size} tokens but --config.data.vocab_size="

@@ -91,12 +91,18 @@ def unknown_keys(config: ml_collections.ConfigDict) -> list[str]:
 
   The reference is the task's base config (``base_config`` of its class in
   :data:`laplax.train.tasks.TASKS`, from :mod:`laplax.train.defaults`), which
-  holds every key the trainer reads.
+  holds every key the trainer reads; a language model on FineWeb-Edu
+  (``data.name="fineweb_edu"``) also has the keys of
+  :func:`laplax.data.fineweb.default_config`.
   """
   if config.get("task") not in task_names():
     return []
   known = utils.flatten_dotted(_task_class(config.task).base_config().to_dict(),
                                keep_empty=True)
+  if config.task == "lm" and get(config, "data.name", "") == "fineweb_edu":
+    from laplax.data import fineweb  # pylint: disable=import-outside-toplevel
+    known.update(utils.flatten_dotted({"data": fineweb.default_config().to_dict()},
+                                      keep_empty=True))
   sections = {k.rsplit(".", 1)[0] for k in known if "." in k}
   return sorted(k for k in utils.flatten_dotted(config.to_dict(), keep_empty=True)
                 if k not in known and k not in sections)

@@ -26,12 +26,14 @@ from laplax.train.workdir import CHECKPOINT_DIR
 
 def copy_init_tokenizer(config, workdir: str) -> None:
   """A language model fine-tuned from ``config.init_from`` reads that run's
-  tokens: its ``tokenizer.json`` is copied into a workdir that has none."""
-  source = tokenizers.tokenizer_path(config.init_from)
-  target = tokenizers.tokenizer_path(workdir)
-  if config.task == "lm" and os.path.isfile(source) and not os.path.exists(target):
-    os.makedirs(os.path.dirname(target), exist_ok=True)
-    shutil.copyfile(source, target)
+  tokens: its ``tokenizer.json`` (or ``nanochat_tokenizer.json``) is copied
+  into a workdir that has none."""
+  for kind in ("bpe", "nanochat"):
+    source = tokenizers.tokenizer_path(config.init_from, kind)
+    target = tokenizers.tokenizer_path(workdir, kind)
+    if config.task == "lm" and os.path.isfile(source) and not os.path.exists(target):
+      os.makedirs(os.path.dirname(target), exist_ok=True)
+      shutil.copyfile(source, target)
 
 
 class InitFromError(config_lib.ConfigError):

@@ -176,13 +176,12 @@ class LanguageModelTask(TaskBase):
   ``tokens[:, :-1]`` and predicts ``tokens[:, 1:]``; eval batches also carry
   ``"mask": float32 [B, max_length]`` over target positions. Loss: mean
   next-token cross-entropy in nats. Evaluation reports ``loss``,
-  ``perplexity = exp(loss)`` and ``bits_per_byte = sum(loss) / ln 2 /
-  sum(UTF-8 bytes of the target tokens)``.
+  ``perplexity = exp(loss)`` and ``bits_per_byte = sum(loss where bytes > 0)
+  / ln 2 / sum(UTF-8 bytes of the target tokens)`` (nanochat's definition).
 
   Args:
     config: the run's config.
-    tokenizer: from :func:`laplax.data.text.prepare` (``vocab_size``,
-      ``token_bytes``).
+    tokenizer: from :func:`laplax.data.lm_input.prepare` (``vocab_size``, ``token_bytes``).
   """
 
   family = "gpt"
@@ -195,33 +194,27 @@ class LanguageModelTask(TaskBase):
     self.seq_len = config.model.max_length
     self.model = GPT(spec_lib.from_config(config.model), vocab_size=tokenizer.vocab_size)
     self.token_bytes = jnp.asarray(tokenizer.token_bytes, jnp.float32)
+    self.zero_byte_tokens = bool((np.asarray(tokenizer.token_bytes) == 0).any())
 
   @classmethod
   def from_data(cls, config: ml_collections.ConfigDict, workdir: str | None):
-    """Prepares corpus and tokenizer (a BPE tokenizer is saved in ``workdir``).
+    """Prepares corpus and tokenizer (a trained tokenizer is saved in ``workdir``).
 
     Raises:
       DataError: empty or too short corpus, unknown tokenizer.
     """
-    from laplax.data import text  # pylint: disable=import-outside-toplevel
-    tokenizer = text.prepare(config.data, workdir, seq_len=config.model.max_length)
-    return cls(config, tokenizer)
+    from laplax.data import lm_input  # pylint: disable=import-outside-toplevel
+    return cls(config, lm_input.prepare(config, workdir))
 
   def train_dataset(self, process_index: int = 0, process_count: int = 1):
-    """This process's infinite stream of random-offset windows."""
-    from laplax.data import text  # pylint: disable=import-outside-toplevel
-    return text.train_dataset(
-        self.config.data, self.tokenizer,
-        batch_size=self.config.batch_size // process_count, seq_len=self.seq_len,
-        seed=self.config.seed, process_index=process_index,
-        process_count=process_count)
+    """This process's infinite stream of training windows."""
+    from laplax.data import lm_input  # pylint: disable=import-outside-toplevel
+    return lm_input.train_dataset(self.config, self.tokenizer, process_index, process_count)
 
   def eval_batches(self) -> Iterator[dict]:
-    """Consecutive windows covering the validation split once."""
-    from laplax.data import text  # pylint: disable=import-outside-toplevel
-    return text.eval_batches(self.config.data, self.tokenizer,
-                             batch_size=self.config.eval_batch_size,
-                             seq_len=self.seq_len)
+    """The validation split's windows (each target once)."""
+    from laplax.data import lm_input  # pylint: disable=import-outside-toplevel
+    return lm_input.eval_batches(self.config, self.tokenizer)
 
   def batch_spec(self, batch_size: int) -> dict:
     """``jax.ShapeDtypeStruct`` per field of a training batch."""
@@ -256,15 +249,21 @@ class LanguageModelTask(TaskBase):
     logits, _ = self.model.apply({"params": params}, tokens[:, :-1], train=False)
     targets = tokens[:, 1:]
     loss = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
-    return {"loss": (loss * mask).sum(), "count": mask.sum(),
-            "bytes": (self.token_bytes[targets] * mask).sum()}
+    num_bytes = self.token_bytes[targets] * mask
+    sums = {"loss": (loss * mask).sum(), "count": mask.sum(), "bytes": num_bytes.sum()}
+    if self.zero_byte_tokens:  # left out of bits per byte (nanochat's special tokens)
+      sums["byte_loss"] = (loss * mask * (num_bytes > 0)).sum()
+    return sums
 
   @staticmethod
   def summarize(sums: dict) -> dict:
-    """Eval sums -> ``{"loss", "perplexity", "bits_per_byte", "num_tokens"}``."""
+    """Eval sums -> ``{"loss", "perplexity", "bits_per_byte", "num_tokens"}``;
+    ``bits_per_byte`` as nanochat's ``loss_eval.py`` (0-byte targets count
+    neither loss nor bytes; without such tokens ``byte_loss`` is not summed)."""
     loss = float(sums["loss"]) / float(sums["count"])
+    byte_loss = float(sums.get("byte_loss", sums["loss"]))
     return {"loss": loss, "perplexity": math.exp(min(loss, 700.0)),
-            "bits_per_byte": float(sums["loss"]) / math.log(2) / float(sums["bytes"]),
+            "bits_per_byte": byte_loss / math.log(2) / float(sums["bytes"]),
             "num_tokens": int(sums["count"])}
 
 

@@ -1,0 +1,62 @@
+"""The input of a language-model config: the TFDS text corpus or FineWeb-Edu.
+
+``LanguageModelTask`` calls these three functions with the whole run config;
+``config.data.name`` picks the pipeline: ``"fineweb_edu"`` is
+:mod:`laplax.data.fineweb` (parquet shards packed as nanochat packs them),
+anything else :mod:`laplax.data.text` (``"text_corpus"``). Both give
+``{"tokens": int32 [B, max_length + 1]}`` batches (eval batches also
+``"mask"``) and a tokenizer with ``vocab_size`` and ``token_bytes``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import grain
+import ml_collections
+
+
+def is_fineweb(config: ml_collections.ConfigDict) -> bool:
+  """Whether ``config`` reads FineWeb-Edu (``data.name == "fineweb_edu"``)."""
+  return config.data.get("name", "") == "fineweb_edu"
+
+
+def prepare(config: ml_collections.ConfigDict, workdir: str | None):
+  """The run's tokenizer, the corpus checked (and prepared, for the TFDS corpus).
+
+  Raises:
+    DataError: see :func:`laplax.data.text.prepare` / :func:`laplax.data.fineweb.prepare`.
+  """
+  # pylint: disable=import-outside-toplevel
+  if is_fineweb(config):  # streams and pop rows checked against the global batch
+    from laplax.data import fineweb
+    return fineweb.prepare(config.data, workdir, seq_len=config.model.max_length,
+                           batch_size=config.batch_size)
+  from laplax.data import text
+  return text.prepare(config.data, workdir, seq_len=config.model.max_length)
+
+
+def train_dataset(config: ml_collections.ConfigDict, tokenizer, process_index: int = 0,
+                  process_count: int = 1) -> grain.IterDataset:
+  """This process's infinite training batches of ``config.batch_size // process_count`` rows."""
+  # pylint: disable=import-outside-toplevel
+  from laplax.data import fineweb, text
+  module = fineweb if is_fineweb(config) else text
+  return module.train_dataset(
+      config.data, tokenizer, batch_size=config.batch_size // process_count,
+      seq_len=config.model.max_length, seed=config.seed, process_index=process_index,
+      process_count=process_count)
+
+
+def eval_batches(config: ml_collections.ConfigDict, tokenizer) -> Iterator[dict]:
+  """The validation batches of ``config.eval_batch_size`` rows (FineWeb-Edu:
+  popped as the train batch pops)."""
+  # pylint: disable=import-outside-toplevel
+  if is_fineweb(config):
+    from laplax.data import fineweb
+    return fineweb.eval_batches(config.data, tokenizer, batch_size=config.eval_batch_size,
+                                seq_len=config.model.max_length,
+                                train_batch_size=config.batch_size)
+  from laplax.data import text
+  return text.eval_batches(config.data, tokenizer, batch_size=config.eval_batch_size,
+                           seq_len=config.model.max_length)
