@@ -18,8 +18,6 @@ import subprocess
 import sys
 import urllib.parse
 
-import pytest
-
 from test_train import ROOT
 
 DOCS = os.path.join(ROOT, "docs")
@@ -64,10 +62,10 @@ def test_site_builds_without_warnings_and_its_links_resolve(tmp_path):
   r = subprocess.run([sys.executable, "-m", "sphinx", "-W", "-q", "-b", "html", DOCS, out],
                      cwd=ROOT, capture_output=True, text=True, timeout=900)
   assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
-  for page in ("index.html", "getting-started.html", "api.html", "methods.html", "demo.html",
+  for page in ("index.html", "api.html", "methods.html", "demo.html",
                "searchindex.js", os.path.join("_autosummary", "laplax.attention.html")):
     assert os.path.isfile(os.path.join(out, page)), page
-  with open(os.path.join(out, "getting-started.html"), encoding="utf-8") as f:
+  with open(os.path.join(out, "index.html"), encoding="utf-8") as f:  # getting started
     page = f.read()
   assert "laplax.MultiHeadAttention" in page and "scripts/install.sh" in page  # the README's parts
   with open(os.path.join(out, "_autosummary", "laplax.attention.html"), encoding="utf-8") as f:
@@ -110,8 +108,3 @@ def test_api_page_lists_exactly_the_public_names():
     listed = re.findall(r"^   ~(laplax\.[\w.]+)$", f.read(), flags=re.M)
   expected = [f"{module}.{attribute}" for module, attribute in _public_names().values()]
   assert sorted(listed) == sorted(expected)
-
-
-@pytest.mark.parametrize("name", ["getting-started.md", "index.md", "api.md"])
-def test_the_site_pages_exist(name):
-  assert os.path.isfile(os.path.join(DOCS, name))

@@ -1,2 +1,2 @@
-"""Evaluators of trained models, one module each (see the repository layout in
-the README); :mod:`laplax.evaluators.humaneval` scores code completions."""
+"""Evaluators of trained models, one module each: :mod:`laplax.evaluators.humaneval`
+scores code completions in :mod:`laplax.sandbox`."""
