@@ -135,10 +135,10 @@ def test_last_layers_are_the_final_norm_of_each_block_concatenated():
   from model_helper import make_vit
   vit = make_vit(width=16, depth=3, num_heads=2, mlp_dim=16, patch_size=4, pool="tok")
   images = np.random.default_rng(1).normal(size=(2, 12, 12, 3)).astype(np.float32)
-  params = vit.init(jax.random.key(0), images)["params"]
+  params = jax.jit(vit.init)(jax.random.key(0), images)["params"]
   one = np.asarray(dino_segmentation.feature_fn(vit, 1)(params, images))
   two = np.asarray(dino_segmentation.feature_fn(vit, 2)(params, images))
-  _, out = vit.apply({"params": params}, images)
+  _, out = jax.jit(lambda p, x: vit.apply({"params": p}, x))(params, images)
   assert one.shape == (2, 3, 3, 16) and two.shape == (2, 3, 3, 32)
   np.testing.assert_allclose(one, np.asarray(out["encoded"])[:, 1:].reshape(2, 3, 3, 16),
                              atol=1e-6)
@@ -283,6 +283,29 @@ def test_bad_eval_overrides_are_one_line_exit_2(tmp_path, dino_workdir, capfd, f
   lines = r.stderr.strip().splitlines()
   assert len(lines) == 1 and fragment in lines[0], r.stderr
   assert not out.exists()
+
+
+def test_overrides_reach_a_run_saved_before_the_keys_existed():
+  """eval.py's --config.eval.KEY=VALUE: typed as the default, added to an old
+  DINO config that lacks the key, checked by the config's validation."""
+  from test_configs import load  # pylint: disable=import-outside-toplevel
+  from laplax.train import config as config_lib, eval_cli  # pylint: disable=import-outside-toplevel
+  argv, overrides = eval_cli.split_overrides(
+      ["eval.py", "--workdir", "w", "--config.eval.segmentation_dataset=ade20k",
+       "--config.eval.segmentation_dir=/r", "--config.eval.segmentation_lr=1",
+       "--config.eval.segmentation=false"])
+  assert argv == ["eval.py", "--workdir", "w"] and len(overrides) == 4
+  c = load("dino_fashion_mnist")
+  with c.unlocked():
+    for key in [k for k in c.eval if k.startswith("segmentation")]:
+      del c.eval[key]
+  c.lock()
+  eval_cli.apply_overrides(c, overrides)
+  assert (c.eval.segmentation_dataset, c.eval.segmentation_dir) == ("ade20k", "/r")
+  assert c.eval.segmentation_lr == 1.0 and isinstance(c.eval.segmentation_lr, float)
+  assert c.eval.segmentation is False
+  with pytest.raises(config_lib.ConfigError, match="segmentation_dir=DIR"):
+    eval_cli.apply_overrides(c, [("segmentation_dir", "")])
 
 
 def test_reader_errors_name_the_file(tmp_path):

@@ -193,8 +193,9 @@ def linear_segmentation_probe(train_patches, train_masks, test_patches, test_mas
   2023, arXiv 2304.07193, section 7.4, "linear"). Training: AdamW, cosine
   decay from ``lr``, ``steps`` batches of ``batch_size`` images drawn with
   replacement (step ``t``: ``jax.random.randint`` under
-  ``fold_in(key(seed), t)``), ``W`` and ``b`` from zero; one compiled step per batch. The test images are scored in batches
-  of ``batch_size`` (the last one padded with ignored pixels); the score is
+  ``fold_in(key(seed), t)``), ``W`` and ``b`` from zero; one compiled step
+  per batch. The test images are scored in batches of ``batch_size`` (the
+  last one padded with ignored pixels); the score is
   :func:`miou` of the summed confusion matrix.
 
   Args:

@@ -420,6 +420,10 @@ def validate_segmentation(config):
                    ("segmentation_layers", 1)):
     if get(config, f"eval.{key}", None) is not None:
       _int(config, f"eval.{key}", low)
+  size, p = get(config, "eval.segmentation_image_size", None), get(config, "model.patch_size", 1)
+  _require(not size or not p or size % p == 0,
+           f"config.eval.segmentation_image_size={size} is not divisible by "
+           f"config.model.patch_size={p}; give a multiple of it (0: the backbone's size)")
   if get(config, "eval.segmentation_lr", None) is not None:
     _float(config, "eval.segmentation_lr", 0.0, open_min=True)
   layers = get(config, "eval.segmentation_layers", None)

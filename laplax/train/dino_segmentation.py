@@ -163,8 +163,11 @@ def evaluate(config, backbone: nn.Module, params: Any, seg, *, mesh=None,
   s = settings(config)
   place = None
   if mesh is not None:
-    params = jax.device_put(params, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
-    place = lambda batch: sharding.whole_batch(batch, mesh, sharding.DEFAULT_RULES)  # pylint: disable=unnecessary-lambda-assignment
+    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    params = jax.device_put(params, replicated)
+
+    def place(batch):
+      return sharding.whole_batch(batch, mesh, sharding.DEFAULT_RULES)
   fn = feature_fn(backbone, int(s["segmentation_layers"]))
   batch = int(config.eval_batch_size)
   train = patch_features(fn, params, seg.train_images, batch, place=place, progress=progress,
