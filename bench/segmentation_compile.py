@@ -14,9 +14,9 @@ the three programs of ``eval.py``'s linear segmentation probe
 slice, the batches split over it and the parameters replicated, as
 ``eval.py`` runs them:
 
-* the teacher backbone's patch features of ``eval_batch_size`` images at
-  ``eval.segmentation_image_size`` (the last ``eval.segmentation_layers``
-  blocks);
+* the teacher backbone's patch features of ``eval_batch_size`` RGB images
+  at ``eval.segmentation_image_size`` (0: ``data.image_size``, else the
+  global crop size; the last ``eval.segmentation_layers`` blocks);
 * one AdamW step of the linear head on ``eval.segmentation_batch_size``
   images (logits upsampled to the labels, 150 classes: ADE20K);
 * the test predictions and confusion counts of such a batch;
@@ -63,7 +63,8 @@ def report(spec: str, devices, args, cr) -> None:
   try:
     config_lib.validate(config, None, strict_keys=False)
     s = dino_segmentation.settings(config)
-    size = dino_segmentation.image_size(config, (config.data.image_size or 224,))
+    stored = config.data.get("image_size", None) or config.data.multicrop.global_size
+    size = dino_segmentation.image_size(config, (stored,))
   except config_lib.ConfigError as e:
     cr.fail(str(e).splitlines()[0])
   task = tasks.DINOTask(config, 1000, (size, size, 3))

@@ -12,6 +12,7 @@ exit 2)."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -314,3 +315,19 @@ def test_reader_errors_name_the_file(tmp_path):
   root = write_release(tmp_path / "r")
   with pytest.raises(DataError, match="not a single-channel"):
     ade20k.class_mask(np.zeros((2, 2, 3), np.uint8), "x.png")
+
+
+def test_compile_report_segmentation_eval_on_fake_devices():
+  """bench/compile_report.py --segmentation-eval compiles the three programs
+  of the evaluation for 2 devices and prints their memory and the host's."""
+  from test_train import ROOT, run  # pylint: disable=import-outside-toplevel
+  proc = run([os.path.join(ROOT, "bench", "compile_report.py"), "--segmentation-eval",
+              "--cpu-devices", "2", "--config", "configs/dino_fashion_mnist.py",
+              "--set", "eval.segmentation_layers=2", "--set", "eval_batch_size=8"])
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  out = proc.stdout
+  assert "cpu x 2" in out and "28 px (4 x 4 patches), last 2 block(s)" in out, out
+  for name in ("features", "probe step", "test batch"):
+    assert re.search(rf"   {name}: arguments \S+ \w+B, .* per device", out), out
+  width = 128  # dino_fashion_mnist: 500 + 200 images x 16 patches x 2 x 128 float32
+  assert f"{700 * 16 * 2 * width * 4 / 2**20:.1f} MiB" in out, out
