@@ -115,8 +115,9 @@ def resolve(data_config: ml_collections.ConfigDict, dataset: str) -> str | None:
 
   Returns:
     ``"masks"`` (the run's own dataset), ``"fashion_canvases"``,
-    ``"scene_parse150"``, ``"ade20k"``, or ``None`` for ``"auto"`` on a dataset that has no
-    masks and is not Fashion-MNIST (nothing to evaluate on).
+    ``"scene_parse150"``, ``"ade20k"``, or ``None`` for ``"auto"`` on a
+    dataset that has no masks and is not Fashion-MNIST (nothing to evaluate
+    on).
 
   Raises:
     DataError: the run's dataset is unreadable.
