@@ -23,6 +23,10 @@ device and times the number of devices) next to the analytic count
 products; with ``model.remat`` another forward is added: 8 instead of 6 and
 16 instead of 12). Memory and FLOPs are per step of ``batch_size`` examples.
 
+``--segmentation-eval`` compiles a DINO config's segmentation evaluation
+instead (``bench/segmentation_compile.py``; default config
+``configs/dino_vits16_imagenet.py``).
+
 Errors: an unknown topology name or a missing libtpu, and meshes that do not
 fit the devices or the batch, print one line and exit 2.
 """
@@ -64,6 +68,9 @@ def parse_args(argv=None):
   p.add_argument("--batch", type=int, default=None, help="global batch size (default: the config's)")
   p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                  help="config override, e.g. model.remat=full (repeatable)")
+  p.add_argument("--segmentation-eval", action="store_true",
+                 help="compile a DINO config's segmentation evaluation (eval.py's linear "
+                      "probe; bench/segmentation_compile.py) instead of its train step")
   return p.parse_args(argv)
 
 
@@ -263,6 +270,11 @@ def main(argv=None) -> None:
            f"({str(e).splitlines()[0][:120]}); use e.g. v5e:4x4, v5e:16x16, v4:2x2x2")
   else:
     devices = jax.devices()
+  if args.segmentation_eval:
+    from bench import segmentation_compile  # pylint: disable=import-outside-toplevel
+    for spec in args.config or ["configs/dino_vits16_imagenet.py"]:
+      segmentation_compile.report(spec, devices, args, sys.modules[__name__])
+    return
   for spec in args.config or DEFAULT_CONFIGS:
     report(spec, devices, args)
 

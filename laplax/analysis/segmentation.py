@@ -13,8 +13,10 @@ union (mIoU).
   union is not empty (as mmsegmentation's ``nanmean``); pixels labelled
   below 0 are ignored.
 * :func:`linear_segmentation_probe`: that linear probe (features
-  standardised with the train patches' mean and std; AdamW, cosine decay,
-  minibatches of images drawn with replacement; one jitted call).
+  standardised with the train patches' mean and std, DINOv2's BatchNorm with
+  frozen statistics; AdamW, cosine decay, minibatches of images drawn with
+  replacement; one compiled step per batch, which ``place`` may split over a
+  device mesh; a progress bar).
 * :func:`fashion_canvases`: the offline proxy for a segmentation dataset:
   canvases with 2-4 Fashion-MNIST garments pasted at random positions, each
   pixel labelled with its garment's class + 1 (a later garment covers an
@@ -82,76 +84,86 @@ def miou(matrix: np.ndarray) -> dict:
           "pixel_accuracy": float(tp.sum() / total) if total else float("nan")}
 
 
-@functools.partial(jax.jit, static_argnames="size")
-def _upsampled_logits(params, patches, mean, std, size):
-  x = (patches - mean) / std
-  logits = x @ params["w"] + params["b"]  # [N, h, w, C]
+def standardisation(x, chunk: int = 64) -> tuple[np.ndarray, np.ndarray]:
+  """Per-channel mean and std of ``x [N, h, w, D]`` over all its patches (float64
+  sums over ``chunk`` images at a time; a constant channel gets std 1).
+
+  This is DINOv2's BatchNorm before the linear layer, with the statistics of
+  the whole train set frozen (its affine part is absorbed by the linear
+  layer that follows).
+
+  Returns:
+    float32 ``(mean [D], std [D])``.
+  """
+  d = x.shape[-1]
+  count = float(np.prod(x.shape[:-1]))
+  total = np.zeros(d)
+  for i in range(0, len(x), chunk):
+    total += np.asarray(x[i:i + chunk], np.float64).reshape(-1, d).sum(0)
+  mean = total / max(count, 1.0)
+  squares = np.zeros(d)
+  for i in range(0, len(x), chunk):
+    squares += ((np.asarray(x[i:i + chunk], np.float64).reshape(-1, d) - mean) ** 2).sum(0)
+  std = np.sqrt(squares / max(count, 1.0))
+  std = np.where(std > 1e-12 * np.maximum(1.0, np.abs(mean)), std, 1.0)
+  return mean.astype(np.float32), std.astype(np.float32)
+
+
+def upsampled_logits(params, patches, mean, std, size):
+  """Class logits of the linear head, bilinearly resized to the label grid.
+
+  ``patches [B, h, w, D]`` -> float32 ``[B, H, W, C]`` with ``(H, W) = size``:
+  ``((patches - mean) / std) W + b`` per patch, then ``jax.image.resize``
+  (bilinear, half-pixel centres, as PyTorch's ``align_corners=False``).
+  """
+  logits = ((patches - mean) / std) @ params["w"] + params["b"]
   return jax.image.resize(logits, (logits.shape[0],) + tuple(size) + logits.shape[-1:],
                           method="bilinear")
 
 
-def _train(x, masks, mean, std, lr, weight_decay, key, *, num_classes: int, steps: int,
-           batch_size: int):
-  """AdamW on pixel-wise cross-entropy of the upsampled logits; the parameters."""
-  n, _, _, d = x.shape
-  size = masks.shape[1:]
-  params = {"w": jnp.zeros((d, num_classes), jnp.float32),
-            "b": jnp.zeros((num_classes,), jnp.float32)}
-  tx = optax.adamw(optax.cosine_decay_schedule(lr, steps), weight_decay=weight_decay,
-                   mask={"w": True, "b": False})
-
-  def loss_fn(p, xb, yb):
-    logits = jax.image.resize((xb @ p["w"] + p["b"]),
-                              (xb.shape[0],) + size + (num_classes,), method="bilinear")
-    valid = yb >= 0
-    ce = optax.softmax_cross_entropy_with_integer_labels(logits, jnp.maximum(yb, 0))
-    return jnp.sum(ce * valid) / jnp.maximum(valid.sum(), 1)
-
-  def step(carry, t):
-    p, s = carry
-    idx = jax.random.randint(jax.random.fold_in(key, t), (batch_size,), 0, n)
-    grads = jax.grad(loss_fn)(p, (x[idx] - mean) / std, masks[idx])
-    updates, s = tx.update(grads, s, p)
-    return (optax.apply_updates(p, updates), s), None
-
-  (params, _), _ = jax.lax.scan(step, (params, tx.init(params)), jnp.arange(steps))
-  return params
+def _loss(params, x, y, mean, std):
+  """Mean pixel-wise softmax cross-entropy over the labelled (``y >= 0``) pixels."""
+  logits = upsampled_logits(params, x, mean, std, y.shape[1:])
+  valid = y >= 0
+  ce = optax.softmax_cross_entropy_with_integer_labels(logits, jnp.maximum(y, 0))
+  return jnp.sum(ce * valid) / jnp.maximum(valid.sum(), 1)
 
 
-def linear_segmentation_probe(train_patches, train_masks, test_patches, test_masks, *,
-                              num_classes: int, steps: int = 500, lr: float = 0.05,
-                              weight_decay: float = 1e-4, batch_size: int = 64,
-                              seed: int = 0) -> dict:
-  """DINOv2's linear segmentation protocol on frozen patch features.
+def _optimizer(lr, weight_decay, steps: int):
+  """AdamW with a cosine decay from ``lr`` to 0, decay on ``W`` only."""
+  return optax.adamw(optax.cosine_decay_schedule(lr, steps), weight_decay=weight_decay,
+                     mask={"w": True, "b": False})
 
-  Args:
-    train_patches: float ``[N, h, w, D]`` patch features (a grid of ``h x w``
-      patches per image).
-    train_masks: int ``[N, H, W]`` pixel labels in ``[0, num_classes)`` (below
-      0: ignored).
-    test_patches: float ``[M, h, w, D]``.
-    test_masks: int ``[M, H, W]``.
-    num_classes: ``>= 2``.
-    steps, lr, weight_decay, batch_size, seed: the AdamW run (cosine decay from
-      ``lr``; ``batch_size`` images per step, drawn with replacement under
-      ``seed``; ``W`` and ``b`` start at zero).
 
-  Returns:
-    :func:`miou` of the test predictions (argmax of the upsampled logits)
-    plus ``"predictions"``: int32 ``[M, H, W]``.
+@functools.partial(jax.jit, static_argnames="steps")
+def _step(params, opt_state, x, y, mean, std, lr, weight_decay, *, steps: int):
+  """One AdamW step of the head on a batch; the new ``(params, opt_state)``."""
+  tx = _optimizer(lr, weight_decay, steps)
+  grads = jax.grad(_loss)(params, x, y, mean, std)
+  updates, opt_state = tx.update(grads, opt_state, params)
+  return optax.apply_updates(params, updates), opt_state
 
-  Raises:
-    ValueError: shapes that do not fit, non-finite features, labels outside
-      ``[0, num_classes)``, or bad optimiser settings.
-  """
-  x = np.asarray(train_patches, np.float32)
-  x_test = np.asarray(test_patches, np.float32)
-  y, y_test = np.asarray(train_masks), np.asarray(test_masks)
+
+@functools.partial(jax.jit, static_argnames="num_classes")
+def _predict(params, x, y, mean, std, *, num_classes: int):
+  """Argmax classes int32 ``[B, H, W]`` and the batch's confusion counts
+  int32 ``[C * C]`` (row = label; pixels with ``y < 0`` left out)."""
+  predicted = jnp.argmax(upsampled_logits(params, x, mean, std, y.shape[1:]), -1)
+  valid = y >= 0
+  index = jnp.where(valid, y, 0) * num_classes + predicted
+  counts = jnp.bincount(index.ravel(), weights=valid.ravel().astype(jnp.int32),
+                        length=num_classes * num_classes)
+  return predicted.astype(jnp.int32), counts.astype(jnp.int32)
+
+
+def _check_probe_inputs(x, y, x_test, y_test, num_classes, steps, batch_size, lr,
+                        weight_decay) -> None:
+  """ValueError for inputs :func:`linear_segmentation_probe` cannot take."""
   if (x.ndim != 4 or x_test.ndim != 4 or x.shape[3] != x_test.shape[3]
       or y.shape[:1] != x.shape[:1] or y_test.shape[:1] != x_test.shape[:1]
-      or y.ndim != 3 or y_test.shape[1:] != y.shape[1:]):
-    raise ValueError(f"patches [N, h, w, D] and masks [N, H, W] do not fit: {x.shape}, "
-                     f"{y.shape}, {x_test.shape}, {y_test.shape}")
+      or y.ndim != 3 or y_test.shape[1:] != y.shape[1:] or not len(x)):
+    raise ValueError(f"patches [N, h, w, D] and masks [N, H, W] (N >= 1) do not fit: "
+                     f"{x.shape}, {y.shape}, {x_test.shape}, {y_test.shape}")
   if not (np.isfinite(x).all() and np.isfinite(x_test).all()):
     raise ValueError("patch features contain NaN or inf")
   if num_classes < 2 or max(y.max(initial=0), y_test.max(initial=0)) >= num_classes:
@@ -159,21 +171,93 @@ def linear_segmentation_probe(train_patches, train_masks, test_patches, test_mas
   if steps < 1 or batch_size < 1 or not lr > 0 or not math.isfinite(lr) or weight_decay < 0:
     raise ValueError(f"need steps >= 1, batch_size >= 1, lr > 0, weight_decay >= 0; got "
                      f"{steps}, {batch_size}, {lr}, {weight_decay}")
-  flat = x.reshape(-1, x.shape[-1]).astype(np.float64)
-  mean, std = flat.mean(0), flat.std(0)
-  std = np.where(std > 1e-12 * np.maximum(1.0, np.abs(mean)), std, 1.0)
-  mean, std = jnp.asarray(mean, jnp.float32), jnp.asarray(std, jnp.float32)
-  train = jax.jit(_train, static_argnames=("num_classes", "steps", "batch_size"))
-  params = train(jnp.asarray(x), jnp.asarray(y, jnp.int32), mean, std, jnp.float32(lr),
-                 jnp.float32(weight_decay), jax.random.key(int(seed)),
-                 num_classes=int(num_classes), steps=int(steps),
-                 batch_size=int(min(batch_size, len(x))))
-  predictions = np.concatenate([
-      np.asarray(jnp.argmax(_upsampled_logits(params, jnp.asarray(x_test[i:i + 256]), mean,
-                                              std, tuple(y_test.shape[1:])), -1), np.int32)
-      for i in range(0, len(x_test), 256)]) if len(x_test) else np.zeros(y_test.shape, np.int32)
-  result = miou(confusion(predictions, y_test, num_classes))
-  result["predictions"] = predictions
+
+
+def _put(place, batch: dict) -> dict:
+  """``batch`` on the devices: ``place(batch)`` (e.g. split over a mesh), else as is."""
+  return place(batch) if place is not None else {k: jnp.asarray(v) for k, v in batch.items()}
+
+
+def linear_segmentation_probe(train_patches, train_masks, test_patches, test_masks, *,
+                              num_classes: int, steps: int = 500, lr: float = 0.05,
+                              weight_decay: float = 1e-4, batch_size: int = 64,
+                              seed: int = 0, place=None, progress: bool = False,
+                              keep_predictions: int | None = None) -> dict:
+  """DINOv2's linear segmentation protocol on frozen patch features.
+
+  A linear layer on the standardised patch features (:func:`standardisation`
+  of the train patches: DINOv2's "BNHead", a BatchNorm and a 1x1 convolution)
+  predicts class logits per patch; they are upsampled bilinearly to the label
+  resolution (:func:`upsampled_logits`) and the layer is trained with the
+  pixel-wise softmax cross-entropy, labels below 0 ignored (Oquab et al.
+  2023, arXiv 2304.07193, section 7.4, "linear"). Training: AdamW, cosine
+  decay from ``lr``, ``steps`` batches of ``batch_size`` images drawn with
+  replacement (step ``t``: ``jax.random.randint`` under
+  ``fold_in(key(seed), t)``), ``W`` and ``b`` from zero; one compiled step
+  per batch. The test images are scored in batches of ``batch_size`` (the
+  last one padded with ignored pixels); the score is
+  :func:`miou` of the summed confusion matrix.
+
+  Args:
+    train_patches: float ``[N, h, w, D]`` patch features (a grid of ``h x w``
+      patches per image), ``N >= 1``; NumPy (kept on the host).
+    train_masks: int ``[N, H, W]`` pixel labels in ``[0, num_classes)`` (below
+      0: ignored).
+    test_patches: float ``[M, h, w, D]``.
+    test_masks: int ``[M, H, W]``.
+    num_classes: ``>= 2``.
+    steps, lr, weight_decay, batch_size, seed: the AdamW run.
+    place: maps a batch ``{"x", "y"}`` of NumPy arrays to device arrays, e.g.
+      ``laplax.sharding.whole_batch`` over a mesh (the batch split over its
+      data axes; the head's parameters follow); default: the default device.
+    progress: show a tqdm progress bar of the steps and the test batches.
+    keep_predictions: return the predictions of the first this many test
+      images (default: all).
+
+  Returns:
+    :func:`miou` of the test predictions (argmax of the upsampled logits)
+    plus ``"predictions"``: int32 ``[min(M, keep_predictions), H, W]``.
+
+  Raises:
+    ValueError: shapes that do not fit, non-finite features, labels outside
+      ``[0, num_classes)``, or bad optimiser settings.
+  """
+  import tqdm  # pylint: disable=import-outside-toplevel
+  x, x_test = np.asarray(train_patches, np.float32), np.asarray(test_patches, np.float32)
+  y = np.asarray(train_masks).astype(np.int32)
+  y_test = np.asarray(test_masks).astype(np.int32)
+  _check_probe_inputs(x, y, x_test, y_test, num_classes, steps, batch_size, lr, weight_decay)
+  mean, std = (jnp.asarray(a) for a in standardisation(x))
+  b, d = int(min(batch_size, len(x))), x.shape[-1]
+  params = {"w": jnp.zeros((d, num_classes), jnp.float32),
+            "b": jnp.zeros((num_classes,), jnp.float32)}
+  opt_state = _optimizer(lr, weight_decay, steps).init(params)
+  key = jax.random.key(int(seed))
+  draws = np.asarray(jax.vmap(lambda t: jax.random.randint(
+      jax.random.fold_in(key, t), (b,), 0, len(x)))(jnp.arange(int(steps))))
+  for idx in tqdm.tqdm(draws, desc="segmentation probe", unit="step", leave=False,
+                       disable=not progress, mininterval=1.0):
+    batch = _put(place, {"x": x[idx], "y": y[idx]})
+    params, opt_state = _step(params, opt_state, batch["x"], batch["y"], mean, std,
+                              jnp.float32(lr), jnp.float32(weight_decay), steps=int(steps))
+  keep = len(x_test) if keep_predictions is None else min(int(keep_predictions), len(x_test))
+  counts = np.zeros(num_classes * num_classes, np.int64)
+  kept = []
+  for i in tqdm.tqdm(range(0, len(x_test), b), desc="segmentation test", unit="batch",
+                     leave=False, disable=not progress, mininterval=1.0):
+    n = min(b, len(x_test) - i)
+    xb = np.zeros((b,) + x_test.shape[1:], np.float32)
+    yb = np.full((b,) + y_test.shape[1:], -1, np.int32)
+    xb[:n], yb[:n] = x_test[i:i + n], y_test[i:i + n]
+    batch = _put(place, {"x": xb, "y": yb})
+    predicted, c = _predict(params, batch["x"], batch["y"], mean, std,
+                            num_classes=int(num_classes))
+    counts += np.asarray(jax.device_get(c), np.int64)
+    if i < keep:
+      kept.append(np.asarray(jax.device_get(predicted))[:min(n, keep - i)])
+  result = miou(counts.reshape(num_classes, num_classes))
+  result["predictions"] = (np.concatenate(kept) if kept
+                           else np.zeros((0,) + y_test.shape[1:], np.int32))
   return result
 
 

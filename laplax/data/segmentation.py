@@ -2,10 +2,11 @@
 
 :func:`load` gives the train and test images (normalised as the run's images)
 and their masks, both at the backbone's input size ``S`` (the size of the
-run's eval images; a multiple of the patch size): each image's central square
-resized to ``S x S`` (bilinear, as the eval images are), each mask's with
-nearest neighbour at the same pixel centres. The data comes from one of three
-sources (``config.eval.segmentation_dataset``):
+run's eval images, or ``config.eval.segmentation_image_size``; a multiple of
+the patch size): each image's central square resized to ``S x S`` (bilinear,
+as the eval images are), each mask's with nearest neighbour at the same pixel
+centres. The data comes from one of four sources
+(``config.eval.segmentation_dataset``):
 
 * the run's own dataset, when it has a ``mask`` feature (``fashion_mosaic``,
   :mod:`laplax.data.builders.fashion_mosaic`): the first images of
@@ -19,6 +20,12 @@ sources (``config.eval.segmentation_dataset``):
   garment size (at 28 px a garment would fill the canvas), then resized to
   ``S`` (28 px for ``configs/dino_fashion_mnist.py``: the garments at half
   their training scale).
+* ``ade20k``: the 150-class scene-parsing benchmark as published
+  (ADEChallengeData2016) in the local directory
+  ``config.eval.segmentation_dir``, read by :mod:`laplax.data.ade20k`: the
+  first images of ``training`` and ``validation``; 150 classes, 0 ignored.
+  This is the benchmark of the "ADE20K linear mIoU" of the DINO/DINOv2
+  literature and of the Laplacian-heads paper.
 * ``scene_parse150``: TFDS's MIT Scene Parsing data (ADE20K images) prepared
   in ``data.data_dir`` (``tfds build scene_parse150 --data_dir=DIR
   --file_format=array_record`` on a machine with internet), splits ``train``
@@ -34,7 +41,8 @@ sources (``config.eval.segmentation_dataset``):
   (``annotations_instance.tar``), whose red channel holds the 100 object
   categories of the instance task (``instanceInfo100``), not the 150-class
   scene-parsing masks of ADEChallengeData2016: with it the score is over
-  those object categories and the rest of each scene is ignored.
+  those object categories and the rest of each scene is ignored, so its
+  score is not the ADE20K benchmark's (use ``ade20k`` for that).
 
 Raises :class:`~laplax.data.errors.DataError` (one line) for a dataset that
 is not prepared, unreadable, or whose channels do not fit the backbone.
@@ -47,7 +55,7 @@ from typing import NamedTuple
 import ml_collections
 import numpy as np
 
-from laplax.data import augment, images
+from laplax.data import ade20k, augment, images
 from laplax.data.builders import fashion_mosaic
 from laplax.data.errors import DataError
 
@@ -55,8 +63,9 @@ SCENE_PARSE150 = "scene_parse150"
 SCENE_PARSE150_CLASSES = 150
 SCENE_PARSE150_SPLITS = ("train", "test")
 FASHION_CANVASES = "fashion_canvases"
+ADE20K = ade20k.NAME
 AUTO = "auto"
-DATASETS = (AUTO, FASHION_CANVASES, SCENE_PARSE150)
+DATASETS = (AUTO, FASHION_CANVASES, SCENE_PARSE150, ADE20K)
 # Datasets whose images are Fashion-MNIST garments (the canvases' material).
 FASHION_MNIST_NAMES = ("fashion_mnist_idx", "fashion_mnist")
 # Canvases of n images draw their garments from the first CANVAS_POOL * n
@@ -74,8 +83,8 @@ class SegmentationData(NamedTuple):
     test_images: float32 ``[M, S, S, C]``.
     test_masks: int32 ``[M, S, S]``.
     num_classes: number of classes (background included where it is one).
-    name: where the data came from: the dataset's name, ``fashion_canvases``
-      or ``scene_parse150``.
+    name: where the data came from: the dataset's name, ``fashion_canvases``,
+      ``scene_parse150`` or ``ade20k``.
   """
 
   train_images: np.ndarray
@@ -106,16 +115,15 @@ def resolve(data_config: ml_collections.ConfigDict, dataset: str) -> str | None:
 
   Returns:
     ``"masks"`` (the run's own dataset), ``"fashion_canvases"``,
-    ``"scene_parse150"``, or ``None`` for ``"auto"`` on a dataset that has no
-    masks and is not Fashion-MNIST (nothing to evaluate on).
+    ``"scene_parse150"``, ``"ade20k"``, or ``None`` for ``"auto"`` on a
+    dataset that has no masks and is not Fashion-MNIST (nothing to evaluate
+    on).
 
   Raises:
     DataError: the run's dataset is unreadable.
   """
-  if dataset == SCENE_PARSE150:
-    return SCENE_PARSE150
-  if dataset == FASHION_CANVASES:
-    return FASHION_CANVASES
+  if dataset in (SCENE_PARSE150, FASHION_CANVASES, ADE20K):
+    return dataset
   if has_masks(data_config):
     return "masks"
   return FASHION_CANVASES if is_fashion_mnist(data_config) else None
@@ -225,7 +233,8 @@ def read_scene_parse150(data_dir: str, split: str, num_images: int, image_size: 
 
 
 def load(data_config: ml_collections.ConfigDict, source: str, *, num_train: int,
-         num_test: int, image_size: int, channels: int) -> SegmentationData:
+         num_test: int, image_size: int, channels: int,
+         directory: str = "") -> SegmentationData:
   """The segmentation train and test data of a run (see the module docstring).
 
   Args:
@@ -234,6 +243,7 @@ def load(data_config: ml_collections.ConfigDict, source: str, *, num_train: int,
     num_train, num_test: images per split (fewer if a split is smaller).
     image_size: the backbone's input side ``S``.
     channels: the backbone's input channels.
+    directory: the ADEChallengeData2016 directory (``ade20k`` only).
 
   Returns:
     A :class:`SegmentationData`.
@@ -242,7 +252,12 @@ def load(data_config: ml_collections.ConfigDict, source: str, *, num_train: int,
     DataError: a dataset not prepared or unreadable, too few images, or
       images whose channels are not ``channels``.
   """
-  if source == SCENE_PARSE150:
+  if source == ADE20K:  # a grey backbone gets the luma (see laplax.data.ade20k)
+    parts = [ade20k.read_split(directory, split, n, image_size, channels)
+             for split, n in zip(ade20k.SPLITS, (num_train, num_test))]
+    name, num_classes = ADE20K, ade20k.NUM_CLASSES
+    parts = [(list(x), m) for x, m in parts]
+  elif source == SCENE_PARSE150:
     if channels != 3:
       raise DataError(
           f"scene_parse150 images are RGB but the backbone takes {channels}-channel "

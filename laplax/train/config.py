@@ -391,12 +391,16 @@ def _validate_dino(config):
   _require(isinstance(get(config, "eval.linear_probe"), bool),
            f"config.eval.linear_probe={get(config, 'eval.linear_probe')!r} must be "
            f"True or False")
-  _validate_segmentation(config)
+  validate_segmentation(config)
 
 
-def _validate_segmentation(config):
+def validate_segmentation(config):
   """The ``eval.segmentation*`` keys of a DINO config (a run saved before they
-  existed lacks them: eval.py then uses the defaults)."""
+  existed lacks them: eval.py then uses the defaults).
+
+  Raises:
+    ConfigError: the first bad key, with its fix.
+  """
   from laplax.data import segmentation  # pylint: disable=import-outside-toplevel
   on = get(config, "eval.segmentation", None)
   _require(on is None or isinstance(on, bool),
@@ -411,10 +415,27 @@ def _validate_segmentation(config):
              f"config.eval.segmentation_dataset='fashion_canvases' builds canvases from "
              f"the run's Fashion-MNIST images, but config.data.name={config.data.name!r}; "
              f"use 'auto' or 'scene_parse150'")
+    directory = get(config, "eval.segmentation_dir", None)
+    _require(dataset != segmentation.ADE20K or (isinstance(directory, str) and directory),
+             "config.eval.segmentation_dataset='ade20k' reads ADEChallengeData2016 from a "
+             "local directory; give --config.eval.segmentation_dir=DIR (images/ and "
+             "annotations/ in it)")
   for key, low in (("segmentation_train_images", 2), ("segmentation_test_images", 1),
-                   ("segmentation_steps", 1), ("segmentation_figure_images", 0)):
+                   ("segmentation_steps", 1), ("segmentation_figure_images", 0),
+                   ("segmentation_image_size", 0), ("segmentation_batch_size", 1),
+                   ("segmentation_layers", 1)):
     if get(config, f"eval.{key}", None) is not None:
       _int(config, f"eval.{key}", low)
+  size, p = get(config, "eval.segmentation_image_size", None), get(config, "model.patch_size", 1)
+  _require(not size or not p or size % p == 0,
+           f"config.eval.segmentation_image_size={size} is not divisible by "
+           f"config.model.patch_size={p}; give a multiple of it (0: the backbone's size)")
+  if get(config, "eval.segmentation_lr", None) is not None:
+    _float(config, "eval.segmentation_lr", 0.0, open_min=True)
+  layers = get(config, "eval.segmentation_layers", None)
+  _require(layers is None or layers <= config.model.depth,
+           f"config.eval.segmentation_layers={layers} is more than the model's "
+           f"{config.model.depth} blocks")
 
 
 def check_image_size(config: ml_collections.ConfigDict, image_shape) -> None:

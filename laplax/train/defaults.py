@@ -340,11 +340,16 @@ def dino_base_config() -> ml_collections.ConfigDict:
   # patch tokens (laplax.analysis.segmentation, DINOv2's linear protocol):
   # segmentation_dataset "auto" (the run's own masks, e.g. fashion_mosaic;
   # Fashion-MNIST canvases for a Fashion-MNIST run; else skipped),
-  # "fashion_canvases" or "scene_parse150" (ADE20K, prepared by TFDS in
-  # data.data_dir); see laplax.data.segmentation. It fits on the first
-  # segmentation_train_images of the train split in segmentation_steps AdamW
-  # steps, scores the first segmentation_test_images of the eval split
-  # (segmentation_miou) and draws segmentation_figure_images of them.
+  # "fashion_canvases", "ade20k" (ADEChallengeData2016's 150 classes, unpacked
+  # in segmentation_dir) or "scene_parse150" (TFDS's builder in data.data_dir,
+  # whose masks are the 100 instance categories); see laplax.data.segmentation.
+  # Images and labels at segmentation_image_size px (0: the backbone's input
+  # size). It fits on the first segmentation_train_images of the train split
+  # in segmentation_steps AdamW steps of segmentation_batch_size images from
+  # segmentation_lr, on the last segmentation_layers blocks' tokens
+  # (laplax.train.dino_segmentation), scores the first
+  # segmentation_test_images of the eval split (segmentation_miou,
+  # segmentation_iou per class) and draws segmentation_figure_images of them.
   c.eval.update(segmentation_defaults())
   return c
 
@@ -352,6 +357,8 @@ def dino_base_config() -> ml_collections.ConfigDict:
 def segmentation_defaults() -> dict:
   """The ``eval.segmentation*`` keys of :func:`dino_base_config` and their
   defaults (also used for runs saved before the keys existed)."""
-  return {"segmentation": True, "segmentation_dataset": "auto",
-          "segmentation_train_images": 500, "segmentation_test_images": 200,
-          "segmentation_steps": 300, "segmentation_figure_images": 6}
+  return {"segmentation": True, "segmentation_dataset": "auto", "segmentation_dir": "",
+          "segmentation_image_size": 0, "segmentation_train_images": 500,
+          "segmentation_test_images": 200, "segmentation_steps": 300,
+          "segmentation_batch_size": 64, "segmentation_lr": 0.05, "segmentation_layers": 1,
+          "segmentation_figure_images": 6}

@@ -16,8 +16,9 @@ into the workdir:
 ``loss``, ``perplexity``, ``bits_per_byte``, ``num_tokens``, ``step`` for
 language models (plus ``choices_accuracy`` with ``--choices``);
 ``knn_accuracy``, ``linear_probe_accuracy``, ``raw_pixel_knn_accuracy``,
-``segmentation_miou``, ``segmentation_pixel_accuracy``,
-``segmentation_dataset``, ``num_examples``, ``step`` for DINO, which also
+``segmentation_miou``, ``segmentation_pixel_accuracy``, ``segmentation_iou``
+(per class), ``segmentation_dataset`` and the probe's sizes
+(``laplax.train.dino_segmentation.evaluate``), ``num_examples``, ``step`` for DINO, which also
 writes ``patch_pca.png`` (the first three principal components of the
 teacher's patch features of a few test images, as RGB) and
 ``segmentation.png`` (test images, true and predicted masks of the linear
@@ -26,6 +27,16 @@ segmentation probe on the teacher's patch tokens; the data and sizes are
 ``--out`` the figures go into the run's TensorBoard events as images too (and
 its W&B run with ``config.wandb.project``).
 ``--sample`` prints a continuation of the prompt (KV-cache decoding) instead.
+
+``--config.eval.KEY=VALUE`` changes a setting of the saved config's ``eval``
+section for this evaluation only (``config.json`` is not changed), e.g. the
+segmentation probe of a DINO run on ADE20K's 150 classes::
+
+    laplax-eval --workdir runs/dino_s5l --config.eval.segmentation_dataset=ade20k \
+        --config.eval.segmentation_dir=/data/ADEChallengeData2016
+
+Only ``eval`` keys can be set (a DINO run saved before a segmentation key
+existed takes it too); the model, data and training settings are the run's.
 
 ``--out FILE`` writes the results to ``FILE`` instead of the workdir:
 ``FILE`` holds what ``eval.json`` (with ``--analysis``: ``analysis.json``)
@@ -67,6 +78,7 @@ Bad input prints one line and exits with code 2, with nothing written.
 
 import json
 import os
+import re
 import sys
 import tempfile
 
@@ -158,6 +170,66 @@ def _out_path(workdir: str) -> str | None:
   return path
 
 
+_EVAL_OVERRIDE = re.compile(r"--config\.eval\.(\w+)=(.*)", re.S)
+
+
+def split_overrides(argv: list[str]) -> tuple[list[str], list[tuple[str, str]]]:
+  """``argv`` without its ``--config.eval.KEY=VALUE`` overrides, and those as
+  ``(KEY, VALUE)`` pairs in order.
+
+  Raises:
+    cli.UsageError: a ``--config...`` argument of another form or section.
+  """
+  rest, overrides = [], []
+  for arg in argv:
+    if not arg.startswith("--config"):
+      rest.append(arg)
+      continue
+    m = _EVAL_OVERRIDE.fullmatch(arg)
+    if not m:
+      raise cli.UsageError(
+          f"{arg}: eval.py evaluates the saved config and takes overrides of its eval "
+          f"section only, as --config.eval.KEY=VALUE (e.g. "
+          f"--config.eval.segmentation_dataset=ade20k)")
+    overrides.append((m.group(1), m.group(2)))
+  return rest, overrides
+
+
+def _typed(key: str, raw: str, like):
+  """``raw`` as the type of ``like`` (bool, int, float or str), or UsageError."""
+  if isinstance(like, bool):
+    if raw.lower() in ("true", "1", "yes", "false", "0", "no"):
+      return raw.lower() in ("true", "1", "yes")
+  else:
+    try:
+      return type(like)(raw) if isinstance(like, (int, float)) else raw
+    except ValueError:
+      pass
+  raise cli.UsageError(f"--config.eval.{key}={raw}: not a {type(like).__name__}")
+
+
+def apply_overrides(config, overrides: list[tuple[str, str]]) -> None:
+  """Sets the ``(KEY, VALUE)`` overrides in ``config.eval`` and validates the
+  config (keys a DINO run saved before they existed get added).
+
+  Raises:
+    cli.UsageError: an unknown key or a value of the wrong type.
+    ConfigError: a value the config's checks refuse.
+  """
+  from laplax.train import config as config_lib, defaults  # pylint: disable=import-outside-toplevel
+  if not overrides:
+    return
+  known = dict(defaults.segmentation_defaults()) if config.task == "dino" else {}
+  known.update(config.get("eval", {}))
+  for key, raw in overrides:
+    if key not in known:
+      raise cli.UsageError(f"unknown config key 'eval.{key}' in --config.eval.{key}={raw}; "
+                           f"keys of config.eval: {', '.join(sorted(known))}")
+    with config.unlocked():
+      config.eval[key] = _typed(key, raw, known[key])
+  config_lib.validate(config, None, strict_keys=False)
+
+
 def _check_flags() -> None:
   """The checks of the flags alone, before anything is read.
 
@@ -194,12 +266,14 @@ def main() -> int:
     cli.UsageError, LoadError, ChoicesError, ConfigError, DataError: the
       user errors :func:`run_cli` prints as one line.
   """
-  cli.parse_flags(sys.argv, FLAGS, help_module=sys.modules[__name__])
+  argv, overrides = split_overrides(sys.argv)
+  cli.parse_flags(argv, FLAGS, help_module=sys.modules[__name__])
   _check_flags()
   workdir = _WORKDIR.value
   cli.quiet()
   from laplax.train import lm_eval, restore  # pylint: disable=import-outside-toplevel
   config = restore.saved_config(workdir)
+  apply_overrides(config, overrides)
   if (_SAMPLE.value is not None or _CHOICES.value) and config.task != "lm":
     raise cli.UsageError("--sample and --choices need a language-model workdir "
                          f"(task 'lm'); {workdir} holds task {config.task!r}")
@@ -214,6 +288,7 @@ def main() -> int:
                             f"steps: {', '.join(map(str, steps))}")
   out = _out_path(workdir)
   run = restore.load(workdir, step=_STEP.value)
+  apply_overrides(run.config, overrides)  # the task holds this config
   config, task, state = run.config, run.task, run.state
   if _STEP.value is None and run.step < run.latest_step:
     print(f"warning: the newest checkpoint (step {run.latest_step}) is "
@@ -268,11 +343,13 @@ def _sample(task, state) -> int:
 
 
 def _evaluate_dino(config, task, state, workdir: str, out_dir: str) -> dict:
-  """DINO's evaluation (probes, segmentation) with its pictures in ``out_dir``."""
+  """DINO's evaluation (probes, segmentation) with its pictures in ``out_dir``;
+  the segmentation probe's batches are split over every device."""
+  from laplax import sharding  # pylint: disable=import-outside-toplevel
   figure = os.path.join(out_dir, PCA_FIGURE)
   masks_figure = os.path.join(out_dir, SEGMENTATION_FIGURE)
   summary = task.evaluate(state, references=True, figure=figure, segmentation=True,
-                          segmentation_figure=masks_figure)
+                          segmentation_figure=masks_figure, mesh=sharding.make_mesh())
   if config.eval.pca_images:
     print(f"patch-feature PCA of {config.eval.pca_images} test images: {figure}")
   settings = task.segmentation_settings()
@@ -283,8 +360,8 @@ def _evaluate_dino(config, task, state, workdir: str, out_dir: str) -> dict:
               f"{masks_figure}" if settings["segmentation_figure_images"] else ""))
   elif settings["segmentation"]:
     print(f"no segmentation probe: {config.data.name} has no masks and is not "
-          f"Fashion-MNIST; train with --config.eval.segmentation_dataset="
-          f"scene_parse150 (or set it in {workdir}/config.json)")
+          f"Fashion-MNIST; add --config.eval.segmentation_dataset=ade20k "
+          f"--config.eval.segmentation_dir=DIR (ADEChallengeData2016 unpacked in DIR)")
   if _OUT.value is None:  # with --out the workdir is only read
     from laplax.train import workdir as workdir_lib  # pylint: disable=import-outside-toplevel
     made = ((figure, config.eval.pca_images),

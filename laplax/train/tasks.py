@@ -446,70 +446,33 @@ class DINOTask(TaskBase):
   def segmentation_settings(self) -> dict:
     """The ``eval.segmentation*`` settings, defaults for keys the config lacks
     (a run saved before they existed); keys without the ``eval.`` prefix."""
-    e = self.config.eval
-    return {k: e.get(k, v) for k, v in defaults.segmentation_defaults().items()}
+    from laplax.train import dino_segmentation  # pylint: disable=import-outside-toplevel
+    return dino_segmentation.settings(self.config)
 
   def segmentation_data(self):
-    """The segmentation train/test images and masks of this run, or ``None``.
-
-    Which data (``eval.segmentation_dataset``, :func:`laplax.data.segmentation.resolve`):
-    the run's own masks, Fashion-MNIST canvases, or ``scene_parse150``; at
-    the backbone's input size (``image_shape``). ``None`` when
-    ``eval.segmentation`` is off or ``"auto"`` finds nothing to evaluate on.
+    """The segmentation train/test images and masks of this run, or ``None``
+    (:func:`laplax.train.dino_segmentation.load_data`).
 
     Raises:
       DataError: the data is not prepared, unreadable or does not fit the backbone.
-      ConfigError: the input size is not divisible by the patch size.
+      ConfigError: the image size is not divisible by the patch size.
     """
-    from laplax.data import segmentation  # pylint: disable=import-outside-toplevel
-    s = self.segmentation_settings()
-    if not s["segmentation"]:
-      return None
-    source = segmentation.resolve(self.config.data, s["segmentation_dataset"])
-    if source is None:
-      return None
-    size, p = int(self.image_shape[0]), int(self.config.model.patch_size)
-    if size % p:
-      from laplax.train import config as config_lib  # pylint: disable=import-outside-toplevel
-      raise config_lib.ConfigError(
-          f"the segmentation images are {size} px, not divisible by "
-          f"config.model.patch_size={p}; set config.data.image_size to a multiple of it")
-    return segmentation.load(self.config.data, source,
-                             num_train=s["segmentation_train_images"],
-                             num_test=s["segmentation_test_images"], image_size=size,
-                             channels=int(self.image_shape[-1]))
-
-  def patch_features(self, params: Any, images_: np.ndarray) -> np.ndarray:
-    """The backbone's final-norm patch tokens as a grid, float32 ``[N, h, w, D]``.
-
-    ``params`` are the backbone's (:meth:`backbone`); ``images_`` float32
-    ``[N, H, W, C]`` (normalised), run in zero-padded batches of
-    ``eval_batch_size`` (one compiled program per image size).
-    """
-    b, p = int(self.config.eval_batch_size), int(self.config.model.patch_size)
-    n, h, w = images_.shape[:3]
-    out = []
-    for i in range(0, n, b):
-      chunk = images_[i:i + b]
-      padded = np.pad(chunk, ((0, b - len(chunk)),) + ((0, 0),) * 3)
-      _, tokens = self._embed(params, padded)
-      out.append(np.asarray(jax.device_get(tokens), np.float32)[:len(chunk)])
-    tokens = np.concatenate(out) if out else np.zeros((0, (h // p) * (w // p), 0), np.float32)
-    return tokens.reshape(n, h // p, w // p, -1)
+    from laplax.train import dino_segmentation  # pylint: disable=import-outside-toplevel
+    return dino_segmentation.load_data(self.config, self.image_shape)
 
   def evaluate(self, state: Any, place=None, *, references: bool = False,
                figure: str | None = None, segmentation: bool = False,
-               segmentation_figure: str | None = None) -> dict:
+               segmentation_figure: str | None = None, mesh=None) -> dict:
     """Frozen-feature evaluation of the teacher's class-token and patch features.
 
     Weighted k-NN (``knn_accuracy``; DINO's protocol, Wu et al. 2018) and, if
     ``eval.linear_probe``, a linear probe (``linear_probe_accuracy``), both
     fitted on the train split and scored on the eval split; labels are used
     only here. With ``segmentation`` (and ``eval.segmentation``), DINOv2's
-    linear segmentation probe on the final-norm patch tokens
-    (:func:`laplax.analysis.segmentation.linear_segmentation_probe`,
-    ``eval.segmentation_steps`` steps) fitted on the segmentation train
-    images and scored on the test images of :meth:`segmentation_data`.
+    linear segmentation probe on the patch tokens
+    (:func:`laplax.train.dino_segmentation.evaluate`) fitted on the
+    segmentation train images and scored on the test images of
+    :meth:`segmentation_data`.
 
     Args:
       state: a TrainState of this task (its ``task_state["teacher"]``).
@@ -523,19 +486,20 @@ class DINOTask(TaskBase):
       segmentation_figure: if given, a PNG path for the first
         ``eval.segmentation_figure_images`` segmentation test images with
         their true and predicted masks.
+      mesh: a device mesh for the segmentation probe's batches (``eval.py``
+        passes one over every device; default: the default device).
 
     Returns:
       ``{"knn_accuracy", "linear_probe_accuracy"?, "raw_pixel_knn_accuracy"?,
-      "segmentation_miou"?, "segmentation_pixel_accuracy"?,
-      "segmentation_dataset"?, "num_examples"}`` (accuracies and mIoU in
-      [0, 1]; eval split size; the segmentation keys only when the probe ran).
+      "segmentation_*"?, "num_examples"}`` (accuracies and mIoU in [0, 1];
+      eval split size; the segmentation keys, those of
+      :func:`laplax.train.dino_segmentation.evaluate`, only when the probe ran).
 
     Raises:
       DataError, ConfigError: the segmentation data cannot be read (raised
         before anything is computed or written).
     """
     from laplax.analysis import probes  # pylint: disable=import-outside-toplevel
-    from laplax.analysis import segmentation as seg_lib  # pylint: disable=import-outside-toplevel
     del place
     seg = self.segmentation_data() if segmentation else None
     e, (_, teacher) = self.config.eval, self.backbone(state)
@@ -560,21 +524,9 @@ class DINOTask(TaskBase):
           pixels[self.config.data.train_split], train_y,
           pixels[self.config.data.eval_split], test_y, **knn))
     if seg is not None:
-      settings = self.segmentation_settings()
-      result = seg_lib.linear_segmentation_probe(
-          self.patch_features(teacher, seg.train_images), seg.train_masks,
-          self.patch_features(teacher, seg.test_images), seg.test_masks,
-          num_classes=seg.num_classes, steps=settings["segmentation_steps"],
-          seed=self.config.seed)
-      out.update(segmentation_miou=float(result["miou"]),
-                 segmentation_pixel_accuracy=float(result["pixel_accuracy"]),
-                 segmentation_dataset=seg.name)
-      shown_seg = min(settings["segmentation_figure_images"], len(seg.test_images))
-      if segmentation_figure and shown_seg:
-        seg_lib.save_segmentation_figure(
-            segmentation_figure, seg.test_images[:shown_seg], seg.test_masks[:shown_seg],
-            result["predictions"][:shown_seg], seg.num_classes,
-            title=f"linear probe on {seg.name}: mIoU {result['miou']:.3f}")
+      from laplax.train import dino_segmentation  # pylint: disable=import-outside-toplevel
+      out.update(dino_segmentation.evaluate(self.config, self.teacher.backbone, teacher, seg,
+                                            mesh=mesh, figure=segmentation_figure))
     if figure and num_pca:
       p = self.config.model.patch_size
       grid = (shown.shape[1] // p, shown.shape[2] // p)

@@ -1,0 +1,194 @@
+"""The linear segmentation evaluation of a DINO run (``eval.py``; the task's
+:meth:`~laplax.train.tasks.DINOTask.evaluate` with ``segmentation=True``).
+
+DINOv2's linear protocol (Oquab et al. 2023, arXiv 2304.07193, section 7.4;
+its released mmsegmentation heads ``BNHead``): the frozen teacher backbone's
+patch tokens, the last ``eval.segmentation_layers`` blocks' outputs each
+through the final norm and concatenated along the channels (1: the
+final-norm tokens, DINOv2's "linear"; 4: the four last blocks, as its "+ms"
+head, without its multi-scale testing), standardised with the train
+patches' statistics (the head's BatchNorm) and mapped by a linear layer to
+class logits, upsampled bilinearly to the labels, trained with the
+pixel-wise cross-entropy (:func:`laplax.analysis.segmentation.linear_segmentation_probe`).
+
+The settings are ``config.eval.segmentation*`` (:func:`settings`; a run
+saved before a key existed gets its default): ``segmentation`` (on/off),
+``segmentation_dataset`` and ``segmentation_dir`` (the data,
+:mod:`laplax.data.segmentation`), ``segmentation_image_size`` (side ``S`` of
+the images and labels; 0: the backbone's input size), ``segmentation_train_images``
+/ ``segmentation_test_images`` (the first images of the train and test
+splits), ``segmentation_steps``, ``segmentation_batch_size``,
+``segmentation_lr`` (AdamW), ``segmentation_layers`` and
+``segmentation_figure_images``.
+
+With a ``mesh`` the backbone's parameters are replicated over it and every
+batch (images, patch features, labels) is split over its data axes
+(:func:`laplax.sharding.whole_batch`), as the trainer's evaluations are.
+Memory: the train features stay on the host, ``N (S/p)^2 D L`` float32.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from laplax import sharding
+from laplax.train import defaults
+
+
+def settings(config) -> dict:
+  """The ``eval.segmentation*`` settings of ``config``, defaults for keys it
+  lacks (a run saved before they existed); keys without the ``eval.`` prefix."""
+  e = config.eval
+  return {k: e.get(k, v) for k, v in defaults.segmentation_defaults().items()}
+
+
+def image_size(config, image_shape) -> int:
+  """The side ``S`` of the segmentation images: ``eval.segmentation_image_size``,
+  or the backbone's input size (``image_shape[0]``) when it is 0.
+
+  Raises:
+    ConfigError: ``S`` not divisible by ``model.patch_size``.
+  """
+  size = int(settings(config)["segmentation_image_size"] or image_shape[0])
+  p = int(config.model.patch_size)
+  if size % p:
+    from laplax.train import config as config_lib  # pylint: disable=import-outside-toplevel
+    raise config_lib.ConfigError(
+        f"the segmentation images are {size} px, not divisible by "
+        f"config.model.patch_size={p}; set config.eval.segmentation_image_size (or "
+        f"config.data.image_size) to a multiple of it")
+  return size
+
+
+def load_data(config, image_shape):
+  """The segmentation train/test images and masks of a run, or ``None``.
+
+  Which data (``eval.segmentation_dataset``, :func:`laplax.data.segmentation.resolve`):
+  the run's own masks, Fashion-MNIST canvases, ``scene_parse150`` or
+  ``ade20k`` (from ``eval.segmentation_dir``), at :func:`image_size`. ``None``
+  when ``eval.segmentation`` is off or ``"auto"`` finds nothing to evaluate on.
+
+  Raises:
+    DataError: the data is not prepared, unreadable, malformed or does not
+      fit the backbone.
+    ConfigError: the image size is not divisible by the patch size.
+  """
+  from laplax.data import segmentation  # pylint: disable=import-outside-toplevel
+  s = settings(config)
+  if not s["segmentation"]:
+    return None
+  source = segmentation.resolve(config.data, s["segmentation_dataset"])
+  if source is None:
+    return None
+  return segmentation.load(config.data, source, num_train=s["segmentation_train_images"],
+                           num_test=s["segmentation_test_images"],
+                           image_size=image_size(config, image_shape),
+                           channels=int(image_shape[-1]),
+                           directory=s["segmentation_dir"])
+
+
+def _final_norm(spec, norm_params, x):
+  """The backbone's final norm (``encoder_norm``) applied to tokens ``x``."""
+  from laplax.models import layers  # pylint: disable=import-outside-toplevel
+  if spec.fc_norm:  # "encoded" is then before the norm: so are the others
+    return x.astype(jnp.float32)
+  if spec.norm == "rmsnorm":
+    return layers.RMSNorm().apply({}, x)
+  return nn.LayerNorm(dtype=jnp.float32, epsilon=spec.norm_eps).apply(
+      {"params": norm_params}, x)
+
+
+def feature_fn(backbone: nn.Module, num_layers: int):
+  """A jitted ``(params, images [B, S, S, C]) -> float32 [B, S/p, S/p, D L]``:
+  the patch tokens (class token dropped) of the last ``num_layers`` blocks,
+  each through the final norm, concatenated from the earliest block on."""
+  spec = backbone.spec
+
+  def features(params, images):
+    _, out = backbone.apply({"params": params}, images, train=False)
+    if num_layers == 1:
+      tokens = out["encoded"].astype(jnp.float32)
+    else:
+      tokens = jnp.concatenate(
+          [_final_norm(spec, params.get("encoder_norm", {}), out[f"block{i}"]["+mlp"])
+           for i in range(spec.depth - num_layers, spec.depth)], axis=-1)
+    first = 1 if spec.pool == "tok" else 0
+    b, g = images.shape[0], images.shape[1] // spec.patch_size
+    return tokens[:, first:].reshape(b, g, images.shape[2] // spec.patch_size, -1)
+  return jax.jit(features)
+
+
+def patch_features(fn, params, images: np.ndarray, batch_size: int, *, place=None,
+                   progress: bool = False, desc: str = "features") -> np.ndarray:
+  """``fn`` (:func:`feature_fn`) over ``images [N, S, S, C]`` in zero-padded
+  batches of ``batch_size`` (one compiled program), placed by ``place``;
+  float32 ``[N, h, w, F]`` on the host."""
+  import tqdm  # pylint: disable=import-outside-toplevel
+  out = []
+  for i in tqdm.tqdm(range(0, len(images), batch_size), desc=desc, unit="batch",
+                     leave=False, disable=not progress, mininterval=1.0):
+    chunk = images[i:i + batch_size]
+    padded = np.pad(chunk, ((0, batch_size - len(chunk)),) + ((0, 0),) * 3)
+    x = place({"image": padded})["image"] if place is not None else padded
+    out.append(np.asarray(jax.device_get(fn(params, x)), np.float32)[:len(chunk)])
+  return np.concatenate(out)
+
+
+def evaluate(config, backbone: nn.Module, params: Any, seg, *, mesh=None,
+             figure: str | None = None, progress: bool = True) -> dict:
+  """Fits and scores the linear segmentation probe on ``seg`` (:func:`load_data`).
+
+  Args:
+    config: the run's config (``eval.segmentation*``, ``eval_batch_size``, ``seed``).
+    backbone, params: the frozen teacher backbone and its parameters.
+    seg: a :class:`laplax.data.segmentation.SegmentationData`.
+    mesh: a device mesh to split the batches over (default: one device).
+    figure: a PNG path for the first ``eval.segmentation_figure_images`` test
+      images with their true and predicted masks (not written if None or 0).
+    progress: progress bars for the features, the probe's steps and its test.
+
+  Returns:
+    ``{"segmentation_miou", "segmentation_pixel_accuracy",
+    "segmentation_iou" (per class, ``None`` where neither labels nor
+    predictions have it), "segmentation_dataset", "segmentation_num_classes",
+    "segmentation_image_size", "segmentation_train_images",
+    "segmentation_test_images", "segmentation_layers"}``.
+  """
+  from laplax.analysis import segmentation as seg_lib  # pylint: disable=import-outside-toplevel
+  s = settings(config)
+  place = None
+  if mesh is not None:
+    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    params = jax.device_put(params, replicated)
+
+    def place(batch):
+      return sharding.whole_batch(batch, mesh, sharding.DEFAULT_RULES)
+  fn = feature_fn(backbone, int(s["segmentation_layers"]))
+  batch = int(config.eval_batch_size)
+  train = patch_features(fn, params, seg.train_images, batch, place=place, progress=progress,
+                         desc="segmentation train features")
+  test = patch_features(fn, params, seg.test_images, batch, place=place, progress=progress,
+                        desc="segmentation test features")
+  shown = min(int(s["segmentation_figure_images"]), len(seg.test_images))
+  result = seg_lib.linear_segmentation_probe(
+      train, seg.train_masks, test, seg.test_masks, num_classes=seg.num_classes,
+      steps=int(s["segmentation_steps"]), lr=float(s["segmentation_lr"]),
+      batch_size=int(s["segmentation_batch_size"]), seed=int(config.seed), place=place,
+      progress=progress, keep_predictions=shown)
+  if figure and shown:
+    seg_lib.save_segmentation_figure(
+        figure, seg.test_images[:shown], seg.test_masks[:shown], result["predictions"],
+        seg.num_classes, title=f"linear probe on {seg.name}: mIoU {result['miou']:.3f}")
+  return {"segmentation_miou": float(result["miou"]),
+          "segmentation_pixel_accuracy": float(result["pixel_accuracy"]),
+          "segmentation_iou": result["iou"], "segmentation_dataset": seg.name,
+          "segmentation_num_classes": int(seg.num_classes),
+          "segmentation_image_size": int(seg.test_masks.shape[1]),
+          "segmentation_train_images": int(len(seg.train_masks)),
+          "segmentation_test_images": int(len(seg.test_masks)),
+          "segmentation_layers": int(s["segmentation_layers"])}
