@@ -90,19 +90,28 @@ def newton_schulz(g: jax.Array, steps: int = NS_STEPS) -> jax.Array:
   ``g [..., fan_in, fan_out]`` is PyTorch's ``G = g^T [fan_out, fan_in]``;
   as there: ``X = G`` in bfloat16, transposed when it has more rows than
   columns, ``X / (||X||_F + 1e-7)``, then ``steps`` times ``A = X X^T``,
-  ``X = a X + (b A + c A^2) X`` with :data:`NS_COEFFS`, transposed back.
+  ``X = a X + (b A + (c A) A) X`` with :data:`NS_COEFFS` (the products in
+  that order, each rounded to bfloat16 as PyTorch rounds them), transposed back.
   Leading axes (scanned layers) are a batch. Returns bfloat16, ``g``'s shape.
+  Run op by op this is PyTorch's result bit for bit (CPU,
+  tests/test_nanochat_exact.py); compiled, XLA may keep some products in
+  float32 (its default ``xla_allow_excess_precision``), a more precise result.
   """
   a, b, c = NS_COEFFS
-  x = jnp.swapaxes(g, -1, -2).astype(jnp.bfloat16)  # PyTorch's [fan_out, fan_in]
+  bf16, f32 = jnp.bfloat16, jnp.float32
+  # PyTorch multiplies a bfloat16 tensor by a Python float in float32 and
+  # rounds the product (JAX would round the coefficient to bfloat16 first).
+  scale = lambda s, t: (s * t.astype(f32)).astype(bf16)
+  add = lambda t, u: (t.astype(f32) + u.astype(f32)).astype(bf16)
+  x = jnp.swapaxes(g, -1, -2).astype(bf16)  # PyTorch's [fan_out, fan_in]
   tall = x.shape[-2] > x.shape[-1]
   if tall:
     x = jnp.swapaxes(x, -1, -2)
-  norm = jnp.sqrt(jnp.sum(jnp.square(x.astype(jnp.float32)), axis=(-2, -1), keepdims=True))
-  x = x / (norm.astype(jnp.bfloat16) + jnp.asarray(1e-7, jnp.bfloat16))
+  norm = jnp.sqrt(jnp.sum(jnp.square(x.astype(f32)), axis=(-2, -1), keepdims=True))
+  x = (x.astype(f32) / add(norm.astype(bf16), jnp.asarray(1e-7, f32)).astype(f32)).astype(bf16)
   for _ in range(steps):
     gram = x @ jnp.swapaxes(x, -1, -2)
-    x = a * x + (b * gram + c * gram @ gram) @ x
+    x = add(scale(a, x), add(scale(b, gram), scale(c, gram) @ gram) @ x)
   if tall:
     x = jnp.swapaxes(x, -1, -2)
   return jnp.swapaxes(x, -1, -2)
