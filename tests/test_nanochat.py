@@ -31,9 +31,11 @@ def test_rms_norm_and_relu2_match_numpy():
   eps = float(np.finfo(np.float32).eps)
   np.testing.assert_allclose(attention.rms_norm(jnp.asarray(x)), _rms_np(x, eps), rtol=1e-5)
   # bfloat16 input, float32 eps (PyTorch's default for its float32 opmath):
-  # a tiny row normalises to about 1, where bfloat16's eps 2^-7 would give 0.01.
+  # a row of 1e-3 normalises to 0.945 (bfloat16's eps 2^-7 would give 0.011).
   tiny = jnp.full((1, 4), 1e-3, jnp.bfloat16)
-  np.testing.assert_allclose(attention.rms_norm(tiny), 1.0, rtol=1e-2)
+  v = float(tiny[0, 0])
+  np.testing.assert_allclose(attention.rms_norm(tiny), v / np.sqrt(v * v + 2.0 ** -23),
+                             rtol=1e-6)
   np.testing.assert_allclose(layers.relu2(jnp.asarray(x)), np.maximum(x, 0) ** 2, rtol=1e-6)
   assert layers.ACTIVATIONS["gelu"] is jax.nn.gelu or layers.ACTIVATIONS["gelu"].__name__ == "gelu"
 
@@ -118,7 +120,7 @@ def test_one_muon_update_is_orthogonalised_and_embeddings_get_adamw():
   # token embedding and its moments are bfloat16 (8 bits of mantissa).
   assert params["token_embedding"]["embedding"].dtype == jnp.bfloat16
   for key, lr, rtol in (("token_embedding", c.optim.embedding_lr, 1e-2),
-                        ("lm_head", c.optim.unembedding_lr, 1e-5)):
+                        ("lm_head", c.optim.unembedding_lr, 2e-3)):  # eps 1e-10
     u = np.asarray(jax.tree_util.tree_leaves(updates[key])[0], np.float32)
     g = np.asarray(jax.tree_util.tree_leaves(grads[key])[0], np.float32)
     np.testing.assert_allclose(u, -lr * np.sign(g), rtol=rtol, atol=1e-7)

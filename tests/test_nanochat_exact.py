@@ -146,6 +146,28 @@ def test_logits_equal_a_pytorch_nanochat_through_from_nanochat(tmp_path, laplaci
   record_property("max_relative_difference", err)
   assert np.abs(ref).max() > 5  # the soft-cap is not in its linear range
   assert err < 1e-5, err
+  if isinstance(laplacian_heads, list):  # KV-cache decoding: traced rotary positions
+    dec = _decode(model, params, tokens[:1, :12])
+    np.testing.assert_allclose(dec, ref[0, :12], atol=1e-5 * np.abs(ref).max())
+
+
+def _decode(model, params, tokens):
+  """Logits ``[length, vocab]`` of ``tokens [1, length]`` fed one at a time."""
+  shapes = jax.eval_shape(lambda: model.init(
+      jax.random.PRNGKey(0), jnp.zeros((1, model.spec.max_length), jnp.int32),
+      decode=True))["cache"]
+  cache = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+
+  @jax.jit
+  def step(params, cache, token):
+    (logits, _), updated = model.apply({"params": params, "cache": cache}, token,
+                                       decode=True, mutable=["cache"])
+    return updated["cache"], logits[0, -1]
+  out = []
+  for t in range(tokens.shape[1]):
+    cache, logits = step(params, cache, jnp.asarray(tokens[:, t:t + 1]))
+    out.append(np.asarray(logits))
+  return np.stack(out)
 
 
 def test_round_trip_laplax_nanochat_laplax_is_bitwise(tmp_path):
