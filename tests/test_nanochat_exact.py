@@ -300,6 +300,15 @@ def test_newton_schulz_adam_and_clipping_match_pytorch_transcriptions():
   clipped, _ = nanochat_optim.clip_by_global_norm(1.0).update([jnp.asarray(x) for x in grads], None)
   for got, t in zip(clipped, tensors):
     np.testing.assert_allclose(np.asarray(got), t.grad.numpy(), rtol=1e-6)
+  # A norm near 1e-6, where torch's "+ 1e-6" halves the coefficient.
+  small = [x * 1e-7 for x in grads]
+  for t, x in zip(tensors, small):
+    t.grad = torch.from_numpy(x.copy())
+  torch.nn.utils.clip_grad_norm_(tensors, 1e-7)
+  clipped, _ = nanochat_optim.clip_by_global_norm(1e-7).update([jnp.asarray(x) for x in small],
+                                                              None)
+  for got, t in zip(clipped, tensors):
+    np.testing.assert_allclose(np.asarray(got), t.grad.numpy(), rtol=1e-5)
   tx = nanochat_optim.scale_by_adam(0.8, 0.95, 1e-10)
   p = torch.zeros(6, dtype=torch.float64)
   m, v = torch.zeros_like(p), torch.zeros_like(p)
@@ -365,9 +374,10 @@ def _cli(*args):
 
 
 def test_cli_converts_with_the_tokenizer_and_refuses_a_hostile_pickle(tmp_path):
-  """``--from nanochat`` copies the tokenizer as JSON and ``--to nanochat``
-  writes the pickle back; a hostile ``tokenizer.pkl`` is one line, exit 2,
-  nothing written and nothing run."""
+  """A hostile ``tokenizer.pkl`` through the CLI is one line, exit 2, nothing
+  written and nothing run; ``--from nanochat`` finds the tokenizer in
+  nanochat's layout and keeps it as JSON, ``--to nanochat`` writes the
+  pickle back (in process)."""
   mc = dict(SMALL, vocab_size=260)
   enc = _encoding()
   src = _checkpoint(tmp_path / "base" / "base_checkpoints" / "d2", mc, _state_dict(mc))
@@ -381,10 +391,10 @@ def test_cli_converts_with_the_tokenizer_and_refuses_a_hostile_pickle(tmp_path):
   assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
   assert "hostile.pkl" in bad.stderr and "mkdir" in bad.stderr
   assert not marker.exists() and not (tmp_path / "bad").exists()
-  good = _cli("--from", "nanochat", "--model", src, "--workdir", tmp_path / "w")
-  assert good.returncode == 0, good.stderr
+  _from_nanochat(src, tmp_path / "w")
   assert tiktoken_files.read_tokenizer_json(
       str(tmp_path / "w" / tiktoken_files.TOKENIZER_FILE)) == enc
-  back = _cli("--to", "nanochat", "--workdir", tmp_path / "w", "--out", tmp_path / "out")
-  assert back.returncode == 0, back.stderr
+  nanochat.convert_to_nanochat(str(tmp_path / "w"), str(tmp_path / "out"))
   assert tiktoken_files.read_tokenizer_pkl(str(tmp_path / "out" / "tokenizer.pkl")) == enc
+  with pytest.raises(common.ConvertError, match="exists"):
+    nanochat.convert_to_nanochat(str(tmp_path / "w"), str(tmp_path / "out"))
