@@ -33,11 +33,10 @@ What still differs from nanochat, and why:
   ``lm_head``, the soft-cap and the cross-entropy in float32 (nanochat's
   ``lm_head`` and soft-cap are bfloat16). Both keep float32 weights except
   the bfloat16 token embedding and its AdamW moments.
-* data: the batch is 256 sequences at once (nanochat: 8 GPUs x 32, or 8
-  micro-batches of 32 on one); the mean gradient is the same. The input is
-  the ``data`` section's (FineWeb-Edu parquet shards with nanochat's
-  tokenizer where the pipeline has them; the Shakespeare plays with a BPE
-  trained on them otherwise), not nanochat's exact token stream.
+* data: the input is FineWeb-Edu's parquet shards (``data.source_dir``)
+  with nanochat's tokenizer, BOS per document and nanochat's packing; the
+  batch is 256 sequences at once (nanochat: 8 GPUs x 32, or 8 micro-batches
+  of 32 on one), so the mean gradient is the same but not its per-GPU parts.
 * evaluation: validation loss / bits per byte on the config's schedule
   (nanochat: every 250 steps on 20 x 524,288 tokens, CORE every 2000).
 * later nanochat releases and the authors' fork differ more (value
