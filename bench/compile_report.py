@@ -228,7 +228,7 @@ def report(spec: str, devices, args) -> None:
           - mem.alias_size_in_bytes + mem.temp_size_in_bytes)
   print(f"\n== {spec}  ({devices[0].device_kind} x {n}, mesh (data, fsdp, tensor) = "
         f"{tuple(mesh.shape.values())})")
-  print(f"   parameters {num_params / 1e6:.1f}M ({num_matmul / 1e6:.1f}M in matmuls); "
+  print(f"   parameters {num_params:,} ({num_matmul / 1e6:.1f}M in matmuls); "
         f"batch {config.batch_size}; dtype {config.model.dtype}; remat "
         f"{config.model.get('remat', 'none')}; scan_layers {config.model.get('scan_layers', False)}; "
         f"grad_accum_steps {config.optim.get('grad_accum_steps', 1)}")

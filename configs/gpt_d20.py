@@ -1,68 +1,61 @@
-"""The 561M GPT of the Laplacian-heads paper: depth 20, width 1280, 10 heads of 128.
+"""nanochat's d20 (560,988,160 parameters), the GPT of the Laplacian-heads paper.
 
     python train.py --config configs/gpt_d20.py:laplacian=5 --workdir runs/d20_5l
 
-The paper's best run has 5 of 10 heads Laplacian (``:laplacian=5``, the
-default). BPE vocabulary 65536, context 2048: 20 x 12 x 1280^2 = 393.2M in
-the blocks plus 2 x 65536 x 1280 = 167.8M in the untied embeddings, 561M in
-all (the norms have no parameters). Arguments: ``laplacian``, ``spectral``.
+Depth 20, width 1280 (64 x depth), 10 heads of 128, context 2048, vocabulary
+65,536: ``2 x 65536 x 1280`` in the untied embeddings plus ``20 x 12 x
+1280^2`` in the blocks, 560,988,160 in all (no biases, norm gains or
+position embeddings). 21,400 steps of 256 x 2048 = 524,288 tokens, nanochat's
+``20 N // 524288``. Arguments: ``laplacian`` (the last k heads of every
+layer are Laplacian, ``V - P V``; default 5 of 10, the paper's best run; a
+per-layer list goes in ``--config.model.num_laplacian_heads``), ``spectral``.
 
-What "d20" means here: the architecture and optimiser options of the
-authors' nanochat (``yuchongzhang/nanochat``, ``nanochat/gpt.py`` and
-``scripts/base_train.py``) that laplax has:
+This is the model and optimiser of nanochat's first release
+(``karpathy/nanochat`` 3a5e0bc; :func:`laplax.train.defaults.nanochat_options`
+lists them): the same forward (rotary in nanochat's convention, qk-norm after
+it, the logit soft-cap 15, ReLU^2, parameter-free RMSNorm with eps ``2^-23``,
+the bfloat16 token embedding), the same initialisation, and its optimiser step
+for step (:mod:`laplax.train.nanochat_optim`: Muon 0.02 with the momentum
+ramp, AdamW 0.2 s / 0.004 s with ``s = (1280/768)^-1/2``, betas (0.8, 0.95),
+eps 1e-10, the constant rate with the linear warm-down over the last 20%,
+clipping at 1.0). ``python -m laplax.convert --from nanochat`` and ``--to
+nanochat`` move its weights both ways (README, "nanochat's d20").
 
-* rotary positions (``posemb="rope"``), no biases, untied embeddings;
-* parameter-free RMSNorm (``norm="rmsnorm"``) before attention and the MLP,
-  after the token embedding (``embed_norm``) and before the output layer;
-* ReLU^2 MLP of width 4 x 1280 (``mlp_activation="relu2"``);
-* qk-norm as parameter-free RMSNorm, then q and k each times 1.2
-  (``qk_norm_type="rmsnorm"``, ``qk_scale=1.2``; logits 1.44 q.k/sqrt(128));
-* zero-initialised ``W_O`` and MLP output (``zero_init_out``);
-* Muon (``optax.contrib.muon``: Nesterov momentum 0.95, 5 Newton-Schulz
-  steps) on the block matrices at 0.02; AdamW on the token embedding at
-  0.3 and on the output layer at 0.008, both times nanochat's
-  ``(1280 / 768) ** -0.5`` (0.2324 and 0.0062); ``b1=0.8``; no clipping.
-  The batch, 256 x 2048 = 2^19 tokens, is nanochat's reference batch, so
-  its batch learning-rate scaling is 1.
+What still differs from nanochat, and why:
 
-Differences from nanochat, not implemented:
-
-* value embeddings (ResFormer value residual with a sigmoid gate on
-  alternating layers), per-layer residual scalars (``resid_lambdas``) and
-  re-injection of the first embedding (``x0_lambdas``), the previous-token
-  "smear" and the mid-layer "backout" subtraction;
-* sliding-window layers (pattern "SSSL": three quarter-context layers, then
-  a full one; the last layer always full);
-* the logit soft-cap ``15 tanh(logits / 15)``; the vocabulary padded to a
-  multiple of 64; grouped-query attention (nanochat's d20 has none);
-* initialisation: nanochat draws the embedding from N(0, 0.8), the output
-  layer from N(0, 0.001), ``W_Q, W_K, W_V`` uniform with std 1/sqrt(1280)
-  and the MLP's first layer at 0.4 of that; here GPT-2's normal 0.02;
-* rotary base 100000 in nanochat, 10000 here (and nanochat rotates by
-  -theta and normalises after rotary: both equivalent);
-* optimiser details: nanochat's MuonAdamW (``nanochat/optim.py``, not read
-  here) with its second-moment ``beta2=0.9`` and its own update scaling
-  (laplax uses optax's ``sqrt(max(1, fan_out / fan_in))``), a Muon
-  momentum ramp 0.85 -> 0.97 -> 0.90, cautious weight decay 0.28 (rescaled
-  with batch and horizon, cosine to 0; 0 here), per-group Adam betas
-  (0.8, 0.96) / (0.8, 0.995), eps 1e-10 and decays 0.01 / 0.001; its
-  schedule is warm-up 40, constant, linear warm-down over the last 65% to
-  0.05 (here laplax's warm-up + cosine); its horizon and batch come from
-  scaling laws (here 21400 steps);
-* bfloat16 weights of the embeddings and fp8 matmuls (options there).
+* clipping: nanochat has no DDP wrapper (its optimizers average the
+  gradients), so each of the 8 GPUs clips its own gradient, of 32 sequences,
+  before the average; laplax clips the gradient of the whole batch once (it
+  has one gradient, whatever the devices).
+* precision: nanochat runs under bfloat16 autocast with TF32 matmuls; here
+  the matmuls run in ``dtype`` bfloat16 with float32 accumulation, the
+  rotation in float32 from the bfloat16 table rounded once, the final norm,
+  ``lm_head``, the soft-cap and the cross-entropy in float32 (nanochat's
+  ``lm_head`` and soft-cap are bfloat16). Both keep float32 weights except
+  the bfloat16 token embedding and its AdamW moments.
+* data: the input is FineWeb-Edu's parquet shards (``data.source_dir``)
+  with nanochat's tokenizer, BOS per document and nanochat's packing; the
+  batch is 256 sequences at once (nanochat: 8 GPUs x 32, or 8 micro-batches
+  of 32 on one), so the mean gradient is the same but not its per-GPU parts.
+* evaluation: validation loss / bits per byte on the config's schedule
+  (nanochat: every 250 steps on 20 x 524,288 tokens, CORE every 2000).
+* later nanochat releases and the authors' fork differ more (value
+  embeddings, sliding windows, ``q, k`` x 1.2, rotary base 100,000, other
+  schedules); of those only ``model.qk_scale`` and ``model.rope_theta`` are
+  options here, off.
 """
 
 from laplax.data import fineweb
-from laplax.train.defaults import gpt_base_config, nanochat_options, parse_arg
+from laplax.train.defaults import (gpt_base_config, nanochat_num_params, nanochat_options,
+                                   nanochat_steps, parse_arg)
 
 
 def get_config(arg=None):
-  """GPT d20 (561M) with nanochat's architecture and optimiser options."""
+  """GPT d20 (560,988,160 parameters) with nanochat's architecture and optimiser."""
   a = parse_arg(arg, laplacian=5, spectral=False)
   c = gpt_base_config()
   c.batch_size = 256
   c.eval_batch_size = 32
-  c.total_steps = 21_400
   c.log_every = 100
   c.eval_every = 1000
   c.checkpoint_every = 1000
@@ -73,11 +66,14 @@ def get_config(arg=None):
   c.data.streams = 8
   c.data.max_eval_tokens = 20 * 524_288
   m = c.model
-  m.max_length, m.width, m.depth, m.num_heads, m.mlp_dim = 2048, 1280, 20, 10, 5120
-  nanochat_options(c)  # the architecture and Muon/AdamW options, as in gpt_shakespeare
+  depth = 20
+  m.max_length, m.width, m.depth, m.num_heads = 2048, 64 * depth, depth, 10
+  m.mlp_dim = 4 * m.width
+  nanochat_options(c)
   m.dtype = "bfloat16"
+  m.embedding_dtype = "bfloat16"
   m.num_laplacian_heads = a.laplacian
   m.spectral.enabled = a.spectral
-  c.optim.lr = 3e-4  # the other AdamW leaves (none in this config)
-  c.optim.warmup_steps = 40
+  c.total_steps = nanochat_steps(nanochat_num_params(m.width, m.depth, c.data.vocab_size),
+                                 c.batch_size * m.max_length)
   return c

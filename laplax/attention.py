@@ -29,6 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from laplax import kernels, sharding, spectral
+from laplax.rotary import STYLES as ROPE_STYLES, rotary, rotary_table  # noqa: F401  (re-exported)
 
 IMPLEMENTATIONS = (None, "xla", "cudnn", "reference")
 # Logical axes of queries, keys, values and head outputs (laplax.sharding).
@@ -300,76 +301,21 @@ class ProjectionDense(nn.Module):
 def rms_norm(x: jax.Array, eps: float | None = None) -> jax.Array:
   """Parameter-free RMSNorm over the last axis: ``x / sqrt(mean(x^2) + eps)``.
 
-  The ``norm`` of nanochat/gpt.py (``F.rms_norm`` without a weight, whose
-  ``eps`` defaults to ``torch.finfo(x.dtype).eps``). Computed in float32.
+  The ``norm`` of nanochat/gpt.py (``F.rms_norm`` without a weight). Its
+  ``eps`` defaults to the machine epsilon of the float32 compute type,
+  ``2^-23``, whatever the input's dtype: PyTorch's default is that of its
+  float32 "opmath" type for bfloat16 inputs too. Computed in float32.
 
   Args:
     x: ``[..., dim]``, any float dtype.
-    eps: added to the mean square; ``None``: ``finfo(x.dtype).eps`` (as torch).
+    eps: added to the mean square; ``None``: ``finfo(float32).eps`` (as torch).
 
   Returns:
     float32 ``[..., dim]`` (the callers cast back to their compute dtype).
   """
-  eps = float(jnp.finfo(x.dtype).eps) if eps is None else eps
+  eps = float(jnp.finfo(jnp.float32).eps) if eps is None else eps
   y = x.astype(jnp.float32)
   return y * jax.lax.rsqrt(jnp.mean(jnp.square(y), axis=-1, keepdims=True) + eps)
-
-
-def rotary_table(length: int, head_dim: int,
-                 theta: float = 10_000.0) -> tuple[np.ndarray, np.ndarray]:
-  """Sines and cosines of the rotary angles, ``(sin, cos)``, each float32
-  ``[length, head_dim // 2]``.
-
-  Row ``t`` holds ``t * theta^(-2i/head_dim)`` for ``i < head_dim / 2``
-  (RoFormer eq. 34), computed in float64 with NumPy and rounded once, so a
-  jitted model gets them as constants instead of evaluating ``sin``/``cos``
-  in every fusion that reads them.
-  """
-  half = head_dim // 2
-  freq = theta ** (-np.arange(half, dtype=np.float64) / half)
-  angle = np.arange(length, dtype=np.float64)[:, None] * freq
-  return np.sin(angle).astype(np.float32), np.cos(angle).astype(np.float32)
-
-
-def rotary(x: jax.Array, positions: Any, theta: float = 10_000.0,
-           max_length: int | None = None) -> jax.Array:
-  """Rotary position embedding (Su et al. 2021, RoFormer eq. 34), half-split form.
-
-  Channel pairs ``(x_i, x_{i + head_dim/2})`` of a token at position ``t``
-  are rotated by the angle ``t * theta^(-2i/head_dim)`` (the table of
-  :func:`rotary_table`), so the dot product of a rotated query and key
-  depends on their positions only through ``t_q - t_k``.
-
-  Args:
-    x: ``[batch, length, heads, head_dim]`` (``head_dim`` even).
-    positions: int ``[batch, length]`` or ``[length]`` absolute positions,
-      ``>= 0``. Concrete positions (NumPy, Python) index the table in NumPy;
-      traced ones (a KV cache's offset) gather from a table of
-      ``max_length`` rows.
-    theta: base of the frequencies ``theta^(-2i/head_dim)``.
-    max_length: rows of the table for traced ``positions`` (every position
-      must be below it; the gather clamps the others).
-
-  Returns:
-    ``x`` rotated, same shape and dtype (computed in float32).
-
-  Raises:
-    ValueError: traced ``positions`` without ``max_length``.
-  """
-  try:
-    positions = np.asarray(positions, dtype=np.int64)
-    sin, cos = rotary_table(int(positions.max(initial=0)) + 1, x.shape[-1], theta)
-    sin, cos = sin[positions], cos[positions]
-  except jax.errors.TracerArrayConversionError:
-    if max_length is None:
-      raise ValueError("rotary got traced positions without max_length; pass "
-                       "max_length, the number of positions the table must cover") from None
-    sin, cos = rotary_table(max_length, x.shape[-1], theta)
-    sin = jnp.take(sin, positions, axis=0, mode="clip")
-    cos = jnp.take(cos, positions, axis=0, mode="clip")
-  sin, cos = sin[..., None, :], cos[..., None, :]  # broadcast over heads
-  x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
-  return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1).astype(x.dtype)
 
 
 def _check_settings(self, model_dim: int) -> None:
@@ -473,12 +419,9 @@ class MultiHeadAttention(nn.Module):
     qk_norm: normalise queries and keys over ``head_dim`` (DeiT-3 recipe).
     qk_norm_type: ``"layernorm"`` (learnable ``query_norm`` / ``key_norm``)
       or ``"rmsnorm"`` (:func:`rms_norm`, no parameters; nanochat/gpt.py).
-    qk_scale: factor on ``q`` and on ``k`` after the qk-norm (nanochat/gpt.py:
-      1.2 each, so the logits are ``1.44 q.k / sqrt(head_dim)`` with the
-      kernel's default scale); 1.0 multiplies nothing. The parameter-free
-      RMSNorm and the scale commute with rotary (a rotation of pairs keeps
-      the mean square), so applying them before it, as here, equals
-      nanochat's order (rotary first).
+    qk_scale: factor on ``q`` and on ``k`` after the qk-norm (a later
+      nanochat: 1.2 each, so the logits are ``1.44 q.k / sqrt(head_dim)``
+      with the kernel's default scale); 1.0 multiplies nothing.
     attention_dropout: dropout on ``P`` (forces the reference kernel).
     dropout: dropout on the output projection.
     spectral_lam, spectral_mode: spectral conditioning (``None`` = off).
@@ -496,7 +439,11 @@ class MultiHeadAttention(nn.Module):
       Papyan call their fixed choice of heads likely suboptimal; this lets a
       run learn the mix.
     use_bias: biases on the q/k/v/out projections.
-    rope: rotary position embedding on queries and keys (after qk-norm).
+    rope: rotary position embedding on queries and keys (:func:`laplax.rotary.rotary`).
+    rope_theta: its base (10,000; the later nanochat's 100,000 is an option).
+    rope_style: ``"roformer"`` (``+angle``, float32 table, after the
+      qk-norm) or ``"nanochat"`` (``-angle``, bfloat16 table, before the
+      qk-norm, as nanochat/gpt.py); :mod:`laplax.rotary`.
     dtype: compute dtype of the matmuls (parameters stay float32).
     kernel_init: initialiser of ``W_Q, W_K, W_V``.
     out_init: initialiser of ``W_O`` (GPT uses a depth-scaled normal).
@@ -517,6 +464,8 @@ class MultiHeadAttention(nn.Module):
   laplacian_mix: str = "fixed"
   use_bias: bool = True
   rope: bool = False
+  rope_theta: float = 10_000.0
+  rope_style: str = "roformer"
   dtype: Any = None
   kernel_init: Callable = nn.initializers.xavier_uniform()
   out_init: Callable = nn.initializers.xavier_uniform()
@@ -538,14 +487,6 @@ class MultiHeadAttention(nn.Module):
                                   self.laplacian_mask)
     dtype = self.dtype or x.dtype
     q, k, v = _project_qkv(self, x, head_dim, dtype)
-    if self.qk_norm and self.qk_norm_type == "rmsnorm":
-      q, k = rms_norm(q), rms_norm(k)
-    elif self.qk_norm:
-      norm = dict(dtype=jnp.float32, **sharding.layer_norm_inits("head_dim"))
-      q = nn.LayerNorm(name="query_norm", **norm)(q)
-      k = nn.LayerNorm(name="key_norm", **norm)(k)
-    if self.qk_scale != 1.0:
-      q, k = q * self.qk_scale, k * self.qk_scale
     length = x.shape[1]
     start = 0
     if decode:
@@ -556,10 +497,21 @@ class MultiHeadAttention(nn.Module):
       if not is_init:
         start = index.value
     positions = start + np.arange(length)  # traced when decoding
-    if self.rope:
-      max_length = cached_k.value.shape[1] if decode else None
-      q = rotary(q, positions, max_length=max_length)
-      k = rotary(k, positions, max_length=max_length)
+    rotate = lambda y: rotary(y, positions, self.rope_theta, max_length=(
+        cached_k.value.shape[1] if decode else None), style=self.rope_style)
+    rope_first = self.rope and self.rope_style == "nanochat"
+    if rope_first:  # nanochat/gpt.py: rotary, then the qk-norm
+      q, k = rotate(q), rotate(k)
+    if self.qk_norm and self.qk_norm_type == "rmsnorm":
+      q, k = rms_norm(q), rms_norm(k)
+    elif self.qk_norm:
+      norm = dict(dtype=jnp.float32, **sharding.layer_norm_inits("head_dim"))
+      q = nn.LayerNorm(name="query_norm", **norm)(q)
+      k = nn.LayerNorm(name="key_norm", **norm)(k)
+    if self.qk_scale != 1.0:
+      q, k = q * self.qk_scale, k * self.qk_scale
+    if self.rope and not rope_first:
+      q, k = rotate(q), rotate(k)
     q, k, v = q.astype(dtype), k.astype(dtype), v.astype(dtype)
     dropout_rng = None
     if not deterministic and self.attention_dropout > 0.0:

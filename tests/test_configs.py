@@ -197,11 +197,12 @@ def test_recipes_set_the_authors_options_and_unknown_ones_are_refused():
   d20 = load("gpt_d20")
   assert gpt.optim.optimizer == "adamw" and not gpt.model.zero_init_out
   keys = ("posemb", "tie_embeddings", "use_bias", "norm", "embed_norm", "mlp_activation",
-          "qk_norm", "qk_norm_type", "qk_scale", "zero_init_out")
+          "qk_norm", "qk_norm_type", "qk_scale", "zero_init_out", "rope_style", "rope_theta",
+          "kernel_init", "logit_softcap")
   assert {k: nano.model[k] for k in keys} == {k: d20.model[k] for k in keys}
-  assert nano.model.zero_init_out and nano.optim.optimizer == "muon"
+  assert nano.model.zero_init_out and nano.optim.optimizer == "nanochat"
   # nanochat's AdamW learning rates scale with (width / 768)^-0.5.
-  assert nano.optim.embedding_lr == round(0.3 * (128 / 768) ** -0.5, 4)
+  assert nano.optim.embedding_lr == 0.2 * (128 / 768) ** -0.5
   for c in (deit3, nano):
     config_lib.validate(c, 1)
   for name in ("vit_fashion_mnist", "gpt_shakespeare"):

@@ -6,19 +6,27 @@ r"""Convert weights between laplax and timm / Hugging Face ``transformers``.
         [--config configs/deit3_imagenet.py] [--config.key=value ...]
     python -m laplax.convert --from hf-gpt2 --model HF_DIR --workdir runs/gpt2 \
         [--config configs/gpt2_124m.py] [--config.key=value ...]
+    python -m laplax.convert --from nanochat --model CHECKPOINT_DIR [--step N] \
+        [--tokenizer tokenizer.pkl|DIR] --workdir runs/d20 [--config configs/gpt_d20.py]
     python -m laplax.convert --to timm --workdir runs/vit --out OUT_DIR [--force]
     python -m laplax.convert --to hf-gpt2 --workdir runs/gpt --out OUT_DIR [--force]
+    python -m laplax.convert --to nanochat --workdir runs/d20 --out OUT_DIR
 
 ``--from`` writes a new laplax workdir (``config.json`` and a step-0
 checkpoint): ``eval.py --workdir`` evaluates it, ``train.py
 --config.init_from=WORKDIR`` fine-tunes from it (Laplacian heads and
 spectral settings may differ). The config gives the data and training
 settings (default: ``configs/deit3_imagenet.py`` for timm,
-``configs/gpt2_124m.py`` for GPT-2); the model keys come from the source.
+``configs/gpt2_124m.py`` for GPT-2, ``configs/gpt_d20.py`` for nanochat); the
+model keys come from the source (nanochat: ``meta_<step>.json``, its
+Laplacian heads included; :mod:`laplax.convert.nanochat`).
 ``--to`` writes ``OUT_DIR`` for timm (``model.safetensors`` and
 ``timm_config.json``, the ``VisionTransformer`` arguments) or a
-``save_pretrained`` directory for ``transformers``. A model with Laplacian
-heads or spectral conditioning is refused unless ``--force``.
+``save_pretrained`` directory for ``transformers``, or nanochat's checkpoint
+directory (``model_<step>.pt``, ``meta_<step>.json``, ``tokenizer.pkl``).
+For timm and GPT-2 a model with Laplacian heads or spectral conditioning is
+refused unless ``--force``; nanochat carries Laplacian heads as the
+authors' ``laplacian_heads``.
 Bad input prints one line and exits with code 2; nothing is written.
 """
 
@@ -30,10 +38,16 @@ from ml_collections import config_flags
 
 from laplax.train import cli
 
-_FROM = flags.DEFINE_enum("from", None, ["timm", "hf-gpt2"], "Source of the weights.")
-_TO = flags.DEFINE_enum("to", None, ["timm", "hf-gpt2"], "Target of the weights.")
-_MODEL = flags.DEFINE_string("model", None, "timm model name, or a Hugging Face "
-                             "save_pretrained directory of GPT2LMHeadModel.")
+_FROM = flags.DEFINE_enum("from", None, ["timm", "hf-gpt2", "nanochat"],
+                          "Source of the weights.")
+_TO = flags.DEFINE_enum("to", None, ["timm", "hf-gpt2", "nanochat"], "Target of the weights.")
+_MODEL = flags.DEFINE_string("model", None, "timm model name, a Hugging Face "
+                             "save_pretrained directory of GPT2LMHeadModel, or nanochat's "
+                             "checkpoint directory (base_checkpoints/d20).")
+_STEP = flags.DEFINE_integer("step", None, "nanochat: the checkpoint step (default: the last).")
+_TOKENIZER = flags.DEFINE_string("tokenizer", None, "nanochat: its tokenizer.pkl (or a "
+                                 "directory with it, or a nanochat_tokenizer.json); default: "
+                                 "found beside the checkpoint or in BASE/tokenizer/.")
 _WEIGHTS = flags.DEFINE_string("weights", None, "timm weights (.safetensors or .pth); "
                                "default: the timm model's random initialisation.")
 _MODEL_ARGS = flags.DEFINE_string("model_args", "", "timm.create_model keyword "
@@ -48,7 +62,8 @@ _CONFIG = config_flags.DEFINE_config_file(
 
 REPO_CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__)))), "configs")
-DEFAULT_CONFIGS = {"timm": "deit3_imagenet.py", "hf-gpt2": "gpt2_124m.py"}
+DEFAULT_CONFIGS = {"timm": "deit3_imagenet.py", "hf-gpt2": "gpt2_124m.py",
+                   "nanochat": "gpt_d20.py"}
 
 
 def _config(source: str):
@@ -79,20 +94,30 @@ def main() -> int:
   cli.parse_flags(sys.argv)
   source, target = flags.FLAGS["from"].value, _TO.value
   if (source is None) == (target is None):
-    raise cli.UsageError("give exactly one of --from timm|hf-gpt2 and --to timm|hf-gpt2")
+    raise cli.UsageError("give exactly one of --from timm|hf-gpt2|nanochat and "
+                         "--to timm|hf-gpt2|nanochat")
   if not _WORKDIR.value:
     raise cli.UsageError("--workdir is required (the laplax run directory)")
   cli.quiet()
   # pylint: disable=import-outside-toplevel
-  from laplax.convert import common, hf_gpt2, timm_vit
+  from laplax.convert import common, hf_gpt2, nanochat, timm_vit
   try:
     if source is not None:
       if not _MODEL.value:
-        raise cli.UsageError("--model is required with --from (a timm model name or a "
-                             "Hugging Face directory)")
+        raise cli.UsageError("--model is required with --from (a timm model name, a "
+                             "Hugging Face directory or nanochat's checkpoint directory)")
+      if source != "nanochat" and (_STEP.value is not None or _TOKENIZER.value):
+        raise cli.UsageError("--step and --tokenizer are for --from nanochat")
       config = _config(source)
-      common.plain_attention(config, cli.explicit_model_keys(sys.argv))
-      if source == "timm":
+      given = cli.explicit_model_keys(sys.argv)
+      common.plain_attention(config, given)
+      if source == "nanochat":
+        tokenizer = nanochat.convert_from_nanochat(
+            _MODEL.value, config, _WORKDIR.value, step=_STEP.value,
+            tokenizer=_TOKENIZER.value, given=given)
+        if tokenizer:
+          print(f"tokenizer: {tokenizer} -> {nanochat.TOKENIZER_FILE}")
+      elif source == "timm":
         timm_vit.convert_from_timm(_MODEL.value, _WEIGHTS.value, _MODEL_ARGS.value,
                                    config, _WORKDIR.value)
       else:
@@ -105,8 +130,12 @@ def main() -> int:
     else:
       if not _OUT.value:
         raise cli.UsageError(f"--out is required with --to {target} (a new directory)")
-      convert = timm_vit.convert_to_timm if target == "timm" else hf_gpt2.convert_to_hf
-      note = convert(_WORKDIR.value, _OUT.value, _FORCE.value)
+      if target == "nanochat":
+        nanochat.convert_to_nanochat(_WORKDIR.value, _OUT.value)
+        note = None
+      else:
+        convert = timm_vit.convert_to_timm if target == "timm" else hf_gpt2.convert_to_hf
+        note = convert(_WORKDIR.value, _OUT.value, _FORCE.value)
       print(f"wrote {_OUT.value}" + (f"; --force: {note}" if note else ""))
   except common.ConvertError as e:
     raise cli.UsageError(str(e)) from None

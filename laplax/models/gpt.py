@@ -4,7 +4,9 @@ Token embedding, learned or rotary position encoding, pre-norm blocks with a
 GELU (or ReLU^2) MLP, LayerNorm (or parameter-free RMSNorm, optionally also
 after the token embedding: the options of the Laplacian authors' nanochat,
 ``configs/gpt_d20.py``), optional qk-norm and weight tying, residual output projections
-initialised with std ``0.02 / sqrt(2 * num_layers)``. Laplacian heads take the
+initialised with std ``0.02 / sqrt(2 * num_layers)`` (or nanochat's
+initialisation, ``model.kernel_init="nanochat"``), an optional logit soft-cap
+``c tanh(logits / c)``. Laplacian heads take the
 causal form ``v_t - sum_{j<=t} p_tj v_j`` (token 0's output is exactly 0) and
 spectral conditioning applies to every layer's ``W_Q, W_K, W_V``.
 
@@ -54,8 +56,11 @@ class GPT(nn.Module):
     if length > spec.max_length:
       raise ValueError(f"sequence length {length} exceeds max_length={spec.max_length}")
     init = nn.initializers.normal(0.02)
+    nanochat = spec.kernel_init == "nanochat"  # nanochat/gpt.py's init_weights
     embed = nn.Embed(self.vocab_size, spec.width, name="token_embedding",
-                     embedding_init=sharding.logical_init(init, ("vocab", "embed")))
+                     param_dtype=jnp.dtype(spec.embedding_dtype),
+                     embedding_init=sharding.logical_init(
+                         nn.initializers.normal(1.0) if nanochat else init, ("vocab", "embed")))
     x = embed(tokens).astype(spec.compute_dtype() or jnp.float32)
     start = 0
     if decode:
@@ -81,8 +86,12 @@ class GPT(nn.Module):
     if spec.tie_embeddings:
       logits = embed.attend(x.astype(jnp.float32))
     else:
+      head_init = nn.initializers.zeros if nanochat else init
       logits = nn.Dense(self.vocab_size, use_bias=False, dtype=jnp.float32,
-                        kernel_init=sharding.logical_init(init, ("embed", "vocab")),
+                        kernel_init=sharding.logical_init(head_init, ("embed", "vocab")),
                         name="lm_head")(x)
+    if spec.logit_softcap is not None:  # nanochat/gpt.py: 15 tanh(logits / 15)
+      cap = spec.logit_softcap
+      logits = cap * jnp.tanh(logits.astype(jnp.float32) / cap)
     logits = nn.with_logical_constraint(logits, ("batch", "length", "vocab"))
     return logits.astype(jnp.float32), out

@@ -47,7 +47,9 @@ REMAT_POLICIES = {
     "dots_with_no_batch_dims_saveable":
         jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
 }
-KERNEL_INITS = ("xavier_uniform", "gpt2")
+# Initialisers (``TransformerSpec.inits``; a GPT's ``model.kernel_init``):
+# "nanochat" is nanochat/gpt.py's ``init_weights`` (:func:`nanochat_normal`).
+KERNEL_INITS = ("xavier_uniform", "gpt2", "nanochat")
 # ``model.norm``: the blocks' and final norms. "rmsnorm" is parameter-free
 # (nanochat/gpt.py's ``norm``); "layernorm" is Flax's learnable LayerNorm.
 NORMS = ("layernorm", "rmsnorm")
@@ -57,6 +59,19 @@ NORMS = ("layernorm", "rmsnorm")
 MLP_ACTIVATIONS = ("gelu", "gelu_exact", "relu2")
 # ``model.qk_norm_type``: the qk-norm's kind when ``model.qk_norm`` is on.
 QK_NORM_TYPES = attention.QK_NORM_TYPES
+
+
+def nanochat_normal(key, shape, dtype=np.float32):
+  """nanochat/gpt.py's ``_init_weights`` of a linear layer (arXiv 2310.17813):
+  normal with std ``min(1, sqrt(fan_out / fan_in)) / sqrt(fan_in)``.
+
+  ``shape`` is a Flax kernel's ``[..., fan_in, fan_out]`` (PyTorch's
+  ``weight`` is ``[fan_out, fan_in]``); for d20's ``W_Q, W_K, W_V`` and MLP
+  input layer the std is ``1 / sqrt(1280) = 0.02795``. Returns ``dtype``.
+  """
+  fan_in, fan_out = shape[-2], shape[-1]
+  std = min(1.0, (fan_out / fan_in) ** 0.5) / fan_in ** 0.5
+  return std * jax.random.normal(key, shape, dtype)
 
 
 class SpecError(ValueError):
@@ -153,10 +168,15 @@ class AttentionSpec(_Checked):
     qk_norm_type: ``"layernorm"`` (learnable, DeiT-3) or ``"rmsnorm"``
       (parameter-free, nanochat/gpt.py).
     qk_scale: constant factor on queries and on keys after the qk-norm
-      (1.2 in nanochat/gpt.py: logits ``1.44 q.k / sqrt(head_dim)``).
+      (1.2 in a later nanochat: logits ``1.44 q.k / sqrt(head_dim)``; 1.0 in
+      its first release).
     attention_dropout: dropout on ``P`` (forces the reference kernel).
     implementation: the kernel of :func:`laplax.attention.attend`.
     rope: rotary position embedding on queries and keys.
+    rope_theta: the rotary base (10,000 as nanochat's first release; a later
+      nanochat uses 100,000).
+    rope_style: the rotary convention, :mod:`laplax.rotary`: ``"roformer"``
+      or ``"nanochat"`` (``-angle``, bfloat16 table, before the qk-norm).
     laplacian_mix: ``"fixed"`` (the heads of ``laplacian`` use ``I - P``) or
       ``"learned"`` (a learned ``alpha`` per head and layer, initialised at
       that pattern; see :class:`~laplax.attention.MultiHeadAttention`).
@@ -170,6 +190,8 @@ class AttentionSpec(_Checked):
   implementation: str | None = _field(None, "choice",
                                       choices=attention.IMPLEMENTATIONS)
   rope: bool = False
+  rope_theta: float = _field(10_000.0, "float", open_min=True)
+  rope_style: str = _field("roformer", "choice", choices=attention.ROPE_STYLES)
   laplacian_mix: str = _field("fixed", "choice", choices=attention.LAPLACIAN_MIXES)
   spectral: SpectralSpec | None = None
 
@@ -285,6 +307,8 @@ class TransformerSpec(_Checked):
     if self.kernel_init == "gpt2":
       kernel_init = nn.initializers.normal(0.02)
       out_init = nn.initializers.normal(0.02 / (2 * self.depth) ** 0.5)
+    elif self.kernel_init == "nanochat":
+      kernel_init = out_init = nanochat_normal
     else:
       kernel_init = out_init = nn.initializers.xavier_uniform()
     return kernel_init, nn.initializers.zeros if self.zero_init_out else out_init
@@ -323,12 +347,23 @@ class GPTSpec(TransformerSpec):
     tie_embeddings: the output layer is the transposed token embedding.
     embed_norm: a ``norm`` of the token embedding before the first block
       (nanochat/gpt.py normalises there).
+    logit_softcap: ``c`` of the logit soft-cap ``c tanh(logits / c)`` (15 in
+      nanochat/gpt.py), in float32; ``None``: none.
+    embedding_dtype: the token embedding's parameter dtype (nanochat keeps
+      ``wte`` in bfloat16, and so its AdamW moments).
+    kernel_init: :data:`KERNEL_INITS`: ``"gpt2"`` (normal 0.02, the output
+      projections ``0.02 / sqrt(2 depth)``, token embedding normal 0.02) or
+      ``"nanochat"`` (nanochat/gpt.py's ``init_weights``: every matrix
+      :func:`nanochat_normal`, the token embedding N(0, 1), ``lm_head``
+      zeros; ``zero_init_out`` zeroes ``W_O`` and the MLP output as there).
   """
   max_length: int = _field(128, "int", min=1)
   posemb: str = _field("learn", "choice", choices=("learn", "rope"))
   tie_embeddings: bool = _field(True, "bool")
   embed_norm: bool = _field(False, "bool")
-  kernel_init: str = "gpt2"
+  logit_softcap: float | None = _field(None, "float", optional=True, open_min=True)
+  embedding_dtype: str = _field("float32", "choice", choices=DTYPES)
+  kernel_init: str = _field("gpt2", "choice", choices=KERNEL_INITS)
 
 
 #: Model family (``config.model.name``) -> its spec class.

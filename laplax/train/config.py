@@ -202,10 +202,22 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None,
 
 
 def _validate_muon(config):
-  """``optim.optimizer`` and the Muon keys (missing keys: AdamW, as before)."""
+  """``optim.optimizer``, ``optim.schedule`` and the Muon / nanochat keys
+  (missing keys: AdamW with warm-up + cosine, as before)."""
   name = get(config, "optim.optimizer", "adamw")
-  _require(name in ("adamw", "muon"),
-           f"config.optim.optimizer={name!r} is unknown; use 'adamw' or 'muon'")
+  _require(name in ("adamw", "muon", "nanochat"),
+           f"config.optim.optimizer={name!r} is unknown; use 'adamw', 'muon' or 'nanochat'")
+  schedule = get(config, "optim.schedule", "cosine")
+  _require(schedule in ("cosine", "warmdown"),
+           f"config.optim.schedule={schedule!r} is unknown; use 'cosine' or 'warmdown'")
+  if get(config, "optim.warmdown_ratio", None) is not None:
+    _float(config, "optim.warmdown_ratio", 0.0, 1.0)
+  if get(config, "optim.adam_eps", None) is not None:
+    _float(config, "optim.adam_eps", 0.0)
+  if get(config, "optim.muon_momentum_start", None) is not None:
+    _float(config, "optim.muon_momentum_start", 0.0, 1.0)
+  if get(config, "optim.muon_momentum_ramp_steps", None) is not None:
+    _int(config, "optim.muon_momentum_ramp_steps", 0)
   if get(config, "optim.muon_lr", None) is not None:
     _float(config, "optim.muon_lr", 0.0, open_min=True)
   if get(config, "optim.muon_momentum", None) is not None:

@@ -77,15 +77,27 @@ def _optim_config() -> ml_collections.ConfigDict:
   o.weight_decay = 0.05
   o.warmup_steps = 100
   o.min_lr_ratio = 0.0
+  # "cosine": linear warm-up, cosine to min_lr_ratio * lr; "warmdown":
+  # nanochat's constant rate, then linear to min_lr_ratio * lr over the last
+  # warmdown_ratio of the steps (laplax.train.optim.learning_rate_schedule).
+  o.schedule = "cosine"
+  o.warmdown_ratio = 0.2
   o.grad_clip = 1.0
   o.weight_decay_exclude = ("pos_embedding", "cls")
   # "adamw", or "muon": optax.contrib.muon on the block matrices, AdamW on
   # the rest, the embeddings and the output layer at their own peak learning
-  # rates (None: optim.lr), as nanochat's setup_optimizer (laplax.train.optim).
+  # rates (None: optim.lr), as nanochat's setup_optimizer (laplax.train.optim);
+  # or "nanochat": those groups with nanochat's own Muon, AdamW and clipping
+  # (laplax.train.nanochat_optim; its keys: nanochat_options).
   o.optimizer = "adamw"
   o.muon_lr = 0.02
   o.muon_momentum = 0.95
   o.muon_weight_decay = 0.0
+  # "nanochat" only: the Muon momentum ramps from muon_momentum_start to
+  # muon_momentum over muon_momentum_ramp_steps; AdamW's eps.
+  o.muon_momentum_start = 0.85
+  o.muon_momentum_ramp_steps = 300
+  o.adam_eps = 1e-10
   o.embedding_lr = config_dict.placeholder(float)
   o.unembedding_lr = config_dict.placeholder(float)
   # Micro-batches per optimizer step (batch_size stays the global batch and
@@ -259,17 +271,48 @@ def mixed_deit3_options(c: ml_collections.ConfigDict) -> None:
   c.model.layerscale_init = 1e-6
 
 
+def nanochat_num_params(width: int, depth: int, vocab_size: int) -> int:
+  """Parameters of nanochat's GPT: ``2 V d`` (``wte`` and the untied
+  ``lm_head``) plus ``12 d^2`` per block (``W_Q, W_K, W_V, W_O`` ``d x d``, the
+  MLP ``d x 4d`` and ``4d x d``); no biases, norm gains or position
+  embeddings. d20 (``d = 1280``, 20 blocks, ``V = 65536``): 560,988,160."""
+  return 2 * vocab_size * width + 12 * depth * width * width
+
+
+def nanochat_steps(num_params: int, tokens_per_step: int, ratio: int = 20) -> int:
+  """nanochat's training horizon ``ratio * N // tokens_per_step``
+  (scripts/base_train.py, ``target_param_data_ratio = 20``): 21,400 for d20
+  at 524,288 tokens a step."""
+  return ratio * num_params // tokens_per_step
+
+
 def nanochat_options(c: ml_collections.ConfigDict) -> None:
-  """The architecture and optimiser options of the Laplacian authors' nanochat
-  (nanochat/gpt.py) that laplax has: rotary positions, parameter-free RMSNorm
-  everywhere and after the token embedding, ReLU^2 MLP, qk-norm (RMSNorm, then
-  x1.2), no biases, untied embeddings, zero-initialised output projections
-  (Laplacian heads are a no-op at step 0), and Muon on the block matrices with
-  AdamW on the embeddings at nanochat's learning rates (AdamW ones scaled by
-  ``(width / 768)^-0.5``). What laplax lacks of nanochat is listed in
-  ``configs/gpt_d20.py``."""
+  """The architecture and optimiser of nanochat's first release
+  (``karpathy/nanochat`` 3a5e0bc, ``nanochat/gpt.py``, ``scripts/base_train.py``)
+  on the model and optimiser sizes already in ``c``.
+
+  Model: rotary positions in nanochat's convention (``-angle``, base
+  10,000, bfloat16 table, before the qk-norm; :mod:`laplax.rotary`),
+  parameter-free RMSNorm (eps ``2^-23``) everywhere and after the token
+  embedding, qk-norm as that RMSNorm with no scale, ReLU^2 MLP, no biases,
+  untied embeddings, the logit soft-cap ``15 tanh(logits / 15)``, nanochat's
+  initialisation (``kernel_init="nanochat"``: ``wte`` N(0, 1), ``lm_head``
+  and the output projections zero, the other matrices
+  ``N(0, min(1, sqrt(out/in)) / sqrt(in))``).
+
+  Optimiser (``optim.optimizer="nanochat"``, :mod:`laplax.train.nanochat_optim`):
+  Muon at 0.02 on the block matrices (momentum 0.85 -> 0.95 over 300 steps);
+  AdamW (0.8, 0.95), eps 1e-10, no weight decay, at ``0.2 s`` on the token
+  embedding and ``0.004 s`` on ``lm_head``, ``s = (width / 768)^-1/2``;
+  no warm-up, a constant rate then a linear warm-down to 0 over the last
+  20% of the steps; gradients clipped to global norm 1.0. The config's
+  ``dtype`` and ``embedding_dtype`` stay its own (bfloat16 in
+  ``configs/gpt_d20.py``, float32 on the CPU).
+  """
   m, o = c.model, c.optim
   m.posemb = "rope"
+  m.rope_style = "nanochat"
+  m.rope_theta = 10_000.0
   m.tie_embeddings = False
   m.use_bias = False
   m.norm = "rmsnorm"
@@ -277,19 +320,29 @@ def nanochat_options(c: ml_collections.ConfigDict) -> None:
   m.mlp_activation = "relu2"
   m.qk_norm = True
   m.qk_norm_type = "rmsnorm"
-  m.qk_scale = 1.2
+  m.qk_scale = 1.0
   m.zero_init_out = True
+  m.kernel_init = "nanochat"
+  m.logit_softcap = 15.0
   scale = (m.width / 768) ** -0.5
-  o.optimizer = "muon"
+  o.optimizer = "nanochat"
+  o.lr = 0.004 * scale  # AdamW leaves outside the groups below (none in this model)
   o.muon_lr = 0.02
   o.muon_momentum = 0.95
+  o.muon_momentum_start = 0.85
+  o.muon_momentum_ramp_steps = 300
   o.muon_weight_decay = 0.0
-  o.embedding_lr = round(0.3 * scale, 4)
-  o.unembedding_lr = round(0.008 * scale, 4)
+  o.embedding_lr = 0.2 * scale
+  o.unembedding_lr = 0.004 * scale
   o.b1 = 0.8
   o.b2 = 0.95
+  o.adam_eps = 1e-10
   o.weight_decay = 0.0
-  o.grad_clip = None
+  o.schedule = "warmdown"
+  o.warmdown_ratio = 0.2
+  o.min_lr_ratio = 0.0
+  o.warmup_steps = 0
+  o.grad_clip = 1.0
 
 
 def dino_base_config() -> ml_collections.ConfigDict:

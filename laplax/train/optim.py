@@ -1,5 +1,6 @@
-"""The optax optimiser of a config: AdamW (or Muon for the block matrices),
-warm-up + cosine, clipping, decay mask."""
+"""The optax optimiser of a config: AdamW (or Muon for the block matrices, or
+nanochat's exact optimiser, :mod:`laplax.train.nanochat_optim`), warm-up +
+cosine or nanochat's constant + linear warm-down, clipping, decay mask."""
 
 from __future__ import annotations
 
@@ -12,19 +13,33 @@ import optax
 
 from laplax import utils
 from laplax.models import layers
+from laplax.train import nanochat_optim
 
 
-OPTIMIZERS = ("adamw", "muon")
+OPTIMIZERS = ("adamw", "muon", "nanochat")
+# ``optim.schedule``: warm-up + cosine, or nanochat's constant + warm-down.
+SCHEDULES = ("cosine", "warmdown")
 # Labels of optimizer.param_labels (optim.optimizer="muon").
 MUON_LABELS = ("muon", "embedding", "unembedding", "adamw")
 
 
 def learning_rate_schedule(optim: ml_collections.ConfigDict,
                            total_steps: int, peak: float | None = None) -> optax.Schedule:
-  """Linear warm-up from 0 to ``peak`` (default ``optim.lr``) over
-  ``optim.warmup_steps``, then cosine decay to ``peak * optim.min_lr_ratio``
-  at ``total_steps``."""
+  """The learning rate at each update, peaking at ``peak`` (default ``optim.lr``).
+
+  ``optim.schedule`` ``"cosine"`` (the default; also when the key is
+  missing): linear warm-up from 0 over ``optim.warmup_steps``, then cosine
+  decay to ``peak * optim.min_lr_ratio`` at ``total_steps``. ``"warmdown"``:
+  nanochat's :func:`~laplax.train.nanochat_optim.warmdown_schedule`, constant
+  then linear to ``peak * optim.min_lr_ratio`` over the last
+  ``optim.warmdown_ratio`` of the steps (after ``optim.warmup_steps`` of
+  nanochat's ``(it + 1) / warmup`` ramp).
+  """
   peak = optim.lr if peak is None else peak
+  if optim.get("schedule", "cosine") == "warmdown":
+    return nanochat_optim.warmdown_schedule(
+        peak, total_steps, optim.get("warmdown_ratio", 0.2), optim.min_lr_ratio,
+        optim.warmup_steps)
   warmup = min(optim.warmup_steps, max(total_steps - 1, 0))
   return optax.warmup_cosine_decay_schedule(
       init_value=0.0, peak_value=peak, warmup_steps=warmup,
@@ -131,13 +146,17 @@ def _muon_partition(o: ml_collections.ConfigDict, total_steps: int,
 
 def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
   """``clip_by_global_norm(optim.grad_clip)`` then AdamW with the schedule above,
-  or with ``optim.optimizer="muon"`` the partition of :func:`_muon_partition`.
+  or with ``optim.optimizer="muon"`` the partition of :func:`_muon_partition`,
+  or with ``"nanochat"`` :func:`laplax.train.nanochat_optim.nanochat_partition`.
 
   Keys read: ``optim.{optimizer (default "adamw"), lr, b1, b2, weight_decay,
   weight_decay_end (optional), warmup_steps, min_lr_ratio, grad_clip,
   weight_decay_exclude}``, the Muon keys, and ``total_steps``.
   """
   o = config.optim
+  if o.get("optimizer", "adamw") == "nanochat":
+    return nanochat_optim.nanochat_partition(
+        o, param_labels, lambda peak: learning_rate_schedule(o, config.total_steps, peak))
   exclude = tuple(o.get("weight_decay_exclude", ()) or ())
   adamw = optax.adamw(
       learning_rate_schedule(o, config.total_steps), b1=o.b1, b2=o.b2,

@@ -1,0 +1,467 @@
+"""nanochat checkpoints <-> laplax GPT workdirs.
+
+nanochat (``karpathy/nanochat``; the Laplacian authors' fork
+``yuchongzhang/nanochat``) saves a base model as a directory
+``base_checkpoints/d20/`` with ``model_<step:06d>.pt`` (``torch.save`` of the
+``GPT.state_dict()``) and ``meta_<step:06d>.json`` (``{"step", "model_config":
+{sequence_len, vocab_size, n_layer, n_head, n_kv_head, n_embd[,
+laplacian_heads]}, ...}``); its tokenizer is ``tokenizer/tokenizer.pkl`` under
+the same base directory (a pickled ``tiktoken.Encoding``). The state dict
+(nanochat/gpt.py of the first release, 3a5e0bc) is PyTorch's ``[out, in]``
+``nn.Linear`` weights without biases::
+
+    transformer.wte.weight            [V, d]   (bfloat16)
+    transformer.h.{i}.attn.c_q.weight [d, d]   (c_k, c_v, c_proj alike)
+    transformer.h.{i}.mlp.c_fc.weight [4d, d]
+    transformer.h.{i}.mlp.c_proj.weight [d, 4d]
+    lm_head.weight                    [V, d]
+
+Each maps to the transposed laplax kernel (``block{i}/attention/query/kernel
+[d, d]``, ``mlp/fc1``, ``mlp/fc2``, ``attention/out``, ``lm_head/kernel [d,
+V]``) and ``wte`` to ``token_embedding/embedding`` as it is: no value changes,
+so laplax -> nanochat -> laplax is bitwise. The model keys come from
+``model_config`` plus :func:`laplax.train.defaults.nanochat_options` (the
+forward nanochat computes); the Laplacian heads are the authors'
+``laplacian_heads`` (an int, or one count per layer: the last ``k`` heads of
+a layer), written back the same way (an int when every layer has the same
+count; omitted when there are none, so nanochat's first release loads it).
+
+Files from elsewhere are untrusted: the state dict is read with
+``torch.load(weights_only=True)``, and ``tokenizer.pkl`` with
+:func:`read_tokenizer_pkl`, an unpickler that admits only what a tiktoken
+``Encoding`` is made of and builds an inert record of it, so a pickle that
+asks for anything else is refused in one line and runs no code. What it reads
+(the ``tiktoken.Encoding`` arguments) is written into the workdir as
+:data:`TOKENIZER_FILE`, JSON (:func:`write_tokenizer_json`).
+"""
+
+from __future__ import annotations
+
+import copy
+import glob
+import json
+import os
+import re
+import shutil
+from typing import Mapping
+
+import ml_collections
+import numpy as np
+
+from laplax.convert import common
+from laplax.convert.tiktoken_files import (PICKLE_FILE, TOKENIZER_FILE, read_tokenizer_json,
+                                           read_tokenizer_pkl, tokenizer_pickle_bytes,
+                                           write_tokenizer_json)
+
+ConvertError = common.ConvertError
+TARGET = "nanochat"
+PREFIX = "transformer."
+# What torch.compile prepends to the names of a compiled model's state dict.
+COMPILED_PREFIX = "_orig_mod."
+MODEL_CONFIG_KEYS = ("sequence_len", "vocab_size", "n_layer", "n_head", "n_kv_head", "n_embd")
+# laplax names of one block's kernels -> nanochat's ``transformer.h.{i}.`` names.
+BLOCK_TENSORS = {"attention/query": "attn.c_q", "attention/key": "attn.c_k",
+                 "attention/value": "attn.c_v", "attention/out": "attn.c_proj",
+                 "mlp/fc1": "mlp.c_fc", "mlp/fc2": "mlp.c_proj"}
+# --------------------------------------------------------------------------- tokenizer
+
+
+def find_tokenizer(model_dir: str, given: str | None) -> str | None:
+  """The tokenizer to convert: ``given`` (a ``tokenizer.pkl``, a directory
+  holding one, or a :data:`TOKENIZER_FILE`), else ``tokenizer.pkl`` in
+  ``model_dir``, ``model_dir/tokenizer/`` or nanochat's layout
+  ``BASE/tokenizer/`` for ``model_dir = BASE/base_checkpoints/d20``; ``None``
+  when there is none.
+
+  Raises:
+    ConvertError: ``given`` that is none of those.
+  """
+  if given:
+    for path in (given, os.path.join(given, PICKLE_FILE), os.path.join(given, TOKENIZER_FILE)):
+      if os.path.isfile(path):
+        return path
+    raise ConvertError(f"--tokenizer {given} is not a {PICKLE_FILE}, a {TOKENIZER_FILE} "
+                       f"or a directory holding one")
+  base = os.path.dirname(os.path.dirname(os.path.abspath(model_dir)))
+  for path in (os.path.join(model_dir, PICKLE_FILE),
+               os.path.join(model_dir, "tokenizer", PICKLE_FILE),
+               os.path.join(base, "tokenizer", PICKLE_FILE)):
+    if os.path.isfile(path):
+      return path
+  return None
+
+
+# --------------------------------------------------------------------------- weights
+
+
+def nanochat_shapes(mc: Mapping) -> dict[str, tuple[int, int]]:
+  """``{state_dict name: shape}`` of nanochat's GPT with ``model_config`` ``mc``."""
+  d, v = mc["n_embd"], mc["vocab_size"]
+  out = {PREFIX + "wte.weight": (v, d)}
+  for i in range(mc["n_layer"]):
+    h = f"{PREFIX}h.{i}."
+    for name in ("attn.c_q", "attn.c_k", "attn.c_v", "attn.c_proj"):
+      out[f"{h}{name}.weight"] = (d, d)
+    out[f"{h}mlp.c_fc.weight"], out[f"{h}mlp.c_proj.weight"] = (4 * d, d), (d, 4 * d)
+  out["lm_head.weight"] = (v, d)
+  return out
+
+
+def nanochat_to_laplax(tensors: Mapping[str, np.ndarray], depth: int) -> dict[str, np.ndarray]:
+  """Flat laplax GPT parameters of nanochat ``tensors`` (:func:`nanochat_shapes`
+  names): every ``[out, in]`` weight transposed to an ``[in, out]`` kernel
+  (C-contiguous, dtype kept), ``wte`` as it is."""
+  t = lambda name: np.ascontiguousarray(tensors[name].T)
+  out = {"token_embedding/embedding": np.ascontiguousarray(tensors[PREFIX + "wte.weight"]),
+         "lm_head/kernel": t("lm_head.weight")}
+  for i in range(depth):
+    for ours, theirs in BLOCK_TENSORS.items():
+      out[f"block{i}/{ours}/kernel"] = t(f"{PREFIX}h.{i}.{theirs}.weight")
+  return out
+
+
+def laplax_to_nanochat(flat: Mapping[str, np.ndarray], depth: int) -> dict[str, np.ndarray]:
+  """The inverse of :func:`nanochat_to_laplax` (names of ``GPT.state_dict()``)."""
+  t = lambda name: np.ascontiguousarray(np.asarray(flat[name]).T)
+  out = {PREFIX + "wte.weight": np.ascontiguousarray(flat["token_embedding/embedding"]),
+         "lm_head.weight": t("lm_head/kernel")}
+  for i in range(depth):
+    for ours, theirs in BLOCK_TENSORS.items():
+      out[f"{PREFIX}h.{i}.{theirs}.weight"] = t(f"block{i}/{ours}/kernel")
+  return out
+
+
+def _step_files(model_dir: str, step: int | None) -> tuple[str, str, int]:
+  """``(model_<step>.pt, meta_<step>.json, step)``: ``step``, or the largest there.
+
+  Raises:
+    ConvertError: no such directory, no checkpoint, or no files of ``step``.
+  """
+  if not os.path.isdir(model_dir):
+    raise ConvertError(f"--model {model_dir} is not a directory; give nanochat's checkpoint "
+                       f"directory, e.g. ~/.cache/nanochat/base_checkpoints/d20")
+  steps = sorted(int(m.group(1)) for f in glob.glob(os.path.join(model_dir, "model_*.pt"))
+                 for m in [re.fullmatch(r"model_(\d+)\.pt", os.path.basename(f))] if m)
+  if not steps:
+    raise ConvertError(f"{model_dir} has no model_<step>.pt; give nanochat's checkpoint "
+                       f"directory (base_checkpoints/d20)")
+  if step is None:
+    step = steps[-1]
+  if step not in steps:
+    raise ConvertError(f"{model_dir} has no model_{step:06d}.pt; its steps are "
+                       f"{', '.join(map(str, steps))}")
+  return (os.path.join(model_dir, f"model_{step:06d}.pt"),
+          os.path.join(model_dir, f"meta_{step:06d}.json"), step)
+
+
+def _positive_int(value) -> bool:
+  return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def read_meta(path: str) -> dict:
+  """``model_config`` of ``meta_<step>.json``, checked to be a model laplax runs.
+
+  Raises:
+    ConvertError: missing or not JSON, a size that is not a positive integer,
+      grouped-query attention (``n_kv_head != n_head``), a width that is not
+      a multiple of the heads with an even head size, bad ``laplacian_heads``,
+      or a key of a later nanochat that laplax has not (value embeddings,
+      windows, ...).
+  """
+  try:
+    with open(path, encoding="utf-8") as f:
+      meta = json.load(f)
+    mc = dict(meta["model_config"])
+  except FileNotFoundError:
+    raise ConvertError(f"{path} is missing; nanochat writes it beside model_<step>.pt "
+                       f"(it holds model_config)") from None
+  except (OSError, ValueError, KeyError, TypeError) as e:
+    raise ConvertError(f"cannot read model_config from {path}: {type(e).__name__}") from None
+  for key in MODEL_CONFIG_KEYS:
+    if not _positive_int(mc.get(key)):
+      raise ConvertError(f"{path}: model_config {key}={mc.get(key)!r} must be a positive "
+                         f"integer")
+  extra = sorted(set(mc) - set(MODEL_CONFIG_KEYS) - {"laplacian_heads"})
+  if extra:
+    raise ConvertError(f"{path}: model_config has {', '.join(extra)}, options of a later "
+                       f"nanochat that laplax has not; only nanochat's first GPT (with the "
+                       f"authors' laplacian_heads) converts")
+  if mc["n_kv_head"] != mc["n_head"]:
+    raise ConvertError(f"{path}: n_kv_head={mc['n_kv_head']} differs from n_head="
+                       f"{mc['n_head']}; laplax's GPT has no grouped-query attention")
+  if mc["n_embd"] % mc["n_head"] or (mc["n_embd"] // mc["n_head"]) % 2:
+    raise ConvertError(f"{path}: n_embd={mc['n_embd']} / n_head={mc['n_head']} must be an "
+                       f"even head size")
+  heads = mc.get("laplacian_heads", 0)
+  counts = heads if isinstance(heads, list) else [heads] * mc["n_layer"]
+  if (len(counts) != mc["n_layer"] or not all(
+      isinstance(k, int) and not isinstance(k, bool) and 0 <= k <= mc["n_head"] for k in counts)):
+    raise ConvertError(f"{path}: laplacian_heads={heads!r} must be an int or {mc['n_layer']} "
+                       f"ints in 0..n_head={mc['n_head']}")
+  return mc
+
+
+def _load_state_dict(path: str) -> dict[str, np.ndarray]:
+  """``torch.load(path, weights_only=True)`` as NumPy, bfloat16 tensors as
+  ``ml_dtypes.bfloat16`` (bit for bit) and the ``_orig_mod.`` prefix of a
+  compiled model dropped.
+
+  Raises:
+    ConvertError: torch missing, an unreadable file, or not a state dict of
+      float tensors.
+  """
+  try:
+    import torch  # pylint: disable=import-outside-toplevel
+  except ImportError:
+    raise ConvertError(f"{path} is a PyTorch file and torch is not installed; "
+                       f"pip install -r requirements-test.txt") from None
+  import ml_dtypes  # pylint: disable=import-outside-toplevel
+  try:
+    state = torch.load(path, map_location="cpu", weights_only=True)
+  except Exception as e:  # pylint: disable=broad-except
+    raise ConvertError(f"cannot read {path}: {type(e).__name__}: "
+                       f"{str(e).splitlines()[0] if str(e) else ''}") from None
+  if not isinstance(state, Mapping):
+    raise ConvertError(f"{path} holds a {type(state).__name__}, not a state dict")
+  out = {}
+  for name, value in state.items():
+    if not (isinstance(value, torch.Tensor) and value.is_floating_point()):
+      raise ConvertError(f"{path}: {name} is not a float tensor")
+    value = value.detach().contiguous()
+    if value.dtype == torch.bfloat16:
+      array = value.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    else:
+      array = value.float().numpy()
+    out[name[len(COMPILED_PREFIX):] if name.startswith(COMPILED_PREFIX) else name] = array
+  return out
+
+
+def check_tensors(tensors: Mapping[str, np.ndarray], mc: Mapping, source: str) -> None:
+  """Raises :class:`ConvertError` unless ``tensors`` are exactly
+  :func:`nanochat_shapes` ``(mc)``."""
+  want = nanochat_shapes(mc)
+  for name, shape in want.items():
+    if name not in tensors:
+      raise ConvertError(f"{source} has no tensor {name}, which nanochat's GPT "
+                         f"(n_layer={mc['n_layer']}, n_embd={mc['n_embd']}) has")
+    if tuple(tensors[name].shape) != shape:
+      raise ConvertError(f"{source}: {name} has shape {tuple(tensors[name].shape)}; "
+                         f"model_config implies {shape}")
+  for name in tensors:
+    if name not in want:
+      raise ConvertError(f"{source} has tensor {name}, which nanochat's first GPT has not")
+
+
+def laplax_config(mc: Mapping, config: ml_collections.ConfigDict, given: list[str],
+                  embedding_dtype: str) -> ml_collections.ConfigDict:
+  """A copy of ``config`` (an lm config) with nanochat's model of ``mc``:
+  :func:`~laplax.train.defaults.nanochat_options`, the sizes, context
+  ``sequence_len``, ``data.vocab_size``, the Laplacian heads of
+  ``laplacian_heads`` and ``embedding_dtype`` (the file's ``wte`` dtype)
+  unless the command line sets them (``given``). ``data.tokenizer`` becomes
+  ``"nanochat"`` where laplax's text pipeline has it.
+
+  Raises:
+    ConvertError: not a language-model config, or a result that does not validate.
+  """
+  # pylint: disable=import-outside-toplevel
+  from laplax.data import text
+  from laplax.train import config as config_lib, defaults
+  if config.get("task") != "lm":
+    raise ConvertError(f"--config has task={config.get('task')!r}; nanochat needs a "
+                       f"language-model config, e.g. configs/gpt_d20.py")
+  config = copy.deepcopy(config)
+  is_given = lambda key: any(key == g or key.startswith(g + ".") for g in given)
+  with config.unlocked():
+    m = config.model
+    m.name = "gpt"
+    m.width, m.depth, m.num_heads = mc["n_embd"], mc["n_layer"], mc["n_head"]
+    m.mlp_dim, m.max_length = 4 * mc["n_embd"], mc["sequence_len"]
+    m.layerscale_init = None
+    defaults.nanochat_options(config)
+    if not (is_given("num_laplacian_heads") or is_given("laplacian_mask")):
+      m.num_laplacian_heads = mc.get("laplacian_heads", 0)
+      m.laplacian_mask = None
+    if not is_given("embedding_dtype"):
+      m.embedding_dtype = embedding_dtype
+    config.data.vocab_size = mc["vocab_size"]
+    if "nanochat" in getattr(text, "TOKENIZERS", ()):
+      config.data.tokenizer = "nanochat"
+  try:
+    config_lib.validate(config)
+  except config_lib.ConfigError as e:
+    raise ConvertError(f"the converted config does not validate: {e}") from None
+  return config
+
+
+# --------------------------------------------------------------------------- API
+
+
+def convert_from_nanochat(model_dir: str, config: ml_collections.ConfigDict, workdir: str, *,
+                          step: int | None = None, tokenizer: str | None = None,
+                          given: list[str] | tuple = ()) -> str | None:
+  """Writes a new laplax workdir from nanochat's checkpoint directory.
+
+  Reads ``meta_<step>.json`` (:func:`read_meta`) and ``model_<step>.pt``
+  (``torch.load(weights_only=True)``; ``step`` default: the largest), maps
+  the tensors with :func:`nanochat_to_laplax` (stacked when
+  ``config.model.scan_layers``) into the model of :func:`laplax_config`, and
+  writes ``config.json`` and the step-0 checkpoint
+  (:func:`~laplax.convert.common.write_workdir`), plus
+  :data:`TOKENIZER_FILE` when a tokenizer is found (:func:`find_tokenizer`,
+  read by :func:`read_tokenizer_pkl` or :func:`read_tokenizer_json`).
+  At float32 compute (``model.dtype``, set by the CLI unless given) the
+  laplax model computes nanochat's logits (tests/test_nanochat_exact.py).
+
+  Args:
+    model_dir: nanochat's ``base_checkpoints/<tag>`` directory.
+    config: a laplax language-model config (data and training settings).
+    workdir: the new laplax workdir (must not exist).
+    step: which checkpoint.
+    tokenizer: a ``tokenizer.pkl``, a directory with one, or a
+      :data:`TOKENIZER_FILE`.
+    given: the ``config.model`` keys the command line sets (they win over
+      the checkpoint's Laplacian heads and ``wte`` dtype).
+
+  Returns:
+    The tokenizer file read, or ``None``.
+
+  Raises:
+    ConvertError: ``workdir`` exists; a missing, unreadable or refused file;
+      a model laplax cannot express; misshapen or unexpected tensors; a
+      tokenizer whose size is not ``vocab_size``.
+  """
+  workdir_abs = os.path.abspath(os.path.expanduser(workdir))
+  if os.path.exists(workdir_abs):
+    raise ConvertError(f"--workdir {workdir_abs} exists; give a new directory (nothing "
+                       f"was written)")
+  weights, meta, step = _step_files(model_dir, step)
+  mc = read_meta(meta)
+  tok_path = find_tokenizer(model_dir, tokenizer)
+  encoding = None
+  if tok_path is not None:
+    encoding = (read_tokenizer_json(tok_path) if tok_path.endswith(".json")
+                else read_tokenizer_pkl(tok_path))
+    size = len(encoding["mergeable_ranks"]) + len(encoding["special_tokens"])
+    if size != mc["vocab_size"]:
+      raise ConvertError(f"{tok_path} has {size} tokens but model_config vocab_size is "
+                         f"{mc['vocab_size']}; give the model's own tokenizer (--tokenizer)")
+  tensors = _load_state_dict(weights)
+  check_tensors(tensors, mc, weights)
+  wte = tensors[PREFIX + "wte.weight"]
+  config = laplax_config(mc, config, list(given),
+                         "bfloat16" if wte.dtype.name == "bfloat16" else "float32")
+  from laplax.models import spec as spec_lib  # pylint: disable=import-outside-toplevel
+  spec = spec_lib.from_config(config.model)
+  params = common.to_layout(common.nested(nanochat_to_laplax(tensors, spec.depth)), spec)
+  parent = os.path.dirname(workdir_abs)
+  files = {}
+  if encoding is not None:
+    os.makedirs(parent, exist_ok=True)
+    staged = common.new_directory(parent)
+    files[TOKENIZER_FILE] = os.path.join(staged, TOKENIZER_FILE)
+    write_tokenizer_json(encoding, files[TOKENIZER_FILE])
+  try:
+    common.write_workdir(workdir, config, params, vocab_size=mc["vocab_size"], files=files,
+                         source=weights)
+  finally:
+    if files:
+      shutil.rmtree(os.path.dirname(files[TOKENIZER_FILE]), ignore_errors=True)
+  return tok_path
+
+
+def laplacian_counts(spec) -> int | list[int]:
+  """The authors' ``laplacian_heads`` of a spec: an int when every layer has
+  the same count, else one count per layer.
+
+  Raises:
+    ConvertError: a layer whose Laplacian heads are not its last ``k``.
+  """
+  from laplax import attention  # pylint: disable=import-outside-toplevel
+  counts = []
+  for i, row in enumerate(spec.laplacian_array):
+    k = int(row.sum())
+    if not np.array_equal(row, attention.laplacian_heads(spec.num_heads, k)):
+      raise ConvertError(f"layer {i}'s Laplacian heads {np.flatnonzero(row).tolist()} are "
+                         f"not its last {k}; nanochat's laplacian_heads counts the last heads")
+    counts.append(k)
+  return counts[0] if len(set(counts)) == 1 else counts
+
+
+def _refuse_options(spec) -> None:
+  """Raises :class:`ConvertError` for a GPT that nanochat's model does not compute."""
+  want = {"norm": "rmsnorm", "mlp_activation": "relu2", "posemb": "rope",
+          "tie_embeddings": False, "use_bias": False, "embed_norm": True,
+          "logit_softcap": 15.0, "layerscale_init": None, "mlp_dim": 4 * spec.width}
+  att = {"qk_norm": True, "qk_norm_type": "rmsnorm", "qk_scale": 1.0, "rope_style": "nanochat",
+         "rope_theta": 10_000.0, "laplacian_mix": "fixed", "spectral": None}
+  for key, value in list(want.items()) + list(att.items()):
+    got = getattr(spec.attention if key in att else spec, key)
+    if got != value:
+      shown = "spectral.enabled=True" if key == "spectral" else f"{key}={got!r}"
+      raise ConvertError(f"model.{shown}: nanochat's GPT has {key}={value!r}; this workdir "
+                         f"cannot be written as nanochat (train it with the nanochat recipe)")
+
+
+def convert_to_nanochat(workdir: str, out_dir: str) -> None:
+  """Writes a laplax GPT workdir as nanochat's checkpoint directory.
+
+  ``out_dir`` gets ``model_<step:06d>.pt`` (``torch.save`` of the state dict
+  :func:`laplax_to_nanochat`: float32 kernels, ``wte`` in the workdir's
+  embedding dtype, bfloat16 for ``configs/gpt_d20.py`` as nanochat keeps it)
+  and ``meta_<step:06d>.json`` (``step``, ``model_config`` with the authors'
+  ``laplacian_heads`` when there are Laplacian heads, ``max_seq_len``), and,
+  when the workdir has :data:`TOKENIZER_FILE`, ``tokenizer.pkl``
+  (:func:`tokenizer_pickle_bytes`; nanochat reads it from
+  ``$NANOCHAT_BASE_DIR/tokenizer/``). ``step`` is the workdir's newest.
+  Everything goes to a temporary directory renamed at the end.
+
+  Raises:
+    ConvertError: not a laplax GPT workdir, a model nanochat does not compute
+      (:func:`_refuse_options`, Laplacian heads other than the last of a
+      layer), an existing ``out_dir``, or torch missing.
+  """
+  out_abs = os.path.abspath(os.path.expanduser(out_dir))
+  if os.path.exists(out_abs):
+    raise ConvertError(f"--out {out_abs} exists; give a new directory (nothing was written)")
+  config, spec, params, step = common.read_workdir(workdir)
+  if config.get("task") != "lm" or config.model.get("name") != "gpt":
+    raise ConvertError(f"{workdir} is a {config.get('task')} run of model "
+                       f"{config.model.get('name')!r}; --to nanochat needs a GPT language model")
+  _refuse_options(spec)
+  heads = laplacian_counts(spec)
+  flat = common.flat(params)
+  vocab_size = int(np.shape(flat["token_embedding/embedding"])[0])
+  mc = {"sequence_len": spec.max_length, "vocab_size": vocab_size, "n_layer": spec.depth,
+        "n_head": spec.num_heads, "n_kv_head": spec.num_heads, "n_embd": spec.width}
+  if heads:
+    mc["laplacian_heads"] = heads
+  tensors = laplax_to_nanochat(flat, spec.depth)
+  tokenizer = os.path.join(os.path.expanduser(workdir), TOKENIZER_FILE)
+  encoding = read_tokenizer_json(tokenizer) if os.path.isfile(tokenizer) else None
+  try:
+    import torch  # pylint: disable=import-outside-toplevel
+  except ImportError:
+    raise ConvertError("--to nanochat writes a PyTorch file and torch is not installed; "
+                       "pip install -r requirements-test.txt") from None
+  def as_torch(a):
+    if a.dtype.name == "bfloat16":
+      return torch.from_numpy(np.ascontiguousarray(a).view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(np.ascontiguousarray(a, np.float32))
+  state = {name: as_torch(np.asarray(a)) for name, a in tensors.items()}
+  parent = os.path.dirname(out_abs)
+  os.makedirs(parent, exist_ok=True)
+  tmp = common.new_directory(parent)
+  try:
+    torch.save(state, os.path.join(tmp, f"model_{step:06d}.pt"))
+    with open(os.path.join(tmp, f"meta_{step:06d}.json"), "w", encoding="utf-8") as f:
+      json.dump({"step": step, "model_config": mc, "max_seq_len": spec.max_length,
+                 "source": "laplax"}, f, indent=2)
+      f.write("\n")
+    if encoding is not None:
+      with open(os.path.join(tmp, PICKLE_FILE), "wb") as f:
+        f.write(tokenizer_pickle_bytes(encoding))
+    os.rename(tmp, out_abs)
+  except BaseException:
+    shutil.rmtree(tmp, ignore_errors=True)
+    raise
