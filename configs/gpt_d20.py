@@ -19,7 +19,7 @@ for step (:mod:`laplax.train.nanochat_optim`: Muon 0.02 with the momentum
 ramp, AdamW 0.2 s / 0.004 s with ``s = (1280/768)^-1/2``, betas (0.8, 0.95),
 eps 1e-10, the constant rate with the linear warm-down over the last 20%,
 clipping at 1.0). ``python -m laplax.convert --from nanochat`` and ``--to
-nanochat`` move its weights both ways (README, "nanochat's d20").
+nanochat`` move its weights both ways (docs/language-models.md, "nanochat's d20").
 
 What still differs from nanochat, and why:
 
