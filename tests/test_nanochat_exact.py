@@ -28,7 +28,9 @@ import optax
 import pytest
 
 from laplax import rotary
-from laplax.convert import common, nanochat, tiktoken_files
+from laplax.convert import common, nanochat
+from laplax.data import tokenizers
+from laplax.data.nanochat_tokenizer import PICKLE_FILE, NanochatTokenizer
 from laplax.models import spec as spec_lib
 from laplax.models.gpt import GPT
 from laplax.train import defaults, nanochat_optim, optim
@@ -325,11 +327,12 @@ def test_newton_schulz_adam_and_clipping_match_pytorch_transcriptions():
 # --------------------------------------------------------------------------- the tokenizer
 
 
-def _encoding():
+def _tokenizer():
+  """nanochat's layout at a tiny size: the 256 bytes, two merges ("th", "the"),
+  the nine special tokens at ids 258..266 (vocabulary 267)."""
   ranks = {bytes([i]): i for i in range(256)}
   ranks.update({b"th": 256, b"the": 257})
-  return {"name": "rustbpe", "pat_str": r"\p{L}+|\s+|.",
-          "mergeable_ranks": ranks, "special_tokens": {"<|bos|>": 258, "<|user_start|>": 259}}
+  return NanochatTokenizer.from_ranks(ranks)
 
 
 class _Hostile:
@@ -343,29 +346,34 @@ class _Hostile:
 
 
 def test_tokenizer_pickle_is_read_without_running_it(tmp_path):
-  enc = _encoding()
-  path = tmp_path / "tokenizer.pkl"
-  path.write_bytes(tiktoken_files.tokenizer_pickle_bytes(enc))
-  assert tiktoken_files.read_tokenizer_pkl(str(path)) == enc
-  if importlib.util.find_spec("tiktoken"):  # what nanochat itself does with it
-    import tiktoken  # pylint: disable=import-outside-toplevel
-    real = pickle.loads(path.read_bytes())
-    assert isinstance(real, tiktoken.Encoding) and real.encode("the") == [257]
-  tiktoken_files.write_tokenizer_json(enc, str(tmp_path / "t.json"))
-  assert tiktoken_files.read_tokenizer_json(str(tmp_path / "t.json")) == enc
+  tok = _tokenizer()
+  path = tok.save_nanochat(str(tmp_path))
+  import tiktoken  # pylint: disable=import-outside-toplevel
+  real = pickle.loads((tmp_path / PICKLE_FILE).read_bytes())  # what nanochat does with it
+  assert isinstance(real, tiktoken.Encoding) and real.encode("the") == [257]
+  tok.save(str(tmp_path / "t.json"))
+  for source in (path, str(tmp_path / "t.json")):
+    back = nanochat.read_tokenizer(source, 267)
+    assert back.vocab_size == 267 and back.fingerprint == tok.fingerprint, source
+    assert back.encode("the them").tolist() == real.encode_ordinary("the them") == [257, 32, 257, 109]
+  with pytest.raises(common.ConvertError, match="has 267 tokens but the model's vocab_size is 300"):
+    nanochat.read_tokenizer(path, 300)
   marker = tmp_path / "pwned"
+  other = tiktoken.Encoding(name="x", pat_str=r"\p{L}+|\s+|.", mergeable_ranks=real._mergeable_ranks,
+                            special_tokens={"<|bos|>": 258, "<|user_start|>": 259})
   for name, payload in (("reduce", _Hostile(str(marker))),
                         ("inside", {"name": "x", "pat_str": "", "mergeable_ranks": {},
                                     "special_tokens": {}, "x": _Hostile(str(marker))}),
-                        ("by_name", "cl100k_base"), ("not_an_encoding", [1, 2])):
+                        ("by_name", "cl100k_base"), ("not_an_encoding", [1, 2]),
+                        ("other_special_tokens", other)):
     bad = tmp_path / f"{name}.pkl"
     bad.write_bytes(pickle.dumps(payload))
     with pytest.raises(common.ConvertError) as e:
-      tiktoken_files.read_tokenizer_pkl(str(bad))
+      nanochat.read_tokenizer(str(bad), 267)
     assert "\n" not in str(e.value) and str(bad) in str(e.value), name
     assert not marker.exists(), name
-  assert "mkdir" in str(pytest.raises(common.ConvertError, tiktoken_files.read_tokenizer_pkl,
-                                      str(tmp_path / "reduce.pkl")).value)
+  assert "posix.mkdir" in str(pytest.raises(common.ConvertError, nanochat.read_tokenizer,
+                                            str(tmp_path / "reduce.pkl")).value)
 
 
 def _cli(*args):
@@ -376,25 +384,34 @@ def _cli(*args):
 def test_cli_converts_with_the_tokenizer_and_refuses_a_hostile_pickle(tmp_path):
   """A hostile ``tokenizer.pkl`` through the CLI is one line, exit 2, nothing
   written and nothing run; ``--from nanochat`` finds the tokenizer in
-  nanochat's layout and keeps it as JSON, ``--to nanochat`` writes the
-  pickle back (in process)."""
-  mc = dict(SMALL, vocab_size=260)
-  enc = _encoding()
+  nanochat's layout and keeps it as the training pipeline's
+  ``nanochat_tokenizer.json`` (the file eval.py and a resumed train.py read),
+  ``--to nanochat`` writes the pickle back (in process)."""
+  mc = dict(SMALL, vocab_size=267)
+  tok = _tokenizer()
   src = _checkpoint(tmp_path / "base" / "base_checkpoints" / "d2", mc, _state_dict(mc))
-  (tmp_path / "base" / "tokenizer").mkdir()
-  (tmp_path / "base" / "tokenizer" / "tokenizer.pkl").write_bytes(
-      tiktoken_files.tokenizer_pickle_bytes(enc))
+  source_pkl = tok.save_nanochat(str(tmp_path / "base" / "tokenizer"))
   marker = tmp_path / "pwned"
   (tmp_path / "hostile.pkl").write_bytes(pickle.dumps(_Hostile(str(marker))))
   bad = _cli("--from", "nanochat", "--model", src, "--workdir", tmp_path / "bad",
              "--tokenizer", tmp_path / "hostile.pkl")
   assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
-  assert "hostile.pkl" in bad.stderr and "mkdir" in bad.stderr
+  assert "hostile.pkl" in bad.stderr and "Refused" in bad.stderr and "mkdir" in bad.stderr
   assert not marker.exists() and not (tmp_path / "bad").exists()
-  _from_nanochat(src, tmp_path / "w")
-  assert tiktoken_files.read_tokenizer_json(
-      str(tmp_path / "w" / tiktoken_files.TOKENIZER_FILE)) == enc
+  _, _, _, config = _from_nanochat(src, tmp_path / "w")
+  assert config.data.tokenizer == "nanochat" and config.data.vocab_size == 267
+  with open(source_pkl, "rb") as f:
+    source = pickle.load(f)  # our own file: the real tiktoken Encoding
+  text = "the theme: 你好 <|bos|> 12345\r\n"
+  converted = NanochatTokenizer.from_path(str(tmp_path / "w"))
+  run_tok = tokenizers.load_tokenizer(config.data, str(tmp_path / "w"))  # as eval.py reads it
+  for t in (converted, run_tok):
+    assert t.vocab_size == 267 and t.encode(text).tolist() == source.encode_ordinary(text)
   nanochat.convert_to_nanochat(str(tmp_path / "w"), str(tmp_path / "out"))
-  assert tiktoken_files.read_tokenizer_pkl(str(tmp_path / "out" / "tokenizer.pkl")) == enc
+  with open(tmp_path / "out" / PICKLE_FILE, "rb") as f:
+    back = pickle.load(f)
+  assert (back.name, back._pat_str, back._mergeable_ranks, back._special_tokens) == (
+      source.name, source._pat_str, source._mergeable_ranks, source._special_tokens)
+  assert back.encode_ordinary(text) == source.encode_ordinary(text)
   with pytest.raises(common.ConvertError, match="exists"):
     nanochat.convert_to_nanochat(str(tmp_path / "w"), str(tmp_path / "out"))

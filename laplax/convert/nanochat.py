@@ -28,11 +28,15 @@ count; omitted when there are none, so nanochat's first release loads it).
 
 Files from elsewhere are untrusted: the state dict is read with
 ``torch.load(weights_only=True)``, and ``tokenizer.pkl`` with
-:func:`read_tokenizer_pkl`, an unpickler that admits only what a tiktoken
-``Encoding`` is made of and builds an inert record of it, so a pickle that
-asks for anything else is refused in one line and runs no code. What it reads
-(the ``tiktoken.Encoding`` arguments) is written into the workdir as
-:data:`TOKENIZER_FILE`, JSON (:func:`write_tokenizer_json`).
+:func:`laplax.data.nanochat_tokenizer.read_tokenizer_pkl`, an unpickler that
+admits only what a tiktoken ``Encoding`` is made of and builds an inert
+record of it, so a pickle that asks for anything else is refused in one line
+and runs no code. The tokenizer is the training pipeline's
+:class:`~laplax.data.nanochat_tokenizer.NanochatTokenizer` (the 256 bytes,
+the merges, nanochat's nine special tokens); the workdir keeps it as
+:data:`TOKENIZER_FILE` (laplax's JSON, :meth:`NanochatTokenizer.save`), where
+``train.py`` and ``eval.py`` read it, and ``--to nanochat`` writes it back
+as nanochat's pickle (:meth:`NanochatTokenizer.save_nanochat`).
 """
 
 from __future__ import annotations
@@ -49,9 +53,8 @@ import ml_collections
 import numpy as np
 
 from laplax.convert import common
-from laplax.convert.tiktoken_files import (PICKLE_FILE, TOKENIZER_FILE, read_tokenizer_json,
-                                           read_tokenizer_pkl, tokenizer_pickle_bytes,
-                                           write_tokenizer_json)
+from laplax.data.errors import DataError
+from laplax.data.nanochat_tokenizer import PICKLE_FILE, TOKENIZER_FILE, NanochatTokenizer
 
 ConvertError = common.ConvertError
 TARGET = "nanochat"
@@ -89,6 +92,26 @@ def find_tokenizer(model_dir: str, given: str | None) -> str | None:
     if os.path.isfile(path):
       return path
   return None
+
+
+def read_tokenizer(path: str, vocab_size: int | None = None) -> NanochatTokenizer:
+  """The :class:`NanochatTokenizer` of ``path`` (a ``tokenizer.pkl``, read
+  without running it, or a :data:`TOKENIZER_FILE`), of ``vocab_size`` ids
+  when given.
+
+  Raises:
+    ConvertError: the :class:`~laplax.data.errors.DataError` of
+      :meth:`NanochatTokenizer.from_path` (unreadable, a refused pickle naming
+      what it asked for, not nanochat's vocabulary layout), or another size.
+  """
+  try:
+    tok = NanochatTokenizer.from_path(path)
+  except DataError as e:  # one line; named here when the message does not name it
+    raise ConvertError(str(e) if path in str(e) else f"{path}: {e}") from None
+  if vocab_size is not None and tok.vocab_size != vocab_size:
+    raise ConvertError(f"{path} has {tok.vocab_size} tokens but the model's vocab_size is "
+                       f"{vocab_size}; give the model's own tokenizer (--tokenizer)")
+  return tok
 
 
 # --------------------------------------------------------------------------- weights
@@ -259,13 +282,14 @@ def laplax_config(mc: Mapping, config: ml_collections.ConfigDict, given: list[st
   ``sequence_len``, ``data.vocab_size``, the Laplacian heads of
   ``laplacian_heads`` and ``embedding_dtype`` (the file's ``wte`` dtype)
   unless the command line sets them (``given``). ``data.tokenizer`` becomes
-  ``"nanochat"`` where laplax's text pipeline has it.
+  ``"nanochat"``: ``train.py`` and ``eval.py`` then read the workdir's
+  :data:`TOKENIZER_FILE` (the rest of ``data``, e.g. the FineWeb-Edu
+  ``source_dir`` of ``configs/gpt_d20.py``, comes from ``config``).
 
   Raises:
     ConvertError: not a language-model config, or a result that does not validate.
   """
   # pylint: disable=import-outside-toplevel
-  from laplax.data import text
   from laplax.train import config as config_lib, defaults
   if config.get("task") != "lm":
     raise ConvertError(f"--config has task={config.get('task')!r}; nanochat needs a "
@@ -285,8 +309,7 @@ def laplax_config(mc: Mapping, config: ml_collections.ConfigDict, given: list[st
     if not is_given("embedding_dtype"):
       m.embedding_dtype = embedding_dtype
     config.data.vocab_size = mc["vocab_size"]
-    if "nanochat" in getattr(text, "TOKENIZERS", ()):
-      config.data.tokenizer = "nanochat"
+    config.data.tokenizer = "nanochat"
   try:
     config_lib.validate(config)
   except config_lib.ConfigError as e:
@@ -309,7 +332,8 @@ def convert_from_nanochat(model_dir: str, config: ml_collections.ConfigDict, wor
   writes ``config.json`` and the step-0 checkpoint
   (:func:`~laplax.convert.common.write_workdir`), plus
   :data:`TOKENIZER_FILE` when a tokenizer is found (:func:`find_tokenizer`,
-  read by :func:`read_tokenizer_pkl` or :func:`read_tokenizer_json`).
+  read by :func:`read_tokenizer`), the file ``train.py`` and ``eval.py``
+  read (``config.data.tokenizer="nanochat"``).
   At float32 compute (``model.dtype``, set by the CLI unless given) the
   laplax model computes nanochat's logits (tests/test_nanochat_exact.py).
 
@@ -338,14 +362,7 @@ def convert_from_nanochat(model_dir: str, config: ml_collections.ConfigDict, wor
   weights, meta, step = _step_files(model_dir, step)
   mc = read_meta(meta)
   tok_path = find_tokenizer(model_dir, tokenizer)
-  encoding = None
-  if tok_path is not None:
-    encoding = (read_tokenizer_json(tok_path) if tok_path.endswith(".json")
-                else read_tokenizer_pkl(tok_path))
-    size = len(encoding["mergeable_ranks"]) + len(encoding["special_tokens"])
-    if size != mc["vocab_size"]:
-      raise ConvertError(f"{tok_path} has {size} tokens but model_config vocab_size is "
-                         f"{mc['vocab_size']}; give the model's own tokenizer (--tokenizer)")
+  tok = read_tokenizer(tok_path, mc["vocab_size"]) if tok_path is not None else None
   tensors = _load_state_dict(weights)
   check_tensors(tensors, mc, weights)
   wte = tensors[PREFIX + "wte.weight"]
@@ -356,11 +373,11 @@ def convert_from_nanochat(model_dir: str, config: ml_collections.ConfigDict, wor
   params = common.to_layout(common.nested(nanochat_to_laplax(tensors, spec.depth)), spec)
   parent = os.path.dirname(workdir_abs)
   files = {}
-  if encoding is not None:
+  if tok is not None:
     os.makedirs(parent, exist_ok=True)
     staged = common.new_directory(parent)
     files[TOKENIZER_FILE] = os.path.join(staged, TOKENIZER_FILE)
-    write_tokenizer_json(encoding, files[TOKENIZER_FILE])
+    tok.save(files[TOKENIZER_FILE])
   try:
     common.write_workdir(workdir, config, params, vocab_size=mc["vocab_size"], files=files,
                          source=weights)
@@ -412,8 +429,8 @@ def convert_to_nanochat(workdir: str, out_dir: str) -> None:
   and ``meta_<step:06d>.json`` (``step``, ``model_config`` with the authors'
   ``laplacian_heads`` when there are Laplacian heads, ``max_seq_len``), and,
   when the workdir has :data:`TOKENIZER_FILE`, ``tokenizer.pkl``
-  (:func:`tokenizer_pickle_bytes`; nanochat reads it from
-  ``$NANOCHAT_BASE_DIR/tokenizer/``). ``step`` is the workdir's newest.
+  (:meth:`NanochatTokenizer.save_nanochat`, the pickle nanochat writes and
+  reads from ``$NANOCHAT_BASE_DIR/tokenizer/``). ``step`` is the workdir's newest.
   Everything goes to a temporary directory renamed at the end.
 
   Raises:
@@ -438,7 +455,7 @@ def convert_to_nanochat(workdir: str, out_dir: str) -> None:
     mc["laplacian_heads"] = heads
   tensors = laplax_to_nanochat(flat, spec.depth)
   tokenizer = os.path.join(os.path.expanduser(workdir), TOKENIZER_FILE)
-  encoding = read_tokenizer_json(tokenizer) if os.path.isfile(tokenizer) else None
+  tok = read_tokenizer(tokenizer, vocab_size) if os.path.isfile(tokenizer) else None
   try:
     import torch  # pylint: disable=import-outside-toplevel
   except ImportError:
@@ -458,9 +475,8 @@ def convert_to_nanochat(workdir: str, out_dir: str) -> None:
       json.dump({"step": step, "model_config": mc, "max_seq_len": spec.max_length,
                  "source": "laplax"}, f, indent=2)
       f.write("\n")
-    if encoding is not None:
-      with open(os.path.join(tmp, PICKLE_FILE), "wb") as f:
-        f.write(tokenizer_pickle_bytes(encoding))
+    if tok is not None:
+      tok.save_nanochat(tmp)
     os.rename(tmp, out_abs)
   except BaseException:
     shutil.rmtree(tmp, ignore_errors=True)

@@ -273,8 +273,8 @@ def read_tokenizer_pkl(path: str) -> tiktoken.Encoding:
     DataError: unreadable file, a refused or malformed pickle (one line,
       naming the file and saying how to export the tokenizer instead).
   """
-  fix = ("export its tokens with laplax's NanochatTokenizer (nanochat_tokenizer.json) "
-         "or train one with `python -m laplax.data.nanochat_tokenizer`")
+  fix = ("export a copy you trust as laplax's nanochat_tokenizer.json (docs/language-models.md, "
+         "\"nanochat's d20\") or train one with `python -m laplax.data.nanochat_tokenizer`")
   try:
     with open(path, "rb") as f:
       loaded = _TiktokenUnpickler(io.BytesIO(f.read())).load()
