@@ -521,7 +521,8 @@ def _train(config: ml_collections.ConfigDict, workdir: str, task: Task,
   # Sharding, then the initial state (created sharded) or resume (onto this mesh).
   abstract, state_sharding = abstract_and_shardings(task, tx, config.seed, mesh, rules)
   train_step = jit_train_step(task, tx, schedule, state_sharding, batch_sharding)
-  fit.check_memory(config, task, train_step, abstract, state_sharding, batch_sharding)
+  if config.total_steps > (checkpointer.latest_step() or 0):  # a step will run
+    fit.check_memory(config, task, train_step, abstract, state_sharding, batch_sharding)
   resumed = checkpointer.latest_step() is not None
   state = _restore_or_start(config, workdir, task, tx, checkpointer, train_iter,
                             state_sharding, abstract)
