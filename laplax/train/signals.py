@@ -134,8 +134,9 @@ class Guard:
       the exit line.
     nothing_saved: the exit line's phrase without a workdir.
 
-  Use as a context manager in the main thread (it installs the handlers and
-  the watcher thread and restores what was there before).
+  Use as a context manager (it installs the handlers and the watcher thread
+  and restores what was there before; in another thread than the main one,
+  which cannot set signal handlers, it does nothing).
   """
 
   def __init__(self, command: str, bound: float = BOUND_S):
@@ -154,9 +155,13 @@ class Guard:
     self._old_wakeup = -1
     self._thread: threading.Thread | None = None
     self._rsock = self._wsock = None
+    self._active = False
 
   def __enter__(self) -> "Guard":
     global _current
+    self._active = threading.current_thread() is threading.main_thread()
+    if not self._active:  # signal handlers can only be set from the main thread
+      return self
     self._rsock, self._wsock = socket.socketpair()
     self._rsock.setblocking(False)
     self._wsock.setblocking(False)
@@ -170,6 +175,8 @@ class Guard:
 
   def __exit__(self, *exc) -> None:
     global _current
+    if not self._active:
+      return
     signal.set_wakeup_fd(self._old_wakeup)
     for s, h in self._old_handlers.items():
       signal.signal(s, h)
