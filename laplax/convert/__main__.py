@@ -20,6 +20,9 @@ settings (default: ``configs/deit3_imagenet.py`` for timm,
 ``save_pretrained`` directory for ``transformers``. A model with Laplacian
 heads or spectral conditioning is refused unless ``--force``.
 Bad input prints one line and exits with code 2; nothing is written.
+SIGINT or SIGTERM ends it within 5 s with one line and exit code 130 or 143,
+leaving nothing behind (the output is written in a temporary directory,
+removed at such an exit, and renamed into place when complete).
 """
 
 import os
@@ -85,6 +88,9 @@ def main() -> int:
   cli.quiet()
   # pylint: disable=import-outside-toplevel
   from laplax.convert import common, hf_gpt2, timm_vit
+  from laplax.train import signals
+  if signals.current() is not None:  # a signal's exit line; the output is renamed in whole
+    signals.current().nothing_saved = "nothing was written (the output appears only complete)"
   try:
     if source is not None:
       if not _MODEL.value:
@@ -114,4 +120,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-  cli.run(main)
+  cli.run(main, command="python -m laplax.convert")
