@@ -10,10 +10,11 @@ or from the start to the exit, the last line of stderr, and whether
 - ``stalled, one SIGTERM`` / ``stalled, two SIGINTs``: the tiny ViT of the
   tests with ``--config.debug.stall_at_step=3`` (its step 3 never ends),
   signalled once step 2 is saved;
-- ``compiling, one SIGTERM``: the default ViT on a new workdir, signalled once
-  ``train.lock`` exists (data prepared, the train step compiling);
-- ``eval.py, one SIGINT``: evaluation of the stalled run's workdir, signalled
-  one second after it starts;
+- ``compiling, one SIGTERM``: the default ViT on a new workdir, signalled 3 s
+  after ``train.lock`` appeared (the data is prepared, the train step
+  compiling: the main thread is inside XLA);
+- ``eval.py, one SIGINT`` (with ``--eval_workdir``): ``eval.py --out`` of
+  that workdir, signalled once it has a checkpoint file open (restoring);
 - the three refusals of issue 32 (``batch_size=100000000`` on the default
   ViT, ``width=16384, depth=48`` on it, ``batch_size=4096, width=4096`` on the
   default GPT): seconds from start to exit, and whether the new workdir
@@ -48,7 +49,7 @@ def _wait_for(proc, ready, timeout=900):
     time.sleep(0.01)
 
 
-def _report(name, proc, t0, log_path, workdir):
+def _report(name, proc, t0, log_path, workdir):  # pylint: disable=too-many-arguments
   code = proc.wait()
   seconds = time.time() - t0
   with open(log_path) as f:
@@ -58,13 +59,28 @@ def _report(name, proc, t0, log_path, workdir):
         flush=True)
 
 
+def _reads_checkpoints(pid: int) -> bool:
+  """Whether process ``pid`` has a file under a ``checkpoints/`` open (Linux)."""
+  try:
+    fds = os.listdir(f"/proc/{pid}/fd")
+  except OSError:
+    return False
+  for fd in fds:
+    try:
+      if "/checkpoints/" in os.readlink(f"/proc/{pid}/fd/{fd}"):
+        return True
+    except OSError:
+      pass
+  return False
+
+
 def stop(name, args, workdir, ready, signals, out):
-  """Starts ``args``, waits for ``ready()``, sends ``signals`` (the second once
-  the first is acknowledged) and reports."""
+  """Starts ``args``, waits for ``ready(proc)``, sends ``signals`` (the second
+  once the first is acknowledged) and reports."""
   log_path = os.path.join(out, name.replace(" ", "_").replace(",", "") + ".log")
   with open(log_path, "w") as log:
     proc = _start(args, log)
-  _wait_for(proc, ready)
+  _wait_for(proc, lambda: ready(proc))
   for i, signum in enumerate(signals):
     if i:
       _wait_for(proc, lambda: "stopping after" in open(log_path).read())
@@ -78,6 +94,7 @@ def refuse(name, args, workdir, out):
   t0 = time.time()
   with open(log_path, "w") as log:
     proc = _start(args + ["--workdir", workdir], log)
+  proc.wait()
   _report(name + f" (workdir created: {os.path.exists(workdir)})", proc, t0, log_path, workdir)
 
 
@@ -85,22 +102,26 @@ def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--data_dir", default=os.path.expanduser("~/tensorflow_datasets"))
   parser.add_argument("--out", required=True, help="a new directory for the runs")
+  parser.add_argument("--eval_workdir", help="also stop eval.py on this trained workdir")
   args = parser.parse_args()
   os.makedirs(args.out)
   data = [f"--config.data.data_dir={args.data_dir}"]
-  for name, signals in (("stalled, one SIGTERM", [signal.SIGTERM]),
-                        ("stalled, two SIGINTs", [signal.SIGINT, signal.SIGINT])):
+  cases = (("stalled, one SIGTERM", [signal.SIGTERM]),
+           ("stalled, two SIGINTs", [signal.SIGINT, signal.SIGINT]))
+  for name, signals in cases:
     workdir = os.path.join(args.out, name.split(", ")[1].replace(" ", "_"))
     saved = os.path.join(workdir, "checkpoints", "2")
     stop(name, ["train.py", "--config", VIT, "--workdir", workdir] + data + TINY, workdir,
-         lambda saved=saved: os.path.isdir(saved), signals, args.out)
+         lambda _, saved=saved: os.path.isdir(saved), signals, args.out)
   workdir = os.path.join(args.out, "compiling")
+  lock = os.path.join(workdir, "train.lock")
   stop("compiling, one SIGTERM", ["train.py", "--config", VIT, "--workdir", workdir] + data,
-       workdir, lambda: os.path.exists(os.path.join(workdir, "train.lock")),
+       workdir, lambda _: os.path.exists(lock) and time.time() > os.path.getmtime(lock) + 3,
        [signal.SIGTERM], args.out)
-  started = time.time()
-  stop("eval.py, one SIGINT", ["eval.py", "--workdir", os.path.join(args.out, "one_SIGTERM")],
-       args.out, lambda: time.time() > started + 1, [signal.SIGINT], args.out)
+  if args.eval_workdir:  # a run whose evaluation takes a while (e.g. the default ViT's)
+    stop("eval.py, one SIGINT", ["eval.py", "--workdir", args.eval_workdir, "--out",
+                                 os.path.join(args.out, "eval", "eval.json")],
+         args.out, lambda proc: _reads_checkpoints(proc.pid), [signal.SIGINT], args.out)
   for name, extra in (("ViT batch_size=100000000", [VIT, "--config.batch_size=100000000"]),
                       ("ViT width=16384 depth=48", [VIT, "--config.model.width=16384",
                                                     "--config.model.depth=48"]),

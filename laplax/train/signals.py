@@ -156,6 +156,7 @@ class Guard:
     self._thread: threading.Thread | None = None
     self._rsock = self._wsock = None
     self._active = False
+    self._previous: "Guard | None" = None
 
   def __enter__(self) -> "Guard":
     global _current
