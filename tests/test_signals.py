@@ -45,6 +45,7 @@ mode, marker = sys.argv[1], sys.argv[2]
 signals.at_exit(lambda: open(marker, "w").write("cleaned"))
 libc = ctypes.CDLL(None)
 with signals.Guard("demo", bound=float(sys.argv[3])) as guard:
+  guard.step_seconds = float(sys.argv[4])  # as the loop's logged step times set it
   if mode == "loop":  # a step that never ends: libc.sleep, again and again
     with guard.graceful():
       print("ready", flush=True)
@@ -66,7 +67,7 @@ with signals.Guard("demo", bound=float(sys.argv[3])) as guard:
 '''
 
 
-def _guard(tmp_path, mode, bound, signals_to_send):
+def _guard(tmp_path, mode, bound, signals_to_send, step_seconds=0.0):
   """Runs :data:`GUARD_SCRIPT`, sends the signals (each after the script
   shows it got the one before) and returns ``(exit code, stderr lines,
   whether the clean-up ran)``."""
@@ -74,7 +75,8 @@ def _guard(tmp_path, mode, bound, signals_to_send):
   script.write_text(GUARD_SCRIPT)
   marker = tmp_path / "cleaned"
   env = dict(os.environ, PYTHONPATH=ROOT)
-  proc = subprocess.Popen([sys.executable, str(script), mode, str(marker), str(bound)],
+  proc = subprocess.Popen([sys.executable, str(script), mode, str(marker), str(bound),
+                           str(step_seconds)],
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
   assert proc.stdout.readline().strip() == "ready"
   for i, signum in enumerate(signals_to_send):
@@ -86,11 +88,15 @@ def _guard(tmp_path, mode, bound, signals_to_send):
   return proc.returncode, [l for l in err.splitlines() if l.strip()], marker.exists()
 
 
-def test_one_sigterm_in_a_step_that_never_ends_exits_143_after_the_bound(tmp_path):
-  code, lines, cleaned = _guard(tmp_path, "loop", 1, [signal.SIGTERM])
+@pytest.mark.parametrize("step_seconds,waited", [(0.0, 1), (1.5, 3)])
+def test_one_sigterm_in_a_step_that_never_ends_exits_143_after_the_bound(
+    tmp_path, step_seconds, waited):
+  """The bound is 1 s here, or twice the slowest step the loop logged."""
+  code, lines, cleaned = _guard(tmp_path, "loop", 1, [signal.SIGTERM], step_seconds)
   assert code == 143 and cleaned, lines
-  assert lines[-1] == ("stopped by SIGTERM (signal 15), no step ended within 1 s: nothing "
-                       "more was saved; run the same command to go on"), lines
+  assert lines[-1] == (f"stopped by SIGTERM (signal 15), no step ended within {waited} s: "
+                       f"nothing more was saved; run the same command to go on"), lines
+  assert f"has not finished in {waited} s" in lines[0], lines
 
 
 def test_a_second_sigint_exits_130_at_once(tmp_path):
@@ -148,10 +154,11 @@ def _last_line(text):
 def test_train_py_stopped_by_one_sigterm_in_a_step_that_never_ends(tmp_path, fmnist_data_dir):
   code, out, workdir = _stopped_run(tmp_path, fmnist_data_dir, [signal.SIGTERM])
   assert code == 143, out[-3000:]
-  assert _last_line(out) == (
-      f"stopped by SIGTERM (signal 15), no step ended within 5 s: last complete checkpoint: "
-      f"step 2 in {workdir / 'checkpoints'}, later steps not saved; run the same command "
-      f"to go on")
+  # The bound: 5 s, or twice the slowest logged step time if longer.
+  assert re.fullmatch(
+      rf"stopped by SIGTERM \(signal 15\), no step ended within [\d.]+ s: last complete "
+      rf"checkpoint: step 2 in {re.escape(str(workdir / 'checkpoints'))}, later steps not "
+      rf"saved; run the same command to go on", _last_line(out)), out[-3000:]
   assert "Traceback" not in out
   assert not (workdir / "train.lock").exists()
   names = os.listdir(workdir / "checkpoints")

@@ -17,14 +17,17 @@ Three checks, each one line (:class:`FitError`, a
   no compilation (the per-device bytes of the parameters and optimizer state
   from ``jax.eval_shape``, the input batch, and the activations of one
   micro-batch that the backward pass surely keeps, :func:`kept_per_token`),
-  so that a model or batch
-  far too large is refused in seconds instead of being compiled for minutes;
-  then the compiled train step's ``memory_analysis()`` (arguments + outputs
-  - donated + temporaries, per device), the figure XLA allocates. Both are
+  so that a model or batch far too large is refused in seconds instead of
+  being compiled for minutes; then the compiled train step's
+  ``memory_analysis()`` (arguments + outputs - donated + temporaries, per
+  device), the figure XLA allocates. Both are
   compared with what the device has (:func:`available_bytes`: on a CPU the
   host's available RAM, shared by its CPU devices; on a GPU or TPU the
   allocator's ``bytes_limit`` less what is in use). The compiled executable
-  is the one the loop then runs (JAX caches it), so the check adds no compile.
+  is the one the loop then runs (JAX caches it), so the check adds no compile
+  (``bench/fit_cost.py`` measures it). The memory figures are per device;
+  they do not count what the host needs besides (the data pipeline's
+  buffers), nor the evaluation, which runs on its own batches.
 - :func:`out_of_memory`: an XLA ``RESOURCE_EXHAUSTED`` during a step (what
   the estimate could not foresee) as one line with the same levers.
 """

@@ -558,6 +558,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str, task: Task,
       if step % config.log_every == 0 or last:
         check_finite()
         record = dict(log_record(pending), **interval.record(len(pending)))
+        stop.step_seconds = max(stop.step_seconds, 1.0 / record["steps_per_sec"])
         skipped = [s_ for s_, m in pending if m.get("skipped_updates", 0.0) > 0]
         pending = []
         writer.write(step, "train", record)

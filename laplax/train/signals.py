@@ -16,8 +16,10 @@ signals to its child, see :mod:`laplax.sweep`):
 - In the training loop (:meth:`Guard.graceful`) the first signal asks for a
   graceful stop: the step in flight finishes, a checkpoint is saved and the
   run exits 0 (:mod:`laplax.train.loop`). If that step has not finished
-  :data:`BOUND_S` seconds after the signal, or a second signal arrives, the
-  process exits at once (:meth:`Guard.hard_exit`).
+  :data:`BOUND_S` seconds after the signal (or twice the longest time per
+  step the loop has logged, when that is longer: :attr:`Guard.step_seconds`),
+  or a second signal arrives, the process exits at once
+  (:meth:`Guard.hard_exit`).
 - Anywhere else (imports, data preparation, compilation, evaluation,
   conversion) the first signal raises :class:`Signalled`, a
   ``KeyboardInterrupt``, in the main thread, whose ``finally`` blocks run
@@ -133,6 +135,10 @@ class Guard:
     workdir: set it (``train.py``) to name the last complete checkpoint in
       the exit line.
     nothing_saved: the exit line's phrase without a workdir.
+    step_seconds: the longest time per step the training loop has measured
+      (a logged interval's wall time over its steps); in the loop the first
+      signal waits ``max(bound, 2 * step_seconds)``, so that a run whose
+      steps are slow still stops with a checkpoint.
 
   Use as a context manager (it installs the handlers and the watcher thread
   and restores what was there before; in another thread than the main one,
@@ -145,6 +151,8 @@ class Guard:
     self.signum: int | None = None
     self.workdir: str | None = None
     self.nothing_saved = "nothing more was saved"
+    self.step_seconds = 0.0
+    self._armed = self.bound
     self._count = 0
     self._in_loop = False
     self._raised = False
@@ -248,11 +256,12 @@ class Guard:
     if self._count > 1:
       self.hard_exit(signum, late=False)
       return
-    self._deadline = time.monotonic() + self.bound
+    self._armed = max(self.bound, 2 * self.step_seconds) if self._in_loop else self.bound
+    self._deadline = time.monotonic() + self._armed
     if self._in_loop:
       _write(f"{describe_signal(signum)}: stopping after the step in flight, with a "
-             f"checkpoint (if that step has not finished in {self.bound:g} s, or at a "
-             f"second signal, the run ends at once)")
+             f"checkpoint (if that step has not finished in {self._armed:.3g} s, or at "
+             f"a second signal, the run ends at once)")
 
   def hard_exit(self, signum: int, late: bool, reason: str | None = None) -> None:
     """Runs the clean-ups, prints the exit line and ends the process with
@@ -267,8 +276,8 @@ class Guard:
           fn()
       if reason is None:
         if late:
-          reason = (f"no step ended within {self.bound:g} s" if self._in_loop else
-                    f"{self.command} was still busy {self.bound:g} s later")
+          reason = (f"no step ended within {self._armed:.3g} s" if self._in_loop else
+                    f"{self.command} was still busy {self._armed:.3g} s later")
         else:
           reason = "a second signal"
       saved = checkpoint_status(self.workdir) if self.workdir else self.nothing_saved

@@ -18,8 +18,9 @@ batch larger than its split or a step that cannot fit this machine's memory
 (``--config.check_memory=False`` skips that check) prints one line and exits
 with code 2. SIGINT or SIGTERM (Ctrl-C, ``kill``) in the training loop saves a
 checkpoint after the step in flight and exits 0; if that step does not finish
-within 5 s, at a second signal, or before the loop, it prints what is saved
-and exits at once with 130 (SIGINT) or 143 (SIGTERM).
+within 5 s (or twice the slowest logged step), at a second signal, or before
+the loop, it prints what is saved and exits at once with 130 (SIGINT) or 143
+(SIGTERM).
 """
 
 import sys
