@@ -460,6 +460,7 @@ def _stop_agreed(stop: signals.Guard, step: int, config) -> bool:
   all-gather), so all save the same step together and stop."""
   if jax.process_count() == 1:
     return stop.signum is not None
+  stop.progress()  # a step was dispatched: waiting for the agreement is no hang
   if step % config.log_every and step != config.total_steps:
     return False
   from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel

@@ -218,6 +218,12 @@ class Guard:
     finally:
       self._in_loop = False
 
+  def progress(self) -> None:
+    """The loop goes on towards a stop that several processes must agree on
+    (at their next log step): the deadline starts again from now."""
+    if self._deadline is not None:
+      self._deadline = time.monotonic() + self._armed
+
   def reached(self) -> None:
     """The step in flight has finished after a stop request: the deadline is
     lifted (the checkpoint is saved next; a second signal still ends it)."""
