@@ -177,7 +177,9 @@ def test_sweep_two_sigints_end_its_stalled_child_at_once(tmp_path, fmnist_data_d
           "--grid", "model.num_laplacian_heads=1", f"--config.data.data_dir={fmnist_data_dir}",
           "--config.debug.stall_at_step=3"] + TINY + STALL
   log = tmp_path / "sweep.log"
-  proc = start(args, log)
+  with open(log, "w") as f:  # a bound of 10 minutes: only the second signal can end the run
+    proc = subprocess.Popen([sys.executable] + args, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT,
+                            env=dict(os.environ, PYTHONUNBUFFERED="1", LAPLAX_STOP_BOUND_S="600"))
   run = workdir / "num_laplacian_heads=1,seed=0"
   try:
     assert wait_for_step(proc, run, 2), log.read_text()[-3000:]
@@ -197,6 +199,15 @@ def test_sweep_two_sigints_end_its_stalled_child_at_once(tmp_path, fmnist_data_d
                    r"run the same command to go on", out), out[-3000:]
   assert "Traceback" not in out + _read(run / "train.log")
   assert not (run / "train.lock").exists()
+
+
+def test_a_bad_stop_bound_is_one_line_exit_2():
+  r = subprocess.run([sys.executable, "-c", "from laplax.train import cli; cli.run(lambda: 0)"],
+                     cwd=ROOT, capture_output=True, text=True, timeout=HANG_GUARD_S,
+                     env=dict(os.environ, LAPLAX_STOP_BOUND_S="soon"))
+  assert r.returncode == 2 and r.stderr.strip() == (
+      "error: LAPLAX_STOP_BOUND_S='soon' must be a positive number of seconds (default 5); "
+      "unset it or give e.g. LAPLAX_STOP_BOUND_S=30"), r.stderr
 
 
 def _read(path):

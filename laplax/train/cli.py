@@ -324,14 +324,20 @@ def run(main: Callable[[], int | None], user_errors: tuple = (),
   in the training loop the first one stops after the step in flight with a
   checkpoint (exit 0); anywhere else (imports, data preparation,
   compilation, evaluation), or when that step does not finish within
-  :data:`~laplax.train.signals.BOUND_S` seconds, or at a second signal, the
+  :data:`~laplax.train.signals.BOUND_S` seconds (``$LAPLAX_STOP_BOUND_S``),
+  or at a second signal, the
   process prints one line saying what is saved and exits with 130 (SIGINT)
   or 143 (SIGTERM); nothing is half-written (datasets, caches, configs and
   checkpoints are written under a temporary name and renamed).
   """
   from laplax.train import signals  # pylint: disable=import-outside-toplevel
   command = command or os.path.basename(sys.argv[0] or "laplax")
-  with signals.Guard(command) as guard:
+  try:
+    bound = signals.bound_from_env()
+  except ValueError as e:
+    print(f"error: {e}", file=sys.stderr)
+    sys.exit(USAGE_EXIT)
+  with signals.Guard(command, bound) as guard:
     try:
       code = _run_main(main, user_errors)
     except KeyboardInterrupt as e:

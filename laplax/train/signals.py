@@ -55,8 +55,10 @@ import time
 from typing import Callable, Iterator
 
 # Seconds the step in flight (or, outside the loop, the main thread) has to
-# reach Python after the first signal before the process exits at once.
+# reach Python after the first signal before the process exits at once; the
+# environment variable LAPLAX_STOP_BOUND_S sets another (bound_from_env).
 BOUND_S = 5.0
+BOUND_ENV = "LAPLAX_STOP_BOUND_S"
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 _CHECKPOINTS = "checkpoints"  # laplax.train.workdir.CHECKPOINT_DIR (not imported: no JAX here)
 _INCOMPLETE = re.compile(r"^(\d+)\.orbax-checkpoint-tmp")
@@ -99,6 +101,25 @@ def critical() -> Iterator[None]:
   write); keep it short."""
   with _critical:
     yield
+
+
+def bound_from_env() -> float:
+  """:data:`BOUND_S`, or the seconds that ``$LAPLAX_STOP_BOUND_S`` gives.
+
+  Raises:
+    ValueError: the variable is set but not a positive finite number (one line).
+  """
+  text = os.environ.get(BOUND_ENV)
+  if text is None:
+    return BOUND_S
+  try:
+    value = float(text)
+  except ValueError:
+    value = float("nan")
+  if not (value > 0 and value < float("inf")):
+    raise ValueError(f"{BOUND_ENV}={text!r} must be a positive number of seconds "
+                     f"(default {BOUND_S:g}); unset it or give e.g. {BOUND_ENV}=30")
+  return value
 
 
 def current() -> "Guard | None":
@@ -319,5 +340,5 @@ def graceful() -> Iterator[Guard]:
     with _current.graceful() as guard:
       yield guard
     return
-  with Guard("train_and_evaluate") as guard, guard.graceful():
+  with Guard("train_and_evaluate", bound_from_env()) as guard, guard.graceful():
     yield guard
