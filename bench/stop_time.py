@@ -1,6 +1,6 @@
 """How fast laplax commands stop, and how fast runs that cannot fit are refused.
 
-    python bench/stop_time.py --data_dir ~/tensorflow_datasets --out /tmp/stop_time
+    python bench/stop_time.py --data_dir ~/tensorflow_datasets --out runs/stop_time
 
 Runs the real commands in subprocesses (in fresh directories under ``--out``)
 and prints, for each case, the exit code, the seconds from the (last) signal
