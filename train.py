@@ -6,6 +6,11 @@ The command lives in :mod:`laplax.train.train_cli` (its docstring and
 ``--help`` list the flags); this file only runs it.
 """
 
+import signal
+
+if __name__ == "__main__":  # Ctrl-C while the imports run: end at once, quietly
+  signal.signal(signal.SIGINT, signal.SIG_DFL)  # (laplax's handlers come next)
+
 from laplax.train.train_cli import main, run_cli  # noqa: F401
 
 if __name__ == "__main__":

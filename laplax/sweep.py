@@ -28,9 +28,13 @@ per-layer analysis quantities; :mod:`laplax.analysis.seeds`) and
 Every run's config is checked before the first one starts: a bad flag, grid
 key or value prints one line and exits with code 2, with nothing written. A
 run that fails stops the sweep (exit 1, naming its log). SIGTERM or SIGINT
-stops the running ``train.py`` at its next step with a checkpoint (exit 0);
-if the sweep itself is killed, so is its ``train.py`` (Linux), and the same
-command resumes.
+stops the running ``train.py`` after its step in flight with a checkpoint
+(exit 0); if that step does not end within 5 s the child exits at once
+and so does the sweep (exit 130 for SIGINT, 143 for SIGTERM, naming what
+was saved); a second signal ends the child at once (it is killed if it is
+still there 5 s later), and before the first run a signal ends the sweep
+with nothing written. If the sweep itself is killed, so is its
+``train.py`` (Linux), and the same command resumes.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ import signal
 import site
 import subprocess
 import sys
+import threading
 import time
 from typing import Sequence
 
@@ -316,16 +321,35 @@ def _steps_left(run: Run, config, analysis: bool) -> list[str]:
 
 
 class _Child:
-  """The running ``train.py``/``eval.py``: SIGTERM and SIGINT of the sweep go
-  to it (it saves and exits); on Linux it is killed if the sweep dies."""
+  """The running ``train.py``/``eval.py``: the sweep's first SIGTERM or SIGINT
+  goes to it as SIGTERM (it saves after its step in flight and exits, or
+  exits at once when that step does not end within 5 s), a second one as
+  itself (it exits at once), and if it is still running
+  :data:`STOP_BOUND_S` seconds after that it is killed. Before the first run
+  a signal raises ``KeyboardInterrupt``. On Linux the child is killed if the
+  sweep dies."""
   proc = None
   stopped = False
+  planning = True
+  signum = None
+  count = 0
 
   @classmethod
   def forward(cls, signum, frame):  # pylint: disable=unused-argument
+    cls.count += 1
     cls.stopped = True
-    if cls.proc is not None and cls.proc.poll() is None:
-      cls.proc.send_signal(signal.SIGTERM)
+    cls.signum = cls.signum or signum
+    proc = cls.proc
+    if proc is not None and proc.poll() is None:
+      proc.send_signal(signal.SIGTERM if cls.count == 1 else signum)
+      if cls.count > 1:
+        threading.Timer(STOP_BOUND_S, lambda: proc.poll() is None and proc.kill()).start()
+    elif cls.planning:
+      raise KeyboardInterrupt
+
+
+# Seconds a child may take to exit after a second signal before it is killed.
+STOP_BOUND_S = 5.0
 
 
 # Starts ``python ARGS`` so that it dies with the sweep (Linux: the parent-death
@@ -357,14 +381,22 @@ def _call(script: str, args: Sequence[str], log_path: str) -> int:
   return code
 
 
+def _last_line_of(run: Run) -> str:
+  """The last line of ``run``'s newest log (what its command said last)."""
+  logs = [os.path.join(run.workdir, n) for n in ("train.log", "eval.log")]
+  logs = [p for p in logs if os.path.exists(p)]
+  return _last_line(max(logs, key=os.path.getmtime)) if logs else ""
+
+
 def _last_line(path: str) -> str:
   with open(path) as f:
     lines = [l.strip() for l in f if l.strip()]
   return lines[-1] if lines else ""
 
 
-def run_one(run: Run, need: Sequence[str], args) -> None:
-  """Trains and evaluates ``run`` as far as ``need`` says.
+def run_one(run: Run, need: Sequence[str], args) -> int:
+  """Trains and evaluates ``run`` as far as ``need`` says; the exit code of
+  the last command (0, or 130/143 when a signal stopped it without a save).
 
   Raises:
     SweepError: ``train.py`` or ``eval.py`` failed (naming its log).
@@ -381,10 +413,11 @@ def run_one(run: Run, need: Sequence[str], args) -> None:
     log_path = os.path.join(run.workdir, log)
     code = _call(script, script_args, log_path)
     if _Child.stopped:
-      return
+      return code
     if code != 0:
       raise SweepError(f"run {run.name}: {script}{' --analysis' if what == 'analysis' else ''} "
                        f"exited with {code}: {_last_line(log_path)} (log: {log_path})")
+  return 0
 
 
 def write_summary(runs: Sequence[Run], configs: dict, args) -> list[str]:
@@ -417,6 +450,8 @@ def write_summary(runs: Sequence[Run], configs: dict, args) -> list[str]:
 def main(argv: Sequence[str] | None = None) -> int:
   """The CLI (see the module docstring); returns the exit code."""
   argv = list(sys.argv[1:] if argv is None else argv)
+  signal.signal(signal.SIGTERM, _Child.forward)
+  signal.signal(signal.SIGINT, _Child.forward)
   from laplax.train import cli  # pylint: disable=import-outside-toplevel
   try:
     args = _parse_args(argv)
@@ -429,13 +464,16 @@ def main(argv: Sequence[str] | None = None) -> int:
   except SweepError as e:
     print(f"error: {e}", file=sys.stderr)
     return USAGE_EXIT
+  except KeyboardInterrupt:
+    print(f"stopped by signal {_Child.signum} before any run started; nothing was "
+          f"written", file=sys.stderr)
+    return 128 + int(_Child.signum or signal.SIGINT)
+  _Child.planning = False
   os.makedirs(args.workdir, exist_ok=True)
   record = {key: (list(getattr(args, key)) if isinstance(getattr(args, key), (list, tuple))
                   else getattr(args, key)) for key in _SAME_ON_RERUN}
   utils.atomic_write(os.path.join(args.workdir, SWEEP_FILE),
                      json.dumps(dict(record, grid=grid, seeds=seeds), indent=2))
-  signal.signal(signal.SIGTERM, _Child.forward)
-  signal.signal(signal.SIGINT, _Child.forward)
   for i, run in enumerate(runs, 1):
     need = _steps_left(run, configs[run.name], args.analysis)
     tag = f"[{i}/{len(runs)}] {run.name}"
@@ -450,7 +488,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"{tag}: {' + '.join(need)} ...", flush=True)
     start = time.time()
     try:
-      run_one(run, need, args)
+      code = run_one(run, need, args)
     except OSError as e:
       print(f"error: run {run.name}: {e.strerror or e}: {e.filename or run.workdir}",
             file=sys.stderr)
@@ -460,9 +498,10 @@ def main(argv: Sequence[str] | None = None) -> int:
       print(f"error: {e}", file=sys.stderr)
       return 1
     if _Child.stopped:
-      print(f"{tag}: stopped by a signal; run the same command to go on", flush=True)
+      saved = "" if code == 0 else f" before it could save ({_last_line_of(run)})"
+      print(f"{tag}: stopped by a signal{saved}; run the same command to go on", flush=True)
       write_summary(runs, configs, args)
-      return 0
+      return 0 if code == 0 else 128 + int(_Child.signum)
     with open(os.path.join(run.workdir, "eval.json")) as f:
       shown = {k: v for k, v in json.load(f).items() if k not in seeds_lib.NOT_METRICS}
     print(f"{tag}: done in {time.time() - start:.0f} s: "

@@ -19,6 +19,7 @@ import sys
 
 import pytest
 
+from test_resume import DINO_CONFIG, DINO_TINY, GPT_TINY
 from test_train import CONFIG, ROOT, TINY, run, run_in_process, train_args
 
 from laplax.train import lock as lock_lib
@@ -103,12 +104,21 @@ BAD_CONFIGS = {
     "empty data_dir": (["--config.data.data_dir="], ["data.data_dir"]),
     "non-boolean checkpoint_verify": (["--config.checkpoint_verify=maybe"],
                                       ["checkpoint_verify"]),
+    # Issue 32: checked against the data and the machine before anything is written.
+    "batch larger than the training split": (["--config.batch_size=100000000"],
+                                             ["is larger than the 60000 images of the "
+                                              "training split"]),
+    "a model far too large for this machine": (  # 34e9 parameters, refused untraced
+        ["--config.model.width=65536", "--config.model.depth=2"],
+        ["--config.check_memory=False skips this check"]),
+    "non-boolean check_memory": (["--config.check_memory=maybe"], ["check_memory"]),
+    "non-positive stall step": (["--config.debug.stall_at_step=0"], ["stall_at_step"]),
 }
 
 
 # The bad config values also run as subprocesses (the rest only in-process).
 SUBPROCESS_CONFIGS = ("missing dataset files", "unknown config key", "unknown flag",
-                      "mesh larger than the devices")
+                      "mesh larger than the devices", "batch larger than the training split")
 
 
 @pytest.mark.parametrize("name,how", [(n, "in-process") for n in sorted(BAD_CONFIGS)]
@@ -180,6 +190,10 @@ def bad_files(tmp_path_factory, fmnist_data_dir, existing_run):
     (d / name / lock_lib.LOCK_FILE).write_text(json.dumps(
         {"host": host, "pid": os.getpid(), "started_iso": "2026-12-02T00:00:00",
          "proc_start": lock_lib._proc_start(os.getpid())}))  # pylint: disable=protected-access
+  # A tiny text corpus (three documents) for the GPT's size checks.
+  for i, name in enumerate(("a", "b", "c")):
+    (d / "tiny_corpus").mkdir(exist_ok=True)
+    (d / "tiny_corpus" / f"{name}.txt").write_text(("To be, or not to be. " * 40)[i:])
   # One flipped bit in the biggest data file of every checkpoint.
   shutil.copytree(existing_run, d / "flipped_run")
   for step_dir in (d / "flipped_run" / "checkpoints").iterdir():
@@ -194,6 +208,12 @@ def bad_files(tmp_path_factory, fmnist_data_dir, existing_run):
 def _train(workdir, *extra, data_dir="{fmnist}", config=CONFIG):
   return (["train.py", "--config", config, "--workdir", workdir,
            f"--config.data.data_dir={data_dir}"] + TINY + ["--config.total_steps=5"] + list(extra))
+
+
+def _gpt(workdir, *extra):
+  return (["train.py", "--config", GPT_CONFIG, "--workdir", workdir,
+           "--config.data.source_dir={bad}/tiny_corpus", "--config.data.data_dir={new}_tfds"]
+          + GPT_TINY + list(extra))
 
 
 # Paths, files and workdirs: (argv, words the error line must contain).
@@ -245,6 +265,14 @@ BAD_PATHS = {
     "workdir locked by another host": (_train("{bad}/foreign_lock_run"), ["--force_unlock"]),
     "workdir whose checkpoints fail their checksums": (_train("{bad}/flipped_run"),
                                                        ["checksum mismatch"]),
+    "GPT batch larger than the windows of its training split": (
+        _gpt("{new}", "--config.batch_size=100000000"), ["distinct windows"]),
+    "GPT context longer than its text split": (
+        _gpt("{new}", "--config.model.max_length=100000"), ["--config.model.max_length"]),
+    "DINO k-NN bank smaller than eval.knn_k": (
+        ["train.py", "--config", DINO_CONFIG, "--workdir", "{new}",
+         "--config.data.data_dir={fmnist}"] + DINO_TINY + ["--config.data.train_split=train[:16]"],
+        ["eval.knn_k=20 is larger than the 16 images of the k-NN bank"]),
     "eval of a workdir whose checkpoints fail their checksums": (
         ["eval.py", "--workdir", "{bad}/flipped_run"], ["checksum mismatch"]),
 }
@@ -254,7 +282,8 @@ BAD_PATHS = {
 SUBPROCESS_PATHS = ("config file missing", "config with a syntax error",
                     "truncated prepared dataset", "workdir whose checkpoints are all unreadable",
                     "eval of a workdir whose checkpoints are unreadable",
-                    "workdir locked by a live train.py")
+                    "workdir locked by a live train.py",
+                    "GPT batch larger than the windows of its training split")
 
 
 def _path_cases():

@@ -77,6 +77,8 @@ BAD = [
                                          not_int.filter(lambda v: v is not None))),
     ("optim.skip_nonfinite", not_bool),
     ("debug.nan_at_step", st.one_of(st.integers(max_value=0), st.text(max_size=3))),
+    ("debug.stall_at_step", st.one_of(st.integers(max_value=0), st.text(max_size=3))),
+    ("check_memory", not_bool),
     # None is allowed for the observability keys: configs of older runs lack them.
     ("profile.start_step", st.one_of(st.integers(max_value=0),
                                      not_int.filter(lambda v: v is not None))),
@@ -178,6 +180,8 @@ def good_configs(draw):
   d["optim"]["warmup_steps"] = draw(st.integers(0, 1000))
   d["optim"]["skip_nonfinite"] = draw(st.booleans())
   d["debug"]["nan_at_step"] = draw(st.one_of(st.none(), st.integers(1, 10**6)))
+  d["debug"]["stall_at_step"] = draw(st.one_of(st.none(), st.integers(1, 10**6)))
+  d["check_memory"] = draw(st.booleans())
   d["profile"]["start_step"] = draw(st.integers(1, 10**6))
   d["profile"]["num_steps"] = draw(st.integers(0, 100))
   d["wandb"]["mode"] = draw(st.sampled_from([None, *config_lib.WANDB_MODES]))

@@ -28,6 +28,9 @@ For timm and GPT-2 a model with Laplacian heads or spectral conditioning is
 refused unless ``--force``; nanochat carries Laplacian heads as the
 authors' ``laplacian_heads``.
 Bad input prints one line and exits with code 2; nothing is written.
+SIGINT or SIGTERM ends it within 5 s with one line and exit code 130 or 143,
+leaving nothing behind (the output is written in a temporary directory,
+removed at such an exit, and renamed into place when complete).
 """
 
 import os
@@ -101,6 +104,9 @@ def main() -> int:
   cli.quiet()
   # pylint: disable=import-outside-toplevel
   from laplax.convert import common, hf_gpt2, nanochat, timm_vit
+  from laplax.train import signals
+  if signals.current() is not None:  # a signal's exit line; the output is renamed in whole
+    signals.current().nothing_saved = "nothing was written (the output appears only complete)"
   try:
     if source is not None:
       if not _MODEL.value:
@@ -143,4 +149,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-  cli.run(main)
+  cli.run(main, command="python -m laplax.convert")

@@ -69,14 +69,29 @@ def from_layout(params: dict, spec: spec_lib.TransformerSpec) -> dict:
 
 
 def new_directory(parent: str) -> str:
-  """A new temporary directory in ``parent`` (renamed into place by the
-  caller) with the permissions ``os.makedirs`` would give (``mkdtemp``'s are
-  0700)."""
+  """A new temporary directory in ``parent`` (renamed into place by
+  :func:`commit_directory`) with the permissions ``os.makedirs`` would give
+  (``mkdtemp``'s are 0700). A SIGINT/SIGTERM that ends the process at once
+  (:mod:`laplax.train.signals`) removes it first."""
+  from laplax.train import signals  # pylint: disable=import-outside-toplevel
   tmp = tempfile.mkdtemp(prefix=".convert-", dir=parent)
   umask = os.umask(0)
   os.umask(umask)
   os.chmod(tmp, 0o777 & ~umask)
+  _PENDING[tmp] = signals.at_exit(lambda: shutil.rmtree(tmp, ignore_errors=True))
   return tmp
+
+
+_PENDING: dict = {}  # temporary directory -> the function unregistering its removal
+
+
+def commit_directory(tmp: str, path: str) -> None:
+  """Renames the finished :func:`new_directory` ``tmp`` to ``path``, as one
+  step that a signal's immediate exit waits for (it never sees half of it)."""
+  from laplax.train import signals  # pylint: disable=import-outside-toplevel
+  with signals.critical():
+    os.rename(tmp, path)
+    _PENDING.pop(tmp, lambda: None)()
 
 
 def _task(config: ml_collections.ConfigDict, num_classes: int | None,
@@ -156,7 +171,7 @@ def write_workdir(workdir: str, config: ml_collections.ConfigDict, params: Mappi
     checkpointer.close()
     for name, path in (files or {}).items():
       shutil.copyfile(path, os.path.join(tmp, name))
-    os.rename(tmp, workdir)
+    commit_directory(tmp, workdir)
   except BaseException:
     shutil.rmtree(tmp, ignore_errors=True)
     raise

@@ -560,7 +560,7 @@ def convert_to_hf(workdir: str, out_dir: str, force: bool = False) -> str | None
         json.dump({"tokenizer_class": "PreTrainedTokenizerFast",
                    "model_max_length": spec.max_length}, f, indent=2)
         f.write("\n")
-    os.rename(tmp, out_abs)
+    common.commit_directory(tmp, out_abs)
   except BaseException:
     shutil.rmtree(tmp, ignore_errors=True)
     raise

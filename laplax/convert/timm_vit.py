@@ -403,7 +403,7 @@ def convert_to_timm(workdir: str, out_dir: str, force: bool) -> str | None:
     with open(os.path.join(tmp, TIMM_CONFIG), "w") as f:
       json.dump({"model_args": model_args, "laplax_step": step,
                  "laplax_changes": note}, f, indent=2)
-    os.rename(tmp, out_dir)
+    common.commit_directory(tmp, out_dir)
   except BaseException:
     shutil.rmtree(tmp, ignore_errors=True)
     raise

@@ -498,13 +498,15 @@ def eval_batches(
   Returns:
     An iterator of dicts: "image" float32 [batch_size, H, W, C], "label"
     int32 [batch_size] and "mask" float32 [batch_size] (1 real, 0 padding).
-    The last batch is zero-padded to batch_size.
+    The last batch is zero-padded to batch_size; a ``batch_size`` above the
+    split's size is cut to it (the batch would only hold padding).
 
   Raises:
     DataError: the dataset is not prepared/readable or misconfigured.
   """
   source = _open(data_config, split or data_config.eval_split)
   p, _ = _preprocess_settings(data_config, source.dataset_info.features)
+  batch_size = max(min(batch_size, len(source)), 1)  # more would only pad
   ds = grain.MapDataset.range(len(source)).batch(batch_size)
   ds = ds.map(functools.partial(_eval_batch, source=source, p=p, batch_size=batch_size))
   return iter(ds.to_iter_dataset(common.read_options(data_config)))

@@ -466,7 +466,8 @@ def eval_batches(
   seq_len)``, zero-padded at the end; its mask is 1 where the target
   position ``w * seq_len + 1 + t`` is below ``n``. So the masks sum to ``n -
   1`` and target ``v[k]`` (``k >= 1``) is scored exactly once. Batches hold
-  ``batch_size`` windows in order; the last one is padded with zero windows.
+  ``batch_size`` windows in order; the last one is padded with zero windows
+  (a ``batch_size`` above the number of windows is cut to it).
 
   Args:
     data_config: data config (see ``default_config``).
@@ -493,6 +494,7 @@ def eval_batches(
 def _eval_windows(tokens: np.ndarray, batch_size: int, seq_len: int):
   n = len(tokens)
   num_windows = -(-(n - 1) // seq_len)
+  batch_size = max(min(batch_size, num_windows), 1)  # more would only pad
   padded = np.zeros(num_windows * seq_len + 1, np.int32)
   padded[:n] = tokens
   span = np.arange(seq_len + 1)

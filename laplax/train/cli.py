@@ -312,44 +312,58 @@ def model_from_init(config: ml_collections.ConfigDict, argv: list[str]) -> None:
                         f"not fit this config's type; set --config.model.{key}") from None
 
 
-class _Signalled(KeyboardInterrupt):
-  """SIGTERM outside the training loop (which handles it itself)."""
-
-
-def _raise_signalled(signum, frame):  # pylint: disable=unused-argument
-  raise _Signalled(signum)
-
-
-def run(main: Callable[[], int | None], user_errors: tuple = ()) -> None:
+def run(main: Callable[[], int | None], user_errors: tuple = (),
+        command: str | None = None) -> None:
   """Runs ``main`` and maps user errors to one stderr line and exit code 2
-  (also a locked workdir, :class:`~laplax.train.lock.LockError`, and a file
-  that cannot be written, :class:`~laplax.train.saving.SaveError`).
+  (also a locked workdir, :class:`~laplax.train.lock.LockError`, a file
+  that cannot be written, :class:`~laplax.train.saving.SaveError`, and a
+  step that ran out of device memory, :func:`laplax.train.fit.out_of_memory`).
 
-  SIGTERM or SIGINT outside the training loop (during imports, data
-  preparation, compilation or evaluation) prints one line and exits with 0
-  for SIGTERM (as a preempted training loop does) or 130 for SIGINT; nothing
-  is half-written (datasets, caches and checkpoints are written atomically).
+  SIGINT and SIGTERM work throughout (:class:`laplax.train.signals.Guard`,
+  ``command`` names the program in its line, default the script's name):
+  in the training loop the first one stops after the step in flight with a
+  checkpoint (exit 0); anywhere else (imports, data preparation,
+  compilation, evaluation), or when that step does not finish within
+  :data:`~laplax.train.signals.BOUND_S` seconds (``$LAPLAX_STOP_BOUND_S``),
+  or at a second signal, the
+  process prints one line saying what is saved and exits with 130 (SIGINT)
+  or 143 (SIGTERM); nothing is half-written (datasets, caches, configs and
+  checkpoints are written under a temporary name and renamed).
   """
+  from laplax.train import signals  # pylint: disable=import-outside-toplevel
+  command = command or os.path.basename(sys.argv[0] or "laplax")
+  try:
+    bound = signals.bound_from_env()
+  except ValueError as e:
+    print(f"error: {e}", file=sys.stderr)
+    sys.exit(USAGE_EXIT)
+  with signals.Guard(command, bound) as guard:
+    try:
+      code = _run_main(main, user_errors)
+    except KeyboardInterrupt as e:
+      signum = e.signum if isinstance(e, signals.Signalled) else signal.SIGINT
+      # No interpreter teardown: threads of the data pipeline or of a checkpoint
+      # write may be mid-operation (an interrupted write is skipped on restart).
+      guard.hard_exit(signum, late=False, reason=f"before {command} finished")
+  sys.exit(code or 0)
+
+
+def _run_main(main: Callable[[], int | None], user_errors: tuple) -> int | None:
+  """``main()``, with the user errors of :func:`run` printed and exit 2."""
   from laplax.data.images import DataError  # pylint: disable=import-outside-toplevel
+  from laplax.train import fit  # pylint: disable=import-outside-toplevel
   from laplax.train.checkpoint import CheckpointError  # pylint: disable=import-outside-toplevel
   from laplax.train.lock import LockError  # pylint: disable=import-outside-toplevel
   from laplax.train.saving import SaveError  # pylint: disable=import-outside-toplevel
   errors = (UsageError, ConfigError, DataError, CheckpointError, LockError,
             SaveError) + tuple(user_errors)
-  signal.signal(signal.SIGTERM, _raise_signalled)
   try:
-    code = main()
+    return main()
   except errors as e:
-    print(f"error: {utils.first_line(e) if chr(10) in str(e) else e}", file=sys.stderr)
-    sys.exit(USAGE_EXIT)
-  except KeyboardInterrupt as e:
-    term = isinstance(e, _Signalled)
-    print(f"stopped by signal {int(signal.SIGTERM) if term else int(signal.SIGINT)} "
-          f"outside the training loop; nothing more was saved; run the same command "
-          f"to go on", file=sys.stderr)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    # No interpreter teardown: threads of the data pipeline or of a checkpoint
-    # write may be mid-operation (an interrupted write is skipped on restart).
-    os._exit(0 if term else 130)  # pylint: disable=protected-access
-  sys.exit(code or 0)
+    message = utils.first_line(e) if chr(10) in str(e) else str(e)
+  except Exception as e:  # pylint: disable=broad-except
+    message = fit.out_of_memory(e)
+    if message is None:
+      raise
+  print(f"error: {message}", file=sys.stderr)
+  sys.exit(USAGE_EXIT)

@@ -189,8 +189,9 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None,
   skip = get(config, "optim.skip_nonfinite", False)
   _require(isinstance(skip, bool),
            f"config.optim.skip_nonfinite={skip!r} must be True or False")
-  if get(config, "debug.nan_at_step", None) is not None:
-    _int(config, "debug.nan_at_step", 1)
+  for key in ("debug.nan_at_step", "debug.stall_at_step"):
+    if get(config, key, None) is not None:
+      _int(config, key, 1)
   if get(config, "optim.weight_decay_end", None) is not None:
     _float(config, "optim.weight_decay_end", 0.0)
   _validate_muon(config)
@@ -230,7 +231,11 @@ def _validate_muon(config):
 
 
 def _validate_memory(config):
-  """``optim.grad_accum_steps`` (``None`` means 1), ``optim.grad_accum_unroll``."""
+  """``check_memory`` (missing: True), ``optim.grad_accum_steps`` (``None``
+  means 1), ``optim.grad_accum_unroll``."""
+  check_memory = get(config, "check_memory", True)
+  _require(isinstance(check_memory, bool),
+           f"config.check_memory={check_memory!r} must be True or False")
   unroll = get(config, "optim.grad_accum_unroll", False)
   _require(isinstance(unroll, bool),
            f"config.optim.grad_accum_unroll={unroll!r} must be True or False")

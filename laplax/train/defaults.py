@@ -162,6 +162,9 @@ def base_config() -> ml_collections.ConfigDict:
   # before it is restored (train.py resume, eval.py, laplax.load); False
   # writes and checks none (very large checkpoints; the cost is in docs/survive.md).
   c.checkpoint_verify = True
+  # Before step 1, refuse a train step that cannot fit this machine's memory
+  # (laplax.train.fit: an estimate, then the compiled step's memory_analysis()).
+  c.check_memory = True
   # Fine-tuning: a laplax workdir (a train.py run, or one `python -m
   # laplax.convert` wrote) whose newest parameters start this run instead of
   # the random initialisation (at step 0 only; the optimizer starts fresh).
@@ -185,6 +188,9 @@ def base_config() -> ml_collections.ConfigDict:
   # made NaN, to exercise the non-finite guard.
   c.debug = ml_collections.ConfigDict()
   c.debug.nan_at_step = config_dict.placeholder(int)
+  # stall_at_step: that step's computation waits (inside the compiled step)
+  # until the process ends, to try out stopping a run whose step never ends.
+  c.debug.stall_at_step = config_dict.placeholder(int)
 
   _environment_config(c)
   return c

@@ -74,6 +74,8 @@ at initialisation::
     laplax-eval --workdir runs/vit --analysis --analysis_layers 0,3 --analysis_examples 2000
 
 Bad input prints one line and exits with code 2, with nothing written.
+SIGINT or SIGTERM ends it within 5 s, with one line and exit code 130 or 143
+(:mod:`laplax.train.signals`); the results are written only at the end.
 """
 
 import json
@@ -270,6 +272,10 @@ def main() -> int:
   cli.parse_flags(argv, FLAGS, help_module=sys.modules[__name__])
   _check_flags()
   workdir = _WORKDIR.value
+  from laplax.train import signals  # pylint: disable=import-outside-toplevel
+  if signals.current() is not None:  # what a signal's exit line says
+    signals.current().nothing_saved = ("nothing was written (eval.py writes its "
+                                       "results when it ends)")
   cli.quiet()
   from laplax.train import lm_eval, restore  # pylint: disable=import-outside-toplevel
   config = restore.saved_config(workdir)

@@ -7,8 +7,9 @@ clock ticks since boot (field 22 of ``/proc/PID/stat``), so that a PID the
 kernel has given to another process since is not mistaken for the owner.
 It is created atomically (a temporary file, then ``os.link``, which fails if
 the lock exists) and removed when the run ends, on every exit path that
-Python sees (a normal end, an error, SIGTERM/SIGINT); a SIGKILL or a crash of
-the machine leaves it behind.
+Python sees (a normal end, an error, SIGTERM/SIGINT, also the immediate exit
+of :mod:`laplax.train.signals`); a SIGKILL or a crash of the machine leaves
+it behind.
 
 A lock left behind by a process that no longer runs on this host is taken
 over with a warning (a killed run restarted with the same command, e.g. by
@@ -165,6 +166,7 @@ class WorkdirLock:
     self.path = os.path.join(workdir, LOCK_FILE)
     self.force = force
     self.record = None
+    self._unregister = lambda: None
 
   def __enter__(self) -> "WorkdirLock":
     record = _record()
@@ -180,6 +182,8 @@ class WorkdirLock:
       with contextlib.suppress(FileNotFoundError):
         os.remove(tmp)
     self.record = record
+    from laplax.train import signals  # pylint: disable=import-outside-toplevel
+    self._unregister = signals.at_exit(self.release)  # also at a signal's hard exit
     return self
 
   def _take_over(self, tmp: str) -> None:
@@ -219,6 +223,7 @@ class WorkdirLock:
     """Removes the lock file if it is still this process's."""
     if self.record is None:
       return
+    self._unregister()
     current = read(self.workdir)
     if current and current.get("token") == self.record["token"]:
       with contextlib.suppress(FileNotFoundError):

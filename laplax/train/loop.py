@@ -20,7 +20,6 @@ import logging
 import math
 import os
 import shutil
-import signal
 from typing import Any
 
 import flax.linen as nn
@@ -35,7 +34,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from laplax import sharding
 from laplax.train import checkpoint as ckpt_lib
 from laplax.train import config as config_lib
-from laplax.train import finetune, optim, tasks
+from laplax.train import finetune, fit, optim, signals, tasks
 from laplax.train import lock as lock_lib
 from laplax.train.profiler import Profiler
 from laplax.train.protocol import Task
@@ -149,11 +148,13 @@ def setup(config: ml_collections.ConfigDict, workdir: str | None,
   only into ``data.data_dir`` (and a trained tokenizer into ``workdir``).
 
   ``check``: also check the mesh against this machine's devices
-  (``config.mesh_shape``) and the workdir (training; ``eval.py`` passes False).
+  (``config.mesh_shape``), the workdir, and the batch sizes against the
+  prepared splits (training; ``eval.py`` passes False).
 
   Raises:
     ConfigError, DataError: one-line user errors (also: ``config.wandb.project``
-      without the ``wandb`` package, when ``check``).
+      without the ``wandb`` package, and :class:`~laplax.train.fit.FitError`,
+      a batch larger than its split, when ``check``).
   """
   config_lib.validate(config, jax.device_count() if check else None, strict_keys=check)
   if check:
@@ -169,12 +170,15 @@ def setup(config: ml_collections.ConfigDict, workdir: str | None,
   if check and workdir is not None and config.get("init_from", ""):
     finetune.copy_init_tokenizer(config, workdir)
   try:
-    return tasks.make_task(config, workdir)
+    task = tasks.make_task(config, workdir)
   except OSError as e:
     raise config_lib.ConfigError(
         f"cannot prepare the data: {e.strerror or type(e).__name__}"
         f"{f' ({e.filename})' if e.filename else ''}; check config.data.data_dir="
         f"{config_lib.get(config, 'data.data_dir', '')}") from None
+  if check:  # sizes against the prepared splits (laplax.train.fit)
+    fit.check_data(config, task)
+  return task
 
 
 def micro_batches(batch: Any, n: int, axis: int = 0) -> Any:
@@ -309,26 +313,6 @@ def log_record(rows: list[tuple[int, dict]]) -> dict:
   return record
 
 
-class _StopRequest:
-  """Records SIGTERM/SIGINT so the loop can checkpoint and exit cleanly."""
-
-  def __init__(self):
-    self.signum = None
-    self._old = {}
-
-  def __enter__(self):
-    for s in (signal.SIGTERM, signal.SIGINT):
-      self._old[s] = signal.signal(s, self._handle)
-    return self
-
-  def _handle(self, signum, frame):  # pylint: disable=unused-argument
-    self.signum = signum
-
-  def __exit__(self, *exc):
-    for s, h in self._old.items():
-      signal.signal(s, h)
-
-
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                        force_unlock: bool = False) -> dict:
   """Trains ``config`` in ``workdir`` (resuming if it has a checkpoint).
@@ -349,13 +333,16 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   (:mod:`laplax.train.lock`; ``force_unlock`` takes over another host's)
   from the first write to the end.
 
-  Returns the final evaluation summary (``{}`` if stopped early by a signal).
+  Returns the final evaluation summary (``{}`` if stopped early by a signal;
+  SIGINT/SIGTERM: :mod:`laplax.train.signals`).
 
   Raises:
     LockError: another run holds the workdir (checked before anything else).
     ConfigError, DataError: bad input (before anything is written; also
       ``config.wandb.project`` without ``wandb``; a failing ``wandb.init``
-      after the config is written).
+      after the config is written); a FitError (:mod:`laplax.train.fit`: a
+      batch larger than its split, or a step that cannot fit this machine's
+      memory) leaves the workdir as it was.
     NonFiniteError: the loss or gradient norm became non-finite.
     SaveError: a file could not be written (a full disk); what is on disk
       resumes with the same command.
@@ -371,7 +358,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     task = setup(config, workdir)
     with lock_lib.hold(workdir, force_unlock):
       return _train_in(config, workdir, task)
-  except finetune.InitFromError:
+  except (finetune.InitFromError, fit.FitError):
     _remove_new(workdir, before)  # what this start wrote: nothing is left
     raise
 
@@ -467,12 +454,13 @@ def _fetch_finite(pending: list, checkpointer, bar) -> list:
   return pending
 
 
-def _stop_agreed(stop: _StopRequest, step: int, config) -> bool:
+def _stop_agreed(stop: signals.Guard, step: int, config) -> bool:
   """Whether to stop after ``step`` on a signal. With several processes a
   signal may reach only some of them; they agree at log steps (one small
   all-gather), so all save the same step together and stop."""
   if jax.process_count() == 1:
     return stop.signum is not None
+  stop.progress()  # a step was dispatched: waiting for the agreement is no hang
   if step % config.log_every and step != config.total_steps:
     return False
   from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
@@ -533,12 +521,14 @@ def _train(config: ml_collections.ConfigDict, workdir: str, task: Task,
   global_batch = task.batch_spec(config.batch_size)
   # Sharding, then the initial state (created sharded) or resume (onto this mesh).
   abstract, state_sharding = abstract_and_shardings(task, tx, config.seed, mesh, rules)
+  train_step = jit_train_step(task, tx, schedule, state_sharding, batch_sharding)
+  if config.total_steps > (checkpointer.latest_step() or 0):  # a step will run
+    fit.check_memory(config, task, train_step, abstract, state_sharding, batch_sharding)
   resumed = checkpointer.latest_step() is not None
   state = _restore_or_start(config, workdir, task, tx, checkpointer, train_iter,
                             state_sharding, abstract)
   writer, start = _open_writer(config, workdir, checkpointer, state)
 
-  train_step = jit_train_step(task, tx, schedule, state_sharding, batch_sharding)
   place = lambda batch: sharding.whole_batch(batch, mesh, rules)
   pending: list[tuple[int, Any]] = []  # (step, metrics) since the last log
 
@@ -554,7 +544,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str, task: Task,
   profiler = Profiler(config, workdir)
   profiler.check(start, say)
 
-  with _StopRequest() as stop, _on_error(writer, profiler, checkpointer, bar):
+  with signals.graceful() as stop, _on_error(writer, profiler, checkpointer, bar):
     for step in range(start + 1, config.total_steps + 1):
       with profiler.step(step):
         batch = interval.wait_for(lambda: sharding.global_batch(
@@ -569,6 +559,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str, task: Task,
       if step % config.log_every == 0 or last:
         check_finite()
         record = dict(log_record(pending), **interval.record(len(pending)))
+        stop.step_seconds = max(stop.step_seconds, 1.0 / record["steps_per_sec"])
         skipped = [s_ for s_, m in pending if m.get("skipped_updates", 0.0) > 0]
         pending = []
         writer.write(step, "train", record)
@@ -578,6 +569,8 @@ def _train(config: ml_collections.ConfigDict, workdir: str, task: Task,
         bar.set_postfix(loss=f"{record['loss']:.4f}", refresh=False)
       elif save or step % config.eval_every == 0:
         check_finite()  # never save or evaluate a state past a non-finite step
+      if stopping:  # the step has finished (its metrics are on the host)
+        stop.reached()
       if save:
         checkpointer.save(state, train_iter.get_state())
       if step % config.eval_every == 0 or last:

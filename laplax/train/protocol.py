@@ -3,13 +3,15 @@
 :class:`Task` is the protocol (one ``loss`` signature, one return shape);
 :class:`TaskBase` gives the defaults of a task without state; the tasks
 themselves are in :mod:`laplax.train.tasks`. :class:`NaNAtStep` wraps a task
-to inject a non-finite loss, so the fault used to test the trainer's guard
-is not a branch of the production train step.
+to inject a non-finite loss and :class:`StallAtStep` a step that never ends,
+so the faults used to test the trainer's guards are not branches of the
+production train step.
 """
 
 from __future__ import annotations
 
 import functools
+import time
 from typing import Any, Iterator, Protocol
 
 import flax.linen as nn
@@ -177,3 +179,41 @@ class NaNAtStep:
     loss, (metrics, aux) = self._task.loss(params, batch, rng, task_state, step)
     poison = jnp.where(step + 1 == self._step, jnp.nan, 1.0)
     return loss * poison, (dict(metrics, loss=metrics["loss"] * poison), aux)
+
+
+def _stall(step):
+  """Host side of :class:`StallAtStep`: waits until the process ends."""
+  del step
+  while True:
+    time.sleep(1.0)
+
+
+class StallAtStep(NaNAtStep):
+  """A task whose step ``step`` never finishes: its loss waits inside the
+  compiled step (a ``jax.pure_callback`` to the host that sleeps until the
+  process ends), as a step on a batch too large for the machine would keep
+  XLA busy. A fault to test that signals still stop the run
+  (``config.debug.stall_at_step``; :mod:`laplax.train.signals`). The values
+  of every other step are the wrapped task's (0.0 is added to the loss and
+  its logged value, outside the gradient).
+  """
+
+  def loss(self, params, batch, rng, task_state, step):
+    """The wrapped loss; at the chosen step it waits for the host forever."""
+    loss, (metrics, aux) = self._task.loss(params, batch, rng, task_state, step)
+    out = jax.ShapeDtypeStruct((), jnp.float32)
+    waited = jax.lax.cond(step + 1 == self._step,
+                          lambda s: jax.pure_callback(_stall, out, s),
+                          lambda s: jnp.zeros((), jnp.float32), step)
+    waited = jax.lax.stop_gradient(waited).astype(loss.dtype)
+    return loss + waited, (dict(metrics, loss=metrics["loss"] + waited), aux)
+
+
+def with_debug_faults(task: Task, debug) -> Task:
+  """``task`` wrapped by :class:`NaNAtStep` (``debug.nan_at_step``) and
+  :class:`StallAtStep` (``debug.stall_at_step``) when they are set."""
+  if debug.get("nan_at_step", None) is not None:
+    task = NaNAtStep(task, debug["nan_at_step"])
+  if debug.get("stall_at_step", None) is not None:
+    task = StallAtStep(task, debug["stall_at_step"])
+  return task

@@ -27,7 +27,7 @@ from laplax.models import dino, spec as spec_lib
 from laplax.models.gpt import GPT
 from laplax.models.vit import ViT
 from laplax.train import defaults, lm_eval, optim
-from laplax.train.protocol import NaNAtStep, Task, TaskBase
+from laplax.train.protocol import Task, TaskBase, with_debug_faults
 
 
 def mixup_cutmix(rng: jax.Array, images: jax.Array, targets: jax.Array, *,
@@ -542,11 +542,11 @@ TASKS = {"classification": ClassificationTask, "lm": LanguageModelTask,
 
 def make_task(config: ml_collections.ConfigDict, workdir: str | None) -> Task:
   """Prepares the data of ``config.task`` and returns the task object
-  (wrapped in :class:`NaNAtStep` when ``config.debug.nan_at_step`` is set).
+  (wrapped by :func:`~laplax.train.protocol.with_debug_faults` for
+  ``config.debug.nan_at_step`` and ``config.debug.stall_at_step``).
 
   Raises:
     DataError, ConfigError: one-line user errors.
   """
   task = TASKS[config.task].from_data(config, workdir)
-  nan_at_step = config.get("debug", {}).get("nan_at_step", None)
-  return task if nan_at_step is None else NaNAtStep(task, nan_at_step)
+  return with_debug_faults(task, config.get("debug", {}))

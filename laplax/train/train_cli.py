@@ -13,8 +13,14 @@ here (e.g. ``--config.model.num_laplacian_heads=2``).
 One ``train.py`` writes a workdir at a time (the lock ``WORKDIR/train.lock``): a
 second start on it is refused in one line; ``--force_unlock`` takes over the
 lock of a run on another host that has ended without releasing it.
-Bad input, a locked workdir, or a file that cannot be written (a full disk)
-prints one line and exits with code 2.
+Bad input, a locked workdir, a file that cannot be written (a full disk), a
+batch larger than its split or a step that cannot fit this machine's memory
+(``--config.check_memory=False`` skips that check) prints one line and exits
+with code 2. SIGINT or SIGTERM (Ctrl-C, ``kill``) in the training loop saves a
+checkpoint after the step in flight and exits 0; if that step does not finish
+within 5 s (or twice the slowest logged step), at a second signal, or before
+the loop, it prints what is saved and exits at once with 130 (SIGINT) or 143
+(SIGTERM).
 """
 
 import sys
@@ -49,8 +55,12 @@ def main() -> int:
     raise cli.UsageError("--workdir is required, e.g. --workdir runs/vit")
   from laplax.train import lock  # pylint: disable=import-outside-toplevel
   lock.check_single_process(config, _WORKDIR.value, _FORCE_UNLOCK.value)  # in seconds
+  from laplax.train import fit, signals  # pylint: disable=import-outside-toplevel
+  if signals.current() is not None:  # a signal's exit line names the last checkpoint
+    signals.current().workdir = _WORKDIR.value
   cli.quiet()
   from laplax.train import loop  # pylint: disable=import-outside-toplevel
+  fit.remember(config)  # the levers of an out-of-memory line
   summary = loop.train_and_evaluate(config, _WORKDIR.value,
                                     force_unlock=_FORCE_UNLOCK.value)
   if summary and loop.jax.process_index() == 0:

@@ -1,0 +1,344 @@
+"""Signals that always work: SIGINT and SIGTERM end a laplax command within seconds.
+
+A Python signal handler runs only when the main thread executes Python
+bytecode. While that thread waits inside a long XLA computation or
+compilation (a first step on a batch that cannot fit, a huge model being
+compiled) the handler waits too, and Ctrl-C or ``kill`` seem to do nothing.
+:class:`Guard` therefore also listens from a thread of its own: the
+interpreter's C-level handler writes the number of each signal into a socket
+at once (:func:`signal.set_wakeup_fd`), whatever the main thread is doing,
+and the guard's watcher thread reads it there.
+
+What a SIGINT or SIGTERM does under a guard (``train.py``, ``eval.py``,
+``python -m laplax.convert``; ``python -m laplax.sweep`` forwards its
+signals to its child, see :mod:`laplax.sweep`):
+
+- In the training loop (:meth:`Guard.graceful`) the first signal asks for a
+  graceful stop: the step in flight finishes, a checkpoint is saved and the
+  run exits 0 (:mod:`laplax.train.loop`). If that step has not finished
+  :data:`BOUND_S` seconds after the signal (or twice the longest time per
+  step the loop has logged, when that is longer: :attr:`Guard.step_seconds`),
+  or a second signal arrives, the process exits at once
+  (:meth:`Guard.hard_exit`).
+- Anywhere else (imports, data preparation, compilation, evaluation,
+  conversion) the first signal raises :class:`Signalled`, a
+  ``KeyboardInterrupt``, in the main thread, whose ``finally`` blocks run
+  (the workdir's lock is released) before the CLI exits; if the process is
+  still there :data:`BOUND_S` seconds later (the main thread is inside a C
+  call), or a second signal arrives, it exits at once.
+
+Exiting at once runs the registered clean-ups (:func:`at_exit`: the
+workdir's lock is released, a converter's temporary directory removed),
+prints one line saying what was and was not saved, and ends the process with
+``os._exit`` and exit code 130 (SIGINT) or 143 (SIGTERM), as a shell
+reports a process a signal ended, without the interpreter's teardown (whose
+threads may be in the middle of a write). What is on disk stays consistent:
+orbax writes a checkpoint into ``N.orbax-checkpoint-tmp...`` and renames it
+when it is complete, so an interrupted write leaves only that directory,
+which every reader ignores and the next ``train.py`` start removes;
+``config.json``, ``eval.json``, the lock and the datasets are written to a
+temporary name and renamed; a converter renames its finished workdir into
+place inside :func:`critical`, which a hard exit waits for.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import select
+import signal
+import socket
+import sys
+import threading
+import time
+from typing import Callable, Iterator
+
+# Seconds the step in flight (or, outside the loop, the main thread) has to
+# reach Python after the first signal before the process exits at once; the
+# environment variable LAPLAX_STOP_BOUND_S sets another (bound_from_env).
+BOUND_S = 5.0
+BOUND_ENV = "LAPLAX_STOP_BOUND_S"
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+_CHECKPOINTS = "checkpoints"  # laplax.train.workdir.CHECKPOINT_DIR (not imported: no JAX here)
+_INCOMPLETE = re.compile(r"^(\d+)\.orbax-checkpoint-tmp")
+
+_cleanups: dict[int, Callable[[], None]] = {}
+_critical = threading.RLock()
+_current: "Guard | None" = None
+
+
+class Signalled(KeyboardInterrupt):
+  """SIGINT or SIGTERM outside the training loop; ``signum`` says which."""
+
+  def __init__(self, signum: int):
+    super().__init__(signum)
+    self.signum = int(signum)
+
+
+def exit_code(signum: int) -> int:
+  """The exit status a shell reports for a process ``signum`` ended: 128 +
+  the signal number (130 for SIGINT, 143 for SIGTERM)."""
+  return 128 + int(signum)
+
+
+def describe_signal(signum: int) -> str:
+  """``"SIGTERM (signal 15)"``."""
+  return f"{signal.Signals(signum).name} (signal {int(signum)})"
+
+
+def at_exit(fn: Callable[[], None]) -> Callable[[], None]:
+  """Registers ``fn`` to run (once, in reverse order of registration) at a
+  hard exit; returns the function that unregisters it."""
+  key = id(fn) ^ time.monotonic_ns()
+  _cleanups[key] = fn
+  return lambda: _cleanups.pop(key, None)
+
+
+@contextlib.contextmanager
+def critical() -> Iterator[None]:
+  """A block that a hard exit waits for (e.g. a rename that completes a
+  write); keep it short."""
+  with _critical:
+    yield
+
+
+def bound_from_env() -> float:
+  """:data:`BOUND_S`, or the seconds that ``$LAPLAX_STOP_BOUND_S`` gives.
+
+  Raises:
+    ValueError: the variable is set but not a positive finite number (one line).
+  """
+  text = os.environ.get(BOUND_ENV)
+  if text is None:
+    return BOUND_S
+  try:
+    value = float(text)
+  except ValueError:
+    value = float("nan")
+  if not (value > 0 and value < float("inf")):
+    raise ValueError(f"{BOUND_ENV}={text!r} must be a positive number of seconds "
+                     f"(default {BOUND_S:g}); unset it or give e.g. {BOUND_ENV}=30")
+  return value
+
+
+def current() -> "Guard | None":
+  """The installed guard, or ``None``."""
+  return _current
+
+
+def checkpoint_status(workdir: str) -> str:
+  """What ``workdir/checkpoints`` holds, as a phrase for the exit line."""
+  directory = os.path.join(workdir, _CHECKPOINTS)
+  try:
+    names = os.listdir(directory)
+  except OSError:
+    names = []
+  steps = [int(n) for n in names if n.isdigit()]
+  partial = sorted(int(m.group(1)) for n in names for m in [_INCOMPLETE.match(n)] if m)
+  text = (f"last complete checkpoint: step {max(steps)} in {directory}, later steps "
+          f"not saved" if steps else f"no checkpoint saved in {workdir}")
+  if partial:
+    text += (f"; the unfinished write of step {partial[-1]} is ignored and removed at "
+             f"the next start")
+  return text
+
+
+class Guard:
+  """SIGINT/SIGTERM handling that works while the main thread is in a C call.
+
+  Args:
+    command: the command's name for the exit line (``train.py``).
+    bound: :data:`BOUND_S`.
+
+  Attributes:
+    signum: the first signal received (``None`` before one).
+    workdir: set it (``train.py``) to name the last complete checkpoint in
+      the exit line.
+    nothing_saved: the exit line's phrase without a workdir.
+    step_seconds: the longest time per step the training loop has measured
+      (a logged interval's wall time over its steps); in the loop the first
+      signal waits ``max(bound, 2 * step_seconds)``, so that a run whose
+      steps are slow still stops with a checkpoint.
+
+  Use as a context manager (it installs the handlers and the watcher thread
+  and restores what was there before; in another thread than the main one,
+  which cannot set signal handlers, it does nothing).
+  """
+
+  def __init__(self, command: str, bound: float = BOUND_S):
+    self.command = command
+    self.bound = float(bound)
+    self.signum: int | None = None
+    self.workdir: str | None = None
+    self.nothing_saved = "nothing more was saved"
+    self.step_seconds = 0.0
+    self._armed = self.bound
+    self._count = 0
+    self._in_loop = False
+    self._raised = False
+    self._deadline: float | None = None
+    self._closing = False
+    self._exit_lock = threading.Lock()
+    self._old_handlers: dict = {}
+    self._old_wakeup = -1
+    self._thread: threading.Thread | None = None
+    self._rsock = self._wsock = None
+    self._active = False
+    self._previous: "Guard | None" = None
+
+  def __enter__(self) -> "Guard":
+    global _current
+    self._active = threading.current_thread() is threading.main_thread()
+    if not self._active:  # signal handlers can only be set from the main thread
+      return self
+    self._rsock, self._wsock = socket.socketpair()
+    self._rsock.setblocking(False)
+    self._wsock.setblocking(False)
+    for s in SIGNALS:
+      self._old_handlers[s] = signal.signal(s, self._handle)
+    self._old_wakeup = signal.set_wakeup_fd(self._wsock.fileno(), warn_on_full_buffer=False)
+    self._thread = threading.Thread(target=self._watch, name="laplax-signals", daemon=True)
+    self._thread.start()
+    self._previous, _current = _current, self
+    return self
+
+  def __exit__(self, *exc) -> None:
+    global _current
+    if not self._active:
+      return
+    signal.set_wakeup_fd(self._old_wakeup)
+    for s, h in self._old_handlers.items():
+      signal.signal(s, h)
+    self._closing = True
+    with contextlib.suppress(OSError):
+      self._wsock.send(b"\0")
+    self._thread.join(timeout=1.0)
+    self._rsock.close()
+    self._wsock.close()
+    _current = self._previous
+
+  # -- the main thread's side ------------------------------------------------
+
+  def _handle(self, signum, frame):  # pylint: disable=unused-argument
+    """The Python-level handler (main thread): outside the loop the first
+    signal raises :class:`Signalled`; the watcher counts and times."""
+    if self.signum is None:
+      self.signum = int(signum)
+    if not self._in_loop and not self._raised:
+      self._raised = True
+      raise Signalled(signum)
+
+  @contextlib.contextmanager
+  def graceful(self) -> Iterator["Guard"]:
+    """The training loop: a first signal only sets :attr:`signum`; the loop
+    saves and stops after the step in flight (and calls :meth:`reached`)."""
+    self._in_loop = True
+    try:
+      yield self
+    finally:
+      self._in_loop = False
+
+  def progress(self) -> None:
+    """The loop goes on towards a stop that several processes must agree on
+    (at their next log step): the deadline starts again from now."""
+    if self._deadline is not None:
+      self._deadline = time.monotonic() + self._armed
+
+  def reached(self) -> None:
+    """The step in flight has finished after a stop request: the deadline is
+    lifted (the checkpoint is saved next; a second signal still ends it)."""
+    self._deadline = None
+
+  # -- the watcher thread ----------------------------------------------------
+
+  def _watch(self) -> None:
+    while not self._closing:
+      deadline = self._deadline
+      timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+      try:
+        ready, _, _ = select.select([self._rsock], [], [], timeout)
+      except (OSError, ValueError):
+        return
+      if self._closing:
+        return
+      if not ready:
+        if self._deadline is not None and time.monotonic() >= self._deadline:
+          self.hard_exit(self.signum or signal.SIGTERM, late=True)
+        continue
+      try:
+        data = self._rsock.recv(64)
+      except BlockingIOError:
+        continue
+      except OSError:
+        return
+      for signum in data:
+        if signum in SIGNALS:
+          self._on_signal(signum)
+
+  def _on_signal(self, signum: int) -> None:
+    self._count += 1
+    if self.signum is None:
+      self.signum = signum
+    if self._count > 1:
+      self.hard_exit(signum, late=False)
+      return
+    self._armed = max(self.bound, 2 * self.step_seconds) if self._in_loop else self.bound
+    self._deadline = time.monotonic() + self._armed
+    if self._in_loop:
+      _write(f"{describe_signal(signum)}: stopping after the step in flight, with a "
+             f"checkpoint (if that step has not finished in {self._armed:.3g} s, or at "
+             f"a second signal, the run ends at once)")
+
+  def hard_exit(self, signum: int, late: bool, reason: str | None = None) -> None:
+    """Runs the clean-ups, prints the exit line and ends the process with
+    :func:`exit_code` ``(signum)``; never returns (a second caller waits)."""
+    if not self._exit_lock.acquire(blocking=False):
+      while True:  # another thread is exiting
+        time.sleep(1.0)
+    with _critical:
+      for key in reversed(list(_cleanups)):
+        fn = _cleanups.pop(key, None)
+        with contextlib.suppress(Exception):
+          fn()
+      if reason is None:
+        if late:
+          reason = (f"no step ended within {self._armed:.3g} s" if self._in_loop else
+                    f"{self.command} was still busy {self._armed:.3g} s later")
+        else:
+          reason = "a second signal"
+      saved = checkpoint_status(self.workdir) if self.workdir else self.nothing_saved
+      _flush_python_streams()
+      _write(f"stopped by {describe_signal(signum)}, {reason}: {saved}; run the same "
+             f"command to go on")
+      os._exit(exit_code(signum))  # pylint: disable=protected-access
+
+
+def _write(line: str) -> None:
+  """``line`` on stderr with one system call (no Python-level stream lock)."""
+  with contextlib.suppress(OSError):
+    os.write(2, ("\n" + line + "\n").encode())
+
+
+def _flush_python_streams(timeout: float = 0.5) -> None:
+  """Flushes ``sys.stdout``/``sys.stderr`` from a helper thread, waiting at most
+  ``timeout`` seconds (a stream blocked on a full pipe must not stop the exit)."""
+  def flush():
+    for stream in (sys.stdout, sys.stderr):
+      with contextlib.suppress(Exception):
+        stream.flush()
+  t = threading.Thread(target=flush, daemon=True)
+  t.start()
+  t.join(timeout)
+
+
+@contextlib.contextmanager
+def graceful() -> Iterator[Guard]:
+  """:meth:`Guard.graceful` of the installed guard; without one (the loop
+  called from Python, not a CLI) a guard is installed for the loop."""
+  if _current is not None:
+    with _current.graceful() as guard:
+      yield guard
+    return
+  with Guard("train_and_evaluate", bound_from_env()) as guard, guard.graceful():
+    yield guard
