@@ -54,9 +54,9 @@ import threading
 import time
 from typing import Callable, Iterator
 
-# Seconds the step in flight (or, outside the loop, the main thread) has to
-# reach Python after the first signal before the process exits at once; the
-# environment variable LAPLAX_STOP_BOUND_S sets another (bound_from_env).
+#: Seconds the step in flight (or, outside the loop, the main thread) has to
+#: reach Python after the first signal before the process exits at once; the
+#: environment variable LAPLAX_STOP_BOUND_S sets another (bound_from_env).
 BOUND_S = 5.0
 BOUND_ENV = "LAPLAX_STOP_BOUND_S"
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
