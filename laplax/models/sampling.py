@@ -203,8 +203,8 @@ def continuation_logprobs(model: GPT, params: Any,
     every continuation token is the argmax of its logits).
 
   Raises:
-    ValueError: an empty context or continuation, or a continuation that
-      does not fit the context window.
+    ValueError: an empty context or continuation, or a continuation longer
+      than the context window.
   """
   rows = []
   for context, continuation in pairs:
@@ -213,7 +213,7 @@ def continuation_logprobs(model: GPT, params: Any,
     if context.size == 0 or continuation.size == 0:
       raise ValueError("the context and the continuation need at least one token each "
                        "(start an empty context with the BOS token)")
-    if continuation.size >= model.spec.max_length:
+    if continuation.size > model.spec.max_length:
       raise ValueError(f"a continuation of {continuation.size} tokens does not fit the "
                        f"context of {model.spec.max_length}")
     tokens = np.concatenate([context, continuation])[-(model.spec.max_length + 1):]
