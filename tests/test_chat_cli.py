@@ -25,13 +25,11 @@ TINY = ["--config.model.width=32", "--config.model.depth=1", "--config.model.num
         "--config.eval_every=2", "--config.checkpoint_every=2", "--config.eval.sample_tokens=0"]
 
 
-def _train(root, corpus, tokenizer):
-  workdir = root / f"run_{tokenizer}"
+def _train(root, corpus):
+  workdir = root / "run"
   argv = ["train.py", "--config", GPT_CONFIG, "--workdir", str(workdir),
           f"--config.data.source_dir={corpus}", f"--config.data.data_dir={root / 'tfds'}",
-          f"--config.data.tokenizer={tokenizer}"] + TINY
-  if tokenizer == "nanochat":
-    argv.append("--config.data.vocab_size=270")
+          "--config.data.tokenizer=nanochat", "--config.data.vocab_size=270"] + TINY
   assert run_in_process(argv).returncode == 0
   return workdir
 
@@ -46,7 +44,7 @@ def corpus(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory, corpus):
-  return _train(tmp_path_factory.mktemp("chat"), corpus, "nanochat")
+  return _train(tmp_path_factory.mktemp("chat"), corpus)
 
 
 @pytest.fixture(scope="module")
@@ -127,12 +125,18 @@ def test_bad_chat_flags_are_one_line_errors(workdir, chat_data, args, message, c
   assert sorted(os.listdir(workdir)) == before
 
 
-def test_a_tokenizer_without_chat_tokens_is_exit_2(tmp_path, corpus, chat_data, capfd):
-  byte_run = _train(tmp_path, corpus, "byte")
-  r = run_in_process(["eval.py", "--workdir", str(byte_run), "--chat_tasks", "arc_easy",
+def test_a_tokenizer_without_chat_tokens_is_exit_2(workdir, tmp_path, chat_data, capfd):
+  """A run trained with another tokenizer (its saved config says so) is
+  refused before anything is loaded or written."""
+  config = json.loads((workdir / "config.json").read_text())
+  config["data"]["tokenizer"] = "byte"
+  other = tmp_path / "byte_run"
+  other.mkdir()
+  (other / "config.json").write_text(json.dumps(config))
+  r = run_in_process(["eval.py", "--workdir", str(other), "--chat_tasks", "arc_easy",
                       "--chat_data", str(chat_data)], capfd)
   assert "no chat special tokens" in one_line_error(r)
-  assert not (byte_run / "eval.json").exists()
+  assert os.listdir(other) == ["config.json"]
 
 
 # --------------------------------------------------------------------------
@@ -158,10 +162,14 @@ class _Request:
     self.args = args
 
 
-def test_harness_accuracy_equals_laplax_choices(workdir, tmp_path, capfd):
+def test_harness_accuracy_equals_laplax_choices(workdir, tmp_path):
   lm_eval = pytest.importorskip("lm_eval")
+  from lm_eval.api.registry import get_model
   from lm_eval.tasks import TaskManager
   from laplax.evaluators import lm_harness
+  from laplax.models import sampling
+  from laplax.train import lm_eval as laplax_choices
+  assert get_model("laplax") is lm_harness.LaplaxLM  # what --model laplax finds
   items = [{"question": "Which is hot? The", "choices": ["sun", "ice", "snow"], "answer": a}
            for a in (0, 1)] + [{"question": "2+2=", "choices": ["4", "5"], "answer": 0},
                                {"question": "The sun is", "choices": ["hot.", "cold."],
@@ -171,18 +179,19 @@ def test_harness_accuracy_equals_laplax_choices(workdir, tmp_path, capfd):
   (tmp_path / "tasks").mkdir()
   (tmp_path / "tasks" / "fixture.yaml").write_text(TASK_YAML.format(data=data))
   os.environ["HF_DATASETS_OFFLINE"] = "1"
+  lm = lm_harness.LaplaxLM.create_from_arg_string(f"workdir={workdir},batch_size=3")
   out = lm_eval.simple_evaluate(
-      model="laplax", model_args=f"workdir={workdir},batch_size=3", tasks=["laplax_fixture_mc"],
-      task_manager=TaskManager(include_path=str(tmp_path / "tasks")))
+      model=lm, tasks=["laplax_fixture_mc"],
+      task_manager=TaskManager(include_path=str(tmp_path / "tasks"), include_defaults=False))
   acc = out["results"]["laplax_fixture_mc"]["acc,none"]
-  r = run_in_process(["eval.py", "--workdir", str(workdir), "--choices", str(data),
-                      "--out", str(tmp_path / "choices.json")], capfd)
-  assert r.returncode == 0, r.stderr[-3000:]
-  assert acc == json.loads((tmp_path / "choices.json").read_text())["choices_accuracy"]
+  # eval.py --choices' scorer on the same items and model.
+  own = laplax_choices.score_choices(lm.model, lm.params, lm.tokenizer,
+                                     laplax_choices.read_choices(str(data)))
+  assert acc == own["choices_accuracy"]
+  assert [round(x["acc"]) for x in out["samples"]["laplax_fixture_mc"]] == [
+      int(p == i["answer"]) for p, i in zip(own["predictions"], items)]
 
   # The other two request types, against laplax's unbatched functions.
-  from laplax.models import sampling
-  lm = lm_harness.LaplaxLM(workdir=str(workdir), batch_size=2)
   tok = lm.tokenizer
   text = "The sun is hot."
   [rolling] = lm.loglikelihood_rolling([_Request(text)], disable_tqdm=True)

@@ -319,14 +319,22 @@ def _chat_data(config, workdir: str) -> dict:
 
   Raises:
     cli.UsageError: not a language-model workdir.
-    DataError: an unknown task, a missing split, malformed data.
+    DataError: an unknown task, a run whose saved tokenizer is not nanochat's,
+      a missing split, malformed data.
   """
+  from laplax.data.errors import DataError  # pylint: disable=import-outside-toplevel
   from laplax.evaluators import chat  # pylint: disable=import-outside-toplevel
   if config.task != "lm":
     raise cli.UsageError(f"--chat_tasks needs a language-model workdir (task 'lm'); "
                          f"{workdir} holds task {config.task!r}")
+  names = chat.parse_tasks(_CHAT_TASKS.value)
+  kind = config.data.get("tokenizer", None)
+  if kind not in (None, "nanochat"):
+    raise DataError(f"{workdir} was trained with the {kind} tokenizer, which has no chat "
+                    "special tokens; chat evaluation needs a run trained with "
+                    "--config.data.tokenizer=nanochat")
   return {name: chat.load_task(name, _CHAT_DATA.value, _CHAT_MAX.value or None)
-          for name in chat.parse_tasks(_CHAT_TASKS.value)}
+          for name in names}
 
 
 def _chat_scores(task, state, data: dict) -> dict:
