@@ -14,11 +14,12 @@ reads local data sets too (a task YAML with ``dataset_path: json`` and
 ``dataset_kwargs: {data_files: ...}``; ``--include_path DIR``).
 
 Model arguments (``--model_args``): ``workdir`` (required), ``step`` (a
-saved step; default the newest), ``batch_size`` (rows per forward pass;
-also the harness's ``--batch_size``), ``max_gen_toks`` (default of
+saved step; default the newest), ``max_gen_toks`` (default of
 ``generate_until``, 256), ``prefix_bos`` (``true``: every context starts with
 ``<|bos|>``; the default, ``false``, scores a context as laplax's own
-``eval.py --choices`` does).
+``eval.py --choices`` does). The rows per forward pass are the harness's
+``--batch_size`` (``auto``: 8), which it passes itself (so not in
+``--model_args`` on its command line).
 
 How each request type is computed:
 
@@ -72,8 +73,8 @@ class LaplaxLM(LM):
 
   Raises:
     laplax.train.restore.LoadError, DataError, ConfigError: as ``eval.py``
-      (no workdir, no checkpoint, data that cannot be prepared); ValueError:
-      not a language model, a BOS prefix without a BOS token.
+      (no workdir, no checkpoint, not a language model, data that cannot be
+      prepared); ValueError: a BOS prefix without a BOS token.
   """
 
   def __init__(self, workdir: str, step=None, batch_size=8,
@@ -82,8 +83,8 @@ class LaplaxLM(LM):
     from laplax.train import restore  # pylint: disable=import-outside-toplevel
     config = restore.saved_config(workdir)
     if config.task != "lm":
-      raise ValueError(f"{workdir} holds task {config.task!r}; the harness scores "
-                       "language models (task 'lm')")
+      raise restore.LoadError(f"{workdir} holds task {config.task!r}; the harness scores "
+                              "language models (task 'lm')")
     run = restore.load(workdir, step=None if step in (None, "") else int(step))
     self.model, self.params = run.task.model, run.state.params
     self.tokenizer = run.task.tokenizer
@@ -186,13 +187,22 @@ if __name__ != "__main__":  # under -m, main() registers the importable module's
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-  """``lm_eval``'s command line with the ``laplax`` model registered."""
+  """``lm_eval``'s command line with the ``laplax`` model registered; a bad
+  laplax workdir (missing, no checkpoint, not a language model, data that
+  cannot be prepared) is one error line and exit code 2."""
   from lm_eval.__main__ import cli_evaluate  # pylint: disable=import-outside-toplevel
+  from laplax.data.errors import DataError  # pylint: disable=import-outside-toplevel
   from laplax.evaluators import lm_harness  # pylint: disable=import-outside-toplevel,import-self
+  from laplax.train.config import ConfigError  # pylint: disable=import-outside-toplevel
+  from laplax.train.restore import LoadError  # pylint: disable=import-outside-toplevel
   lm_harness.register()
   if argv is not None:
     sys.argv = [sys.argv[0], *argv]
-  cli_evaluate()
+  try:
+    cli_evaluate()
+  except (LoadError, DataError, ConfigError) as e:
+    print(f"error: {e}", file=sys.stderr)
+    sys.exit(2)
 
 
 if __name__ == "__main__":
