@@ -119,6 +119,9 @@ def test_gsm8k_calculator_marks_become_parts(tmp_path):
       {"type": "python_output", "text": "6"}, {"type": "text", "text": "6 and "},
       {"type": "python", "text": "6+1"}, {"type": "python_output", "text": ""},
       {"type": "text", "text": " so\n#### 7"}]
+  # The result is what follows the last "=".
+  assert chat_sources.gsm8k_parts("<<x=2*3=6>>")[1:3] == [
+      {"type": "python", "text": "x=2*3"}, {"type": "python_output", "text": "6"}]
 
 
 def test_arc_mmlu_smoltalk_from_parquet(tmp_path):

@@ -173,6 +173,7 @@ def test_chatcore_is_the_centred_mean():
   scores = {"arc_easy": 0.5, "mmlu": 0.25, "gsm8k": 0.1}
   assert chat_eval.chatcore(scores) == pytest.approx(((0.5 - 0.25) / 0.75 + 0.0 + 0.1) / 3)
   assert chat_eval.chatcore({"arc_challenge": 1.0, "humaneval": 1.0}) == pytest.approx(1.0)
+  assert chat_eval.chatcore({"arc_challenge": 0.25, "humaneval": 0.5}) == pytest.approx(0.25)
 
 
 def test_task_names_and_missing_data_are_one_line_errors(tmp_path):
