@@ -162,7 +162,7 @@ class _Request:
     self.args = args
 
 
-def test_harness_accuracy_equals_laplax_choices(workdir, tmp_path):
+def test_harness_accuracy_equals_laplax_choices(workdir, tmp_path, monkeypatch):
   lm_eval = pytest.importorskip("lm_eval")
   import lm_eval.evaluator  # noqa: F401  pylint: disable=import-outside-toplevel
   from lm_eval.api.registry import get_model
@@ -179,7 +179,7 @@ def test_harness_accuracy_equals_laplax_choices(workdir, tmp_path):
   data.write_text("".join(json.dumps(i) + "\n" for i in items))
   (tmp_path / "tasks").mkdir()
   (tmp_path / "tasks" / "fixture.yaml").write_text(TASK_YAML.format(data=data))
-  os.environ["HF_DATASETS_OFFLINE"] = "1"
+  monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")  # the json builder is local
   lm = lm_harness.LaplaxLM.create_from_arg_string(f"workdir={workdir},batch_size=3")
   # The harness's evaluate() (simple_evaluate adds seeds and an environment
   # report, which import PyTorch: seconds that test nothing of laplax).
