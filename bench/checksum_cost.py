@@ -19,7 +19,7 @@ Prints, in one run:
    thread) and of verifying it (what it adds before each restore), and the
    manifest time as a fraction of the save time.
 
-The numbers depend on the machine's load; the README says which were quiet.
+The numbers depend on the machine's load; docs/survive.md says which were quiet.
 """
 
 from __future__ import annotations

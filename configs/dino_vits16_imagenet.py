@@ -13,7 +13,7 @@ last layer frozen for 1 epoch, teacher temperature 0.04 -> 0.07 over 30
 epochs, student temperature 0.1, teacher momentum 0.996 -> 1, centre momentum
 0.9, 2 global crops of 224 px (scale 0.4-1) and 10 local crops of 96 px
 (scale 0.05-0.4), bfloat16 compute. ImageNet must be prepared by TFDS in
-``data.data_dir`` (a manual download; see the README, "Configs and overrides").
+``data.data_dir`` (a manual download; see docs/configs.md).
 """
 
 from laplax.data import images

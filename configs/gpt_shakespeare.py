@@ -18,7 +18,7 @@ def get_config(arg=None):
   """GPT (width 128, depth 4, 4 heads, rotary, context 64), byte-level.
 
   4200 steps of 32 x 64 bytes reach 2.27 validation bits per byte (2.41
-  after 2000 steps); see README.md for the time on 2 CPU cores. Rotary
+  after 2000 steps); see docs/results.md for the time on 2 CPU cores. Rotary
   positions learned much faster than learned ones here (2.82 against 3.26
   bits per byte after 300 steps).
   """
@@ -35,7 +35,7 @@ def get_config(arg=None):
   c.optim.lr = 6e-3
   # Speed only: the gradient of the 32 sequences is computed as 4 micro-batches
   # of 8 (a scan), whose activations fit a CPU's cache (1.1-1.2x on 2 cores,
-  # README "Cache blocking"); batch_size overrides must be multiples of 4, or
+  # docs/benchmarks.md, "Cache blocking"); batch_size overrides must be multiples of 4, or
   # set optim.grad_accum_steps=1.
   c.optim.grad_accum_steps = 4
   c.data.tokenizer = a.tokenizer

@@ -41,7 +41,7 @@ def get_config(arg=None):
   c.optim.warmup_steps = 100
   # Speed only: the gradient of the 256 images is computed as 4 unrolled
   # micro-batches of 64, whose activations fit a CPU's cache (1.2x faster on
-  # 2 cores, README "Cache blocking"); batch_size overrides must
+  # 2 cores, docs/benchmarks.md, "Cache blocking"); batch_size overrides must
   # be multiples of 4, or set optim.grad_accum_steps=1.
   c.optim.grad_accum_steps = 4
   c.optim.grad_accum_unroll = True

@@ -100,7 +100,7 @@ def xla_attention(query, key, value, mask, is_causal, scale):
   softmax's VJP ``dS = P (dP - rowsum(dP P))`` written out, no logits kept)
   and everything runs heads-major, one transpose in and out: on CPU this is
   faster than the autodiff of ``jax.nn.dot_product_attention``'s XLA path
-  (README, "Where the step's time goes, and what changed").
+  (docs/benchmarks.md, "Where the step's time goes, and what changed").
 
   Raises nothing itself; a mask that does not broadcast fails in ``jnp.where``.
   """

@@ -64,6 +64,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+#: The layouts of the correction (``model.spectral.mode``), see :func:`correction`.
 MODES = ("full", "per_head", "fused", "svd")
 DEFAULT_MODE = "full"
 # Which projections a correction applies to, in the order of the fused kernel.

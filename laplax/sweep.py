@@ -79,6 +79,7 @@ class Run:
   overrides: tuple  # --config.KEY=VALUE ...
 
   def train_args(self) -> list[str]:
+    """The arguments of ``train.py`` for this run (after ``train.py``)."""
     return (["--config", self.config, "--workdir", self.workdir] + list(self.overrides))
 
 

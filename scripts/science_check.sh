@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The CPU-scale science check of README "Analysis": the Fashion-MNIST ViT with
+# The CPU-scale science check of docs/results.md, "Science check at CPU scale": the Fashion-MNIST ViT with
 # 0 and with all 4 Laplacian heads and with spectral conditioning (0 Laplacian
 # heads), and the Shakespeare GPT with 0 and all 4 Laplacian heads, each with
 # the same budget; then eval.py --analysis on each and one comparison table

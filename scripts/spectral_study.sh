@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The spectral-conditioning study of README "Spectral conditioning: layouts and
+# The spectral-conditioning study of docs/results.md, "Spectral conditioning: layouts and
 # saturation" on the default ViT (Fashion-MNIST, width 128, 4 heads of 32) with
 # 0 Laplacian heads, so that only the spectral correction differs:
 #   init:  a step-0 checkpoint (--config.total_steps=0) of each variant and

@@ -13,7 +13,7 @@ session (xdist workers and every subprocess inherit the environment):
   compiles about 30% faster and runs slower; the tests check values and
   equalities, and everything one test compares runs under the same setting.
   ``test_train.test_train_then_eval_reports_same_accuracy`` runs train.py
-  and eval.py with XLA's defaults (what users, ``bench/`` and the README's
+  and eval.py with XLA's defaults (what users, ``bench/`` and the documentation's
   numbers get).
 - ``XLA_FLAGS`` += :data:`FAST_COMPILE_FLAGS`: XLA's CPU backend without its
   MLIR fusion emitters (the older LLVM emitters), which compile a small

@@ -3,7 +3,7 @@
 Every timm model here is built with its own random initialisation
 (``pretrained=False``, offline). Logits are compared on the same random
 images as ``max |laplax - timm| / max |timm|`` (float32); the measured values
-are printed (``pytest -s``) for the README's table. With Laplacian heads the
+are printed (``pytest -s``) for the table of docs/converters.md. With Laplacian heads the
 timm model's attention is replaced, test-side, by a PyTorch attention that
 returns ``v - SDPA(q, k, v)`` on the last ``K`` heads (the authors' formula).
 """

@@ -73,12 +73,14 @@ def test_requirements_pins_lie_in_the_pyproject_ranges():
   _check_pins_in_ranges(test_pins, _ranges(extras["test"]))
   _check_pins_in_ranges(_pins("requirements-tpu.txt"), _ranges(extras["tpu"]))
   _check_pins_in_ranges(_pins("requirements-bench.txt"), _ranges(extras["bench"]))
+  _check_pins_in_ranges(_pins("requirements-docs.txt"), _ranges(extras["docs"]))
   assert _pins("requirements-bench.txt")["torch"] == test_pins["torch"]  # one torch
   every_pin = {**base, **test_pins}
   notebook = _ranges(extras["notebook"])
   _check_pins_in_ranges({k: v for k, v in every_pin.items() if k in notebook}, notebook,
                         UNPINNED["notebook"])
-  for name in ("requirements-test.txt", "requirements-tpu.txt", "requirements-bench.txt"):
+  for name in ("requirements-test.txt", "requirements-tpu.txt", "requirements-bench.txt",
+               "requirements-docs.txt"):
     with open(os.path.join(ROOT, name)) as f:
       assert f.readline().strip() == "-r requirements.txt", name
 

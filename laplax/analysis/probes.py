@@ -259,9 +259,9 @@ def linear_probe(train_features, train_labels, test_features, test_labels, *,
     seed: seed of the minibatch draws.
 
   Returns:
-    ``{"accuracy": test accuracy, "train_accuracy": train accuracy, "loss":
-    mean train cross-entropy of the final parameters (without weight decay)}``,
-    all Python floats (``accuracy`` is ``nan`` for ``M = 0``).
+    A dict of Python floats: ``accuracy`` (test accuracy, ``nan`` for
+    ``M = 0``), ``train_accuracy`` and ``loss`` (the mean train cross-entropy
+    of the final parameters, without weight decay).
 
   Raises:
     ValueError: features that are not 2-D, not finite, of different dims or an

@@ -159,8 +159,8 @@ def gradient_norms(grads: Any, layer: int, num_heads: int) -> dict:
   """Per-head L2 norms of the gradient of the ``W_Q`` and ``W_K`` kernels of a layer.
 
   Head ``h`` owns columns ``h * d_head : (h + 1) * d_head`` of a kernel
-  ``[D, num_heads * d_head]`` (the reshape of :class:`laplax.attention.
-  MultiHeadAttention`), so its norm is the Frobenius norm of that block.
+  ``[D, num_heads * d_head]`` (the reshape of
+  :class:`laplax.attention.MultiHeadAttention`), so its norm is the Frobenius norm of that block.
 
   Args:
     grads: a gradient with the tree of the model's parameters (looped or

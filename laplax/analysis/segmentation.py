@@ -68,9 +68,9 @@ def miou(matrix: np.ndarray) -> dict:
   """Mean IoU of a confusion matrix (rows: target, columns: prediction).
 
   Returns:
-    ``{"miou": float, "iou": [per class, None where the union is empty],
-    "pixel_accuracy": float}``; ``miou`` averages the classes with a
-    non-empty union (``nan`` if none).
+    A dict: ``miou`` (float, the mean over the classes with a non-empty
+    union; ``nan`` if none), ``iou`` (a list with one float per class,
+    ``None`` where the union is empty) and ``pixel_accuracy`` (float).
   """
   m = np.asarray(matrix, np.float64)
   tp = np.diag(m)

@@ -52,7 +52,7 @@ def _entropy(entry: dict):
   return _head_mean(entry, "attention_entropy")
 
 
-# (key, label, extractor of one layer's entry): the main per-layer quantities.
+#: (key, label, extractor of one layer's entry): the main per-layer quantities.
 QUANTITIES = (
     ("within_sequence", "within-sequence variance (trace)",
      lambda e: get_path(e, "anova", "within_sequence")),

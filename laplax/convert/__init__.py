@@ -1,6 +1,6 @@
 """Weight converters between laplax and the PyTorch ecosystem.
 
-``python -m laplax.convert`` (see :mod:`laplax.convert.__main__`) maps timm
+``python -m laplax.convert`` (its entry point ``laplax/convert/__main__.py``) maps timm
 Vision Transformers (:mod:`laplax.convert.timm_vit`) and Hugging Face
 ``GPT2LMHeadModel`` (:mod:`laplax.convert.hf_gpt2`) to laplax workdirs and
 back. The conversions themselves work on ``{name: np.ndarray}`` state dicts

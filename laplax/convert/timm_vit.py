@@ -5,22 +5,22 @@ The same weights give the same logits: a timm ``VisionTransformer``
 position embedding on the class token) and the laplax :class:`~laplax.models.vit.ViT`
 built from :func:`model_keys` compute the same function. What maps to what:
 
-==============================  ==========================================
-timm ``state_dict``             laplax parameters
-==============================  ==========================================
-``patch_embed.proj.weight``     ``embedding/kernel`` (OIHW -> HWIO)
-``cls_token``                   ``cls`` (plus ``pos_embed[:, 0]`` when the
-                                class token has a position embedding)
-``pos_embed``                   ``pos_embedding`` (the patches' rows)
-``blocks.i.norm1``, ``norm2``   ``block{i}/norm1``, ``norm2`` (scale, bias)
-``blocks.i.attn.qkv``           ``block{i}/attention/{query,key,value}``
-``blocks.i.attn.q_norm/k_norm`` ``block{i}/attention/{query,key}_norm``
-``blocks.i.attn.proj``          ``block{i}/attention/out``
-``blocks.i.ls1/ls2.gamma``      ``block{i}/ls1``, ``ls2`` ``scale``
-``blocks.i.mlp.fc1``, ``fc2``   ``block{i}/mlp/fc1``, ``fc2``
-``norm`` or ``fc_norm``         ``encoder_norm`` (``model.fc_norm``)
-``head``                        ``head``
-==============================  ==========================================
+================================  ==========================================
+timm ``state_dict``               laplax parameters
+================================  ==========================================
+``patch_embed.proj.weight``       ``embedding/kernel`` (OIHW -> HWIO)
+``cls_token``                     ``cls`` (plus ``pos_embed[:, 0]`` when the
+                                  class token has a position embedding)
+``pos_embed``                     ``pos_embedding`` (the patches' rows)
+``blocks.i.norm1``, ``norm2``     ``block{i}/norm1``, ``norm2`` (scale, bias)
+``blocks.i.attn.qkv``             ``block{i}/attention/{query,key,value}``
+``blocks.i.attn.q_norm/k_norm``   ``block{i}/attention/{query,key}_norm``
+``blocks.i.attn.proj``            ``block{i}/attention/out``
+``blocks.i.ls1/ls2.gamma``        ``block{i}/ls1``, ``ls2`` ``scale``
+``blocks.i.mlp.fc1``, ``fc2``     ``block{i}/mlp/fc1``, ``fc2``
+``norm`` or ``fc_norm``           ``encoder_norm`` (``model.fc_norm``)
+``head``                          ``head``
+================================  ==========================================
 
 PyTorch ``Linear`` weights are ``[out, in]``, laplax kernels ``[in, out]``.
 The conversions work on ``{name: np.ndarray}``; only building a timm model

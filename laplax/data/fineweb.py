@@ -410,8 +410,8 @@ def train_dataset(data_config: ml_collections.ConfigDict, tokenizer: NanochatTok
       all-gather when ``process_count > 1``.
 
   Returns:
-    A ``grain.IterDataset`` whose iterator gives ``{"tokens": int32
-    [batch_size, seq_len + 1]}`` and has ``get_state``/``set_state``.
+    A ``grain.IterDataset`` whose iterator gives dicts with ``tokens``
+    (int32 ``[batch_size, seq_len + 1]``) and has ``get_state``/``set_state``.
 
   Raises:
     DataError: bad shards, ``streams`` or ``pop_rows`` (see :func:`_geometry`).
@@ -463,8 +463,8 @@ def eval_batches(data_config: ml_collections.ConfigDict, tokenizer: NanochatToke
   ``batch_size``, the last padded with zero rows of mask 0.
 
   Returns:
-    An iterator of ``{"tokens": int32 [batch_size, seq_len + 1], "mask":
-    float32 [batch_size, seq_len]}``.
+    An iterator of dicts with ``tokens`` (int32 ``[batch_size, seq_len + 1]``)
+    and ``mask`` (float32 ``[batch_size, seq_len]``).
 
   Raises:
     DataError: bad shards or settings, or not one pop of validation tokens.

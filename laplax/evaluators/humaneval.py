@@ -173,9 +173,9 @@ def extract_imports(prompt: str) -> str:
 
 
 def extract_program(completion: str) -> str:
-  """The first fenced code block of ``completion`` (```` ```python ```` or
-  ```` ``` ````), stripped; else the whole completion, stripped (nanochat's
-  ``extract_program``)."""
+  """The first fenced code block of ``completion`` (opened by three backticks,
+  with or without ``python``), stripped; else the whole completion, stripped
+  (nanochat's ``extract_program``)."""
   match = _CODE_BLOCK.search(completion)
   return (match.group(1) if match else completion).strip()
 
@@ -210,10 +210,10 @@ def score_completions(problems: Sequence[dict],
     progress: show a tqdm bar on standard error.
 
   Returns:
-    ``{"pass@1": float, "passed": int, "samples": int, "problems": int,
-    "results": [{"task_id", "passed": [bool, ...], "status": [str, ...]}]}``:
-    pass@1 is the mean over problems of the fraction of their samples that
-    pass; ``passed``/``samples`` count programs.
+    A dict: ``pass@1`` (float, the mean over problems of the fraction of
+    their samples that pass), ``passed`` and ``samples`` (ints, counting
+    programs), ``problems`` (int) and ``results`` (one dict per problem with
+    its ``task_id`` and, per sample, ``passed`` (bool) and ``status`` (str)).
 
   Raises:
     HumanEvalError: the lengths differ, a problem has no samples, a sample is

@@ -14,9 +14,9 @@ from laplax import sharding
 from laplax.attention import MultiHeadAttention, rms_norm
 from laplax.models.spec import REMAT_POLICIES, TransformerSpec
 
-# With scan_layers=True the blocks are one module of this name whose
-# parameters have a leading layer axis (``blocks/attention/query/kernel``
-# is ``[depth, width, width]``).
+#: With scan_layers=True the blocks are one module of this name whose
+#: parameters have a leading layer axis (``blocks/attention/query/kernel``
+#: is ``[depth, width, width]``).
 SCANNED_BLOCKS = "blocks"
 # Logical axes of the residual stream and of the MLP hidden layer (laplax.sharding).
 EMBED_AXES = ("batch", "length", "embed")
@@ -48,7 +48,7 @@ def gelu(x: jax.Array) -> jax.Array:
   ``jax.nn.gelu(approximate=True)``'s. The backward pass is written out,
   ``g * (0.5 (1 + t) + 0.5 x (1 - t^2) sqrt(2/pi) (1 + 3 * 0.044715 x^2))``
   with ``t = tanh(u)`` recomputed from ``x``: one elementwise pass that keeps
-  only ``x``, where autodiff keeps and rereads the intermediates (README,
+  only ``x``, where autodiff keeps and rereads the intermediates (docs/benchmarks.md,
   "Where the step's time goes, and what changed").
   """
   return _gelu_tanh_forward(x)

@@ -331,6 +331,7 @@ class GPTSpec(TransformerSpec):
   kernel_init: str = "gpt2"
 
 
+#: Model family (``config.model.name``) -> its spec class.
 FAMILIES = {"vit": ViTSpec, "gpt": GPTSpec}
 # Config keys of the model section that are conveniences resolved here, not fields.
 LAPLACIAN_KEYS = ("num_laplacian_heads", "laplacian_mask")

@@ -117,7 +117,7 @@ def _environment_config(c: ml_collections.ConfigDict) -> None:
   c.distributed.num_processes = config_dict.placeholder(int)
   c.distributed.process_id = config_dict.placeholder(int)
 
-  # Observability (README "Observability"). profile: a jax.profiler trace of
+  # Observability (docs/observability.md). profile: a jax.profiler trace of
   # num_steps training steps from start_step on (each step annotated
   # "train"), written under WORKDIR/profile/; num_steps 0 = no trace.
   c.profile = ml_collections.ConfigDict()
@@ -148,7 +148,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.keep_checkpoints = 3
   # A CRC-32 manifest of each checkpoint's files, written with it and checked
   # before it is restored (train.py resume, eval.py, laplax.load); False
-  # writes and checks none (very large checkpoints; the cost is in the README).
+  # writes and checks none (very large checkpoints; the cost is in docs/survive.md).
   c.checkpoint_verify = True
   # Fine-tuning: a laplax workdir (a train.py run, or one `python -m
   # laplax.convert` wrote) whose newest parameters start this run instead of

@@ -221,7 +221,7 @@ def make_train_step(task: Task, tx: optax.GradientTransformation, schedule,
   and backward pass per micro-batch): the same sums in the same order,
   compiled for longer, and on a CPU faster when a micro-batch's activations
   fit the cache and the batch's do not (the default ViT's 4 x 64 images: 1.2x
-  on 2 cores, 32 MiB L3; README "Cache blocking").
+  on 2 cores, 32 MiB L3; docs/benchmarks.md, "Cache blocking").
   Losses that are means over examples, and their gradients, equal the whole
   batch's; a metric that is not such a mean (DINO's
   ``teacher_marginal_entropy``) becomes a mean over micro-batches. The aux is

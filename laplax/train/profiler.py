@@ -1,8 +1,7 @@
 """The profiler of the training loop: a ``jax.profiler`` trace of chosen steps.
 
 ``config.profile.start_step`` and ``config.profile.num_steps`` (0 = no trace)
-choose the steps; the trace goes under ``WORKDIR/profile/`` (README
-"Observability").
+choose the steps; the trace goes under ``WORKDIR/profile/`` (docs/observability.md).
 """
 
 from __future__ import annotations

@@ -583,6 +583,7 @@ class DINOTask(TaskBase):
     return out
 
 
+#: ``config.task`` -> the task class that builds its model, loss and evaluation.
 TASKS = {"classification": ClassificationTask, "lm": LanguageModelTask,
          "dino": DINOTask}
 

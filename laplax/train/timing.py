@@ -1,7 +1,7 @@
 """Wall-clock timing of the training loop's logging intervals.
 
 Each ``train`` record of ``metrics.jsonl`` gets ``steps_per_sec`` and
-``data_wait_fraction`` from a :class:`LogInterval` (README "The workdir").
+``data_wait_fraction`` from a :class:`LogInterval` (docs/workdir.md).
 """
 
 from __future__ import annotations
@@ -42,8 +42,8 @@ class LogInterval:
     """Ends the interval of ``steps`` steps and starts the next.
 
     Returns:
-      ``{"steps_per_sec": steps / wall seconds, "data_wait_fraction": input
-      wait / wall time}``, the fraction in ``[0, 1]``.
+      A dict: ``steps_per_sec`` (steps / wall seconds) and
+      ``data_wait_fraction`` (input wait / wall time, in ``[0, 1]``).
     """
     now = self._clock()
     elapsed = max(now - self._start, 1e-9)
