@@ -1,20 +1,18 @@
 """The chat stages' data sets read from local files in their published formats,
 as nanochat's conversations (Karpathy's nanochat, ``tasks/*.py``).
 
-==================  ==========================================  =====================
-reader              published data set, columns                 a conversation
-==================  ==========================================  =====================
-:func:`smoltalk`    ``HuggingFaceTB/smol-smoltalk``: messages   the messages
-:func:`mmlu`        ``cais/mmlu`` (``all``, ``auxiliary_train``  user :func:`render_mc`,
-                    whose rows are nested under ``train``):     assistant the letter;
-                    question, choices, answer (index)           letters ``A``-``D``
-:func:`arc`         ``allenai/ai2_arc``: question,              same; letters = the
-                    choices.text, choices.label, answerKey      labels (A-E or 1-4)
-:func:`gsm8k`       ``openai/gsm8k`` (main): question, answer   the answer with each
-                                                                ``<<expr=result>>`` as
-                                                                a python part and a
-                                                                python_output part
-==================  ==========================================  =====================
+* :func:`smoltalk`: ``HuggingFaceTB/smol-smoltalk`` (column ``messages``):
+  the messages as they are;
+* :func:`mmlu`: ``cais/mmlu`` (``all``, and ``auxiliary_train`` whose rows
+  are nested under ``train``; ``question``, ``choices``, ``answer`` an
+  index): the user message :func:`render_mc`, the assistant's the answer
+  letter, letters ``A``-``D``;
+* :func:`arc`: ``allenai/ai2_arc`` (``question``, ``choices.text``,
+  ``choices.label``, ``answerKey``): the same, the letters being the labels
+  (A-E or 1-4);
+* :func:`gsm8k`: ``openai/gsm8k`` main (``question``, ``answer``): the
+  answer with each ``<<expr=result>>`` as a python part and a python_output
+  part.
 
 Files: ``.parquet`` (Hugging Face's layout) or JSON lines (``.jsonl``,
 ``.jsonl.gz``); a path may be one file or a directory (its files of these

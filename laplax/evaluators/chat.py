@@ -154,9 +154,9 @@ def run(model: Any, params: Any, tokenizer: Any, data: dict[str, list[dict]], *,
   """Scores each task of ``data`` (task name -> :func:`load_task`'s conversations).
 
   Returns:
-    ``{TASK: score, ..., "chatcore": float, "chatcore_tasks": [TASK, ...],
-    "num_problems": {TASK: int}}``, the scores being accuracy (pass@1 for
-    HumanEval) in [0, 1].
+    A dict: each task's score (accuracy; pass@1 for HumanEval) in [0, 1]
+    under its name, ``chatcore`` (float), ``chatcore_tasks`` (the names) and
+    ``num_problems`` (task name -> int).
 
   Raises:
     DataError: a tokenizer without the chat special tokens; see the evaluators.

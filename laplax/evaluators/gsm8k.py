@@ -46,8 +46,8 @@ def score(conversations: Sequence[dict], completions: Sequence[str]) -> dict:
   """Exact-match accuracy of ``completions`` against the references.
 
   Returns:
-    ``{"accuracy": float, "correct": int, "total": int, "answers": [str |
-    None, ...]}`` (the extracted predictions).
+    A dict: ``accuracy`` (float), ``correct`` and ``total`` (int), and
+    ``answers``, the extracted predictions (``str`` or ``None`` each).
   """
   if len(conversations) != len(completions):
     raise DataError(f"{len(completions)} completions for {len(conversations)} problems.")

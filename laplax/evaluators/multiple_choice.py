@@ -84,8 +84,8 @@ def evaluate(model: Any, params: Any, tokenizer: Any, conversations: Sequence[di
       the last (assistant) message.
 
   Returns:
-    ``{"accuracy": float, "correct": int, "total": int, "predictions":
-    [letter, ...]}``.
+    A dict: ``accuracy`` (float), ``correct`` and ``total`` (int), and
+    ``predictions``, the predicted letter of each question.
 
   Raises:
     DataError: no chat tokens in the tokenizer, a conversation without
