@@ -31,10 +31,13 @@ CALCULATOR_SECONDS = 3
 
 
 def use_calculator(expr: str):
-  """nanochat's calculator: ``expr`` with commas removed, evaluated when it
-  holds only digits, ``* + - / . ( )`` and spaces and no ``**``, within
-  :data:`CALCULATOR_SECONDS` (a timer signal in the main thread); its value,
-  or ``None`` when refused, failed or timed out."""
+  """nanochat's calculator: the value of ``expr`` (commas removed), or ``None``.
+
+  The expression is evaluated only when it holds nothing but digits, the
+  characters of :data:`CALCULATOR_CHARS` (operators, point, parentheses,
+  space) and no ``**``, and only for :data:`CALCULATOR_SECONDS` (a timer
+  signal in the main thread); refused, failing or slow expressions give
+  ``None``."""
   expr = expr.replace(",", "")
   if any(c not in CALCULATOR_CHARS for c in expr) or "**" in expr:
     return None
