@@ -27,6 +27,13 @@ segmentation probe on the teacher's patch tokens; the data and sizes are
 ``--out`` the figures go into the run's TensorBoard events as images too (and
 its W&B run with ``config.wandb.project``).
 ``--sample`` prints a continuation of the prompt (KV-cache decoding) instead.
+``--chat_tasks arc_easy,mmlu,...`` (a language model with nanochat's
+tokenizer) writes nanochat's chat scores instead of the loss: each task's
+accuracy, ``chatcore``, ``chatcore_tasks``, ``num_problems`` and ``step``,
+with the test splits read from ``--chat_data DIR`` (see
+``laplax.evaluators.chat``)::
+
+    laplax-eval --workdir runs/sft --chat_tasks all --chat_data data/chat
 
 ``--config.eval.KEY=VALUE`` changes a setting of the saved config's ``eval``
 section for this evaluation only (``config.json`` is not changed), e.g. the
@@ -130,6 +137,20 @@ _ANALYSIS_JACOBIAN = flags.DEFINE_integer(
     "the first DIM // width tokens of one example (0 = skip).", flag_values=FLAGS)
 _ANALYSIS_BATCH = flags.DEFINE_integer(
     "analysis_batch_size", 256, "--analysis: sequences per forward pass.", flag_values=FLAGS)
+_CHAT_TASKS = flags.DEFINE_string(
+    "chat_tasks", None, "LM with nanochat's tokenizer: nanochat's chat evaluations, "
+    "comma-separated among arc_easy, arc_challenge, mmlu, gsm8k, humaneval (or all); "
+    "eval.json then holds their scores and ChatCORE.", flag_values=FLAGS)
+_CHAT_DATA = flags.DEFINE_string(
+    "chat_data", None, "--chat_tasks: directory of the test splits in the Hugging Face "
+    "layout (e.g. DIR/ai2_arc/ARC-Easy/test-00000-of-00001.parquet).", flag_values=FLAGS)
+_CHAT_MAX = flags.DEFINE_integer("chat_max_problems", 0, "--chat_tasks: at most this many "
+                                 "problems per task (0 = all).", flag_values=FLAGS)
+_CHAT_BATCH = flags.DEFINE_integer("chat_batch_size", 8, "--chat_tasks: prompts per batch.",
+                                   flag_values=FLAGS)
+_CHAT_NEW = flags.DEFINE_integer("chat_max_new_tokens", 512, "--chat_tasks: tokens generated "
+                                 "per GSM8K / HumanEval answer.", flag_values=FLAGS)
+CHAT_OPTIONS = ("chat_data", "chat_max_problems", "chat_batch_size", "chat_max_new_tokens")
 ANALYSIS_OPTIONS = ("analysis_layers", "analysis_examples", "analysis_classes",
                     "analysis_jacobian_dim", "analysis_batch_size")
 EVAL_FILE = "eval.json"
@@ -242,6 +263,7 @@ def _check_flags() -> None:
     given = [name for name in ANALYSIS_OPTIONS if FLAGS[name].present]
     if given:
       raise cli.UsageError(f"--{given[0]} needs --analysis")
+  _check_chat_flags()
   if not _WORKDIR.value:
     raise cli.UsageError("--workdir is required, e.g. --workdir runs/vit")
   if _STEP.value is not None and _STEP.value < 0:
@@ -284,6 +306,7 @@ def main() -> int:
     raise cli.UsageError("--sample and --choices need a language-model workdir "
                          f"(task 'lm'); {workdir} holds task {config.task!r}")
   analysis = _analysis_options(config) if _ANALYSIS.value else None
+  chat_data = _chat_data(config, workdir) if _CHAT_TASKS.value else None
   items = lm_eval.read_choices(_CHOICES.value) if _CHOICES.value else None
   steps = restore.saved_steps(workdir)
   if not steps:
@@ -306,7 +329,9 @@ def main() -> int:
   if analysis is not None:
     return _run_analysis(config, task, state, workdir, analysis, out)
 
-  if config.task == "dino":
+  if chat_data is not None:
+    summary = _chat_scores(task, state, chat_data)
+  elif config.task == "dino":
     summary = _evaluate_dino(config, task, state, workdir,
                              os.path.dirname(out) if out else workdir)
   else:
@@ -346,6 +371,62 @@ def _sample(task, state) -> int:
                              rng=jax.random.PRNGKey(_SEED.value))
   print(_SAMPLE.value + task.tokenizer.decode(tokens))
   return 0
+
+
+def _check_chat_flags() -> None:
+  """The chat flags alone: options without ``--chat_tasks``, combinations
+  with other modes, bad numbers.
+
+  Raises:
+    cli.UsageError: the first bad flag.
+  """
+  if not _CHAT_TASKS.value:
+    given = [name for name in CHAT_OPTIONS if FLAGS[name].present]
+    if given:
+      raise cli.UsageError(f"--{given[0]} needs --chat_tasks")
+    return
+  if _SAMPLE.value is not None or _CHOICES.value or _ANALYSIS.value:
+    raise cli.UsageError("--chat_tasks cannot be combined with --sample, --choices or "
+                         "--analysis; run them separately")
+  for name, flag, low in (("chat_max_problems", _CHAT_MAX, 0), ("chat_batch_size", _CHAT_BATCH, 1),
+                          ("chat_max_new_tokens", _CHAT_NEW, 1)):
+    if flag.value < low:
+      raise cli.UsageError(f"--{name}={flag.value} must be >= {low}")
+
+
+def _chat_data(config, workdir: str) -> dict:
+  """``--chat_tasks``' test conversations by task, read before the model is
+  (``laplax.evaluators.chat.load_task``).
+
+  Raises:
+    cli.UsageError: not a language-model workdir.
+    DataError: an unknown task, a run whose saved tokenizer is not nanochat's,
+      a missing split, malformed data.
+  """
+  from laplax.data.errors import DataError  # pylint: disable=import-outside-toplevel
+  from laplax.evaluators import chat  # pylint: disable=import-outside-toplevel
+  if config.task != "lm":
+    raise cli.UsageError(f"--chat_tasks needs a language-model workdir (task 'lm'); "
+                         f"{workdir} holds task {config.task!r}")
+  names = chat.parse_tasks(_CHAT_TASKS.value)
+  kind = config.data.get("tokenizer", None)
+  if kind not in (None, "nanochat"):
+    raise DataError(f"{workdir} was trained with the {kind} tokenizer, which has no chat "
+                    "special tokens; chat evaluation needs a run trained with "
+                    "--config.data.tokenizer=nanochat")
+  return {name: chat.load_task(name, _CHAT_DATA.value, _CHAT_MAX.value or None)
+          for name in names}
+
+
+def _chat_scores(task, state, data: dict) -> dict:
+  """``--chat_tasks``: each task's score and ChatCORE (``laplax.evaluators.chat.run``).
+
+  Raises:
+    DataError: the run's tokenizer has no chat special tokens.
+  """
+  from laplax.evaluators import chat  # pylint: disable=import-outside-toplevel
+  return chat.run(task.model, state.params, task.tokenizer, data,
+                  batch_size=_CHAT_BATCH.value, max_new_tokens=_CHAT_NEW.value)
 
 
 def _evaluate_dino(config, task, state, workdir: str, out_dir: str) -> dict:

