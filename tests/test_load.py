@@ -319,15 +319,15 @@ def read_only_view(source, target):
   root, whom chmod does not stop: ``os.access`` and every write get EROFS);
   ``None`` where mounting is not permitted. Unmounted at the end."""
   target.mkdir()
-  mounted = (subprocess.run(["mount", "--bind", str(source), str(target)],
-                            capture_output=True).returncode == 0
-             and subprocess.run(["mount", "-o", "remount,bind,ro", str(target)],
-                                capture_output=True).returncode == 0)
+  bound = bool(shutil.which("mount")) and subprocess.run(
+      ["mount", "--bind", str(source), str(target)], capture_output=True).returncode == 0
+  read_only = bound and subprocess.run(["mount", "-o", "remount,bind,ro", str(target)],
+                                       capture_output=True).returncode == 0
   try:
-    yield target if mounted and not os.access(target, os.W_OK) else None
+    yield target if read_only and not os.access(target, os.W_OK) else None
   finally:
-    if os.path.ismount(target) and subprocess.run(["umount", str(target)],
-                                                  capture_output=True).returncode:
+    # (By the flag: os.path.ismount does not see a bind mount within one file system.)
+    if bound and subprocess.run(["umount", str(target)], capture_output=True).returncode:
       subprocess.run(["umount", "-l", str(target)], capture_output=True)
 
 
