@@ -3,6 +3,10 @@
 #
 #   bash bench/gpu_check.sh [OUTDIR [TRAIN_FLAGS...]]
 #
+# 0. tests/test_cudnn.py: the fused cuDNN attention (bf16, forward and
+#    gradients, masks, a tiny GPT) against the reference; skipped by the test
+#    suite on machines without a GPU. A failure is reported, and the timing
+#    steps still run.
 # 1. Trains the GPT default (configs/gpt_shakespeare.py, 4200 steps) with
 #    model.implementation=cudnn and model.dtype=bfloat16 through train.py,
 #    with its final evaluation, and prints the end-to-end tokens/s of the
@@ -28,6 +32,12 @@ SRC=()
 if [ -n "${SOURCE_DIR:-}" ]; then SRC=(--config.data.source_dir="$SOURCE_DIR"); fi
 
 $PY -c "import jax, flax, optax, orbax.checkpoint as o; print('jax', jax.__version__, 'flax', flax.__version__, 'optax', optax.__version__, 'orbax', o.__version__); print(jax.devices())"
+
+if $PY -m pytest -q -p no:randomly tests/test_cudnn.py -rs > "$OUT/test_cudnn.log" 2>&1; then
+  echo "tests/test_cudnn.py: $(tail -n 1 "$OUT/test_cudnn.log")"
+else
+  echo "tests/test_cudnn.py FAILED (rc $?), see $OUT/test_cudnn.log:"; tail -n 15 "$OUT/test_cudnn.log"
+fi
 
 start=$(date +%s)
 $PY train.py --config configs/gpt_shakespeare.py --workdir "$WORK/gpt" \

@@ -13,7 +13,9 @@ functions (``loop.state_shardings``, ``create_state``, ``jit_train_step``,
   the byte-level corpus in ``CORPUS_DIR``; 2 of 4 heads Laplacian, spectral
   conditioning) and mesh, the losses of 3 train steps and the largest
   parameter difference to the single-device run, plus the PartitionSpecs of
-  a few parameters and optimizer moments. The GPT's losses on (2,2,2) are
+  a few parameters and optimizer moments; and ``training``: how far each
+  parameter of the single-device run moved, and the loss of its first batch
+  before and after the 3 steps. The GPT's losses on (2,2,2) are
   also the reference of the two-process test.
 * ``checkpoint`` (``gpt`` only): the GPT saved after 3 steps on mesh (2,4,1), restored onto
   (8,1,1) and onto one device, then 3 more steps; the losses of the
@@ -163,6 +165,22 @@ def copy(state):
   return jax.tree_util.tree_map(lambda x: np.asarray(jax.device_get(x)), state)
 
 
+def training(task, before, after, params_before, params_after, batch):
+  """What the single-device steps changed: per parameter the smallest and the
+  largest ``|after - before|`` over its entries (those of :func:`comparable`),
+  and the loss of the first batch at the initial and at the final parameters
+  (the same batch and dropout key for both)."""
+  moved = {}
+  for k in before:
+    delta = np.abs(comparable(k, after[k]) - comparable(k, before[k]))
+    if delta.size:
+      moved[k] = [float(delta.min()), float(delta.max())]
+  loss = jax.jit(lambda p: task.loss(p, batch, jax.random.PRNGKey(0))[0])
+  params_after = jax.tree_util.tree_map(lambda x: np.asarray(jax.device_get(x)), params_after)
+  return {"moved": moved,
+          "same_batch_loss": [float(loss(params_before)), float(loss(params_after))]}
+
+
 def equivalence(kind, corpus, data_dir):
   """Losses and parameters of 3 steps on each mesh against one device.
 
@@ -176,6 +194,8 @@ def equivalence(kind, corpus, data_dir):
   initial = copy(ref.state)
   out = {"single": ref.train(batches[:STEPS])}
   ref_params = flat(ref.state.params)
+  out["training"] = training(task, flat(initial.params), ref_params, initial.params,
+                             ref.state.params, batches[0])
   for shape in MESHES:
     run = runs[shape] = Run(task, shape, None if shape == (2, 2, 2) else initial)
     losses = run.train(batches[:STEPS])

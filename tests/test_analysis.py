@@ -31,6 +31,7 @@ import pytest
 
 from laplax.analysis import capture, compare, conditioning, geometry, report, summary
 from model_helper import make_vit, make_gpt
+from test_conditioning_theorem import assert_terms_match, np_theorem_3_4
 from test_train import CONFIG, ROOT, TINY, run_in_process
 
 # ------------------------------------------------------------ NumPy reference
@@ -307,7 +308,8 @@ def test_jacobian_condition_matches_finite_differences():
   # Theorem 3.4's bound is reported beside it with its terms.
   bound = conditioning.theorem_3_4_bound(x, wq, wk, wv)
   assert bound["kappa_wq"] == pytest.approx(np.linalg.cond(wq), rel=1e-4)
-  assert bound["bound"] >= bound["kappa_x"] * bound["kappa_softmax"]
+  # Each term and the bound against the NumPy transcription of their definitions.
+  assert_terms_match(bound, np_theorem_3_4(x, wq, wk, wv, scale=3 ** -0.5))
 
 
 def test_attention_block_jacobian_matches_finite_differences():

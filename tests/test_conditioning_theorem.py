@@ -1,7 +1,14 @@
 """Theorem 3.4 of Saratchandran & Lucey (2025) measured as stated: the Jacobian
 of one head ``softmax(X W_Q W_K^T X^T * scale) X W_V`` with respect to the
 weights ``(W_Q, W_K, W_V)``, against float64 finite differences and autodiff,
-and the bound against the measured condition number on random heads."""
+and the bound against the measured condition number on random heads.
+
+The bound and each of its terms are checked against :func:`np_theorem_3_4`, a
+NumPy transcription of the definitions in ``docs/methods.md`` (``kappa(A) =
+sigma_max / sigma_min``; ``kappa(L)`` from the eigenvalues of the whole
+``[T^2, T^2]`` matrix ``blockdiag_t(Diag(p_t) - p_t p_t^T)``), and against
+closed forms: two-token rows, uniform and causal-uniform attention, identity
+weights."""
 
 from __future__ import annotations
 
@@ -9,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import scipy.linalg
 
 from laplax.analysis import conditioning
 
@@ -21,6 +29,78 @@ def np_head(x, wq, wk, wv, causal=False, scale=None):
     logits = np.where(np.tri(len(x), dtype=bool), logits, -np.inf)
   p = np.exp(logits - logits.max(1, keepdims=True))
   return (p / p.sum(1, keepdims=True)) @ (x @ wv)
+
+
+def np_condition(a):
+  """``sigma_max / sigma_min`` over the ``min(rows, cols)`` singular values."""
+  s = np.linalg.svd(np.asarray(a, np.float64), compute_uv=False)
+  return s[0] / s[-1] if s[-1] > 0 else np.inf
+
+
+def np_probs(x, wq, wk, causal=False, scale=1.0):
+  """Row-wise ``softmax(scale X W_Q W_K^T X^T)`` in float64, keys after the query masked."""
+  logits = (x @ wq) @ (x @ wk).T * scale
+  visible = np.tri(len(x), dtype=bool) if causal else np.ones(logits.shape, bool)
+  e = np.exp(logits - np.where(visible, logits, -np.inf).max(1, keepdims=True)) * visible
+  return e / e.sum(1, keepdims=True)
+
+
+def np_kappa_l(p, rtol=1e-12):
+  """kappa(L) of ``L = blockdiag_t(Diag(p_t) - p_t p_t^T)``: its largest over its
+  smallest nonzero eigenvalue (relative threshold ``rtol``), from the full matrix."""
+  big = scipy.linalg.block_diag(*[np.diag(r) - np.outer(r, r) for r in p])
+  eig = np.linalg.eigvalsh(big)
+  nonzero = eig[eig > rtol * eig.max()]
+  return nonzero.max() / nonzero.min() if nonzero.size else np.inf
+
+
+def np_theorem_3_4(x, wq, wk, wv, causal=False, scale=1.0):
+  """Theorem 3.4's right side ``kappa(X)^3 kappa(L) kappa(W_V) (kappa(W_Q) +
+  kappa(W_K)) + kappa(X) kappa(softmax)``, each term from its definition."""
+  p = np_probs(x, wq, wk, causal, scale)
+  t = {"kappa_x": np_condition(x), "kappa_l": np_kappa_l(p),
+       "kappa_softmax": np_condition(p), "kappa_wq": np_condition(wq),
+       "kappa_wk": np_condition(wk), "kappa_wv": np_condition(wv)}
+  with np.errstate(over="ignore", invalid="ignore"):
+    t["bound"] = (t["kappa_x"] ** 3 * t["kappa_l"] * t["kappa_wv"]
+                  * (t["kappa_wq"] + t["kappa_wk"]) + t["kappa_x"] * t["kappa_softmax"])
+  return t
+
+
+def np_weight_jacobian(x, ws, causal=False, scale=1.0, h=1e-30):
+  """The head's Jacobian in ``(W_Q, W_K, W_V)`` by complex-step differentiation
+  (exact to rounding: ``Im f(w + i h) / h``), columns ``[vec W_Q | vec W_K | vec W_V]``."""
+  cols = []
+  for i, w in enumerate(ws):
+    for idx in np.ndindex(w.shape):
+      step = [v.astype(complex) for v in ws]
+      step[i][idx] += 1j * h
+      logits = (x @ step[0]) @ (x @ step[1]).T * scale
+      visible = np.tri(len(x), dtype=bool) if causal else np.ones(logits.shape, bool)
+      e = np.exp(logits - np.where(visible, logits.real, -np.inf).max(1, keepdims=True))
+      e = e * visible
+      cols.append(((e / e.sum(1, keepdims=True)) @ (x @ step[2])).imag.ravel() / h)
+  return np.stack(cols, 1)
+
+
+def approx_kappa(kappa):
+  """``kappa`` up to the rounding of a float64 condition number (relative
+  ``64 eps kappa``: the smallest singular value's absolute error is of order
+  ``eps sigma_max``)."""
+  return pytest.approx(kappa, rel=1e-9 + 64 * np.finfo(np.float64).eps * kappa)
+
+
+def assert_terms_match(got, want):
+  """Each term within its rounding: a condition number ``kappa`` read from
+  float64 singular values or eigenvalues carries a relative error of order
+  ``eps * kappa`` (the smallest one's absolute error is ``eps * sigma_max``);
+  the bound's is at most the sum of its factors' (``kappa_x`` three times)."""
+  assert set(got) == set(want), got.keys()
+  eps = np.finfo(np.float64).eps
+  rel = {k: 1e-9 + 64 * eps * v for k, v in want.items() if k != "bound"}
+  rel["bound"] = sum(rel.values()) + 2 * rel["kappa_x"]
+  for k, v in want.items():
+    assert got[k] == pytest.approx(v, rel=rel[k]), (k, got[k], v)
 
 
 def finite_difference_weight_jacobian(x, ws, causal, scale, h=1e-6):
@@ -100,30 +180,46 @@ def test_bound_holds_on_random_heads_with_at_most_d_tokens():
     dim = int(rng.integers(3, 9))
     t, d = int(rng.integers(2, dim + 1)), int(rng.integers(1, 5))
     x, ws = random_head(rng, t, dim, d, std=float(rng.choice([0.1, 0.5, 1.0, 2.0])))
-    out = conditioning.head_conditioning(x, *ws, causal=bool(i % 2))
-    measured = conditioning.weight_jacobian_condition(x, *ws, causal=bool(i % 2),
-                                                      scale=1.0)["condition_number"]
-    assert out["weight_condition_number_unscaled"] == measured
+    causal = bool(i % 2)
+    out = conditioning.head_conditioning(x, *ws, causal=causal)
+    # Both sides against NumPy: the terms from their definitions, the measured
+    # condition number from a complex-step Jacobian.
+    assert_terms_match(out["theorem_3_4"], np_theorem_3_4(x, *ws, causal))
+    assert_terms_match(out["theorem_3_4_scaled_logits"],
+                       np_theorem_3_4(x, *ws, causal, scale=d ** -0.5))
+    measured = np_condition(np_weight_jacobian(x, ws, causal))
+    assert out["bound_holds"] == (out["theorem_3_4"]["bound"]
+                                  >= out["weight_condition_number_unscaled"])
     if out["weight_numerical_rank"] < min(out["weight_jacobian_shape"]):
-      assert out["weight_condition_number_unscaled"] > 1e12  # saturated
+      assert out["weight_condition_number_unscaled"] > 1e12 and measured > 1e12  # saturated
       continue
     checked += 1
+    assert out["weight_condition_number_unscaled"] == approx_kappa(measured)
+    assert out["weight_condition_number"] == approx_kappa(np_condition(
+        np_weight_jacobian(x, ws, causal, scale=d ** -0.5)))
     assert out["bound_holds"] and out["theorem_3_4"]["bound"] >= measured, (i, t, dim, d)
   assert checked >= 85  # 89 of 100 with this seed
 
 
-def test_bound_is_vacuous_or_fails_on_a_saturated_head():
-  """Weights of std 5 on two causal tokens: the second row of P is one-hot in
-  float64, the Jacobian loses the W_Q / W_K directions (rank d_v of 2 d_v).
-  Whether the bound then holds depends on the last bits of ``kappa(softmax)``
-  (a ratio of eigenvalues near 1e-23 and 1; the outcome differed between two
-  machines with the same packages): either it fails, or it holds only
-  because ``kappa(softmax)`` is astronomically large."""
+def test_bound_on_a_saturated_head_is_vacuous():
+  """Weights of std 5 on two causal tokens: P = [[1, 0], [1 - e, e]] with e
+  about 1e-23, the Jacobian loses the W_Q / W_K directions (rank d_v of 2
+  d_v), and the bound holds only through ``kappa(softmax) = 2 / e`` to
+  leading order (``sigma_min(P) = det P / sigma_max(P)``, ``det P = e``,
+  ``sigma_max(P) = sqrt(2)``): astronomically large. Row 0 is one-hot,
+  ``L_0 = 0``, so ``kappa(L)`` is row 1's alone, 1."""
   x, ws = random_head(np.random.default_rng(3), 2, 6, 4, std=5.0)
   out = conditioning.head_conditioning(x, *ws, causal=True)
   assert out["weight_numerical_rank"] == 4
   assert out["weight_condition_number_unscaled"] > 1e12
-  assert not out["bound_holds"] or out["theorem_3_4"]["kappa_softmax"] > 1e15
+  logits = (x @ ws[0]) @ (x @ ws[1]).T
+  e = 1.0 / (1.0 + np.exp(logits[1, 0] - logits[1, 1]))
+  assert e < 1e-20
+  terms = out["theorem_3_4"]
+  assert terms["kappa_softmax"] == pytest.approx(2.0 / e, rel=1e-6)
+  assert terms["kappa_l"] == 1.0
+  assert_terms_match(terms, np_theorem_3_4(x, *ws, causal=True))
+  assert out["bound_holds"] == (terms["bound"] >= out["weight_condition_number_unscaled"])
 
 
 def test_bound_fails_when_tokens_exceed_width():
@@ -135,3 +231,91 @@ def test_bound_fails_when_tokens_exceed_width():
   assert out["weight_numerical_rank"] < 8 * 4
   assert np.isfinite(out["theorem_3_4"]["bound"])
   assert not out["bound_holds"]
+
+
+def test_softmax_jacobian_condition_closed_forms():
+  """``kappa(L)`` on rows whose eigenvalues are known: a two-token row ``(a,
+  1 - a)`` has ``L_t`` eigenvalues ``{0, 2 a (1 - a)}``; a uniform row over
+  ``m`` keys has ``1/m`` (``m - 1`` times) and 0; a one-hot row has only 0."""
+  a, b = 0.5, 0.1
+  assert conditioning.softmax_jacobian_condition([[a, 1 - a], [b, 1 - b]]) == pytest.approx(
+      (a * (1 - a)) / (b * (1 - b)), rel=1e-12)
+  for t in (2, 3, 7):
+    uniform = np.full((t, t), 1.0 / t)
+    assert conditioning.softmax_jacobian_condition(uniform) == pytest.approx(1.0, rel=1e-9)
+    # Causal-uniform rows: row t spreads over t + 1 keys; row 0 is one-hot.
+    causal = np.tril(np.ones((t, t))) / np.arange(1, t + 1)[:, None]
+    assert conditioning.softmax_jacobian_condition(causal) == pytest.approx(t / 2, rel=1e-9)
+  assert conditioning.softmax_jacobian_condition(np.eye(3)) == np.inf
+  rng = np.random.default_rng(8)
+  for t in (2, 4, 6):
+    p = rng.dirichlet(np.full(t, 0.7), size=t)
+    assert conditioning.softmax_jacobian_condition(p) == pytest.approx(np_kappa_l(p), rel=1e-9)
+
+
+def test_bound_with_identity_weights_closed_form():
+  """``X = [diag(s_1, s_2) | 0]``, ``W_Q = W_K = W_V = I``: the logits are
+  ``diag(s_t^2)``, so row ``t`` of P is ``(a_t, 1 - a_t)`` (or reversed) with
+  ``a_t = sigmoid(s_t^2)``; every weight has ``kappa = 1``, ``kappa(X) =
+  s_1 / s_2``, ``kappa(L) = max / min of a_t (1 - a_t)``, and ``kappa(P)``
+  from the 2 x 2 singular values ``sqrt((F^2 +- sqrt(F^4 - 4 det^2)) / 2)``."""
+  s1, s2 = 2.0, 1.0
+  x = np.array([[s1, 0.0, 0.0], [0.0, s2, 0.0]])
+  eye = np.eye(3)
+  a1, a2 = 1 / (1 + np.exp(-s1 ** 2)), 1 / (1 + np.exp(-s2 ** 2))
+  det, frob2 = a1 + a2 - 1, a1 ** 2 + (1 - a1) ** 2 + a2 ** 2 + (1 - a2) ** 2
+  root = np.sqrt(frob2 ** 2 - 4 * det ** 2)
+  kappa_p = np.sqrt((frob2 + root) / (frob2 - root))
+  v1, v2 = a1 * (1 - a1), a2 * (1 - a2)
+  kappa_l = max(v1, v2) / min(v1, v2)
+  want = {"kappa_x": s1 / s2, "kappa_l": kappa_l, "kappa_softmax": kappa_p,
+          "kappa_wq": 1.0, "kappa_wk": 1.0, "kappa_wv": 1.0,
+          "bound": (s1 / s2) ** 3 * kappa_l * 1.0 * (1.0 + 1.0) + (s1 / s2) * kappa_p}
+  assert_terms_match(conditioning.theorem_3_4_bound(x, eye, eye, eye, scale=1.0), want)
+  # laplax's default logit scale 1/sqrt(d) = 1/sqrt(3): the same with s_t^2 / sqrt(3).
+  assert_terms_match(conditioning.theorem_3_4_bound(x, eye, eye, eye),
+                     np_theorem_3_4(x, eye, eye, eye, scale=3 ** -0.5))
+
+
+def test_bound_with_uniform_attention_closed_form():
+  """Queries orthogonal to the input (``X W_Q = 0``) make every logit 0: P is
+  uniform (rank 1: ``kappa(softmax) = inf``, ``kappa(L) = 1``) and, causal,
+  uniform over the visible keys: ``kappa(L) = T / 2`` (rows over 2..T keys)
+  and ``kappa(softmax)`` that of ``tril(1) / (1..T)``."""
+  t, dim, d = 4, 6, 2
+  rng = np.random.default_rng(9)
+  s = np.array([1.0, 2.0, 3.0, 4.0])
+  x = np.concatenate([np.diag(s), np.zeros((t, dim - t))], 1)
+  wq = np.concatenate([np.zeros((t, d)), rng.normal(size=(dim - t, d))])
+  wk, wv = rng.normal(size=(dim, d)), rng.normal(size=(dim, 3))
+  kq, kk, kv = (np.linalg.cond(w) for w in (wq, wk, wv))
+  causal_p = np.tril(np.ones((t, t))) / np.arange(1, t + 1)[:, None]
+  kappa_p = np.linalg.cond(causal_p)
+  want = {"kappa_x": 4.0, "kappa_l": t / 2, "kappa_softmax": kappa_p, "kappa_wq": kq,
+          "kappa_wk": kk, "kappa_wv": kv,
+          "bound": 4.0 ** 3 * (t / 2) * kv * (kq + kk) + 4.0 * kappa_p}
+  assert_terms_match(conditioning.theorem_3_4_bound(x, wq, wk, wv, causal=True, scale=1.0),
+                     want)
+  full = conditioning.theorem_3_4_bound(x, wq, wk, wv, scale=1.0)
+  assert full["kappa_l"] == pytest.approx(1.0, rel=1e-9)
+  assert full["kappa_softmax"] > 1e15 and full["bound"] > 1e15  # rank-1 P: inf up to rounding
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_head_conditioning_against_numpy(causal):
+  """``head_conditioning`` against the complex-step Jacobian (both logit
+  scales) and the transcribed bound, on heads with ``T <= D``."""
+  rng = np.random.default_rng(10)
+  for t, dim, d in ((3, 5, 2), (4, 4, 3), (5, 8, 4)):
+    x, ws = random_head(rng, t, dim, d, std=0.7)
+    out = conditioning.head_conditioning(x, *ws, causal=causal)
+    unscaled = np_weight_jacobian(x, ws, causal)
+    assert out["weight_condition_number_unscaled"] == approx_kappa(np_condition(unscaled))
+    assert out["weight_condition_number"] == approx_kappa(
+        np_condition(np_weight_jacobian(x, ws, causal, scale=d ** -0.5)))
+    assert out["weight_jacobian_shape"] == list(unscaled.shape)
+    assert out["weight_numerical_rank"] == np.linalg.matrix_rank(unscaled) == t * d
+    assert_terms_match(out["theorem_3_4"], np_theorem_3_4(x, *ws, causal))
+    assert_terms_match(out["theorem_3_4_scaled_logits"],
+                       np_theorem_3_4(x, *ws, causal, scale=d ** -0.5))
+    assert out["bound_holds"] is True

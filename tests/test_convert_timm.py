@@ -89,6 +89,23 @@ def timm_state(model):
   return {k: v.detach().numpy() for k, v in model.state_dict().items()}
 
 
+def timm_eval(model, data_config):
+  """timm ``model`` on every example of eval.py's eval split (its pipeline,
+  images to NCHW): per example ``(correct, cross-entropy in nats, prediction)``."""
+  from laplax.data import images as images_lib  # pylint: disable=import-outside-toplevel
+  correct, nll, predicted = [], [], []
+  for batch in images_lib.eval_batches(data_config, batch_size=500):
+    real = batch["mask"] > 0
+    images = np.ascontiguousarray(batch["image"][real].transpose(0, 3, 1, 2))
+    logits, labels = timm_logits(model, images).astype(np.float64), batch["label"][real]
+    log_p = logits - logits.max(-1, keepdims=True)
+    log_p -= np.log(np.exp(log_p).sum(-1, keepdims=True))
+    correct.append(logits.argmax(-1) == labels)
+    nll.append(-log_p[np.arange(len(labels)), labels])
+    predicted.append(logits.argmax(-1))
+  return tuple(np.concatenate(a) for a in (correct, nll, predicted))
+
+
 def assert_trees_equal_bitwise(a, b):
   fa, fb = common.flat(a), common.flat(b)
   assert sorted(fa) == sorted(fb)
@@ -226,6 +243,14 @@ def test_cli_timm_workdir_evaluates_fine_tunes_and_goes_back(tmp_path, fmnist_da
   back = timm_vit.timm_from_dir(str(out))
   assert_trees_equal_bitwise(timm_vit.timm_to_laplax(timm_state(back), timm_vit.architecture(back)),
                              params)
+  # eval.py's accuracy is timm's: timm's own forward pass of those weights on
+  # the same 1000 examples (eval.py's pipeline, images to NCHW) scores the same.
+  correct, nll, predicted = timm_eval(back, common.read_workdir(str(conv))[0].data)
+  assert len(correct) == result["num_examples"] == 1000
+  # At most one near-tie may flip between the two frameworks' float32 logits.
+  assert abs(correct.sum() - round(result["accuracy"] * 1000)) <= 1, (correct.sum(), result)
+  assert result["loss"] == pytest.approx(nll.mean(), rel=1e-5), (nll.mean(), result)
+  assert len(set(predicted)) > 1  # not a constant classifier, which any input would fool
   # Fine-tune with one Laplacian head per layer, from the converted weights
   # (the model keys come from the converted workdir's config.json).
   ft = tmp_path / "ft"

@@ -87,15 +87,41 @@ def test_residual_projection_init_scale():
   assert "lm_head" not in params  # tied
 
 
+def closed_form_count(m, vocab):
+  """Parameters of a GPT of config ``m`` from its architecture, by module:
+  per block W_Q, W_K, W_V, W_O ``4 D^2`` and the MLP ``2 D M`` (plus biases
+  ``4 D + M + D``), two norms (``2 D`` each with LayerNorm's scale and bias, 0
+  for parameter-free RMSNorm); the token embedding ``V D``, a learned position
+  table ``T D``, the final norm, an untied output layer ``D V``."""
+  d, mlp, depth = m.width, m.mlp_dim, m.depth
+  norm = 2 * d if m.norm == "layernorm" else 0
+  block = 4 * d * d + 2 * d * mlp + norm * 2
+  if m.use_bias:
+    block += 4 * d + mlp + d
+  total = depth * block + vocab * d + norm
+  if m.posemb == "learn":
+    total += m.max_length * d
+  if not m.tie_embeddings:
+    total += d * vocab
+  return total
+
+
 @pytest.mark.parametrize("name,vocab,expected", [
-    ("gpt2_124m", 50257, 124e6), ("gpt_d20", 65536, 561e6)])
+    ("gpt2_124m", 50257, 124_439_808),  # GPT-2 small (tied, learned positions, biases)
+    ("gpt_d20", 65536, 560_988_160)])   # 20 x 12 x 1280^2 + 2 x 65536 x 1280
 def test_paper_config_parameter_count(name, vocab, expected):
+  """Exact counts (``jax.eval_shape``: nothing is allocated): a missing
+  position table, one layer's attention or a bias changes them."""
   c = load(name)
+  assert closed_form_count(c.model, vocab) == expected
   model = GPT(spec_lib.from_config(c.model), vocab_size=vocab)
   shapes = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0),
                                              jnp.zeros((1, 8), jnp.int32)))
   n = sum(x.size for x in jax.tree_util.tree_leaves(shapes))
-  assert abs(n - expected) / expected < 0.02, n
+  assert n == expected
+  per_block = [sum(x.size for x in jax.tree_util.tree_leaves(shapes["params"][f"block{i}"]))
+               for i in range(c.model.depth)]
+  assert per_block == [per_block[0]] * c.model.depth  # every layer complete
 
 
 @pytest.mark.parametrize("name,vocab", [("gpt2_124m", 50257), ("gpt_d20", 65536)])

@@ -8,6 +8,7 @@ a 2-device FSDP mesh and loaded onto this process's one device), and every
 bad workdir must raise one :class:`laplax.LoadError` of one line.
 """
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -310,6 +311,56 @@ def _chmod_tree(directory, writable):
   for p in [directory, *directory.rglob("*")]:
     mode = p.stat().st_mode
     p.chmod(mode | 0o200 if writable else mode & ~0o222)
+
+
+@contextlib.contextmanager
+def read_only_view(source, target):
+  """``target``: a read-only bind mount of ``source`` (read-only even to
+  root, whom chmod does not stop: ``os.access`` and every write get EROFS);
+  ``None`` where mounting is not permitted. Unmounted at the end."""
+  target.mkdir()
+  bound = bool(shutil.which("mount")) and subprocess.run(
+      ["mount", "--bind", str(source), str(target)], capture_output=True).returncode == 0
+  read_only = bound and subprocess.run(["mount", "-o", "remount,bind,ro", str(target)],
+                                       capture_output=True).returncode == 0
+  try:
+    yield target if read_only and not os.access(target, os.W_OK) else None
+  finally:
+    # (By the flag: os.path.ismount does not see a bind mount within one file system.)
+    if bound and subprocess.run(["umount", str(target)], capture_output=True).returncode:
+      subprocess.run(["umount", "-l", str(target)], capture_output=True)
+
+
+def test_not_writable_refusals_as_root(runs, tmp_path, capfd, fmnist_data_dir):
+  """Root writes through chmod, so the read-only workdir of the test below
+  proves nothing there; a read-only bind mount stops root too: eval.py
+  without ``--out`` on it, eval.py ``--out`` into it and train.py with a new
+  workdir in it are each refused in one line (exit 2), the mount unchanged,
+  and ``laplax.load`` still reads it."""
+  import laplax
+  if os.geteuid() != 0:
+    pytest.skip("not root: the chmod case of test_eval_step_and_out_only_read_the_workdir")
+  source = tmp_path / "vit"
+  shutil.copytree(runs["vit"], source)
+  before = _snapshot(source)
+  with read_only_view(source, tmp_path / "ro") as ro:
+    if ro is None:
+      pytest.skip("a read-only bind mount is not permitted here")
+    cases = (
+        (["eval.py", "--workdir", str(ro)], [f"{ro} is not writable", "give --out FILE"]),
+        (["eval.py", "--workdir", str(source), "--out", str(ro / "evals" / "e.json")],
+         [f"{ro} is not writable"]),
+        (["train.py", "--workdir", str(ro / "new")]
+         + [a for a in VIT if not a.startswith("--config.mesh_shape")]  # one device here
+         + [f"--config.data.data_dir={fmnist_data_dir}"],
+         [f"--workdir {ro / 'new'} is not writable ({ro})"]))
+    for argv, words in cases:
+      r = run_in_process(argv, capfd)
+      lines = [l for l in r.stderr.splitlines() if l.strip()]
+      assert r.returncode == 2 and len(lines) == 1, r.stderr[-2000:]
+      assert lines[0].startswith("error: ") and all(w in lines[0] for w in words), lines[0]
+    assert laplax.load(str(ro)).step == 6
+  assert _snapshot(source) == before and not (source / "new").exists()
 
 
 def test_eval_step_and_out_only_read_the_workdir(runs, tmp_path, capfd):

@@ -25,6 +25,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -142,9 +143,52 @@ def _dead_pid():
   return proc.pid
 
 
-def test_one_writer_many_readers(tmp_path, fmnist_data_dir, capfd):
-  """A second train.py is refused in one line within seconds and changes
-  nothing; eval.py, eval.py --analysis and laplax.load read the workdir in a
+def tree_state(directory):
+  """``{relative path: (size, mtime_ns, bytes or None)}`` of everything under
+  ``directory`` (the bytes of files, None for folders)."""
+  out = {}
+  for root, dirs, files in os.walk(directory):
+    for name in dirs + files:
+      path = os.path.join(root, name)
+      st = os.stat(path)
+      data = None
+      if name in files:
+        with open(path, "rb") as f:
+          data = f.read()
+      out[os.path.relpath(path, directory)] = (st.st_size, st.st_mtime_ns, data)
+  return out
+
+
+@contextlib.contextmanager
+def refusal_watch(monkeypatch):
+  """Counts, while in the block, XLA compilations (JAX's monitoring events)
+  and calls of the trainer (``loop.train_and_evaluate``): a start refused at
+  once makes neither."""
+  import jax  # pylint: disable=import-outside-toplevel
+  from laplax.train import loop  # pylint: disable=import-outside-toplevel
+  counts = {"compiled": 0, "trained": 0}
+
+  def on_duration(event, duration, **kwargs):  # pylint: disable=unused-argument
+    if event.startswith("/jax/core/compile/"):  # tracing, lowering, compiling
+      counts["compiled"] += 1
+  jax.monitoring.register_event_duration_secs_listener(on_duration)
+  original = loop.train_and_evaluate
+
+  def trained(*args, **kwargs):
+    counts["trained"] += 1
+    return original(*args, **kwargs)
+  monkeypatch.setattr(loop, "train_and_evaluate", trained)
+  try:
+    yield counts
+  finally:
+    jax.monitoring.unregister_event_duration_listener(on_duration)
+    monkeypatch.setattr(loop, "train_and_evaluate", original)
+
+
+def test_one_writer_many_readers(tmp_path, fmnist_data_dir, capfd, monkeypatch):
+  """A second train.py is refused in one line before it writes anything or
+  compiles anything (the first run frozen meanwhile, so that its workdir
+  stands still); eval.py, eval.py --analysis and laplax.load read the workdir in a
   loop while it checkpoints every step (keeping 2, so each save also deletes
   one) and never fail, warn or go back to an older step; the first run's metrics are strictly increasing; a
   lock left by a dead process is taken over."""
@@ -156,10 +200,16 @@ def test_one_writer_many_readers(tmp_path, fmnist_data_dir, capfd):
   proc = start(args, tmp_path / "first.log")
   try:
     assert wait_for_step(proc, workdir, 2), (tmp_path / "first.log").read_text()[-3000:]
-    t0 = time.time()
-    r = run_in_process(args, capfd)
-    elapsed = time.time() - t0
-    assert r.returncode == 2 and elapsed < 10, (elapsed, r.stderr[-3000:])
+    proc.send_signal(signal.SIGSTOP)
+    try:
+      before = tree_state(workdir)
+      with refusal_watch(monkeypatch) as watched:
+        r = run_in_process(args, capfd)
+      assert tree_state(workdir) == before  # nothing written, moved or removed
+    finally:
+      proc.send_signal(signal.SIGCONT)
+    assert r.returncode == 2, r.stderr[-3000:]
+    assert watched == {"compiled": 0, "trained": 0}, watched
     lines = [l for l in r.stderr.splitlines() if l.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: workdir "), r.stderr
     assert f"process {proc.pid} on host {socket.gethostname()}" in lines[0]
