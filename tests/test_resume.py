@@ -14,6 +14,7 @@ run; 7,7,6 gives the 20 of the acceptance run) and ``LAPLAX_RESUME_SEED``
 the random steps (default: new each run, printed on failure).
 """
 
+import contextlib
 import os
 import random
 import re
@@ -110,6 +111,22 @@ def start(args, log_path):
   return proc
 
 
+def wait_stopped(pid, attempts=2000):
+  """Returns once every thread of ``pid`` is stopped (``T`` in
+  ``/proc/PID/task/*/stat``): SIGSTOP is delivered asynchronously, and a
+  thread inside a write finishes it first."""
+  for _ in range(attempts):
+    states = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+      with contextlib.suppress(OSError):
+        with open(f"/proc/{pid}/task/{task}/stat") as f:
+          states.append(f.read().rsplit(")", 1)[1].split()[0])
+    if states and all(s in "Tt" for s in states):
+      return
+    time.sleep(0.005)
+  raise AssertionError(f"process {pid} did not stop: thread states {states}")
+
+
 def wait_for_step(proc, workdir, step, timeout=240):
   deadline = time.time() + timeout
   while proc.poll() is None and time.time() < deadline:
@@ -186,6 +203,7 @@ def test_sigterm_saves_exits_0_and_resumes_bitwise(tmp_path, tmp_path_factory,
   proc = start(args, tmp_path / "term.log")
   assert wait_for_step(proc, workdir, 10)
   proc.send_signal(signal.SIGSTOP)
+  wait_stopped(proc.pid)
   at_signal = last_train_step(workdir)  # every step is logged (log_every=1)
   proc.send_signal(signal.SIGTERM)
   proc.send_signal(signal.SIGCONT)

@@ -33,7 +33,7 @@ import time
 
 import pytest
 
-from test_resume import assert_bitwise_equal, saved_state, start, wait_for_step
+from test_resume import assert_bitwise_equal, saved_state, start, wait_for_step, wait_stopped
 from test_train import ROOT, read_metrics, run_in_process, train_args
 
 import laplax
@@ -202,6 +202,7 @@ def test_one_writer_many_readers(tmp_path, fmnist_data_dir, capfd, monkeypatch):
     assert wait_for_step(proc, workdir, 2), (tmp_path / "first.log").read_text()[-3000:]
     proc.send_signal(signal.SIGSTOP)
     try:
+      wait_stopped(proc.pid)  # every thread, so that no write is still in flight
       before = tree_state(workdir)
       with refusal_watch(monkeypatch) as watched:
         r = run_in_process(args, capfd)
