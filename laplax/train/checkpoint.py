@@ -246,8 +246,9 @@ class Checkpointer:
         self.manager.close()
       if jax.process_index() == 0:
         # A writer thread of orbax may still add files while the tree goes
-        # (seen once in a loaded test run): retry until nothing is left.
-        for _ in range(50):
+        # (seen in loaded test runs, once after 1 s): retry until nothing is
+        # left, for up to 10 s.
+        for _ in range(500):
           leftover = list(self.incomplete_steps().values())
           if not leftover:
             break
