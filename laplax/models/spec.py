@@ -34,6 +34,7 @@ import jax
 import numpy as np
 
 from laplax import attention, spectral
+from laplax.kernels import splash
 
 DTYPES = ("float32", "bfloat16")
 # Rematerialisation of each block (``model.remat``): name -> jax.checkpoint
@@ -155,7 +156,10 @@ class AttentionSpec(_Checked):
     qk_scale: constant factor on queries and on keys after the qk-norm
       (1.2 in nanochat/gpt.py: logits ``1.44 q.k / sqrt(head_dim)``).
     attention_dropout: dropout on ``P`` (forces the reference kernel).
-    implementation: the kernel of :func:`laplax.attention.attend`.
+    implementation: the kernel of :func:`laplax.attention.attend` (``None``:
+      chosen by platform and shape, :mod:`laplax.kernels`; ``"splash"``
+      refuses attention dropout here and lengths that are not multiples of
+      128 where the length is known: :func:`check_splash_lengths`).
     rope: rotary position embedding on queries and keys.
     laplacian_mix: ``"fixed"`` (the heads of ``laplacian`` use ``I - P``) or
       ``"learned"`` (a learned ``alpha`` per head and layer, initialised at
@@ -172,6 +176,13 @@ class AttentionSpec(_Checked):
   rope: bool = False
   laplacian_mix: str = _field("fixed", "choice", choices=attention.LAPLACIAN_MIXES)
   spectral: SpectralSpec | None = None
+
+  def __post_init__(self):
+    super().__post_init__()
+    if self.implementation == "splash" and self.attention_dropout > 0:
+      raise SpecError(f"model.implementation='splash' has no attention dropout "
+                      f"(model.attention_dropout={self.attention_dropout}); set "
+                      f"model.attention_dropout=0 or model.implementation='xla'")
 
   def module_kwargs(self) -> dict:
     """The :class:`~laplax.attention.MultiHeadAttention` attributes this spec sets."""
@@ -329,6 +340,27 @@ class GPTSpec(TransformerSpec):
   tie_embeddings: bool = _field(True, "bool")
   embed_norm: bool = _field(False, "bool")
   kernel_init: str = "gpt2"
+
+  def __post_init__(self):
+    super().__post_init__()
+    check_splash_lengths(self, (self.max_length,))
+
+
+def check_splash_lengths(spec: TransformerSpec, lengths) -> None:
+  """Refuses ``model.implementation='splash'`` for token counts ``lengths``
+  its blocks do not divide (:func:`laplax.kernels.splash.unsupported`).
+
+  Raises:
+    SpecError: one line naming the count and the fix.
+  """
+  if spec.attention.implementation != "splash":
+    return
+  for n in lengths:
+    if n % splash.BLOCK:
+      raise SpecError(f"model.implementation='splash' needs token counts that are "
+                      f"multiples of {splash.BLOCK}, but the attention sees {n} "
+                      f"tokens; use model.implementation='xla' (or None: XLA "
+                      f"where splash does not fit) or change the length")
 
 
 FAMILIES = {"vit": ViTSpec, "gpt": GPTSpec}
