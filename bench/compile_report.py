@@ -188,6 +188,7 @@ def report(spec: str, devices, args) -> None:
   schedule = optim.learning_rate_schedule(config.optim, config.total_steps)
   t0 = time.time()
   with sharding.context(mesh, rules):
+    kernel = config_lib.attention_kernel(config, task)  # on the slice's platform
     state_sharding = loop.state_shardings(task, tx, config.seed, mesh, rules)
     state = loop.sharded_abstract_state(task, tx, config.seed, state_sharding)
     batch_sharding = loop.batch_shardings(task, mesh, rules)
@@ -204,7 +205,7 @@ def report(spec: str, devices, args) -> None:
     print(f"\n== {spec}  ({devices[0].device_kind} x {len(devices)}, mesh (data, fsdp, "
           f"tensor) = {tuple(mesh.shape.values())}, batch {config.batch_size}, remat "
           f"{config.model.get('remat', 'none')}, grad_accum_steps "
-          f"{config.optim.get('grad_accum_steps', 1)})\n   does not fit: "
+          f"{config.optim.get('grad_accum_steps', 1)}, attention {kernel})\n   does not fit: "
           f"{str(e).splitlines()[0][:300]}")
     return
   t2 = time.time()
@@ -224,7 +225,7 @@ def report(spec: str, devices, args) -> None:
   print(f"   parameters {num_params / 1e6:.1f}M ({num_matmul / 1e6:.1f}M in matmuls); "
         f"batch {config.batch_size}; dtype {config.model.dtype}; remat "
         f"{config.model.get('remat', 'none')}; scan_layers {config.model.get('scan_layers', False)}; "
-        f"grad_accum_steps {config.optim.get('grad_accum_steps', 1)}")
+        f"grad_accum_steps {config.optim.get('grad_accum_steps', 1)}; attention kernel {kernel}")
   print(f"   lower {t1 - t0:.1f} s, compile {t2 - t1:.1f} s")
   print(f"   per-device memory: arguments {size(mem.argument_size_in_bytes)}, "
         f"outputs {size(mem.output_size_in_bytes)} (donated in place "
