@@ -22,6 +22,10 @@ device and times the number of devices) next to the analytic count
 (forward and backward of every weight matmul plus the ``Q K^T`` and ``P V``
 products; with ``model.remat`` another forward is added: 8 instead of 6 and
 16 instead of 12). Memory and FLOPs are per step of ``batch_size`` examples.
+The attention kernel the config gets on those devices is printed with them
+(``model.implementation`` unset: splash on a TPU slice where the token
+count allows it, see ``laplax.kernels``); a Pallas kernel is a custom call
+whose FLOPs ``cost_analysis()`` may leave out.
 
 Errors: an unknown topology name or a missing libtpu, and meshes that do not
 fit the devices or the batch, print one line and exit 2.
