@@ -101,7 +101,9 @@ def segment_ids(mask, batch: int, q_length: int, kv_length: int):
   """Segment ids ``(q [batch, q_length], kv [batch, kv_length])`` int32 of a
   key-padding mask: bool broadcastable to ``[batch, heads, q_length,
   kv_length]`` whose head and query axes have size 1 (True = attend). Every
-  query gets id 1, the keys it may attend to 1, the others 0.
+  query gets id 1, the keys it may attend to 1, the others 0. An example
+  with no key to attend to (all 0) has no defined output here, where the
+  XLA kernel gives uniform weights: such a row is padding either way.
 
   Raises:
     ValueError: a mask that differs between heads or queries (splash takes
