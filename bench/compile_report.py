@@ -68,6 +68,9 @@ def parse_args(argv=None):
   p.add_argument("--batch", type=int, default=None, help="global batch size (default: the config's)")
   p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                  help="config override, e.g. model.remat=full (repeatable)")
+  p.add_argument("--xla-keeps-p", action="store_true",
+                 help="laplax's XLA attention kernel keeps the float32 P for the backward "
+                      "pass on any platform (as on a CPU), to measure what that costs")
   return p.parse_args(argv)
 
 
@@ -170,6 +173,8 @@ def report(spec: str, devices, args) -> None:
   from laplax.train import config as config_lib  # pylint: disable=import-outside-toplevel
   from laplax.train import loop, optim  # pylint: disable=import-outside-toplevel
 
+  from laplax import kernels  # pylint: disable=import-outside-toplevel
+  kernels.XLA_KEEPS_P = True if args.xla_keeps_p else None
   config = load_config(spec)
   for item in args.set:
     apply_override(config, item)

@@ -32,6 +32,11 @@ from laplax.kernels.xla import MASK_VALUE, xla_attention
 __all__ = ["MASK_VALUE", "xla_attention", "splash_attention", "target_platform",
            "choose", "describe"]
 
+# Whether the XLA kernel keeps the float32 P for its backward pass: None keeps
+# it on a CPU only (the fastest there; off the CPU P is computed again);
+# True or False forces it everywhere (bench/compile_report.py --xla-keeps-p
+# measures what keeping it would cost on a TPU slice).
+XLA_KEEPS_P: bool | None = None
 # cuDNN's fused attention (through jax.nn.dot_product_attention): the dtypes
 # and largest head dimension laplax sends it by default.
 CUDNN_DTYPES = ("bfloat16", "float16")
@@ -178,5 +183,5 @@ def attention(query, key, value, *, mask, is_causal: bool, scale: float,
     value = jnp.repeat(value, heads // value.shape[-2], axis=-2)
   # On a CPU the backward pass reuses the saved float32 P (fastest there); on
   # an accelerator it computes P again instead of keeping [batch, heads, q, kv].
-  return xla_attention(query, key, value, mask, is_causal, scale,
-                       keep_probs=platform == "cpu")
+  keep = platform == "cpu" if XLA_KEEPS_P is None else XLA_KEEPS_P
+  return xla_attention(query, key, value, mask, is_causal, scale, keep_probs=keep)
