@@ -75,8 +75,11 @@ def _heads_major_attention_fwd(q, k, v, mask, is_causal, scale, keep_probs):
 
 def _heads_major_attention_bwd(is_causal, scale, keep_probs, residuals, d_pv):
   q, k, v, mask, probs = residuals
-  if not keep_probs:  # recomputed: the same ops as the forward pass
-    probs = _softmax(q, k, mask, is_causal, scale)
+  if not keep_probs:  # recomputed: the same ops as the forward pass, behind a
+    # barrier so that XLA cannot merge them with the forward's (CSE would keep
+    # the forward's P alive until here, as jax.checkpoint's barriers prevent).
+    q_again, k_again = jax.lax.optimization_barrier((q, k))
+    probs = _softmax(q_again, k_again, mask, is_causal, scale)
   f32 = jnp.float32
   d_pv32 = d_pv.astype(f32)
   d_v = jnp.einsum("bhqk,bhqd->bhkd", probs, d_pv32)
