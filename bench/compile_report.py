@@ -22,6 +22,10 @@ device and times the number of devices) next to the analytic count
 (forward and backward of every weight matmul plus the ``Q K^T`` and ``P V``
 products; with ``model.remat`` another forward is added: 8 instead of 6 and
 16 instead of 12). Memory and FLOPs are per step of ``batch_size`` examples.
+The attention kernel the config gets on those devices is printed with them
+(``model.implementation`` unset: splash on a TPU slice where the token
+count allows it, see ``laplax.kernels``); a Pallas kernel is a custom call
+whose FLOPs ``cost_analysis()`` may leave out.
 
 ``--segmentation-eval`` compiles a DINO config's segmentation evaluation
 instead (``bench/segmentation_compile.py``; default config
@@ -71,6 +75,9 @@ def parse_args(argv=None):
   p.add_argument("--segmentation-eval", action="store_true",
                  help="compile a DINO config's segmentation evaluation (eval.py's linear "
                       "probe; bench/segmentation_compile.py) instead of its train step")
+  p.add_argument("--xla-keeps-p", action="store_true",
+                 help="laplax's XLA attention kernel keeps the float32 P for the backward "
+                      "pass on any platform (as on a CPU), to measure what that costs")
   return p.parse_args(argv)
 
 
@@ -173,6 +180,8 @@ def report(spec: str, devices, args) -> None:
   from laplax.train import config as config_lib  # pylint: disable=import-outside-toplevel
   from laplax.train import loop, optim  # pylint: disable=import-outside-toplevel
 
+  from laplax import kernels  # pylint: disable=import-outside-toplevel
+  kernels.XLA_KEEPS_P = True if args.xla_keeps_p else None
   config = load_config(spec)
   for item in args.set:
     apply_override(config, item)
@@ -195,6 +204,7 @@ def report(spec: str, devices, args) -> None:
   schedule = optim.learning_rate_schedule(config.optim, config.total_steps)
   t0 = time.time()
   with sharding.context(mesh, rules):
+    kernel = config_lib.attention_kernel(config, task)  # on the slice's platform
     state_sharding = loop.state_shardings(task, tx, config.seed, mesh, rules)
     state = loop.sharded_abstract_state(task, tx, config.seed, state_sharding)
     batch_sharding = loop.batch_shardings(task, mesh, rules)
@@ -211,7 +221,7 @@ def report(spec: str, devices, args) -> None:
     print(f"\n== {spec}  ({devices[0].device_kind} x {len(devices)}, mesh (data, fsdp, "
           f"tensor) = {tuple(mesh.shape.values())}, batch {config.batch_size}, remat "
           f"{config.model.get('remat', 'none')}, grad_accum_steps "
-          f"{config.optim.get('grad_accum_steps', 1)})\n   does not fit: "
+          f"{config.optim.get('grad_accum_steps', 1)}, attention {kernel})\n   does not fit: "
           f"{str(e).splitlines()[0][:300]}")
     return
   t2 = time.time()
@@ -231,7 +241,7 @@ def report(spec: str, devices, args) -> None:
   print(f"   parameters {num_params:,} ({num_matmul / 1e6:.1f}M in matmuls); "
         f"batch {config.batch_size}; dtype {config.model.dtype}; remat "
         f"{config.model.get('remat', 'none')}; scan_layers {config.model.get('scan_layers', False)}; "
-        f"grad_accum_steps {config.optim.get('grad_accum_steps', 1)}")
+        f"grad_accum_steps {config.optim.get('grad_accum_steps', 1)}; attention kernel {kernel}")
   print(f"   lower {t1 - t0:.1f} s, compile {t2 - t1:.1f} s")
   print(f"   per-device memory: arguments {size(mem.argument_size_in_bytes)}, "
         f"outputs {size(mem.output_size_in_bytes)} (donated in place "

@@ -11,8 +11,9 @@ from the same ``P V`` a standard head computes, so any fused kernel serves both
 kinds of head and no ``[length, length]`` tensor is formed.
 
 :func:`attend` is the seam where the kernel is chosen (``"xla"``, which is
-:func:`laplax.kernels.xla_attention`, ``"cudnn"``, or the materialising
-``"reference"``); :class:`MultiHeadAttention` holds the
+:func:`laplax.kernels.xla_attention`, ``"cudnn"``, ``"splash"``, or the
+materialising ``"reference"``; ``None`` chooses by platform, see
+:mod:`laplax.kernels`); :class:`MultiHeadAttention` holds the
 projections, qk-norm, dropout and the spectral conditioning of
 :mod:`laplax.spectral`.
 
@@ -31,7 +32,7 @@ import numpy as np
 from laplax import kernels, sharding, spectral
 from laplax.rotary import STYLES as ROPE_STYLES, rotary, rotary_table  # noqa: F401  (re-exported)
 
-IMPLEMENTATIONS = (None, "xla", "cudnn", "reference")
+IMPLEMENTATIONS = (None, "xla", "cudnn", "splash", "reference")
 # Logical axes of queries, keys, values and head outputs (laplax.sharding).
 HEADS_AXES = ("batch", "length", "heads", "head_dim")
 # Masked logits get this value rather than -inf, so that fully masked rows and
@@ -131,9 +132,11 @@ def attend(query: jax.Array, key: jax.Array, value: jax.Array, *,
   Standard heads return ``P_i V_i``, Laplacian heads ``V_i - P_i V_i``
   (Zhang & Papyan 2026, the update ``sum_A P X W_V W_O + sum_L (I - P) X W_V W_O``),
   both from one ``P V`` computation: :func:`laplax.kernels.xla_attention`
-  (XLA ops with a hand-written VJP) for ``None``/``"xla"``,
-  ``jax.nn.dot_product_attention`` for ``"cudnn"`` (no ``[length, length]``
-  tensor), or :func:`reference_attention`. In causal attention token ``t``'s Laplacian
+  (XLA ops with a hand-written VJP) for ``"xla"``, the fused kernels (no
+  ``[length, length]`` tensor) ``jax.nn.dot_product_attention`` for
+  ``"cudnn"`` and :func:`laplax.kernels.splash_attention` for ``"splash"``,
+  or :func:`reference_attention`; ``None`` lets :func:`laplax.kernels.choose`
+  pick by platform and shape. In causal attention token ``t``'s Laplacian
   output is ``v_t - sum_{j<=t} p_tj v_j``, so token 0's is exactly 0.
 
   Args:
@@ -143,9 +146,12 @@ def attend(query: jax.Array, key: jax.Array, value: jax.Array, *,
     mask: bool, broadcastable to ``[batch, num_heads, q_length, kv_length]``,
       True = attend.
     is_causal: causal attention (queries aligned to the last keys).
-    implementation: ``None`` or ``"xla"`` (:func:`laplax.kernels.xla_attention`),
-      ``"cudnn"`` (fused flash attention, NVIDIA GPUs only) or
-      ``"reference"`` (materialises ``P``).
+    implementation: ``None`` (by platform: splash on TPU, cuDNN on NVIDIA
+      GPUs in bfloat16/float16, else XLA; XLA where the shape does not suit
+      the fused kernel), ``"xla"`` (:func:`laplax.kernels.xla_attention`),
+      ``"cudnn"`` (fused flash attention, NVIDIA GPUs only), ``"splash"``
+      (Pallas splash attention: TPU, interpret mode elsewhere; lengths that
+      are multiples of 128, no dropout) or ``"reference"`` (materialises ``P``).
     scale: logit scale, default ``1 / sqrt(head_dim)``.
     dropout_rate, dropout_rng: attention dropout on ``P``; when active it needs
       ``P`` and therefore runs the reference implementation.
@@ -167,13 +173,14 @@ def attend(query: jax.Array, key: jax.Array, value: jax.Array, *,
 
   Raises:
     ValueError: unknown implementation, ``laplacian`` of the wrong length,
-      missing ``residual_value`` when lengths differ, or ``return_weights``
-      with a fused implementation.
+      missing ``residual_value`` when lengths differ, ``return_weights``
+      with a fused implementation, or what splash cannot take (lengths,
+      dropout, masks other than key padding).
   """
   if implementation not in IMPLEMENTATIONS:
     raise ValueError(
         f"attention implementation {implementation!r} is unknown; use one of "
-        f"'xla', 'cudnn', 'reference' or None")
+        f"'xla', 'cudnn', 'splash', 'reference' or None")
   num_heads = query.shape[-2]
   try:
     laplacian_np = np.asarray(laplacian, dtype=bool)
@@ -185,32 +192,21 @@ def attend(query: jax.Array, key: jax.Array, value: jax.Array, *,
         f"one boolean per query head")
   use_dropout = dropout_rate > 0.0 and dropout_rng is not None
   weights = None
-  if implementation == "reference" or use_dropout or return_weights:
+  if implementation == "reference" or (use_dropout and implementation != "splash") or (
+      return_weights):
     if return_weights and implementation not in (None, "reference"):
       raise ValueError("return_weights needs implementation='reference'")
     pv, weights = reference_attention(
         query, key, value, mask=mask, is_causal=is_causal, scale=scale,
         dropout_rate=dropout_rate if use_dropout else 0.0,
         dropout_rng=dropout_rng)
-  elif implementation == "cudnn":
-    if mask is not None:
-      mask = jnp.broadcast_to(
-          mask, (query.shape[0], num_heads, query.shape[1], key.shape[1]))
-    if is_causal and query.shape[1] != key.shape[1]:
-      mask = _combine_masks(mask, True, query.shape[1], key.shape[1])
-      is_causal = False
-    pv = jax.nn.dot_product_attention(
-        query, key, value, mask=mask, scale=scale, is_causal=is_causal,
-        implementation=implementation)
   else:
-    if key.shape[-2] != num_heads:  # grouped-query attention
-      key = jnp.repeat(key, num_heads // key.shape[-2], axis=-2)
-      value = jnp.repeat(value, num_heads // value.shape[-2], axis=-2)
-    if mask is not None:
-      mask = jnp.asarray(mask, bool)
-    pv = kernels.xla_attention(
-        query, key, value, mask, bool(is_causal),
-        query.shape[-1] ** -0.5 if scale is None else float(scale))
+    if implementation == "splash" and use_dropout:
+      raise ValueError(kernels.splash.unsupported(
+          query.shape[1], key.shape[1], dropout=dropout_rate) or "no dropout")
+    pv = kernels.attention(query, key, value, mask=mask, is_causal=bool(is_causal),
+                           scale=query.shape[-1] ** -0.5 if scale is None else float(scale),
+                           implementation=implementation)
 
   if mix is None and laplacian_np is not None and not laplacian_np.any():
     out = pv
@@ -429,7 +425,8 @@ class MultiHeadAttention(nn.Module):
       ``"qkv"`` letters). The corrected projections are summed in float32
       (:class:`ProjectionDense`); qk-norm and rotary then see them in float32
       and the attention kernel in ``dtype``.
-    implementation: kernel for :func:`attend`.
+    implementation: kernel for :func:`attend` (decoding with the KV cache
+      runs XLA's instead of splash).
     laplacian_mix: ``"fixed"`` (the heads marked Laplacian output ``V - P V``,
       the others ``P V``) or ``"learned"``: head ``i`` outputs ``alpha_i V +
       (1 - 2 alpha_i) P V`` with ``alpha_i = sigmoid(a_i)`` and ``a`` a
@@ -534,7 +531,8 @@ class MultiHeadAttention(nn.Module):
       visible = positions[:, None] >= jnp.arange(max_length)[None, :]
       mask = visible[None, None] if mask is None else jnp.logical_and(mask, visible)
       y = attend(q, cached_k.value, cached_v.value, laplacian=laplacian, mask=mask,
-                 implementation=self.implementation, residual_value=v,
+                 implementation="xla" if self.implementation == "splash" else
+                 self.implementation, residual_value=v,
                  dropout_rate=self.attention_dropout, dropout_rng=dropout_rng, mix=mix)
     else:
       y = attend(q, k, v, laplacian=laplacian, mask=mask, is_causal=is_causal,

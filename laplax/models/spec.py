@@ -34,6 +34,7 @@ import jax
 import numpy as np
 
 from laplax import attention, spectral
+from laplax.kernels import splash
 
 DTYPES = ("float32", "bfloat16")
 # Rematerialisation of each block (``model.remat``): name -> jax.checkpoint
@@ -171,7 +172,10 @@ class AttentionSpec(_Checked):
       (1.2 in a later nanochat: logits ``1.44 q.k / sqrt(head_dim)``; 1.0 in
       its first release).
     attention_dropout: dropout on ``P`` (forces the reference kernel).
-    implementation: the kernel of :func:`laplax.attention.attend`.
+    implementation: the kernel of :func:`laplax.attention.attend` (``None``:
+      chosen by platform and shape, :mod:`laplax.kernels`; ``"splash"``
+      refuses attention dropout here and lengths that are not multiples of
+      128 where the length is known: :func:`check_splash_lengths`).
     rope: rotary position embedding on queries and keys.
     rope_theta: the rotary base (10,000 as nanochat's first release; a later
       nanochat uses 100,000).
@@ -194,6 +198,13 @@ class AttentionSpec(_Checked):
   rope_style: str = _field("roformer", "choice", choices=attention.ROPE_STYLES)
   laplacian_mix: str = _field("fixed", "choice", choices=attention.LAPLACIAN_MIXES)
   spectral: SpectralSpec | None = None
+
+  def __post_init__(self):
+    super().__post_init__()
+    if self.implementation == "splash" and self.attention_dropout > 0:
+      raise SpecError(f"model.implementation='splash' has no attention dropout "
+                      f"(model.attention_dropout={self.attention_dropout}); set "
+                      f"model.attention_dropout=0 or model.implementation='xla'")
 
   def module_kwargs(self) -> dict:
     """The :class:`~laplax.attention.MultiHeadAttention` attributes this spec sets."""
@@ -364,6 +375,27 @@ class GPTSpec(TransformerSpec):
   logit_softcap: float | None = _field(None, "float", optional=True, open_min=True)
   embedding_dtype: str = _field("float32", "choice", choices=DTYPES)
   kernel_init: str = _field("gpt2", "choice", choices=KERNEL_INITS)
+
+  def __post_init__(self):
+    super().__post_init__()
+    check_splash_lengths(self, (self.max_length,))
+
+
+def check_splash_lengths(spec: TransformerSpec, lengths) -> None:
+  """Refuses ``model.implementation='splash'`` for token counts ``lengths``
+  its blocks do not divide (:func:`laplax.kernels.splash.unsupported`).
+
+  Raises:
+    SpecError: one line naming the count and the fix.
+  """
+  if spec.attention.implementation != "splash":
+    return
+  for n in lengths:
+    if n % splash.BLOCK:
+      raise SpecError(f"model.implementation='splash' needs token counts that are "
+                      f"multiples of {splash.BLOCK}, but the attention sees {n} "
+                      f"tokens; use model.implementation='xla' (or None: XLA "
+                      f"where splash does not fit) or change the length")
 
 
 #: Model family (``config.model.name``) -> its spec class.

@@ -355,7 +355,8 @@ def _validate_model(config):
   """The model section: every field of the model spec
   (:func:`laplax.models.spec.from_config`: types, ranges, heads vs width,
   Laplacian heads vs heads, qk-norm, spectral, rotary), then what the spec
-  cannot know (the backend for cuDNN, the image size for the patches)."""
+  cannot know (the backend for cuDNN, the image size for the patches, the
+  token counts splash needs)."""
   m = config.model
   try:
     model_spec = spec_lib.from_config(m)
@@ -371,6 +372,54 @@ def _validate_model(config):
     _require(image_size % m.patch_size == 0,
              f"config.data.image_size={image_size} is not divisible by "
              f"config.model.patch_size={m.patch_size}; change one of them")
+  if config.get("task", None) != "dino":  # DINO's crops: after their own check
+    _check_splash(config, model_spec)
+
+
+def _check_splash(config, model_spec) -> None:
+  """``model.implementation='splash'`` against the token counts known from
+  the config (:func:`attention_lengths`)."""
+  try:
+    spec_lib.check_splash_lengths(model_spec, attention_lengths(config))
+  except spec_lib.SpecError as e:
+    raise ConfigError(f"config.{e}") from None
+
+
+def attention_lengths(config: ml_collections.ConfigDict,
+                      image_side: int | None = None) -> tuple[int, ...]:
+  """Token counts the model's self-attention sees: the GPT's context
+  (``model.max_length``); a ViT's patches of ``data.image_size`` (else of
+  ``image_side``, the dataset's, when given) plus the class token with
+  ``model.pool='tok'``; for DINO also the global and local crops. Counts
+  that depend on an unknown image size are left out."""
+  m = config.model
+  if m.name == "gpt":
+    return (int(m.max_length),)
+  patches = lambda side: (int(side) // m.patch_size) ** 2 + (m.get("pool", "tok") == "tok")
+  sides = [get(config, "data.image_size", None) or image_side]
+  if config.get("task", None) == "dino":
+    mc = config.data.multicrop
+    sides = [mc.global_size] + ([mc.local_size] if mc.num_local else []) + sides
+  return tuple(dict.fromkeys(patches(s) for s in sides if s))
+
+
+def attention_kernel(config: ml_collections.ConfigDict, task: Any = None,
+                     say: Any = None) -> str:
+  """The name of the attention kernel(s) the run uses (``"xla"``,
+  ``"splash"``, ``"cudnn"``, ``"splash+xla"``...): :func:`laplax.kernels.describe`
+  of :func:`attention_lengths` (with ``task.image_shape`` when the task has
+  one) on the current platform (inside :func:`laplax.sharding.context`: the
+  mesh's). ``say``, if given, is called with the one line that says which
+  kernel runs and why (``train.py`` prints it at the start)."""
+  from laplax import kernels  # pylint: disable=import-outside-toplevel
+  spec = spec_lib.from_config(config.model)
+  side = (getattr(task, "image_shape", None) or (None,))[0]
+  name, line = kernels.describe(spec.attention.implementation,
+                                attention_lengths(config, side),
+                                head_dim=spec.head_dim, dtype=spec.dtype)
+  if say is not None:
+    say(line)
+  return name
 
 
 def _validate_classification(config):
@@ -392,6 +441,7 @@ def _validate_dino(config):
     multicrop.check_multicrop(get(config, "data.multicrop"), patch_size=patch)
   except DataError as e:
     raise ConfigError(str(e)) from None
+  _check_splash(config, spec_lib.from_config(config.model))
 
   _int(config, "dino.out_dim", 2)
   for key in ("hidden_dim", "bottleneck_dim", "head_layers"):

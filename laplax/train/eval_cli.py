@@ -25,7 +25,9 @@ teacher's patch features of a few test images, as RGB) and
 segmentation probe on the teacher's patch tokens; the data and sizes are
 ``config.eval.segmentation*``, see ``laplax.data.segmentation``); without
 ``--out`` the figures go into the run's TensorBoard events as images too (and
-its W&B run with ``config.wandb.project``).
+its W&B run with ``config.wandb.project``). Every ``eval.json`` also names
+the ``attention_kernel`` that computed it (``"xla"``, ``"splash"``,
+``"cudnn"``; :func:`laplax.train.config.attention_kernel`).
 ``--sample`` prints a continuation of the prompt (KV-cache decoding) instead.
 ``--chat_tasks arc_easy,mmlu,...`` (a language model with nanochat's
 tokenizer) writes nanochat's chat scores instead of the loss: each task's
@@ -341,6 +343,8 @@ def main() -> int:
     summary["choices_accuracy"] = result["choices_accuracy"]
     summary["num_questions"] = result["num_questions"]
   summary["step"] = int(state.step)
+  from laplax.train import config as config_lib  # pylint: disable=import-outside-toplevel
+  summary["attention_kernel"] = config_lib.attention_kernel(config, task)
   path = out or os.path.join(workdir, EVAL_FILE)
   with saving.guard(os.path.basename(path), os.path.dirname(path)):
     utils.atomic_write(path, json.dumps(summary, indent=2))

@@ -494,16 +494,17 @@ def _on_error(writer: MetricWriter, profiler: Profiler, checkpointer, bar):
     raise
 
 
-def _open_writer(config, workdir: str, checkpointer, state) -> tuple[MetricWriter, int]:
-  """The metrics writer, with the records after the restored step dropped and
-  the config (and, at step 0, the parameter count) written; and that step."""
+def _open_writer(config, workdir: str, checkpointer, state, task) -> tuple[MetricWriter, int]:
+  """The metrics writer, with the records after the restored step dropped and the config
+  (and, at step 0, the parameter count and attention kernel) written; and that step."""
   start = int(state.step)
+  kernel = config_lib.attention_kernel(config, task, say=print if jax.process_index() == 0 else None)
   writer = MetricWriter(workdir, config, last_step=checkpointer.last_complete)
   writer.drop_after(start)
   writer.write_config(config, start)
   if start == 0:
-    writer.write(0, "info", {"num_params": int(sum(
-        x.size for x in jax.tree_util.tree_leaves(state.params)))})
+    writer.write(0, "info", {"num_params": int(sum(x.size for x in jax.tree_util.tree_leaves(
+        state.params))), "attention_kernel": kernel})
   return writer, start
 
 
@@ -527,7 +528,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str, task: Task,
   resumed = checkpointer.latest_step() is not None
   state = _restore_or_start(config, workdir, task, tx, checkpointer, train_iter,
                             state_sharding, abstract)
-  writer, start = _open_writer(config, workdir, checkpointer, state)
+  writer, start = _open_writer(config, workdir, checkpointer, state, task)
 
   place = lambda batch: sharding.whole_batch(batch, mesh, rules)
   pending: list[tuple[int, Any]] = []  # (step, metrics) since the last log
@@ -535,9 +536,8 @@ def _train(config: ml_collections.ConfigDict, workdir: str, task: Task,
   def check_finite():
     pending[:] = _fetch_finite(pending, checkpointer, bar)
   interval, summary = LogInterval(), {}
-  bar = tqdm.tqdm(total=config.total_steps, initial=start, unit="step",
-                  dynamic_ncols=True, mininterval=1.0,
-                  disable=jax.process_index() != 0)
+  bar = tqdm.tqdm(total=config.total_steps, initial=start, unit="step", dynamic_ncols=True,
+                  mininterval=1.0, disable=jax.process_index() != 0)
   say = bar.write if jax.process_index() == 0 else lambda text: None  # process 0 logs
   if resumed:
     say(f"resumed from step {start} in {checkpointer.directory}")

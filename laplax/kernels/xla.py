@@ -1,11 +1,20 @@
-"""Attention kernels composed of XLA ops, with hand-written derivatives.
+"""Attention composed of XLA ops, with a hand-written derivative.
 
 :func:`xla_attention` is the ``P V`` that :func:`laplax.attention.attend`
-uses for ``implementation=None`` and ``"xla"`` (``"cudnn"`` goes to
-``jax.nn.dot_product_attention``): the softmax attention of Vaswani et al.
-(2017, eq. 1), computed heads-major with a custom VJP. Its values are those
-of the materialising :func:`laplax.attention.reference_attention`; its
-gradients are checked against autodiff of it in ``tests/test_attention.py``.
+uses for ``"xla"`` (and for ``implementation=None`` on a CPU, or where a
+fused kernel does not suit the shape; see :mod:`laplax.kernels`): the softmax
+attention of Vaswani et al. (2017, eq. 1), computed heads-major with a custom
+VJP. Its values are those of the materialising
+:func:`laplax.attention.reference_attention`; its gradients are checked
+against autodiff of it in ``tests/test_attention.py``.
+
+What the backward pass keeps: on a CPU the float32 ``P`` (the fastest there,
+README "Where the step's time goes"); on an accelerator nothing of size
+``[length, length]``: the backward pass computes ``P`` again from ``q`` and
+``k`` (``keep_probs=False``): a kept ``P`` of ``gpt_d20.py`` is 2.5 GiB per
+layer on each chip of a v5e:4x4 slice, a sixth of the chip (README
+"Scale-out: will it fit? Ahead-of-time compilation"); the price is one more
+``Q K^T`` and softmax per layer in the backward pass.
 """
 
 from __future__ import annotations
@@ -27,9 +36,9 @@ def _causal(q_len: int, kv_len: int) -> np.ndarray:
   return np.arange(q_len)[:, None] + (kv_len - q_len) >= np.arange(kv_len)[None, :]
 
 
-def _softmax_pv(q, k, v, mask, is_causal, scale):
-  """Forward of :func:`xla_attention` on heads-major ``[batch, heads, length,
-  head_dim]`` arrays: ``(P V, P)``, ``P`` float32 ``[batch, heads, q, kv]``."""
+def _softmax(q, k, mask, is_causal, scale):
+  """``P``, float32 ``[batch, heads, q, kv]``, of heads-major ``[batch, heads,
+  length, head_dim]`` queries and keys."""
   q_len, kv_len = q.shape[2], k.shape[2]
   if q.dtype == jnp.float32:  # scale the [L, d] queries, not the [L, L] logits
     logits = jnp.einsum("bhqd,bhkd->bhqk", q * jnp.float32(scale), k)
@@ -42,24 +51,35 @@ def _softmax_pv(q, k, v, mask, is_causal, scale):
     logits = jnp.where(mask, logits, jnp.float32(MASK_VALUE))
   logits = logits - jnp.max(logits, axis=-1, keepdims=True)
   unnormalised = jnp.exp(logits)
-  probs = unnormalised / jnp.sum(unnormalised, axis=-1, keepdims=True)
+  return unnormalised / jnp.sum(unnormalised, axis=-1, keepdims=True)
+
+
+def _softmax_pv(q, k, v, mask, is_causal, scale):
+  """Forward of :func:`xla_attention` on heads-major ``[batch, heads, length,
+  head_dim]`` arrays: ``(P V, P)``, ``P`` float32 ``[batch, heads, q, kv]``."""
+  probs = _softmax(q, k, mask, is_causal, scale)
   pv = jnp.einsum("bhqk,bhkd->bhqd", probs.astype(v.dtype), v,
                   preferred_element_type=jnp.float32)
   return pv.astype(v.dtype), probs
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
-def _heads_major_attention(q, k, v, mask, is_causal, scale):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
+def _heads_major_attention(q, k, v, mask, is_causal, scale, keep_probs):
   return _softmax_pv(q, k, v, mask, is_causal, scale)[0]
 
 
-def _heads_major_attention_fwd(q, k, v, mask, is_causal, scale):
+def _heads_major_attention_fwd(q, k, v, mask, is_causal, scale, keep_probs):
   pv, probs = _softmax_pv(q, k, v, mask, is_causal, scale)
-  return pv, (q, k, v, mask, probs)
+  return pv, (q, k, v, mask, probs if keep_probs else None)
 
 
-def _heads_major_attention_bwd(is_causal, scale, residuals, d_pv):
+def _heads_major_attention_bwd(is_causal, scale, keep_probs, residuals, d_pv):
   q, k, v, mask, probs = residuals
+  if not keep_probs:  # recomputed: the same ops as the forward pass, behind a
+    # barrier so that XLA cannot merge them with the forward's (CSE would keep
+    # the forward's P alive until here, as jax.checkpoint's barriers prevent).
+    q_again, k_again = jax.lax.optimization_barrier((q, k))
+    probs = _softmax(q_again, k_again, mask, is_causal, scale)
   f32 = jnp.float32
   d_pv32 = d_pv.astype(f32)
   d_v = jnp.einsum("bhqk,bhqd->bhkd", probs, d_pv32)
@@ -88,13 +108,17 @@ def _heads_major_attention_bwd(is_causal, scale, residuals, d_pv):
 _heads_major_attention.defvjp(_heads_major_attention_fwd, _heads_major_attention_bwd)
 
 
-def xla_attention(query, key, value, mask, is_causal, scale):
+def xla_attention(query, key, value, mask, is_causal, scale, keep_probs=True):
   """``P V`` of softmax attention, composed of XLA ops with a hand-written VJP.
 
   ``query [batch, q_length, heads, head_dim]``, ``key``/``value [batch,
   kv_length, heads, head_dim]`` (as many heads), ``mask`` bool broadcastable
   to ``[batch, heads, q_length, kv_length]`` or ``None``; ``is_causal`` and
-  ``scale`` are Python values. Returns ``[batch, q_length, heads, head_dim]``
+  ``scale`` are Python values; ``keep_probs`` (a Python bool): the backward
+  pass reuses the forward pass's float32 ``P`` (True) or computes it again
+  from ``q`` and ``k`` (False: one more ``Q K^T`` and softmax per layer, no
+  ``[batch, heads, q_length, kv_length]`` residual; the same values, the
+  same ops). Returns ``[batch, q_length, heads, head_dim]``
   in ``value.dtype``. Logits and softmax are float32 (masked with
   :data:`MASK_VALUE`); the backward pass reuses the saved ``P`` (the
   softmax's VJP ``dS = P (dP - rowsum(dP P))`` written out, no logits kept)
@@ -106,5 +130,5 @@ def xla_attention(query, key, value, mask, is_causal, scale):
   """
   to_heads = lambda x: jnp.swapaxes(x, 1, 2)
   out = _heads_major_attention(to_heads(query), to_heads(key), to_heads(value),
-                               mask, is_causal, scale)
+                               mask, is_causal, scale, bool(keep_probs))
   return to_heads(out)
