@@ -9,11 +9,11 @@ VJP. Its values are those of the materialising
 against autodiff of it in ``tests/test_attention.py``.
 
 What the backward pass keeps: on a CPU the float32 ``P`` (the fastest there,
-README "Where the step's time goes"); on an accelerator nothing of size
+docs/benchmarks.md, "Where the step's time goes"); on an accelerator nothing of size
 ``[length, length]``: the backward pass computes ``P`` again from ``q`` and
 ``k`` (``keep_probs=False``): a kept ``P`` of ``gpt_d20.py`` is 2.5 GiB per
-layer on each chip of a v5e:4x4 slice, a sixth of the chip (README
-"Scale-out: will it fit? Ahead-of-time compilation"); the price is one more
+layer on each chip of a v5e:4x4 slice, a sixth of the chip (docs/scale-out.md,
+"Will it fit? Ahead-of-time compilation"); the price is one more
 ``Q K^T`` and softmax per layer in the backward pass.
 """
 
