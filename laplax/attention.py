@@ -11,7 +11,7 @@ from the same ``P V`` a standard head computes, so any fused kernel serves both
 kinds of head and no ``[length, length]`` tensor is formed.
 
 :func:`attend` is the seam where the kernel is chosen (``"xla"``, which is
-:func:`laplax.kernels.xla_attention`, ``"cudnn"``, ``"splash"``, or the
+:func:`laplax.kernels.xla.xla_attention`, ``"cudnn"``, ``"splash"``, or the
 materialising ``"reference"``; ``None`` chooses by platform, see
 :mod:`laplax.kernels`); :class:`MultiHeadAttention` holds the
 projections, qk-norm, dropout and the spectral conditioning of
@@ -131,10 +131,10 @@ def attend(query: jax.Array, key: jax.Array, value: jax.Array, *,
 
   Standard heads return ``P_i V_i``, Laplacian heads ``V_i - P_i V_i``
   (Zhang & Papyan 2026, the update ``sum_A P X W_V W_O + sum_L (I - P) X W_V W_O``),
-  both from one ``P V`` computation: :func:`laplax.kernels.xla_attention`
+  both from one ``P V`` computation: :func:`laplax.kernels.xla.xla_attention`
   (XLA ops with a hand-written VJP) for ``"xla"``, the fused kernels (no
   ``[length, length]`` tensor) ``jax.nn.dot_product_attention`` for
-  ``"cudnn"`` and :func:`laplax.kernels.splash_attention` for ``"splash"``,
+  ``"cudnn"`` and :func:`laplax.kernels.splash.splash_attention` for ``"splash"``,
   or :func:`reference_attention`; ``None`` lets :func:`laplax.kernels.choose`
   pick by platform and shape. In causal attention token ``t``'s Laplacian
   output is ``v_t - sum_{j<=t} p_tj v_j``, so token 0's is exactly 0.
@@ -148,7 +148,7 @@ def attend(query: jax.Array, key: jax.Array, value: jax.Array, *,
     is_causal: causal attention (queries aligned to the last keys).
     implementation: ``None`` (by platform: splash on TPU, cuDNN on NVIDIA
       GPUs in bfloat16/float16, else XLA; XLA where the shape does not suit
-      the fused kernel), ``"xla"`` (:func:`laplax.kernels.xla_attention`),
+      the fused kernel), ``"xla"`` (:func:`laplax.kernels.xla.xla_attention`),
       ``"cudnn"`` (fused flash attention, NVIDIA GPUs only), ``"splash"``
       (Pallas splash attention: TPU, interpret mode elsewhere; lengths that
       are multiples of 128, no dropout) or ``"reference"`` (materialises ``P``).
