@@ -213,7 +213,7 @@ def _unreadable_by_others() -> str | None:
   extension modules, site-packages) that another user cannot read, or None.
 
   A program run as ``nobody`` imports from these; an installation in a
-  private home directory (``/root/.pyenv``) keeps the program root.
+  private home directory (a pyenv under root's home, say) keeps the program root.
   """
   import sysconfig
   paths = sysconfig.get_paths()
