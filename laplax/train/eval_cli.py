@@ -248,8 +248,11 @@ def apply_overrides(config, overrides: list[tuple[str, str]]) -> None:
   known.update(config.get("eval", {}))
   for key, raw in overrides:
     if key not in known:
+      choices = (f"keys of config.eval: {', '.join(sorted(known))}" if known else
+                 f"this {config.task!r} run has no eval settings (the segmentation keys "
+                 f"are DINO's)")
       raise cli.UsageError(f"unknown config key 'eval.{key}' in --config.eval.{key}={raw}; "
-                           f"keys of config.eval: {', '.join(sorted(known))}")
+                           f"{choices}")
     with config.unlocked():
       config.eval[key] = _typed(key, raw, known[key])
   config_lib.validate(config, None, strict_keys=False)

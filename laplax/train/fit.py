@@ -79,7 +79,9 @@ def check_data(config: ml_collections.ConfigDict, task: Any) -> None:
     DataError: the data cannot be read.
   """
   if config.task == "lm":
-    from laplax.data import text  # pylint: disable=import-outside-toplevel
+    from laplax.data import lm_input, text  # pylint: disable=import-outside-toplevel
+    if lm_input.is_fineweb(config):
+      return  # a stream that starts again when it runs out (fineweb.prepare checks the shards)
     num = len(text.split_tokens(config.data, task.tokenizer, "train"))
     windows = num - int(config.model.max_length)
     if config.batch_size > windows:

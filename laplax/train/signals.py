@@ -234,6 +234,11 @@ class Guard:
     """The training loop: a first signal only sets :attr:`signum`; the loop
     saves and stops after the step in flight (and calls :meth:`reached`)."""
     self._in_loop = True
+    if self._active:
+      # jax.distributed.initialize (after __enter__) installs its preemption
+      # notifier's own SIGTERM handler: take the signals back for the loop.
+      for s in SIGNALS:
+        signal.signal(s, self._handle)
     try:
       yield self
     finally:
