@@ -68,6 +68,30 @@ def from_layout(params: dict, spec: spec_lib.TransformerSpec) -> dict:
   return params
 
 
+def torch_state_dict(path: str, missing_torch_hint: str) -> tuple[Any, Mapping]:
+  """``(torch, state)``: the module and ``torch.load(path, map_location="cpu",
+  weights_only=True)`` of an untrusted PyTorch file (no code in it runs).
+  PyTorch is imported here only.
+
+  Raises:
+    ConvertError: torch missing (the line ends with ``missing_torch_hint``),
+      an unreadable file, or an object that is not a mapping.
+  """
+  try:
+    import torch  # pylint: disable=import-outside-toplevel
+  except ImportError:
+    raise ConvertError(f"{path} is a PyTorch file and torch is not installed; "
+                       f"{missing_torch_hint}") from None
+  try:
+    state = torch.load(path, map_location="cpu", weights_only=True)
+  except Exception as e:  # pylint: disable=broad-except
+    raise ConvertError(f"cannot read {path}: {type(e).__name__}: "
+                       f"{str(e).splitlines()[0] if str(e) else ''}") from None
+  if not isinstance(state, Mapping):
+    raise ConvertError(f"{path} holds a {type(state).__name__}, not a state dict")
+  return torch, state
+
+
 def new_directory(parent: str) -> str:
   """A new temporary directory in ``parent`` (renamed into place by
   :func:`commit_directory`) with the permissions ``os.makedirs`` would give

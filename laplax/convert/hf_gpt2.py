@@ -218,18 +218,7 @@ def _load_safetensors(path: str) -> dict[str, np.ndarray]:
 def _load_torch(path: str) -> dict[str, np.ndarray]:
   """A ``pytorch_model.bin`` state dict as NumPy (torch imported here only,
   ``weights_only=True``)."""
-  try:
-    import torch  # pylint: disable=import-outside-toplevel
-  except ImportError:
-    raise ConvertError(f"{path} is a PyTorch file and torch is not installed; "
-                       f"install torch or give a model.safetensors") from None
-  try:
-    state = torch.load(path, map_location="cpu", weights_only=True)
-  except Exception as e:  # pylint: disable=broad-except
-    raise ConvertError(f"cannot read {path}: {type(e).__name__}: "
-                       f"{str(e).splitlines()[0] if str(e) else ''}") from None
-  if not isinstance(state, Mapping):
-    raise ConvertError(f"{path} holds a {type(state).__name__}, not a state dict")
+  _, state = common.torch_state_dict(path, "install torch or give a model.safetensors")
   return {k: v.detach().float().numpy() if v.is_floating_point() else v.numpy()
           for k, v in state.items()}
 

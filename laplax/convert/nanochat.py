@@ -233,19 +233,8 @@ def _load_state_dict(path: str) -> dict[str, np.ndarray]:
     ConvertError: torch missing, an unreadable file, or not a state dict of
       float tensors.
   """
-  try:
-    import torch  # pylint: disable=import-outside-toplevel
-  except ImportError:
-    raise ConvertError(f"{path} is a PyTorch file and torch is not installed; "
-                       f"pip install -r requirements-test.txt") from None
+  torch, state = common.torch_state_dict(path, "pip install -r requirements-test.txt")
   import ml_dtypes  # pylint: disable=import-outside-toplevel
-  try:
-    state = torch.load(path, map_location="cpu", weights_only=True)
-  except Exception as e:  # pylint: disable=broad-except
-    raise ConvertError(f"cannot read {path}: {type(e).__name__}: "
-                       f"{str(e).splitlines()[0] if str(e) else ''}") from None
-  if not isinstance(state, Mapping):
-    raise ConvertError(f"{path} holds a {type(state).__name__}, not a state dict")
   out = {}
   for name, value in state.items():
     if not (isinstance(value, torch.Tensor) and value.is_floating_point()):
