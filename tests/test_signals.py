@@ -183,6 +183,8 @@ def test_sweep_two_sigints_end_its_stalled_child_at_once(tmp_path, fmnist_data_d
   run = workdir / "num_laplacian_heads=1,seed=0"
   try:
     assert wait_for_step(proc, run, 2), log.read_text()[-3000:]
+    while proc.poll() is None and not (run / "checkpoints" / "2").exists():
+      time.sleep(0.01)  # as in _stopped_run: a loaded machine may still be writing it
     proc.send_signal(signal.SIGINT)
     while "stopping after the step in flight" not in _read(run / "train.log"):
       assert proc.poll() is None, log.read_text()[-3000:]
