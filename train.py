@@ -2,7 +2,7 @@
 
     python train.py --config configs/vit_fashion_mnist.py --workdir runs/vit
 
-The command lives in :mod:`laplax.train.train_cli` (its docstring and
+The command lives in :mod:`laplax.cli.train` (its docstring and
 ``--help`` list the flags); this file only runs it.
 """
 
@@ -11,7 +11,7 @@ import signal
 if __name__ == "__main__":  # Ctrl-C while the imports run: end at once, quietly
   signal.signal(signal.SIGINT, signal.SIG_DFL)  # (laplax's handlers come next)
 
-from laplax.train.train_cli import main, run_cli  # noqa: F401
+from laplax.cli.train import main, run_cli  # noqa: F401
 
 if __name__ == "__main__":
   run_cli()

@@ -8,7 +8,7 @@ Prints, in one run:
 1. hash throughput in seconds per GB (10^9 bytes) of the checksums of Python's
    standard library on ``--megabytes`` of random bytes in memory (CRC-32, the
    one laplax uses, beside Adler-32, SHA-256, SHA-1, BLAKE2b, MD5), and of
-   :func:`laplax.train.integrity.file_checksum` reading a file of that size
+   :func:`laplax.workdir.integrity.file_checksum` reading a file of that size
    in ``--dir`` (just written, so mostly from the page cache: the hashing,
    not the disk);
 2. for the config's checkpoint (default: the default ViT,
@@ -42,7 +42,7 @@ GB = 1e9
 
 def hash_throughput(megabytes: int, directory: str) -> None:
   """Prints seconds per GB of each checksum on ``megabytes`` MiB."""
-  from laplax.train import integrity  # pylint: disable=import-outside-toplevel
+  from laplax.workdir import integrity  # pylint: disable=import-outside-toplevel
   data = os.urandom(megabytes << 20)
   hashes = {"crc32 (zlib)": lambda b: zlib.crc32(b), "adler32 (zlib)": lambda b: zlib.adler32(b)}
   for name in ("sha256", "sha1", "blake2b", "md5"):
@@ -69,7 +69,9 @@ def checkpoint_cost(config_path: str, repeats: int, directory: str) -> None:
   """Prints the save, manifest and verification times of the config's checkpoint."""
   import jax  # pylint: disable=import-outside-toplevel
   from bench.step_time import load_config  # pylint: disable=import-outside-toplevel
-  from laplax.train import checkpoint, integrity, loop, optim, saving, tasks  # pylint: disable=import-outside-toplevel
+  from laplax.workdir import checkpoint, integrity, saving  # pylint: disable=import-outside-toplevel
+  from laplax.train import loop, optim
+  from laplax import tasks
   config = load_config(config_path)
   task = tasks.ClassificationTask(config, num_classes=10, image_shape=(28, 28, 1))
   state = loop.init_state(task, optim.make_optimizer(config), config.seed)

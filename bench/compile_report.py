@@ -177,7 +177,7 @@ def report(spec: str, devices, args) -> None:
   """Compiles ``spec``'s train step for ``devices`` and prints the figures."""
   import jax  # pylint: disable=import-outside-toplevel
   from laplax import sharding  # pylint: disable=import-outside-toplevel
-  from laplax.train import config as config_lib  # pylint: disable=import-outside-toplevel
+  from laplax.config import validation as config_lib  # pylint: disable=import-outside-toplevel
   from laplax.train import loop, optim  # pylint: disable=import-outside-toplevel
 
   from laplax import kernels  # pylint: disable=import-outside-toplevel

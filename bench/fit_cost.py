@@ -32,7 +32,9 @@ def measure(spec: str, data_dir: str) -> None:
   """Prints the timings and figures of one config."""
   import jax  # pylint: disable=import-outside-toplevel
   from laplax import sharding  # pylint: disable=import-outside-toplevel
-  from laplax.train import cli, fit, loop, optim, tasks  # pylint: disable=import-outside-toplevel
+  from laplax.cli import common as cli  # pylint: disable=import-outside-toplevel
+  from laplax.train import fit, loop, optim
+  from laplax import tasks
   config = cli._load_config_file(spec)  # pylint: disable=protected-access
   config.data.data_dir = data_dir
   task = tasks.make_task(config, None)

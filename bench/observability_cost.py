@@ -60,7 +60,7 @@ def sample_cost(path: str, overrides: list[str], repeats: int) -> None:
 
 def figures_cost(directory: str, repeats: int, use_wandb: bool) -> None:
   """Prints the time to write the figures of ``directory`` ``repeats`` times."""
-  from laplax.train import workdir as workdir_lib  # pylint: disable=import-outside-toplevel
+  from laplax.workdir import files as workdir_lib  # pylint: disable=import-outside-toplevel
   config = workdir_lib.load_saved_config(directory)
   paths = sorted(glob.glob(os.path.join(directory, "analysis_*.png"))
                  + [p for p in (os.path.join(directory, "patch_pca.png"),

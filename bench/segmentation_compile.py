@@ -10,7 +10,7 @@
 ``--config`` (a DINO config). It compiles, from ``jax.ShapeDtypeStruct``
 inputs that carry their shardings (nothing is allocated, no data is read),
 the three programs of ``eval.py``'s linear segmentation probe
-(:mod:`laplax.train.dino_segmentation`) on a mesh over every device of the
+(:mod:`laplax.evaluators.dino_segmentation`) on a mesh over every device of the
 slice, the batches split over it and the parameters replicated, as
 ``eval.py`` runs them:
 
@@ -52,8 +52,9 @@ def report(spec: str, devices, args, cr) -> None:
   from jax.sharding import PartitionSpec as P  # pylint: disable=import-outside-toplevel
   from laplax import sharding  # pylint: disable=import-outside-toplevel
   from laplax.analysis import segmentation as seg_lib  # pylint: disable=import-outside-toplevel
-  from laplax.train import config as config_lib  # pylint: disable=import-outside-toplevel
-  from laplax.train import dino_segmentation, tasks  # pylint: disable=import-outside-toplevel
+  from laplax.config import validation as config_lib  # pylint: disable=import-outside-toplevel
+  from laplax.evaluators import dino_segmentation  # pylint: disable=import-outside-toplevel
+  from laplax import tasks
 
   config = cr.load_config(spec)
   for item in args.set:

@@ -67,7 +67,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import jax  # pylint: disable=wrong-import-position
 import numpy as np  # pylint: disable=wrong-import-position
 
-from laplax.train import loop, optim, tasks  # pylint: disable=wrong-import-position
+from laplax.train import loop, optim  # pylint: disable=wrong-import-position
+from laplax import tasks
 
 
 def load_config(path: str):

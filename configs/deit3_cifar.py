@@ -12,7 +12,7 @@ for 400 epochs at batch 512. CIFAR must be prepared by TFDS in
 ``data.data_dir`` on a machine with internet (``tfds build cifar100``).
 """
 
-from laplax.train.defaults import base_config, deit3_recipe, parse_arg
+from laplax.config.defaults import base_config, deit3_recipe, parse_arg
 
 NUM_TRAIN = 50_000
 

@@ -14,7 +14,7 @@ crop and flip) and DeiT-3's 224 px fine-tuning; evaluation is at 192 px.
 ImageNet must be prepared by TFDS in ``data.data_dir`` (manual download).
 """
 
-from laplax.train.defaults import base_config, deit3_recipe, parse_arg
+from laplax.config.defaults import base_config, deit3_recipe, parse_arg
 
 NUM_TRAIN = 1_281_167
 

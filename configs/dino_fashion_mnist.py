@@ -13,7 +13,7 @@ A ViT of width 128, depth 4, patch 7 on 2 global 28 px crops and 6 local
 Labels are read only by the evaluation.
 """
 
-from laplax.train.defaults import dino_base_config, parse_arg
+from laplax.config.defaults import dino_base_config, parse_arg
 
 
 def get_config(arg=None):

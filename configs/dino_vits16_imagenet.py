@@ -17,7 +17,7 @@ epochs, student temperature 0.1, teacher momentum 0.996 -> 1, centre momentum
 """
 
 from laplax.data import images
-from laplax.train.defaults import dino_base_config, parse_arg
+from laplax.config.defaults import dino_base_config, parse_arg
 
 NUM_TRAIN = 1_281_167
 

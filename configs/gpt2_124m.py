@@ -7,7 +7,7 @@ embeddings, BPE vocabulary 50257 trained on the corpus's training split.
 Arguments: ``laplacian`` (last k of 12 heads), ``spectral``.
 """
 
-from laplax.train.defaults import gpt_base_config, parse_arg
+from laplax.config.defaults import gpt_base_config, parse_arg
 
 
 def get_config(arg=None):

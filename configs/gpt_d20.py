@@ -11,7 +11,7 @@ layer are Laplacian, ``V - P V``; default 5 of 10, the paper's best run; a
 per-layer list goes in ``--config.model.num_laplacian_heads``), ``spectral``.
 
 This is the model and optimiser of nanochat's first release
-(``karpathy/nanochat`` 3a5e0bc; :func:`laplax.train.defaults.nanochat_options`
+(``karpathy/nanochat`` 3a5e0bc; :func:`laplax.config.defaults.nanochat_options`
 lists them): the same forward (rotary in nanochat's convention, qk-norm after
 it, the logit soft-cap 15, ReLU^2, parameter-free RMSNorm with eps ``2^-23``,
 the bfloat16 token embedding), the same initialisation, and its optimiser step
@@ -46,7 +46,7 @@ What still differs from nanochat, and why:
 """
 
 from laplax.data import fineweb
-from laplax.train.defaults import (gpt_base_config, nanochat_num_params, nanochat_options,
+from laplax.config.defaults import (gpt_base_config, nanochat_num_params, nanochat_options,
                                    nanochat_steps, parse_arg)
 
 

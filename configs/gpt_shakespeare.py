@@ -7,11 +7,11 @@ Arguments: ``laplacian`` (Laplacian heads per layer, the last k of 4; default
 2 = half), ``spectral`` (lambda * I_k conditioning), ``tokenizer`` (``byte``
 or ``bpe``), ``recipe`` (``plain``, or ``nanochat``: the model and
 optimiser of nanochat's first release at this size, in float32,
-:func:`laplax.train.defaults.nanochat_options`). Validation is 4 held-out works, every 10th by name: henry_v, macbeth,
+:func:`laplax.config.defaults.nanochat_options`). Validation is 4 held-out works, every 10th by name: henry_v, macbeth,
 rape_of_lucrece (a poem), twelfth_night.
 """
 
-from laplax.train.defaults import check_recipe, gpt_base_config, nanochat_options, parse_arg
+from laplax.config.defaults import check_recipe, gpt_base_config, nanochat_options, parse_arg
 
 
 def get_config(arg=None):

@@ -8,10 +8,10 @@
 Arguments: ``laplacian`` (Laplacian heads per layer, the last k of 4; default
 all 4), ``spectral`` (lambda * I_k conditioning, default False), ``recipe``
 (``plain``, or ``deit3``: qk-norm and LayerScale 1e-6 as the authors' mixed
-DeiT-3, :func:`laplax.train.defaults.mixed_deit3_options`).
+DeiT-3, :func:`laplax.config.defaults.mixed_deit3_options`).
 """
 
-from laplax.train.defaults import base_config, check_recipe, mixed_deit3_options, parse_arg
+from laplax.config.defaults import base_config, check_recipe, mixed_deit3_options, parse_arg
 
 
 def get_config(arg=None):

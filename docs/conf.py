@@ -24,7 +24,7 @@ import laplax  # pylint: disable=wrong-import-position
 # autosummary imports every module into this one process, so the train CLI
 # goes first and python -m laplax.convert's entry point (laplax/convert/
 # __main__.py) is left out of the reference (_templates/autosummary/module.rst).
-import laplax.train.train_cli  # pylint: disable=wrong-import-position,unused-import
+import laplax.cli.train  # pylint: disable=wrong-import-position,unused-import
 
 project = "laplax"
 author = "the laplax authors"

@@ -62,7 +62,7 @@ USAGE_EXIT = 2
 PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # What ``train.py`` / ``eval.py`` run (``python -m`` of these: the commands
 # are in the package, so a sweep works from an installed laplax too).
-COMMANDS = {"train.py": "laplax.train.train_cli", "eval.py": "laplax.train.eval_cli"}
+COMMANDS = {"train.py": "laplax.cli.train", "eval.py": "laplax.cli.eval"}
 SWEEP_FILE = "sweep.json"
 SUMMARY_JSON, SUMMARY_MD, CURVES = "summary.json", "summary.md", "curves.png"
 # The flags a re-run must repeat: they decide what every run is.
@@ -212,7 +212,9 @@ def check_runs(runs: Sequence[Run]) -> dict:
   from absl import flags  # pylint: disable=import-outside-toplevel
   import jax  # pylint: disable=import-outside-toplevel
   from ml_collections import config_flags  # pylint: disable=import-outside-toplevel
-  from laplax.train import cli, config as config_lib, workdir as workdir_lib  # pylint: disable=import-outside-toplevel
+  from laplax.cli import common as cli  # pylint: disable=import-outside-toplevel
+  from laplax.config import validation as config_lib
+  from laplax.workdir import files as workdir_lib
   configs = {}
   for run in runs:
     argv = ["train.py"] + run.train_args()
@@ -306,7 +308,7 @@ def _json_step(path: str) -> int | None:
 
 def _steps_left(run: Run, config, analysis: bool) -> list[str]:
   """What ``run`` still needs: any of ``train``, ``eval``, ``analysis``."""
-  from laplax.train import restore  # pylint: disable=import-outside-toplevel
+  from laplax.workdir import load as restore  # pylint: disable=import-outside-toplevel
   total = int(config.total_steps)
   need = []
   if total not in restore.saved_steps(run.workdir) and not (
@@ -452,7 +454,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   argv = list(sys.argv[1:] if argv is None else argv)
   signal.signal(signal.SIGTERM, _Child.forward)
   signal.signal(signal.SIGINT, _Child.forward)
-  from laplax.train import cli  # pylint: disable=import-outside-toplevel
+  from laplax.cli import common as cli  # pylint: disable=import-outside-toplevel
   try:
     args = _parse_args(argv)
     args.argv = argv

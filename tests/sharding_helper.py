@@ -35,7 +35,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from laplax import sharding  # pylint: disable=wrong-import-position
-from laplax.train import checkpoint, loop, optim, tasks  # pylint: disable=wrong-import-position
+from laplax.workdir import checkpoint  # pylint: disable=wrong-import-position
+from laplax.train import loop, optim
+from laplax import tasks
 
 MESHES = ((8, 1, 1), (2, 4, 1), (2, 2, 2))
 BATCH, STEPS = 16, 3

@@ -132,7 +132,7 @@ def test_probe_miou_equals_numpy_definition_on_informative_features(tmp_path):
 
 
 def test_last_layers_are_the_final_norm_of_each_block_concatenated():
-  from laplax.train import dino_segmentation
+  from laplax.evaluators import dino_segmentation
   from model_helper import make_vit
   vit = make_vit(width=16, depth=3, num_heads=2, mlp_dim=16, patch_size=4, pool="tok")
   images = np.random.default_rng(1).normal(size=(2, 12, 12, 3)).astype(np.float32)
@@ -290,7 +290,8 @@ def test_overrides_reach_a_run_saved_before_the_keys_existed():
   """eval.py's --config.eval.KEY=VALUE: typed as the default, added to an old
   DINO config that lacks the key, checked by the config's validation."""
   from test_configs import load  # pylint: disable=import-outside-toplevel
-  from laplax.train import config as config_lib, eval_cli  # pylint: disable=import-outside-toplevel
+  from laplax.config import validation as config_lib  # pylint: disable=import-outside-toplevel
+  from laplax.cli import eval as eval_cli
   argv, overrides = eval_cli.split_overrides(
       ["eval.py", "--workdir", "w", "--config.eval.segmentation_dataset=ade20k",
        "--config.eval.segmentation_dir=/r", "--config.eval.segmentation_lr=1",

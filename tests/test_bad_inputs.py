@@ -22,7 +22,7 @@ import pytest
 from test_resume import DINO_CONFIG, DINO_TINY, GPT_TINY
 from test_train import CONFIG, ROOT, TINY, run, run_in_process, train_args
 
-from laplax.train import lock as lock_lib
+from laplax.workdir import lock as lock_lib
 
 GPT_CONFIG = os.path.join(ROOT, "configs", "gpt_shakespeare.py")
 FMNIST_SOURCE = "/usr/share/datasets/fashion-mnist"
@@ -152,7 +152,7 @@ def bad_files(tmp_path_factory, fmnist_data_dir, existing_run):
   (d / "afile").write_text("not a directory\n")
   (d / "returns_none.py").write_text("def get_config(arg=None):\n  pass\n")
   (d / "misspelt.py").write_text(
-      "from laplax.train.defaults import base_config\n\n"
+      "from laplax.config.defaults import base_config\n\n"
       "def get_config(arg=None):\n  c = base_config()\n  c.model.num_haeds = 8\n"
       "  return c\n")
   # A prepared dataset whose train file lost its second half.

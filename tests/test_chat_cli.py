@@ -93,7 +93,7 @@ def test_chat_tasks_write_every_score_and_chatcore(workdir, chat_data, capfd):
   # 3 new tokens cannot hold "#### n" nor a passing program.
   assert scores["gsm8k"] == 0.0 and scores["humaneval"] == 0.0
   # ARC-Easy: the letters scored on the restored model, as the evaluator does.
-  from laplax.train import restore
+  from laplax.workdir import load as restore
   run = restore.load(str(workdir))
   conversations = chat_sources.shuffled(chat_sources.arc(str(chat_data / "ai2_arc" / "ARC-Easy")))
   direct = multiple_choice.evaluate(run.task.model, run.state.params, run.task.tokenizer,
@@ -169,7 +169,7 @@ def test_harness_accuracy_equals_laplax_choices(workdir, tmp_path, monkeypatch):
   from lm_eval.tasks import TaskManager
   from laplax.evaluators import lm_harness
   from laplax.models import sampling
-  from laplax.train import lm_eval as laplax_choices
+  from laplax.evaluators import lm_samples as laplax_choices
   assert get_model("laplax") is lm_harness.LaplaxLM  # what --model laplax finds
   items = [{"question": "Which is hot? The", "choices": ["sun", "ice", "snow"], "answer": a}
            for a in (0, 1)] + [{"question": "2+2=", "choices": ["4", "5"], "answer": 0},

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 import scipy.stats
 
-from laplax.train import tasks
+from laplax import tasks
 from test_configs import load
 from test_train import CONFIG, TINY, read_metrics, run_in_process
 

@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 
 from laplax import spectral
 from laplax.models import layers, spec as spec_lib
-from laplax.train import cli
-from laplax.train import config as config_lib
+from laplax.cli import common as cli
+from laplax.config import validation as config_lib
 from test_configs import load
 
 CONFIGS = ("vit_fashion_mnist", "gpt_shakespeare", "dino_fashion_mnist")

@@ -10,9 +10,10 @@ import numpy as np
 import optax
 import pytest
 
-from laplax.train import config as config_lib
-from laplax.train import loop, optim, tasks
-from laplax.train.defaults import base_config, parse_arg
+from laplax.config import validation as config_lib
+from laplax.train import loop, optim
+from laplax import tasks
+from laplax.config.defaults import base_config, parse_arg
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -187,7 +188,7 @@ def test_recipes_set_the_authors_options_and_unknown_ones_are_refused():
   """``recipe=deit3`` / ``recipe=nanochat`` (the options of the Laplacian
   authors' timm and nanochat code); the defaults stay plain."""
   from laplax.models import spec as spec_lib
-  from laplax.train import config as config_lib
+  from laplax.config import validation as config_lib
   plain, deit3 = load("vit_fashion_mnist"), load("vit_fashion_mnist", "recipe=deit3")
   assert not plain.model.qk_norm and plain.model.layerscale_init is None
   assert deit3.model.qk_norm and deit3.model.layerscale_init == 1e-6

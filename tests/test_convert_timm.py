@@ -303,10 +303,10 @@ def test_cli_bad_inputs_one_line_exit_2_nothing_written(tmp_path):
 def test_library_imports_no_pytorch(tmp_path):
   """With PyTorch installed, training, evaluation, analysis and the converter
   modules import no torch (tensorboardX would: laplax blocks it there)."""
-  code = ("import sys; import laplax, laplax.train.loop, laplax.train.restore, "
+  code = ("import sys; import laplax, laplax.train.loop, laplax.workdir.load, "
           "laplax.convert, laplax.convert.timm_vit, laplax.convert.hf_gpt2, "
           "laplax.analysis.report, eval; "
-          "from laplax.train.workdir import MetricWriter; "
+          "from laplax.workdir.files import MetricWriter; "
           f"MetricWriter({str(tmp_path)!r}).close(); "
           "print(sorted(m for m in sys.modules if m.split('.')[0] in "
           "('torch', 'timm', 'transformers')))")

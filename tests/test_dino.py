@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 
 from laplax.models import dino
-from laplax.train import config as config_lib
-from laplax.train import loop, optim, tasks
+from laplax.config import validation as config_lib
+from laplax.train import loop, optim
+from laplax import tasks
 from model_helper import make_vit
 from test_configs import load
 from test_train import ROOT, read_metrics, run_in_process

@@ -361,8 +361,8 @@ def test_prepare_trains_once_then_reads_the_workdir_or_tokenizer_dir(shards, tok
 
 def _tiny_task(config_data, tokenizer):
   import ml_collections
-  from laplax.train import defaults
-  from laplax.train.tasks import LanguageModelTask
+  from laplax.config import defaults
+  from laplax.tasks import LanguageModelTask
   c = defaults.gpt_base_config()
   c.model.update(width=16, depth=1, num_heads=2, mlp_dim=32, max_length=8)
   c.data = config_data

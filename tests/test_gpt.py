@@ -8,7 +8,8 @@ import pytest
 
 from laplax.models import sampling, spec as spec_lib
 from laplax.models.gpt import GPT
-from laplax.train import loop, optim, tasks
+from laplax.train import loop, optim
+from laplax import tasks
 from model_helper import make_gpt
 from test_configs import load
 

@@ -5,8 +5,9 @@ import numpy as np
 import pytest
 
 from laplax.convert import common
-from laplax.train import config as config_lib
-from laplax.train import finetune, loop, optim, tasks
+from laplax.config import validation as config_lib
+from laplax.train import finetune, loop, optim
+from laplax import tasks
 from test_configs import load
 
 
@@ -87,7 +88,7 @@ def test_failed_init_from_leaves_no_workdir(source, tmp_path, fmnist_data_dir):
 
 
 def test_keys_the_config_argument_changes_count_as_given():
-  from laplax.train import cli
+  from laplax.cli import common as cli
   from test_train import CONFIG
   assert "num_laplacian_heads" in cli.explicit_model_keys(["x", "--config", CONFIG + ":laplacian=1"])
   assert cli.explicit_model_keys(["x", f"--config={CONFIG}:spectral=False",

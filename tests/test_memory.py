@@ -13,9 +13,10 @@ import numpy as np
 import optax
 import pytest
 
-from laplax.train import config as config_lib
-from laplax.train import loop, optim, tasks
-from laplax.train.defaults import base_config
+from laplax.config import validation as config_lib
+from laplax.train import loop, optim
+from laplax import tasks
+from laplax.config.defaults import base_config
 from model_helper import make_vit, make_gpt
 from test_configs import load
 

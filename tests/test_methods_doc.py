@@ -19,7 +19,7 @@ import re
 import ml_collections
 
 from laplax.models import spec as spec_lib
-from laplax.train import config as config_lib
+from laplax.config import validation as config_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOC = os.path.join(ROOT, "docs/methods.md")

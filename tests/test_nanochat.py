@@ -16,7 +16,8 @@ import pytest
 from laplax import attention
 from laplax.models import layers, spec as spec_lib
 from laplax.models.gpt import GPT
-from laplax.train import config as config_lib, optim
+from laplax.config import validation as config_lib
+from laplax.train import optim
 from model_helper import make_gpt
 from test_configs import load
 

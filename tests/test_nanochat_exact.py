@@ -33,7 +33,8 @@ from laplax.data import tokenizers
 from laplax.data.nanochat_tokenizer import PICKLE_FILE, NanochatTokenizer
 from laplax.models import spec as spec_lib
 from laplax.models.gpt import GPT
-from laplax.train import defaults, nanochat_optim, optim
+from laplax.config import defaults
+from laplax.train import nanochat_optim, optim
 from test_configs import load
 from test_train import ROOT
 

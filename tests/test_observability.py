@@ -291,7 +291,7 @@ def test_eval_figures_without_wandb_go_to_tensorboard_with_one_warning(gpt_run, 
                                                                       capsys, monkeypatch):
   """eval.py's figures of a run whose config names a W&B project, where wandb
   is missing: one warning line, the image in TensorBoard all the same."""
-  from laplax.train import workdir as workdir_lib
+  from laplax.workdir import files as workdir_lib
   monkeypatch.setitem(sys.modules, "wandb", None)
   config = workdir_lib.load_saved_config(str(gpt_run))
   config.wandb.project = "laplax-test"
@@ -327,7 +327,7 @@ def test_bad_observability_settings_one_line_exit_2(tmp_path, capfd, config, fla
 
 
 def test_jax_options_set_jax_config(gpt_run, capfd):
-  from laplax.train import cli
+  from laplax.cli import common as cli
   before = jax.config.values
   try:
     argv = cli.jax_options(["eval.py", "--jax_default_matmul_precision=highest",
@@ -351,7 +351,7 @@ def test_only_the_named_noisy_warnings_are_silenced():
   """ml_collections' load_module DeprecationWarning (loading a --config file)
   is silenced; a warning JAX raises (an unusable donated buffer) is not."""
   from ml_collections import config_flags
-  from laplax.train import cli
+  from laplax.cli import common as cli
 
   def load_config_file():
     values = flags.FlagValues()

@@ -147,8 +147,8 @@ def test_unsupported_setting_is_refused():
 
 
 def test_laplax_training_stack_imports_without_torch():
-  code = ("import sys; import laplax, laplax.train.loop, laplax.train.train_cli, "
-          "laplax.train.eval_cli, laplax.models.gpt, laplax.models.vit, laplax.models.dino; "
+  code = ("import sys; import laplax, laplax.train.loop, laplax.cli.train, "
+          "laplax.cli.eval, laplax.models.gpt, laplax.models.vit, laplax.models.dino; "
           "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))")
   proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
                         text=True, timeout=120, check=False)

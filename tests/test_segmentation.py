@@ -241,7 +241,8 @@ def test_dino_task_reads_the_mosaic_masks(mosaic_data_dir):
   backbone's 56 px; the k-NN labels are the 10 garment classes. (The probe
   itself runs through eval.py in test_dino.py, on Fashion-MNIST canvases.)"""
   from test_configs import load  # pylint: disable=import-outside-toplevel
-  from laplax.train import config as config_lib, tasks  # pylint: disable=import-outside-toplevel
+  from laplax.config import validation as config_lib  # pylint: disable=import-outside-toplevel
+  from laplax import tasks
   c = load("dino_fashion_mosaic")
   c.data.name, c.data.data_dir = "fashion_mosaic/small", mosaic_data_dir
   c.eval.update(segmentation_train_images=30, segmentation_test_images=12)
@@ -263,7 +264,7 @@ def test_dino_task_reads_the_mosaic_masks(mosaic_data_dir):
     for key in list(c.eval):
       if key.startswith("segmentation"):
         del c.eval[key]
-  from laplax.train import defaults  # pylint: disable=import-outside-toplevel
+  from laplax.config import defaults  # pylint: disable=import-outside-toplevel
   assert task.segmentation_settings() == defaults.segmentation_defaults()
   c.eval.segmentation = False  # the task holds this config
   assert task.segmentation_data() is None
@@ -295,7 +296,7 @@ def test_bad_segmentation_settings_one_line_exit_2(tmp_path, config, flag, fragm
 
 def test_mosaic_config_validates():
   from test_configs import load  # pylint: disable=import-outside-toplevel
-  from laplax.train import config as config_lib  # pylint: disable=import-outside-toplevel
+  from laplax.config import validation as config_lib  # pylint: disable=import-outside-toplevel
   c = load("dino_fashion_mosaic")
   config_lib.validate(c)
   assert c.data.name == "fashion_mosaic" and c.task == "dino"

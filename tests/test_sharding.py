@@ -22,7 +22,7 @@ import pytest
 
 import sharding_helper
 from laplax import sharding
-from laplax.train import config as config_lib
+from laplax.config import validation as config_lib
 from model_helper import make_gpt
 from test_train import ROOT, read_metrics, run, xla_env
 
@@ -277,7 +277,7 @@ def test_models_init_plain_arrays_outside_the_sharding_context():
 
 
 def test_validate_mesh_messages():
-  from laplax.train.defaults import gpt_base_config
+  from laplax.config.defaults import gpt_base_config
   c = gpt_base_config()
   c.mesh_shape = (2, 2, 2)
   assert config_lib.validate_mesh(c, 8, num_processes=2) == (2, 2, 2)
@@ -303,7 +303,7 @@ def test_validate_mesh_messages():
     ("distributed.coordinator_address", "localhost:1234", "num_processes=None"),
 ])
 def test_validate_sharding_keys(key, value, fragment):
-  from laplax.train.defaults import gpt_base_config
+  from laplax.config.defaults import gpt_base_config
   c = gpt_base_config()
   config_lib.validate(c)
   *parents, leaf = key.split(".")

@@ -3,7 +3,7 @@
 Everything here runs in real processes, since a signal that cannot reach a
 busy process is only visible from outside:
 
-- :mod:`laplax.train.signals` alone, in a small script whose main thread is
+- :mod:`laplax.signals` alone, in a small script whose main thread is
   stuck in a C call (``libc.sleep`` in a loop, or ``hashlib.pbkdf2_hmac``
   for minutes): one signal in the "training loop" (``Guard.graceful``) ends
   it after the bound with 143, a second signal at once with 130, and outside
@@ -34,13 +34,13 @@ import pytest
 from test_resume import saved_state, start, wait_for_step
 from test_train import CONFIG, ROOT, TINY
 
-from laplax.train import integrity
+from laplax.workdir import integrity
 
 HANG_GUARD_S = 180  # a process that never exits fails the test instead of hanging it
 
 GUARD_SCRIPT = r'''
 import ctypes, hashlib, linecache, sys, threading, time
-from laplax.train import signals
+from laplax import signals
 mode, marker = sys.argv[1], sys.argv[2]
 signals.at_exit(lambda: open(marker, "w").write("cleaned"))
 libc = ctypes.CDLL(None)

@@ -578,8 +578,8 @@ def test_old_workdirs_keep_per_head_and_resume_checks():
   when spectral conditioning is on (off, the layout changes nothing), and a
   config saved before ``targets`` existed means all three."""
   from laplax.models import spec as spec_lib
-  from laplax.train import config as config_lib
-  from laplax.train.defaults import base_config
+  from laplax.config import validation as config_lib
+  from laplax.config.defaults import base_config
   new = base_config()
   saved = new.to_dict()
   saved["model"]["spectral"] = {"enabled": True, "lam": 10.0, "mode": "per_head"}

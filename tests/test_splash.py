@@ -104,7 +104,7 @@ def test_refusals_name_the_fix():
 
 
 def test_config_check_counts_the_vit_tokens():
-  from laplax.train import config as config_lib  # pylint: disable=import-outside-toplevel
+  from laplax.config import validation as config_lib  # pylint: disable=import-outside-toplevel
   sys.path.insert(0, os.path.join(ROOT, "configs"))
   import vit_fashion_mnist  # pylint: disable=import-outside-toplevel
   config = vit_fashion_mnist.get_config()

@@ -37,8 +37,8 @@ from test_resume import assert_bitwise_equal, saved_state, start, wait_for_step,
 from test_train import ROOT, read_metrics, run_in_process, train_args
 
 import laplax
-from laplax.train import integrity
-from laplax.train import lock as lock_lib
+from laplax.workdir import integrity
+from laplax.workdir import lock as lock_lib
 
 # Checkpoints every 5 steps, all kept: the disk fills while one is written.
 RUN = ["--config.total_steps=30", "--config.checkpoint_every=5",

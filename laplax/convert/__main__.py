@@ -39,7 +39,7 @@ import sys
 from absl import flags
 from ml_collections import config_flags
 
-from laplax.train import cli
+from laplax.cli import common as cli
 
 _FROM = flags.DEFINE_enum("from", None, ["timm", "hf-gpt2", "nanochat"],
                           "Source of the weights.")
@@ -104,7 +104,7 @@ def main() -> int:
   cli.quiet()
   # pylint: disable=import-outside-toplevel
   from laplax.convert import common, hf_gpt2, nanochat, timm_vit
-  from laplax.train import signals
+  from laplax import signals
   if signals.current() is not None:  # a signal's exit line; the output is renamed in whole
     signals.current().nothing_saved = "nothing was written (the output appears only complete)"
   try:

@@ -96,8 +96,8 @@ def new_directory(parent: str) -> str:
   """A new temporary directory in ``parent`` (renamed into place by
   :func:`commit_directory`) with the permissions ``os.makedirs`` would give
   (``mkdtemp``'s are 0700). A SIGINT/SIGTERM that ends the process at once
-  (:mod:`laplax.train.signals`) removes it first."""
-  from laplax.train import signals  # pylint: disable=import-outside-toplevel
+  (:mod:`laplax.signals`) removes it first."""
+  from laplax import signals  # pylint: disable=import-outside-toplevel
   tmp = tempfile.mkdtemp(prefix=".convert-", dir=parent)
   umask = os.umask(0)
   os.umask(umask)
@@ -112,7 +112,7 @@ _PENDING: dict = {}  # temporary directory -> the function unregistering its rem
 def commit_directory(tmp: str, path: str) -> None:
   """Renames the finished :func:`new_directory` ``tmp`` to ``path``, as one
   step that a signal's immediate exit waits for (it never sees half of it)."""
-  from laplax.train import signals  # pylint: disable=import-outside-toplevel
+  from laplax import signals  # pylint: disable=import-outside-toplevel
   with signals.critical():
     os.rename(tmp, path)
     _PENDING.pop(tmp, lambda: None)()
@@ -121,7 +121,7 @@ def commit_directory(tmp: str, path: str) -> None:
 def _task(config: ml_collections.ConfigDict, num_classes: int | None,
           image_shape: tuple | None, vocab_size: int | None):
   """The laplax task of ``config`` built without its data (sizes given)."""
-  from laplax.train import tasks  # pylint: disable=import-outside-toplevel
+  from laplax import tasks  # pylint: disable=import-outside-toplevel
   if config.task == "lm":
     tokenizer = types.SimpleNamespace(vocab_size=vocab_size,
                                       token_bytes=np.ones(vocab_size, np.int32))
@@ -168,9 +168,9 @@ def write_workdir(workdir: str, config: ml_collections.ConfigDict, params: Mappi
   Raises:
     ConvertError: ``workdir`` exists, or ``params`` does not fit the model.
   """
-  from laplax.train import checkpoint as ckpt_lib  # pylint: disable=import-outside-toplevel
+  from laplax.workdir import checkpoint as ckpt_lib  # pylint: disable=import-outside-toplevel
   from laplax.train import loop, optim  # pylint: disable=import-outside-toplevel
-  from laplax.train.workdir import CHECKPOINT_DIR, write_config  # pylint: disable=import-outside-toplevel
+  from laplax.workdir.files import CHECKPOINT_DIR, write_config  # pylint: disable=import-outside-toplevel
   workdir = os.path.abspath(os.path.expanduser(workdir))
   if os.path.exists(workdir):
     raise ConvertError(f"--workdir {workdir} exists; give a new directory (nothing "
@@ -209,9 +209,9 @@ def read_workdir(workdir: str):
   Raises:
     ConvertError: not a laplax workdir, or no readable checkpoint.
   """
-  from laplax.train import checkpoint as ckpt_lib  # pylint: disable=import-outside-toplevel
-  from laplax.train import restore  # pylint: disable=import-outside-toplevel
-  from laplax.train.workdir import CHECKPOINT_DIR  # pylint: disable=import-outside-toplevel
+  from laplax.workdir import checkpoint as ckpt_lib  # pylint: disable=import-outside-toplevel
+  from laplax.workdir import load as restore  # pylint: disable=import-outside-toplevel
+  from laplax.workdir.files import CHECKPOINT_DIR  # pylint: disable=import-outside-toplevel
   try:
     config = restore.saved_config(workdir)
   except restore.LoadError as e:
@@ -237,7 +237,7 @@ SOURCE_OPTIONS = {"num_laplacian_heads": 0, "laplacian_mask": None,
 
 def plain_attention(config: ml_collections.ConfigDict, given: list[str]) -> None:
   """Sets :data:`SOURCE_OPTIONS` in ``config.model``, except the keys in
-  ``given`` (:func:`laplax.train.cli.explicit_model_keys`:
+  ``given`` (:func:`laplax.cli.common.explicit_model_keys`:
   ``--config.model.num_laplacian_heads=2`` converts into a model with
   Laplacian heads)."""
   for key, value in SOURCE_OPTIONS.items():

@@ -320,7 +320,7 @@ def laplax_config(hf: Mapping, config: ml_collections.ConfigDict) -> ml_collecti
     ConvertError: ``config`` is not a language-model config, or the result
       does not validate (e.g. more Laplacian heads than ``n_head``).
   """
-  from laplax.train import config as config_lib  # pylint: disable=import-outside-toplevel
+  from laplax.config import validation as config_lib  # pylint: disable=import-outside-toplevel
   if config.get("task") != "lm":
     raise ConvertError(f"--config has task={config.get('task')!r}; GPT-2 needs a "
                        f"language-model config, e.g. configs/gpt2_124m.py")

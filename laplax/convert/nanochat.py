@@ -20,7 +20,7 @@ Each maps to the transposed laplax kernel (``block{i}/attention/query/kernel
 [d, d]``, ``mlp/fc1``, ``mlp/fc2``, ``attention/out``, ``lm_head/kernel [d,
 V]``) and ``wte`` to ``token_embedding/embedding`` as it is: no value changes,
 so laplax -> nanochat -> laplax is bitwise. The model keys come from
-``model_config`` plus :func:`laplax.train.defaults.nanochat_options` (the
+``model_config`` plus :func:`laplax.config.defaults.nanochat_options` (the
 forward nanochat computes); the Laplacian heads are the authors'
 ``laplacian_heads`` (an int, or one count per layer: the last ``k`` heads of
 a layer), written back the same way (an int when every layer has the same
@@ -267,7 +267,7 @@ def check_tensors(tensors: Mapping[str, np.ndarray], mc: Mapping, source: str) -
 def laplax_config(mc: Mapping, config: ml_collections.ConfigDict, given: list[str],
                   embedding_dtype: str) -> ml_collections.ConfigDict:
   """A copy of ``config`` (an lm config) with nanochat's model of ``mc``:
-  :func:`~laplax.train.defaults.nanochat_options`, the sizes, context
+  :func:`~laplax.config.defaults.nanochat_options`, the sizes, context
   ``sequence_len``, ``data.vocab_size``, the Laplacian heads of
   ``laplacian_heads`` and ``embedding_dtype`` (the file's ``wte`` dtype)
   unless the command line sets them (``given``). ``data.tokenizer`` becomes
@@ -279,7 +279,7 @@ def laplax_config(mc: Mapping, config: ml_collections.ConfigDict, given: list[st
     ConvertError: not a language-model config, or a result that does not validate.
   """
   # pylint: disable=import-outside-toplevel
-  from laplax.train import config as config_lib, defaults
+  from laplax.config import validation as config_lib, defaults
   if config.get("task") != "lm":
     raise ConvertError(f"--config has task={config.get('task')!r}; nanochat needs a "
                        f"language-model config, e.g. configs/gpt_d20.py")

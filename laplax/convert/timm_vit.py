@@ -363,7 +363,7 @@ def convert_from_timm(name: str, weights: str | None, model_args: str, config,
   if "image_size" in config.data and arch["img_size"][0] == arch["img_size"][1]:
     config.data.image_size = int(arch["img_size"][0])
   from laplax.models import spec as spec_lib  # pylint: disable=import-outside-toplevel
-  from laplax.train import config as config_lib  # pylint: disable=import-outside-toplevel
+  from laplax.config import validation as config_lib  # pylint: disable=import-outside-toplevel
   try:
     config_lib.validate(config, None, strict_keys=True)
     spec = spec_lib.from_config(config.model)

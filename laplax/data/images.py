@@ -79,7 +79,7 @@ def default_config(name: str = fmnist.FashionMnistIdx.name) -> ml_collections.Co
   crop padding of fixed-size images), ``flip``, ``mean``/``std`` (tuples of 1 or
   C numbers, None: 0.5), ``num_threads`` and ``prefetch`` (grain). This is
   the ``data`` section of the trainer's image configs
-  (``laplax.train.defaults``); ``mean``, ``std`` and (but for ImageNet)
+  (``laplax.config.defaults``); ``mean``, ``std`` and (but for ImageNet)
   ``image_size`` are typed placeholders, so command-line flags may set them.
   """
   imagenet = name.startswith("imagenet")

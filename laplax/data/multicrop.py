@@ -114,7 +114,7 @@ def check_multicrop(multicrop: ml_collections.ConfigDict, patch_size: int = 1) -
   """Checks every key of a multi-crop config (see ``default_multicrop_config``).
 
   The one check of these settings: the multi-crop pipeline runs it with
-  ``patch_size`` 1, the trainer's config check (``laplax.train.config``) with
+  ``patch_size`` 1, the trainer's config check (``laplax.config.validation``) with
   the model's patch size, turning the error into its ``ConfigError``.
 
   Args:

@@ -72,7 +72,7 @@ class LaplaxLM(LM):
     prefix_bos: start every context with ``<|bos|>`` (nanochat's tokenizer).
 
   Raises:
-    laplax.train.restore.LoadError, DataError, ConfigError: as ``eval.py``
+    laplax.workdir.load.LoadError, DataError, ConfigError: as ``eval.py``
       (no workdir, no checkpoint, not a language model, data that cannot be
       prepared); ValueError: a BOS prefix without a BOS token.
   """
@@ -80,7 +80,7 @@ class LaplaxLM(LM):
   def __init__(self, workdir: str, step=None, batch_size=8,
                max_gen_toks=DEFAULT_MAX_GEN_TOKS, prefix_bos=False, **unused):
     super().__init__()
-    from laplax.train import restore  # pylint: disable=import-outside-toplevel
+    from laplax.workdir import load as restore  # pylint: disable=import-outside-toplevel
     config = restore.saved_config(workdir)
     if config.task != "lm":
       raise restore.LoadError(f"{workdir} holds task {config.task!r}; the harness scores "
@@ -193,8 +193,8 @@ def main(argv: Sequence[str] | None = None) -> None:
   from lm_eval.__main__ import cli_evaluate  # pylint: disable=import-outside-toplevel
   from laplax.data.errors import DataError  # pylint: disable=import-outside-toplevel
   from laplax.evaluators import lm_harness  # pylint: disable=import-outside-toplevel,import-self
-  from laplax.train.config import ConfigError  # pylint: disable=import-outside-toplevel
-  from laplax.train.restore import LoadError  # pylint: disable=import-outside-toplevel
+  from laplax.config.validation import ConfigError  # pylint: disable=import-outside-toplevel
+  from laplax.workdir.load import LoadError  # pylint: disable=import-outside-toplevel
   lm_harness.register()
   if argv is not None:
     sys.argv = [sys.argv[0], *argv]

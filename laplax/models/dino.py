@@ -7,7 +7,7 @@ and spectral settings) followed by :class:`DINOHead`. The student sees every
 crop; the teacher sees only the global crops and is an exponential moving
 average of the student. This module holds the networks and the pure functions
 of the method (loss, centre and teacher updates, collapse statistics); the
-schedules and the training step live in ``laplax.train.tasks``.
+schedules and the training step live in ``laplax.tasks``.
 """
 
 from __future__ import annotations

@@ -1,14 +1,14 @@
-"""Training and evaluation: the loop, its tasks, the workdir and the CLIs.
+"""Training: the state, the step and the loop, the optimiser.
 
-The CLIs (:mod:`~laplax.train.train_cli`, :mod:`~laplax.train.eval_cli`, their
-shared :mod:`~laplax.train.cli`) validate a config
-(:mod:`~laplax.train.config`, defaults in :mod:`~laplax.train.defaults`) and
+The CLIs (:mod:`~laplax.cli.train`, :mod:`~laplax.cli.eval`, their
+shared :mod:`~laplax.cli.common`) validate a config
+(:mod:`~laplax.config.validation`, defaults in :mod:`~laplax.config.defaults`) and
 run :func:`laplax.train.loop.train_and_evaluate` on a task
-(:mod:`~laplax.train.tasks`, the protocol in :mod:`~laplax.train.protocol`)
+(:mod:`~laplax.tasks`, the protocol in :mod:`~laplax.tasks.base`)
 with the optimiser of :mod:`~laplax.train.optim`; the run's workdir
-(:mod:`~laplax.train.workdir`, :mod:`~laplax.train.lock`), checkpoints
-(:mod:`~laplax.train.checkpoint`, :mod:`~laplax.train.integrity`,
-:mod:`~laplax.train.saving`) and timing (:mod:`~laplax.train.timing`,
+(:mod:`~laplax.workdir.files`, :mod:`~laplax.workdir.lock`), checkpoints
+(:mod:`~laplax.workdir.checkpoint`, :mod:`~laplax.workdir.integrity`,
+:mod:`~laplax.workdir.saving`) and timing (:mod:`~laplax.train.timing`,
 :mod:`~laplax.train.profiler`) are their own modules;
-:mod:`~laplax.train.restore` is ``laplax.load``.
+:mod:`~laplax.workdir.load` is ``laplax.load``.
 """

@@ -3,7 +3,7 @@
 ``config.init_from = WORKDIR`` (a ``train.py`` run, or one that ``python -m
 laplax.convert`` wrote): :func:`initial_params` reads the newest parameters
 of that workdir for the new run's model (checked name by name and shape by
-shape); the optimizer starts fresh. ``laplax.train.cli.model_from_init``
+shape); the optimizer starts fresh. ``laplax.cli.common.model_from_init``
 gives the new run the saved run's model keys.
 """
 
@@ -19,9 +19,9 @@ import numpy as np
 
 from laplax import utils
 from laplax.data import tokenizers
-from laplax.train import checkpoint as ckpt_lib
-from laplax.train import config as config_lib
-from laplax.train.workdir import CHECKPOINT_DIR
+from laplax.workdir import checkpoint as ckpt_lib
+from laplax.config import validation as config_lib
+from laplax.workdir.files import CHECKPOINT_DIR
 
 
 def copy_init_tokenizer(config, workdir: str) -> None:

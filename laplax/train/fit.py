@@ -1,7 +1,7 @@
 """Will it fit? The checks of a run against its data and its machine, before step 1.
 
 Three checks, each one line (:class:`FitError`, a
-:class:`~laplax.train.config.ConfigError`: the CLIs print it and exit 2):
+:class:`~laplax.config.validation.ConfigError`: the CLIs print it and exit 2):
 
 - :func:`check_data` (after the data is prepared, before anything is written):
   a training batch larger than the split it draws from (``batch_size``
@@ -41,7 +41,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from laplax.train.config import ConfigError, get
+from laplax.config.validation import ConfigError, get
 
 GIB = 2.0 ** 30
 SKIP = "--config.check_memory=False skips this check"

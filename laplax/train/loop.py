@@ -7,7 +7,7 @@ mesh of ``config.mesh_shape`` (:mod:`laplax.sharding`); every process feeds
 its rows of each global batch.
 The workdir holds ``config.json``, ``metrics.jsonl`` (one JSON object per
 record, each with ``step``), TensorBoard events (scalars, the config, GPT
-samples; :class:`~laplax.train.workdir.MetricWriter`), ``checkpoints/``, and
+samples; :class:`~laplax.workdir.files.MetricWriter`), ``checkpoints/``, and
 on request a profiler trace (``profile/``,
 :class:`~laplax.train.profiler.Profiler`) and a Weights & Biases run
 (``wandb/``).
@@ -32,16 +32,18 @@ import tqdm
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from laplax import sharding
-from laplax.train import checkpoint as ckpt_lib
-from laplax.train import config as config_lib
-from laplax.train import finetune, fit, optim, signals, tasks
-from laplax.train import lock as lock_lib
+from laplax.workdir import checkpoint as ckpt_lib
+from laplax.config import validation as config_lib
+from laplax.train import finetune, fit, optim
+from laplax import signals
+from laplax import tasks
+from laplax.workdir import lock as lock_lib
 from laplax.train.profiler import Profiler
-from laplax.train.protocol import Task
-from laplax.train.saving import SaveError
+from laplax.tasks.base import Task
+from laplax.workdir.saving import SaveError
 from laplax.train.timing import LogInterval
 # CONFIG_FILE, METRICS_FILE and load_saved_config are also read from here (eval.py).
-from laplax.train.workdir import (CHECKPOINT_DIR, CONFIG_FILE, METRICS_FILE,
+from laplax.workdir.files import (CHECKPOINT_DIR, CONFIG_FILE, METRICS_FILE,
                                   MetricWriter, check_wandb, check_workdir,
                                   existing_ancestor, load_saved_config, write_config)
 
@@ -207,7 +209,7 @@ def make_train_step(task: Task, tx: optax.GradientTransformation, schedule,
   """The pure train step ``(state, batch) -> (state, metrics)`` (to be jitted).
 
   ``task.loss(params, batch, rng, task_state, step) -> (loss, (metrics,
-  aux))`` gives the gradient (the :class:`~laplax.train.protocol.Task`
+  aux))`` gives the gradient (the :class:`~laplax.tasks.base.Task`
   protocol); ``task.mask_updates(updates, step)`` may zero the updates of
   frozen parameters, and ``task.update_task_state(task_state, params, aux,
   step)`` updates the task's state after the parameters.
@@ -330,11 +332,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   (:class:`~laplax.train.profiler.Profiler`).
 
   One run writes a workdir at a time: process 0 holds its lock
-  (:mod:`laplax.train.lock`; ``force_unlock`` takes over another host's)
+  (:mod:`laplax.workdir.lock`; ``force_unlock`` takes over another host's)
   from the first write to the end.
 
   Returns the final evaluation summary (``{}`` if stopped early by a signal;
-  SIGINT/SIGTERM: :mod:`laplax.train.signals`).
+  SIGINT/SIGTERM: :mod:`laplax.signals`).
 
   Raises:
     LockError: another run holds the workdir (checked before anything else).

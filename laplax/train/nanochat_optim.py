@@ -23,7 +23,7 @@ The facts are those of nanochat's first release (``karpathy/nanochat``
 update's dtype with ``eps = 1e-8`` and its momentum is a constant. The
 learning rates (Muon 0.02, not width-scaled; AdamW ``0.2 s`` on ``wte`` and
 ``0.004 s`` on ``lm_head``, ``s = (width / 768)^-1/2``) are config values
-(:func:`laplax.train.defaults.nanochat_options`).
+(:func:`laplax.config.defaults.nanochat_options`).
 """
 
 from __future__ import annotations

@@ -406,7 +406,7 @@ def dino_base_config() -> ml_collections.ConfigDict:
   # size). It fits on the first segmentation_train_images of the train split
   # in segmentation_steps AdamW steps of segmentation_batch_size images from
   # segmentation_lr, on the last segmentation_layers blocks' tokens
-  # (laplax.train.dino_segmentation), scores the first
+  # (laplax.evaluators.dino_segmentation), scores the first
   # segmentation_test_images of the eval split (segmentation_miou,
   # segmentation_iou per class) and draws segmentation_figure_images of them.
   c.eval.update(segmentation_defaults())

@@ -60,7 +60,7 @@ from typing import Callable, Iterator
 BOUND_S = 5.0
 BOUND_ENV = "LAPLAX_STOP_BOUND_S"
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
-_CHECKPOINTS = "checkpoints"  # laplax.train.workdir.CHECKPOINT_DIR (not imported: no JAX here)
+_CHECKPOINTS = "checkpoints"  # laplax.workdir.files.CHECKPOINT_DIR (not imported: no JAX here)
 _INCOMPLETE = re.compile(r"^(\d+)\.orbax-checkpoint-tmp")
 
 _cleanups: dict[int, Callable[[], None]] = {}

@@ -6,9 +6,9 @@ JSON), so a resumed run continues exactly where the saved one stood. Orbax
 writes each step into a temporary directory and renames it when complete, so
 a killed save never replaces the previous checkpoint. With ``verify`` each step
 carries a checksum manifest of its files, committed by the same rename and
-checked before the step is restored (:mod:`laplax.train.integrity`). A save
+checked before the step is restored (:mod:`laplax.workdir.integrity`). A save
 that fails on an operating-system error (a full disk) is cleaned up and
-raised as one line (:class:`~laplax.train.saving.SaveError`).
+raised as one line (:class:`~laplax.workdir.saving.SaveError`).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import flax
 import jax
 import orbax.checkpoint as ocp
 
-from laplax.train import integrity, saving
+from laplax.workdir import integrity, saving
 
 
 # Orbax writes step N into "N.orbax-checkpoint-tmp..." and renames it when complete.
@@ -132,7 +132,7 @@ class Checkpointer:
     max_to_keep: how many recent checkpoints to keep.
     verify: write a checksum manifest into each saved step and check it
       before a step is restored (``config.checkpoint_verify``;
-      :mod:`laplax.train.integrity`).
+      :mod:`laplax.workdir.integrity`).
     read_only: a reader (``eval.py``, ``laplax.load``): creates, saves and
       deletes nothing, and may run while ``train.py`` writes the directory.
   """
@@ -234,7 +234,7 @@ class Checkpointer:
   @contextlib.contextmanager
   def _failing(self, step: int | None) -> Iterator[None]:
     """An OS error raised inside (by orbax's save of ``step``) becomes a
-    :class:`~laplax.train.saving.SaveError`, after the manager is closed and
+    :class:`~laplax.workdir.saving.SaveError`, after the manager is closed and
     the incomplete step removed; other exceptions pass."""
     try:
       yield

@@ -40,13 +40,13 @@ class ConfigError(ValueError):
 
 
 def task_names() -> tuple[str, ...]:
-  """The names of the tasks of the one registry, :data:`laplax.train.tasks.TASKS`."""
-  from laplax.train import tasks  # pylint: disable=import-outside-toplevel
+  """The names of the tasks of the one registry, :data:`laplax.tasks.TASKS`."""
+  from laplax import tasks  # pylint: disable=import-outside-toplevel
   return tuple(tasks.TASKS)
 
 
 def _task_class(name: str):
-  from laplax.train import tasks  # pylint: disable=import-outside-toplevel
+  from laplax import tasks  # pylint: disable=import-outside-toplevel
   return tasks.TASKS[name]
 
 
@@ -90,7 +90,7 @@ def unknown_keys(config: ml_collections.ConfigDict) -> list[str]:
   """Dotted keys of ``config`` that no laplax config of its task has.
 
   The reference is the task's base config (``base_config`` of its class in
-  :data:`laplax.train.tasks.TASKS`, from :mod:`laplax.train.defaults`), which
+  :data:`laplax.tasks.TASKS`, from :mod:`laplax.config.defaults`), which
   holds every key the trainer reads; a language model on FineWeb-Edu
   (``data.name="fineweb_edu"``) also has the keys of
   :func:`laplax.data.fineweb.default_config`.
@@ -135,7 +135,7 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None,
     _require(not extra,
              f"config.{extra[0] if extra else ''} is not a key of a laplax "
              f"{config.task} config; check its spelling against "
-             f"laplax/train/defaults.py" + (f" ({len(extra)} such keys)" if len(extra) > 1 else ""))
+             f"laplax/config/defaults.py" + (f" ({len(extra)} such keys)" if len(extra) > 1 else ""))
   family = _task_class(config.task).family
   _require(get(config, "model.name", None) == family,
            f"config.model.name={get(config, 'model.name', None)!r} does not fit "

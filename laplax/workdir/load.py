@@ -30,10 +30,10 @@ import flax.linen as nn
 import jax
 import ml_collections
 
-from laplax.train import checkpoint as ckpt_lib
-from laplax.train import config as config_lib
+from laplax.workdir import checkpoint as ckpt_lib
+from laplax.config import validation as config_lib
 from laplax.train import loop, optim
-from laplax.train.workdir import CHECKPOINT_DIR, CONFIG_FILE, load_saved_config
+from laplax.workdir.files import CHECKPOINT_DIR, CONFIG_FILE, load_saved_config
 
 
 class LoadError(ValueError):
@@ -60,7 +60,7 @@ class Loaded:
       older ``step`` was asked for or the newest checkpoint is unreadable.
     teacher: DINO's teacher parameters (``{"backbone", "head"}``, for
       ``task.teacher``; its backbone is what DINO evaluates), else ``None``.
-    task: the task object (:mod:`laplax.train.tasks`): ``task.evaluate(state)``,
+    task: the task object (:mod:`laplax.tasks`): ``task.evaluate(state)``,
       ``task.eval_batches()``, ``task.tokenizer`` (language models).
     state: the whole restored ``TrainState`` (step, parameters, optimizer
       state, RNG key, task state), on the same device.

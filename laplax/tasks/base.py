@@ -2,7 +2,7 @@
 
 :class:`Task` is the protocol (one ``loss`` signature, one return shape);
 :class:`TaskBase` gives the defaults of a task without state; the tasks
-themselves are in :mod:`laplax.train.tasks`. :class:`NaNAtStep` wraps a task
+themselves are in :mod:`laplax.tasks`. :class:`NaNAtStep` wraps a task
 to inject a non-finite loss and :class:`StallAtStep` a step that never ends,
 so the faults used to test the trainer's guards are not branches of the
 production train step.
@@ -29,7 +29,7 @@ class Task(Protocol):
     family: the model family its ``config.model.name`` must be (``"vit"``,
       ``"gpt"``; :data:`laplax.models.spec.FAMILIES`).
     base_config: a function returning the task's base config, which holds
-      every key the trainer reads (:mod:`laplax.train.defaults`).
+      every key the trainer reads (:mod:`laplax.config.defaults`).
     batch_axis: the examples' axis in every batch field (DINO's views
       ``[V, B, ...]``: 1).
     model: the trained network (``model.apply({"params": params}, ...)``).
@@ -193,7 +193,7 @@ class StallAtStep(NaNAtStep):
   compiled step (a ``jax.pure_callback`` to the host that sleeps until the
   process ends), as a step on a batch too large for the machine would keep
   XLA busy. A fault to test that signals still stop the run
-  (``config.debug.stall_at_step``; :mod:`laplax.train.signals`). The values
+  (``config.debug.stall_at_step``; :mod:`laplax.signals`). The values
   of every other step are the wrapped task's (0.0 is added to the loss and
   its logged value, outside the gradient).
   """

@@ -3,7 +3,7 @@
 A task builds its model from the config (through the model spec,
 :func:`laplax.models.spec.from_config`), says what a batch looks like, and
 gives the training loss and the evaluation. Every task follows the
-:class:`~laplax.train.protocol.Task` protocol, so the loop calls the same
+:class:`~laplax.tasks.base.Task` protocol, so the loop calls the same
 methods of every task. Adding a task is one class here and one entry in
 :data:`TASKS`, the one task registry.
 """
@@ -26,8 +26,10 @@ from laplax.data import images
 from laplax.models import dino, spec as spec_lib
 from laplax.models.gpt import GPT
 from laplax.models.vit import ViT
-from laplax.train import defaults, lm_eval, optim
-from laplax.train.protocol import Task, TaskBase, with_debug_faults
+from laplax.config import defaults
+from laplax.evaluators import lm_samples as lm_eval
+from laplax.train import optim
+from laplax.tasks.base import Task, TaskBase, with_debug_faults
 
 
 def mixup_cutmix(rng: jax.Array, images: jax.Array, targets: jax.Array, *,
@@ -95,7 +97,7 @@ class ClassificationTask(TaskBase):
       ConfigError: image size not divisible by the patch size.
     """
     del workdir
-    from laplax.train import config as config_lib  # pylint: disable=import-outside-toplevel
+    from laplax.config import validation as config_lib  # pylint: disable=import-outside-toplevel
     images.prepare(config.data)
     info = images.info(config.data)
     config_lib.check_image_size(config, info.image_shape)
@@ -446,18 +448,18 @@ class DINOTask(TaskBase):
   def segmentation_settings(self) -> dict:
     """The ``eval.segmentation*`` settings, defaults for keys the config lacks
     (a run saved before they existed); keys without the ``eval.`` prefix."""
-    from laplax.train import dino_segmentation  # pylint: disable=import-outside-toplevel
+    from laplax.evaluators import dino_segmentation  # pylint: disable=import-outside-toplevel
     return dino_segmentation.settings(self.config)
 
   def segmentation_data(self):
     """The segmentation train/test images and masks of this run, or ``None``
-    (:func:`laplax.train.dino_segmentation.load_data`).
+    (:func:`laplax.evaluators.dino_segmentation.load_data`).
 
     Raises:
       DataError: the data is not prepared, unreadable or does not fit the backbone.
       ConfigError: the image size is not divisible by the patch size.
     """
-    from laplax.train import dino_segmentation  # pylint: disable=import-outside-toplevel
+    from laplax.evaluators import dino_segmentation  # pylint: disable=import-outside-toplevel
     return dino_segmentation.load_data(self.config, self.image_shape)
 
   def evaluate(self, state: Any, place=None, *, references: bool = False,
@@ -470,7 +472,7 @@ class DINOTask(TaskBase):
     fitted on the train split and scored on the eval split; labels are used
     only here. With ``segmentation`` (and ``eval.segmentation``), DINOv2's
     linear segmentation probe on the patch tokens
-    (:func:`laplax.train.dino_segmentation.evaluate`) fitted on the
+    (:func:`laplax.evaluators.dino_segmentation.evaluate`) fitted on the
     segmentation train images and scored on the test images of
     :meth:`segmentation_data`.
 
@@ -493,7 +495,7 @@ class DINOTask(TaskBase):
       ``{"knn_accuracy", "linear_probe_accuracy"?, "raw_pixel_knn_accuracy"?,
       "segmentation_*"?, "num_examples"}`` (accuracies and mIoU in [0, 1];
       eval split size; the segmentation keys, those of
-      :func:`laplax.train.dino_segmentation.evaluate`, only when the probe ran).
+      :func:`laplax.evaluators.dino_segmentation.evaluate`, only when the probe ran).
 
     Raises:
       DataError, ConfigError: the segmentation data cannot be read (raised
@@ -524,7 +526,7 @@ class DINOTask(TaskBase):
           pixels[self.config.data.train_split], train_y,
           pixels[self.config.data.eval_split], test_y, **knn))
     if seg is not None:
-      from laplax.train import dino_segmentation  # pylint: disable=import-outside-toplevel
+      from laplax.evaluators import dino_segmentation  # pylint: disable=import-outside-toplevel
       out.update(dino_segmentation.evaluate(self.config, self.teacher.backbone, teacher, seg,
                                             mesh=mesh, figure=segmentation_figure))
     if figure and num_pca:
@@ -542,7 +544,7 @@ TASKS = {"classification": ClassificationTask, "lm": LanguageModelTask,
 
 def make_task(config: ml_collections.ConfigDict, workdir: str | None) -> Task:
   """Prepares the data of ``config.task`` and returns the task object
-  (wrapped by :func:`~laplax.train.protocol.with_debug_faults` for
+  (wrapped by :func:`~laplax.tasks.base.with_debug_faults` for
   ``config.debug.nan_at_step`` and ``config.debug.stall_at_step``).
 
   Raises:

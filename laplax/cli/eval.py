@@ -9,7 +9,7 @@
 
 Restores the newest checkpoint (``--step N``: the checkpoint of step ``N``;
 an ``N`` that is not saved is an error naming the saved steps) with the config
-saved in the workdir (``laplax.load``, :mod:`laplax.train.restore`; onto one
+saved in the workdir (``laplax.load``, :mod:`laplax.workdir.load`; onto one
 device), evaluates the eval split, prints the result and writes ``eval.json``
 into the workdir:
 ``accuracy``, ``loss``, ``num_examples``, ``step`` for classification;
@@ -18,7 +18,7 @@ language models (plus ``choices_accuracy`` with ``--choices``);
 ``knn_accuracy``, ``linear_probe_accuracy``, ``raw_pixel_knn_accuracy``,
 ``segmentation_miou``, ``segmentation_pixel_accuracy``, ``segmentation_iou``
 (per class), ``segmentation_dataset`` and the probe's sizes
-(``laplax.train.dino_segmentation.evaluate``), ``num_examples``, ``step`` for DINO, which also
+(``laplax.evaluators.dino_segmentation.evaluate``), ``num_examples``, ``step`` for DINO, which also
 writes ``patch_pca.png`` (the first three principal components of the
 teacher's patch features of a few test images, as RGB) and
 ``segmentation.png`` (test images, true and predicted masks of the linear
@@ -27,7 +27,7 @@ segmentation probe on the teacher's patch tokens; the data and sizes are
 ``--out`` the figures go into the run's TensorBoard events as images too (and
 its W&B run with ``config.wandb.project``). Every ``eval.json`` also names
 the ``attention_kernel`` that computed it (``"xla"``, ``"splash"``,
-``"cudnn"``; :func:`laplax.train.config.attention_kernel`).
+``"cudnn"``; :func:`laplax.config.validation.attention_kernel`).
 ``--sample`` prints a continuation of the prompt (KV-cache decoding) instead.
 ``--chat_tasks arc_easy,mmlu,...`` (a language model with nanochat's
 tokenizer) writes nanochat's chat scores instead of the loss: each task's
@@ -84,7 +84,7 @@ at initialisation::
 
 Bad input prints one line and exits with code 2, with nothing written.
 SIGINT or SIGTERM ends it within 5 s, with one line and exit code 130 or 143
-(:mod:`laplax.train.signals`); the results are written only at the end.
+(:mod:`laplax.signals`); the results are written only at the end.
 """
 
 import json
@@ -96,7 +96,8 @@ import tempfile
 from absl import flags
 
 from laplax import utils
-from laplax.train import cli, saving
+from laplax.cli import common as cli
+from laplax.workdir import saving
 
 # The evaluator's own flags (not absl's global FLAGS, where train_cli defines
 # its --workdir and --config): the two commands' mains can then run in one
@@ -169,7 +170,7 @@ def _out_path(workdir: str) -> str | None:
     cli.UsageError: ``--out`` an existing directory or under a file or an
       unwritable directory; without ``--out``, a workdir that is not writable.
   """
-  from laplax.train.workdir import existing_ancestor  # pylint: disable=import-outside-toplevel
+  from laplax.workdir.files import existing_ancestor  # pylint: disable=import-outside-toplevel
   if _OUT.value is None:
     if _SAMPLE.value is None and not os.access(workdir, os.W_OK):
       raise cli.UsageError(f"{workdir} is not writable; eval.py writes eval.json there; "
@@ -241,7 +242,7 @@ def apply_overrides(config, overrides: list[tuple[str, str]]) -> None:
     cli.UsageError: an unknown key or a value of the wrong type.
     ConfigError: a value the config's checks refuse.
   """
-  from laplax.train import config as config_lib, defaults  # pylint: disable=import-outside-toplevel
+  from laplax.config import validation as config_lib, defaults  # pylint: disable=import-outside-toplevel
   if not overrides:
     return
   known = dict(defaults.segmentation_defaults()) if config.task == "dino" else {}
@@ -299,12 +300,13 @@ def main() -> int:
   cli.parse_flags(argv, FLAGS, help_module=sys.modules[__name__])
   _check_flags()
   workdir = _WORKDIR.value
-  from laplax.train import signals  # pylint: disable=import-outside-toplevel
+  from laplax import signals  # pylint: disable=import-outside-toplevel
   if signals.current() is not None:  # what a signal's exit line says
     signals.current().nothing_saved = ("nothing was written (eval.py writes its "
                                        "results when it ends)")
   cli.quiet()
-  from laplax.train import lm_eval, restore  # pylint: disable=import-outside-toplevel
+  from laplax.evaluators import lm_samples as lm_eval  # pylint: disable=import-outside-toplevel
+  from laplax.workdir import load as restore
   config = restore.saved_config(workdir)
   apply_overrides(config, overrides)
   if (_SAMPLE.value is not None or _CHOICES.value) and config.task != "lm":
@@ -346,7 +348,7 @@ def main() -> int:
     summary["choices_accuracy"] = result["choices_accuracy"]
     summary["num_questions"] = result["num_questions"]
   summary["step"] = int(state.step)
-  from laplax.train import config as config_lib  # pylint: disable=import-outside-toplevel
+  from laplax.config import validation as config_lib  # pylint: disable=import-outside-toplevel
   summary["attention_kernel"] = config_lib.attention_kernel(config, task)
   path = out or os.path.join(workdir, EVAL_FILE)
   with saving.guard(os.path.basename(path), os.path.dirname(path)):
@@ -457,7 +459,7 @@ def _evaluate_dino(config, task, state, workdir: str, out_dir: str) -> dict:
           f"Fashion-MNIST; add --config.eval.segmentation_dataset=ade20k "
           f"--config.eval.segmentation_dir=DIR (ADEChallengeData2016 unpacked in DIR)")
   if _OUT.value is None:  # with --out the workdir is only read
-    from laplax.train import workdir as workdir_lib  # pylint: disable=import-outside-toplevel
+    from laplax.workdir import files as workdir_lib  # pylint: disable=import-outside-toplevel
     made = ((figure, config.eval.pca_images),
             (masks_figure, "segmentation_miou" in summary and settings["segmentation_figure_images"]))
     workdir_lib.log_figures(workdir, config, int(state.step), [f for f, m in made if m])
@@ -549,7 +551,7 @@ def _run_analysis(config, task, state, workdir: str, opts: dict, out: str | None
                              title=f"{os.path.basename(os.path.normpath(workdir))} "
                                    f"(step {int(state.step)})")
   if out is None:  # with --out the workdir is only read
-    from laplax.train import workdir as workdir_lib  # pylint: disable=import-outside-toplevel
+    from laplax.workdir import files as workdir_lib  # pylint: disable=import-outside-toplevel
     workdir_lib.log_figures(workdir, config, int(state.step), figures)
   rows = summary.summary(analysis)
   keys = [k for k, _, _ in summary.QUANTITIES if any(v is not None for v in rows[k])]
@@ -567,8 +569,8 @@ def _run_analysis(config, task, state, workdir: str, opts: dict, out: str | None
 def run_cli() -> None:
   """The ``laplax-eval`` command (``python eval.py``): :func:`main` with its
   user errors as one stderr line and exit code 2."""
-  from laplax.train.lm_eval import ChoicesError  # pylint: disable=import-outside-toplevel
-  from laplax.train.restore import LoadError  # pylint: disable=import-outside-toplevel
+  from laplax.evaluators.lm_samples import ChoicesError  # pylint: disable=import-outside-toplevel
+  from laplax.workdir.load import LoadError  # pylint: disable=import-outside-toplevel
   cli.run(main, user_errors=(ChoicesError, LoadError))
 
 

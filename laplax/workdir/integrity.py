@@ -4,7 +4,7 @@ Orbax stores no checksums, so a flipped bit in a checkpoint's data would be
 restored silently (a NaN, or a plausible wrong number). Each step directory
 therefore gets a manifest, ``MANIFEST`` (``laplax_checksums.json``), holding
 the size and CRC-32 of every file of its items (``state/``, ``data/``).
-:class:`~laplax.train.checkpoint.Checkpointer` writes it from orbax's
+:class:`~laplax.workdir.checkpoint.Checkpointer` writes it from orbax's
 ``post_finalization_callback``: after the items are complete and before orbax
 renames the temporary step directory to its final name, so the manifest is
 committed by the same rename as the data and no complete step is ever seen

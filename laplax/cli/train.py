@@ -28,7 +28,7 @@ import sys
 from absl import flags
 from ml_collections import config_flags
 
-from laplax.train import cli
+from laplax.cli import common as cli
 
 # In absl's global FLAGS (``eval_cli`` keeps its own, so both can be parsed in
 # one process).
@@ -53,9 +53,10 @@ def main() -> int:
   cli.model_from_init(config, sys.argv)
   if not _WORKDIR.value:
     raise cli.UsageError("--workdir is required, e.g. --workdir runs/vit")
-  from laplax.train import lock  # pylint: disable=import-outside-toplevel
+  from laplax.workdir import lock  # pylint: disable=import-outside-toplevel
   lock.check_single_process(config, _WORKDIR.value, _FORCE_UNLOCK.value)  # in seconds
-  from laplax.train import fit, signals  # pylint: disable=import-outside-toplevel
+  from laplax.train import fit  # pylint: disable=import-outside-toplevel
+  from laplax import signals
   if signals.current() is not None:  # a signal's exit line names the last checkpoint
     signals.current().workdir = _WORKDIR.value
   cli.quiet()
@@ -70,7 +71,7 @@ def main() -> int:
 
 def run_cli() -> None:
   """The ``laplax-train`` command: :func:`main` with its user errors as one
-  stderr line and exit code 2 (:func:`laplax.train.cli.run`)."""
+  stderr line and exit code 2 (:func:`laplax.cli.common.run`)."""
   from laplax.train.loop import NonFiniteError  # pylint: disable=import-outside-toplevel
   cli.run(main, user_errors=(NonFiniteError,))
 

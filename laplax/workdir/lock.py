@@ -8,7 +8,7 @@ kernel has given to another process since is not mistaken for the owner.
 It is created atomically (a temporary file, then ``os.link``, which fails if
 the lock exists) and removed when the run ends, on every exit path that
 Python sees (a normal end, an error, SIGTERM/SIGINT, also the immediate exit
-of :mod:`laplax.train.signals`); a SIGKILL or a crash of the machine leaves
+of :mod:`laplax.signals`); a SIGKILL or a crash of the machine leaves
 it behind.
 
 A lock left behind by a process that no longer runs on this host is taken
@@ -33,7 +33,7 @@ import time
 import uuid
 from typing import Iterator
 
-from laplax.train import saving
+from laplax.workdir import saving
 
 LOCK_FILE = "train.lock"
 
@@ -182,7 +182,7 @@ class WorkdirLock:
       with contextlib.suppress(FileNotFoundError):
         os.remove(tmp)
     self.record = record
-    from laplax.train import signals  # pylint: disable=import-outside-toplevel
+    from laplax import signals  # pylint: disable=import-outside-toplevel
     self._unregister = signals.at_exit(self.release)  # also at a signal's hard exit
     return self
 
@@ -250,7 +250,7 @@ def hold(workdir: str, force: bool = False) -> Iterator[None]:
     SaveError: the lock file cannot be written (a full disk).
   """
   import jax  # pylint: disable=import-outside-toplevel
-  from laplax.train.config import ConfigError  # pylint: disable=import-outside-toplevel
+  from laplax.config.validation import ConfigError  # pylint: disable=import-outside-toplevel
   lock, error = None, None
   if jax.process_index() == 0:
     try:

@@ -1,5 +1,5 @@
 """The linear segmentation evaluation of a DINO run (``eval.py``; the task's
-:meth:`~laplax.train.tasks.DINOTask.evaluate` with ``segmentation=True``).
+:meth:`~laplax.tasks.DINOTask.evaluate` with ``segmentation=True``).
 
 DINOv2's linear protocol (Oquab et al. 2023, arXiv 2304.07193, section 7.4;
 its released mmsegmentation heads ``BNHead``): the frozen teacher backbone's
@@ -37,7 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from laplax import sharding
-from laplax.train import defaults
+from laplax.config import defaults
 
 
 def settings(config) -> dict:
@@ -57,7 +57,7 @@ def image_size(config, image_shape) -> int:
   size = int(settings(config)["segmentation_image_size"] or image_shape[0])
   p = int(config.model.patch_size)
   if size % p:
-    from laplax.train import config as config_lib  # pylint: disable=import-outside-toplevel
+    from laplax.config import validation as config_lib  # pylint: disable=import-outside-toplevel
     raise config_lib.ConfigError(
         f"the segmentation images are {size} px, not divisible by "
         f"config.model.patch_size={p}; set config.eval.segmentation_image_size (or "

@@ -23,7 +23,7 @@ from absl import flags
 import ml_collections
 
 from laplax import utils
-from laplax.train.config import ConfigError
+from laplax.config.validation import ConfigError
 
 USAGE_EXIT = 2
 
@@ -278,7 +278,7 @@ def model_from_init(config: ml_collections.ConfigDict, argv: list[str]) -> None:
   init_from = config.get("init_from", "") or ""
   if not isinstance(init_from, str) or not init_from:
     return
-  from laplax.train.workdir import load_saved_config  # pylint: disable=import-outside-toplevel
+  from laplax.workdir.files import load_saved_config  # pylint: disable=import-outside-toplevel
   path = os.path.expanduser(init_from)
   saved = load_saved_config(path) if os.path.isdir(path) else None
   if saved is None:
@@ -315,22 +315,22 @@ def model_from_init(config: ml_collections.ConfigDict, argv: list[str]) -> None:
 def run(main: Callable[[], int | None], user_errors: tuple = (),
         command: str | None = None) -> None:
   """Runs ``main`` and maps user errors to one stderr line and exit code 2
-  (also a locked workdir, :class:`~laplax.train.lock.LockError`, a file
-  that cannot be written, :class:`~laplax.train.saving.SaveError`, and a
+  (also a locked workdir, :class:`~laplax.workdir.lock.LockError`, a file
+  that cannot be written, :class:`~laplax.workdir.saving.SaveError`, and a
   step that ran out of device memory, :func:`laplax.train.fit.out_of_memory`).
 
-  SIGINT and SIGTERM work throughout (:class:`laplax.train.signals.Guard`,
+  SIGINT and SIGTERM work throughout (:class:`laplax.signals.Guard`,
   ``command`` names the program in its line, default the script's name):
   in the training loop the first one stops after the step in flight with a
   checkpoint (exit 0); anywhere else (imports, data preparation,
   compilation, evaluation), or when that step does not finish within
-  :data:`~laplax.train.signals.BOUND_S` seconds (``$LAPLAX_STOP_BOUND_S``),
+  :data:`~laplax.signals.BOUND_S` seconds (``$LAPLAX_STOP_BOUND_S``),
   or at a second signal, the
   process prints one line saying what is saved and exits with 130 (SIGINT)
   or 143 (SIGTERM); nothing is half-written (datasets, caches, configs and
   checkpoints are written under a temporary name and renamed).
   """
-  from laplax.train import signals  # pylint: disable=import-outside-toplevel
+  from laplax import signals  # pylint: disable=import-outside-toplevel
   command = command or os.path.basename(sys.argv[0] or "laplax")
   try:
     bound = signals.bound_from_env()
@@ -352,9 +352,9 @@ def _run_main(main: Callable[[], int | None], user_errors: tuple) -> int | None:
   """``main()``, with the user errors of :func:`run` printed and exit 2."""
   from laplax.data.images import DataError  # pylint: disable=import-outside-toplevel
   from laplax.train import fit  # pylint: disable=import-outside-toplevel
-  from laplax.train.checkpoint import CheckpointError  # pylint: disable=import-outside-toplevel
-  from laplax.train.lock import LockError  # pylint: disable=import-outside-toplevel
-  from laplax.train.saving import SaveError  # pylint: disable=import-outside-toplevel
+  from laplax.workdir.checkpoint import CheckpointError  # pylint: disable=import-outside-toplevel
+  from laplax.workdir.lock import LockError  # pylint: disable=import-outside-toplevel
+  from laplax.workdir.saving import SaveError  # pylint: disable=import-outside-toplevel
   errors = (UsageError, ConfigError, DataError, CheckpointError, LockError,
             SaveError) + tuple(user_errors)
   try:

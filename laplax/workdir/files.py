@@ -7,7 +7,7 @@ text, ``eval.py``'s figures as images), orbax checkpoints under
 ``checkpoints/``, and with ``config.wandb.project`` the Weights & Biases run
 under ``wandb/`` (its id in ``wandb_run_id``). A write that fails on an
 operating-system error (a full disk) raises a one-line
-:class:`~laplax.train.saving.SaveError` naming the file; a half-written
+:class:`~laplax.workdir.saving.SaveError` naming the file; a half-written
 ``metrics.jsonl`` record is cut off again.
 """
 
@@ -24,8 +24,8 @@ import jax
 import ml_collections
 
 from laplax import utils
-from laplax.train import config as config_lib
-from laplax.train import saving
+from laplax.config import validation as config_lib
+from laplax.workdir import saving
 
 CONFIG_FILE = "config.json"
 METRICS_FILE = "metrics.jsonl"
