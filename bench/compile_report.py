@@ -178,6 +178,7 @@ def report(spec: str, devices, args) -> None:
   import jax  # pylint: disable=import-outside-toplevel
   from laplax import sharding  # pylint: disable=import-outside-toplevel
   from laplax.config import validation as config_lib  # pylint: disable=import-outside-toplevel
+  from laplax import tasks  # pylint: disable=import-outside-toplevel
   from laplax.train import loop, optim  # pylint: disable=import-outside-toplevel
 
   from laplax import kernels  # pylint: disable=import-outside-toplevel
@@ -194,7 +195,7 @@ def report(spec: str, devices, args) -> None:
     except ValueError:
       fail(f"--mesh {mesh_arg!r} must be 3 integers (data, fsdp, tensor), each >= 1 "
            f"except at most one -1 for the remaining devices, e.g. '(2,4,1)'")
-    config_lib.validate(config, len(devices))
+    tasks.validate(config, len(devices))
   except (config_lib.ConfigError, ValueError) as e:
     fail(str(e).splitlines()[0])
   mesh = sharding.make_mesh(config.mesh_shape, devices)

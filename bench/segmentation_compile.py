@@ -62,7 +62,7 @@ def report(spec: str, devices, args, cr) -> None:
   if config.task != "dino":
     cr.fail(f"--segmentation-eval needs a DINO config; {spec} has task {config.task!r}")
   try:
-    config_lib.validate(config, None, strict_keys=False)
+    tasks.validate(config, None, strict_keys=False)
     s = dino_segmentation.settings(config)
     stored = config.data.get("image_size", None) or config.data.multicrop.global_size
     size = dino_segmentation.image_size(config, (stored,))

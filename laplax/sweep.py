@@ -214,6 +214,7 @@ def check_runs(runs: Sequence[Run]) -> dict:
   from ml_collections import config_flags  # pylint: disable=import-outside-toplevel
   from laplax.cli import common as cli  # pylint: disable=import-outside-toplevel
   from laplax.config import validation as config_lib
+  from laplax import tasks  # pylint: disable=import-outside-toplevel
   from laplax.workdir import files as workdir_lib
   configs = {}
   for run in runs:
@@ -226,7 +227,7 @@ def check_runs(runs: Sequence[Run]) -> dict:
       cli.parse_flags(argv, values, jax_config=False)
       config = cli.load_config_flag("config", values, argv)
       cli.model_from_init(config, argv)
-      config_lib.validate(config, jax.device_count())
+      tasks.validate(config, jax.device_count())
       workdir_lib.check_wandb(config)
       workdir_lib.check_workdir(config, run.workdir)
     except (cli.UsageError, config_lib.ConfigError) as e:

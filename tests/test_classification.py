@@ -23,6 +23,7 @@ import pytest
 import scipy.stats
 
 from laplax import tasks
+from laplax.tasks import classification
 from test_configs import load
 from test_train import CONFIG, TINY, read_metrics, run_in_process
 
@@ -99,7 +100,7 @@ def test_loss_with_mixup_and_cutmix_matches_numpy(kind):
   rng = jax.random.PRNGKey(3)
   loss, _ = jax.jit(task.loss)(params, batch, rng)
   r_mix, _ = jax.random.split(rng)  # the loss's own split: (mixing, dropout)
-  mix = jax.jit(lambda r, x, t: tasks.mixup_cutmix(r, x, t, mixup=0.8, cutmix=1.0))
+  mix = jax.jit(lambda r, x, t: classification.mixup_cutmix(r, x, t, mixup=0.8, cutmix=1.0))
   images, targets = mix(r_mix, batch["image"], jax.nn.one_hot(batch["label"], K))
   z = logits_of(task, params, images)
   t = np_smooth(np.asarray(targets, np.float64), 0.1)
@@ -113,7 +114,7 @@ def _mix_many(mixup, cutmix, n=400, batch=4, size=8):
   rng = np.random.default_rng(4)
   images = rng.normal(size=(batch, size, size, 3)).astype(np.float32)
   targets = np.eye(K, dtype=np.float32)[np.arange(batch)]
-  fn = jax.jit(jax.vmap(lambda r: tasks.mixup_cutmix(r, images, targets, mixup=mixup,
+  fn = jax.jit(jax.vmap(lambda r: classification.mixup_cutmix(r, images, targets, mixup=mixup,
                                                      cutmix=cutmix)))
   mixed, mixed_t = fn(jax.random.split(jax.random.PRNGKey(5), n))
   return images, targets, np.asarray(mixed, np.float64), np.asarray(mixed_t, np.float64)

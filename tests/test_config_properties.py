@@ -18,6 +18,7 @@ from laplax import spectral
 from laplax.models import layers, spec as spec_lib
 from laplax.cli import common as cli
 from laplax.config import validation as config_lib
+from laplax import tasks
 from test_configs import load
 
 CONFIGS = ("vit_fashion_mnist", "gpt_shakespeare", "dino_fashion_mnist")
@@ -86,7 +87,7 @@ BAD = [
                                     not_int.filter(lambda v: v is not None))),
     ("wandb.mode", unknown_name.filter(lambda s: s not in config_lib.WANDB_MODES)),
     ("wandb.project", st.one_of(st.just(""), st.just("  "), st.integers(), st.booleans())),
-    ("task", unknown_name.filter(lambda s: s not in config_lib.task_names())),
+    ("task", unknown_name.filter(lambda s: s not in tasks.task_names())),
 ]
 
 
@@ -102,7 +103,7 @@ def _check_cli(config_dict, capsys):
   """(exit code, stderr lines) of the CLI's handling of validating ``config_dict``."""
   config = ml_collections.ConfigDict(config_dict)
   with pytest.raises(SystemExit) as exit_info:
-    cli.run(lambda: config_lib.validate(config, num_devices=1))
+    cli.run(lambda: tasks.validate(config, num_devices=1))
   err = capsys.readouterr().err
   return exit_info.value.code, [l for l in err.splitlines() if l.strip()]
 

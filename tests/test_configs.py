@@ -13,6 +13,7 @@ import pytest
 from laplax.config import validation as config_lib
 from laplax.train import loop, optim
 from laplax import tasks
+from laplax.tasks import classification
 from laplax.config.defaults import base_config, parse_arg
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -36,7 +37,7 @@ def test_paper_scale_config_builds_and_compiles_one_step(name, arg, image_shape,
   the ImageNet one's is also compiled. The CIFAR one has the same blocks at
   224 px and 100 classes, so its compile would repeat the ImageNet one's."""
   c = load(name, arg)
-  config_lib.validate(c)
+  tasks.validate(c)
   assert (c.model.width, c.model.depth, c.model.num_heads, c.model.patch_size) == (768, 12, 12, 16)
   assert c.model.spectral.enabled and c.model.qk_norm and c.model.layerscale_init == 1e-6
   assert c.loss.type == "sigmoid" and c.model.dtype == "bfloat16"
@@ -76,7 +77,7 @@ def test_parse_arg_and_errors():
 
 def test_default_config_validates_and_has_contract_keys():
   c = load("vit_fashion_mnist")
-  config_lib.validate(c)
+  tasks.validate(c)
   for key in config_lib.REQUIRED:
     config_lib.get(c, key)
   assert c.model.num_laplacian_heads == c.model.num_heads  # all heads Laplacian
@@ -103,17 +104,17 @@ def test_validate_rejects_with_one_line(key, value, fragment):
   with c.unlocked():
     node[last] = value
   with pytest.raises(config_lib.ConfigError) as e:
-    config_lib.validate(c)
+    tasks.validate(c)
   assert fragment in str(e.value) and "\n" not in str(e.value)
 
 
 def test_per_layer_counts_validated():
   c = base_config()
   c.model.num_laplacian_heads = (0, 1, 2, 4)
-  config_lib.validate(c)
+  tasks.validate(c)
   c.model.num_laplacian_heads = (0, 1, 2)
   with pytest.raises(config_lib.ConfigError, match="one count per layer"):
-    config_lib.validate(c)
+    tasks.validate(c)
 
 
 def test_architecture_diff_names_keys():
@@ -174,7 +175,7 @@ def test_mixup_cutmix_targets_are_mixtures():
   images = jnp.arange(4 * 8 * 8 * 1, dtype=jnp.float32).reshape(4, 8, 8, 1)
   targets = jax.nn.one_hot(jnp.arange(4), 4)
   for mix, cut in ((0.8, 0.0), (0.0, 1.0)):
-    mixed, t = tasks.mixup_cutmix(rng, images, targets, mixup=mix, cutmix=cut)
+    mixed, t = classification.mixup_cutmix(rng, images, targets, mixup=mix, cutmix=cut)
     np.testing.assert_allclose(t.sum(-1), 1.0, rtol=1e-6)
     lam = float(t[0, 0])
     if mix:
@@ -205,7 +206,7 @@ def test_recipes_set_the_authors_options_and_unknown_ones_are_refused():
   # nanochat's AdamW learning rates scale with (width / 768)^-0.5.
   assert nano.optim.embedding_lr == 0.2 * (128 / 768) ** -0.5
   for c in (deit3, nano):
-    config_lib.validate(c, 1)
+    tasks.validate(c, 1)
   for name in ("vit_fashion_mnist", "gpt_shakespeare"):
     with pytest.raises(ValueError, match="recipe='mae' is unknown"):
       load(name, "recipe=mae")

@@ -204,7 +204,7 @@ def tiny_task(**dino_overrides):
   c.data.multicrop.num_local = 2
   c.batch_size = 4
   c.total_steps = 10
-  config_lib.validate(c)
+  tasks.validate(c)
   return c, tasks.DINOTask(c, 10, (28, 28, 1))
 
 
@@ -349,7 +349,7 @@ def test_bad_dino_input_one_line_exit_2(tmp_path, fragment, flag, capfd):
 
 def test_dino_vits16_imagenet_builds_and_lowers_one_step():
   c = load("dino_vits16_imagenet")
-  config_lib.validate(c)
+  tasks.validate(c)
   assert c.model.num_laplacian_heads == 5 and c.model.num_heads == 6
   assert (c.model.width, c.model.depth, c.model.patch_size) == (384, 12, 16)
   mc = c.data.multicrop

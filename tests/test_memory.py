@@ -92,7 +92,7 @@ def test_grad_accumulation_equals_one_batch(make):
   results = []
   for accum, unroll in ((1, False), (4, False), (4, True)):
     c.optim.grad_accum_steps, c.optim.grad_accum_unroll = accum, unroll
-    config_lib.validate(c)
+    tasks.validate(c)
     state = start
     step = jax.jit(loop.make_train_step(task, tx, optim.learning_rate_schedule(c.optim, 10)))
     metrics = []
@@ -256,7 +256,7 @@ def test_validate_rejects_memory_keys_with_one_line(key, value, fragment):
   del c[section][name]  # a config file may give any type
   c[section][name] = value
   with pytest.raises(config_lib.ConfigError) as e:
-    config_lib.validate(c)
+    tasks.validate(c)
   assert fragment in str(e.value) and "\n" not in str(e.value)
 
 

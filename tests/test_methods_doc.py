@@ -20,6 +20,7 @@ import ml_collections
 
 from laplax.models import spec as spec_lib
 from laplax.config import validation as config_lib
+from laplax import tasks
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOC = os.path.join(ROOT, "docs/methods.md")
@@ -80,7 +81,7 @@ def accepts(config: ml_collections.ConfigDict, key: str, value) -> bool:
     if key.startswith("model."):
       spec_lib.from_config(c.model)  # not validate: it refuses cuDNN without a GPU
     else:
-      config_lib.validate(c)
+      tasks.validate(c)
   except (TypeError, ValueError):  # ConfigError and SpecError are ValueErrors
     return False
   return True

@@ -17,6 +17,7 @@ from laplax import attention
 from laplax.models import layers, spec as spec_lib
 from laplax.models.gpt import GPT
 from laplax.config import validation as config_lib
+from laplax import tasks
 from laplax.train import optim
 from model_helper import make_gpt
 from test_configs import load
@@ -163,5 +164,5 @@ def test_bad_new_keys_are_one_line_errors(key, value, message):
   section, leaf = key.split(".")
   c[section][leaf] = value
   with pytest.raises(config_lib.ConfigError) as e:
-    config_lib.validate(c)
+    tasks.validate(c)
   assert message in str(e.value) and "\n" not in str(e.value)

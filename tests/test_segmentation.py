@@ -241,12 +241,11 @@ def test_dino_task_reads_the_mosaic_masks(mosaic_data_dir):
   backbone's 56 px; the k-NN labels are the 10 garment classes. (The probe
   itself runs through eval.py in test_dino.py, on Fashion-MNIST canvases.)"""
   from test_configs import load  # pylint: disable=import-outside-toplevel
-  from laplax.config import validation as config_lib  # pylint: disable=import-outside-toplevel
-  from laplax import tasks
+  from laplax import tasks  # pylint: disable=import-outside-toplevel
   c = load("dino_fashion_mosaic")
   c.data.name, c.data.data_dir = "fashion_mosaic/small", mosaic_data_dir
   c.eval.update(segmentation_train_images=30, segmentation_test_images=12)
-  config_lib.validate(c)
+  tasks.validate(c)
   task = tasks.make_task(c, None)
   assert task.num_classes == 10 and task.image_shape == (56, 56, 1)
   data = task.segmentation_data()
@@ -296,9 +295,9 @@ def test_bad_segmentation_settings_one_line_exit_2(tmp_path, config, flag, fragm
 
 def test_mosaic_config_validates():
   from test_configs import load  # pylint: disable=import-outside-toplevel
-  from laplax.config import validation as config_lib  # pylint: disable=import-outside-toplevel
+  from laplax import tasks  # pylint: disable=import-outside-toplevel
   c = load("dino_fashion_mosaic")
-  config_lib.validate(c)
+  tasks.validate(c)
   assert c.data.name == "fashion_mosaic" and c.task == "dino"
   assert c.data.multicrop.global_size == 56 and 56 % c.model.patch_size == 0
   assert c.eval.segmentation and c.eval.segmentation_dataset == "auto"

@@ -23,6 +23,7 @@ import pytest
 import sharding_helper
 from laplax import sharding
 from laplax.config import validation as config_lib
+from laplax import tasks
 from model_helper import make_gpt
 from test_train import ROOT, read_metrics, run, xla_env
 
@@ -305,12 +306,12 @@ def test_validate_mesh_messages():
 def test_validate_sharding_keys(key, value, fragment):
   from laplax.config.defaults import gpt_base_config
   c = gpt_base_config()
-  config_lib.validate(c)
+  tasks.validate(c)
   *parents, leaf = key.split(".")
   node = c
   for part in parents:
     node = node[part]
   node[leaf] = value
   with pytest.raises(config_lib.ConfigError, match=fragment) as e:
-    config_lib.validate(c)
+    tasks.validate(c)
   assert "\n" not in str(e.value)

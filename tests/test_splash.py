@@ -105,6 +105,7 @@ def test_refusals_name_the_fix():
 
 def test_config_check_counts_the_vit_tokens():
   from laplax.config import validation as config_lib  # pylint: disable=import-outside-toplevel
+  from laplax import tasks  # pylint: disable=import-outside-toplevel
   sys.path.insert(0, os.path.join(ROOT, "configs"))
   import vit_fashion_mnist  # pylint: disable=import-outside-toplevel
   config = vit_fashion_mnist.get_config()
@@ -114,9 +115,9 @@ def test_config_check_counts_the_vit_tokens():
   config.model.implementation = "splash"
   config.data.image_size = 32
   with pytest.raises(config_lib.ConfigError, match="attention sees 65 tokens"):
-    config_lib.validate(config)
+    tasks.validate(config)
   config.model.pool, config.model.patch_size = "gap", 2  # 16 x 16 patches, no class token
-  config_lib.validate(config)
+  tasks.validate(config)
 
 
 def test_default_follows_the_platform_and_falls_back_to_xla():

@@ -242,7 +242,8 @@ def apply_overrides(config, overrides: list[tuple[str, str]]) -> None:
     cli.UsageError: an unknown key or a value of the wrong type.
     ConfigError: a value the config's checks refuse.
   """
-  from laplax.config import validation as config_lib, defaults  # pylint: disable=import-outside-toplevel
+  from laplax.config import defaults  # pylint: disable=import-outside-toplevel
+  from laplax import tasks  # pylint: disable=import-outside-toplevel
   if not overrides:
     return
   known = dict(defaults.segmentation_defaults()) if config.task == "dino" else {}
@@ -256,7 +257,7 @@ def apply_overrides(config, overrides: list[tuple[str, str]]) -> None:
                            f"{choices}")
     with config.unlocked():
       config.eval[key] = _typed(key, raw, known[key])
-  config_lib.validate(config, None, strict_keys=False)
+  tasks.validate(config, None, strict_keys=False)
 
 
 def _check_flags() -> None:

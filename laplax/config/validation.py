@@ -15,8 +15,6 @@ import jax
 import ml_collections
 
 from laplax import sharding, utils
-from laplax.data import multicrop
-from laplax.data.errors import DataError
 from laplax.models import spec as spec_lib
 
 # Keys every config has (the documented contract of train.py).
@@ -39,17 +37,6 @@ class ConfigError(ValueError):
   """A config that cannot run; the message is one line with the fix."""
 
 
-def task_names() -> tuple[str, ...]:
-  """The names of the tasks of the one registry, :data:`laplax.tasks.TASKS`."""
-  from laplax import tasks  # pylint: disable=import-outside-toplevel
-  return tuple(tasks.TASKS)
-
-
-def _task_class(name: str):
-  from laplax import tasks  # pylint: disable=import-outside-toplevel
-  return tasks.TASKS[name]
-
-
 def get(config: ml_collections.ConfigDict, dotted: str, default: Any = KeyError):
   """Returns ``config.a.b`` for ``"a.b"``; ``default`` (or KeyError) if missing."""
   node = config
@@ -62,19 +49,23 @@ def get(config: ml_collections.ConfigDict, dotted: str, default: Any = KeyError)
   return node
 
 
-def _require(cond: bool, message: str) -> None:
+def require(cond: bool, message: str) -> None:
+  """Raises :class:`ConfigError` with ``message`` (one line) unless ``cond``."""
   if not cond:
     raise ConfigError(message)
 
 
-def _int(config, key, minimum):
+def check_int(config, key, minimum):
+  """``config.KEY`` (dotted) is an integer (not a bool) >= ``minimum``, else :class:`ConfigError`."""
   value = get(config, key)
-  _require(isinstance(value, int) and not isinstance(value, bool) and value >= minimum,
+  require(isinstance(value, int) and not isinstance(value, bool) and value >= minimum,
            f"config.{key}={value!r} must be an integer >= {minimum}")
   return value
 
 
-def _float(config, key, minimum, maximum=float("inf"), open_min=False):
+def check_float(config, key, minimum, maximum=float("inf"), open_min=False):
+  """``config.KEY`` (dotted) is a finite number in ``[minimum, maximum]``
+  (``(minimum, maximum]`` with ``open_min``), else :class:`ConfigError`."""
   value = get(config, key)
   ok = isinstance(value, (int, float)) and not isinstance(value, bool)
   ok = ok and math.isfinite(value)
@@ -82,35 +73,46 @@ def _float(config, key, minimum, maximum=float("inf"), open_min=False):
   bound = f"> {minimum}" if open_min else f">= {minimum}"
   if maximum != float("inf"):
     bound += f" and <= {maximum}"
-  _require(ok, f"config.{key}={value!r} must be a finite number {bound}")
+  require(ok, f"config.{key}={value!r} must be a finite number {bound}")
   return value
 
 
-def unknown_keys(config: ml_collections.ConfigDict) -> list[str]:
+def unknown_keys(config: ml_collections.ConfigDict, task_class: Any) -> list[str]:
   """Dotted keys of ``config`` that no laplax config of its task has.
 
-  The reference is the task's base config (``base_config`` of its class in
-  :data:`laplax.tasks.TASKS`, from :mod:`laplax.config.defaults`), which
-  holds every key the trainer reads; a language model on FineWeb-Edu
-  (``data.name="fineweb_edu"``) also has the keys of
-  :func:`laplax.data.fineweb.default_config`.
+  The reference is ``task_class.known_keys(config)`` (the task's base config
+  from :mod:`laplax.config.defaults`, which holds every key the trainer
+  reads, and what its data source adds).
   """
-  if config.get("task") not in task_names():
-    return []
-  known = utils.flatten_dotted(_task_class(config.task).base_config().to_dict(),
-                               keep_empty=True)
-  if config.task == "lm" and get(config, "data.name", "") == "fineweb_edu":
-    from laplax.data import fineweb  # pylint: disable=import-outside-toplevel
-    known.update(utils.flatten_dotted({"data": fineweb.default_config().to_dict()},
-                                      keep_empty=True))
+  known = task_class.known_keys(config)
   sections = {k.rsplit(".", 1)[0] for k in known if "." in k}
   return sorted(k for k in utils.flatten_dotted(config.to_dict(), keep_empty=True)
                 if k not in known and k not in sections)
 
 
-def validate(config: ml_collections.ConfigDict, num_devices: int | None = None,
-             strict_keys: bool = True) -> None:
+def require_keys(config: ml_collections.ConfigDict) -> None:
+  """Every key of :data:`REQUIRED` is there.
+
+  Raises:
+    ConfigError: the first missing key.
+  """
+  for key in REQUIRED:
+    try:
+      get(config, key)
+    except KeyError:
+      raise ConfigError(f"config.{key} is missing; every laplax config defines it "
+                        f"(see configs/vit_fashion_mnist.py)") from None
+
+
+def validate(config: ml_collections.ConfigDict, task_class: Any,
+             num_devices: int | None = None, strict_keys: bool = True) -> None:
   """Checks types, ranges and consistency of every key the trainer reads.
+
+  ``task_class`` is the class of ``config.task`` (callers go through
+  :func:`laplax.tasks.validate`, which looks it up in the registry): its
+  ``validate(config)`` checks the task's own sections, its ``known_keys`` and
+  ``attention_lengths`` say which keys exist and which token counts the
+  attention sees.
 
   With ``num_devices`` (the trainer passes ``jax.device_count()``, after the
   multi-process runtime started) the mesh is also checked against the devices
@@ -122,78 +124,69 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None,
   Raises:
     ConfigError: the first problem found, as one line naming the key and the fix.
   """
-  for key in REQUIRED:
-    try:
-      get(config, key)
-    except KeyError:
-      raise ConfigError(f"config.{key} is missing; every laplax config defines it "
-                        f"(see configs/vit_fashion_mnist.py)") from None
-  _require(config.task in task_names(),
-           f"config.task={config.task!r} is unknown; use one of {', '.join(task_names())}")
+  require_keys(config)
   if strict_keys:
-    extra = unknown_keys(config)
-    _require(not extra,
+    extra = unknown_keys(config, task_class)
+    require(not extra,
              f"config.{extra[0] if extra else ''} is not a key of a laplax "
              f"{config.task} config; check its spelling against "
              f"laplax/config/defaults.py" + (f" ({len(extra)} such keys)" if len(extra) > 1 else ""))
-  family = _task_class(config.task).family
-  _require(get(config, "model.name", None) == family,
+  family = task_class.family
+  require(get(config, "model.name", None) == family,
            f"config.model.name={get(config, 'model.name', None)!r} does not fit "
            f"task {config.task!r}; use model.name={family!r}")
   for key in ("data.data_dir", "data.source_dir"):
     value = get(config, key)
-    _require(isinstance(value, str) and value.strip() != "",
+    require(isinstance(value, str) and value.strip() != "",
              f"config.{key}={value!r} must be a directory path; give a folder, "
              f"e.g. ~/tensorflow_datasets")
-  _int(config, "seed", 0)
-  _int(config, "batch_size", 1)
-  _int(config, "total_steps", 0)
+  check_int(config, "seed", 0)
+  check_int(config, "batch_size", 1)
+  check_int(config, "total_steps", 0)
   for key in ("log_every", "eval_every", "checkpoint_every"):
-    _int(config, key, 1)
-  _int(config, "eval_batch_size", 1)
+    check_int(config, key, 1)
+  check_int(config, "eval_batch_size", 1)
   init_from = get(config, "init_from", "") or ""
-  _require(isinstance(init_from, str),
+  require(isinstance(init_from, str),
            f"config.init_from={init_from!r} must be the path of a laplax workdir")
   if init_from:
-    _require(os.path.isdir(os.path.join(os.path.expanduser(init_from), "checkpoints")),
+    require(os.path.isdir(os.path.join(os.path.expanduser(init_from), "checkpoints")),
              f"config.init_from={init_from} is not a laplax workdir (no checkpoints/ "
              f"in it); give a train.py or laplax.convert --workdir")
   if get(config, "keep_checkpoints", None) is not None:
-    _int(config, "keep_checkpoints", 1)
+    check_int(config, "keep_checkpoints", 1)
   verify = get(config, "checkpoint_verify", True)
-  _require(isinstance(verify, bool),
+  require(isinstance(verify, bool),
            f"config.checkpoint_verify={verify!r} must be True or False")
   for key in ("data.crop_padding", "data.prefetch", "data.num_threads"):
     if get(config, key, None) is not None:
-      _int(config, key, 0)
+      check_int(config, key, 0)
   exclude = get(config, "optim.weight_decay_exclude", ())
-  _require(isinstance(exclude, (list, tuple)) and all(isinstance(p, str) for p in exclude),
+  require(isinstance(exclude, (list, tuple)) and all(isinstance(p, str) for p in exclude),
            f"config.optim.weight_decay_exclude={exclude!r} must be a tuple of "
            f"parameter-name regexes")
 
-  _validate_model(config)
-  if config.task == "classification":
-    _validate_classification(config)
-  if config.task == "dino":
-    _validate_dino(config)
+  model_spec = _validate_model(config)
+  task_class.validate(config)
+  _check_splash(config, model_spec, task_class)
 
   o = config.optim
-  _float(config, "optim.lr", 0.0, open_min=True)
-  _float(config, "optim.weight_decay", 0.0)
-  _float(config, "optim.b1", 0.0, 1.0)
-  _float(config, "optim.b2", 0.0, 1.0)
-  _int(config, "optim.warmup_steps", 0)
+  check_float(config, "optim.lr", 0.0, open_min=True)
+  check_float(config, "optim.weight_decay", 0.0)
+  check_float(config, "optim.b1", 0.0, 1.0)
+  check_float(config, "optim.b2", 0.0, 1.0)
+  check_int(config, "optim.warmup_steps", 0)
   if o.grad_clip is not None:
-    _float(config, "optim.grad_clip", 0.0, open_min=True)
-  _float(config, "optim.min_lr_ratio", 0.0, 1.0)
+    check_float(config, "optim.grad_clip", 0.0, open_min=True)
+  check_float(config, "optim.min_lr_ratio", 0.0, 1.0)
   skip = get(config, "optim.skip_nonfinite", False)
-  _require(isinstance(skip, bool),
+  require(isinstance(skip, bool),
            f"config.optim.skip_nonfinite={skip!r} must be True or False")
   for key in ("debug.nan_at_step", "debug.stall_at_step"):
     if get(config, key, None) is not None:
-      _int(config, key, 1)
+      check_int(config, key, 1)
   if get(config, "optim.weight_decay_end", None) is not None:
-    _float(config, "optim.weight_decay_end", 0.0)
+    check_float(config, "optim.weight_decay_end", 0.0)
   _validate_muon(config)
   _validate_memory(config)
   _validate_sharding(config)
@@ -206,43 +199,43 @@ def _validate_muon(config):
   """``optim.optimizer``, ``optim.schedule`` and the Muon / nanochat keys
   (missing keys: AdamW with warm-up + cosine, as before)."""
   name = get(config, "optim.optimizer", "adamw")
-  _require(name in ("adamw", "muon", "nanochat"),
+  require(name in ("adamw", "muon", "nanochat"),
            f"config.optim.optimizer={name!r} is unknown; use 'adamw', 'muon' or 'nanochat'")
   schedule = get(config, "optim.schedule", "cosine")
-  _require(schedule in ("cosine", "warmdown"),
+  require(schedule in ("cosine", "warmdown"),
            f"config.optim.schedule={schedule!r} is unknown; use 'cosine' or 'warmdown'")
   if get(config, "optim.warmdown_ratio", None) is not None:
-    _float(config, "optim.warmdown_ratio", 0.0, 1.0)
+    check_float(config, "optim.warmdown_ratio", 0.0, 1.0)
   if get(config, "optim.adam_eps", None) is not None:
-    _float(config, "optim.adam_eps", 0.0)
+    check_float(config, "optim.adam_eps", 0.0)
   if get(config, "optim.muon_momentum_start", None) is not None:
-    _float(config, "optim.muon_momentum_start", 0.0, 1.0)
+    check_float(config, "optim.muon_momentum_start", 0.0, 1.0)
   if get(config, "optim.muon_momentum_ramp_steps", None) is not None:
-    _int(config, "optim.muon_momentum_ramp_steps", 0)
+    check_int(config, "optim.muon_momentum_ramp_steps", 0)
   if get(config, "optim.muon_lr", None) is not None:
-    _float(config, "optim.muon_lr", 0.0, open_min=True)
+    check_float(config, "optim.muon_lr", 0.0, open_min=True)
   if get(config, "optim.muon_momentum", None) is not None:
-    _float(config, "optim.muon_momentum", 0.0, 1.0)
+    check_float(config, "optim.muon_momentum", 0.0, 1.0)
   if get(config, "optim.muon_weight_decay", None) is not None:
-    _float(config, "optim.muon_weight_decay", 0.0)
+    check_float(config, "optim.muon_weight_decay", 0.0)
   for key in ("optim.embedding_lr", "optim.unembedding_lr"):
     if get(config, key, None) is not None:
-      _float(config, key, 0.0, open_min=True)
+      check_float(config, key, 0.0, open_min=True)
 
 
 def _validate_memory(config):
   """``check_memory`` (missing: True), ``optim.grad_accum_steps`` (``None``
   means 1), ``optim.grad_accum_unroll``."""
   check_memory = get(config, "check_memory", True)
-  _require(isinstance(check_memory, bool),
+  require(isinstance(check_memory, bool),
            f"config.check_memory={check_memory!r} must be True or False")
   unroll = get(config, "optim.grad_accum_unroll", False)
-  _require(isinstance(unroll, bool),
+  require(isinstance(unroll, bool),
            f"config.optim.grad_accum_unroll={unroll!r} must be True or False")
   if get(config, "optim.grad_accum_steps", None) is None:
     return
-  accum = _int(config, "optim.grad_accum_steps", 1)
-  _require(config.batch_size % accum == 0,
+  accum = check_int(config, "optim.grad_accum_steps", 1)
+  require(config.batch_size % accum == 0,
            f"config.batch_size={config.batch_size} is not divisible by "
            f"config.optim.grad_accum_steps={accum} (the global batch is cut into "
            f"that many micro-batches); use a multiple of {accum} or set "
@@ -262,14 +255,14 @@ def _validate_observability(config):
     value = get(config, key, None)
     if value is None:  # a config saved before the key existed
       continue
-    _require(isinstance(value, int) and not isinstance(value, bool) and value >= low,
+    require(isinstance(value, int) and not isinstance(value, bool) and value >= low,
              f"config.{key}={value!r} must be an integer >= {low}: {fix}")
   for key in ("project", "entity", "name"):
     value = get(config, f"wandb.{key}", None)
-    _require(value is None or (isinstance(value, str) and value.strip()),
+    require(value is None or (isinstance(value, str) and value.strip()),
              f"config.wandb.{key}={value!r} must be a non-empty string (or unset)")
   mode = get(config, "wandb.mode", None)
-  _require(mode is None or mode in WANDB_MODES,
+  require(mode is None or mode in WANDB_MODES,
            f"config.wandb.mode={mode!r} is unknown; use one of "
            f"{', '.join(map(repr, WANDB_MODES))} (or leave it unset)")
 
@@ -284,16 +277,16 @@ def _validate_sharding(config):
   dist = get(config, "distributed", None)
   if dist is None:
     return
-  _require(isinstance(dist.get("enabled", False), bool),
+  require(isinstance(dist.get("enabled", False), bool),
            f"config.distributed.enabled={dist.get('enabled')!r} must be True or False")
   address = dist.get("coordinator_address", None)
   if address is None:
     return
-  _require(isinstance(address, str) and address.rpartition(":")[2].isdigit(),
+  require(isinstance(address, str) and address.rpartition(":")[2].isdigit(),
            f"config.distributed.coordinator_address={address!r} must be 'host:port'")
   num = dist.get("num_processes", None)
   pid = dist.get("process_id", None)
-  _require(isinstance(num, int) and not isinstance(num, bool) and num >= 1
+  require(isinstance(num, int) and not isinstance(num, bool) and num >= 1
            and isinstance(pid, int) and not isinstance(pid, bool) and 0 <= pid < num,
            f"config.distributed.num_processes={num!r} and process_id={pid!r} must be "
            f"integers with 0 <= process_id < num_processes when coordinator_address "
@@ -331,12 +324,12 @@ def validate_mesh(config: ml_collections.ConfigDict, num_devices: int,
   per_step = config.batch_size // accum
   what = (f"the micro-batch batch_size/grad_accum_steps={per_step}" if accum > 1
           else f"config.batch_size={config.batch_size}")
-  _require(per_step % dp == 0,
+  require(per_step % dp == 0,
            f"{what} is not divisible by the data-parallel size {dp} (batch axes "
            f"{'*'.join(sharding.mesh_axes(rules, 'batch')) or 'none'} of mesh_shape="
            f"{shown}); choose a batch size that is a multiple of {dp * accum}")
   processes = jax.process_count() if num_processes is None else num_processes
-  _require(dp % processes == 0,
+  require(dp % processes == 0,
            f"the data-parallel size {dp} of mesh_shape={shown} is not a multiple of "
            f"the {processes} processes; each process must hold its own rows of the "
            f"batch")
@@ -345,7 +338,7 @@ def validate_mesh(config: ml_collections.ConfigDict, num_devices: int,
   for name, key in (("heads", "num_heads"), ("mlp", "mlp_dim")):
     tp = sharding.axis_size(shape, rules, name)
     size = sizes[key]
-    _require(size % tp == 0,
+    require(size % tp == 0,
              f"config.model.{key}={size} is not divisible by the tensor-parallel size "
              f"{tp} of mesh_shape={shown}; choose a mesh whose tensor size divides it")
   return shape
@@ -363,43 +356,40 @@ def _validate_model(config):
   except spec_lib.SpecError as e:
     raise ConfigError(f"config.{e}") from None
   if model_spec.attention.implementation == "cudnn":
-    _require(jax.default_backend() == "gpu",
+    require(jax.default_backend() == "gpu",
              f"config.model.implementation='cudnn' needs an NVIDIA GPU but JAX runs "
              f"on {jax.default_backend()!r}; use 'xla'")
   image_size = get(config, "data.image_size", None)
   if m.name == "vit" and image_size is not None:
-    _int(config, "data.image_size", 1)
-    _require(image_size % m.patch_size == 0,
+    check_int(config, "data.image_size", 1)
+    require(image_size % m.patch_size == 0,
              f"config.data.image_size={image_size} is not divisible by "
              f"config.model.patch_size={m.patch_size}; change one of them")
-  if config.get("task", None) != "dino":  # DINO's crops: after their own check
-    _check_splash(config, model_spec)
+  return model_spec
 
 
-def _check_splash(config, model_spec) -> None:
+def _check_splash(config, model_spec, task_class) -> None:
   """``model.implementation='splash'`` against the token counts known from
-  the config (:func:`attention_lengths`)."""
+  the config (the task's ``attention_lengths``)."""
   try:
-    spec_lib.check_splash_lengths(model_spec, attention_lengths(config))
+    spec_lib.check_splash_lengths(model_spec, task_class.attention_lengths(config))
   except spec_lib.SpecError as e:
     raise ConfigError(f"config.{e}") from None
 
 
-def attention_lengths(config: ml_collections.ConfigDict,
-                      image_side: int | None = None) -> tuple[int, ...]:
+def attention_lengths(config: ml_collections.ConfigDict, image_side: int | None = None,
+                      crop_sides: tuple[int, ...] = ()) -> tuple[int, ...]:
   """Token counts the model's self-attention sees: the GPT's context
   (``model.max_length``); a ViT's patches of ``data.image_size`` (else of
   ``image_side``, the dataset's, when given) plus the class token with
-  ``model.pool='tok'``; for DINO also the global and local crops. Counts
-  that depend on an unknown image size are left out."""
+  ``model.pool='tok'``, and those of the ``crop_sides`` a task adds (DINO's
+  global and local crops come first). Counts that depend on an unknown image
+  size are left out."""
   m = config.model
   if m.name == "gpt":
     return (int(m.max_length),)
   patches = lambda side: (int(side) // m.patch_size) ** 2 + (m.get("pool", "tok") == "tok")
-  sides = [get(config, "data.image_size", None) or image_side]
-  if config.get("task", None) == "dino":
-    mc = config.data.multicrop
-    sides = [mc.global_size] + ([mc.local_size] if mc.num_local else []) + sides
+  sides = list(crop_sides) + [get(config, "data.image_size", None) or image_side]
   return tuple(dict.fromkeys(patches(s) for s in sides if s))
 
 
@@ -407,7 +397,7 @@ def attention_kernel(config: ml_collections.ConfigDict, task: Any = None,
                      say: Any = None) -> str:
   """The name of the attention kernel(s) the run uses (``"xla"``,
   ``"splash"``, ``"cudnn"``, ``"splash+xla"``...): :func:`laplax.kernels.describe`
-  of :func:`attention_lengths` (with ``task.image_shape`` when the task has
+  of the task's ``attention_lengths`` (with ``task.image_shape`` when the task has
   one) on the current platform (inside :func:`laplax.sharding.context`: the
   mesh's). ``say``, if given, is called with the one line that says which
   kernel runs and why (``train.py`` prints it at the start)."""
@@ -415,94 +405,11 @@ def attention_kernel(config: ml_collections.ConfigDict, task: Any = None,
   spec = spec_lib.from_config(config.model)
   side = (getattr(task, "image_shape", None) or (None,))[0]
   name, line = kernels.describe(spec.attention.implementation,
-                                attention_lengths(config, side),
+                                task.attention_lengths(config, side),
                                 head_dim=spec.head_dim, dtype=spec.dtype)
   if say is not None:
     say(line)
   return name
-
-
-def _validate_classification(config):
-  """The loss section of a classification config."""
-  _float(config, "loss.label_smoothing", 0.0, 0.99)
-  _require(config.loss.type in ("softmax", "sigmoid"),
-           f"config.loss.type={config.loss.type!r} is unknown; use 'softmax' or 'sigmoid'")
-  _float(config, "loss.mixup", 0.0)
-  _float(config, "loss.cutmix", 0.0)
-
-
-def _validate_dino(config):
-  """Multi-crop, head, temperatures and momenta of a DINO config."""
-  patch = config.model.patch_size
-  _require(config.model.pool == "tok",
-           f"config.model.pool={config.model.pool!r}: DINO trains on the class "
-           f"token; use model.pool='tok'")
-  try:  # Every data.multicrop key; the one check lives with the pipeline.
-    multicrop.check_multicrop(get(config, "data.multicrop"), patch_size=patch)
-  except DataError as e:
-    raise ConfigError(str(e)) from None
-  _check_splash(config, spec_lib.from_config(config.model))
-
-  _int(config, "dino.out_dim", 2)
-  for key in ("hidden_dim", "bottleneck_dim", "head_layers"):
-    _int(config, f"dino.{key}", 1)
-  for key in ("student_temp", "warmup_teacher_temp", "teacher_temp"):
-    _float(config, f"dino.{key}", 0.0, open_min=True)
-  _float(config, "dino.momentum_teacher", 0.0, 1.0)
-  _float(config, "dino.center_momentum", 0.0, 1.0)
-  _int(config, "dino.warmup_teacher_temp_steps", 0)
-  _int(config, "dino.freeze_last_layer_steps", 0)
-  _int(config, "eval.knn_k", 1)
-  _float(config, "eval.knn_temperature", 0.0, open_min=True)
-  _int(config, "eval.pca_images", 0)
-  _require(isinstance(get(config, "eval.linear_probe"), bool),
-           f"config.eval.linear_probe={get(config, 'eval.linear_probe')!r} must be "
-           f"True or False")
-  validate_segmentation(config)
-
-
-def validate_segmentation(config):
-  """The ``eval.segmentation*`` keys of a DINO config (a run saved before they
-  existed lacks them: eval.py then uses the defaults).
-
-  Raises:
-    ConfigError: the first bad key, with its fix.
-  """
-  from laplax.data import segmentation  # pylint: disable=import-outside-toplevel
-  on = get(config, "eval.segmentation", None)
-  _require(on is None or isinstance(on, bool),
-           f"config.eval.segmentation={on!r} must be True or False")
-  dataset = get(config, "eval.segmentation_dataset", None)
-  if dataset is not None:
-    _require(dataset in segmentation.DATASETS,
-             f"config.eval.segmentation_dataset={dataset!r} is unknown; use one of "
-             f"{', '.join(map(repr, segmentation.DATASETS))}")
-    _require(dataset != segmentation.FASHION_CANVASES
-             or segmentation.is_fashion_mnist(config.data),
-             f"config.eval.segmentation_dataset='fashion_canvases' builds canvases from "
-             f"the run's Fashion-MNIST images, but config.data.name={config.data.name!r}; "
-             f"use 'auto' or 'scene_parse150'")
-    directory = get(config, "eval.segmentation_dir", None)
-    _require(dataset != segmentation.ADE20K or (isinstance(directory, str) and directory),
-             "config.eval.segmentation_dataset='ade20k' reads ADEChallengeData2016 from a "
-             "local directory; give --config.eval.segmentation_dir=DIR (images/ and "
-             "annotations/ in it)")
-  for key, low in (("segmentation_train_images", 2), ("segmentation_test_images", 1),
-                   ("segmentation_steps", 1), ("segmentation_figure_images", 0),
-                   ("segmentation_image_size", 0), ("segmentation_batch_size", 1),
-                   ("segmentation_layers", 1)):
-    if get(config, f"eval.{key}", None) is not None:
-      _int(config, f"eval.{key}", low)
-  size, p = get(config, "eval.segmentation_image_size", None), get(config, "model.patch_size", 1)
-  _require(not size or not p or size % p == 0,
-           f"config.eval.segmentation_image_size={size} is not divisible by "
-           f"config.model.patch_size={p}; give a multiple of it (0: the backbone's size)")
-  if get(config, "eval.segmentation_lr", None) is not None:
-    _float(config, "eval.segmentation_lr", 0.0, open_min=True)
-  layers = get(config, "eval.segmentation_layers", None)
-  _require(layers is None or layers <= config.model.depth,
-           f"config.eval.segmentation_layers={layers} is more than the model's "
-           f"{config.model.depth} blocks")
 
 
 def check_image_size(config: ml_collections.ConfigDict, image_shape) -> None:
@@ -513,7 +420,7 @@ def check_image_size(config: ml_collections.ConfigDict, image_shape) -> None:
   """
   h, w = image_shape[:2]
   p = config.model.patch_size
-  _require(h % p == 0 and w % p == 0,
+  require(h % p == 0 and w % p == 0,
            f"image size {h}x{w} of dataset {config.data.name!r} is not divisible by "
            f"config.model.patch_size={p}; choose a patch size that divides it or "
            f"set config.data.image_size")

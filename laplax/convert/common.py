@@ -169,6 +169,7 @@ def write_workdir(workdir: str, config: ml_collections.ConfigDict, params: Mappi
     ConvertError: ``workdir`` exists, or ``params`` does not fit the model.
   """
   from laplax.workdir import checkpoint as ckpt_lib  # pylint: disable=import-outside-toplevel
+  from laplax.train.state import TrainState  # pylint: disable=import-outside-toplevel
   from laplax.train import loop, optim  # pylint: disable=import-outside-toplevel
   from laplax.workdir.files import CHECKPOINT_DIR, write_config  # pylint: disable=import-outside-toplevel
   workdir = os.path.abspath(os.path.expanduser(workdir))
@@ -182,7 +183,7 @@ def write_workdir(workdir: str, config: ml_collections.ConfigDict, params: Mappi
   params = jax.tree_util.tree_map(lambda x, a: np.asarray(x, a.dtype), dict(params),
                                   abstract.params)
   rng = jax.random.PRNGKey(config.seed)
-  state = ckpt_lib.TrainState(
+  state = TrainState(
       step=np.zeros((), np.int32), params=params, opt_state=tx.init(params),
       rng=jax.random.fold_in(rng, 1), task_state=task.init_task_state(params))
   parent = os.path.dirname(workdir)

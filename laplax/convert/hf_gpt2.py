@@ -321,6 +321,7 @@ def laplax_config(hf: Mapping, config: ml_collections.ConfigDict) -> ml_collecti
       does not validate (e.g. more Laplacian heads than ``n_head``).
   """
   from laplax.config import validation as config_lib  # pylint: disable=import-outside-toplevel
+  from laplax import tasks  # pylint: disable=import-outside-toplevel
   if config.get("task") != "lm":
     raise ConvertError(f"--config has task={config.get('task')!r}; GPT-2 needs a "
                        f"language-model config, e.g. configs/gpt2_124m.py")
@@ -344,7 +345,7 @@ def laplax_config(hf: Mapping, config: ml_collections.ConfigDict) -> ml_collecti
     config.data.tokenizer = "bpe"
     config.data.vocab_size = hf["vocab_size"]
   try:
-    config_lib.validate(config)
+    tasks.validate(config)
   except config_lib.ConfigError as e:
     raise ConvertError(f"the converted config does not validate: {e}") from None
   return config

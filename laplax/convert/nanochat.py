@@ -280,6 +280,7 @@ def laplax_config(mc: Mapping, config: ml_collections.ConfigDict, given: list[st
   """
   # pylint: disable=import-outside-toplevel
   from laplax.config import validation as config_lib, defaults
+  from laplax import tasks  # pylint: disable=import-outside-toplevel
   if config.get("task") != "lm":
     raise ConvertError(f"--config has task={config.get('task')!r}; nanochat needs a "
                        f"language-model config, e.g. configs/gpt_d20.py")
@@ -300,7 +301,7 @@ def laplax_config(mc: Mapping, config: ml_collections.ConfigDict, given: list[st
     config.data.vocab_size = mc["vocab_size"]
     config.data.tokenizer = "nanochat"
   try:
-    config_lib.validate(config)
+    tasks.validate(config)
   except config_lib.ConfigError as e:
     raise ConvertError(f"the converted config does not validate: {e}") from None
   return config

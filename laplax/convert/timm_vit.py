@@ -364,8 +364,9 @@ def convert_from_timm(name: str, weights: str | None, model_args: str, config,
     config.data.image_size = int(arch["img_size"][0])
   from laplax.models import spec as spec_lib  # pylint: disable=import-outside-toplevel
   from laplax.config import validation as config_lib  # pylint: disable=import-outside-toplevel
+  from laplax import tasks  # pylint: disable=import-outside-toplevel
   try:
-    config_lib.validate(config, None, strict_keys=True)
+    tasks.validate(config, None, strict_keys=True)
     spec = spec_lib.from_config(config.model)
   except ValueError as e:
     raise ConvertError(str(e)) from None

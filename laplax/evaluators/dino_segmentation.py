@@ -1,5 +1,5 @@
 """The linear segmentation evaluation of a DINO run (``eval.py``; the task's
-:meth:`~laplax.tasks.DINOTask.evaluate` with ``segmentation=True``).
+:meth:`~laplax.tasks.dino.DINOTask.evaluate` with ``segmentation=True``).
 
 DINOv2's linear protocol (Oquab et al. 2023, arXiv 2304.07193, section 7.4;
 its released mmsegmentation heads ``BNHead``): the frozen teacher backbone's
@@ -34,10 +34,13 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 
 from laplax import sharding
 from laplax.config import defaults
+from laplax.config import validation as config_lib
+from laplax.data import segmentation
 
 
 def settings(config) -> dict:
@@ -57,7 +60,6 @@ def image_size(config, image_shape) -> int:
   size = int(settings(config)["segmentation_image_size"] or image_shape[0])
   p = int(config.model.patch_size)
   if size % p:
-    from laplax.config import validation as config_lib  # pylint: disable=import-outside-toplevel
     raise config_lib.ConfigError(
         f"the segmentation images are {size} px, not divisible by "
         f"config.model.patch_size={p}; set config.eval.segmentation_image_size (or "
@@ -192,3 +194,46 @@ def evaluate(config, backbone: nn.Module, params: Any, seg, *, mesh=None,
           "segmentation_train_images": int(len(seg.train_masks)),
           "segmentation_test_images": int(len(seg.test_masks)),
           "segmentation_layers": int(s["segmentation_layers"])}
+
+
+def validate(config: ml_collections.ConfigDict) -> None:
+  """The ``eval.segmentation*`` keys of a DINO config (a run saved before they
+  existed lacks them: eval.py then uses the defaults).
+
+  Raises:
+    ConfigError: the first bad key, with its fix.
+  """
+  on = config_lib.get(config, "eval.segmentation", None)
+  config_lib.require(on is None or isinstance(on, bool),
+           f"config.eval.segmentation={on!r} must be True or False")
+  dataset = config_lib.get(config, "eval.segmentation_dataset", None)
+  if dataset is not None:
+    config_lib.require(dataset in segmentation.DATASETS,
+             f"config.eval.segmentation_dataset={dataset!r} is unknown; use one of "
+             f"{', '.join(map(repr, segmentation.DATASETS))}")
+    config_lib.require(dataset != segmentation.FASHION_CANVASES
+             or segmentation.is_fashion_mnist(config.data),
+             f"config.eval.segmentation_dataset='fashion_canvases' builds canvases from "
+             f"the run's Fashion-MNIST images, but config.data.name={config.data.name!r}; "
+             f"use 'auto' or 'scene_parse150'")
+    directory = config_lib.get(config, "eval.segmentation_dir", None)
+    config_lib.require(dataset != segmentation.ADE20K or (isinstance(directory, str) and directory),
+             "config.eval.segmentation_dataset='ade20k' reads ADEChallengeData2016 from a "
+             "local directory; give --config.eval.segmentation_dir=DIR (images/ and "
+             "annotations/ in it)")
+  for key, low in (("segmentation_train_images", 2), ("segmentation_test_images", 1),
+                   ("segmentation_steps", 1), ("segmentation_figure_images", 0),
+                   ("segmentation_image_size", 0), ("segmentation_batch_size", 1),
+                   ("segmentation_layers", 1)):
+    if config_lib.get(config, f"eval.{key}", None) is not None:
+      config_lib.check_int(config, f"eval.{key}", low)
+  size, p = config_lib.get(config, "eval.segmentation_image_size", None), config_lib.get(config, "model.patch_size", 1)
+  config_lib.require(not size or not p or size % p == 0,
+           f"config.eval.segmentation_image_size={size} is not divisible by "
+           f"config.model.patch_size={p}; give a multiple of it (0: the backbone's size)")
+  if config_lib.get(config, "eval.segmentation_lr", None) is not None:
+    config_lib.check_float(config, "eval.segmentation_lr", 0.0, open_min=True)
+  layers = config_lib.get(config, "eval.segmentation_layers", None)
+  config_lib.require(layers is None or layers <= config.model.depth,
+           f"config.eval.segmentation_layers={layers} is more than the model's "
+           f"{config.model.depth} blocks")

@@ -20,6 +20,9 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from laplax import utils
+from laplax.config import validation as config_lib
+
 
 class Task(Protocol):
   """What the training loop, ``eval.py`` and the analysis use of a task.
@@ -98,6 +101,35 @@ class TaskBase:
   family: str
   config: ml_collections.ConfigDict
   model: nn.Module
+
+  @staticmethod
+  def base_config() -> ml_collections.ConfigDict:
+    """Every key of the task's config with its default (overridden by each task)."""
+    raise NotImplementedError
+
+  @classmethod
+  def validate(cls, config: ml_collections.ConfigDict) -> None:
+    """Checks the config sections only this task has (the others are
+    :func:`laplax.config.validation.validate`'s); none here.
+
+    Raises:
+      ConfigError: the first problem, as one line with its fix.
+    """
+    del config
+
+  @classmethod
+  def known_keys(cls, config: ml_collections.ConfigDict) -> set[str]:
+    """The dotted keys a config of this task may have: those of
+    :meth:`base_config` (with empty sections)."""
+    del config
+    return utils.flatten_dotted(cls.base_config().to_dict(), keep_empty=True)
+
+  @classmethod
+  def attention_lengths(cls, config: ml_collections.ConfigDict,
+                        image_side: int | None = None) -> tuple[int, ...]:
+    """Token counts the model's self-attention sees
+    (:func:`laplax.config.validation.attention_lengths`)."""
+    return config_lib.attention_lengths(config, image_side)
 
   def init_task_state(self, params: Any) -> Any:
     """No task state."""

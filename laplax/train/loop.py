@@ -33,6 +33,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from laplax import sharding
 from laplax.workdir import checkpoint as ckpt_lib
+from laplax.train.state import TrainState
 from laplax.config import validation as config_lib
 from laplax.train import finetune, fit, optim
 from laplax import signals
@@ -42,10 +43,9 @@ from laplax.train.profiler import Profiler
 from laplax.tasks.base import Task
 from laplax.workdir.saving import SaveError
 from laplax.train.timing import LogInterval
-# CONFIG_FILE, METRICS_FILE and load_saved_config are also read from here (eval.py).
-from laplax.workdir.files import (CHECKPOINT_DIR, CONFIG_FILE, METRICS_FILE,
-                                  MetricWriter, check_wandb, check_workdir,
-                                  existing_ancestor, load_saved_config, write_config)
+from laplax.workdir.files import (CHECKPOINT_DIR, MetricWriter, check_wandb, check_workdir,
+                                  existing_ancestor, write_config)
+
 
 class NonFiniteError(RuntimeError):
   """The loss or gradient norm became NaN or infinite."""
@@ -62,7 +62,7 @@ def _init(task: Task, tx: optax.GradientTransformation, seed: int):
   # Inside sharding.context the parameters come boxed with their logical axes.
   boxed = task.init(jax.random.fold_in(rng, 0))
   params = sharding.unbox(boxed)
-  return boxed, ckpt_lib.TrainState(
+  return boxed, TrainState(
       step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
       rng=jax.random.fold_in(rng, 1),
       task_state=task.init_task_state(params))
@@ -86,7 +86,7 @@ def abstract_and_shardings(task: Task, tx: optax.GradientTransformation, seed: i
 
 
 def state_shardings(task: Task, tx: optax.GradientTransformation, seed: int,
-                    mesh: jax.sharding.Mesh, rules) -> ckpt_lib.TrainState:
+                    mesh: jax.sharding.Mesh, rules) -> TrainState:
   """``NamedSharding`` of every leaf of the TrainState on ``mesh``.
 
   The parameters' logical axes are read from ``jax.eval_shape`` of the
@@ -99,8 +99,8 @@ def state_shardings(task: Task, tx: optax.GradientTransformation, seed: int,
 
 
 def sharded_abstract_state(task: Task, tx: optax.GradientTransformation, seed: int,
-                           shardings: ckpt_lib.TrainState,
-                           abstract: ckpt_lib.TrainState | None = None) -> ckpt_lib.TrainState:
+                           shardings: TrainState,
+                           abstract: TrainState | None = None) -> TrainState:
   """The abstract TrainState whose ``jax.ShapeDtypeStruct`` leaves carry
   ``shardings``: the restore target of a checkpoint saved on any mesh
   (``abstract``: :func:`abstract_state`, if already known)."""
@@ -111,7 +111,7 @@ def sharded_abstract_state(task: Task, tx: optax.GradientTransformation, seed: i
 
 
 def create_state(task: Task, tx: optax.GradientTransformation, seed: int,
-                 shardings: ckpt_lib.TrainState) -> ckpt_lib.TrainState:
+                 shardings: TrainState) -> TrainState:
   """:func:`init_state`, created already sharded (a jitted init with
   ``out_shardings``); call it inside :func:`laplax.sharding.context`."""
   return jax.jit(lambda: init_state(task, tx, seed), out_shardings=shardings)()
@@ -127,7 +127,7 @@ def batch_shardings(task: Task, mesh: jax.sharding.Mesh, rules) -> dict:
 
 
 def jit_train_step(task: Task, tx: optax.GradientTransformation, schedule,
-                   state_sharding: ckpt_lib.TrainState, batch_sharding: dict):
+                   state_sharding: TrainState, batch_sharding: dict):
   """:func:`make_train_step` jitted with explicit shardings; the state is donated.
 
   ``(state, batch) -> (state, metrics)``: the state keeps ``state_sharding``,
@@ -158,7 +158,7 @@ def setup(config: ml_collections.ConfigDict, workdir: str | None,
       without the ``wandb`` package, and :class:`~laplax.train.fit.FitError`,
       a batch larger than its split, when ``check``).
   """
-  config_lib.validate(config, jax.device_count() if check else None, strict_keys=check)
+  tasks.validate(config, jax.device_count() if check else None, strict_keys=check)
   if check:
     check_wandb(config)
   if check and workdir is not None:

@@ -1,7 +1,7 @@
 """Checkpoints: an orbax CheckpointManager holding the whole state of a run.
 
 Each step directory holds two items: ``state`` (step, parameters, optimizer
-state, RNG key, task state such as DINO's teacher; :class:`TrainState`) and ``data`` (the grain iterator state as
+state, RNG key, task state such as DINO's teacher; :class:`~laplax.train.state.TrainState`) and ``data`` (the grain iterator state as
 JSON), so a resumed run continues exactly where the saved one stood. Orbax
 writes each step into a temporary directory and renames it when complete, so
 a killed save never replaces the previous checkpoint. With ``verify`` each step
@@ -26,6 +26,7 @@ import flax
 import jax
 import orbax.checkpoint as ocp
 
+from laplax.train.state import TrainState
 from laplax.workdir import integrity, saving
 
 
@@ -103,28 +104,8 @@ class CheckpointError(ValueError):
   """No checkpoint of a run can be read; the message is one line."""
 
 
-@flax.struct.dataclass
-class TrainState:
-  """Everything that decides the rest of a run, besides the data position.
-
-  Attributes:
-    step: int32 scalar, number of updates applied.
-    params: float32 parameter pytree.
-    opt_state: optax state pytree.
-    rng: uint32 ``[2]`` raw key; step ``t`` uses ``fold_in(rng, t)``.
-    task_state: what a task keeps besides the trained parameters, updated by
-      the task after each step (DINO: the teacher parameters and the centre);
-      ``None`` for tasks without one.
-  """
-  step: jax.Array
-  params: Any
-  opt_state: Any
-  rng: jax.Array
-  task_state: Any = None
-
-
 class Checkpointer:
-  """Saves and restores :class:`TrainState` plus the data iterator state.
+  """Saves and restores :class:`~laplax.train.state.TrainState` plus the data iterator state.
 
   Args:
     directory: where step directories live (created if missing, unless

@@ -25,6 +25,7 @@ import ml_collections
 
 from laplax import utils
 from laplax.config import validation as config_lib
+from laplax import tasks
 from laplax.workdir import saving
 
 CONFIG_FILE = "config.json"
@@ -385,7 +386,7 @@ def load_saved_config(workdir: str) -> ml_collections.ConfigDict | None:
         f"{path} is unreadable ({type(e).__name__}); it is not a laplax run's "
         f"config, use another --workdir") from None
   if not (isinstance(saved, dict) and isinstance(saved.get("model"), dict)
-          and saved.get("task") in config_lib.task_names()):
+          and saved.get("task") in tasks.task_names()):
     raise config_lib.ConfigError(
         f"{path} is not a laplax run's config (no task and model); use another "
         f"--workdir")

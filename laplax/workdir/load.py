@@ -31,6 +31,7 @@ import jax
 import ml_collections
 
 from laplax.workdir import checkpoint as ckpt_lib
+from laplax.train.state import TrainState
 from laplax.config import validation as config_lib
 from laplax.train import loop, optim
 from laplax.workdir.files import CHECKPOINT_DIR, CONFIG_FILE, load_saved_config
@@ -72,7 +73,7 @@ class Loaded:
   latest_step: int
   teacher: Any
   task: Any
-  state: ckpt_lib.TrainState
+  state: TrainState
 
 
 def saved_config(workdir: str) -> ml_collections.ConfigDict:
@@ -107,14 +108,14 @@ def saved_steps(workdir: str) -> list[int]:
   return ckpt_lib.Checkpointer(directory, read_only=True).all_steps()
 
 
-def _single_device(abstract_state: ckpt_lib.TrainState) -> ckpt_lib.TrainState:
+def _single_device(abstract_state: TrainState) -> TrainState:
   """``abstract_state`` with every leaf on this process's first device."""
   device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
   return jax.tree_util.tree_map(
       lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), abstract_state)
 
 
-def _restore(workdir: str, task, config, step: int | None) -> ckpt_lib.TrainState:
+def _restore(workdir: str, task, config, step: int | None) -> TrainState:
   """The TrainState of ``step`` (default: the newest readable) on one device.
 
   Raises:

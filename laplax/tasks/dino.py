@@ -1,0 +1,338 @@
+"""DINO self-distillation (Caron et al. 2021): the student/teacher loss, the
+teacher's EMA and centring, and the evaluations of the backbone (k-NN,
+linear probe, segmentation).
+
+:class:`DINOTask` follows the :class:`~laplax.tasks.base.Task` protocol; it
+is the ``"dino"`` entry of :data:`laplax.tasks.TASKS`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Iterator
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+
+from laplax import utils
+from laplax.data import images
+from laplax.models import dino, spec as spec_lib
+from laplax.models.vit import ViT
+from laplax.config import defaults
+from laplax.config import validation as config_lib
+from laplax.data import multicrop
+from laplax.data.errors import DataError
+from laplax.evaluators import dino_segmentation
+from laplax.train import optim
+from laplax.tasks.base import TaskBase
+
+class DINOTask(TaskBase):
+  """Self-supervised DINO (Caron et al. 2021) on images, without labels.
+
+  Batches: ``{"global": float32 [G, B, H, W, C], "local": float32 [L, B, h, w,
+  C]}`` (multi-crop views, see ``images.multicrop_train_dataset``). The trained
+  parameters are the student's (``{"backbone", "head"}``); the task state is
+  ``{"teacher": the teacher's parameters, "center": float32 [out_dim]}``.
+  Schedules (per step): teacher temperature linear from
+  ``dino.warmup_teacher_temp`` to ``dino.teacher_temp`` over
+  ``dino.warmup_teacher_temp_steps``, then constant; teacher momentum a
+  half-cosine from ``dino.momentum_teacher`` to 1 over ``total_steps``; the
+  last head layer frozen for the first ``dino.freeze_last_layer_steps``.
+  Evaluation (labels used only there): weighted k-NN (``eval.knn_k``,
+  ``eval.knn_temperature``) on the teacher's class-token features of the
+  train split, scored on the eval split (``knn_accuracy``).
+
+  Args:
+    config: the run's config.
+    num_classes, image_shape: from the dataset (see :meth:`from_data`);
+      ``num_classes`` is only for evaluation.
+  """
+  family = "vit"
+  base_config = staticmethod(defaults.dino_base_config)
+
+  @classmethod
+  def validate(cls, config: ml_collections.ConfigDict) -> None:
+    """Multi-crop (:func:`laplax.data.multicrop.check_multicrop`), head,
+    temperatures, momenta and the backbone evaluations (k-NN, linear probe,
+    :func:`laplax.evaluators.dino_segmentation.validate`) of a DINO config.
+
+    Raises:
+      ConfigError: the first bad key, with its fix.
+    """
+    config_lib.require(config.model.pool == "tok",
+                       f"config.model.pool={config.model.pool!r}: DINO trains on the class "
+                       f"token; use model.pool='tok'")
+    try:  # Every data.multicrop key; the one check lives with the pipeline.
+      multicrop.check_multicrop(config_lib.get(config, "data.multicrop"),
+                                patch_size=config.model.patch_size)
+    except DataError as e:
+      raise config_lib.ConfigError(str(e)) from None
+    config_lib.check_int(config, "dino.out_dim", 2)
+    for key in ("hidden_dim", "bottleneck_dim", "head_layers"):
+      config_lib.check_int(config, f"dino.{key}", 1)
+    for key in ("student_temp", "warmup_teacher_temp", "teacher_temp"):
+      config_lib.check_float(config, f"dino.{key}", 0.0, open_min=True)
+    config_lib.check_float(config, "dino.momentum_teacher", 0.0, 1.0)
+    config_lib.check_float(config, "dino.center_momentum", 0.0, 1.0)
+    config_lib.check_int(config, "dino.warmup_teacher_temp_steps", 0)
+    config_lib.check_int(config, "dino.freeze_last_layer_steps", 0)
+    config_lib.check_int(config, "eval.knn_k", 1)
+    config_lib.check_float(config, "eval.knn_temperature", 0.0, open_min=True)
+    config_lib.check_int(config, "eval.pca_images", 0)
+    probe = config_lib.get(config, "eval.linear_probe")
+    config_lib.require(isinstance(probe, bool),
+                       f"config.eval.linear_probe={probe!r} must be True or False")
+    dino_segmentation.validate(config)
+
+  @classmethod
+  def attention_lengths(cls, config: ml_collections.ConfigDict,
+                        image_side: int | None = None) -> tuple[int, ...]:
+    """The global and local crops' token counts, then the evaluation images'
+    (:func:`laplax.config.validation.attention_lengths`)."""
+    mc = config.data.multicrop
+    crops = (mc.global_size,) + ((mc.local_size,) if mc.num_local else ())
+    return config_lib.attention_lengths(config, image_side, crops)
+  batch_axis = 1  # examples are the second axis of the views [V, B, ...]
+
+  def __init__(self, config: ml_collections.ConfigDict, num_classes: int,
+               image_shape: tuple[int, int, int]):
+    self.config = config
+    self.num_classes = num_classes
+    self.image_shape = tuple(image_shape)
+    d, mc = config.dino, config.data.multicrop
+    spec = spec_lib.from_config(config.model)
+    grid = (mc.global_size // spec.patch_size,) * 2
+    head = dino.DINOHead(out_dim=d.out_dim, hidden_dim=d.hidden_dim,
+                         bottleneck_dim=d.bottleneck_dim, num_layers=d.head_layers)
+    self.student = dino.DINO(backbone=ViT(spec, posemb_grid=grid), head=head)
+    teacher_spec = dataclasses.replace(spec, drop_path=0.0)
+    self.teacher = dino.DINO(backbone=ViT(teacher_spec, posemb_grid=grid), head=head)
+    self.model = self.student
+    self.teacher_temp = optax.linear_schedule(
+        d.warmup_teacher_temp, d.teacher_temp, max(d.warmup_teacher_temp_steps, 1))
+    self.momentum = optim.cosine_ramp(d.momentum_teacher, 1.0, config.total_steps)
+    self.weight_decay = optim.weight_decay_schedule(config.optim, config.total_steps)
+    self._embed = jax.jit(self._backbone_features)  # compiled once per task
+
+  def _backbone_features(self, backbone_params: Any, images: jax.Array):
+    """Class-token features ``[N, width]`` and final-norm patch tokens."""
+    feats, out = self.teacher.backbone.apply({"params": backbone_params}, images,
+                                             train=False)
+    return feats, out["encoded"][:, 1:]
+
+  @classmethod
+  def from_data(cls, config: ml_collections.ConfigDict, workdir: str | None):
+    """Prepares the image dataset and builds the task (writes nothing in workdir).
+
+    Raises:
+      DataError: dataset missing or unreadable.
+    """
+    del workdir
+    images.prepare(config.data)
+    info = images.info(config.data)
+    return cls(config, info.num_classes, info.image_shape)
+
+  def train_dataset(self, process_index: int = 0, process_count: int = 1):
+    """This process's infinite multi-crop batches (a grain IterDataset)."""
+    return images.multicrop_train_dataset(
+        self.config.data, self.config.data.multicrop,
+        batch_size=self.config.batch_size // process_count, seed=self.config.seed,
+        process_index=process_index, process_count=process_count)
+
+  def batch_spec(self, batch_size: int) -> dict:
+    """``jax.ShapeDtypeStruct`` per field of a training batch."""
+    mc, c = self.config.data.multicrop, self.image_shape[-1]
+    return {
+        "global": jax.ShapeDtypeStruct(
+            (mc.num_global, batch_size, mc.global_size, mc.global_size, c), jnp.float32),
+        "local": jax.ShapeDtypeStruct(
+            (mc.num_local, batch_size, mc.local_size, mc.local_size, c), jnp.float32)}
+
+  def init(self, rng: jax.Array) -> Any:
+    """The student's initial parameters ``{"backbone", "head"}`` from ``rng``."""
+    spec = self.batch_spec(1)
+    crops = jnp.zeros(spec["global"].shape, jnp.float32)
+    return self.student.init({"params": rng}, crops)["params"]
+
+  def init_task_state(self, params: Any) -> dict:
+    """The teacher starts as a copy of the student; the centre at 0."""
+    return {"teacher": jax.tree_util.tree_map(jnp.array, params),
+            "center": jnp.zeros((self.config.dino.out_dim,), jnp.float32)}
+
+  def loss(self, params: Any, batch: dict, rng: jax.Array, task_state: dict,
+           step: jax.Array):
+    """DINO loss (float32) and ``(metrics, teacher logits [G, B, K])``.
+
+    Metrics: ``loss``, the collapse monitor (``teacher_entropy``,
+    ``teacher_marginal_entropy``, ``kl_teacher_student``, nats) and the
+    schedules' values at ``step``.
+    """
+    d = self.config.dino
+    teacher_logits, _ = self.teacher.apply({"params": task_state["teacher"]},
+                                           batch["global"], train=False)
+    teacher_logits = jax.lax.stop_gradient(teacher_logits)
+    student_logits, _ = self.student.apply({"params": params}, batch["global"],
+                                           batch["local"], train=True,
+                                           rngs={"dropout": rng})
+    temp = self.teacher_temp(step)
+    loss = dino.dino_loss(student_logits, teacher_logits, task_state["center"],
+                                student_temp=d.student_temp, teacher_temp=temp)
+    stats = dino.collapse_statistics(
+        student_logits, teacher_logits, task_state["center"],
+        student_temp=d.student_temp, teacher_temp=temp)
+    wd = self.weight_decay(step) if callable(self.weight_decay) else self.weight_decay
+    metrics = dict(stats, loss=loss, teacher_temp=temp,
+                   teacher_momentum=self.momentum(step), weight_decay=wd)
+    return loss, (metrics, teacher_logits)
+
+  def mask_updates(self, updates: Any, step: jax.Array) -> Any:
+    """Zeroes the head's last layer updates during ``freeze_last_layer_steps``."""
+    frozen = step < self.config.dino.freeze_last_layer_steps
+
+    def mask(path, u):
+      frozen_leaf = utils.path_str(path) == "head/last_layer"
+      return jnp.where(frozen, jnp.zeros_like(u), u) if frozen_leaf else u
+    return jax.tree_util.tree_map_with_path(mask, updates)
+
+  def update_task_state(self, task_state: dict, params: Any,
+                        teacher_logits: jax.Array, step: jax.Array) -> dict:
+    """Teacher EMA with the updated student, then the centre EMA (Eq. 4)."""
+    return {"teacher": dino.update_teacher(task_state["teacher"], params,
+                                                 self.momentum(step)),
+            "center": dino.update_center(task_state["center"], teacher_logits,
+                                               self.config.dino.center_momentum)}
+
+  def monitor(self, record: dict) -> str | None:
+    """A warning line when the logged collapse statistics show a collapse."""
+    kind = dino.collapsed(record, self.config.dino.out_dim)
+    if kind is None:
+      return None
+    return (f"DINO outputs look collapsed ({kind}): teacher_entropy="
+            f"{record['teacher_entropy']:.3f}, marginal="
+            f"{record['teacher_marginal_entropy']:.3f}, kl="
+            f"{record['kl_teacher_student']:.2e} nats")
+
+  def eval_batches(self, split: str | None = None) -> Iterator[dict]:
+    """Every image of ``split`` (default ``data.eval_split``) once, unaugmented,
+    with its label and a ``mask`` for padding (labels are used only in evaluation)."""
+    return images.eval_batches(self.config.data, batch_size=self.config.eval_batch_size,
+                               **({"split": split} if split else {}))
+
+  def backbone(self, state: Any) -> tuple[nn.Module, Any]:
+    """The teacher's backbone (the network DINO evaluates) and its parameters."""
+    return self.teacher.backbone, state.task_state["teacher"]["backbone"]
+
+  def features(self, params: Any, split: str, *, with_tokens: int = 0):
+    """Class-token features of every image of ``split`` (no augmentation).
+
+    ``params`` are the backbone's (see :meth:`backbone`).
+
+    Returns:
+      ``(features float32 [N, width], labels int32 [N], images, tokens)``:
+      ``images`` float32 ``[with_tokens, H, W, C]`` and the final-norm patch
+      tokens float32 ``[with_tokens, patches, width]`` of the first
+      ``with_tokens`` images (``None`` if 0).
+    """
+    feats, labels, first, tokens = [], [], None, None
+    for batch in self.eval_batches(split):
+      f, t = self._embed(params, batch["image"])
+      n = int(batch["mask"].sum())
+      feats.append(jax.device_get(f)[:n])
+      labels.append(batch["label"][:n])
+      if with_tokens and first is None:
+        first = batch["image"][:with_tokens]
+        tokens = jax.device_get(t)[:with_tokens]
+    return (np.concatenate(feats).astype(np.float32), np.concatenate(labels),
+            first, tokens)
+
+  def segmentation_settings(self) -> dict:
+    """The ``eval.segmentation*`` settings, defaults for keys the config lacks
+    (a run saved before they existed); keys without the ``eval.`` prefix."""
+    return dino_segmentation.settings(self.config)
+
+  def segmentation_data(self):
+    """The segmentation train/test images and masks of this run, or ``None``
+    (:func:`laplax.evaluators.dino_segmentation.load_data`).
+
+    Raises:
+      DataError: the data is not prepared, unreadable or does not fit the backbone.
+      ConfigError: the image size is not divisible by the patch size.
+    """
+    return dino_segmentation.load_data(self.config, self.image_shape)
+
+  def evaluate(self, state: Any, place=None, *, references: bool = False,
+               figure: str | None = None, segmentation: bool = False,
+               segmentation_figure: str | None = None, mesh=None) -> dict:
+    """Frozen-feature evaluation of the teacher's class-token and patch features.
+
+    Weighted k-NN (``knn_accuracy``; DINO's protocol, Wu et al. 2018) and, if
+    ``eval.linear_probe``, a linear probe (``linear_probe_accuracy``), both
+    fitted on the train split and scored on the eval split; labels are used
+    only here. With ``segmentation`` (and ``eval.segmentation``), DINOv2's
+    linear segmentation probe on the patch tokens
+    (:func:`laplax.evaluators.dino_segmentation.evaluate`) fitted on the
+    segmentation train images and scored on the test images of
+    :meth:`segmentation_data`.
+
+    Args:
+      state: a TrainState of this task (its ``task_state["teacher"]``).
+      place: unused (the features are computed on the default device).
+      references: also report ``raw_pixel_knn_accuracy``, the same k-NN on
+        the normalised pixels (a reference that needs no network).
+      figure: if given, a PNG path for the patch-feature PCA of the first
+        ``eval.pca_images`` eval images (DINO's Fig. 1-style picture).
+      segmentation: run the segmentation probe (``eval.py`` does; the
+        evaluations during training do not).
+      segmentation_figure: if given, a PNG path for the first
+        ``eval.segmentation_figure_images`` segmentation test images with
+        their true and predicted masks.
+      mesh: a device mesh for the segmentation probe's batches (``eval.py``
+        passes one over every device; default: the default device).
+
+    Returns:
+      ``{"knn_accuracy", "linear_probe_accuracy"?, "raw_pixel_knn_accuracy"?,
+      "segmentation_*"?, "num_examples"}`` (accuracies and mIoU in [0, 1];
+      eval split size; the segmentation keys, those of
+      :func:`laplax.evaluators.dino_segmentation.evaluate`, only when the probe ran).
+
+    Raises:
+      DataError, ConfigError: the segmentation data cannot be read (raised
+        before anything is computed or written).
+    """
+    from laplax.analysis import probes  # pylint: disable=import-outside-toplevel
+    del place
+    seg = self.segmentation_data() if segmentation else None
+    e, (_, teacher) = self.config.eval, self.backbone(state)
+    knn = dict(num_classes=self.num_classes, k=e.knn_k, temperature=e.knn_temperature)
+    train_x, train_y, _, _ = self.features(teacher, self.config.data.train_split)
+    num_pca = e.pca_images if figure else 0
+    test_x, test_y, shown, tokens = self.features(teacher, self.config.data.eval_split,
+                                                  with_tokens=num_pca)
+    out = {"knn_accuracy": float(probes.knn_accuracy(train_x, train_y, test_x, test_y,
+                                                     **knn))}
+    if e.linear_probe:
+      probe = probes.linear_probe(train_x, train_y, test_x, test_y,
+                                  num_classes=self.num_classes, seed=self.config.seed)
+      out["linear_probe_accuracy"] = float(probe["accuracy"])
+    if references:
+      pixels = {}
+      for split in (self.config.data.train_split, self.config.data.eval_split):
+        pixels[split] = np.concatenate([
+            b["image"][:int(b["mask"].sum())].reshape(int(b["mask"].sum()), -1)
+            for b in self.eval_batches(split)])
+      out["raw_pixel_knn_accuracy"] = float(probes.knn_accuracy(
+          pixels[self.config.data.train_split], train_y,
+          pixels[self.config.data.eval_split], test_y, **knn))
+    if seg is not None:
+        out.update(dino_segmentation.evaluate(self.config, self.teacher.backbone, teacher, seg,
+                                            mesh=mesh, figure=segmentation_figure))
+    if figure and num_pca:
+      p = self.config.model.patch_size
+      grid = (shown.shape[1] // p, shown.shape[2] // p)
+      probes.save_pca_figure(figure, shown, probes.patch_pca_rgb(tokens, grid))
+    out["num_examples"] = int(len(test_y))
+    return out

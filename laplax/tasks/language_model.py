@@ -1,0 +1,133 @@
+"""Causal language modelling (GPT): next-token cross-entropy, bits per byte,
+a text sample at each evaluation.
+
+:class:`LanguageModelTask` follows the :class:`~laplax.tasks.base.Task`
+protocol; it is the ``"lm"`` entry of :data:`laplax.tasks.TASKS`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Iterator
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+
+from laplax import utils
+from laplax.data import lm_input
+from laplax.models import spec as spec_lib
+from laplax.models.gpt import GPT
+from laplax.config import defaults
+from laplax.evaluators import lm_samples as lm_eval
+from laplax.tasks.base import TaskBase
+
+class LanguageModelTask(TaskBase):
+  """Causal language modelling (GPT) on a text corpus.
+
+  Batches: ``{"tokens": int32 [B, max_length + 1]}``: the model reads
+  ``tokens[:, :-1]`` and predicts ``tokens[:, 1:]``; eval batches also carry
+  ``"mask": float32 [B, max_length]`` over target positions. Loss: mean
+  next-token cross-entropy in nats. Evaluation reports ``loss``,
+  ``perplexity = exp(loss)`` and ``bits_per_byte = sum(loss where bytes > 0)
+  / ln 2 / sum(UTF-8 bytes of the target tokens)`` (nanochat's definition).
+
+  Args:
+    config: the run's config.
+    tokenizer: from :func:`laplax.data.lm_input.prepare` (``vocab_size``, ``token_bytes``).
+  """
+
+  family = "gpt"
+  base_config = staticmethod(defaults.gpt_base_config)
+
+  @classmethod
+  def known_keys(cls, config: ml_collections.ConfigDict) -> set[str]:
+    """The base config's keys; on FineWeb-Edu (``data.name="fineweb_edu"``)
+    also those of :func:`laplax.data.fineweb.default_config`."""
+    known = super().known_keys(config)
+    if lm_input.is_fineweb(config):
+      from laplax.data import fineweb  # pylint: disable=import-outside-toplevel  # pulls pyarrow
+      known.update(utils.flatten_dotted({"data": fineweb.default_config().to_dict()},
+                                        keep_empty=True))
+    return known
+  text_samples = lm_eval.validation_samples  # the sample at each evaluation
+
+  def __init__(self, config: ml_collections.ConfigDict, tokenizer: Any):
+    self.config = config
+    self.tokenizer = tokenizer
+    self.seq_len = config.model.max_length
+    self.model = GPT(spec_lib.from_config(config.model), vocab_size=tokenizer.vocab_size)
+    self.token_bytes = jnp.asarray(tokenizer.token_bytes, jnp.float32)
+    self.zero_byte_tokens = bool((np.asarray(tokenizer.token_bytes) == 0).any())
+
+  @classmethod
+  def from_data(cls, config: ml_collections.ConfigDict, workdir: str | None):
+    """Prepares corpus and tokenizer (a trained tokenizer is saved in ``workdir``).
+
+    Raises:
+      DataError: empty or too short corpus, unknown tokenizer.
+    """
+    from laplax.data import lm_input  # pylint: disable=import-outside-toplevel
+    return cls(config, lm_input.prepare(config, workdir))
+
+  def train_dataset(self, process_index: int = 0, process_count: int = 1):
+    """This process's infinite stream of training windows."""
+    from laplax.data import lm_input  # pylint: disable=import-outside-toplevel
+    return lm_input.train_dataset(self.config, self.tokenizer, process_index, process_count)
+
+  def eval_batches(self) -> Iterator[dict]:
+    """The validation split's windows (each target once)."""
+    from laplax.data import lm_input  # pylint: disable=import-outside-toplevel
+    return lm_input.eval_batches(self.config, self.tokenizer)
+
+  def batch_spec(self, batch_size: int) -> dict:
+    """``jax.ShapeDtypeStruct`` per field of a training batch."""
+    return {"tokens": jax.ShapeDtypeStruct((batch_size, self.seq_len + 1), jnp.int32)}
+
+  def init(self, rng: jax.Array) -> Any:
+    """Initial parameters (float32 pytree) from ``rng``."""
+    tokens = jnp.zeros((1, self.seq_len), jnp.int32)
+    return self.model.init({"params": rng}, tokens)["params"]
+
+  def loss(self, params: Any, batch: dict, rng: jax.Array, task_state: Any = None,
+           step: jax.Array | None = None):
+    """Mean next-token cross-entropy (nats, float32) and ``(metrics, None)``."""
+    del task_state, step
+    tokens = batch["tokens"]
+    logits, _ = self.model.apply({"params": params}, tokens[:, :-1], train=True,
+                                 rngs={"dropout": rng})
+    loss = optax.softmax_cross_entropy_with_integer_labels(
+        logits, tokens[:, 1:]).mean()
+    return loss, ({"loss": loss}, None)
+
+  def readout(self, state: Any) -> np.ndarray:
+    """The unembedding ``[vocab_size, width]`` (float32): the token embedding
+    when tied, else the output layer's kernel transposed."""
+    if self.model.spec.tie_embeddings:
+      return np.asarray(state.params["token_embedding"]["embedding"])
+    return np.asarray(state.params["lm_head"]["kernel"]).T
+
+  def eval_sums(self, params: Any, batch: dict) -> dict:
+    """Masked sums: ``loss`` (nats), ``count`` (tokens), ``bytes`` (UTF-8 bytes)."""
+    tokens, mask = batch["tokens"], batch["mask"]
+    logits, _ = self.model.apply({"params": params}, tokens[:, :-1], train=False)
+    targets = tokens[:, 1:]
+    loss = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
+    num_bytes = self.token_bytes[targets] * mask
+    sums = {"loss": (loss * mask).sum(), "count": mask.sum(), "bytes": num_bytes.sum()}
+    if self.zero_byte_tokens:  # left out of bits per byte (nanochat's special tokens)
+      sums["byte_loss"] = (loss * mask * (num_bytes > 0)).sum()
+    return sums
+
+  @staticmethod
+  def summarize(sums: dict) -> dict:
+    """Eval sums -> ``{"loss", "perplexity", "bits_per_byte", "num_tokens"}``;
+    ``bits_per_byte`` as nanochat's ``loss_eval.py`` (0-byte targets count
+    neither loss nor bytes; without such tokens ``byte_loss`` is not summed)."""
+    loss = float(sums["loss"]) / float(sums["count"])
+    byte_loss = float(sums.get("byte_loss", sums["loss"]))
+    return {"loss": loss, "perplexity": math.exp(min(loss, 700.0)),
+            "bits_per_byte": byte_loss / math.log(2) / float(sums["bytes"]),
+            "num_tokens": int(sums["count"])}
