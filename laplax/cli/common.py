@@ -289,11 +289,10 @@ def model_from_init(config: ml_collections.ConfigDict, argv: list[str]) -> None:
                       f"model, this config a {config.model.get('name')}; use a config of "
                       f"the same family")
   given = explicit_model_keys(argv)
-  if config.task == "lm":  # the embedding rows mean the saved run's tokens
-    for key in ("tokenizer", "vocab_size"):
-      if key in config.data and key in saved.data and not any(
-          a.startswith(f"--config.data.{key}=") for a in argv):
-        config.data[key] = saved.data[key]
+  for key in ("tokenizer", "vocab_size"):  # a language model's embedding rows mean
+    if key in config.data and key in saved.data and not any(  # the saved run's tokens
+        a.startswith(f"--config.data.{key}=") for a in argv):
+      config.data[key] = saved.data[key]
   for key, value in utils.flatten_dotted(saved.model.to_dict()).items():
     if any(key == g or key.startswith(g + ".") for g in given):
       continue

@@ -157,8 +157,6 @@ CHAT_OPTIONS = ("chat_data", "chat_max_problems", "chat_batch_size", "chat_max_n
 ANALYSIS_OPTIONS = ("analysis_layers", "analysis_examples", "analysis_classes",
                     "analysis_jacobian_dim", "analysis_batch_size")
 EVAL_FILE = "eval.json"
-PCA_FIGURE = "patch_pca.png"
-SEGMENTATION_FIGURE = "segmentation.png"
 
 
 def _out_path(workdir: str) -> str | None:
@@ -246,7 +244,7 @@ def apply_overrides(config, overrides: list[tuple[str, str]]) -> None:
   from laplax import tasks  # pylint: disable=import-outside-toplevel
   if not overrides:
     return
-  known = dict(defaults.segmentation_defaults()) if config.task == "dino" else {}
+  known = dict(tasks.task_class(config).eval_defaults())
   known.update(config.get("eval", {}))
   for key, raw in overrides:
     if key not in known:
@@ -306,11 +304,12 @@ def main() -> int:
     signals.current().nothing_saved = ("nothing was written (eval.py writes its "
                                        "results when it ends)")
   cli.quiet()
+  from laplax import tasks  # pylint: disable=import-outside-toplevel
   from laplax.evaluators import lm_samples as lm_eval  # pylint: disable=import-outside-toplevel
   from laplax.workdir import load as restore
   config = restore.saved_config(workdir)
   apply_overrides(config, overrides)
-  if (_SAMPLE.value is not None or _CHOICES.value) and config.task != "lm":
+  if (_SAMPLE.value is not None or _CHOICES.value) and not tasks.is_language_model(config):
     raise cli.UsageError("--sample and --choices need a language-model workdir "
                          f"(task 'lm'); {workdir} holds task {config.task!r}")
   analysis = _analysis_options(config) if _ANALYSIS.value else None
@@ -339,11 +338,11 @@ def main() -> int:
 
   if chat_data is not None:
     summary = _chat_scores(task, state, chat_data)
-  elif config.task == "dino":
-    summary = _evaluate_dino(config, task, state, workdir,
-                             os.path.dirname(out) if out else workdir)
   else:
-    summary = task.evaluate(state)
+    summary, figures = task.evaluate_run(state, os.path.dirname(out) if out else workdir)
+    if figures and out is None:  # with --out the workdir is only read
+      from laplax.workdir import files as workdir_lib  # pylint: disable=import-outside-toplevel
+      workdir_lib.log_figures(workdir, config, int(state.step), figures)
   if items is not None:
     result = lm_eval.score_choices(task.model, state.params, task.tokenizer, items)
     summary["choices_accuracy"] = result["choices_accuracy"]
@@ -414,8 +413,9 @@ def _chat_data(config, workdir: str) -> dict:
       a missing split, malformed data.
   """
   from laplax.data.errors import DataError  # pylint: disable=import-outside-toplevel
+  from laplax import tasks  # pylint: disable=import-outside-toplevel
   from laplax.evaluators import chat  # pylint: disable=import-outside-toplevel
-  if config.task != "lm":
+  if not tasks.is_language_model(config):
     raise cli.UsageError(f"--chat_tasks needs a language-model workdir (task 'lm'); "
                          f"{workdir} holds task {config.task!r}")
   names = chat.parse_tasks(_CHAT_TASKS.value)
@@ -439,34 +439,6 @@ def _chat_scores(task, state, data: dict) -> dict:
                   batch_size=_CHAT_BATCH.value, max_new_tokens=_CHAT_NEW.value)
 
 
-def _evaluate_dino(config, task, state, workdir: str, out_dir: str) -> dict:
-  """DINO's evaluation (probes, segmentation) with its pictures in ``out_dir``;
-  the segmentation probe's batches are split over every device."""
-  from laplax import sharding  # pylint: disable=import-outside-toplevel
-  figure = os.path.join(out_dir, PCA_FIGURE)
-  masks_figure = os.path.join(out_dir, SEGMENTATION_FIGURE)
-  summary = task.evaluate(state, references=True, figure=figure, segmentation=True,
-                          segmentation_figure=masks_figure, mesh=sharding.make_mesh())
-  if config.eval.pca_images:
-    print(f"patch-feature PCA of {config.eval.pca_images} test images: {figure}")
-  settings = task.segmentation_settings()
-  if "segmentation_miou" in summary:
-    print(f"linear segmentation probe on {summary['segmentation_dataset']}: mIoU "
-          f"{summary['segmentation_miou']:.4f}" + (
-              f"; masks of {settings['segmentation_figure_images']} test images: "
-              f"{masks_figure}" if settings["segmentation_figure_images"] else ""))
-  elif settings["segmentation"]:
-    print(f"no segmentation probe: {config.data.name} has no masks and is not "
-          f"Fashion-MNIST; add --config.eval.segmentation_dataset=ade20k "
-          f"--config.eval.segmentation_dir=DIR (ADEChallengeData2016 unpacked in DIR)")
-  if _OUT.value is None:  # with --out the workdir is only read
-    from laplax.workdir import files as workdir_lib  # pylint: disable=import-outside-toplevel
-    made = ((figure, config.eval.pca_images),
-            (masks_figure, "segmentation_miou" in summary and settings["segmentation_figure_images"]))
-    workdir_lib.log_figures(workdir, config, int(state.step), [f for f, m in made if m])
-  return summary
-
-
 def _analysis_options(config) -> dict:
   """The checked ``--analysis_*`` options, before any data is read.
 
@@ -488,7 +460,8 @@ def _analysis_options(config) -> dict:
                            ("analysis_batch_size", _ANALYSIS_BATCH.value, 1)):
     if value < low:
       raise cli.UsageError(f"--{name}={value} must be >= {low}")
-  if _ANALYSIS_CLASSES.value == "yes" and config.task == "lm":
+  from laplax import tasks  # pylint: disable=import-outside-toplevel
+  if _ANALYSIS_CLASSES.value == "yes" and tasks.is_language_model(config):
     raise cli.UsageError(
         "--analysis_classes=yes needs per-sequence labels, which a language model's "
         "eval windows do not have (its CDNV uses next-token classes by default)")
@@ -519,11 +492,12 @@ def _run_analysis(config, task, state, workdir: str, opts: dict, out: str | None
               "targets": spectral_lib.check_targets(sp.get("targets", spectral_lib.TARGETS))}
   model, params = task.backbone(state)
   readout = task.readout(state)
-  grad = {"no_loss_reason": "DINO's loss needs multi-crop training views and the "
-                            "teacher; the eval split has single images"}
-  if config.task != "dino":  # the backbone's params are the trained ones
+  from laplax import tasks  # pylint: disable=import-outside-toplevel
+  if task.analysis_loss_unavailable:
+    grad = {"no_loss_reason": task.analysis_loss_unavailable}
+  else:  # the backbone's params are the trained ones
     grad = {"loss_fn": _training_loss(task, state)}
-  if config.task == "lm":
+  if tasks.is_language_model(config):
     vocab_size = task.tokenizer.vocab_size if opts["classes"] else 0
     target = report.Target(model, params, "lm", vocab_size=vocab_size,
                            token_classifier=readout, spectral=spectral, **grad)

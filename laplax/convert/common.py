@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-import types
 from typing import Any, Mapping
 
 import jax
@@ -122,11 +121,8 @@ def _task(config: ml_collections.ConfigDict, num_classes: int | None,
           image_shape: tuple | None, vocab_size: int | None):
   """The laplax task of ``config`` built without its data (sizes given)."""
   from laplax import tasks  # pylint: disable=import-outside-toplevel
-  if config.task == "lm":
-    tokenizer = types.SimpleNamespace(vocab_size=vocab_size,
-                                      token_bytes=np.ones(vocab_size, np.int32))
-    return tasks.LanguageModelTask(config, tokenizer)
-  return tasks.ClassificationTask(config, num_classes, image_shape)
+  return tasks.TASKS[config.task].from_shapes(config, image_shape=image_shape,
+                                              num_classes=num_classes, vocab_size=vocab_size)
 
 
 def check_params(params: Mapping, abstract: Mapping, source: str) -> None:

@@ -322,7 +322,7 @@ def laplax_config(hf: Mapping, config: ml_collections.ConfigDict) -> ml_collecti
   """
   from laplax.config import validation as config_lib  # pylint: disable=import-outside-toplevel
   from laplax import tasks  # pylint: disable=import-outside-toplevel
-  if config.get("task") != "lm":
+  if not tasks.is_language_model(config):
     raise ConvertError(f"--config has task={config.get('task')!r}; GPT-2 needs a "
                        f"language-model config, e.g. configs/gpt2_124m.py")
   config = copy.deepcopy(config)
@@ -517,7 +517,8 @@ def convert_to_hf(workdir: str, out_dir: str, force: bool = False) -> str | None
     raise ConvertError(f"--out {out_abs} exists; give a new directory (nothing was "
                        f"written)")
   config, spec, params, _ = common.read_workdir(workdir)
-  if config.get("task") != "lm" or config.model.get("name") != "gpt":
+  from laplax import tasks  # pylint: disable=import-outside-toplevel
+  if not tasks.is_language_model(config) or config.model.get("name") != "gpt":
     raise ConvertError(f"{workdir} is a {config.get('task')} run of model "
                        f"{config.model.get('name')!r}; --to hf-gpt2 needs a GPT "
                        f"language model")

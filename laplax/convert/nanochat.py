@@ -281,7 +281,7 @@ def laplax_config(mc: Mapping, config: ml_collections.ConfigDict, given: list[st
   # pylint: disable=import-outside-toplevel
   from laplax.config import validation as config_lib, defaults
   from laplax import tasks  # pylint: disable=import-outside-toplevel
-  if config.get("task") != "lm":
+  if not tasks.is_language_model(config):
     raise ConvertError(f"--config has task={config.get('task')!r}; nanochat needs a "
                        f"language-model config, e.g. configs/gpt_d20.py")
   config = copy.deepcopy(config)
@@ -432,7 +432,8 @@ def convert_to_nanochat(workdir: str, out_dir: str) -> None:
   if os.path.exists(out_abs):
     raise ConvertError(f"--out {out_abs} exists; give a new directory (nothing was written)")
   config, spec, params, step = common.read_workdir(workdir)
-  if config.get("task") != "lm" or config.model.get("name") != "gpt":
+  from laplax import tasks  # pylint: disable=import-outside-toplevel
+  if not tasks.is_language_model(config) or config.model.get("name") != "gpt":
     raise ConvertError(f"{workdir} is a {config.get('task')} run of model "
                        f"{config.model.get('name')!r}; --to nanochat needs a GPT language model")
   _refuse_options(spec)

@@ -337,6 +337,14 @@ def load_weights(path: str) -> dict[str, np.ndarray]:
   return {k: v.detach().float().numpy() for k, v in state.items() if hasattr(v, "numpy")}
 
 
+def _is_classification(config) -> bool:
+  """Whether ``config``'s task is :class:`~laplax.tasks.classification.ClassificationTask`
+  (or a subclass): timm's ViTs are classifiers."""
+  from laplax import tasks  # pylint: disable=import-outside-toplevel
+  cls = tasks.task_class(config)
+  return cls is not None and issubclass(cls, tasks.ClassificationTask)
+
+
 def convert_from_timm(name: str, weights: str | None, model_args: str, config,
                       workdir: str) -> None:
   """``--from timm``: the timm model ``name`` (its random initialisation, or
@@ -350,7 +358,7 @@ def convert_from_timm(name: str, weights: str | None, model_args: str, config,
   """
   if os.path.exists(workdir):
     raise ConvertError(f"--workdir {workdir} exists; give a new directory (nothing was written)")
-  if config.get("task") != "classification":
+  if not _is_classification(config):
     raise ConvertError(f"--config is a {config.get('task')} config; --from timm needs "
                        f"a classification config (e.g. configs/deit3_imagenet.py)")
   model = timm_model(name, parse_model_args(model_args))
@@ -363,7 +371,6 @@ def convert_from_timm(name: str, weights: str | None, model_args: str, config,
   if "image_size" in config.data and arch["img_size"][0] == arch["img_size"][1]:
     config.data.image_size = int(arch["img_size"][0])
   from laplax.models import spec as spec_lib  # pylint: disable=import-outside-toplevel
-  from laplax.config import validation as config_lib  # pylint: disable=import-outside-toplevel
   from laplax import tasks  # pylint: disable=import-outside-toplevel
   try:
     tasks.validate(config, None, strict_keys=True)
@@ -389,7 +396,7 @@ def convert_to_timm(workdir: str, out_dir: str, force: bool) -> str | None:
   if os.path.exists(out_dir):
     raise ConvertError(f"--out {out_dir} exists; give a new directory (nothing was written)")
   config, spec, params, step = common.read_workdir(workdir)
-  if config.task != "classification" or config.model.name != "vit":
+  if not _is_classification(config) or config.model.name != "vit":
     raise ConvertError(f"{workdir} is a {config.task} run; --to timm converts ViT "
                        f"classifiers (a DINO backbone is not a timm classifier)")
   note = common.refuse_laplax_only(spec, "timm", force)

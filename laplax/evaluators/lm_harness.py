@@ -80,9 +80,10 @@ class LaplaxLM(LM):
   def __init__(self, workdir: str, step=None, batch_size=8,
                max_gen_toks=DEFAULT_MAX_GEN_TOKS, prefix_bos=False, **unused):
     super().__init__()
+    from laplax import tasks  # pylint: disable=import-outside-toplevel
     from laplax.workdir import load as restore  # pylint: disable=import-outside-toplevel
     config = restore.saved_config(workdir)
-    if config.task != "lm":
+    if not tasks.is_language_model(config):
       raise restore.LoadError(f"{workdir} holds task {config.task!r}; the harness scores "
                               "language models (task 'lm')")
     run = restore.load(workdir, step=None if step in (None, "") else int(step))

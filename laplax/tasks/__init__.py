@@ -35,6 +35,19 @@ def make_task(config: ml_collections.ConfigDict, workdir: str | None) -> Task:
   return with_debug_faults(task, config.get("debug", {}))
 
 
+def task_class(config: ml_collections.ConfigDict) -> type | None:
+  """The class of ``config.task`` in :data:`TASKS` (``None`` for a name it
+  lacks). Code outside this package asks the class (``issubclass(...,
+  LanguageModelTask)``, its attributes and methods), never the name."""
+  return TASKS.get(config.get("task"))
+
+
+def is_language_model(config: ml_collections.ConfigDict) -> bool:
+  """Whether ``config``'s task is :class:`LanguageModelTask` or a subclass."""
+  cls = task_class(config)
+  return cls is not None and issubclass(cls, LanguageModelTask)
+
+
 def task_names() -> tuple[str, ...]:
   """The names of the tasks of the one registry, :data:`TASKS`."""
   return tuple(TASKS)

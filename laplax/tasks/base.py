@@ -99,6 +99,9 @@ class TaskBase:
   """
   batch_axis = 0
   family: str
+  #: Why ``eval.py --analysis`` cannot take gradients of the training loss on
+  #: eval batches (``None``: it can).
+  analysis_loss_unavailable: str | None = None
   config: ml_collections.ConfigDict
   model: nn.Module
 
@@ -123,6 +126,41 @@ class TaskBase:
     :meth:`base_config` (with empty sections)."""
     del config
     return utils.flatten_dotted(cls.base_config().to_dict(), keep_empty=True)
+
+  @classmethod
+  def from_shapes(cls, config: ml_collections.ConfigDict, *,
+                  image_shape: tuple[int, int, int] | None = None,
+                  num_classes: int | None = None, vocab_size: int | None = None):
+    """The task built from sizes alone, with no dataset opened (the converters
+    and ``bench/`` build their tasks this way; :meth:`from_data` prepares the
+    data first). Image tasks need ``image_shape`` ``(H, W, C)`` and
+    ``num_classes``; a language model ``vocab_size`` (default: 256 for the
+    byte tokenizer, else ``config.data.vocab_size``)."""
+    raise NotImplementedError
+
+  @classmethod
+  def eval_defaults(cls) -> dict:
+    """Defaults of the ``config.eval`` keys a run saved before they existed
+    lacks (``eval.py --config.eval.KEY=...`` may set them); none here."""
+    return {}
+
+  def tokens_per_example(self) -> int:
+    """Tokens the trained network sees per example (the model's input)."""
+    raise NotImplementedError
+
+  def data_limits(self) -> list[tuple]:
+    """What the config asks of the data against what the data has:
+    ``(what, available, unit, split, key, requested)`` rows that
+    :func:`laplax.train.fit.check_data` compares (a key asking for more
+    than is available is refused); none here."""
+    return []
+
+  def evaluate_run(self, state: Any, out_dir: str, say=print) -> tuple[dict, list[str]]:
+    """``eval.py``'s evaluation of a saved run: ``(summary, figure paths
+    written in out_dir)``; here :meth:`evaluate` and no figures. ``say``
+    prints a line for the user."""
+    del out_dir, say
+    return self.evaluate(state), []
 
   @classmethod
   def attention_lengths(cls, config: ml_collections.ConfigDict,

@@ -96,6 +96,15 @@ class ClassificationTask(TaskBase):
     self.model = ViT(spec_lib.from_config(config.model), num_classes=num_classes)
 
   @classmethod
+  def from_shapes(cls, config: ml_collections.ConfigDict, *,
+                  image_shape: tuple[int, int, int] | None = None,
+                  num_classes: int | None = None, vocab_size: int | None = None):
+    """The task for images of ``image_shape`` ``(H, W, C)`` and
+    ``num_classes`` labels, no dataset opened."""
+    del vocab_size
+    return cls(config, num_classes, image_shape)
+
+  @classmethod
   def from_data(cls, config: ml_collections.ConfigDict, workdir: str | None):
     """Prepares the image dataset and builds the task (writes nothing in workdir).
 
@@ -108,6 +117,14 @@ class ClassificationTask(TaskBase):
     info = images.info(config.data)
     config_lib.check_image_size(config, info.image_shape)
     return cls(config, info.num_classes, info.image_shape)
+
+  def tokens_per_example(self) -> int:
+    """The image's patches, plus the class token with ``model.pool='tok'``."""
+    return patch_tokens(self.config, self.image_shape)
+
+  def data_limits(self) -> list[tuple]:
+    """The batch against the training split's images."""
+    return image_split_limits(self.config)
 
   def train_dataset(self, process_index: int = 0, process_count: int = 1):
     """This process's infinite, augmented training batches (a grain IterDataset)."""
@@ -175,3 +192,23 @@ class ClassificationTask(TaskBase):
     count = float(sums["count"])
     return {"accuracy": float(sums["correct"]) / count,
             "loss": float(sums["loss"]) / count, "num_examples": int(count)}
+
+
+def patch_tokens(config: ml_collections.ConfigDict, image_shape) -> int:
+  """A ViT's tokens for one image of ``image_shape`` ``(H, W, ...)``: its
+  ``model.patch_size`` patches, plus the class token with ``model.pool='tok'``."""
+  m = config.model
+  h, w = image_shape[:2]
+  return int((h // m.patch_size) * (w // m.patch_size) + (m.get("pool", "gap") == "tok"))
+
+
+def image_split_limits(config: ml_collections.ConfigDict) -> list[tuple]:
+  """``batch_size`` against the images of the prepared training split
+  (:meth:`~laplax.tasks.base.TaskBase.data_limits` rows).
+
+  Raises:
+    DataError: the dataset cannot be read.
+  """
+  info = images.info(config.data)
+  return [("the training split", info.num_train, "images", config.data.train_split,
+           "batch_size", config.batch_size)]

@@ -9,6 +9,7 @@ is the ``"dino"`` entry of :data:`laplax.tasks.TASKS`.
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any, Iterator
 
 import flax.linen as nn
@@ -18,7 +19,7 @@ import ml_collections
 import numpy as np
 import optax
 
-from laplax import utils
+from laplax import sharding, utils
 from laplax.data import images
 from laplax.models import dino, spec as spec_lib
 from laplax.models.vit import ViT
@@ -28,7 +29,13 @@ from laplax.data import multicrop
 from laplax.data.errors import DataError
 from laplax.evaluators import dino_segmentation
 from laplax.train import optim
+from laplax.tasks import classification
 from laplax.tasks.base import TaskBase
+
+#: The patch-feature PCA picture ``eval.py`` writes for a DINO run.
+PCA_FIGURE = "patch_pca.png"
+#: The segmentation probe's masks picture ``eval.py`` writes for a DINO run.
+SEGMENTATION_FIGURE = "segmentation.png"
 
 class DINOTask(TaskBase):
   """Self-supervised DINO (Caron et al. 2021) on images, without labels.
@@ -53,6 +60,14 @@ class DINOTask(TaskBase):
   """
   family = "vit"
   base_config = staticmethod(defaults.dino_base_config)
+  analysis_loss_unavailable = ("DINO's loss needs multi-crop training views and the "
+                               "teacher; the eval split has single images")
+
+  @classmethod
+  def eval_defaults(cls) -> dict:
+    """The segmentation probe's ``eval.segmentation*`` defaults
+    (:func:`laplax.config.defaults.segmentation_defaults`)."""
+    return dict(defaults.segmentation_defaults())
 
   @classmethod
   def validate(cls, config: ml_collections.ConfigDict) -> None:
@@ -125,6 +140,15 @@ class DINOTask(TaskBase):
     return feats, out["encoded"][:, 1:]
 
   @classmethod
+  def from_shapes(cls, config: ml_collections.ConfigDict, *,
+                  image_shape: tuple[int, int, int] | None = None,
+                  num_classes: int | None = None, vocab_size: int | None = None):
+    """The task for evaluation images of ``image_shape`` ``(H, W, C)`` and
+    ``num_classes`` labels (the k-NN and linear probes'), no dataset opened."""
+    del vocab_size
+    return cls(config, num_classes, image_shape)
+
+  @classmethod
   def from_data(cls, config: ml_collections.ConfigDict, workdir: str | None):
     """Prepares the image dataset and builds the task (writes nothing in workdir).
 
@@ -135,6 +159,24 @@ class DINOTask(TaskBase):
     images.prepare(config.data)
     info = images.info(config.data)
     return cls(config, info.num_classes, info.image_shape)
+
+  def tokens_per_example(self) -> int:
+    """All of the student's views: ``num_global`` global and ``num_local``
+    local crops, each its patches plus the class token."""
+    mc = self.config.data.multicrop
+    return (mc.num_global * classification.patch_tokens(self.config, (mc.global_size,) * 2)
+            + mc.num_local * classification.patch_tokens(self.config, (mc.local_size,) * 2))
+
+  def data_limits(self) -> list[tuple]:
+    """The batch and the k-NN bank against the training split, the PCA
+    figure's images against the evaluation split."""
+    info = images.info(self.config.data)
+    e, train = self.config.eval, self.config.data.train_split
+    return classification.image_split_limits(self.config) + [
+        ("the k-NN bank (the training split)", info.num_train, "images", train,
+         "eval.knn_k", e.knn_k),
+        ("the evaluation split", info.num_eval, "images", self.config.data.eval_split,
+         "eval.pca_images", e.pca_images)]
 
   def train_dataset(self, process_index: int = 0, process_count: int = 1):
     """This process's infinite multi-crop batches (a grain IterDataset)."""
@@ -263,6 +305,33 @@ class DINOTask(TaskBase):
       ConfigError: the image size is not divisible by the patch size.
     """
     return dino_segmentation.load_data(self.config, self.image_shape)
+
+  def evaluate_run(self, state: Any, out_dir: str, say=print) -> tuple[dict, list[str]]:
+    """``eval.py``'s evaluation: :meth:`evaluate` with the references, the
+    segmentation probe (its batches split over every device) and the
+    pictures in ``out_dir`` (:data:`PCA_FIGURE`, :data:`SEGMENTATION_FIGURE`);
+    ``say`` prints where they are. Returns ``(summary, figures written)``."""
+    c = self.config
+    figure = os.path.join(out_dir, PCA_FIGURE)
+    masks_figure = os.path.join(out_dir, SEGMENTATION_FIGURE)
+    summary = self.evaluate(state, references=True, figure=figure, segmentation=True,
+                            segmentation_figure=masks_figure, mesh=sharding.make_mesh())
+    if c.eval.pca_images:
+      say(f"patch-feature PCA of {c.eval.pca_images} test images: {figure}")
+    settings = self.segmentation_settings()
+    if "segmentation_miou" in summary:
+      say(f"linear segmentation probe on {summary['segmentation_dataset']}: mIoU "
+          f"{summary['segmentation_miou']:.4f}" + (
+              f"; masks of {settings['segmentation_figure_images']} test images: "
+              f"{masks_figure}" if settings["segmentation_figure_images"] else ""))
+    elif settings["segmentation"]:
+      say(f"no segmentation probe: {c.data.name} has no masks and is not "
+          f"Fashion-MNIST; add --config.eval.segmentation_dataset=ade20k "
+          f"--config.eval.segmentation_dir=DIR (ADEChallengeData2016 unpacked in DIR)")
+    made = ((figure, c.eval.pca_images),
+            (masks_figure, "segmentation_miou" in summary
+             and settings["segmentation_figure_images"]))
+    return summary, [f for f, m in made if m]
 
   def evaluate(self, state: Any, place=None, *, references: bool = False,
                figure: str | None = None, segmentation: bool = False,

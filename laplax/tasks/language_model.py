@@ -63,6 +63,19 @@ class LanguageModelTask(TaskBase):
     self.zero_byte_tokens = bool((np.asarray(tokenizer.token_bytes) == 0).any())
 
   @classmethod
+  def from_shapes(cls, config: ml_collections.ConfigDict, *,
+                  image_shape: tuple[int, int, int] | None = None,
+                  num_classes: int | None = None, vocab_size: int | None = None):
+    """The task for a vocabulary of ``vocab_size`` tokens (default: 256 for
+    the byte tokenizer, else ``config.data.vocab_size``), no corpus or
+    tokenizer opened: every token counts one byte for bits per byte."""
+    del image_shape, num_classes
+    if vocab_size is None:
+      byte = config.data.get("tokenizer", "byte") == "byte"
+      vocab_size = 256 if byte else int(config.data.vocab_size)
+    return cls(config, VocabularySize(vocab_size))
+
+  @classmethod
   def from_data(cls, config: ml_collections.ConfigDict, workdir: str | None):
     """Prepares corpus and tokenizer (a trained tokenizer is saved in ``workdir``).
 
@@ -71,6 +84,23 @@ class LanguageModelTask(TaskBase):
     """
     from laplax.data import lm_input  # pylint: disable=import-outside-toplevel
     return cls(config, lm_input.prepare(config, workdir))
+
+  def tokens_per_example(self) -> int:
+    """The context, ``model.max_length``."""
+    return int(self.config.model.max_length)
+
+  def data_limits(self) -> list[tuple]:
+    """The batch against the distinct windows of ``model.max_length + 1``
+    tokens of the training split; none for FineWeb-Edu, a stream that starts
+    again when it runs out (:func:`laplax.data.fineweb.prepare` checks its
+    shards)."""
+    if lm_input.is_fineweb(self.config):
+      return []
+    from laplax.data import text  # pylint: disable=import-outside-toplevel
+    num = len(text.split_tokens(self.config.data, self.tokenizer, "train"))
+    return [("the training split", num - int(self.config.model.max_length),
+             "distinct windows of model.max_length + 1 tokens", "train", "batch_size",
+             self.config.batch_size)]
 
   def train_dataset(self, process_index: int = 0, process_count: int = 1):
     """This process's infinite stream of training windows."""
@@ -131,3 +161,13 @@ class LanguageModelTask(TaskBase):
     return {"loss": loss, "perplexity": math.exp(min(loss, 700.0)),
             "bits_per_byte": byte_loss / math.log(2) / float(sums["bytes"]),
             "num_tokens": int(sums["count"])}
+
+
+class VocabularySize:
+  """The tokenizer fields a :class:`LanguageModelTask` reads (``vocab_size``,
+  ``token_bytes`` int32 ``[vocab_size]``, one byte a token) when no tokenizer
+  is opened (:meth:`LanguageModelTask.from_shapes`)."""
+
+  def __init__(self, vocab_size: int):
+    self.vocab_size = int(vocab_size)
+    self.token_bytes = np.ones(self.vocab_size, np.int32)

@@ -31,7 +31,7 @@ def copy_init_tokenizer(config, workdir: str) -> None:
   for kind in ("bpe", "nanochat"):
     source = tokenizers.tokenizer_path(config.init_from, kind)
     target = tokenizers.tokenizer_path(workdir, kind)
-    if config.task == "lm" and os.path.isfile(source) and not os.path.exists(target):
+    if os.path.isfile(source) and not os.path.exists(target):  # only language models have one
       os.makedirs(os.path.dirname(target), exist_ok=True)
       shutil.copyfile(source, target)
 

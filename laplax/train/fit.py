@@ -70,37 +70,18 @@ def _refuse(what: str, size: int, unit: str, split: str, key: str, value: int) -
                  f"larger split")
 
 
-def check_data(config: ml_collections.ConfigDict, task: Any) -> None:
-  """Checks the batch and evaluation sizes against the prepared splits.
+def check_data(task: Any) -> None:
+  """Checks the batch and evaluation sizes against the prepared splits
+  (each task's :meth:`~laplax.tasks.base.TaskBase.data_limits`).
 
   Raises:
     FitError: the first size that exceeds its split (naming the split's size
       and the key to change).
     DataError: the data cannot be read.
   """
-  if config.task == "lm":
-    from laplax.data import lm_input, text  # pylint: disable=import-outside-toplevel
-    if lm_input.is_fineweb(config):
-      return  # a stream that starts again when it runs out (fineweb.prepare checks the shards)
-    num = len(text.split_tokens(config.data, task.tokenizer, "train"))
-    windows = num - int(config.model.max_length)
-    if config.batch_size > windows:
-      _refuse("the training split", windows, "distinct windows of "
-              f"model.max_length + 1 tokens", "train", "batch_size", config.batch_size)
-    return
-  from laplax.data import images  # pylint: disable=import-outside-toplevel
-  info = images.info(config.data)
-  train, evaluation = config.data.train_split, config.data.eval_split
-  if config.batch_size > info.num_train:
-    _refuse("the training split", info.num_train, "images", train, "batch_size",
-            config.batch_size)
-  if config.task == "dino":
-    if config.eval.knn_k > info.num_train:
-      _refuse("the k-NN bank (the training split)", info.num_train, "images", train,
-              "eval.knn_k", config.eval.knn_k)
-    if config.eval.pca_images > info.num_eval:
-      _refuse("the evaluation split", info.num_eval, "images", evaluation,
-              "eval.pca_images", config.eval.pca_images)
+  for what, size, unit, split, key, value in task.data_limits():
+    if value > size:
+      _refuse(what, size, unit, split, key, value)
 
 
 # --------------------------------------------------------------------------
@@ -165,20 +146,6 @@ def _per_device_bytes(tree: Any, shardings: Any) -> int:
   return int(total)
 
 
-def tokens_per_example(config: ml_collections.ConfigDict, task: Any) -> int:
-  """Tokens the trained network sees per example (DINO: all of the student's views)."""
-  m = config.model
-  if config.task == "lm":
-    return int(m.max_length)
-  extra = 1 if m.get("pool", "gap") == "tok" else 0
-  if config.task == "dino":
-    mc = config.data.multicrop
-    return int(mc.num_global * ((mc.global_size // m.patch_size) ** 2 + extra)
-               + mc.num_local * ((mc.local_size // m.patch_size) ** 2 + extra))
-  h, w = task.image_shape[:2]
-  return int((h // m.patch_size) * (w // m.patch_size) + extra)
-
-
 def kept_per_token(config: ml_collections.ConfigDict, platform: str) -> int:
   """Activations per token and layer that the backward pass surely keeps.
 
@@ -211,7 +178,7 @@ def lower_bound(config: ml_collections.ConfigDict, task: Any, abstract: Any,
   examples = max(config.batch_size // accum // _batch_shards(spec, batch_sharding,
                                                               task.batch_axis), 1)
   itemsize = 2 if get(config, "model.dtype", "float32") == "bfloat16" else 4
-  activations = (examples * tokens_per_example(config, task) * int(config.model.depth)
+  activations = (examples * task.tokens_per_example() * int(config.model.depth)
                  * kept_per_token(config, platform) * itemsize)
   return {"state": state, "batch": batch, "activations": activations,
           "total": state + batch + activations}

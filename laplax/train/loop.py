@@ -179,7 +179,7 @@ def setup(config: ml_collections.ConfigDict, workdir: str | None,
         f"{f' ({e.filename})' if e.filename else ''}; check config.data.data_dir="
         f"{config_lib.get(config, 'data.data_dir', '')}") from None
   if check:  # sizes against the prepared splits (laplax.train.fit)
-    fit.check_data(config, task)
+    fit.check_data(task)
   return task
 
 
