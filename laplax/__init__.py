@@ -22,6 +22,16 @@ imports neither JAX nor the trainer; ``help(laplax.NAME)`` documents it):
   ``GeometryAccumulator`` (token geometry: ANOVA, spectrum, neural collapse,
   CDNV), ``kernel_conditioning`` and ``head_conditioning`` (condition numbers
   of the projections and of a head's Jacobian, Theorem 3.4).
+
+The package, one job a folder (docs/architecture.md draws the data flow):
+``attention``, ``spectral``, ``rotary`` (the methods), ``kernels`` (the
+attention kernels), ``models`` (ViT, GPT, DINO from one spec), ``config``
+(defaults and validation), ``data`` (input pipelines), ``tasks`` (the task
+registry: model, loss, evaluation), ``train`` (state, step, loop,
+optimisers), ``workdir`` (checkpoints, metrics, lock, ``load``),
+``evaluators`` (chat, HumanEval, harness, segmentation probe), ``analysis``
+(token geometry), ``cli`` (``train.py``, ``eval.py``), ``sweep`` and
+``convert`` (their ``python -m`` commands).
 """
 
 import importlib
