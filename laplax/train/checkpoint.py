@@ -26,6 +26,7 @@ import flax
 import jax
 import orbax.checkpoint as ocp
 
+from laplax.errors import UserError
 from laplax.train import integrity, saving
 
 
@@ -99,7 +100,7 @@ def _retry_vanished(fn, attempts: int = 5):
   return None
 
 
-class CheckpointError(ValueError):
+class CheckpointError(UserError, ValueError):
   """No checkpoint of a run can be read; the message is one line."""
 
 

@@ -17,6 +17,7 @@ import ml_collections
 from laplax import sharding, utils
 from laplax.data import multicrop
 from laplax.data.errors import DataError
+from laplax.errors import UserError
 from laplax.models import spec as spec_lib
 
 # Keys every config has (the documented contract of train.py).
@@ -35,7 +36,7 @@ ARCHITECTURE_KEYS = ("task", "model", "data.name", "data.image_size",
 NOT_ARCHITECTURE_KEYS = ("model.remat",)
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
   """A config that cannot run; the message is one line with the fix."""
 
 

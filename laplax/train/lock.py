@@ -33,12 +33,13 @@ import time
 import uuid
 from typing import Iterator
 
+from laplax.errors import UserError
 from laplax.train import saving
 
 LOCK_FILE = "train.lock"
 
 
-class LockError(ValueError):
+class LockError(UserError, ValueError):
   """The workdir is locked by another run; the message is one line with the fix."""
 
 

@@ -32,6 +32,7 @@ import tqdm
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from laplax import sharding
+from laplax.errors import UserError
 from laplax.train import checkpoint as ckpt_lib
 from laplax.train import config as config_lib
 from laplax.train import finetune, fit, optim, signals, tasks
@@ -45,7 +46,7 @@ from laplax.train.workdir import (CHECKPOINT_DIR, CONFIG_FILE, METRICS_FILE,
                                   MetricWriter, check_wandb, check_workdir,
                                   existing_ancestor, load_saved_config, write_config)
 
-class NonFiniteError(RuntimeError):
+class NonFiniteError(UserError, RuntimeError):
   """The loss or gradient norm became NaN or infinite."""
 
 

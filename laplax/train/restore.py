@@ -30,13 +30,14 @@ import flax.linen as nn
 import jax
 import ml_collections
 
+from laplax.errors import UserError
 from laplax.train import checkpoint as ckpt_lib
 from laplax.train import config as config_lib
 from laplax.train import loop, optim
 from laplax.train.workdir import CHECKPOINT_DIR, CONFIG_FILE, load_saved_config
 
 
-class LoadError(ValueError):
+class LoadError(UserError, ValueError):
   """A workdir that cannot be loaded; the message is one line with the fix."""
 
 
