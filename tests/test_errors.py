@@ -8,6 +8,7 @@ listed in :data:`INTERNAL` with the reason; the CLIs catch that one class
 import ast
 import importlib
 import os
+import sys
 
 import pytest
 
@@ -107,6 +108,25 @@ def test_cli_run_lets_a_bug_through():
 
   with pytest.raises(ValueError, match="a bug"):
     cli.run(main, command="test")
+
+
+def test_lm_harness_cli_prints_a_user_error_as_one_line_exit_2(monkeypatch, capsys):
+  """``python -m laplax.evaluators.lm_harness``: a workdir that cannot be
+  loaded (raised inside lm_eval's command line) is one line and exit 2."""
+  lm_eval_main = pytest.importorskip("lm_eval.__main__")
+  from laplax.evaluators import lm_harness  # pylint: disable=import-outside-toplevel
+  from laplax.train import restore  # pylint: disable=import-outside-toplevel
+
+  def cli_evaluate():
+    raise restore.LoadError("runs/x has no checkpoint; train first with train.py")
+
+  monkeypatch.setattr(lm_eval_main, "cli_evaluate", cli_evaluate)
+  monkeypatch.setattr(sys, "argv", ["lm_harness"])
+  with pytest.raises(SystemExit) as exit_info:
+    lm_harness.main(["--model", "laplax"])
+  assert exit_info.value.code == 2
+  assert capsys.readouterr().err == ("error: runs/x has no checkpoint; train first with "
+                                     "train.py\n")
 
 
 def test_user_error_is_documented():
