@@ -20,7 +20,7 @@ after the last step (equal to a few digits: the same training). Micro-batch
 counts that do not divide the batch are skipped. Nothing is written.
 
 Errors (an unknown config, a bad list, no count dividing the batch) print one
-``error:`` line and exit 2 (a bad ``--set`` key: ``compile_report``'s line).
+``error:`` line and exit 2.
 """
 
 from __future__ import annotations
@@ -37,8 +37,8 @@ import jax  # pylint: disable=wrong-import-position
 import jax.numpy as jnp  # pylint: disable=wrong-import-position
 import numpy as np  # pylint: disable=wrong-import-position
 
-from bench import compile_report, step_time  # pylint: disable=wrong-import-position
-from bench.step_time import fail  # pylint: disable=wrong-import-position
+from bench import step_time  # pylint: disable=wrong-import-position
+from bench.common import apply_override, fail, load_config  # pylint: disable=wrong-import-position
 
 
 def bandwidth(sizes_mib: list[int], reps: int = 20, rounds: int = 5) -> None:
@@ -61,9 +61,9 @@ def bandwidth(sizes_mib: list[int], reps: int = 20, rounds: int = 5) -> None:
 
 def micro_batches(path: str, accum: list[int], args) -> None:
   """Times one config's train step per micro-batch count and loop form."""
-  config = step_time.load_config(path)
+  config = load_config(path)
   for item in args.set:
-    compile_report.apply_override(config, item)
+    apply_override(config, item)
   if config.batch_size < 1:
     fail(f"batch_size={config.batch_size} must be >= 1")
   image_shape = (28, 28, 1)

@@ -68,7 +68,7 @@ def hash_throughput(megabytes: int, directory: str) -> None:
 def checkpoint_cost(config_path: str, repeats: int, directory: str) -> None:
   """Prints the save, manifest and verification times of the config's checkpoint."""
   import jax  # pylint: disable=import-outside-toplevel
-  from bench.step_time import load_config  # pylint: disable=import-outside-toplevel
+  from bench.common import load_config  # pylint: disable=import-outside-toplevel
   from laplax.workdir import checkpoint, integrity, saving  # pylint: disable=import-outside-toplevel
   from laplax.train import loop, optim
   from laplax import tasks

@@ -38,8 +38,6 @@ fit the devices or the batch, print one line and exit 2.
 from __future__ import annotations
 
 import argparse
-import ast
-import importlib.util
 import os
 import re
 import sys
@@ -48,14 +46,10 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from bench.common import (  # pylint: disable=wrong-import-position
+    analytic_flops, apply_override, fail, load_config, make_task as task_from_shapes, size)
+
 DEFAULT_CONFIGS = ("configs/deit3_imagenet.py", "configs/gpt_d20.py")
-GIB = 2.0**30
-
-
-def size(num_bytes: float) -> str:
-  """``num_bytes`` in GiB, or MiB below 1 GiB."""
-  return (f"{num_bytes / GIB:.2f} GiB" if num_bytes >= GIB
-          else f"{num_bytes / 2.0**20:.1f} MiB")
 
 
 def parse_args(argv=None):
@@ -81,96 +75,21 @@ def parse_args(argv=None):
   return p.parse_args(argv)
 
 
-def fail(message: str) -> None:
-  print(f"compile_report: {message}", file=sys.stderr)
-  sys.exit(2)
-
-
-def load_config(spec: str):
-  path, _, arg = spec.partition(":")
-  if not os.path.exists(path):
-    fail(f"config file {path} does not exist")
-  module_spec = importlib.util.spec_from_file_location("report_config", path)
-  module = importlib.util.module_from_spec(module_spec)
-  try:
-    module_spec.loader.exec_module(module)
-    return module.get_config(arg or None)
-  except Exception as e:  # pylint: disable=broad-except
-    fail(f"config {spec}: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
-  return None
-
-
-def apply_override(config, item: str) -> None:
-  key, sep, raw = item.partition("=")
-  if not sep:
-    fail(f"--set {item!r} must be KEY=VALUE, e.g. model.remat=full")
-  node = config
-  parts = key.split(".")
-  for part in parts[:-1]:
-    if part not in node:
-      fail(f"--set {key}: unknown key {part!r}")
-    node = node[part]
-  if parts[-1] not in node:
-    fail(f"--set {key}: unknown key {parts[-1]!r}")
-  try:
-    value = ast.literal_eval(raw)
-  except (ValueError, SyntaxError):
-    value = raw
-  try:
-    node[parts[-1]] = value
-  except (TypeError, ValueError) as e:
-    fail(f"--set {item}: {str(e).splitlines()[0]}")
-
-
 IMAGENET_CLASSES = 1000
 
 
 def make_task(config):
-  """The config's task built from shapes alone (no dataset is opened)."""
-  from bench.step_time import make_task as task_from_shapes  # pylint: disable=import-outside-toplevel
-  if config.task == "lm":
-    return task_from_shapes(config, None, None)
-  if config.task == "classification":
-    size = config.data.get("image_size", None) or 28
-    channels = 3 if config.data.get("image_size", None) else 1
-    classes = IMAGENET_CLASSES if "imagenet" in config.data.name else 10
-    return task_from_shapes(config, (size, size, channels), classes)
-  fail(f"task {config.task!r} is not supported here; use a classification or lm config")
-  return None
-
-
-def analytic_flops(config, task, params, remat: bool) -> tuple[float, float]:
-  """(matmul-parameter count, analytic train FLOPs per step) of the config.
-
-  Matmul parameters are every kernel (weights with 2 or more dimensions)
-  except position embeddings and an untied token embedding table, which are
-  read, not multiplied (a tied table is the output projection and counts).
-  A classification head sees one token per image, so its FLOPs are counted
-  per image.
-  """
-  import jax  # pylint: disable=import-outside-toplevel
-  m = config.model
-  per_token, per_example = 0, 0
-  for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
-    name = "/".join(str(getattr(k, "key", k)) for k in path)
-    if leaf.ndim < 2 or name.startswith(("pos_embedding", "cls")):
-      continue
-    if name.startswith("token_embedding") and not m.get("tie_embeddings", False):
-      continue  # an untied input table is a lookup, not a matmul
-    if name.startswith("head/"):
-      per_example += leaf.size
-    else:
-      per_token += leaf.size
-  if config.task == "lm":
-    length = m.max_length
-  else:
-    length = (task.image_shape[0] // m.patch_size) ** 2 + (1 if m.pool == "tok" else 0)
-  batch = config.batch_size
-  tokens = batch * length
-  w, a = (8, 16) if remat else (6, 12)
-  flops = (w * per_token * tokens + w * per_example * batch
-           + a * m.depth * length * m.width * tokens)
-  return per_token + per_example, float(flops)
+  """The config's task built from shapes alone (no dataset is opened), its
+  images (if any) of ``data.image_size`` (RGB; else 28 x 28 x 1) and its
+  classes ImageNet's 1000 or 10."""
+  from laplax import tasks  # pylint: disable=import-outside-toplevel
+  task_class = tasks.task_class(config)
+  if task_class is None or issubclass(task_class, tasks.DINOTask):
+    fail(f"task {config.task!r} is not supported here; use a classification or lm config")
+  size = config.data.get("image_size", None) or 28
+  channels = 3 if config.data.get("image_size", None) else 1
+  classes = IMAGENET_CLASSES if "imagenet" in config.data.name else 10
+  return task_from_shapes(config, (size, size, channels), classes)
 
 
 def report(spec: str, devices, args) -> None:
@@ -284,7 +203,7 @@ def main(argv=None) -> None:
   if args.segmentation_eval:
     from bench import segmentation_compile  # pylint: disable=import-outside-toplevel
     for spec in args.config or ["configs/dino_vits16_imagenet.py"]:
-      segmentation_compile.report(spec, devices, args, sys.modules[__name__])
+      segmentation_compile.report(spec, devices, args)
     return
   for spec in args.config or DEFAULT_CONFIGS:
     report(spec, devices, args)

@@ -21,7 +21,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jax  # pylint: disable=wrong-import-position
 
-from bench.step_time import load_config, make_task  # pylint: disable=wrong-import-position
+from bench.common import load_config, make_task  # pylint: disable=wrong-import-position
 from laplax.train import loop, optim  # pylint: disable=wrong-import-position
 
 

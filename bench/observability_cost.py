@@ -35,12 +35,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 def sample_cost(path: str, overrides: list[str], repeats: int) -> None:
   """Prints the time of ``repeats`` samples and of one evaluation."""
-  from bench import compile_report  # pylint: disable=import-outside-toplevel
-  from bench.step_time import load_config  # pylint: disable=import-outside-toplevel
+  from bench.common import apply_override, load_config  # pylint: disable=import-outside-toplevel
   from laplax.train import loop, optim  # pylint: disable=import-outside-toplevel
   config = load_config(path)
   for item in overrides:
-    compile_report.apply_override(config, item)
+    apply_override(config, item)
   task = loop.setup(config, None, check=False)
   state = loop.init_state(task, optim.make_optimizer(config), config.seed)
   print(f"config {path} {' '.join(overrides)}: sample of {config.eval.sample_tokens} tokens "

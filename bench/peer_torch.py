@@ -437,10 +437,10 @@ def main() -> None:
   """Prints the parameter counts of both default peers and of laplax's models."""
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   import jax  # pylint: disable=import-outside-toplevel
-  from bench import step_time  # pylint: disable=import-outside-toplevel
+  from bench import common  # pylint: disable=import-outside-toplevel
   for path in ("configs/gpt_shakespeare.py", "configs/vit_fashion_mnist.py"):
-    config = step_time.load_config(path)
-    task = step_time.make_task(config, (28, 28, 1), 10)
+    config = common.load_config(path)
+    task = common.make_task(config, (28, 28, 1), 10)
     params = jax.eval_shape(task.init, jax.random.PRNGKey(0))
     laplax_n = sum(x.size for x in jax.tree_util.tree_leaves(params))
     print(f"{path}: laplax {laplax_n} parameters, PyTorch peer "

@@ -50,7 +50,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jax  # pylint: disable=wrong-import-position
 
-from bench import step_time  # pylint: disable=wrong-import-position
+from bench import common, step_time  # pylint: disable=wrong-import-position
 
 PROJECTIONS = ("query", "key", "value", "qkv", "out")
 
@@ -85,10 +85,9 @@ def op_names(hlo_text: str) -> dict[str, str]:
 
 def profile(path: str, args) -> None:
   """Traces ``args.steps`` train steps of one config and prints the table."""
-  from bench import compile_report  # pylint: disable=import-outside-toplevel
-  config = step_time.load_config(path)
+  config = common.load_config(path)
   for item in args.set:
-    compile_report.apply_override(config, item)
+    common.apply_override(config, item)
   image_shape = (28, 28, 1)
   options = {} if args.options is None else json.loads(args.options)
   spectral = config.model.spectral.mode if config.model.spectral.enabled else None

@@ -27,6 +27,8 @@ and the host memory of the stored train and test features.
 
 from __future__ import annotations
 
+from bench import common
+
 ADE20K_CLASSES = 150
 
 
@@ -39,12 +41,11 @@ def _line(name: str, compiled, size) -> str:
           f"-> peak about {size(peak)} per device")
 
 
-def report(spec: str, devices, args, cr) -> None:
+def report(spec: str, devices, args) -> None:
   """Compiles ``spec``'s segmentation evaluation for ``devices`` and prints its memory.
 
-  ``cr`` is the ``bench/compile_report.py`` module (its config loading,
-  ``--set`` overrides, ``fail`` and ``size``). Exits 2 (one line) for a
-  config that is not DINO or settings the checks refuse.
+  ``args``: ``bench/compile_report.py``'s parsed flags (``--set``). Exits 2
+  (one line) for a config that is not DINO or settings the checks refuse.
   """
   import jax  # pylint: disable=import-outside-toplevel
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
@@ -54,20 +55,21 @@ def report(spec: str, devices, args, cr) -> None:
   from laplax.analysis import segmentation as seg_lib  # pylint: disable=import-outside-toplevel
   from laplax.config import validation as config_lib  # pylint: disable=import-outside-toplevel
   from laplax.evaluators import dino_segmentation  # pylint: disable=import-outside-toplevel
-  from laplax import tasks
+  from laplax import tasks  # pylint: disable=import-outside-toplevel
 
-  config = cr.load_config(spec)
+  config = common.load_config(spec)
   for item in args.set:
-    cr.apply_override(config, item)
-  if config.task != "dino":
-    cr.fail(f"--segmentation-eval needs a DINO config; {spec} has task {config.task!r}")
+    common.apply_override(config, item)
+  task_class = tasks.task_class(config)
+  if task_class is None or not issubclass(task_class, tasks.DINOTask):
+    common.fail(f"--segmentation-eval needs a DINO config; {spec} has task {config.task!r}")
   try:
     tasks.validate(config, None, strict_keys=False)
     s = dino_segmentation.settings(config)
     stored = config.data.get("image_size", None) or config.data.multicrop.global_size
     size = dino_segmentation.image_size(config, (stored,))
   except config_lib.ConfigError as e:
-    cr.fail(str(e).splitlines()[0])
+    common.fail(str(e).splitlines()[0])
   task = tasks.DINOTask(config, 1000, (size, size, 3))
   backbone, layers = task.teacher.backbone, int(s["segmentation_layers"])
   mesh = sharding.make_mesh(sharding.DEFAULT_MESH_SHAPE, devices)
@@ -110,12 +112,12 @@ def report(spec: str, devices, args, cr) -> None:
         f"{batch}, {s['segmentation_steps']} steps")
   for name, lowered in programs.items():
     try:
-      print(_line(name, lowered.compile(), cr.size))
+      print(_line(name, lowered.compile(), common.size))
     except jax.errors.JaxRuntimeError as e:
       if "RESOURCE_EXHAUSTED" not in str(e):
         raise
       print(f"   {name}: does not fit: {str(e).splitlines()[0][:300]}")
   host = 4.0 * g * g * d * (s["segmentation_train_images"] + s["segmentation_test_images"])
-  print(f"   host memory of the stored features: {cr.size(host)} "
+  print(f"   host memory of the stored features: {common.size(host)} "
         f"({s['segmentation_train_images']} train + {s['segmentation_test_images']} test "
         f"images x {g * g} patches x {d} float32)")

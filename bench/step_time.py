@@ -18,7 +18,7 @@ the baseline measured in this same run. Target: overhead <= 2%.
 ``--set KEY=VALUE`` overrides config keys (as ``bench/compile_report.py``),
 ``--batch`` the batch size, ``--variants`` picks some of ``baseline``,
 ``all``, ``half``, ``spectral``, ``both``, ``per_head``, ``fused``, ``svd``. Each row also gives the model
-TFLOP/s: the analytic train FLOPs per step of ``compile_report.analytic_flops``
+TFLOP/s: the analytic train FLOPs per step of ``common.analytic_flops``
 (6 x matmul parameters x tokens + 12 x depth x length x width x tokens, 8 and
 16 with ``model.remat``) over the step time; with ``--peak-tflops`` (the
 accelerator's dense peak, e.g. 989 for bf16 on an H100/H200 SXM) also the
@@ -42,7 +42,7 @@ reference) timed in every round. PyTorch gets as many threads as the CPUs
 this process may use, which is what XLA's CPU client sizes its pool by. It
 prints the median ms/step, tokens/s (images/s for a ViT), the ratio
 laplax/peer of throughputs (> 1: laplax is faster), the model GFLOP/s and the
-MFU: the analytic train FLOPs of ``compile_report.analytic_flops`` (6 x
+MFU: the analytic train FLOPs of ``common.analytic_flops`` (6 x
 matmul parameters x tokens + 12 x depth x length x width x tokens: forward
 plus backward = 3 x the forward matmul FLOPs, attention's ``Q K^T`` and ``P
 V`` included, causal attention counted in full) over the step time, divided
@@ -56,7 +56,6 @@ load average before and after, versions) and the command.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import statistics
 import sys
@@ -67,32 +66,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import jax  # pylint: disable=wrong-import-position
 import numpy as np  # pylint: disable=wrong-import-position
 
+from bench.common import (  # pylint: disable=wrong-import-position
+    analytic_flops, apply_override, fail, load_config, make_task)
+from laplax import tasks  # pylint: disable=wrong-import-position
 from laplax.train import loop, optim  # pylint: disable=wrong-import-position
-from laplax import tasks
-
-
-def load_config(path: str):
-  spec = importlib.util.spec_from_file_location("bench_config", path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config()
-
-
-class ShapeVocab:
-  """The tokenizer fields a language-model task reads, without a corpus."""
-
-  def __init__(self, vocab_size: int = 256):
-    self.vocab_size = vocab_size
-    self.token_bytes = np.ones(vocab_size, np.int32)
-
-
-def make_task(config, image_shape, num_classes):
-  """``config``'s task built from shapes alone (no dataset is opened); a
-  language model gets the byte vocabulary or ``data.vocab_size`` for BPE."""
-  if config.task == "lm":
-    byte = config.data.get("tokenizer", "byte") == "byte"
-    return tasks.LanguageModelTask(config, ShapeVocab(256 if byte else int(config.data.vocab_size)))
-  return tasks.ClassificationTask(config, num_classes, image_shape)
 
 
 def build(config, laplacian: int, spectral: str | None, image_shape, num_classes,
@@ -100,7 +77,6 @@ def build(config, laplacian: int, spectral: str | None, image_shape, num_classes
   """(jitted train step, state, analytic train FLOPs per step) of a variant;
   ``spectral`` is a ``model.spectral.mode`` or ``None`` (off);
   ``compiler_options``: XLA compile options of the step (default XLA's)."""
-  from bench import compile_report  # pylint: disable=import-outside-toplevel
   c = config.copy_and_resolve_references()
   c.model.num_laplacian_heads = laplacian
   c.model.spectral.enabled = spectral is not None
@@ -113,7 +89,7 @@ def build(config, laplacian: int, spectral: str | None, image_shape, num_classes
                  donate_argnums=0, compiler_options=compiler_options)
   state = jax.jit(lambda: loop.init_state(task, tx, c.seed))()
   remat = c.model.get("remat", "none") not in (None, "none", False)
-  _, flops = compile_report.analytic_flops(c, task, state.params, remat)
+  _, flops = analytic_flops(c, task, state.params, remat)
   return step, state, flops
 
 
@@ -166,10 +142,9 @@ VARIANTS = ("baseline", "all", "half", "spectral", "both", "per_head", "fused", 
 
 def bench(path: str, args) -> None:
   """Times the variants of one config and prints the table."""
-  from bench import compile_report  # pylint: disable=import-outside-toplevel
   config = load_config(path)
   for item in args.set:
-    compile_report.apply_override(config, item)
+    apply_override(config, item)
   if args.batch:
     config.batch_size = args.batch
   if batch_problem(config):
@@ -190,7 +165,7 @@ def bench(path: str, args) -> None:
               if key in args.variants}
   rng = np.random.default_rng(0)
   b = config.batch_size
-  if config.task == "lm":
+  if tasks.is_language_model(config):
     length = config.model.max_length
     batch = {"tokens": rng.integers(0, 256, (b, length + 1)).astype(np.int32)}
     tokens_per_step = b * length
@@ -309,10 +284,10 @@ def build_peers(config, params, batch, modes, schedule, grad_accum_steps: int = 
 def bench_peer(path: str, args) -> dict:
   """Times laplax against the PyTorch peers on one config; prints and returns the results."""
   import torch  # pylint: disable=import-outside-toplevel
-  from bench import compile_report, peer_torch  # pylint: disable=import-outside-toplevel
+  from bench import peer_torch  # pylint: disable=import-outside-toplevel
   config = load_config(path)
   for item in args.set:
-    compile_report.apply_override(config, item)
+    apply_override(config, item)
   if args.batch:
     config.batch_size = args.batch
   peer_torch.check_supported(config)
@@ -425,12 +400,6 @@ def run_peer(args) -> None:
     with open(args.json, "w") as f:
       json.dump(record, f, indent=1)
     print(f"wrote {args.json}")
-
-
-def fail(message: str) -> None:
-  """One ``error:`` line on stderr, exit code 2."""
-  print(f"error: {message}", file=sys.stderr)
-  sys.exit(2)
 
 
 def main() -> None:

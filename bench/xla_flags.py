@@ -36,6 +36,8 @@ import time
 # XLA_FLAGS when JAX starts, so only the workers set theirs first).
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from bench import common  # pylint: disable=wrong-import-position  # imports no JAX
+
 # One option set a worker; ``default`` is XLA's defaults, as laplax runs it
 # (in jaxlib 0.10.2 they hand YNNPACK single matmuls and the reductions).
 OPTION_SETS = {
@@ -72,7 +74,7 @@ def worker(config_path: str, batch: int, warmup: int) -> None:
   with one JSON line (seconds for N steps, loss after them) on stdout."""
   import jax  # pylint: disable=import-outside-toplevel
   from bench import step_time  # pylint: disable=import-outside-toplevel
-  config = step_time.load_config(config_path)
+  config = common.load_config(config_path)
   if batch:
     config.batch_size = batch
   image_shape, num_classes = (28, 28, 1), 10
@@ -170,7 +172,7 @@ def main() -> None:
     sys.exit(2)
   from bench import step_time  # pylint: disable=import-outside-toplevel
   for path in configs:  # refused here rather than as a worker's traceback
-    config = step_time.load_config(path)
+    config = common.load_config(path)
     if args.batch:
       config.batch_size = args.batch
     if step_time.batch_problem(config):

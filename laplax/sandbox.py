@@ -89,6 +89,7 @@ import tempfile
 import time
 
 from laplax import sandbox_child
+from laplax.errors import UserError
 from laplax.sandbox_child import NOBODY, NPROC, SandboxRefused, SandboxTimeout  # re-exported
 
 USAGE_EXIT = 2
@@ -105,7 +106,7 @@ PYTHON = sys.executable
 NAMESPACES = True
 
 
-class SandboxError(ValueError):
+class SandboxError(UserError, ValueError):
   """Bad arguments to the sandbox (a time limit or memory limit that is not
   positive, an unreadable program file); the message is one line."""
 
@@ -312,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
                          f"({getattr(e, 'strerror', None) or e}); pass a UTF-8 "
                          f"Python file") from None
     result = run_program(source, timeout=args.timeout, memory_mb=args.memory_mb)
-  except SandboxError as e:
+  except UserError as e:
     print(f"error: {e}", file=sys.stderr)
     return USAGE_EXIT
   print(result.to_json(), flush=True)

@@ -55,6 +55,7 @@ from typing import Sequence
 
 from laplax import utils
 from laplax.analysis import seeds as seeds_lib
+from laplax.errors import UserError
 
 USAGE_EXIT = 2
 # The directory holding the laplax package: the runs import this same laplax
@@ -69,7 +70,7 @@ SUMMARY_JSON, SUMMARY_MD, CURVES = "summary.json", "summary.md", "curves.png"
 _SAME_ON_RERUN = ("config", "overrides", "analysis", "analysis_examples")
 
 
-class SweepError(ValueError):
+class SweepError(UserError, ValueError):
   """A sweep the command line describes cannot run; the message is one line."""
 
 
@@ -464,7 +465,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     _check_sweep_file(args)
     cli.quiet()
     configs = check_runs(runs)
-  except SweepError as e:
+  except UserError as e:
     print(f"error: {e}", file=sys.stderr)
     return USAGE_EXIT
   except KeyboardInterrupt:

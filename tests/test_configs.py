@@ -5,9 +5,7 @@ import os
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
-import optax
 import pytest
 
 from laplax.config import validation as config_lib
@@ -189,7 +187,6 @@ def test_recipes_set_the_authors_options_and_unknown_ones_are_refused():
   """``recipe=deit3`` / ``recipe=nanochat`` (the options of the Laplacian
   authors' timm and nanochat code); the defaults stay plain."""
   from laplax.models import spec as spec_lib
-  from laplax.config import validation as config_lib
   plain, deit3 = load("vit_fashion_mnist"), load("vit_fashion_mnist", "recipe=deit3")
   assert not plain.model.qk_norm and plain.model.layerscale_init is None
   assert deit3.model.qk_norm and deit3.model.layerscale_init == 1e-6

@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 
 from laplax.models import dino
-from laplax.config import validation as config_lib
 from laplax.train import loop, optim
 from laplax import tasks
 from model_helper import make_vit

@@ -18,7 +18,7 @@ torch = pytest.importorskip("torch")
 
 import jax  # pylint: disable=wrong-import-position
 
-from bench import peer_torch, step_time  # pylint: disable=wrong-import-position
+from bench import common, peer_torch, step_time  # pylint: disable=wrong-import-position
 from test_train import ROOT  # pylint: disable=wrong-import-position
 
 GPT_CONFIG = os.path.join(ROOT, "configs", "gpt_shakespeare.py")
@@ -27,7 +27,7 @@ IMAGE = (8, 8, 1)
 
 
 def _tiny(path, **model):
-  config = step_time.load_config(path)
+  config = common.load_config(path)
   config.model.update(width=32, depth=2, num_heads=4, mlp_dim=64, **model)
   config.batch_size = 3
   return config
@@ -52,7 +52,7 @@ def _batch(config, seed=1):
 
 def _laplax_and_peer(config):
   """(laplax loss, laplax grads flat, peer loss, peer, batch) at random weights."""
-  task = step_time.make_task(config, IMAGE, 10)
+  task = common.make_task(config, IMAGE, 10)
   params = _random_params(jax.eval_shape(task.init, jax.random.PRNGKey(0)))
   batch = _batch(config)
   loss_fn = lambda p: task.loss(p, batch, jax.random.PRNGKey(2))[0]
@@ -94,8 +94,8 @@ def test_peer_computes_laplax_loss_and_gradients(path, model):
 
 @pytest.mark.parametrize("path", [GPT_CONFIG, VIT_CONFIG])
 def test_default_configs_have_the_same_parameter_count(path):
-  config = step_time.load_config(path)
-  task = step_time.make_task(config, (28, 28, 1), 10)
+  config = common.load_config(path)
+  task = common.make_task(config, (28, 28, 1), 10)
   params = jax.eval_shape(task.init, jax.random.PRNGKey(0))
   laplax_n = sum(x.size for x in jax.tree_util.tree_leaves(params))
   peer = peer_torch.from_config(config)
@@ -140,7 +140,7 @@ def test_peer_accumulation_gives_the_whole_batch_loss_and_gradients():
 
 
 def test_unsupported_setting_is_refused():
-  config = step_time.load_config(VIT_CONFIG)
+  config = common.load_config(VIT_CONFIG)
   config.model.qk_norm = True
   with pytest.raises(ValueError, match="model.qk_norm"):
     peer_torch.from_config(config)

@@ -32,12 +32,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from laplax import spectral, utils
+from laplax.errors import UserError
 from laplax.analysis import capture, conditioning, geometry
 
 ANALYSIS_FILE = "analysis.json"
 
 
-class AnalysisError(ValueError):
+class AnalysisError(UserError, ValueError):
   """A user-facing problem with what was asked to be analysed (one line)."""
 
 

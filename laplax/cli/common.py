@@ -24,11 +24,12 @@ import ml_collections
 
 from laplax import utils
 from laplax.config.validation import ConfigError
+from laplax.errors import UserError
 
 USAGE_EXIT = 2
 
 
-class UsageError(ValueError):
+class UsageError(UserError, ValueError):
   """A command-line problem; the message is one line with the fix."""
 
 
@@ -311,12 +312,11 @@ def model_from_init(config: ml_collections.ConfigDict, argv: list[str]) -> None:
                         f"not fit this config's type; set --config.model.{key}") from None
 
 
-def run(main: Callable[[], int | None], user_errors: tuple = (),
-        command: str | None = None) -> None:
-  """Runs ``main`` and maps user errors to one stderr line and exit code 2
-  (also a locked workdir, :class:`~laplax.workdir.lock.LockError`, a file
-  that cannot be written, :class:`~laplax.workdir.saving.SaveError`, and a
-  step that ran out of device memory, :func:`laplax.train.fit.out_of_memory`).
+def run(main: Callable[[], int | None], command: str | None = None) -> None:
+  """Runs ``main`` and maps user errors to one stderr line and exit code 2:
+  every :class:`~laplax.errors.UserError` (a bad flag or config, missing
+  data, a locked workdir, a file that cannot be written, ...) and a step
+  that ran out of device memory (:func:`laplax.train.fit.out_of_memory`).
 
   SIGINT and SIGTERM work throughout (:class:`laplax.signals.Guard`,
   ``command`` names the program in its line, default the script's name):
@@ -338,7 +338,7 @@ def run(main: Callable[[], int | None], user_errors: tuple = (),
     sys.exit(USAGE_EXIT)
   with signals.Guard(command, bound) as guard:
     try:
-      code = _run_main(main, user_errors)
+      code = _run_main(main)
     except KeyboardInterrupt as e:
       signum = e.signum if isinstance(e, signals.Signalled) else signal.SIGINT
       # No interpreter teardown: threads of the data pipeline or of a checkpoint
@@ -347,18 +347,12 @@ def run(main: Callable[[], int | None], user_errors: tuple = (),
   sys.exit(code or 0)
 
 
-def _run_main(main: Callable[[], int | None], user_errors: tuple) -> int | None:
+def _run_main(main: Callable[[], int | None]) -> int | None:
   """``main()``, with the user errors of :func:`run` printed and exit 2."""
-  from laplax.data.images import DataError  # pylint: disable=import-outside-toplevel
   from laplax.train import fit  # pylint: disable=import-outside-toplevel
-  from laplax.workdir.checkpoint import CheckpointError  # pylint: disable=import-outside-toplevel
-  from laplax.workdir.lock import LockError  # pylint: disable=import-outside-toplevel
-  from laplax.workdir.saving import SaveError  # pylint: disable=import-outside-toplevel
-  errors = (UsageError, ConfigError, DataError, CheckpointError, LockError,
-            SaveError) + tuple(user_errors)
   try:
     return main()
-  except errors as e:
+  except UserError as e:
     message = utils.first_line(e) if chr(10) in str(e) else str(e)
   except Exception as e:  # pylint: disable=broad-except
     message = fit.out_of_memory(e)

@@ -511,12 +511,9 @@ def _run_analysis(config, task, state, workdir: str, opts: dict, out: str | None
                            classifier=readout if num_classes else None,
                            spectral=spectral, **grad)
   batches = task.eval_batches()
-  try:
-    analysis = report.run_analysis(
-        target, batches, layers=opts["layers"], max_examples=opts["max_examples"],
-        batch_size=opts["batch_size"], jacobian_dim=opts["jacobian_dim"])
-  except report.AnalysisError as e:
-    raise cli.UsageError(str(e)) from None
+  analysis = report.run_analysis(  # an AnalysisError is a UserError: one line, exit 2
+      target, batches, layers=opts["layers"], max_examples=opts["max_examples"],
+      batch_size=opts["batch_size"], jacobian_dim=opts["jacobian_dim"])
   analysis["task"] = config.task
   analysis["step"] = int(state.step)
   where = os.path.dirname(out) if out else workdir
@@ -544,9 +541,7 @@ def _run_analysis(config, task, state, workdir: str, opts: dict, out: str | None
 def run_cli() -> None:
   """The ``laplax-eval`` command (``python eval.py``): :func:`main` with its
   user errors as one stderr line and exit code 2."""
-  from laplax.evaluators.lm_samples import ChoicesError  # pylint: disable=import-outside-toplevel
-  from laplax.workdir.load import LoadError  # pylint: disable=import-outside-toplevel
-  cli.run(main, user_errors=(ChoicesError, LoadError))
+  cli.run(main)
 
 
 if __name__ == "__main__":

@@ -72,8 +72,7 @@ def main() -> int:
 def run_cli() -> None:
   """The ``laplax-train`` command: :func:`main` with its user errors as one
   stderr line and exit code 2 (:func:`laplax.cli.common.run`)."""
-  from laplax.train.loop import NonFiniteError  # pylint: disable=import-outside-toplevel
-  cli.run(main, user_errors=(NonFiniteError,))
+  cli.run(main)
 
 
 if __name__ == "__main__":

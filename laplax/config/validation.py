@@ -15,6 +15,7 @@ import jax
 import ml_collections
 
 from laplax import sharding, utils
+from laplax.errors import UserError
 from laplax.models import spec as spec_lib
 
 # Keys every config has (the documented contract of train.py).
@@ -33,7 +34,7 @@ ARCHITECTURE_KEYS = ("task", "model", "data.name", "data.image_size",
 NOT_ARCHITECTURE_KEYS = ("model.remat",)
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
   """A config that cannot run; the message is one line with the fix."""
 
 

@@ -107,44 +107,41 @@ def main() -> int:
   from laplax import signals
   if signals.current() is not None:  # a signal's exit line; the output is renamed in whole
     signals.current().nothing_saved = "nothing was written (the output appears only complete)"
-  try:
-    if source is not None:
-      if not _MODEL.value:
-        raise cli.UsageError("--model is required with --from (a timm model name, a "
-                             "Hugging Face directory or nanochat's checkpoint directory)")
-      if source != "nanochat" and (_STEP.value is not None or _TOKENIZER.value):
-        raise cli.UsageError("--step and --tokenizer are for --from nanochat")
-      config = _config(source)
-      given = cli.explicit_model_keys(sys.argv)
-      common.plain_attention(config, given)
-      if source == "nanochat":
-        tokenizer = nanochat.convert_from_nanochat(
-            _MODEL.value, config, _WORKDIR.value, step=_STEP.value,
-            tokenizer=_TOKENIZER.value, given=given)
-        if tokenizer:
-          print(f"tokenizer: {tokenizer} -> {nanochat.TOKENIZER_FILE}")
-      elif source == "timm":
-        timm_vit.convert_from_timm(_MODEL.value, _WEIGHTS.value, _MODEL_ARGS.value,
-                                   config, _WORKDIR.value)
-      else:
-        if _WEIGHTS.value or _MODEL_ARGS.value:
-          raise cli.UsageError("--weights and --model_args are for --from timm; the "
-                               "Hugging Face directory holds the weights and config")
-        hf_gpt2.convert_from_hf(_MODEL.value, config, _WORKDIR.value)
-      print(f"wrote {_WORKDIR.value} (step 0): evaluate it with eval.py --workdir "
-            f"{_WORKDIR.value}, fine-tune with train.py --config.init_from={_WORKDIR.value}")
+  if source is not None:
+    if not _MODEL.value:
+      raise cli.UsageError("--model is required with --from (a timm model name, a "
+                           "Hugging Face directory or nanochat's checkpoint directory)")
+    if source != "nanochat" and (_STEP.value is not None or _TOKENIZER.value):
+      raise cli.UsageError("--step and --tokenizer are for --from nanochat")
+    config = _config(source)
+    given = cli.explicit_model_keys(sys.argv)
+    common.plain_attention(config, given)
+    if source == "nanochat":
+      tokenizer = nanochat.convert_from_nanochat(
+          _MODEL.value, config, _WORKDIR.value, step=_STEP.value,
+          tokenizer=_TOKENIZER.value, given=given)
+      if tokenizer:
+        print(f"tokenizer: {tokenizer} -> {nanochat.TOKENIZER_FILE}")
+    elif source == "timm":
+      timm_vit.convert_from_timm(_MODEL.value, _WEIGHTS.value, _MODEL_ARGS.value,
+                                 config, _WORKDIR.value)
     else:
-      if not _OUT.value:
-        raise cli.UsageError(f"--out is required with --to {target} (a new directory)")
-      if target == "nanochat":
-        nanochat.convert_to_nanochat(_WORKDIR.value, _OUT.value)
-        note = None
-      else:
-        convert = timm_vit.convert_to_timm if target == "timm" else hf_gpt2.convert_to_hf
-        note = convert(_WORKDIR.value, _OUT.value, _FORCE.value)
-      print(f"wrote {_OUT.value}" + (f"; --force: {note}" if note else ""))
-  except common.ConvertError as e:
-    raise cli.UsageError(str(e)) from None
+      if _WEIGHTS.value or _MODEL_ARGS.value:
+        raise cli.UsageError("--weights and --model_args are for --from timm; the "
+                             "Hugging Face directory holds the weights and config")
+      hf_gpt2.convert_from_hf(_MODEL.value, config, _WORKDIR.value)
+    print(f"wrote {_WORKDIR.value} (step 0): evaluate it with eval.py --workdir "
+          f"{_WORKDIR.value}, fine-tune with train.py --config.init_from={_WORKDIR.value}")
+  else:
+    if not _OUT.value:
+      raise cli.UsageError(f"--out is required with --to {target} (a new directory)")
+    if target == "nanochat":
+      nanochat.convert_to_nanochat(_WORKDIR.value, _OUT.value)
+      note = None
+    else:
+      convert = timm_vit.convert_to_timm if target == "timm" else hf_gpt2.convert_to_hf
+      note = convert(_WORKDIR.value, _OUT.value, _FORCE.value)
+    print(f"wrote {_OUT.value}" + (f"; --force: {note}" if note else ""))
   return 0
 
 

@@ -19,11 +19,12 @@ import ml_collections
 import numpy as np
 
 from laplax import utils
+from laplax.errors import UserError
 from laplax.models import spec as spec_lib
 from laplax.models.layers import SCANNED_BLOCKS
 
 
-class ConvertError(ValueError):
+class ConvertError(UserError, ValueError):
   """A conversion that cannot be done; the message is one line naming the
   tensor, key or file and the fix."""
 

@@ -21,7 +21,7 @@ one-channel backbone), its central square (side = the shorter side) resized
 to ``S x S`` bilinearly (:func:`laplax.data.augment.center_crops`) and rounded
 to uint8; the annotation's central square resized to ``S x S`` by nearest
 neighbour at the same pixel centres
-(:func:`laplax.data.segmentation.square_nearest`); class ``c`` in 1..150
+(:func:`laplax.data.augment.square_nearest`); class ``c`` in 1..150
 becomes ``c - 1`` and 0 becomes -1, ignored by the loss and the score
 (mmsegmentation's ``reduce_zero_label``, ignore index 255 there).
 
@@ -160,7 +160,6 @@ def read_split(root: str, split: str, num: int, size: int, channels: int = 3):
       file, an annotation that is not a class map, a value above 150, or an
       annotation whose size differs from its image's.
   """
-  from laplax.data import segmentation  # pylint: disable=import-outside-toplevel
   if channels not in (1, 3):
     raise DataError(f"ADE20K images are RGB; a backbone of {channels} channels cannot "
                     f"take them")
@@ -179,5 +178,5 @@ def read_split(root: str, split: str, num: int, size: int, channels: int = 3):
     mask = class_mask(annotation, annotation_path)
     square = augment.center_crops([pixels], size, 1.0, fixed_size=True)[0]
     images[i] = np.clip(np.rint(square), 0, 255).astype(np.uint8)
-    masks[i] = segmentation.square_nearest(mask, size)
+    masks[i] = augment.square_nearest(mask, size)
   return images, masks

@@ -6,7 +6,9 @@ Geometric ops: :func:`random_crop` (a window of the zero-padded image),
 continuous boxes in pixel-edge coordinates. It serves every crop: random-resized
 crops (boxes of :func:`sample_boxes`), central crops (:func:`center_boxes`)
 and whole images (resizing); :func:`random_resized_crops` and
-:func:`center_crops` apply it to a list of images.
+:func:`center_crops` apply it to a list of images. :func:`square_nearest`
+resizes a segmentation mask as :func:`center_crops` resizes its image
+(nearest neighbour at the same pixel centres).
 
 Photometric ops (:func:`adjust_brightness`, :func:`adjust_contrast`,
 :func:`adjust_saturation`, :func:`shift_hue`, :func:`grey`, :func:`blur`,
@@ -238,6 +240,22 @@ def center_crops(images, size: int, fraction: float, *, fixed_size: bool) -> np.
   boxes = center_boxes(heights, widths, fraction)
   flips = np.zeros(heights.shape, bool)
   return _channels_last(crop_batch(images, boxes, flips, size, fixed_size=fixed_size))
+
+
+def square_nearest(mask: np.ndarray, size: int) -> np.ndarray:
+  """The central square of ``mask [h, w]`` resized to ``[size, size]``, nearest
+  neighbour, sampled at the pixel centres of the bilinear image resize
+  (:func:`center_crops`): output pixel ``i`` reads input
+  ``floor(top + (i + 0.5) * side / size)``."""
+  mask = np.asarray(mask)
+  h, w = mask.shape
+  if (h, w) == (size, size):
+    return mask
+  top, left, side, _ = center_boxes(h, w, 1.0)
+  centres = (np.arange(size) + 0.5) * side / size
+  rows = np.clip(np.floor(top + centres).astype(np.int64), 0, h - 1)
+  cols = np.clip(np.floor(left + centres).astype(np.int64), 0, w - 1)
+  return mask[rows][:, cols]
 
 
 # --------------------------------------------------------------------------

@@ -1,7 +1,9 @@
 """The one user-facing exception of :mod:`laplax.data`."""
 
+from laplax.errors import UserError
 
-class DataError(ValueError):
+
+class DataError(UserError, ValueError):
   """A user-facing data problem; the message is one line: what is wrong and the fix."""
 
 

@@ -13,7 +13,8 @@ The source (``data.source_dir``) is a directory of parquet files with a
 ``text`` column, FineWeb-Edu's shards as nanochat publishes them
 (``shard_00000.parquet``, ...). The files are sorted by name; the last is
 the validation split, the others the train split (Karpathy's nanochat,
-``nanochat/dataset.py`` and ``nanochat/dataloader.py``, first release).
+``nanochat/dataset.py`` and ``nanochat/dataloader.py``, first release);
+:mod:`laplax.data.fineweb_shards` lists and reads them.
 
 The packing, per stream (one stream per nanochat rank): the stream reads the
 row groups ``s, s + W, s + 2W, ...`` of each file in order (``W`` =
@@ -58,14 +59,12 @@ import numpy as np
 from ml_collections import config_dict
 
 from laplax.data.errors import DataError
+from laplax.data.fineweb_shards import (DEFAULT_SOURCE_DIR, iter_documents, list_shards,
+                                        read_row_group, row_group_counts)
 from laplax.data.nanochat_tokenizer import NanochatTokenizer, training_texts
 from laplax.data.tokenizers import load_tokenizer, tokenizer_kind, tokenizer_path
-from laplax.utils import first_line
 
 DATASET_NAME = "fineweb_edu"
-DEFAULT_SOURCE_DIR = os.path.join(os.environ.get("LAPLAX_DATA", "~/.cache/laplax"),
-                                  "fineweb_edu")
-TEXT_COLUMN = "text"
 
 
 def default_config() -> ml_collections.ConfigDict:
@@ -101,67 +100,7 @@ def default_config() -> ml_collections.ConfigDict:
 
 
 # --------------------------------------------------------------------------
-# The shards.
-
-
-def list_shards(source_dir: str) -> list[str]:
-  """The ``*.parquet`` files of ``source_dir``, sorted by name (train, then validation last).
-
-  Raises:
-    DataError: the directory is missing or holds fewer than two parquet files.
-  """
-  directory = os.path.expanduser(source_dir or DEFAULT_SOURCE_DIR)
-  if not os.path.isdir(directory):
-    raise DataError(f"FineWeb-Edu directory {directory} does not exist; put the parquet "
-                    "shards there or set --config.data.source_dir=DIR.")
-  names = sorted(n for n in os.listdir(directory) if n.endswith(".parquet"))
-  if len(names) < 2:
-    raise DataError(f"FineWeb-Edu directory {directory} has {len(names)} parquet file(s); it "
-                    "needs at least two (the last one is the validation split).")
-  return [os.path.join(directory, n) for n in names]
-
-
-def _parquet_file(path: str):
-  import pyarrow.parquet as pq  # pylint: disable=import-outside-toplevel
-  try:
-    pf = pq.ParquetFile(path)
-    if TEXT_COLUMN not in pf.schema_arrow.names:
-      raise ValueError(f"no {TEXT_COLUMN!r} column (columns: {pf.schema_arrow.names})")
-    return pf
-  except Exception as e:  # pyarrow raises ArrowInvalid, OSError, ...
-    raise DataError(f"Cannot read the parquet shard {path} ({first_line(e)}); replace or "
-                    "remove it.") from None
-
-
-def row_group_counts(paths: Sequence[str]) -> list[int]:
-  """Row groups in each file (from the parquet footers).
-
-  Raises:
-    DataError: a file is not parquet or has no ``text`` column.
-  """
-  return [_parquet_file(p).metadata.num_row_groups for p in paths]
-
-
-def read_row_group(path: str, index: int) -> list[str]:
-  """The ``text`` values of row group ``index`` of ``path``.
-
-  Raises:
-    DataError: unreadable file.
-  """
-  try:
-    return _parquet_file(path).read_row_group(index, columns=[TEXT_COLUMN]) \
-      .column(TEXT_COLUMN).to_pylist()
-  except DataError:
-    raise
-  except Exception as e:  # pyarrow: ArrowInvalid, OSError
-    raise DataError(f"Cannot read row group {index} of {path} ({first_line(e)}).") from None
-
-
-def iter_documents(paths: Sequence[str]) -> Iterator[str]:
-  """Every document of ``paths``, file by file, row group by row group."""
-  for path, count in zip(paths, row_group_counts(paths)):
-    for index in range(count):
-      yield from read_row_group(path, index)
+# The shards (listed and read by laplax.data.fineweb_shards).
 
 
 def stream_row_groups(paths: Sequence[str], counts: Sequence[int], stream: int,

@@ -332,7 +332,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   import argparse  # pylint: disable=import-outside-toplevel
   import sys  # pylint: disable=import-outside-toplevel
 
-  from laplax.data import fineweb  # pylint: disable=import-outside-toplevel
+  from laplax.data import fineweb_shards  # pylint: disable=import-outside-toplevel
 
   parser = argparse.ArgumentParser(prog="python -m laplax.data.nanochat_tokenizer",
                                    description=main.__doc__.split("\n\n")[1])
@@ -343,8 +343,9 @@ def main(argv: Sequence[str] | None = None) -> int:
   parser.add_argument("--doc_cap", type=int, default=10_000)
   args = parser.parse_args(argv)
   try:
-    shards = fineweb.list_shards(args.source_dir)
-    texts = training_texts(fineweb.iter_documents(shards[:-1]), args.max_chars, args.doc_cap)
+    shards = fineweb_shards.list_shards(args.source_dir)
+    texts = training_texts(fineweb_shards.iter_documents(shards[:-1]), args.max_chars,
+                           args.doc_cap)
     tokenizer = NanochatTokenizer.train(texts, args.vocab_size)
     tokenizer.save(os.path.join(args.out, TOKENIZER_FILE))
     tokenizer.save_nanochat(args.out)

@@ -149,22 +149,6 @@ def _normalised(raw: list[np.ndarray], data_config, image_size: int,
   return _square(raw, image_size) * scale - offset
 
 
-def square_nearest(mask: np.ndarray, size: int) -> np.ndarray:
-  """The central square of ``mask [h, w]`` resized to ``[size, size]``, nearest
-  neighbour, sampled at the pixel centres of the bilinear image resize
-  (``augment.center_crops``): output pixel ``i`` reads input
-  ``floor(top + (i + 0.5) * side / size)``."""
-  mask = np.asarray(mask)
-  h, w = mask.shape
-  if (h, w) == (size, size):
-    return mask
-  top, left, side, _ = augment.center_boxes(h, w, 1.0)
-  centres = (np.arange(size) + 0.5) * side / size
-  rows = np.clip(np.floor(top + centres).astype(np.int64), 0, h - 1)
-  cols = np.clip(np.floor(left + centres).astype(np.int64), 0, w - 1)
-  return mask[rows][:, cols]
-
-
 def _own_split(data_config, split: str, num: int):
   """The first ``num`` (uint8 images, int32 masks) of ``split`` of the run's dataset."""
   source = images._open(data_config, split)  # pylint: disable=protected-access
@@ -214,7 +198,7 @@ def read_scene_parse150(data_dir: str, split: str, num_images: int, image_size: 
   Returns:
     ``(images, masks)``: uint8 ``[N, S, S, 3]`` (the central square of each
     image, bilinear, rounded) and int32 ``[N, S, S]`` (:func:`scene_parse150_mask`
-    of the annotation, :func:`square_nearest`).
+    of the annotation, :func:`~laplax.data.augment.square_nearest`).
 
   Raises:
     DataError: not prepared in ``data_dir``, unreadable, or no image decoder.
@@ -227,7 +211,7 @@ def read_scene_parse150(data_dir: str, split: str, num_images: int, image_size: 
     return (np.zeros((0, image_size, image_size, 3), np.uint8),
             np.zeros((0, image_size, image_size), np.int32))
   pictures = _square([np.asarray(e["image"]) for e in examples], image_size)
-  masks = np.stack([square_nearest(scene_parse150_mask(e["annotation"]), image_size)
+  masks = np.stack([augment.square_nearest(scene_parse150_mask(e["annotation"]), image_size)
                     for e in examples])
   return np.clip(np.rint(pictures), 0, 255).astype(np.uint8), masks
 
@@ -286,7 +270,7 @@ def load(data_config: ml_collections.ConfigDict, source: str, *, num_train: int,
     raise DataError(f"{name} gave {len(train_raw)} train and {len(test_raw)} test images "
                     f"for the segmentation probe; it needs at least 2 and 1")
   def masks(m):
-    return np.stack([square_nearest(x, image_size) for x in m]).astype(np.int32)
+    return np.stack([augment.square_nearest(x, image_size) for x in m]).astype(np.int32)
   return SegmentationData(
       train_images=_normalised(train_raw, data_config, image_size, channels),
       train_masks=masks(train_masks),

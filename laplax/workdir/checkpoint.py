@@ -22,12 +22,12 @@ import sys
 import time
 from typing import Any, Iterator
 
-import flax
 import jax
 import orbax.checkpoint as ocp
 
 from laplax.train.state import TrainState
 from laplax.workdir import integrity, saving
+from laplax.errors import UserError
 
 
 # Orbax writes step N into "N.orbax-checkpoint-tmp..." and renames it when complete.
@@ -100,7 +100,7 @@ def _retry_vanished(fn, attempts: int = 5):
   return None
 
 
-class CheckpointError(ValueError):
+class CheckpointError(UserError, ValueError):
   """No checkpoint of a run can be read; the message is one line."""
 
 

@@ -28,13 +28,14 @@ import os
 import zlib
 
 from laplax import utils
+from laplax.errors import UserError
 
 MANIFEST = "laplax_checksums.json"
 ALGORITHM = "crc32"
 _CHUNK = 1 << 22  # 4 MiB reads
 
 
-class ChecksumError(ValueError):
+class ChecksumError(UserError, ValueError):
   """A file of a checkpoint does not match its manifest; the message names it."""
 
 

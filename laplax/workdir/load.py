@@ -33,11 +33,12 @@ import ml_collections
 from laplax.workdir import checkpoint as ckpt_lib
 from laplax.train.state import TrainState
 from laplax.config import validation as config_lib
+from laplax.errors import UserError
 from laplax.train import loop, optim
 from laplax.workdir.files import CHECKPOINT_DIR, CONFIG_FILE, load_saved_config
 
 
-class LoadError(ValueError):
+class LoadError(UserError, ValueError):
   """A workdir that cannot be loaded; the message is one line with the fix."""
 
 

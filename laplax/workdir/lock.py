@@ -34,11 +34,12 @@ import uuid
 from typing import Iterator
 
 from laplax.workdir import saving
+from laplax.errors import UserError
 
 LOCK_FILE = "train.lock"
 
 
-class LockError(ValueError):
+class LockError(UserError, ValueError):
   """The workdir is locked by another run; the message is one line with the fix."""
 
 

@@ -22,10 +22,12 @@ import re
 import shutil
 from typing import Callable, Iterator
 
+from laplax.errors import UserError
+
 _OS_ERROR_CODE = re.compile(r"os_error_code='?(\d+)")
 
 
-class SaveError(RuntimeError):
+class SaveError(UserError, RuntimeError):
   """A file of a run could not be written; the message is one line."""
 
 

@@ -18,6 +18,7 @@ import numpy as np
 import tensorflow_datasets as tfds
 
 from laplax.data.builders.base import OwnCodePath
+from laplax.errors import UserError
 
 DEFAULT_SOURCE_DIR = "/usr/share/datasets/fashion-mnist"
 INSTALL_COMMAND = "sudo apt-get install -y dataset-fashion-mnist"
@@ -31,7 +32,7 @@ _FILE_PREFIX = {"train": "train", "test": "t10k"}
 _IMAGES_MAGIC, _LABELS_MAGIC = 2051, 2049  # 0x00000803 (uint8, 3 dims), 0x00000801
 
 
-class IdxFormatError(ValueError):
+class IdxFormatError(UserError, ValueError):
   """An IDX source file is malformed; ``path`` names the offending file."""
 
   def __init__(self, path: str, problem: str):

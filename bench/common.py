@@ -1,0 +1,133 @@
+"""What the benchmark scripts share: a config file and its ``--set``
+overrides, the task built from shapes alone, the analytic FLOPs count, and
+the one-line error exit.
+
+``bench/step_time.py``, ``bench/compile_report.py`` (and its
+``segmentation_compile.py``), ``bench/peer_torch.py`` and the smaller
+scripts import these from here, so no benchmark script imports another one
+for them. This module imports neither JAX nor laplax when it is loaded:
+``bench/compile_report.py`` sets ``XLA_FLAGS`` (its fake CPU devices) before
+JAX starts, and imports this module first.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import os
+import sys
+
+
+#: Bytes in a GiB (2**30), the unit of :func:`size`.
+GIB = 2.0**30
+
+
+def fail(message: str) -> None:
+  """Prints ``error: MESSAGE`` (one line) on stderr and exits with code 2."""
+  print(f"error: {message}", file=sys.stderr)
+  sys.exit(2)
+
+
+def size(num_bytes: float) -> str:
+  """``num_bytes`` in GiB, or in MiB below 1 GiB (``"1.50 GiB"``, ``"12.0 MiB"``)."""
+  return (f"{num_bytes / GIB:.2f} GiB" if num_bytes >= GIB
+          else f"{num_bytes / 2.0**20:.1f} MiB")
+
+
+def load_config(spec: str):
+  """The ``ml_collections.ConfigDict`` of ``spec``, ``FILE.py`` or
+  ``FILE.py:ARG`` (``get_config(ARG)``, as ``train.py --config`` reads it).
+
+  A missing file or one whose ``get_config`` raises is one ``error:`` line
+  and exit 2 (:func:`fail`).
+  """
+  path, _, arg = spec.partition(":")
+  if not os.path.exists(path):
+    fail(f"config file {path} does not exist")
+  module_spec = importlib.util.spec_from_file_location("bench_config", path)
+  module = importlib.util.module_from_spec(module_spec)
+  try:
+    module_spec.loader.exec_module(module)
+    return module.get_config(arg) if arg else module.get_config()
+  except Exception as e:  # pylint: disable=broad-except
+    fail(f"config {spec}: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
+  return None
+
+
+def apply_override(config, item: str) -> None:
+  """Sets one ``--set KEY=VALUE`` in ``config``: ``KEY`` a dotted key the
+  config has, ``VALUE`` a Python literal (else the string as written).
+
+  An item without ``=``, an unknown key or a value of the wrong type is one
+  ``error:`` line and exit 2 (:func:`fail`).
+  """
+  key, sep, raw = item.partition("=")
+  if not sep:
+    fail(f"--set {item!r} must be KEY=VALUE, e.g. model.remat=full")
+  node = config
+  parts = key.split(".")
+  for part in parts[:-1]:
+    if part not in node:
+      fail(f"--set {key}: unknown key {part!r}")
+    node = node[part]
+  if parts[-1] not in node:
+    fail(f"--set {key}: unknown key {parts[-1]!r}")
+  try:
+    value = ast.literal_eval(raw)
+  except (ValueError, SyntaxError):
+    value = raw
+  try:
+    node[parts[-1]] = value
+  except (TypeError, ValueError) as e:
+    fail(f"--set {item}: {str(e).splitlines()[0]}")
+
+
+def make_task(config, image_shape, num_classes):
+  """``config``'s task built from shapes alone, no dataset opened
+  (:meth:`laplax.tasks.base.TaskBase.from_shapes`): a language model gets the
+  byte vocabulary or ``data.vocab_size`` for BPE (``image_shape`` and
+  ``num_classes`` unused), an image task images of ``image_shape`` (H, W, C)
+  and ``num_classes`` classes."""
+  from laplax import tasks  # pylint: disable=import-outside-toplevel
+  return tasks.TASKS[config.task].from_shapes(config, image_shape=image_shape,
+                                              num_classes=num_classes)
+
+
+def analytic_flops(config, task, params, remat: bool) -> tuple[float, float]:
+  """(matmul-parameter count, analytic train FLOPs per step) of the config:
+
+      6 x (matmul parameters) x tokens + 12 x depth x length x width x tokens
+
+  (forward and backward of every weight matmul plus the ``Q K^T`` and ``P V``
+  products, causal attention counted in full; with ``remat`` another forward
+  is added: 8 and 16). Matmul parameters are every kernel (weights with 2 or
+  more dimensions) except position embeddings and an untied token embedding
+  table, which are read, not multiplied (a tied table is the output
+  projection and counts). A classification head sees one token per image,
+  so its FLOPs are counted per image. ``params`` may be arrays or
+  ``jax.ShapeDtypeStruct``.
+  """
+  import jax  # pylint: disable=import-outside-toplevel
+  m = config.model
+  per_token, per_example = 0, 0
+  for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
+    name = "/".join(str(getattr(k, "key", k)) for k in path)
+    if leaf.ndim < 2 or name.startswith(("pos_embedding", "cls")):
+      continue
+    if name.startswith("token_embedding") and not m.get("tie_embeddings", False):
+      continue  # an untied input table is a lookup, not a matmul
+    if name.startswith("head/"):
+      per_example += leaf.size
+    else:
+      per_token += leaf.size
+  from laplax import tasks  # pylint: disable=import-outside-toplevel
+  if tasks.is_language_model(config):
+    length = m.max_length
+  else:
+    length = (task.image_shape[0] // m.patch_size) ** 2 + (1 if m.pool == "tok" else 0)
+  batch = config.batch_size
+  tokens = batch * length
+  w, a = (8, 16) if remat else (6, 12)
+  flops = (w * per_token * tokens + w * per_example * batch
+           + a * m.depth * length * m.width * tokens)
+  return per_token + per_example, float(flops)
