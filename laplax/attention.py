@@ -314,8 +314,8 @@ def rms_norm(x: jax.Array, eps: float | None = None) -> jax.Array:
   return y * jax.lax.rsqrt(jnp.mean(jnp.square(y), axis=-1, keepdims=True) + eps)
 
 
-def _check_settings(self, model_dim: int) -> None:
-  """The settings of :class:`MultiHeadAttention` ``self`` that a model spec
+def _check_settings(mha: "MultiHeadAttention", model_dim: int) -> None:
+  """The settings of :class:`MultiHeadAttention` ``mha`` that a model spec
   would refuse, checked for direct use (a plain function: Flax wraps methods).
 
   Raises:
@@ -323,54 +323,54 @@ def _check_settings(self, model_dim: int) -> None:
       conditioning on) not distinct letters of ``"qkv"``, an unknown ``qk_norm_type``, or ``rope`` with an odd
       head dimension; the message names the setting and the fix.
   """
-  if self.num_heads < 1:
-    raise ValueError(f"num_heads={self.num_heads!r} must be an integer >= 1")
-  targets = self.spectral_targets
-  if self.spectral_lam and (not targets or len(set(targets)) != len(targets)
+  if mha.num_heads < 1:
+    raise ValueError(f"num_heads={mha.num_heads!r} must be an integer >= 1")
+  targets = mha.spectral_targets
+  if mha.spectral_lam and (not targets or len(set(targets)) != len(targets)
       or any(t not in spectral.TARGETS for t in targets)):
     raise ValueError(f"spectral_targets={targets!r} must be distinct letters of "
                      f"{spectral.TARGETS!r}, e.g. 'qkv' or 'qk'")
-  if self.qk_norm and self.qk_norm_type not in QK_NORM_TYPES:
-    raise ValueError(f"qk_norm_type={self.qk_norm_type!r} is unknown; use one of "
+  if mha.qk_norm and mha.qk_norm_type not in QK_NORM_TYPES:
+    raise ValueError(f"qk_norm_type={mha.qk_norm_type!r} is unknown; use one of "
                      f"{', '.join(QK_NORM_TYPES)}")
-  head_dim = self.head_dim or model_dim // self.num_heads
-  if self.rope and head_dim % 2:
+  head_dim = mha.head_dim or model_dim // mha.num_heads
+  if mha.rope and head_dim % 2:
     raise ValueError(f"rope needs an even head dimension, got {head_dim} "
-                     f"(model dim {model_dim}, num_heads {self.num_heads}); "
+                     f"(model dim {model_dim}, num_heads {mha.num_heads}); "
                      f"set head_dim or num_heads so that it is even")
 
 
-def _project_qkv(self, x: jax.Array, head_dim: int, dtype: Any):
+def _project_qkv(mha: "MultiHeadAttention", x: jax.Array, head_dim: int, dtype: Any):
   """q, k, v ``[batch, length, num_heads, head_dim]`` of :class:`MultiHeadAttention`
-  ``self`` (a plain function called from its compact ``__call__``, so the
+  ``mha`` (a plain function called from its compact ``__call__``, so the
   three ``ProjectionDense`` are its submodules ``query``, ``key``, ``value``)."""
   model_dim = x.shape[-1]
   def projection(name, target):
-    lam = self.spectral_lam if target in self.spectral_targets else None
+    lam = mha.spectral_lam if target in mha.spectral_targets else None
     return ProjectionDense(
-        self.num_heads * head_dim, num_heads=self.num_heads,
-        use_bias=self.use_bias, spectral_lam=lam,
-        spectral_mode=self.spectral_mode, spectral_target=target, dtype=self.dtype,
-        kernel_init=self.kernel_init, name=name)
+        mha.num_heads * head_dim, num_heads=mha.num_heads,
+        use_bias=mha.use_bias, spectral_lam=lam,
+        spectral_mode=mha.spectral_mode, spectral_target=target, dtype=mha.dtype,
+        kernel_init=mha.kernel_init, name=name)
   def heads(y):
-    y = y.reshape(*x.shape[:-1], self.num_heads, head_dim)
+    y = y.reshape(*x.shape[:-1], mha.num_heads, head_dim)
     return nn.with_logical_constraint(y, HEADS_AXES)
   names = (("query", "q"), ("key", "k"), ("value", "v"))
-  fuse = self.spectral_lam is None or jnp.dtype(dtype) == jnp.float32
-  if fuse and not self.is_mutable_collection("intermediates"):  # analysis: apart
+  fuse = mha.spectral_lam is None or jnp.dtype(dtype) == jnp.float32
+  if fuse and not mha.is_mutable_collection("intermediates"):  # analysis: apart
     # One matmul for q, k and v: the three kernels stacked [in, 3, features]
     # (a new axis, so a "heads"-sharded kernel stays sharded), the same
     # parameters and products as three ProjectionDense calls (in float32 a
     # corrected one multiplies by W + C, spectral.project's float32 form).
     weights = [projection(n, t).weights(model_dim) for n, t in names]
     with jax.named_scope("qkv"):  # the ops' name in profiles (bench/profile_step.py)
-      kernels = [spectral.conditioned(w, lam=self.spectral_lam, mode=self.spectral_mode,
-                                      num_heads=self.num_heads, target=t)
-                 if self.spectral_lam is not None and t in self.spectral_targets else w
+      kernels = [spectral.conditioned(w, lam=mha.spectral_lam, mode=mha.spectral_mode,
+                                      num_heads=mha.num_heads, target=t)
+                 if mha.spectral_lam is not None and t in mha.spectral_targets else w
                  for (w, _), (_, t) in zip(weights, names)]
       kernel = jnp.stack(kernels, axis=1).astype(dtype)
       y = jnp.einsum("...i,itf->...tf", x.astype(dtype), kernel)
-      if self.use_bias:
+      if mha.use_bias:
         y = y + jnp.stack([b for _, b in weights]).astype(dtype)
       q, k, v = (heads(y[..., i, :]) for i in range(3))
   else:

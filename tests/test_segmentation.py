@@ -14,6 +14,7 @@ import pytest
 import tensorflow_datasets as tfds
 
 from laplax.analysis import segmentation as seg
+from laplax.data import canvases as canvas_lib
 from laplax.data import images, segmentation as seg_data
 from laplax.data.builders import fashion_mnist_idx as fmnist
 
@@ -74,26 +75,26 @@ def test_fashion_canvases_labels_and_determinism():
   images = rng.integers(0, 256, size=(20, 28, 28)).astype(np.uint8)
   images[images < 128] = 0  # a background the threshold removes
   labels = rng.integers(0, 10, size=20)
-  a = seg.fashion_canvases(images, labels, 6, canvas_size=56, seed=3)
-  b = seg.fashion_canvases(images, labels, 6, canvas_size=56, seed=3)
-  c = seg.fashion_canvases(images, labels, 6, canvas_size=56, seed=4)
+  a = canvas_lib.fashion_canvases(images, labels, 6, canvas_size=56, seed=3)
+  b = canvas_lib.fashion_canvases(images, labels, 6, canvas_size=56, seed=3)
+  c = canvas_lib.fashion_canvases(images, labels, 6, canvas_size=56, seed=4)
   np.testing.assert_array_equal(a[0], b[0])
   np.testing.assert_array_equal(a[1], b[1])
   assert not np.array_equal(a[1], c[1])
   canvases, masks = a
   assert canvases.shape == (6, 56, 56, 1) and canvases.dtype == np.uint8
   assert masks.shape == (6, 56, 56) and 0 <= masks.min() and masks.max() <= 10
-  np.testing.assert_array_equal(masks > 0, canvases[..., 0] > seg.GARMENT_THRESHOLD)
+  np.testing.assert_array_equal(masks > 0, canvases[..., 0] > canvas_lib.GARMENT_THRESHOLD)
   # One garment per canvas: the canvas is that garment at some offset.
-  one, one_mask = seg.fashion_canvases(images, labels, 4, min_items=1, max_items=1, seed=5)
+  one, one_mask = canvas_lib.fashion_canvases(images, labels, 4, min_items=1, max_items=1, seed=5)
   for canvas, mask in zip(one[..., 0], one_mask):
     found = [(i, t, l) for i in range(20) for t in range(29) for l in range(29)
-             if np.array_equal(np.where(images[i] > seg.GARMENT_THRESHOLD, images[i], 0),
+             if np.array_equal(np.where(images[i] > canvas_lib.GARMENT_THRESHOLD, images[i], 0),
                                canvas[t:t + 28, l:l + 28]) and canvas.sum() == images[i][
-                                   images[i] > seg.GARMENT_THRESHOLD].sum()]
+                                   images[i] > canvas_lib.GARMENT_THRESHOLD].sum()]
     assert found, "the canvas is not one pasted garment"
     i, t, l = found[0]
-    on = images[i] > seg.GARMENT_THRESHOLD
+    on = images[i] > canvas_lib.GARMENT_THRESHOLD
     np.testing.assert_array_equal(mask[t:t + 28, l:l + 28], np.where(on, labels[i] + 1, 0))
     assert mask.sum() == on.sum() * (labels[i] + 1)
 
@@ -122,7 +123,7 @@ def test_fashion_mosaic_is_the_canvases_of_its_seeds(mosaic_data_dir):
     source = tfds.data_source("fashion_mosaic/small", split=split, data_dir=mosaic_data_dir)
     assert len(source) == {"test": 500, "train": 2000}[split]
     garments, classes = fmnist.read_split(FMNIST_SOURCE, split)
-    want_images, want_masks = seg.fashion_canvases(garments, classes, n, canvas_size=56,
+    want_images, want_masks = canvas_lib.fashion_canvases(garments, classes, n, canvas_size=56,
                                                    seed={"train": 0, "test": 1}[split])
     got = source.__getitems__(list(range(n)))
     np.testing.assert_array_equal(np.stack([e["image"] for e in got]), want_images)
@@ -156,7 +157,7 @@ def test_fashion_canvases_at_the_backbone_size(fmnist_data_dir):
                                ("test", 6, 1, d.test_images, d.test_masks)):
     garments, classes = fmnist.read_split(FMNIST_SOURCE, split)
     pool = seg_data.CANVAS_POOL * n
-    canvases, masks = seg.fashion_canvases(garments[:pool], classes[:pool], n,
+    canvases, masks = canvas_lib.fashion_canvases(garments[:pool], classes[:pool], n,
                                            canvas_size=56, seed=seed)
     np.testing.assert_array_equal(m, masks[:, 1::2, 1::2])
     halved = canvases.astype(np.float64).reshape(n, 28, 2, 28, 2, 1).mean((2, 4))

@@ -1,4 +1,4 @@
-"""Linear semantic segmentation on frozen patch features, and a Fashion-MNIST proxy task.
+"""Linear semantic segmentation on frozen patch features.
 
 The dense evaluation of self-supervised ViTs that the Laplacian-heads paper
 reports for DINO (ADE20K linear mIoU) follows DINOv2's "linear" protocol
@@ -17,12 +17,8 @@ union (mIoU).
   frozen statistics; AdamW, cosine decay, minibatches of images drawn with
   replacement; one compiled step per batch, which ``place`` may split over a
   device mesh; a progress bar).
-* :func:`fashion_canvases`: the offline proxy for a segmentation dataset:
-  canvases with 2-4 Fashion-MNIST garments pasted at random positions, each
-  pixel labelled with its garment's class + 1 (a later garment covers an
-  earlier one where its pixels are on) or 0, background (11 classes).
-  Deterministic under the seed. The TFDS dataset ``fashion_mosaic``
-  (:mod:`laplax.data.builders.fashion_mosaic`) stores such canvases.
+* the offline proxy for a segmentation dataset, Fashion-MNIST canvases, is
+  :func:`laplax.data.canvases.fashion_canvases`.
 * :func:`save_segmentation_figure`: test images, their true and predicted
   masks, as a PNG (``eval.py`` writes ``segmentation.png`` for DINO runs).
 """
@@ -38,9 +34,6 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-BACKGROUND = 0
-# Fashion-MNIST pixels at or below this (of 255) are background.
-GARMENT_THRESHOLD = 10
 
 
 def confusion(predicted, target, num_classes: int) -> np.ndarray:
@@ -259,53 +252,6 @@ def linear_segmentation_probe(train_patches, train_masks, test_patches, test_mas
   result["predictions"] = (np.concatenate(kept) if kept
                            else np.zeros((0,) + y_test.shape[1:], np.int32))
   return result
-
-
-def fashion_canvases(images, labels, num_canvases: int, *, canvas_size: int = 56,
-                     min_items: int = 2, max_items: int = 4, seed: int = 0):
-  """Canvases of pasted Fashion-MNIST garments with per-pixel labels.
-
-  Each canvas draws ``k`` in ``[min_items, max_items]`` garments (with
-  replacement) from ``images`` and pastes each at a uniformly random top-left
-  corner; a garment's pixels above :data:`GARMENT_THRESHOLD` overwrite the
-  canvas and take its label + 1, the rest stays background (0).
-
-  Args:
-    images: uint8 ``[N, 28, 28]`` (or ``[N, 28, 28, 1]``).
-    labels: int ``[N]`` in ``[0, 10)``.
-    num_canvases: how many to build.
-    canvas_size: side in pixels, ``>= 28``.
-    min_items, max_items: garments per canvas, ``1 <= min_items <= max_items``.
-    seed: everything random comes from ``numpy.random.default_rng(seed)``.
-
-  Returns:
-    ``(canvases uint8 [M, S, S, 1], masks int32 [M, S, S])`` with 11 classes
-    (0 background, ``c + 1`` garment class ``c``).
-
-  Raises:
-    ValueError: bad shapes or settings.
-  """
-  images = np.asarray(images)
-  if images.ndim == 4 and images.shape[-1] == 1:
-    images = images[..., 0]
-  labels = np.asarray(labels)
-  if images.ndim != 3 or labels.shape != images.shape[:1] or not len(images):
-    raise ValueError(f"images [N, h, w] and labels [N] do not fit: {images.shape}, "
-                     f"{labels.shape}")
-  h, w = images.shape[1:]
-  if canvas_size < max(h, w) or not 1 <= min_items <= max_items or num_canvases < 0:
-    raise ValueError(f"need canvas_size >= {max(h, w)} and 1 <= min_items <= max_items; got "
-                     f"{canvas_size}, {min_items}, {max_items}")
-  rng = np.random.default_rng(seed)
-  canvases = np.zeros((num_canvases, canvas_size, canvas_size), np.uint8)
-  masks = np.full((num_canvases, canvas_size, canvas_size), BACKGROUND, np.int32)
-  for m in range(num_canvases):
-    for i in rng.integers(0, len(images), size=rng.integers(min_items, max_items + 1)):
-      top, left = rng.integers(0, canvas_size - h + 1), rng.integers(0, canvas_size - w + 1)
-      on = images[i] > GARMENT_THRESHOLD
-      canvases[m, top:top + h, left:left + w][on] = images[i][on]
-      masks[m, top:top + h, left:left + w][on] = int(labels[i]) + 1
-  return canvases[..., None], masks
 
 
 def save_segmentation_figure(path, images, masks, predictions, num_classes: int, *,

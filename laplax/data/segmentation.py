@@ -13,7 +13,7 @@ centres. The data comes from one of four sources
   ``data.train_split`` and ``data.eval_split``; mask values are classes
   (0 background), ``label.num_classes + 1`` of them.
 * ``fashion_canvases``, for a run on Fashion-MNIST: canvases of 2-4 garments
-  (:func:`laplax.analysis.segmentation.fashion_canvases`, seeds
+  (:func:`laplax.data.canvases.fashion_canvases`, seeds
   ``fashion_mosaic.SEEDS``) whose garments come from the first
   ``CANVAS_POOL * n`` images of the run's own ``data.train_split`` /
   ``data.eval_split``; 11 classes. The canvases are built at 56 px, twice the
@@ -159,12 +159,12 @@ def _own_split(data_config, split: str, num: int):
 
 def _canvas_split(data_config, split: str, num: int, seed: int):
   """``num`` canvases (uint8 ``[56, 56, 1]`` list, int32 masks) from ``split``'s garments."""
-  from laplax.analysis import segmentation  # pylint: disable=import-outside-toplevel
+  from laplax.data import canvases as canvas_lib  # pylint: disable=import-outside-toplevel
   source = images._open(data_config, split)  # pylint: disable=protected-access
   pool = source.__getitems__(list(range(min(len(source), CANVAS_POOL * max(num, 1)))))
   garments = np.stack([np.asarray(e["image"]) for e in pool])
   labels = np.array([e["label"] for e in pool])
-  canvases, masks = segmentation.fashion_canvases(
+  canvases, masks = canvas_lib.fashion_canvases(
       garments, labels, num, canvas_size=fashion_mosaic.CANVAS_SIZE, seed=seed)
   return list(canvases), masks
 

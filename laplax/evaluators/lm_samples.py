@@ -86,27 +86,18 @@ def score_choices(model: Any, params: Any, tokenizer: Any, items: list[dict]) ->
           "predictions": predictions}
 
 
-def validation_samples(task: Any, state: Any) -> dict[str, str]:
-  """``LanguageModelTask.text_samples``: ``{"sample": text}`` at an
-  evaluation of ``train.py``, the text being the first ``eval.sample_prompt_tokens`` tokens of the validation
-  text (at most half the context), then ``eval.sample_tokens`` tokens decoded
-  greedily with the KV cache (:func:`laplax.models.sampling.generate`,
-  temperature 0). The same prompt at every evaluation, so a run's samples
-  show its text change. ``{}`` when ``eval.sample_tokens`` is 0 or the config
-  has no ``eval`` (a run saved before the keys existed).
+def greedy_sample(model: nn.Module, params: Any, tokenizer: Any, prompt: np.ndarray,
+                  num_tokens: int) -> str:
+  """The text of ``prompt`` (int32 ``[k]`` token ids) and of ``num_tokens``
+  tokens decoded greedily after it with the KV cache
+  (:func:`laplax.models.sampling.generate`, temperature 0).
 
   In training every device of the mesh computes the whole sample: the
   parameters are replicated first (:func:`laplax.sharding.replicated`, a
   collective: every process calls this), and no logical axis rules apply (a
   batch of one is not split).
   """
-  e = task.config.get("eval", None)
-  num = int(e.get("sample_tokens", 0) or 0) if e is not None else 0
-  if num <= 0:
-    return {}
-  k = max(1, min(int(e.get("sample_prompt_tokens", 16)), task.seq_len // 2))
-  prompt = next(iter(task.eval_batches()))["tokens"][0, :k]
-  params = sharding.replicated(state.params)
+  params = sharding.replicated(params)
   with nn.logical_axis_rules(()):
-    out = sampling.generate(task.model, params, prompt, max_new_tokens=num, temperature=0.0)
-  return {"sample": task.tokenizer.decode(prompt) + task.tokenizer.decode(out)}
+    out = sampling.generate(model, params, prompt, max_new_tokens=num_tokens, temperature=0.0)
+  return tokenizer.decode(prompt) + tokenizer.decode(out)

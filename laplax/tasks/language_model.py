@@ -52,7 +52,6 @@ class LanguageModelTask(TaskBase):
       known.update(utils.flatten_dotted({"data": fineweb.default_config().to_dict()},
                                         keep_empty=True))
     return known
-  text_samples = lm_eval.validation_samples  # the sample at each evaluation
 
   def __init__(self, config: ml_collections.ConfigDict, tokenizer: Any):
     self.config = config
@@ -84,6 +83,23 @@ class LanguageModelTask(TaskBase):
     """
     from laplax.data import lm_input  # pylint: disable=import-outside-toplevel
     return cls(config, lm_input.prepare(config, workdir))
+
+  def text_samples(self, state: Any) -> dict[str, str]:
+    """``{"sample": text}`` at an evaluation of ``train.py``: the first
+    ``eval.sample_prompt_tokens`` tokens of the validation text (at most half
+    the context), then ``eval.sample_tokens`` tokens decoded greedily
+    (:func:`laplax.evaluators.lm_samples.greedy_sample`). The same prompt at
+    every evaluation, so a run's samples show its text change. ``{}`` when
+    ``eval.sample_tokens`` is 0 or the config has no ``eval`` (a run saved
+    before the keys existed)."""
+    e = self.config.get("eval", None)
+    num = int(e.get("sample_tokens", 0) or 0) if e is not None else 0
+    if num <= 0:
+      return {}
+    k = max(1, min(int(e.get("sample_prompt_tokens", 16)), self.seq_len // 2))
+    prompt = next(iter(self.eval_batches()))["tokens"][0, :k]
+    return {"sample": lm_eval.greedy_sample(self.model, state.params, self.tokenizer,
+                                            prompt, num)}
 
   def tokens_per_example(self) -> int:
     """The context, ``model.max_length``."""

@@ -45,7 +45,7 @@ from laplax.tasks.base import Task
 from laplax.workdir.saving import SaveError
 from laplax.train.timing import LogInterval
 from laplax.workdir.files import (CHECKPOINT_DIR, MetricWriter, check_wandb, check_workdir,
-                                  existing_ancestor, write_config)
+                                  eval_line, existing_ancestor, write_config)
 
 
 class NonFiniteError(UserError, RuntimeError):
@@ -578,7 +578,10 @@ def _train(config: ml_collections.ConfigDict, workdir: str, task: Task,
         checkpointer.save(state, train_iter.get_state())
       if step % config.eval_every == 0 or last:
         summary = task.evaluate(state, place)
-        writer.write_eval(step, summary, task.text_samples(state), say)
+        samples = task.text_samples(state)  # a collective: every process
+        writer.write(step, "eval", summary)
+        writer.write_texts(step, samples)
+        say(eval_line(step, summary))
       if stopping:
         checkpointer.wait()
         bar.close()

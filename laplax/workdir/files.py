@@ -198,14 +198,6 @@ class MetricWriter:
       self.tb.file_writer.add_summary(session_start, step)
       self.tb.flush()
 
-  def write_eval(self, step: int, summary: dict, samples, say) -> None:
-    """Writes the ``eval`` record ``summary`` and the text ``samples`` (see
-    :meth:`write_texts`) at ``step``, and prints the results with ``say``."""
-    self.write(step, "eval", summary)
-    self.write_texts(step, samples)
-    say(f"step {step}: " + ", ".join(f"{k}={v:.4f}" if isinstance(v, float)
-                                      else f"{k}={v}" for k, v in summary.items()))
-
   def write_texts(self, step: int, texts: dict[str, str]) -> None:
     """Texts (a GPT sample), ``{tag: text}``: a ``{"step", "split": tag,
     "text"}`` record each, TensorBoard text ``tag`` (a Markdown code block)
@@ -449,3 +441,10 @@ def existing_ancestor(path: str) -> str:
   while not os.path.exists(path):
     path = os.path.dirname(path)
   return path
+
+
+def eval_line(step: int, summary: dict) -> str:
+  """The line ``train.py`` prints for an evaluation: ``step N: key=value, ...``
+  (floats to 4 decimals)."""
+  return f"step {step}: " + ", ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}"
+                                      for k, v in summary.items())
