@@ -228,11 +228,32 @@ def read_workdir(workdir: str):
   return config, spec, from_layout(params, spec), step
 
 
-# The options a conversion resets to the source's model (plain attention,
-# float32 compute, so the logits are the source's) unless the command line
-# sets them.
-SOURCE_OPTIONS = {"num_laplacian_heads": 0, "laplacian_mask": None,
-                  "laplacian_mix": "fixed", "spectral.enabled": False, "dtype": "float32"}
+#: The ``config.model`` options a conversion from another framework resets to
+#: the source's model (plain attention, float32 compute, so the logits are the
+#: source's) unless the command line sets them: the spec fields whose metadata
+#: marks them ``source`` (:func:`laplax.models.spec.source_options`).
+SOURCE_OPTIONS = {k: v for name in spec_lib.FAMILIES
+                  for k, v in spec_lib.source_options(name).items()}
+
+
+def refuse_unsupported(spec: spec_lib.TransformerSpec, target: str, name: str, fix: str, *,
+                       skip_source: bool = False) -> None:
+  """Refuses the first option of ``spec`` that converter ``target`` cannot
+  express, as the fields' metadata declares it
+  (:func:`laplax.models.spec.unsupported`: an option a field does not
+  declare for ``target`` is refused unless at its default, so a new spec
+  field fails closed). ``name`` is the target as the message names it,
+  ``fix`` ends the line; ``skip_source`` (``--from``) leaves the options
+  the command line may add (:data:`SOURCE_OPTIONS`) to the caller.
+
+  Raises:
+    ConvertError: ``model.KEY=VALUE: NAME has no equivalent (it has ...); FIX``.
+  """
+  refused = spec_lib.unsupported(spec, target, skip_source=skip_source)
+  if refused:
+    key, shown, supported = refused[0]
+    raise ConvertError(f"model.{key}={shown}: {name} has no equivalent (it has "
+                       f"{supported}); {fix}")
 
 
 def plain_attention(config: ml_collections.ConfigDict, given: list[str]) -> None:
