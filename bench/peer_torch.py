@@ -30,8 +30,8 @@ LayerScale, dropout, drop-path, RMSNorm, the learned Laplacian mix, Mixup,
 bfloat16, ...) raises ``ValueError`` in :func:`check_supported` rather than
 timing a different model; the model settings it implements are declared
 by the spec's fields (``convert`` metadata, target ``"peer"``, in
-:mod:`laplax.models.spec`), so a new field is refused until it declares the peer. :func:`make_optimizer` is AdamW with the config's
-betas, weight decay on the parameters laplax decays
+:mod:`laplax.models.support`), so a new field is refused until it declares
+the peer. :func:`make_optimizer` is AdamW with the config's betas, weight decay on the parameters laplax decays
 (:func:`laplax.train.optim.decay_mask` of the mapped laplax names) at the
 config's peak learning rate (constant: the schedule costs nothing), eps
 1e-8 (optax's and PyTorch's default), PyTorch's fused CPU/GPU kernel;
@@ -58,6 +58,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from laplax.models import spec as spec_lib
+from laplax.models import support
 
 SUPPORTED = "the settings of configs/gpt_shakespeare.py and configs/vit_fashion_mnist.py"
 ACTIVATIONS = {"gelu": lambda: nn.GELU(approximate="tanh"), "gelu_exact": nn.GELU,
@@ -72,11 +73,11 @@ class _ReLU2(nn.Module):
 def check_supported(config) -> None:
   """Raises ValueError naming the first setting of ``config`` the peer lacks:
   a model option whose spec field does not declare ``"peer"`` support for
-  its value (:func:`laplax.models.spec.unsupported`: a field that does not
+  its value (:func:`laplax.models.support.unsupported`: a field that does not
   name the peer must be at its default, so a new field is refused), or a
   training setting outside the model (optimizer, a ViT's loss).
   """
-  refused = spec_lib.unsupported(spec_lib.from_config(config.model), "peer")
+  refused = support.unsupported(spec_lib.from_config(config.model), "peer")
   if refused:
     key, shown, supported = refused[0]
     raise ValueError(f"the PyTorch peer has no model.{key}={shown} (it implements "

@@ -3,7 +3,7 @@
 Each converter target (``--to/--from timm``, ``hf-gpt2``, ``nanochat`` and
 the PyTorch peer of ``bench/``) refuses, in one line naming ``model.KEY=VALUE``,
 every option whose spec field does not declare the target at its value
-(:func:`laplax.models.spec.unsupported`). A spec field added here (a
+(:func:`laplax.models.support.unsupported`). A spec field added here (a
 subclass of the spec, as a new field of ``laplax/models/spec.py`` would be)
 with a value other than its default is refused by every converter, and
 accepted at its default; the declared support reproduces the refusal lists
@@ -17,6 +17,7 @@ import pytest
 
 from laplax.convert import common, hf_gpt2, nanochat, timm_vit
 from laplax.models import spec as spec_lib
+from laplax.models import support
 from test_configs import load
 
 NEW = "new_option"
@@ -68,10 +69,10 @@ def test_a_new_spec_field_is_refused_by_every_converter_unless_default(new_field
     with pytest.raises(common.ConvertError, match="new_option=0.5"):  # --from too
       common.refuse_unsupported(spec, target, target, "fix", skip_source=True)
   # At its default the new field changes nothing a target computes: accepted.
-  assert spec_lib.unsupported(spec_lib.build("vit", width=32, depth=2, num_heads=2), "timm") == []
-  assert spec_lib.unsupported(spec_lib.build("gpt", width=32, depth=2, num_heads=2),
+  assert support.unsupported(spec_lib.build("vit", width=32, depth=2, num_heads=2), "timm") == []
+  assert support.unsupported(spec_lib.build("gpt", width=32, depth=2, num_heads=2),
                               "hf-gpt2") == []
-  assert spec_lib.unsupported(_nanochat_spec(), "nanochat") == []
+  assert support.unsupported(_nanochat_spec(), "nanochat") == []
 
 
 @pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="the peer is PyTorch")
@@ -95,10 +96,10 @@ def test_source_options_are_the_fields_marked_source(monkeypatch):
                                    "dtype": "float32"}
   monkeypatch.setattr(spec_lib, "FAMILIES", {"vit": _with_new_field(spec_lib.ViTSpec, True),
                                              "gpt": spec_lib.GPTSpec})
-  assert spec_lib.source_options("vit")[NEW] == 0.0
+  assert support.source_options(spec_lib.FAMILIES["vit"])[NEW] == 0.0
   spec = spec_lib.build("vit", width=32, depth=2, num_heads=2, **{NEW: 0.5})
-  assert [k for k, _, _ in spec_lib.unsupported(spec, "timm")] == [NEW]
-  assert spec_lib.unsupported(spec, "timm", skip_source=True) == []
+  assert [k for k, _, _ in support.unsupported(spec, "timm")] == [NEW]
+  assert support.unsupported(spec, "timm", skip_source=True) == []
 
 
 # (family, model keys, target, refused key or None): the refusal lists the
@@ -137,7 +138,7 @@ CASES = [
 @pytest.mark.parametrize("family,model,target,refused", CASES)
 def test_declared_support_reproduces_the_old_refusal_lists(family, model, target, refused):
   spec = spec_lib.build(family, width=32, depth=2, num_heads=2, **model)
-  got = [k for k, _, _ in spec_lib.unsupported(spec, target)]
+  got = [k for k, _, _ in support.unsupported(spec, target)]
   assert got == ([] if refused is None else [refused])
 
 

@@ -21,6 +21,7 @@ import numpy as np
 
 from laplax import utils
 from laplax.models import spec as spec_lib
+from laplax.models import support
 from laplax.models.layers import SCANNED_BLOCKS
 
 
@@ -231,16 +232,16 @@ def read_workdir(workdir: str):
 #: The ``config.model`` options a conversion from another framework resets to
 #: the source's model (plain attention, float32 compute, so the logits are the
 #: source's) unless the command line sets them: the spec fields whose metadata
-#: marks them ``source`` (:func:`laplax.models.spec.source_options`).
-SOURCE_OPTIONS = {k: v for name in spec_lib.FAMILIES
-                  for k, v in spec_lib.source_options(name).items()}
+#: marks them ``source`` (:func:`laplax.models.support.source_options`).
+SOURCE_OPTIONS = {k: v for cls in spec_lib.FAMILIES.values()
+                  for k, v in support.source_options(cls).items()}
 
 
 def refuse_unsupported(spec: spec_lib.TransformerSpec, target: str, name: str, fix: str, *,
                        skip_source: bool = False) -> None:
   """Refuses the first option of ``spec`` that converter ``target`` cannot
   express, as the fields' metadata declares it
-  (:func:`laplax.models.spec.unsupported`: an option a field does not
+  (:func:`laplax.models.support.unsupported`: an option a field does not
   declare for ``target`` is refused unless at its default, so a new spec
   field fails closed). ``name`` is the target as the message names it,
   ``fix`` ends the line; ``skip_source`` (``--from``) leaves the options
@@ -249,7 +250,7 @@ def refuse_unsupported(spec: spec_lib.TransformerSpec, target: str, name: str, f
   Raises:
     ConvertError: ``model.KEY=VALUE: NAME has no equivalent (it has ...); FIX``.
   """
-  refused = spec_lib.unsupported(spec, target, skip_source=skip_source)
+  refused = support.unsupported(spec, target, skip_source=skip_source)
   if refused:
     key, shown, supported = refused[0]
     raise ConvertError(f"model.{key}={shown}: {name} has no equivalent (it has "

@@ -24,11 +24,9 @@ messages. The config defaults of the model section
 (:func:`config_defaults`) come from the same fields.
 
 The converters read from the same metadata which values of a field each
-target (:data:`CONVERT_TARGETS`: timm, Hugging Face GPT-2, nanochat, the
-PyTorch peer of ``bench/``) can express (``convert``: :data:`ANY`,
-:data:`FORCE`, a tuple of values or a :class:`Rule`); a field that does not
-name a target supports its default alone there, so a new field is refused
-by every converter until its metadata says otherwise (:func:`unsupported`).
+target can express (``convert``, :mod:`laplax.models.support`); a field that
+does not name a target supports its default alone there, so a new field is
+refused by every converter until its metadata says otherwise.
 """
 
 from __future__ import annotations
@@ -42,6 +40,7 @@ import numpy as np
 
 from laplax import attention, spectral
 from laplax.kernels import splash
+from laplax.models.support import ANY, EXPORTS, FORCE, Rule, everywhere
 
 DTYPES = ("float32", "bfloat16")
 # Rematerialisation of each block (``model.remat``): name -> jax.checkpoint
@@ -86,50 +85,14 @@ class SpecError(ValueError):
   """A model setting that cannot be built; one line ``model.KEY=...: the fix``."""
 
 
-#: The converter targets whose support every field's ``convert`` metadata
-#: declares: ``python -m laplax.convert --from/--to`` ``"timm"``,
-#: ``"hf-gpt2"`` and ``"nanochat"``, and ``"peer"``, the PyTorch models of
-#: ``bench/peer_torch.py``.
-CONVERT_TARGETS = ("timm", "hf-gpt2", "nanochat", "peer")
-#: ``convert`` support: the target expresses every value of the field.
-ANY = "any"
-#: ``convert`` support: a laplax addition the target lacks (Laplacian heads,
-#: spectral conditioning); ``--to`` refuses it unless ``--force``
-#: (:func:`laplax.convert.common.refuse_laplax_only`), ``--from`` keeps it.
-FORCE = "force"
-
-
-@dataclasses.dataclass(frozen=True)
-class Rule:
-  """``convert`` support given by a test of the value and the whole spec.
-
-  Attributes:
-    test: ``test(value, spec) -> bool``, True where the target expresses it.
-    text: what the target supports, for the refusal (e.g. ``"4 * width"``).
-  """
-  test: Any
-  text: str
-
-
 def _field(default, check: str, key: str | None = None, convert: Mapping | None = None,
            **rules):
   """A spec field whose metadata says how to validate it, its config key and
   which values each converter target supports (``convert``: target ->
-  :data:`ANY`, :data:`FORCE`, a tuple of values or a :class:`Rule`)."""
+  :data:`~laplax.models.support.ANY`, :data:`~laplax.models.support.FORCE`,
+  a tuple of values or a :class:`~laplax.models.support.Rule`)."""
   return dataclasses.field(default=default,
                            metadata=dict(rules, check=check, key=key, convert=convert or {}))
-
-
-def _everywhere(*targets: str) -> dict:
-  """``{target: ANY}`` for ``targets`` (default: every one): a field that
-  changes no computed value (an initialiser, memory, layout, a kernel
-  choice) or one every target has."""
-  return {t: ANY for t in targets or CONVERT_TARGETS}
-
-
-# The targets that export trained weights for inference: training-only
-# settings (dropout, drop-path) do not change what they compute.
-_EXPORTS = ("timm", "hf-gpt2", "nanochat")
 
 
 def _is_int(v) -> bool:
@@ -233,14 +196,14 @@ class AttentionSpec(_Checked):
       that pattern; see :class:`~laplax.attention.MultiHeadAttention`).
     spectral: the conditioning of ``W_Q, W_K, W_V`` (``None`` = off).
   """
-  num_heads: int = _field(4, "int", min=1, convert=_everywhere())
+  num_heads: int = _field(4, "int", min=1, convert=everywhere())
   qk_norm: bool = _field(False, "bool", convert={"timm": ANY, "nanochat": (True,)})
   qk_norm_type: str = _field("layernorm", "choice", choices=QK_NORM_TYPES,
                              convert={"nanochat": ("rmsnorm",)}, active="qk_norm")
   qk_scale: float = _field(1.0, "float", open_min=True)
-  attention_dropout: float = _field(0.0, "float", max=0.99, convert=_everywhere(*_EXPORTS))
+  attention_dropout: float = _field(0.0, "float", max=0.99, convert=everywhere(*EXPORTS))
   implementation: str | None = _field(None, "choice", choices=attention.IMPLEMENTATIONS,
-                                      convert=_everywhere())
+                                      convert=everywhere())
   rope: bool = dataclasses.field(default=False, metadata={"derived": "posemb"})
   rope_theta: float = _field(10_000.0, "float", open_min=True, active="rope")
   rope_style: str = _field("roformer", "choice", choices=attention.ROPE_STYLES,
@@ -248,7 +211,8 @@ class AttentionSpec(_Checked):
   laplacian_mix: str = _field("fixed", "choice", choices=attention.LAPLACIAN_MIXES,
                               convert={"timm": FORCE, "hf-gpt2": FORCE}, source=True)
   spectral: SpectralSpec | None = dataclasses.field(default=None, metadata={
-      "key": "spectral.enabled", "source": True, "show": lambda v: repr(v is not None),
+      "key": "spectral.enabled", "source": {"spectral.enabled": False},
+      "show": lambda v: repr(v is not None),
       "convert": {"timm": FORCE, "hf-gpt2": FORCE}})
 
   def __post_init__(self):
@@ -308,35 +272,36 @@ class TransformerSpec(_Checked):
     norm_eps: the ``epsilon`` of the blocks' and the final LayerNorm (1e-6,
       Flax's default and timm's ViTs'; GPT-2 uses 1e-5).
   """
-  width: int = _field(128, "int", min=1, convert=_everywhere())
-  depth: int = _field(4, "int", min=1, convert=_everywhere())
+  width: int = _field(128, "int", min=1, convert=everywhere())
+  depth: int = _field(4, "int", min=1, convert=everywhere())
   mlp_dim: int = _field(256, "int", min=1, convert=dict(
-      _everywhere("timm", "hf-gpt2", "peer"),
+      everywhere("timm", "hf-gpt2", "peer"),
       nanochat=Rule(lambda v, spec: v == 4 * spec.width, "4 * width")))
   attention: AttentionSpec = dataclasses.field(default_factory=AttentionSpec,
                                                metadata={"nested": True})
   laplacian: tuple = dataclasses.field(default=(), metadata={
-      "key": "laplacian_mask", "source": True, "plain": lambda v: not np.any(v),
+      "key": "laplacian_mask", "plain": lambda v: not np.any(v),
+      "source": {"num_laplacian_heads": 0, "laplacian_mask": None},
       "show": lambda v: repr([list(row) for row in v]),
       "convert": {"timm": FORCE, "hf-gpt2": FORCE, "nanochat": ANY,
                   "peer": Rule(_same_last_heads, "the same last k heads in every layer")}})
-  dropout: float = _field(0.0, "float", max=0.99, convert=_everywhere(*_EXPORTS))
+  dropout: float = _field(0.0, "float", max=0.99, convert=everywhere(*EXPORTS))
   layerscale_init: float | None = _field(None, "float", optional=True,
                                          convert={"timm": ANY})
   use_bias: bool = _field(True, "bool", convert={"nanochat": (False,), "peer": ANY})
   dtype: str = _field("float32", "choice", choices=DTYPES, source=True,
-                      convert=_everywhere(*_EXPORTS))
+                      convert=everywhere(*EXPORTS))
   remat: str = _field("none", "choice", choices=tuple(REMAT_POLICIES),
-                      convert=_everywhere())
-  scan_layers: bool = _field(False, "bool", convert=_everywhere())
-  zero_init_out: bool = _field(False, "bool", convert=_everywhere(*_EXPORTS))
+                      convert=everywhere())
+  scan_layers: bool = _field(False, "bool", convert=everywhere())
+  zero_init_out: bool = _field(False, "bool", convert=everywhere(*EXPORTS))
   kernel_init: str = dataclasses.field(default="xavier_uniform",
-                                       metadata={"convert": _everywhere()})
+                                       metadata={"convert": everywhere()})
   norm: str = _field("layernorm", "choice", choices=NORMS, convert={"nanochat": ("rmsnorm",)})
   mlp_activation: str = _field("gelu", "choice", choices=MLP_ACTIVATIONS, convert={
       "timm": ("gelu", "gelu_exact"), "hf-gpt2": ANY, "nanochat": ("relu2",), "peer": ANY})
   norm_eps: float = _field(1e-6, "float", open_min=True, max=1.0,
-                           convert=_everywhere("hf-gpt2", "nanochat", "peer"))
+                           convert=everywhere("hf-gpt2", "nanochat", "peer"))
 
   def __post_init__(self):
     super().__post_init__()
@@ -411,8 +376,8 @@ class ViTSpec(TransformerSpec):
     fc_norm: the final norm after pooling instead of before it (timm's
       ``fc_norm``, the MAE / BEiT recipe for mean pooling).
   """
-  patch_size: int = _field(4, "int", min=1, convert=_everywhere())
-  pool: str = _field("tok", "choice", choices=("tok", "gap"), convert=_everywhere())
+  patch_size: int = _field(4, "int", min=1, convert=everywhere())
+  pool: str = _field("tok", "choice", choices=("tok", "gap"), convert=everywhere())
   posemb: str = _field("learn", "choice", choices=("learn", "sincos2d"), convert={"timm": ANY})
   drop_path: float = _field(0.0, "float", max=0.99, convert={"timm": ANY})
   fc_norm: bool = _field(False, "bool", convert={"timm": ANY})
@@ -442,7 +407,7 @@ class GPTSpec(TransformerSpec):
       :func:`nanochat_normal`, the token embedding N(0, 1), ``lm_head``
       zeros; ``zero_init_out`` zeroes ``W_O`` and the MLP output as there).
   """
-  max_length: int = _field(128, "int", min=1, convert=_everywhere())
+  max_length: int = _field(128, "int", min=1, convert=everywhere())
   posemb: str = _field("learn", "choice", choices=("learn", "rope"),
                        convert={"nanochat": ("rope",), "peer": ANY})
   tie_embeddings: bool = _field(True, "bool", convert={"hf-gpt2": ANY, "nanochat": (False,),
@@ -452,85 +417,11 @@ class GPTSpec(TransformerSpec):
                                        convert={"nanochat": (15.0,)})
   embedding_dtype: str = _field("float32", "choice", choices=DTYPES,
                                 convert={"nanochat": ANY})
-  kernel_init: str = _field("gpt2", "choice", choices=KERNEL_INITS, convert=_everywhere())
+  kernel_init: str = _field("gpt2", "choice", choices=KERNEL_INITS, convert=everywhere())
 
   def __post_init__(self):
     super().__post_init__()
     check_splash_lengths(self, (self.max_length,))
-
-
-def _supported(support, value, spec) -> bool | None:
-  """Whether ``support`` (a field's ``convert`` entry) admits ``value``;
-  ``None`` when the field has no entry (its default alone is)."""
-  if support is None:
-    return None
-  if support in (ANY, FORCE):
-    return True
-  if isinstance(support, Rule):
-    return bool(support.test(value, spec))
-  return value in tuple(support)
-
-
-def _describe(support, default) -> str:
-  """What a field's ``convert`` entry admits, for a refusal."""
-  if isinstance(support, Rule):
-    return support.text
-  values = (default,) if support is None else tuple(support)
-  return " or ".join(repr(v) for v in values)
-
-
-def unsupported(spec: TransformerSpec, target: str, *, skip_source: bool = False
-                ) -> list[tuple[str, str, str]]:
-  """The options of ``spec`` that converter ``target`` cannot express, read
-  from the fields' ``convert`` metadata (fail closed).
-
-  Every field of the spec and of its :class:`AttentionSpec` is checked: one
-  whose ``convert`` metadata does not name ``target`` is supported at its
-  default only (so a new field is refused until its metadata names the
-  target); :data:`FORCE` fields are left to
-  :func:`laplax.convert.common.refuse_laplax_only`; a field whose metadata
-  names an ``active`` switch is skipped while that switch is off (the
-  rotary settings without rotary positions), and ``derived`` fields
-  (``rope``, from ``posemb``) are checked through their source.
-
-  Args:
-    spec: the model spec.
-    target: one of :data:`CONVERT_TARGETS`.
-    skip_source: leave out the fields a conversion from ``target`` keeps from
-      the command line (metadata ``source``: Laplacian heads and mix,
-      spectral conditioning, compute dtype; ``--from``).
-
-  Returns:
-    ``[(config key, value shown, what the target supports)]``, in field order.
-
-  Raises:
-    KeyError: an unknown ``target``.
-  """
-  if target not in CONVERT_TARGETS:
-    raise KeyError(f"unknown converter target {target!r}; one of {CONVERT_TARGETS}")
-  out = []
-
-  def walk(node):
-    for f in dataclasses.fields(node):
-      meta, value = f.metadata, getattr(node, f.name)
-      if meta.get("nested"):
-        walk(value)
-        continue
-      if meta.get("derived") or (meta.get("source") and skip_source):
-        continue
-      if meta.get("active") and not getattr(node, meta["active"]):
-        continue
-      support = meta.get("convert", {}).get(target)
-      ok = _supported(support, value, spec)
-      if ok is None:  # the default alone
-        default = f.default_factory() if f.default is dataclasses.MISSING else f.default
-        ok = meta["plain"](value) if "plain" in meta else value == default
-      if not ok:
-        default = None if f.default is dataclasses.MISSING else f.default
-        out.append((meta.get("key") or f.name, meta.get("show", repr)(value),
-                    _describe(support, default)))
-  walk(spec)
-  return out
 
 
 def check_splash_lengths(spec: TransformerSpec, lengths) -> None:
@@ -679,26 +570,6 @@ def config_defaults(name: str) -> dict:
       out[key] = value
   out["num_laplacian_heads"] = 0
   out["laplacian_mask"] = None
-  return out
-
-
-def source_options(name: str) -> dict:
-  """``{config key: default}`` of the model fields a conversion from another
-  framework resets to the source's model unless the command line sets them
-  (field metadata ``source``: the Laplacian heads, their mix, spectral
-  conditioning and the compute dtype; plain attention in float32), for
-  family ``name``."""
-  cls, out = FAMILIES[name], {}
-  for owner in (cls, AttentionSpec):
-    for f in dataclasses.fields(owner):
-      if not f.metadata.get("source"):
-        continue
-      if f.name == "laplacian":
-        out.update({"num_laplacian_heads": 0, "laplacian_mask": None})
-      elif f.name == "spectral":
-        out["spectral.enabled"] = False
-      else:
-        out[f.metadata.get("key") or f.name] = f.default
   return out
 
 
