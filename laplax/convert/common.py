@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-import types
 from typing import Any, Mapping
 
 import jax
@@ -119,17 +118,6 @@ def commit_directory(tmp: str, path: str) -> None:
     _PENDING.pop(tmp, lambda: None)()
 
 
-def _task(config: ml_collections.ConfigDict, num_classes: int | None,
-          image_shape: tuple | None, vocab_size: int | None):
-  """The laplax task of ``config`` built without its data (sizes given)."""
-  from laplax.train import tasks  # pylint: disable=import-outside-toplevel
-  if config.task == "lm":
-    tokenizer = types.SimpleNamespace(vocab_size=vocab_size,
-                                      token_bytes=np.ones(vocab_size, np.int32))
-    return tasks.LanguageModelTask(config, tokenizer)
-  return tasks.ClassificationTask(config, num_classes, image_shape)
-
-
 def check_params(params: Mapping, abstract: Mapping, source: str) -> None:
   """Raises :class:`ConvertError` unless ``params`` has exactly the names,
   shapes and dtypes of ``abstract`` (the laplax model's parameter tree)."""
@@ -170,13 +158,14 @@ def write_workdir(workdir: str, config: ml_collections.ConfigDict, params: Mappi
     ConvertError: ``workdir`` exists, or ``params`` does not fit the model.
   """
   from laplax.train import checkpoint as ckpt_lib  # pylint: disable=import-outside-toplevel
-  from laplax.train import loop, optim  # pylint: disable=import-outside-toplevel
+  from laplax.train import loop, optim, restore  # pylint: disable=import-outside-toplevel
   from laplax.train.workdir import CHECKPOINT_DIR, write_config  # pylint: disable=import-outside-toplevel
   workdir = os.path.abspath(os.path.expanduser(workdir))
   if os.path.exists(workdir):
     raise ConvertError(f"--workdir {workdir} exists; give a new directory (nothing "
                        f"was written)")
-  task = _task(config, num_classes, image_shape, vocab_size)
+  task = restore.model_task(config, num_classes=num_classes, image_shape=image_shape,
+                           vocab_size=vocab_size)
   tx = optim.make_optimizer(config)
   abstract = loop.abstract_state(task, tx, config.seed)
   check_params(params, abstract.params, source)
