@@ -28,8 +28,10 @@ same function as laplax's model for the settings of the default configs,
 A setting the peer does not implement (spectral conditioning, qk-norm,
 LayerScale, dropout, drop-path, RMSNorm, the learned Laplacian mix, Mixup,
 bfloat16, ...) raises ``ValueError`` in :func:`check_supported` rather than
-timing a different model. :func:`make_optimizer` is AdamW with the config's
-betas, weight decay on the parameters laplax decays
+timing a different model; the model settings it implements are declared
+by the spec's fields (``convert`` metadata, target ``"peer"``, in
+:mod:`laplax.models.support`), so a new field is refused until it declares
+the peer. :func:`make_optimizer` is AdamW with the config's betas, weight decay on the parameters laplax decays
 (:func:`laplax.train.optim.decay_mask` of the mapped laplax names) at the
 config's peak learning rate (constant: the schedule costs nothing), eps
 1e-8 (optax's and PyTorch's default), PyTorch's fused CPU/GPU kernel;
@@ -55,6 +57,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from laplax import tasks
+from laplax.models import spec as spec_lib
+from laplax.models import support
+
 SUPPORTED = "the settings of configs/gpt_shakespeare.py and configs/vit_fashion_mnist.py"
 ACTIVATIONS = {"gelu": lambda: nn.GELU(approximate="tanh"), "gelu_exact": nn.GELU,
                "relu2": lambda: _ReLU2()}
@@ -66,41 +72,31 @@ class _ReLU2(nn.Module):
 
 
 def check_supported(config) -> None:
-  """Raises ValueError naming the first setting of ``config`` the peer lacks."""
-  m = config.model
-  checks = [
-      ("model.spectral.enabled", m.spectral.enabled, False),
-      ("model.qk_norm", m.qk_norm, False),
-      ("model.layerscale_init", m.layerscale_init, None),
-      ("model.dropout", m.dropout, 0.0),
-      ("model.attention_dropout", m.attention_dropout, 0.0),
-      ("model.norm", m.norm, "layernorm"),
-      ("model.laplacian_mix", m.laplacian_mix, "fixed"),
-      ("model.laplacian_mask", m.laplacian_mask, None),
-      ("model.dtype", m.dtype, "float32"),
-      ("model.embed_norm", m.get("embed_norm", False), False),
-      ("model.zero_init_out", m.get("zero_init_out", False), False),
-      ("model.qk_scale", m.get("qk_scale", 1.0), 1.0),
-      ("model.head_dim", m.get("head_dim", None), None),
-      ("model.num_kv_heads", m.get("num_kv_heads", None), None),
-      ("optim.optimizer", config.optim.get("optimizer", "adamw"), "adamw"),
-  ]
-  if config.task == "lm":
-    checks.append(("model.posemb in (rope, learn)", m.posemb in ("rope", "learn"), True))
-  else:
-    checks += [("model.drop_path", m.drop_path, 0.0), ("model.fc_norm", m.fc_norm, False),
-               ("model.posemb", m.posemb, "learn"),
-               ("model.pool in (gap, tok)", m.pool in ("gap", "tok"), True),
-               ("loss.type", config.loss.type, "softmax"),
+  """Raises ValueError naming the first setting of ``config`` the peer lacks:
+  a model option whose spec field does not declare ``"peer"`` support for
+  its value (:func:`laplax.models.support.unsupported`: a field that does not
+  name the peer must be at its default, so a new field is refused), or a
+  training setting outside the model (optimizer, a ViT's loss).
+  """
+  refused = support.unsupported(spec_lib.from_config(config.model), "peer")
+  if refused:
+    key, shown, supported = refused[0]
+    raise ValueError(f"the PyTorch peer has no model.{key}={shown} (it implements "
+                     f"{SUPPORTED}: {supported}); set that or drop --peer")
+  checks = [("optim.optimizer", config.optim.get("optimizer", "adamw"), "adamw")]
+  if not tasks.is_language_model(config):
+    checks += [("loss.type", config.loss.type, "softmax"),
                ("loss.mixup", config.loss.mixup, 0.0), ("loss.cutmix", config.loss.cutmix, 0.0)]
-  if not isinstance(m.num_laplacian_heads, int):
-    checks.append(("model.num_laplacian_heads (one int for every layer)", False, True))
-  if m.mlp_activation not in ACTIVATIONS:
-    checks.append((f"model.mlp_activation in {tuple(ACTIVATIONS)}", False, True))
   for name, value, wanted in checks:
     if value != wanted:
       raise ValueError(f"the PyTorch peer has no {name}={value!r} (it implements "
                        f"{SUPPORTED}); set {wanted!r} or drop --peer")
+
+
+def laplacian_count(m) -> int:
+  """The Laplacian heads of every layer of ``config.model`` ``m`` (the last
+  ``k`` of each, one ``k``: :func:`check_supported`)."""
+  return int(spec_lib.from_config(m).laplacian_array[0].sum())
 
 
 def rotary_tables(length: int, head_dim: int, theta: float = 10_000.0):
@@ -161,7 +157,7 @@ class Block(nn.Module):
   def __init__(self, m, causal: bool, fused_qkv: bool):
     super().__init__()
     self.norm1 = nn.LayerNorm(m.width, eps=m.norm_eps)
-    self.attn = Attention(m.width, m.num_heads, int(m.num_laplacian_heads), causal=causal,
+    self.attn = Attention(m.width, m.num_heads, laplacian_count(m), causal=causal,
                           bias=m.use_bias, fused_qkv=fused_qkv)
     self.norm2 = nn.LayerNorm(m.width, eps=m.norm_eps)
     self.fc1 = nn.Linear(m.width, m.mlp_dim, bias=m.use_bias)
@@ -250,7 +246,7 @@ def from_config(config, *, vocab_size: int = 256, image_shape=(28, 28, 1),
     ValueError: a setting the peer does not implement (:func:`check_supported`).
   """
   check_supported(config)
-  if config.task == "lm":
+  if tasks.is_language_model(config):
     return GPT(config.model, vocab_size)
   return ViT(config.model, tuple(image_shape), num_classes,
              float(config.loss.label_smoothing))

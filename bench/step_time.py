@@ -202,7 +202,7 @@ def synthetic_batch(config, image_shape, num_classes, seed: int = 0) -> dict:
   """One random training batch of ``config`` (NumPy): ``tokens`` or ``image``/``label``."""
   rng = np.random.default_rng(seed)
   b = config.batch_size
-  if config.task == "lm":
+  if tasks.is_language_model(config):
     return {"tokens": rng.integers(0, 256, (b, config.model.max_length + 1)).astype(np.int32)}
   return {"image": rng.standard_normal((b,) + image_shape, np.float32),
           "label": rng.integers(0, num_classes, b).astype(np.int32)}
@@ -319,7 +319,7 @@ def bench_peer(path: str, args) -> dict:
 
 def report_peer(path, config, flops, times, losses, peak, threads, args) -> dict:
   """Prints the table of :func:`bench_peer` and returns its JSON record."""
-  lm = config.task == "lm"
+  lm = tasks.is_language_model(config)
   b = config.batch_size
   per_step = b * config.model.max_length if lm else b
   unit = "tokens/s" if lm else "images/s"

@@ -13,9 +13,10 @@ imports neither JAX nor the trainer; ``help(laplax.NAME)`` documents it):
 * Models (:mod:`laplax.models`): ``ViT``, ``GPT``, ``DINO``, ``DINOHead``;
   ``build_spec("vit", width=..., depth=..., ...)`` and ``spec_from_config(
   config.model)`` build the model spec every model takes.
-* Trained runs: ``load(workdir, step=None)`` restores a run that
-  ``laplax-train`` (``train.py``) wrote, onto one device (``Loaded``;
-  it raises ``LoadError``).
+* Trained runs: ``load(workdir, step=None)`` restores the model and
+  parameters of a run that ``laplax-train`` (``train.py``) or
+  ``python -m laplax.convert`` wrote, onto one device, without its data
+  (``Loaded``; it raises ``LoadError``).
 * Analysis (:mod:`laplax.analysis`): ``run_analysis`` with an
   ``AnalysisTarget`` (what ``laplax-eval --analysis`` computes),
   ``read_analysis`` and ``analysis_summary`` (its per-layer table),

@@ -19,7 +19,7 @@ import pytest
 from laplax.convert import common, timm_vit
 from laplax.models import spec as spec_lib
 from laplax.models.vit import ViT
-from test_train import CONFIG, read_metrics, run, run_in_process
+from test_train import CONFIG, ROOT, read_metrics, run, run_in_process
 
 pytestmark = pytest.mark.skipif(
     not all(importlib.util.find_spec(m) for m in ("torch", "timm")),
@@ -273,6 +273,36 @@ def test_cli_timm_workdir_evaluates_fine_tunes_and_goes_back(tmp_path, fmnist_da
            str(refused), "--force"])
   assert r.returncode == 0 and "layer 0: heads [1]" in r.stdout, r.stderr[-2000:]
   assert set(timm_vit.timm_from_dir(str(refused)).state_dict()) == set(back.state_dict())
+
+
+def test_load_converted_deit3_without_its_dataset(tmp_path):
+  """A DeiT-3 converted from timm (random weights) into a workdir whose config
+  names imagenet2012 in an empty ``data_dir`` loads with ``laplax.load`` (the
+  model from the saved spec, the parameters alone: no data, no optimizer),
+  and its logits are timm's; only the task's data (``run.task``) needs ImageNet."""
+  import laplax
+  from laplax.data.errors import DataError
+  from laplax.cli import common as cli
+  config = cli._load_config_file(os.path.join(ROOT, "configs", "deit3_imagenet.py"))  # pylint: disable=protected-access
+  config.data.data_dir = str(tmp_path / "no_imagenet")
+  os.makedirs(config.data.data_dir)
+  common.plain_attention(config, [])
+  workdir = tmp_path / "deit3"
+  torch.manual_seed(0)
+  timm_vit.convert_from_timm("deit3_small_patch16_224", None, "", config, str(workdir))
+  torch.manual_seed(0)  # the same random weights
+  tm = timm_vit.timm_model("deit3_small_patch16_224")
+  run = laplax.load(str(workdir))
+  assert (run.step, run.teacher, run.config.data.name) == (0, None, "imagenet2012")
+  assert run.config.data.image_size == 224 and run.model.num_classes == 1000
+  images = images_for(timm_vit.architecture(tm), seed=1, batch=2)
+  got, _ = jax.jit(run.model.apply)({"params": run.params}, images.transpose(0, 2, 3, 1))
+  diff = relative_diff(got, timm_logits(tm, images))
+  print(f"laplax.load of a converted deit3_small_patch16_224 vs timm: {diff:.2e}")
+  assert diff < TOL
+  assert os.listdir(config.data.data_dir) == []  # nothing prepared
+  with pytest.raises(DataError, match="imagenet2012"):
+    run.task  # pylint: disable=pointless-statement
 
 
 def test_cli_bad_inputs_one_line_exit_2_nothing_written(tmp_path):

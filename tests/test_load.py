@@ -201,7 +201,7 @@ def test_dino_loads_student_and_teacher_and_reproduces_knn(runs):
   import jax
   import laplax
   run = laplax.load(str(runs["dino"]))
-  assert run.step == 2 and run.model is run.task.student
+  assert run.step == 2 and run.model == run.task.student
   _, saved = saved_state(runs["dino"])
   _assert_equal_to_saved(run.teacher, saved, "task_state/teacher")
   _assert_equal_to_saved(run.params, saved, "params")

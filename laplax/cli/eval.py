@@ -324,8 +324,8 @@ def main() -> int:
                             f"steps: {', '.join(map(str, steps))}")
   out = _out_path(workdir)
   run = restore.load(workdir, step=_STEP.value)
-  apply_overrides(run.config, overrides)  # the task holds this config
-  config, task, state = run.config, run.task, run.state
+  apply_overrides(run.config, overrides)  # before the task (built from it) is
+  config, task, state = run.config, run.task, run.eval_state
   if _STEP.value is None and run.step < run.latest_step:
     print(f"warning: the newest checkpoint (step {run.latest_step}) is "
           f"unreadable; evaluating step {run.step}", file=sys.stderr)

@@ -26,7 +26,11 @@ Laplacian heads included; :mod:`laplax.convert.nanochat`).
 directory (``model_<step>.pt``, ``meta_<step>.json``, ``tokenizer.pkl``).
 For timm and GPT-2 a model with Laplacian heads or spectral conditioning is
 refused unless ``--force``; nanochat carries Laplacian heads as the
-authors' ``laplacian_heads``.
+authors' ``laplacian_heads``. Every other model option is checked against
+what the target declares on the spec's fields (``convert`` metadata,
+:func:`laplax.models.support.unsupported`): an option the target does not
+declare is refused unless at its default, by ``--to`` and ``--from`` alike
+(fail closed: a new spec field is refused until it names the target).
 Bad input prints one line and exits with code 2; nothing is written.
 SIGINT or SIGTERM ends it within 5 s with one line and exit code 130 or 143,
 leaving nothing behind (the output is written in a temporary directory,

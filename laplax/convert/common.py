@@ -21,6 +21,7 @@ import numpy as np
 from laplax import utils
 from laplax.errors import UserError
 from laplax.models import spec as spec_lib
+from laplax.models import support
 from laplax.models.layers import SCANNED_BLOCKS
 
 
@@ -118,14 +119,6 @@ def commit_directory(tmp: str, path: str) -> None:
     _PENDING.pop(tmp, lambda: None)()
 
 
-def _task(config: ml_collections.ConfigDict, num_classes: int | None,
-          image_shape: tuple | None, vocab_size: int | None):
-  """The laplax task of ``config`` built without its data (sizes given)."""
-  from laplax import tasks  # pylint: disable=import-outside-toplevel
-  return tasks.TASKS[config.task].from_shapes(config, image_shape=image_shape,
-                                              num_classes=num_classes, vocab_size=vocab_size)
-
-
 def check_params(params: Mapping, abstract: Mapping, source: str) -> None:
   """Raises :class:`ConvertError` unless ``params`` has exactly the names,
   shapes and dtypes of ``abstract`` (the laplax model's parameter tree)."""
@@ -166,6 +159,7 @@ def write_workdir(workdir: str, config: ml_collections.ConfigDict, params: Mappi
     ConvertError: ``workdir`` exists, or ``params`` does not fit the model.
   """
   from laplax.workdir import checkpoint as ckpt_lib  # pylint: disable=import-outside-toplevel
+  from laplax.workdir import load as restore  # pylint: disable=import-outside-toplevel
   from laplax.train.state import TrainState  # pylint: disable=import-outside-toplevel
   from laplax.train import loop, optim  # pylint: disable=import-outside-toplevel
   from laplax.workdir.files import CHECKPOINT_DIR, write_config  # pylint: disable=import-outside-toplevel
@@ -173,7 +167,8 @@ def write_workdir(workdir: str, config: ml_collections.ConfigDict, params: Mappi
   if os.path.exists(workdir):
     raise ConvertError(f"--workdir {workdir} exists; give a new directory (nothing "
                        f"was written)")
-  task = _task(config, num_classes, image_shape, vocab_size)
+  task = restore.model_task(config, num_classes=num_classes, image_shape=image_shape,
+                           vocab_size=vocab_size)
   tx = optim.make_optimizer(config)
   abstract = loop.abstract_state(task, tx, config.seed)
   check_params(params, abstract.params, source)
@@ -226,11 +221,32 @@ def read_workdir(workdir: str):
   return config, spec, from_layout(params, spec), step
 
 
-# The options a conversion resets to the source's model (plain attention,
-# float32 compute, so the logits are the source's) unless the command line
-# sets them.
-SOURCE_OPTIONS = {"num_laplacian_heads": 0, "laplacian_mask": None,
-                  "laplacian_mix": "fixed", "spectral.enabled": False, "dtype": "float32"}
+#: The ``config.model`` options a conversion from another framework resets to
+#: the source's model (plain attention, float32 compute, so the logits are the
+#: source's) unless the command line sets them: the spec fields whose metadata
+#: marks them ``source`` (:func:`laplax.models.support.source_options`).
+SOURCE_OPTIONS = {k: v for cls in spec_lib.FAMILIES.values()
+                  for k, v in support.source_options(cls).items()}
+
+
+def refuse_unsupported(spec: spec_lib.TransformerSpec, target: str, name: str, fix: str, *,
+                       skip_source: bool = False) -> None:
+  """Refuses the first option of ``spec`` that converter ``target`` cannot
+  express, as the fields' metadata declares it
+  (:func:`laplax.models.support.unsupported`: an option a field does not
+  declare for ``target`` is refused unless at its default, so a new spec
+  field fails closed). ``name`` is the target as the message names it,
+  ``fix`` ends the line; ``skip_source`` (``--from``) leaves the options
+  the command line may add (:data:`SOURCE_OPTIONS`) to the caller.
+
+  Raises:
+    ConvertError: ``model.KEY=VALUE: NAME has no equivalent (it has ...); FIX``.
+  """
+  refused = support.unsupported(spec, target, skip_source=skip_source)
+  if refused:
+    key, shown, supported = refused[0]
+    raise ConvertError(f"model.{key}={shown}: {name} has no equivalent (it has "
+                       f"{supported}); {fix}")
 
 
 def plain_attention(config: ml_collections.ConfigDict, given: list[str]) -> None:

@@ -406,6 +406,8 @@ def convert_from_hf(model_dir: str, config: ml_collections.ConfigDict, workdir: 
   hf = read_hf_config(model_dir)
   config = laplax_config(hf, config)
   spec = spec_lib.from_config(config.model)
+  common.refuse_unsupported(spec, "hf-gpt2", TARGET, "the converted model would not "
+                            "compute GPT-2's logits; set it there", skip_source=True)
   tensors, source = read_hf_tensors(model_dir)
   tensors = check_hf_tensors(tensors, hf, source)
   flat = hf_to_laplax(tensors, spec.depth, spec.tie_embeddings)
@@ -448,26 +450,10 @@ def hf_config(spec, vocab_size: int, eos_token_id: int | None = None) -> dict:
 
 
 def _refuse_options(spec) -> None:
-  """Raises :class:`ConvertError` for a GPT option HF GPT-2 has not."""
-  m = f"{TARGET} has no"
-  checks = [
-      (spec.norm != "layernorm", f"model.norm={spec.norm!r}: {m} {spec.norm} "
-                                 f"(it has LayerNorm)"),
-      (spec.mlp_activation not in ACTIVATIONS_TO_HF,
-       f"model.mlp_activation={spec.mlp_activation!r}: {m} such activation"),
-      (spec.attention.qk_norm, f"model.qk_norm=True: {m} qk-norm"),
-      (spec.attention.qk_scale != 1.0, f"model.qk_scale={spec.attention.qk_scale}: {m} "
-                                       f"scale on queries and keys"),
-      (spec.posemb != "learn", f"model.posemb={spec.posemb!r}: {m} rotary positions "
-                               f"(it has learned ones)"),
-      (not spec.use_bias, f"model.use_bias=False: {m} bias-free projections"),
-      (spec.embed_norm, f"model.embed_norm=True: {m} norm after the embedding"),
-      (spec.layerscale_init is not None, f"model.layerscale_init={spec.layerscale_init}: "
-                                         f"{m} LayerScale"),
-  ]
-  for bad, message in checks:
-    if bad:
-      raise ConvertError(f"{message}; this workdir cannot be written as GPT-2")
+  """Raises :class:`ConvertError` for a GPT option HF GPT-2 has not: every
+  spec field whose ``convert`` metadata does not admit its value for
+  ``"hf-gpt2"`` (:func:`~laplax.convert.common.refuse_unsupported`)."""
+  common.refuse_unsupported(spec, "hf-gpt2", TARGET, "this workdir cannot be written as GPT-2")
 
 
 def _eos_token_id(tokenizer_path: str | None) -> int | None:

@@ -360,6 +360,8 @@ def convert_from_nanochat(model_dir: str, config: ml_collections.ConfigDict, wor
                          "bfloat16" if wte.dtype.name == "bfloat16" else "float32")
   from laplax.models import spec as spec_lib  # pylint: disable=import-outside-toplevel
   spec = spec_lib.from_config(config.model)
+  common.refuse_unsupported(spec, "nanochat", "nanochat's GPT", "the converted model would "
+                            "not compute nanochat's logits; set it there", skip_source=True)
   params = common.to_layout(common.nested(nanochat_to_laplax(tensors, spec.depth)), spec)
   parent = os.path.dirname(workdir_abs)
   files = {}
@@ -396,18 +398,11 @@ def laplacian_counts(spec) -> int | list[int]:
 
 
 def _refuse_options(spec) -> None:
-  """Raises :class:`ConvertError` for a GPT that nanochat's model does not compute."""
-  want = {"norm": "rmsnorm", "mlp_activation": "relu2", "posemb": "rope",
-          "tie_embeddings": False, "use_bias": False, "embed_norm": True,
-          "logit_softcap": 15.0, "layerscale_init": None, "mlp_dim": 4 * spec.width}
-  att = {"qk_norm": True, "qk_norm_type": "rmsnorm", "qk_scale": 1.0, "rope_style": "nanochat",
-         "rope_theta": 10_000.0, "laplacian_mix": "fixed", "spectral": None}
-  for key, value in list(want.items()) + list(att.items()):
-    got = getattr(spec.attention if key in att else spec, key)
-    if got != value:
-      shown = "spectral.enabled=True" if key == "spectral" else f"{key}={got!r}"
-      raise ConvertError(f"model.{shown}: nanochat's GPT has {key}={value!r}; this workdir "
-                         f"cannot be written as nanochat (train it with the nanochat recipe)")
+  """Raises :class:`ConvertError` for a GPT that nanochat's model does not
+  compute: every spec field whose ``convert`` metadata does not admit its
+  value for ``"nanochat"`` (:func:`~laplax.convert.common.refuse_unsupported`)."""
+  common.refuse_unsupported(spec, "nanochat", "nanochat's GPT", "this workdir cannot be "
+                            "written as nanochat (train it with the nanochat recipe)")
 
 
 def convert_to_nanochat(workdir: str, out_dir: str) -> None:

@@ -243,19 +243,15 @@ def laplax_to_timm(params: Mapping, spec, config=None) -> tuple[dict, dict]:
   float32, PyTorch names and layouts) with ``strict=True``.
 
   Raises:
-    ConvertError: a laplax option timm's ViT lacks (RMSNorm, ReLU^2, no
-      biases, rotary, a norm eps other than 1e-6, fixed sin-cos position
-      embedding without a known image size).
+    ConvertError: a laplax option timm's ViT lacks (every spec field whose
+      ``convert`` metadata does not admit its value for ``"timm"``:
+      RMSNorm, ReLU^2, no biases, an RMSNorm qk-norm, a qk scale, a norm eps
+      other than 1e-6, any field that does not name timm at a value other
+      than its default; :func:`~laplax.convert.common.refuse_unsupported`),
+      or a fixed sin-cos position embedding without a known image size.
   """
-  for bad, what in ((spec.norm != "layernorm", f"model.norm={spec.norm!r}"),
-                    (spec.mlp_activation == "relu2", "model.mlp_activation='relu2'"),
-                    (not spec.use_bias, "model.use_bias=False"),
-                    (spec.attention.qk_norm and spec.attention.qk_norm_type != "layernorm",
-                     "an RMSNorm qk-norm"),
-                    (spec.attention.qk_scale != 1.0, f"model.qk_scale={spec.attention.qk_scale}"),
-                    (abs(spec.norm_eps - 1e-6) > 1e-12, f"model.norm_eps={spec.norm_eps}")):
-    if bad:
-      raise ConvertError(f"timm's VisionTransformer has no equivalent of {what}")
+  common.refuse_unsupported(spec, "timm", "timm's VisionTransformer",
+                            "this workdir cannot be written as timm")
   f = common.flat(params)
   d, p = spec.width, spec.patch_size
   kernel = np.asarray(f["embedding/kernel"])
@@ -377,6 +373,8 @@ def convert_from_timm(name: str, weights: str | None, model_args: str, config,
     spec = spec_lib.from_config(config.model)
   except ValueError as e:
     raise ConvertError(str(e)) from None
+  common.refuse_unsupported(spec, "timm", "timm's VisionTransformer", "the converted model "
+                            "would not compute timm's logits; set it there", skip_source=True)
   common.write_workdir(workdir, config, common.to_layout(params, spec),
                        num_classes=arch["num_classes"],
                        image_shape=tuple(arch["img_size"]) + (arch["in_chans"],),

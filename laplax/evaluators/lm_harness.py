@@ -88,7 +88,7 @@ class LaplaxLM(LM):
       raise restore.LoadError(f"{workdir} holds task {config.task!r}; the harness scores "
                               "language models (task 'lm')")
     run = restore.load(workdir, step=None if step in (None, "") else int(step))
-    self.model, self.params = run.task.model, run.state.params
+    self.model, self.params = run.model, run.params
     self.tokenizer = run.task.tokenizer
     self.batch_size = int(batch_size) if str(batch_size).isdigit() else 8
     self.max_gen_toks = int(max_gen_toks)

@@ -22,6 +22,11 @@ key, type and range, and ``__post_init__`` checks them and the consistency
 (heads vs width, Laplacian heads vs heads, rotary head size) with one-line
 messages. The config defaults of the model section
 (:func:`config_defaults`) come from the same fields.
+
+The converters read from the same metadata which values of a field each
+target can express (``convert``, :mod:`laplax.models.support`); a field that
+does not name a target supports its default alone there, so a new field is
+refused by every converter until its metadata says otherwise.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ import numpy as np
 from laplax import attention, spectral
 from laplax.errors import UserError
 from laplax.kernels import splash
+from laplax.models.support import ANY, EXPORTS, FORCE, Rule, everywhere
 
 DTYPES = ("float32", "bfloat16")
 # Rematerialisation of each block (``model.remat``): name -> jax.checkpoint
@@ -80,10 +86,14 @@ class SpecError(UserError, ValueError):
   """A model setting that cannot be built; one line ``model.KEY=...: the fix``."""
 
 
-def _field(default, check: str, key: str | None = None, **rules):
-  """A spec field whose metadata says how to validate it and its config key."""
+def _field(default, check: str, key: str | None = None, convert: Mapping | None = None,
+           **rules):
+  """A spec field whose metadata says how to validate it, its config key and
+  which values each converter target supports (``convert``: target ->
+  :data:`~laplax.models.support.ANY`, :data:`~laplax.models.support.FORCE`,
+  a tuple of values or a :class:`~laplax.models.support.Rule`)."""
   return dataclasses.field(default=default,
-                           metadata=dict(rules, check=check, key=key))
+                           metadata=dict(rules, check=check, key=key, convert=convert or {}))
 
 
 def _is_int(v) -> bool:
@@ -187,18 +197,24 @@ class AttentionSpec(_Checked):
       that pattern; see :class:`~laplax.attention.MultiHeadAttention`).
     spectral: the conditioning of ``W_Q, W_K, W_V`` (``None`` = off).
   """
-  num_heads: int = _field(4, "int", min=1)
-  qk_norm: bool = _field(False, "bool")
-  qk_norm_type: str = _field("layernorm", "choice", choices=QK_NORM_TYPES)
+  num_heads: int = _field(4, "int", min=1, convert=everywhere())
+  qk_norm: bool = _field(False, "bool", convert={"timm": ANY, "nanochat": (True,)})
+  qk_norm_type: str = _field("layernorm", "choice", choices=QK_NORM_TYPES,
+                             convert={"nanochat": ("rmsnorm",)}, active="qk_norm")
   qk_scale: float = _field(1.0, "float", open_min=True)
-  attention_dropout: float = _field(0.0, "float", max=0.99)
-  implementation: str | None = _field(None, "choice",
-                                      choices=attention.IMPLEMENTATIONS)
-  rope: bool = False
-  rope_theta: float = _field(10_000.0, "float", open_min=True)
-  rope_style: str = _field("roformer", "choice", choices=attention.ROPE_STYLES)
-  laplacian_mix: str = _field("fixed", "choice", choices=attention.LAPLACIAN_MIXES)
-  spectral: SpectralSpec | None = None
+  attention_dropout: float = _field(0.0, "float", max=0.99, convert=everywhere(*EXPORTS))
+  implementation: str | None = _field(None, "choice", choices=attention.IMPLEMENTATIONS,
+                                      convert=everywhere())
+  rope: bool = dataclasses.field(default=False, metadata={"derived": "posemb"})
+  rope_theta: float = _field(10_000.0, "float", open_min=True, active="rope")
+  rope_style: str = _field("roformer", "choice", choices=attention.ROPE_STYLES,
+                           convert={"nanochat": ("nanochat",)}, active="rope")
+  laplacian_mix: str = _field("fixed", "choice", choices=attention.LAPLACIAN_MIXES,
+                              convert={"timm": FORCE, "hf-gpt2": FORCE}, source=True)
+  spectral: SpectralSpec | None = dataclasses.field(default=None, metadata={
+      "key": "spectral.enabled", "source": {"spectral.enabled": False},
+      "show": lambda v: repr(v is not None),
+      "convert": {"timm": FORCE, "hf-gpt2": FORCE}})
 
   def __post_init__(self):
     super().__post_init__()
@@ -216,6 +232,15 @@ class AttentionSpec(_Checked):
       out["spectral_mode"] = self.spectral.mode
       out["spectral_targets"] = self.spectral.targets
     return out
+
+
+def _same_last_heads(laplacian, spec) -> bool:
+  """Whether every layer's Laplacian heads are its last ``k``, one ``k`` for all
+  (the Laplacian authors' code, and so the PyTorch peer)."""
+  counts = {int(np.sum(row)) for row in laplacian}
+  return len(counts) == 1 and all(
+      np.array_equal(row, attention.laplacian_heads(spec.num_heads, int(np.sum(row))))
+      for row in laplacian)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -248,22 +273,36 @@ class TransformerSpec(_Checked):
     norm_eps: the ``epsilon`` of the blocks' and the final LayerNorm (1e-6,
       Flax's default and timm's ViTs'; GPT-2 uses 1e-5).
   """
-  width: int = _field(128, "int", min=1)
-  depth: int = _field(4, "int", min=1)
-  mlp_dim: int = _field(256, "int", min=1)
-  attention: AttentionSpec = dataclasses.field(default_factory=AttentionSpec)
-  laplacian: tuple = ()
-  dropout: float = _field(0.0, "float", max=0.99)
-  layerscale_init: float | None = _field(None, "float", optional=True)
-  use_bias: bool = _field(True, "bool")
-  dtype: str = _field("float32", "choice", choices=DTYPES)
-  remat: str = _field("none", "choice", choices=tuple(REMAT_POLICIES))
-  scan_layers: bool = _field(False, "bool")
-  zero_init_out: bool = _field(False, "bool")
-  kernel_init: str = "xavier_uniform"
-  norm: str = _field("layernorm", "choice", choices=NORMS)
-  mlp_activation: str = _field("gelu", "choice", choices=MLP_ACTIVATIONS)
-  norm_eps: float = _field(1e-6, "float", open_min=True, max=1.0)
+  width: int = _field(128, "int", min=1, convert=everywhere())
+  depth: int = _field(4, "int", min=1, convert=everywhere())
+  mlp_dim: int = _field(256, "int", min=1, convert=dict(
+      everywhere("timm", "hf-gpt2", "peer"),
+      nanochat=Rule(lambda v, spec: v == 4 * spec.width, "4 * width")))
+  attention: AttentionSpec = dataclasses.field(default_factory=AttentionSpec,
+                                               metadata={"nested": True})
+  laplacian: tuple = dataclasses.field(default=(), metadata={
+      "key": "laplacian_mask", "plain": lambda v: not np.any(v),
+      "source": {"num_laplacian_heads": 0, "laplacian_mask": None},
+      "show": lambda v: repr([list(row) for row in v]),
+      "convert": {"timm": FORCE, "hf-gpt2": FORCE, "nanochat": ANY,
+                  "peer": Rule(_same_last_heads, "the same last k heads in every layer")}})
+  dropout: float = _field(0.0, "float", max=0.99, convert=everywhere(*EXPORTS))
+  layerscale_init: float | None = _field(None, "float", optional=True,
+                                         convert={"timm": ANY})
+  use_bias: bool = _field(True, "bool", convert={"nanochat": (False,), "peer": ANY})
+  dtype: str = _field("float32", "choice", choices=DTYPES, source=True,
+                      convert=everywhere(*EXPORTS))
+  remat: str = _field("none", "choice", choices=tuple(REMAT_POLICIES),
+                      convert=everywhere())
+  scan_layers: bool = _field(False, "bool", convert=everywhere())
+  zero_init_out: bool = _field(False, "bool", convert=everywhere(*EXPORTS))
+  kernel_init: str = dataclasses.field(default="xavier_uniform",
+                                       metadata={"convert": everywhere()})
+  norm: str = _field("layernorm", "choice", choices=NORMS, convert={"nanochat": ("rmsnorm",)})
+  mlp_activation: str = _field("gelu", "choice", choices=MLP_ACTIVATIONS, convert={
+      "timm": ("gelu", "gelu_exact"), "hf-gpt2": ANY, "nanochat": ("relu2",), "peer": ANY})
+  norm_eps: float = _field(1e-6, "float", open_min=True, max=1.0,
+                           convert=everywhere("hf-gpt2", "nanochat", "peer"))
 
   def __post_init__(self):
     super().__post_init__()
@@ -338,11 +377,11 @@ class ViTSpec(TransformerSpec):
     fc_norm: the final norm after pooling instead of before it (timm's
       ``fc_norm``, the MAE / BEiT recipe for mean pooling).
   """
-  patch_size: int = _field(4, "int", min=1)
-  pool: str = _field("tok", "choice", choices=("tok", "gap"))
-  posemb: str = _field("learn", "choice", choices=("learn", "sincos2d"))
-  drop_path: float = _field(0.0, "float", max=0.99)
-  fc_norm: bool = _field(False, "bool")
+  patch_size: int = _field(4, "int", min=1, convert=everywhere())
+  pool: str = _field("tok", "choice", choices=("tok", "gap"), convert=everywhere())
+  posemb: str = _field("learn", "choice", choices=("learn", "sincos2d"), convert={"timm": ANY})
+  drop_path: float = _field(0.0, "float", max=0.99, convert={"timm": ANY})
+  fc_norm: bool = _field(False, "bool", convert={"timm": ANY})
 
   def drop_path_rates(self) -> tuple[float, ...]:
     """``drop_path * i / (depth - 1)`` for block ``i`` (DeiT, Touvron et al. 2021)."""
@@ -369,13 +408,17 @@ class GPTSpec(TransformerSpec):
       :func:`nanochat_normal`, the token embedding N(0, 1), ``lm_head``
       zeros; ``zero_init_out`` zeroes ``W_O`` and the MLP output as there).
   """
-  max_length: int = _field(128, "int", min=1)
-  posemb: str = _field("learn", "choice", choices=("learn", "rope"))
-  tie_embeddings: bool = _field(True, "bool")
-  embed_norm: bool = _field(False, "bool")
-  logit_softcap: float | None = _field(None, "float", optional=True, open_min=True)
-  embedding_dtype: str = _field("float32", "choice", choices=DTYPES)
-  kernel_init: str = _field("gpt2", "choice", choices=KERNEL_INITS)
+  max_length: int = _field(128, "int", min=1, convert=everywhere())
+  posemb: str = _field("learn", "choice", choices=("learn", "rope"),
+                       convert={"nanochat": ("rope",), "peer": ANY})
+  tie_embeddings: bool = _field(True, "bool", convert={"hf-gpt2": ANY, "nanochat": (False,),
+                                                       "peer": ANY})
+  embed_norm: bool = _field(False, "bool", convert={"nanochat": (True,)})
+  logit_softcap: float | None = _field(None, "float", optional=True, open_min=True,
+                                       convert={"nanochat": (15.0,)})
+  embedding_dtype: str = _field("float32", "choice", choices=DTYPES,
+                                convert={"nanochat": ANY})
+  kernel_init: str = _field("gpt2", "choice", choices=KERNEL_INITS, convert=everywhere())
 
   def __post_init__(self):
     super().__post_init__()

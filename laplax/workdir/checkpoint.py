@@ -20,7 +20,7 @@ import re
 import shutil
 import sys
 import time
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import jax
 import orbax.checkpoint as ocp
@@ -102,6 +102,43 @@ def _retry_vanished(fn, attempts: int = 5):
 
 class CheckpointError(UserError, ValueError):
   """No checkpoint of a run can be read; the message is one line."""
+
+
+def saved_shapes(state_dir: str) -> dict:
+  """The tree a step's ``state`` item holds, as saved (``{"step", "params",
+  "opt_state", "rng", "task_state"}`` with ``jax.ShapeDtypeStruct`` leaves,
+  ``None`` where the saved value was ``None``), read from orbax's metadata
+  without reading an array.
+
+  Raises:
+    Exception: orbax's, for a directory without readable metadata.
+  """
+  with _orbax_errors_silenced(), ocp.PyTreeCheckpointer() as reader:
+    meta = reader.metadata(state_dir)
+  tree = getattr(meta, "item_metadata", meta)
+  tree = getattr(tree, "tree", tree)
+  is_array = lambda x: hasattr(x, "shape") and hasattr(x, "dtype")
+  return jax.tree_util.tree_map(
+      lambda m: jax.ShapeDtypeStruct(tuple(m.shape), m.dtype) if is_array(m) else m,
+      dict(tree), is_leaf=is_array)
+
+
+def _restore_args(abstract_state: Any, state_dir: str, partial: bool):
+  """orbax's restore arguments of the ``state`` item: ``abstract_state`` (or
+  its value for ``state_dir`` when it is a function) with every leaf without
+  a sharding placed on this process's first device; with ``partial`` only
+  the fields it names are read."""
+  if callable(abstract_state):
+    abstract_state = abstract_state(state_dir)
+  device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+  abstract_state = jax.tree_util.tree_map(
+      lambda x: x if getattr(x, "sharding", None) is not None else
+      jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), abstract_state)
+  if not partial:
+    return ocp.args.StandardRestore(abstract_state)
+  return ocp.args.PyTreeRestore(
+      item=abstract_state, partial_restore=True,
+      restore_args=ocp.checkpoint_utils.construct_restore_args(abstract_state))
 
 
 class Checkpointer:
@@ -289,14 +326,21 @@ class Checkpointer:
       _retry_vanished(self.manager.reload)
     return [s for s in self.all_steps()[::-1] if s not in tried]
 
-  def restore(self, abstract_state: TrainState, step: int | None = None,
-              with_data: bool = True, discard_unreadable: bool = False):
+  def restore(self, abstract_state: TrainState | Callable[[str], Any],
+              step: int | None = None, with_data: bool = True,
+              discard_unreadable: bool = False, partial: bool = False):
     """Restores ``(state, data_state)`` at ``step`` (default: the newest usable).
 
     ``abstract_state`` gives the tree, shapes, dtypes and shardings
-    (``jax.ShapeDtypeStruct`` leaves): a checkpoint saved on any mesh is
-    restored onto these shardings, and leaves without one onto this process's
-    first device (``eval.py``). When the newest checkpoint cannot be
+    (``jax.ShapeDtypeStruct`` leaves), or is a function of a step's
+    ``state`` directory returning them (built per step, e.g. from the saved
+    shapes, :func:`saved_shapes`; its errors make that step unreadable): a
+    checkpoint saved on any mesh is restored onto these shardings, and
+    leaves without one onto this process's first device (``eval.py``). With
+    ``partial`` the tree is a dict naming some of :class:`TrainState`'s
+    fields (``{"step", "params", "task_state"}``: ``laplax.load``) and only
+    those are read (the returned state is that dict); the rest, the optimizer
+    state, is not. When the newest checkpoint cannot be
     read, or (with ``verify``) a file of it does not match its checksum, it
     is skipped with a warning naming it and the previous one is used; a step
     whose write was interrupted (:meth:`incomplete_steps`) is named in a
@@ -313,19 +357,16 @@ class Checkpointer:
     steps = [step] if step is not None else self.all_steps()[::-1]
     if not steps:
       raise CheckpointError(f"no checkpoint in {self.directory}")
-    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-    abstract_state = jax.tree_util.tree_map(
-        lambda x: x if getattr(x, "sharding", None) is not None else
-        jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), abstract_state)
     unreadable, tried = [], set()
     while steps:
       s = steps.pop(0)
       tried.add(s)
-      items = {"state": ocp.args.StandardRestore(abstract_state)}
-      if with_data:
-        items["data"] = ocp.args.JsonRestore()
       try:
         verified = self._verified(s)
+        items = {"state": _restore_args(abstract_state, os.path.join(self.step_dir(s), "state"),
+                                          partial)}
+        if with_data:
+          items["data"] = ocp.args.JsonRestore()
         with _orbax_errors_silenced():
           restored = self.manager.restore(s, args=ocp.args.Composite(**items))
       except Exception as e:  # pylint: disable=broad-except

@@ -5,11 +5,17 @@
     logits, _ = run.model.apply({"params": run.params}, images, train=False)
 
 :func:`load` reads the config a run saved in its workdir (``config.json``,
-written by ``train.py``), builds the task with it (the task's data must be
-prepared, as for ``eval.py``: a classifier needs its number of classes, a
-language model its tokenizer) and restores a checkpoint onto one device,
-whatever mesh the run was trained on. ``eval.py`` restores through it too.
-Every problem with the workdir is a :class:`LoadError` with a one-line message.
+written by ``train.py`` or ``python -m laplax.convert``), builds the model
+from its spec (``config.model``, :func:`laplax.models.spec.from_config`) at
+the sizes the checkpoint holds (classes, vocabulary, image channels and
+grid: :func:`model_task`) and restores the parameters (and DINO's teacher)
+of a checkpoint onto one device, whatever mesh the run was trained on. No
+data is prepared and no optimizer is built: a run loads on a machine without
+its dataset. The task with its data (:attr:`Loaded.task`: eval batches, a
+language model's tokenizer) is built when first asked for, and the whole
+training state (:attr:`Loaded.state`: optimizer state, RNG) is read when
+first asked for; ``eval.py`` restores through :func:`load` too. Every
+problem with the workdir is a :class:`LoadError` with a one-line message.
 
 A workdir may be read while ``train.py`` writes it: the checkpoints are read
 without its lock and without writing anything; orbax renames a step into
@@ -22,19 +28,24 @@ the restored step is checked against its manifest first.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import math
 import os
 import re
-from typing import Any
+from typing import Any, Mapping
 
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
 import ml_collections
 
+from laplax import sharding
 from laplax.workdir import checkpoint as ckpt_lib
-from laplax.train.state import TrainState
 from laplax.config import validation as config_lib
-from laplax.errors import UserError
 from laplax.train import loop, optim
+from laplax import tasks
+from laplax.errors import UserError
+from laplax.train.state import TrainState
 from laplax.workdir.files import CHECKPOINT_DIR, CONFIG_FILE, load_saved_config
 
 
@@ -47,13 +58,13 @@ class Loaded:
   """A restored run, on one device, ready for ``model.apply``.
 
   Attributes:
-    model: the task's network (``ViT`` for classification, ``GPT`` for
-      language models, the DINO student ``DINO(backbone, head)`` for DINO);
-      ``model.apply({"params": params}, x, train=False)`` returns ``(output,
-      aux)``: logits float32 ``[B, num_classes]`` for images float32 ``[B,
-      H, W, C]`` (normalised as ``task.eval_batches()`` gives them), or
-      float32 ``[B, T, vocab_size]`` for token ids int32 ``[B, T]`` with
-      ``T <= config.model.max_length``.
+    model: the run's network built from the saved spec (``ViT`` for
+      classification, ``GPT`` for language models, the DINO student
+      ``DINO(backbone, head)`` for DINO); ``model.apply({"params": params},
+      x, train=False)`` returns ``(output, aux)``: logits float32 ``[B,
+      num_classes]`` for images float32 ``[B, H, W, C]`` (normalised as
+      ``task.eval_batches()`` gives them), or float32 ``[B, T, vocab_size]``
+      for token ids int32 ``[B, T]`` with ``T <= config.model.max_length``.
     params: the trained parameters of ``model`` (float32 pytree of
       ``jax.Array`` on ``jax.local_devices()[0]``).
     config: the run's config (``config.json``), locked (no new keys).
@@ -62,10 +73,11 @@ class Loaded:
       older ``step`` was asked for or the newest checkpoint is unreadable.
     teacher: DINO's teacher parameters (``{"backbone", "head"}``, for
       ``task.teacher``; its backbone is what DINO evaluates), else ``None``.
-    task: the task object (:mod:`laplax.tasks`): ``task.evaluate(state)``,
-      ``task.eval_batches()``, ``task.tokenizer`` (language models).
-    state: the whole restored ``TrainState`` (step, parameters, optimizer
-      state, RNG key, task state), on the same device.
+    task_state: the task's restored state (DINO: ``{"teacher", "center"}``),
+      else ``None``.
+    workdir: the loaded directory.
+    shapes_task: the task object built without data at the checkpoint's
+      sizes (:func:`model_task`; its ``model`` is :attr:`model`).
   """
   model: nn.Module
   params: Any
@@ -73,8 +85,47 @@ class Loaded:
   step: int
   latest_step: int
   teacher: Any
-  task: Any
-  state: TrainState
+  task_state: Any = None
+  workdir: str = ""
+  shapes_task: Any = dataclasses.field(default=None, repr=False, compare=False)
+
+  @functools.cached_property
+  def task(self):
+    """The task object (:mod:`laplax.tasks`) with its data prepared, as
+    ``eval.py`` needs it: ``task.evaluate(state)``, ``task.eval_batches()``,
+    ``task.tokenizer`` (language models). Built on first access (its
+    ``model`` equals :attr:`model`; nothing is written into the workdir
+    except a language model's tokenizer when it is missing).
+
+    Raises:
+      ConfigError, DataError: the config's data cannot be prepared (e.g. the
+        dataset is not in ``config.data.data_dir`` on this machine).
+    """
+    return loop.setup(self.config, self.workdir, check=False)
+
+  @property
+  def eval_state(self) -> TrainState:
+    """A :class:`~laplax.train.state.TrainState` of what evaluation
+    reads (``step``, ``params``, ``task_state``; ``opt_state`` and ``rng``
+    ``None``), for ``task.evaluate`` and the analysis."""
+    return TrainState(step=jnp.asarray(self.step, jnp.int32), params=self.params,
+                               opt_state=None, rng=None, task_state=self.task_state)
+
+  @functools.cached_property
+  def state(self) -> TrainState:
+    """The whole restored ``TrainState`` of :attr:`step` (parameters,
+    optimizer state, RNG key, task state) on the same device, read from the
+    checkpoint on first access (the config's optimizer is built for its
+    tree; no data is needed).
+
+    Raises:
+      LoadError: the step has become unreadable since it was loaded.
+    """
+    target = loop.abstract_state(self.shapes_task, optim.make_optimizer(self.config),
+                                 self.config.seed)
+    checkpointer = _checkpointer(self.workdir, self.config)
+    state, _ = _read(checkpointer, target, self.step, partial=False)
+    return jax.device_put(state, jax.local_devices()[0])
 
 
 def saved_config(workdir: str) -> ml_collections.ConfigDict:
@@ -109,26 +160,104 @@ def saved_steps(workdir: str) -> list[int]:
   return ckpt_lib.Checkpointer(directory, read_only=True).all_steps()
 
 
-def _single_device(abstract_state: TrainState) -> TrainState:
-  """``abstract_state`` with every leaf on this process's first device."""
-  device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-  return jax.tree_util.tree_map(
-      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), abstract_state)
+def _only(flat: Mapping[str, Any], suffix: str, workdir: str):
+  """The shape of the one saved parameter whose name ends with ``suffix``
+  (``None`` if there is none).
+
+  Raises:
+    LoadError: several parameters end with ``suffix``.
+  """
+  found = [v for k, v in flat.items() if k == suffix or k.endswith("/" + suffix)]
+  if len(found) > 1:
+    raise LoadError(f"the checkpoint in {workdir} has {len(found)} parameters "
+                    f"{suffix}; it is not a laplax model of its config")
+  return tuple(found[0].shape) if found else None
 
 
-def _restore(workdir: str, task, config, step: int | None) -> TrainState:
-  """The TrainState of ``step`` (default: the newest readable) on one device.
+def checkpoint_sizes(config: ml_collections.ConfigDict, params: Mapping,
+                     workdir: str = "the workdir") -> dict:
+  """The sizes a task takes from its data, read from a saved parameter tree
+  (``jax.ShapeDtypeStruct`` or array leaves, :func:`~laplax.workdir.checkpoint.saved_shapes`):
+  ``num_classes`` (the ``head`` kernel's ``[width, classes]``; 0 without a
+  head), ``image_shape`` ``(H, W, C)`` (C from the patch embedding's kernel
+  ``[p, p, C, width]``; a learned position embedding ``[1, N, width]`` gives
+  the square grid ``sqrt(N)``, else ``config.data.image_size``; DINO: the
+  global crops' size) and ``vocab_size`` (the token embedding's ``[V,
+  width]``).
+
+  Raises:
+    LoadError: a tree without the parameters the config's model has.
+  """
+  flat = {"/".join(str(getattr(k, "key", k)) for k in path): leaf for path, leaf in
+          jax.tree_util.tree_flatten_with_path(dict(params))[0]}
+  if tasks.is_language_model(config):
+    embedding = _only(flat, "token_embedding/embedding", workdir)
+    if embedding is None:
+      raise LoadError(f"the checkpoint in {workdir} has no token embedding; it is not "
+                      f"the GPT of its config.json")
+    return {"vocab_size": int(embedding[0])}
+  kernel = _only(flat, "embedding/kernel", workdir)
+  if kernel is None or len(kernel) != 4:
+    raise LoadError(f"the checkpoint in {workdir} has no patch embedding; it is not "
+                    f"the ViT of its config.json")
+  patch, channels = int(kernel[0]), int(kernel[2])
+  if issubclass(tasks.task_class(config), tasks.DINOTask):
+    size = int(config.data.multicrop.global_size)
+    return {"num_classes": 0, "image_shape": (size, size, channels)}
+  head = flat.get("head/kernel")
+  pos = flat.get("pos_embedding")
+  side = math.isqrt(int(pos.shape[1])) if pos is not None else 0
+  if pos is not None and side * side == int(pos.shape[1]):
+    size = side * patch
+  else:
+    size = int(config.data.get("image_size", None) or patch)
+  return {"num_classes": int(head.shape[1]) if head is not None else 0,
+          "image_shape": (size, size, channels)}
+
+
+def model_task(config: ml_collections.ConfigDict, *, num_classes: int | None = None,
+               image_shape: tuple | None = None, vocab_size: int | None = None):
+  """The task object of ``config.task`` built from sizes instead of its data
+  (nothing is prepared or read): its ``model``, ``init`` and
+  ``init_task_state`` give the parameter tree of a run of ``config``.
+  ``eval_batches`` and the tokenizer's text need the data (a language
+  model's tokenizer here is only its size, every token one byte).
+
+  Args:
+    config: the run's config.
+    num_classes, image_shape: a classifier's (``image_shape`` also DINO's) sizes.
+    vocab_size: a language model's vocabulary.
+  """
+  return tasks.task_class(config).from_shapes(config, image_shape=image_shape,
+                                             num_classes=num_classes, vocab_size=vocab_size)
+
+
+def abstract_weights(task) -> dict:
+  """``{"step", "params", "task_state"}`` of a run of ``task`` as
+  ``jax.ShapeDtypeStruct`` leaves (``jax.eval_shape`` of its ``init``: no
+  array is computed)."""
+  def init():
+    params = sharding.unbox(task.init(jax.random.PRNGKey(0)))
+    return {"step": jnp.zeros((), jnp.int32), "params": params,
+            "task_state": task.init_task_state(params)}
+  return jax.eval_shape(init)
+
+
+def _checkpointer(workdir: str, config) -> ckpt_lib.Checkpointer:
+  """A read-only :class:`~laplax.workdir.checkpoint.Checkpointer` of ``workdir``."""
+  return ckpt_lib.Checkpointer(os.path.join(workdir, CHECKPOINT_DIR),
+                               verify=bool(config.get("checkpoint_verify", True)),
+                               read_only=True)
+
+
+def _read(checkpointer: ckpt_lib.Checkpointer, target, step: int | None, partial: bool):
+  """``checkpointer.restore(target, step, with_data=False, partial=partial)``.
 
   Raises:
     LoadError: the checkpoint(s) cannot be read.
   """
-  checkpointer = ckpt_lib.Checkpointer(os.path.join(workdir, CHECKPOINT_DIR),
-                                       verify=bool(config.get("checkpoint_verify", True)),
-                                       read_only=True)
-  target = _single_device(loop.abstract_state(task, optim.make_optimizer(config),
-                                              config.seed))
   try:
-    state, _ = checkpointer.restore(target, step=step, with_data=False)
+    return checkpointer.restore(target, step=step, with_data=False, partial=partial)
   except ckpt_lib.CheckpointError as e:
     if step is None:
       raise LoadError(str(e)) from None
@@ -136,21 +265,24 @@ def _restore(workdir: str, task, config, step: int | None) -> TrainState:
     raise LoadError(f"checkpoint step {step} in {checkpointer.directory} is "
                     f"unreadable ({reason.group(1) if reason else 'unknown'}); "
                     f"load another step") from None
-  return jax.device_put(state, jax.local_devices()[0])
 
 
 def load(workdir: str, step: int | None = None) -> Loaded:
-  """Restores a laplax run (a ``train.py`` workdir) onto one device.
+  """Restores a laplax run (a ``train.py`` or ``laplax.convert`` workdir) onto one device.
 
-  Reads ``workdir/config.json``, builds the task of that config (preparing its
-  data as ``eval.py`` does; nothing is written into ``workdir`` except a
-  language model's tokenizer when it is missing) and restores the checkpoint
-  of ``step``. A checkpoint saved sharded on any mesh is restored whole onto
-  ``jax.local_devices()[0]`` (``jax.devices()[0]`` in a single process).
-  When ``step`` is ``None`` and the newest checkpoint is unreadable (or,
-  with the run's ``checkpoint_verify``, fails its checksums), the newest
-  readable one is used with a logged warning (``Loaded.step`` is then below
-  ``Loaded.latest_step``).
+  Reads ``workdir/config.json``, builds the model from its spec at the sizes
+  of the saved parameters (:func:`checkpoint_sizes`, :func:`model_task`; no
+  data is prepared, no optimizer built, nothing written) and restores the
+  parameters and the task state (DINO's teacher) of ``step`` against the
+  model's initial shapes (:func:`abstract_weights`), checked against the
+  step's checksums first (``checkpoint_verify``). A checkpoint saved sharded
+  on any mesh is restored whole onto ``jax.local_devices()[0]``
+  (``jax.devices()[0]`` in a single process). When ``step`` is ``None`` and
+  the newest checkpoint is unreadable (or, with the run's
+  ``checkpoint_verify``, fails its checksums), the newest readable one is
+  used with a logged warning (``Loaded.step`` is then below
+  ``Loaded.latest_step``). ``Loaded.task`` (the data) and ``Loaded.state``
+  (the optimizer state) are built when first asked for.
 
   Args:
     workdir: the directory ``train.py --workdir`` wrote.
@@ -158,14 +290,15 @@ def load(workdir: str, step: int | None = None) -> Loaded:
 
   Returns:
     A :class:`Loaded`: ``model``, ``params``, ``config``, ``step``,
-    ``latest_step``, ``teacher`` (DINO), ``task`` and the whole ``state``.
+    ``latest_step``, ``teacher`` (DINO), ``task_state``; ``task`` and the
+    whole ``state`` on first access.
 
   Raises:
     LoadError: ``workdir`` missing, no ``config.json`` or not a laplax config,
       no checkpoint, ``step`` not saved (the message lists the saved steps),
-      or no readable checkpoint (``step``'s, or any, when ``step`` is None).
-    ConfigError, DataError: the saved config's data cannot be prepared
-      (e.g. the dataset is not in ``config.data.data_dir`` on this machine).
+      or no readable checkpoint (``step``'s, or any, when ``step`` is None;
+      also a checkpoint whose parameters are not the config's model).
+    ConfigError, SpecError: the saved config does not validate.
   """
   config = saved_config(workdir)
   steps = saved_steps(workdir)
@@ -175,13 +308,21 @@ def load(workdir: str, step: int | None = None) -> Loaded:
   if step is not None and int(step) not in steps:
     raise LoadError(f"step {step} is not saved in {workdir}; saved steps: "
                     f"{', '.join(map(str, steps))}")
-  task = loop.setup(config, workdir, check=False)
+  config_lib.validate(config, None, strict_keys=False)
   config.lock()
-  state = _restore(workdir, task, config, None if step is None else int(step))
-  teacher = None
-  if isinstance(state.task_state, dict) and "teacher" in state.task_state:
-    teacher = state.task_state["teacher"]
-  return Loaded(model=task.model, params=state.params, config=config,
-                step=int(state.step), latest_step=max(steps[-1], int(state.step)),
-                teacher=teacher,
-                task=task, state=state)
+  built = {}
+
+  def target(state_dir: str) -> dict:  # the model at the sizes this step holds
+    saved = ckpt_lib.saved_shapes(state_dir)
+    built["task"] = model_task(config, **checkpoint_sizes(config, saved["params"], workdir))
+    return abstract_weights(built["task"])
+
+  state, _ = _read(_checkpointer(workdir, config), target,
+                   None if step is None else int(step), partial=True)
+  state = jax.device_put(state, jax.local_devices()[0])
+  task_state = state.get("task_state")
+  teacher = task_state.get("teacher") if isinstance(task_state, dict) else None
+  restored = int(state["step"])
+  return Loaded(model=built["task"].model, params=state["params"], config=config,
+                step=restored, latest_step=max(steps[-1], restored), teacher=teacher,
+                task_state=task_state, workdir=workdir, shapes_task=built["task"])
