@@ -105,8 +105,8 @@ def require_keys(config: ml_collections.ConfigDict) -> None:
                         f"(see configs/vit_fashion_mnist.py)") from None
 
 
-def validate(config: ml_collections.ConfigDict, task_class: Any,
-             num_devices: int | None = None, strict_keys: bool = True) -> None:
+def validate(config: ml_collections.ConfigDict, num_devices: int | None = None,
+             strict_keys: bool = True, *, task_class: Any) -> None:
   """Checks types, ranges and consistency of every key the trainer reads.
 
   ``task_class`` is the class of ``config.task`` (callers go through

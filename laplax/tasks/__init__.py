@@ -70,4 +70,4 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None,
   config_lib.require(config.task in TASKS,
                      f"config.task={config.task!r} is unknown; use one of "
                      f"{', '.join(task_names())}")
-  config_lib.validate(config, TASKS[config.task], num_devices, strict_keys)
+  config_lib.validate(config, num_devices, strict_keys, task_class=TASKS[config.task])

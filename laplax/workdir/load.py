@@ -308,7 +308,7 @@ def load(workdir: str, step: int | None = None) -> Loaded:
   if step is not None and int(step) not in steps:
     raise LoadError(f"step {step} is not saved in {workdir}; saved steps: "
                     f"{', '.join(map(str, steps))}")
-  config_lib.validate(config, None, strict_keys=False)
+  tasks.validate(config, None, strict_keys=False)
   config.lock()
   built = {}
 
