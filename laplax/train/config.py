@@ -103,6 +103,10 @@ def unknown_keys(config: ml_collections.ConfigDict) -> list[str]:
     from laplax.data import fineweb  # pylint: disable=import-outside-toplevel
     known.update(utils.flatten_dotted({"data": fineweb.default_config().to_dict()},
                                       keep_empty=True))
+  if config.task == "lm" and get(config, "data.name", "") in ("chat_mid", "chat_sft"):
+    from laplax.data import chat_mixture  # pylint: disable=import-outside-toplevel
+    known.update(utils.flatten_dotted({"data": chat_mixture.default_config().to_dict()},
+                                      keep_empty=True))
   sections = {k.rsplit(".", 1)[0] for k in known if "." in k}
   return sorted(k for k in utils.flatten_dotted(config.to_dict(), keep_empty=True)
                 if k not in known and k not in sections)
@@ -209,8 +213,11 @@ def _validate_muon(config):
   _require(name in ("adamw", "muon", "nanochat"),
            f"config.optim.optimizer={name!r} is unknown; use 'adamw', 'muon' or 'nanochat'")
   schedule = get(config, "optim.schedule", "cosine")
-  _require(schedule in ("cosine", "warmdown"),
-           f"config.optim.schedule={schedule!r} is unknown; use 'cosine' or 'warmdown'")
+  _require(schedule in ("cosine", "warmdown", "progress"),
+           f"config.optim.schedule={schedule!r} is unknown; use 'cosine', 'warmdown' or "
+           f"'progress'")
+  if get(config, "optim.schedule_steps", None) is not None:
+    _int(config, "optim.schedule_steps", 1)
   if get(config, "optim.warmdown_ratio", None) is not None:
     _float(config, "optim.warmdown_ratio", 0.0, 1.0)
   if get(config, "optim.adam_eps", None) is not None:

@@ -82,6 +82,10 @@ def check_data(config: ml_collections.ConfigDict, task: Any) -> None:
     from laplax.data import lm_input, text  # pylint: disable=import-outside-toplevel
     if lm_input.is_fineweb(config):
       return  # a stream that starts again when it runs out (fineweb.prepare checks the shards)
+    if lm_input.is_chat(config):  # every conversation read (and checked) before training
+      from laplax.data import chat_mixture  # pylint: disable=import-outside-toplevel
+      chat_mixture.check(config.data, task.tokenizer)
+      return
     num = len(text.split_tokens(config.data, task.tokenizer, "train"))
     windows = num - int(config.model.max_length)
     if config.batch_size > windows:

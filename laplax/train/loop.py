@@ -32,6 +32,7 @@ import tqdm
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from laplax import sharding
+from laplax.data.errors import DataError
 from laplax.train import checkpoint as ckpt_lib
 from laplax.train import config as config_lib
 from laplax.train import finetune, fit, optim, signals, tasks
@@ -354,12 +355,17 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   if jax.process_count() == 1:
     lock_lib.check(workdir, force_unlock)
   before = set(os.listdir(workdir)) if os.path.isdir(workdir) else None
+  task = None
   try:
     task = setup(config, workdir)
     with lock_lib.hold(workdir, force_unlock):
       return _train_in(config, workdir, task)
   except (finetune.InitFromError, fit.FitError):
     _remove_new(workdir, before)  # what this start wrote: nothing is left
+    raise
+  except (config_lib.ConfigError, DataError):
+    if task is None:  # setup's writes (init_from's tokenizer copy) go too
+      _remove_new(workdir, before)
     raise
 
 

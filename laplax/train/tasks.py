@@ -217,8 +217,12 @@ class LanguageModelTask(TaskBase):
     return lm_input.eval_batches(self.config, self.tokenizer)
 
   def batch_spec(self, batch_size: int) -> dict:
-    """``jax.ShapeDtypeStruct`` per field of a training batch."""
-    return {"tokens": jax.ShapeDtypeStruct((batch_size, self.seq_len + 1), jnp.int32)}
+    """``jax.ShapeDtypeStruct`` per field of a training batch (SFT: also ``targets``)."""
+    from laplax.data import lm_input  # pylint: disable=import-outside-toplevel
+    spec = {"tokens": jax.ShapeDtypeStruct((batch_size, self.seq_len + 1), jnp.int32)}
+    if lm_input.has_targets(self.config):
+      spec["targets"] = jax.ShapeDtypeStruct((batch_size, self.seq_len), jnp.int32)
+    return spec
 
   def init(self, rng: jax.Array) -> Any:
     """Initial parameters (float32 pytree) from ``rng``."""
@@ -227,11 +231,23 @@ class LanguageModelTask(TaskBase):
 
   def loss(self, params: Any, batch: dict, rng: jax.Array, task_state: Any = None,
            step: jax.Array | None = None):
-    """Mean next-token cross-entropy (nats, float32) and ``(metrics, None)``."""
+    """Mean next-token cross-entropy (nats, float32) and ``(metrics, None)``.
+
+    A batch with ``"targets"`` (int32 ``[B, max_length]``, SFT) is scored on
+    those instead of ``tokens[:, 1:]``, the mean over the targets that are
+    not -1 (PyTorch's ``cross_entropy(..., ignore_index=-1)``, nanochat's
+    SFT loss; a batch without any gives 0, not NaN).
+    """
     del task_state, step
     tokens = batch["tokens"]
     logits, _ = self.model.apply({"params": params}, tokens[:, :-1], train=True,
                                  rngs={"dropout": rng})
+    if "targets" in batch:
+      valid = batch["targets"] >= 0
+      losses = optax.softmax_cross_entropy_with_integer_labels(
+          logits, jnp.where(valid, batch["targets"], 0))
+      loss = jnp.sum(jnp.where(valid, losses, 0.0)) / jnp.maximum(valid.sum(), 1)
+      return loss, ({"loss": loss}, None)
     loss = optax.softmax_cross_entropy_with_integer_labels(
         logits, tokens[:, 1:]).mean()
     return loss, ({"loss": loss}, None)
