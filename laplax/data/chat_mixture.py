@@ -66,6 +66,7 @@ special tokens, bad ``streams`` / ``pop_rows``.
 from __future__ import annotations
 
 import dataclasses
+import os
 import random
 from collections.abc import Callable, Iterator
 
@@ -83,6 +84,8 @@ MID, SFT = "chat_mid", "chat_sft"
 #: ``data.name`` of the two chat stages.
 NAMES = (MID, SFT)
 MIXTURE_SEED = 42  # nanochat's TaskMixture: random.Random(42).shuffle
+#: ``data.source_dir``'s default: ``$LAPLAX_DATA/chat`` (``~/.cache/laplax/chat``).
+DEFAULT_SOURCE_DIR = os.path.join(os.environ.get("LAPLAX_DATA", "~/.cache/laplax"), "chat")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,7 +134,7 @@ def default_config(name: str = MID) -> ml_collections.ConfigDict:
 
   Keys: ``name`` (``"chat_mid"`` or ``"chat_sft"``), ``data_dir`` (not read
   here; every config has it), ``source_dir`` (the data directory,
-  :data:`SOURCES`), ``tokenizer`` (``"nanochat"``), ``vocab_size``,
+  :data:`SOURCES`; default :data:`DEFAULT_SOURCE_DIR`), ``tokenizer`` (``"nanochat"``), ``vocab_size``,
   ``max_conversation_tokens`` (nanochat's 2048), ``streams`` and
   ``pop_rows`` (mid-training, as FineWeb-Edu's), ``max_eval_tokens``
   (mid-training; None: the validation mixture once),
@@ -141,7 +144,7 @@ def default_config(name: str = MID) -> ml_collections.ConfigDict:
   return ml_collections.ConfigDict({
       "name": name,
       "data_dir": "~/tensorflow_datasets",
-      "source_dir": "",
+      "source_dir": DEFAULT_SOURCE_DIR,
       "tokenizer": "nanochat",
       "vocab_size": 65536,
       "max_conversation_tokens": MAX_TOKENS,
@@ -157,12 +160,9 @@ def split_files(data_config, source: str, split: str) -> list[str]:
   """The files of ``split`` of ``source`` under ``data.source_dir``.
 
   Raises:
-    DataError: no ``source_dir`` or no such split (the expected path shown).
+    DataError: no such split (the expected path shown).
   """
-  root = data_config.get("source_dir", "") or ""
-  if not root:
-    raise DataError(f"--config.data.source_dir is empty; give the directory of the chat data "
-                    f"(e.g. DIR/{SOURCES[source].layout.format(split=split)}).")
+  root = data_config.get("source_dir", "") or DEFAULT_SOURCE_DIR
   s = SOURCES[source]
   for subset in s.subsets[:-1]:
     try:
@@ -184,7 +184,6 @@ def mixture(data_config, split: str) -> list[dict]:
     DataError: see :func:`split_files` and the readers of
       :mod:`~laplax.data.chat_sources`; an empty mixture.
   """
-  import os  # pylint: disable=import-outside-toplevel
   parts = []
   for source, part, stop in MIXTURES[(data_config.name, split)]:
     if isinstance(stop, str):

@@ -47,10 +47,11 @@ SFT_LR_FRAC = 0.02  # nanochat's chat_sft.py init_lr_frac
 
 
 def stage_config(c: ml_collections.ConfigDict, stage: str, *, schedule: str = "rising",
-                 total_steps: int, source_dir: str = "") -> ml_collections.ConfigDict:
+                 total_steps: int) -> ml_collections.ConfigDict:
   """``c`` (a GPT config with nanochat's optimiser) set up as chat stage
-  ``stage`` for ``total_steps`` updates, its data read from ``source_dir``
-  (see the module docstring); changes and returns ``c``.
+  ``stage`` for ``total_steps`` updates (see the module docstring); changes
+  and returns ``c``. The data directory is ``data.source_dir``
+  (:data:`laplax.data.chat_mixture.DEFAULT_SOURCE_DIR` unless set).
 
   Raises:
     ValueError: an unknown ``stage`` or ``schedule`` (one line).
@@ -61,7 +62,7 @@ def stage_config(c: ml_collections.ConfigDict, stage: str, *, schedule: str = "r
     raise ValueError(f"schedule={schedule!r} is unknown; use one of {', '.join(SCHEDULES)}")
   data_dir = c.data.get("data_dir", "~/tensorflow_datasets")
   c.data = chat_mixture.default_config(chat_mixture.MID if stage == "mid" else chat_mixture.SFT)
-  c.data.data_dir, c.data.source_dir = data_dir, source_dir
+  c.data.data_dir = data_dir
   c.total_steps = total_steps
   o = c.optim
   o.weight_decay = 0.0
