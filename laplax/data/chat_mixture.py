@@ -202,7 +202,8 @@ def mixture(data_config, split: str) -> list[dict]:
     if not index:
       raise DataError(f"The {data_config.name} {split} mixture under "
                       f"{data_config.source_dir} holds no conversation.")
-    _CACHE.clear()  # one mixture per process at a time
+    while len(_CACHE) >= 4:  # a run's train and validation mixtures, and a few more
+      _CACHE.pop(next(iter(_CACHE)))
     _CACHE[key] = [sets[t][i] for t, i in index]
   return _CACHE[key]
 
