@@ -13,10 +13,10 @@ repositories publish them (:mod:`laplax.data.chat_mixture`). 256 x 2048
 tokens a step, as nanochat's 8 GPUs x 32 rows (``data.streams=8``).
 
 ``total_steps``: nanochat runs one epoch of the mixture, a length it learns
-while reading; here it is a setting (800, of that order for the published
-data at this batch; the tokens of the rendered mixture divided by 256 x
-2048 is the exact epoch). Past the epoch the streams go round again, as
-nanochat's cursor does.
+while reading; here it is a setting, 800 by default (not measured on the
+published data: one epoch is the tokens of the rendered mixture divided by
+256 x 2048; set ``--config.total_steps`` to it). Past the epoch the streams
+go round again, as nanochat's cursor does.
 
 Arguments: ``schedule`` (``rising``, the default: nanochat 3a5e0bc's rate,
 which rises with the fraction of the epoch done, a bug of that release that
