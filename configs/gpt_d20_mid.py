@@ -14,9 +14,10 @@ tokens a step, as nanochat's 8 GPUs x 32 rows (``data.streams=8``).
 
 ``total_steps``: nanochat runs one epoch of the mixture, a length it learns
 while reading; here it is a setting, 800 by default (not measured on the
-published data: one epoch is the tokens of the rendered mixture divided by
-256 x 2048; set ``--config.total_steps`` to it). Past the epoch the streams
-go round again, as nanochat's cursor does.
+published data). ``python -m laplax.data.chat_mixture --workdir runs/d20_5l
+--source_dir ~/chat_data`` renders the mixture once and prints one epoch's
+steps for ``--config.total_steps``. Past the epoch the streams go round
+again, as nanochat's cursor does.
 
 Arguments: ``schedule`` (``rising``, the default: nanochat 3a5e0bc's rate,
 which rises with the fraction of the epoch done, a bug of that release that

@@ -7,7 +7,8 @@ of a tiny GPT pretrained with nanochat's tokenizer.
 
 ``configs/gpt_d20_mid.py`` at the size of ``configs/gpt_shakespeare.py``
 (``:recipe=nanochat``: nanochat's optimiser): 16 rows of the context a
-step, 150 steps, one stream; the model (and its context) come from
+step, 150 steps (about 8 epochs of ``laplax.data.chat_fixtures``' sets), one
+stream; the model (and its context) come from
 ``init_from`` (docs/language-models.md, "Chat stages end to end").
 Arguments: ``schedule`` (``rising`` or ``fixed``, as gpt_d20_mid).
 """

@@ -113,6 +113,21 @@ def test_mid_batches_are_packed_streams_without_mask(data):
   np.testing.assert_array_equal(next(again)["tokens"], next(it)["tokens"])
 
 
+def test_epoch_steps_stay_within_one_pass_of_every_stream(data):
+  c, seq_len = data_config("chat_mid", data, streams=2), 32
+  items = chat_mixture.mixture(c, "train")
+  n = chat_mixture.epoch_steps(c, TOK, batch_size=4, seq_len=seq_len)
+  it = iter(chat_mixture.train_dataset(c, TOK, batch_size=4, seq_len=seq_len))
+  for _ in range(n):
+    next(it)
+  positions = it.get_state()["positions"]
+  assert all(int(s) + 2 * k < len(items) for s, (k, _) in positions.items())
+  # One more step would need a token of the second pass of some stream.
+  fewest = min(sum(len(chat.render_conversation(TOK, items[i])[0])
+                   for i in range(s, len(items), 2)) for s in range(2))
+  assert n * 65 <= fewest < (n + 1) * 65
+
+
 def test_sft_eval_mask_is_the_assistant_targets(data):
   c = data_config("chat_sft", data, max_eval_conversations=3)
   batches = list(chat_mixture.eval_batches(c, TOK, batch_size=2, seq_len=200,

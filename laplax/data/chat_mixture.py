@@ -460,3 +460,53 @@ def _sft_eval(items, tokenizer, data_config, batch_size, seq_len, limit):
       tokens[i, :len(ids)] = ids
     mask[:len(chunk)] = rows["targets"] >= 0
     yield {"tokens": tokens, "mask": mask}
+
+
+def epoch_steps(data_config, tokenizer, *, batch_size: int, seq_len: int) -> int:
+  """Mid-training steps of one epoch of the train mixture: the fewest whole
+  pops (``R T + 1`` tokens) any stream's conversations fill, over the pops a
+  step takes of each stream (nanochat stops when the first stream's cursor
+  goes round; its count can differ by a step, its pops being drawn ahead).
+  Renders every conversation once.
+
+  Raises:
+    DataError: see :func:`mixture`, :func:`prepare`.
+  """
+  items = mixture(data_config, "train")
+  w, r = fineweb._geometry(data_config, batch_size)  # pylint: disable=protected-access
+  limit = render_limit(data_config, seq_len)
+  tokens = [sum(len(render_conversation(tokenizer, items[i], limit)[0])
+                for i in range(s, len(items), w)) for s in range(w)]
+  return min(tokens) // (r * seq_len + 1) // (batch_size // w // r)
+
+
+def main(argv: list[str] | None = None) -> int:
+  """``python -m laplax.data.chat_mixture --workdir W [--config FILE.py]
+  [--source_dir DIR]``: the conversations of the mid-training mixture and the
+  steps of one epoch (:func:`epoch_steps`) at the config's batch and
+  context, with the tokenizer of workdir ``W`` (the pretrained run)."""
+  import argparse  # pylint: disable=import-outside-toplevel
+  import sys  # pylint: disable=import-outside-toplevel
+  parser = argparse.ArgumentParser(description="One epoch of nanochat's mid-training mixture.")
+  parser.add_argument("--workdir", required=True, help="the run whose tokenizer renders it")
+  parser.add_argument("--config", default="configs/gpt_d20_mid.py")
+  parser.add_argument("--source_dir", default=None, help="default: the config's")
+  args = parser.parse_args(argv)
+  from laplax.train.chat_stages import sibling_config  # pylint: disable=import-outside-toplevel
+  try:
+    config = sibling_config(args.config, os.path.basename(args.config))
+    if args.source_dir:
+      config.data.source_dir = args.source_dir
+    tokenizer = prepare(config.data, args.workdir, batch_size=config.batch_size)
+    steps = epoch_steps(config.data, tokenizer, batch_size=config.batch_size,
+                        seq_len=config.model.max_length)
+  except (DataError, OSError) as e:
+    print(str(e).splitlines()[0] if str(e) else type(e).__name__, file=sys.stderr)
+    return 2
+  print(f"{len(mixture(config.data, 'train'))} conversations; one epoch = {steps} steps "
+        f"of {config.batch_size} x {config.model.max_length} (--config.total_steps={steps})")
+  return 0
+
+
+if __name__ == "__main__":
+  raise SystemExit(main())
