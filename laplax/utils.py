@@ -7,6 +7,7 @@ before; this is the one copy.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from typing import Any, Callable, Mapping
 
@@ -71,3 +72,17 @@ def flatten_dotted(tree: Mapping, prefix: str = "", *, keep_empty: bool = False)
     else:
       out[prefix + k] = list(v) if isinstance(v, tuple) else v
   return out
+
+
+def config_from_file(path: str, arg: str | None = None):
+  """``get_config(arg)`` of the config file at ``path`` (a ``configs/*.py``),
+  imported under a name of its own.
+
+  Raises:
+    OSError: no such file; whatever the file's ``get_config`` raises.
+  """
+  name = os.path.splitext(os.path.basename(path))[0]
+  spec = importlib.util.spec_from_file_location(f"laplax_config_{name}", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config(arg)

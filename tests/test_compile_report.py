@@ -47,3 +47,16 @@ def test_compile_report_bad_mesh_is_one_line_exit_2():
   lines = proc.stderr.strip().splitlines()
   assert len(lines) == 1 and "mesh_shape" in lines[0], proc.stderr
   assert "Traceback" not in proc.stderr
+
+
+def test_compile_report_takes_the_sft_config():
+  # configs/gpt_d20_sft.py at a small width: its batch carries SFT's "targets"
+  # and its step accumulates 8 micro-batches of 4 (nanochat's 8 GPUs x 4).
+  proc = run([REPORT, "--cpu-devices", "2", "--mesh", "(2,1,1)", "--config",
+              "configs/gpt_d20_sft.py:laplacian=1", "--set", "model.width=64",
+              "--set", "model.mlp_dim=256", "--set", "model.depth=1", "--set",
+              "model.num_heads=2", "--set", "model.max_length=64", "--set",
+              "data.vocab_size=512"])
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert "batch 32" in proc.stdout and "grad_accum_steps 8" in proc.stdout
+  assert re.search(r"per-device memory: arguments \S+ \w+B", proc.stdout)

@@ -79,9 +79,13 @@ def _optim_config() -> ml_collections.ConfigDict:
   o.min_lr_ratio = 0.0
   # "cosine": linear warm-up, cosine to min_lr_ratio * lr; "warmdown":
   # nanochat's constant rate, then linear to min_lr_ratio * lr over the last
-  # warmdown_ratio of the steps (laplax.train.optim.learning_rate_schedule).
+  # warmdown_ratio of the steps; "progress": nanochat 3a5e0bc's mid-training
+  # rate, rising as the fraction of the steps done (laplax.train.optim.
+  # learning_rate_schedule). schedule_steps: the schedule's horizon (None:
+  # total_steps; nanochat's SFT decays over 651 steps and stops after 650).
   o.schedule = "cosine"
   o.warmdown_ratio = 0.2
+  o.schedule_steps = config_dict.placeholder(int)
   o.grad_clip = 1.0
   o.weight_decay_exclude = ("pos_embedding", "cls")
   # "adamw", or "muon": optax.contrib.muon on the block matrices, AdamW on

@@ -203,8 +203,11 @@ def _validate_muon(config):
   require(name in ("adamw", "muon", "nanochat"),
            f"config.optim.optimizer={name!r} is unknown; use 'adamw', 'muon' or 'nanochat'")
   schedule = get(config, "optim.schedule", "cosine")
-  require(schedule in ("cosine", "warmdown"),
-           f"config.optim.schedule={schedule!r} is unknown; use 'cosine' or 'warmdown'")
+  require(schedule in ("cosine", "warmdown", "progress"),
+          f"config.optim.schedule={schedule!r} is unknown; use 'cosine', 'warmdown' or "
+          f"'progress'")
+  if get(config, "optim.schedule_steps", None) is not None:
+    check_int(config, "optim.schedule_steps", 1)
   if get(config, "optim.warmdown_ratio", None) is not None:
     check_float(config, "optim.warmdown_ratio", 0.0, 1.0)
   if get(config, "optim.adam_eps", None) is not None:

@@ -1,10 +1,12 @@
-"""The input of a language-model config: the TFDS text corpus or FineWeb-Edu.
+"""The input of a language-model config: the TFDS text corpus, FineWeb-Edu or a chat stage.
 
 ``LanguageModelTask`` calls these three functions with the whole run config;
 ``config.data.name`` picks the pipeline: ``"fineweb_edu"`` is
 :mod:`laplax.data.fineweb` (parquet shards packed as nanochat packs them),
-anything else :mod:`laplax.data.text` (``"text_corpus"``). Both give
-``{"tokens": int32 [B, max_length + 1]}`` batches (eval batches also
+``"chat_mid"`` / ``"chat_sft"`` :mod:`laplax.data.chat_mixture` (nanochat's
+mid-training and SFT mixtures), anything else :mod:`laplax.data.text`
+(``"text_corpus"``). All give ``{"tokens": int32 [B, max_length + 1]}``
+batches (SFT's also ``"targets"``, :func:`has_targets`; eval batches also
 ``"mask"``) and a tokenizer with ``vocab_size`` and ``token_bytes``.
 """
 
@@ -21,6 +23,17 @@ def is_fineweb(config: ml_collections.ConfigDict) -> bool:
   return config.data.get("name", "") == "fineweb_edu"
 
 
+def is_chat(config: ml_collections.ConfigDict) -> bool:
+  """Whether ``config`` is a chat stage (``data.name`` ``"chat_mid"`` or ``"chat_sft"``)."""
+  return config.data.get("name", "") in ("chat_mid", "chat_sft")
+
+
+def has_targets(config: ml_collections.ConfigDict) -> bool:
+  """Whether training batches carry ``"targets"`` (int32 ``[B, max_length]``,
+  -1 = no loss): SFT (``data.name == "chat_sft"``)."""
+  return config.data.get("name", "") == "chat_sft"
+
+
 def prepare(config: ml_collections.ConfigDict, workdir: str | None):
   """The run's tokenizer, the corpus checked (and prepared, for the TFDS corpus).
 
@@ -28,6 +41,9 @@ def prepare(config: ml_collections.ConfigDict, workdir: str | None):
     DataError: see :func:`laplax.data.text.prepare` / :func:`laplax.data.fineweb.prepare`.
   """
   # pylint: disable=import-outside-toplevel
+  if is_chat(config):
+    from laplax.data import chat_mixture
+    return chat_mixture.prepare(config.data, workdir, batch_size=config.batch_size)
   if is_fineweb(config):  # streams and pop rows checked against the global batch
     from laplax.data import fineweb
     return fineweb.prepare(config.data, workdir, seq_len=config.model.max_length,
@@ -40,7 +56,12 @@ def train_dataset(config: ml_collections.ConfigDict, tokenizer, process_index: i
                   process_count: int = 1) -> grain.IterDataset:
   """This process's infinite training batches of ``config.batch_size // process_count`` rows."""
   # pylint: disable=import-outside-toplevel
-  from laplax.data import fineweb, text
+  from laplax.data import chat_mixture, fineweb, text
+  if is_chat(config):
+    return chat_mixture.train_dataset(
+        config.data, tokenizer, batch_size=config.batch_size // process_count,
+        seq_len=config.model.max_length, process_index=process_index,
+        process_count=process_count)
   module = fineweb if is_fineweb(config) else text
   return module.train_dataset(
       config.data, tokenizer, batch_size=config.batch_size // process_count,
@@ -52,6 +73,11 @@ def eval_batches(config: ml_collections.ConfigDict, tokenizer) -> Iterator[dict]
   """The validation batches of ``config.eval_batch_size`` rows (FineWeb-Edu:
   popped as the train batch pops)."""
   # pylint: disable=import-outside-toplevel
+  if is_chat(config):
+    from laplax.data import chat_mixture
+    return chat_mixture.eval_batches(config.data, tokenizer, batch_size=config.eval_batch_size,
+                                     seq_len=config.model.max_length,
+                                     train_batch_size=config.batch_size)
   if is_fineweb(config):
     from laplax.data import fineweb
     return fineweb.eval_batches(config.data, tokenizer, batch_size=config.eval_batch_size,

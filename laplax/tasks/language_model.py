@@ -45,11 +45,16 @@ class LanguageModelTask(TaskBase):
   @classmethod
   def known_keys(cls, config: ml_collections.ConfigDict) -> set[str]:
     """The base config's keys; on FineWeb-Edu (``data.name="fineweb_edu"``)
-    also those of :func:`laplax.data.fineweb.default_config`."""
+    also those of :func:`laplax.data.fineweb.default_config`, in a chat stage
+    those of :func:`laplax.data.chat_mixture.default_config`."""
     known = super().known_keys(config)
     if lm_input.is_fineweb(config):
       from laplax.data import fineweb  # pylint: disable=import-outside-toplevel  # pulls pyarrow
       known.update(utils.flatten_dotted({"data": fineweb.default_config().to_dict()},
+                                        keep_empty=True))
+    if lm_input.is_chat(config):
+      from laplax.data import chat_mixture  # pylint: disable=import-outside-toplevel
+      known.update(utils.flatten_dotted({"data": chat_mixture.default_config().to_dict()},
                                         keep_empty=True))
     return known
 
@@ -112,6 +117,10 @@ class LanguageModelTask(TaskBase):
     shards)."""
     if lm_input.is_fineweb(self.config):
       return []
+    if lm_input.is_chat(self.config):  # every conversation read (and checked) before training
+      from laplax.data import chat_mixture  # pylint: disable=import-outside-toplevel
+      chat_mixture.check(self.config.data, self.tokenizer)
+      return []
     from laplax.data import text  # pylint: disable=import-outside-toplevel
     num = len(text.split_tokens(self.config.data, self.tokenizer, "train"))
     return [("the training split", num - int(self.config.model.max_length),
@@ -129,8 +138,11 @@ class LanguageModelTask(TaskBase):
     return lm_input.eval_batches(self.config, self.tokenizer)
 
   def batch_spec(self, batch_size: int) -> dict:
-    """``jax.ShapeDtypeStruct`` per field of a training batch."""
-    return {"tokens": jax.ShapeDtypeStruct((batch_size, self.seq_len + 1), jnp.int32)}
+    """``jax.ShapeDtypeStruct`` per field of a training batch (SFT: also ``targets``)."""
+    spec = {"tokens": jax.ShapeDtypeStruct((batch_size, self.seq_len + 1), jnp.int32)}
+    if lm_input.has_targets(self.config):
+      spec["targets"] = jax.ShapeDtypeStruct((batch_size, self.seq_len), jnp.int32)
+    return spec
 
   def init(self, rng: jax.Array) -> Any:
     """Initial parameters (float32 pytree) from ``rng``."""
@@ -139,11 +151,23 @@ class LanguageModelTask(TaskBase):
 
   def loss(self, params: Any, batch: dict, rng: jax.Array, task_state: Any = None,
            step: jax.Array | None = None):
-    """Mean next-token cross-entropy (nats, float32) and ``(metrics, None)``."""
+    """Mean next-token cross-entropy (nats, float32) and ``(metrics, None)``.
+
+    A batch with ``"targets"`` (int32 ``[B, max_length]``, SFT) is scored on
+    those instead of ``tokens[:, 1:]``, the mean over the targets that are
+    not -1 (PyTorch's ``cross_entropy(..., ignore_index=-1)``, nanochat's
+    SFT loss; a batch without any gives 0, not NaN).
+    """
     del task_state, step
     tokens = batch["tokens"]
     logits, _ = self.model.apply({"params": params}, tokens[:, :-1], train=True,
                                  rngs={"dropout": rng})
+    if "targets" in batch:
+      valid = batch["targets"] >= 0
+      losses = optax.softmax_cross_entropy_with_integer_labels(
+          logits, jnp.where(valid, batch["targets"], 0))
+      loss = jnp.sum(jnp.where(valid, losses, 0.0)) / jnp.maximum(valid.sum(), 1)
+      return loss, ({"loss": loss}, None)
     loss = optax.softmax_cross_entropy_with_integer_labels(
         logits, tokens[:, 1:]).mean()
     return loss, ({"loss": loss}, None)

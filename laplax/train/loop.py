@@ -40,6 +40,7 @@ from laplax import signals
 from laplax import tasks
 from laplax.workdir import lock as lock_lib
 from laplax.errors import UserError
+from laplax.data.errors import DataError
 from laplax.train.profiler import Profiler
 from laplax.tasks.base import Task
 from laplax.workdir.saving import SaveError
@@ -357,12 +358,17 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   if jax.process_count() == 1:
     lock_lib.check(workdir, force_unlock)
   before = set(os.listdir(workdir)) if os.path.isdir(workdir) else None
+  task = None
   try:
     task = setup(config, workdir)
     with lock_lib.hold(workdir, force_unlock):
       return _train_in(config, workdir, task)
   except (finetune.InitFromError, fit.FitError):
     _remove_new(workdir, before)  # what this start wrote: nothing is left
+    raise
+  except (config_lib.ConfigError, DataError):
+    if task is None:  # setup's writes (init_from's tokenizer copy) go too
+      _remove_new(workdir, before)
     raise
 
 

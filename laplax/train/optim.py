@@ -8,6 +8,7 @@ import re
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import ml_collections
 import optax
 
@@ -33,9 +34,18 @@ def learning_rate_schedule(optim: ml_collections.ConfigDict,
   nanochat's :func:`~laplax.train.nanochat_optim.warmdown_schedule`, constant
   then linear to ``peak * optim.min_lr_ratio`` over the last
   ``optim.warmdown_ratio`` of the steps (after ``optim.warmup_steps`` of
-  nanochat's ``(it + 1) / warmup`` ramp).
+  nanochat's ``(it + 1) / warmup`` ramp). ``"progress"``: ``peak * min(1,
+  (it + 1) / N)``, nanochat 3a5e0bc's mid-training rate (its multiplier was
+  the fraction of the epoch read, rising from 0 to 1;
+  :mod:`laplax.data.chat_mixture`). ``N`` is ``optim.schedule_steps`` when
+  set (nanochat's SFT: ``(1 - it / 651)`` for 650 updates), else
+  ``total_steps``.
   """
   peak = optim.lr if peak is None else peak
+  total_steps = optim.get("schedule_steps", None) or total_steps
+  if optim.get("schedule", "cosine") == "progress":
+    return lambda count: peak * jnp.minimum(
+        1.0, (jnp.asarray(count, jnp.float32) + 1.0) / total_steps)
   if optim.get("schedule", "cosine") == "warmdown":
     return nanochat_optim.warmdown_schedule(
         peak, total_steps, optim.get("warmdown_ratio", 0.2), optim.min_lr_ratio,

@@ -1,0 +1,512 @@
+"""The input of nanochat's chat stages: mid-training and SFT (supervised fine-tuning).
+
+Both read their conversations from local files in the published formats
+(:mod:`laplax.data.chat_sources`) under one directory, ``data.source_dir``,
+laid out as the Hugging Face repositories are (:data:`SOURCES`), and follow
+Karpathy's nanochat (first release, ``scripts/mid_train.py``,
+``scripts/chat_sft.py``, ``tasks/common.py``):
+
+* **the mixture** (:func:`mixture`): each data set in the order of
+  ``shuffle(seed=42)`` (:func:`~laplax.data.chat_sources.shuffled`), cut to
+  its first ``stop`` conversations where nanochat cuts it, then the list of
+  every ``(data set, index)`` pair shuffled by Python's
+  ``random.Random(42).shuffle`` (nanochat's ``TaskMixture``). Mid-training
+  (``data.name="chat_mid"``): SmolTalk train + MMLU ``auxiliary_train`` +
+  GSM8K main train; validation SmolTalk test + MMLU ``all`` test[:5200] +
+  GSM8K test[:420]. SFT (``"chat_sft"``): ARC-Easy train + ARC-Challenge
+  train + GSM8K train + SmolTalk train[:10,000] (``data.smoltalk_stop``);
+  validation SmolTalk test.
+* **mid-training batches** (:func:`train_dataset`): packed as pretraining
+  packs documents, with **no loss mask**. Stream ``s`` of ``W``
+  (``data.streams``, nanochat's ranks) renders the mixture's conversations
+  ``s, s + W, s + 2W, ...`` (modulo its length: the stream goes round again
+  as nanochat's cursor does) with :func:`~laplax.data.chat.render_conversation`
+  (cut to ``data.max_conversation_tokens``, nanochat's 2048) into one
+  first-in-first-out token stream; a pop takes ``R T + 1`` tokens (``R`` =
+  ``data.pop_rows``, default ``B / W``) and row ``i`` is tokens ``i T .. i T
+  + T``. A batch is the streams' rows in stream order (``{"tokens": int32
+  [B, T + 1]}``, the model reads ``tokens[:, :-1]`` and predicts every
+  ``tokens[:, 1:]``).
+* **SFT batches** (:func:`sft_rows`): row ``r`` of batch ``k`` is
+  conversation ``(k B + r) mod N`` of the mixture (nanochat's rank ``g`` of
+  ``W`` takes conversations ``g, g + W, ...``, so rank ``g``'s micro-batch
+  is rows ``g, g + W, ...``: exactly laplax's micro-batch ``g`` with
+  ``optim.grad_accum_steps = W``). A conversation of ids ``x`` and mask
+  ``m`` (``n`` tokens, rendered to at most ``min(max_conversation_tokens,
+  T + 1)``) gives inputs ``x[:n-1]`` then ``<|assistant_end|>`` up to ``T``
+  and targets ``t_j = x[j+1] if m[j+1] else -1`` then ``-1``:
+  ``{"tokens": int32 [B, T + 1], "targets": int32 [B, T]}`` (``tokens[:,
+  T]`` is padding, never read). nanochat pads each micro-batch to its
+  longest conversation minus one; padding further to ``T`` changes no
+  valid position's logits (attention is causal) and adds only targets -1,
+  so the loss, the mean over targets ``!= -1`` of each micro-batch
+  (:class:`~laplax.tasks.LanguageModelTask`), is the same.
+
+Evaluation batches (``eval_batches``): mid-training, the validation
+mixture packed the same way (each of the ``W`` streams ``max_eval_tokens //
+(R T W)`` pops, or until a stream runs out), mask 1 on every target;
+SFT, the first ``data.max_eval_conversations`` validation conversations as
+SFT rows with mask ``targets != -1``. Both give ``{"tokens", "mask"}`` as the
+pretraining pipelines do.
+
+Resume: a mid-training iterator's state is ``{"streams": W, "positions":
+{stream: [conversations taken, token offset]}}`` (several processes:
+gathered from all), an SFT iterator's ``{"batches": k}``; ``set_state``
+re-renders one conversation per stream, so a resumed run sees exactly the
+tokens of the uninterrupted one.
+
+The tokenizer is the run's (``WORKDIR/nanochat_tokenizer.json``, which
+``train.py`` copies from ``config.init_from``) and must have nanochat's
+special tokens. Bad input is a :class:`~laplax.data.errors.DataError`, one
+line: a missing split (the expected path shown), a malformed JSON line, a
+parquet file without the expected column, a tokenizer without the chat
+special tokens, bad ``streams`` / ``pop_rows``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import random
+from collections.abc import Callable, Iterator
+
+import grain
+import ml_collections
+import numpy as np
+from ml_collections import config_dict
+
+from laplax import utils
+from laplax.data import chat_sources, fineweb
+from laplax.data.chat import MAX_TOKENS, chat_tokens, render_conversation
+from laplax.data.errors import DataError
+from laplax.data.tokenizers import load_tokenizer, tokenizer_kind
+
+MID, SFT = "chat_mid", "chat_sft"
+#: ``data.name`` of the two chat stages.
+NAMES = (MID, SFT)
+MIXTURE_SEED = 42  # nanochat's TaskMixture: random.Random(42).shuffle
+#: ``data.source_dir``'s default: ``$LAPLAX_DATA/chat`` (``~/.cache/laplax/chat``).
+DEFAULT_SOURCE_DIR = os.path.join(os.environ.get("LAPLAX_DATA", "~/.cache/laplax"), "chat")
+
+
+@dataclasses.dataclass(frozen=True)
+class Source:
+  """One published data set: ``subsets`` (directory names tried in turn by
+  :func:`~laplax.data.chat_sources.find_split`), the example ``layout`` shown
+  in errors, and the reader (files -> conversations)."""
+  subsets: tuple[str, ...]
+  layout: str
+  reader: Callable[[list[str]], list[dict]]
+
+
+#: The data sets of the two stages, by name; ``{split}`` in a layout is the split.
+SOURCES = {
+    "smoltalk": Source(("smol-smoltalk/data", "smol-smoltalk"),
+                       "smol-smoltalk/data/{split}-00000-of-00001.parquet",
+                       chat_sources.smoltalk),
+    "mmlu_auxiliary": Source(("auxiliary_train",),
+                             "mmlu/auxiliary_train/{split}-00000-of-00001.parquet",
+                             chat_sources.mmlu),
+    "mmlu": Source(("all",), "mmlu/all/{split}-00000-of-00001.parquet", chat_sources.mmlu),
+    "gsm8k": Source(("main",), "gsm8k/main/{split}-00000-of-00001.parquet",
+                    chat_sources.gsm8k),
+    "arc_easy": Source(("ARC-Easy",), "ai2_arc/ARC-Easy/{split}-00000-of-00001.parquet",
+                       chat_sources.arc),
+    "arc_challenge": Source(("ARC-Challenge",),
+                            "ai2_arc/ARC-Challenge/{split}-00000-of-00001.parquet",
+                            chat_sources.arc),
+}
+
+# (source, split, stop) per stage and split, as nanochat's scripts list them;
+# stop "smoltalk_stop" is read from the data config.
+MIXTURES = {
+    (MID, "train"): (("smoltalk", "train", None), ("mmlu_auxiliary", "train", None),
+                     ("gsm8k", "train", None)),
+    (MID, "validation"): (("smoltalk", "test", None), ("mmlu", "test", 5200),
+                          ("gsm8k", "test", 420)),
+    (SFT, "train"): (("arc_easy", "train", None), ("arc_challenge", "train", None),
+                     ("gsm8k", "train", None), ("smoltalk", "train", "smoltalk_stop")),
+    (SFT, "validation"): (("smoltalk", "test", None),),
+}
+
+
+def default_config(name: str = MID) -> ml_collections.ConfigDict:
+  """A chat-stage data config with every key this module reads.
+
+  Keys: ``name`` (``"chat_mid"`` or ``"chat_sft"``), ``data_dir`` (not read
+  here; every config has it), ``source_dir`` (the data directory,
+  :data:`SOURCES`; default :data:`DEFAULT_SOURCE_DIR`), ``tokenizer`` (``"nanochat"``), ``vocab_size``,
+  ``max_conversation_tokens`` (nanochat's 2048), ``streams`` and
+  ``pop_rows`` (mid-training, as FineWeb-Edu's), ``max_eval_tokens``
+  (mid-training; None: the validation mixture once),
+  ``max_eval_conversations`` (SFT; None: all), ``smoltalk_stop`` (SFT's
+  SmolTalk train[:10,000]).
+  """
+  return ml_collections.ConfigDict({
+      "name": name,
+      "data_dir": "~/tensorflow_datasets",
+      "source_dir": DEFAULT_SOURCE_DIR,
+      "tokenizer": "nanochat",
+      "vocab_size": 65536,
+      "max_conversation_tokens": MAX_TOKENS,
+      "streams": 1,
+      "pop_rows": config_dict.placeholder(int),
+      "max_eval_tokens": config_dict.placeholder(int),
+      "max_eval_conversations": config_dict.placeholder(int),
+      "smoltalk_stop": 10_000,
+  })
+
+
+def split_files(data_config, source: str, split: str) -> list[str]:
+  """The files of ``split`` of ``source`` under ``data.source_dir``.
+
+  Raises:
+    DataError: no such split (the expected path shown).
+  """
+  root = data_config.get("source_dir", "") or DEFAULT_SOURCE_DIR
+  s = SOURCES[source]
+  for subset in s.subsets[:-1]:
+    try:
+      return chat_sources.find_split(root, subset, split, s.layout.format(split=split))
+    except DataError:
+      pass
+  return chat_sources.find_split(root, s.subsets[-1], split, s.layout.format(split=split))
+
+
+_CACHE: dict = {}
+
+
+def mixture(data_config, split: str) -> list[dict]:
+  """The conversations of ``data.name``'s ``split`` (``"train"`` or
+  ``"validation"``) in nanochat's mixed order (see the module docstring);
+  read once per process (cached by the files' paths and sizes).
+
+  Raises:
+    DataError: see :func:`split_files` and the readers of
+      :mod:`~laplax.data.chat_sources`; an empty mixture.
+  """
+  parts = []
+  for source, part, stop in MIXTURES[(data_config.name, split)]:
+    if isinstance(stop, str):
+      stop = data_config.get(stop, None)
+    files = split_files(data_config, source, part)
+    parts.append((source, tuple((f, os.path.getsize(f), os.path.getmtime(f)) for f in files),
+                  stop))
+  key = tuple(parts)
+  if key not in _CACHE:
+    sets = []
+    for source, files, stop in parts:
+      items = chat_sources.shuffled(SOURCES[source].reader([f for f, _, _ in files]))
+      sets.append(items if stop is None else items[:stop])
+    index = [(t, i) for t, items in enumerate(sets) for i in range(len(items))]
+    random.Random(MIXTURE_SEED).shuffle(index)
+    if not index:
+      raise DataError(f"The {data_config.name} {split} mixture under "
+                      f"{data_config.source_dir} holds no conversation.")
+    while len(_CACHE) >= 4:  # a run's train and validation mixtures, and a few more
+      _CACHE.pop(next(iter(_CACHE)))
+    _CACHE[key] = [sets[t][i] for t, i in index]
+  return _CACHE[key]
+
+
+def prepare(data_config, workdir: str | None, *, batch_size: int | None = None):
+  """The run's tokenizer (``WORKDIR/nanochat_tokenizer.json``), checked for
+  the chat special tokens, and (given ``batch_size``) the streams against the
+  batch. Reads no conversation (:func:`check` does, before training).
+
+  Raises:
+    DataError: a tokenizer other than nanochat's (a byte or BPE run as
+      ``init_from``), none in the workdir, bad ``streams``/``pop_rows``.
+  """
+  if data_config.name not in NAMES:
+    raise DataError(f"config.data.name={data_config.name!r} is not a chat stage "
+                    f"({', '.join(NAMES)}).")
+  if tokenizer_kind(data_config) != "nanochat":
+    raise DataError(f"The tokenizer ({data_config.tokenizer}) has no chat special tokens; "
+                    "mid-training and SFT need a run trained with "
+                    "--config.data.tokenizer=nanochat as config.init_from.")
+  tokenizer = load_tokenizer(data_config, workdir)
+  chat_tokens(tokenizer)
+  if batch_size is not None and data_config.name == MID:
+    fineweb._geometry(data_config, batch_size)  # pylint: disable=protected-access
+  return tokenizer
+
+
+def check(data_config, tokenizer) -> None:
+  """Reads (and caches) both splits' conversations, so that bad files stop
+  ``train.py`` before it writes anything.
+
+  Raises:
+    DataError: see :func:`mixture`.
+  """
+  del tokenizer
+  for split in ("train", "validation"):
+    mixture(data_config, split)
+
+
+def render_limit(data_config, seq_len: int) -> int:
+  """Tokens kept of a rendered conversation: ``max_conversation_tokens``, and
+  for SFT at most ``seq_len + 1`` (the inputs are all but the last)."""
+  cap = int(data_config.get("max_conversation_tokens", MAX_TOKENS))
+  return min(cap, seq_len + 1) if data_config.name == SFT else cap
+
+
+class ConversationStream:
+  """Stream ``stream`` of ``streams`` of the conversations: their rendered
+  ids, first in first out (mid-training; the API of
+  :class:`laplax.data.fineweb.TokenStream`).
+
+  Attributes:
+    position: ``[conversations taken, token offset]``, the next token.
+  """
+
+  def __init__(self, conversations, tokenizer, stream: int, streams: int, max_tokens: int,
+               repeat: bool = True):
+    self._items, self._tok = conversations, tokenizer
+    self._stream, self._streams, self._max = stream, streams, max_tokens
+    self._repeat = repeat
+    self._loaded, self._ids = -1, np.zeros(0, np.int32)
+    self.position = [0, 0]
+
+  def _load(self, k: int) -> bool:
+    if k != self._loaded:
+      index = self._stream + k * self._streams
+      if not self._repeat and index >= len(self._items):
+        return False
+      self._ids = render_conversation(self._tok, self._items[index % len(self._items)],
+                                      self._max)[0]
+      self._loaded = k
+    return True
+
+  def take(self, n: int) -> np.ndarray | None:
+    """The next ``n`` tokens (int32 ``[n]``), or None when a non-repeating stream ends."""
+    pieces, (k, offset) = [], self.position
+    while n > 0:
+      if not self._load(k):
+        return None
+      piece = self._ids[offset:offset + n]
+      pieces.append(piece)
+      n -= len(piece)
+      offset += len(piece)
+      if offset >= len(self._ids) and n > 0:
+        k, offset = k + 1, 0
+    self.position = [k, offset]
+    return np.concatenate(pieces) if pieces else np.zeros(0, np.int32)
+
+  def pop_rows(self, rows: int, seq_len: int) -> np.ndarray | None:
+    """The next ``rows * seq_len + 1`` tokens as int32 ``[rows, seq_len + 1]``
+    (row ``i`` = tokens ``i seq_len .. i seq_len + seq_len``), or None at the end."""
+    x = self.take(rows * seq_len + 1)
+    if x is None:
+      return None
+    return x[np.arange(rows)[:, None] * seq_len + np.arange(seq_len + 1)]
+
+
+def sft_rows(rendered: list[tuple[np.ndarray, np.ndarray]], seq_len: int,
+             pad_id: int) -> dict[str, np.ndarray]:
+  """SFT rows of rendered conversations (see the module docstring).
+
+  Args:
+    rendered: ``(ids, mask)`` per conversation, at most ``seq_len + 1`` ids each.
+    seq_len: ``T``.
+    pad_id: ``<|assistant_end|>``'s id.
+
+  Returns:
+    ``{"tokens": int32 [n, T + 1], "targets": int32 [n, T]}``.
+  """
+  tokens = np.full((len(rendered), seq_len + 1), pad_id, np.int32)
+  targets = np.full((len(rendered), seq_len), -1, np.int32)
+  for i, (ids, mask) in enumerate(rendered):
+    n = len(ids)
+    tokens[i, :n - 1] = ids[:-1]
+    targets[i, :n - 1] = np.where(np.asarray(mask[1:]) == 1, ids[1:], -1)
+  return {"tokens": tokens, "targets": targets}
+
+
+class _MidIterator(grain.DatasetIterator):
+  """Mid-training batches of this process's streams (state: their positions)."""
+
+  def __init__(self, streams: dict[int, ConversationStream], num: int, rows: int, pops: int,
+               seq_len: int):
+    super().__init__()
+    self._streams, self._num, self._rows, self._pops = streams, num, rows, pops
+    self._seq_len = seq_len
+
+  def __next__(self) -> dict:
+    rows = [s.pop_rows(self._rows, self._seq_len)
+            for _, s in sorted(self._streams.items()) for _ in range(self._pops)]
+    return {"tokens": np.concatenate(rows)}
+
+  def get_state(self) -> dict:
+    return {"streams": self._num,
+            "positions": {str(i): list(s.position) for i, s in self._streams.items()}}
+
+  def set_state(self, state: dict) -> None:
+    positions = state.get("positions", {}) if isinstance(state, dict) else {}
+    if state.get("streams") != self._num or not all(str(i) in positions
+                                                    for i in self._streams):
+      raise DataError(f"The checkpoint's data position is not of this run's "
+                      f"{self._num} mid-training streams (--config.data.streams); resume "
+                      "with the run's settings or use a new --workdir.")
+    for i, stream in self._streams.items():
+      stream.position = [int(v) for v in positions[str(i)]]
+
+
+class _SFTIterator(grain.DatasetIterator):
+  """SFT batches: this process's rows of batch ``k`` (state: ``k``)."""
+
+  def __init__(self, conversations, tokenizer, rows: int, first: int, global_rows: int,
+               seq_len: int, max_tokens: int):
+    super().__init__()
+    self._items, self._tok, self._rows, self._first = conversations, tokenizer, rows, first
+    self._global, self._seq_len, self._max = global_rows, seq_len, max_tokens
+    self._pad = chat_tokens(tokenizer)["<|assistant_end|>"]
+    self._batches = 0
+
+  def __next__(self) -> dict:
+    start = self._batches * self._global + self._first
+    rendered = [render_conversation(self._tok, self._items[(start + i) % len(self._items)],
+                                    self._max) for i in range(self._rows)]
+    self._batches += 1
+    return sft_rows(rendered, self._seq_len, self._pad)
+
+  def get_state(self) -> dict:
+    return {"batches": self._batches}
+
+  def set_state(self, state: dict) -> None:
+    if not isinstance(state, dict) or not isinstance(state.get("batches"), int):
+      raise DataError("The checkpoint's data position is not an SFT run's; resume with "
+                      "the run's config or use a new --workdir.")
+    self._batches = state["batches"]
+
+
+class _Dataset(grain.IterDataset):
+  def __init__(self, make: Callable[[], grain.DatasetIterator]):
+    super().__init__()
+    self._make = make
+
+  def __iter__(self):
+    return self._make()
+
+
+def train_dataset(data_config, tokenizer, *, batch_size: int, seq_len: int,
+                  process_index: int = 0, process_count: int = 1,
+                  gather: Callable | None = None) -> grain.IterDataset:
+  """This process's infinite training batches (``batch_size`` rows, its part
+  of the global batch; see the module docstring).
+
+  Args:
+    gather: mid-training, local stream positions -> every process's (tests);
+      default JAX's all-gather with several processes.
+
+  Raises:
+    DataError: see :func:`mixture`, :func:`prepare`.
+  """
+  items = mixture(data_config, "train")
+  limit = render_limit(data_config, seq_len)
+  if data_config.name == SFT:
+    return _Dataset(lambda: _SFTIterator(items, tokenizer, batch_size,
+                                         process_index * batch_size,
+                                         batch_size * process_count, seq_len, limit))
+  w, r = fineweb._geometry(data_config, batch_size * process_count,  # pylint: disable=protected-access
+                           process_count)
+  mine = range(process_index * w // process_count, (process_index + 1) * w // process_count)
+  pops = batch_size * process_count // w // r
+
+  def make():
+    streams = {s: ConversationStream(items, tokenizer, s, w, limit) for s in mine}
+    return _MidIterator(streams, w, r, pops, seq_len)
+  if gather is None and process_count > 1:
+    gather = fineweb._allgather_positions  # pylint: disable=protected-access
+  return fineweb._Gathering(_Dataset(make), gather)  # pylint: disable=protected-access
+
+
+def eval_batches(data_config, tokenizer, *, batch_size: int, seq_len: int,
+                 train_batch_size: int) -> Iterator[dict]:
+  """The validation batches, ``{"tokens": int32 [batch_size, T + 1], "mask":
+  float32 [batch_size, T]}`` (see the module docstring; the last batch padded
+  with rows of mask 0).
+
+  Raises:
+    DataError: see :func:`mixture`; a validation mixture shorter than one pop
+      of each stream; a bad ``max_eval_tokens``.
+  """
+  items = mixture(data_config, "validation")
+  limit = render_limit(data_config, seq_len)
+  if data_config.name == MID:
+    w, r = fineweb._geometry(data_config, train_batch_size)  # pylint: disable=protected-access
+    cap = data_config.get("max_eval_tokens", None)
+    if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int)
+                            or cap < r * seq_len * w):
+      raise DataError(f"--config.data.max_eval_tokens={cap!r} must be None (the validation "
+                      f"mixture once) or an integer >= {r * seq_len * w} (one pop of each "
+                      "stream).")
+    streams = [ConversationStream(items, tokenizer, s, w, limit, repeat=cap is not None)
+               for s in range(w)]
+    pops = None if cap is None else cap // (r * seq_len * w)
+    return fineweb._eval_rows(streams, pops, r, seq_len, batch_size)  # pylint: disable=protected-access
+  return _sft_eval(items, tokenizer, data_config, batch_size, seq_len, limit)
+
+
+def _sft_eval(items, tokenizer, data_config, batch_size, seq_len, limit):
+  cap = data_config.get("max_eval_conversations", None)
+  items = items if cap is None else items[:cap]
+  pad = chat_tokens(tokenizer)["<|assistant_end|>"]
+  for start in range(0, len(items), batch_size):
+    chunk = [render_conversation(tokenizer, c, limit) for c in items[start:start + batch_size]]
+    rows = sft_rows(chunk, seq_len, pad)
+    tokens = np.full((batch_size, seq_len + 1), pad, np.int32)
+    mask = np.zeros((batch_size, seq_len), np.float32)
+    for i, (ids, _) in enumerate(chunk):  # the targets are tokens[:, 1:] where mask is 1
+      tokens[i, :len(ids)] = ids
+    mask[:len(chunk)] = rows["targets"] >= 0
+    yield {"tokens": tokens, "mask": mask}
+
+
+def epoch_steps(data_config, tokenizer, *, batch_size: int, seq_len: int) -> int:
+  """Mid-training steps of one epoch of the train mixture: the fewest whole
+  pops (``R T + 1`` tokens) any stream's conversations fill, over the pops a
+  step takes of each stream (nanochat stops when the first stream's cursor
+  goes round; its count can differ by a step, its pops being drawn ahead).
+  Renders every conversation once.
+
+  Raises:
+    DataError: see :func:`mixture`, :func:`prepare`.
+  """
+  items = mixture(data_config, "train")
+  w, r = fineweb._geometry(data_config, batch_size)  # pylint: disable=protected-access
+  limit = render_limit(data_config, seq_len)
+  tokens = [sum(len(render_conversation(tokenizer, items[i], limit)[0])
+                for i in range(s, len(items), w)) for s in range(w)]
+  return min(tokens) // (r * seq_len + 1) // (batch_size // w // r)
+
+
+def main(argv: list[str] | None = None) -> int:
+  """``python -m laplax.data.chat_mixture --workdir W [--config FILE.py]
+  [--source_dir DIR]``: the conversations of the mid-training mixture and the
+  steps of one epoch (:func:`epoch_steps`) at the config's batch and
+  context, with the tokenizer of workdir ``W`` (the pretrained run)."""
+  import argparse  # pylint: disable=import-outside-toplevel
+  import sys  # pylint: disable=import-outside-toplevel
+  parser = argparse.ArgumentParser(description="One epoch of nanochat's mid-training mixture.")
+  parser.add_argument("--workdir", required=True, help="the run whose tokenizer renders it")
+  parser.add_argument("--config", default="configs/gpt_d20_mid.py")
+  parser.add_argument("--source_dir", default=None, help="default: the config's")
+  args = parser.parse_args(argv)
+  try:
+    config = utils.config_from_file(args.config)
+    if args.source_dir:
+      config.data.source_dir = args.source_dir
+    tokenizer = prepare(config.data, args.workdir, batch_size=config.batch_size)
+    steps = epoch_steps(config.data, tokenizer, batch_size=config.batch_size,
+                        seq_len=config.model.max_length)
+  except (DataError, OSError) as e:
+    print(str(e).splitlines()[0] if str(e) else type(e).__name__, file=sys.stderr)
+    return 2
+  print(f"{len(mixture(config.data, 'train'))} conversations; one epoch = {steps} steps "
+        f"of {config.batch_size} x {config.model.max_length} (--config.total_steps={steps})")
+  return 0
+
+
+if __name__ == "__main__":
+  raise SystemExit(main())
