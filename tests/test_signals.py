@@ -204,7 +204,7 @@ def test_sweep_two_sigints_end_its_stalled_child_at_once(tmp_path, fmnist_data_d
 
 
 def test_a_bad_stop_bound_is_one_line_exit_2():
-  r = subprocess.run([sys.executable, "-c", "from laplax.train import cli; cli.run(lambda: 0)"],
+  r = subprocess.run([sys.executable, "-c", "from laplax.cli import common as cli; cli.run(lambda: 0)"],
                      cwd=ROOT, capture_output=True, text=True, timeout=HANG_GUARD_S,
                      env=dict(os.environ, LAPLAX_STOP_BOUND_S="soon"))
   assert r.returncode == 2 and r.stderr.strip() == (

@@ -324,7 +324,7 @@ def test_racing_starts_one_gets_the_lock(tmp_path):
   """Three processes take the lock of a workdir at the same moment, once on
   a new workdir and once over a stale lock: exactly one holds it, the others
   are refused."""
-  code = ("import sys, time\nfrom laplax.train import lock\n"
+  code = ("import sys, time\nfrom laplax.workdir import lock\n"
           "time.sleep(max(0.0, float(sys.argv[2]) - time.time()))\n"
           "try:\n  with lock.WorkdirLock(sys.argv[1]):\n    print('held', flush=True)\n"
           "    time.sleep(1.0)\nexcept lock.LockError:\n  print('refused')\n")

@@ -40,7 +40,7 @@ Karpathy's nanochat (first release, ``scripts/mid_train.py``,
   longest conversation minus one; padding further to ``T`` changes no
   valid position's logits (attention is causal) and adds only targets -1,
   so the loss, the mean over targets ``!= -1`` of each micro-batch
-  (:class:`~laplax.tasks.LanguageModelTask`), is the same.
+  (:class:`~laplax.tasks.language_model.LanguageModelTask`), is the same.
 
 Evaluation batches (``eval_batches``): mid-training, the validation
 mixture packed the same way (each of the ``W`` streams ``max_eval_tokens //
