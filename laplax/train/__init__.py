@@ -1,14 +1,12 @@
-"""Training: the state, the step and the loop, the optimiser.
+"""Training: the state (:mod:`~laplax.train.state`), the jitted step and the
+loop (:mod:`~laplax.train.loop`, ``train_and_evaluate`` read top to bottom),
+the optimisers (:mod:`~laplax.train.optim`, nanochat's in
+:mod:`~laplax.train.nanochat_optim`), fine-tuning from another run
+(:mod:`~laplax.train.finetune`), the checks that a run fits its data and its
+machine (:mod:`~laplax.train.fit`), and step timing and profiles
+(:mod:`~laplax.train.timing`, :mod:`~laplax.train.profiler`).
 
-The CLIs (:mod:`~laplax.cli.train`, :mod:`~laplax.cli.eval`, their
-shared :mod:`~laplax.cli.common`) validate a config
-(:mod:`~laplax.config.validation`, defaults in :mod:`~laplax.config.defaults`) and
-run :func:`laplax.train.loop.train_and_evaluate` on a task
-(:mod:`~laplax.tasks`, the protocol in :mod:`~laplax.tasks.base`)
-with the optimiser of :mod:`~laplax.train.optim`; the run's workdir
-(:mod:`~laplax.workdir.files`, :mod:`~laplax.workdir.lock`), checkpoints
-(:mod:`~laplax.workdir.checkpoint`, :mod:`~laplax.workdir.integrity`,
-:mod:`~laplax.workdir.saving`) and timing (:mod:`~laplax.train.timing`,
-:mod:`~laplax.train.profiler`) are their own modules;
-:mod:`~laplax.workdir.load` is ``laplax.load``.
+The loop takes a validated config (:mod:`laplax.config`) and a task
+(:mod:`laplax.tasks`), and writes through :mod:`laplax.workdir`; the command
+lines that start it are in :mod:`laplax.cli`.
 """
