@@ -159,7 +159,7 @@ def write_workdir(workdir: str, config: ml_collections.ConfigDict, params: Mappi
     ConvertError: ``workdir`` exists, or ``params`` does not fit the model.
   """
   from laplax.workdir import checkpoint as ckpt_lib  # pylint: disable=import-outside-toplevel
-  from laplax.workdir import load as restore  # pylint: disable=import-outside-toplevel
+  from laplax import tasks  # pylint: disable=import-outside-toplevel
   from laplax.train.state import TrainState  # pylint: disable=import-outside-toplevel
   from laplax.train import loop, optim  # pylint: disable=import-outside-toplevel
   from laplax.workdir.files import CHECKPOINT_DIR, write_config  # pylint: disable=import-outside-toplevel
@@ -167,8 +167,8 @@ def write_workdir(workdir: str, config: ml_collections.ConfigDict, params: Mappi
   if os.path.exists(workdir):
     raise ConvertError(f"--workdir {workdir} exists; give a new directory (nothing "
                        f"was written)")
-  task = restore.model_task(config, num_classes=num_classes, image_shape=image_shape,
-                           vocab_size=vocab_size)
+  task = tasks.task_class(config).from_shapes(config, num_classes=num_classes,
+                                              image_shape=image_shape, vocab_size=vocab_size)
   tx = optim.make_optimizer(config)
   abstract = loop.abstract_state(task, tx, config.seed)
   check_params(params, abstract.params, source)

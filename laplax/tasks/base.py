@@ -135,8 +135,10 @@ class TaskBase:
     and ``bench/`` build their tasks this way; :meth:`from_data` prepares the
     data first). Image tasks need ``image_shape`` ``(H, W, C)`` and
     ``num_classes``; a language model ``vocab_size`` (default: 256 for the
-    byte tokenizer, else ``config.data.vocab_size``)."""
-    raise NotImplementedError
+    byte tokenizer, else ``config.data.vocab_size``). Here the image tasks'
+    ``cls(config, num_classes, image_shape)``."""
+    del vocab_size
+    return cls(config, num_classes, image_shape)
 
   @classmethod
   def eval_defaults(cls) -> dict:

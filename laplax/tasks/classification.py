@@ -96,15 +96,6 @@ class ClassificationTask(TaskBase):
     self.model = ViT(spec_lib.from_config(config.model), num_classes=num_classes)
 
   @classmethod
-  def from_shapes(cls, config: ml_collections.ConfigDict, *,
-                  image_shape: tuple[int, int, int] | None = None,
-                  num_classes: int | None = None, vocab_size: int | None = None):
-    """The task for images of ``image_shape`` ``(H, W, C)`` and
-    ``num_classes`` labels, no dataset opened."""
-    del vocab_size
-    return cls(config, num_classes, image_shape)
-
-  @classmethod
   def from_data(cls, config: ml_collections.ConfigDict, workdir: str | None):
     """Prepares the image dataset and builds the task (writes nothing in workdir).
 

@@ -140,15 +140,6 @@ class DINOTask(TaskBase):
     return feats, out["encoded"][:, 1:]
 
   @classmethod
-  def from_shapes(cls, config: ml_collections.ConfigDict, *,
-                  image_shape: tuple[int, int, int] | None = None,
-                  num_classes: int | None = None, vocab_size: int | None = None):
-    """The task for evaluation images of ``image_shape`` ``(H, W, C)`` and
-    ``num_classes`` labels (the k-NN and linear probes'), no dataset opened."""
-    del vocab_size
-    return cls(config, num_classes, image_shape)
-
-  @classmethod
   def from_data(cls, config: ml_collections.ConfigDict, workdir: str | None):
     """Prepares the image dataset and builds the task (writes nothing in workdir).
 

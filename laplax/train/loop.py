@@ -584,9 +584,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str, task: Task,
         checkpointer.save(state, train_iter.get_state())
       if step % config.eval_every == 0 or last:
         summary = task.evaluate(state, place)
-        samples = task.text_samples(state)  # a collective: every process
-        writer.write(step, "eval", summary)
-        writer.write_texts(step, samples)
+        writer.write_eval(step, summary, task.text_samples(state))
         say(eval_line(step, summary))
       if stopping:
         checkpointer.wait()

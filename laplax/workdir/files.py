@@ -198,6 +198,12 @@ class MetricWriter:
       self.tb.file_writer.add_summary(session_start, step)
       self.tb.flush()
 
+  def write_eval(self, step: int, summary: dict, samples: dict[str, str]) -> None:
+    """Writes the ``eval`` record ``summary`` and the text ``samples`` (see
+    :meth:`write_texts`) at ``step``."""
+    self.write(step, "eval", summary)
+    self.write_texts(step, samples)
+
   def write_texts(self, step: int, texts: dict[str, str]) -> None:
     """Texts (a GPT sample), ``{tag: text}``: a ``{"step", "split": tag,
     "text"}`` record each, TensorBoard text ``tag`` (a Markdown code block)

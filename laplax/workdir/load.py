@@ -8,7 +8,7 @@
 written by ``train.py`` or ``python -m laplax.convert``), builds the model
 from its spec (``config.model``, :func:`laplax.models.spec.from_config`) at
 the sizes the checkpoint holds (classes, vocabulary, image channels and
-grid: :func:`model_task`) and restores the parameters (and DINO's teacher)
+grid: :meth:`~laplax.tasks.base.TaskBase.from_shapes`) and restores the parameters (and DINO's teacher)
 of a checkpoint onto one device, whatever mesh the run was trained on. No
 data is prepared and no optimizer is built: a run loads on a machine without
 its dataset. The task with its data (:attr:`Loaded.task`: eval batches, a
@@ -77,7 +77,7 @@ class Loaded:
       else ``None``.
     workdir: the loaded directory.
     shapes_task: the task object built without data at the checkpoint's
-      sizes (:func:`model_task`; its ``model`` is :attr:`model`).
+      sizes (:meth:`~laplax.tasks.base.TaskBase.from_shapes`; its ``model`` is :attr:`model`).
   """
   model: nn.Module
   params: Any
@@ -215,23 +215,6 @@ def checkpoint_sizes(config: ml_collections.ConfigDict, params: Mapping,
           "image_shape": (size, size, channels)}
 
 
-def model_task(config: ml_collections.ConfigDict, *, num_classes: int | None = None,
-               image_shape: tuple | None = None, vocab_size: int | None = None):
-  """The task object of ``config.task`` built from sizes instead of its data
-  (nothing is prepared or read): its ``model``, ``init`` and
-  ``init_task_state`` give the parameter tree of a run of ``config``.
-  ``eval_batches`` and the tokenizer's text need the data (a language
-  model's tokenizer here is only its size, every token one byte).
-
-  Args:
-    config: the run's config.
-    num_classes, image_shape: a classifier's (``image_shape`` also DINO's) sizes.
-    vocab_size: a language model's vocabulary.
-  """
-  return tasks.task_class(config).from_shapes(config, image_shape=image_shape,
-                                             num_classes=num_classes, vocab_size=vocab_size)
-
-
 def abstract_weights(task) -> dict:
   """``{"step", "params", "task_state"}`` of a run of ``task`` as
   ``jax.ShapeDtypeStruct`` leaves (``jax.eval_shape`` of its ``init``: no
@@ -271,7 +254,7 @@ def load(workdir: str, step: int | None = None) -> Loaded:
   """Restores a laplax run (a ``train.py`` or ``laplax.convert`` workdir) onto one device.
 
   Reads ``workdir/config.json``, builds the model from its spec at the sizes
-  of the saved parameters (:func:`checkpoint_sizes`, :func:`model_task`; no
+  of the saved parameters (:func:`checkpoint_sizes`, :meth:`~laplax.tasks.base.TaskBase.from_shapes`; no
   data is prepared, no optimizer built, nothing written) and restores the
   parameters and the task state (DINO's teacher) of ``step`` against the
   model's initial shapes (:func:`abstract_weights`), checked against the
@@ -314,7 +297,8 @@ def load(workdir: str, step: int | None = None) -> Loaded:
 
   def target(state_dir: str) -> dict:  # the model at the sizes this step holds
     saved = ckpt_lib.saved_shapes(state_dir)
-    built["task"] = model_task(config, **checkpoint_sizes(config, saved["params"], workdir))
+    built["task"] = tasks.task_class(config).from_shapes(
+        config, **checkpoint_sizes(config, saved["params"], workdir))
     return abstract_weights(built["task"])
 
   state, _ = _read(_checkpointer(workdir, config), target,
