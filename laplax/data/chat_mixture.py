@@ -251,21 +251,21 @@ def render_limit(data_config, seq_len: int) -> int:
   return min(cap, seq_len + 1) if data_config.name == SFT else cap
 
 
-class ConversationStream:
+class ConversationStream(fineweb.TokenStream):
   """Stream ``stream`` of ``streams`` of the conversations: their rendered
-  ids, first in first out (mid-training; the API of
-  :class:`laplax.data.fineweb.TokenStream`).
+  ids, first in first out (mid-training; :class:`laplax.data.fineweb.TokenStream`'s
+  ``take`` and ``pop_rows`` over conversations instead of row groups).
 
   Attributes:
     position: ``[conversations taken, token offset]``, the next token.
   """
 
   def __init__(self, conversations, tokenizer, stream: int, streams: int, max_tokens: int,
-               repeat: bool = True):
+               repeat: bool = True):  # pylint: disable=super-init-not-called
     self._items, self._tok = conversations, tokenizer
     self._stream, self._streams, self._max = stream, streams, max_tokens
     self._repeat = repeat
-    self._loaded, self._ids = -1, np.zeros(0, np.int32)
+    self._loaded, self._tokens = -1, np.zeros(0, np.int32)
     self.position = [0, 0]
 
   def _load(self, k: int) -> bool:
@@ -273,33 +273,10 @@ class ConversationStream:
       index = self._stream + k * self._streams
       if not self._repeat and index >= len(self._items):
         return False
-      self._ids = render_conversation(self._tok, self._items[index % len(self._items)],
+      self._tokens = render_conversation(self._tok, self._items[index % len(self._items)],
                                       self._max)[0]
       self._loaded = k
     return True
-
-  def take(self, n: int) -> np.ndarray | None:
-    """The next ``n`` tokens (int32 ``[n]``), or None when a non-repeating stream ends."""
-    pieces, (k, offset) = [], self.position
-    while n > 0:
-      if not self._load(k):
-        return None
-      piece = self._ids[offset:offset + n]
-      pieces.append(piece)
-      n -= len(piece)
-      offset += len(piece)
-      if offset >= len(self._ids) and n > 0:
-        k, offset = k + 1, 0
-    self.position = [k, offset]
-    return np.concatenate(pieces) if pieces else np.zeros(0, np.int32)
-
-  def pop_rows(self, rows: int, seq_len: int) -> np.ndarray | None:
-    """The next ``rows * seq_len + 1`` tokens as int32 ``[rows, seq_len + 1]``
-    (row ``i`` = tokens ``i seq_len .. i seq_len + seq_len``), or None at the end."""
-    x = self.take(rows * seq_len + 1)
-    if x is None:
-      return None
-    return x[np.arange(rows)[:, None] * seq_len + np.arange(seq_len + 1)]
 
 
 def sft_rows(rendered: list[tuple[np.ndarray, np.ndarray]], seq_len: int,
@@ -323,23 +300,9 @@ def sft_rows(rendered: list[tuple[np.ndarray, np.ndarray]], seq_len: int,
   return {"tokens": tokens, "targets": targets}
 
 
-class _MidIterator(grain.DatasetIterator):
-  """Mid-training batches of this process's streams (state: their positions)."""
-
-  def __init__(self, streams: dict[int, ConversationStream], num: int, rows: int, pops: int,
-               seq_len: int):
-    super().__init__()
-    self._streams, self._num, self._rows, self._pops = streams, num, rows, pops
-    self._seq_len = seq_len
-
-  def __next__(self) -> dict:
-    rows = [s.pop_rows(self._rows, self._seq_len)
-            for _, s in sorted(self._streams.items()) for _ in range(self._pops)]
-    return {"tokens": np.concatenate(rows)}
-
-  def get_state(self) -> dict:
-    return {"streams": self._num,
-            "positions": {str(i): list(s.position) for i, s in self._streams.items()}}
+class _MidIterator(fineweb._TrainIterator):  # pylint: disable=protected-access
+  """Mid-training batches of this process's streams (state: their positions),
+  as FineWeb-Edu's; only the message of a position of another run differs."""
 
   def set_state(self, state: dict) -> None:
     positions = state.get("positions", {}) if isinstance(state, dict) else {}
@@ -380,15 +343,6 @@ class _SFTIterator(grain.DatasetIterator):
     self._batches = state["batches"]
 
 
-class _Dataset(grain.IterDataset):
-  def __init__(self, make: Callable[[], grain.DatasetIterator]):
-    super().__init__()
-    self._make = make
-
-  def __iter__(self):
-    return self._make()
-
-
 def train_dataset(data_config, tokenizer, *, batch_size: int, seq_len: int,
                   process_index: int = 0, process_count: int = 1,
                   gather: Callable | None = None) -> grain.IterDataset:
@@ -405,7 +359,7 @@ def train_dataset(data_config, tokenizer, *, batch_size: int, seq_len: int,
   items = mixture(data_config, "train")
   limit = render_limit(data_config, seq_len)
   if data_config.name == SFT:
-    return _Dataset(lambda: _SFTIterator(items, tokenizer, batch_size,
+    return fineweb._TrainDataset(lambda: _SFTIterator(items, tokenizer, batch_size,
                                          process_index * batch_size,
                                          batch_size * process_count, seq_len, limit))
   w, r = fineweb._geometry(data_config, batch_size * process_count,  # pylint: disable=protected-access
@@ -418,7 +372,7 @@ def train_dataset(data_config, tokenizer, *, batch_size: int, seq_len: int,
     return _MidIterator(streams, w, r, pops, seq_len)
   if gather is None and process_count > 1:
     gather = fineweb._allgather_positions  # pylint: disable=protected-access
-  return fineweb._Gathering(_Dataset(make), gather)  # pylint: disable=protected-access
+  return fineweb._Gathering(fineweb._TrainDataset(make), gather)  # pylint: disable=protected-access
 
 
 def eval_batches(data_config, tokenizer, *, batch_size: int, seq_len: int,
