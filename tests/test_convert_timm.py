@@ -193,6 +193,22 @@ def test_mean_pooling_and_class_token_layouts(model_args):
   assert compare(tm, params, model, arch) <= TOL
 
 
+def test_random_initialisation_is_seeded_and_leaves_the_callers_generator():
+  """Two conversions of one model get the same weights; a different seed does
+  not; torch's global generator continues as if timm_model were not called."""
+  args = {"depth": 1, "embed_dim": 32, "num_heads": 2, "img_size": 28, "patch_size": 7}
+  torch.manual_seed(5)
+  expected_next = torch.rand(3)
+  torch.manual_seed(5)
+  a = timm_state(timm_vit.timm_model("vit_tiny_patch16_224", args))
+  assert torch.equal(torch.rand(3), expected_next)
+  b = timm_state(timm_vit.timm_model("vit_tiny_patch16_224", args))
+  c = timm_state(timm_vit.timm_model("vit_tiny_patch16_224", args, seed=1))
+  assert a.keys() == b.keys() == c.keys()
+  assert all(np.array_equal(a[k], b[k]) for k in a)
+  assert not np.array_equal(a["blocks.0.attn.qkv.weight"], c["blocks.0.attn.qkv.weight"])
+
+
 def test_unsupported_and_mismatched_weights_are_named():
   tm = timm_vit.timm_model("vit_tiny_patch16_224", {"depth": 1})
   arch = timm_vit.architecture(tm)

@@ -56,7 +56,7 @@ _TOKENIZER = flags.DEFINE_string("tokenizer", None, "nanochat: its tokenizer.pkl
                                  "directory with it, or a nanochat_tokenizer.json); default: "
                                  "found beside the checkpoint or in BASE/tokenizer/.")
 _WEIGHTS = flags.DEFINE_string("weights", None, "timm weights (.safetensors or .pth); "
-                               "default: the timm model's random initialisation.")
+                               "default: the timm model's random initialisation (torch seed 0).")
 _MODEL_ARGS = flags.DEFINE_string("model_args", "", "timm.create_model keyword "
                                   "arguments, k=v,k=v (ints, floats, True/False, strings).")
 _WORKDIR = flags.DEFINE_string("workdir", None, "The laplax workdir (new for --from).")

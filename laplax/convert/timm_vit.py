@@ -73,9 +73,12 @@ def parse_model_args(text: str) -> dict:
   return out
 
 
-def timm_model(name: str, model_args: Mapping | None = None):
+def timm_model(name: str, model_args: Mapping | None = None, seed: int = 0):
   """``timm.create_model(name, pretrained=False, **model_args)`` in eval mode
-  (its own random initialisation: works offline).
+  (its own random initialisation: works offline). The initialisation is drawn
+  with ``torch.manual_seed(seed)`` inside ``torch.random.fork_rng`` (the
+  caller's generator is left as it was), so two conversions of the same model
+  give the same weights.
 
   Raises:
     ConvertError: timm is not installed, or ``name`` / an argument is unknown.
@@ -89,8 +92,11 @@ def timm_model(name: str, model_args: Mapping | None = None):
     close = timm.list_models(f"{name.split('_')[0]}_*")[:5]
     raise ConvertError(f"--model {name} is not a timm model" +
                        (f"; e.g. {', '.join(close)}" if close else ""))
+  import torch  # pylint: disable=import-outside-toplevel  # timm imported it already
   try:
-    return timm.create_model(name, pretrained=False, **dict(model_args or {})).eval()
+    with torch.random.fork_rng():
+      torch.manual_seed(seed)
+      return timm.create_model(name, pretrained=False, **dict(model_args or {})).eval()
   except Exception as e:  # pylint: disable=broad-except  # timm asserts, KeyErrors, ...
     raise ConvertError(f"timm.create_model({name!r}) failed with --model_args "
                        f"{dict(model_args or {})}: {type(e).__name__}: "

@@ -563,9 +563,8 @@ def _train(config: ml_collections.ConfigDict, workdir: str, task: Task,
       pending.append((step, metrics))
       bar.update(1)
       last = step == config.total_steps
-      stopping = _stop_agreed(stop, step, config)
-      save = step % config.checkpoint_every == 0 or last or stopping
-      if step % config.log_every == 0 or last:
+      logged = step % config.log_every == 0 or last
+      if logged:
         check_finite()
         record = dict(log_record(pending), **interval.record(len(pending)))
         stop.step_seconds = max(stop.step_seconds, 1.0 / record["steps_per_sec"])
@@ -576,7 +575,11 @@ def _train(config: ml_collections.ConfigDict, workdir: str, task: Task,
         if warning:
           say(f"warning at step {step}: {warning}")
         bar.set_postfix(loss=f"{record['loss']:.4f}", refresh=False)
-      elif save or step % config.eval_every == 0:
+      # The signal flag is read after the step's metrics are logged, so a signal
+      # that came before that line was written stops the run at this step.
+      stopping = _stop_agreed(stop, step, config)
+      save = step % config.checkpoint_every == 0 or last or stopping
+      if not logged and (save or step % config.eval_every == 0):
         check_finite()  # never save or evaluate a state past a non-finite step
       if stopping:  # the step has finished (its metrics are on the host)
         stop.reached()
