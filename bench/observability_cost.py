@@ -8,7 +8,7 @@ writing eval.py's figures into TensorBoard (and an offline W&B run).
 
 The sample: the config's model at initialisation (the cost does not depend
 on the weights) samples ``eval.sample_tokens`` tokens after its validation
-prompt, as ``train.py`` does at each evaluation (``task.text_samples``),
+prompt, as ``train.py`` does at each evaluation (the ``samples`` evaluator),
 ``--repeats`` times: the first call compiles, the later ones are what each
 further evaluation pays. One evaluation of the same state is timed beside it
 (its second call, compiled). The config's data must be prepared
@@ -36,6 +36,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 def sample_cost(path: str, overrides: list[str], repeats: int) -> None:
   """Prints the time of ``repeats`` samples and of one evaluation."""
   from bench.common import apply_override, load_config  # pylint: disable=import-outside-toplevel
+  from laplax.evaluators import registry  # pylint: disable=import-outside-toplevel
   from laplax.train import loop, optim  # pylint: disable=import-outside-toplevel
   config = load_config(path)
   for item in overrides:
@@ -43,15 +44,17 @@ def sample_cost(path: str, overrides: list[str], repeats: int) -> None:
   task = loop.setup(config, None, check=False)
   state = loop.init_state(task, optim.make_optimizer(config), config.seed)
   print(f"config {path} {' '.join(overrides)}: sample of {config.eval.sample_tokens} tokens "
-        f"after {len(task._sample_prompt)} prompt tokens, context {config.model.max_length}")
+        f"after {config.eval.sample_prompt_tokens} prompt tokens (at most half the "
+        f"context {config.model.max_length})")
+  samples, evaluate = registry.Samples(task), registry.BitsPerByte(task)
   for i in range(repeats):
     t = time.perf_counter()
-    task.text_samples(state)
+    samples.texts(state)
     print(f"  sample {i + 1}: {time.perf_counter() - t:.3f} s"
           + (" (compiles)" if i == 0 else ""))
   for i in range(2):
     t = time.perf_counter()
-    summary = task.evaluate(state)
+    summary = evaluate.run(state, registry.Context())
     if i == 1:
       print(f"  evaluation (compiled): {time.perf_counter() - t:.2f} s, "
             f"{summary.get('num_tokens', summary.get('num_examples'))} tokens/examples")

@@ -295,7 +295,7 @@ def test_overrides_reach_a_run_saved_before_the_keys_existed():
   argv, overrides = eval_cli.split_overrides(
       ["eval.py", "--workdir", "w", "--config.eval.segmentation_dataset=ade20k",
        "--config.eval.segmentation_dir=/r", "--config.eval.segmentation_lr=1",
-       "--config.eval.segmentation=false"])
+       "--config.evals=knn,segmentation"])
   assert argv == ["eval.py", "--workdir", "w"] and len(overrides) == 4
   c = load("dino_fashion_mnist")
   with c.unlocked():
@@ -305,9 +305,11 @@ def test_overrides_reach_a_run_saved_before_the_keys_existed():
   eval_cli.apply_overrides(c, overrides)
   assert (c.eval.segmentation_dataset, c.eval.segmentation_dir) == ("ade20k", "/r")
   assert c.eval.segmentation_lr == 1.0 and isinstance(c.eval.segmentation_lr, float)
-  assert c.eval.segmentation is False
+  assert c.evals == "knn,segmentation"
   with pytest.raises(config_lib.ConfigError, match="segmentation_dir=DIR"):
-    eval_cli.apply_overrides(c, [("segmentation_dir", "")])
+    eval_cli.apply_overrides(c, [("eval.segmentation_dir", "")])
+  with pytest.raises(config_lib.ConfigError, match="'samples', not an evaluator of a dino"):
+    eval_cli.apply_overrides(c, [("evals", "knn,samples")])
 
 
 def test_reader_errors_name_the_file(tmp_path):

@@ -27,7 +27,7 @@ TINY = ["--config.model.width=32", "--config.model.depth=1", "--config.model.num
         "--config.batch_size=16", "--config.eval_batch_size=2000", "--config.log_every=2",
         "--config.optim.warmup_steps=2", "--config.dino.out_dim=64",
         "--config.dino.hidden_dim=32", "--config.dino.bottleneck_dim=16",
-        "--config.data.multicrop.num_local=2", "--config.eval.linear_probe=False",
+        "--config.data.multicrop.num_local=2", "--config.evals=knn,raw_pixel_knn,segmentation,patch_pca",
         "--config.dino.freeze_last_layer_steps=2",
         "--config.dino.warmup_teacher_temp_steps=4",
         # Evaluation on slices keeps k-NN and feature extraction to seconds.
@@ -294,7 +294,8 @@ def test_dino_train_eval_and_init_checkpoint(tmp_path, fmnist_data_dir, capfd):
   workdir = tmp_path / "run"
   r = run_in_process(dino_args(workdir, fmnist_data_dir, "--config.total_steps=6",
                                "--config.eval_every=6", "--config.checkpoint_every=3",
-                               "--config.eval.segmentation=False"), capfd)
+                               "--config.evals=knn,raw_pixel_knn,patch_pca"),
+                     capfd)
   assert r.returncode == 0, r.stderr[-3000:]
   records = read_metrics(workdir)
   train = [x for x in records if x["split"] == "train"]

@@ -41,7 +41,7 @@ DINO_TINY = ["--config.model.width=32", "--config.model.depth=1", "--config.mode
              "--config.eval_batch_size=2000", "--config.optim.warmup_steps=2",
              "--config.dino.out_dim=64", "--config.dino.hidden_dim=32",
              "--config.dino.bottleneck_dim=16", "--config.data.multicrop.num_local=2",
-             "--config.eval.linear_probe=False", "--config.dino.freeze_last_layer_steps=4",
+             "--config.evals=knn,raw_pixel_knn,segmentation,patch_pca", "--config.dino.freeze_last_layer_steps=4",
              "--config.dino.warmup_teacher_temp_steps=8",
              "--config.data.train_split=train[:1000]", "--config.data.eval_split=test[:500]"]
 # Every step logged, checkpoints every 3 steps: kills land between, on and

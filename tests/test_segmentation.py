@@ -249,7 +249,8 @@ def test_dino_task_reads_the_mosaic_masks(mosaic_data_dir):
   tasks.validate(c)
   task = tasks.make_task(c, None)
   assert task.num_classes == 10 and task.image_shape == (56, 56, 1)
-  data = task.segmentation_data()
+  from laplax.evaluators import dino_segmentation  # pylint: disable=import-outside-toplevel
+  data = dino_segmentation.load_data(task.config, task.image_shape)
   assert data.name == "fashion_mosaic/small" and data.num_classes == 11
   assert data.train_images.shape == (30, 56, 56, 1) and data.test_masks.shape == (12, 56, 56)
   for split, x, m in (("train", data.train_images, data.train_masks),
@@ -265,9 +266,7 @@ def test_dino_task_reads_the_mosaic_masks(mosaic_data_dir):
       if key.startswith("segmentation"):
         del c.eval[key]
   from laplax.config import defaults  # pylint: disable=import-outside-toplevel
-  assert task.segmentation_settings() == defaults.segmentation_defaults()
-  c.eval.segmentation = False  # the task holds this config
-  assert task.segmentation_data() is None
+  assert dino_segmentation.settings(task.config) == defaults.segmentation_defaults()
 
 
 @pytest.mark.parametrize("config,flag,fragment", [
@@ -281,7 +280,11 @@ def test_dino_task_reads_the_mosaic_masks(mosaic_data_dir):
     ("dino_fashion_mnist", "--config.eval.segmentation_image_size=30", "not divisible"),
     ("dino_fashion_mosaic", "--config.eval.segmentation_dataset=fashion_canvases",
      "Fashion-MNIST images"),
-    ("dino_fashion_mnist", "--config.eval.segmentation=maybe", "eval.segmentation"),
+    ("dino_fashion_mnist", "--config.eval.segmentation=False",
+     "eval.segmentation was replaced by config.evals"),
+    ("dino_fashion_mnist", "--config.evals=knn,classification",
+     "'classification', not an evaluator of a dino run"),
+    ("dino_fashion_mnist", "--config.evals=knn,knn", "names an evaluator twice"),
 ])
 def test_bad_segmentation_settings_one_line_exit_2(tmp_path, config, flag, fragment, capfd):
   from test_train import ROOT, run_in_process  # pylint: disable=import-outside-toplevel
@@ -301,4 +304,4 @@ def test_mosaic_config_validates():
   tasks.validate(c)
   assert c.data.name == "fashion_mosaic" and c.task == "dino"
   assert c.data.multicrop.global_size == 56 and 56 % c.model.patch_size == 0
-  assert c.eval.segmentation and c.eval.segmentation_dataset == "auto"
+  assert "segmentation" in c.evals.split(",") and c.eval.segmentation_dataset == "auto"

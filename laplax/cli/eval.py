@@ -44,8 +44,11 @@ segmentation probe of a DINO run on ADE20K's 150 classes::
     laplax-eval --workdir runs/dino_s5l --config.eval.segmentation_dataset=ade20k \
         --config.eval.segmentation_dir=/data/ADEChallengeData2016
 
-Only ``eval`` keys can be set (a DINO run saved before a segmentation key
-existed takes it too); the model, data and training settings are the run's.
+Only ``eval`` keys and ``--config.evals=NAMES`` (which evaluators run,
+:mod:`laplax.evaluators.registry`) can be set (a DINO run saved before a
+segmentation key existed takes it too); the model, data and training
+settings are the run's. ``eval.py`` runs the evaluators of ``config.evals``
+meant for it (with ``--choices``, ``multiple_choice`` after them).
 
 ``--out FILE`` writes the results to ``FILE`` instead of the workdir:
 ``FILE`` holds what ``eval.json`` (with ``--analysis``: ``analysis.json``)
@@ -194,12 +197,13 @@ def _out_path(workdir: str) -> str | None:
   return path
 
 
-_EVAL_OVERRIDE = re.compile(r"--config\.eval\.(\w+)=(.*)", re.S)
+_EVAL_OVERRIDE = re.compile(r"--config\.(eval\.\w+|evals)=(.*)", re.S)
 
 
 def split_overrides(argv: list[str]) -> tuple[list[str], list[tuple[str, str]]]:
-  """``argv`` without its ``--config.eval.KEY=VALUE`` overrides, and those as
-  ``(KEY, VALUE)`` pairs in order.
+  """``argv`` without its ``--config.eval.KEY=VALUE`` and ``--config.evals=NAMES``
+  overrides, and those as ``(KEY, VALUE)`` pairs in order (``KEY``
+  ``"eval.NAME"`` or ``"evals"``).
 
   Raises:
     cli.UsageError: a ``--config...`` argument of another form or section.
@@ -213,8 +217,8 @@ def split_overrides(argv: list[str]) -> tuple[list[str], list[tuple[str, str]]]:
     if not m:
       raise cli.UsageError(
           f"{arg}: eval.py evaluates the saved config and takes overrides of its eval "
-          f"section only, as --config.eval.KEY=VALUE (e.g. "
-          f"--config.eval.segmentation_dataset=ade20k)")
+          f"section and evaluators only, as --config.eval.KEY=VALUE (e.g. "
+          f"--config.eval.segmentation_dataset=ade20k) or --config.evals=NAMES")
     overrides.append((m.group(1), m.group(2)))
   return rest, overrides
 
@@ -229,24 +233,29 @@ def _typed(key: str, raw: str, like):
       return type(like)(raw) if isinstance(like, (int, float)) else raw
     except ValueError:
       pass
-  raise cli.UsageError(f"--config.eval.{key}={raw}: not a {type(like).__name__}")
+  raise cli.UsageError(f"--config.{key}={raw}: not a {type(like).__name__}")
 
 
 def apply_overrides(config, overrides: list[tuple[str, str]]) -> None:
-  """Sets the ``(KEY, VALUE)`` overrides in ``config.eval`` and validates the
-  config (keys a DINO run saved before they existed get added).
+  """Sets the ``(KEY, VALUE)`` overrides (``config.eval``'s keys and
+  ``config.evals``) and validates the config (keys a DINO run saved before
+  they existed get added).
 
   Raises:
     cli.UsageError: an unknown key or a value of the wrong type.
     ConfigError: a value the config's checks refuse.
   """
-  from laplax.config import defaults  # pylint: disable=import-outside-toplevel
   from laplax import tasks  # pylint: disable=import-outside-toplevel
   if not overrides:
     return
   known = dict(tasks.task_class(config).eval_defaults())
   known.update(config.get("eval", {}))
-  for key, raw in overrides:
+  for dotted, raw in overrides:
+    if dotted == "evals":
+      with config.unlocked():
+        config.evals = raw
+      continue
+    key = dotted[len("eval."):]
     if key not in known:
       choices = (f"keys of config.eval: {', '.join(sorted(known))}" if known else
                  f"this {config.task!r} run has no eval settings (the segmentation keys "
@@ -254,7 +263,7 @@ def apply_overrides(config, overrides: list[tuple[str, str]]) -> None:
       raise cli.UsageError(f"unknown config key 'eval.{key}' in --config.eval.{key}={raw}; "
                            f"{choices}")
     with config.unlocked():
-      config.eval[key] = _typed(key, raw, known[key])
+      config.eval[key] = _typed(dotted, raw, known[key])
   tasks.validate(config, None, strict_keys=False)
 
 
@@ -339,14 +348,10 @@ def main() -> int:
   if chat_data is not None:
     summary = _chat_scores(task, state, chat_data)
   else:
-    summary, figures = task.evaluate_run(state, os.path.dirname(out) if out else workdir)
+    summary, figures = _evaluate(task, state, os.path.dirname(out) if out else workdir, items)
     if figures and out is None:  # with --out the workdir is only read
       from laplax.workdir import files as workdir_lib  # pylint: disable=import-outside-toplevel
       workdir_lib.log_figures(workdir, config, int(state.step), figures)
-  if items is not None:
-    result = lm_eval.score_choices(task.model, state.params, task.tokenizer, items)
-    summary["choices_accuracy"] = result["choices_accuracy"]
-    summary["num_questions"] = result["num_questions"]
   summary["step"] = int(state.step)
   from laplax.config import validation as config_lib  # pylint: disable=import-outside-toplevel
   summary["attention_kernel"] = config_lib.attention_kernel(config, task)
@@ -357,6 +362,24 @@ def main() -> int:
     print(f"wrote {path}")
   print(json.dumps(summary))
   return 0
+
+
+def _evaluate(task, state, out_dir: str, items: list[dict] | None) -> tuple[dict, list[str]]:
+  """The evaluators of ``config.evals`` that run in ``eval.py``, then
+  ``multiple_choice`` on ``items`` (``--choices``): ``(summary, figures written
+  in out_dir)`` (:mod:`laplax.evaluators.registry`; their data is read before
+  any of them computes).
+
+  Raises:
+    DataError, ConfigError: an evaluator's data cannot be used.
+  """
+  from laplax import sharding  # pylint: disable=import-outside-toplevel
+  from laplax.evaluators import registry  # pylint: disable=import-outside-toplevel
+  choices = registry.MultipleChoice(task, items) if items is not None else None
+  evaluators = registry.build(task, registry.EVAL, multiple_choice=choices)
+  ctx = registry.Context(out_dir=out_dir, mesh=sharding.make_mesh())
+  summary, _ = registry.run(evaluators, state, ctx)
+  return summary, ctx.figures
 
 
 def _sample(task, state) -> int:

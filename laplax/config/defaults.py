@@ -160,6 +160,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.total_steps = 1000
   c.log_every = 50
   c.eval_every = 1000
+  # The evaluators, by name (laplax.evaluators.registry): the training loop
+  # runs those of its stage at every eval_every and at the end, eval.py
+  # those of its stage; the names a task takes are its evaluator_names.
+  c.evals = "classification"
   c.checkpoint_every = 500
   c.keep_checkpoints = 3
   # A CRC-32 manifest of each checkpoint's files, written with it and checked
@@ -257,6 +261,7 @@ def gpt_base_config() -> ml_collections.ConfigDict:
   c.eval = ml_collections.ConfigDict()
   c.eval.sample_tokens = 64
   c.eval.sample_prompt_tokens = 16
+  c.evals = "bits_per_byte,samples"
   return c
 
 
@@ -397,7 +402,6 @@ def dino_base_config() -> ml_collections.ConfigDict:
   c.eval = ml_collections.ConfigDict()
   c.eval.knn_k = 20
   c.eval.knn_temperature = 0.07
-  c.eval.linear_probe = True
   c.eval.pca_images = 8
   # eval.py's linear segmentation probe on the frozen teacher's final-norm
   # patch tokens (laplax.analysis.segmentation, DINOv2's linear protocol):
@@ -414,13 +418,16 @@ def dino_base_config() -> ml_collections.ConfigDict:
   # segmentation_test_images of the eval split (segmentation_miou,
   # segmentation_iou per class) and draws segmentation_figure_images of them.
   c.eval.update(segmentation_defaults())
+  # The training loop runs knn and linear_probe at every eval_every; eval.py
+  # runs all five (laplax.evaluators.registry).
+  c.evals = "knn,linear_probe,raw_pixel_knn,segmentation,patch_pca"
   return c
 
 
 def segmentation_defaults() -> dict:
   """The ``eval.segmentation*`` keys of :func:`dino_base_config` and their
   defaults (also used for runs saved before the keys existed)."""
-  return {"segmentation": True, "segmentation_dataset": "auto", "segmentation_dir": "",
+  return {"segmentation_dataset": "auto", "segmentation_dir": "",
           "segmentation_image_size": 0, "segmentation_train_images": 500,
           "segmentation_test_images": 200, "segmentation_steps": 300,
           "segmentation_batch_size": 64, "segmentation_lr": 0.05, "segmentation_layers": 1,

@@ -91,6 +91,16 @@ def unknown_keys(config: ml_collections.ConfigDict, task_class: Any) -> list[str
                 if k not in known and k not in sections)
 
 
+#: Keys that config.evals replaced -> how to say the same now (a run saved
+#: with them is read as it was: :meth:`laplax.tasks.base.TaskBase.saved_evals`).
+REPLACED_KEYS = {
+    "eval.linear_probe": "to turn the probe off, leave linear_probe out of it, e.g. "
+                         "--config.evals=knn,raw_pixel_knn,segmentation,patch_pca",
+    "eval.segmentation": "to turn the probe off, leave segmentation out of it, e.g. "
+                         "--config.evals=knn,linear_probe,raw_pixel_knn,patch_pca",
+}
+
+
 def require_keys(config: ml_collections.ConfigDict) -> None:
   """Every key of :data:`REQUIRED` is there.
 
@@ -128,6 +138,9 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None,
   require_keys(config)
   if strict_keys:
     extra = unknown_keys(config, task_class)
+    require(not (extra and extra[0] in REPLACED_KEYS),
+            f"config.{extra[0] if extra else ''} was replaced by config.evals; "
+            f"{REPLACED_KEYS.get(extra[0] if extra else '')}")
     require(not extra,
              f"config.{extra[0] if extra else ''} is not a key of a laplax "
              f"{config.task} config; check its spelling against "
@@ -167,6 +180,7 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None,
            f"config.optim.weight_decay_exclude={exclude!r} must be a tuple of "
            f"parameter-name regexes")
 
+  _validate_evals(config, task_class)
   model_spec = _validate_model(config)
   task_class.validate(config)
   _check_splash(config, model_spec, task_class)
@@ -194,6 +208,23 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None,
   _validate_observability(config)
   if num_devices is not None:
     validate_mesh(config, num_devices)
+
+
+def _validate_evals(config, task_class):
+  """``config.evals``: comma-separated names the task takes
+  (``task_class.evaluator_names``), each at most once."""
+  evals = get(config, "evals", None)
+  if evals is None:  # a run saved before the key existed: see TaskBase.saved_evals
+    return
+  known = task_class.evaluator_names
+  require(isinstance(evals, str),
+          f"config.evals={evals!r} must be comma-separated evaluator names, e.g. "
+          f"{','.join(known)!r}")
+  names = [n.strip() for n in evals.split(",") if n.strip()]
+  for name in names:
+    require(name in known, f"config.evals names {name!r}, not an evaluator of a "
+                           f"{config.task} run; use some of {', '.join(known)}")
+  require(len(set(names)) == len(names), f"config.evals={evals!r} names an evaluator twice")
 
 
 def _validate_muon(config):

@@ -1,5 +1,6 @@
-"""The linear segmentation evaluation of a DINO run (``eval.py``; the task's
-:meth:`~laplax.tasks.dino.DINOTask.evaluate` with ``segmentation=True``).
+"""The linear segmentation evaluation of a DINO run (the ``segmentation``
+evaluator of :mod:`laplax.evaluators.registry`, which ``eval.py`` runs when
+``config.evals`` names it).
 
 DINOv2's linear protocol (Oquab et al. 2023, arXiv 2304.07193, section 7.4;
 its released mmsegmentation heads ``BNHead``): the frozen teacher backbone's
@@ -12,8 +13,7 @@ class logits, upsampled bilinearly to the labels, trained with the
 pixel-wise cross-entropy (:func:`laplax.analysis.segmentation.linear_segmentation_probe`).
 
 The settings are ``config.eval.segmentation*`` (:func:`settings`; a run
-saved before a key existed gets its default): ``segmentation`` (on/off),
-``segmentation_dataset`` and ``segmentation_dir`` (the data,
+saved before a key existed gets its default): ``segmentation_dataset`` and ``segmentation_dir`` (the data,
 :mod:`laplax.data.segmentation`), ``segmentation_image_size`` (side ``S`` of
 the images and labels; 0: the backbone's input size), ``segmentation_train_images``
 / ``segmentation_test_images`` (the first images of the train and test
@@ -73,7 +73,7 @@ def load_data(config, image_shape):
   Which data (``eval.segmentation_dataset``, :func:`laplax.data.segmentation.resolve`):
   the run's own masks, Fashion-MNIST canvases, ``scene_parse150`` or
   ``ade20k`` (from ``eval.segmentation_dir``), at :func:`image_size`. ``None``
-  when ``eval.segmentation`` is off or ``"auto"`` finds nothing to evaluate on.
+  when ``"auto"`` finds nothing to evaluate on.
 
   Raises:
     DataError: the data is not prepared, unreadable, malformed or does not
@@ -82,8 +82,6 @@ def load_data(config, image_shape):
   """
   from laplax.data import segmentation  # pylint: disable=import-outside-toplevel
   s = settings(config)
-  if not s["segmentation"]:
-    return None
   source = segmentation.resolve(config.data, s["segmentation_dataset"])
   if source is None:
     return None
@@ -203,9 +201,6 @@ def validate(config: ml_collections.ConfigDict) -> None:
   Raises:
     ConfigError: the first bad key, with its fix.
   """
-  on = config_lib.get(config, "eval.segmentation", None)
-  config_lib.require(on is None or isinstance(on, bool),
-           f"config.eval.segmentation={on!r} must be True or False")
   dataset = config_lib.get(config, "eval.segmentation_dataset", None)
   if dataset is not None:
     config_lib.require(dataset in segmentation.DATASETS,

@@ -36,12 +36,15 @@ class Task(Protocol):
     batch_axis: the examples' axis in every batch field (DINO's views
       ``[V, B, ...]``: 1).
     model: the trained network (``model.apply({"params": params}, ...)``).
+    evaluator_names: the names ``config.evals`` may list for this task
+      (:data:`laplax.evaluators.registry.EVALUATORS`).
   """
   config: ml_collections.ConfigDict
   family: str
   base_config: Any
   batch_axis: int
   model: nn.Module
+  evaluator_names: tuple[str, ...]
 
   def init(self, rng: jax.Array) -> Any:
     """Initial parameters (float32 pytree) from ``rng``."""
@@ -72,15 +75,8 @@ class Task(Protocol):
   def batch_spec(self, batch_size: int) -> dict:
     """``jax.ShapeDtypeStruct`` per field of a training batch."""
 
-  def evaluate(self, state: Any, place=None) -> dict:
-    """The eval summary of a TrainState (Python scalars)."""
-
   def monitor(self, record: dict) -> str | None:
     """A warning line for a logged training record, or ``None``."""
-
-  def text_samples(self, state: Any) -> dict[str, str]:
-    """Text the model generates at an evaluation, by name (``{}`` for a task
-    without text); every process calls it, process 0 writes it."""
 
   def backbone(self, state: Any) -> tuple[nn.Module, Any]:
     """``(network, params)`` whose token geometry the analysis measures."""
@@ -95,9 +91,11 @@ class TaskBase:
 
   Its :meth:`evaluate` sums the subclass's ``eval_sums(params, batch)`` over
   every eval batch (jitted once per task) and summarises them with
-  ``summarize(sums)``.
+  ``summarize(sums)`` (the ``classification`` and ``bits_per_byte``
+  evaluators of :mod:`laplax.evaluators.registry` run it).
   """
   batch_axis = 0
+  evaluator_names: tuple[str, ...] = ()
   family: str
   #: Why ``eval.py --analysis`` cannot take gradients of the training loss on
   #: eval batches (``None``: it can).
@@ -157,12 +155,12 @@ class TaskBase:
     than is available is refused); none here."""
     return []
 
-  def evaluate_run(self, state: Any, out_dir: str, say=print) -> tuple[dict, list[str]]:
-    """``eval.py``'s evaluation of a saved run: ``(summary, figure paths
-    written in out_dir)``; here :meth:`evaluate` and no figures. ``say``
-    prints a line for the user."""
-    del out_dir, say
-    return self.evaluate(state), []
+  @classmethod
+  def saved_evals(cls, config: ml_collections.ConfigDict) -> str:
+    """``config.evals`` for a run saved before the key existed: the
+    evaluations it ran then, here those of :meth:`base_config`."""
+    del config
+    return cls.base_config().evals
 
   @classmethod
   def attention_lengths(cls, config: ml_collections.ConfigDict,
@@ -189,11 +187,6 @@ class TaskBase:
   def monitor(self, record: dict) -> str | None:
     """Nothing to warn about."""
     del record
-
-  def text_samples(self, state: Any) -> dict[str, str]:
-    """No text."""
-    del state
-    return {}
 
   def backbone(self, state: Any) -> tuple[nn.Module, Any]:
     """The trained model and its parameters."""

@@ -72,6 +72,7 @@ class ClassificationTask(TaskBase):
 
   family = "vit"
   base_config = staticmethod(defaults.base_config)
+  evaluator_names = ("classification",)
 
   @classmethod
   def validate(cls, config: ml_collections.ConfigDict) -> None:

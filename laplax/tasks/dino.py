@@ -1,6 +1,7 @@
 """DINO self-distillation (Caron et al. 2021): the student/teacher loss, the
-teacher's EMA and centring, and the evaluations of the backbone (k-NN,
-linear probe, segmentation).
+teacher's EMA and centring, and the teacher's features that the evaluators
+of the backbone read (k-NN, linear probe, segmentation:
+:mod:`laplax.evaluators.registry`).
 
 :class:`DINOTask` follows the :class:`~laplax.tasks.base.Task` protocol; it
 is the ``"dino"`` entry of :data:`laplax.tasks.TASKS`.
@@ -9,7 +10,6 @@ is the ``"dino"`` entry of :data:`laplax.tasks.TASKS`.
 from __future__ import annotations
 
 import dataclasses
-import os
 from typing import Any, Iterator
 
 import flax.linen as nn
@@ -19,7 +19,7 @@ import ml_collections
 import numpy as np
 import optax
 
-from laplax import sharding, utils
+from laplax import utils
 from laplax.data import images
 from laplax.models import dino, spec as spec_lib
 from laplax.models.vit import ViT
@@ -32,10 +32,6 @@ from laplax.train import optim
 from laplax.tasks import classification
 from laplax.tasks.base import TaskBase
 
-#: The patch-feature PCA picture ``eval.py`` writes for a DINO run.
-PCA_FIGURE = "patch_pca.png"
-#: The segmentation probe's masks picture ``eval.py`` writes for a DINO run.
-SEGMENTATION_FIGURE = "segmentation.png"
 
 class DINOTask(TaskBase):
   """Self-supervised DINO (Caron et al. 2021) on images, without labels.
@@ -49,9 +45,10 @@ class DINOTask(TaskBase):
   ``dino.warmup_teacher_temp_steps``, then constant; teacher momentum a
   half-cosine from ``dino.momentum_teacher`` to 1 over ``total_steps``; the
   last head layer frozen for the first ``dino.freeze_last_layer_steps``.
-  Evaluation (labels used only there): weighted k-NN (``eval.knn_k``,
-  ``eval.knn_temperature``) on the teacher's class-token features of the
-  train split, scored on the eval split (``knn_accuracy``).
+  Evaluation (labels used only there): the evaluators of ``config.evals``
+  (k-NN, linear probe, raw-pixel k-NN, segmentation probe, patch PCA; see
+  :mod:`laplax.evaluators.registry`) on the teacher's features
+  (:meth:`features`).
 
   Args:
     config: the run's config.
@@ -59,6 +56,7 @@ class DINOTask(TaskBase):
       ``num_classes`` is only for evaluation.
   """
   family = "vit"
+  evaluator_names = ("knn", "linear_probe", "raw_pixel_knn", "segmentation", "patch_pca")
   base_config = staticmethod(defaults.dino_base_config)
   analysis_loss_unavailable = ("DINO's loss needs multi-crop training views and the "
                                "teacher; the eval split has single images")
@@ -98,10 +96,17 @@ class DINOTask(TaskBase):
     config_lib.check_int(config, "eval.knn_k", 1)
     config_lib.check_float(config, "eval.knn_temperature", 0.0, open_min=True)
     config_lib.check_int(config, "eval.pca_images", 0)
-    probe = config_lib.get(config, "eval.linear_probe")
-    config_lib.require(isinstance(probe, bool),
-                       f"config.eval.linear_probe={probe!r} must be True or False")
     dino_segmentation.validate(config)
+
+  @classmethod
+  def saved_evals(cls, config: ml_collections.ConfigDict) -> str:
+    """``config.evals`` for a run saved before the key existed: every DINO
+    evaluator but those its switches turned off (``eval.linear_probe=False``,
+    ``eval.segmentation=False``, the keys ``evals`` replaced)."""
+    e = config.get("eval", {})
+    off = {name for name, key in (("linear_probe", "linear_probe"),
+                                  ("segmentation", "segmentation")) if e.get(key) is False}
+    return ",".join(n for n in cls.base_config().evals.split(",") if n not in off)
 
   @classmethod
   def attention_lengths(cls, config: ml_collections.ConfigDict,
@@ -281,118 +286,3 @@ class DINOTask(TaskBase):
         tokens = jax.device_get(t)[:with_tokens]
     return (np.concatenate(feats).astype(np.float32), np.concatenate(labels),
             first, tokens)
-
-  def segmentation_settings(self) -> dict:
-    """The ``eval.segmentation*`` settings, defaults for keys the config lacks
-    (a run saved before they existed); keys without the ``eval.`` prefix."""
-    return dino_segmentation.settings(self.config)
-
-  def segmentation_data(self):
-    """The segmentation train/test images and masks of this run, or ``None``
-    (:func:`laplax.evaluators.dino_segmentation.load_data`).
-
-    Raises:
-      DataError: the data is not prepared, unreadable or does not fit the backbone.
-      ConfigError: the image size is not divisible by the patch size.
-    """
-    return dino_segmentation.load_data(self.config, self.image_shape)
-
-  def evaluate_run(self, state: Any, out_dir: str, say=print) -> tuple[dict, list[str]]:
-    """``eval.py``'s evaluation: :meth:`evaluate` with the references, the
-    segmentation probe (its batches split over every device) and the
-    pictures in ``out_dir`` (:data:`PCA_FIGURE`, :data:`SEGMENTATION_FIGURE`);
-    ``say`` prints where they are. Returns ``(summary, figures written)``."""
-    c = self.config
-    figure = os.path.join(out_dir, PCA_FIGURE)
-    masks_figure = os.path.join(out_dir, SEGMENTATION_FIGURE)
-    summary = self.evaluate(state, references=True, figure=figure, segmentation=True,
-                            segmentation_figure=masks_figure, mesh=sharding.make_mesh())
-    if c.eval.pca_images:
-      say(f"patch-feature PCA of {c.eval.pca_images} test images: {figure}")
-    settings = self.segmentation_settings()
-    if "segmentation_miou" in summary:
-      say(f"linear segmentation probe on {summary['segmentation_dataset']}: mIoU "
-          f"{summary['segmentation_miou']:.4f}" + (
-              f"; masks of {settings['segmentation_figure_images']} test images: "
-              f"{masks_figure}" if settings["segmentation_figure_images"] else ""))
-    elif settings["segmentation"]:
-      say(f"no segmentation probe: {c.data.name} has no masks and is not "
-          f"Fashion-MNIST; add --config.eval.segmentation_dataset=ade20k "
-          f"--config.eval.segmentation_dir=DIR (ADEChallengeData2016 unpacked in DIR)")
-    made = ((figure, c.eval.pca_images),
-            (masks_figure, "segmentation_miou" in summary
-             and settings["segmentation_figure_images"]))
-    return summary, [f for f, m in made if m]
-
-  def evaluate(self, state: Any, place=None, *, references: bool = False,
-               figure: str | None = None, segmentation: bool = False,
-               segmentation_figure: str | None = None, mesh=None) -> dict:
-    """Frozen-feature evaluation of the teacher's class-token and patch features.
-
-    Weighted k-NN (``knn_accuracy``; DINO's protocol, Wu et al. 2018) and, if
-    ``eval.linear_probe``, a linear probe (``linear_probe_accuracy``), both
-    fitted on the train split and scored on the eval split; labels are used
-    only here. With ``segmentation`` (and ``eval.segmentation``), DINOv2's
-    linear segmentation probe on the patch tokens
-    (:func:`laplax.evaluators.dino_segmentation.evaluate`) fitted on the
-    segmentation train images and scored on the test images of
-    :meth:`segmentation_data`.
-
-    Args:
-      state: a TrainState of this task (its ``task_state["teacher"]``).
-      place: unused (the features are computed on the default device).
-      references: also report ``raw_pixel_knn_accuracy``, the same k-NN on
-        the normalised pixels (a reference that needs no network).
-      figure: if given, a PNG path for the patch-feature PCA of the first
-        ``eval.pca_images`` eval images (DINO's Fig. 1-style picture).
-      segmentation: run the segmentation probe (``eval.py`` does; the
-        evaluations during training do not).
-      segmentation_figure: if given, a PNG path for the first
-        ``eval.segmentation_figure_images`` segmentation test images with
-        their true and predicted masks.
-      mesh: a device mesh for the segmentation probe's batches (``eval.py``
-        passes one over every device; default: the default device).
-
-    Returns:
-      ``{"knn_accuracy", "linear_probe_accuracy"?, "raw_pixel_knn_accuracy"?,
-      "segmentation_*"?, "num_examples"}`` (accuracies and mIoU in [0, 1];
-      eval split size; the segmentation keys, those of
-      :func:`laplax.evaluators.dino_segmentation.evaluate`, only when the probe ran).
-
-    Raises:
-      DataError, ConfigError: the segmentation data cannot be read (raised
-        before anything is computed or written).
-    """
-    from laplax.analysis import probes  # pylint: disable=import-outside-toplevel
-    del place
-    seg = self.segmentation_data() if segmentation else None
-    e, (_, teacher) = self.config.eval, self.backbone(state)
-    knn = dict(num_classes=self.num_classes, k=e.knn_k, temperature=e.knn_temperature)
-    train_x, train_y, _, _ = self.features(teacher, self.config.data.train_split)
-    num_pca = e.pca_images if figure else 0
-    test_x, test_y, shown, tokens = self.features(teacher, self.config.data.eval_split,
-                                                  with_tokens=num_pca)
-    out = {"knn_accuracy": float(probes.knn_accuracy(train_x, train_y, test_x, test_y,
-                                                     **knn))}
-    if e.linear_probe:
-      probe = probes.linear_probe(train_x, train_y, test_x, test_y,
-                                  num_classes=self.num_classes, seed=self.config.seed)
-      out["linear_probe_accuracy"] = float(probe["accuracy"])
-    if references:
-      pixels = {}
-      for split in (self.config.data.train_split, self.config.data.eval_split):
-        pixels[split] = np.concatenate([
-            b["image"][:int(b["mask"].sum())].reshape(int(b["mask"].sum()), -1)
-            for b in self.eval_batches(split)])
-      out["raw_pixel_knn_accuracy"] = float(probes.knn_accuracy(
-          pixels[self.config.data.train_split], train_y,
-          pixels[self.config.data.eval_split], test_y, **knn))
-    if seg is not None:
-        out.update(dino_segmentation.evaluate(self.config, self.teacher.backbone, teacher, seg,
-                                            mesh=mesh, figure=segmentation_figure))
-    if figure and num_pca:
-      p = self.config.model.patch_size
-      grid = (shown.shape[1] // p, shown.shape[2] // p)
-      probes.save_pca_figure(figure, shown, probes.patch_pca_rgb(tokens, grid))
-    out["num_examples"] = int(len(test_y))
-    return out

@@ -21,7 +21,6 @@ from laplax.data import lm_input
 from laplax.models import spec as spec_lib
 from laplax.models.gpt import GPT
 from laplax.config import defaults
-from laplax.evaluators import lm_samples as lm_eval
 from laplax.tasks.base import TaskBase
 
 class LanguageModelTask(TaskBase):
@@ -41,6 +40,7 @@ class LanguageModelTask(TaskBase):
 
   family = "gpt"
   base_config = staticmethod(defaults.gpt_base_config)
+  evaluator_names = ("bits_per_byte", "samples")
 
   @classmethod
   def known_keys(cls, config: ml_collections.ConfigDict) -> set[str]:
@@ -88,23 +88,6 @@ class LanguageModelTask(TaskBase):
     """
     from laplax.data import lm_input  # pylint: disable=import-outside-toplevel
     return cls(config, lm_input.prepare(config, workdir))
-
-  def text_samples(self, state: Any) -> dict[str, str]:
-    """``{"sample": text}`` at an evaluation of ``train.py``: the first
-    ``eval.sample_prompt_tokens`` tokens of the validation text (at most half
-    the context), then ``eval.sample_tokens`` tokens decoded greedily
-    (:func:`laplax.evaluators.lm_samples.greedy_sample`). The same prompt at
-    every evaluation, so a run's samples show its text change. ``{}`` when
-    ``eval.sample_tokens`` is 0 or the config has no ``eval`` (a run saved
-    before the keys existed)."""
-    e = self.config.get("eval", None)
-    num = int(e.get("sample_tokens", 0) or 0) if e is not None else 0
-    if num <= 0:
-      return {}
-    k = max(1, min(int(e.get("sample_prompt_tokens", 16)), self.seq_len // 2))
-    prompt = next(iter(self.eval_batches()))["tokens"][0, :k]
-    return {"sample": lm_eval.greedy_sample(self.model, state.params, self.tokenizer,
-                                            prompt, num)}
 
   def tokens_per_example(self) -> int:
     """The context, ``model.max_length``."""

@@ -41,6 +41,7 @@ from laplax import tasks
 from laplax.workdir import lock as lock_lib
 from laplax.errors import UserError
 from laplax.data.errors import DataError
+from laplax.evaluators import registry
 from laplax.train.profiler import Profiler
 from laplax.tasks.base import Task
 from laplax.workdir.saving import SaveError
@@ -327,8 +328,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   ``config.json``, metrics and logs; all processes write the checkpoints.
 
   At each start the config goes to TensorBoard (text and hparams); at each
-  evaluation the task's text samples (:meth:`Task.text_samples`: a GPT's
-  greedy continuation of the validation text) go to ``metrics.jsonl`` and
+  evaluation the numbers and texts of the evaluators of ``config.evals``
+  that run in training (:mod:`laplax.evaluators.registry`; a GPT's ``samples``:
+  its greedy continuation of the validation text) go to ``metrics.jsonl`` and
   TensorBoard; with ``config.wandb.project`` the same go to W&B; with
   ``config.profile.num_steps`` the chosen steps are traced
   (:class:`~laplax.train.profiler.Profiler`).
@@ -525,8 +527,10 @@ def _train(config: ml_collections.ConfigDict, workdir: str, task: Task,
   tx = optim.make_optimizer(config)
   schedule = optim.learning_rate_schedule(config.optim, config.total_steps)
 
-  # Input: each process reads its rows of the global batch.
+  # Input: each process reads its rows of the global batch; the evaluators of
+  # config.evals that run during training.
   train_iter = iter(task.train_dataset(jax.process_index(), jax.process_count()))
+  evaluators = registry.build(task, registry.TRAIN)
   batch_sharding = batch_shardings(task, mesh, rules)
   global_batch = task.batch_spec(config.batch_size)
   # Sharding, then the initial state (created sharded) or resume (onto this mesh).
@@ -586,8 +590,8 @@ def _train(config: ml_collections.ConfigDict, workdir: str, task: Task,
       if save:
         checkpointer.save(state, train_iter.get_state())
       if step % config.eval_every == 0 or last:
-        summary = task.evaluate(state, place)
-        writer.write_eval(step, summary, task.text_samples(state))
+        summary, texts = registry.run(evaluators, state, registry.Context(place=place, say=say))
+        writer.write_eval(step, summary, texts)
         say(eval_line(step, summary))
       if stopping:
         checkpointer.wait()
@@ -601,6 +605,6 @@ def _train(config: ml_collections.ConfigDict, workdir: str, task: Task,
   profiler.stop(state)
   bar.close()
   if start >= config.total_steps and start > 0:
-    summary = task.evaluate(state, place)
+    summary, _ = registry.run(evaluators, state, registry.Context(place=place, say=say))
   writer.close()
   return summary

@@ -1,0 +1,146 @@
+"""The evaluators chosen by name (laplax.evaluators.registry, config.evals):
+every task's names exist, each stage gets its part of the list in order, a
+run saved before config.evals existed keeps its evaluations, DINO's
+features are computed once per round, and the numbers are those of the
+definitions (k-NN and the linear probe on the teacher's features)."""
+
+import json
+
+import pytest
+
+from test_configs import load
+from test_dino import TINY
+from test_lm_cli import GPT_CONFIG, TINY as GPT_TINY, corpus  # pylint: disable=unused-import
+from test_train import read_metrics, run_in_process
+
+from laplax import tasks
+from laplax.analysis import probes
+from laplax.config import validation as config_lib
+from laplax.evaluators import registry
+from laplax.train import loop, optim
+
+
+def test_every_task_names_registered_evaluators_and_defaults_to_some_of_them():
+  for name, cls in tasks.TASKS.items():
+    assert cls.evaluator_names, name
+    assert set(cls.evaluator_names) <= set(registry.EVALUATORS), name
+    defaults = registry.names(cls.base_config())
+    assert defaults and set(defaults) <= set(cls.evaluator_names), name
+  for name, cls in registry.EVALUATORS.items():
+    assert cls.name == name and set(cls.stages) <= {registry.TRAIN, registry.EVAL}
+  # Every evaluator is some task's (or eval.py's --choices).
+  named = {n for cls in tasks.TASKS.values() for n in cls.evaluator_names}
+  assert set(registry.EVALUATORS) == named | {"multiple_choice"}
+
+
+@pytest.mark.parametrize("saved,expected", [
+    ({}, "knn,linear_probe,raw_pixel_knn,segmentation,patch_pca"),
+    ({"linear_probe": False}, "knn,raw_pixel_knn,segmentation,patch_pca"),
+    ({"linear_probe": True, "segmentation": False}, "knn,linear_probe,raw_pixel_knn,patch_pca"),
+    ({"linear_probe": False, "segmentation": False}, "knn,raw_pixel_knn,patch_pca"),
+])
+def test_a_dino_run_saved_before_evals_keeps_what_its_switches_meant(saved, expected):
+  c = load("dino_fashion_mnist")
+  with c.unlocked():
+    del c.evals
+    c.eval.update(saved)
+  assert registry.names(c) == tuple(expected.split(","))
+  config_lib.validate(c, strict_keys=False, task_class=tasks.task_class(c))
+
+
+def test_saved_image_and_language_runs_get_the_old_evaluations():
+  for config, expected in (("vit_fashion_mnist", ("classification",)),
+                           ("gpt_shakespeare", ("bits_per_byte", "samples"))):
+    c = load(config)
+    with c.unlocked():
+      del c.evals
+    assert registry.names(c) == expected
+
+
+@pytest.fixture(scope="module")
+def dino_run(fmnist_data_dir):
+  """A tiny DINO task on Fashion-MNIST slices and its initial state."""
+  from bench.common import apply_override  # pylint: disable=import-outside-toplevel
+  c = load("dino_fashion_mnist")
+  overrides = [a for a in TINY if a.startswith("--config.")] + [
+      f"--config.data.data_dir={fmnist_data_dir}", "--config.data.train_split=train[:300]",
+      "--config.data.eval_split=test[:100]", "--config.eval_batch_size=100",
+      "--config.eval.pca_images=2"]
+  for arg in overrides:
+    apply_override(c, arg[len("--config."):])
+  with c.unlocked():
+    c.evals = ",".join(tasks.task_class(c).evaluator_names)
+  tasks.validate(c)
+  task = tasks.make_task(c, None)
+  return task, loop.init_state(task, optim.make_optimizer(c), c.seed)
+
+
+def test_each_stage_runs_its_part_of_the_list_in_order(dino_run):
+  task, _ = dino_run
+  assert [e.name for e in registry.build(task, registry.TRAIN)] == ["knn", "linear_probe"]
+  assert [e.name for e in registry.build(task, registry.EVAL)] == [
+      "knn", "linear_probe", "raw_pixel_knn", "segmentation", "patch_pca"]
+  with task.config.unlocked():
+    task.config.evals = "patch_pca,knn"
+  try:
+    assert [e.name for e in registry.build(task, registry.TRAIN)] == ["knn"]
+    assert [e.name for e in registry.build(task, registry.EVAL)] == ["patch_pca", "knn"]
+  finally:
+    with task.config.unlocked():
+      task.config.evals = ",".join(task.evaluator_names)
+
+
+def test_dino_numbers_are_the_definitions_on_features_computed_once(dino_run, tmp_path):
+  """knn and linear_probe equal probes.* on the teacher's features; the
+  features of each split are computed once per round (the patch tokens for
+  the PCA ride with the eval split's); the figure is written and listed."""
+  task, state = dino_run
+  calls = []
+  features = task.features
+
+  def counted(params, split, *, with_tokens=0):
+    calls.append((split, with_tokens))
+    return features(params, split, with_tokens=with_tokens)
+  task.features = counted
+  try:
+    evaluators = [registry.EVALUATORS[n](task) for n in ("knn", "linear_probe", "patch_pca")]
+    ctx = registry.Context(out_dir=str(tmp_path), say=lambda line: None)
+    summary, texts = registry.run(evaluators, state, ctx)
+  finally:
+    del task.features
+  c = task.config
+  assert sorted(calls) == sorted([(c.data.train_split, 0), (c.data.eval_split, 2)])
+  assert texts == {} and ctx.figures == [str(tmp_path / registry.PCA_FIGURE)]
+  assert (tmp_path / registry.PCA_FIGURE).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+  _, params = task.backbone(state)
+  train_x, train_y, _, _ = features(params, c.data.train_split)
+  test_x, test_y, _, _ = features(params, c.data.eval_split)
+  knn = probes.knn_accuracy(train_x, train_y, test_x, test_y, num_classes=10,
+                            k=c.eval.knn_k, temperature=c.eval.knn_temperature)
+  probe = probes.linear_probe(train_x, train_y, test_x, test_y, num_classes=10, seed=c.seed)
+  assert summary == {"knn_accuracy": float(knn), "num_examples": 100,
+                     "linear_probe_accuracy": float(probe["accuracy"])}
+
+
+def test_the_training_loop_runs_the_configs_evaluators(tmp_path, corpus, capfd):
+  """A GPT whose config.evals drops samples writes no sample text; with the
+  default list each evaluation writes one, and eval.py writes the same
+  bits per byte as the last training evaluation."""
+  for evals, with_samples in (("bits_per_byte", False), ("bits_per_byte,samples", True)):
+    workdir = tmp_path / evals.replace(",", "_")
+    r = run_in_process(["train.py", "--config", GPT_CONFIG, "--workdir", str(workdir),
+                        f"--config.data.source_dir={corpus}",
+                        f"--config.data.data_dir={tmp_path / 'tfds'}",
+                        "--config.total_steps=4", "--config.eval_every=2",
+                        f"--config.evals={evals}", "--config.eval.sample_tokens=4"] + GPT_TINY,
+                       capfd)
+    assert r.returncode == 0, r.stderr[-2000:]
+    records = read_metrics(workdir)
+    evals_ = [x for x in records if x["split"] == "eval"]
+    samples = [x for x in records if x["split"] == "sample"]
+    assert evals_ and "bits_per_byte" in evals_[-1]
+    assert [x["step"] for x in samples] == ([x["step"] for x in evals_] if with_samples else [])
+  r = run_in_process(["eval.py", "--workdir", str(workdir)], capfd)
+  assert r.returncode == 0, r.stderr[-2000:]
+  result = json.loads((workdir / "eval.json").read_text())
+  assert result["bits_per_byte"] == pytest.approx(evals_[-1]["bits_per_byte"], rel=1e-6)
