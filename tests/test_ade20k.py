@@ -272,7 +272,7 @@ def test_malformed_release_is_one_line_exit_2(tmp_path, dino_workdir, capfd, bre
     ("--config.eval.segmentation_colour=1", "unknown config key 'eval.segmentation_colour'"),
     ("--config.eval.segmentation_layers=2", "more than the model's 1 blocks"),
     ("--config.eval.segmentation_lr=fast", "not a float"),
-    ("--config.model.width=8", "overrides of its eval section only"),
+    ("--config.model.width=8", "overrides of its eval section and evaluators only"),
 ])
 def test_bad_eval_overrides_are_one_line_exit_2(tmp_path, dino_workdir, capfd, flag,
                                                 fragment):

@@ -23,7 +23,7 @@ from absl import flags
 import ml_collections
 
 from laplax import utils
-from laplax.config.validation import ConfigError
+from laplax.config.validation import REPLACED_KEYS, ConfigError
 from laplax.errors import UserError
 
 USAGE_EXIT = 2
@@ -80,7 +80,10 @@ def _unknown_key_message(argv: list[str], config) -> str | None:
       if not isinstance(node, ml_collections.ConfigDict) or part not in node:
         parent = ".".join(["config"] + parts[:i])
         known = sorted(node.keys()) if isinstance(node, ml_collections.ConfigDict) else []
-        return (f"unknown config key {'.'.join(parts[:i + 1])!r} in {arg}; keys of "
+        key = ".".join(parts[:i + 1])
+        if key in REPLACED_KEYS:
+          return f"{arg}: config.{key} was replaced by config.evals; {REPLACED_KEYS[key]}"
+        return (f"unknown config key {key!r} in {arg}; keys of "
                 f"{parent}: {', '.join(known)}")
       node = node[part]
   return None
