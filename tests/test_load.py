@@ -207,9 +207,13 @@ def test_dino_loads_student_and_teacher_and_reproduces_knn(runs):
   _assert_equal_to_saved(run.params, saved, "params")
   assert _on_one_device(run.teacher)
   result = _eval_json(runs["dino"])
-  summary = run.task.evaluate(run.state)
-  assert summary["knn_accuracy"] == result["knn_accuracy"]
-  assert summary["num_examples"] == result["num_examples"] == 200
+  summary = run.evaluate("knn")
+  assert summary == {"knn_accuracy": result["knn_accuracy"],
+                     "num_examples": result["num_examples"]}
+  assert result["num_examples"] == 200
+  from laplax.config.validation import ConfigError  # pylint: disable=import-outside-toplevel
+  with pytest.raises(ConfigError, match="'bits_per_byte', not an evaluator of a dino run"):
+    run.evaluate("knn,bits_per_byte")
   batch = next(iter(run.task.eval_batches()))
   logits, _ = run.model.apply({"params": run.params}, batch["image"][None, :4], train=False)
   assert logits.shape == (1, 4, run.config.dino.out_dim) and np.isfinite(logits).all()

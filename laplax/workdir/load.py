@@ -45,6 +45,7 @@ from laplax.config import validation as config_lib
 from laplax.train import loop, optim
 from laplax import tasks
 from laplax.errors import UserError
+from laplax.evaluators import registry
 from laplax.train.state import TrainState
 from laplax.workdir.files import CHECKPOINT_DIR, CONFIG_FILE, load_saved_config
 
@@ -92,8 +93,8 @@ class Loaded:
   @functools.cached_property
   def task(self):
     """The task object (:mod:`laplax.tasks`) with its data prepared, as
-    ``eval.py`` needs it: ``task.evaluate(state)``, ``task.eval_batches()``,
-    ``task.tokenizer`` (language models). Built on first access (its
+    ``eval.py`` needs it: ``task.eval_batches()``, ``task.tokenizer``
+    (language models); :meth:`evaluate` runs its evaluators. Built on first access (its
     ``model`` equals :attr:`model`; nothing is written into the workdir
     except a language model's tokenizer when it is missing).
 
@@ -103,11 +104,36 @@ class Loaded:
     """
     return loop.setup(self.config, self.workdir, check=False)
 
+  def evaluate(self, evals: str | None = None) -> dict:
+    """The numbers ``eval.py`` writes for this step (no figures, nothing
+    written): the evaluators of ``config.evals`` meant for ``eval.py``, or
+    those named in ``evals`` (comma-separated, e.g. ``"knn,linear_probe"``;
+    :mod:`laplax.evaluators.registry`), on :attr:`eval_state`. Prepares
+    :attr:`task` first.
+
+    Raises:
+      ConfigError: ``evals`` names an evaluator this run's task lacks.
+      DataError: the data of the task or of an evaluator cannot be read.
+    """
+    task = self.task
+    wanted = registry.names(self.config) if evals is None else tuple(
+        n.strip() for n in evals.split(",") if n.strip())
+    unknown = [n for n in wanted if n not in task.evaluator_names]
+    if unknown:
+      raise config_lib.ConfigError(
+          f"evals names {unknown[0]!r}, not an evaluator of a {self.config.task} run; "
+          f"use some of {', '.join(task.evaluator_names)}")
+    evaluators = [registry.EVALUATORS[n](task) for n in wanted
+                  if evals is not None or registry.EVAL in registry.EVALUATORS[n].stages]
+    for evaluator in evaluators:
+      evaluator.prepare()
+    return registry.run(evaluators, self.eval_state, registry.Context(say=lambda line: None))[0]
+
   @property
   def eval_state(self) -> TrainState:
     """A :class:`~laplax.train.state.TrainState` of what evaluation
     reads (``step``, ``params``, ``task_state``; ``opt_state`` and ``rng``
-    ``None``), for ``task.evaluate`` and the analysis."""
+    ``None``), for the evaluators and the analysis."""
     return TrainState(step=jnp.asarray(self.step, jnp.int32), params=self.params,
                                opt_state=None, rng=None, task_state=self.task_state)
 
