@@ -27,11 +27,11 @@ name                    task            stages       what it reports
 ``patch_pca``           dino            eval         the figure ``patch_pca.png``
 ======================  ==============  ===========  ======================================
 
-Which names a task accepts, and its default list, are the task class's
-(:attr:`laplax.tasks.base.TaskBase.evaluator_names`,
-:attr:`~laplax.tasks.base.TaskBase.default_evals`), so the config is checked
+Which names a task accepts is its class's ``evaluator_names``, and its
+default list the ``evals`` of its base config, so the config is checked
 without this module. A run saved before ``config.evals`` existed gets the
-list its old switches meant (:func:`names`).
+list its old switches meant (:func:`names`,
+:meth:`laplax.tasks.base.TaskBase.saved_evals`).
 
 Adding an evaluator is one class here (or in its own module) and one entry
 in :data:`EVALUATORS`, and its name in the task's ``evaluator_names``.
