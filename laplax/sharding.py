@@ -142,7 +142,7 @@ def parse_rules(rules: Any) -> tuple:
 
 def rules_from_config(config: ml_collections.ConfigDict) -> tuple:
   """``config.sharding_rules`` (or :data:`DEFAULT_RULES`) as tuples of pairs."""
-  return parse_rules(config.get("sharding_rules", None) or DEFAULT_RULES)
+  return parse_rules(config.sharding_rules or DEFAULT_RULES)
 
 
 def mesh_axes(rules: Sequence, name: str) -> tuple[str, ...]:

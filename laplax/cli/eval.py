@@ -419,8 +419,8 @@ def _chat_data(config, workdir: str) -> dict:
     raise cli.UsageError(f"--chat_tasks needs a language-model workdir (task 'lm'); "
                          f"{workdir} holds task {config.task!r}")
   names = chat.parse_tasks(_CHAT_TASKS.value)
-  kind = config.data.get("tokenizer", None)
-  if kind not in (None, "nanochat"):
+  kind = config.data.tokenizer
+  if kind != "nanochat":
     raise DataError(f"{workdir} was trained with the {kind} tokenizer, which has no chat "
                     "special tokens; chat evaluation needs a run trained with "
                     "--config.data.tokenizer=nanochat")
@@ -489,7 +489,7 @@ def _run_analysis(config, task, state, workdir: str, opts: dict, out: str | None
   from laplax import spectral as spectral_lib  # pylint: disable=import-outside-toplevel
   sp = config.model.spectral
   spectral = {"enabled": bool(sp.enabled), "lam": float(sp.lam), "mode": sp.mode,
-              "targets": spectral_lib.check_targets(sp.get("targets", spectral_lib.TARGETS))}
+              "targets": spectral_lib.check_targets(sp.targets)}
   model, params = task.backbone(state)
   readout = task.readout(state)
   from laplax import tasks  # pylint: disable=import-outside-toplevel

@@ -392,7 +392,7 @@ def attention_lengths(config: ml_collections.ConfigDict, image_side: int | None 
   m = config.model
   if m.name == "gpt":
     return (int(m.max_length),)
-  patches = lambda side: (int(side) // m.patch_size) ** 2 + (m.get("pool", "tok") == "tok")
+  patches = lambda side: (int(side) // m.patch_size) ** 2 + (m.pool == "tok")
   sides = list(crop_sides) + [get(config, "data.image_size", None) or image_side]
   return tuple(dict.fromkeys(patches(s) for s in sides if s))
 

@@ -64,6 +64,15 @@ class DINOTask(TaskBase):
                                "teacher; the eval split has single images")
 
   @classmethod
+  def data_defaults(cls, config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """The image pipeline's keys for dataset ``config.data.name``
+    (:func:`laplax.data.images.default_config`) with its multi-crop views
+    (:func:`laplax.data.multicrop.default_multicrop_config`)."""
+    data = images.default_config(config.data.name)
+    data.multicrop = multicrop.default_multicrop_config(config.data.name)
+    return data
+
+  @classmethod
   def eval_defaults(cls) -> dict:
     """The segmentation probe's ``eval.segmentation*`` defaults
     (:func:`laplax.config.defaults.segmentation_defaults`)."""

@@ -16,7 +16,6 @@ import ml_collections
 import numpy as np
 import optax
 
-from laplax import utils
 from laplax.data import lm_input
 from laplax.models import spec as spec_lib
 from laplax.models.gpt import GPT
@@ -43,20 +42,11 @@ class LanguageModelTask(TaskBase):
   base_config = staticmethod(defaults.gpt_base_config)
 
   @classmethod
-  def known_keys(cls, config: ml_collections.ConfigDict) -> set[str]:
-    """The base config's keys; on FineWeb-Edu (``data.name="fineweb_edu"``)
-    also those of :func:`laplax.data.fineweb.default_config`, in a chat stage
-    those of :func:`laplax.data.chat_mixture.default_config`."""
-    known = super().known_keys(config)
-    if lm_input.is_fineweb(config):
-      from laplax.data import fineweb  # pylint: disable=import-outside-toplevel  # pulls pyarrow
-      known.update(utils.flatten_dotted({"data": fineweb.default_config().to_dict()},
-                                        keep_empty=True))
-    if lm_input.is_chat(config):
-      from laplax.data import chat_mixture  # pylint: disable=import-outside-toplevel
-      known.update(utils.flatten_dotted({"data": chat_mixture.default_config().to_dict()},
-                                        keep_empty=True))
-    return known
+  def data_defaults(cls, config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """The keys of the corpus ``config.data.name`` names
+    (:func:`laplax.data.lm_input.default_config`: FineWeb-Edu, a chat stage
+    or the text corpus)."""
+    return lm_input.default_config(config.data.name)
 
   def __init__(self, config: ml_collections.ConfigDict, tokenizer: Any):
     self.config = config
@@ -75,7 +65,7 @@ class LanguageModelTask(TaskBase):
     tokenizer opened: every token counts one byte for bits per byte."""
     del image_shape, num_classes
     if vocab_size is None:
-      byte = config.data.get("tokenizer", "byte") == "byte"
+      byte = config.data.tokenizer == "byte"
       vocab_size = 256 if byte else int(config.data.vocab_size)
     return cls(config, VocabularySize(vocab_size))
 
@@ -95,13 +85,13 @@ class LanguageModelTask(TaskBase):
     the context), then ``eval.sample_tokens`` tokens decoded greedily
     (:func:`laplax.evaluators.lm_samples.greedy_sample`). The same prompt at
     every evaluation, so a run's samples show its text change. ``{}`` when
-    ``eval.sample_tokens`` is 0 or the config has no ``eval`` (a run saved
-    before the keys existed)."""
-    e = self.config.get("eval", None)
-    num = int(e.get("sample_tokens", 0) or 0) if e is not None else 0
+    ``eval.sample_tokens`` is 0 (also for a run saved before the keys existed:
+    :data:`laplax.config.schema.OLD_RUN_VALUES`)."""
+    e = self.config.eval
+    num = int(e.sample_tokens or 0)
     if num <= 0:
       return {}
-    k = max(1, min(int(e.get("sample_prompt_tokens", 16)), self.seq_len // 2))
+    k = max(1, min(int(e.sample_prompt_tokens), self.seq_len // 2))
     prompt = next(iter(self.eval_batches()))["tokens"][0, :k]
     return {"sample": lm_eval.greedy_sample(self.model, state.params, self.tokenizer,
                                             prompt, num)}
