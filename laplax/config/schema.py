@@ -23,7 +23,7 @@ A run's config is a ``ml_collections.ConfigDict`` in sections (``optim``,
 :func:`complete` gives a config every key of its task with these defaults. It
 runs once on each path into the trainer: when a saved ``config.json`` is read
 (:func:`laplax.workdir.files.load_saved_config`: resume, ``eval.py``,
-:func:`laplax.load`, ``init_from``, the converters) and when ``train.py``
+:func:`laplax.workdir.load.load`, ``init_from``, the converters) and when ``train.py``
 builds the user's config (before validation). Code downstream reads every key
 as an attribute (``config.keep_checkpoints``), never as
 ``config.get(key, default)``. The checks of the values are
