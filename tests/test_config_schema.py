@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ast
 import json
+import shutil
 import pathlib
 
 import ml_collections
@@ -236,3 +237,54 @@ def test_the_scan_finds_config_gets(tmp_path):
       "  e = config.model.get('name')\n"
       "  return m.get('x', 1), config.keep_checkpoints\n")
   assert [line for _, _, line, _ in config_get_calls(tmp_path)] == [2, 3, 4]
+
+
+def _strip(saved: dict, keep: set[str]) -> dict:
+  """``saved`` without every leaf key outside ``keep`` (and sections left empty)."""
+  out = {}
+  for key, value in saved.items():
+    if isinstance(value, dict):
+      inner = _strip(value, {k.partition(".")[2] for k in keep if k.startswith(key + ".")})
+      if inner:
+        out[key] = inner
+    elif key in keep:
+      out[key] = value
+  return out
+
+
+def test_an_old_workdir_resumes_bitwise_and_is_evaluated(tmp_path):
+  """A tiny GPT run of 4 steps; a copy of it at step 2 whose config.json holds
+  only the keys every config had at the start (``REQUIRED``, the data set,
+  the eval batch size)
+  and its model's options that differ from the spec's defaults resumes to
+  step 4 bitwise equal to the run, and eval.py scores it as the run's own
+  last evaluation."""
+  from test_resume import GPT_CONFIG, GPT_TINY, saved_state, assert_bitwise_equal
+  from test_train import run_in_process
+  text = tmp_path / "text"
+  text.mkdir()
+  (text / "a.txt").write_text("To be, or not to be, that is the question. " * 60)
+  (text / "b.txt").write_text("All the world's a stage, and all the men and women. " * 60)
+  args = lambda workdir: (["train.py", "--workdir", str(workdir), "--config", GPT_CONFIG,
+                           f"--config.data.source_dir={text}",
+                           f"--config.data.data_dir={tmp_path / 'tfds'}"] + GPT_TINY
+                          + ["--config.total_steps=4", "--config.checkpoint_every=2",
+                             "--config.eval_every=4", "--config.log_every=1"])
+  run = tmp_path / "run"
+  assert run_in_process(args(run)).returncode == 0
+  old = tmp_path / "old"
+  shutil.copytree(run, old)
+  shutil.rmtree(old / "checkpoints" / "4")
+  saved = json.loads((run / workdir_lib.CONFIG_FILE).read_text())
+  spec = utils.flatten_dotted({"model": spec_lib.config_defaults("gpt")})
+  keep = set(config_lib.REQUIRED) | {"model.name", "data.name", "eval_batch_size"} | {
+      k for k, v in utils.flatten_dotted(saved).items() if k in spec and v != spec[k]}
+  (old / workdir_lib.CONFIG_FILE).write_text(json.dumps(_strip(saved, keep)))
+  assert run_in_process(args(old)).returncode == 0  # resumed from step 2
+  assert_bitwise_equal(saved_state(run)[1], saved_state(old)[1])
+  (old / workdir_lib.CONFIG_FILE).write_text(json.dumps(_strip(saved, keep)))
+  assert run_in_process(["eval.py", "--workdir", str(old)]).returncode == 0
+  records = [json.loads(l) for l in (run / workdir_lib.METRICS_FILE).read_text().splitlines()]
+  final = [r for r in records if r["split"] == "eval"][-1]
+  result = json.loads((old / "eval.json").read_text())
+  assert result["step"] == 4 and result["loss"] == final["loss"]
