@@ -201,7 +201,7 @@ def check_memory(config: ml_collections.ConfigDict, task: Any, train_step: Any,
   """Refuses a train step that cannot fit the device (see the module
   docstring); compiles ``train_step`` (a jitted ``(state, batch)`` function)
   for the abstract state and batch. Nothing when ``config.check_memory`` is
-  False (a config saved before the key existed: True).
+  False.
 
   Raises:
     FitError: the lower bound or the compiled step's memory exceeds what the
