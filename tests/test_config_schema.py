@@ -144,6 +144,16 @@ def test_a_broken_config_is_left_for_validation():
     assert schema.complete(c).to_dict() == broken
 
 
+@pytest.mark.parametrize("name", [5, None, " "])
+def test_a_data_name_that_names_no_data_set_is_one_config_error(name):
+  """The data table is chosen by ``data.name``: validation refuses one that
+  is not a name before it looks the table up."""
+  config = defaults.gpt_base_config().to_dict()
+  config["data"]["name"] = name
+  with pytest.raises(config_lib.ConfigError, match="config.data.name="):
+    tasks.validate(ml_collections.ConfigDict(config))
+
+
 def test_load_saved_config_completes_an_old_config_json(tmp_path):
   """A config.json saved before some keys existed loads complete, validates,
   and still belongs to the same architecture as today's config."""

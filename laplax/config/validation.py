@@ -126,6 +126,10 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None,
     ConfigError: the first problem found, as one line naming the key and the fix.
   """
   require_keys(config)
+  name = get(config, "data.name", None)  # the task's data table is that data set's
+  require(isinstance(name, str) and name.strip() != "",
+          f"config.data.name={name!r} must name a data set, e.g. 'fashion_mnist_idx' "
+          f"or 'text_corpus'")
   if strict_keys:
     extra = unknown_keys(config, task_class)
     require(not extra,
