@@ -139,7 +139,8 @@ def test_upgrade_saved_runs_before_the_fill(monkeypatch):
 
 
 def test_a_broken_config_is_left_for_validation():
-  for broken in ({"model": {}}, {"task": "regression", "model": {}}, {"task": "lm", "model": 3}):
+  for broken in ({"model": {}}, {"task": "regression", "model": {}}, {"task": "lm", "model": 3},
+                 {"task": "lm", "model": {}, "data": {"name": 5}}):
     c = ml_collections.ConfigDict(broken)
     assert schema.complete(c).to_dict() == broken
 

@@ -130,14 +130,17 @@ def complete(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   keys of the task that ``config`` lacks, then the defaults of
   :func:`schema` for every other key it lacks, section by section. Values the
   config has are kept (so completing twice changes nothing). A config
-  without a known ``task`` or a ``model`` section is returned as it is, for
-  validation to report (:func:`laplax.tasks.validate`).
+  without a known ``task`` or a ``model`` section, or whose ``data.name`` is
+  no string, is returned as it is, for validation to report
+  (:func:`laplax.tasks.validate`).
 
   Works on a locked config (``train.py``'s) too: its keys are added unlocked.
   """
   if not ("task" in config and isinstance(config.task, str) and config.task in tasks.TASKS
           and "model" in config and isinstance(config.model, ml_collections.ConfigDict)
-          and ("data" not in config or isinstance(config.data, ml_collections.ConfigDict))):
+          and ("data" not in config or (isinstance(config.data, ml_collections.ConfigDict)
+                                        and ("name" not in config.data
+                                             or isinstance(config.data.name, str))))):
     return config
   with config.unlocked():
     task_class = tasks.TASKS[config.task]
