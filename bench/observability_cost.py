@@ -73,7 +73,8 @@ def figures_cost(directory: str, repeats: int, use_wandb: bool) -> None:
         f"{sum(os.path.getsize(p) for p in paths) // 1024} KiB; wandb={use_wandb}")
   tmp = tempfile.mkdtemp(prefix="laplax_obs_")
   try:
-    config.wandb = {"project": "laplax-bench" if use_wandb else None, "mode": "offline"}
+    config.wandb.project = "laplax-bench" if use_wandb else None
+    config.wandb.mode = "offline"
     for i in range(repeats):
       t0 = time.perf_counter()
       writer = workdir_lib.MetricWriter(tmp, config)

@@ -142,7 +142,7 @@ def parse_rules(rules: Any) -> tuple:
 
 def rules_from_config(config: ml_collections.ConfigDict) -> tuple:
   """``config.sharding_rules`` (or :data:`DEFAULT_RULES`) as tuples of pairs."""
-  return parse_rules(config.get("sharding_rules", None) or DEFAULT_RULES)
+  return parse_rules(config.sharding_rules or DEFAULT_RULES)
 
 
 def mesh_axes(rules: Sequence, name: str) -> tuple[str, ...]:
@@ -346,7 +346,7 @@ def replicated(tree: Any) -> Any:
   return jax.jit(lambda t: t, out_shardings=NamedSharding(mesh, P()))(tree)
 
 
-def initialize_distributed(dist: ml_collections.ConfigDict | None) -> bool:
+def initialize_distributed(dist: ml_collections.ConfigDict) -> bool:
   """Starts JAX's multi-process runtime if ``config.distributed`` asks for it.
 
   ``coordinator_address`` set: ``jax.distributed.initialize(coordinator_address,
@@ -358,9 +358,8 @@ def initialize_distributed(dist: ml_collections.ConfigDict | None) -> bool:
   Returns:
     Whether the runtime is (now) initialized.
   """
-  dist = dist or {}
-  address = dist.get("coordinator_address", None)
-  wanted = address or dist.get("enabled", False) or os.environ.get("JAX_COORDINATOR_ADDRESS")
+  address = dist.coordinator_address
+  wanted = address or dist.enabled or os.environ.get("JAX_COORDINATOR_ADDRESS")
   if not wanted:
     return False
   if jax.distributed.is_initialized():
@@ -368,8 +367,8 @@ def initialize_distributed(dist: ml_collections.ConfigDict | None) -> bool:
   jax.config.update("jax_cpu_collectives_implementation", "gloo")
   kwargs = {}
   if address:
-    kwargs = dict(coordinator_address=address, num_processes=dist.get("num_processes"),
-                  process_id=dist.get("process_id"))
+    kwargs = dict(coordinator_address=address, num_processes=dist.num_processes,
+                  process_id=dist.process_id)
   jax.distributed.initialize(**kwargs)
   logging.info("process %d of %d, %d local of %d devices", jax.process_index(),
                jax.process_count(), jax.local_device_count(), jax.device_count())

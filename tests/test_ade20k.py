@@ -302,6 +302,8 @@ def test_overrides_reach_a_run_saved_before_the_keys_existed():
     for key in [k for k in c.eval if k.startswith("segmentation")]:
       del c.eval[key]
   c.lock()
+  from laplax.config import schema  # pylint: disable=import-outside-toplevel
+  schema.complete(c)  # as reading its config.json does
   eval_cli.apply_overrides(c, overrides)
   assert (c.eval.segmentation_dataset, c.eval.segmentation_dir) == ("ade20k", "/r")
   assert c.eval.segmentation_lr == 1.0 and isinstance(c.eval.segmentation_lr, float)

@@ -15,7 +15,7 @@ from test_train import read_metrics, run_in_process
 
 from laplax import tasks
 from laplax.analysis import probes
-from laplax.config import validation as config_lib
+from laplax.config import schema, validation as config_lib
 from laplax.evaluators import registry
 from laplax.train import loop, optim
 
@@ -40,12 +40,23 @@ def test_every_task_names_registered_evaluators_and_defaults_to_some_of_them():
     ({"linear_probe": False, "segmentation": False}, "knn,raw_pixel_knn,patch_pca"),
 ])
 def test_a_dino_run_saved_before_evals_keeps_what_its_switches_meant(saved, expected):
+  """Completing a saved config (laplax.config.schema) turns the switches
+  config.evals replaced into the list they meant, and drops them; a config
+  with both keeps them for validation to refuse."""
   c = load("dino_fashion_mnist")
   with c.unlocked():
     del c.evals
     c.eval.update(saved)
+  schema.complete(c)
   assert registry.names(c) == tuple(expected.split(","))
-  config_lib.validate(c, strict_keys=False, task_class=tasks.task_class(c))
+  assert "linear_probe" not in c.eval and "segmentation" not in c.eval
+  config_lib.validate(c, task_class=tasks.task_class(c))
+  if saved:
+    with c.unlocked():
+      c.eval.update(saved)
+    schema.complete(c)
+    with pytest.raises(config_lib.ConfigError, match="was replaced by config.evals"):
+      config_lib.validate(c, task_class=tasks.task_class(c))
 
 
 def test_saved_image_and_language_runs_get_the_old_evaluations():
@@ -54,7 +65,7 @@ def test_saved_image_and_language_runs_get_the_old_evaluations():
     c = load(config)
     with c.unlocked():
       del c.evals
-    assert registry.names(c) == expected
+    assert registry.names(schema.complete(c)) == expected
 
 
 @pytest.fixture(scope="module")

@@ -265,7 +265,8 @@ def test_dino_task_reads_the_mosaic_masks(mosaic_data_dir):
     for key in list(c.eval):
       if key.startswith("segmentation"):
         del c.eval[key]
-  from laplax.config import defaults  # pylint: disable=import-outside-toplevel
+  from laplax.config import defaults, schema  # pylint: disable=import-outside-toplevel
+  schema.complete(c)  # as reading its config.json does
   assert dino_segmentation.settings(task.config) == defaults.segmentation_defaults()
 
 

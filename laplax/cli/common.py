@@ -228,7 +228,9 @@ def parse_flags(argv: list[str], flag_values: flags.FlagValues | None = None,
 def load_config_flag(name: str = "config", flag_values: flags.FlagValues | None = None,
                      argv: list[str] | None = None) -> ml_collections.ConfigDict:
   """The parsed ``--config`` (of ``flag_values``, default absl's FLAGS, parsed
-  from ``argv``, default ``sys.argv``) as a ConfigDict.
+  from ``argv``, default ``sys.argv``) as a ConfigDict, completed with every
+  key its task reads (:func:`laplax.config.schema.complete`; before it is
+  validated).
 
   Raises:
     UsageError: the flag is missing or its file could not be loaded.
@@ -246,7 +248,8 @@ def load_config_flag(name: str = "config", flag_values: flags.FlagValues | None 
     raise UsageError(f"could not load --{name}") from None
   if not isinstance(config, ml_collections.ConfigDict):
     raise UsageError(f"--{name} did not give a ConfigDict (get_config() must return one)")
-  return config
+  from laplax.config import schema  # pylint: disable=import-outside-toplevel  # the task registry
+  return schema.complete(config)
 
 
 def explicit_model_keys(argv: list[str]) -> list[str]:
@@ -279,7 +282,7 @@ def model_from_init(config: ml_collections.ConfigDict, argv: list[str]) -> None:
     ConfigError: ``init_from`` has no readable ``config.json``, or its model
       family differs from the config's.
   """
-  init_from = config.get("init_from", "") or ""
+  init_from = config.init_from or ""
   if not isinstance(init_from, str) or not init_from:
     return
   from laplax.workdir.files import load_saved_config  # pylint: disable=import-outside-toplevel
@@ -288,9 +291,9 @@ def model_from_init(config: ml_collections.ConfigDict, argv: list[str]) -> None:
   if saved is None:
     raise ConfigError(f"config.init_from={init_from} is not a laplax workdir (no "
                       f"config.json); give a train.py or laplax.convert --workdir")
-  if saved.model.get("name") != config.model.get("name"):
-    raise ConfigError(f"config.init_from={init_from} holds a {saved.model.get('name')} "
-                      f"model, this config a {config.model.get('name')}; use a config of "
+  if saved.model.name != config.model.name:
+    raise ConfigError(f"config.init_from={init_from} holds a {saved.model.name} "
+                      f"model, this config a {config.model.name}; use a config of "
                       f"the same family")
   given = explicit_model_keys(argv)
   for key in ("tokenizer", "vocab_size"):  # a language model's embedding rows mean

@@ -238,8 +238,8 @@ def _typed(key: str, raw: str, like):
 
 def apply_overrides(config, overrides: list[tuple[str, str]]) -> None:
   """Sets the ``(KEY, VALUE)`` overrides (``config.eval``'s keys and
-  ``config.evals``) and validates the config (keys a DINO run saved before
-  they existed get added).
+  ``config.evals``) of a saved, complete config
+  (:func:`laplax.config.schema.complete`) and validates it.
 
   Raises:
     cli.UsageError: an unknown key or a value of the wrong type.
@@ -248,8 +248,7 @@ def apply_overrides(config, overrides: list[tuple[str, str]]) -> None:
   from laplax import tasks  # pylint: disable=import-outside-toplevel
   if not overrides:
     return
-  known = dict(tasks.task_class(config).eval_defaults())
-  known.update(config.get("eval", {}))
+  known = dict(config.eval) if "eval" in config else {}  # a classifier has none
   for dotted, raw in overrides:
     if dotted == "evals":
       with config.unlocked():
@@ -442,8 +441,8 @@ def _chat_data(config, workdir: str) -> dict:
     raise cli.UsageError(f"--chat_tasks needs a language-model workdir (task 'lm'); "
                          f"{workdir} holds task {config.task!r}")
   names = chat.parse_tasks(_CHAT_TASKS.value)
-  kind = config.data.get("tokenizer", None)
-  if kind not in (None, "nanochat"):
+  kind = config.data.tokenizer
+  if kind != "nanochat":
     raise DataError(f"{workdir} was trained with the {kind} tokenizer, which has no chat "
                     "special tokens; chat evaluation needs a run trained with "
                     "--config.data.tokenizer=nanochat")
@@ -512,7 +511,7 @@ def _run_analysis(config, task, state, workdir: str, opts: dict, out: str | None
   from laplax import spectral as spectral_lib  # pylint: disable=import-outside-toplevel
   sp = config.model.spectral
   spectral = {"enabled": bool(sp.enabled), "lam": float(sp.lam), "mode": sp.mode,
-              "targets": spectral_lib.check_targets(sp.get("targets", spectral_lib.TARGETS))}
+              "targets": spectral_lib.check_targets(sp.targets)}
   model, params = task.backbone(state)
   readout = task.readout(state)
   from laplax import tasks  # pylint: disable=import-outside-toplevel

@@ -60,7 +60,7 @@ def stage_config(c: ml_collections.ConfigDict, stage: str, *, schedule: str = "r
     raise ValueError(f"stage={stage!r} is unknown; use one of {', '.join(STAGES)}")
   if schedule not in SCHEDULES:
     raise ValueError(f"schedule={schedule!r} is unknown; use one of {', '.join(SCHEDULES)}")
-  data_dir = c.data.get("data_dir", "~/tensorflow_datasets")
+  data_dir = c.data.data_dir
   c.data = chat_mixture.default_config(chat_mixture.MID if stage == "mid" else chat_mixture.SFT)
   c.data.data_dir = data_dir
   c.total_steps = total_steps

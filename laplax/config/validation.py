@@ -136,6 +136,10 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None,
     ConfigError: the first problem found, as one line naming the key and the fix.
   """
   require_keys(config)
+  name = get(config, "data.name", None)  # the task's data table is that data set's
+  require(isinstance(name, str) and name.strip() != "",
+          f"config.data.name={name!r} must name a data set, e.g. 'fashion_mnist_idx' "
+          f"or 'text_corpus'")
   if strict_keys:
     extra = unknown_keys(config, task_class)
     require(not (extra and extra[0] in REPLACED_KEYS),
@@ -146,8 +150,8 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None,
              f"{config.task} config; check its spelling against "
              f"laplax/config/defaults.py" + (f" ({len(extra)} such keys)" if len(extra) > 1 else ""))
   family = task_class.family
-  require(get(config, "model.name", None) == family,
-           f"config.model.name={get(config, 'model.name', None)!r} does not fit "
+  require(get(config, "model.name") == family,
+           f"config.model.name={get(config, 'model.name')!r} does not fit "
            f"task {config.task!r}; use model.name={family!r}")
   for key in ("data.data_dir", "data.source_dir"):
     value = get(config, key)
@@ -160,22 +164,22 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None,
   for key in ("log_every", "eval_every", "checkpoint_every"):
     check_int(config, key, 1)
   check_int(config, "eval_batch_size", 1)
-  init_from = get(config, "init_from", "") or ""
+  init_from = config.init_from or ""
   require(isinstance(init_from, str),
            f"config.init_from={init_from!r} must be the path of a laplax workdir")
   if init_from:
     require(os.path.isdir(os.path.join(os.path.expanduser(init_from), "checkpoints")),
              f"config.init_from={init_from} is not a laplax workdir (no checkpoints/ "
              f"in it); give a train.py or laplax.convert --workdir")
-  if get(config, "keep_checkpoints", None) is not None:
+  if config.keep_checkpoints is not None:
     check_int(config, "keep_checkpoints", 1)
-  verify = get(config, "checkpoint_verify", True)
+  verify = config.checkpoint_verify
   require(isinstance(verify, bool),
            f"config.checkpoint_verify={verify!r} must be True or False")
   for key in ("data.crop_padding", "data.prefetch", "data.num_threads"):
-    if get(config, key, None) is not None:
+    if get(config, key, None) is not None:  # optional: some data sets have not these keys
       check_int(config, key, 0)
-  exclude = get(config, "optim.weight_decay_exclude", ())
+  exclude = config.optim.weight_decay_exclude
   require(isinstance(exclude, (list, tuple)) and all(isinstance(p, str) for p in exclude),
            f"config.optim.weight_decay_exclude={exclude!r} must be a tuple of "
            f"parameter-name regexes")
@@ -194,13 +198,13 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None,
   if o.grad_clip is not None:
     check_float(config, "optim.grad_clip", 0.0, open_min=True)
   check_float(config, "optim.min_lr_ratio", 0.0, 1.0)
-  skip = get(config, "optim.skip_nonfinite", False)
+  skip = config.optim.skip_nonfinite
   require(isinstance(skip, bool),
            f"config.optim.skip_nonfinite={skip!r} must be True or False")
   for key in ("debug.nan_at_step", "debug.stall_at_step"):
-    if get(config, key, None) is not None:
+    if get(config, key) is not None:
       check_int(config, key, 1)
-  if get(config, "optim.weight_decay_end", None) is not None:
+  if get(config, "optim.weight_decay_end", None) is not None:  # optional: DINO's key
     check_float(config, "optim.weight_decay_end", 0.0)
   _validate_muon(config)
   _validate_memory(config)
@@ -213,10 +217,7 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None,
 def _validate_evals(config, task_class):
   """``config.evals``: comma-separated names the task takes
   (``task_class.evaluator_names``), each at most once."""
-  evals = get(config, "evals", None)
-  if evals is None:  # a run saved before the key existed: see TaskBase.saved_evals
-    return
-  known = task_class.evaluator_names
+  evals, known = config.evals, task_class.evaluator_names
   require(isinstance(evals, str),
           f"config.evals={evals!r} must be comma-separated evaluator names, e.g. "
           f"{','.join(known)!r}")
@@ -229,45 +230,45 @@ def _validate_evals(config, task_class):
 
 def _validate_muon(config):
   """``optim.optimizer``, ``optim.schedule`` and the Muon / nanochat keys
-  (missing keys: AdamW with warm-up + cosine, as before)."""
-  name = get(config, "optim.optimizer", "adamw")
+  (``None`` where a number is optional)."""
+  name = config.optim.optimizer
   require(name in ("adamw", "muon", "nanochat"),
            f"config.optim.optimizer={name!r} is unknown; use 'adamw', 'muon' or 'nanochat'")
-  schedule = get(config, "optim.schedule", "cosine")
+  schedule = config.optim.schedule
   require(schedule in ("cosine", "warmdown", "progress"),
           f"config.optim.schedule={schedule!r} is unknown; use 'cosine', 'warmdown' or "
           f"'progress'")
-  if get(config, "optim.schedule_steps", None) is not None:
+  if get(config, "optim.schedule_steps") is not None:
     check_int(config, "optim.schedule_steps", 1)
-  if get(config, "optim.warmdown_ratio", None) is not None:
+  if get(config, "optim.warmdown_ratio") is not None:
     check_float(config, "optim.warmdown_ratio", 0.0, 1.0)
-  if get(config, "optim.adam_eps", None) is not None:
+  if get(config, "optim.adam_eps") is not None:
     check_float(config, "optim.adam_eps", 0.0)
-  if get(config, "optim.muon_momentum_start", None) is not None:
+  if get(config, "optim.muon_momentum_start") is not None:
     check_float(config, "optim.muon_momentum_start", 0.0, 1.0)
-  if get(config, "optim.muon_momentum_ramp_steps", None) is not None:
+  if get(config, "optim.muon_momentum_ramp_steps") is not None:
     check_int(config, "optim.muon_momentum_ramp_steps", 0)
-  if get(config, "optim.muon_lr", None) is not None:
+  if get(config, "optim.muon_lr") is not None:
     check_float(config, "optim.muon_lr", 0.0, open_min=True)
-  if get(config, "optim.muon_momentum", None) is not None:
+  if get(config, "optim.muon_momentum") is not None:
     check_float(config, "optim.muon_momentum", 0.0, 1.0)
-  if get(config, "optim.muon_weight_decay", None) is not None:
+  if get(config, "optim.muon_weight_decay") is not None:
     check_float(config, "optim.muon_weight_decay", 0.0)
   for key in ("optim.embedding_lr", "optim.unembedding_lr"):
-    if get(config, key, None) is not None:
+    if get(config, key) is not None:
       check_float(config, key, 0.0, open_min=True)
 
 
 def _validate_memory(config):
-  """``check_memory`` (missing: True), ``optim.grad_accum_steps`` (``None``
-  means 1), ``optim.grad_accum_unroll``."""
-  check_memory = get(config, "check_memory", True)
+  """``check_memory``, ``optim.grad_accum_steps`` (``None`` means 1),
+  ``optim.grad_accum_unroll``."""
+  check_memory = config.check_memory
   require(isinstance(check_memory, bool),
            f"config.check_memory={check_memory!r} must be True or False")
-  unroll = get(config, "optim.grad_accum_unroll", False)
+  unroll = config.optim.grad_accum_unroll
   require(isinstance(unroll, bool),
            f"config.optim.grad_accum_unroll={unroll!r} must be True or False")
-  if get(config, "optim.grad_accum_steps", None) is None:
+  if config.optim.grad_accum_steps is None:
     return
   accum = check_int(config, "optim.grad_accum_steps", 1)
   require(config.batch_size % accum == 0,
@@ -281,46 +282,44 @@ WANDB_MODES = ("online", "offline", "disabled")
 
 
 def _validate_observability(config):
-  """``profile.*``, ``wandb.*`` and the GPT's ``eval.sample_*`` (optional keys)."""
+  """``profile.*``, ``wandb.*`` and the GPT's ``eval.sample_*``."""
   for key, low, fix in (
       ("profile.start_step", 1, "the first traced training step (steps count from 1)"),
       ("profile.num_steps", 0, "the number of traced steps, 0 for no trace"),
       ("eval.sample_tokens", 0, "tokens sampled at each evaluation, 0 for none"),
       ("eval.sample_prompt_tokens", 1, "validation tokens that prompt the sample")):
-    value = get(config, key, None)
-    if value is None:  # a config saved before the key existed
+    value = get(config, key, None)  # optional: eval.sample_* are a language model's
+    if value is None:
       continue
     require(isinstance(value, int) and not isinstance(value, bool) and value >= low,
              f"config.{key}={value!r} must be an integer >= {low}: {fix}")
   for key in ("project", "entity", "name"):
-    value = get(config, f"wandb.{key}", None)
+    value = get(config, f"wandb.{key}")
     require(value is None or (isinstance(value, str) and value.strip()),
              f"config.wandb.{key}={value!r} must be a non-empty string (or unset)")
-  mode = get(config, "wandb.mode", None)
+  mode = config.wandb.mode
   require(mode is None or mode in WANDB_MODES,
            f"config.wandb.mode={mode!r} is unknown; use one of "
            f"{', '.join(map(repr, WANDB_MODES))} (or leave it unset)")
 
 
 def _validate_sharding(config):
-  """``mesh_shape``, ``sharding_rules``, ``distributed.*`` (optional keys)."""
+  """``mesh_shape``, ``sharding_rules``, ``distributed.*``."""
   try:
-    sharding.parse_mesh_shape(get(config, "mesh_shape", sharding.DEFAULT_MESH_SHAPE))
-    sharding.parse_rules(get(config, "sharding_rules", None) or sharding.DEFAULT_RULES)
+    sharding.parse_mesh_shape(config.mesh_shape)
+    sharding.parse_rules(config.sharding_rules or sharding.DEFAULT_RULES)
   except ValueError as e:
     raise ConfigError(f"config.{e}") from None
-  dist = get(config, "distributed", None)
-  if dist is None:
-    return
-  require(isinstance(dist.get("enabled", False), bool),
-           f"config.distributed.enabled={dist.get('enabled')!r} must be True or False")
-  address = dist.get("coordinator_address", None)
+  dist = config.distributed
+  require(isinstance(dist.enabled, bool),
+           f"config.distributed.enabled={dist.enabled!r} must be True or False")
+  address = dist.coordinator_address
   if address is None:
     return
   require(isinstance(address, str) and address.rpartition(":")[2].isdigit(),
            f"config.distributed.coordinator_address={address!r} must be 'host:port'")
-  num = dist.get("num_processes", None)
-  pid = dist.get("process_id", None)
+  num = dist.num_processes
+  pid = dist.process_id
   require(isinstance(num, int) and not isinstance(num, bool) and num >= 1
            and isinstance(pid, int) and not isinstance(pid, bool) and 0 <= pid < num,
            f"config.distributed.num_processes={num!r} and process_id={pid!r} must be "
@@ -345,7 +344,7 @@ def validate_mesh(config: ml_collections.ConfigDict, num_devices: int,
   Raises:
     ConfigError: the first mismatch, as one line with the fix.
   """
-  value = get(config, "mesh_shape", sharding.DEFAULT_MESH_SHAPE)
+  value = config.mesh_shape
   try:
     shape = sharding.resolve_mesh_shape(value, num_devices)
   except ValueError as e:
@@ -355,7 +354,7 @@ def validate_mesh(config: ml_collections.ConfigDict, num_devices: int,
   rules = sharding.rules_from_config(config)
   shown = "(" + ",".join(map(str, shape)) + ")"
   dp = sharding.axis_size(shape, rules, "batch")
-  accum = get(config, "optim.grad_accum_steps", 1) or 1
+  accum = config.optim.grad_accum_steps or 1  # None: 1
   per_step = config.batch_size // accum
   what = (f"the micro-batch batch_size/grad_accum_steps={per_step}" if accum > 1
           else f"config.batch_size={config.batch_size}")
@@ -394,7 +393,7 @@ def _validate_model(config):
     require(jax.default_backend() == "gpu",
              f"config.model.implementation='cudnn' needs an NVIDIA GPU but JAX runs "
              f"on {jax.default_backend()!r}; use 'xla'")
-  image_size = get(config, "data.image_size", None)
+  image_size = get(config, "data.image_size", None)  # optional: an image data set's key
   if m.name == "vit" and image_size is not None:
     check_int(config, "data.image_size", 1)
     require(image_size % m.patch_size == 0,
@@ -423,8 +422,9 @@ def attention_lengths(config: ml_collections.ConfigDict, image_side: int | None 
   m = config.model
   if m.name == "gpt":
     return (int(m.max_length),)
-  patches = lambda side: (int(side) // m.patch_size) ** 2 + (m.get("pool", "tok") == "tok")
-  sides = list(crop_sides) + [get(config, "data.image_size", None) or image_side]
+  patches = lambda side: (int(side) // m.patch_size) ** 2 + (m.pool == "tok")
+  sides = list(crop_sides) + [get(config, "data.image_size", None)  # images only
+                              or image_side]
   return tuple(dict.fromkeys(patches(s) for s in sides if s))
 
 
@@ -473,7 +473,7 @@ def architecture_diff(saved: dict, config: ml_collections.ConfigDict) -> list[st
   """
   a = utils.flatten_dotted(saved)
   b = utils.flatten_dotted(json.loads(config.to_json()))
-  family = get(config, "model.name", None)
+  family = config.model.name
   if family in spec_lib.FAMILIES:
     defaults = utils.flatten_dotted({"model": spec_lib.config_defaults(family)})
     for k, v in defaults.items():

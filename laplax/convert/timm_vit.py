@@ -269,7 +269,7 @@ def laplax_to_timm(params: Mapping, spec, config=None) -> tuple[dict, dict]:
       raise ConvertError(f"pos_embedding has {pos.shape[1]} patches, not a square grid; "
                          f"timm's img_size cannot be inferred")
   else:
-    size = config.data.get("image_size", None) if config is not None else None
+    size = config.data.image_size if config is not None else None
     if not size:
       raise ConvertError("model.posemb='sincos2d' needs config.data.image_size to "
                          "write timm's pos_embed; set it in the run's config")

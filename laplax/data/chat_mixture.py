@@ -163,7 +163,7 @@ def split_files(data_config, source: str, split: str) -> list[str]:
   Raises:
     DataError: no such split (the expected path shown).
   """
-  root = data_config.get("source_dir", "") or DEFAULT_SOURCE_DIR
+  root = data_config.source_dir or DEFAULT_SOURCE_DIR
   s = SOURCES[source]
   for subset in s.subsets[:-1]:
     try:
@@ -188,7 +188,7 @@ def mixture(data_config, split: str) -> list[dict]:
   parts = []
   for source, part, stop in MIXTURES[(data_config.name, split)]:
     if isinstance(stop, str):
-      stop = data_config.get(stop, None)
+      stop = data_config[stop]
     files = split_files(data_config, source, part)
     parts.append((source, tuple((f, os.path.getsize(f), os.path.getmtime(f)) for f in files),
                   stop))
@@ -247,7 +247,7 @@ def check(data_config, tokenizer) -> None:
 def render_limit(data_config, seq_len: int) -> int:
   """Tokens kept of a rendered conversation: ``max_conversation_tokens``, and
   for SFT at most ``seq_len + 1`` (the inputs are all but the last)."""
-  cap = int(data_config.get("max_conversation_tokens", MAX_TOKENS))
+  cap = int(data_config.max_conversation_tokens)
   return min(cap, seq_len + 1) if data_config.name == SFT else cap
 
 
@@ -389,7 +389,7 @@ def eval_batches(data_config, tokenizer, *, batch_size: int, seq_len: int,
   limit = render_limit(data_config, seq_len)
   if data_config.name == MID:
     w, r = fineweb._geometry(data_config, train_batch_size)  # pylint: disable=protected-access
-    cap = data_config.get("max_eval_tokens", None)
+    cap = data_config.max_eval_tokens
     if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int)
                             or cap < r * seq_len * w):
       raise DataError(f"--config.data.max_eval_tokens={cap!r} must be None (the validation "
@@ -403,7 +403,7 @@ def eval_batches(data_config, tokenizer, *, batch_size: int, seq_len: int,
 
 
 def _sft_eval(items, tokenizer, data_config, batch_size, seq_len, limit):
-  cap = data_config.get("max_eval_conversations", None)
+  cap = data_config.max_eval_conversations
   items = items if cap is None else items[:cap]
   pad = chat_tokens(tokenizer)["<|assistant_end|>"]
   for start in range(0, len(items), batch_size):

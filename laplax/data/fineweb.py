@@ -181,7 +181,7 @@ def _geometry(data_config, batch_size: int, process_count: int = 1) -> tuple[int
   Raises:
     DataError: ``streams``/``pop_rows`` not positive integers, or not dividing.
   """
-  w, r = data_config.get("streams", 1), data_config.get("pop_rows", None)
+  w, r = data_config.streams, data_config.pop_rows
   if isinstance(w, bool) or not isinstance(w, int) or w < 1 or batch_size % w:
     raise DataError(f"--config.data.streams={w!r} must be a positive integer dividing the "
                     f"batch size {batch_size}.")
@@ -241,7 +241,7 @@ def prepare(data_config: ml_collections.ConfigDict, workdir: str | None = None, 
   path = tokenizer_path(workdir, "nanochat") if workdir is not None else None
   if path is not None and os.path.isfile(path):
     return load_tokenizer(data_config, workdir)
-  source = data_config.get("tokenizer_dir", "") or ""
+  source = data_config.tokenizer_dir or ""
   if source:
     tokenizer = NanochatTokenizer.from_path(source)
     if tokenizer.vocab_size != data_config.vocab_size:
@@ -250,8 +250,8 @@ def prepare(data_config: ml_collections.ConfigDict, workdir: str | None = None, 
                       f"{tokenizer.vocab_size}.")
   else:
     texts = training_texts(iter_documents(paths[:-1]),
-                           data_config.get("tokenizer_max_chars", 2_000_000_000),
-                           data_config.get("tokenizer_doc_cap", 10_000))
+                           data_config.tokenizer_max_chars,
+                           data_config.tokenizer_doc_cap)
     tokenizer = NanochatTokenizer.train(texts, data_config.vocab_size)
   if batch_size is not None and seq_len is not None:  # the validation split holds a pop
     next(eval_batches(data_config, tokenizer, batch_size=1, seq_len=seq_len,
@@ -363,7 +363,7 @@ def train_dataset(data_config: ml_collections.ConfigDict, tokenizer: NanochatTok
   w, r = _geometry(data_config, batch_size * process_count, process_count)
   groups = _stream_groups(data_config, "train", w)
   mine = range(process_index * w // process_count, (process_index + 1) * w // process_count)
-  threads = int(data_config.get("encode_threads", 4))
+  threads = int(data_config.encode_threads)
   if gather is None and process_count > 1:
     gather = _allgather_positions
 
@@ -373,7 +373,7 @@ def train_dataset(data_config: ml_collections.ConfigDict, tokenizer: NanochatTok
     return _TrainIterator(streams, w, r, pops, seq_len)
 
   ds = _TrainDataset(make)
-  prefetch = int(data_config.get("prefetch", 2) or 0)
+  prefetch = int(data_config.prefetch or 0)
   if prefetch > 0:
     ds = grain.experimental.ThreadPrefetchIterDataset(ds, prefetch_buffer_size=prefetch)
   return _Gathering(ds, gather)
@@ -410,13 +410,13 @@ def eval_batches(data_config: ml_collections.ConfigDict, tokenizer: NanochatToke
   """
   w, r = _geometry(data_config, train_batch_size)
   groups = _stream_groups(data_config, "validation", w)
-  cap = data_config.get("max_eval_tokens", None)
+  cap = data_config.max_eval_tokens
   if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int)
                           or cap < r * seq_len * w):
     raise DataError(f"--config.data.max_eval_tokens={cap!r} must be None (the validation "
                     f"shard once) or an integer >= {r * seq_len * w} (one pop of each stream).")
   pops = None if cap is None else cap // (r * seq_len * w)
-  threads = int(data_config.get("encode_threads", 4))
+  threads = int(data_config.encode_threads)
   streams = [TokenStream(g, tokenizer, repeat=cap is not None, encode_threads=threads)
              for g in groups]
   return _eval_rows(streams, pops, r, seq_len, batch_size)

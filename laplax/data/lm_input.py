@@ -20,18 +20,36 @@ import ml_collections
 
 def is_fineweb(config: ml_collections.ConfigDict) -> bool:
   """Whether ``config`` reads FineWeb-Edu (``data.name == "fineweb_edu"``)."""
-  return config.data.get("name", "") == "fineweb_edu"
+  return config.data.name == "fineweb_edu"
 
 
 def is_chat(config: ml_collections.ConfigDict) -> bool:
   """Whether ``config`` is a chat stage (``data.name`` ``"chat_mid"`` or ``"chat_sft"``)."""
-  return config.data.get("name", "") in ("chat_mid", "chat_sft")
+  return config.data.name in ("chat_mid", "chat_sft")
 
 
 def has_targets(config: ml_collections.ConfigDict) -> bool:
   """Whether training batches carry ``"targets"`` (int32 ``[B, max_length]``,
   -1 = no loss): SFT (``data.name == "chat_sft"``)."""
-  return config.data.get("name", "") == "chat_sft"
+  return config.data.name == "chat_sft"
+
+
+def default_config(name: str) -> ml_collections.ConfigDict:
+  """The data keys, with their defaults, of the pipeline that reads
+  ``data.name == name``: :func:`laplax.data.fineweb.default_config`,
+  :func:`laplax.data.chat_mixture.default_config` or
+  :func:`laplax.data.text.default_config` (the table
+  :func:`laplax.config.schema.complete` fills a language model's ``data``
+  section from)."""
+  # pylint: disable=import-outside-toplevel
+  if name == "fineweb_edu":
+    from laplax.data import fineweb  # pulls pyarrow
+    return fineweb.default_config()
+  if name in ("chat_mid", "chat_sft"):
+    from laplax.data import chat_mixture
+    return chat_mixture.default_config(name)
+  from laplax.data import text
+  return text.default_config()
 
 
 def prepare(config: ml_collections.ConfigDict, workdir: str | None):

@@ -126,7 +126,7 @@ def _builder(data_config) -> corpus.TextCorpus:
     )
   source_dir = os.path.expanduser(data_config.source_dir or corpus.DEFAULT_SOURCE_DIR)
   config = corpus.make_config(
-    source_dir, data_config.get("validation_every", corpus.DEFAULT_VALIDATION_EVERY)
+    source_dir, data_config.validation_every
   )
   return corpus.TextCorpus(config=config, data_dir=common.data_dir(data_config))
 
@@ -332,7 +332,7 @@ def _eval_tokens(data_config, tokenizer: Tokenizer, seq_len: int | None = None) 
   tokens = split_tokens(data_config, tokenizer, "validation")
   if seq_len is not None:
     _check_window(len(tokens), "validation", seq_len)
-  cap = data_config.get("max_eval_tokens", None)
+  cap = data_config.max_eval_tokens
   if cap is None:
     return tokens
   if isinstance(cap, bool) or not isinstance(cap, int) or cap < 2:

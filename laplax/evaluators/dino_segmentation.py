@@ -13,7 +13,8 @@ class logits, upsampled bilinearly to the labels, trained with the
 pixel-wise cross-entropy (:func:`laplax.analysis.segmentation.linear_segmentation_probe`).
 
 The settings are ``config.eval.segmentation*`` (:func:`settings`; a run
-saved before a key existed gets its default): ``segmentation_dataset`` and ``segmentation_dir`` (the data,
+saved before a key existed gets its default when its config is read,
+:func:`laplax.config.schema.complete`): ``segmentation_dataset`` and ``segmentation_dir`` (the data,
 :mod:`laplax.data.segmentation`), ``segmentation_image_size`` (side ``S`` of
 the images and labels; 0: the backbone's input size), ``segmentation_train_images``
 / ``segmentation_test_images`` (the first images of the train and test
@@ -44,10 +45,10 @@ from laplax.data import segmentation
 
 
 def settings(config) -> dict:
-  """The ``eval.segmentation*`` settings of ``config``, defaults for keys it
-  lacks (a run saved before they existed); keys without the ``eval.`` prefix."""
-  e = config.eval
-  return {k: e.get(k, v) for k, v in defaults.segmentation_defaults().items()}
+  """The ``eval.segmentation*`` settings of ``config`` (complete:
+  :func:`laplax.config.schema.complete` gave a run saved before a key existed
+  its default); keys without the ``eval.`` prefix."""
+  return {k: config.eval[k] for k in defaults.segmentation_defaults()}
 
 
 def image_size(config, image_shape) -> int:
@@ -195,40 +196,36 @@ def evaluate(config, backbone: nn.Module, params: Any, seg, *, mesh=None,
 
 
 def validate(config: ml_collections.ConfigDict) -> None:
-  """The ``eval.segmentation*`` keys of a DINO config (a run saved before they
-  existed lacks them: eval.py then uses the defaults).
+  """The ``eval.segmentation*`` keys of a DINO config.
 
   Raises:
     ConfigError: the first bad key, with its fix.
   """
-  dataset = config_lib.get(config, "eval.segmentation_dataset", None)
-  if dataset is not None:
-    config_lib.require(dataset in segmentation.DATASETS,
-             f"config.eval.segmentation_dataset={dataset!r} is unknown; use one of "
-             f"{', '.join(map(repr, segmentation.DATASETS))}")
-    config_lib.require(dataset != segmentation.FASHION_CANVASES
-             or segmentation.is_fashion_mnist(config.data),
-             f"config.eval.segmentation_dataset='fashion_canvases' builds canvases from "
-             f"the run's Fashion-MNIST images, but config.data.name={config.data.name!r}; "
-             f"use 'auto' or 'scene_parse150'")
-    directory = config_lib.get(config, "eval.segmentation_dir", None)
-    config_lib.require(dataset != segmentation.ADE20K or (isinstance(directory, str) and directory),
-             "config.eval.segmentation_dataset='ade20k' reads ADEChallengeData2016 from a "
-             "local directory; give --config.eval.segmentation_dir=DIR (images/ and "
-             "annotations/ in it)")
+  e = config.eval
+  dataset = e.segmentation_dataset
+  config_lib.require(dataset in segmentation.DATASETS,
+           f"config.eval.segmentation_dataset={dataset!r} is unknown; use one of "
+           f"{', '.join(map(repr, segmentation.DATASETS))}")
+  config_lib.require(dataset != segmentation.FASHION_CANVASES
+           or segmentation.is_fashion_mnist(config.data),
+           f"config.eval.segmentation_dataset='fashion_canvases' builds canvases from "
+           f"the run's Fashion-MNIST images, but config.data.name={config.data.name!r}; "
+           f"use 'auto' or 'scene_parse150'")
+  directory = e.segmentation_dir
+  config_lib.require(dataset != segmentation.ADE20K or (isinstance(directory, str) and directory),
+           "config.eval.segmentation_dataset='ade20k' reads ADEChallengeData2016 from a "
+           "local directory; give --config.eval.segmentation_dir=DIR (images/ and "
+           "annotations/ in it)")
   for key, low in (("segmentation_train_images", 2), ("segmentation_test_images", 1),
                    ("segmentation_steps", 1), ("segmentation_figure_images", 0),
                    ("segmentation_image_size", 0), ("segmentation_batch_size", 1),
                    ("segmentation_layers", 1)):
-    if config_lib.get(config, f"eval.{key}", None) is not None:
-      config_lib.check_int(config, f"eval.{key}", low)
-  size, p = config_lib.get(config, "eval.segmentation_image_size", None), config_lib.get(config, "model.patch_size", 1)
-  config_lib.require(not size or not p or size % p == 0,
+    config_lib.check_int(config, f"eval.{key}", low)
+  size, p = e.segmentation_image_size, config.model.patch_size
+  config_lib.require(not size or size % p == 0,
            f"config.eval.segmentation_image_size={size} is not divisible by "
            f"config.model.patch_size={p}; give a multiple of it (0: the backbone's size)")
-  if config_lib.get(config, "eval.segmentation_lr", None) is not None:
-    config_lib.check_float(config, "eval.segmentation_lr", 0.0, open_min=True)
-  layers = config_lib.get(config, "eval.segmentation_layers", None)
-  config_lib.require(layers is None or layers <= config.model.depth,
-           f"config.eval.segmentation_layers={layers} is more than the model's "
-           f"{config.model.depth} blocks")
+  config_lib.check_float(config, "eval.segmentation_lr", 0.0, open_min=True)
+  config_lib.require(e.segmentation_layers <= config.model.depth,
+           f"config.eval.segmentation_layers={e.segmentation_layers} is more than the "
+           f"model's {config.model.depth} blocks")

@@ -46,7 +46,6 @@ from typing import Any, Callable, ClassVar
 import ml_collections
 import numpy as np
 
-from laplax import tasks
 from laplax.analysis import probes
 from laplax.evaluators import dino_segmentation, lm_samples
 from laplax.tasks.base import Task
@@ -333,10 +332,11 @@ EVALUATORS: dict[str, type[Evaluator]] = {e.name: e for e in (
 
 
 def names(config: ml_collections.ConfigDict) -> tuple[str, ...]:
-  """The evaluator names of ``config.evals`` in order (empty names dropped); a
-  run saved before the key existed: :meth:`laplax.tasks.base.TaskBase.saved_evals`."""
-  evals = config.evals if "evals" in config else tasks.task_class(config).saved_evals(config)
-  return tuple(n.strip() for n in str(evals).split(",") if n.strip())
+  """The evaluator names of ``config.evals`` in order (empty names dropped);
+  a run saved before the key existed has it from
+  :func:`laplax.config.schema.complete`
+  (:meth:`laplax.tasks.base.TaskBase.saved_evals`)."""
+  return tuple(n.strip() for n in str(config.evals).split(",") if n.strip())
 
 
 def build(task: Task, stage: str, **extra: Evaluator) -> list[Evaluator]:

@@ -32,14 +32,14 @@ def make_task(config: ml_collections.ConfigDict, workdir: str | None) -> Task:
     DataError, ConfigError: one-line user errors.
   """
   task = TASKS[config.task].from_data(config, workdir)
-  return with_debug_faults(task, config.get("debug", {}))
+  return with_debug_faults(task, config.debug)
 
 
 def task_class(config: ml_collections.ConfigDict) -> type | None:
   """The class of ``config.task`` in :data:`TASKS` (``None`` for a name it
   lacks). Code outside this package asks the class (``issubclass(...,
   LanguageModelTask)``, its attributes and methods), never the name."""
-  return TASKS.get(config.get("task"))
+  return TASKS.get(config.get("task"))  # .get: asked of broken saved configs too
 
 
 def is_language_model(config: ml_collections.ConfigDict) -> bool:

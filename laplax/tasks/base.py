@@ -119,11 +119,33 @@ class TaskBase:
     del config
 
   @classmethod
+  def data_defaults(cls, config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """The ``data`` section's keys, with their defaults, of the pipeline that
+    reads ``config.data.name`` (the table beside the dataset code that
+    :func:`laplax.config.schema.complete` fills a config from); here the base
+    config's."""
+    del config
+    return cls.base_config().data
+
+  @classmethod
+  def upgrade_saved(cls, config: ml_collections.ConfigDict) -> None:
+    """Rewrites, in place, keys that an older laplax named or shaped
+    otherwise (a renamed or replaced key), before
+    :func:`laplax.config.schema.complete` fills the missing ones with their
+    defaults; ``config`` is unlocked and has ``task``, ``model`` and ``data``.
+    Here ``evals``: a run saved before it existed gets :meth:`saved_evals`."""
+    if "evals" not in config:
+      config.evals = cls.saved_evals(config)
+
+  @classmethod
   def known_keys(cls, config: ml_collections.ConfigDict) -> set[str]:
     """The dotted keys a config of this task may have: those of
-    :meth:`base_config` (with empty sections)."""
-    del config
-    return utils.flatten_dotted(cls.base_config().to_dict(), keep_empty=True)
+    :meth:`base_config` (with empty sections) and of
+    :meth:`data_defaults` (the pipeline of ``config.data.name``)."""
+    known = utils.flatten_dotted(cls.base_config().to_dict(), keep_empty=True)
+    known.update(utils.flatten_dotted({"data": cls.data_defaults(config).to_dict()},
+                                      keep_empty=True))
+    return known
 
   @classmethod
   def from_shapes(cls, config: ml_collections.ConfigDict, *,
@@ -137,12 +159,6 @@ class TaskBase:
     ``cls(config, num_classes, image_shape)``."""
     del vocab_size
     return cls(config, num_classes, image_shape)
-
-  @classmethod
-  def eval_defaults(cls) -> dict:
-    """Defaults of the ``config.eval`` keys a run saved before they existed
-    lacks (``eval.py --config.eval.KEY=...`` may set them); none here."""
-    return {}
 
   def tokens_per_example(self) -> int:
     """Tokens the trained network sees per example (the model's input)."""
@@ -277,8 +293,8 @@ class StallAtStep(NaNAtStep):
 def with_debug_faults(task: Task, debug) -> Task:
   """``task`` wrapped by :class:`NaNAtStep` (``debug.nan_at_step``) and
   :class:`StallAtStep` (``debug.stall_at_step``) when they are set."""
-  if debug.get("nan_at_step", None) is not None:
-    task = NaNAtStep(task, debug["nan_at_step"])
-  if debug.get("stall_at_step", None) is not None:
-    task = StallAtStep(task, debug["stall_at_step"])
+  if debug.nan_at_step is not None:
+    task = NaNAtStep(task, debug.nan_at_step)
+  if debug.stall_at_step is not None:
+    task = StallAtStep(task, debug.stall_at_step)
   return task

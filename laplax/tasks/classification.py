@@ -75,6 +75,12 @@ class ClassificationTask(TaskBase):
   evaluator_names = ("classification",)
 
   @classmethod
+  def data_defaults(cls, config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """The image pipeline's keys for dataset ``config.data.name``
+    (:func:`laplax.data.images.default_config`)."""
+    return images.default_config(config.data.name)
+
+  @classmethod
   def validate(cls, config: ml_collections.ConfigDict) -> None:
     """The loss section: label smoothing in [0, 0.99], ``loss.type`` softmax or
     sigmoid, Mixup/CutMix alphas >= 0.
@@ -191,7 +197,7 @@ def patch_tokens(config: ml_collections.ConfigDict, image_shape) -> int:
   ``model.patch_size`` patches, plus the class token with ``model.pool='tok'``."""
   m = config.model
   h, w = image_shape[:2]
-  return int((h // m.patch_size) * (w // m.patch_size) + (m.get("pool", "gap") == "tok"))
+  return int((h // m.patch_size) * (w // m.patch_size) + (m.pool == "tok"))
 
 
 def image_split_limits(config: ml_collections.ConfigDict) -> list[tuple]:

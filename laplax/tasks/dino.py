@@ -62,10 +62,13 @@ class DINOTask(TaskBase):
                                "teacher; the eval split has single images")
 
   @classmethod
-  def eval_defaults(cls) -> dict:
-    """The segmentation probe's ``eval.segmentation*`` defaults
-    (:func:`laplax.config.defaults.segmentation_defaults`)."""
-    return dict(defaults.segmentation_defaults())
+  def data_defaults(cls, config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """The image pipeline's keys for dataset ``config.data.name``
+    (:func:`laplax.data.images.default_config`) with its multi-crop views
+    (:func:`laplax.data.multicrop.default_multicrop_config`)."""
+    data = images.default_config(config.data.name)
+    data.multicrop = multicrop.default_multicrop_config(config.data.name)
+    return data
 
   @classmethod
   def validate(cls, config: ml_collections.ConfigDict) -> None:
@@ -97,6 +100,19 @@ class DINOTask(TaskBase):
     config_lib.check_float(config, "eval.knn_temperature", 0.0, open_min=True)
     config_lib.check_int(config, "eval.pca_images", 0)
     dino_segmentation.validate(config)
+
+  @classmethod
+  def upgrade_saved(cls, config: ml_collections.ConfigDict) -> None:
+    """A config without ``evals`` (a run saved before it existed) gets it
+    from the switches it replaced (:meth:`saved_evals`), which are then
+    dropped. A config with both keeps them, for validation to refuse
+    (:data:`laplax.config.validation.REPLACED_KEYS`)."""
+    if "evals" in config:
+      return
+    config.evals = cls.saved_evals(config)
+    for key in ("linear_probe", "segmentation"):
+      if key in config.get("eval", {}):
+        del config.eval[key]
 
   @classmethod
   def saved_evals(cls, config: ml_collections.ConfigDict) -> str:

@@ -16,7 +16,6 @@ import ml_collections
 import numpy as np
 import optax
 
-from laplax import utils
 from laplax.data import lm_input
 from laplax.models import spec as spec_lib
 from laplax.models.gpt import GPT
@@ -43,20 +42,11 @@ class LanguageModelTask(TaskBase):
   evaluator_names = ("bits_per_byte", "samples")
 
   @classmethod
-  def known_keys(cls, config: ml_collections.ConfigDict) -> set[str]:
-    """The base config's keys; on FineWeb-Edu (``data.name="fineweb_edu"``)
-    also those of :func:`laplax.data.fineweb.default_config`, in a chat stage
-    those of :func:`laplax.data.chat_mixture.default_config`."""
-    known = super().known_keys(config)
-    if lm_input.is_fineweb(config):
-      from laplax.data import fineweb  # pylint: disable=import-outside-toplevel  # pulls pyarrow
-      known.update(utils.flatten_dotted({"data": fineweb.default_config().to_dict()},
-                                        keep_empty=True))
-    if lm_input.is_chat(config):
-      from laplax.data import chat_mixture  # pylint: disable=import-outside-toplevel
-      known.update(utils.flatten_dotted({"data": chat_mixture.default_config().to_dict()},
-                                        keep_empty=True))
-    return known
+  def data_defaults(cls, config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """The keys of the corpus ``config.data.name`` names
+    (:func:`laplax.data.lm_input.default_config`: FineWeb-Edu, a chat stage
+    or the text corpus)."""
+    return lm_input.default_config(config.data.name)
 
   def __init__(self, config: ml_collections.ConfigDict, tokenizer: Any):
     self.config = config
@@ -75,7 +65,7 @@ class LanguageModelTask(TaskBase):
     tokenizer opened: every token counts one byte for bits per byte."""
     del image_shape, num_classes
     if vocab_size is None:
-      byte = config.data.get("tokenizer", "byte") == "byte"
+      byte = config.data.tokenizer == "byte"
       vocab_size = 256 if byte else int(config.data.vocab_size)
     return cls(config, VocabularySize(vocab_size))
 

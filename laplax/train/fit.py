@@ -41,7 +41,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from laplax.config.validation import ConfigError, get
+from laplax.config.validation import ConfigError
 
 GIB = 2.0 ** 30
 SKIP = "--config.check_memory=False skips this check"
@@ -53,10 +53,10 @@ class FitError(ConfigError):
 
 def levers(config: ml_collections.ConfigDict) -> str:
   """What makes a train step smaller, with the config's current values."""
-  accum = get(config, "optim.grad_accum_steps", 1) or 1
+  accum = config.optim.grad_accum_steps or 1  # None: 1
   return (f"lower config.batch_size (now {config.batch_size}), raise "
           f"config.optim.grad_accum_steps (now {accum}), set config.model.remat=full "
-          f"(now {get(config, 'model.remat', 'none')}) or spread the run over more "
+          f"(now {config.model.remat}) or spread the run over more "
           f"devices (config.mesh_shape with an fsdp axis)")
 
 
@@ -157,8 +157,8 @@ def kept_per_token(config: ml_collections.ConfigDict, platform: str) -> int:
   """
   m = config.model
   width = int(m.width)
-  if get(config, "model.remat", "none") in (None, "none") and platform == "cpu":
-    return 5 * width + int(m.get("mlp_dim", None) or 4 * width)
+  if m.remat in (None, "none") and platform == "cpu":
+    return 5 * width + int(m.mlp_dim or 4 * width)  # None: 4 * width
   return width
 
 
@@ -174,10 +174,10 @@ def lower_bound(config: ml_collections.ConfigDict, task: Any, abstract: Any,
   state = _per_device_bytes(abstract, shardings)
   spec = task.batch_spec(config.batch_size)
   batch = _per_device_bytes(spec, [batch_sharding[k] for k in spec])
-  accum = get(config, "optim.grad_accum_steps", 1) or 1
+  accum = config.optim.grad_accum_steps or 1  # None: 1
   examples = max(config.batch_size // accum // _batch_shards(spec, batch_sharding,
                                                               task.batch_axis), 1)
-  itemsize = 2 if get(config, "model.dtype", "float32") == "bfloat16" else 4
+  itemsize = 2 if config.model.dtype == "bfloat16" else 4
   activations = (examples * task.tokens_per_example() * int(config.model.depth)
                  * kept_per_token(config, platform) * itemsize)
   return {"state": state, "batch": batch, "activations": activations,
@@ -201,13 +201,13 @@ def check_memory(config: ml_collections.ConfigDict, task: Any, train_step: Any,
   """Refuses a train step that cannot fit the device (see the module
   docstring); compiles ``train_step`` (a jitted ``(state, batch)`` function)
   for the abstract state and batch. Nothing when ``config.check_memory`` is
-  False (a config saved before the key existed: True).
+  False.
 
   Raises:
     FitError: the lower bound or the compiled step's memory exceeds what the
       device has, or the compiler ran out of memory.
   """
-  if not get(config, "check_memory", True):
+  if not config.check_memory:
     return
   device = jax.local_devices()[0]
   have, where = available_bytes(device)

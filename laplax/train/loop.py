@@ -166,13 +166,13 @@ def setup(config: ml_collections.ConfigDict, workdir: str | None,
     check_wandb(config)
   if check and workdir is not None:
     check_workdir(config, workdir)
-  data_dir = os.path.expanduser(str(config_lib.get(config, "data.data_dir", "") or ""))
+  data_dir = os.path.expanduser(str(config.data.data_dir or ""))
   if data_dir and not os.path.isdir(existing_ancestor(data_dir)):
     raise config_lib.ConfigError(
         f"config.data.data_dir={data_dir} cannot be a directory: "
         f"{existing_ancestor(data_dir)} is a file; give a directory for the "
         f"prepared datasets")
-  if check and workdir is not None and config.get("init_from", ""):
+  if check and workdir is not None and config.init_from:
     finetune.copy_init_tokenizer(config, workdir)
   try:
     task = tasks.make_task(config, workdir)
@@ -180,7 +180,7 @@ def setup(config: ml_collections.ConfigDict, workdir: str | None,
     raise config_lib.ConfigError(
         f"cannot prepare the data: {e.strerror or type(e).__name__}"
         f"{f' ({e.filename})' if e.filename else ''}; check config.data.data_dir="
-        f"{config_lib.get(config, 'data.data_dir', '')}") from None
+        f"{config.data.data_dir}") from None
   if check:  # sizes against the prepared splits (laplax.train.fit)
     fit.check_data(task)
   return task
@@ -244,9 +244,9 @@ def make_train_step(task: Task, tx: optax.GradientTransformation, schedule,
   (:func:`first_nonfinite`).
   """
   o = task.config.optim
-  n = int(grad_accum_steps or o.get("grad_accum_steps", 1) or 1)
-  skip_nonfinite = bool(o.get("skip_nonfinite", False))
-  unroll = bool(o.get("grad_accum_unroll", False))
+  n = int(grad_accum_steps or o.grad_accum_steps or 1)  # None: 1
+  skip_nonfinite = bool(o.skip_nonfinite)
+  unroll = bool(o.grad_accum_unroll)
   axis = task.batch_axis
 
   def gradients(params, batch, rng, task_state, step):
@@ -354,7 +354,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
       resumes with the same command.
   """
   # Multi-process runtime (config.distributed), before anything starts JAX's backend.
-  sharding.initialize_distributed(config.get("distributed", None))
+  sharding.initialize_distributed(config.distributed)
 
   # The lock (several processes: all agree in lock_lib.hold), checks, data; no write.
   if jax.process_count() == 1:
@@ -393,7 +393,7 @@ def _remove_new(workdir: str, before: set | None) -> None:
 def _train_in(config, workdir: str, task: Task) -> dict:
   """:func:`_train` on the config's mesh, under its logical axis rules."""
   # Mesh and logical axis rules; everything below is traced inside them.
-  mesh = sharding.make_mesh(config.get("mesh_shape", sharding.DEFAULT_MESH_SHAPE))
+  mesh = sharding.make_mesh(config.mesh_shape)
   rules = sharding.rules_from_config(config)
   with sharding.context(mesh, rules):
     return _train(config, workdir, task, mesh, rules)
@@ -402,8 +402,8 @@ def _train_in(config, workdir: str, task: Task) -> dict:
 def _open_workdir(config, workdir: str) -> ckpt_lib.Checkpointer:
   """The checkpointer of ``workdir/checkpoints/`` (the workdir exists: the lock)."""
   return ckpt_lib.Checkpointer(os.path.join(workdir, CHECKPOINT_DIR),
-                               max_to_keep=config.get("keep_checkpoints", 3),
-                               verify=bool(config.get("checkpoint_verify", True)))
+                               max_to_keep=config.keep_checkpoints,
+                               verify=bool(config.checkpoint_verify))
 
 
 def _restore_or_start(config, workdir: str, task: Task, tx, checkpointer, train_iter,
@@ -425,7 +425,7 @@ def _restore_or_start(config, workdir: str, task: Task, tx, checkpointer, train_
       write_config(config, workdir, last_step=checkpointer.latest_step())
     return state
   init = None
-  if config.get("init_from", ""):  # checked before anything is written
+  if config.init_from:  # checked before anything is written
     init = finetune.initial_params(config.init_from, abstract.params)
   if jax.process_index() == 0:
     write_config(config, workdir)

@@ -190,22 +190,22 @@ def nanochat_partition(o, labels, schedule) -> optax.GradientTransformation:
   :func:`warmdown_schedule` with ``optim.schedule="warmdown"``);
   :func:`clip_by_global_norm` first when ``optim.grad_clip``.
 
-  Keys read: ``optim.{lr, b1, b2, adam_eps (1e-10), muon_lr, muon_momentum
-  (0.95), muon_momentum_start (0.85), muon_momentum_ramp_steps (300),
-  embedding_lr, unembedding_lr, grad_clip}`` (defaults for missing keys).
+  Keys read: ``optim.{lr, b1, b2, adam_eps, muon_lr, muon_momentum,
+  muon_momentum_start, muon_momentum_ramp_steps, embedding_lr, unembedding_lr,
+  grad_clip}`` (a complete config: :func:`laplax.config.schema.complete`).
   """
   def lr(key):
-    peak = o.get(key, None)
+    peak = o[key]
     return schedule(o.lr if peak is None else peak)
 
   def adam(key):
-    return optax.chain(scale_by_adam(o.b1, o.b2, o.get("adam_eps", 1e-10)),
+    return optax.chain(scale_by_adam(o.b1, o.b2, o.adam_eps),
                        optax.scale_by_learning_rate(lr(key)))
-  momentum = muon_momentum(o.get("muon_momentum_start", 0.85), o.get("muon_momentum", 0.95),
-                           o.get("muon_momentum_ramp_steps", 300))
+  momentum = muon_momentum(o.muon_momentum_start, o.muon_momentum,
+                           o.muon_momentum_ramp_steps)
   muon = optax.chain(scale_by_muon(momentum), optax.scale_by_learning_rate(lr("muon_lr")))
   tx = optax.partition({"muon": muon, "embedding": adam("embedding_lr"),
                         "unembedding": adam("unembedding_lr"), "adamw": adam("lr")}, labels)
-  if o.get("grad_clip", None):
+  if o.grad_clip:
     return optax.chain(clip_by_global_norm(o.grad_clip), tx)
   return tx

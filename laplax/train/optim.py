@@ -42,13 +42,13 @@ def learning_rate_schedule(optim: ml_collections.ConfigDict,
   ``total_steps``.
   """
   peak = optim.lr if peak is None else peak
-  total_steps = optim.get("schedule_steps", None) or total_steps
-  if optim.get("schedule", "cosine") == "progress":
+  total_steps = optim.schedule_steps or total_steps
+  if optim.schedule == "progress":
     return lambda count: peak * jnp.minimum(
         1.0, (jnp.asarray(count, jnp.float32) + 1.0) / total_steps)
-  if optim.get("schedule", "cosine") == "warmdown":
+  if optim.schedule == "warmdown":
     return nanochat_optim.warmdown_schedule(
-        peak, total_steps, optim.get("warmdown_ratio", 0.2), optim.min_lr_ratio,
+        peak, total_steps, optim.warmdown_ratio, optim.min_lr_ratio,
         optim.warmup_steps)
   warmup = min(optim.warmup_steps, max(total_steps - 1, 0))
   return optax.warmup_cosine_decay_schedule(
@@ -70,7 +70,7 @@ def cosine_ramp(start: float, end: float, steps: int) -> optax.Schedule:
 
 def weight_decay_schedule(optim: ml_collections.ConfigDict, total_steps: int):
   """``optim.weight_decay``, or a cosine ramp to ``optim.weight_decay_end`` if set."""
-  end = optim.get("weight_decay_end", None)
+  end = optim.get("weight_decay_end", None)  # optional by design: DINO's base config has it
   if end is None:
     return optim.weight_decay
   return cosine_ramp(optim.weight_decay, end, total_steps)
@@ -137,16 +137,16 @@ def _muon_partition(o: ml_collections.ConfigDict, total_steps: int,
   embedding_lr, unembedding_lr}`` (``None``: ``optim.lr``).
   """
   def group(key):
-    lr = o.get(key, None)
+    lr = o[key]
     return learning_rate_schedule(o, total_steps, o.lr if lr is None else lr)
-  exclude = tuple(o.get("weight_decay_exclude", ()) or ())
+  exclude = tuple(o.weight_decay_exclude or ())
   def adamw_at(key):
     return optax.adamw(group(key), b1=o.b1, b2=o.b2,
                        weight_decay=weight_decay_schedule(o, total_steps),
                        mask=lambda p: decay_mask(p, exclude))
   muon = optax.contrib.muon(
-      group("muon_lr"), beta=o.get("muon_momentum", 0.95),
-      weight_decay=o.get("muon_weight_decay", 0.0) or 0.0,
+      group("muon_lr"), beta=o.muon_momentum,
+      weight_decay=o.muon_weight_decay or 0.0,
       muon_weight_dimension_numbers=_muon_dims)
   return optax.partition(
       {"muon": muon, "embedding": adamw_at("embedding_lr"),
@@ -159,20 +159,20 @@ def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransform
   or with ``optim.optimizer="muon"`` the partition of :func:`_muon_partition`,
   or with ``"nanochat"`` :func:`laplax.train.nanochat_optim.nanochat_partition`.
 
-  Keys read: ``optim.{optimizer (default "adamw"), lr, b1, b2, weight_decay,
+  Keys read: ``optim.{optimizer, lr, b1, b2, weight_decay,
   weight_decay_end (optional), warmup_steps, min_lr_ratio, grad_clip,
   weight_decay_exclude}``, the Muon keys, and ``total_steps``.
   """
   o = config.optim
-  if o.get("optimizer", "adamw") == "nanochat":
+  if o.optimizer == "nanochat":
     return nanochat_optim.nanochat_partition(
         o, param_labels, lambda peak: learning_rate_schedule(o, config.total_steps, peak))
-  exclude = tuple(o.get("weight_decay_exclude", ()) or ())
+  exclude = tuple(o.weight_decay_exclude or ())
   adamw = optax.adamw(
       learning_rate_schedule(o, config.total_steps), b1=o.b1, b2=o.b2,
       weight_decay=weight_decay_schedule(o, config.total_steps),
       mask=lambda p: decay_mask(p, exclude))
-  if o.get("optimizer", "adamw") == "muon":
+  if o.optimizer == "muon":
     adamw = _muon_partition(o, config.total_steps, adamw)
   if o.grad_clip:
     return optax.chain(optax.clip_by_global_norm(o.grad_clip), adamw)

@@ -31,9 +31,8 @@ class Profiler:
   """
 
   def __init__(self, config: ml_collections.ConfigDict, workdir: str):
-    p = config.get("profile", None)
-    self.first = int(p.get("start_step", 1)) if p is not None else 1
-    self.num = int(p.get("num_steps", 0)) if p is not None else 0
+    self.first = int(config.profile.start_step)
+    self.num = int(config.profile.num_steps)
     self.total = int(config.total_steps)
     self.last = min(self.first + self.num - 1, self.total)
     self.directory = os.path.join(workdir, PROFILE_DIR)

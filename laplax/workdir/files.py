@@ -24,6 +24,7 @@ import jax
 import ml_collections
 
 from laplax import utils
+from laplax.config import schema
 from laplax.config import validation as config_lib
 from laplax import tasks
 from laplax.workdir import saving
@@ -60,7 +61,7 @@ def check_wandb(config: ml_collections.ConfigDict) -> None:
   Raises:
     ConfigError: a project is set and the package is missing (or broken).
   """
-  project = config_lib.get(config, "wandb.project", None)
+  project = config.wandb.project
   if not project:
     return
   try:
@@ -117,7 +118,7 @@ class MetricWriter:
     self._thread_error = _ThreadOSError()
     if not self.active:
       return
-    if use_wandb and config is not None and config_lib.get(config, "wandb.project", None):
+    if use_wandb and config is not None and config.wandb.project:
       self.wandb = _start_wandb(workdir, config)
     with self._tb_guard(check=False):
       # A large queue: a writer thread killed by a full disk cannot block a put
@@ -337,9 +338,9 @@ def _start_wandb(workdir: str, config: ml_collections.ConfigDict):
       run_id = f.read().strip() or None
   try:
     run = wandb.init(
-        project=w.project, entity=w.get("entity", None),
-        name=w.get("name", None) or os.path.basename(os.path.abspath(workdir)),
-        mode=w.get("mode", None), dir=workdir, id=run_id, resume="allow",
+        project=w.project, entity=w.entity,
+        name=w.name or os.path.basename(os.path.abspath(workdir)),
+        mode=w.mode, dir=workdir, id=run_id, resume="allow",
         config=json.loads(config.to_json()),
         settings=wandb.Settings(silent=True, console="off"))
   except Exception as e:  # pylint: disable=broad-except
@@ -372,7 +373,14 @@ def log_figures(workdir: str, config: ml_collections.ConfigDict, step: int,
 
 
 def load_saved_config(workdir: str) -> ml_collections.ConfigDict | None:
-  """The config saved in ``workdir/config.json``, or ``None`` if there is none."""
+  """The config saved in ``workdir/config.json``, completed with every key its
+  task reads (:func:`laplax.config.schema.complete`: a run saved before a key
+  existed gets its default, or its value in
+  :data:`~laplax.config.schema.OLD_RUN_VALUES`), or ``None`` if there is none.
+
+  Raises:
+    ConfigError: the file is unreadable or not a laplax run's config.
+  """
   path = os.path.join(workdir, CONFIG_FILE)
   if not os.path.exists(path):
     return None
@@ -388,7 +396,7 @@ def load_saved_config(workdir: str) -> ml_collections.ConfigDict | None:
     raise config_lib.ConfigError(
         f"{path} is not a laplax run's config (no task and model); use another "
         f"--workdir")
-  return ml_collections.ConfigDict(saved)
+  return schema.complete(ml_collections.ConfigDict(saved))
 
 
 def write_config(config: ml_collections.ConfigDict, workdir: str,

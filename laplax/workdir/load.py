@@ -236,7 +236,7 @@ def checkpoint_sizes(config: ml_collections.ConfigDict, params: Mapping,
   if pos is not None and side * side == int(pos.shape[1]):
     size = side * patch
   else:
-    size = int(config.data.get("image_size", None) or patch)
+    size = int(config.data.image_size or patch)
   return {"num_classes": int(head.shape[1]) if head is not None else 0,
           "image_shape": (size, size, channels)}
 
@@ -255,7 +255,7 @@ def abstract_weights(task) -> dict:
 def _checkpointer(workdir: str, config) -> ckpt_lib.Checkpointer:
   """A read-only :class:`~laplax.workdir.checkpoint.Checkpointer` of ``workdir``."""
   return ckpt_lib.Checkpointer(os.path.join(workdir, CHECKPOINT_DIR),
-                               verify=bool(config.get("checkpoint_verify", True)),
+                               verify=bool(config.checkpoint_verify),
                                read_only=True)
 
 

@@ -292,7 +292,7 @@ def check_single_process(config, workdir: str, force: bool = False) -> None:
   Raises:
     LockError: the workdir is locked by another run.
   """
-  dist = config.get("distributed", None) or {}
-  if not (dist.get("coordinator_address", None) or dist.get("enabled", False)
+  dist = config.distributed
+  if not (dist.coordinator_address or dist.enabled
           or os.environ.get("JAX_COORDINATOR_ADDRESS")):
     check(workdir, force)
