@@ -396,9 +396,8 @@ def _validate_model(config):
   image_size = get(config, "data.image_size", None)  # optional: an image data set's key
   if m.name == "vit" and image_size is not None:
     check_int(config, "data.image_size", 1)
-    require(image_size % m.patch_size == 0,
-             f"config.data.image_size={image_size} is not divisible by "
-             f"config.model.patch_size={m.patch_size}; change one of them")
+    check_patches(config, image_size, image_size, f"config.data.image_size={image_size}",
+                  "change one of them")
   return model_spec
 
 
@@ -447,18 +446,33 @@ def attention_kernel(config: ml_collections.ConfigDict, task: Any = None,
   return name
 
 
+def check_patches(config: ml_collections.ConfigDict, height: int, width: int,
+                  what: str, fix: str) -> None:
+  """Images of ``height x width`` px against ``config.model.patch_size``
+  (:func:`laplax.models.spec.patch_grid`, the one statement of the rule);
+  ``what`` names the images (the key that sets them), ``fix`` how to mend it.
+
+  Raises:
+    ConfigError: "WHAT is not divisible by config.model.patch_size=P; FIX".
+  """
+  p = config.model.patch_size
+  try:
+    spec_lib.patch_grid(height, width, p)
+  except spec_lib.SpecError:
+    raise ConfigError(f"{what} is not divisible by config.model.patch_size={p}; "
+                      f"{fix}") from None
+
+
 def check_image_size(config: ml_collections.ConfigDict, image_shape) -> None:
-  """Checks the data's image size ``(H, W, C)`` against ``model.patch_size``.
+  """Checks the data's image size ``(H, W, C)`` against ``model.patch_size``
+  (:func:`check_patches`).
 
   Raises:
     ConfigError: height or width not divisible by the patch size.
   """
   h, w = image_shape[:2]
-  p = config.model.patch_size
-  require(h % p == 0 and w % p == 0,
-           f"image size {h}x{w} of dataset {config.data.name!r} is not divisible by "
-           f"config.model.patch_size={p}; choose a patch size that divides it or "
-           f"set config.data.image_size")
+  check_patches(config, h, w, f"image size {h}x{w} of dataset {config.data.name!r}",
+                "choose a patch size that divides it or set config.data.image_size")
 
 
 def architecture_diff(saved: dict, config: ml_collections.ConfigDict) -> list[str]:

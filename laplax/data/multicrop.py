@@ -23,6 +23,7 @@ import numpy as np
 
 from laplax.data import augment
 from laplax.data.errors import DataError
+from laplax.models import spec as spec_lib
 
 _FASHION_MNIST = "fashion_mnist_idx"  # the default dataset (images.default_config)
 _CHUNK_PIXELS = 1 << 16  # pixels per augmentation pass: each f32 plane stays in cache
@@ -135,9 +136,11 @@ def check_multicrop(multicrop: ml_collections.ConfigDict, patch_size: int = 1) -
            "at least 2 views (e.g. num_global=2)")
   for key in ("global_size", "local_size"):
     size = _integer(multicrop, key, patch_size)
-    _require(size % patch_size == 0,
-             f"{_KEY}.{key}={size} is not divisible by config.model.patch_size="
-             f"{patch_size}; choose a multiple of it")
+    try:
+      spec_lib.patch_grid(size, size, patch_size)
+    except spec_lib.SpecError:
+      raise DataError(f"{_KEY}.{key}={size} is not divisible by config.model.patch_size="
+                      f"{patch_size}; choose a multiple of it") from None
   g, l = multicrop["global_size"], multicrop["local_size"]
   _require(l <= g, f"{_KEY}.local_size={l} is larger than global_size={g}; local crops "
                    "must not be larger than global crops")

@@ -59,12 +59,9 @@ def image_size(config, image_shape) -> int:
     ConfigError: ``S`` not divisible by ``model.patch_size``.
   """
   size = int(settings(config)["segmentation_image_size"] or image_shape[0])
-  p = int(config.model.patch_size)
-  if size % p:
-    raise config_lib.ConfigError(
-        f"the segmentation images are {size} px, not divisible by "
-        f"config.model.patch_size={p}; set config.eval.segmentation_image_size (or "
-        f"config.data.image_size) to a multiple of it")
+  config_lib.check_patches(config, size, size, f"the segmentation images' size {size} px",
+                           "set config.eval.segmentation_image_size (or "
+                           "config.data.image_size) to a multiple of it")
   return size
 
 
@@ -221,10 +218,10 @@ def validate(config: ml_collections.ConfigDict) -> None:
                    ("segmentation_image_size", 0), ("segmentation_batch_size", 1),
                    ("segmentation_layers", 1)):
     config_lib.check_int(config, f"eval.{key}", low)
-  size, p = e.segmentation_image_size, config.model.patch_size
-  config_lib.require(not size or size % p == 0,
-           f"config.eval.segmentation_image_size={size} is not divisible by "
-           f"config.model.patch_size={p}; give a multiple of it (0: the backbone's size)")
+  size = e.segmentation_image_size
+  if size:  # 0: the backbone's size
+    config_lib.check_patches(config, size, size, f"config.eval.segmentation_image_size={size}",
+                             "give a multiple of it (0: the backbone's size)")
   config_lib.check_float(config, "eval.segmentation_lr", 0.0, open_min=True)
   config_lib.require(e.segmentation_layers <= config.model.depth,
            f"config.eval.segmentation_layers={e.segmentation_layers} is more than the "

@@ -425,6 +425,22 @@ class GPTSpec(TransformerSpec):
     check_splash_lengths(self, (self.max_length,))
 
 
+def patch_grid(height: int, width: int, patch_size: int) -> tuple[int, int]:
+  """The ViT's grid of patches of a ``height x width`` image,
+  ``(height // patch_size, width // patch_size)``: the one statement of the
+  rule that the patch size divides the image. The model applies it to its
+  input (:class:`laplax.models.vit.ViT`); the config checks
+  (:func:`laplax.config.validation.check_patches`, the multi-crop views) to
+  their sizes, naming the key to change.
+
+  Raises:
+    SpecError: ``height`` or ``width`` is not divisible by ``patch_size``.
+  """
+  if height % patch_size or width % patch_size:
+    raise SpecError(f"image size {height}x{width} is not divisible by patch_size={patch_size}")
+  return height // patch_size, width // patch_size
+
+
 def check_splash_lengths(spec: TransformerSpec, lengths) -> None:
   """Refuses ``model.implementation='splash'`` for token counts ``lengths``
   its blocks do not divide (:func:`laplax.kernels.splash.unsupported`).

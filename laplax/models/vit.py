@@ -15,6 +15,7 @@ import numpy as np
 
 from laplax import sharding
 from laplax.models.layers import EMBED_AXES, norm_layer, transformer_blocks
+from laplax.models import spec as spec_lib
 from laplax.models.spec import ViTSpec
 
 # width, depth, mlp_dim, num_heads (ViT / DeiT naming).
@@ -88,20 +89,19 @@ class ViT(nn.Module):
     """Classifies ``images``; ``train`` enables dropout and drop-path.
 
     Raises:
-      ValueError: an image size not divisible by the patch size.
+      SpecError: an image size not divisible by the patch size
+        (:func:`laplax.models.spec.patch_grid`; a ``ValueError``).
     """
     spec = self.spec
     out = {}
     h, w = images.shape[1], images.shape[2]
     p, width, dtype = spec.patch_size, spec.width, spec.compute_dtype()
-    if h % p or w % p:
-      raise ValueError(f"image size {h}x{w} is not divisible by patch_size={p}")
+    gh, gw = spec_lib.patch_grid(h, w, p)
     x = nn.Conv(width, (p, p), strides=p, padding="VALID", dtype=dtype, name="embedding",
                 kernel_init=sharding.logical_init(nn.initializers.lecun_normal(),
                                                   (None, None, None, "embed")),
                 bias_init=sharding.logical_init(nn.initializers.zeros, ("embed",)))(
                     images.astype(dtype or images.dtype))
-    gh, gw = h // p, w // p
     x = x.reshape(x.shape[0], gh * gw, width)
     ph, pw = self.posemb_grid or (gh, gw)
     if spec.posemb == "learn":
