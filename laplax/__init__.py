@@ -27,10 +27,11 @@ imports neither JAX nor the trainer; ``help(laplax.NAME)`` documents it):
 The package, one job a folder (docs/architecture.md draws the data flow):
 ``attention``, ``spectral``, ``rotary`` (the methods), ``kernels`` (the
 attention kernels), ``models`` (ViT, GPT, DINO from one spec), ``config``
-(defaults and validation), ``data`` (input pipelines), ``tasks`` (the task
-registry: model, loss, evaluation), ``train`` (state, step, loop,
-optimisers), ``workdir`` (checkpoints, metrics, lock, ``load``),
-``evaluators`` (chat, HumanEval, harness, segmentation probe), ``analysis``
+(defaults, the schema that completes a config, validation), ``data`` (input
+pipelines), ``tasks`` (the task registry: model, loss, eval-split sums),
+``train`` (state, step, loop, optimisers), ``workdir`` (checkpoints,
+metrics, lock, ``load``), ``evaluators`` (the evaluators ``config.evals``
+names, the chat benchmarks, HumanEval, the harness adapter), ``analysis``
 (token geometry), ``cli`` (``train.py``, ``eval.py``), ``sweep`` and
 ``convert`` (their ``python -m`` commands).
 """
