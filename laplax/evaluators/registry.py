@@ -243,6 +243,7 @@ class RawPixelKNN(Evaluator):
   stages = (EVAL,)
 
   def run(self, state: Any, ctx: Context) -> dict:
+    del state, ctx  # the pixels, no network
     data, e = self.config.data, self.config.eval
     pixels, labels = {}, {}
     for split in (data.train_split, data.eval_split):
@@ -256,7 +257,6 @@ class RawPixelKNN(Evaluator):
                                    pixels[data.eval_split], labels[data.eval_split],
                                    num_classes=self.task.num_classes, k=e.knn_k,
                                    temperature=e.knn_temperature)
-    del state, ctx
     return {"raw_pixel_knn_accuracy": float(accuracy)}
 
 
