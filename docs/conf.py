@@ -14,6 +14,7 @@ valid reStructuredText, or a public name without a docstring
 """
 
 import os
+import shutil
 import sys
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
@@ -48,6 +49,11 @@ myst_fence_as_directive = ["math"]  # ```math blocks (as GitHub renders them) ar
 nb_execution_mode = "off"        # CI executes the notebook in tests/test_notebook.py
 
 autosummary_generate = True
+# autosummary writes a page per module but never deletes one: pages of modules
+# another checkout had (a branch switched away from) would fail the -W build.
+# They are generated files (.gitignore), so each build starts without them.
+shutil.rmtree(os.path.join(os.path.dirname(os.path.abspath(__file__)), "_autosummary"),
+              ignore_errors=True)
 autosummary_imported_members = False
 # Members defined in each module (not those it imports or re-exports: each
 # object is documented once, on its own module's page); constants too.
