@@ -17,6 +17,8 @@ imports neither JAX nor the trainer; ``help(laplax.NAME)`` documents it):
   parameters of a run that ``laplax-train`` (``train.py``) or
   ``python -m laplax.convert`` wrote, onto one device, without its data
   (``Loaded``; it raises ``LoadError``).
+* Errors: ``UserError``, the base of every one-line error laplax raises for
+  bad input (``LoadError``, ``ConfigError`` for a bad config, ...).
 * Analysis (:mod:`laplax.analysis`): ``run_analysis`` with an
   ``AnalysisTarget`` (what ``laplax-eval --analysis`` computes),
   ``read_analysis`` and ``analysis_summary`` (its per-layer table),
@@ -56,6 +58,8 @@ _PUBLIC = {
     "load": ("laplax.workdir.load", "load"),
     "Loaded": ("laplax.workdir.load", "Loaded"),
     "LoadError": ("laplax.workdir.load", "LoadError"),
+    "UserError": ("laplax.errors", "UserError"),
+    "ConfigError": ("laplax.config.validation", "ConfigError"),
     "run_analysis": ("laplax.analysis.report", "run_analysis"),
     "AnalysisTarget": ("laplax.analysis.report", "Target"),
     "read_analysis": ("laplax.analysis.report", "read"),
