@@ -12,6 +12,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -258,6 +259,27 @@ def _truncate(directory):
     if p.is_file() and p.stat().st_size > 0:
       with open(p, "r+b") as f:
         f.truncate(p.stat().st_size // 2)
+
+
+def test_config_json_that_is_not_the_checkpoints_model_is_named(runs, tmp_path):
+  """A config.json edited after training (another width): one LoadError line
+  naming the first parameter whose saved shape is not the config's model's,
+  not "unreadable checkpoint"."""
+  workdir = tmp_path / "vit"
+  shutil.copytree(runs["vit"], workdir)
+  saved = json.loads((workdir / "config.json").read_text())
+  width = saved["model"]["width"]
+  saved["model"].update(width=2 * width, mlp_dim=2 * saved["model"]["mlp_dim"])
+  (workdir / "config.json").write_text(json.dumps(saved))
+  msg = _one_line_load_error(workdir, ["is not the model of its config.json",
+                                       "put back the run's own config.json"])
+  assert "unreadable" not in msg, msg
+  # The first difference in name order, with both shapes.
+  shapes = re.search(r"\(([\w/]+): saved \(([\d, ]+)\), the config's model \(([\d, ]+)\)\)",
+                     msg)
+  assert shapes, msg
+  old, new = (tuple(int(d) for d in g.split(",") if d.strip()) for g in shapes.groups()[1:])
+  assert width in old and 2 * width in new and len(old) == len(new), msg
 
 
 def test_unreadable_checkpoints(runs, tmp_path):

@@ -276,6 +276,23 @@ def _read(checkpointer: ckpt_lib.Checkpointer, target, step: int | None, partial
                     f"load another step") from None
 
 
+def first_difference(saved: Any, expected: Any) -> str | None:
+  """The first parameter whose presence or shape differs between two trees
+  of ``jax.ShapeDtypeStruct`` leaves (a checkpoint's, the config's model's),
+  as ``"NAME: saved SHAPE, the config's model SHAPE"`` (``None`` when
+  every name and shape agree; dtypes are not compared)."""
+  def flat(tree):
+    leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+    return {jax.tree_util.keystr(path, simple=True, separator="/"): tuple(leaf.shape)
+            for path, leaf in leaves if hasattr(leaf, "shape")}
+  a, b = flat(saved), flat(expected)
+  for name in sorted(set(a) | set(b)):
+    if a.get(name) != b.get(name):
+      show = lambda shape: "none" if shape is None else str(shape)
+      return f"{name}: saved {show(a.get(name))}, the config's model {show(b.get(name))}"
+  return None
+
+
 def load(workdir: str, step: int | None = None) -> Loaded:
   """Restores a laplax run (a ``train.py`` or ``laplax.convert`` workdir) onto one device.
 
@@ -305,8 +322,9 @@ def load(workdir: str, step: int | None = None) -> Loaded:
   Raises:
     LoadError: ``workdir`` missing, no ``config.json`` or not a laplax config,
       no checkpoint, ``step`` not saved (the message lists the saved steps),
-      or no readable checkpoint (``step``'s, or any, when ``step`` is None;
-      also a checkpoint whose parameters are not the config's model).
+      or no readable checkpoint (``step``'s, or any, when ``step`` is None),
+      or a checkpoint whose parameters are not the config's model (the
+      message names the first parameter that differs, :func:`first_difference`).
     ConfigError, SpecError: the saved config does not validate.
   """
   config = saved_config(workdir)
@@ -325,10 +343,20 @@ def load(workdir: str, step: int | None = None) -> Loaded:
     saved = ckpt_lib.saved_shapes(state_dir)
     built["task"] = tasks.task_class(config).from_shapes(
         config, **checkpoint_sizes(config, saved["params"], workdir))
-    return abstract_weights(built["task"])
+    weights = abstract_weights(built["task"])
+    built["difference"] = first_difference(saved["params"], weights["params"])
+    return weights
 
-  state, _ = _read(_checkpointer(workdir, config), target,
-                   None if step is None else int(step), partial=True)
+  try:
+    state, _ = _read(_checkpointer(workdir, config), target,
+                     None if step is None else int(step), partial=True)
+  except LoadError:
+    if built.get("difference"):  # the checkpoints are fine; config.json is not theirs
+      raise LoadError(f"the checkpoint in {workdir} is not the model of its config.json "
+                      f"({built['difference']}); config.json was changed after the run "
+                      f"saved it, or the checkpoints are another run's: put back the "
+                      f"run's own config.json") from None
+    raise
   state = jax.device_put(state, jax.local_devices()[0])
   task_state = state.get("task_state")
   teacher = task_state.get("teacher") if isinstance(task_state, dict) else None
