@@ -312,6 +312,8 @@ def test_overrides_reach_a_run_saved_before_the_keys_existed():
     eval_cli.apply_overrides(c, [("eval.segmentation_dir", "")])
   with pytest.raises(config_lib.ConfigError, match="'samples', not an evaluator of a dino"):
     eval_cli.apply_overrides(c, [("evals", "knn,samples")])
+  with pytest.raises(config_lib.ConfigError, match="names no evaluator"):
+    eval_cli.apply_overrides(c, [("evals", " , ")])
 
 
 def test_reader_errors_name_the_file(tmp_path):

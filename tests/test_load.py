@@ -215,6 +215,8 @@ def test_dino_loads_student_and_teacher_and_reproduces_knn(runs):
   from laplax.config.validation import ConfigError  # pylint: disable=import-outside-toplevel
   with pytest.raises(ConfigError, match="'bits_per_byte', not an evaluator of a dino run"):
     run.evaluate("knn,bits_per_byte")
+  with pytest.raises(ConfigError, match="names no evaluator"):
+    run.evaluate(" ,")
   batch = next(iter(run.task.eval_batches()))
   logits, _ = run.model.apply({"params": run.params}, batch["image"][None, :4], train=False)
   assert logits.shape == (1, 4, run.config.dino.out_dim) and np.isfinite(logits).all()

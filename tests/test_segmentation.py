@@ -286,6 +286,7 @@ def test_dino_task_reads_the_mosaic_masks(mosaic_data_dir):
     ("dino_fashion_mnist", "--config.evals=knn,classification",
      "'classification', not an evaluator of a dino run"),
     ("dino_fashion_mnist", "--config.evals=knn,knn", "names an evaluator twice"),
+    ("dino_fashion_mnist", "--config.evals=", "names no evaluator"),
 ])
 def test_bad_segmentation_settings_one_line_exit_2(tmp_path, config, flag, fragment, capfd):
   from test_train import ROOT, run_in_process  # pylint: disable=import-outside-toplevel

@@ -222,6 +222,9 @@ def _validate_evals(config, task_class):
           f"config.evals={evals!r} must be comma-separated evaluator names, e.g. "
           f"{','.join(known)!r}")
   names = [n.strip() for n in evals.split(",") if n.strip()]
+  require(names, f"config.evals={evals!r} names no evaluator, so nothing would be "
+                 f"evaluated (eval.py would write an eval.json without results); name "
+                 f"at least one, e.g. --config.evals={known[0]}")
   for name in names:
     require(name in known, f"config.evals names {name!r}, not an evaluator of a "
                            f"{config.task} run; use some of {', '.join(known)}")

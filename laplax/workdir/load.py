@@ -112,12 +112,15 @@ class Loaded:
     :attr:`task` first.
 
     Raises:
-      ConfigError: ``evals`` names an evaluator this run's task lacks.
+      ConfigError: ``evals`` names an evaluator this run's task lacks, or none.
       DataError: the data of the task or of an evaluator cannot be read.
     """
     task = self.task
     wanted = registry.names(self.config) if evals is None else tuple(
         n.strip() for n in evals.split(",") if n.strip())
+    if not wanted:
+      raise config_lib.ConfigError(f"evals={evals!r} names no evaluator; name at least "
+                                   f"one of {', '.join(task.evaluator_names)}")
     unknown = [n for n in wanted if n not in task.evaluator_names]
     if unknown:
       raise config_lib.ConfigError(
