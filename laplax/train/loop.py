@@ -479,6 +479,29 @@ def _stop_agreed(stop: signals.Guard, step: int, config) -> bool:
   return bool(np.any(flags))
 
 
+def _log(step: int, pending: list, interval: LogInterval, stop: signals.Guard,
+         writer: MetricWriter, task: Task, say, bar) -> None:
+  """One log step of the loop: the interval's record (the ``pending`` steps'
+  metrics, already on the host, and the interval's timing) into the metrics,
+  the task's warning line, the loss on the progress bar, and the slowest time
+  per step so far for the signal guard (:attr:`laplax.signals.Guard.step_seconds`)."""
+  record = dict(log_record(pending), **interval.record(len(pending)))
+  stop.step_seconds = max(stop.step_seconds, 1.0 / record["steps_per_sec"])
+  skipped = [s for s, m in pending if m.get("skipped_updates", 0.0) > 0]
+  writer.write(step, "train", record)
+  warning = _warning(task, record, skipped)
+  if warning:
+    say(f"warning at step {step}: {warning}")
+  bar.set_postfix(loss=f"{record['loss']:.4f}", refresh=False)
+
+
+def _stopped_line(stop: signals.Guard, step: int, checkpointer) -> str:
+  """The line a run stopped by a signal ends with: which signal, the saved step."""
+  how = f"signal {stop.signum}" if stop.signum else "a signal to another process"
+  return (f"stopped by {how} at step {step}; checkpoint saved in "
+          f"{checkpointer.directory}; run the same command to resume")
+
+
 def _warning(task: Task, record: dict, skipped: list[int]) -> str | None:
   """The task's monitor line for a logged record, and the skipped updates."""
   warning = task.monitor(record)
@@ -570,15 +593,8 @@ def _train(config: ml_collections.ConfigDict, workdir: str, task: Task,
       logged = step % config.log_every == 0 or last
       if logged:
         check_finite()
-        record = dict(log_record(pending), **interval.record(len(pending)))
-        stop.step_seconds = max(stop.step_seconds, 1.0 / record["steps_per_sec"])
-        skipped = [s_ for s_, m in pending if m.get("skipped_updates", 0.0) > 0]
+        _log(step, pending, interval, stop, writer, task, say, bar)
         pending = []
-        writer.write(step, "train", record)
-        warning = _warning(task, record, skipped)
-        if warning:
-          say(f"warning at step {step}: {warning}")
-        bar.set_postfix(loss=f"{record['loss']:.4f}", refresh=False)
       # The signal flag is read after the step's metrics are logged, so a signal
       # that came before that line was written stops the run at this step.
       stopping = _stop_agreed(stop, step, config)
@@ -596,9 +612,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str, task: Task,
       if stopping:
         checkpointer.wait()
         bar.close()
-        how = f"signal {stop.signum}" if stop.signum else "a signal to another process"
-        say(f"stopped by {how} at step {step}; checkpoint saved in "
-            f"{checkpointer.directory}; run the same command to resume")
+        say(_stopped_line(stop, step, checkpointer))
         summary = {}
         break
     checkpointer.close()
