@@ -215,20 +215,35 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None,
 
 
 def _validate_evals(config, task_class):
-  """``config.evals``: comma-separated names the task takes
-  (``task_class.evaluator_names``), each at most once."""
-  evals, known = config.evals, task_class.evaluator_names
+  """``config.evals`` (:func:`check_evals`)."""
+  check_evals(config.evals, task_class.evaluator_names, config.task)
+
+
+def split_evals(evals: str) -> tuple[str, ...]:
+  """The names of a comma-separated evaluator list, in order (blanks dropped)."""
+  return tuple(n.strip() for n in str(evals).split(",") if n.strip())
+
+
+def check_evals(evals: Any, known: tuple[str, ...], task: str) -> tuple[str, ...]:
+  """The names of ``evals`` (``config.evals``, or ``Loaded.evaluate``'s
+  argument): at least one, each among ``known`` (the task's
+  ``evaluator_names``), none twice.
+
+  Raises:
+    ConfigError: the first problem, naming the evaluators ``task`` has.
+  """
   require(isinstance(evals, str),
           f"config.evals={evals!r} must be comma-separated evaluator names, e.g. "
           f"{','.join(known)!r}")
-  names = [n.strip() for n in evals.split(",") if n.strip()]
+  names = split_evals(evals)
   require(names, f"config.evals={evals!r} names no evaluator, so nothing would be "
                  f"evaluated (eval.py would write an eval.json without results); name "
                  f"at least one, e.g. --config.evals={known[0]}")
   for name in names:
     require(name in known, f"config.evals names {name!r}, not an evaluator of a "
-                           f"{config.task} run; use some of {', '.join(known)}")
+                           f"{task} run; use some of {', '.join(known)}")
   require(len(set(names)) == len(names), f"config.evals={evals!r} names an evaluator twice")
+  return names
 
 
 def _validate_muon(config):

@@ -47,6 +47,7 @@ import ml_collections
 import numpy as np
 
 from laplax.analysis import probes
+from laplax.config import validation as config_lib
 from laplax.evaluators import dino_segmentation, lm_samples
 from laplax.tasks.base import Task
 
@@ -336,7 +337,7 @@ def names(config: ml_collections.ConfigDict) -> tuple[str, ...]:
   a run saved before the key existed has it from
   :func:`laplax.config.schema.complete`
   (:meth:`laplax.tasks.base.TaskBase.saved_evals`)."""
-  return tuple(n.strip() for n in str(config.evals).split(",") if n.strip())
+  return config_lib.split_evals(config.evals)
 
 
 def build(task: Task, stage: str, **extra: Evaluator) -> list[Evaluator]:

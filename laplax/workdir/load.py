@@ -116,16 +116,8 @@ class Loaded:
       DataError: the data of the task or of an evaluator cannot be read.
     """
     task = self.task
-    wanted = registry.names(self.config) if evals is None else tuple(
-        n.strip() for n in evals.split(",") if n.strip())
-    if not wanted:
-      raise config_lib.ConfigError(f"evals={evals!r} names no evaluator; name at least "
-                                   f"one of {', '.join(task.evaluator_names)}")
-    unknown = [n for n in wanted if n not in task.evaluator_names]
-    if unknown:
-      raise config_lib.ConfigError(
-          f"evals names {unknown[0]!r}, not an evaluator of a {self.config.task} run; "
-          f"use some of {', '.join(task.evaluator_names)}")
+    wanted = registry.names(self.config) if evals is None else config_lib.check_evals(
+        evals, task.evaluator_names, self.config.task)
     evaluators = [registry.EVALUATORS[n](task) for n in wanted
                   if evals is not None or registry.EVAL in registry.EVALUATORS[n].stages]
     for evaluator in evaluators:
