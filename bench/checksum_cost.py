@@ -70,11 +70,13 @@ def checkpoint_cost(config_path: str, repeats: int, directory: str) -> None:
   import jax  # pylint: disable=import-outside-toplevel
   from bench.common import load_config  # pylint: disable=import-outside-toplevel
   from laplax.workdir import checkpoint, integrity, saving  # pylint: disable=import-outside-toplevel
-  from laplax.train import loop, optim
+  from laplax.train import loop
+  from laplax import optim
+  from laplax import state as state_lib
   from laplax import tasks
   config = load_config(config_path)
   task = tasks.ClassificationTask(config, num_classes=10, image_shape=(28, 28, 1))
-  state = loop.init_state(task, optim.make_optimizer(config), config.seed)
+  state = state_lib.init_state(task, optim.make_optimizer(config), config.seed)
   jax.block_until_ready(state)
   root = tempfile.mkdtemp(prefix="checksum_cost_", dir=directory)
   try:

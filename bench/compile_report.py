@@ -98,7 +98,9 @@ def report(spec: str, devices, args) -> None:
   from laplax import sharding  # pylint: disable=import-outside-toplevel
   from laplax.config import validation as config_lib  # pylint: disable=import-outside-toplevel
   from laplax import tasks  # pylint: disable=import-outside-toplevel
-  from laplax.train import loop, optim  # pylint: disable=import-outside-toplevel
+  from laplax.train import loop  # pylint: disable=import-outside-toplevel
+  from laplax import optim
+  from laplax import state as state_lib
 
   from laplax import kernels  # pylint: disable=import-outside-toplevel
   kernels.XLA_KEEPS_P = True if args.xla_keeps_p else None
@@ -125,8 +127,8 @@ def report(spec: str, devices, args) -> None:
   t0 = time.time()
   with sharding.context(mesh, rules):
     kernel = config_lib.attention_kernel(config, task)  # on the slice's platform
-    state_sharding = loop.state_shardings(task, tx, config.seed, mesh, rules)
-    state = loop.sharded_abstract_state(task, tx, config.seed, state_sharding)
+    state_sharding = state_lib.abstract_and_shardings(task, tx, config.seed, mesh, rules)[1]
+    state = state_lib.sharded_abstract_state(task, tx, config.seed, state_sharding)
     batch_sharding = loop.batch_shardings(task, mesh, rules)
     batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=batch_sharding[k])
              for k, v in task.batch_spec(config.batch_size).items()}

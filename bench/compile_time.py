@@ -22,7 +22,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import jax  # pylint: disable=wrong-import-position
 
 from bench.common import load_config, make_task  # pylint: disable=wrong-import-position
-from laplax.train import loop, optim  # pylint: disable=wrong-import-position
+from laplax import state as state_lib
+from laplax.train import loop  # pylint: disable=wrong-import-position
+from laplax import optim
 
 
 def compile_seconds(config, scan: bool, image_shape, num_classes) -> tuple[float, float]:
@@ -33,7 +35,7 @@ def compile_seconds(config, scan: bool, image_shape, num_classes) -> tuple[float
   tx = optim.make_optimizer(c)
   step = jax.jit(loop.make_train_step(
       task, tx, optim.learning_rate_schedule(c.optim, c.total_steps)), donate_argnums=0)
-  state = loop.abstract_state(task, tx, c.seed)
+  state = state_lib.abstract_state(task, tx, c.seed)
   batch = task.batch_spec(c.batch_size)
   t0 = time.perf_counter()
   lowered = step.lower(state, batch)

@@ -33,7 +33,9 @@ def measure(spec: str, data_dir: str) -> None:
   import jax  # pylint: disable=import-outside-toplevel
   from laplax import sharding  # pylint: disable=import-outside-toplevel
   from laplax.cli import common as cli  # pylint: disable=import-outside-toplevel
-  from laplax.train import fit, loop, optim
+  from laplax.train import fit, loop
+  from laplax import optim
+  from laplax import state as state_lib
   from laplax import tasks
   config = cli._load_config_file(spec)  # pylint: disable=protected-access
   config.data.data_dir = data_dir
@@ -43,7 +45,7 @@ def measure(spec: str, data_dir: str) -> None:
   mesh = sharding.make_mesh(config.mesh_shape)
   rules = sharding.rules_from_config(config)
   with sharding.context(mesh, rules):
-    abstract, shardings = loop.abstract_and_shardings(task, tx, config.seed, mesh, rules)
+    abstract, shardings = state_lib.abstract_and_shardings(task, tx, config.seed, mesh, rules)
     batch_sharding = loop.batch_shardings(task, mesh, rules)
     step = loop.jit_train_step(task, tx, schedule, shardings, batch_sharding)
     t0 = time.perf_counter()
@@ -58,7 +60,7 @@ def measure(spec: str, data_dir: str) -> None:
              for k, v in spec_.items()}
     mem = step.lower(state, batch).compile().memory_analysis()
     t2 = time.perf_counter()
-    real = loop.create_state(task, tx, config.seed, shardings)
+    real = state_lib.create_state(task, tx, config.seed, shardings)
     data = iter(task.train_dataset())
     calls = []
     for _ in range(2):

@@ -1,4 +1,4 @@
-"""Milliseconds per batch of the DINO multi-crop input pipeline (laplax.data.images, .multicrop).
+"""Milliseconds per batch of the DINO multi-crop input pipeline (laplax.data.vision.images, .multicrop).
 
     python bench/multicrop_speed.py                        # Fashion-MNIST, batch 128
     python bench/multicrop_speed.py --batch_size 256 --batches 50
@@ -34,8 +34,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np  # pylint: disable=wrong-import-position
 
-from laplax.data import images  # pylint: disable=wrong-import-position
-from laplax.data.multicrop import multicrop_views  # pylint: disable=wrong-import-position
+from laplax.data.vision import images  # pylint: disable=wrong-import-position
+from laplax.data.vision.multicrop import multicrop_views  # pylint: disable=wrong-import-position
 
 
 def median_ms(fn, batches: int) -> tuple[float, float]:

@@ -37,12 +37,14 @@ def sample_cost(path: str, overrides: list[str], repeats: int) -> None:
   """Prints the time of ``repeats`` samples and of one evaluation."""
   from bench.common import apply_override, load_config  # pylint: disable=import-outside-toplevel
   from laplax.evaluators import registry  # pylint: disable=import-outside-toplevel
-  from laplax.train import loop, optim  # pylint: disable=import-outside-toplevel
+  from laplax.train import loop  # pylint: disable=import-outside-toplevel
+  from laplax import optim
+  from laplax import state as state_lib
   config = load_config(path)
   for item in overrides:
     apply_override(config, item)
   task = loop.setup(config, None, check=False)
-  state = loop.init_state(task, optim.make_optimizer(config), config.seed)
+  state = state_lib.init_state(task, optim.make_optimizer(config), config.seed)
   print(f"config {path} {' '.join(overrides)}: sample of {config.eval.sample_tokens} tokens "
         f"after {config.eval.sample_prompt_tokens} prompt tokens (at most half the "
         f"context {config.model.max_length})")

@@ -32,7 +32,7 @@ timing a different model; the model settings it implements are declared
 by the spec's fields (``convert`` metadata, target ``"peer"``, in
 :mod:`laplax.models.support`), so a new field is refused until it declares
 the peer. :func:`make_optimizer` is AdamW with the config's betas, weight decay on the parameters laplax decays
-(:func:`laplax.train.optim.decay_mask` of the mapped laplax names) at the
+(:func:`laplax.optim.decay_mask` of the mapped laplax names) at the
 config's peak learning rate (constant: the schedule costs nothing), eps
 1e-8 (optax's and PyTorch's default), PyTorch's fused CPU/GPU kernel;
 :func:`train_step` clips the global gradient norm to ``optim.grad_clip``
@@ -366,7 +366,7 @@ def make_optimizer(model: nn.Module, config) -> torch.optim.Optimizer:
 
   A parameter is decayed (``optim.weight_decay``) when its laplax
   counterparts have two or more dimensions and no path matching
-  ``optim.weight_decay_exclude`` (:func:`laplax.train.optim.decay_mask`).
+  ``optim.weight_decay_exclude`` (:func:`laplax.optim.decay_mask`).
   PyTorch's fused AdamW kernel (the fastest of its three on CPU).
   """
   o = config.optim

@@ -52,7 +52,7 @@ def report(spec: str, devices, args) -> None:
   from jax.sharding import NamedSharding  # pylint: disable=import-outside-toplevel
   from jax.sharding import PartitionSpec as P  # pylint: disable=import-outside-toplevel
   from laplax import sharding  # pylint: disable=import-outside-toplevel
-  from laplax.analysis import segmentation as seg_lib  # pylint: disable=import-outside-toplevel
+  from laplax.evaluators import linear_segmentation as seg_lib  # pylint: disable=import-outside-toplevel
   from laplax.config import validation as config_lib  # pylint: disable=import-outside-toplevel
   from laplax.evaluators import dino_segmentation  # pylint: disable=import-outside-toplevel
   from laplax import tasks  # pylint: disable=import-outside-toplevel

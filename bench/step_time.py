@@ -68,8 +68,10 @@ import numpy as np  # pylint: disable=wrong-import-position
 
 from bench.common import (  # pylint: disable=wrong-import-position
     analytic_flops, apply_override, fail, load_config, make_task)
+from laplax import state as state_lib
 from laplax import tasks  # pylint: disable=wrong-import-position
-from laplax.train import loop, optim  # pylint: disable=wrong-import-position
+from laplax.train import loop  # pylint: disable=wrong-import-position
+from laplax import optim
 
 
 def build(config, laplacian: int, spectral: str | None, image_shape, num_classes,
@@ -87,7 +89,7 @@ def build(config, laplacian: int, spectral: str | None, image_shape, num_classes
   step = jax.jit(loop.make_train_step(
       task, tx, optim.learning_rate_schedule(c.optim, c.total_steps)),
                  donate_argnums=0, compiler_options=compiler_options)
-  state = jax.jit(lambda: loop.init_state(task, tx, c.seed))()
+  state = jax.jit(lambda: state_lib.init_state(task, tx, c.seed))()
   remat = c.model.get("remat", "none") not in (None, "none", False)
   _, flops = analytic_flops(c, task, state.params, remat)
   return step, state, flops

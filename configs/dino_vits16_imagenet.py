@@ -16,7 +16,7 @@ epochs, student temperature 0.1, teacher momentum 0.996 -> 1, centre momentum
 ``data.data_dir`` (a manual download; see docs/configs.md).
 """
 
-from laplax.data import images
+from laplax.data.vision import images
 from laplax.config.defaults import dino_base_config, parse_arg
 
 NUM_TRAIN = 1_281_167

@@ -15,7 +15,7 @@ This is the model and optimiser of nanochat's first release
 lists them): the same forward (rotary in nanochat's convention, qk-norm after
 it, the logit soft-cap 15, ReLU^2, parameter-free RMSNorm with eps ``2^-23``,
 the bfloat16 token embedding), the same initialisation, and its optimiser step
-for step (:mod:`laplax.train.nanochat_optim`: Muon 0.02 with the momentum
+for step (:mod:`laplax.optim.nanochat`: Muon 0.02 with the momentum
 ramp, AdamW 0.2 s / 0.004 s with ``s = (1280/768)^-1/2``, betas (0.8, 0.95),
 eps 1e-10, the constant rate with the linear warm-down over the last 20%,
 clipping at 1.0). ``python -m laplax.convert --from nanochat`` and ``--to
@@ -45,7 +45,7 @@ What still differs from nanochat, and why:
   options here, off.
 """
 
-from laplax.data import fineweb
+from laplax.data.text import fineweb
 from laplax.config.defaults import (gpt_base_config, nanochat_num_params, nanochat_options,
                                    nanochat_steps, parse_arg)
 

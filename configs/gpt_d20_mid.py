@@ -9,12 +9,12 @@ Starts from a pretrained d20 workdir (``init_from``: its parameters, model
 keys and tokenizer; the optimiser starts fresh). The data directory holds
 SmolTalk (``smol-smoltalk/data/``), MMLU (``mmlu/auxiliary_train/``,
 ``mmlu/all/``) and GSM8K (``gsm8k/main/``) as their Hugging Face
-repositories publish them (:mod:`laplax.data.chat_mixture`). 256 x 2048
+repositories publish them (:mod:`laplax.data.chat.mixture`). 256 x 2048
 tokens a step, as nanochat's 8 GPUs x 32 rows (``data.streams=8``).
 
 ``total_steps``: nanochat runs one epoch of the mixture, a length it learns
 while reading; here it is a setting, 800 by default (not measured on the
-published data). ``python -m laplax.data.chat_mixture --workdir runs/d20_5l
+published data). ``python -m laplax.data.chat.mixture --workdir runs/d20_5l
 --source_dir ~/chat_data`` renders the mixture once and prints one epoch's
 steps for ``--config.total_steps``. Past the epoch the streams go round
 again, as nanochat's cursor does.

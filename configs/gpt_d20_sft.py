@@ -8,7 +8,7 @@ Starts from the mid-training workdir (``init_from``; fresh optimiser). The
 mixture: ARC-Easy and ARC-Challenge train (``ai2_arc/ARC-*/``), GSM8K train
 (``gsm8k/main/``) and the first 10,000 of SmolTalk train
 (``smol-smoltalk/data/``), 20,843 conversations in the published sets
-(:mod:`laplax.data.chat_mixture`). 32 conversations a step, each padded to
+(:mod:`laplax.data.chat.mixture`). 32 conversations a step, each padded to
 the context with ``<|assistant_end|>`` and targets -1 where the assistant
 is not trained; the loss is the mean over each micro-batch of 4 (nanochat's
 8 GPUs x 4: ``optim.grad_accum_steps=8``). 650 updates (nanochat: ``20843

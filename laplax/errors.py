@@ -8,9 +8,9 @@ workdir -- not a bug. Each part of laplax derives its own class from it
 built-in it stands for (``class ConfigError(UserError, ValueError)``) so
 that ``except ValueError`` keeps catching it. The command-line programs
 (``train.py``, ``eval.py``, ``python -m laplax.convert``,
-``python -m laplax.sweep``, ``python -m laplax.sandbox``,
+``python -m laplax.sweep``, ``python -m laplax.evaluators.sandbox``,
 ``python -m laplax.evaluators.humaneval``,
-``python -m laplax.evaluators.lm_harness``) catch this one class, print
+``python -m laplax.cli.lm_harness``) catch this one class, print
 ``error: MESSAGE`` on stderr and exit with code 2, with no traceback and
 nothing written. See the documentation page on errors (``docs/errors.md``).
 

@@ -216,6 +216,7 @@ def check_runs(runs: Sequence[Run]) -> dict:
   from laplax.cli import common as cli  # pylint: disable=import-outside-toplevel
   from laplax.config import validation as config_lib
   from laplax import tasks  # pylint: disable=import-outside-toplevel
+  from laplax.evaluators import registry
   from laplax.workdir import files as workdir_lib
   configs = {}
   for run in runs:
@@ -229,6 +230,7 @@ def check_runs(runs: Sequence[Run]) -> dict:
       config = cli.load_config_flag("config", values, argv)
       cli.model_from_init(config, argv)
       tasks.validate(config, jax.device_count())
+      registry.validate(config)
       workdir_lib.check_wandb(config)
       workdir_lib.check_workdir(config, run.workdir)
     except (cli.UsageError, config_lib.ConfigError) as e:
@@ -310,7 +312,7 @@ def _json_step(path: str) -> int | None:
 
 def _steps_left(run: Run, config, analysis: bool) -> list[str]:
   """What ``run`` still needs: any of ``train``, ``eval``, ``analysis``."""
-  from laplax.workdir import load as restore  # pylint: disable=import-outside-toplevel
+  from laplax import loading as restore  # pylint: disable=import-outside-toplevel
   total = int(config.total_steps)
   need = []
   if total not in restore.saved_steps(run.workdir) and not (

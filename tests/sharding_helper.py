@@ -6,7 +6,7 @@
 JAX must start with 8 (fake CPU) devices, which the pytest process cannot do
 after its own JAX started with one. One process per model (test_sharding runs
 the two at once), one compiled step per mesh, all through the trainer's own
-functions (``loop.state_shardings``, ``create_state``, ``jit_train_step``,
+functions (``state_lib.abstract_and_shardings``, ``create_state``, ``jit_train_step``,
 ``sharding.global_batch``); the results go to ``OUT.json``:
 
 * ``equivalence``: per model (a tiny ViT on synthetic images, a tiny GPT on
@@ -34,9 +34,11 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from laplax import state as state_lib
 from laplax import sharding  # pylint: disable=wrong-import-position
 from laplax.workdir import checkpoint  # pylint: disable=wrong-import-position
-from laplax.train import loop, optim
+from laplax.train import loop
+from laplax import optim
 from laplax import tasks
 
 MESHES = ((8, 1, 1), (2, 4, 1), (2, 2, 2))
@@ -104,7 +106,7 @@ class Run:
   """A task's sharded state and jitted step on one mesh.
 
   ``state``: the initial state, put onto this mesh's shardings; default: a
-  state created sharded by ``loop.create_state``.
+  state created sharded by ``state_lib.create_state``.
   """
 
   def __init__(self, task, shape, state=None):
@@ -113,11 +115,11 @@ class Run:
     self.tx = optim.make_optimizer(task.config)
     schedule = optim.learning_rate_schedule(task.config.optim, task.config.total_steps)
     with sharding.context(self.mesh, self.rules):
-      self.state_sharding = loop.state_shardings(task, self.tx, 0, self.mesh, self.rules)
+      self.state_sharding = state_lib.abstract_and_shardings(task, self.tx, 0, self.mesh, self.rules)[1]
       self.batch_sharding = loop.batch_shardings(task, self.mesh, self.rules)
       self.step = loop.jit_train_step(task, self.tx, schedule, self.state_sharding,
                                       self.batch_sharding)
-      self.state = (loop.create_state(task, self.tx, 0, self.state_sharding)
+      self.state = (state_lib.create_state(task, self.tx, 0, self.state_sharding)
                     if state is None else jax.device_put(state, self.state_sharding))
 
   def train(self, batches):
@@ -130,7 +132,7 @@ class Run:
     return losses
 
   def abstract(self):
-    return loop.sharded_abstract_state(self.task, self.tx, 0, self.state_sharding)
+    return state_lib.sharded_abstract_state(self.task, self.tx, 0, self.state_sharding)
 
 
 def flat(tree):
@@ -186,7 +188,7 @@ def training(task, before, after, params_before, params_after, batch):
 def equivalence(kind, corpus, data_dir):
   """Losses and parameters of 3 steps on each mesh against one device.
 
-  The parameters are created sharded by ``loop.create_state`` on the single
+  The parameters are created sharded by ``state_lib.create_state`` on the single
   device and on (2,2,2); the other meshes start from the same initial values
   put onto their shardings. Returns ``(result, runs, batches)``.
   """

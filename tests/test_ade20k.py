@@ -21,8 +21,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from laplax.analysis import segmentation as seg
-from laplax.data import ade20k
+from laplax.evaluators import linear_segmentation as seg
+from laplax.data.vision import ade20k
 from laplax.data.errors import DataError
 
 # Class maps as 12 x 18 blocks (each block 2 x 2 pixels of a 24 x 36 image):
@@ -155,7 +155,7 @@ def test_last_layers_are_the_final_norm_of_each_block_concatenated():
 MESH_SCRIPT = """
 import numpy as np
 from laplax import sharding
-from laplax.analysis import segmentation as seg
+from laplax.evaluators import linear_segmentation as seg
 rng = np.random.default_rng(0)
 y = rng.integers(-1, 5, size=(6, 8, 8)).astype(np.int32)
 x = rng.normal(size=(6, 2, 2, 3)).astype(np.float32)
@@ -302,7 +302,7 @@ def test_overrides_reach_a_run_saved_before_the_keys_existed():
     for key in [k for k in c.eval if k.startswith("segmentation")]:
       del c.eval[key]
   c.lock()
-  from laplax.config import schema  # pylint: disable=import-outside-toplevel
+  from laplax.tasks import schema  # pylint: disable=import-outside-toplevel
   schema.complete(c)  # as reading its config.json does
   eval_cli.apply_overrides(c, overrides)
   assert (c.eval.segmentation_dataset, c.eval.segmentation_dir) == ("ade20k", "/r")

@@ -1,6 +1,6 @@
 """eval.py --chat_tasks on a tiny GPT trained with nanochat's tokenizer, on
 test splits written here in their published layouts, and the
-lm-evaluation-harness adapter (laplax.evaluators.lm_harness) on a local task
+lm-evaluation-harness adapter (laplax.cli.lm_harness) on a local task
 whose accuracy must equal eval.py --choices' on the same items."""
 
 import json
@@ -12,7 +12,7 @@ import pytest
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
 
-from laplax.data import chat_sources  # noqa: E402
+from laplax.data.chat import sources as chat_sources  # noqa: E402
 from laplax.evaluators import chat as chat_eval  # noqa: E402
 from laplax.evaluators import multiple_choice  # noqa: E402
 from test_lm_cli import one_line_error  # noqa: E402
@@ -93,7 +93,7 @@ def test_chat_tasks_write_every_score_and_chatcore(workdir, chat_data, capfd):
   # 3 new tokens cannot hold "#### n" nor a passing program.
   assert scores["gsm8k"] == 0.0 and scores["humaneval"] == 0.0
   # ARC-Easy: the letters scored on the restored model, as the evaluator does.
-  from laplax.workdir import load as restore
+  from laplax import loading as restore
   run = restore.load(str(workdir))
   conversations = chat_sources.shuffled(chat_sources.arc(str(chat_data / "ai2_arc" / "ARC-Easy")))
   direct = multiple_choice.evaluate(run.task.model, run.state.params, run.task.tokenizer,
@@ -167,7 +167,7 @@ def test_harness_accuracy_equals_laplax_choices(workdir, tmp_path, monkeypatch):
   import lm_eval.evaluator  # noqa: F401  pylint: disable=import-outside-toplevel
   from lm_eval.api.registry import get_model
   from lm_eval.tasks import TaskManager
-  from laplax.evaluators import lm_harness
+  from laplax.cli import lm_harness
   from laplax.models import sampling
   from laplax.evaluators import lm_samples as laplax_choices
   assert get_model("laplax") is lm_harness.LaplaxLM  # what --model laplax finds

@@ -1,5 +1,5 @@
-"""nanochat's chat format (laplax.data.chat) token by token, and the readers of
-the published data formats (laplax.data.chat_sources) on files written here.
+"""nanochat's chat format (laplax.data.chat.render) token by token, and the readers of
+the published data formats (laplax.data.chat.sources) on files written here.
 
 The rendering tests use a tokenizer without merges: every text token is one
 byte, so the expected ids are written by hand from the bytes."""
@@ -12,10 +12,12 @@ import pytest
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
 
-from laplax.data import chat, chat_sources  # noqa: E402
-from laplax.data import nanochat_tokenizer as nt  # noqa: E402
+from laplax.data.chat import render as chat  # noqa: E402
+
+from laplax.data.chat import sources as chat_sources
+from laplax.data.text import nanochat_tokenizer as nt  # noqa: E402
 from laplax.data.errors import DataError  # noqa: E402
-from laplax.data.tokenizers import ByteTokenizer  # noqa: E402
+from laplax.data.text.tokenizers import ByteTokenizer  # noqa: E402
 
 # Byte tokenizer with nanochat's special tokens at 256..264.
 TOK = nt.NanochatTokenizer.from_ranks({bytes([b]): b for b in range(256)})

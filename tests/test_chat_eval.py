@@ -13,8 +13,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from laplax.data import chat, chat_sources
-from laplax.data import nanochat_tokenizer as nt
+from laplax.data.chat import render as chat
+
+from laplax.data.chat import sources as chat_sources
+from laplax.data.text import nanochat_tokenizer as nt
 from laplax.data.errors import DataError
 from laplax.evaluators import chat as chat_eval
 from laplax.evaluators import generation, gsm8k, multiple_choice

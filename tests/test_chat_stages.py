@@ -1,4 +1,4 @@
-"""nanochat's mid-training and SFT stages (laplax.data.chat_mixture,
+"""nanochat's mid-training and SFT stages (laplax.data.chat.mixture,
 laplax.config.chat_stages, configs/gpt_{d20,tiny}_{mid,sft}.py): the batches
 token by token against references written from nanochat's rules, the
 learning-rate schedules' closed forms, the masked loss, the chain pretrain ->
@@ -15,10 +15,14 @@ import pytest
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
 
-from laplax.data import chat, chat_fixtures, chat_mixture  # noqa: E402
-from laplax.data import nanochat_tokenizer as nt  # noqa: E402
+from laplax.data.chat import render as chat  # noqa: E402
+
+from laplax.data.chat import fixtures as chat_fixtures
+
+from laplax.data.chat import mixture as chat_mixture
+from laplax.data.text import nanochat_tokenizer as nt  # noqa: E402
 from laplax.data.errors import DataError  # noqa: E402
-from laplax.train import optim  # noqa: E402
+from laplax import optim  # noqa: E402
 from test_configs import load  # noqa: E402
 from test_lm_cli import one_line_error  # noqa: E402
 from test_resume import assert_bitwise_equal, saved_state  # noqa: E402

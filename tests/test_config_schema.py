@@ -1,10 +1,10 @@
-"""The config schema (:mod:`laplax.config.schema`): a config is completed once,
+"""The config schema (:mod:`laplax.tasks.schema`): a config is completed once,
 on load and in ``train.py``, so that code downstream reads every key as an
 attribute.
 
 Invariants: completing a minimal config gives exactly the keys of the task's
 base config (and of its data table), each at its default -- the spec's for the
-model, :data:`~laplax.config.schema.OLD_RUN_VALUES` where a run saved before
+model, :data:`~laplax.tasks.schema.OLD_RUN_VALUES` where a run saved before
 the key existed behaved otherwise; the values a config has are kept; completing
 twice changes nothing. A static scan keeps ``.get(key, default)`` reads of
 configs out of ``laplax/``.
@@ -24,9 +24,14 @@ from ml_collections import config_flags
 
 from laplax import tasks, utils
 from laplax.cli import common as cli
-from laplax.config import defaults, schema
+from laplax.config import defaults
+from laplax.tasks import schema
 from laplax.config import validation as config_lib
-from laplax.data import chat_mixture, fineweb, images, multicrop, text
+from laplax.data.chat import mixture as chat_mixture
+from laplax.data.text import fineweb
+from laplax.data.vision import images
+from laplax.data.vision import multicrop
+from laplax.data.text import corpus as text
 from laplax.models import spec as spec_lib
 from laplax.tasks import base
 from laplax.workdir import files as workdir_lib
@@ -241,7 +246,7 @@ def test_no_config_get_with_a_default_outside_the_allowed_places():
   found = config_get_calls(LIBRARY)
   bad = [f"laplax/{f}:{line} in {func}: {call}" for f, func, line, call in found
          if (f, func) not in ALLOWED]
-  assert not bad, "read these keys as attributes (laplax.config.schema):\n" + "\n".join(bad)
+  assert not bad, "read these keys as attributes (laplax.tasks.schema):\n" + "\n".join(bad)
   assert {(f, func) for f, func, _, _ in found} <= set(ALLOWED)
 
 

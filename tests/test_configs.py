@@ -8,8 +8,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from laplax import state as state_lib
 from laplax.config import validation as config_lib
-from laplax.train import loop, optim
+from laplax.train import loop
+from laplax import optim
 from laplax import tasks
 from laplax.tasks import classification
 from laplax.config.defaults import base_config, parse_arg
@@ -42,7 +44,7 @@ def test_paper_scale_config_builds_and_compiles_one_step(name, arg, image_shape,
   c.batch_size = 2
   task = tasks.ClassificationTask(c, num_classes, image_shape)
   tx = optim.make_optimizer(c)
-  abstract = loop.abstract_state(task, tx, 0)
+  abstract = state_lib.abstract_state(task, tx, 0)
   n = sum(x.size for x in jax.tree_util.tree_leaves(abstract.params))
   # ViT-B/16 is 86,567,656 parameters at 224 px with a 1000-way head and a
   # 197-token position embedding; without those two: 85,647,360. This model

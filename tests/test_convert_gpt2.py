@@ -29,7 +29,7 @@ import jax.numpy as jnp
 from safetensors.numpy import load_file, save_file
 
 from laplax.convert import common, hf_gpt2
-from laplax.data.tokenizers import BPETokenizer
+from laplax.data.text.tokenizers import BPETokenizer
 from laplax.models import spec as spec_lib
 from laplax.models.gpt import GPT
 from test_configs import load

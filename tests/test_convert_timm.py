@@ -92,7 +92,7 @@ def timm_state(model):
 def timm_eval(model, data_config):
   """timm ``model`` on every example of eval.py's eval split (its pipeline,
   images to NCHW): per example ``(correct, cross-entropy in nats, prediction)``."""
-  from laplax.data import images as images_lib  # pylint: disable=import-outside-toplevel
+  from laplax.data.vision import images as images_lib  # pylint: disable=import-outside-toplevel
   correct, nll, predicted = [], [], []
   for batch in images_lib.eval_batches(data_config, batch_size=500):
     real = batch["mask"] > 0
@@ -349,7 +349,7 @@ def test_cli_bad_inputs_one_line_exit_2_nothing_written(tmp_path):
 def test_library_imports_no_pytorch(tmp_path):
   """With PyTorch installed, training, evaluation, analysis and the converter
   modules import no torch (tensorboardX would: laplax blocks it there)."""
-  code = ("import sys; import laplax, laplax.train.loop, laplax.workdir.load, "
+  code = ("import sys; import laplax, laplax.train.loop, laplax.loading, "
           "laplax.convert, laplax.convert.timm_vit, laplax.convert.hf_gpt2, "
           "laplax.analysis.report, eval; "
           "from laplax.workdir.files import MetricWriter; "

@@ -10,7 +10,9 @@ import pytest
 import tensorflow_datasets as tfds
 from tensorflow_datasets.testing import mocking
 
-from laplax.data import augment, images
+from laplax.data.vision import augment
+
+from laplax.data.vision import images
 from laplax.data.builders import fashion_mnist_idx as fmnist
 
 SOURCE_DIR = fmnist.DEFAULT_SOURCE_DIR

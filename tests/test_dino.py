@@ -13,8 +13,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from laplax import state as state_lib
 from laplax.models import dino
-from laplax.train import loop, optim
+from laplax.train import loop
+from laplax import optim
 from laplax import tasks
 from model_helper import make_vit
 from test_configs import load
@@ -216,7 +218,7 @@ def synthetic_batch(task, seed=0):
 def test_train_step_freezes_last_layer_then_updates_teacher_and_center():
   c, task = tiny_task()
   tx = optim.make_optimizer(c)
-  state = jax.jit(lambda: loop.init_state(task, tx, 0))()
+  state = jax.jit(lambda: state_lib.init_state(task, tx, 0))()
   chex.assert_trees_all_equal(state.params, state.task_state["teacher"])
   step = jax.jit(loop.make_train_step(task, tx, optim.learning_rate_schedule(c.optim, 10)))
   lasts = [np.asarray(state.params["head"]["last_layer"])]
@@ -259,7 +261,7 @@ def test_dino_train_eval_and_init_checkpoint(tmp_path, fmnist_data_dir, capfd):
   assert 0.1 < result["knn_accuracy"] <= 1.0
   # Raw-pixel k-NN against NumPy: cosine similarity of the normalised pixels,
   # the 20 nearest vote with weight exp(sim / 0.07).
-  from laplax.data import images
+  from laplax.data.vision import images
   data = images.default_config()
   data.data_dir = fmnist_data_dir
   pix = {}
@@ -358,7 +360,7 @@ def test_dino_vits16_imagenet_builds_and_lowers_one_step():
   c.data.multicrop.num_local = 2  # one step at tiny batch: 2 global + 2 local crops
   task = tasks.DINOTask(c, 1000, (224, 224, 3))
   tx = optim.make_optimizer(c)
-  abstract = loop.abstract_state(task, tx, 0)
+  abstract = state_lib.abstract_state(task, tx, 0)
   n = sum(x.size for x in jax.tree_util.tree_leaves(abstract.params["backbone"]))
   # ViT-S/16 without classifier: 21,665,664 with a 197-token position embedding;
   # here the embedding covers the 196 patches only.

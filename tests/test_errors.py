@@ -25,11 +25,11 @@ INTERNAL = {
     "laplax.signals.Signalled",
     # Raised inside the sandboxed child when the program's time is up; the
     # parent reports it as the result's status, not as an error line.
-    "laplax.sandbox_child.SandboxTimeout",
+    "laplax.evaluators.sandbox_child.SandboxTimeout",
     # The TypeError a sandboxed program gets for a refused call (nanochat's
     # ``None``-ed builtins raise one); it is the program's error, recorded in
     # the result, not laplax's.
-    "laplax.sandbox_child.SandboxRefused",
+    "laplax.evaluators.sandbox_child.SandboxRefused",
 }
 
 
@@ -114,11 +114,11 @@ def test_cli_run_lets_a_bug_through():
 
 
 def test_lm_harness_cli_prints_a_user_error_as_one_line_exit_2(monkeypatch, capsys):
-  """``python -m laplax.evaluators.lm_harness``: a workdir that cannot be
+  """``python -m laplax.cli.lm_harness``: a workdir that cannot be
   loaded (raised inside lm_eval's command line) is one line and exit 2."""
   lm_eval_main = pytest.importorskip("lm_eval.__main__")
-  from laplax.evaluators import lm_harness  # pylint: disable=import-outside-toplevel
-  from laplax.workdir import load as restore  # pylint: disable=import-outside-toplevel
+  from laplax.cli import lm_harness  # pylint: disable=import-outside-toplevel
+  from laplax import loading as restore  # pylint: disable=import-outside-toplevel
 
   def cli_evaluate():
     raise restore.LoadError("runs/x has no checkpoint; train first with train.py")

@@ -13,11 +13,14 @@ from test_dino import TINY
 from test_lm_cli import GPT_CONFIG, TINY as GPT_TINY, corpus  # pylint: disable=unused-import
 from test_train import read_metrics, run_in_process
 
+from laplax import state as state_lib
 from laplax import tasks
-from laplax.analysis import probes
-from laplax.config import schema, validation as config_lib
+from laplax.evaluators import probes
+from laplax.config import validation as config_lib
+from laplax.tasks import schema
 from laplax.evaluators import registry
-from laplax.train import loop, optim
+from laplax.train import loop
+from laplax import optim
 
 
 def test_every_task_names_registered_evaluators_and_defaults_to_some_of_them():
@@ -40,7 +43,7 @@ def test_every_task_names_registered_evaluators_and_defaults_to_some_of_them():
     ({"linear_probe": False, "segmentation": False}, "knn,raw_pixel_knn,patch_pca"),
 ])
 def test_a_dino_run_saved_before_evals_keeps_what_its_switches_meant(saved, expected):
-  """Completing a saved config (laplax.config.schema) turns the switches
+  """Completing a saved config (laplax.tasks.schema) turns the switches
   config.evals replaced into the list they meant, and drops them; a config
   with both keeps them for validation to refuse."""
   c = load("dino_fashion_mnist")
@@ -83,7 +86,7 @@ def dino_run(fmnist_data_dir):
     c.evals = ",".join(tasks.task_class(c).evaluator_names)
   tasks.validate(c)
   task = tasks.make_task(c, None)
-  return task, loop.init_state(task, optim.make_optimizer(c), c.seed)
+  return task, state_lib.init_state(task, optim.make_optimizer(c), c.seed)
 
 
 def test_each_stage_runs_its_part_of_the_list_in_order(dino_run):

@@ -1,5 +1,5 @@
-"""FineWeb-Edu input and nanochat's tokenizer (laplax.data.fineweb,
-laplax.data.nanochat_tokenizer), checked against references written from
+"""FineWeb-Edu input and nanochat's tokenizer (laplax.data.text.fineweb,
+laplax.data.text.nanochat_tokenizer), checked against references written from
 nanochat's definitions: a pure-Python BPE trainer, the packed token stream
 built with plain lists, and bits per byte in NumPy. The parquet shards are
 written here."""
@@ -17,9 +17,9 @@ import regex
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
 
-from laplax.data import fineweb  # noqa: E402
-from laplax.data import nanochat_tokenizer as nt  # noqa: E402
-from laplax.data import tokenizers  # noqa: E402
+from laplax.data.text import fineweb  # noqa: E402
+from laplax.data.text import nanochat_tokenizer as nt  # noqa: E402
+from laplax.data.text import tokenizers  # noqa: E402
 from laplax.data.errors import DataError  # noqa: E402
 
 WORDS = ("the of and a to in is you that it he was for on are as with his they at be "
@@ -397,7 +397,7 @@ def test_bits_per_byte_is_nanochats_definition(shards, tok):
 
 def test_byte_tokenizer_bits_per_byte_is_unchanged():
   import jax
-  from laplax.data import text
+  from laplax.data.text import corpus as text
   task = _tiny_task(text.default_config(), tokenizers.ByteTokenizer())
   params = task.init(jax.random.PRNGKey(0))
   tokens = np.arange(36, dtype=np.int32).reshape(4, 9) + 60
@@ -438,7 +438,7 @@ def test_gpt_d20_trains_on_parquet_shards(shards, tmp_path):
 
 
 def test_text_corpus_with_the_nanochat_tokenizer_saves_and_reloads_it(tmp_path):
-  from laplax.data import text
+  from laplax.data.text import corpus as text
   corpus = tmp_path / "corpus"
   corpus.mkdir()
   for name in "abc":

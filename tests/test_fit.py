@@ -18,8 +18,10 @@ import jax
 import numpy as np
 import pytest
 
+from laplax import state as state_lib
 from laplax import sharding
-from laplax.train import fit, loop, optim
+from laplax.train import fit, loop
+from laplax import optim
 from test_memory import gpt_task, vit_task
 
 
@@ -36,7 +38,7 @@ def _prepared(make, remat):
   mesh = sharding.make_mesh((1, 1, 1), jax.devices()[:1])
   rules = sharding.rules_from_config(config)
   with sharding.context(mesh, rules):
-    abstract, shardings = loop.abstract_and_shardings(task, tx, 0, mesh, rules)
+    abstract, shardings = state_lib.abstract_and_shardings(task, tx, 0, mesh, rules)
     batch_sharding = loop.batch_shardings(task, mesh, rules)
     step = loop.jit_train_step(task, tx, schedule, shardings, batch_sharding)
   return config, task, step, abstract, shardings, batch_sharding, mesh, rules

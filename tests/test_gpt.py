@@ -6,9 +6,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from laplax import state as state_lib
 from laplax.models import sampling, spec as spec_lib
 from laplax.models.gpt import GPT
-from laplax.train import loop, optim
+from laplax.train import loop
+from laplax import optim
 from laplax import tasks
 from model_helper import make_gpt
 from test_configs import load
@@ -140,7 +142,7 @@ def test_paper_config_one_step_at_tiny_width(name, vocab):
 
   task = tasks.LanguageModelTask(c, Tok())
   tx = optim.make_optimizer(c)
-  state = jax.jit(lambda: loop.init_state(task, tx, 0))()
+  state = jax.jit(lambda: state_lib.init_state(task, tx, 0))()
   step = jax.jit(loop.make_train_step(task, tx, optim.learning_rate_schedule(c.optim, 10)))
   batch = {"tokens": np.random.default_rng(0).integers(0, vocab, (2, 17)).astype(np.int32)}
   new, metrics = step(state, batch)

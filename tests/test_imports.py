@@ -1,4 +1,9 @@
-"""No import cycle in ``laplax/`` or ``bench/``.
+"""No import cycle in ``laplax/`` or ``bench/``, and floors that stack.
+
+:data:`FLOORS` is the layer order of ``docs/architecture.md``: every module of
+``laplax/`` belongs to the folder (or top-level module) it sits in, and a
+folder imports only from folders on lower floors, never from its own floor's
+other folders or from above (:func:`upward_imports`).
 
 The import graph is read from the source (``ast``), not from ``sys.modules``:
 an edge ``a -> b`` for every ``import b`` / ``from b import name`` anywhere
@@ -219,3 +224,80 @@ def test_checker_finds_a_three_module_cycle_and_each_component_once(tmp_path):
       "p.s (line 1) -> p.t (line 1) -> p.y (line 1) -> p.z (line 3) -> p.s "
       "(and cycles through p.x)",
       "p.u (line 1) -> p.v (line 1) -> p.u"]
+
+
+#: The floors of ``laplax/``, lowest first (``docs/architecture.md``); the
+#: names are first-level folders or modules of the package.
+FLOORS = (
+    ("errors", "utils", "signals", "spectral", "rotary"),
+    ("sharding",),
+    ("kernels",),
+    ("attention",),
+    ("models",),
+    ("data", "analysis", "optim"),
+    ("config",),
+    ("tasks",),
+    ("state",),
+    ("workdir",),
+    ("evaluators",),
+    ("train",),
+    ("loading",),
+    ("cli", "chat"),
+    ("convert", "sweep"),
+)
+
+
+def floor_of(module: str, floors=FLOORS) -> tuple[str, int] | None:
+  """``(folder, floor)`` of a module ``pkg.folder...``; ``None`` for the
+  package itself (``laplax/__init__.py``, which imports lazily)."""
+  parts = module.split(".")
+  if len(parts) < 2:
+    return None
+  for level, names in enumerate(floors):
+    if parts[1] in names:
+      return parts[1], level
+  raise AssertionError(f"{module}: folder {parts[1]!r} is on no floor; add it to FLOORS "
+                       f"and to docs/architecture.md")
+
+
+def upward_imports(root: str, package: str, floors=FLOORS) -> list[str]:
+  """``"a (floor i) imports b (floor j), file:line"`` for every import from a
+  module of one folder of ``package`` to another folder on the same floor or a
+  higher one (module- and function-level imports alike)."""
+  graph = import_graph(root, (package,))
+  files = module_files(root, (package,))
+  found = []
+  for module, edges in sorted(graph.items()):
+    here = floor_of(module, floors)
+    for target, line in sorted(edges.items()):
+      there = floor_of(target, floors)
+      if here is None or there is None or here[0] == there[0]:
+        continue
+      if there[1] >= here[1]:
+        found.append(f"{module} (floor {here[1]}, {here[0]}) imports {target} "
+                     f"(floor {there[1]}, {there[0]}): {os.path.relpath(files[module], root)}"
+                     f":{line}")
+  return found
+
+
+def test_laplax_folders_import_only_from_lower_floors():
+  found = upward_imports(ROOT, "laplax")
+  assert not found, "imports that do not run downward:\n" + "\n".join(found)
+
+
+def test_floor_checker_finds_an_upward_and_a_sideways_import(tmp_path):
+  _write(tmp_path, {
+      "pkg/__init__.py": "",
+      "pkg/low/__init__.py": "",
+      "pkg/low/a.py": "def f():\n  from pkg.high import b\n  return b\n",
+      "pkg/side.py": "import pkg.peer\n",
+      "pkg/peer.py": "",
+      "pkg/high/__init__.py": "",
+      "pkg/high/b.py": "from pkg.low import a\n",
+  })
+  floors = (("low",), ("side", "peer"), ("high",))
+  found = upward_imports(str(tmp_path), "pkg", floors)
+  assert len(found) == 2, found
+  assert found[0].startswith("pkg.low.a (floor 0, low) imports pkg.high.b (floor 2, high)")
+  assert "pkg/low/a.py:2" in found[0]
+  assert found[1].startswith("pkg.side (floor 1, side) imports pkg.peer (floor 1, peer)")

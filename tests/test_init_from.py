@@ -4,9 +4,11 @@ import jax
 import numpy as np
 import pytest
 
+from laplax import state as state_lib
 from laplax.convert import common
 from laplax.config import validation as config_lib
-from laplax.train import finetune, loop, optim
+from laplax.train import finetune, loop
+from laplax import optim
 from laplax import tasks
 from test_configs import load
 
@@ -20,7 +22,7 @@ def tiny_config(**model):
 
 def abstract_params(config, num_classes=10):
   task = tasks.ClassificationTask(config, num_classes, (28, 28, 1))
-  return loop.abstract_state(task, optim.make_optimizer(config), 0).params
+  return state_lib.abstract_state(task, optim.make_optimizer(config), 0).params
 
 
 @pytest.fixture(scope="module")

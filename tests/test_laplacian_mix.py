@@ -8,7 +8,7 @@ import pytest
 from laplax import attention
 from laplax.analysis import report
 from laplax.models import spec as spec_lib
-from laplax.train import optim
+from laplax import optim
 from model_helper import make_gpt, make_vit
 
 KEY = jax.random.PRNGKey

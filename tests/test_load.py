@@ -309,14 +309,14 @@ def test_unreadable_checkpoints(runs, tmp_path):
 
 def test_import_laplax_is_light():
   """``import laplax`` imports neither JAX nor the trainer; ``laplax.load``
-  is :func:`laplax.workdir.load.load`, imported on first use."""
+  is :func:`laplax.loading.load`, imported on first use."""
   code = ("import sys, laplax; assert 'jax' not in sys.modules and 'laplax.train' not "
           "in sys.modules; assert 'load' in dir(laplax); print('ok')")
   r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
                      text=True, timeout=120)
   assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
   import laplax
-  from laplax.workdir import load as restore
+  from laplax import loading as restore
   assert (laplax.load, laplax.Loaded, laplax.LoadError) == (
       restore.load, restore.Loaded, restore.LoadError)
   with pytest.raises(AttributeError, match="no attribute 'lod'"):

@@ -13,8 +13,10 @@ import numpy as np
 import optax
 import pytest
 
+from laplax import state as state_lib
 from laplax.config import validation as config_lib
-from laplax.train import loop, optim
+from laplax.train import loop
+from laplax import optim
 from laplax import tasks
 from laplax.config.defaults import base_config
 from model_helper import make_vit, make_gpt
@@ -88,7 +90,7 @@ def test_grad_accumulation_equals_one_batch(make):
   c.total_steps = 10
   tx = optax.sgd(0.1)
   task = build()
-  start = jax.jit(lambda: loop.init_state(task, tx, 0))()
+  start = jax.jit(lambda: state_lib.init_state(task, tx, 0))()
   results = []
   for accum, unroll in ((1, False), (4, False), (4, True)):
     c.optim.grad_accum_steps, c.optim.grad_accum_unroll = accum, unroll
@@ -127,7 +129,7 @@ def test_grad_accumulation_dino_splits_the_batch_axis_and_keeps_the_centre():
            for k, v in task.batch_spec(4).items()}  # [views, 4, H, W, C]
   tx = optax.sgd(1e-3)  # see test_grad_accumulation_equals_one_batch; the class
   # token gets gradients of ~1e3 (its init is ~1e-6, then a LayerNorm)
-  state = jax.jit(lambda: loop.init_state(task, tx, 0))()
+  state = jax.jit(lambda: state_lib.init_state(task, tx, 0))()
   out = []
   for accum in (1, 2):
     step = jax.jit(loop.make_train_step(task, tx, optim.learning_rate_schedule(c.optim, 10),
@@ -283,7 +285,7 @@ def test_train_step_traces_once_for_many_steps(make):
   c.total_steps = 10
   task = build()
   tx = optim.make_optimizer(c)
-  state = jax.jit(lambda: loop.init_state(task, tx, 0))()
+  state = jax.jit(lambda: state_lib.init_state(task, tx, 0))()
   chex.clear_trace_counter()
   step = jax.jit(chex.assert_max_traces(
       loop.make_train_step(task, tx, optim.learning_rate_schedule(c.optim, 10)), n=1))

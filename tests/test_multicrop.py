@@ -1,4 +1,4 @@
-"""Tests of the DINO multi-crop pipeline (laplax.data.images, .multicrop, .augment)."""
+"""Tests of the DINO multi-crop pipeline (laplax.data.vision.images, .multicrop, .augment)."""
 
 import colorsys
 import re
@@ -8,8 +8,10 @@ import pytest
 import tensorflow_datasets as tfds
 from tensorflow_datasets.testing import mocking
 
-from laplax.data import augment, images
-from laplax.data import multicrop as multicrop_lib
+from laplax.data.vision import augment
+
+from laplax.data.vision import images
+from laplax.data.vision import multicrop as multicrop_lib
 from test_data import assert_batches_equal, bilinear_resize, take
 
 

@@ -18,7 +18,7 @@ from laplax.models import layers, spec as spec_lib
 from laplax.models.gpt import GPT
 from laplax.config import validation as config_lib
 from laplax import tasks
-from laplax.train import optim
+from laplax import optim
 from model_helper import make_gpt
 from test_configs import load
 

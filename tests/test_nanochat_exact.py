@@ -29,12 +29,13 @@ import pytest
 
 from laplax import rotary
 from laplax.convert import common, nanochat
-from laplax.data import tokenizers
-from laplax.data.nanochat_tokenizer import PICKLE_FILE, NanochatTokenizer
+from laplax.data.text import tokenizers
+from laplax.data.text.nanochat_tokenizer import PICKLE_FILE, NanochatTokenizer
 from laplax.models import spec as spec_lib
 from laplax.models.gpt import GPT
 from laplax.config import defaults
-from laplax.train import nanochat_optim, optim
+from laplax.optim import nanochat as nanochat_optim
+from laplax import optim
 from test_configs import load
 from test_train import ROOT
 

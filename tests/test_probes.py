@@ -1,4 +1,4 @@
-"""Tests of laplax.analysis.probes (frozen-feature evaluations of DINO models).
+"""Tests of laplax.evaluators.probes (frozen-feature evaluations of DINO models).
 
 References are built with NumPy in float64:
 
@@ -22,7 +22,7 @@ import pytest
 import scipy.stats
 from PIL import Image
 
-from laplax.analysis import probes
+from laplax.evaluators import probes
 
 
 def np_knn(train, labels, test, *, k, temperature, num_classes):

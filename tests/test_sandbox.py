@@ -1,4 +1,4 @@
-"""laplax.sandbox: programs that misbehave are stopped or refused, reported as
+"""laplax.evaluators.sandbox: programs that misbehave are stopped or refused, reported as
 not passed, and nothing outside their temporary directory changes.
 
 Each hostile program runs with isolation as this machine allows it and, where
@@ -21,7 +21,7 @@ import uuid
 
 import pytest
 
-from laplax import sandbox
+from laplax.evaluators import sandbox
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -424,7 +424,7 @@ def test_rm_rf_without_namespaces(sentinel, monkeypatch):
 _PARENT = """
 import json, os, sys
 sys.path.insert(0, {root!r})
-from laplax import sandbox
+from laplax.evaluators import sandbox
 sandbox.NAMESPACES = {namespaces}
 for program in {programs!r}:
   result = sandbox.run_program(program.replace("PARENT", str(os.getpid())))
@@ -477,7 +477,7 @@ def test_command_line_prints_one_json_line(tmp_path):
   good.write_text("assert 2 + 2 == 4\n")
   bad.write_text("assert 2 + 2 == 5\n")
   for path, code in ((good, 0), (bad, 1)):
-    done = subprocess.run([sys.executable, "-m", "laplax.sandbox", str(path),
+    done = subprocess.run([sys.executable, "-m", "laplax.evaluators.sandbox", str(path),
                            "--timeout", "5", "--memory-mb", "256"], cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == code, done.stderr

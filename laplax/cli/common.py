@@ -229,7 +229,7 @@ def load_config_flag(name: str = "config", flag_values: flags.FlagValues | None 
                      argv: list[str] | None = None) -> ml_collections.ConfigDict:
   """The parsed ``--config`` (of ``flag_values``, default absl's FLAGS, parsed
   from ``argv``, default ``sys.argv``) as a ConfigDict, completed with every
-  key its task reads (:func:`laplax.config.schema.complete`; before it is
+  key its task reads (:func:`laplax.tasks.schema.complete`; before it is
   validated).
 
   Raises:
@@ -248,7 +248,7 @@ def load_config_flag(name: str = "config", flag_values: flags.FlagValues | None 
     raise UsageError(f"could not load --{name}") from None
   if not isinstance(config, ml_collections.ConfigDict):
     raise UsageError(f"--{name} did not give a ConfigDict (get_config() must return one)")
-  from laplax.config import schema  # pylint: disable=import-outside-toplevel  # the task registry
+  from laplax.tasks import schema  # pylint: disable=import-outside-toplevel  # the task registry
   return schema.complete(config)
 
 

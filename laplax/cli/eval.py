@@ -9,7 +9,7 @@
 
 Restores the newest checkpoint (``--step N``: the checkpoint of step ``N``;
 an ``N`` that is not saved is an error naming the saved steps) with the config
-saved in the workdir (``laplax.load``, :mod:`laplax.workdir.load`; onto one
+saved in the workdir (``laplax.load``, :mod:`laplax.loading`; onto one
 device), evaluates the eval split, prints the result and writes ``eval.json``
 into the workdir:
 ``accuracy``, ``loss``, ``num_examples``, ``step`` for classification;
@@ -23,7 +23,7 @@ writes ``patch_pca.png`` (the first three principal components of the
 teacher's patch features of a few test images, as RGB) and
 ``segmentation.png`` (test images, true and predicted masks of the linear
 segmentation probe on the teacher's patch tokens; the data and sizes are
-``config.eval.segmentation*``, see ``laplax.data.segmentation``); without
+``config.eval.segmentation*``, see ``laplax.data.vision.segmentation``); without
 ``--out`` the figures go into the run's TensorBoard events as images too (and
 its W&B run with ``config.wandb.project``). Every ``eval.json`` also names
 the ``attention_kernel`` that computed it (``"xla"``, ``"splash"``,
@@ -239,13 +239,14 @@ def _typed(key: str, raw: str, like):
 def apply_overrides(config, overrides: list[tuple[str, str]]) -> None:
   """Sets the ``(KEY, VALUE)`` overrides (``config.eval``'s keys and
   ``config.evals``) of a saved, complete config
-  (:func:`laplax.config.schema.complete`) and validates it.
+  (:func:`laplax.tasks.schema.complete`) and validates it.
 
   Raises:
     cli.UsageError: an unknown key or a value of the wrong type.
     ConfigError: a value the config's checks refuse.
   """
   from laplax import tasks  # pylint: disable=import-outside-toplevel
+  from laplax.evaluators import registry
   if not overrides:
     return
   known = dict(config.eval) if "eval" in config else {}  # a classifier has none
@@ -264,6 +265,7 @@ def apply_overrides(config, overrides: list[tuple[str, str]]) -> None:
     with config.unlocked():
       config.eval[key] = _typed(dotted, raw, known[key])
   tasks.validate(config, None, strict_keys=False)
+  registry.validate(config)
 
 
 def _check_flags() -> None:
@@ -314,7 +316,7 @@ def main() -> int:
   cli.quiet()
   from laplax import tasks  # pylint: disable=import-outside-toplevel
   from laplax.evaluators import lm_samples as lm_eval  # pylint: disable=import-outside-toplevel
-  from laplax.workdir import load as restore
+  from laplax import loading as restore
   config = restore.saved_config(workdir)
   apply_overrides(config, overrides)
   if (_SAMPLE.value is not None or _CHOICES.value) and not tasks.is_language_model(config):

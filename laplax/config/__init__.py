@@ -1,6 +1,6 @@
 """Run configs: every key with its default (:mod:`laplax.config.defaults`, which
 each ``configs/*.py`` starts from), the one place a config is completed with
-the defaults of the keys it lacks (:mod:`laplax.config.schema`: on load and in
+the defaults of the keys it lacks (:mod:`laplax.tasks.schema`: on load and in
 ``train.py``), the checks a config passes before anything runs
 (:mod:`laplax.config.validation`, one
 :class:`~laplax.config.validation.ConfigError` line per problem), and the

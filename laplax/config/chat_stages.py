@@ -3,7 +3,7 @@
 :func:`stage_config` turns a GPT config with nanochat's optimiser
 (:func:`laplax.config.defaults.nanochat_options`) into one of the chat stages
 of Karpathy's nanochat (first release, 3a5e0bc: ``scripts/mid_train.py``,
-``scripts/chat_sft.py``); the data are :mod:`laplax.data.chat_mixture`'s.
+``scripts/chat_sft.py``); the data are :mod:`laplax.data.chat.mixture`'s.
 Each stage starts from the previous stage's workdir, ``--config.init_from=
 WORKDIR``: the parameters and the model keys come from there, the optimiser
 state starts fresh (:mod:`laplax.train.finetune`).
@@ -39,7 +39,7 @@ import os
 import ml_collections
 
 from laplax import utils
-from laplax.data import chat_mixture
+from laplax.data.chat import mixture as chat_mixture
 
 STAGES = ("mid", "sft")
 SCHEDULES = ("rising", "fixed")
@@ -51,7 +51,7 @@ def stage_config(c: ml_collections.ConfigDict, stage: str, *, schedule: str = "r
   """``c`` (a GPT config with nanochat's optimiser) set up as chat stage
   ``stage`` for ``total_steps`` updates (see the module docstring); changes
   and returns ``c``. The data directory is ``data.source_dir``
-  (:data:`laplax.data.chat_mixture.DEFAULT_SOURCE_DIR` unless set).
+  (:data:`laplax.data.chat.mixture.DEFAULT_SOURCE_DIR` unless set).
 
   Raises:
     ValueError: an unknown ``stage`` or ``schedule`` (one line).

@@ -80,7 +80,7 @@ def _optim_config() -> ml_collections.ConfigDict:
   # "cosine": linear warm-up, cosine to min_lr_ratio * lr; "warmdown":
   # nanochat's constant rate, then linear to min_lr_ratio * lr over the last
   # warmdown_ratio of the steps; "progress": nanochat 3a5e0bc's mid-training
-  # rate, rising as the fraction of the steps done (laplax.train.optim.
+  # rate, rising as the fraction of the steps done (laplax.optim.
   # learning_rate_schedule). schedule_steps: the schedule's horizon (None:
   # total_steps; nanochat's SFT decays over 651 steps and stops after 650).
   o.schedule = "cosine"
@@ -90,9 +90,9 @@ def _optim_config() -> ml_collections.ConfigDict:
   o.weight_decay_exclude = ("pos_embedding", "cls")
   # "adamw", or "muon": optax.contrib.muon on the block matrices, AdamW on
   # the rest, the embeddings and the output layer at their own peak learning
-  # rates (None: optim.lr), as nanochat's setup_optimizer (laplax.train.optim);
+  # rates (None: optim.lr), as nanochat's setup_optimizer (laplax.optim);
   # or "nanochat": those groups with nanochat's own Muon, AdamW and clipping
-  # (laplax.train.nanochat_optim; its keys: nanochat_options).
+  # (laplax.optim.nanochat; its keys: nanochat_options).
   o.optimizer = "adamw"
   o.muon_lr = 0.02
   o.muon_momentum = 0.95
@@ -178,7 +178,7 @@ def base_config() -> ml_collections.ConfigDict:
   # the random initialisation (at step 0 only; the optimizer starts fresh).
   c.init_from = ""
 
-  from laplax.data import images  # pylint: disable=import-outside-toplevel
+  from laplax.data.vision import images  # pylint: disable=import-outside-toplevel
   c.data = images.default_config()  # The data keys are defined with the pipeline.
 
   c.model = model_config("vit")
@@ -241,7 +241,7 @@ def gpt_base_config() -> ml_collections.ConfigDict:
   c.task = "lm"
   c.batch_size = 32
   c.eval_batch_size = 32
-  from laplax.data import text  # pylint: disable=import-outside-toplevel
+  from laplax.data.text import corpus as text  # pylint: disable=import-outside-toplevel
   c.data = text.default_config()
 
   c.model = model_config("gpt")
@@ -315,7 +315,7 @@ def nanochat_options(c: ml_collections.ConfigDict) -> None:
   and the output projections zero, the other matrices
   ``N(0, min(1, sqrt(out/in)) / sqrt(in))``).
 
-  Optimiser (``optim.optimizer="nanochat"``, :mod:`laplax.train.nanochat_optim`):
+  Optimiser (``optim.optimizer="nanochat"``, :mod:`laplax.optim.nanochat`):
   Muon at 0.02 on the block matrices (momentum 0.85 -> 0.95 over 300 steps);
   AdamW (0.8, 0.95), eps 1e-10, no weight decay, at ``0.2 s`` on the token
   embedding and ``0.004 s`` on ``lm_head``, ``s = (width / 768)^-1/2``;
@@ -371,7 +371,7 @@ def dino_base_config() -> ml_collections.ConfigDict:
   settings are ``data.multicrop`` (see ``images.default_multicrop_config``);
   ``eval`` holds the k-NN settings (labels are used only there).
   """
-  from laplax.data import images  # pylint: disable=import-outside-toplevel
+  from laplax.data.vision import images  # pylint: disable=import-outside-toplevel
   c = base_config()
   c.task = "dino"
   del c.loss
@@ -404,12 +404,12 @@ def dino_base_config() -> ml_collections.ConfigDict:
   c.eval.knn_temperature = 0.07
   c.eval.pca_images = 8
   # eval.py's linear segmentation probe on the frozen teacher's final-norm
-  # patch tokens (laplax.analysis.segmentation, DINOv2's linear protocol):
+  # patch tokens (laplax.evaluators.linear_segmentation, DINOv2's linear protocol):
   # segmentation_dataset "auto" (the run's own masks, e.g. fashion_mosaic;
   # Fashion-MNIST canvases for a Fashion-MNIST run; else skipped),
   # "fashion_canvases", "ade20k" (ADEChallengeData2016's 150 classes, unpacked
   # in segmentation_dir) or "scene_parse150" (TFDS's builder in data.data_dir,
-  # whose masks are the 100 instance categories); see laplax.data.segmentation.
+  # whose masks are the 100 instance categories); see laplax.data.vision.segmentation.
   # Images and labels at segmentation_image_size px (0: the backbone's input
   # size). It fits on the first segmentation_train_images of the train split
   # in segmentation_steps AdamW steps of segmentation_batch_size images from

@@ -18,6 +18,7 @@ import jax
 import ml_collections
 import numpy as np
 
+from laplax import state as state_lib
 from laplax import utils
 from laplax.errors import UserError
 from laplax.models import spec as spec_lib
@@ -160,8 +161,9 @@ def write_workdir(workdir: str, config: ml_collections.ConfigDict, params: Mappi
   """
   from laplax.workdir import checkpoint as ckpt_lib  # pylint: disable=import-outside-toplevel
   from laplax import tasks  # pylint: disable=import-outside-toplevel
-  from laplax.train.state import TrainState  # pylint: disable=import-outside-toplevel
-  from laplax.train import loop, optim  # pylint: disable=import-outside-toplevel
+  from laplax.state import TrainState  # pylint: disable=import-outside-toplevel
+  from laplax.train import loop  # pylint: disable=import-outside-toplevel
+  from laplax import optim
   from laplax.workdir.files import CHECKPOINT_DIR, write_config  # pylint: disable=import-outside-toplevel
   workdir = os.path.abspath(os.path.expanduser(workdir))
   if os.path.exists(workdir):
@@ -170,7 +172,7 @@ def write_workdir(workdir: str, config: ml_collections.ConfigDict, params: Mappi
   task = tasks.task_class(config).from_shapes(config, num_classes=num_classes,
                                               image_shape=image_shape, vocab_size=vocab_size)
   tx = optim.make_optimizer(config)
-  abstract = loop.abstract_state(task, tx, config.seed)
+  abstract = state_lib.abstract_state(task, tx, config.seed)
   check_params(params, abstract.params, source)
   params = jax.tree_util.tree_map(lambda x, a: np.asarray(x, a.dtype), dict(params),
                                   abstract.params)
@@ -203,7 +205,7 @@ def read_workdir(workdir: str):
     ConvertError: not a laplax workdir, or no readable checkpoint.
   """
   from laplax.workdir import checkpoint as ckpt_lib  # pylint: disable=import-outside-toplevel
-  from laplax.workdir import load as restore  # pylint: disable=import-outside-toplevel
+  from laplax import loading as restore  # pylint: disable=import-outside-toplevel
   from laplax.workdir.files import CHECKPOINT_DIR  # pylint: disable=import-outside-toplevel
   try:
     config = restore.saved_config(workdir)

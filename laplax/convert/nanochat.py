@@ -28,11 +28,11 @@ count; omitted when there are none, so nanochat's first release loads it).
 
 Files from elsewhere are untrusted: the state dict is read with
 ``torch.load(weights_only=True)``, and ``tokenizer.pkl`` with
-:func:`laplax.data.nanochat_tokenizer.read_tokenizer_pkl`, an unpickler that
+:func:`laplax.data.text.nanochat_tokenizer.read_tokenizer_pkl`, an unpickler that
 admits only what a tiktoken ``Encoding`` is made of and builds an inert
 record of it, so a pickle that asks for anything else is refused in one line
 and runs no code. The tokenizer is the training pipeline's
-:class:`~laplax.data.nanochat_tokenizer.NanochatTokenizer` (the 256 bytes,
+:class:`~laplax.data.text.nanochat_tokenizer.NanochatTokenizer` (the 256 bytes,
 the merges, nanochat's nine special tokens); the workdir keeps it as
 :data:`TOKENIZER_FILE` (laplax's JSON, :meth:`NanochatTokenizer.save`), where
 ``train.py`` and ``eval.py`` read it, and ``--to nanochat`` writes it back
@@ -54,7 +54,7 @@ import numpy as np
 
 from laplax.convert import common
 from laplax.data.errors import DataError
-from laplax.data.nanochat_tokenizer import PICKLE_FILE, TOKENIZER_FILE, NanochatTokenizer
+from laplax.data.text.nanochat_tokenizer import PICKLE_FILE, TOKENIZER_FILE, NanochatTokenizer
 
 ConvertError = common.ConvertError
 TARGET = "nanochat"

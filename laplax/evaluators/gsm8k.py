@@ -38,7 +38,7 @@ def reference_answer(conversation: dict) -> str | None:
   content = message.get("content")
   if message.get("role") != "assistant" or not isinstance(content, list) or not content:
     raise DataError("A GSM8K conversation must end with the assistant's solution as parts "
-                    "(see laplax.data.chat_sources.gsm8k).")
+                    "(see laplax.data.chat.sources.gsm8k).")
   return extract_answer(content[-1]["text"])
 
 

@@ -1,5 +1,5 @@
 """HumanEval: the 164 problems, nanochat's program assembly, and pass@1 of a
-list of completions, each run in :mod:`laplax.sandbox`.
+list of completions, each run in :mod:`laplax.evaluators.sandbox`.
 
     python -m laplax.evaluators.humaneval --samples SAMPLES.jsonl [--problems PATH]
     python -m laplax.evaluators.humaneval --canonical [--problems PATH]
@@ -44,7 +44,7 @@ from collections.abc import Sequence
 
 import tqdm
 
-from laplax import sandbox
+from laplax.evaluators import sandbox
 from laplax.errors import UserError
 
 USAGE_EXIT = 2
@@ -219,7 +219,7 @@ def score_completions(problems: Sequence[dict],
   Raises:
     HumanEvalError: the lengths differ, a problem has no samples, a sample is
       not a string, ``workers`` is not positive.
-    laplax.sandbox.SandboxError: ``timeout`` or ``memory_mb`` not positive.
+    laplax.evaluators.sandbox.SandboxError: ``timeout`` or ``memory_mb`` not positive.
   """
   sandbox.check_limits(timeout, memory_mb)
   if workers is not None and (not isinstance(workers, int) or workers < 1):

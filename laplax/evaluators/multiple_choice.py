@@ -1,9 +1,9 @@
 """ARC-Easy, ARC-Challenge and MMLU as nanochat scores a chat model on them
 (``scripts/chat_eval.py``, ``run_categorical_eval``).
 
-Each question is a conversation from :mod:`laplax.data.chat_sources` (the
-user message :func:`~laplax.data.chat_sources.render_mc`, the assistant's
-the answer letter). Its prompt (:func:`laplax.data.chat.render_for_completion`,
+Each question is a conversation from :mod:`laplax.data.chat.sources` (the
+user message :func:`~laplax.data.chat.sources.render_mc`, the assistant's
+the answer letter). Its prompt (:func:`laplax.data.chat.render.render_for_completion`,
 ending with ``<|assistant_start|>``) goes through the model in batches of
 ``batch_size``, right-padded with ``<|bos|>`` (attention is causal, so the
 padding after a row's last token cannot change its logits); the logits at
@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 import tqdm
 
-from laplax.data.chat import chat_tokens, render_for_completion
+from laplax.data.chat.render import chat_tokens, render_for_completion
 from laplax.data.errors import DataError
 
 _LOGITS_CACHE: dict = {}

@@ -46,7 +46,7 @@ from typing import Any, Callable, ClassVar
 import ml_collections
 import numpy as np
 
-from laplax.analysis import probes
+from laplax.evaluators import probes
 from laplax.config import validation as config_lib
 from laplax.evaluators import dino_segmentation, lm_samples
 from laplax.tasks.base import Task
@@ -90,7 +90,7 @@ class Context:
 
 
 class Evaluator:
-  """One named evaluation of a task's :class:`~laplax.train.state.TrainState`.
+  """One named evaluation of a task's :class:`~laplax.state.TrainState`.
 
   Subclasses set :attr:`name` and :attr:`stages`, may read or check their
   data in :meth:`prepare` (called for every evaluator of a list before any of
@@ -104,6 +104,14 @@ class Evaluator:
   def __init__(self, task: Task):
     self.task = task
     self.config = task.config
+
+  @classmethod
+  def validate(cls, config: ml_collections.ConfigDict) -> None:
+    """Checks the evaluator's own settings in ``config`` (none here).
+
+    Raises:
+      ConfigError: the first bad key, with its fix.
+    """
 
   def prepare(self) -> None:
     """Reads and checks what :meth:`run` needs (nothing here).
@@ -223,7 +231,7 @@ class KNN(Evaluator):
 
 class LinearProbe(Evaluator):
   """``linear_probe``: a multinomial logistic regression on the teacher's
-  class-token features (:func:`laplax.analysis.probes.linear_probe`, seeded
+  class-token features (:func:`laplax.evaluators.probes.linear_probe`, seeded
   with ``config.seed``), fitted on the train split and scored on the eval
   split; ``linear_probe_accuracy`` in [0, 1]."""
   name = "linear_probe"
@@ -296,6 +304,11 @@ class Segmentation(Evaluator):
   name = "segmentation"
   stages = (EVAL,)
 
+  @classmethod
+  def validate(cls, config: ml_collections.ConfigDict) -> None:
+    """The ``eval.segmentation*`` keys (:func:`laplax.evaluators.dino_segmentation.validate`)."""
+    dino_segmentation.validate(config)
+
   def prepare(self) -> None:
     """Reads the segmentation images and masks
     (:func:`laplax.evaluators.dino_segmentation.load_data`).
@@ -335,9 +348,21 @@ EVALUATORS: dict[str, type[Evaluator]] = {e.name: e for e in (
 def names(config: ml_collections.ConfigDict) -> tuple[str, ...]:
   """The evaluator names of ``config.evals`` in order (empty names dropped);
   a run saved before the key existed has it from
-  :func:`laplax.config.schema.complete`
+  :func:`laplax.tasks.schema.complete`
   (:meth:`laplax.tasks.base.TaskBase.saved_evals`)."""
   return config_lib.split_evals(config.evals)
+
+
+def validate(config: ml_collections.ConfigDict) -> None:
+  """Checks the settings of every evaluator ``config.evals`` names
+  (:meth:`Evaluator.validate`); the names themselves are checked with the
+  task's config (:mod:`laplax.config.validation`).
+
+  Raises:
+    ConfigError: the first bad key, with its fix.
+  """
+  for name in names(config):
+    EVALUATORS[name].validate(config)
 
 
 def build(task: Task, stage: str, **extra: Evaluator) -> list[Evaluator]:

@@ -122,7 +122,7 @@ class TaskBase:
   def data_defaults(cls, config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     """The ``data`` section's keys, with their defaults, of the pipeline that
     reads ``config.data.name`` (the table beside the dataset code that
-    :func:`laplax.config.schema.complete` fills a config from); here the base
+    :func:`laplax.tasks.schema.complete` fills a config from); here the base
     config's."""
     del config
     return cls.base_config().data
@@ -131,7 +131,7 @@ class TaskBase:
   def upgrade_saved(cls, config: ml_collections.ConfigDict) -> None:
     """Rewrites, in place, keys that an older laplax named or shaped
     otherwise (a renamed or replaced key), before
-    :func:`laplax.config.schema.complete` fills the missing ones with their
+    :func:`laplax.tasks.schema.complete` fills the missing ones with their
     defaults; ``config`` is unlocked and has ``task``, ``model`` and ``data``.
     Here ``evals``: a run saved before it existed gets :meth:`saved_evals`."""
     if "evals" not in config:

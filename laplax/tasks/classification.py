@@ -15,7 +15,7 @@ import ml_collections
 import numpy as np
 import optax
 
-from laplax.data import images
+from laplax.data.vision import images
 from laplax.models import spec as spec_lib
 from laplax.models.vit import ViT
 from laplax.config import defaults
@@ -77,7 +77,7 @@ class ClassificationTask(TaskBase):
   @classmethod
   def data_defaults(cls, config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     """The image pipeline's keys for dataset ``config.data.name``
-    (:func:`laplax.data.images.default_config`)."""
+    (:func:`laplax.data.vision.images.default_config`)."""
     return images.default_config(config.data.name)
 
   @classmethod

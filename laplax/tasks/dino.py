@@ -20,15 +20,14 @@ import numpy as np
 import optax
 
 from laplax import utils
-from laplax.data import images
+from laplax.data.vision import images
 from laplax.models import dino, spec as spec_lib
 from laplax.models.vit import ViT
 from laplax.config import defaults
 from laplax.config import validation as config_lib
-from laplax.data import multicrop
+from laplax.data.vision import multicrop
 from laplax.data.errors import DataError
-from laplax.evaluators import dino_segmentation
-from laplax.train import optim
+from laplax import optim
 from laplax.tasks import classification
 from laplax.tasks.base import TaskBase
 
@@ -64,17 +63,17 @@ class DINOTask(TaskBase):
   @classmethod
   def data_defaults(cls, config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     """The image pipeline's keys for dataset ``config.data.name``
-    (:func:`laplax.data.images.default_config`) with its multi-crop views
-    (:func:`laplax.data.multicrop.default_multicrop_config`)."""
+    (:func:`laplax.data.vision.images.default_config`) with its multi-crop views
+    (:func:`laplax.data.vision.multicrop.default_multicrop_config`)."""
     data = images.default_config(config.data.name)
     data.multicrop = multicrop.default_multicrop_config(config.data.name)
     return data
 
   @classmethod
   def validate(cls, config: ml_collections.ConfigDict) -> None:
-    """Multi-crop (:func:`laplax.data.multicrop.check_multicrop`), head,
-    temperatures, momenta and the backbone evaluations (k-NN, linear probe,
-    :func:`laplax.evaluators.dino_segmentation.validate`) of a DINO config.
+    """Multi-crop (:func:`laplax.data.vision.multicrop.check_multicrop`), head,
+    temperatures, momenta and the k-NN and PCA settings of a DINO config
+    (the segmentation probe checks its own: :mod:`laplax.evaluators.registry`).
 
     Raises:
       ConfigError: the first bad key, with its fix.
@@ -99,7 +98,6 @@ class DINOTask(TaskBase):
     config_lib.check_int(config, "eval.knn_k", 1)
     config_lib.check_float(config, "eval.knn_temperature", 0.0, open_min=True)
     config_lib.check_int(config, "eval.pca_images", 0)
-    dino_segmentation.validate(config)
 
   @classmethod
   def upgrade_saved(cls, config: ml_collections.ConfigDict) -> None:

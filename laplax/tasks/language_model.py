@@ -86,15 +86,15 @@ class LanguageModelTask(TaskBase):
   def data_limits(self) -> list[tuple]:
     """The batch against the distinct windows of ``model.max_length + 1``
     tokens of the training split; none for FineWeb-Edu, a stream that starts
-    again when it runs out (:func:`laplax.data.fineweb.prepare` checks its
+    again when it runs out (:func:`laplax.data.text.fineweb.prepare` checks its
     shards)."""
     if lm_input.is_fineweb(self.config):
       return []
     if lm_input.is_chat(self.config):  # every conversation read (and checked) before training
-      from laplax.data import chat_mixture  # pylint: disable=import-outside-toplevel
+      from laplax.data.chat import mixture as chat_mixture  # pylint: disable=import-outside-toplevel
       chat_mixture.check(self.config.data, self.tokenizer)
       return []
-    from laplax.data import text  # pylint: disable=import-outside-toplevel
+    from laplax.data.text import corpus as text  # pylint: disable=import-outside-toplevel
     num = len(text.split_tokens(self.config.data, self.tokenizer, "train"))
     return [("the training split", num - int(self.config.model.max_length),
              "distinct windows of model.max_length + 1 tokens", "train", "batch_size",

@@ -18,7 +18,7 @@ import jax
 import numpy as np
 
 from laplax import utils
-from laplax.data import tokenizers
+from laplax.data.text import tokenizers
 from laplax.workdir import checkpoint as ckpt_lib
 from laplax.config import validation as config_lib
 from laplax.workdir.files import CHECKPOINT_DIR

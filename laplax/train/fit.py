@@ -9,9 +9,9 @@ Three checks, each one line (:class:`FitError`, a
   split), DINO's ``eval.knn_k`` above its k-NN bank (the train split) and
   ``eval.pca_images`` above the eval split. An evaluation batch larger than
   its split only pads, so the data pipelines cut it to the split
-  (``laplax.data.images.eval_batches``, ``laplax.data.text.eval_batches``); a
+  (``laplax.data.vision.images.eval_batches``, ``laplax.data.text.corpus.eval_batches``); a
   context longer than a text split is refused where the tokens are counted
-  (``laplax.data.text.prepare``).
+  (``laplax.data.text.corpus.prepare``).
 - :func:`check_memory` (``config.check_memory``, default True), before the
   first step and before anything is written: first a lower bound that needs
   no compilation (the per-device bytes of the parameters and optimizer state

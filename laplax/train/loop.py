@@ -33,9 +33,10 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from laplax import sharding
 from laplax.workdir import checkpoint as ckpt_lib
-from laplax.train.state import TrainState
+from laplax.state import TrainState, abstract_and_shardings, create_state, sharded_abstract_state
 from laplax.config import validation as config_lib
-from laplax.train import finetune, fit, optim
+from laplax.train import finetune, fit
+from laplax import optim
 from laplax import signals
 from laplax import tasks
 from laplax.workdir import lock as lock_lib
@@ -52,72 +53,6 @@ from laplax.workdir.files import (CHECKPOINT_DIR, MetricWriter, check_wandb, che
 
 class NonFiniteError(UserError, RuntimeError):
   """The loss or gradient norm became NaN or infinite."""
-
-
-def abstract_state(task: Task, tx: optax.GradientTransformation, seed: int):
-  """Shapes and dtypes of the TrainState (``jax.ShapeDtypeStruct`` leaves)."""
-  return jax.eval_shape(lambda: init_state(task, tx, seed))
-
-
-def _init(task: Task, tx: optax.GradientTransformation, seed: int):
-  """``(params as task.init returns them, TrainState at step 0)``."""
-  rng = jax.random.PRNGKey(seed)
-  # Inside sharding.context the parameters come boxed with their logical axes.
-  boxed = task.init(jax.random.fold_in(rng, 0))
-  params = sharding.unbox(boxed)
-  return boxed, TrainState(
-      step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
-      rng=jax.random.fold_in(rng, 1),
-      task_state=task.init_task_state(params))
-
-
-def init_state(task: Task, tx: optax.GradientTransformation, seed: int):
-  """The TrainState at step 0: parameters from ``seed``, fresh optimizer state,
-  and the task's initial state (``task.init_task_state(params)``, ``None`` for
-  most tasks)."""
-  return _init(task, tx, seed)[1]
-
-
-def abstract_and_shardings(task: Task, tx: optax.GradientTransformation, seed: int,
-                           mesh: jax.sharding.Mesh, rules):
-  """``(abstract TrainState, its NamedShardings on mesh)`` from one trace of
-  the initialisation (see :func:`state_shardings`)."""
-  with nn.logical_axis_rules(tuple(rules)):
-    boxed, abstract = jax.eval_shape(lambda: _init(task, tx, seed))
-  specs = sharding.param_specs(boxed, mesh, rules)
-  return abstract, sharding.state_shardings(abstract, specs, mesh)
-
-
-def state_shardings(task: Task, tx: optax.GradientTransformation, seed: int,
-                    mesh: jax.sharding.Mesh, rules) -> TrainState:
-  """``NamedSharding`` of every leaf of the TrainState on ``mesh``.
-
-  The parameters' logical axes are read from ``jax.eval_shape`` of the
-  task's ``init`` under the logical axis ``rules`` (boxed leaves), then
-  mapped to mesh axes with FSDP (:func:`laplax.sharding.param_specs`); the
-  optimizer moments and DINO's teacher follow their parameters and the rest
-  is replicated (:func:`laplax.sharding.state_shardings`).
-  """
-  return abstract_and_shardings(task, tx, seed, mesh, rules)[1]
-
-
-def sharded_abstract_state(task: Task, tx: optax.GradientTransformation, seed: int,
-                           shardings: TrainState,
-                           abstract: TrainState | None = None) -> TrainState:
-  """The abstract TrainState whose ``jax.ShapeDtypeStruct`` leaves carry
-  ``shardings``: the restore target of a checkpoint saved on any mesh
-  (``abstract``: :func:`abstract_state`, if already known)."""
-  if abstract is None:
-    abstract = abstract_state(task, tx, seed)
-  return jax.tree_util.tree_map(
-      lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract, shardings)
-
-
-def create_state(task: Task, tx: optax.GradientTransformation, seed: int,
-                 shardings: TrainState) -> TrainState:
-  """:func:`init_state`, created already sharded (a jitted init with
-  ``out_shardings``); call it inside :func:`laplax.sharding.context`."""
-  return jax.jit(lambda: init_state(task, tx, seed), out_shardings=shardings)()
 
 
 def batch_shardings(task: Task, mesh: jax.sharding.Mesh, rules) -> dict:
@@ -162,6 +97,7 @@ def setup(config: ml_collections.ConfigDict, workdir: str | None,
       a batch larger than its split, when ``check``).
   """
   tasks.validate(config, jax.device_count() if check else None, strict_keys=check)
+  registry.validate(config)
   if check:
     check_wandb(config)
   if check and workdir is not None:

@@ -7,5 +7,5 @@
 * :mod:`laplax.workdir.lock`: ``train.lock``, one writer per workdir;
 * :mod:`laplax.workdir.saving`: the one-line error of a write that fails
   (a full disk) and disk-space helpers;
-* :mod:`laplax.workdir.load`: ``laplax.load``, a trained run back in memory.
+* :mod:`laplax.loading`: ``laplax.load``, a trained run back in memory.
 """

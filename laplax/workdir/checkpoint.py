@@ -1,7 +1,7 @@
 """Checkpoints: an orbax CheckpointManager holding the whole state of a run.
 
 Each step directory holds two items: ``state`` (step, parameters, optimizer
-state, RNG key, task state such as DINO's teacher; :class:`~laplax.train.state.TrainState`) and ``data`` (the grain iterator state as
+state, RNG key, task state such as DINO's teacher; :class:`~laplax.state.TrainState`) and ``data`` (the grain iterator state as
 JSON), so a resumed run continues exactly where the saved one stood. Orbax
 writes each step into a temporary directory and renames it when complete, so
 a killed save never replaces the previous checkpoint. With ``verify`` each step
@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterator
 import jax
 import orbax.checkpoint as ocp
 
-from laplax.train.state import TrainState
+from laplax.state import TrainState
 from laplax.workdir import integrity, saving
 from laplax.errors import UserError
 
@@ -142,7 +142,7 @@ def _restore_args(abstract_state: Any, state_dir: str, partial: bool):
 
 
 class Checkpointer:
-  """Saves and restores :class:`~laplax.train.state.TrainState` plus the data iterator state.
+  """Saves and restores :class:`~laplax.state.TrainState` plus the data iterator state.
 
   Args:
     directory: where step directories live (created if missing, unless

@@ -24,7 +24,7 @@ import jax
 import ml_collections
 
 from laplax import utils
-from laplax.config import schema
+from laplax.tasks import schema
 from laplax.config import validation as config_lib
 from laplax import tasks
 from laplax.workdir import saving
@@ -374,9 +374,9 @@ def log_figures(workdir: str, config: ml_collections.ConfigDict, step: int,
 
 def load_saved_config(workdir: str) -> ml_collections.ConfigDict | None:
   """The config saved in ``workdir/config.json``, completed with every key its
-  task reads (:func:`laplax.config.schema.complete`: a run saved before a key
+  task reads (:func:`laplax.tasks.schema.complete`: a run saved before a key
   existed gets its default, or its value in
-  :data:`~laplax.config.schema.OLD_RUN_VALUES`), or ``None`` if there is none.
+  :data:`~laplax.tasks.schema.OLD_RUN_VALUES`), or ``None`` if there is none.
 
   Raises:
     ConfigError: the file is unreadable or not a laplax run's config.

@@ -3,7 +3,7 @@
 A small semantic-segmentation dataset made offline from the Fashion-MNIST IDX
 files (the TFDS manual dir, as for ``fashion_mnist_idx``): each example is a
 56 x 56 canvas holding 2-4 garments pasted at random positions, made by
-:func:`laplax.data.canvases.fashion_canvases` with a fixed seed per
+:func:`laplax.data.vision.canvases.fashion_canvases` with a fixed seed per
 split, the ``train`` canvases from the Fashion-MNIST training images and the
 ``test`` canvases from its test images (so no garment is in both splits).
 
@@ -90,7 +90,7 @@ def make_split(source_dir: str, split: str, num_canvases: int):
   Raises:
     FileNotFoundError, fashion_mnist_idx.IdxFormatError: missing or corrupt files.
   """
-  from laplax.data import canvases as canvas_lib  # pylint: disable=import-outside-toplevel
+  from laplax.data.vision import canvases as canvas_lib  # pylint: disable=import-outside-toplevel
   garments, classes = fmnist.read_split(source_dir, split)
   images, masks = canvas_lib.fashion_canvases(
       garments, classes, num_canvases, canvas_size=CANVAS_SIZE, seed=SEEDS[split])

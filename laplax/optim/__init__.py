@@ -1,5 +1,5 @@
 """The optax optimiser of a config: AdamW (or Muon for the block matrices, or
-nanochat's exact optimiser, :mod:`laplax.train.nanochat_optim`), warm-up +
+nanochat's exact optimiser, :mod:`laplax.optim.nanochat`), warm-up +
 cosine or nanochat's constant + linear warm-down, clipping, decay mask."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import optax
 
 from laplax import utils
 from laplax.models import layers
-from laplax.train import nanochat_optim
+from laplax.optim import nanochat as nanochat_optim
 
 
 OPTIMIZERS = ("adamw", "muon", "nanochat")
@@ -31,13 +31,13 @@ def learning_rate_schedule(optim: ml_collections.ConfigDict,
   ``optim.schedule`` ``"cosine"`` (the default; also when the key is
   missing): linear warm-up from 0 over ``optim.warmup_steps``, then cosine
   decay to ``peak * optim.min_lr_ratio`` at ``total_steps``. ``"warmdown"``:
-  nanochat's :func:`~laplax.train.nanochat_optim.warmdown_schedule`, constant
+  nanochat's :func:`~laplax.optim.nanochat.warmdown_schedule`, constant
   then linear to ``peak * optim.min_lr_ratio`` over the last
   ``optim.warmdown_ratio`` of the steps (after ``optim.warmup_steps`` of
   nanochat's ``(it + 1) / warmup`` ramp). ``"progress"``: ``peak * min(1,
   (it + 1) / N)``, nanochat 3a5e0bc's mid-training rate (its multiplier was
   the fraction of the epoch read, rising from 0 to 1;
-  :mod:`laplax.data.chat_mixture`). ``N`` is ``optim.schedule_steps`` when
+  :mod:`laplax.data.chat.mixture`). ``N`` is ``optim.schedule_steps`` when
   set (nanochat's SFT: ``(1 - it / 651)`` for 650 updates), else
   ``total_steps``.
   """
@@ -157,7 +157,7 @@ def _muon_partition(o: ml_collections.ConfigDict, total_steps: int,
 def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
   """``clip_by_global_norm(optim.grad_clip)`` then AdamW with the schedule above,
   or with ``optim.optimizer="muon"`` the partition of :func:`_muon_partition`,
-  or with ``"nanochat"`` :func:`laplax.train.nanochat_optim.nanochat_partition`.
+  or with ``"nanochat"`` :func:`laplax.optim.nanochat.nanochat_partition`.
 
   Keys read: ``optim.{optimizer, lr, b1, b2, weight_decay,
   weight_decay_end (optional), warmup_steps, min_lr_ratio, grad_clip,

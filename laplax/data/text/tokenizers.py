@@ -1,6 +1,6 @@
 """Tokenizers of the language-model pipeline: UTF-8 bytes, byte-level BPE, or nanochat's.
 
-Typical use (``laplax.data.text.prepare`` does this and re-exports the names)::
+Typical use (``laplax.data.text.corpus.prepare`` does this and re-exports the names)::
 
   tok = tokenizers.make_tokenizer(cfg.data, train_texts)  # byte, or BPE trained on the texts
   ids = tok.encode("To be, or not")        # int32 [n]
@@ -8,7 +8,7 @@ Typical use (``laplax.data.text.prepare`` does this and re-exports the names)::
   tok = tokenizers.load_tokenizer(cfg.data, workdir)  # BPE: WORKDIR/tokenizer.json
 
 ``data.tokenizer="nanochat"`` is nanochat's GPT-4-style BPE with special
-tokens (:mod:`laplax.data.nanochat_tokenizer`, saved as
+tokens (:mod:`laplax.data.text.nanochat_tokenizer`, saved as
 ``WORKDIR/nanochat_tokenizer.json``). All kinds have ``name``, ``vocab_size``, ``token_bytes`` (int32
 [vocab_size], each token's UTF-8 byte length, for bits per byte; 0 for a
 special token, whose loss bits per byte leaves out) and
@@ -28,8 +28,8 @@ import numpy as np
 import tokenizers  # HuggingFace tokenizers (absolute import: not this module)
 
 from laplax.data.errors import DataError
-from laplax.data.nanochat_tokenizer import NanochatTokenizer
-from laplax.data.nanochat_tokenizer import tokenizer_path as nanochat_tokenizer_path
+from laplax.data.text.nanochat_tokenizer import NanochatTokenizer
+from laplax.data.text.nanochat_tokenizer import tokenizer_path as nanochat_tokenizer_path
 from laplax.utils import atomic_write, first_line
 
 TOKENIZERS = ("byte", "bpe", "nanochat")
@@ -256,7 +256,7 @@ def load_tokenizer(data_config: ml_collections.ConfigDict, workdir: str | None) 
     raise DataError(
       f"No {'BPE' if kind == 'bpe' else kind} tokenizer "
       f"{os.path.basename(tokenizer_path('.', kind))} {where}; run "
-      "laplax.data.text.prepare(config.data, workdir) (train.py does) first."
+      "laplax.data.text.corpus.prepare(config.data, workdir) (train.py does) first."
     )
   if kind == "nanochat":
     tokenizer = NanochatTokenizer.from_path(path)

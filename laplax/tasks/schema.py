@@ -12,8 +12,8 @@ A run's config is a ``ml_collections.ConfigDict`` in sections (``optim``,
   the types and ranges);
 * ``data``: the table of the pipeline that reads ``data.name``, beside the
   dataset code (``TASKS[config.task].data_defaults(config)``: for images
-  :func:`laplax.data.images.default_config` and, for DINO,
-  :func:`laplax.data.multicrop.default_multicrop_config`; for text
+  :func:`laplax.data.vision.images.default_config` and, for DINO,
+  :func:`laplax.data.vision.multicrop.default_multicrop_config`; for text
   :func:`laplax.data.lm_input.default_config`, which picks FineWeb-Edu's,
   a chat mixture's or the text corpus's);
 * :data:`OLD_RUN_VALUES`: the value of a key for a config that lacks it, where
@@ -23,7 +23,7 @@ A run's config is a ``ml_collections.ConfigDict`` in sections (``optim``,
 :func:`complete` gives a config every key of its task with these defaults. It
 runs once on each path into the trainer: when a saved ``config.json`` is read
 (:func:`laplax.workdir.files.load_saved_config`: resume, ``eval.py``,
-:func:`laplax.workdir.load.load`, ``init_from``, the converters) and when ``train.py``
+:func:`laplax.loading.load`, ``init_from``, the converters) and when ``train.py``
 builds the user's config (before validation). Code downstream reads every key
 as an attribute (``config.keep_checkpoints``), never as
 ``config.get(key, default)``. The checks of the values are

@@ -18,7 +18,7 @@ document encoded on its own, so BPE never merges across documents). The
 streams are encoded once and cached as ``.npy`` files under
 ``DATA_DIR/laplax_cache/<key>/``, ``<key>`` a hash of the prepared corpus and
 the tokenizer; later runs memory-map them. The tokenizers themselves are in
-:mod:`laplax.data.tokenizers` (their names are re-exported here).
+:mod:`laplax.data.text.tokenizers` (their names are re-exported here).
 
 Training windows are ``seq_len + 1`` consecutive train tokens at offsets
 drawn by :func:`window_offsets` from (seed, global example index): the stream
@@ -46,7 +46,7 @@ from ml_collections import config_dict
 from laplax.data import common
 from laplax.data.builders import text_corpus as corpus
 from laplax.data.errors import DataError, corrupt_prepared
-from laplax.data.tokenizers import (  # All but tokenizer_kind re-exported: text.ByteTokenizer, ...
+from laplax.data.text.tokenizers import (  # All but tokenizer_kind re-exported: text.ByteTokenizer, ...
   TOKENIZER_FILE,
   TOKENIZERS,
   BPETokenizer,
@@ -182,7 +182,7 @@ def _prepared_builder(data_config) -> corpus.TextCorpus:
     raise DataError(
       f"Text corpus {builder.builder_config.name} ({builder.builder_config.source_dir}) "
       f"is not prepared in {common.data_dir(data_config)}; run "
-      "laplax.data.text.prepare(config.data, workdir) (train.py does) first."
+      "laplax.data.text.corpus.prepare(config.data, workdir) (train.py does) first."
     )
   return builder
 
@@ -248,7 +248,7 @@ def split_tokens(
   if not os.path.isfile(os.path.join(directory, _META_FILE)):
     raise DataError(
       f"No {tokenizer.name} token cache of text corpus {builder.builder_config.name} in "
-      f"{directory}; run laplax.data.text.prepare(config.data, workdir) first."
+      f"{directory}; run laplax.data.text.corpus.prepare(config.data, workdir) first."
     )
   return np.load(os.path.join(directory, f"{split}.npy"), mmap_mode="r")
 

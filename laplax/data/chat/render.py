@@ -30,7 +30,7 @@ conversation without its last (assistant) message, rendered and cut the same
 way, then ``<|assistant_start|>``.
 
 The tokenizer must be nanochat's
-(:class:`~laplax.data.nanochat_tokenizer.NanochatTokenizer`, whose last nine
+(:class:`~laplax.data.text.nanochat_tokenizer.NanochatTokenizer`, whose last nine
 ids are the special tokens); any other
 raises :class:`~laplax.data.errors.DataError` from :func:`chat_tokens`.
 """
@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 
 from laplax.data.errors import DataError
-from laplax.data.nanochat_tokenizer import SPECIAL_TOKENS
+from laplax.data.text.nanochat_tokenizer import SPECIAL_TOKENS
 
 MAX_TOKENS = 2048  # nanochat's render_conversation default
 PART_TYPES = ("text", "python", "python_output")

@@ -36,7 +36,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from laplax.data.chat import check_conversation
+from laplax.data.chat.render import check_conversation
 from laplax.data.errors import DataError
 
 SUFFIXES = (".parquet", ".jsonl", ".jsonl.gz")

@@ -1,7 +1,7 @@
-"""The sandboxed interpreter of :mod:`laplax.sandbox`: isolation, limits, the
+"""The sandboxed interpreter of :mod:`laplax.evaluators.sandbox`: isolation, limits, the
 guard, then ``exec`` of the program.
 
-:func:`laplax.sandbox.run_program` starts ``python -I sandbox_child.py
+:func:`laplax.evaluators.sandbox.run_program` starts ``python -I sandbox_child.py
 SETTINGS`` (a JSON object: ``program``, the file to run; ``work``, its
 temporary directory; ``fd``, the pipe to report on; ``timeout`` in seconds;
 ``memory`` in bytes; ``namespaces``, whether to try them). In order:

@@ -6,7 +6,7 @@ later garment covers an earlier one where its pixels are on) or
 :data:`BACKGROUND` (11 classes). Deterministic under the seed. The TFDS
 dataset ``fashion_mosaic`` (:mod:`laplax.data.builders.fashion_mosaic`)
 stores such canvases, and the DINO segmentation probe builds them from a
-run's own Fashion-MNIST images (:mod:`laplax.data.segmentation`).
+run's own Fashion-MNIST images (:mod:`laplax.data.vision.segmentation`).
 """
 
 from __future__ import annotations

@@ -13,10 +13,10 @@ resizes a segmentation mask as :func:`center_crops` resizes its image
 Photometric ops (:func:`adjust_brightness`, :func:`adjust_contrast`,
 :func:`adjust_saturation`, :func:`shift_hue`, :func:`grey`, :func:`blur`,
 :func:`solarize`) work on float32 pixel values in [0, 255], channels first
-[N, C, H, W]; :mod:`laplax.data.multicrop` composes them into DINO's views.
+[N, C, H, W]; :mod:`laplax.data.vision.multicrop` composes them into DINO's views.
 
 Randomness comes from the caller's ``np.random.Generator`` (grain's per-batch
-generator in the pipelines of :mod:`laplax.data.images`).
+generator in the pipelines of :mod:`laplax.data.vision.images`).
 """
 
 from __future__ import annotations

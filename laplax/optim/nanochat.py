@@ -4,7 +4,7 @@ embeddings, its learning-rate and momentum schedules, its gradient clipping.
 The facts are those of nanochat's first release (``karpathy/nanochat``
 3a5e0bc: ``nanochat/muon.py``, ``nanochat/adamw.py``, ``nanochat/gpt.py``'s
 ``setup_optimizers``, ``scripts/base_train.py``), ``optim.optimizer=
-"nanochat"`` (:func:`laplax.train.optim.make_optimizer`):
+"nanochat"`` (:func:`laplax.optim.make_optimizer`):
 
 * :func:`clip_by_global_norm`: ``torch.nn.utils.clip_grad_norm_``, every
   gradient times ``min(1, max_norm / (norm + 1e-6))``.
@@ -182,17 +182,17 @@ def scale_by_adam(b1: float = 0.8, b2: float = 0.95,
 
 def nanochat_partition(o, labels, schedule) -> optax.GradientTransformation:
   """The ``optim.optimizer="nanochat"`` optimizer: ``optax.partition`` over
-  ``labels`` (:func:`laplax.train.optim.param_labels`): Muon at
+  ``labels`` (:func:`laplax.optim.param_labels`): Muon at
   ``optim.muon_lr`` on ``"muon"``, :func:`scale_by_adam` at
   ``optim.embedding_lr`` / ``optim.unembedding_lr`` / ``optim.lr`` on
   ``"embedding"`` / ``"unembedding"`` / ``"adamw"``, each rate shaped by
-  ``schedule(peak)`` (:func:`laplax.train.optim.learning_rate_schedule`:
+  ``schedule(peak)`` (:func:`laplax.optim.learning_rate_schedule`:
   :func:`warmdown_schedule` with ``optim.schedule="warmdown"``);
   :func:`clip_by_global_norm` first when ``optim.grad_clip``.
 
   Keys read: ``optim.{lr, b1, b2, adam_eps, muon_lr, muon_momentum,
   muon_momentum_start, muon_momentum_ramp_steps, embedding_lr, unembedding_lr,
-  grad_clip}`` (a complete config: :func:`laplax.config.schema.complete`).
+  grad_clip}`` (a complete config: :func:`laplax.tasks.schema.complete`).
   """
   def lr(key):
     peak = o[key]

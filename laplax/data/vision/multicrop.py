@@ -3,12 +3,12 @@
 Caron et al. 2021, "Emerging Properties in Self-Supervised Vision
 Transformers" (arXiv:2104.14294), section 3.1 and appendix; the photometric
 recipe is BYOL's (Grill et al. 2020, arXiv:2006.07733, appendix B). Crops
-(:func:`laplax.data.augment.resized_crops` of :func:`~laplax.data.augment.sample_boxes`
+(:func:`laplax.data.vision.augment.resized_crops` of :func:`~laplax.data.vision.augment.sample_boxes`
 boxes) and colour operations are vectorised over all views of one size in a
 batch; only the crop of variable-size images (ImageNet) runs per image.
 
 :func:`check_multicrop` is the one validation of the ``data.multicrop`` keys:
-the pipeline (``laplax.data.images.multicrop_train_dataset``) runs it through
+the pipeline (``laplax.data.vision.images.multicrop_train_dataset``) runs it through
 :func:`multicrop_settings`, and the trainer's config check calls it with the
 model's patch size.
 """
@@ -21,7 +21,7 @@ import math
 import ml_collections
 import numpy as np
 
-from laplax.data import augment
+from laplax.data.vision import augment
 from laplax.data.errors import DataError
 from laplax.models import spec as spec_lib
 
@@ -128,7 +128,7 @@ def check_multicrop(multicrop: ml_collections.ConfigDict, patch_size: int = 1) -
   """
   missing = sorted(set(default_multicrop_config()) - set(multicrop))
   _require(not missing, f"{_KEY} lacks {', '.join(missing)}; start from "
-                        "laplax.data.multicrop.default_multicrop_config()")
+                        "laplax.data.vision.multicrop.default_multicrop_config()")
   num_global = _integer(multicrop, "num_global", 1)
   num_local = _integer(multicrop, "num_local", 0)
   _require(num_global + num_local >= 2,

@@ -39,14 +39,16 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
+from laplax import state as state_lib
 from laplax import sharding
 from laplax.workdir import checkpoint as ckpt_lib
 from laplax.config import validation as config_lib
-from laplax.train import loop, optim
+from laplax.train import loop
+from laplax import optim
 from laplax import tasks
 from laplax.errors import UserError
 from laplax.evaluators import registry
-from laplax.train.state import TrainState
+from laplax.state import TrainState
 from laplax.workdir.files import CHECKPOINT_DIR, CONFIG_FILE, load_saved_config
 
 
@@ -126,7 +128,7 @@ class Loaded:
 
   @property
   def eval_state(self) -> TrainState:
-    """A :class:`~laplax.train.state.TrainState` of what evaluation
+    """A :class:`~laplax.state.TrainState` of what evaluation
     reads (``step``, ``params``, ``task_state``; ``opt_state`` and ``rng``
     ``None``), for the evaluators and the analysis."""
     return TrainState(step=jnp.asarray(self.step, jnp.int32), params=self.params,
@@ -142,7 +144,7 @@ class Loaded:
     Raises:
       LoadError: the step has become unreadable since it was loaded.
     """
-    target = loop.abstract_state(self.shapes_task, optim.make_optimizer(self.config),
+    target = state_lib.abstract_state(self.shapes_task, optim.make_optimizer(self.config),
                                  self.config.seed)
     checkpointer = _checkpointer(self.workdir, self.config)
     state, _ = _read(checkpointer, target, self.step, partial=False)
@@ -331,6 +333,7 @@ def load(workdir: str, step: int | None = None) -> Loaded:
     raise LoadError(f"step {step} is not saved in {workdir}; saved steps: "
                     f"{', '.join(map(str, steps))}")
   tasks.validate(config, None, strict_keys=False)
+  registry.validate(config)
   config.lock()
   built = {}
 

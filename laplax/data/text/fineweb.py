@@ -14,7 +14,7 @@ The source (``data.source_dir``) is a directory of parquet files with a
 (``shard_00000.parquet``, ...). The files are sorted by name; the last is
 the validation split, the others the train split (Karpathy's nanochat,
 ``nanochat/dataset.py`` and ``nanochat/dataloader.py``, first release);
-:mod:`laplax.data.fineweb_shards` lists and reads them.
+:mod:`laplax.data.text.fineweb_shards` lists and reads them.
 
 The packing, per stream (one stream per nanochat rank): the stream reads the
 row groups ``s, s + W, s + 2W, ...`` of each file in order (``W`` =
@@ -59,10 +59,10 @@ import numpy as np
 from ml_collections import config_dict
 
 from laplax.data.errors import DataError
-from laplax.data.fineweb_shards import (DEFAULT_SOURCE_DIR, iter_documents, list_shards,
+from laplax.data.text.fineweb_shards import (DEFAULT_SOURCE_DIR, iter_documents, list_shards,
                                         read_row_group, row_group_counts)
-from laplax.data.nanochat_tokenizer import NanochatTokenizer, training_texts
-from laplax.data.tokenizers import load_tokenizer, tokenizer_kind, tokenizer_path
+from laplax.data.text.nanochat_tokenizer import NanochatTokenizer, training_texts
+from laplax.data.text.tokenizers import load_tokenizer, tokenizer_kind, tokenizer_path
 
 DATASET_NAME = "fineweb_edu"
 
@@ -100,7 +100,7 @@ def default_config() -> ml_collections.ConfigDict:
 
 
 # --------------------------------------------------------------------------
-# The shards (listed and read by laplax.data.fineweb_shards).
+# The shards (listed and read by laplax.data.text.fineweb_shards).
 
 
 def stream_row_groups(paths: Sequence[str], counts: Sequence[int], stream: int,

@@ -1,13 +1,13 @@
 """laplax GPTs in EleutherAI's lm-evaluation-harness (``lm-eval`` on PyPI).
 
-    python -m laplax.evaluators.lm_harness --model laplax \\
+    python -m laplax.cli.lm_harness --model laplax \\
         --model_args workdir=runs/gpt --tasks arc_easy,hellaswag --batch_size 16
 
 runs the harness's own command line (``lm_eval``, every flag of it) with the
 model class :class:`LaplaxLM` registered as ``laplax``. ``lm_eval`` itself
 finds only the models it knows or that are registered in its process (it has
 no plug-in discovery), hence this entry point; from Python,
-``import laplax.evaluators.lm_harness`` registers the class and
+``import laplax.cli.lm_harness`` registers the class and
 ``lm_eval.simple_evaluate(model="laplax", model_args="workdir=W", ...)`` or
 ``simple_evaluate(model=LaplaxLM(workdir=W), ...)`` run it. The harness
 reads local data sets too (a task YAML with ``dataset_path: json`` and
@@ -73,7 +73,7 @@ class LaplaxLM(LM):
     prefix_bos: start every context with ``<|bos|>`` (nanochat's tokenizer).
 
   Raises:
-    laplax.workdir.load.LoadError, DataError, ConfigError: as ``eval.py``
+    laplax.loading.LoadError, DataError, ConfigError: as ``eval.py``
       (no workdir, no checkpoint, not a language model, data that cannot be
       prepared); ValueError: a BOS prefix without a BOS token.
   """
@@ -82,7 +82,7 @@ class LaplaxLM(LM):
                max_gen_toks=DEFAULT_MAX_GEN_TOKS, prefix_bos=False, **unused):
     super().__init__()
     from laplax import tasks  # pylint: disable=import-outside-toplevel
-    from laplax.workdir import load as restore  # pylint: disable=import-outside-toplevel
+    from laplax import loading as restore  # pylint: disable=import-outside-toplevel
     config = restore.saved_config(workdir)
     if not tasks.is_language_model(config):
       raise restore.LoadError(f"{workdir} holds task {config.task!r}; the harness scores "
@@ -193,7 +193,7 @@ def main(argv: Sequence[str] | None = None) -> None:
   laplax workdir (missing, no checkpoint, not a language model, data that
   cannot be prepared) is one error line and exit code 2."""
   from lm_eval.__main__ import cli_evaluate  # pylint: disable=import-outside-toplevel
-  from laplax.evaluators import lm_harness  # pylint: disable=import-outside-toplevel,import-self
+  from laplax.cli import lm_harness  # pylint: disable=import-outside-toplevel,import-self
   lm_harness.register()
   if argv is not None:
     sys.argv = [sys.argv[0], *argv]
@@ -205,5 +205,5 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-  from laplax.evaluators.lm_harness import main as _main  # pylint: disable=import-self
+  from laplax.cli.lm_harness import main as _main  # pylint: disable=import-self
   _main()

@@ -1,6 +1,6 @@
 """Runs one generated Python program in a sandbox, as the HumanEval evaluator does.
 
-    python -m laplax.sandbox FILE [--timeout S] [--memory-mb M]
+    python -m laplax.evaluators.sandbox FILE [--timeout S] [--memory-mb M]
 
 prints one JSON line, ``{"passed": bool, "status": str, "seconds": float,
 "isolation": {...}}``, and exits with 0 when the program passed, 1 when it did
@@ -70,7 +70,7 @@ generated code; it is not a security boundary against an adversary (a
 program can, for instance, write a forged result line to the pipe that
 reports to the caller, or, as root, undo its mounts).
 
-The sandboxed interpreter runs :mod:`laplax.sandbox_child` as a script (it
+The sandboxed interpreter runs :mod:`laplax.evaluators.sandbox_child` as a script (it
 uses only the standard library); this module starts and watches it.
 """
 
@@ -88,9 +88,9 @@ import sys
 import tempfile
 import time
 
-from laplax import sandbox_child
+from laplax.evaluators import sandbox_child
 from laplax.errors import UserError
-from laplax.sandbox_child import NOBODY, NPROC, SandboxRefused, SandboxTimeout  # re-exported
+from laplax.evaluators.sandbox_child import NOBODY, NPROC, SandboxRefused, SandboxTimeout  # re-exported
 
 USAGE_EXIT = 2
 TIMEOUT_S = 5.0  # nanochat's execute_code default
@@ -291,12 +291,12 @@ class _Parser(argparse.ArgumentParser):
 
 
 def main(argv: list[str] | None = None) -> int:
-  """``python -m laplax.sandbox FILE [--timeout S] [--memory-mb M]``.
+  """``python -m laplax.evaluators.sandbox FILE [--timeout S] [--memory-mb M]``.
 
   Prints the :class:`Result` as one JSON line. Returns 0 (passed), 1 (not
   passed) or 2 (bad input: one line on standard error, nothing run).
   """
-  parser = _Parser(prog="python -m laplax.sandbox",
+  parser = _Parser(prog="python -m laplax.evaluators.sandbox",
                    description="Run a Python program in laplax's sandbox.")
   parser.add_argument("file", help="the program to run")
   parser.add_argument("--timeout", type=float, default=TIMEOUT_S,

@@ -1,13 +1,13 @@
 """The input of nanochat's chat stages: mid-training and SFT (supervised fine-tuning).
 
 Both read their conversations from local files in the published formats
-(:mod:`laplax.data.chat_sources`) under one directory, ``data.source_dir``,
+(:mod:`laplax.data.chat.sources`) under one directory, ``data.source_dir``,
 laid out as the Hugging Face repositories are (:data:`SOURCES`), and follow
 Karpathy's nanochat (first release, ``scripts/mid_train.py``,
 ``scripts/chat_sft.py``, ``tasks/common.py``):
 
 * **the mixture** (:func:`mixture`): each data set in the order of
-  ``shuffle(seed=42)`` (:func:`~laplax.data.chat_sources.shuffled`), cut to
+  ``shuffle(seed=42)`` (:func:`~laplax.data.chat.sources.shuffled`), cut to
   its first ``stop`` conversations where nanochat cuts it, then the list of
   every ``(data set, index)`` pair shuffled by Python's
   ``random.Random(42).shuffle`` (nanochat's ``TaskMixture``). Mid-training
@@ -20,7 +20,7 @@ Karpathy's nanochat (first release, ``scripts/mid_train.py``,
   packs documents, with **no loss mask**. Stream ``s`` of ``W``
   (``data.streams``, nanochat's ranks) renders the mixture's conversations
   ``s, s + W, s + 2W, ...`` (modulo its length: the stream goes round again
-  as nanochat's cursor does) with :func:`~laplax.data.chat.render_conversation`
+  as nanochat's cursor does) with :func:`~laplax.data.chat.render.render_conversation`
   (cut to ``data.max_conversation_tokens``, nanochat's 2048) into one
   first-in-first-out token stream; a pop takes ``R T + 1`` tokens (``R`` =
   ``data.pop_rows``, default ``B / W``) and row ``i`` is tokens ``i T .. i T
@@ -76,10 +76,11 @@ import numpy as np
 from ml_collections import config_dict
 
 from laplax import utils
-from laplax.data import chat_sources, fineweb
-from laplax.data.chat import MAX_TOKENS, chat_tokens, render_conversation
+from laplax.data.chat import sources as chat_sources
+from laplax.data.text import fineweb
+from laplax.data.chat.render import MAX_TOKENS, chat_tokens, render_conversation
 from laplax.data.errors import DataError
-from laplax.data.tokenizers import load_tokenizer, tokenizer_kind
+from laplax.data.text.tokenizers import load_tokenizer, tokenizer_kind
 
 MID, SFT = "chat_mid", "chat_sft"
 #: ``data.name`` of the two chat stages.
@@ -92,7 +93,7 @@ DEFAULT_SOURCE_DIR = os.path.join(os.environ.get("LAPLAX_DATA", "~/.cache/laplax
 @dataclasses.dataclass(frozen=True)
 class Source:
   """One published data set: ``subsets`` (directory names tried in turn by
-  :func:`~laplax.data.chat_sources.find_split`), the example ``layout`` shown
+  :func:`~laplax.data.chat.sources.find_split`), the example ``layout`` shown
   in errors, and the reader (files -> conversations)."""
   subsets: tuple[str, ...]
   layout: str
@@ -183,7 +184,7 @@ def mixture(data_config, split: str) -> list[dict]:
 
   Raises:
     DataError: see :func:`split_files` and the readers of
-      :mod:`~laplax.data.chat_sources`; an empty mixture.
+      :mod:`~laplax.data.chat.sources`; an empty mixture.
   """
   parts = []
   for source, part, stop in MIXTURES[(data_config.name, split)]:
@@ -253,7 +254,7 @@ def render_limit(data_config, seq_len: int) -> int:
 
 class ConversationStream(fineweb.TokenStream):
   """Stream ``stream`` of ``streams`` of the conversations: their rendered
-  ids, first in first out (mid-training; :class:`laplax.data.fineweb.TokenStream`'s
+  ids, first in first out (mid-training; :class:`laplax.data.text.fineweb.TokenStream`'s
   ``take`` and ``pop_rows`` over conversations instead of row groups).
 
   Attributes:
@@ -436,7 +437,7 @@ def epoch_steps(data_config, tokenizer, *, batch_size: int, seq_len: int) -> int
 
 
 def main(argv: list[str] | None = None) -> int:
-  """``python -m laplax.data.chat_mixture --workdir W [--config FILE.py]
+  """``python -m laplax.data.chat.mixture --workdir W [--config FILE.py]
   [--source_dir DIR]``: the conversations of the mid-training mixture and the
   steps of one epoch (:func:`epoch_steps`) at the config's batch and
   context, with the tokenizer of workdir ``W`` (the pretrained run)."""

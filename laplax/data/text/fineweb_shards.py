@@ -5,8 +5,8 @@ directory of parquet files with a ``text`` column, FineWeb-Edu's shards as
 nanochat publishes them (``shard_00000.parquet``, ...), sorted by name: the
 last is the validation split, the others the train split (Karpathy's
 nanochat, ``nanochat/dataset.py``). Each file is read row group by row group
-(pyarrow). :mod:`laplax.data.fineweb` packs these documents into token
-streams; ``python -m laplax.data.nanochat_tokenizer`` trains its tokenizer
+(pyarrow). :mod:`laplax.data.text.fineweb` packs these documents into token
+streams; ``python -m laplax.data.text.nanochat_tokenizer`` trains its tokenizer
 on them. Every unreadable file or directory raises
 :class:`~laplax.data.errors.DataError` (one line).
 """

@@ -13,7 +13,7 @@ centres. The data comes from one of four sources
   ``data.train_split`` and ``data.eval_split``; mask values are classes
   (0 background), ``label.num_classes + 1`` of them.
 * ``fashion_canvases``, for a run on Fashion-MNIST: canvases of 2-4 garments
-  (:func:`laplax.data.canvases.fashion_canvases`, seeds
+  (:func:`laplax.data.vision.canvases.fashion_canvases`, seeds
   ``fashion_mosaic.SEEDS``) whose garments come from the first
   ``CANVAS_POOL * n`` images of the run's own ``data.train_split`` /
   ``data.eval_split``; 11 classes. The canvases are built at 56 px, twice the
@@ -22,7 +22,7 @@ centres. The data comes from one of four sources
   their training scale).
 * ``ade20k``: the 150-class scene-parsing benchmark as published
   (ADEChallengeData2016) in the local directory
-  ``config.eval.segmentation_dir``, read by :mod:`laplax.data.ade20k`: the
+  ``config.eval.segmentation_dir``, read by :mod:`laplax.data.vision.ade20k`: the
   first images of ``training`` and ``validation``; 150 classes, 0 ignored.
   This is the benchmark of the "ADE20K linear mIoU" of the DINO/DINOv2
   literature and of the Laplacian-heads paper.
@@ -55,7 +55,11 @@ from typing import NamedTuple
 import ml_collections
 import numpy as np
 
-from laplax.data import ade20k, augment, images
+from laplax.data.vision import ade20k
+
+from laplax.data.vision import augment
+
+from laplax.data.vision import images
 from laplax.data.builders import fashion_mosaic
 from laplax.data.errors import DataError
 
@@ -159,7 +163,7 @@ def _own_split(data_config, split: str, num: int):
 
 def _canvas_split(data_config, split: str, num: int, seed: int):
   """``num`` canvases (uint8 ``[56, 56, 1]`` list, int32 masks) from ``split``'s garments."""
-  from laplax.data import canvases as canvas_lib  # pylint: disable=import-outside-toplevel
+  from laplax.data.vision import canvases as canvas_lib  # pylint: disable=import-outside-toplevel
   source = images._open(data_config, split)  # pylint: disable=protected-access
   pool = source.__getitems__(list(range(min(len(source), CANVAS_POOL * max(num, 1)))))
   garments = np.stack([np.asarray(e["image"]) for e in pool])
@@ -198,7 +202,7 @@ def read_scene_parse150(data_dir: str, split: str, num_images: int, image_size: 
   Returns:
     ``(images, masks)``: uint8 ``[N, S, S, 3]`` (the central square of each
     image, bilinear, rounded) and int32 ``[N, S, S]`` (:func:`scene_parse150_mask`
-    of the annotation, :func:`~laplax.data.augment.square_nearest`).
+    of the annotation, :func:`~laplax.data.vision.augment.square_nearest`).
 
   Raises:
     DataError: not prepared in ``data_dir``, unreadable, or no image decoder.
@@ -236,7 +240,7 @@ def load(data_config: ml_collections.ConfigDict, source: str, *, num_train: int,
     DataError: a dataset not prepared or unreadable, too few images, or
       images whose channels are not ``channels``.
   """
-  if source == ADE20K:  # a grey backbone gets the luma (see laplax.data.ade20k)
+  if source == ADE20K:  # a grey backbone gets the luma (see laplax.data.vision.ade20k)
     parts = [ade20k.read_split(directory, split, n, image_size, channels)
              for split, n in zip(ade20k.SPLITS, (num_train, num_test))]
     name, num_classes = ADE20K, ade20k.NUM_CLASSES

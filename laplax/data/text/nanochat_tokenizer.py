@@ -28,7 +28,7 @@ Files: laplax keeps the tokenizer as ``WORKDIR/nanochat_tokenizer.json``
 (:meth:`NanochatTokenizer.save`). nanochat keeps it as ``tokenizer.pkl``, a
 pickled ``tiktoken.Encoding``; :func:`read_tokenizer_pkl` reads that with an
 unpickler that admits nothing but the encoding's plain data, so a pickle
-that tries to run code is refused. ``python -m laplax.data.nanochat_tokenizer``
+that tries to run code is refused. ``python -m laplax.data.text.nanochat_tokenizer``
 trains one on a directory of parquet shards (see :func:`main`).
 """
 
@@ -274,7 +274,7 @@ def read_tokenizer_pkl(path: str) -> tiktoken.Encoding:
       naming the file and saying how to export the tokenizer instead).
   """
   fix = ("export a copy you trust as laplax's nanochat_tokenizer.json (docs/language-models.md, "
-         "\"nanochat's d20\") or train one with `python -m laplax.data.nanochat_tokenizer`")
+         "\"nanochat's d20\") or train one with `python -m laplax.data.text.nanochat_tokenizer`")
   try:
     with open(path, "rb") as f:
       loaded = _TiktokenUnpickler(io.BytesIO(f.read())).load()
@@ -320,7 +320,7 @@ def training_texts(documents: Iterable[str], max_chars: int, doc_cap: int = 10_0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-  """``python -m laplax.data.nanochat_tokenizer --source_dir DIR --out OUT``.
+  """``python -m laplax.data.text.nanochat_tokenizer --source_dir DIR --out OUT``.
 
   Trains nanochat's tokenizer on the train shards of ``DIR`` (sorted
   ``*.parquet``, all but the last, in row-group order) and writes
@@ -332,9 +332,9 @@ def main(argv: Sequence[str] | None = None) -> int:
   import argparse  # pylint: disable=import-outside-toplevel
   import sys  # pylint: disable=import-outside-toplevel
 
-  from laplax.data import fineweb_shards  # pylint: disable=import-outside-toplevel
+  from laplax.data.text import fineweb_shards  # pylint: disable=import-outside-toplevel
 
-  parser = argparse.ArgumentParser(prog="python -m laplax.data.nanochat_tokenizer",
+  parser = argparse.ArgumentParser(prog="python -m laplax.data.text.nanochat_tokenizer",
                                    description=main.__doc__.split("\n\n")[1])
   parser.add_argument("--source_dir", required=True, help="directory of *.parquet shards")
   parser.add_argument("--out", required=True, help="output directory")

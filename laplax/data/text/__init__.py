@@ -1,0 +1,1 @@
+"""laplax/data/text"""

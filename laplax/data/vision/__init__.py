@@ -1,0 +1,1 @@
+"""laplax/data/vision"""
