@@ -1,48 +1,47 @@
-"""The sandboxed interpreter of :mod:`laplax.evaluators.sandbox`: isolation, limits, the
-guard, then ``exec`` of the program.
+"""The trusted runner inside each sandbox of :mod:`laplax.evaluators.sandbox`.
 
-:func:`laplax.evaluators.sandbox.run_program` starts ``python -I sandbox_child.py
-SETTINGS`` (a JSON object: ``program``, the file to run; ``work``, its
-temporary directory; ``fd``, the pipe to report on; ``timeout`` in seconds;
-``memory`` in bytes; ``namespaces``, whether to try them). In order:
+:mod:`laplax.evaluators.sandbox` hands this file to the sandboxed interpreter
+(``python -I -S -B RUNNER SETTINGS``, SETTINGS a JSON object) as a read-only
+file; it uses only the standard library and never imports laplax (the
+checkout is not inside the sandbox). It has two roles:
 
-1. count the processes of the user the program will run as (``RLIMIT_NPROC``
-   counts them), before a namespace hides them;
-2. enter new network and PID namespaces (``unshare(2)``), as root or in a new
-   user namespace; with the PID namespace, fork: the child is its first
-   process and runs the program, this process waits and reports its exit;
-3. as root, switch to ``nobody`` if ``nobody`` can read this interpreter's
-   installation; set the memory, core-file, file-size and process limits;
-4. disable the destructive calls and confine writes to ``work`` (the guard);
-5. report ``{"isolation": ...}``, ``exec`` the program under an interval
-   timer, report ``{"status": ...}`` and ``os._exit(0)``.
+* ``"program"``: runs the untrusted program (``exec(source, {})``, as
+  nanochat does), then serves calls to its functions: each request on the
+  ``in`` descriptor is one JSON line ``{"name", "args", "kwargs"}`` of plain
+  data (:func:`encode`), each answer one line ``{"value": ...}`` or
+  ``{"raise": TYPE, "message": ...}``. Everything this role writes is the
+  program's word: the program shares this interpreter and can replace any of
+  it, so the caller only relays these lines, as data, to the checker.
+* ``"check"``: the trusted side of a HumanEval test: runs the problem's
+  prompt and test (dataset code, never the program's) and
+  ``check(candidate)``, where ``candidate`` sends each call to the program
+  and rebuilds its answer with :func:`decode`, which yields builtin values
+  only (``None``, ``bool``, ``int``, ``float``, ``complex``, ``str``,
+  ``bytes``, and ``list``/``tuple``/``dict``/``set``/``frozenset`` of them).
+  The verdict is this process's last line, ``{"status": "passed"}`` or
+  ``{"status": "error: TYPE: MESSAGE"}``.
 
-This file uses only the standard library and is run by path, never imported
-from the program's interpreter as part of laplax (``-I`` keeps the working
-directory and ``PYTHONPATH`` off ``sys.path``). The guard's lists follow
-``reliability_guard`` of nanochat's ``nanochat/execution.py`` (from OpenAI's
-``human_eval/execution.py``) and add to it.
+Both roles first set the resource limits (address space, data, stack, file
+size, open files, no core files, ``RLIMIT_NPROC``), close every descriptor
+but their two channels and point standard input, output and error at
+``/dev/null``; the program role also applies nanochat's reliability guard
+(``reliability_guard`` of ``nanochat/execution.py``, from OpenAI's
+``human_eval/execution.py``) so that programs behave as they do there. The
+guard is no security boundary (the kernel's namespaces are, see
+:mod:`laplax.evaluators.sandbox`); it keeps scoring the same with and
+without ``--unsafe_no_sandbox``.
 """
 
 from __future__ import annotations
 
-import ctypes
+import builtins
 import errno
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 
-FILE_SIZE_MB = 64  # RLIMIT_FSIZE: no file the program writes grows past this
-NPROC = 64  # processes the program may add (RLIMIT_NPROC)
-NOBODY = 65534  # the uid and gid a root caller's program runs as
-_CLONE_NEWNET, _CLONE_NEWPID, _CLONE_NEWUSER = 0x40000000, 0x20000000, 0x10000000
-_CLONE_NEWNS = 0x00020000
-_MS_BIND, _MS_REC, _MS_PRIVATE = 4096, 16384, 1 << 18
-# mount_setattr(2): the same number on every architecture (Linux 5.12+).
-_SYS_MOUNT_SETATTR, _AT_FDCWD, _AT_RECURSIVE, _MOUNT_ATTR_RDONLY = 442, -100, 0x8000, 1
 # Names disabled by nanochat's reliability_guard (os, shutil, subprocess) ...
 _NANOCHAT_OS = (
     "kill", "system", "putenv", "remove", "removedirs", "rmdir", "fchdir", "setuid",
@@ -51,8 +50,7 @@ _NANOCHAT_OS = (
     "getcwd", "chdir")
 _NANOCHAT_SHUTIL = ("rmtree", "move", "chown")
 _NANOCHAT_MODULES = ("ipdb", "joblib", "resource", "psutil", "tkinter")
-# ... and what laplax adds: every other way to start a program or leave the
-# process group, and the Python-level socket.
+# ... and the other ways to start a program or leave the process group.
 _MORE_OS = (
     "execl", "execle", "execlp", "execlpe", "execv", "execve", "execvp", "execvpe",
     "spawnl", "spawnle", "spawnlp", "spawnlpe", "spawnv", "spawnve", "spawnvp",
@@ -61,262 +59,227 @@ _MORE_OS = (
     "pidfd_open")
 # Disabled calls that a module being imported may still make (harmless ones).
 _IMPORT_TIME_OK = ("getcwd", "putenv")
-# Calls that create or modify a path: refused outside the temporary directory.
+# Calls that create or modify a path: refused outside the work directory.
 _PATH_WRITERS = ("mkdir", "symlink", "link", "mkfifo", "mknod", "utime")
 _OPEN_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+MAX_DEPTH = 100  # nesting of a plain-data value
+MAX_LINE = 1 << 20  # the longest line a checker reads (the caller cuts longer ones)
+_PLAIN = (type(None), bool, int, float, str)
 
 
 class SandboxRefused(TypeError):
-  """A call the sandbox disables (a ``TypeError``, like calling the ``None``
+  """A call the guard disables (a ``TypeError``, like calling the ``None``
   that nanochat's ``reliability_guard`` leaves in its place)."""
 
 
-class SandboxTimeout(Exception):
-  """Raised in the program when its time limit passes (nanochat's
-  ``TimeoutException``: an ``Exception``, so ``except Exception`` catches it
-  and the kill 1 s later is what stops such a program)."""
+class NotPlainData(TypeError):
+  """A value that is not plain builtin data (see :func:`encode`)."""
 
 
-def _unshare(flags: int) -> None:
-  """``unshare(2)``: ``os.unshare`` on Python 3.12+, the C library before."""
-  if hasattr(os, "unshare"):
-    os.unshare(flags)
-    return
-  libc = ctypes.CDLL(None, use_errno=True)
-  if libc.unshare(ctypes.c_int(flags)) != 0:
-    code = ctypes.get_errno()
-    raise OSError(code, os.strerror(code))
+def encode(value, depth: int = 0):
+  """``value`` as JSON-ready data: ``None``, ``bool``, ``int``, ``float``,
+  ``str`` and ``list`` as themselves, the other builtin containers and
+  scalars tagged (``{"tuple": [...]}``, ``{"set": [...]}``,
+  ``{"frozenset": [...]}``, ``{"dict": [[key, value], ...]}``,
+  ``{"bytes": HEX}``, ``{"complex": [re, im]}``). Exact types only: a
+  subclass (an ``int`` whose ``__eq__`` is always true) raises
+  :class:`NotPlainData`, as does nesting deeper than :data:`MAX_DEPTH`."""
+  kind = type(value)
+  if depth > MAX_DEPTH:
+    raise NotPlainData(f"a value nested deeper than {MAX_DEPTH}")
+  if kind in _PLAIN:
+    return value
+  if kind is list:
+    return [encode(v, depth + 1) for v in value]
+  if kind in (tuple, set, frozenset):
+    return {kind.__name__: [encode(v, depth + 1) for v in value]}
+  if kind is dict:
+    return {"dict": [[encode(k, depth + 1), encode(v, depth + 1)] for k, v in value.items()]}
+  if kind is bytes:
+    return {"bytes": value.hex()}
+  if kind is complex:
+    return {"complex": [value.real, value.imag]}
+  raise NotPlainData(f"a value of type {kind.__name__} is not plain data "
+                     f"(builtin numbers, strings, bytes and containers of them)")
 
 
-def _namespaces(isolation: dict, allowed: bool) -> bool:
-  """Enters new network and PID namespaces where the kernel allows (as root, or
-  else in a new user namespace). Returns whether they were made (the next
-  fork is then the PID namespace's first process); if not, says why in
-  ``isolation`` (``network``, ``processes``, ``files``)."""
-  attempts = [_CLONE_NEWNET | _CLONE_NEWPID] if allowed else []
-  if allowed and os.geteuid() != 0:
-    attempts.append(_CLONE_NEWUSER | _CLONE_NEWNET | _CLONE_NEWPID)
-  error = "turned off"
-  for flags in attempts:
-    try:
-      _unshare(flags)
-    except (OSError, AttributeError) as e:
-      error = f"unshare: {getattr(e, 'strerror', None) or e}"
-      continue
-    isolation["network"] = "namespace"
-    isolation["processes"] = "pid namespace"
-    return True
-  isolation["network"] = f"none ({error})"
-  isolation["processes"] = "process group"
-  isolation["files"] = f"none ({error})"
-  return False
+def decode(data, depth: int = 0):
+  """The builtin value that :func:`encode` made ``data`` from; anything else
+  (an unknown tag, a malformed container) raises :class:`NotPlainData`. The
+  result holds builtin objects only, whatever ``data`` is."""
+  kind = type(data)
+  if depth > MAX_DEPTH:
+    raise NotPlainData(f"a value nested deeper than {MAX_DEPTH}")
+  if kind in _PLAIN:
+    return data
+  if kind is list:
+    return [decode(v, depth + 1) for v in data]
+  if kind is dict and len(data) == 1:
+    (tag, body), = data.items()
+    if tag in ("tuple", "set", "frozenset") and type(body) is list:
+      items = [decode(v, depth + 1) for v in body]
+      return {"tuple": tuple, "set": set, "frozenset": frozenset}[tag](items)
+    if tag == "dict" and type(body) is list and all(
+        type(p) is list and len(p) == 2 for p in body):
+      return {decode(k, depth + 1): decode(v, depth + 1) for k, v in body}
+    if tag == "bytes" and type(body) is str:
+      return bytes.fromhex(body)
+    if (tag == "complex" and type(body) is list and len(body) == 2
+        and all(type(x) in (int, float) for x in body)):
+      return complex(body[0], body[1])
+  raise NotPlainData("malformed plain data")
 
 
-def _read_only_files(isolation: dict, work: str) -> None:
-  """In a new mount namespace, makes every mount read-only but ``work``.
-
-  Steps: ``unshare(CLONE_NEWNS)``; every mount private (so that nothing
-  propagates back to the caller's namespace); ``work`` bind-mounted on
-  itself; ``mount_setattr(2)`` (Linux 5.12+) sets ``MOUNT_ATTR_RDONLY`` on
-  the whole tree, then clears it on ``work``. Any step failing leaves the
-  files as they were (the guard still confines writes) and says why in
-  ``isolation["files"]``.
-  """
-  libc = ctypes.CDLL(None, use_errno=True)
-  libc.mount.argtypes = (ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p,
-                         ctypes.c_ulong, ctypes.c_void_p)
-  libc.syscall.restype = ctypes.c_long
-  attributes = (ctypes.c_uint64 * 4)()  # struct mount_attr: set, clr, propagation, userns_fd
-
-  def setattr_(path: str, flags: int, set_: int, clear: int) -> int:
-    attributes[0], attributes[1] = set_, clear
-    return libc.syscall(ctypes.c_long(_SYS_MOUNT_SETATTR), ctypes.c_int(_AT_FDCWD),
-                        path.encode(), ctypes.c_uint(flags), attributes,
-                        ctypes.c_size_t(ctypes.sizeof(attributes)))
-
-  try:
-    _unshare(_CLONE_NEWNS)
-  except OSError as e:
-    isolation["files"] = f"none (unshare: {e.strerror})"
-    return
-  steps = (
-      ("private mounts", lambda: libc.mount(None, b"/", None, _MS_REC | _MS_PRIVATE, None)),
-      ("bind", lambda: libc.mount(work.encode(), work.encode(), None, _MS_BIND, None)),
-      ("read-only", lambda: setattr_("/", _AT_RECURSIVE, _MOUNT_ATTR_RDONLY, 0)),
-      ("writable work", lambda: setattr_(work, 0, 0, _MOUNT_ATTR_RDONLY)),
-  )
-  for name, step in steps:
-    if step() != 0:
-      code = ctypes.get_errno()
-      isolation["files"] = f"none ({name}: {os.strerror(code) if code else 'failed'})"
-      return
-  os.chdir(work)  # onto the writable bind mount (the old cwd is beneath it)
-  isolation["files"] = "read-only but the temporary directory"
-
-
-def _program_user(isolation: dict) -> tuple[int | None, int | None]:
-  """Who the program will run as: ``(uid to switch to or None, that user's
-  thread count now)``, counted before any namespace hides other processes.
-
-  Root switches to ``nobody`` when ``nobody`` can read the interpreter's
-  installation (a program imports from it); the count is ``None`` for root,
-  whom ``RLIMIT_NPROC`` never binds.
-  """
-  if os.geteuid() != 0:
-    isolation["user"] = f"uid {os.getuid()} (not root: the caller's own user)"
-    return None, _tasks_of(os.getuid())
-  unreadable = _unreadable_by_others()
-  if unreadable:
-    isolation["user"] = f"root (nobody cannot read {unreadable})"
-    return None, None
-  return NOBODY, _tasks_of(NOBODY)
-
-
-def _user_and_limits(isolation: dict, memory: int, uid: int | None,
-                     tasks: int | None) -> None:
-  """Switches to ``uid`` (no groups) if given, then sets the limits (memory,
-  core files, file size, and ``RLIMIT_NPROC`` at ``tasks + NPROC``)."""
-  import resource  # not at module level: the guard hides this module from the program
-  if uid is not None:
-    try:
-      os.setgroups([])
-      os.setgid(uid)
-      os.setuid(uid)
-      isolation["user"] = "nobody"
-    except OSError as e:
-      isolation["user"] = f"root (setuid: {e.strerror})"
-      tasks = None
-  limits = {"RLIMIT_AS": memory, "RLIMIT_DATA": memory, "RLIMIT_STACK": memory,
-            "RLIMIT_CORE": 0, "RLIMIT_FSIZE": FILE_SIZE_MB << 20}
-  refused = []
+def _limits(settings: dict) -> None:
+  """Sets the resource limits of this process and all it starts."""
+  import resource  # pylint: disable=import-outside-toplevel  (the guard hides it)
+  memory = settings["memory"]
+  limits = {"RLIMIT_AS": memory, "RLIMIT_DATA": memory, "RLIMIT_STACK": min(memory, 64 << 20),
+            "RLIMIT_CORE": 0, "RLIMIT_FSIZE": settings["fsize"],
+            "RLIMIT_NOFILE": settings["nofile"], "RLIMIT_NPROC": settings["nproc"]}
   for name, value in limits.items():
-    try:
-      resource.setrlimit(getattr(resource, name), (value, value))
-    except (ValueError, OSError):  # macOS refuses RLIMIT_AS (nanochat skips it there)
-      refused.append(name)
-  isolation["memory"] = (f"{memory >> 20} MiB" if not refused else
-                         f"{memory >> 20} MiB but not {', '.join(refused)} "
-                         f"(setrlimit refused)")
-  if tasks is None:
-    isolation["nproc"] = "none (root is exempt)"
-    return
-  nproc = NPROC + tasks
-  _, hard = resource.getrlimit(resource.RLIMIT_NPROC)
-  if hard != resource.RLIM_INFINITY:
-    nproc = min(nproc, hard)
-  resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
-  isolation["nproc"] = nproc
+    resource.setrlimit(getattr(resource, name), (value, value))
 
 
-def _unreadable_by_others() -> str | None:
-  """The first directory of this interpreter's installation (standard library,
-  extension modules, site-packages) that another user cannot read, or None.
-
-  A program run as ``nobody`` imports from these; an installation in a
-  private home directory (a pyenv under root's home, say) keeps the program root.
-  """
-  import sysconfig
-  paths = sysconfig.get_paths()
-  for key in ("stdlib", "platstdlib", "purelib", "platlib"):
-    directory = paths.get(key)
-    if not directory or not os.path.isdir(directory):
-      continue
-    parts = os.path.realpath(directory).split("/")
-    for i in range(2, len(parts) + 1):
-      path = "/".join(parts[:i])
-      mode = os.stat(path).st_mode
-      if not mode & 0o001 or (i == len(parts) and not mode & 0o004):
-        return path
-  return None
-
-
-def _tasks_of(uid: int) -> int:
-  """Threads the user ``uid`` runs now (what ``RLIMIT_NPROC`` counts)."""
-  count = 0
-  for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
-    if entry.isdigit():
+def _channels(settings: dict) -> tuple[int, int]:
+  """Closes every descriptor but the two channels and points 0, 1 and 2 at
+  ``/dev/null``; returns ``(in, out)``."""
+  keep = {settings["in"], settings["out"]}
+  for name in os.listdir("/proc/self/fd") if os.path.isdir("/proc/self/fd") else ():
+    fd = int(name)
+    if fd > 2 and fd not in keep:
       try:
-        if os.stat(f"/proc/{entry}").st_uid == uid:
-          count += len(os.listdir(f"/proc/{entry}/task"))
+        os.close(fd)
       except OSError:
-        continue
-  return count
+        pass
+  null = os.open("/dev/null", os.O_RDWR)
+  for fd in (0, 1, 2):
+    os.dup2(null, fd)
+  os.close(null)
+  return settings["in"], settings["out"]
 
 
-def main(settings: dict) -> None:
-  """The sandboxed interpreter: isolate, limit, guard, then run the program.
-
-  Reports on ``settings["fd"]`` one JSON line when ready (``isolation``) and
-  one with the ``status`` (``"sandbox: ..."`` if the set-up itself failed);
-  in a PID namespace the waiting first process adds ``{"exit": code}``
-  (negative: the signal) of the program process.
-  """
-  fd, isolation = settings["fd"], {}
-  write, exit_now, dumps = os.write, os._exit, json.dumps  # before the program can swap them
-
-  def report(message: dict) -> None:
-    write(fd, (dumps(message) + "\n").encode())
-
-  try:
-    source = _prepare(settings, isolation, report)
-  except BaseException as e:  # pylint: disable=broad-except
-    report({"status": "sandbox: " + _one_line(e)})
-    exit_now(1)
-  report({"isolation": isolation})
-  status = _execute(source, settings["timeout"])
-  try:
-    report({"status": status})
-  finally:
-    exit_now(0)  # no atexit handlers or finalizers of the program
-
-
-def _prepare(settings: dict, isolation: dict, report) -> str:
-  """Steps 1-4 of the module docstring; returns the program's source. In a
-  PID namespace the first process waits for the program process here and
-  exits (it never returns)."""
-  with open(settings["program"], encoding="utf-8") as f:
-    source = f.read()
-  work = os.path.realpath(settings["work"])
-  uid, tasks = _program_user(isolation)
-  if _namespaces(isolation, settings["namespaces"]):
-    _read_only_files(isolation, work)
-    pid = os.fork()  # the program process: pid 1 of the new namespace
-    if pid:
-      _, wait_status = os.waitpid(pid, 0)
-      report({"exit": os.waitstatus_to_exitcode(wait_status)})
-      os._exit(0)
-  _user_and_limits(isolation, settings["memory"], uid, tasks)
-  _guard(work)
-  return source
-
-
-def _execute(source: str, timeout: float) -> str:
-  """``exec(source, {})`` under an interval timer; returns the status string."""
-  def alarm(signum, frame):
-    raise SandboxTimeout(f"the time limit of {timeout:g} s passed")
-  set_timer, format_error = signal.setitimer, _one_line
-  signal.signal(signal.SIGALRM, alarm)
-  set_timer(signal.ITIMER_REAL, timeout)
-  try:
-    exec(compile(source, "program.py", "exec"), {})  # pylint: disable=exec-used
-    status = "passed"
-  except SandboxTimeout:
-    status = "timeout"
-  except MemoryError:
-    status = "memory"
-  except BaseException as e:  # pylint: disable=broad-except
-    status = format_error(e)
-  set_timer(signal.ITIMER_REAL, 0)
-  return status
-
-
-def _one_line(error: BaseException) -> str:
-  """``"error: TYPE: MESSAGE"``, the message on one line, at most 300 characters."""
+def _one_line(error: BaseException) -> tuple[str, str]:
+  """``(TYPE, MESSAGE)`` of an exception, the message on one line, at most
+  300 characters."""
   try:
     message = " ".join(str(error).split())[:300]
   except BaseException:  # pylint: disable=broad-except
     message = "(unprintable)"
-  return f"error: {type(error).__name__}: {message}".rstrip(": ")
+  return type(error).__name__, message
+
+
+def _status(error: BaseException) -> str:
+  """The checker's status for an exception: ``"memory"`` or
+  ``"error: TYPE: MESSAGE"``."""
+  if isinstance(error, MemoryError):
+    return "memory"
+  name, message = _one_line(error)
+  return f"error: {name}: {message}".rstrip(": ")
+
+
+def program_role(settings: dict) -> None:
+  """Runs the program, then answers calls until the caller closes ``in``."""
+  in_fd, out_fd = _channels(settings)
+  write, dumps, loads, exit_now = os.write, json.dumps, json.loads, os._exit
+
+  def send(message: dict) -> None:
+    data = (dumps(message) + "\n").encode()
+    while data:
+      data = data[write(out_fd, data):]
+
+  with open(os.path.join(settings["files"], "program.py"), encoding="utf-8") as f:
+    source = f.read()
+  send({"ready": 1})
+  _guard(settings["work"])
+  namespace = {}
+  try:
+    exec(compile(source, "program.py", "exec"), namespace)  # pylint: disable=exec-used
+  except BaseException as e:  # pylint: disable=broad-except
+    name, message = _one_line(e)
+    send({"loaded": False, "type": name, "message": message})
+    exit_now(1)
+  send({"loaded": True})
+  reader = os.fdopen(in_fd, "rb", buffering=1 << 16, closefd=False)
+  for line in reader:
+    try:
+      request = loads(line)
+      function = namespace[request["name"]]
+      args = decode(request["args"])
+      kwargs = dict(decode(request["kwargs"]))
+      reply = {"value": encode(function(*args, **kwargs))}
+    except BaseException as e:  # pylint: disable=broad-except
+      name, message = _one_line(e)
+      reply = {"raise": name, "message": message}
+    send(reply)
+  exit_now(0)
+
+
+class _RemoteError(Exception):
+  """The program raised an exception that is not a builtin one."""
+
+
+class _Candidate:
+  """The checker's stand-in for the program's function: each call is sent to
+  the program; the answer is rebuilt with :func:`decode` (builtin values
+  only) or raised as the builtin exception it names."""
+
+  def __init__(self, name: str, in_fd: int, out_fd: int):
+    self.__name__ = self.name = name
+    self.reader = os.fdopen(in_fd, "rb", buffering=1 << 16, closefd=False)
+    self.out_fd = out_fd
+
+  def __call__(self, *args, **kwargs):
+    line = json.dumps({"name": self.name, "args": encode(list(args)),
+                       "kwargs": encode(kwargs)}) + "\n"
+    data = line.encode()
+    while data:
+      data = data[os.write(self.out_fd, data):]
+    answer = self.reader.readline(MAX_LINE + 1)
+    if not answer.endswith(b"\n"):
+      raise _RemoteError("the program ended or sent an over-long answer")
+    reply = json.loads(answer)
+    if type(reply) is dict and set(reply) == {"value"}:
+      return decode(reply["value"])
+    if (type(reply) is dict and set(reply) == {"raise", "message"}
+        and type(reply["raise"]) is str and type(reply["message"]) is str):
+      kind = getattr(builtins, reply["raise"], None)
+      message = reply["message"][:300]
+      if isinstance(kind, type) and issubclass(kind, Exception) and kind.__module__ == "builtins":
+        try:
+          error = kind(message)
+        except Exception:  # pylint: disable=broad-except
+          error = _RemoteError(f"{reply['raise']}: {message}")
+        raise error
+      raise _RemoteError(f"{reply['raise'][:100]}: {message}")
+    raise _RemoteError("the program sent a malformed answer")
+
+
+def check_role(settings: dict) -> None:
+  """Runs the problem's prompt and test with the remote candidate and writes
+  the verdict."""
+  in_fd, out_fd = _channels(settings)
+
+  def send(message: dict) -> None:
+    data = (json.dumps(message) + "\n").encode()
+    while data:
+      data = data[os.write(out_fd, data):]
+
+  with open(os.path.join(settings["files"], "check.json"), encoding="utf-8") as f:
+    spec = json.load(f)
+  send({"ready": 1})
+  try:
+    namespace = {}
+    exec(compile(spec["prompt"], "prompt.py", "exec"), namespace)  # pylint: disable=exec-used
+    exec(compile(spec["test"], "test.py", "exec"), namespace)  # pylint: disable=exec-used
+    candidate = _Candidate(spec["entry_point"], in_fd, out_fd)
+    namespace[spec["entry_point"]] = candidate
+    namespace["check"](candidate)
+    status = "passed"
+  except BaseException as e:  # pylint: disable=broad-except
+    status = _status(e)
+  send({"status": status})
+  os._exit(0)
 
 
 class _NoInput:
@@ -448,5 +411,15 @@ def _inside(work: str):
   return check
 
 
+def main(argv: list[str]) -> None:
+  """``RUNNER SETTINGS``: sets the limits, then runs the role."""
+  settings = json.loads(argv[1])
+  _limits(settings)
+  if settings["role"] == "check":
+    check_role(settings)
+  else:
+    program_role(settings)
+
+
 if __name__ == "__main__":
-  main(json.loads(sys.argv[1]))
+  main(sys.argv)
