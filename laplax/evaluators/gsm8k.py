@@ -2,22 +2,25 @@
 
 The model answers each problem
 (:func:`~laplax.evaluators.generation.generate_answers`: greedy, 512 new tokens, the calculator tool). An answer
-is the first match of ``#### (-?[0-9.,]+)`` (:data:`ANSWER`), stripped, its
-commas removed (the normalisation of OpenAI's ``grade_school_math``); it is
-right when it equals, as a string, the same extraction from the reference
-solution's last text part. Accuracy is the fraction right.
+is the first match of ``#### (-?[0-9.,]+)`` holding a digit (:data:`ANSWER`),
+stripped, its commas removed (the normalisation of OpenAI's
+``grade_school_math``); it is right when it equals, as a string, the same
+extraction from the reference solution's last text part. A completion
+without an answer is never right, and a reference without one is refused
+(when the data is read, :func:`laplax.data.chat.sources.gsm8k`, and again
+here). Accuracy is the fraction right.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from typing import Any
 
+from laplax.data.chat.sources import GSM8K_ANSWER
 from laplax.data.errors import DataError
 from laplax.evaluators.generation import generate_answers
 
-ANSWER = re.compile(r"#### (\-?[0-9\.\,]+)")
+ANSWER = GSM8K_ANSWER
 
 
 def extract_answer(text: str) -> str | None:
@@ -27,23 +30,32 @@ def extract_answer(text: str) -> str | None:
   return match.group(1).strip().replace(",", "") if match else None
 
 
-def reference_answer(conversation: dict) -> str | None:
+def reference_answer(conversation: dict) -> str:
   """The reference answer: :func:`extract_answer` of the last part of the
   conversation's final (assistant) message.
 
   Raises:
-    DataError: the last message is not an assistant message with parts.
+    DataError: the last message is not an assistant message with parts, or
+      its last part has no ``#### NUMBER`` answer.
   """
   message = conversation["messages"][-1]
   content = message.get("content")
   if message.get("role") != "assistant" or not isinstance(content, list) or not content:
     raise DataError("A GSM8K conversation must end with the assistant's solution as parts "
                     "(see laplax.data.chat.sources.gsm8k).")
-  return extract_answer(content[-1]["text"])
+  answer = extract_answer(content[-1].get("text", "")) if isinstance(content[-1], dict) else None
+  if answer is None:
+    raise DataError("A GSM8K reference solution has no '#### NUMBER' answer in its last part; "
+                    "fix the data (laplax.data.chat.sources.gsm8k refuses such rows).")
+  return answer
 
 
 def score(conversations: Sequence[dict], completions: Sequence[str]) -> dict:
-  """Exact-match accuracy of ``completions`` against the references.
+  """Exact-match accuracy of ``completions`` against the references; a
+  completion without an answer is wrong.
+
+  Raises:
+    DataError: different lengths; a reference without an answer.
 
   Returns:
     A dict: ``accuracy`` (float), ``correct`` and ``total`` (int), and
@@ -51,8 +63,9 @@ def score(conversations: Sequence[dict], completions: Sequence[str]) -> dict:
   """
   if len(conversations) != len(completions):
     raise DataError(f"{len(completions)} completions for {len(conversations)} problems.")
+  references = [reference_answer(c) for c in conversations]
   answers = [extract_answer(c) for c in completions]
-  correct = sum(a == reference_answer(c) for a, c in zip(answers, conversations))
+  correct = sum(a is not None and a == r for a, r in zip(answers, references))
   total = len(conversations)
   return {"accuracy": correct / total if total else 0.0, "correct": correct, "total": total,
           "answers": answers}

@@ -242,6 +242,11 @@ def arc(path) -> list[dict]:
   return out
 
 
+# A GSM8K final answer: "#### " and a number with at least one digit (OpenAI's
+# grade_school_math format; laplax.evaluators.gsm8k extracts it).
+GSM8K_ANSWER = re.compile(r"#### (\-?[0-9\.\,]*[0-9][0-9\.\,]*)")
+
+
 def gsm8k_parts(answer: str) -> list[dict]:
   """A GSM8K solution as assistant parts (nanochat's ``tasks/gsm8k.py``): the
   text between calculator marks as ``text`` parts, each ``<<expr=result>>``
@@ -263,12 +268,18 @@ def gsm8k(path) -> list[dict]:
   """GSM8K problems as conversations whose answer has calculator parts.
 
   Raises:
-    DataError: see :func:`read_rows`; non-string question or answer.
+    DataError: see :func:`read_rows`; non-string question or answer; an
+      answer without a ``#### NUMBER`` line (:data:`GSM8K_ANSWER`: the
+      reference the scorer compares with; a row without one could only be
+      scored by counting a missing answer as right).
   """
   out = []
   for where, row in read_rows(path, ["question", "answer"]):
     if not isinstance(row["question"], str) or not isinstance(row["answer"], str):
       raise DataError(f"{where}: 'question' and 'answer' must be strings.")
+    if not GSM8K_ANSWER.search(row["answer"]):
+      raise DataError(f"{where}: the answer has no '#### NUMBER' line (GSM8K's reference "
+                      f"answer); fix the row or remove it.")
     out.append({"messages": [{"role": "user", "content": row["question"]},
                              {"role": "assistant", "content": gsm8k_parts(row["answer"])}]})
   return out
