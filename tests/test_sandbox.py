@@ -1,509 +1,399 @@
-"""laplax.evaluators.sandbox: programs that misbehave are stopped or refused, reported as
-not passed, and nothing outside their temporary directory changes.
+"""laplax.evaluators.sandbox: each attack of issue 41 run as a real process
+under bubblewrap (as this machine's user; root here): nothing outside the
+work directory is read or written, no connection is made, no process
+outlives the run, the caller's memory stays bounded, every wrong HumanEval
+answer fails whatever it forges, and without bubblewrap nothing runs.
 
-Each hostile program runs with isolation as this machine allows it and, where
-the guard alone must hold, with the namespaces turned off (what a machine
-without them gets). Limits are generous and no test asserts a duration.
-"""
+No test asserts a duration; limits are generous."""
 
-import concurrent.futures
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import textwrap
-import time
+import tracemalloc
 import uuid
 
 import pytest
 
-from laplax.evaluators import sandbox
+from laplax.evaluators import sandbox, sandbox_child
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+pytestmark = pytest.mark.subprocess
 
 
-def run(source: str, timeout: float = 5.0, **kwargs) -> sandbox.Result:
-  return sandbox.run_program(textwrap.dedent(source), timeout=timeout, **kwargs)
+def _available() -> str | None:
+  try:
+    sandbox.check_available()
+  except sandbox.SandboxUnavailable as e:
+    return str(e)
+  return None
 
 
-def run_each(programs: list) -> list:
-  """``run`` of each program, four at a time (each is its own process)."""
-  with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
-    return list(pool.map(run, programs))
+needs_bwrap = pytest.mark.skipif(_available() is not None, reason=str(_available()))
+ADD_PROMPT = 'def add(a, b):\n    """a + b"""\n'
+ADD_TEST = ("def check(candidate):\n    assert candidate(2, 3) == 5\n"
+            "    assert candidate(-1, 1) == 0\n")
+WRONG_ADD = "def add(a, b):\n    return a - b\n"
 
 
-def assert_none_passed(programs: list, refusal: tuple) -> None:
-  """Runs the programs; each must fail with one of the ``refusal`` errors."""
-  for program, result in zip(programs, run_each(programs)):
-    assert not result.passed, (program, result)
-    assert any(name in result.status for name in refusal), (program, result)
+def run(source: str, timeout: float = 5.0) -> sandbox.Result:
+  return sandbox.run_program(textwrap.dedent(source), timeout=timeout)
 
 
-def snapshot(directory) -> dict:
-  """Every path under ``directory`` with its mode, size and contents."""
-  state = {}
-  for parent, dirs, files in os.walk(directory):
-    for name in dirs + files:
-      path = os.path.join(parent, name)
-      st = os.lstat(path)
-      body = open(path, "rb").read() if os.path.isfile(path) else None
-      state[os.path.relpath(path, directory)] = (st.st_mode, st.st_size, body)
-  return state
+def judge(program: str, timeout: float = 5.0, **kwargs) -> sandbox.Result:
+  """HumanEval's verdict on ``program`` for the problem ``add``."""
+  return sandbox.run_test(textwrap.dedent(program), ADD_PROMPT, ADD_TEST, "add",
+                          timeout=timeout, **kwargs)
 
 
 @pytest.fixture
 def sentinel():
-  """A directory anyone may reach and write (so that only the sandbox can
-  refuse), holding files and a subdirectory; yields its path and checks
-  that it is unchanged after the test."""
+  """A host directory anyone may read and write, holding a secret file;
+  checks that it is unchanged after the test."""
   root = tempfile.mkdtemp(prefix="laplax-sentinel-")
+  os.chmod(root, 0o777)
+  secret = os.path.join(root, "secret.txt")
+  with open(secret, "w") as f:
+    f.write("secret")
+  os.chmod(secret, 0o666)
   try:
-    os.mkdir(os.path.join(root, "sub"))
-    for name in ("keep.txt", "sub/deep.txt"):
-      with open(os.path.join(root, name), "w") as f:
-        f.write(name)
-      os.chmod(os.path.join(root, name), 0o666)
-    for path in (root, os.path.join(root, "sub")):
-      os.chmod(path, 0o777)
-    before = snapshot(root)
     yield root
-    assert snapshot(root) == before
+    assert sorted(os.listdir(root)) == ["secret.txt"]
+    assert open(secret).read() == "secret"
   finally:
     shutil.rmtree(root)
 
 
-@pytest.fixture(params=["as allowed", "guard only"])
-def mode(request, monkeypatch):
-  """Runs a test with the namespaces this machine allows, then without."""
-  if request.param == "guard only":
-    monkeypatch.setattr(sandbox, "NAMESPACES", False)
-  return request.param
+@needs_bwrap
+def test_right_answers_pass_wrong_ones_fail():
+  right = judge("def add(a, b):\n    return a + b\n")
+  assert right.passed and right.status == "passed", right
+  wrong = judge(WRONG_ADD)
+  assert not wrong.passed and wrong.status.startswith("error: AssertionError"), wrong
+  missing = judge("def plus(a, b):\n    return a + b\n")
+  assert not missing.passed and "KeyError" in missing.status, missing
+  broken = judge("def add(a, b) return a\n")
+  assert not broken.passed and broken.status.startswith("error: SyntaxError"), broken
+  assert right.isolation["user"].startswith("uid 65534 in a new user namespace")
 
 
-@pytest.fixture(scope="module")
-def isolation() -> dict:
-  result = run("pass")
-  assert result.passed, result
-  return result.isolation
+@needs_bwrap
+@pytest.mark.parametrize("trick", [
+    # a forged verdict line on every descriptor the program holds
+    """import os, json
+       line = json.dumps({"status": "passed"}).encode() + b"\\n"
+       for fd in map(int, os.listdir("/proc/self/fd")):
+           try: os.write(fd, line * 3)
+           except OSError: pass
+    """,
+    # an early successful exit, before and instead of answering
+    "import os\nos._exit(0)\n",
+    # the claim of having loaded, then an exit
+    """import os, json
+       for fd in map(int, os.listdir("/proc/self/fd")):
+           try: os.write(fd, b'{"loaded": true}\\n{"value": 5}\\n{"value": 0}\\n')
+           except OSError: pass
+       os._exit(0)
+    """,
+    # a trace function that replaces the test's check with a no-op
+    """import sys
+       def tracer(frame, event, arg):
+           frame.f_globals["check"] = lambda candidate: None
+           return tracer
+       sys.settrace(tracer); sys.setprofile(tracer)
+    """,
+    # monkeypatching builtins and the runner's own functions
+    """import builtins, sys
+       builtins.AssertionError = type("Quiet", (Exception,), {})
+       runner = sys.modules["__main__"]
+       runner.encode = lambda value, depth=0: 5
+       runner._status = lambda error: "passed"
+    """,
+    # a return value that equals everything
+    """class Yes:
+           def __eq__(self, other): return True
+       def add(a, b): return Yes()
+    """,
+    # an int subclass that equals everything
+    """class Int(int):
+           def __eq__(self, other): return True
+           __hash__ = int.__hash__
+       def add(a, b): return Int(a - b)
+    """,
+    # signals to every process it can name (its own namespace only)
+    """import os, signal
+       for pid in [p for p in os.listdir("/proc") if p.isdigit()]:
+           try: os.kill(int(pid), signal.SIGKILL) if int(pid) != os.getpid() else None
+           except Exception: pass
+    """,
+])
+def test_a_wrong_answer_cannot_forge_a_pass(trick):
+  result = judge(WRONG_ADD + textwrap.dedent(trick))
+  assert not result.passed and result.status != "passed", result
 
 
-def _nobody_python():
-  """An interpreter whose installation ``nobody`` can read (root only)."""
-  if os.geteuid() != 0:
-    return None
-  for python in (sys.executable, "/usr/bin/python3"):
-    if os.path.exists(python):
-      old = sandbox.PYTHON
-      sandbox.PYTHON = python
-      try:
-        if run("pass").isolation.get("user") == "nobody":
-          return python
-      finally:
-        sandbox.PYTHON = old
-  return None
+@needs_bwrap
+def test_inside_the_sandbox(sentinel):
+  """The program runs as uid 65534 (65534 outside too, as root), sees only
+  its own processes, none of the machine's files, no capabilities."""
+  program = f"""
+      import os, json
+      facts = {{"uid": os.getuid(), "gid": os.getgid(), "groups": os.getgroups(),
+               "uid_map": open("/proc/self/uid_map").read().split(),
+               "pids": sorted(int(p) for p in os.listdir("/proc") if p.isdigit()),
+               "root": sorted(os.listdir("/")),
+               "caps": [l for l in open("/proc/self/status") if l.startswith("CapEff")][0].split()[1],
+               "no_new_privs": [l for l in open("/proc/self/status") if l.startswith("NoNewPrivs")][0].split()[1],
+               "seen": [p for p in ("/etc/shadow", "/etc/passwd", "/tmp", "/run", "/home", "/root",
+                                    {sentinel!r}, {ROOT!r}, "/work/../etc") if os.path.exists(p)]}}
+      raise RuntimeError(json.dumps(facts))
+  """
+  result = run(program)
+  facts = json.loads(result.status.split("RuntimeError: ", 1)[1])
+  assert facts["uid"] == facts["gid"] == 65534 and facts["groups"] == []
+  if os.geteuid() == 0:
+    assert facts["uid_map"] == ["65534", "65534", "1"]
+  assert facts["pids"] == [1, 2]  # bwrap's init and the runner
+  assert facts["root"] == ["bin", "dev", "lib", "lib64", "proc", "sandbox", "sbin", "usr",
+                           "work"] or set(facts["root"]) <= {
+      "bin", "dev", "lib", "lib32", "lib64", "libx32", "proc", "sandbox", "sbin", "usr", "work"}
+  assert int(facts["caps"], 16) == 0 and facts["no_new_privs"] == "1"
+  assert facts["seen"] == []
 
 
-def test_a_correct_program_passes_and_a_wrong_one_fails(mode):
-  good, wrong, exits, early, crash = run_each([
-      "x = sorted([3, 1, 2])\nassert x == [1, 2, 3]",
-      "assert sorted([3, 1, 2]) == [3, 2, 1], 'not sorted'",
-      "raise SystemExit(0)",  # nanochat: any BaseException fails
-      "import os\nos._exit(0)",  # ends before the sandbox reports success
-      "import ctypes\nctypes.string_at(0)"])
-  assert good.passed and good.status == "passed", good
-  assert not wrong.passed and wrong.status == "error: AssertionError: not sorted"
-  assert not exits.passed and exits.status == "error: SystemExit: 0"
-  assert not early.passed and early.status.startswith("crashed: exit code 0"), early
-  assert not crash.passed and crash.status == "crashed: killed by signal SIGSEGV"
-
-
-def test_syntax_errors_and_failed_set_up_are_reported(tmp_path):
-  syntax = run("def f(:\n  pass")
-  assert not syntax.passed and syntax.status.startswith("error: SyntaxError"), syntax
-  # The sandboxed interpreter, given a program file that does not exist,
-  # reports why on its pipe instead of dying silently.
-  read_end, write_end = os.pipe()
-  settings = {"program": str(tmp_path / "missing.py"), "work": str(tmp_path),
-              "fd": write_end, "timeout": 1.0, "memory": 256 << 20, "namespaces": False}
-  done = subprocess.run([sys.executable, "-I", sandbox.CHILD, json.dumps(settings)],
-                        pass_fds=(write_end,), capture_output=True, timeout=120)
-  os.close(write_end)
-  with os.fdopen(read_end) as pipe:
-    report = json.loads(pipe.readline())
-  assert done.returncode == 1
-  assert report["status"].startswith("sandbox: error: FileNotFoundError"), report
-
-
-def test_program_runs_like_nanochat_exec(tmp_path):
-  """``exec(program, {})``: ``__name__`` is not ``"__main__"``, standard
-  modules import, the working directory is an empty writable directory."""
-  result = run("""
-      import collections, hashlib, math, re, typing, os
-      import ssl, urllib.request, logging.handlers  # import fine
-      import multiprocessing, numpy  # call os.getcwd / os.putenv on import
-      assert __name__ != "__main__"
-      assert os.listdir(".") == []
-      with open("scratch.txt", "w") as f:
-        f.write("inside")
-      assert open("scratch.txt").read() == "inside"
-      os.mkdir("d")
-      """)
-  assert result.passed, result
-
-
-def test_loop_forever_is_stopped(mode):
-  result = run("while True:\n  pass", timeout=1)
-  assert not result.passed and result.status == "timeout"
-
-
-def test_program_catching_the_timeout_is_killed(mode):
-  result = run("""
-      import time
-      while True:
-        try:
-          time.sleep(60)
-        except BaseException:
-          pass
-      """, timeout=1)
-  assert not result.passed and result.status.startswith("killed: time limit"), result
-
-
-def test_allocating_10_gb_fails_with_memory_error(mode):
-  result = run("x = bytearray(10 * 2**30)\nx[-1] = 1")
-  assert not result.passed and result.status == "memory"
-
-
-def test_guarded_calls_are_refused_outside_imports():
-  assert_none_passed(["import os\nos.getcwd()", "import os\nos.putenv('A', '1')",
-                      "import os\nos.chdir('/')"], ("SandboxRefused",))
-
-
-STARTS_PROCESSES = [
-    "import os\nos.fork()",
-    "import subprocess\nsubprocess.run(['true'])",
-    "import os\nos.system('true')",
-    "import os\nos.posix_spawn('/bin/true', ['true'], {})",
-    "import os\nos.execv('/bin/true', ['true'])",
-    "import posix\nposix.fork()",
-    "import multiprocessing\np = multiprocessing.Process(target=print)\np.start()\np.join()",
-]
-
-
-def test_starting_processes_is_refused(mode):
-  assert_none_passed(STARTS_PROCESSES, ("SandboxRefused",))
-
-
-def _living(name: str) -> list:
-  """Pids of the processes named ``name`` that are not zombies."""
-  pids = []
-  for pid in filter(str.isdigit, os.listdir("/proc")):
-    try:
-      with open(f"/proc/{pid}/stat") as f:
-        head, tail = f.read().rsplit(")", 1)
-    except (OSError, ValueError):
-      continue
-    if head.split("(", 1)[1] == name and tail.split()[0] != "Z":
-      pids.append(pid)
-  return pids
-
-
-def _all_gone(name: str) -> bool:
-  """Whether every process named ``name`` has died (a kill is asynchronous:
-  waits for it, up to a minute on a loaded machine)."""
-  deadline = time.monotonic() + 60
-  while _living(name) and time.monotonic() < deadline:
-    time.sleep(0.1)
-  return not _living(name)
-
-
-def test_fork_bomb_through_ctypes_dies_with_the_program(mode, isolation):
-  """Forks that bypass the guard (ctypes) end with the program: its process
-  group is killed, or (a PID namespace) the kernel kills them all, even the
-  ones that left the process group."""
-  name = "lpx" + uuid.uuid4().hex[:10]  # a process name (comm) to look for
-  leave_group = isolation["processes"] == "pid namespace" and mode == "as allowed"
-  result = run(f"""
-      import ctypes, time
-      libc = ctypes.CDLL(None)
-      forked = 0
-      for _ in range(20):
-        pid = libc.fork()
-        if pid == 0:
-          libc.prctl(15, b"{name}", 0, 0, 0)  # PR_SET_NAME
-          if {leave_group}:
-            libc.setsid()
-          time.sleep(120)
-        forked += pid > 0
-      raise RuntimeError(f"forked {{forked}}")
-      """)
-  try:
-    assert not result.passed and result.status == "error: RuntimeError: forked 20", result
-    assert _all_gone(name)
-  finally:  # a failing sandbox must not leave the test's processes behind
-    for pid in _living(name):
-      os.kill(int(pid), signal.SIGKILL)
-
-
-def test_fork_bomb_meets_the_process_limit():
-  """As ``nobody``, ``RLIMIT_NPROC`` stops forking at 64 more processes."""
-  python = _nobody_python()
-  if python is None:
-    pytest.skip("no interpreter that the nobody user can read, or not root")
-  old, sandbox.PYTHON = sandbox.PYTHON, python
-  try:
-    result = run("""
-        import ctypes, os, time
-        libc = ctypes.CDLL(None)
-        forked = 0
-        for _ in range(200):
-          pid = libc.fork()
-          if pid == 0:
-            time.sleep(600)
-          forked += pid > 0
-        assert forked == 200, f"forked {forked}"
-        """)
-  finally:
-    sandbox.PYTHON = old
-  assert result.isolation["user"] == "nobody"
-  forked = int(result.status.rsplit(" ", 1)[-1])
-  assert not result.passed and 0 < forked <= sandbox.NPROC, result
-
-
-@pytest.fixture
-def listener():
-  server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-  server.bind(("127.0.0.1", 0))
-  server.listen(8)
-  server.setblocking(False)
-  yield server
-  with pytest.raises(BlockingIOError):  # no connection ever arrived
-    server.accept()
-  server.close()
-
-
-def test_socket_to_a_loopback_port_is_refused(listener, mode):
-  port = listener.getsockname()[1]
-  result = run(f"import socket\nsocket.create_connection(('127.0.0.1', {port}))")
-  assert not result.passed and "SandboxRefused" in result.status
-
-
-def test_no_network_even_past_the_guard(listener, isolation):
-  """The C-level socket module bypasses the guard; the network namespace
-  still has no route to the machine's loopback."""
-  if isolation["network"] != "namespace":
-    pytest.skip(f"no network namespace here: {isolation['network']}")
-  port = listener.getsockname()[1]
-  result = run(f"import _socket\n_socket.socket().connect(('127.0.0.1', {port}))")
-  assert not result.passed and "Network is unreachable" in result.status, result
-
-
-def test_reading_standard_input_fails(mode):
-  assert_none_passed([
-      "input()", "import sys\nsys.stdin.read()", "import sys\nsys.stdin.readline()",
-      "import sys\nfor line in sys.stdin:\n  pass",
-      "import os\nassert os.read(0, 1) != b''",  # the real descriptor: /dev/null
-  ], ("OSError", "AssertionError"))
-
-
-WRITES_OUTSIDE = [
-    "open({new!r}, 'w').write('x')",
-    "open({keep!r}, 'a').write('x')",
-    "open({keep!r}, 'r+').write('x')",
-    "open('../../x', 'w').write('x')",
-    "import pathlib\npathlib.Path({new!r}).write_text('x')",
-    "import os\nos.open({new!r}, os.O_CREAT | os.O_WRONLY)",
-    "import io\nio.FileIO({keep!r}, 'w')",
-    "import os\nos.mkdir({new!r})",
-    "import os\nos.makedirs({new!r} + '/a/b')",
-    "import os\nos.utime({keep!r}, (0, 0))",
-    "import os\nos.symlink('x', {new!r})",
-    "import os\nos.link('../../x', 'here')",
-    "import shutil\nopen('here', 'w').write('x')\nshutil.copy('here', {new!r})",
-    "import os\nos.symlink({keep!r}, 'link')\nopen('link', 'w').write('x')",
-    "import os\nos.truncate({keep!r}, 0)",
-    "import os\nos.chmod({keep!r}, 0)",
-]
-
-
-def test_writes_outside_the_temporary_directory_are_refused(sentinel):
-  keep, new = os.path.join(sentinel, "keep.txt"), os.path.join(sentinel, "new")
-  assert_none_passed([p.format(keep=keep, new=new) for p in WRITES_OUTSIDE],
-                     ("PermissionError", "SandboxRefused"))
-
-
-def test_one_write_outside_without_namespaces(sentinel, monkeypatch):
-  monkeypatch.setattr(sandbox, "NAMESPACES", False)
-  result = run(f"open({os.path.join(sentinel, 'keep.txt')!r}, 'w').write('x')")
-  assert not result.passed and "PermissionError" in result.status
-
-
-PAST_THE_GUARD = [  # calls of the C library: only the kernel can refuse them
-    "libc.open({new!r}, 0o101, 0o644)",  # O_CREAT | O_WRONLY
-    "libc.unlink({keep!r})",
-    "libc.rename({keep!r}, {new!r})",
-    "libc.rmdir({sub!r})",
-    "libc.mkdir({new!r}, 0o777)",
-    "libc.open({shm!r}, 0o101, 0o644)",  # a tmpfs of its own
-]
-
-
-def test_writes_past_the_guard_are_refused_by_the_kernel(sentinel, isolation):
-  """With the files read-only but the temporary directory (a mount namespace),
-  writes through ``ctypes`` fail with ``EROFS``, whoever the program runs as."""
-  if not isolation["files"].startswith("read-only"):
-    pytest.skip(f"no read-only mount namespace here: {isolation['files']}")
-  shm = f"/dev/shm/laplax-sandbox-{uuid.uuid4().hex}"
-  paths = {"keep": os.path.join(sentinel, "keep.txt").encode(),
-           "new": os.path.join(sentinel, "new").encode(),
-           "sub": os.path.join(sentinel, "sub").encode(), "shm": shm.encode()}
-  programs = ["import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
-               f"if {template.format(**paths)} >= 0:\n"
-               "  raise RuntimeError('the call succeeded')\n"
-               "raise OSError(ctypes.get_errno(), '')" for template in PAST_THE_GUARD]
-  try:
-    for program, result in zip(programs, run_each(programs)):
-      assert result.status == "error: OSError: [Errno 30]", (program, result)
-    assert not os.path.exists(shm)
-  finally:
-    if os.path.exists(shm):
-      os.remove(shm)
-
-
-def test_writes_past_the_guard_refused_as_nobody(sentinel, monkeypatch):
-  """As ``nobody`` without namespaces, a write through ``ctypes`` into a
-  directory only root may write is refused by the kernel (``EACCES``)."""
-  python = _nobody_python()
-  if python is None:
-    pytest.skip("no interpreter that the nobody user can read, or not root")
-  target = os.path.join(sentinel, "sub")
-  os.chmod(target, 0o755)
-  monkeypatch.setattr(sandbox, "PYTHON", python)
-  monkeypatch.setattr(sandbox, "NAMESPACES", False)
-  result = run(f"""
+@needs_bwrap
+def test_writes_past_the_guard_fail(sentinel):
+  """ctypes calls of the C library: no write outside /work, no new
+  namespace, no mount, no System V memory."""
+  program = f"""
       import ctypes
       libc = ctypes.CDLL(None, use_errno=True)
-      fd = libc.open({os.path.join(target, "new").encode()!r}, 0o101, 0o644)
-      assert fd >= 0, ctypes.get_errno()
-      """)
-  os.chmod(target, 0o777)  # as the sentinel fixture left it
-  assert result.isolation["user"] == "nobody"
-  assert not result.passed and result.status == "error: AssertionError: 13"  # EACCES
+      results = [libc.open(p.encode(), 0o101, 0o644) for p in
+                 ("/evil", "/usr/evil", "/sandbox/evil", "/dev/evil", "/proc/evil",
+                  {os.path.join(sentinel, "evil")!r}, {os.path.join(sentinel, "secret.txt")!r})]
+      results += [libc.unshare(flag) for flag in (0x10000000, 0x20000, 0x40000000)]
+      results += [libc.mount(b"none", b"/work", b"tmpfs", 0, None), libc.shmget(0, 1 << 20, 0o1600)]
+      results += [libc.open(b"/work/ok", 0o101, 0o644) >= 0]
+      import json
+      raise RuntimeError(json.dumps(results))
+  """
+  result = run(program)
+  values = json.loads(result.status.split("RuntimeError: ", 1)[1])
+  assert all(v < 0 for v in values[:-1]) and values[-1] is True, values
 
 
-DELETES = [
-    "import os\nos.system('rm -rf {root}')",
-    "import shutil\nshutil.rmtree({root!r})",
-    "import shutil\nshutil.move({keep!r}, 'here')",
-    "import os\nos.remove({keep!r})",
-    "import os\nos.unlink({keep!r})",
-    "import os\nos.rmdir({root!r} + '/sub')",
-    "import os\nos.removedirs({root!r} + '/sub')",
-    "import os\nos.rename({keep!r}, {root!r} + '/moved')",
-    "import os\nos.replace({keep!r}, {root!r} + '/moved')",
-    "import subprocess\nsubprocess.run(['rm', '-rf', {root!r}])",
-    "import os\nos.execv('/bin/rm', ['rm', '-rf', {root!r}])",
-]
+@needs_bwrap
+def test_no_connection_to_the_machine(tmp_path):
+  """Neither a TCP listener on 127.0.0.1 nor a Unix socket of the machine is
+  reached (socket calls through _socket, past the guard)."""
+  tcp = socket.socket()
+  tcp.bind(("127.0.0.1", 0))
+  tcp.listen(5)
+  tcp.setblocking(False)
+  path = os.path.join(tempfile.gettempdir(), f"laplax-{uuid.uuid4().hex[:8]}.sock")
+  unix = socket.socket(socket.AF_UNIX)
+  unix.bind(path)
+  os.chmod(path, 0o777)
+  unix.listen(5)
+  unix.setblocking(False)
+  try:
+    program = f"""
+        import _socket
+        errors = []
+        for family, address in ((_socket.AF_INET, ("127.0.0.1", {tcp.getsockname()[1]})),
+                                (_socket.AF_UNIX, {path!r}), (_socket.AF_UNIX, "\\0" + {path!r})):
+            s = _socket.socket(family, _socket.SOCK_STREAM)
+            try:
+                s.connect(address)
+                errors.append("connected")
+            except OSError as e:
+                errors.append(type(e).__name__)
+        raise RuntimeError(" ".join(errors))
+    """
+    result = run(program)
+    assert "connected" not in result.status and "Error" in result.status, result
+    for listener in (tcp, unix):
+      with pytest.raises(BlockingIOError):
+        listener.accept()
+  finally:
+    tcp.close()
+    unix.close()
+    os.unlink(path)
 
 
-def test_deleting_files_is_refused(sentinel):
-  keep = os.path.join(sentinel, "keep.txt")
-  assert_none_passed([p.format(root=sentinel, keep=keep) for p in DELETES],
-                     ("SandboxRefused",))
+@needs_bwrap
+def test_no_process_outlives_the_run_and_forks_are_capped():
+  """Forked children (C library fork, past the guard) that sleep die with
+  the run; at most NPROC tasks exist at once."""
+  marker = "lx" + uuid.uuid4().hex[:10]
+  program = f"""
+      import ctypes, time
+      libc = ctypes.CDLL(None, use_errno=True)
+      made = 0
+      for _ in range(40):
+          pid = libc.fork()
+          if pid == 0:
+              libc.prctl(15, {marker.encode()!r}, 0, 0, 0)  # PR_SET_NAME
+              time.sleep(60)
+              libc._exit(0)
+          made += pid > 0
+      raise RuntimeError(made)
+  """
+  result = run(program)
+  made = int(result.status.split("RuntimeError: ", 1)[1])
+  assert 1 <= made < sandbox.NPROC, result
+  names = []
+  for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+      names.append(open(f"/proc/{pid}/comm").read().strip())
+    except OSError:
+      pass
+  assert marker not in names
 
 
-def test_rm_rf_without_namespaces(sentinel, monkeypatch):
-  monkeypatch.setattr(sandbox, "NAMESPACES", False)
-  result = run(f"import os\nos.system('rm -rf {sentinel}')")
-  assert not result.passed and "SandboxRefused" in result.status
+@needs_bwrap
+def test_time_limit_holds_with_signals_blocked():
+  result = run("""
+      import signal
+      signal.pthread_sigmask(signal.SIG_BLOCK, range(1, signal.NSIG))
+      while True:
+          pass
+  """, timeout=1.0)
+  assert not result.passed and result.status == "timeout", result
 
 
-_PARENT = """
-import json, os, sys
-sys.path.insert(0, {root!r})
-from laplax.evaluators import sandbox
-sandbox.NAMESPACES = {namespaces}
-for program in {programs!r}:
-  result = sandbox.run_program(program.replace("PARENT", str(os.getpid())))
-  print(json.dumps([program, result.passed, result.status]), flush=True)
-"""
-KILLS_PARENT = [
-    "import os, signal\nos.kill(PARENT, signal.SIGKILL)",
-    "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)",
-    "import os, signal\nos.killpg(0, signal.SIGKILL)",
-    "import os, signal\nos.killpg(os.getpgid(PARENT), signal.SIGKILL)",
-]
-# Past the guard: only a PID namespace (or another user) keeps the caller safe.
-KILLS_PARENT_THROUGH_CTYPES = "import ctypes\nassert ctypes.CDLL(None).kill(PARENT, 9) == 0"
+@needs_bwrap
+def test_memory_and_the_work_directory_are_bounded():
+  assert run("x = bytearray(10 * 1024 ** 3)").status == "memory"
+  result = run("""
+      with open("/work/fill", "wb") as f:
+          for _ in range(1400):
+              f.write(b"x" * (1 << 20))
+  """)
+  assert not result.passed and ("File too large" in result.status
+                                or "No space" in result.status), result
 
 
-def test_killing_the_parent_is_refused(mode, isolation):
-  """The caller outlives programs that signal it (``PARENT``: its pid): a
-  separate process runs them and reports each."""
-  namespaces = mode == "as allowed"
-  programs = list(KILLS_PARENT)
-  if namespaces and isolation["processes"] == "pid namespace":
-    programs.append(KILLS_PARENT_THROUGH_CTYPES)
-  script = _PARENT.format(root=ROOT, namespaces=namespaces, programs=programs)
-  done = subprocess.run([sys.executable, "-c", script], capture_output=True,
-                        text=True, timeout=300)
-  assert done.returncode == 0, done.stderr
-  reports = [json.loads(line) for line in done.stdout.splitlines()]
-  assert [r[0] for r in reports] == programs  # the caller ran them all
-  for program, passed, status in reports:
-    assert not passed and status.startswith("error: "), (program, status)
+@needs_bwrap
+def test_a_flood_does_not_grow_the_caller():
+  """Over-long lines end the run; endless valid lines are never buffered."""
+  flood = """
+      import os
+      fds = [int(fd) for fd in os.listdir("/proc/self/fd") if int(fd) > 2]
+      for fd in fds:
+          try:
+              {}
+          except OSError:
+              pass
+  """
+  tracemalloc.start()
+  try:
+    long_line = run(flood.format("[os.write(fd, b'x' * (1 << 20)) for _ in range(40)]"))
+    many = judge(WRONG_ADD + textwrap.dedent(flood.format(
+        "[os.write(fd, b'{\"value\": 5}\\\\n' * 100000) for _ in range(20)]")))
+    peak = tracemalloc.get_traced_memory()[1]
+  finally:
+    tracemalloc.stop()
+  assert not long_line.passed and "over" in long_line.status, long_line
+  assert not many.passed, many
+  assert peak < 16 * sandbox.MAX_MESSAGE, peak
 
 
-def test_temporary_directory_is_removed(tmp_path, monkeypatch):
-  monkeypatch.setenv("TMPDIR", str(tmp_path))
-  import tempfile
-  monkeypatch.setattr(tempfile, "tempdir", None)
-  assert run("open('left', 'w').write('x')").passed
+def test_plain_data_round_trips_and_nothing_else_passes():
+  values = [None, True, 3, -2.5, float("inf"), "é", b"\x00\xff", (1, [2, {"a": {3}}]),
+            frozenset({1}), {(1, 2): [1.5]}, 1 + 2j, [[[]]]]
+  for value in values:
+    back = sandbox_child.decode(json.loads(json.dumps(sandbox_child.encode(value))))
+    assert back == value and type(back) is type(value)
+
+  class Int(int):
+    pass
+  for bad in (Int(3), [Int(3)], object(), iter([1]), {"k": lambda: 1}):
+    with pytest.raises(sandbox_child.NotPlainData):
+      sandbox_child.encode(bad)
+  for bad in ({"eval": "1"}, {"tuple": 3}, {"a": 1, "b": 2}, {"dict": [[1]]}):
+    with pytest.raises(sandbox_child.NotPlainData):
+      sandbox_child.decode(bad)
+
+
+def test_without_bubblewrap_nothing_runs(monkeypatch, tmp_path):
+  monkeypatch.setattr(sandbox, "BWRAP", "no-such-bwrap")
+  marker = tmp_path / "ran"
+  program = f"import ctypes\nctypes.CDLL(None).open({str(marker).encode()!r}, 0o101, 0o644)\n"
+  with pytest.raises(sandbox.SandboxUnavailable, match="no no-such-bwrap on PATH"):
+    sandbox.run_program(program)
+  with pytest.raises(sandbox.SandboxUnavailable, match="--unsafe_no_sandbox"):
+    sandbox.run_test(program, ADD_PROMPT, ADD_TEST, "add")
+  assert not marker.exists()
+  unsafe = sandbox.run_program(program, unsafe=True)  # the explicit opt-out runs it
+  assert unsafe.passed and marker.exists() and unsafe.isolation["sandbox"].startswith("none")
+
+
+def test_unsafe_cleanup_survives_5000_nested_directories(monkeypatch):
+  """The caller removes what the program left, however deep (on a tmpfs when
+  there is one: removing 5000 levels on ext4 takes seconds)."""
+  base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+  tmp_path = tempfile.mkdtemp(dir=base)
+  monkeypatch.setattr(tempfile, "tempdir", tmp_path)
+  result = sandbox.run_program(textwrap.dedent("""
+      import ctypes
+      libc = ctypes.CDLL(None)
+      for _ in range(5000):
+          libc.mkdir(b"d", 0o700)
+          libc.chdir(b"d")
+  """), unsafe=True)
+  assert result.passed, result
   assert os.listdir(tmp_path) == []
+  os.rmdir(tmp_path)
 
 
-def test_limits_must_be_positive():
-  with pytest.raises(sandbox.SandboxError, match="time limit"):
-    sandbox.run_program("pass", timeout=0)
-  with pytest.raises(sandbox.SandboxError, match="memory limit"):
-    sandbox.run_program("pass", memory_mb=-1)
+def test_command_line_refuses_in_one_line_without_bubblewrap(tmp_path):
+  program = tmp_path / "p.py"
+  program.write_text(f"open({str(tmp_path / 'ran')!r}, 'w')\n")
+  env = {**os.environ, "PATH": str(tmp_path), "PYTHONPATH": ROOT}
+  r = subprocess.run([sys.executable, "-m", "laplax.evaluators.sandbox", str(program)],
+                     capture_output=True, text=True, env=env, cwd=ROOT)
+  assert r.returncode == 2 and r.stdout == ""
+  assert r.stderr.count("\n") == 1 and "no bwrap on PATH" in r.stderr, r.stderr
+  assert not (tmp_path / "ran").exists()
 
 
+@needs_bwrap
 def test_command_line_prints_one_json_line(tmp_path):
-  good, bad = tmp_path / "good.py", tmp_path / "bad.py"
-  good.write_text("assert 2 + 2 == 4\n")
-  bad.write_text("assert 2 + 2 == 5\n")
-  for path, code in ((good, 0), (bad, 1)):
-    done = subprocess.run([sys.executable, "-m", "laplax.evaluators.sandbox", str(path),
-                           "--timeout", "5", "--memory-mb", "256"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode == code, done.stderr
-    lines = done.stdout.splitlines()
-    assert len(lines) == 1
-    result = json.loads(lines[0])
-    assert set(result) == {"passed", "status", "seconds", "isolation"}
-    assert result["passed"] is (code == 0)
+  program = tmp_path / "p.py"
+  program.write_text("assert 1 + 1 == 3, 'arithmetic'\n")
+  r = subprocess.run([sys.executable, "-m", "laplax.evaluators.sandbox", str(program)],
+                     capture_output=True, text=True, cwd=ROOT)
+  result = json.loads(r.stdout)
+  assert r.returncode == 1 and result["status"] == "error: AssertionError: arithmetic"
+  bad = subprocess.run([sys.executable, "-m", "laplax.evaluators.sandbox", "--timeout", "0",
+                        str(program)], capture_output=True, text=True, cwd=ROOT)
+  assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "time limit" in bad.stderr
 
 
-@pytest.mark.parametrize("argv, message", [
-    ([], "the following arguments are required: file"),
-    (["missing.py"], "cannot read the program missing.py"),
-    (["{good}", "--timeout", "soon"], "argument --timeout: invalid float value"),
-    (["{good}", "--timeout", "-1"], "the time limit must be a positive number"),
-    (["{good}", "--memory-mb", "0"], "the memory limit must be a positive number"),
-    (["{good}", "--network"], "unrecognized arguments: --network"),
-    (["{binary}"], "cannot read the program"),
-])
-def test_command_line_bad_input_is_one_line_exit_2(argv, message, tmp_path,
-                                                  monkeypatch, capsys):
-  monkeypatch.chdir(tmp_path)
-  (tmp_path / "good.py").write_text("pass\n")
-  (tmp_path / "binary.py").write_bytes(b"\xff\xfe\x00")
-  argv = [a.format(good=tmp_path / "good.py", binary=tmp_path / "binary.py")
-          for a in argv]
-  assert sandbox.main(argv) == sandbox.USAGE_EXIT
-  out, err = capsys.readouterr()
-  assert out == "" and len(err.splitlines()) == 1 and message in err, err
+@pytest.mark.slow
+def test_eval_py_refuses_humaneval_without_bubblewrap(tmp_path):
+  """eval.py --chat_tasks humaneval on a machine without bwrap: one line,
+  exit 2, nothing loaded or written."""
+  sys.path.insert(0, os.path.join(ROOT, "configs"))
+  try:
+    import gpt_shakespeare  # pylint: disable=import-outside-toplevel
+  finally:
+    sys.path.pop(0)
+  from laplax.workdir import files  # pylint: disable=import-outside-toplevel
+  config = gpt_shakespeare.get_config()
+  config.data.tokenizer = "nanochat"
+  files.write_config(config, str(tmp_path))
+  before = sorted(os.listdir(tmp_path))
+  env = {**os.environ, "PATH": str(tmp_path / "nothing")}
+  r = subprocess.run([sys.executable, os.path.join(ROOT, "eval.py"), "--workdir",
+                      str(tmp_path), "--chat_tasks", "humaneval"],
+                     capture_output=True, text=True, env=env, cwd=ROOT)
+  assert r.returncode == 2, r.stderr[-2000:]
+  lines = [l for l in r.stderr.splitlines() if l.strip()]
+  assert len(lines) == 1 and "no bwrap on PATH" in lines[0] and "--unsafe_no_sandbox" in lines[0]
+  assert sorted(os.listdir(tmp_path)) == before

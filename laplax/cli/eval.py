@@ -156,7 +156,12 @@ _CHAT_BATCH = flags.DEFINE_integer("chat_batch_size", 8, "--chat_tasks: prompts 
                                    flag_values=FLAGS)
 _CHAT_NEW = flags.DEFINE_integer("chat_max_new_tokens", 512, "--chat_tasks: tokens generated "
                                  "per GSM8K / HumanEval answer.", flag_values=FLAGS)
-CHAT_OPTIONS = ("chat_data", "chat_max_problems", "chat_batch_size", "chat_max_new_tokens")
+_UNSAFE = flags.DEFINE_bool(
+    "unsafe_no_sandbox", False, "--chat_tasks humaneval: run the generated programs "
+    "WITHOUT the bubblewrap sandbox (only where it cannot be had); eval.json records "
+    "it.", flag_values=FLAGS)
+CHAT_OPTIONS = ("chat_data", "chat_max_problems", "chat_batch_size", "chat_max_new_tokens",
+                "unsafe_no_sandbox")
 ANALYSIS_OPTIONS = ("analysis_layers", "analysis_examples", "analysis_classes",
                     "analysis_jacobian_dim", "analysis_batch_size")
 EVAL_FILE = "eval.json"
@@ -443,6 +448,13 @@ def _chat_data(config, workdir: str) -> dict:
     raise cli.UsageError(f"--chat_tasks needs a language-model workdir (task 'lm'); "
                          f"{workdir} holds task {config.task!r}")
   names = chat.parse_tasks(_CHAT_TASKS.value)
+  if "humaneval" in names:  # generated code runs only in the sandbox (fail closed)
+    from laplax.evaluators import sandbox  # pylint: disable=import-outside-toplevel
+    if _UNSAFE.value:
+      print("warning: --unsafe_no_sandbox: HumanEval's generated programs run without "
+            "isolation", file=sys.stderr)
+    else:
+      sandbox.check_available()
   kind = config.data.tokenizer
   if kind != "nanochat":
     raise DataError(f"{workdir} was trained with the {kind} tokenizer, which has no chat "
@@ -460,7 +472,8 @@ def _chat_scores(task, state, data: dict) -> dict:
   """
   from laplax.evaluators import chat  # pylint: disable=import-outside-toplevel
   return chat.run(task.model, state.params, task.tokenizer, data,
-                  batch_size=_CHAT_BATCH.value, max_new_tokens=_CHAT_NEW.value)
+                  batch_size=_CHAT_BATCH.value, max_new_tokens=_CHAT_NEW.value,
+                  unsafe_no_sandbox=_UNSAFE.value)
 
 
 def _analysis_options(config) -> dict:

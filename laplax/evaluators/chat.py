@@ -134,7 +134,8 @@ def chatcore(scores: dict[str, float]) -> float:
 
 def humaneval_evaluate(model: Any, params: Any, tokenizer: Any, conversations: Sequence[dict],
                        *, max_new_tokens: int = 512, batch_size: int = 8,
-                       progress: bool = True, workers: int | None = None) -> dict:
+                       progress: bool = True, workers: int | None = None,
+                       unsafe_no_sandbox: bool = False) -> dict:
   """pass@1 of the model's greedy answers (user message: the problem's
   prompt), each program assembled and run by
   :func:`laplax.evaluators.humaneval.score_completions`."""
@@ -144,19 +145,23 @@ def humaneval_evaluate(model: Any, params: Any, tokenizer: Any, conversations: S
                                  max_new_tokens=max_new_tokens, batch_size=batch_size,
                                  desc="HumanEval", progress=progress)
   result = humaneval.score_completions([c["problem"] for c in conversations], completions,
-                                       workers=workers, progress=progress)
+                                       workers=workers, progress=progress,
+                                       unsafe=unsafe_no_sandbox)
   return {"accuracy": result["pass@1"], "correct": result["passed"],
           "total": result["problems"], "completions": completions}
 
 
 def run(model: Any, params: Any, tokenizer: Any, data: dict[str, list[dict]], *,
-        batch_size: int = 8, max_new_tokens: int = 512, progress: bool = True) -> dict:
+        batch_size: int = 8, max_new_tokens: int = 512, progress: bool = True,
+        unsafe_no_sandbox: bool = False) -> dict:
   """Scores each task of ``data`` (task name -> :func:`load_task`'s conversations).
 
   Returns:
     A dict: each task's score (accuracy; pass@1 for HumanEval) in [0, 1]
     under its name, ``chatcore`` (float), ``chatcore_tasks`` (the names) and
-    ``num_problems`` (task name -> int).
+    ``num_problems`` (task name -> int); with HumanEval, ``humaneval_sandbox``
+    (``"bubblewrap"`` or ``"none (--unsafe_no_sandbox)"``: generated code ran
+    without isolation).
 
   Raises:
     DataError: a tokenizer without the chat special tokens; see the evaluators.
@@ -177,7 +182,9 @@ def run(model: Any, params: Any, tokenizer: Any, data: dict[str, list[dict]], *,
     else:
       result = humaneval_evaluate(model, params, tokenizer, conversations,
                                   max_new_tokens=max_new_tokens, batch_size=batch_size,
-                                  progress=progress)
+                                  progress=progress, unsafe_no_sandbox=unsafe_no_sandbox)
     scores[name], counts[name] = float(result["accuracy"]), int(result["total"])
+  sandboxed = {"humaneval_sandbox": "none (--unsafe_no_sandbox)" if unsafe_no_sandbox
+               else "bubblewrap"} if "humaneval" in scores else {}
   return {**scores, "chatcore": chatcore(scores), "chatcore_tasks": list(scores),
-          "num_problems": counts}
+          "num_problems": counts, **sandboxed}

@@ -66,6 +66,7 @@ import functools
 import json
 import os
 import platform
+import re
 import select
 import shutil
 import signal
@@ -88,6 +89,7 @@ NOFILE = 64  # open descriptors per process
 NOBODY = 65534  # the program's uid and gid
 STARTUP_S = 60.0  # longest wait for the interpreters to be ready (a loaded machine)
 MAX_MESSAGE = 1 << 20  # the longest line the caller reads from a sandbox
+KILL_WAIT_S = 30.0  # longest wait for a killed namespace to be gone
 MAX_STDERR = 4096  # bytes of bwrap's own error output kept
 WORK, FILES = "/work", "/sandbox"
 BWRAP = "bwrap"  # found on PATH (tests point it elsewhere)
@@ -314,8 +316,8 @@ def _run(roles: list, timeout: float, memory_mb: int, setup: _Setup | None) -> R
 class _Proc:
   """One sandbox: its process, its two channels and what to clean up."""
 
-  def __init__(self, role, popen, to_child, from_child, base):
-    self.role, self.popen, self.base = role, popen, base
+  def __init__(self, role, popen, to_child, from_child, base, info):
+    self.role, self.popen, self.base, self.info = role, popen, base, info
     self.to_child, self.from_child = to_child, from_child
     self.inbox, self.outbox, self.stderr = bytearray(), bytearray(), bytearray()
     self.eof = False
@@ -329,7 +331,7 @@ class _Proc:
     rep_r, rep_w = os.pipe()
     settings = {"role": role, "memory": memory_mb << 20, "fsize": WORK_MB << 20,
                 "nofile": NOFILE, "nproc": NPROC, "in": req_r, "out": rep_w}
-    opened, base = [req_r, rep_w], None
+    opened, base, info_r = [req_r, rep_w], None, None
     try:
       if setup is None:
         base = tempfile.mkdtemp(prefix="laplax-sandbox-")
@@ -345,8 +347,12 @@ class _Proc:
         cwd = settings["work"]
       else:
         settings.update(files=FILES, work=WORK)
-        command = [setup.bwrap] + _namespace_args(setup, opened) + list(setup.binds) + [
-            "--proc", "/proc", "--dev", "/dev", "--size", str(WORK_MB << 20),
+        info_r, info_w = os.pipe()
+        opened.append(info_w)
+        command = [setup.bwrap, "--info-fd", str(info_w)] + _namespace_args(setup, opened) + \
+            list(setup.binds) + [
+            "--proc", "/proc", "--dev", "/dev", "--remount-ro", "/dev",
+            "--size", str(WORK_MB << 20),
             "--tmpfs", WORK, "--chdir", WORK]
         for name, text in {**files, "runner.py": _runner_source()}.items():
           command += ["--ro-bind-data", str(_memfd(text.encode(), opened)), f"{FILES}/{name}"]
@@ -362,18 +368,26 @@ class _Proc:
           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, pass_fds=tuple(opened),
           start_new_session=True)
     except BaseException:
-      for fd in (req_w, rep_r):
+      for fd in (req_w, rep_r, info_r):
         _close(fd)
       _remove_tree(base)
       raise
     finally:
       for fd in opened:
         _close(fd)
-    return cls(role, popen, req_w, rep_r, base)
+    return cls(role, popen, req_w, rep_r, base, info_r)
 
   def close(self) -> None:
-    """Kills the sandbox (its process group; ``bwrap``'s death kills its PID
-    namespace), reaps it, closes the channels, removes its files. Never raises."""
+    """Kills the sandbox and returns once every process of it is gone:
+    ``SIGKILL`` to its PID namespace's first process (by a pidfd, checked
+    to be ``bwrap``'s child), whose exit the kernel completes only after
+    killing and reaping the rest of the namespace, then to ``bwrap``'s
+    process group; reaps ``bwrap``, closes the channels, removes the files.
+    Never raises."""
+    try:
+      self._kill_namespace()
+    except BaseException:  # pylint: disable=broad-except
+      pass
     try:
       os.killpg(self.popen.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError, OSError):
@@ -382,13 +396,48 @@ class _Proc:
       self.popen.wait()
     except BaseException:  # pylint: disable=broad-except
       pass
-    for fd in (self.to_child, self.from_child):
-      _close(fd)
+    for fd in (self.to_child, self.from_child, self.info):
+      if fd is not None:
+        _close(fd)
     try:
       self.popen.stderr.close()
     except BaseException:  # pylint: disable=broad-except
       pass
     _remove_tree(self.base)
+
+  def _kill_namespace(self) -> None:
+    """``SIGKILL`` to the namespace's first process, named by ``bwrap
+    --info-fd`` (``{"child-pid": N}``)."""
+    if self.info is None:
+      return
+    text, deadline = b"", time.monotonic() + 1.0
+    while True:  # bwrap writes it once the namespace exists; wait for the number
+      match = re.search(rb'"child-pid"\s*:\s*(\d+)\s*[,}\n]', text)
+      if match or len(text) > 4096 or time.monotonic() > deadline:
+        break
+      if not select.select([self.info], [], [], max(deadline - time.monotonic(), 0))[0]:
+        break
+      try:
+        chunk = os.read(self.info, 4096)
+      except BlockingIOError:
+        continue
+      if not chunk:
+        break
+      text += chunk
+    if not match:
+      return
+    pid = int(match.group(1))
+    pidfd = os.pidfd_open(pid)
+    try:
+      with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+        parent = int(f.read().rsplit(")", 1)[1].split()[1])
+      if parent == self.popen.pid:  # not a reused pid
+        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+        # Readable once it has exited, which is after the kernel killed and
+        # reaped the rest of its namespace.
+        select.select([pidfd], [], [], KILL_WAIT_S)
+    finally:
+      os.close(pidfd)
 
   def read(self) -> None:
     """Reads what the child wrote (non-blocking) into ``inbox``."""
@@ -631,16 +680,55 @@ def _close(fd: int) -> None:
 
 
 def _remove_tree(path: str | None) -> None:
-  """Removes ``path`` and all beneath it, however deep (``rm -rf``, after
-  making every directory writable); never raises."""
+  """Removes ``path`` and all beneath it, however deep: an iterative walk by
+  directory descriptors (one open at a time, names kept on a list), so 5000
+  nested directories neither recurse nor exceed ``PATH_MAX``; directories
+  the program made unreadable are opened up first. Never raises."""
   if path is None:
     return
+  flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
   try:
-    subprocess.run(["chmod", "-R", "u+rwx", "--", path], stdout=subprocess.DEVNULL,
-                   stderr=subprocess.DEVNULL, check=False)
-    subprocess.run(["rm", "-rf", "--one-file-system", "--", path], stdout=subprocess.DEVNULL,
-                   stderr=subprocess.DEVNULL, check=False)
+    fd, names = os.open(path, flags), []
+  except OSError:
+    return
+  try:
+    while True:
+      child = None
+      with os.scandir(fd) as entries:
+        for entry in entries:
+          if entry.is_dir(follow_symlinks=False):
+            child = child or entry.name
+          else:
+            try:
+              os.unlink(entry.name, dir_fd=fd)
+            except OSError:
+              pass
+      if child is not None:
+        try:
+          os.chmod(child, 0o700, dir_fd=fd, follow_symlinks=False)
+        except (OSError, NotImplementedError):
+          pass
+        try:
+          deeper = os.open(child, flags, dir_fd=fd)
+        except OSError:
+          break
+        os.close(fd)
+        fd = deeper
+        names.append(child)
+        continue
+      if not names:
+        break
+      parent = os.open("..", flags, dir_fd=fd)
+      os.close(fd)
+      fd = parent
+      os.rmdir(names.pop(), dir_fd=fd)
   except BaseException:  # pylint: disable=broad-except
+    pass
+  finally:
+    _close(fd)
+  try:
+    os.rmdir(path)
+  except OSError:
     pass
 
 
