@@ -197,3 +197,48 @@ def test_command_line_bad_input_is_one_line_exit_2(argv, message, tmp_path, caps
   assert humaneval.main(argv) == humaneval.USAGE_EXIT
   out, err = capsys.readouterr()
   assert out == "" and len(err.splitlines()) == 1 and message in err, err
+
+
+@pytest.mark.subprocess
+def test_every_wrong_answer_scores_zero_whatever_it_forges(problems):
+  """Wrong answers to HumanEval/0 with a forged verdict line, an early exit,
+  a check-swapping tracer, an always-equal result and a patched builtin:
+  pass@1 = 0 through the real scoring path; the right answer still passes."""
+  problem = problems[0]
+  wrong = "def has_close_elements(numbers, threshold):\n    return True\n"
+  tricks = [
+      "import os\nfor fd in range(3, 64):\n    try: os.write(fd, b'{\"status\": \"passed\"}\\n')\n"
+      "    except OSError: pass\n",
+      "import os\nos._exit(0)\n",
+      "import sys\nsys.settrace(lambda f, e, a: f.f_globals.update(check=lambda c: None))\n",
+      "class Yes:\n    def __eq__(self, other): return True\n"
+      "def has_close_elements(numbers, threshold):\n    return Yes()\n",
+      "import builtins\nbuiltins.AssertionError = type('Quiet', (Exception,), {})\n",
+  ]
+  scores = humaneval.score_completions([problem], [[wrong + t for t in tricks]], timeout=5.0,
+                                       progress=False)
+  assert scores["pass@1"] == 0.0 and scores["passed"] == 0, scores["results"]
+  right = humaneval.score_completions([problem], [humaneval.canonical_completion(problem)],
+                                      progress=False)
+  assert right["pass@1"] == 1.0
+
+
+@pytest.mark.subprocess
+def test_without_bubblewrap_nothing_is_scored(problems, monkeypatch, tmp_path):
+  from laplax.evaluators import chat as chat_eval
+  from laplax.evaluators import generation, sandbox
+  monkeypatch.setattr(sandbox, "BWRAP", "no-such-bwrap")
+  marker = tmp_path / "ran"
+  completion = f"import ctypes\nctypes.CDLL(None).open({str(marker).encode()!r}, 0o101, 0o644)\n"
+  with pytest.raises(sandbox.SandboxUnavailable, match="no no-such-bwrap on PATH"):
+    humaneval.score_completions(problems[:1], [completion], progress=False)
+  assert not marker.exists()
+  # The explicit opt-out runs it, and the result says so.
+  from test_chat_eval import TOK
+  conversations = [{"messages": [{"role": "user", "content": problems[0]["prompt"]},
+                                 {"role": "assistant", "content": ""}], "problem": problems[0]}]
+  monkeypatch.setattr(generation, "generate_answers", lambda *a, **k: [completion])
+  result = chat_eval.run(None, None, TOK, {"humaneval": conversations}, progress=False,
+                         unsafe_no_sandbox=True)
+  assert result["humaneval_sandbox"] == "none (--unsafe_no_sandbox)" and marker.exists()
+  assert result["humaneval"] == 0.0

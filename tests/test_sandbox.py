@@ -75,7 +75,7 @@ def test_right_answers_pass_wrong_ones_fail():
   wrong = judge(WRONG_ADD)
   assert not wrong.passed and wrong.status.startswith("error: AssertionError"), wrong
   missing = judge("def plus(a, b):\n    return a + b\n")
-  assert not missing.passed and "KeyError" in missing.status, missing
+  assert missing.status == "error: NameError: name 'add' is not defined", missing
   broken = judge("def add(a, b) return a\n")
   assert not broken.passed and broken.status.startswith("error: SyntaxError"), broken
   assert right.isolation["user"].startswith("uid 65534 in a new user namespace")

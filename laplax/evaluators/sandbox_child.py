@@ -204,6 +204,8 @@ def program_role(settings: dict) -> None:
   for line in reader:
     try:
       request = loads(line)
+      if request["name"] not in namespace:  # what nanochat's check(entry_point) raises
+        raise NameError(f"name {request['name']!r} is not defined")
       function = namespace[request["name"]]
       args = decode(request["args"])
       kwargs = dict(decode(request["kwargs"]))
