@@ -23,9 +23,16 @@ INTERNAL = {
     # A KeyboardInterrupt raised by laplax's SIGINT/SIGTERM handler to unwind
     # the main thread; cli.run turns it into the signal's exit line (130/143).
     "laplax.signals.Signalled",
-    # Raised inside the sandboxed child when the program's time is up; the
-    # parent reports it as the result's status, not as an error line.
-    "laplax.evaluators.sandbox_child.SandboxTimeout",
+    # Raised inside a sandbox for a value that is not plain data (a program's
+    # answer of a non-builtin type); it fails that run, recorded in the
+    # result's status, not shown as laplax's error line.
+    "laplax.evaluators.sandbox_child.NotPlainData",
+    # Raised in the HumanEval checker for a program's exception that is not
+    # a builtin one; it fails the check, recorded in the result's status.
+    "laplax.evaluators.sandbox_child._RemoteError",
+    # A sandbox's line over the caller's limit; caught in the caller's loop
+    # and turned into the run's failed status.
+    "laplax.evaluators.sandbox._Flood",
     # The TypeError a sandboxed program gets for a refused call (nanochat's
     # ``None``-ed builtins raise one); it is the program's error, recorded in
     # the result, not laplax's.

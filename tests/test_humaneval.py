@@ -242,3 +242,7 @@ def test_without_bubblewrap_nothing_is_scored(problems, monkeypatch, tmp_path):
                          unsafe_no_sandbox=True)
   assert result["humaneval_sandbox"] == "none (--unsafe_no_sandbox)" and marker.exists()
   assert result["humaneval"] == 0.0
+  monkeypatch.setattr(sandbox, "BWRAP", "bwrap")
+  marker.unlink()
+  result = chat_eval.run(None, None, TOK, {"humaneval": conversations}, progress=False)
+  assert result["humaneval_sandbox"] == "bubblewrap" and not marker.exists()
