@@ -146,8 +146,8 @@ def test_inside_the_sandbox(sentinel):
                "uid_map": open("/proc/self/uid_map").read().split(),
                "pids": sorted(int(p) for p in os.listdir("/proc") if p.isdigit()),
                "root": sorted(os.listdir("/")),
-               "caps": [l for l in open("/proc/self/status") if l.startswith("CapEff")][0].split()[1],
-               "no_new_privs": [l for l in open("/proc/self/status") if l.startswith("NoNewPrivs")][0].split()[1],
+               "status": {{k: v for k, v in (l.split(":", 1) for l in open("/proc/self/status"))
+                          if k in ("CapEff", "NoNewPrivs")}},
                "seen": [p for p in ("/etc/shadow", "/etc/passwd", "/tmp", "/run", "/home", "/root",
                                     {sentinel!r}, {ROOT!r}, "/work/../etc") if os.path.exists(p)]}}
       raise RuntimeError(json.dumps(facts))
@@ -158,10 +158,10 @@ def test_inside_the_sandbox(sentinel):
   if os.geteuid() == 0:
     assert facts["uid_map"] == ["65534", "65534", "1"]
   assert facts["pids"] == [1, 2]  # bwrap's init and the runner
-  assert facts["root"] == ["bin", "dev", "lib", "lib64", "proc", "sandbox", "sbin", "usr",
-                           "work"] or set(facts["root"]) <= {
+  assert {"dev", "proc", "sandbox", "usr", "work"} <= set(facts["root"]) <= {
       "bin", "dev", "lib", "lib32", "lib64", "libx32", "proc", "sandbox", "sbin", "usr", "work"}
-  assert int(facts["caps"], 16) == 0 and facts["no_new_privs"] == "1"
+  status = {key: value.strip() for key, value in facts["status"].items()}
+  assert int(status["CapEff"], 16) == 0 and status["NoNewPrivs"] == "1"
   assert facts["seen"] == []
 
 
@@ -397,3 +397,59 @@ def test_eval_py_refuses_humaneval_without_bubblewrap(tmp_path):
   lines = [l for l in r.stderr.splitlines() if l.strip()]
   assert len(lines) == 1 and "no bwrap on PATH" in lines[0] and "--unsafe_no_sandbox" in lines[0]
   assert sorted(os.listdir(tmp_path)) == before
+
+
+NOBODY_SCRIPT = r"""
+import json, os, socket, sys, tempfile
+sys.path.insert(0, sys.argv[1])
+from laplax.evaluators import sandbox
+listener = socket.socket()
+listener.bind(("127.0.0.1", 0))
+listener.listen(1)
+listener.setblocking(False)
+target = sys.argv[2]
+probe = sandbox.run_program(
+    "import ctypes, json, os, _socket\n"
+    "libc = ctypes.CDLL(None)\n"
+    "s = _socket.socket()\n"
+    "try:\n    s.connect(('127.0.0.1', %d)); c = 'connected'\n"
+    "except OSError as e:\n    c = type(e).__name__\n"
+    "raise RuntimeError(json.dumps([os.getuid(), libc.open(%r.encode(), 0o101, 0o644), c,"
+    " len([p for p in os.listdir('/proc') if p.isdigit()])]))\n"
+    % (listener.getsockname()[1], target))
+forged = sandbox.run_test(
+    "def add(a, b):\n    return a - b\nimport os\nfor fd in range(3, 64):\n"
+    "    try: os.write(fd, b'{\"status\": \"passed\"}\\n')\n    except OSError: pass\n",
+    "def add(a, b):\n    pass\n", "def check(c):\n    assert c(1, 2) == 3\n", "add")
+try:
+    listener.accept()
+    accepted = True
+except BlockingIOError:
+    accepted = False
+print(json.dumps({"uid": os.getuid(), "probe": probe.status, "forged": forged.passed,
+                  "accepted": accepted, "user": probe.isolation.get("user")}))
+"""
+
+
+@needs_bwrap
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None
+                    or not os.access("/usr/bin/python3", os.X_OK),
+                    reason="needs root, setpriv and /usr/bin/python3 to become nobody")
+def test_as_nobody_the_same_holds(tmp_path):
+  """A non-root caller (nobody, through setpriv, with Debian's Python and this
+  checkout): its program is uid 65534 inside, writes nothing outside, makes
+  no connection, sees only its own processes, and cannot forge a verdict."""
+  os.chmod(tmp_path, 0o777)
+  target = str(tmp_path / "evil")
+  r = subprocess.run(["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups",
+                      "/usr/bin/python3", "-I", "-c", NOBODY_SCRIPT, ROOT, target],
+                     capture_output=True, text=True, cwd="/")
+  if r.returncode != 0 and "ModuleNotFoundError" in r.stderr:
+    pytest.skip("nobody cannot import this checkout: " + r.stderr.splitlines()[-1])
+  assert r.returncode == 0, r.stderr[-2000:]
+  facts = json.loads(r.stdout)
+  uid, opened, connection, pids = json.loads(facts["probe"].split("RuntimeError: ", 1)[1])
+  assert facts["uid"] == 65534 and uid == 65534 and "(the caller) outside" in facts["user"]
+  assert opened < 0 and connection != "connected" and pids <= 3
+  assert not facts["accepted"] and not facts["forged"]
+  assert not os.path.exists(target)

@@ -1,7 +1,8 @@
 """GSM8K as nanochat scores a chat model on it (``tasks/gsm8k.py``).
 
 The model answers each problem
-(:func:`~laplax.evaluators.generation.generate_answers`: greedy, 512 new tokens, the calculator tool). An answer
+(:func:`~laplax.evaluators.generation.generate_answers`: greedy, 512 new
+tokens, the calculator tool). An answer
 is the first match of ``#### (-?[0-9.,]+)`` holding a digit (:data:`ANSWER`),
 stripped, its commas removed (the normalisation of OpenAI's
 ``grade_school_math``); it is right when it equals, as a string, the same

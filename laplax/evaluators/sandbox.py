@@ -109,7 +109,8 @@ _DENIED = {  # name: number on x86-64
     "move_mount": 429, "fsopen": 430, "fsconfig": 431, "fsmount": 432, "fspick": 433,
     "mount_setattr": 442}
 _CLONE, _CLONE3 = 56, 435
-_CLONE_NAMESPACES = 0x7E020000  # CLONE_NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET
+# CLONE_NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET
+_CLONE_NAMESPACES = 0x7E020000
 
 
 class SandboxError(UserError, ValueError):
