@@ -84,56 +84,71 @@ def test_right_answers_pass_wrong_ones_fail():
 @needs_bwrap
 @pytest.mark.parametrize("trick", [
     # a forged verdict line on every descriptor the program holds
-    """import os, json
+    """
+       import os, json
        line = json.dumps({"status": "passed"}).encode() + b"\\n"
        for fd in map(int, os.listdir("/proc/self/fd")):
            try: os.write(fd, line * 3)
            except OSError: pass
-    """,
+    """
+       ,
     # an early successful exit, before and instead of answering
     "import os\nos._exit(0)\n",
     # the claim of having loaded, then an exit
-    """import os, json
+    """
+       import os, json
        for fd in map(int, os.listdir("/proc/self/fd")):
            try: os.write(fd, b'{"loaded": true}\\n{"value": 5}\\n{"value": 0}\\n')
            except OSError: pass
        os._exit(0)
-    """,
+    """
+       ,
     # a trace function that replaces the test's check with a no-op
-    """import sys
+    """
+       import sys
        def tracer(frame, event, arg):
            frame.f_globals["check"] = lambda candidate: None
            return tracer
        sys.settrace(tracer); sys.setprofile(tracer)
-    """,
+    """
+       ,
     # monkeypatching builtins and the runner's own functions
-    """import builtins, sys
+    """
+       import builtins, sys
        builtins.AssertionError = type("Quiet", (Exception,), {})
        runner = sys.modules["__main__"]
        runner.encode = lambda value, depth=0: 5
        runner._status = lambda error: "passed"
-    """,
+    """
+       ,
     # a return value that equals everything
-    """class Yes:
+    """
+       class Yes:
            def __eq__(self, other): return True
        def add(a, b): return Yes()
-    """,
+    """
+       ,
     # an int subclass that equals everything
-    """class Int(int):
+    """
+       class Int(int):
            def __eq__(self, other): return True
            __hash__ = int.__hash__
        def add(a, b): return Int(a - b)
-    """,
+    """
+       ,
     # signals to every process it can name (its own namespace only)
-    """import os, signal
+    """
+       import os, signal
        for pid in [p for p in os.listdir("/proc") if p.isdigit()]:
            try: os.kill(int(pid), signal.SIGKILL) if int(pid) != os.getpid() else None
            except Exception: pass
-    """,
+    """
+       ,
 ])
 def test_a_wrong_answer_cannot_forge_a_pass(trick):
   result = judge(WRONG_ADD + textwrap.dedent(trick))
   assert not result.passed and result.status != "passed", result
+  assert "SyntaxError" not in result.status and "IndentationError" not in result.status, result
 
 
 @needs_bwrap
@@ -375,7 +390,6 @@ def test_command_line_prints_one_json_line(tmp_path):
   assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "time limit" in bad.stderr
 
 
-@pytest.mark.slow
 def test_eval_py_refuses_humaneval_without_bubblewrap(tmp_path):
   """eval.py --chat_tasks humaneval on a machine without bwrap: one line,
   exit 2, nothing loaded or written."""
