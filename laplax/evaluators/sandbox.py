@@ -452,18 +452,21 @@ class _Proc:
       self.eof = True
     self.inbox += chunk
 
-  def line(self):
-    """The next whole line as a parsed JSON value, ``None`` if there is none
-    yet; raises ``_Flood`` past :data:`MAX_MESSAGE` bytes."""
+  def line(self, raw: bool = False):
+    """The next whole line, parsed as JSON (``raw``: the bytes, unparsed),
+    ``None`` if there is none yet; raises ``_Flood`` past
+    :data:`MAX_MESSAGE` bytes."""
     end = self.inbox.find(b"\n", 0, MAX_MESSAGE + 1)
     if end < 0:
       if len(self.inbox) > MAX_MESSAGE:
         raise _Flood(self.role)
       return None
-    raw = bytes(self.inbox[:end])
+    data = bytes(self.inbox[:end])
     del self.inbox[:end + 1]
+    if raw:
+      return data
     try:
-      return json.loads(raw)
+      return json.loads(data)
     except (ValueError, RecursionError):
       return {"malformed": True}
 
@@ -536,10 +539,13 @@ def _drive(procs: list, timeout: float, isolation: dict) -> Result:
       while True:  # the program's lines
         if not want_program:
           break
-        message = program.line()
+        message = program.line(raw=awaiting)
         if message is None:
           break
-        if program not in ready:
+        if awaiting:  # an answer: relayed to the checker as bytes, never parsed here
+          checker.outbox += message + b"\n"
+          awaiting = False
+        elif program not in ready:
           ready.add(program)
         elif loaded is None:
           loaded = type(message) is dict and message.get("loaded") is True
@@ -547,9 +553,6 @@ def _drive(procs: list, timeout: float, isolation: dict) -> Result:
             return result(False, _program_error(message))
           if checker is None:
             return result(True, "passed")
-        elif awaiting:
-          checker.outbox += json.dumps(message).encode() + b"\n"
-          awaiting = False
         want_program = len(ready) < len(procs) or loaded is None or awaiting
       while checker is not None:  # the checker's lines (trusted)
         message = checker.line()
