@@ -32,8 +32,10 @@ uid 65534 in this user namespace, i.e. of this sandbox alone. The whole
 tree's memory is thus at most ``NPROC * memory_mb`` plus the work tmpfs
 (8 x 256 MiB + 64 MiB by default) and kernel buffers of 64 descriptors per
 task; no cgroup is used. After ``timeout`` seconds (from the interpreter
-being ready) the caller kills ``bwrap`` with ``SIGKILL``; the kernel then
-kills every process of the PID namespace, whatever signals they block.
+being ready), and at every end, the caller sends ``SIGKILL`` to the PID
+namespace's first process and waits for its exit, which the kernel completes
+only after killing and reaping every process of the namespace, whatever
+signals they block.
 
 **Fail closed**: without ``bwrap``, user namespaces, or (as root) a Python
 that uid 65534 can read, :func:`check_available` raises
