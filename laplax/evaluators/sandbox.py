@@ -216,7 +216,7 @@ def _setup(bwrap_name: str, unshare_name: str) -> _Setup:
       "namespaces": "user, pid, network, ipc, uts, mount, cgroup",
       "files": f"read-only {' and '.join(sorted({'/usr', prefix}))}; /work: {WORK_MB} MiB "
                f"tmpfs",
-      "memory_mb_per_process": None, "tasks": NPROC, "seccomp": seccomp,
+      "memory_mb_per_process": MEMORY_MB, "tasks": NPROC, "seccomp": seccomp,
       "python": python}
   setup = _Setup(bwrap, unshare, python, tuple(binds), isolation)
   trial = _run([("program", {"program.py": "pass\n"})], 30.0, MEMORY_MB, setup)
