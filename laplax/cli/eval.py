@@ -249,6 +249,7 @@ def apply_overrides(config, overrides: list[tuple[str, str]]) -> None:
   from laplax.evaluators import registry
   if not overrides:
     return
+  registry.complete(config)  # the settings of the task's evaluators, at their defaults
   known = dict(config.eval) if "eval" in config else {}  # a classifier has none
   for dotted, raw in overrides:
     if dotted == "evals":
@@ -318,12 +319,12 @@ def main() -> int:
   from laplax.evaluators import lm_samples as lm_eval  # pylint: disable=import-outside-toplevel
   from laplax import loading as restore
   config = restore.saved_config(workdir)
+  overrides += _chat_overrides(config, workdir)
   apply_overrides(config, overrides)
   if (_SAMPLE.value is not None or _CHOICES.value) and not tasks.is_language_model(config):
     raise cli.UsageError("--sample and --choices need a language-model workdir "
                          f"(task 'lm'); {workdir} holds task {config.task!r}")
   analysis = _analysis_options(config) if _ANALYSIS.value else None
-  chat_data = _chat_data(config, workdir) if _CHAT_TASKS.value else None
   items = lm_eval.read_choices(_CHOICES.value) if _CHOICES.value else None
   steps = restore.saved_steps(workdir)
   if not steps:
@@ -346,13 +347,10 @@ def main() -> int:
   if analysis is not None:
     return _run_analysis(config, task, state, workdir, analysis, out)
 
-  if chat_data is not None:
-    summary = _chat_scores(task, state, chat_data)
-  else:
-    summary, figures = _evaluate(task, state, os.path.dirname(out) if out else workdir, items)
-    if figures and out is None:  # with --out the workdir is only read
-      from laplax.workdir import files as workdir_lib  # pylint: disable=import-outside-toplevel
-      workdir_lib.log_figures(workdir, config, int(state.step), figures)
+  summary, figures = _evaluate(task, state, os.path.dirname(out) if out else workdir, items)
+  if figures and out is None:  # with --out the workdir is only read
+    from laplax.workdir import files as workdir_lib  # pylint: disable=import-outside-toplevel
+    workdir_lib.log_figures(workdir, config, int(state.step), figures)
   summary["step"] = int(state.step)
   from laplax.config import validation as config_lib  # pylint: disable=import-outside-toplevel
   summary["attention_kernel"] = config_lib.attention_kernel(config, task)
@@ -427,40 +425,29 @@ def _check_chat_flags() -> None:
       raise cli.UsageError(f"--{name}={flag.value} must be >= {low}")
 
 
-def _chat_data(config, workdir: str) -> dict:
-  """``--chat_tasks``' test conversations by task, read before the model is
-  (``laplax.evaluators.chat.load_task``).
+def _chat_overrides(config, workdir: str) -> list[tuple[str, str]]:
+  """``--chat_tasks`` and its options as the overrides they alias:
+  ``evals`` the tasks (the chat benchmark evaluators of
+  :mod:`laplax.evaluators.chat`), ``eval.chat_*`` the options; none without
+  ``--chat_tasks``.
 
   Raises:
     cli.UsageError: not a language-model workdir.
-    DataError: an unknown task, a run whose saved tokenizer is not nanochat's,
-      a missing split, malformed data.
+    DataError: an unknown or repeated task name.
   """
-  from laplax.data.errors import DataError  # pylint: disable=import-outside-toplevel
+  if not _CHAT_TASKS.value:
+    return []
   from laplax import tasks  # pylint: disable=import-outside-toplevel
   from laplax.evaluators import chat  # pylint: disable=import-outside-toplevel
   if not tasks.is_language_model(config):
     raise cli.UsageError(f"--chat_tasks needs a language-model workdir (task 'lm'); "
                          f"{workdir} holds task {config.task!r}")
-  names = chat.parse_tasks(_CHAT_TASKS.value)
-  kind = config.data.tokenizer
-  if kind != "nanochat":
-    raise DataError(f"{workdir} was trained with the {kind} tokenizer, which has no chat "
-                    "special tokens; chat evaluation needs a run trained with "
-                    "--config.data.tokenizer=nanochat")
-  return {name: chat.load_task(name, _CHAT_DATA.value, _CHAT_MAX.value or None)
-          for name in names}
-
-
-def _chat_scores(task, state, data: dict) -> dict:
-  """``--chat_tasks``: each task's score and ChatCORE (``laplax.evaluators.chat.run``).
-
-  Raises:
-    DataError: the run's tokenizer has no chat special tokens.
-  """
-  from laplax.evaluators import chat  # pylint: disable=import-outside-toplevel
-  return chat.run(task.model, state.params, task.tokenizer, data,
-                  batch_size=_CHAT_BATCH.value, max_new_tokens=_CHAT_NEW.value)
+  out = [("evals", ",".join(chat.parse_tasks(_CHAT_TASKS.value)))]
+  if _CHAT_DATA.value is not None:
+    out.append(("eval.chat_data", _CHAT_DATA.value))
+  return out + [("eval.chat_max_problems", str(_CHAT_MAX.value)),
+                ("eval.chat_batch_size", str(_CHAT_BATCH.value)),
+                ("eval.chat_max_new_tokens", str(_CHAT_NEW.value))]
 
 
 def _analysis_options(config) -> dict:
