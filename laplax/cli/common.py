@@ -21,7 +21,7 @@ from typing import Callable
 
 from absl import flags
 import ml_collections
-from ml_collections import config_flags
+from ml_collections.config_flags import config_flags  # its ConfigFileFlagParser
 
 from laplax import utils
 from laplax.config.validation import REPLACED_KEYS, ConfigError
