@@ -266,10 +266,11 @@ def test_dino_task_reads_the_mosaic_masks(mosaic_data_dir):
     for key in list(c.eval):
       if key.startswith("segmentation"):
         del c.eval[key]
-  from laplax.config import defaults  # pylint: disable=import-outside-toplevel
+  from laplax.evaluators import registry  # pylint: disable=import-outside-toplevel
   from laplax.tasks import schema
-  schema.complete(c)  # as reading its config.json does
-  assert dino_segmentation.settings(task.config) == defaults.segmentation_defaults()
+  registry.complete(schema.complete(c))  # as reading its config.json and validating do
+  assert dino_segmentation.settings(task.config) == dino_segmentation.DEFAULTS
+  assert {k: c.eval[k] for k in dino_segmentation.DEFAULTS} == dino_segmentation.DEFAULTS
 
 
 @pytest.mark.parametrize("config,flag,fragment", [

@@ -304,7 +304,7 @@ def _evaluate(task, state, out_dir: str, items: list[dict] | None) -> tuple[dict
   """
   from laplax import sharding  # pylint: disable=import-outside-toplevel
   from laplax.evaluators import registry  # pylint: disable=import-outside-toplevel
-  choices = registry.MultipleChoice(task, items) if items is not None else None
+  choices = registry.get("multiple_choice")(task, items) if items is not None else None
   evaluators = registry.build(task, registry.EVAL, multiple_choice=choices)
   ctx = registry.Context(out_dir=out_dir, mesh=sharding.make_mesh())
   summary, _ = registry.run(evaluators, state, ctx)
