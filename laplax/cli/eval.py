@@ -76,7 +76,8 @@ _ANALYSIS_BATCH = flags.DEFINE_integer(
 _CHAT_TASKS = flags.DEFINE_string(
     "chat_tasks", None, "LM with nanochat's tokenizer: nanochat's chat evaluations, "
     "comma-separated among arc_easy, arc_challenge, mmlu, gsm8k, humaneval (or all); "
-    "eval.json then holds their scores and ChatCORE.", flag_values=FLAGS)
+    "eval.json then holds their scores and ChatCORE (an alias of --config.evals=NAMES; "
+    "the --chat_* options of --config.eval.chat_*).", flag_values=FLAGS)
 _CHAT_DATA = flags.DEFINE_string(
     "chat_data", None, "--chat_tasks: directory of the test splits in the Hugging Face "
     "layout (e.g. DIR/ai2_arc/ARC-Easy/test-00000-of-00001.parquet).", flag_values=FLAGS)

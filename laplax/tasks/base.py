@@ -92,7 +92,7 @@ class TaskBase:
   Its :meth:`evaluate` sums the subclass's ``eval_sums(params, batch)`` over
   every eval batch (jitted once per task) and summarises them with
   ``summarize(sums)`` (the ``classification`` and ``bits_per_byte``
-  evaluators of :mod:`laplax.evaluators.registry` run it).
+  evaluators of :mod:`laplax.evaluators.eval_sums` run it).
   """
   batch_axis = 0
   family: str
