@@ -305,8 +305,10 @@ def test_bad_segmentation_settings_one_line_exit_2(tmp_path, config, flag, fragm
 def test_mosaic_config_validates():
   from test_configs import load  # pylint: disable=import-outside-toplevel
   from laplax import tasks  # pylint: disable=import-outside-toplevel
+  from laplax.evaluators import registry  # pylint: disable=import-outside-toplevel
   c = load("dino_fashion_mosaic")
   tasks.validate(c)
+  registry.validate(c)  # the evaluators' settings, completed
   assert c.data.name == "fashion_mosaic" and c.task == "dino"
   assert c.data.multicrop.global_size == 56 and 56 % c.model.patch_size == 0
   assert "segmentation" in c.evals.split(",") and c.eval.segmentation_dataset == "auto"
