@@ -40,7 +40,7 @@ def sample_cost(path: str, overrides: list[str], repeats: int) -> None:
   from laplax.train import loop  # pylint: disable=import-outside-toplevel
   from laplax import optim
   from laplax import state as state_lib
-  config = load_config(path)
+  config = registry.complete(load_config(path))  # the evaluators' settings, for --set eval.*
   for item in overrides:
     apply_override(config, item)
   task = loop.setup(config, None, check=False)
@@ -48,7 +48,7 @@ def sample_cost(path: str, overrides: list[str], repeats: int) -> None:
   print(f"config {path} {' '.join(overrides)}: sample of {config.eval.sample_tokens} tokens "
         f"after {config.eval.sample_prompt_tokens} prompt tokens (at most half the "
         f"context {config.model.max_length})")
-  samples, evaluate = registry.Samples(task), registry.BitsPerByte(task)
+  samples, evaluate = registry.get("samples")(task), registry.get("bits_per_byte")(task)
   for i in range(repeats):
     t = time.perf_counter()
     samples.texts(state)

@@ -56,8 +56,9 @@ def report(spec: str, devices, args) -> None:
   from laplax.config import validation as config_lib  # pylint: disable=import-outside-toplevel
   from laplax.evaluators import dino_segmentation  # pylint: disable=import-outside-toplevel
   from laplax import tasks  # pylint: disable=import-outside-toplevel
+  from laplax.evaluators import registry  # pylint: disable=import-outside-toplevel
 
-  config = common.load_config(spec)
+  config = registry.complete(common.load_config(spec))  # the eval.segmentation_* settings
   for item in args.set:
     common.apply_override(config, item)
   task_class = tasks.task_class(config)

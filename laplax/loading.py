@@ -118,10 +118,10 @@ class Loaded:
       DataError: the data of the task or of an evaluator cannot be read.
     """
     task = self.task
-    wanted = registry.names(self.config) if evals is None else config_lib.check_evals(
-        evals, task.evaluator_names, self.config.task)
-    evaluators = [registry.EVALUATORS[n](task) for n in wanted
-                  if evals is not None or registry.EVAL in registry.EVALUATORS[n].stages]
+    wanted = (registry.names(self.config) if evals is None
+              else registry.check_names(evals, self.config.task))
+    evaluators = [registry.get(n)(task) for n in wanted
+                  if evals is not None or registry.EVAL in registry.get(n).stages]
     for evaluator in evaluators:
       evaluator.prepare()
     return registry.run(evaluators, self.eval_state, registry.Context(say=lambda line: None))[0]

@@ -30,6 +30,7 @@ from laplax.config import validation as config_lib
 from laplax.data.chat import mixture as chat_mixture
 from laplax.data.text import fineweb
 from laplax.data.vision import images
+from laplax.evaluators import registry
 from laplax.data.vision import multicrop
 from laplax.data.text import corpus as text
 from laplax.models import spec as spec_lib
@@ -57,6 +58,9 @@ def test_a_minimal_config_gets_every_base_key_at_its_default(task):
   table at their old value."""
   got = _flat(schema.complete(_minimal(task)))
   base = _flat(tasks.TASKS[task].base_config())
+  if task == "lm":  # saved before evals and its samples: none (upgrade_saved)
+    assert got.pop("eval.sample_tokens") == 0
+    got["eval"] = base["eval"]
   assert set(got) == set(base)
   model = utils.flatten_dotted({"model": spec_lib.config_defaults(tasks.TASKS[task].family)})
   old = {k: list(v) if isinstance(v, tuple) else v
@@ -95,8 +99,10 @@ def test_dino_gets_the_multicrop_views_of_its_data_set():
 
 
 def test_the_old_run_table_applies_to_the_keys_of_the_task_only():
-  lm = schema.complete(_minimal("lm", name="chat_sft"))
+  lm = registry.complete(schema.complete(_minimal("lm", name="chat_sft")))
   assert lm.eval.sample_tokens == 0 and lm.eval.sample_prompt_tokens == 16
+  new = registry.complete(schema.complete(defaults.gpt_base_config()))
+  assert new.eval.sample_tokens == 64  # a config with evals is not an old run
   assert lm.data.smoltalk_stop is None and lm.optim.weight_decay_exclude == ()
   vit = schema.complete(_minimal("classification"))
   assert "eval" not in vit and "smoltalk_stop" not in vit.data
@@ -174,11 +180,11 @@ def test_load_saved_config_completes_an_old_config_json(tmp_path):
   and still belongs to the same architecture as today's config."""
   config = utils.config_from_file(str(LIBRARY.parent / "configs" / "gpt_shakespeare.py"))
   saved = json.loads(config.to_json())
-  del saved["eval"], saved["checkpoint_verify"], saved["optim"]["schedule"]
+  del saved["eval"], saved["evals"], saved["checkpoint_verify"], saved["optim"]["schedule"]
   del saved["data"]["validation_every"], saved["model"]["rope_theta"], saved["wandb"]
   (tmp_path / workdir_lib.CONFIG_FILE).write_text(json.dumps(saved))
-  loaded = workdir_lib.load_saved_config(str(tmp_path))
-  want = _flat(config)
+  loaded = registry.complete(workdir_lib.load_saved_config(str(tmp_path)))
+  want = _flat(registry.complete(config))
   want["eval.sample_tokens"] = 0  # no samples before they existed
   assert _flat(loaded) == want
   tasks.validate(loaded, None, strict_keys=True)

@@ -23,17 +23,25 @@ from laplax.train import loop
 from laplax import optim
 
 
-def test_every_task_names_registered_evaluators_and_defaults_to_some_of_them():
-  for name, cls in tasks.TASKS.items():
-    assert cls.evaluator_names, name
-    assert set(cls.evaluator_names) <= set(registry.EVALUATORS), name
-    defaults = registry.names(cls.base_config())
-    assert defaults and set(defaults) <= set(cls.evaluator_names), name
-  for name, cls in registry.EVALUATORS.items():
+def test_every_task_has_evaluators_and_defaults_to_some_of_them():
+  """The registry is found from the modules: every evaluator declares its
+  name, stages, tasks and settings; each task's default list is among the
+  evaluators that take it, and its config gets their settings."""
+  found = registry.registered()
+  assert {"classification", "bits_per_byte", "samples", "multiple_choice", "knn",
+          "linear_probe", "raw_pixel_knn", "segmentation", "patch_pca", "arc_easy",
+          "arc_challenge", "mmlu", "gsm8k", "humaneval"} <= set(found)
+  for name, cls in found.items():
     assert cls.name == name and set(cls.stages) <= {registry.TRAIN, registry.EVAL}
-  # Every evaluator is some task's (or eval.py's --choices).
-  named = {n for cls in tasks.TASKS.values() for n in cls.evaluator_names}
-  assert set(registry.EVALUATORS) == named | {"multiple_choice"}
+    assert set(cls.tasks) <= set(tasks.TASKS), name
+  for name, cls in tasks.TASKS.items():
+    defaults = registry.names(cls.base_config())
+    assert defaults and set(defaults) <= set(registry.accepted(name)), name
+    c = registry.complete(cls.base_config())
+    assert dict(c.get("eval", {})) == registry.eval_defaults(name), name
+  assert registry.eval_defaults("dino")["knn_k"] == 20
+  assert "samples" in registry.accepted("lm") and "samples" not in registry.accepted("dino")
+  assert registry.accepted("classification") == ("classification",)
 
 
 @pytest.mark.parametrize("saved,expected", [
@@ -54,12 +62,13 @@ def test_a_dino_run_saved_before_evals_keeps_what_its_switches_meant(saved, expe
   assert registry.names(c) == tuple(expected.split(","))
   assert "linear_probe" not in c.eval and "segmentation" not in c.eval
   config_lib.validate(c, task_class=tasks.task_class(c))
+  registry.validate(c)
   if saved:
     with c.unlocked():
       c.eval.update(saved)
     schema.complete(c)
     with pytest.raises(config_lib.ConfigError, match="was replaced by config.evals"):
-      config_lib.validate(c, task_class=tasks.task_class(c))
+      registry.validate(c)
 
 
 def test_saved_image_and_language_runs_get_the_old_evaluations():
@@ -71,11 +80,14 @@ def test_saved_image_and_language_runs_get_the_old_evaluations():
     assert registry.names(schema.complete(c)) == expected
 
 
+ALL_DINO = "knn,linear_probe,raw_pixel_knn,segmentation,patch_pca"
+
+
 @pytest.fixture(scope="module")
 def dino_run(fmnist_data_dir):
   """A tiny DINO task on Fashion-MNIST slices and its initial state."""
   from bench.common import apply_override  # pylint: disable=import-outside-toplevel
-  c = load("dino_fashion_mnist")
+  c = registry.complete(load("dino_fashion_mnist"))
   overrides = [a for a in TINY if a.startswith("--config.")] + [
       f"--config.data.data_dir={fmnist_data_dir}", "--config.data.train_split=train[:300]",
       "--config.data.eval_split=test[:100]", "--config.eval_batch_size=100",
@@ -83,8 +95,9 @@ def dino_run(fmnist_data_dir):
   for arg in overrides:
     apply_override(c, arg[len("--config."):])
   with c.unlocked():
-    c.evals = ",".join(tasks.task_class(c).evaluator_names)
+    c.evals = ALL_DINO
   tasks.validate(c)
+  registry.validate(c)
   task = tasks.make_task(c, None)
   return task, state_lib.init_state(task, optim.make_optimizer(c), c.seed)
 
@@ -101,7 +114,7 @@ def test_each_stage_runs_its_part_of_the_list_in_order(dino_run):
     assert [e.name for e in registry.build(task, registry.EVAL)] == ["patch_pca", "knn"]
   finally:
     with task.config.unlocked():
-      task.config.evals = ",".join(task.evaluator_names)
+      task.config.evals = ALL_DINO
 
 
 def test_dino_numbers_are_the_definitions_on_features_computed_once(dino_run, tmp_path):
@@ -117,15 +130,15 @@ def test_dino_numbers_are_the_definitions_on_features_computed_once(dino_run, tm
     return features(params, split, with_tokens=with_tokens)
   task.features = counted
   try:
-    evaluators = [registry.EVALUATORS[n](task) for n in ("knn", "linear_probe", "patch_pca")]
+    evaluators = [registry.get(n)(task) for n in ("knn", "linear_probe", "patch_pca")]
     ctx = registry.Context(out_dir=str(tmp_path), say=lambda line: None)
     summary, texts = registry.run(evaluators, state, ctx)
   finally:
     del task.features
   c = task.config
   assert sorted(calls) == sorted([(c.data.train_split, 0), (c.data.eval_split, 2)])
-  assert texts == {} and ctx.figures == [str(tmp_path / registry.PCA_FIGURE)]
-  assert (tmp_path / registry.PCA_FIGURE).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+  assert texts == {} and ctx.figures == [str(tmp_path / probes.PCA_FIGURE)]
+  assert (tmp_path / probes.PCA_FIGURE).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
   _, params = task.backbone(state)
   train_x, train_y, _, _ = features(params, c.data.train_split)
   test_x, test_y, _, _ = features(params, c.data.eval_split)
@@ -156,3 +169,74 @@ def test_the_training_loop_and_eval_py_run_the_configs_evaluators(tmp_path, corp
   result = json.loads((workdir / "eval.json").read_text())
   assert result["bits_per_byte"] == pytest.approx(evals[-1]["bits_per_byte"], rel=1e-6)
   assert result["num_tokens"] == evals[-1]["num_tokens"]
+
+
+NEW_EVALUATOR = """
+from laplax.config import validation as config_lib
+from laplax.evaluators.base import Evaluator
+
+
+class TargetCount(Evaluator):
+  name = "target_count"
+  tasks = ("lm",)
+  defaults = {"target_count_batches": 1}
+
+  @classmethod
+  def validate(cls, config):
+    config_lib.check_int(config, "eval.target_count_batches", 1)
+
+  def run(self, state, ctx):
+    total = 0
+    for i, batch in enumerate(self.task.eval_batches()):
+      if i == self.settings["target_count_batches"]:
+        break
+      total += int(batch["mask"].sum())
+    return {"target_count": total}
+"""
+
+
+@pytest.fixture
+def new_evaluator(tmp_path, monkeypatch):
+  """An evaluator in a module of its own (outside laplax), imported; removed
+  from the registry afterwards (its class is collected)."""
+  import gc  # pylint: disable=import-outside-toplevel
+  import importlib  # pylint: disable=import-outside-toplevel
+  import sys  # pylint: disable=import-outside-toplevel
+  (tmp_path / "laplax_test_new_evaluator.py").write_text(NEW_EVALUATOR)
+  monkeypatch.syspath_prepend(str(tmp_path))
+  importlib.import_module("laplax_test_new_evaluator")
+  yield "target_count"
+  del sys.modules["laplax_test_new_evaluator"]
+  gc.collect()
+  assert "target_count" not in registry.registered()
+
+
+def test_a_new_evaluator_is_one_module_and_one_config_entry(tmp_path, corpus, capfd,
+                                                            new_evaluator):
+  """A module defining an evaluator and its name in config.evals: train.py
+  runs it at each evaluation with its setting from the command line (no
+  config file has the key), eval.py runs it with its saved setting or a new
+  one; its numbers are the eval split's target tokens (all batches: the
+  bits_per_byte evaluator's num_tokens; one batch: the first batch's)."""
+  from laplax import loading  # pylint: disable=import-outside-toplevel
+  workdir = tmp_path / "run"
+  r = run_in_process(["train.py", "--config", GPT_CONFIG, "--workdir", str(workdir),
+                      f"--config.data.source_dir={corpus}",
+                      f"--config.data.data_dir={tmp_path / 'tfds'}",
+                      "--config.total_steps=2", "--config.eval_every=2",
+                      f"--config.evals=bits_per_byte,{new_evaluator}",
+                      "--config.eval.target_count_batches=1000"] + GPT_TINY, capfd)
+  assert r.returncode == 0, r.stderr[-2000:]
+  final = [x for x in read_metrics(workdir) if x["split"] == "eval"][-1]
+  assert final["target_count"] == final["num_tokens"] > 0
+  saved = json.loads((workdir / "config.json").read_text())
+  assert saved["eval"]["target_count_batches"] == 1000
+  r = run_in_process(["eval.py", "--workdir", str(workdir),
+                      "--config.eval.target_count_batches=1"], capfd)
+  assert r.returncode == 0, r.stderr[-2000:]
+  result = json.loads((workdir / "eval.json").read_text())
+  first = next(iter(loading.load(str(workdir)).task.eval_batches()))
+  assert result["target_count"] == int(first["mask"].sum()) < final["num_tokens"]
+  r = run_in_process(["eval.py", "--workdir", str(workdir),
+                      "--config.eval.target_count_batches=0"], capfd)
+  assert r.returncode == 2 and "config.eval.target_count_batches=0" in r.stderr

@@ -266,10 +266,11 @@ def test_dino_task_reads_the_mosaic_masks(mosaic_data_dir):
     for key in list(c.eval):
       if key.startswith("segmentation"):
         del c.eval[key]
-  from laplax.config import defaults  # pylint: disable=import-outside-toplevel
+  from laplax.evaluators import registry  # pylint: disable=import-outside-toplevel
   from laplax.tasks import schema
-  schema.complete(c)  # as reading its config.json does
-  assert dino_segmentation.settings(task.config) == defaults.segmentation_defaults()
+  registry.complete(schema.complete(c))  # as reading its config.json and validating do
+  assert dino_segmentation.settings(task.config) == dino_segmentation.DEFAULTS
+  assert {k: c.eval[k] for k in dino_segmentation.DEFAULTS} == dino_segmentation.DEFAULTS
 
 
 @pytest.mark.parametrize("config,flag,fragment", [
@@ -304,8 +305,10 @@ def test_bad_segmentation_settings_one_line_exit_2(tmp_path, config, flag, fragm
 def test_mosaic_config_validates():
   from test_configs import load  # pylint: disable=import-outside-toplevel
   from laplax import tasks  # pylint: disable=import-outside-toplevel
+  from laplax.evaluators import registry  # pylint: disable=import-outside-toplevel
   c = load("dino_fashion_mosaic")
   tasks.validate(c)
+  registry.validate(c)  # the evaluators' settings, completed
   assert c.data.name == "fashion_mosaic" and c.task == "dino"
   assert c.data.multicrop.global_size == 56 and 56 % c.model.patch_size == 0
   assert "segmentation" in c.evals.split(",") and c.eval.segmentation_dataset == "auto"

@@ -21,6 +21,7 @@ from typing import Callable
 
 from absl import flags
 import ml_collections
+from ml_collections.config_flags import config_flags  # its ConfigFileFlagParser
 
 from laplax import utils
 from laplax.config.validation import REPLACED_KEYS, ConfigError
@@ -172,6 +173,41 @@ def jax_options(argv: list[str], apply: bool = True) -> list[str]:
   return [argv[0]] + [a for a in argv[1:] if a not in given]
 
 
+class _CompletingConfigParser(flags.ArgumentParser):
+  """A ``--config`` file parser (``config_flags``' ``parser``) whose config
+  gets the settings of its task's evaluators
+  (:func:`laplax.evaluators.registry.complete`) before the
+  ``--config.eval.KEY=VALUE`` overrides are applied, so those keys exist and
+  are typed although no config file names them."""
+
+  def __init__(self, parser: config_flags.ConfigFileFlagParser):
+    self.parser = parser
+
+  def __getattr__(self, name):
+    return getattr(self.parser, name)
+
+  def parse(self, argument):
+    return _with_evaluator_settings(self.parser.parse(argument))
+
+
+def _with_evaluator_settings(config):
+  """``config`` with its evaluators' settings (a ConfigDict; anything else,
+  e.g. config_flags' stand-in for a file that failed to load, as it is)."""
+  if isinstance(config, ml_collections.ConfigDict):
+    from laplax.evaluators import registry  # pylint: disable=import-outside-toplevel  # CLIs start light
+    registry.complete(config)
+  return config
+
+
+def _complete_evaluator_settings(flag_values: flags.FlagValues) -> None:
+  """Gives the ``--config`` file flag of ``flag_values`` (if it has one) the
+  parser :class:`_CompletingConfigParser`."""
+  if "config" in flag_values:
+    flag = flag_values["config"]
+    if isinstance(flag.parser, config_flags.ConfigFileFlagParser):
+      flag.parser = _CompletingConfigParser(flag.parser)
+
+
 def parse_flags(argv: list[str], flag_values: flags.FlagValues | None = None,
                 help_module: types.ModuleType | None = None,
                 jax_config: bool = True) -> None:
@@ -203,6 +239,7 @@ def parse_flags(argv: list[str], flag_values: flags.FlagValues | None = None,
           "the names of jax.config.values)")
     sys.exit(0)
   argv = jax_options(argv, apply=jax_config)
+  _complete_evaluator_settings(flag_values)
   absl_logger = logging.getLogger("absl")
   level = absl_logger.level
   absl_logger.setLevel(logging.ERROR)  # config_flags warns of a None config
@@ -217,7 +254,7 @@ def parse_flags(argv: list[str], flag_values: flags.FlagValues | None = None,
     spec = _config_spec(argv)
     msg = None
     if spec is not None:
-      config = _load_config_file(spec)  # raises a UsageError if it cannot load
+      config = _with_evaluator_settings(_load_config_file(spec))  # UsageError if it cannot load
       if isinstance(config, ml_collections.ConfigDict):
         msg = _unknown_key_message(argv, config)
     raise UsageError(msg or f"bad command line: {utils.first_line(e)}") from None
@@ -249,7 +286,8 @@ def load_config_flag(name: str = "config", flag_values: flags.FlagValues | None 
   if not isinstance(config, ml_collections.ConfigDict):
     raise UsageError(f"--{name} did not give a ConfigDict (get_config() must return one)")
   from laplax.tasks import schema  # pylint: disable=import-outside-toplevel  # the task registry
-  return schema.complete(config)
+  from laplax.evaluators import registry  # pylint: disable=import-outside-toplevel
+  return registry.complete(schema.complete(config))
 
 
 def explicit_model_keys(argv: list[str]) -> list[str]:

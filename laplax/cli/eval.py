@@ -1,89 +1,19 @@
-"""Evaluate a checkpoint of a laplax run (``laplax-eval``, or ``python eval.py``).
+"""Evaluate a checkpoint of a laplax run (``laplax-eval``, or ``python eval.py``);
+the user guide is ``docs/evaluation.md``.
 
-    laplax-eval --workdir runs/vit
-    laplax-eval --workdir runs/vit --step 600 --out evals/vit_600/eval.json
-    laplax-eval --workdir runs/gpt                       # loss, perplexity, bits/byte
-    laplax-eval --workdir runs/gpt --sample "ROMEO." --temperature 0.8 --top_k 40
-    laplax-eval --workdir runs/gpt --choices questions.jsonl
-    laplax-eval --workdir runs/dino                      # k-NN, linear probe, PCA, mIoU
-
-Restores the newest checkpoint (``--step N``: the checkpoint of step ``N``;
-an ``N`` that is not saved is an error naming the saved steps) with the config
-saved in the workdir (``laplax.load``, :mod:`laplax.loading`; onto one
-device), evaluates the eval split, prints the result and writes ``eval.json``
-into the workdir:
-``accuracy``, ``loss``, ``num_examples``, ``step`` for classification;
-``loss``, ``perplexity``, ``bits_per_byte``, ``num_tokens``, ``step`` for
-language models (plus ``choices_accuracy`` with ``--choices``);
-``knn_accuracy``, ``linear_probe_accuracy``, ``raw_pixel_knn_accuracy``,
-``segmentation_miou``, ``segmentation_pixel_accuracy``, ``segmentation_iou``
-(per class), ``segmentation_dataset`` and the probe's sizes
-(``laplax.evaluators.dino_segmentation.evaluate``), ``num_examples``, ``step`` for DINO, which also
-writes ``patch_pca.png`` (the first three principal components of the
-teacher's patch features of a few test images, as RGB) and
-``segmentation.png`` (test images, true and predicted masks of the linear
-segmentation probe on the teacher's patch tokens; the data and sizes are
-``config.eval.segmentation*``, see ``laplax.data.vision.segmentation``); without
-``--out`` the figures go into the run's TensorBoard events as images too (and
-its W&B run with ``config.wandb.project``). Every ``eval.json`` also names
-the ``attention_kernel`` that computed it (``"xla"``, ``"splash"``,
-``"cudnn"``; :func:`laplax.config.validation.attention_kernel`).
-``--sample`` prints a continuation of the prompt (KV-cache decoding) instead.
-``--chat_tasks arc_easy,mmlu,...`` (a language model with nanochat's
-tokenizer) writes nanochat's chat scores instead of the loss: each task's
-accuracy, ``chatcore``, ``chatcore_tasks``, ``num_problems`` and ``step``,
-with the test splits read from ``--chat_data DIR`` (see
-``laplax.evaluators.chat``)::
-
-    laplax-eval --workdir runs/sft --chat_tasks all --chat_data data/chat
-
-``--config.eval.KEY=VALUE`` changes a setting of the saved config's ``eval``
-section for this evaluation only (``config.json`` is not changed), e.g. the
-segmentation probe of a DINO run on ADE20K's 150 classes::
-
-    laplax-eval --workdir runs/dino_s5l --config.eval.segmentation_dataset=ade20k \
-        --config.eval.segmentation_dir=/data/ADEChallengeData2016
-
-Only ``eval`` keys and ``--config.evals=NAMES`` (which evaluators run,
-:mod:`laplax.evaluators.registry`) can be set (a DINO run saved before a
-segmentation key existed takes it too); the model, data and training
-settings are the run's. ``eval.py`` runs the evaluators of ``config.evals``
-meant for it (with ``--choices``, ``multiple_choice`` after them).
-
-``--out FILE`` writes the results to ``FILE`` instead of the workdir:
-``FILE`` holds what ``eval.json`` (with ``--analysis``: ``analysis.json``)
-would, and the pictures (``patch_pca.png``, ``segmentation.png``,
-``analysis_*.png``) are written next to it, in ``FILE``'s directory (created
-if missing), under the names they have in a workdir. The workdir is then only
-read, so a read-only one (another user's run, a mounted archive) can be
-evaluated; give each evaluation its own directory to keep its pictures.
-
-``--analysis`` measures the model instead of evaluating it (see
-``laplax.analysis.report``) and writes ``analysis.json`` and the plots
-``analysis_*.png`` into the workdir (or ``--out``'s file and directory):
-per layer, the ANOVA of the token covariance, the singular-value spectrum and the components for 99% of the
-variance, neural-collapse statistics and CDNV by class (classification and
-DINO: the eval labels; language models: next-token ids), the conditioning of
-``W_Q, W_K, W_V`` with and without the spectral correction, the attention
-block's Jacobian with respect to its input (``jacobian.input``) and per head
-the Jacobian with respect to ``(W_Q, W_K, W_V)`` beside Theorem 3.4's bound
-(``weight_condition_number_unscaled``, ``theorem_3_4``), and per head the
-attention saturation:
-``attention_entropy`` (nats), ``attention_self_weight`` (the mean diagonal
-weight ``p_tt``), ``attention_head_similarity`` (mean cosine similarity of
-two heads' rows of ``P``; ``attention_head_similarity_mean`` over pairs), ``head_smoothing_cosine``
-(per head, the mean cosine between its contribution after ``W_O`` and the
-token's deviation from its sequence mean; negative = smoothing; means over
-the Laplacian and standard heads beside it) and
-``gradient_norms`` (``{"query", "key"}``: the L2 norm of the gradient of the
-training loss in each head's column block of ``W_Q`` / ``W_K``, on the first
-analysed batch, with dropout and Mixup/CutMix drawn from ``PRNGKey(0)``;
-``null`` with ``gradient_norms_reason`` for DINO, whose loss needs
-multi-crop training views). A step-0 checkpoint (``laplax-train ...
---config.total_steps=0``, or ``--step 0`` of a run that saved it) gives them
-at initialisation::
-
-    laplax-eval --workdir runs/vit --analysis --analysis_layers 0,3 --analysis_examples 2000
+Contract: restores the checkpoint of ``--step`` (default: the newest
+readable one) with the workdir's saved config (:func:`laplax.loading.load`,
+onto one device), runs the evaluators of ``config.evals`` whose stages hold
+``"eval"`` (:func:`laplax.evaluators.registry.build`; ``--choices`` adds
+``multiple_choice``) and writes their merged numbers, the ``step`` and the
+``attention_kernel`` to ``WORKDIR/eval.json`` (or ``--out FILE``, the
+figures beside it; the workdir is then only read). ``--config.eval.KEY=VALUE``
+and ``--config.evals=NAMES`` change the saved config for this evaluation only
+(:func:`apply_overrides`); ``--chat_tasks`` and its ``--chat_*`` options are
+aliases of ``--config.evals=`` the chat benchmarks and
+``--config.eval.chat_*`` (:func:`_chat_overrides`). ``--sample`` prints a
+continuation instead; ``--analysis`` writes ``analysis.json`` and its plots
+instead (:mod:`laplax.analysis.report`).
 
 Bad input prints one line and exits with code 2, with nothing written.
 SIGINT or SIGTERM ends it within 5 s, with one line and exit code 130 or 143
@@ -146,7 +76,8 @@ _ANALYSIS_BATCH = flags.DEFINE_integer(
 _CHAT_TASKS = flags.DEFINE_string(
     "chat_tasks", None, "LM with nanochat's tokenizer: nanochat's chat evaluations, "
     "comma-separated among arc_easy, arc_challenge, mmlu, gsm8k, humaneval (or all); "
-    "eval.json then holds their scores and ChatCORE.", flag_values=FLAGS)
+    "eval.json then holds their scores and ChatCORE (an alias of --config.evals=NAMES; "
+    "the --chat_* options of --config.eval.chat_*).", flag_values=FLAGS)
 _CHAT_DATA = flags.DEFINE_string(
     "chat_data", None, "--chat_tasks: directory of the test splits in the Hugging Face "
     "layout (e.g. DIR/ai2_arc/ARC-Easy/test-00000-of-00001.parquet).", flag_values=FLAGS)
@@ -254,6 +185,7 @@ def apply_overrides(config, overrides: list[tuple[str, str]]) -> None:
   from laplax.evaluators import registry
   if not overrides:
     return
+  registry.complete(config)  # the settings of the task's evaluators, at their defaults
   known = dict(config.eval) if "eval" in config else {}  # a classifier has none
   for dotted, raw in overrides:
     if dotted == "evals":
@@ -323,12 +255,12 @@ def main() -> int:
   from laplax.evaluators import lm_samples as lm_eval  # pylint: disable=import-outside-toplevel
   from laplax import loading as restore
   config = restore.saved_config(workdir)
+  overrides += _chat_overrides(config, workdir)
   apply_overrides(config, overrides)
   if (_SAMPLE.value is not None or _CHOICES.value) and not tasks.is_language_model(config):
     raise cli.UsageError("--sample and --choices need a language-model workdir "
                          f"(task 'lm'); {workdir} holds task {config.task!r}")
   analysis = _analysis_options(config) if _ANALYSIS.value else None
-  chat_data = _chat_data(config, workdir) if _CHAT_TASKS.value else None
   items = lm_eval.read_choices(_CHOICES.value) if _CHOICES.value else None
   steps = restore.saved_steps(workdir)
   if not steps:
@@ -351,13 +283,10 @@ def main() -> int:
   if analysis is not None:
     return _run_analysis(config, task, state, workdir, analysis, out)
 
-  if chat_data is not None:
-    summary = _chat_scores(task, state, chat_data)
-  else:
-    summary, figures = _evaluate(task, state, os.path.dirname(out) if out else workdir, items)
-    if figures and out is None:  # with --out the workdir is only read
-      from laplax.workdir import files as workdir_lib  # pylint: disable=import-outside-toplevel
-      workdir_lib.log_figures(workdir, config, int(state.step), figures)
+  summary, figures = _evaluate(task, state, os.path.dirname(out) if out else workdir, items)
+  if figures and out is None:  # with --out the workdir is only read
+    from laplax.workdir import files as workdir_lib  # pylint: disable=import-outside-toplevel
+    workdir_lib.log_figures(workdir, config, int(state.step), figures)
   summary["step"] = int(state.step)
   from laplax.config import validation as config_lib  # pylint: disable=import-outside-toplevel
   summary["attention_kernel"] = config_lib.attention_kernel(config, task)
@@ -381,7 +310,7 @@ def _evaluate(task, state, out_dir: str, items: list[dict] | None) -> tuple[dict
   """
   from laplax import sharding  # pylint: disable=import-outside-toplevel
   from laplax.evaluators import registry  # pylint: disable=import-outside-toplevel
-  choices = registry.MultipleChoice(task, items) if items is not None else None
+  choices = registry.get("multiple_choice")(task, items) if items is not None else None
   evaluators = registry.build(task, registry.EVAL, multiple_choice=choices)
   ctx = registry.Context(out_dir=out_dir, mesh=sharding.make_mesh())
   summary, _ = registry.run(evaluators, state, ctx)
@@ -432,48 +361,33 @@ def _check_chat_flags() -> None:
       raise cli.UsageError(f"--{name}={flag.value} must be >= {low}")
 
 
-def _chat_data(config, workdir: str) -> dict:
-  """``--chat_tasks``' test conversations by task, read before the model is
-  (``laplax.evaluators.chat.load_task``).
+def _chat_overrides(config, workdir: str) -> list[tuple[str, str]]:
+  """``--chat_tasks`` and its options as the overrides they alias:
+  ``evals`` the tasks (the chat benchmark evaluators of
+  :mod:`laplax.evaluators.chat`), ``eval.chat_*`` the options; none without
+  ``--chat_tasks``.
 
   Raises:
     cli.UsageError: not a language-model workdir.
-    DataError: an unknown task, a run whose saved tokenizer is not nanochat's,
-      a missing split, malformed data.
+    DataError: an unknown or repeated task name.
   """
-  from laplax.data.errors import DataError  # pylint: disable=import-outside-toplevel
+  if not _CHAT_TASKS.value:
+    return []
   from laplax import tasks  # pylint: disable=import-outside-toplevel
   from laplax.evaluators import chat  # pylint: disable=import-outside-toplevel
   if not tasks.is_language_model(config):
     raise cli.UsageError(f"--chat_tasks needs a language-model workdir (task 'lm'); "
                          f"{workdir} holds task {config.task!r}")
-  names = chat.parse_tasks(_CHAT_TASKS.value)
-  if "humaneval" in names:  # generated code runs only in the sandbox (fail closed)
-    from laplax.evaluators import sandbox  # pylint: disable=import-outside-toplevel
-    if _UNSAFE.value:
-      print("warning: --unsafe_no_sandbox: HumanEval's generated programs run without "
-            "isolation", file=sys.stderr)
-    else:
-      sandbox.check_available()
-  kind = config.data.tokenizer
-  if kind != "nanochat":
-    raise DataError(f"{workdir} was trained with the {kind} tokenizer, which has no chat "
-                    "special tokens; chat evaluation needs a run trained with "
-                    "--config.data.tokenizer=nanochat")
-  return {name: chat.load_task(name, _CHAT_DATA.value, _CHAT_MAX.value or None)
-          for name in names}
-
-
-def _chat_scores(task, state, data: dict) -> dict:
-  """``--chat_tasks``: each task's score and ChatCORE (``laplax.evaluators.chat.run``).
-
-  Raises:
-    DataError: the run's tokenizer has no chat special tokens.
-  """
-  from laplax.evaluators import chat  # pylint: disable=import-outside-toplevel
-  return chat.run(task.model, state.params, task.tokenizer, data,
-                  batch_size=_CHAT_BATCH.value, max_new_tokens=_CHAT_NEW.value,
-                  unsafe_no_sandbox=_UNSAFE.value)
+  out = [("evals", ",".join(chat.parse_tasks(_CHAT_TASKS.value)))]
+  if _CHAT_DATA.value is not None:
+    out.append(("eval.chat_data", _CHAT_DATA.value))
+  if _UNSAFE.value:  # HumanEval's eval.unsafe_no_sandbox (its validate fails closed)
+    print("warning: --unsafe_no_sandbox: HumanEval's generated programs run without "
+          "isolation", file=sys.stderr)
+    out.append(("eval.unsafe_no_sandbox", "True"))
+  return out + [("eval.chat_max_problems", str(_CHAT_MAX.value)),
+                ("eval.chat_batch_size", str(_CHAT_BATCH.value)),
+                ("eval.chat_max_new_tokens", str(_CHAT_NEW.value))]
 
 
 def _analysis_options(config) -> dict:

@@ -162,7 +162,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.eval_every = 1000
   # The evaluators, by name (laplax.evaluators.registry): the training loop
   # runs those of its stage at every eval_every and at the end, eval.py
-  # those of its stage; the names a task takes are its evaluator_names.
+  # those of its stage. Their settings are the eval section, whose keys and
+  # defaults each evaluator declares (the registry adds them).
   c.evals = "classification"
   c.checkpoint_every = 500
   c.keep_checkpoints = 3
@@ -255,12 +256,9 @@ def gpt_base_config() -> ml_collections.ConfigDict:
   c.optim.weight_decay_exclude = ("pos_embedding", "token_embedding")
   del c.loss
 
-  # At each evaluation of train.py: sample_tokens tokens decoded greedily
-  # after the first sample_prompt_tokens tokens of the validation text (at
-  # most half the context), into TensorBoard and metrics.jsonl; 0 = none.
+  # The evaluators' settings (eval.sample_tokens, ...: laplax.evaluators.
+  # lm_samples, chat) are added with their defaults by the registry.
   c.eval = ml_collections.ConfigDict()
-  c.eval.sample_tokens = 64
-  c.eval.sample_prompt_tokens = 16
   c.evals = "bits_per_byte,samples"
   return c
 
@@ -369,7 +367,7 @@ def dino_base_config() -> ml_collections.ConfigDict:
   ``freeze_last_layer_steps``; the optimizer's weight decay follows a cosine
   from ``optim.weight_decay`` to ``optim.weight_decay_end``. Multi-crop
   settings are ``data.multicrop`` (see ``images.default_multicrop_config``);
-  ``eval`` holds the k-NN settings (labels are used only there).
+  ``eval`` holds the evaluators' settings (labels are used only there).
   """
   from laplax.data.vision import images  # pylint: disable=import-outside-toplevel
   c = base_config()
@@ -399,36 +397,11 @@ def dino_base_config() -> ml_collections.ConfigDict:
   c.optim.grad_clip = 3.0
   c.optim.weight_decay_exclude = ("pos_embedding", "cls")
 
+  # The evaluators' settings (eval.knn_k, eval.segmentation_*, ...:
+  # laplax.evaluators.probes, dino_segmentation) are added with their
+  # defaults by the registry.
   c.eval = ml_collections.ConfigDict()
-  c.eval.knn_k = 20
-  c.eval.knn_temperature = 0.07
-  c.eval.pca_images = 8
-  # eval.py's linear segmentation probe on the frozen teacher's final-norm
-  # patch tokens (laplax.evaluators.linear_segmentation, DINOv2's linear protocol):
-  # segmentation_dataset "auto" (the run's own masks, e.g. fashion_mosaic;
-  # Fashion-MNIST canvases for a Fashion-MNIST run; else skipped),
-  # "fashion_canvases", "ade20k" (ADEChallengeData2016's 150 classes, unpacked
-  # in segmentation_dir) or "scene_parse150" (TFDS's builder in data.data_dir,
-  # whose masks are the 100 instance categories); see laplax.data.vision.segmentation.
-  # Images and labels at segmentation_image_size px (0: the backbone's input
-  # size). It fits on the first segmentation_train_images of the train split
-  # in segmentation_steps AdamW steps of segmentation_batch_size images from
-  # segmentation_lr, on the last segmentation_layers blocks' tokens
-  # (laplax.evaluators.dino_segmentation), scores the first
-  # segmentation_test_images of the eval split (segmentation_miou,
-  # segmentation_iou per class) and draws segmentation_figure_images of them.
-  c.eval.update(segmentation_defaults())
   # The training loop runs knn and linear_probe at every eval_every; eval.py
   # runs all five (laplax.evaluators.registry).
   c.evals = "knn,linear_probe,raw_pixel_knn,segmentation,patch_pca"
   return c
-
-
-def segmentation_defaults() -> dict:
-  """The ``eval.segmentation*`` keys of :func:`dino_base_config` and their
-  defaults (also used for runs saved before the keys existed)."""
-  return {"segmentation_dataset": "auto", "segmentation_dir": "",
-          "segmentation_image_size": 0, "segmentation_train_images": 500,
-          "segmentation_test_images": 200, "segmentation_steps": 300,
-          "segmentation_batch_size": 64, "segmentation_lr": 0.05, "segmentation_layers": 1,
-          "segmentation_figure_images": 6}

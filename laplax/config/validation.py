@@ -215,8 +215,11 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None,
 
 
 def _validate_evals(config, task_class):
-  """``config.evals`` (:func:`check_evals`)."""
-  check_evals(config.evals, task_class.evaluator_names, config.task)
+  """The form of ``config.evals`` (:func:`check_evals`); the names are
+  checked against the task by :func:`laplax.evaluators.registry.validate`,
+  where the evaluators declare their tasks."""
+  del task_class
+  check_evals(config.evals, None, config.task)
 
 
 def split_evals(evals: str) -> tuple[str, ...]:
@@ -224,22 +227,23 @@ def split_evals(evals: str) -> tuple[str, ...]:
   return tuple(n.strip() for n in str(evals).split(",") if n.strip())
 
 
-def check_evals(evals: Any, known: tuple[str, ...], task: str) -> tuple[str, ...]:
+def check_evals(evals: Any, known: tuple[str, ...] | None, task: str) -> tuple[str, ...]:
   """The names of ``evals`` (``config.evals``, or ``Loaded.evaluate``'s
-  argument): at least one, each among ``known`` (the task's
-  ``evaluator_names``), none twice.
+  argument): at least one, each among ``known`` (the evaluators of the task,
+  :func:`laplax.evaluators.registry.accepted`; ``None``: any name), none twice.
 
   Raises:
     ConfigError: the first problem, naming the evaluators ``task`` has.
   """
+  example = ",".join(known) if known else "NAME,NAME"
   require(isinstance(evals, str),
           f"config.evals={evals!r} must be comma-separated evaluator names, e.g. "
-          f"{','.join(known)!r}")
+          f"{example!r}")
   names = split_evals(evals)
   require(names, f"config.evals={evals!r} names no evaluator, so nothing would be "
                  f"evaluated (eval.py would write an eval.json without results); name "
-                 f"at least one, e.g. --config.evals={known[0]}")
-  for name in names:
+                 f"at least one, e.g. --config.evals={example.split(',')[0]}")
+  for name in names if known is not None else ():
     require(name in known, f"config.evals names {name!r}, not an evaluator of a "
                            f"{task} run; use some of {', '.join(known)}")
   require(len(set(names)) == len(names), f"config.evals={evals!r} names an evaluator twice")
@@ -300,13 +304,11 @@ WANDB_MODES = ("online", "offline", "disabled")
 
 
 def _validate_observability(config):
-  """``profile.*``, ``wandb.*`` and the GPT's ``eval.sample_*``."""
+  """``profile.*`` and ``wandb.*`` (the evaluators check their ``eval.*``)."""
   for key, low, fix in (
       ("profile.start_step", 1, "the first traced training step (steps count from 1)"),
-      ("profile.num_steps", 0, "the number of traced steps, 0 for no trace"),
-      ("eval.sample_tokens", 0, "tokens sampled at each evaluation, 0 for none"),
-      ("eval.sample_prompt_tokens", 1, "validation tokens that prompt the sample")):
-    value = get(config, key, None)  # optional: eval.sample_* are a language model's
+      ("profile.num_steps", 0, "the number of traced steps, 0 for no trace")):
+    value = get(config, key, None)
     if value is None:
       continue
     require(isinstance(value, int) and not isinstance(value, bool) and value >= low,

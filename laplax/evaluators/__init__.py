@@ -1,7 +1,17 @@
-"""Evaluators of trained models, one module each: :mod:`laplax.evaluators.humaneval`
-scores code completions in :mod:`laplax.evaluators.sandbox`; nanochat's chat evaluations
-are :mod:`laplax.evaluators.chat` (the tasks, ChatCORE, ``eval.py
---chat_tasks``), :mod:`laplax.evaluators.multiple_choice` (ARC, MMLU),
-:mod:`laplax.evaluators.gsm8k` and :mod:`laplax.evaluators.generation`
-(batched answers with the calculator tool); :mod:`laplax.cli.lm_harness`
-is the lm-evaluation-harness adapter (it needs ``lm-eval``)."""
+"""Evaluators of trained models, chosen by name in ``config.evals``: each is
+a subclass of :class:`laplax.evaluators.base.Evaluator` in a module of this
+package (with the mathematics it uses), which
+:mod:`laplax.evaluators.registry` finds. ``classification`` and
+``bits_per_byte``: :mod:`~laplax.evaluators.eval_sums`; ``samples`` and
+``multiple_choice``: :mod:`~laplax.evaluators.lm_samples`; DINO's ``knn``,
+``linear_probe``, ``raw_pixel_knn``, ``patch_pca``:
+:mod:`~laplax.evaluators.probes`; ``segmentation``:
+:mod:`~laplax.evaluators.dino_segmentation` (with
+:mod:`~laplax.evaluators.linear_segmentation`); nanochat's chat benchmarks
+``arc_easy``, ``arc_challenge``, ``mmlu``, ``gsm8k``, ``humaneval``:
+:mod:`~laplax.evaluators.chat`, scored by
+:mod:`~laplax.evaluators.multiple_choice`, :mod:`~laplax.evaluators.gsm8k`
+and :mod:`~laplax.evaluators.humaneval` (in :mod:`~laplax.evaluators.sandbox`),
+with :mod:`~laplax.evaluators.generation` for the answers.
+:mod:`laplax.cli.lm_harness` is the lm-evaluation-harness adapter (it needs
+``lm-eval``)."""

@@ -1,6 +1,8 @@
 """nanochat's chat evaluation (``scripts/chat_eval.py``): ARC-Easy,
-ARC-Challenge, MMLU, GSM8K, HumanEval and ChatCORE, run by ``eval.py
---chat_tasks``.
+ARC-Challenge, MMLU, GSM8K, HumanEval and ChatCORE, the ``eval.py``
+evaluators ``arc_easy``, ``arc_challenge``, ``mmlu``, ``gsm8k`` and
+``humaneval`` of a language model trained with nanochat's tokenizer
+(:class:`ChatBenchmark`; ``eval.py --chat_tasks`` names them).
 
 Each task reads its test split from a local directory laid out as the
 Hugging Face repositories (:data:`TASKS`;
@@ -28,8 +30,11 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from laplax.config import validation as config_lib
 from laplax.data.chat import sources as chat_sources
 from laplax.data.errors import DataError
+from laplax.evaluators import sandbox
+from laplax.evaluators.base import EVAL, Context, Evaluator
 
 
 @dataclasses.dataclass(frozen=True)
@@ -188,3 +193,130 @@ def run(model: Any, params: Any, tokenizer: Any, data: dict[str, list[dict]], *,
                else "bubblewrap"} if "humaneval" in scores else {}
   return {**scores, "chatcore": chatcore(scores), "chatcore_tasks": list(scores),
           "num_problems": counts, **sandboxed}
+
+
+class ChatBenchmark(Evaluator):
+  """One task of :data:`TASKS` as an ``eval.py`` evaluator of a language
+  model with nanochat's tokenizer; its name is the task's.
+
+  Settings (shared by the five): ``eval.chat_data`` (the directory of the
+  test splits in the Hugging Face layout; "" for none, which only HumanEval
+  can do without), ``eval.chat_max_problems`` (the first problems of the
+  seed-42 shuffle; 0: all), ``eval.chat_batch_size`` (prompts per batch),
+  ``eval.chat_max_new_tokens`` (tokens per GSM8K / HumanEval answer).
+
+  Each returns its score under its name; ``chatcore``, ``chatcore_tasks`` and
+  ``num_problems`` are over the benchmarks of the round so far (kept in
+  ``ctx.cache``), so after the last one they cover all that ran.
+  """
+  stages = (EVAL,)
+  tasks = ("lm",)
+  defaults = {"chat_data": "", "chat_max_problems": 0, "chat_batch_size": 8,
+              "chat_max_new_tokens": 512}
+
+  @classmethod
+  def validate(cls, config) -> None:
+    """A run trained with nanochat's tokenizer; the test data's directory;
+    the numbers' ranges.
+
+    Raises:
+      DataError: the run's tokenizer has no chat special tokens.
+      ConfigError: a bad number; ``chat_data`` not a directory, or missing
+        for a benchmark other than HumanEval.
+    """
+    kind = config.data.tokenizer
+    if kind != "nanochat":
+      raise DataError(f"config.evals names {cls.name}, but the run was trained with the "
+                      f"{kind} tokenizer, which has no chat special tokens; chat "
+                      "evaluation needs a run trained with --config.data.tokenizer=nanochat")
+    data = config.eval.chat_data
+    config_lib.require(isinstance(data, str),
+                       f"config.eval.chat_data={data!r} must be a directory (or empty)")
+    task = TASKS[cls.name]
+    config_lib.require(data or task.kind == "humaneval",
+                       f"{cls.name} needs --chat_data DIR (--config.eval.chat_data=DIR) "
+                       f"holding its test split, e.g. DIR/{task.layout}")
+    config_lib.require(not data or os.path.isdir(os.path.expanduser(data)),
+                       f"--chat_data={data} (config.eval.chat_data) is not a directory")
+    for key, low in (("chat_max_problems", 0), ("chat_batch_size", 1),
+                     ("chat_max_new_tokens", 1)):
+      config_lib.check_int(config, f"eval.{key}", low)
+
+  def prepare(self) -> None:
+    """Reads the test conversations (:func:`load_task`).
+
+    Raises:
+      DataError: a missing split, malformed data.
+    """
+    e = self.settings
+    self.conversations = load_task(self.name, e["chat_data"] or None,
+                                   e["chat_max_problems"] or None)
+
+  def run(self, state: Any, ctx: Context) -> dict:
+    e = self.settings
+    out = run(self.task.model, state.params, self.task.tokenizer,
+              {self.name: self.conversations}, batch_size=e["chat_batch_size"],
+              max_new_tokens=e["chat_max_new_tokens"])
+    scores = ctx.cache.setdefault("chat_scores", {})
+    counts = ctx.cache.setdefault("chat_problems", {})
+    scores[self.name], counts[self.name] = out[self.name], out["num_problems"][self.name]
+    return {self.name: out[self.name], "chatcore": chatcore(scores),
+            "chatcore_tasks": list(scores), "num_problems": dict(counts)}
+
+
+class ArcEasy(ChatBenchmark):
+  """``arc_easy``: ARC-Easy letter accuracy."""
+  name = "arc_easy"
+
+
+class ArcChallenge(ChatBenchmark):
+  """``arc_challenge``: ARC-Challenge letter accuracy."""
+  name = "arc_challenge"
+
+
+class MMLU(ChatBenchmark):
+  """``mmlu``: MMLU letter accuracy."""
+  name = "mmlu"
+
+
+class GSM8K(ChatBenchmark):
+  """``gsm8k``: exact match of GSM8K's ``####`` answers."""
+  name = "gsm8k"
+
+
+class HumanEval(ChatBenchmark):
+  """``humaneval``: HumanEval pass@1 in the sandbox
+  (:mod:`laplax.evaluators.sandbox`). ``eval.unsafe_no_sandbox`` (False;
+  ``eval.py --unsafe_no_sandbox``) runs the generated programs without
+  isolation; the result's ``humaneval_sandbox`` says which."""
+  name = "humaneval"
+  defaults = {**ChatBenchmark.defaults, "unsafe_no_sandbox": False}
+
+  @classmethod
+  def validate(cls, config) -> None:
+    """:meth:`ChatBenchmark.validate`, then fail closed: without the
+    sandbox, nothing runs unless ``eval.unsafe_no_sandbox``.
+
+    Raises:
+      ConfigError: ``unsafe_no_sandbox`` not a bool.
+      laplax.evaluators.sandbox.SandboxUnavailable: no sandbox on this machine.
+    """
+    super().validate(config)
+    unsafe = config.eval.unsafe_no_sandbox
+    config_lib.require(isinstance(unsafe, bool),
+                       f"config.eval.unsafe_no_sandbox={unsafe!r} must be true or false")
+    if not unsafe:
+      sandbox.check_available()
+
+  def run(self, state: Any, ctx: Context) -> dict:
+    e = self.settings
+    out = run(self.task.model, state.params, self.task.tokenizer,
+              {self.name: self.conversations}, batch_size=e["chat_batch_size"],
+              max_new_tokens=e["chat_max_new_tokens"],
+              unsafe_no_sandbox=e["unsafe_no_sandbox"])
+    scores = ctx.cache.setdefault("chat_scores", {})
+    counts = ctx.cache.setdefault("chat_problems", {})
+    scores[self.name], counts[self.name] = out[self.name], out["num_problems"][self.name]
+    return {self.name: out[self.name], "chatcore": chatcore(scores),
+            "chatcore_tasks": list(scores), "num_problems": dict(counts),
+            "humaneval_sandbox": out["humaneval_sandbox"]}

@@ -1,6 +1,6 @@
-"""The linear segmentation evaluation of a DINO run (the ``segmentation``
-evaluator of :mod:`laplax.evaluators.registry`, which ``eval.py`` runs when
-``config.evals`` names it).
+"""The linear segmentation evaluation of a DINO run: the ``segmentation``
+evaluator (:class:`Segmentation`), which ``eval.py`` runs when
+``config.evals`` names it.
 
 DINOv2's linear protocol (Oquab et al. 2023, arXiv 2304.07193, section 7.4;
 its released mmsegmentation heads ``BNHead``): the frozen teacher backbone's
@@ -12,9 +12,9 @@ patches' statistics (the head's BatchNorm) and mapped by a linear layer to
 class logits, upsampled bilinearly to the labels, trained with the
 pixel-wise cross-entropy (:func:`laplax.evaluators.linear_segmentation.linear_segmentation_probe`).
 
-The settings are ``config.eval.segmentation*`` (:func:`settings`; a run
-saved before a key existed gets its default when its config is read,
-:func:`laplax.tasks.schema.complete`): ``segmentation_dataset`` and ``segmentation_dir`` (the data,
+The settings are ``config.eval.segmentation*`` (:data:`DEFAULTS`,
+:func:`settings`; a run saved before a key existed gets its default,
+:func:`laplax.evaluators.registry.complete`): ``segmentation_dataset`` and ``segmentation_dir`` (the data,
 :mod:`laplax.data.vision.segmentation`), ``segmentation_image_size`` (side ``S`` of
 the images and labels; 0: the backbone's input size), ``segmentation_train_images``
 / ``segmentation_test_images`` (the first images of the train and test
@@ -30,6 +30,7 @@ Memory: the train features stay on the host, ``N (S/p)^2 D L`` float32.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import flax.linen as nn
@@ -39,16 +40,40 @@ import ml_collections
 import numpy as np
 
 from laplax import sharding
-from laplax.config import defaults
 from laplax.config import validation as config_lib
 from laplax.data.vision import segmentation
+from laplax.evaluators import linear_segmentation as seg_lib
+from laplax.evaluators.base import EVAL, Context, Evaluator
+
+#: The ``eval.segmentation*`` settings and their defaults. The probe is
+#: DINOv2's linear protocol on the frozen teacher's final-norm patch tokens
+#: (:mod:`laplax.evaluators.linear_segmentation`). ``segmentation_dataset``:
+#: "auto" (the run's own masks, e.g. fashion_mosaic; Fashion-MNIST canvases for
+#: a Fashion-MNIST run; else skipped), "fashion_canvases", "ade20k"
+#: (ADEChallengeData2016's 150 classes, unpacked in ``segmentation_dir``) or
+#: "scene_parse150" (TFDS's builder in ``data.data_dir``, whose masks are the
+#: 100 instance categories; :mod:`laplax.data.vision.segmentation`). Images and
+#: labels at ``segmentation_image_size`` px (0: the backbone's input size). It
+#: fits on the first ``segmentation_train_images`` of the train split in
+#: ``segmentation_steps`` AdamW steps of ``segmentation_batch_size`` images from
+#: ``segmentation_lr``, on the last ``segmentation_layers`` blocks' tokens,
+#: scores the first ``segmentation_test_images`` of the eval split and draws
+#: ``segmentation_figure_images`` of them.
+DEFAULTS = {"segmentation_dataset": "auto", "segmentation_dir": "",
+            "segmentation_image_size": 0, "segmentation_train_images": 500,
+            "segmentation_test_images": 200, "segmentation_steps": 300,
+            "segmentation_batch_size": 64, "segmentation_lr": 0.05, "segmentation_layers": 1,
+            "segmentation_figure_images": 6}
+#: File name of the segmentation probe's picture (``segmentation``).
+SEGMENTATION_FIGURE = "segmentation.png"
 
 
 def settings(config) -> dict:
   """The ``eval.segmentation*`` settings of ``config`` (complete:
   :func:`laplax.tasks.schema.complete` gave a run saved before a key existed
   its default); keys without the ``eval.`` prefix."""
-  return {k: config.eval[k] for k in defaults.segmentation_defaults()}
+  given = config.eval if "eval" in config else {}
+  return {k: given[k] if k in given else v for k, v in DEFAULTS.items()}
 
 
 def image_size(config, image_shape) -> int:
@@ -157,7 +182,6 @@ def evaluate(config, backbone: nn.Module, params: Any, seg, *, mesh=None,
     "segmentation_image_size", "segmentation_train_images",
     "segmentation_test_images", "segmentation_layers"}``.
   """
-  from laplax.evaluators import linear_segmentation as seg_lib  # pylint: disable=import-outside-toplevel
   s = settings(config)
   place = None
   if mesh is not None:
@@ -226,3 +250,47 @@ def validate(config: ml_collections.ConfigDict) -> None:
   config_lib.require(e.segmentation_layers <= config.model.depth,
            f"config.eval.segmentation_layers={e.segmentation_layers} is more than the "
            f"model's {config.model.depth} blocks")
+
+
+class Segmentation(Evaluator):
+  """``segmentation``: DINOv2's linear segmentation probe on the teacher's
+  patch tokens (:func:`evaluate`; the data and sizes are the settings of
+  :data:`DEFAULTS`), its batches split over ``ctx.mesh``; the test masks are
+  drawn to :data:`SEGMENTATION_FIGURE` in ``ctx.out_dir``. Nothing when the
+  run has no masks to use ("auto")."""
+  name = "segmentation"
+  stages = (EVAL,)
+  tasks = ("dino",)
+  defaults = DEFAULTS
+
+  @classmethod
+  def validate(cls, config: ml_collections.ConfigDict) -> None:
+    """The ``eval.segmentation*`` keys (:func:`validate`)."""
+    validate(config)
+
+  def prepare(self) -> None:
+    """Reads the segmentation images and masks (:func:`load_data`).
+
+    Raises:
+      DataError: the data is not prepared, unreadable or does not fit the backbone.
+      ConfigError: the image size is not divisible by the patch size.
+    """
+    self.data = load_data(self.config, self.task.image_shape)
+
+  def run(self, state: Any, ctx: Context) -> dict:
+    shown = settings(self.config)["segmentation_figure_images"]
+    if self.data is None:
+      ctx.say(f"no segmentation probe: {self.config.data.name} has no masks and is not "
+              f"Fashion-MNIST; add --config.eval.segmentation_dataset=ade20k "
+              f"--config.eval.segmentation_dir=DIR (ADEChallengeData2016 unpacked in DIR)")
+      return {}
+    figure = os.path.join(ctx.out_dir, SEGMENTATION_FIGURE) if ctx.out_dir else None
+    _, params = self.task.backbone(state)
+    out = evaluate(self.config, self.task.teacher.backbone, params, self.data, mesh=ctx.mesh,
+                   figure=figure)
+    ctx.say(f"linear segmentation probe on {out['segmentation_dataset']}: mIoU "
+            f"{out['segmentation_miou']:.4f}" + (
+                f"; masks of {shown} test images: {figure}" if shown and figure else ""))
+    if shown and figure:
+      ctx.figures.append(figure)
+    return out

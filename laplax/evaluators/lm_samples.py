@@ -1,7 +1,8 @@
 """Language-model evaluations: multiple choice for ``eval.py``, and the text
 sample of the validation prompt that ``train.py`` writes at each evaluation.
 
-Multiple-choice files are JSON lines, one question per line::
+Two evaluators: ``samples`` (:class:`Samples`) and ``multiple_choice``
+(:class:`MultipleChoice`). Multiple-choice files are JSON lines, one question per line::
 
     {"question": "...", "choices": ["...", "..."], "answer": 1}
 
@@ -20,7 +21,9 @@ import flax.linen as nn
 import numpy as np
 
 from laplax import sharding
+from laplax.config import validation as config_lib
 from laplax.errors import UserError
+from laplax.evaluators.base import EVAL, TRAIN, Context, Evaluator
 from laplax.models import sampling
 
 
@@ -101,3 +104,60 @@ def greedy_sample(model: nn.Module, params: Any, tokenizer: Any, prompt: np.ndar
   with nn.logical_axis_rules(()):
     out = sampling.generate(model, params, prompt, max_new_tokens=num_tokens, temperature=0.0)
   return tokenizer.decode(prompt) + tokenizer.decode(out)
+
+class Samples(Evaluator):
+  """``samples``: ``{"sample": text}``, the first ``eval.sample_prompt_tokens``
+  tokens of the validation text (at most half the context) continued by
+  ``eval.sample_tokens`` greedily decoded tokens (:func:`greedy_sample`),
+  into TensorBoard and ``metrics.jsonl``. The same prompt at every
+  evaluation, so a run's samples show its text change; none when
+  ``eval.sample_tokens`` is 0. Training only (``eval.py --sample`` samples)."""
+  name = "samples"
+  stages = (TRAIN,)
+  tasks = ("lm",)
+  defaults = {"sample_tokens": 64, "sample_prompt_tokens": 16}
+
+  @classmethod
+  def validate(cls, config) -> None:
+    """``eval.sample_tokens`` >= 0, ``eval.sample_prompt_tokens`` >= 1 (integers).
+
+    Raises:
+      ConfigError: the first bad key.
+    """
+    for key, low, fix in (
+        ("sample_tokens", 0, "tokens sampled at each evaluation, 0 for none"),
+        ("sample_prompt_tokens", 1, "validation tokens that prompt the sample")):
+      value = config.eval[key]
+      config_lib.require(isinstance(value, int) and not isinstance(value, bool) and value >= low,
+                         f"config.eval.{key}={value!r} must be an integer >= {low}: {fix}")
+
+  def run(self, state: Any, ctx: Context) -> dict:
+    del state, ctx
+    return {}
+
+  def texts(self, state: Any) -> dict[str, str]:
+    e = self.settings
+    if e["sample_tokens"] <= 0:
+      return {}
+    k = max(1, min(int(e["sample_prompt_tokens"]), self.task.seq_len // 2))
+    prompt = next(iter(self.task.eval_batches()))["tokens"][0, :k]
+    return {"sample": greedy_sample(self.task.model, state.params, self.task.tokenizer, prompt,
+                                    e["sample_tokens"])}
+
+
+class MultipleChoice(Evaluator):
+  """``multiple_choice``: accuracy on a JSON-lines file of questions by summed
+  log-likelihood of each choice (:func:`score_choices`). ``eval.py --choices
+  FILE`` adds it, with the file's items (no config names it)."""
+  name = "multiple_choice"
+  stages = (EVAL,)
+
+  def __init__(self, task, items: list[dict]):
+    super().__init__(task)
+    self.items = items
+
+  def run(self, state: Any, ctx: Context) -> dict:
+    del ctx
+    result = score_choices(self.task.model, state.params, self.task.tokenizer, self.items)
+    return {"choices_accuracy": result["choices_accuracy"],
+            "num_questions": result["num_questions"]}

@@ -1,4 +1,7 @@
-"""Frozen-feature evaluations of self-supervised (DINO) models.
+"""Frozen-feature evaluations of self-supervised (DINO) models: the
+evaluators ``knn``, ``linear_probe``, ``raw_pixel_knn`` and ``patch_pca``
+(:class:`KNN`, :class:`LinearProbe`, :class:`RawPixelKNN`, :class:`PatchPCA`)
+and their mathematics.
 
 The encoder is frozen and only its output features are used:
 
@@ -20,7 +23,7 @@ The encoder is frozen and only its output features are used:
   the first component to remove the background and redoes the PCA on the
   foreground; that second stage is not done here.
 
-All functions take NumPy or JAX arrays and return NumPy values.
+The functions take NumPy or JAX arrays and return NumPy values.
 """
 
 from __future__ import annotations
@@ -28,13 +31,17 @@ from __future__ import annotations
 import functools
 import math
 import os
-from typing import Sequence
+from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 from PIL import Image
+
+from laplax.config import validation as config_lib
+from laplax.evaluators.base import EVAL, Context, Evaluator
+from laplax.tasks.base import Task
 
 
 def _features(x, name: str) -> np.ndarray:
@@ -420,3 +427,124 @@ def save_pca_figure(path, images, rgb, *, margin: int = 4,
     canvas[2 * margin + th:2 * margin + 2 * th, x0:x0 + tw] = rgb[i][rows][:, cols]
   os.makedirs(os.path.dirname(os.path.abspath(os.fspath(path))), exist_ok=True)
   Image.fromarray(canvas, "RGB").save(path, format="PNG")
+
+
+#: File name of the patch-feature PCA picture (``patch_pca``).
+PCA_FIGURE = "patch_pca.png"
+#: The k-NN settings of ``knn`` and ``raw_pixel_knn`` (DINO's k and T).
+KNN_DEFAULTS = {"knn_k": 20, "knn_temperature": 0.07}
+
+
+def teacher_features(task: Task, state: Any, ctx: Context, split: str):
+  """The DINO teacher's class-token features of ``split``
+  (:meth:`laplax.tasks.dino.DINOTask.features`; the eval split's with the patch
+  tokens of its first ``ctx.tokens`` images), computed once per round and kept
+  in ``ctx.cache``."""
+  key = ("teacher_features", split)
+  if key not in ctx.cache:
+    _, params = task.backbone(state)
+    tokens = ctx.tokens if split == task.config.data.eval_split else 0
+    ctx.cache[key] = task.features(params, split, with_tokens=tokens)
+  return ctx.cache[key]
+
+
+class _KNNSettings(Evaluator):
+  """The k-NN settings ``eval.knn_k`` (>= 1) and ``eval.knn_temperature`` (> 0)."""
+  tasks = ("dino",)
+  defaults = KNN_DEFAULTS
+
+  @classmethod
+  def validate(cls, config) -> None:
+    """Raises ConfigError: ``knn_k`` < 1 or ``knn_temperature`` <= 0."""
+    config_lib.check_int(config, "eval.knn_k", 1)
+    config_lib.check_float(config, "eval.knn_temperature", 0.0, open_min=True)
+
+
+class KNN(_KNNSettings):
+  """``knn``: DINO's weighted k-NN classifier (Wu et al. 2018) on the teacher's
+  class-token features, fitted on the train split and scored on the eval
+  split (``eval.knn_k``, ``eval.knn_temperature``); ``knn_accuracy`` in
+  [0, 1] and ``num_examples`` (the eval split's size). Labels are used only here."""
+  name = "knn"
+
+  def run(self, state: Any, ctx: Context) -> dict:
+    data, e = self.config.data, self.settings
+    train_x, train_y, _, _ = teacher_features(self.task, state, ctx, data.train_split)
+    test_x, test_y, _, _ = teacher_features(self.task, state, ctx, data.eval_split)
+    accuracy = knn_accuracy(train_x, train_y, test_x, test_y, num_classes=self.task.num_classes,
+                            k=e["knn_k"], temperature=e["knn_temperature"])
+    return {"knn_accuracy": float(accuracy), "num_examples": int(len(test_y))}
+
+
+class LinearProbe(Evaluator):
+  """``linear_probe``: a multinomial logistic regression on the teacher's
+  class-token features (:func:`linear_probe`, seeded with ``config.seed``),
+  fitted on the train split and scored on the eval split;
+  ``linear_probe_accuracy`` in [0, 1]."""
+  name = "linear_probe"
+  tasks = ("dino",)
+
+  def run(self, state: Any, ctx: Context) -> dict:
+    data = self.config.data
+    train_x, train_y, _, _ = teacher_features(self.task, state, ctx, data.train_split)
+    test_x, test_y, _, _ = teacher_features(self.task, state, ctx, data.eval_split)
+    probe = linear_probe(train_x, train_y, test_x, test_y, num_classes=self.task.num_classes,
+                         seed=self.config.seed)
+    return {"linear_probe_accuracy": float(probe["accuracy"])}
+
+
+class RawPixelKNN(_KNNSettings):
+  """``raw_pixel_knn``: the same k-NN as ``knn`` on the normalised pixels (a
+  reference that needs no network); ``raw_pixel_knn_accuracy`` in [0, 1]."""
+  name = "raw_pixel_knn"
+  stages = (EVAL,)
+
+  def run(self, state: Any, ctx: Context) -> dict:
+    del state, ctx  # the pixels, no network
+    data, e = self.config.data, self.settings
+    pixels, labels = {}, {}
+    for split in (data.train_split, data.eval_split):
+      rows, ys = [], []
+      for b in self.task.eval_batches(split):
+        n = int(b["mask"].sum())
+        rows.append(b["image"][:n].reshape(n, -1))
+        ys.append(b["label"][:n])
+      pixels[split], labels[split] = np.concatenate(rows), np.concatenate(ys)
+    accuracy = knn_accuracy(pixels[data.train_split], labels[data.train_split],
+                            pixels[data.eval_split], labels[data.eval_split],
+                            num_classes=self.task.num_classes, k=e["knn_k"],
+                            temperature=e["knn_temperature"])
+    return {"raw_pixel_knn_accuracy": float(accuracy)}
+
+
+class PatchPCA(Evaluator):
+  """``patch_pca``: the first three principal components of the teacher's
+  final-norm patch features of the first ``eval.pca_images`` eval images, as
+  RGB beside the images (DINO's Fig. 1-style picture; :func:`patch_pca_rgb`),
+  written to :data:`PCA_FIGURE` in ``ctx.out_dir``. No numbers."""
+  name = "patch_pca"
+  stages = (EVAL,)
+  tasks = ("dino",)
+  defaults = {"pca_images": 8}
+
+  @classmethod
+  def validate(cls, config) -> None:
+    """Raises ConfigError: ``eval.pca_images`` < 0."""
+    config_lib.check_int(config, "eval.pca_images", 0)
+
+  def tokens_wanted(self, ctx: Context) -> int:
+    """``eval.pca_images`` when there is a directory for the figure."""
+    return int(self.settings["pca_images"]) if ctx.out_dir is not None else 0
+
+  def run(self, state: Any, ctx: Context) -> dict:
+    num = self.tokens_wanted(ctx)
+    if not num:
+      return {}
+    _, _, shown, tokens = teacher_features(self.task, state, ctx, self.config.data.eval_split)
+    p = self.config.model.patch_size
+    figure = os.path.join(ctx.out_dir, PCA_FIGURE)
+    save_pca_figure(figure, shown, patch_pca_rgb(tokens, (shown.shape[1] // p,
+                                                          shown.shape[2] // p)))
+    ctx.figures.append(figure)
+    ctx.say(f"patch-feature PCA of {num} test images: {figure}")
+    return {}

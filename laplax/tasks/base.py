@@ -36,15 +36,15 @@ class Task(Protocol):
     batch_axis: the examples' axis in every batch field (DINO's views
       ``[V, B, ...]``: 1).
     model: the trained network (``model.apply({"params": params}, ...)``).
-    evaluator_names: the names ``config.evals`` may list for this task
-      (:data:`laplax.evaluators.registry.EVALUATORS`).
+
+  The evaluators that ``config.evals`` may name for a task declare it
+  themselves (:func:`laplax.evaluators.registry.accepted`).
   """
   config: ml_collections.ConfigDict
   family: str
   base_config: Any
   batch_axis: int
   model: nn.Module
-  evaluator_names: tuple[str, ...]
 
   def init(self, rng: jax.Array) -> Any:
     """Initial parameters (float32 pytree) from ``rng``."""
@@ -92,10 +92,9 @@ class TaskBase:
   Its :meth:`evaluate` sums the subclass's ``eval_sums(params, batch)`` over
   every eval batch (jitted once per task) and summarises them with
   ``summarize(sums)`` (the ``classification`` and ``bits_per_byte``
-  evaluators of :mod:`laplax.evaluators.registry` run it).
+  evaluators of :mod:`laplax.evaluators.eval_sums` run it).
   """
   batch_axis = 0
-  evaluator_names: tuple[str, ...] = ()
   family: str
   #: Why ``eval.py --analysis`` cannot take gradients of the training loss on
   #: eval batches (``None``: it can).
@@ -140,9 +139,13 @@ class TaskBase:
   @classmethod
   def known_keys(cls, config: ml_collections.ConfigDict) -> set[str]:
     """The dotted keys a config of this task may have: those of
-    :meth:`base_config` (with empty sections) and of
-    :meth:`data_defaults` (the pipeline of ``config.data.name``)."""
+    :meth:`base_config` (with empty sections), of :meth:`data_defaults`
+    (the pipeline of ``config.data.name``) and the ``eval`` keys ``config``
+    has (the settings of the evaluators, which
+    :func:`laplax.evaluators.registry.validate` checks)."""
     known = utils.flatten_dotted(cls.base_config().to_dict(), keep_empty=True)
+    if isinstance(config.get("eval"), ml_collections.ConfigDict):
+      known.update({f"eval.{k}": None for k in config.eval.keys()})
     known.update(utils.flatten_dotted({"data": cls.data_defaults(config).to_dict()},
                                       keep_empty=True))
     return known

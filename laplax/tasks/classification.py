@@ -72,7 +72,6 @@ class ClassificationTask(TaskBase):
 
   family = "vit"
   base_config = staticmethod(defaults.base_config)
-  evaluator_names = ("classification",)
 
   @classmethod
   def data_defaults(cls, config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:

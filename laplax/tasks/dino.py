@@ -45,8 +45,9 @@ class DINOTask(TaskBase):
   half-cosine from ``dino.momentum_teacher`` to 1 over ``total_steps``; the
   last head layer frozen for the first ``dino.freeze_last_layer_steps``.
   Evaluation (labels used only there): the evaluators of ``config.evals``
-  (k-NN, linear probe, raw-pixel k-NN, segmentation probe, patch PCA; see
-  :mod:`laplax.evaluators.registry`) on the teacher's features
+  (k-NN, linear probe, raw-pixel k-NN, segmentation probe, patch PCA;
+  :mod:`laplax.evaluators.probes`, :mod:`laplax.evaluators.dino_segmentation`)
+  on the teacher's features
   (:meth:`features`).
 
   Args:
@@ -55,7 +56,6 @@ class DINOTask(TaskBase):
       ``num_classes`` is only for evaluation.
   """
   family = "vit"
-  evaluator_names = ("knn", "linear_probe", "raw_pixel_knn", "segmentation", "patch_pca")
   base_config = staticmethod(defaults.dino_base_config)
   analysis_loss_unavailable = ("DINO's loss needs multi-crop training views and the "
                                "teacher; the eval split has single images")
@@ -95,9 +95,6 @@ class DINOTask(TaskBase):
     config_lib.check_float(config, "dino.center_momentum", 0.0, 1.0)
     config_lib.check_int(config, "dino.warmup_teacher_temp_steps", 0)
     config_lib.check_int(config, "dino.freeze_last_layer_steps", 0)
-    config_lib.check_int(config, "eval.knn_k", 1)
-    config_lib.check_float(config, "eval.knn_temperature", 0.0, open_min=True)
-    config_lib.check_int(config, "eval.pca_images", 0)
 
   @classmethod
   def upgrade_saved(cls, config: ml_collections.ConfigDict) -> None:

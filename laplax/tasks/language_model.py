@@ -39,7 +39,6 @@ class LanguageModelTask(TaskBase):
 
   family = "gpt"
   base_config = staticmethod(defaults.gpt_base_config)
-  evaluator_names = ("bits_per_byte", "samples")
 
   @classmethod
   def data_defaults(cls, config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
@@ -47,6 +46,19 @@ class LanguageModelTask(TaskBase):
     (:func:`laplax.data.lm_input.default_config`: FineWeb-Edu, a chat stage
     or the text corpus)."""
     return lm_input.default_config(config.data.name)
+
+  @classmethod
+  def upgrade_saved(cls, config: ml_collections.ConfigDict) -> None:
+    """A run saved before ``evals`` existed that has no ``eval.sample_tokens``
+    was saved before the samples at each evaluation existed too: it gets
+    ``eval.sample_tokens = 0`` (it wrote none); then the base class's
+    upgrade (:meth:`~laplax.tasks.base.TaskBase.upgrade_saved`)."""
+    if "evals" not in config:
+      if "eval" not in config:
+        config.eval = ml_collections.ConfigDict()
+      if "sample_tokens" not in config.eval:
+        config.eval.sample_tokens = 0
+    super().upgrade_saved(config)
 
   def __init__(self, config: ml_collections.ConfigDict, tokenizer: Any):
     self.config = config

@@ -18,7 +18,12 @@ A run's config is a ``ml_collections.ConfigDict`` in sections (``optim``,
   a chat mixture's or the text corpus's);
 * :data:`OLD_RUN_VALUES`: the value of a key for a config that lacks it, where
   that differs from today's default (a run saved before the key existed keeps
-  behaving as it did).
+  behaving as it did);
+* ``eval``: the settings of the task's evaluators, declared by them and
+  added by :func:`laplax.evaluators.registry.complete` (a floor above; the
+  base configs hold at most an empty section). An old run's values there
+  are the task's :meth:`~laplax.tasks.base.TaskBase.upgrade_saved` (a
+  language model saved before its samples existed: ``eval.sample_tokens = 0``).
 
 :func:`complete` gives a config every key of its task with these defaults. It
 runs once on each path into the trainer: when a saved ``config.json`` is read
@@ -54,9 +59,6 @@ from laplax.models import spec as spec_lib
 OLD_RUN_VALUES = {
     # Runs saved before the exclusion list existed decayed every parameter.
     "optim.weight_decay_exclude": (),
-    # Language models saved before the samples at each evaluation existed
-    # wrote none.
-    "eval.sample_tokens": 0,
     # A profile section without start_step traced from the first step.
     "profile.start_step": 1,
     # SFT runs saved before the SmolTalk cut existed used all of SmolTalk train.
