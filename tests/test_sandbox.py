@@ -411,6 +411,13 @@ def test_eval_py_refuses_humaneval_without_bubblewrap(tmp_path):
   lines = [l for l in r.stderr.splitlines() if l.strip()]
   assert len(lines) == 1 and "no bwrap on PATH" in lines[0] and "--unsafe_no_sandbox" in lines[0]
   assert sorted(os.listdir(tmp_path)) == before
+  # The opt-out passes the check (and warns); this workdir then has no checkpoint.
+  r = subprocess.run([sys.executable, os.path.join(ROOT, "eval.py"), "--workdir",
+                      str(tmp_path), "--chat_tasks", "humaneval", "--unsafe_no_sandbox"],
+                     capture_output=True, text=True, env=env, cwd=ROOT)
+  assert r.returncode == 2 and "no bwrap" not in r.stderr and "has no checkpoint" in r.stderr
+  assert "warning: --unsafe_no_sandbox" in r.stderr
+  assert sorted(os.listdir(tmp_path)) == before
 
 
 NOBODY_SCRIPT = r"""
