@@ -1,6 +1,9 @@
 """Evaluate a checkpoint of a laplax run (``laplax-eval``, or ``python eval.py``);
 the user guide is ``docs/evaluation.md``.
 
+Usage: ``laplax-eval --workdir DIR [--step N] [--out FILE] [--config.evals=NAMES]
+[--config.eval.KEY=VALUE ...] [--sample PROMPT] [--analysis]``.
+
 Contract: restores the checkpoint of ``--step`` (default: the newest
 readable one) with the workdir's saved config (:func:`laplax.loading.load`,
 onto one device), runs the evaluators of ``config.evals`` whose stages hold
