@@ -33,12 +33,12 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import jax  # pylint: disable=wrong-import-position
-import jax.numpy as jnp  # pylint: disable=wrong-import-position
-import numpy as np  # pylint: disable=wrong-import-position
+import jax
+import jax.numpy as jnp
+import numpy as np
 
-from bench import step_time  # pylint: disable=wrong-import-position
-from bench.common import apply_override, fail, load_config  # pylint: disable=wrong-import-position
+from bench import step_time
+from bench.common import apply_override, fail, load_config
 
 
 def bandwidth(sizes_mib: list[int], reps: int = 20, rounds: int = 5) -> None:
@@ -73,12 +73,16 @@ def micro_batches(path: str, accum: list[int], args) -> None:
     if config.batch_size % n:
       print(f"skipped: {n} micro-batches do not divide batch_size={config.batch_size}")
       continue
-    for unroll in ((False,) if n == 1 else (False, True)):
+    for unroll in (False,) if n == 1 else (False, True):
       c = config.copy_and_resolve_references()
       c.optim.grad_accum_steps, c.optim.grad_accum_unroll = n, unroll
-      step, state, _ = step_time.build(c, c.model.num_laplacian_heads,
-                                       c.model.spectral.mode if c.model.spectral.enabled
-                                       else None, image_shape, 10)
+      step, state, _ = step_time.build(
+        c,
+        c.model.num_laplacian_heads,
+        c.model.spectral.mode if c.model.spectral.enabled else None,
+        image_shape,
+        10,
+      )
       t0 = time.perf_counter()
       step = step.lower(state, batch).compile()
       seconds = time.perf_counter() - t0
@@ -92,36 +96,47 @@ def micro_batches(path: str, accum: list[int], args) -> None:
   times, metrics = step_time.round_robin(candidates, args.rounds, args.steps)
   first = next(iter(times))
   base = statistics.median(times[first])
-  print(f"\nconfig {path}, batch {config.batch_size}: {args.rounds} rounds x {args.steps} "
-        f"steps, median; speed-up over {first}")
-  print(f"{'micro-batches':24s} {'ms/step':>9s} {'speed-up':>9s} {'compile s':>10s} "
-        f"{'loss':>12s}")
+  print(
+    f"\nconfig {path}, batch {config.batch_size}: {args.rounds} rounds x {args.steps} "
+    f"steps, median; speed-up over {first}"
+  )
+  print(f"{'micro-batches':24s} {'ms/step':>9s} {'speed-up':>9s} {'compile s':>10s} {'loss':>12s}")
   for name, ts in times.items():
     t = statistics.median(ts)
-    print(f"{name:24s} {t * 1e3:9.2f} {base / t:9.3f} {compile_seconds[name]:10.1f} "
-          f"{float(metrics[name]['loss']):12.7f}")
+    print(
+      f"{name:24s} {t * 1e3:9.2f} {base / t:9.3f} {compile_seconds[name]:10.1f} "
+      f"{float(metrics[name]['loss']):12.7f}"
+    )
 
 
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--config", action="append",
-                      help="config file (repeatable; default: the ViT and GPT defaults)")
-  parser.add_argument("--accum", default="1,2,4,8",
-                      help="micro-batch counts, comma-separated (default 1,2,4,8)")
-  parser.add_argument("--sizes", default="2,8,32,128",
-                      help="array sizes in MiB for the bandwidth part; empty: skip it")
+  parser.add_argument(
+    "--config", action="append", help="config file (repeatable; default: the ViT and GPT defaults)"
+  )
+  parser.add_argument(
+    "--accum", default="1,2,4,8", help="micro-batch counts, comma-separated (default 1,2,4,8)"
+  )
+  parser.add_argument(
+    "--sizes",
+    default="2,8,32,128",
+    help="array sizes in MiB for the bandwidth part; empty: skip it",
+  )
   parser.add_argument("--rounds", type=int, default=7)
   parser.add_argument("--steps", type=int, default=5)
   parser.add_argument("--warmup", type=int, default=2, help="steps before timing (>= 1)")
-  parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                      help="config override (repeatable)")
+  parser.add_argument(
+    "--set", action="append", default=[], metavar="KEY=VALUE", help="config override (repeatable)"
+  )
   args = parser.parse_args()
   try:
     accum = [int(a) for a in args.accum.split(",")]
     sizes = [int(s) for s in args.sizes.split(",") if s]
   except ValueError:
-    fail(f"--accum {args.accum!r} / --sizes {args.sizes!r} must be comma-separated "
-         f"integers, e.g. --accum 1,2,4")
+    fail(
+      f"--accum {args.accum!r} / --sizes {args.sizes!r} must be comma-separated "
+      f"integers, e.g. --accum 1,2,4"
+    )
   if not accum or min(accum) < 1 or min(sizes, default=1) < 1:
     fail("--accum and --sizes take integers >= 1")
   if min(args.rounds, args.steps, args.warmup) < 1:

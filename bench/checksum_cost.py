@@ -42,7 +42,8 @@ GB = 1e9
 
 def hash_throughput(megabytes: int, directory: str) -> None:
   """Prints seconds per GB of each checksum on ``megabytes`` MiB."""
-  from laplax.workdir import integrity  # pylint: disable=import-outside-toplevel
+  from laplax.workdir import integrity
+
   data = os.urandom(megabytes << 20)
   hashes = {"crc32 (zlib)": lambda b: zlib.crc32(b), "adler32 (zlib)": lambda b: zlib.adler32(b)}
   for name in ("sha256", "sha1", "blake2b", "md5"):
@@ -59,29 +60,32 @@ def hash_throughput(megabytes: int, directory: str) -> None:
     t = time.perf_counter()
     integrity.file_checksum(path)
     per_gb = (time.perf_counter() - t) / (len(data) / GB)
-    print(f"  integrity.file_checksum of a {megabytes} MiB file in {directory} "
-          f"(page cache): {per_gb:.3f} s/GB")
+    print(
+      f"  integrity.file_checksum of a {megabytes} MiB file in {directory} "
+      f"(page cache): {per_gb:.3f} s/GB"
+    )
   finally:
     os.remove(path)
 
 
 def checkpoint_cost(config_path: str, repeats: int, directory: str) -> None:
   """Prints the save, manifest and verification times of the config's checkpoint."""
-  import jax  # pylint: disable=import-outside-toplevel
-  from bench.common import load_config  # pylint: disable=import-outside-toplevel
-  from laplax.workdir import checkpoint, integrity, saving  # pylint: disable=import-outside-toplevel
-  from laplax.train import loop
-  from laplax import optim
+  import jax
+
+  from bench.common import load_config
+  from laplax import optim, tasks
   from laplax import state as state_lib
-  from laplax import tasks
+  from laplax.workdir import checkpoint, integrity, saving
+
   config = load_config(config_path)
   task = tasks.ClassificationTask(config, num_classes=10, image_shape=(28, 28, 1))
   state = state_lib.init_state(task, optim.make_optimizer(config), config.seed)
   jax.block_until_ready(state)
   root = tempfile.mkdtemp(prefix="checksum_cost_", dir=directory)
   try:
-    ckpt = checkpoint.Checkpointer(os.path.join(root, "checkpoints"), max_to_keep=None,
-                                   verify=False)
+    ckpt = checkpoint.Checkpointer(
+      os.path.join(root, "checkpoints"), max_to_keep=None, verify=False
+    )
     saves, manifests, verifies = [], [], []
     for i in range(repeats + 1):
       t = time.perf_counter()
@@ -102,10 +106,12 @@ def checkpoint_cost(config_path: str, repeats: int, directory: str) -> None:
     ckpt.close()
     size = saving.tree_size(ckpt.step_dir(1))
     save, manifest, verify = (statistics.median(x) for x in (saves, manifests, verifies))
-    print(f"checkpoint of {config_path} (TrainState at initialisation, "
-          f"{sum(x.size for x in jax.tree_util.tree_leaves(state.params)):,} parameters): "
-          f"{size / 1e6:.2f} MB in {len(os.listdir(os.path.join(ckpt.step_dir(1), 'state')))} "
-          f"entries of state/, median of {repeats} in {directory}:")
+    print(
+      f"checkpoint of {config_path} (TrainState at initialisation, "
+      f"{sum(x.size for x in jax.tree_util.tree_leaves(state.params)):,} parameters): "
+      f"{size / 1e6:.2f} MB in {len(os.listdir(os.path.join(ckpt.step_dir(1), 'state')))} "
+      f"entries of state/, median of {repeats} in {directory}:"
+    )
     print(f"  save (checksums off): {save * 1e3:.1f} ms")
     print(f"  manifest: {manifest * 1e3:.2f} ms = {manifest / save:.1%} of the save")
     print(f"  verification before a restore: {verify * 1e3:.2f} ms")
@@ -116,8 +122,9 @@ def checkpoint_cost(config_path: str, repeats: int, directory: str) -> None:
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--config", default="configs/vit_fashion_mnist.py")
-  parser.add_argument("--dir", default=tempfile.gettempdir(),
-                      help="where the test file and checkpoints are written")
+  parser.add_argument(
+    "--dir", default=tempfile.gettempdir(), help="where the test file and checkpoints are written"
+  )
   parser.add_argument("--megabytes", type=int, default=512, help="MiB hashed")
   parser.add_argument("--repeats", type=int, default=10, help="checkpoints saved")
   args = parser.parse_args()

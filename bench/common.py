@@ -17,7 +17,6 @@ import importlib.util
 import os
 import sys
 
-
 #: Bytes in a GiB (2**30), the unit of :func:`size`.
 GIB = 2.0**30
 
@@ -30,8 +29,7 @@ def fail(message: str) -> None:
 
 def size(num_bytes: float) -> str:
   """``num_bytes`` in GiB, or in MiB below 1 GiB (``"1.50 GiB"``, ``"12.0 MiB"``)."""
-  return (f"{num_bytes / GIB:.2f} GiB" if num_bytes >= GIB
-          else f"{num_bytes / 2.0**20:.1f} MiB")
+  return f"{num_bytes / GIB:.2f} GiB" if num_bytes >= GIB else f"{num_bytes / 2.0**20:.1f} MiB"
 
 
 def load_config(spec: str):
@@ -49,7 +47,7 @@ def load_config(spec: str):
   try:
     module_spec.loader.exec_module(module)
     return module.get_config(arg) if arg else module.get_config()
-  except Exception as e:  # pylint: disable=broad-except
+  except Exception as e:
     fail(f"config {spec}: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
   return None
 
@@ -88,9 +86,11 @@ def make_task(config, image_shape, num_classes):
   byte vocabulary or ``data.vocab_size`` for BPE (``image_shape`` and
   ``num_classes`` unused), an image task images of ``image_shape`` (H, W, C)
   and ``num_classes`` classes."""
-  from laplax import tasks  # pylint: disable=import-outside-toplevel
-  return tasks.TASKS[config.task].from_shapes(config, image_shape=image_shape,
-                                              num_classes=num_classes)
+  from laplax import tasks
+
+  return tasks.TASKS[config.task].from_shapes(
+    config, image_shape=image_shape, num_classes=num_classes
+  )
 
 
 def analytic_flops(config, task, params, remat: bool) -> tuple[float, float]:
@@ -107,7 +107,8 @@ def analytic_flops(config, task, params, remat: bool) -> tuple[float, float]:
   so its FLOPs are counted per image. ``params`` may be arrays or
   ``jax.ShapeDtypeStruct``.
   """
-  import jax  # pylint: disable=import-outside-toplevel
+  import jax
+
   m = config.model
   per_token, per_example = 0, 0
   for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
@@ -120,7 +121,8 @@ def analytic_flops(config, task, params, remat: bool) -> tuple[float, float]:
       per_example += leaf.size
     else:
       per_token += leaf.size
-  from laplax import tasks  # pylint: disable=import-outside-toplevel
+  from laplax import tasks
+
   if tasks.is_language_model(config):
     length = m.max_length
   else:
@@ -128,6 +130,5 @@ def analytic_flops(config, task, params, remat: bool) -> tuple[float, float]:
   batch = config.batch_size
   tokens = batch * length
   w, a = (8, 16) if remat else (6, 12)
-  flops = (w * per_token * tokens + w * per_example * batch
-           + a * m.depth * length * m.width * tokens)
+  flops = w * per_token * tokens + w * per_example * batch + a * m.depth * length * m.width * tokens
   return per_token + per_example, float(flops)

@@ -46,32 +46,58 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from bench.common import (  # pylint: disable=wrong-import-position
-    analytic_flops, apply_override, fail, load_config, make_task as task_from_shapes, size)
+from bench.common import analytic_flops, apply_override, fail, load_config, size
+from bench.common import make_task as task_from_shapes
 
 DEFAULT_CONFIGS = ("configs/deit3_imagenet.py", "configs/gpt_d20.py")
 
 
 def parse_args(argv=None):
-  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p = argparse.ArgumentParser(
+    description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+  )
   where = p.add_mutually_exclusive_group()
-  where.add_argument("--topology", help="TPU slice, e.g. v5e:4x4, v5e:16x16, v4:2x2x2 (needs libtpu)")
-  where.add_argument("--cpu-devices", type=int, default=None,
-                     help="number of fake CPU devices (default 8 when no --topology)")
-  p.add_argument("--config", action="append",
-                 help="config file[:args] (repeatable; default: deit3_imagenet and gpt_d20)")
-  p.add_argument("--mesh", default=None,
-                 help="mesh_shape over (data, fsdp, tensor), e.g. '(1,16,1)'; default: all FSDP")
-  p.add_argument("--batch", type=int, default=None, help="global batch size (default: the config's)")
-  p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                 help="config override, e.g. model.remat=full (repeatable)")
-  p.add_argument("--segmentation-eval", action="store_true",
-                 help="compile a DINO config's segmentation evaluation (eval.py's linear "
-                      "probe; bench/segmentation_compile.py) instead of its train step")
-  p.add_argument("--xla-keeps-p", action="store_true",
-                 help="laplax's XLA attention kernel keeps the float32 P for the backward "
-                      "pass on any platform (as on a CPU), to measure what that costs")
+  where.add_argument(
+    "--topology", help="TPU slice, e.g. v5e:4x4, v5e:16x16, v4:2x2x2 (needs libtpu)"
+  )
+  where.add_argument(
+    "--cpu-devices",
+    type=int,
+    default=None,
+    help="number of fake CPU devices (default 8 when no --topology)",
+  )
+  p.add_argument(
+    "--config",
+    action="append",
+    help="config file[:args] (repeatable; default: deit3_imagenet and gpt_d20)",
+  )
+  p.add_argument(
+    "--mesh",
+    default=None,
+    help="mesh_shape over (data, fsdp, tensor), e.g. '(1,16,1)'; default: all FSDP",
+  )
+  p.add_argument(
+    "--batch", type=int, default=None, help="global batch size (default: the config's)"
+  )
+  p.add_argument(
+    "--set",
+    action="append",
+    default=[],
+    metavar="KEY=VALUE",
+    help="config override, e.g. model.remat=full (repeatable)",
+  )
+  p.add_argument(
+    "--segmentation-eval",
+    action="store_true",
+    help="compile a DINO config's segmentation evaluation (eval.py's linear "
+    "probe; bench/segmentation_compile.py) instead of its train step",
+  )
+  p.add_argument(
+    "--xla-keeps-p",
+    action="store_true",
+    help="laplax's XLA attention kernel keeps the float32 P for the backward "
+    "pass on any platform (as on a CPU), to measure what that costs",
+  )
   return p.parse_args(argv)
 
 
@@ -82,7 +108,8 @@ def make_task(config):
   """The config's task built from shapes alone (no dataset is opened), its
   images (if any) of ``data.image_size`` (RGB; else 28 x 28 x 1) and its
   classes ImageNet's 1000 or 10."""
-  from laplax import tasks  # pylint: disable=import-outside-toplevel
+  from laplax import tasks
+
   task_class = tasks.task_class(config)
   if task_class is None or issubclass(task_class, tasks.DINOTask):
     fail(f"task {config.task!r} is not supported here; use a classification or lm config")
@@ -94,15 +121,18 @@ def make_task(config):
 
 def report(spec: str, devices, args) -> None:
   """Compiles ``spec``'s train step for ``devices`` and prints the figures."""
-  import jax  # pylint: disable=import-outside-toplevel
-  from laplax import sharding  # pylint: disable=import-outside-toplevel
-  from laplax.config import validation as config_lib  # pylint: disable=import-outside-toplevel
-  from laplax import tasks  # pylint: disable=import-outside-toplevel
-  from laplax.train import loop  # pylint: disable=import-outside-toplevel
-  from laplax import optim
-  from laplax import state as state_lib
+  import jax
 
-  from laplax import kernels  # pylint: disable=import-outside-toplevel
+  from laplax import (
+    kernels,
+    optim,
+    sharding,
+    tasks,
+  )
+  from laplax import state as state_lib
+  from laplax.config import validation as config_lib
+  from laplax.train import loop
+
   kernels.XLA_KEEPS_P = True if args.xla_keeps_p else None
   config = load_config(spec)
   for item in args.set:
@@ -114,8 +144,10 @@ def report(spec: str, devices, args) -> None:
     try:
       config.mesh_shape = sharding.parse_mesh_shape(mesh_arg)
     except ValueError:
-      fail(f"--mesh {mesh_arg!r} must be 3 integers (data, fsdp, tensor), each >= 1 "
-           f"except at most one -1 for the remaining devices, e.g. '(2,4,1)'")
+      fail(
+        f"--mesh {mesh_arg!r} must be 3 integers (data, fsdp, tensor), each >= 1 "
+        f"except at most one -1 for the remaining devices, e.g. '(2,4,1)'"
+      )
     tasks.validate(config, len(devices))
   except (config_lib.ConfigError, ValueError) as e:
     fail(str(e).splitlines()[0])
@@ -130,8 +162,10 @@ def report(spec: str, devices, args) -> None:
     state_sharding = state_lib.abstract_and_shardings(task, tx, config.seed, mesh, rules)[1]
     state = state_lib.sharded_abstract_state(task, tx, config.seed, state_sharding)
     batch_sharding = loop.batch_shardings(task, mesh, rules)
-    batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=batch_sharding[k])
-             for k, v in task.batch_spec(config.batch_size).items()}
+    batch = {
+      k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=batch_sharding[k])
+      for k, v in task.batch_spec(config.batch_size).items()
+    }
     step = loop.jit_train_step(task, tx, schedule, state_sharding, batch_sharding)
     lowered = step.lower(state, batch)
   t1 = time.time()
@@ -140,11 +174,13 @@ def report(spec: str, devices, args) -> None:
   except jax.errors.JaxRuntimeError as e:
     if "RESOURCE_EXHAUSTED" not in str(e):
       raise
-    print(f"\n== {spec}  ({devices[0].device_kind} x {len(devices)}, mesh (data, fsdp, "
-          f"tensor) = {tuple(mesh.shape.values())}, batch {config.batch_size}, remat "
-          f"{config.model.get('remat', 'none')}, grad_accum_steps "
-          f"{config.optim.get('grad_accum_steps', 1)}, attention {kernel})\n   does not fit: "
-          f"{str(e).splitlines()[0][:300]}")
+    print(
+      f"\n== {spec}  ({devices[0].device_kind} x {len(devices)}, mesh (data, fsdp, "
+      f"tensor) = {tuple(mesh.shape.values())}, batch {config.batch_size}, remat "
+      f"{config.model.get('remat', 'none')}, grad_accum_steps "
+      f"{config.optim.get('grad_accum_steps', 1)}, attention {kernel})\n   does not fit: "
+      f"{str(e).splitlines()[0][:300]}"
+    )
     return
   t2 = time.time()
 
@@ -156,25 +192,39 @@ def report(spec: str, devices, args) -> None:
   remat = config.model.get("remat", "none") not in (None, "none")
   num_matmul, analytic = analytic_flops(config, task, state.params, remat)
   num_params = sum(x.size for x in jax.tree_util.tree_leaves(state.params))
-  peak = (mem.argument_size_in_bytes + mem.output_size_in_bytes
-          - mem.alias_size_in_bytes + mem.temp_size_in_bytes)
-  print(f"\n== {spec}  ({devices[0].device_kind} x {n}, mesh (data, fsdp, tensor) = "
-        f"{tuple(mesh.shape.values())})")
-  print(f"   parameters {num_params:,} ({num_matmul / 1e6:.1f}M in matmuls); "
-        f"batch {config.batch_size}; dtype {config.model.dtype}; remat "
-        f"{config.model.get('remat', 'none')}; scan_layers {config.model.get('scan_layers', False)}; "
-        f"grad_accum_steps {config.optim.get('grad_accum_steps', 1)}; attention kernel {kernel}")
+  peak = (
+    mem.argument_size_in_bytes
+    + mem.output_size_in_bytes
+    - mem.alias_size_in_bytes
+    + mem.temp_size_in_bytes
+  )
+  print(
+    f"\n== {spec}  ({devices[0].device_kind} x {n}, mesh (data, fsdp, tensor) = "
+    f"{tuple(mesh.shape.values())})"
+  )
+  print(
+    f"   parameters {num_params:,} ({num_matmul / 1e6:.1f}M in matmuls); "
+    f"batch {config.batch_size}; dtype {config.model.dtype}; remat "
+    f"{config.model.get('remat', 'none')}; scan_layers {config.model.get('scan_layers', False)}; "
+    f"grad_accum_steps {config.optim.get('grad_accum_steps', 1)}; attention kernel {kernel}"
+  )
   print(f"   lower {t1 - t0:.1f} s, compile {t2 - t1:.1f} s")
-  print(f"   per-device memory: arguments {size(mem.argument_size_in_bytes)}, "
-        f"outputs {size(mem.output_size_in_bytes)} (donated in place "
-        f"{size(mem.alias_size_in_bytes)}), temporaries "
-        f"{size(mem.temp_size_in_bytes)} -> peak about {size(peak)}")
-  print(f"   FLOPs per step: {flops_device:.3e} per device, {flops_device * n:.3e} in all; "
-        f"analytic {analytic:.3e}; ratio compiled/analytic {flops_device * n / analytic:.3f}")
+  print(
+    f"   per-device memory: arguments {size(mem.argument_size_in_bytes)}, "
+    f"outputs {size(mem.output_size_in_bytes)} (donated in place "
+    f"{size(mem.alias_size_in_bytes)}), temporaries "
+    f"{size(mem.temp_size_in_bytes)} -> peak about {size(peak)}"
+  )
+  print(
+    f"   FLOPs per step: {flops_device:.3e} per device, {flops_device * n:.3e} in all; "
+    f"analytic {analytic:.3e}; ratio compiled/analytic {flops_device * n / analytic:.3f}"
+  )
   loops = len(re.findall(r"\swhile\(", compiled.as_text() or ""))
   if loops:
-    print(f"   the compiled program has {loops} while loop(s); cost_analysis() counts "
-          f"a loop body once, so the compiled FLOPs may undercount")
+    print(
+      f"   the compiled program has {loops} while loop(s); cost_analysis() counts "
+      f"a loop body once, so the compiled FLOPs may undercount"
+    )
 
 
 def main(argv=None) -> None:
@@ -183,27 +233,33 @@ def main(argv=None) -> None:
     count = 8 if args.cpu_devices is None else args.cpu_devices
     if count < 1:
       fail(f"--cpu-devices={count} must be >= 1")
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
-                               f" --xla_force_host_platform_device_count={count}")
+    os.environ["XLA_FLAGS"] = (
+      os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={count}"
+    )
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
-  import jax  # pylint: disable=import-outside-toplevel
+  import jax
+
   if args.topology is not None:
     try:
-      import libtpu  # pylint: disable=import-outside-toplevel,unused-import
+      import libtpu  # noqa: F401  (only whether it imports)
     except ImportError:
-      fail("--topology needs libtpu: pip install -r requirements-tpu.txt "
-           "(or use --cpu-devices N)")
-    from jax.experimental import topologies  # pylint: disable=import-outside-toplevel
+      fail("--topology needs libtpu: pip install -r requirements-tpu.txt (or use --cpu-devices N)")
+    from jax.experimental import topologies
+
     try:
-      devices = list(topologies.get_topology_desc(
-          platform="tpu", topology_name=args.topology).devices)
-    except Exception as e:  # pylint: disable=broad-except
-      fail(f"--topology {args.topology!r} is not a TPU slice libtpu knows "
-           f"({str(e).splitlines()[0][:120]}); use e.g. v5e:4x4, v5e:16x16, v4:2x2x2")
+      devices = list(
+        topologies.get_topology_desc(platform="tpu", topology_name=args.topology).devices
+      )
+    except Exception as e:
+      fail(
+        f"--topology {args.topology!r} is not a TPU slice libtpu knows "
+        f"({str(e).splitlines()[0][:120]}); use e.g. v5e:4x4, v5e:16x16, v4:2x2x2"
+      )
   else:
     devices = jax.devices()
   if args.segmentation_eval:
-    from bench import segmentation_compile  # pylint: disable=import-outside-toplevel
+    from bench import segmentation_compile
+
     for spec in args.config or ["configs/dino_vits16_imagenet.py"]:
       segmentation_compile.report(spec, devices, args)
     return

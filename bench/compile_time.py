@@ -19,12 +19,12 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import jax  # pylint: disable=wrong-import-position
+import jax
 
-from bench.common import load_config, make_task  # pylint: disable=wrong-import-position
-from laplax import state as state_lib
-from laplax.train import loop  # pylint: disable=wrong-import-position
+from bench.common import load_config, make_task
 from laplax import optim
+from laplax import state as state_lib
+from laplax.train import loop
 
 
 def compile_seconds(config, scan: bool, image_shape, num_classes) -> tuple[float, float]:
@@ -33,8 +33,10 @@ def compile_seconds(config, scan: bool, image_shape, num_classes) -> tuple[float
   c.model.scan_layers = scan
   task = make_task(c, image_shape, num_classes)
   tx = optim.make_optimizer(c)
-  step = jax.jit(loop.make_train_step(
-      task, tx, optim.learning_rate_schedule(c.optim, c.total_steps)), donate_argnums=0)
+  step = jax.jit(
+    loop.make_train_step(task, tx, optim.learning_rate_schedule(c.optim, c.total_steps)),
+    donate_argnums=0,
+  )
   state = state_lib.abstract_state(task, tx, c.seed)
   batch = task.batch_spec(c.batch_size)
   t0 = time.perf_counter()
@@ -59,10 +61,13 @@ def main() -> None:
   if isinstance(counts, (list, tuple)):  # one count per layer of the new depth
     config.model.num_laplacian_heads = [counts[i % len(counts)] for i in range(args.depth)]
   image_shape = tuple(int(s) for s in args.image_shape.split(","))
-  times = {scan: compile_seconds(config, scan, image_shape, args.num_classes)
-           for scan in (False, True)}
-  print(f"config {args.config}, depth {args.depth}, remat {args.remat}, backend "
-        f"{jax.default_backend()}: train step trace+lower / compile / total seconds")
+  times = {
+    scan: compile_seconds(config, scan, image_shape, args.num_classes) for scan in (False, True)
+  }
+  print(
+    f"config {args.config}, depth {args.depth}, remat {args.remat}, backend "
+    f"{jax.default_backend()}: train step trace+lower / compile / total seconds"
+  )
   for scan, (lower, comp) in times.items():
     name = "nn.scan over layers" if scan else "looped layers"
     print(f"{name:22s} {lower:7.2f} {comp:7.2f} {lower + comp:7.2f}")

@@ -24,20 +24,27 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-DEFAULT_CONFIGS = ("configs/vit_fashion_mnist.py", "configs/gpt_shakespeare.py",
-                   "configs/dino_fashion_mnist.py")
+DEFAULT_CONFIGS = (
+  "configs/vit_fashion_mnist.py",
+  "configs/gpt_shakespeare.py",
+  "configs/dino_fashion_mnist.py",
+)
 
 
 def measure(spec: str, data_dir: str) -> None:
   """Prints the timings and figures of one config."""
-  import jax  # pylint: disable=import-outside-toplevel
-  from laplax import sharding  # pylint: disable=import-outside-toplevel
-  from laplax.cli import common as cli  # pylint: disable=import-outside-toplevel
-  from laplax.train import fit, loop
-  from laplax import optim
+  import jax
+
+  from laplax import (
+    optim,
+    sharding,
+    tasks,
+  )
   from laplax import state as state_lib
-  from laplax import tasks
-  config = cli._load_config_file(spec)  # pylint: disable=protected-access
+  from laplax.cli import common as cli
+  from laplax.train import fit, loop
+
+  config = cli._load_config_file(spec)
   config.data.data_dir = data_dir
   task = tasks.make_task(config, None)
   tx = optim.make_optimizer(config)
@@ -49,15 +56,19 @@ def measure(spec: str, data_dir: str) -> None:
     batch_sharding = loop.batch_shardings(task, mesh, rules)
     step = loop.jit_train_step(task, tx, schedule, shardings, batch_sharding)
     t0 = time.perf_counter()
-    bound = fit.lower_bound(config, task, abstract, shardings, batch_sharding,
-                            jax.local_devices()[0].platform)
+    bound = fit.lower_bound(
+      config, task, abstract, shardings, batch_sharding, jax.local_devices()[0].platform
+    )
     have, where = fit.available_bytes()
     t1 = time.perf_counter()
     state = jax.tree_util.tree_map(
-        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract, shardings)
+      lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract, shardings
+    )
     spec_ = task.batch_spec(config.batch_size)
-    batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=batch_sharding[k])
-             for k, v in spec_.items()}
+    batch = {
+      k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=batch_sharding[k])
+      for k, v in spec_.items()
+    }
     mem = step.lower(state, batch).compile().memory_analysis()
     t2 = time.perf_counter()
     real = state_lib.create_state(task, tx, config.seed, shardings)
@@ -70,14 +81,21 @@ def measure(spec: str, data_dir: str) -> None:
       real, metrics = step(real, b)
       jax.block_until_ready(metrics)
       calls.append(time.perf_counter() - t)
-  peak = (mem.argument_size_in_bytes + mem.output_size_in_bytes
-          - mem.alias_size_in_bytes + mem.temp_size_in_bytes)
-  gib = 2.0 ** 30
-  print(f"{spec}: lower bound {bound['total'] / gib:.3f} GiB (state {bound['state'] / gib:.3f}, "
-        f"activations {bound['activations'] / gib:.3f}), compiled peak {peak / gib:.3f} GiB, "
-        f"{have / gib if have else float('nan'):.1f} GiB {where}; bound {1e3 * (t1 - t0):.1f} ms, "
-        f"compile + memory_analysis {t2 - t1:.1f} s, step 1 {calls[0]:.2f} s, "
-        f"step 2 {calls[1]:.2f} s", flush=True)
+  peak = (
+    mem.argument_size_in_bytes
+    + mem.output_size_in_bytes
+    - mem.alias_size_in_bytes
+    + mem.temp_size_in_bytes
+  )
+  gib = 2.0**30
+  print(
+    f"{spec}: lower bound {bound['total'] / gib:.3f} GiB (state {bound['state'] / gib:.3f}, "
+    f"activations {bound['activations'] / gib:.3f}), compiled peak {peak / gib:.3f} GiB, "
+    f"{have / gib if have else float('nan'):.1f} GiB {where}; bound {1e3 * (t1 - t0):.1f} ms, "
+    f"compile + memory_analysis {t2 - t1:.1f} s, step 1 {calls[0]:.2f} s, "
+    f"step 2 {calls[1]:.2f} s",
+    flush=True,
+  )
 
 
 def main() -> None:

@@ -32,10 +32,10 @@ import time
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # Measure one core.
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import numpy as np  # pylint: disable=wrong-import-position
+import numpy as np
 
-from laplax.data.vision import images  # pylint: disable=wrong-import-position
-from laplax.data.vision.multicrop import multicrop_views  # pylint: disable=wrong-import-position
+from laplax.data.vision import images
+from laplax.data.vision.multicrop import multicrop_views
 
 
 def median_ms(fn, batches: int) -> tuple[float, float]:
@@ -64,25 +64,23 @@ def main() -> None:
     data.source_dir = args.source_dir
   images.prepare(data)
   multicrop = images.default_multicrop_config(args.name)
-  source = images._open(data, data.train_split)  # pylint: disable=protected-access
+  source = images._open(data, data.train_split)
   height, width, channels = source.dataset_info.features["image"].shape
   fixed = height is not None and width is not None
-  m = images._multicrop_settings(data, multicrop, channels)  # pylint: disable=protected-access
+  m = images._multicrop_settings(data, multicrop, channels)
   rng = np.random.default_rng(0)
 
   def indices():
     return rng.integers(0, len(source), args.batch_size)
 
-  pictures, _ = images._read(source, indices())  # pylint: disable=protected-access
+  pictures, _ = images._read(source, indices())
 
   def augment():
     for local in (False, True):
       multicrop_views(pictures, rng, m, fixed, local)
 
   def batch():
-    images._multicrop_batch(  # pylint: disable=protected-access
-      indices(), rng, source=source, m=m, fixed_size=fixed
-    )
+    images._multicrop_batch(indices(), rng, source=source, m=m, fixed_size=fixed)
 
   print(
     f"{args.name}: batch {args.batch_size}, {m.num_global} x {m.global_size} px global + "
@@ -90,7 +88,7 @@ def main() -> None:
   )
   augment()  # Warm up numpy.
   for label, fn in (
-    ("read", lambda: images._read(source, indices())),  # pylint: disable=protected-access
+    ("read", lambda: images._read(source, indices())),
     ("augment", augment),
     ("batch (1 core)", batch),
   ):

@@ -50,7 +50,8 @@ from __future__ import annotations
 import os
 import re
 import sys
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 import torch
@@ -62,12 +63,15 @@ from laplax.models import spec as spec_lib
 from laplax.models import support
 
 SUPPORTED = "the settings of configs/gpt_shakespeare.py and configs/vit_fashion_mnist.py"
-ACTIVATIONS = {"gelu": lambda: nn.GELU(approximate="tanh"), "gelu_exact": nn.GELU,
-               "relu2": lambda: _ReLU2()}
+ACTIVATIONS = {
+  "gelu": lambda: nn.GELU(approximate="tanh"),
+  "gelu_exact": nn.GELU,
+  "relu2": lambda: _ReLU2(),
+}
 
 
 class _ReLU2(nn.Module):
-  def forward(self, x):  # pylint: disable=missing-function-docstring
+  def forward(self, x):
     return torch.square(F.relu(x))
 
 
@@ -81,16 +85,23 @@ def check_supported(config) -> None:
   refused = support.unsupported(spec_lib.from_config(config.model), "peer")
   if refused:
     key, shown, supported = refused[0]
-    raise ValueError(f"the PyTorch peer has no model.{key}={shown} (it implements "
-                     f"{SUPPORTED}: {supported}); set that or drop --peer")
+    raise ValueError(
+      f"the PyTorch peer has no model.{key}={shown} (it implements "
+      f"{SUPPORTED}: {supported}); set that or drop --peer"
+    )
   checks = [("optim.optimizer", config.optim.get("optimizer", "adamw"), "adamw")]
   if not tasks.is_language_model(config):
-    checks += [("loss.type", config.loss.type, "softmax"),
-               ("loss.mixup", config.loss.mixup, 0.0), ("loss.cutmix", config.loss.cutmix, 0.0)]
+    checks += [
+      ("loss.type", config.loss.type, "softmax"),
+      ("loss.mixup", config.loss.mixup, 0.0),
+      ("loss.cutmix", config.loss.cutmix, 0.0),
+    ]
   for name, value, wanted in checks:
     if value != wanted:
-      raise ValueError(f"the PyTorch peer has no {name}={value!r} (it implements "
-                       f"{SUPPORTED}); set {wanted!r} or drop --peer")
+      raise ValueError(
+        f"the PyTorch peer has no {name}={value!r} (it implements "
+        f"{SUPPORTED}); set {wanted!r} or drop --peer"
+      )
 
 
 def laplacian_count(m) -> int:
@@ -120,8 +131,16 @@ class Attention(nn.Module):
   ``qkv`` projection (timm) instead of ``c_q, c_k, c_v`` (nanochat).
   """
 
-  def __init__(self, width: int, num_heads: int, num_laplacian: int, *, causal: bool,
-               bias: bool, fused_qkv: bool):
+  def __init__(
+    self,
+    width: int,
+    num_heads: int,
+    num_laplacian: int,
+    *,
+    causal: bool,
+    bias: bool,
+    fused_qkv: bool,
+  ):
     super().__init__()
     self.num_heads, self.num_laplacian, self.causal = num_heads, num_laplacian, causal
     self.fused_qkv = fused_qkv
@@ -140,8 +159,7 @@ class Attention(nn.Module):
     if self.fused_qkv:
       q, k, v = self.qkv(x).reshape(b, n, 3, h, c // h).permute(2, 0, 3, 1, 4).unbind(0)
     else:
-      q, k, v = (f(x).view(b, n, h, c // h).transpose(1, 2)
-                 for f in (self.c_q, self.c_k, self.c_v))
+      q, k, v = (f(x).view(b, n, h, c // h).transpose(1, 2) for f in (self.c_q, self.c_k, self.c_v))
     if rope is not None:
       q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
     y = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
@@ -157,8 +175,9 @@ class Block(nn.Module):
   def __init__(self, m, causal: bool, fused_qkv: bool):
     super().__init__()
     self.norm1 = nn.LayerNorm(m.width, eps=m.norm_eps)
-    self.attn = Attention(m.width, m.num_heads, laplacian_count(m), causal=causal,
-                          bias=m.use_bias, fused_qkv=fused_qkv)
+    self.attn = Attention(
+      m.width, m.num_heads, laplacian_count(m), causal=causal, bias=m.use_bias, fused_qkv=fused_qkv
+    )
     self.norm2 = nn.LayerNorm(m.width, eps=m.norm_eps)
     self.fc1 = nn.Linear(m.width, m.mlp_dim, bias=m.use_bias)
     self.act = ACTIVATIONS[m.mlp_activation]()
@@ -212,8 +231,9 @@ class ViT(nn.Module):
   """Classifier; ``forward(images float32 [batch, C, H, W], labels int64 [batch])``
   -> mean label-smoothed cross-entropy."""
 
-  def __init__(self, m, image_shape: tuple[int, int, int], num_classes: int,
-               label_smoothing: float):
+  def __init__(
+    self, m, image_shape: tuple[int, int, int], num_classes: int, label_smoothing: float
+  ):
     super().__init__()
     h, w, c = image_shape
     p = m.patch_size
@@ -238,8 +258,9 @@ class ViT(nn.Module):
     return F.cross_entropy(self.head(x), labels, label_smoothing=self.label_smoothing)
 
 
-def from_config(config, *, vocab_size: int = 256, image_shape=(28, 28, 1),
-                num_classes: int = 10) -> nn.Module:
+def from_config(
+  config, *, vocab_size: int = 256, image_shape=(28, 28, 1), num_classes: int = 10
+) -> nn.Module:
   """The float32 peer of ``config`` (a laplax ConfigDict; ``task`` ``"lm"`` -> GPT).
 
   Raises:
@@ -248,8 +269,7 @@ def from_config(config, *, vocab_size: int = 256, image_shape=(28, 28, 1),
   check_supported(config)
   if tasks.is_language_model(config):
     return GPT(config.model, vocab_size)
-  return ViT(config.model, tuple(image_shape), num_classes,
-             float(config.loss.label_smoothing))
+  return ViT(config.model, tuple(image_shape), num_classes, float(config.loss.label_smoothing))
 
 
 def _copy(xs):
@@ -304,19 +324,24 @@ def param_map(model: nn.Module) -> dict[str, tuple[list[str], Callable]]:
   """
   gpt = isinstance(model, GPT)
   if gpt:
-    top = [("wte.weight", ["token_embedding/embedding"], _copy),
-           ("wpe", ["pos_embedding"], _copy),
-           ("ln_f.weight", ["final_norm/scale"], _copy),
-           ("ln_f.bias", ["final_norm/bias"], _copy),
-           ("lm_head.weight", ["lm_head/kernel"], _transpose)]
+    top = [
+      ("wte.weight", ["token_embedding/embedding"], _copy),
+      ("wpe", ["pos_embedding"], _copy),
+      ("ln_f.weight", ["final_norm/scale"], _copy),
+      ("ln_f.bias", ["final_norm/bias"], _copy),
+      ("lm_head.weight", ["lm_head/kernel"], _transpose),
+    ]
   else:
-    top = [("patch.weight", ["embedding/kernel"], _patch_kernel),
-           ("patch.bias", ["embedding/bias"], _copy),
-           ("pos", ["pos_embedding"], _copy), ("cls", ["cls"], _copy),
-           ("norm.weight", ["encoder_norm/scale"], _copy),
-           ("norm.bias", ["encoder_norm/bias"], _copy),
-           ("head.weight", ["head/kernel"], _transpose),
-           ("head.bias", ["head/bias"], _copy)]
+    top = [
+      ("patch.weight", ["embedding/kernel"], _patch_kernel),
+      ("patch.bias", ["embedding/bias"], _copy),
+      ("pos", ["pos_embedding"], _copy),
+      ("cls", ["cls"], _copy),
+      ("norm.weight", ["encoder_norm/scale"], _copy),
+      ("norm.bias", ["encoder_norm/bias"], _copy),
+      ("head.weight", ["head/kernel"], _transpose),
+      ("head.bias", ["head/bias"], _copy),
+    ]
   for i in range(len(model.blocks)):
     top += list(_block_map(i, fused_qkv=not gpt))
   names = dict(model.named_parameters())
@@ -326,6 +351,7 @@ def param_map(model: nn.Module) -> dict[str, tuple[list[str], Callable]]:
 def flat_params(params: Any) -> dict[str, np.ndarray]:
   """A Flax parameter tree as ``{"a/b/c": array}``."""
   out = {}
+
   def walk(tree, prefix):
     for key, value in tree.items():
       path = f"{prefix}/{key}" if prefix else str(key)
@@ -333,6 +359,7 @@ def flat_params(params: Any) -> dict[str, np.ndarray]:
         walk(value, path)
       else:
         out[path] = np.asarray(value)
+
   walk(params, "")
   return out
 
@@ -348,16 +375,21 @@ def load_laplax_params(model: nn.Module, params: Any) -> None:
   mapping = param_map(model)
   used = {p for paths, _ in mapping.values() for p in paths}
   if set(flat) != used:
-    raise ValueError(f"laplax and the peer differ: only laplax has {sorted(set(flat) - used)}, "
-                     f"only the peer {sorted(used - set(flat))}")
+    raise ValueError(
+      f"laplax and the peer differ: only laplax has {sorted(set(flat) - used)}, "
+      f"only the peer {sorted(used - set(flat))}"
+    )
   torch_params = dict(model.named_parameters())
   with torch.no_grad():
     for name, (paths, fn) in mapping.items():
-      value = torch.from_numpy(np.array(fn([flat[p] for p in paths]), dtype=np.float32,
-                                        order="C", copy=True))
+      value = torch.from_numpy(
+        np.array(fn([flat[p] for p in paths]), dtype=np.float32, order="C", copy=True)
+      )
       if value.shape != torch_params[name].shape:
-        raise ValueError(f"{name}: laplax gives {tuple(value.shape)}, the peer has "
-                         f"{tuple(torch_params[name].shape)}")
+        raise ValueError(
+          f"{name}: laplax gives {tuple(value.shape)}, the peer has "
+          f"{tuple(torch_params[name].shape)}"
+        )
       torch_params[name].copy_(value)
 
 
@@ -378,15 +410,23 @@ def make_optimizer(model: nn.Module, config) -> torch.optim.Optimizer:
     # Each peer parameter has its laplax counterparts' number of dimensions.
     keep = p.dim() >= 2 and not any(re.search(e, path) for e in exclude for path in paths)
     (decay if keep else no_decay).append(p)
-  groups = [{"params": decay, "weight_decay": float(o.weight_decay)},
-            {"params": no_decay, "weight_decay": 0.0}]
-  return torch.optim.AdamW(groups, lr=float(o.lr), betas=(float(o.b1), float(o.b2)),
-                           eps=1e-8, fused=True)
+  groups = [
+    {"params": decay, "weight_decay": float(o.weight_decay)},
+    {"params": no_decay, "weight_decay": 0.0},
+  ]
+  return torch.optim.AdamW(
+    groups, lr=float(o.lr), betas=(float(o.b1), float(o.b2)), eps=1e-8, fused=True
+  )
 
 
-def train_step(loss_fn: Callable, model: nn.Module, opt: torch.optim.Optimizer,
-               grad_clip: float | None, batch: tuple,
-               grad_accum_steps: int = 1) -> torch.Tensor:
+def train_step(
+  loss_fn: Callable,
+  model: nn.Module,
+  opt: torch.optim.Optimizer,
+  grad_clip: float | None,
+  batch: tuple,
+  grad_accum_steps: int = 1,
+) -> torch.Tensor:
   """One step: ``loss_fn(*batch)``, backward, global-norm clip, AdamW; the loss.
 
   With ``grad_accum_steps = n > 1`` (laplax's ``optim.grad_accum_steps``) the
@@ -432,15 +472,16 @@ def num_params(model: nn.Module) -> int:
 def main() -> None:
   """Prints the parameter counts of both default peers and of laplax's models."""
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-  import jax  # pylint: disable=import-outside-toplevel
-  from bench import common  # pylint: disable=import-outside-toplevel
+  import jax
+
+  from bench import common
+
   for path in ("configs/gpt_shakespeare.py", "configs/vit_fashion_mnist.py"):
     config = common.load_config(path)
     task = common.make_task(config, (28, 28, 1), 10)
     params = jax.eval_shape(task.init, jax.random.PRNGKey(0))
     laplax_n = sum(x.size for x in jax.tree_util.tree_leaves(params))
-    print(f"{path}: laplax {laplax_n} parameters, PyTorch peer "
-          f"{num_params(from_config(config))}")
+    print(f"{path}: laplax {laplax_n} parameters, PyTorch peer {num_params(from_config(config))}")
 
 
 if __name__ == "__main__":

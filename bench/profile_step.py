@@ -48,9 +48,9 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import jax  # pylint: disable=wrong-import-position
+import jax
 
-from bench import common, step_time  # pylint: disable=wrong-import-position
+from bench import common, step_time
 
 PROJECTIONS = ("query", "key", "value", "qkv", "out")
 
@@ -91,8 +91,9 @@ def profile(path: str, args) -> None:
   image_shape = (28, 28, 1)
   options = {} if args.options is None else json.loads(args.options)
   spectral = config.model.spectral.mode if config.model.spectral.enabled else None
-  step, state, _ = step_time.build(config, config.model.num_laplacian_heads, spectral,
-                                   image_shape, 10, compiler_options=options)
+  step, state, _ = step_time.build(
+    config, config.model.num_laplacian_heads, spectral, image_shape, 10, compiler_options=options
+  )
   batch = jax.device_put(step_time.synthetic_batch(config, image_shape, 10))
   names = op_names(step.lower(state, batch).compile().as_text())
   for _ in range(args.warmup):
@@ -105,8 +106,7 @@ def profile(path: str, args) -> None:
         state, metrics = step(state, batch)
       jax.block_until_ready(metrics)
     wall = (time.perf_counter() - t0) / args.steps
-    trace = glob.glob(os.path.join(logdir, "**", "*perfetto_trace.json.gz"),
-                      recursive=True)[0]
+    trace = glob.glob(os.path.join(logdir, "**", "*perfetto_trace.json.gz"), recursive=True)[0]
     with gzip.open(trace) as f:
       events = json.load(f)
   events = events["traceEvents"] if isinstance(events, dict) else events
@@ -131,31 +131,46 @@ def profile(path: str, args) -> None:
 
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--config", action="append",
-                      help="config file (repeatable); default: the ViT and GPT defaults")
-  parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                      help="config override, as in bench/step_time.py")
+  parser.add_argument(
+    "--config", action="append", help="config file (repeatable); default: the ViT and GPT defaults"
+  )
+  parser.add_argument(
+    "--set",
+    action="append",
+    default=[],
+    metavar="KEY=VALUE",
+    help="config override, as in bench/step_time.py",
+  )
   parser.add_argument("--steps", type=int, default=5, help="traced steps")
   parser.add_argument("--warmup", type=int, default=3, help="steps before the trace")
-  parser.add_argument("--options", default=None, metavar="JSON",
-                      help="XLA compile options, e.g. '{\"xla_cpu_prefer_vector_width\": 512}'")
+  parser.add_argument(
+    "--options",
+    default=None,
+    metavar="JSON",
+    help="XLA compile options, e.g. '{\"xla_cpu_prefer_vector_width\": 512}'",
+  )
   parser.add_argument("--top", type=int, default=0, help="also list the N slowest ops")
   args = parser.parse_args()
 
   def fail(message: str) -> None:
     print(f"error: {message}", file=sys.stderr)
     sys.exit(2)
+
   if args.options is not None:
     try:
       options = json.loads(args.options)
     except ValueError:
       options = None
     if not isinstance(options, dict):
-      fail(f"--options {args.options!r} is not a JSON object; give e.g. "
-           "'{\"xla_cpu_prefer_vector_width\": 512}'")
+      fail(
+        f"--options {args.options!r} is not a JSON object; give e.g. "
+        "'{\"xla_cpu_prefer_vector_width\": 512}'"
+      )
   if args.steps < 1 or args.warmup < 0:
-    fail(f"--steps {args.steps} / --warmup {args.warmup}: trace at least 1 step "
-         "after 0 or more warm-up steps")
+    fail(
+      f"--steps {args.steps} / --warmup {args.warmup}: trace at least 1 step "
+      "after 0 or more warm-up steps"
+    )
   paths = args.config or step_time.DEFAULT_CONFIGS
   for path in paths:
     if not os.path.isfile(path):

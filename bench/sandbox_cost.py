@@ -60,8 +60,12 @@ def main() -> int:
   except sandbox.SandboxUnavailable as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
-  kinds = {"python -I -S -c pass": _bare, "run_program, unsafe": _unsafe,
-           "run_program, bubblewrap": _bwrap, "run_test, bubblewrap (HumanEval)": _test}
+  kinds = {
+    "python -I -S -c pass": _bare,
+    "run_program, unsafe": _unsafe,
+    "run_program, bubblewrap": _bwrap,
+    "run_test, bubblewrap (HumanEval)": _test,
+  }
   times = {name: [] for name in kinds}
   for _ in range(args.runs):
     for name, run in kinds.items():

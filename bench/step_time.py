@@ -63,19 +63,26 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import jax  # pylint: disable=wrong-import-position
-import numpy as np  # pylint: disable=wrong-import-position
+import jax
+import numpy as np
 
-from bench.common import (  # pylint: disable=wrong-import-position
-    analytic_flops, apply_override, fail, load_config, make_task)
+from bench.common import analytic_flops, apply_override, fail, load_config, make_task
+from laplax import (
+  optim,
+  tasks,
+)
 from laplax import state as state_lib
-from laplax import tasks  # pylint: disable=wrong-import-position
-from laplax.train import loop  # pylint: disable=wrong-import-position
-from laplax import optim
+from laplax.train import loop
 
 
-def build(config, laplacian: int, spectral: str | None, image_shape, num_classes,
-          compiler_options: dict | None = None):
+def build(
+  config,
+  laplacian: int,
+  spectral: str | None,
+  image_shape,
+  num_classes,
+  compiler_options: dict | None = None,
+):
   """(jitted train step, state, analytic train FLOPs per step) of a variant;
   ``spectral`` is a ``model.spectral.mode`` or ``None`` (off);
   ``compiler_options``: XLA compile options of the step (default XLA's)."""
@@ -86,9 +93,11 @@ def build(config, laplacian: int, spectral: str | None, image_shape, num_classes
     c.model.spectral.mode = spectral
   task = make_task(c, image_shape, num_classes)
   tx = optim.make_optimizer(c)
-  step = jax.jit(loop.make_train_step(
-      task, tx, optim.learning_rate_schedule(c.optim, c.total_steps)),
-                 donate_argnums=0, compiler_options=compiler_options)
+  step = jax.jit(
+    loop.make_train_step(task, tx, optim.learning_rate_schedule(c.optim, c.total_steps)),
+    donate_argnums=0,
+    compiler_options=compiler_options,
+  )
   state = jax.jit(lambda: state_lib.init_state(task, tx, c.seed))()
   remat = c.model.get("remat", "none") not in (None, "none", False)
   _, flops = analytic_flops(c, task, state.params, remat)
@@ -99,9 +108,11 @@ def stepper(step, state, batch):
   """A function that runs one more ``step(state, batch)`` on the kept state and
   returns its metrics (a jitted train step as a round-robin candidate)."""
   kept = [state]
+
   def run():
     kept[0], metrics = step(kept[0], batch)
     return metrics
+
   return run
 
 
@@ -116,7 +127,7 @@ def round_robin(candidates: dict, rounds: int, steps: int, after_round=None):
   times, last = {name: [] for name in candidates}, {}
   names = list(candidates)
   for r in range(rounds):
-    for name in names[r % len(names):] + names[:r % len(names)]:
+    for name in names[r % len(names) :] + names[: r % len(names)]:
       t0 = time.perf_counter()
       for _ in range(steps):
         last[name] = candidates[name]()
@@ -132,9 +143,11 @@ def batch_problem(config) -> str | None:
   ``optim.grad_accum_steps`` micro-batches, with the fix; None if it can."""
   accum = config.optim.get("grad_accum_steps", 1) or 1
   if config.batch_size < 1 or config.batch_size % accum:
-    return (f"batch size {config.batch_size} is not a positive multiple of the config's "
-            f"optim.grad_accum_steps={accum}; pass --batch with a multiple of {accum}, or "
-            f"--set optim.grad_accum_steps=1")
+    return (
+      f"batch size {config.batch_size} is not a positive multiple of the config's "
+      f"optim.grad_accum_steps={accum}; pass --batch with a multiple of {accum}, or "
+      f"--set optim.grad_accum_steps=1"
+    )
   return None
 
 
@@ -154,17 +167,16 @@ def bench(path: str, args) -> None:
   image_shape = tuple(int(s) for s in args.image_shape.split(","))
   heads = config.model.num_heads
   variants = {
-      "baseline (0 Laplacian heads)": (0, None),
-      f"all {heads} heads Laplacian": (heads, None),
-      f"{heads // 2} of {heads} heads Laplacian": (heads // 2, None),
-      "spectral lambda*I_k (full)": (0, "full"),
-      "all Laplacian + spectral (full)": (heads, "full"),
-      "spectral per_head": (0, "per_head"),
-      "spectral fused": (0, "fused"),
-      "spectral svd (Theorem 3.5)": (0, "svd"),
+    "baseline (0 Laplacian heads)": (0, None),
+    f"all {heads} heads Laplacian": (heads, None),
+    f"{heads // 2} of {heads} heads Laplacian": (heads // 2, None),
+    "spectral lambda*I_k (full)": (0, "full"),
+    "all Laplacian + spectral (full)": (heads, "full"),
+    "spectral per_head": (0, "per_head"),
+    "spectral fused": (0, "fused"),
+    "spectral svd (Theorem 3.5)": (0, "svd"),
   }
-  variants = {name: v for (name, v), key in zip(variants.items(), VARIANTS)
-              if key in args.variants}
+  variants = {name: v for (name, v), key in zip(variants.items(), VARIANTS) if key in args.variants}
   rng = np.random.default_rng(0)
   b = config.batch_size
   if tasks.is_language_model(config):
@@ -172,8 +184,10 @@ def bench(path: str, args) -> None:
     batch = {"tokens": rng.integers(0, 256, (b, length + 1)).astype(np.int32)}
     tokens_per_step = b * length
   else:
-    batch = {"image": rng.standard_normal((b,) + image_shape, np.float32),
-             "label": rng.integers(0, args.num_classes, b).astype(np.int32)}
+    batch = {
+      "image": rng.standard_normal((b,) + image_shape, np.float32),
+      "label": rng.integers(0, args.num_classes, b).astype(np.int32),
+    }
     tokens_per_step = None
   batch = jax.device_put(batch)
   candidates, flops = {}, {}
@@ -186,13 +200,16 @@ def bench(path: str, args) -> None:
   times, _ = round_robin(candidates, args.rounds, args.steps)
   base = statistics.median(next(iter(times.values())))
   device = jax.devices()[0]
-  print(f"\nconfig {path}, batch {b}, {device.platform} ({device.device_kind}), "
-        f"{args.rounds} rounds x {args.steps} steps, median step time; "
-        f"ratio to {next(iter(times))}")
+  print(
+    f"\nconfig {path}, batch {b}, {device.platform} ({device.device_kind}), "
+    f"{args.rounds} rounds x {args.steps} steps, median step time; "
+    f"ratio to {next(iter(times))}"
+  )
   if args.set:
     print("overrides: " + " ".join(args.set))
-  print(f"{'variant':32s} {'ms/step':>9s} {'tokens/s':>10s} {'ratio':>7s} "
-        f"{'TFLOP/s':>8s} {'MFU':>7s}")
+  print(
+    f"{'variant':32s} {'ms/step':>9s} {'tokens/s':>10s} {'ratio':>7s} {'TFLOP/s':>8s} {'MFU':>7s}"
+  )
   for name, ts in times.items():
     t, f = statistics.median(ts), flops[name]
     tps = f"{tokens_per_step / t:10.0f}" if tokens_per_step else f"{'-':>10s}"
@@ -206,34 +223,47 @@ def synthetic_batch(config, image_shape, num_classes, seed: int = 0) -> dict:
   b = config.batch_size
   if tasks.is_language_model(config):
     return {"tokens": rng.integers(0, 256, (b, config.model.max_length + 1)).astype(np.int32)}
-  return {"image": rng.standard_normal((b,) + image_shape, np.float32),
-          "label": rng.integers(0, num_classes, b).astype(np.int32)}
+  return {
+    "image": rng.standard_normal((b,) + image_shape, np.float32),
+    "label": rng.integers(0, num_classes, b).astype(np.int32),
+  }
 
 
 def machine() -> dict:
   """What the numbers were measured on: CPU, cores, load, versions."""
-  import platform  # pylint: disable=import-outside-toplevel
-  import torch  # pylint: disable=import-outside-toplevel
+  import platform
+
+  import torch
+
   cpu = platform.processor() or platform.machine()
   try:
     with open("/proc/cpuinfo") as f:
-      cpu = next((line.split(":", 1)[1].strip() for line in f
-                  if line.startswith("model name")), cpu)
+      cpu = next(
+        (line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu
+      )
   except OSError:
     pass
   device = jax.devices()[0]
-  return {"cpu": cpu, "cpu_count": os.cpu_count(), "usable_cpus": len(os.sched_getaffinity(0)),
-          "load_average": list(os.getloadavg()), "platform": platform.platform(),
-          "python": platform.python_version(), "jax": jax.__version__,
-          "jax_device": f"{device.platform} ({device.device_kind})",
-          "torch": torch.__version__, "torch_threads": torch.get_num_threads()}
+  return {
+    "cpu": cpu,
+    "cpu_count": os.cpu_count(),
+    "usable_cpus": len(os.sched_getaffinity(0)),
+    "load_average": list(os.getloadavg()),
+    "platform": platform.platform(),
+    "python": platform.python_version(),
+    "jax": jax.__version__,
+    "jax_device": f"{device.platform} ({device.device_kind})",
+    "torch": torch.__version__,
+    "torch_threads": torch.get_num_threads(),
+  }
 
 
 class MatmulPeak:
   """FLOP/s of a float32 ``[n, n] @ [n, n]`` in JAX (``jnp.dot``) and in torch."""
 
   def __init__(self, n: int, reps: int = 3):
-    import torch  # pylint: disable=import-outside-toplevel
+    import torch
+
     self.n, self.reps, self.torch = n, reps, torch
     rng = np.random.default_rng(0)
     a, b = (rng.standard_normal((n, n), np.float32) for _ in range(2))
@@ -246,7 +276,7 @@ class MatmulPeak:
 
   def run(self) -> None:
     """Times ``reps`` products of each kind once (appends the FLOP/s)."""
-    flops = 2.0 * self.n ** 3 * self.reps
+    flops = 2.0 * self.n**3 * self.reps
     t0 = time.perf_counter()
     for _ in range(self.reps):
       out = self.dot(self.a, self.b)
@@ -262,31 +292,39 @@ def build_peers(config, params, batch, modes, schedule, grad_accum_steps: int = 
   """``{name: [step function, model]}`` of the PyTorch peers in ``modes``
   (``eager``, ``compile``), each from laplax's initial ``params``, each
   step accumulating over ``grad_accum_steps`` micro-batches."""
-  import torch  # pylint: disable=import-outside-toplevel
-  from bench import peer_torch  # pylint: disable=import-outside-toplevel
+  import torch
+
+  from bench import peer_torch
+
   args = peer_torch.torch_batch(batch)
   peers = {}
   for mode in modes:
-    model = peer_torch.from_config(config, image_shape=batch["image"].shape[1:]
-                                   if "image" in batch else (28, 28, 1))
+    model = peer_torch.from_config(
+      config, image_shape=batch["image"].shape[1:] if "image" in batch else (28, 28, 1)
+    )
     peer_torch.load_laplax_params(model, params)
     opt = peer_torch.make_optimizer(model, config)
     loss_fn = torch.compile(model) if mode == "compile" else model
     count = [0]
+
     def step(model=model, opt=opt, loss_fn=loss_fn, count=count):
       for group in opt.param_groups:  # laplax's schedule, precomputed
         group["lr"] = float(schedule[min(count[0], len(schedule) - 1)])
       count[0] += 1
-      return peer_torch.train_step(loss_fn, model, opt, config.optim.grad_clip, args,
-                                   grad_accum_steps)
+      return peer_torch.train_step(
+        loss_fn, model, opt, config.optim.grad_clip, args, grad_accum_steps
+      )
+
     peers["PyTorch eager" if mode == "eager" else "torch.compile"] = [step, model]
   return peers
 
 
 def bench_peer(path: str, args) -> dict:
   """Times laplax against the PyTorch peers on one config; prints and returns the results."""
-  import torch  # pylint: disable=import-outside-toplevel
-  from bench import peer_torch  # pylint: disable=import-outside-toplevel
+  import torch
+
+  from bench import peer_torch
+
   config = load_config(path)
   for item in args.set:
     apply_override(config, item)
@@ -294,22 +332,26 @@ def bench_peer(path: str, args) -> dict:
     config.batch_size = args.batch
   peer_torch.check_supported(config)
   if config.batch_size % args.peer_grad_accum:
-    raise ValueError(f"--peer-grad-accum {args.peer_grad_accum} does not divide the batch "
-                     f"size {config.batch_size}; choose a divisor")
+    raise ValueError(
+      f"--peer-grad-accum {args.peer_grad_accum} does not divide the batch "
+      f"size {config.batch_size}; choose a divisor"
+    )
   image_shape = tuple(int(s) for s in args.image_shape.split(","))
   batch_np = synthetic_batch(config, image_shape, args.num_classes)
   k = config.model.num_laplacian_heads
   step, state, flops = build(config, k, None, image_shape, args.num_classes)
   params = jax.device_get(state.params)
   total = args.warmup + args.rounds * args.steps
-  schedule = np.asarray(jax.vmap(optim.learning_rate_schedule(
-      config.optim, config.total_steps))(np.arange(total)))
-  peers = build_peers(config, params, batch_np, args.peer_modes, schedule,
-                      args.peer_grad_accum)
+  schedule = np.asarray(
+    jax.vmap(optim.learning_rate_schedule(config.optim, config.total_steps))(np.arange(total))
+  )
+  peers = build_peers(config, params, batch_np, args.peer_modes, schedule, args.peer_grad_accum)
   batch = jax.device_put(batch_np)
   laplax_step = stepper(step, state, batch)
-  candidates = {"laplax (JAX)": lambda: laplax_step()["loss"],
-                **{n: p[0] for n, p in peers.items()}}
+  candidates = {
+    "laplax (JAX)": lambda: laplax_step()["loss"],
+    **{n: p[0] for n, p in peers.items()},
+  }
   for fn in candidates.values():  # compile and warm up
     for _ in range(args.warmup):
       out = fn()
@@ -328,58 +370,90 @@ def report_peer(path, config, flops, times, losses, peak, threads, args) -> dict
   peak_flops = statistics.median(peak.times["jnp.dot"])
   torch_peak = statistics.median(peak.times["torch.mm"])
   heads = config.model.num_heads
-  print(f"\nconfig {path}: {'GPT' if lm else 'ViT'}, batch {b}"
-        + (f" x {config.model.max_length} tokens" if lm else "")
-        + f", {config.model.num_laplacian_heads} of {heads} heads Laplacian, float32; "
-        f"{args.rounds} rounds x {args.steps} steps after {args.warmup} warm-up steps, "
-        f"medians; threads: XLA {len(os.sched_getaffinity(0))} (the usable CPUs), "
-        f"torch {threads}")
+  print(
+    f"\nconfig {path}: {'GPT' if lm else 'ViT'}, batch {b}"
+    + (f" x {config.model.max_length} tokens" if lm else "")
+    + f", {config.model.num_laplacian_heads} of {heads} heads Laplacian, float32; "
+    f"{args.rounds} rounds x {args.steps} steps after {args.warmup} warm-up steps, "
+    f"medians; threads: XLA {len(os.sched_getaffinity(0))} (the usable CPUs), "
+    f"torch {threads}"
+  )
   accum = config.optim.get("grad_accum_steps", 1) or 1
-  print(f"gradient over micro-batches: laplax {accum}"
-        + (" (unrolled)" if accum > 1 and config.optim.get("grad_accum_unroll") else "")
-        + f" (optim.grad_accum_steps), PyTorch {args.peer_grad_accum} (--peer-grad-accum)")
+  print(
+    f"gradient over micro-batches: laplax {accum}"
+    + (" (unrolled)" if accum > 1 and config.optim.get("grad_accum_unroll") else "")
+    + f" (optim.grad_accum_steps), PyTorch {args.peer_grad_accum} (--peer-grad-accum)"
+  )
   if args.set:
     print("overrides: " + " ".join(args.set))
-  print(f"float32 matmul peak ({args.peak_size}x{args.peak_size}, median of rounds): "
-        f"jnp.dot {peak_flops / 1e9:.1f} GFLOP/s (the MFU's denominator), "
-        f"torch.mm {torch_peak / 1e9:.1f} GFLOP/s")
-  print(f"model FLOPs per train step (3 x forward matmuls, attention included): "
-        f"{flops / 1e9:.3f} GFLOP")
-  print(f"{'candidate':16s} {'ms/step':>9s} {unit:>10s} {'laplax/peer':>12s} "
-        f"{'GFLOP/s':>8s} {'MFU':>7s} {'last loss':>10s}")
+  print(
+    f"float32 matmul peak ({args.peak_size}x{args.peak_size}, median of rounds): "
+    f"jnp.dot {peak_flops / 1e9:.1f} GFLOP/s (the MFU's denominator), "
+    f"torch.mm {torch_peak / 1e9:.1f} GFLOP/s"
+  )
+  print(
+    f"model FLOPs per train step (3 x forward matmuls, attention included): {flops / 1e9:.3f} GFLOP"
+  )
+  print(
+    f"{'candidate':16s} {'ms/step':>9s} {unit:>10s} {'laplax/peer':>12s} "
+    f"{'GFLOP/s':>8s} {'MFU':>7s} {'last loss':>10s}"
+  )
   base = statistics.median(times["laplax (JAX)"])
   rows = {}
   for name, ts in times.items():
     t = statistics.median(ts)
     ratio = base and t / base
     loss = float(losses[name])
-    rows[name] = {"ms_per_step": t * 1e3, unit.replace("/", "_per_"): per_step / t,
-                  "laplax_over_peer": None if name.startswith("laplax") else ratio,
-                  "gflops_per_s": flops / t / 1e9, "mfu": flops / t / peak_flops,
-                  "last_loss": loss, "ms_per_step_rounds": [x * 1e3 for x in ts]}
+    rows[name] = {
+      "ms_per_step": t * 1e3,
+      unit.replace("/", "_per_"): per_step / t,
+      "laplax_over_peer": None if name.startswith("laplax") else ratio,
+      "gflops_per_s": flops / t / 1e9,
+      "mfu": flops / t / peak_flops,
+      "last_loss": loss,
+      "ms_per_step_rounds": [x * 1e3 for x in ts],
+    }
     shown = f"{'-':>12s}" if name.startswith("laplax") else f"{ratio:12.3f}"
-    print(f"{name:16s} {t * 1e3:9.2f} {per_step / t:10.0f} {shown} "
-          f"{flops / t / 1e9:8.2f} {flops / t / peak_flops:7.1%} {loss:10.5f}")
-  return {"config": path, "overrides": list(args.set), "model": "gpt" if lm else "vit",
-          "batch_size": b, "unit": unit, "items_per_step": per_step,
-          "num_laplacian_heads": config.model.num_laplacian_heads, "num_heads": heads,
-          "flops_per_step": flops, "rounds": args.rounds, "steps": args.steps,
-          "warmup": args.warmup, "torch_threads": threads,
-          "grad_accum_steps": {"laplax": config.optim.get("grad_accum_steps", 1) or 1,
-                               "laplax_unrolled": bool(config.optim.get("grad_accum_unroll")),
-                               "peer": args.peer_grad_accum},
-          "matmul_peak_flops": {"size": args.peak_size, "jnp.dot_median": peak_flops,
-                                "jnp.dot_max": max(peak.times["jnp.dot"]),
-                                "torch.mm_median": torch_peak},
-          "candidates": rows}
+    print(
+      f"{name:16s} {t * 1e3:9.2f} {per_step / t:10.0f} {shown} "
+      f"{flops / t / 1e9:8.2f} {flops / t / peak_flops:7.1%} {loss:10.5f}"
+    )
+  return {
+    "config": path,
+    "overrides": list(args.set),
+    "model": "gpt" if lm else "vit",
+    "batch_size": b,
+    "unit": unit,
+    "items_per_step": per_step,
+    "num_laplacian_heads": config.model.num_laplacian_heads,
+    "num_heads": heads,
+    "flops_per_step": flops,
+    "rounds": args.rounds,
+    "steps": args.steps,
+    "warmup": args.warmup,
+    "torch_threads": threads,
+    "grad_accum_steps": {
+      "laplax": config.optim.get("grad_accum_steps", 1) or 1,
+      "laplax_unrolled": bool(config.optim.get("grad_accum_unroll")),
+      "peer": args.peer_grad_accum,
+    },
+    "matmul_peak_flops": {
+      "size": args.peak_size,
+      "jnp.dot_median": peak_flops,
+      "jnp.dot_max": max(peak.times["jnp.dot"]),
+      "torch.mm_median": torch_peak,
+    },
+    "candidates": rows,
+  }
 
 
 def run_peer(args) -> None:
   """``--peer``: every config against PyTorch; ``--json`` written at the end."""
-  import datetime  # pylint: disable=import-outside-toplevel
-  import json  # pylint: disable=import-outside-toplevel
+  import datetime
+  import json
+
   try:
-    import torch  # pylint: disable=import-outside-toplevel
+    import torch
   except ImportError:
     fail("--peer needs PyTorch: pip install -r requirements-bench.txt")
   if args.json:
@@ -395,10 +469,12 @@ def run_peer(args) -> None:
     except ValueError as e:
       fail(str(e).splitlines()[0])
   if args.json:
-    record = {"date": datetime.datetime.now().isoformat(timespec="seconds"),
-              "command": " ".join([os.path.relpath(sys.argv[0])] + sys.argv[1:]),
-              "machine": dict(before, load_average_after=list(os.getloadavg())),
-              "results": results}
+    record = {
+      "date": datetime.datetime.now().isoformat(timespec="seconds"),
+      "command": " ".join([os.path.relpath(sys.argv[0])] + sys.argv[1:]),
+      "machine": dict(before, load_average_after=list(os.getloadavg())),
+      "results": results,
+    }
     with open(args.json, "w") as f:
       json.dump(record, f, indent=1)
     print(f"wrote {args.json}")
@@ -406,34 +482,61 @@ def run_peer(args) -> None:
 
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--config", action="append",
-                      help="config file (repeatable); default: the ViT and GPT defaults")
+  parser.add_argument(
+    "--config", action="append", help="config file (repeatable); default: the ViT and GPT defaults"
+  )
   parser.add_argument("--rounds", type=int, default=5)
   parser.add_argument("--steps", type=int, default=20)
   parser.add_argument("--image-shape", default="28,28,1")
   parser.add_argument("--num-classes", type=int, default=10)
-  parser.add_argument("--batch", type=int, default=None,
-                      help="batch size (default: the config's)")
-  parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                      help="override a config key, e.g. model.dtype=bfloat16 (repeatable)")
-  parser.add_argument("--variants", default=",".join(VARIANTS),
-                      help="comma-separated subset of " + ",".join(VARIANTS))
-  parser.add_argument("--peak-tflops", type=float, default=None,
-                      help="dense peak TFLOP/s of the device, for MFU")
-  parser.add_argument("--peer", action="store_true",
-                      help="time laplax against the same model in PyTorch, eager and "
-                           "torch.compile (needs requirements-bench.txt); --variants is unused")
-  parser.add_argument("--peer-modes", default="eager,compile",
-                      help="with --peer: comma-separated subset of eager,compile")
-  parser.add_argument("--peer-grad-accum", type=int, default=1, metavar="N",
-                      help="with --peer: micro-batches of the PyTorch step (default 1, "
-                           "the whole batch; laplax uses the config's optim.grad_accum_steps)")
-  parser.add_argument("--warmup", type=int, default=3,
-                      help="with --peer: warm-up steps of each candidate (compiles)")
-  parser.add_argument("--peak-size", type=int, default=2048,
-                      help="with --peer: side of the square float32 matmul timed for the peak")
-  parser.add_argument("--json", default=None, metavar="FILE",
-                      help="with --peer: also write the results and the machine as JSON")
+  parser.add_argument("--batch", type=int, default=None, help="batch size (default: the config's)")
+  parser.add_argument(
+    "--set",
+    action="append",
+    default=[],
+    metavar="KEY=VALUE",
+    help="override a config key, e.g. model.dtype=bfloat16 (repeatable)",
+  )
+  parser.add_argument(
+    "--variants", default=",".join(VARIANTS), help="comma-separated subset of " + ",".join(VARIANTS)
+  )
+  parser.add_argument(
+    "--peak-tflops", type=float, default=None, help="dense peak TFLOP/s of the device, for MFU"
+  )
+  parser.add_argument(
+    "--peer",
+    action="store_true",
+    help="time laplax against the same model in PyTorch, eager and "
+    "torch.compile (needs requirements-bench.txt); --variants is unused",
+  )
+  parser.add_argument(
+    "--peer-modes",
+    default="eager,compile",
+    help="with --peer: comma-separated subset of eager,compile",
+  )
+  parser.add_argument(
+    "--peer-grad-accum",
+    type=int,
+    default=1,
+    metavar="N",
+    help="with --peer: micro-batches of the PyTorch step (default 1, "
+    "the whole batch; laplax uses the config's optim.grad_accum_steps)",
+  )
+  parser.add_argument(
+    "--warmup", type=int, default=3, help="with --peer: warm-up steps of each candidate (compiles)"
+  )
+  parser.add_argument(
+    "--peak-size",
+    type=int,
+    default=2048,
+    help="with --peer: side of the square float32 matmul timed for the peak",
+  )
+  parser.add_argument(
+    "--json",
+    default=None,
+    metavar="FILE",
+    help="with --peer: also write the results and the machine as JSON",
+  )
   args = parser.parse_args()
   if args.peer:
     args.peer_modes = args.peer_modes.split(",")

@@ -30,17 +30,32 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VIT, GPT = "configs/vit_fashion_mnist.py", "configs/gpt_shakespeare.py"
-TINY = ["--config.model.width=32", "--config.model.depth=1", "--config.model.num_heads=2",
-        "--config.model.mlp_dim=32", "--config.model.patch_size=7",
-        "--config.model.num_laplacian_heads=1", "--config.batch_size=32",
-        "--config.eval_batch_size=200", "--config.total_steps=8",
-        "--config.checkpoint_every=2", "--config.log_every=1", "--config.eval_every=1000",
-        "--config.data.eval_split=test[:200]", "--config.debug.stall_at_step=3"]
+TINY = [
+  "--config.model.width=32",
+  "--config.model.depth=1",
+  "--config.model.num_heads=2",
+  "--config.model.mlp_dim=32",
+  "--config.model.patch_size=7",
+  "--config.model.num_laplacian_heads=1",
+  "--config.batch_size=32",
+  "--config.eval_batch_size=200",
+  "--config.total_steps=8",
+  "--config.checkpoint_every=2",
+  "--config.log_every=1",
+  "--config.eval_every=1000",
+  "--config.data.eval_split=test[:200]",
+  "--config.debug.stall_at_step=3",
+]
 
 
 def _start(args, log):
-  return subprocess.Popen([sys.executable] + args, cwd=ROOT, stdout=log, stderr=log,
-                          env=dict(os.environ, PYTHONUNBUFFERED="1"))
+  return subprocess.Popen(
+    [sys.executable] + args,
+    cwd=ROOT,
+    stdout=log,
+    stderr=log,
+    env=dict(os.environ, PYTHONUNBUFFERED="1"),
+  )
 
 
 def _wait_for(proc, ready, timeout=900):
@@ -49,14 +64,15 @@ def _wait_for(proc, ready, timeout=900):
     time.sleep(0.01)
 
 
-def _report(name, proc, t0, log_path, workdir):  # pylint: disable=too-many-arguments
+def _report(name, proc, t0, log_path, workdir):
   code = proc.wait()
   seconds = time.time() - t0
   with open(log_path) as f:
     lines = [l for l in f.read().replace("\r", "\n").splitlines() if l.strip()]
   lock = "lock gone" if not os.path.exists(os.path.join(workdir, "train.lock")) else "LOCK LEFT"
-  print(f"{name}: exit {code} after {seconds:.1f} s, {lock}: {lines[-1] if lines else ''}",
-        flush=True)
+  print(
+    f"{name}: exit {code} after {seconds:.1f} s, {lock}: {lines[-1] if lines else ''}", flush=True
+  )
 
 
 def _reads_checkpoints(pid: int) -> bool:
@@ -106,29 +122,60 @@ def main() -> None:
   args = parser.parse_args()
   os.makedirs(args.out)
   data = [f"--config.data.data_dir={args.data_dir}"]
-  cases = (("stalled, one SIGTERM", [signal.SIGTERM]),
-           ("stalled, two SIGINTs", [signal.SIGINT, signal.SIGINT]))
+  cases = (
+    ("stalled, one SIGTERM", [signal.SIGTERM]),
+    ("stalled, two SIGINTs", [signal.SIGINT, signal.SIGINT]),
+  )
   for name, signals in cases:
     workdir = os.path.join(args.out, name.split(", ")[1].replace(" ", "_"))
     saved = os.path.join(workdir, "checkpoints", "2")
-    stop(name, ["train.py", "--config", VIT, "--workdir", workdir] + data + TINY, workdir,
-         lambda _, saved=saved: os.path.isdir(saved), signals, args.out)
+    stop(
+      name,
+      ["train.py", "--config", VIT, "--workdir", workdir] + data + TINY,
+      workdir,
+      lambda _, saved=saved: os.path.isdir(saved),
+      signals,
+      args.out,
+    )
   workdir = os.path.join(args.out, "compiling")
   lock = os.path.join(workdir, "train.lock")
-  stop("compiling, one SIGTERM", ["train.py", "--config", VIT, "--workdir", workdir] + data,
-       workdir, lambda _: os.path.exists(lock) and time.time() > os.path.getmtime(lock) + 3,
-       [signal.SIGTERM], args.out)
+  stop(
+    "compiling, one SIGTERM",
+    ["train.py", "--config", VIT, "--workdir", workdir] + data,
+    workdir,
+    lambda _: os.path.exists(lock) and time.time() > os.path.getmtime(lock) + 3,
+    [signal.SIGTERM],
+    args.out,
+  )
   if args.eval_workdir:  # a run whose evaluation takes a while (e.g. the default ViT's)
-    stop("eval.py, one SIGINT", ["eval.py", "--workdir", args.eval_workdir, "--out",
-                                 os.path.join(args.out, "eval", "eval.json")],
-         args.out, lambda proc: _reads_checkpoints(proc.pid), [signal.SIGINT], args.out)
-  for name, extra in (("ViT batch_size=100000000", [VIT, "--config.batch_size=100000000"]),
-                      ("ViT width=16384 depth=48", [VIT, "--config.model.width=16384",
-                                                    "--config.model.depth=48"]),
-                      ("GPT batch_size=4096 width=4096", [GPT, "--config.batch_size=4096",
-                                                          "--config.model.width=4096"])):
-    refuse(name, ["train.py", "--config"] + extra + data,
-           os.path.join(args.out, name.split()[0] + "_" + name.split()[1]), args.out)
+    stop(
+      "eval.py, one SIGINT",
+      [
+        "eval.py",
+        "--workdir",
+        args.eval_workdir,
+        "--out",
+        os.path.join(args.out, "eval", "eval.json"),
+      ],
+      args.out,
+      lambda proc: _reads_checkpoints(proc.pid),
+      [signal.SIGINT],
+      args.out,
+    )
+  for name, extra in (
+    ("ViT batch_size=100000000", [VIT, "--config.batch_size=100000000"]),
+    ("ViT width=16384 depth=48", [VIT, "--config.model.width=16384", "--config.model.depth=48"]),
+    (
+      "GPT batch_size=4096 width=4096",
+      [GPT, "--config.batch_size=4096", "--config.model.width=4096"],
+    ),
+  ):
+    refuse(
+      name,
+      ["train.py", "--config"] + extra + data,
+      os.path.join(args.out, name.split()[0] + "_" + name.split()[1]),
+      args.out,
+    )
 
 
 if __name__ == "__main__":

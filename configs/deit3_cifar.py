@@ -19,8 +19,9 @@ NUM_TRAIN = 50_000
 
 def get_config(arg=None):
   """ViT-B/16, DeiT-3 recipe on cifar100 / cifar10."""
-  a = parse_arg(arg, laplacian=0, spectral=False, dataset="cifar100",
-                image_size=224, variant="B/16")
+  a = parse_arg(
+    arg, laplacian=0, spectral=False, dataset="cifar100", image_size=224, variant="B/16"
+  )
   c = base_config()
   c.batch_size = 512
   c.eval_batch_size = 500
@@ -36,6 +37,11 @@ def get_config(arg=None):
   c.data.mean = (0.5071, 0.4865, 0.4409)
   c.data.std = (0.2673, 0.2564, 0.2762)
 
-  deit3_recipe(c, variant=a.variant, laplacian=a.laplacian, spectral=a.spectral,
-               steps_per_epoch=steps_per_epoch)
+  deit3_recipe(
+    c,
+    variant=a.variant,
+    laplacian=a.laplacian,
+    spectral=a.spectral,
+    steps_per_epoch=steps_per_epoch,
+  )
   return c

@@ -38,6 +38,11 @@ def get_config(arg=None):
   c.data.std = (0.229, 0.224, 0.225)
   c.data.num_threads = 16
 
-  deit3_recipe(c, variant=a.variant, laplacian=a.laplacian, spectral=a.spectral,
-               steps_per_epoch=steps_per_epoch)
+  deit3_recipe(
+    c,
+    variant=a.variant,
+    laplacian=a.laplacian,
+    spectral=a.spectral,
+    steps_per_epoch=steps_per_epoch,
+  )
   return c

@@ -16,8 +16,8 @@ epochs, student temperature 0.1, teacher momentum 0.996 -> 1, centre momentum
 ``data.data_dir`` (a manual download; see docs/configs.md).
 """
 
-from laplax.data.vision import images
 from laplax.config.defaults import dino_base_config, parse_arg
+from laplax.data.vision import images
 
 NUM_TRAIN = 1_281_167
 

@@ -45,9 +45,14 @@ What still differs from nanochat, and why:
   options here, off.
 """
 
+from laplax.config.defaults import (
+  gpt_base_config,
+  nanochat_num_params,
+  nanochat_options,
+  nanochat_steps,
+  parse_arg,
+)
 from laplax.data.text import fineweb
-from laplax.config.defaults import (gpt_base_config, nanochat_num_params, nanochat_options,
-                                   nanochat_steps, parse_arg)
 
 
 def get_config(arg=None):
@@ -74,6 +79,7 @@ def get_config(arg=None):
   m.embedding_dtype = "bfloat16"
   m.num_laplacian_heads = a.laplacian
   m.spectral.enabled = a.spectral
-  c.total_steps = nanochat_steps(nanochat_num_params(m.width, m.depth, c.data.vocab_size),
-                                 c.batch_size * m.max_length)
+  c.total_steps = nanochat_steps(
+    nanochat_num_params(m.width, m.depth, c.data.vocab_size), c.batch_size * m.max_length
+  )
   return c

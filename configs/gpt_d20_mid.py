@@ -36,8 +36,8 @@ def get_config(arg=None):
   a = parse_arg(arg, schedule="rising", laplacian=5, spectral=False)
   c = sibling_config(__file__, "gpt_d20.py", f"laplacian={a.laplacian},spectral={a.spectral}")
   stage_config(c, "mid", schedule=a.schedule, total_steps=800)
-  c.data.streams = 8                       # 8 x 32 rows of 2048: nanochat's 8 GPUs
-  c.data.max_eval_tokens = 20 * 524_288    # nanochat's eval_tokens
+  c.data.streams = 8  # 8 x 32 rows of 2048: nanochat's 8 GPUs
+  c.data.max_eval_tokens = 20 * 524_288  # nanochat's eval_tokens
   c.eval_every = 150
   c.checkpoint_every = 150
   c.log_every = 10

@@ -44,32 +44,32 @@ __version__ = "0.1.0"
 
 # Public name -> (module, attribute there).
 _PUBLIC = {
-    "attend": ("laplax.attention", "attend"),
-    "MultiHeadAttention": ("laplax.attention", "MultiHeadAttention"),
-    "laplacian_heads": ("laplax.attention", "laplacian_heads"),
-    "correction": ("laplax.spectral", "correction"),
-    "condition_number": ("laplax.spectral", "condition_number"),
-    "ViT": ("laplax.models.vit", "ViT"),
-    "GPT": ("laplax.models.gpt", "GPT"),
-    "DINO": ("laplax.models.dino", "DINO"),
-    "DINOHead": ("laplax.models.dino", "DINOHead"),
-    "build_spec": ("laplax.models.spec", "build"),
-    "spec_from_config": ("laplax.models.spec", "from_config"),
-    "load": ("laplax.loading", "load"),
-    "Loaded": ("laplax.loading", "Loaded"),
-    "LoadError": ("laplax.loading", "LoadError"),
-    "UserError": ("laplax.errors", "UserError"),
-    "ConfigError": ("laplax.config.validation", "ConfigError"),
-    "run_analysis": ("laplax.analysis.report", "run_analysis"),
-    "AnalysisTarget": ("laplax.analysis.report", "Target"),
-    "read_analysis": ("laplax.analysis.report", "read"),
-    "analysis_summary": ("laplax.analysis.summary", "summary"),
-    "GeometryAccumulator": ("laplax.analysis.geometry", "GeometryAccumulator"),
-    "kernel_conditioning": ("laplax.analysis.conditioning", "kernel_conditioning"),
-    "head_conditioning": ("laplax.analysis.conditioning", "head_conditioning"),
+  "attend": ("laplax.attention", "attend"),
+  "MultiHeadAttention": ("laplax.attention", "MultiHeadAttention"),
+  "laplacian_heads": ("laplax.attention", "laplacian_heads"),
+  "correction": ("laplax.spectral", "correction"),
+  "condition_number": ("laplax.spectral", "condition_number"),
+  "ViT": ("laplax.models.vit", "ViT"),
+  "GPT": ("laplax.models.gpt", "GPT"),
+  "DINO": ("laplax.models.dino", "DINO"),
+  "DINOHead": ("laplax.models.dino", "DINOHead"),
+  "build_spec": ("laplax.models.spec", "build"),
+  "spec_from_config": ("laplax.models.spec", "from_config"),
+  "load": ("laplax.loading", "load"),
+  "Loaded": ("laplax.loading", "Loaded"),
+  "LoadError": ("laplax.loading", "LoadError"),
+  "UserError": ("laplax.errors", "UserError"),
+  "ConfigError": ("laplax.config.validation", "ConfigError"),
+  "run_analysis": ("laplax.analysis.report", "run_analysis"),
+  "AnalysisTarget": ("laplax.analysis.report", "Target"),
+  "read_analysis": ("laplax.analysis.report", "read"),
+  "analysis_summary": ("laplax.analysis.summary", "summary"),
+  "GeometryAccumulator": ("laplax.analysis.geometry", "GeometryAccumulator"),
+  "kernel_conditioning": ("laplax.analysis.conditioning", "kernel_conditioning"),
+  "head_conditioning": ("laplax.analysis.conditioning", "head_conditioning"),
 }
 
-__all__ = sorted(_PUBLIC) + ["__version__"]
+__all__ = [*sorted(_PUBLIC), "__version__"]  # noqa: PLE0604  (the lazy names, strings)
 
 
 def __getattr__(name: str):

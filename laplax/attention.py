@@ -22,7 +22,8 @@ See docs/methods.md for both methods, their config keys and laplax's choices.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -30,7 +31,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from laplax import kernels, sharding, spectral
-from laplax.rotary import STYLES as ROPE_STYLES, rotary, rotary_table  # noqa: F401  (re-exported)
+from laplax.rotary import STYLES as ROPE_STYLES  # noqa: F401  (re-exported)
+from laplax.rotary import rotary, rotary_table  # noqa: F401  (rotary_table re-exported)
 
 IMPLEMENTATIONS = (None, "xla", "cudnn", "splash", "reference")
 # Logical axes of queries, keys, values and head outputs (laplax.sharding).
@@ -47,8 +49,9 @@ QK_NORM_TYPES = ("layernorm", "rmsnorm")
 LAPLACIAN_MIX_INIT = 4.0
 
 
-def laplacian_heads(num_heads: int, num_laplacian_heads: int = 0,
-                    mask: Sequence[bool] | None = None) -> np.ndarray:
+def laplacian_heads(
+  num_heads: int, num_laplacian_heads: int = 0, mask: Sequence[bool] | None = None
+) -> np.ndarray:
   """Which heads of a layer are Laplacian, as a bool array ``[num_heads]``.
 
   Args:
@@ -64,28 +67,32 @@ def laplacian_heads(num_heads: int, num_laplacian_heads: int = 0,
     mask = np.asarray(mask, dtype=bool)
     if mask.shape != (num_heads,):
       raise ValueError(
-          f"laplacian head mask has {mask.size} entries but the layer has "
-          f"num_heads={num_heads}; give one boolean per head")
+        f"laplacian head mask has {mask.size} entries but the layer has "
+        f"num_heads={num_heads}; give one boolean per head"
+      )
     return mask
   k = int(num_laplacian_heads)
   if not 0 <= k <= num_heads:
     raise ValueError(
-        f"num_laplacian_heads={k} is outside 0..num_heads={num_heads}; "
-        f"choose at most num_heads Laplacian heads")
+      f"num_laplacian_heads={k} is outside 0..num_heads={num_heads}; "
+      f"choose at most num_heads Laplacian heads"
+    )
   return np.arange(num_heads) >= num_heads - k
 
 
 def _combine_masks(mask, is_causal, q_len, kv_len):
   if is_causal:
     # Queries are the last q_len positions of the kv_len keys (KV-cache style).
-    causal = (jnp.arange(q_len)[:, None] + (kv_len - q_len)
-              >= jnp.arange(kv_len)[None, :])[None, None]
+    causal = (jnp.arange(q_len)[:, None] + (kv_len - q_len) >= jnp.arange(kv_len)[None, :])[
+      None, None
+    ]
     mask = causal if mask is None else jnp.logical_and(mask, causal)
   return mask
 
 
-def reference_attention(query, key, value, *, mask=None, is_causal=False,
-                        scale=None, dropout_rate=0.0, dropout_rng=None):
+def reference_attention(
+  query, key, value, *, mask=None, is_causal=False, scale=None, dropout_rate=0.0, dropout_rng=None
+):
   """Dense softmax attention that materialises ``P``.
 
   Args:
@@ -108,8 +115,7 @@ def reference_attention(query, key, value, *, mask=None, is_causal=False,
     key = jnp.repeat(key, num_heads // num_kv, axis=-2)
     value = jnp.repeat(value, num_heads // num_kv, axis=-2)
   scale = query.shape[-1] ** -0.5 if scale is None else scale
-  logits = jnp.einsum("bqhd,bkhd->bhqk", query.astype(jnp.float32),
-                      key.astype(jnp.float32)) * scale
+  logits = jnp.einsum("bqhd,bkhd->bhqk", query.astype(jnp.float32), key.astype(jnp.float32)) * scale
   mask = _combine_masks(mask, is_causal, query.shape[1], key.shape[1])
   if mask is not None:
     logits = jnp.where(mask, logits, MASK_VALUE)
@@ -121,12 +127,22 @@ def reference_attention(query, key, value, *, mask=None, is_causal=False,
   return pv.astype(value.dtype), probs
 
 
-def attend(query: jax.Array, key: jax.Array, value: jax.Array, *,
-           laplacian: Any, mask: jax.Array | None = None, is_causal: bool = False,
-           implementation: str | None = None, scale: float | None = None,
-           dropout_rate: float = 0.0, dropout_rng: jax.Array | None = None,
-           residual_value: jax.Array | None = None,
-           return_weights: bool = False, mix: jax.Array | None = None):
+def attend(
+  query: jax.Array,
+  key: jax.Array,
+  value: jax.Array,
+  *,
+  laplacian: Any,
+  mask: jax.Array | None = None,
+  is_causal: bool = False,
+  implementation: str | None = None,
+  scale: float | None = None,
+  dropout_rate: float = 0.0,
+  dropout_rng: jax.Array | None = None,
+  residual_value: jax.Array | None = None,
+  return_weights: bool = False,
+  mix: jax.Array | None = None,
+):
   """Multi-head attention where some heads are Laplacian (``V - P V``).
 
   Standard heads return ``P_i V_i``, Laplacian heads ``V_i - P_i V_i``
@@ -179,8 +195,9 @@ def attend(query: jax.Array, key: jax.Array, value: jax.Array, *,
   """
   if implementation not in IMPLEMENTATIONS:
     raise ValueError(
-        f"attention implementation {implementation!r} is unknown; use one of "
-        f"'xla', 'cudnn', 'splash', 'reference' or None")
+      f"attention implementation {implementation!r} is unknown; use one of "
+      f"'xla', 'cudnn', 'splash', 'reference' or None"
+    )
   num_heads = query.shape[-2]
   try:
     laplacian_np = np.asarray(laplacian, dtype=bool)
@@ -188,25 +205,43 @@ def attend(query: jax.Array, key: jax.Array, value: jax.Array, *,
     laplacian_np = None
   if np.shape(laplacian) != (num_heads,):
     raise ValueError(
-        f"laplacian has shape {np.shape(laplacian)}; expected ({num_heads},), "
-        f"one boolean per query head")
+      f"laplacian has shape {np.shape(laplacian)}; expected ({num_heads},), "
+      f"one boolean per query head"
+    )
   use_dropout = dropout_rate > 0.0 and dropout_rng is not None
   weights = None
-  if implementation == "reference" or (use_dropout and implementation != "splash") or (
-      return_weights):
+  if (
+    implementation == "reference"
+    or (use_dropout and implementation != "splash")
+    or (return_weights)
+  ):
     if return_weights and implementation not in (None, "reference"):
       raise ValueError("return_weights needs implementation='reference'")
     pv, weights = reference_attention(
-        query, key, value, mask=mask, is_causal=is_causal, scale=scale,
-        dropout_rate=dropout_rate if use_dropout else 0.0,
-        dropout_rng=dropout_rng)
+      query,
+      key,
+      value,
+      mask=mask,
+      is_causal=is_causal,
+      scale=scale,
+      dropout_rate=dropout_rate if use_dropout else 0.0,
+      dropout_rng=dropout_rng,
+    )
   else:
     if implementation == "splash" and use_dropout:
-      raise ValueError(kernels.splash.unsupported(
-          query.shape[1], key.shape[1], dropout=dropout_rate) or "no dropout")
-    pv = kernels.attention(query, key, value, mask=mask, is_causal=bool(is_causal),
-                           scale=query.shape[-1] ** -0.5 if scale is None else float(scale),
-                           implementation=implementation)
+      raise ValueError(
+        kernels.splash.unsupported(query.shape[1], key.shape[1], dropout=dropout_rate)
+        or "no dropout"
+      )
+    pv = kernels.attention(
+      query,
+      key,
+      value,
+      mask=mask,
+      is_causal=bool(is_causal),
+      scale=query.shape[-1] ** -0.5 if scale is None else float(scale),
+      implementation=implementation,
+    )
 
   if mix is None and laplacian_np is not None and not laplacian_np.any():
     out = pv
@@ -214,16 +249,17 @@ def attend(query: jax.Array, key: jax.Array, value: jax.Array, *,
     if residual_value is None:
       if query.shape[1] != value.shape[1]:
         raise ValueError(
-            "Laplacian heads need the values at the query positions: pass "
-            "residual_value when q_length != kv_length (e.g. with a KV cache)")
+          "Laplacian heads need the values at the query positions: pass "
+          "residual_value when q_length != kv_length (e.g. with a KV cache)"
+        )
       residual_value = value
     if residual_value.shape[-2] != num_heads:  # grouped-query attention
-      residual_value = jnp.repeat(
-          residual_value, num_heads // residual_value.shape[-2], axis=-2)
+      residual_value = jnp.repeat(residual_value, num_heads // residual_value.shape[-2], axis=-2)
     if mix is not None:
       alpha = jnp.asarray(mix, jnp.float32)[:, None]
-      out = (alpha * residual_value.astype(jnp.float32)
-             + (1.0 - 2.0 * alpha) * pv.astype(jnp.float32)).astype(pv.dtype)
+      out = (
+        alpha * residual_value.astype(jnp.float32) + (1.0 - 2.0 * alpha) * pv.astype(jnp.float32)
+      ).astype(pv.dtype)
       return (out, weights) if return_weights else out
     lap_out = (residual_value - pv).astype(pv.dtype)
     if laplacian_np is not None and laplacian_np.all():
@@ -254,6 +290,7 @@ class ProjectionDense(nn.Module):
     axes: logical axis names of the kernel ``(in, out)`` (the bias has the
       second); see :mod:`laplax.sharding`.
   """
+
   features: int
   num_heads: int = 1
   use_bias: bool = True
@@ -269,13 +306,20 @@ class ProjectionDense(nn.Module):
     """The parameters ``(kernel [in_features, features], bias [features] or
     None)``, float32, created on first use: what :class:`MultiHeadAttention`
     stacks to project q, k and v with one matmul."""
-    kernel = self.param("kernel", sharding.logical_init(self.kernel_init, self.axes),
-                        (in_features, self.features), jnp.float32)
+    kernel = self.param(
+      "kernel",
+      sharding.logical_init(self.kernel_init, self.axes),
+      (in_features, self.features),
+      jnp.float32,
+    )
     bias = None
     if self.use_bias:
-      bias = self.param("bias", sharding.logical_init(nn.initializers.zeros,
-                                                      self.axes[1:]),
-                        (self.features,), jnp.float32)
+      bias = self.param(
+        "bias",
+        sharding.logical_init(nn.initializers.zeros, self.axes[1:]),
+        (self.features,),
+        jnp.float32,
+      )
     return kernel, bias
 
   def __call__(self, x: jax.Array) -> jax.Array:
@@ -284,9 +328,15 @@ class ProjectionDense(nn.Module):
     kernel, bias = self.weights(x.shape[-1])
     dtype = self.dtype or x.dtype
     if self.spectral_lam is not None:
-      y = spectral.project(x, kernel, lam=self.spectral_lam, mode=self.spectral_mode,
-                           num_heads=self.num_heads, target=self.spectral_target,
-                           dtype=dtype)
+      y = spectral.project(
+        x,
+        kernel,
+        lam=self.spectral_lam,
+        mode=self.spectral_mode,
+        num_heads=self.num_heads,
+        target=self.spectral_target,
+        dtype=dtype,
+      )
     else:
       y = jnp.dot(x.astype(dtype), kernel.astype(dtype))
     if bias is not None:
@@ -314,7 +364,7 @@ def rms_norm(x: jax.Array, eps: float | None = None) -> jax.Array:
   return y * jax.lax.rsqrt(jnp.mean(jnp.square(y), axis=-1, keepdims=True) + eps)
 
 
-def _check_settings(mha: "MultiHeadAttention", model_dim: int) -> None:
+def _check_settings(mha: MultiHeadAttention, model_dim: int) -> None:
   """The settings of :class:`MultiHeadAttention` ``mha`` that a model spec
   would refuse, checked for direct use (a plain function: Flax wraps methods).
 
@@ -326,35 +376,52 @@ def _check_settings(mha: "MultiHeadAttention", model_dim: int) -> None:
   if mha.num_heads < 1:
     raise ValueError(f"num_heads={mha.num_heads!r} must be an integer >= 1")
   targets = mha.spectral_targets
-  if mha.spectral_lam and (not targets or len(set(targets)) != len(targets)
-      or any(t not in spectral.TARGETS for t in targets)):
-    raise ValueError(f"spectral_targets={targets!r} must be distinct letters of "
-                     f"{spectral.TARGETS!r}, e.g. 'qkv' or 'qk'")
+  if mha.spectral_lam and (
+    not targets
+    or len(set(targets)) != len(targets)
+    or any(t not in spectral.TARGETS for t in targets)
+  ):
+    raise ValueError(
+      f"spectral_targets={targets!r} must be distinct letters of "
+      f"{spectral.TARGETS!r}, e.g. 'qkv' or 'qk'"
+    )
   if mha.qk_norm and mha.qk_norm_type not in QK_NORM_TYPES:
-    raise ValueError(f"qk_norm_type={mha.qk_norm_type!r} is unknown; use one of "
-                     f"{', '.join(QK_NORM_TYPES)}")
+    raise ValueError(
+      f"qk_norm_type={mha.qk_norm_type!r} is unknown; use one of {', '.join(QK_NORM_TYPES)}"
+    )
   head_dim = mha.head_dim or model_dim // mha.num_heads
   if mha.rope and head_dim % 2:
-    raise ValueError(f"rope needs an even head dimension, got {head_dim} "
-                     f"(model dim {model_dim}, num_heads {mha.num_heads}); "
-                     f"set head_dim or num_heads so that it is even")
+    raise ValueError(
+      f"rope needs an even head dimension, got {head_dim} "
+      f"(model dim {model_dim}, num_heads {mha.num_heads}); "
+      f"set head_dim or num_heads so that it is even"
+    )
 
 
-def _project_qkv(mha: "MultiHeadAttention", x: jax.Array, head_dim: int, dtype: Any):
+def _project_qkv(mha: MultiHeadAttention, x: jax.Array, head_dim: int, dtype: Any):
   """q, k, v ``[batch, length, num_heads, head_dim]`` of :class:`MultiHeadAttention`
   ``mha`` (a plain function called from its compact ``__call__``, so the
   three ``ProjectionDense`` are its submodules ``query``, ``key``, ``value``)."""
   model_dim = x.shape[-1]
+
   def projection(name, target):
     lam = mha.spectral_lam if target in mha.spectral_targets else None
     return ProjectionDense(
-        mha.num_heads * head_dim, num_heads=mha.num_heads,
-        use_bias=mha.use_bias, spectral_lam=lam,
-        spectral_mode=mha.spectral_mode, spectral_target=target, dtype=mha.dtype,
-        kernel_init=mha.kernel_init, name=name)
+      mha.num_heads * head_dim,
+      num_heads=mha.num_heads,
+      use_bias=mha.use_bias,
+      spectral_lam=lam,
+      spectral_mode=mha.spectral_mode,
+      spectral_target=target,
+      dtype=mha.dtype,
+      kernel_init=mha.kernel_init,
+      name=name,
+    )
+
   def heads(y):
     y = y.reshape(*x.shape[:-1], mha.num_heads, head_dim)
     return nn.with_logical_constraint(y, HEADS_AXES)
+
   names = (("query", "q"), ("key", "k"), ("value", "v"))
   fuse = mha.spectral_lam is None or jnp.dtype(dtype) == jnp.float32
   if fuse and not mha.is_mutable_collection("intermediates"):  # analysis: apart
@@ -364,10 +431,14 @@ def _project_qkv(mha: "MultiHeadAttention", x: jax.Array, head_dim: int, dtype: 
     # corrected one multiplies by W + C, spectral.project's float32 form).
     weights = [projection(n, t).weights(model_dim) for n, t in names]
     with jax.named_scope("qkv"):  # the ops' name in profiles (bench/profile_step.py)
-      kernels = [spectral.conditioned(w, lam=mha.spectral_lam, mode=mha.spectral_mode,
-                                      num_heads=mha.num_heads, target=t)
-                 if mha.spectral_lam is not None and t in mha.spectral_targets else w
-                 for (w, _), (_, t) in zip(weights, names)]
+      kernels = [
+        spectral.conditioned(
+          w, lam=mha.spectral_lam, mode=mha.spectral_mode, num_heads=mha.num_heads, target=t
+        )
+        if mha.spectral_lam is not None and t in mha.spectral_targets
+        else w
+        for (w, _), (_, t) in zip(weights, names)
+      ]
       kernel = jnp.stack(kernels, axis=1).astype(dtype)
       y = jnp.einsum("...i,itf->...tf", x.astype(dtype), kernel)
       if mha.use_bias:
@@ -445,6 +516,7 @@ class MultiHeadAttention(nn.Module):
     kernel_init: initialiser of ``W_Q, W_K, W_V``.
     out_init: initialiser of ``W_O`` (GPT uses a depth-scaled normal).
   """
+
   num_heads: int
   head_dim: int | None = None
   num_laplacian_heads: int = 0
@@ -468,9 +540,16 @@ class MultiHeadAttention(nn.Module):
   out_init: Callable = nn.initializers.xavier_uniform()
 
   @nn.compact
-  def __call__(self, x: jax.Array, *, mask: jax.Array | None = None,
-               is_causal: bool = False, deterministic: bool = True,
-               decode: bool = False, laplacian: jax.Array | None = None):
+  def __call__(
+    self,
+    x: jax.Array,
+    *,
+    mask: jax.Array | None = None,
+    is_causal: bool = False,
+    deterministic: bool = True,
+    decode: bool = False,
+    laplacian: jax.Array | None = None,
+  ):
     """Applies attention; ``mask`` broadcasts to ``[batch, heads, length, length]``.
 
     ``laplacian`` (bool ``[num_heads]``, may be traced, e.g. a scanned
@@ -480,8 +559,7 @@ class MultiHeadAttention(nn.Module):
     model_dim = x.shape[-1]
     head_dim = self.head_dim or model_dim // self.num_heads
     if laplacian is None:
-      laplacian = laplacian_heads(self.num_heads, self.num_laplacian_heads,
-                                  self.laplacian_mask)
+      laplacian = laplacian_heads(self.num_heads, self.num_laplacian_heads, self.laplacian_mask)
     dtype = self.dtype or x.dtype
     q, k, v = _project_qkv(self, x, head_dim, dtype)
     length = x.shape[1]
@@ -494,8 +572,13 @@ class MultiHeadAttention(nn.Module):
       if not is_init:
         start = index.value
     positions = start + np.arange(length)  # traced when decoding
-    rotate = lambda y: rotary(y, positions, self.rope_theta, max_length=(
-        cached_k.value.shape[1] if decode else None), style=self.rope_style)
+    rotate = lambda y: rotary(
+      y,
+      positions,
+      self.rope_theta,
+      max_length=(cached_k.value.shape[1] if decode else None),
+      style=self.rope_style,
+    )
     rope_first = self.rope and self.rope_style == "nanochat"
     if rope_first:  # nanochat/gpt.py: rotary, then the qk-norm
       q, k = rotate(q), rotate(k)
@@ -516,13 +599,18 @@ class MultiHeadAttention(nn.Module):
     mix = None
     if self.laplacian_mix == "learned":
       pattern = jnp.asarray(laplacian, jnp.float32)
-      logits = self.param("laplacian_mix", sharding.logical_init(
-          lambda rng, shape: LAPLACIAN_MIX_INIT * (2.0 * pattern - 1.0), ("heads",)),
-                          (self.num_heads,))
+      logits = self.param(
+        "laplacian_mix",
+        sharding.logical_init(
+          lambda rng, shape: LAPLACIAN_MIX_INIT * (2.0 * pattern - 1.0), ("heads",)
+        ),
+        (self.num_heads,),
+      )
       mix = jax.nn.sigmoid(logits)
     elif self.laplacian_mix != "fixed":
-      raise ValueError(f"laplacian_mix={self.laplacian_mix!r} is unknown; use one of "
-                       f"{', '.join(LAPLACIAN_MIXES)}")
+      raise ValueError(
+        f"laplacian_mix={self.laplacian_mix!r} is unknown; use one of {', '.join(LAPLACIAN_MIXES)}"
+      )
     if decode and not is_init:
       max_length = cached_k.value.shape[1]
       cached_k.value = jax.lax.dynamic_update_slice(cached_k.value, k, (0, start, 0, 0))
@@ -530,20 +618,43 @@ class MultiHeadAttention(nn.Module):
       index.value = start + length
       visible = positions[:, None] >= jnp.arange(max_length)[None, :]
       mask = visible[None, None] if mask is None else jnp.logical_and(mask, visible)
-      y = attend(q, cached_k.value, cached_v.value, laplacian=laplacian, mask=mask,
-                 implementation="xla" if self.implementation == "splash" else
-                 self.implementation, residual_value=v,
-                 dropout_rate=self.attention_dropout, dropout_rng=dropout_rng, mix=mix)
+      y = attend(
+        q,
+        cached_k.value,
+        cached_v.value,
+        laplacian=laplacian,
+        mask=mask,
+        implementation="xla" if self.implementation == "splash" else self.implementation,
+        residual_value=v,
+        dropout_rate=self.attention_dropout,
+        dropout_rng=dropout_rng,
+        mix=mix,
+      )
     else:
-      y = attend(q, k, v, laplacian=laplacian, mask=mask, is_causal=is_causal,
-                 implementation=self.implementation,
-                 dropout_rate=self.attention_dropout, dropout_rng=dropout_rng, mix=mix)
+      y = attend(
+        q,
+        k,
+        v,
+        laplacian=laplacian,
+        mask=mask,
+        is_causal=is_causal,
+        implementation=self.implementation,
+        dropout_rate=self.attention_dropout,
+        dropout_rng=dropout_rng,
+        mix=mix,
+      )
       if self.is_mutable_collection("intermediates"):  # analysis only
         _, weights = reference_attention(q, k, v, mask=mask, is_causal=is_causal)
         self.sow("intermediates", "attention_weights", weights)
         self.sow("intermediates", "head_outputs", y)
     y = nn.with_logical_constraint(y, HEADS_AXES)
     y = y.reshape(*x.shape[:-1], self.num_heads * head_dim)
-    y = ProjectionDense(model_dim, dtype=self.dtype, kernel_init=self.out_init,
-                        use_bias=self.use_bias, axes=("heads", "embed"), name="out")(y)
+    y = ProjectionDense(
+      model_dim,
+      dtype=self.dtype,
+      kernel_init=self.out_init,
+      use_bias=self.use_bias,
+      axes=("heads", "embed"),
+      name="out",
+    )(y)
     return nn.Dropout(self.dropout)(y, deterministic=deterministic)

@@ -32,23 +32,22 @@ import functools
 import math
 import os
 import re
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
 
+from laplax import optim, sharding, tasks
 from laplax import state as state_lib
-from laplax import sharding
-from laplax.workdir import checkpoint as ckpt_lib
 from laplax.config import validation as config_lib
-from laplax.train import loop
-from laplax import optim
-from laplax import tasks
 from laplax.errors import UserError
 from laplax.evaluators import registry
 from laplax.state import TrainState
+from laplax.train import loop
+from laplax.workdir import checkpoint as ckpt_lib
 from laplax.workdir.files import CHECKPOINT_DIR, CONFIG_FILE, load_saved_config
 
 
@@ -82,6 +81,7 @@ class Loaded:
     shapes_task: the task object built without data at the checkpoint's
       sizes (:meth:`~laplax.tasks.base.TaskBase.from_shapes`; its ``model`` is :attr:`model`).
   """
+
   model: nn.Module
   params: Any
   config: ml_collections.ConfigDict
@@ -118,10 +118,16 @@ class Loaded:
       DataError: the data of the task or of an evaluator cannot be read.
     """
     task = self.task
-    wanted = (registry.names(self.config) if evals is None
-              else registry.check_names(evals, self.config.task))
-    evaluators = [registry.get(n)(task) for n in wanted
-                  if evals is not None or registry.EVAL in registry.get(n).stages]
+    wanted = (
+      registry.names(self.config)
+      if evals is None
+      else registry.check_names(evals, self.config.task)
+    )
+    evaluators = [
+      registry.get(n)(task)
+      for n in wanted
+      if evals is not None or registry.EVAL in registry.get(n).stages
+    ]
     for evaluator in evaluators:
       evaluator.prepare()
     return registry.run(evaluators, self.eval_state, registry.Context(say=lambda line: None))[0]
@@ -131,8 +137,13 @@ class Loaded:
     """A :class:`~laplax.state.TrainState` of what evaluation
     reads (``step``, ``params``, ``task_state``; ``opt_state`` and ``rng``
     ``None``), for the evaluators and the analysis."""
-    return TrainState(step=jnp.asarray(self.step, jnp.int32), params=self.params,
-                               opt_state=None, rng=None, task_state=self.task_state)
+    return TrainState(
+      step=jnp.asarray(self.step, jnp.int32),
+      params=self.params,
+      opt_state=None,
+      rng=None,
+      task_state=self.task_state,
+    )
 
   @functools.cached_property
   def state(self) -> TrainState:
@@ -144,8 +155,9 @@ class Loaded:
     Raises:
       LoadError: the step has become unreadable since it was loaded.
     """
-    target = state_lib.abstract_state(self.shapes_task, optim.make_optimizer(self.config),
-                                 self.config.seed)
+    target = state_lib.abstract_state(
+      self.shapes_task, optim.make_optimizer(self.config), self.config.seed
+    )
     checkpointer = _checkpointer(self.workdir, self.config)
     state, _ = _read(checkpointer, target, self.step, partial=False)
     return jax.device_put(state, jax.local_devices()[0])
@@ -159,18 +171,21 @@ def saved_config(workdir: str) -> ml_collections.ConfigDict:
       ``config.json``, or that file is unreadable or not a laplax config.
   """
   if not os.path.exists(workdir):
-    raise LoadError(f"{workdir} does not exist: no laplax run there; train one "
-                    f"with train.py --workdir {workdir}")
+    raise LoadError(
+      f"{workdir} does not exist: no laplax run there; train one with train.py --workdir {workdir}"
+    )
   if not os.path.isdir(workdir):
-    raise LoadError(f"{workdir} is a file, not a laplax workdir; give the "
-                    f"directory train.py --workdir wrote")
+    raise LoadError(
+      f"{workdir} is a file, not a laplax workdir; give the directory train.py --workdir wrote"
+    )
   try:
     config = load_saved_config(workdir)
   except config_lib.ConfigError as e:
     raise LoadError(str(e)) from None
   if config is None:
-    raise LoadError(f"{workdir} has no {CONFIG_FILE}; train first with train.py "
-                    f"--workdir {workdir}")
+    raise LoadError(
+      f"{workdir} has no {CONFIG_FILE}; train first with train.py --workdir {workdir}"
+    )
   return config
 
 
@@ -192,13 +207,16 @@ def _only(flat: Mapping[str, Any], suffix: str, workdir: str):
   """
   found = [v for k, v in flat.items() if k == suffix or k.endswith("/" + suffix)]
   if len(found) > 1:
-    raise LoadError(f"the checkpoint in {workdir} has {len(found)} parameters "
-                    f"{suffix}; it is not a laplax model of its config")
+    raise LoadError(
+      f"the checkpoint in {workdir} has {len(found)} parameters "
+      f"{suffix}; it is not a laplax model of its config"
+    )
   return tuple(found[0].shape) if found else None
 
 
-def checkpoint_sizes(config: ml_collections.ConfigDict, params: Mapping,
-                     workdir: str = "the workdir") -> dict:
+def checkpoint_sizes(
+  config: ml_collections.ConfigDict, params: Mapping, workdir: str = "the workdir"
+) -> dict:
   """The sizes a task takes from its data, read from a saved parameter tree
   (``jax.ShapeDtypeStruct`` or array leaves, :func:`~laplax.workdir.checkpoint.saved_shapes`):
   ``num_classes`` (the ``head`` kernel's ``[width, classes]``; 0 without a
@@ -211,18 +229,22 @@ def checkpoint_sizes(config: ml_collections.ConfigDict, params: Mapping,
   Raises:
     LoadError: a tree without the parameters the config's model has.
   """
-  flat = {"/".join(str(getattr(k, "key", k)) for k in path): leaf for path, leaf in
-          jax.tree_util.tree_flatten_with_path(dict(params))[0]}
+  flat = {
+    "/".join(str(getattr(k, "key", k)) for k in path): leaf
+    for path, leaf in jax.tree_util.tree_flatten_with_path(dict(params))[0]
+  }
   if tasks.is_language_model(config):
     embedding = _only(flat, "token_embedding/embedding", workdir)
     if embedding is None:
-      raise LoadError(f"the checkpoint in {workdir} has no token embedding; it is not "
-                      f"the GPT of its config.json")
+      raise LoadError(
+        f"the checkpoint in {workdir} has no token embedding; it is not the GPT of its config.json"
+      )
     return {"vocab_size": int(embedding[0])}
   kernel = _only(flat, "embedding/kernel", workdir)
   if kernel is None or len(kernel) != 4:
-    raise LoadError(f"the checkpoint in {workdir} has no patch embedding; it is not "
-                    f"the ViT of its config.json")
+    raise LoadError(
+      f"the checkpoint in {workdir} has no patch embedding; it is not the ViT of its config.json"
+    )
   patch, channels = int(kernel[0]), int(kernel[2])
   if issubclass(tasks.task_class(config), tasks.DINOTask):
     size = int(config.data.multicrop.global_size)
@@ -234,26 +256,33 @@ def checkpoint_sizes(config: ml_collections.ConfigDict, params: Mapping,
     size = side * patch
   else:
     size = int(config.data.image_size or patch)
-  return {"num_classes": int(head.shape[1]) if head is not None else 0,
-          "image_shape": (size, size, channels)}
+  return {
+    "num_classes": int(head.shape[1]) if head is not None else 0,
+    "image_shape": (size, size, channels),
+  }
 
 
 def abstract_weights(task) -> dict:
   """``{"step", "params", "task_state"}`` of a run of ``task`` as
   ``jax.ShapeDtypeStruct`` leaves (``jax.eval_shape`` of its ``init``: no
   array is computed)."""
+
   def init():
     params = sharding.unbox(task.init(jax.random.PRNGKey(0)))
-    return {"step": jnp.zeros((), jnp.int32), "params": params,
-            "task_state": task.init_task_state(params)}
+    return {
+      "step": jnp.zeros((), jnp.int32),
+      "params": params,
+      "task_state": task.init_task_state(params),
+    }
+
   return jax.eval_shape(init)
 
 
 def _checkpointer(workdir: str, config) -> ckpt_lib.Checkpointer:
   """A read-only :class:`~laplax.workdir.checkpoint.Checkpointer` of ``workdir``."""
-  return ckpt_lib.Checkpointer(os.path.join(workdir, CHECKPOINT_DIR),
-                               verify=bool(config.checkpoint_verify),
-                               read_only=True)
+  return ckpt_lib.Checkpointer(
+    os.path.join(workdir, CHECKPOINT_DIR), verify=bool(config.checkpoint_verify), read_only=True
+  )
 
 
 def _read(checkpointer: ckpt_lib.Checkpointer, target, step: int | None, partial: bool):
@@ -268,9 +297,11 @@ def _read(checkpointer: ckpt_lib.Checkpointer, target, step: int | None, partial
     if step is None:
       raise LoadError(str(e)) from None
     reason = re.search(r"failed: ([^)]*)\)", str(e))
-    raise LoadError(f"checkpoint step {step} in {checkpointer.directory} is "
-                    f"unreadable ({reason.group(1) if reason else 'unknown'}); "
-                    f"load another step") from None
+    raise LoadError(
+      f"checkpoint step {step} in {checkpointer.directory} is "
+      f"unreadable ({reason.group(1) if reason else 'unknown'}); "
+      f"load another step"
+    ) from None
 
 
 def first_difference(saved: Any, expected: Any) -> str | None:
@@ -278,10 +309,15 @@ def first_difference(saved: Any, expected: Any) -> str | None:
   of ``jax.ShapeDtypeStruct`` leaves (a checkpoint's, the config's model's),
   as ``"NAME: saved SHAPE, the config's model SHAPE"`` (``None`` when
   every name and shape agree; dtypes are not compared)."""
+
   def flat(tree):
     leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
-    return {jax.tree_util.keystr(path, simple=True, separator="/"): tuple(leaf.shape)
-            for path, leaf in leaves if hasattr(leaf, "shape")}
+    return {
+      jax.tree_util.keystr(path, simple=True, separator="/"): tuple(leaf.shape)
+      for path, leaf in leaves
+      if hasattr(leaf, "shape")
+    }
+
   a, b = flat(saved), flat(expected)
   for name in sorted(set(a) | set(b)):
     if a.get(name) != b.get(name):
@@ -327,11 +363,11 @@ def load(workdir: str, step: int | None = None) -> Loaded:
   config = saved_config(workdir)
   steps = saved_steps(workdir)
   if not steps:
-    raise LoadError(f"{workdir} has no checkpoint; train first with train.py "
-                    f"--workdir {workdir}")
+    raise LoadError(f"{workdir} has no checkpoint; train first with train.py --workdir {workdir}")
   if step is not None and int(step) not in steps:
-    raise LoadError(f"step {step} is not saved in {workdir}; saved steps: "
-                    f"{', '.join(map(str, steps))}")
+    raise LoadError(
+      f"step {step} is not saved in {workdir}; saved steps: {', '.join(map(str, steps))}"
+    )
   tasks.validate(config, None, strict_keys=False)
   registry.validate(config)
   config.lock()
@@ -340,25 +376,37 @@ def load(workdir: str, step: int | None = None) -> Loaded:
   def target(state_dir: str) -> dict:  # the model at the sizes this step holds
     saved = ckpt_lib.saved_shapes(state_dir)
     built["task"] = tasks.task_class(config).from_shapes(
-        config, **checkpoint_sizes(config, saved["params"], workdir))
+      config, **checkpoint_sizes(config, saved["params"], workdir)
+    )
     weights = abstract_weights(built["task"])
     built["difference"] = first_difference(saved["params"], weights["params"])
     return weights
 
   try:
-    state, _ = _read(_checkpointer(workdir, config), target,
-                     None if step is None else int(step), partial=True)
+    state, _ = _read(
+      _checkpointer(workdir, config), target, None if step is None else int(step), partial=True
+    )
   except LoadError:
     if built.get("difference"):  # the checkpoints are fine; config.json is not theirs
-      raise LoadError(f"the checkpoint in {workdir} is not the model of its config.json "
-                      f"({built['difference']}); config.json was changed after the run "
-                      f"saved it, or the checkpoints are another run's: put back the "
-                      f"run's own config.json") from None
+      raise LoadError(
+        f"the checkpoint in {workdir} is not the model of its config.json "
+        f"({built['difference']}); config.json was changed after the run "
+        f"saved it, or the checkpoints are another run's: put back the "
+        f"run's own config.json"
+      ) from None
     raise
   state = jax.device_put(state, jax.local_devices()[0])
   task_state = state.get("task_state")
   teacher = task_state.get("teacher") if isinstance(task_state, dict) else None
   restored = int(state["step"])
-  return Loaded(model=built["task"].model, params=state["params"], config=config,
-                step=restored, latest_step=max(steps[-1], restored), teacher=teacher,
-                task_state=task_state, workdir=workdir, shapes_task=built["task"])
+  return Loaded(
+    model=built["task"].model,
+    params=state["params"],
+    config=config,
+    step=restored,
+    latest_step=max(steps[-1], restored),
+    teacher=teacher,
+    task_state=task_state,
+    workdir=workdir,
+    shapes_task=built["task"],
+  )

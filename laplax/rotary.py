@@ -34,8 +34,9 @@ import numpy as np
 STYLES = ("roformer", "nanochat")
 
 
-def rotary_table(length: int, head_dim: int,
-                 theta: float = 10_000.0) -> tuple[np.ndarray, np.ndarray]:
+def rotary_table(
+  length: int, head_dim: int, theta: float = 10_000.0
+) -> tuple[np.ndarray, np.ndarray]:
   """Sines and cosines of the rotary angles, ``(sin, cos)``, each float32
   ``[length, head_dim // 2]``.
 
@@ -50,8 +51,9 @@ def rotary_table(length: int, head_dim: int,
   return np.sin(angle).astype(np.float32), np.cos(angle).astype(np.float32)
 
 
-def nanochat_table(length: int, head_dim: int,
-                   theta: float = 10_000.0) -> tuple[np.ndarray, np.ndarray]:
+def nanochat_table(
+  length: int, head_dim: int, theta: float = 10_000.0
+) -> tuple[np.ndarray, np.ndarray]:
   """nanochat's rotary table ``(sin, cos)``: bfloat16 values, returned as
   float32 ``[length, head_dim // 2]`` (exactly representable).
 
@@ -65,7 +67,7 @@ def nanochat_table(length: int, head_dim: int,
   step (a double rounding), tests/test_nanochat_exact.py.
   """
   channels = np.arange(0, head_dim, 2, dtype=np.float32)
-  power = (np.float64(theta) ** (channels / np.float32(head_dim)).astype(np.float64))
+  power = np.float64(theta) ** (channels / np.float32(head_dim)).astype(np.float64)
   inv_freq = np.float32(1.0) / power.astype(np.float32)
   angle = np.outer(np.arange(length, dtype=np.float32), inv_freq).astype(np.float32)
   angle = angle.astype(np.float64)
@@ -73,8 +75,13 @@ def nanochat_table(length: int, head_dim: int,
   return as_bf16(np.sin(angle)), as_bf16(np.cos(angle))
 
 
-def rotary(x: jax.Array, positions: Any, theta: float = 10_000.0,
-           max_length: int | None = None, style: str = "roformer") -> jax.Array:
+def rotary(
+  x: jax.Array,
+  positions: Any,
+  theta: float = 10_000.0,
+  max_length: int | None = None,
+  style: str = "roformer",
+) -> jax.Array:
   """Rotary position embedding, half-split form, in the convention ``style``.
 
   Channel pairs ``(x_i, x_{i + head_dim/2})`` of a token at position ``t``
@@ -111,8 +118,10 @@ def rotary(x: jax.Array, positions: Any, theta: float = 10_000.0,
     sin, cos = sin[positions], cos[positions]
   except jax.errors.TracerArrayConversionError:
     if max_length is None:
-      raise ValueError("rotary got traced positions without max_length; pass "
-                       "max_length, the number of positions the table must cover") from None
+      raise ValueError(
+        "rotary got traced positions without max_length; pass "
+        "max_length, the number of positions the table must cover"
+      ) from None
     sin, cos = table(max_length, x.shape[-1], theta)
     sin = jnp.take(sin, positions, axis=0, mode="clip")
     cos = jnp.take(cos, positions, axis=0, mode="clip")

@@ -28,13 +28,15 @@ import ast
 import contextlib
 import logging
 import os
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import flax.linen as nn
 import jax
 import ml_collections
 import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from laplax import utils
 
@@ -43,15 +45,15 @@ DEFAULT_MESH_SHAPE = (-1, 1, 1)
 # (logical axis, mesh axis or axes or None); the first rule naming a logical
 # axis whose mesh axes are still free wins (flax.linen.logical_to_mesh_axes).
 DEFAULT_RULES = (
-    ("batch", ("data", "fsdp")),
-    ("heads", "tensor"),
-    ("mlp", "tensor"),
-    ("length", None),
-    ("embed", None),
-    ("head_dim", None),
-    ("vocab", None),
-    ("classes", None),
-    ("layers", None),  # the stacked blocks of model.scan_layers
+  ("batch", ("data", "fsdp")),
+  ("heads", "tensor"),
+  ("mlp", "tensor"),
+  ("length", None),
+  ("embed", None),
+  ("head_dim", None),
+  ("vocab", None),
+  ("classes", None),
+  ("layers", None),  # the stacked blocks of model.scan_layers
 )
 
 
@@ -66,13 +68,17 @@ def parse_mesh_shape(value: Any) -> tuple[int, int, int]:
       value = ast.literal_eval(value)
     except (ValueError, SyntaxError):
       value = None
-  ok = (isinstance(value, (list, tuple)) and len(value) == len(AXES)
-        and all(isinstance(v, int) and not isinstance(v, bool) for v in value))
+  ok = (
+    isinstance(value, (list, tuple))
+    and len(value) == len(AXES)
+    and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+  )
   ok = ok and all(v >= 1 or v == -1 for v in value) and list(value).count(-1) <= 1
   if not ok:
     raise ValueError(
-        f"mesh_shape={value!r} must be 3 integers (data, fsdp, tensor), each >= 1 "
-        f"except at most one -1 for the remaining devices, e.g. (2,4,1)")
+      f"mesh_shape={value!r} must be 3 integers (data, fsdp, tensor), each >= 1 "
+      f"except at most one -1 for the remaining devices, e.g. (2,4,1)"
+    )
   return tuple(int(v) for v in value)
 
 
@@ -87,18 +93,21 @@ def resolve_mesh_shape(value: Any, num_devices: int) -> tuple[int, int, int]:
   if -1 in shape:
     if num_devices % known:
       raise ValueError(
-          f"mesh_shape={shape} cannot use all {num_devices} devices: {num_devices} "
-          f"is not divisible by {known}")
+        f"mesh_shape={shape} cannot use all {num_devices} devices: {num_devices} "
+        f"is not divisible by {known}"
+      )
     shape = tuple(num_devices // known if v == -1 else v for v in shape)
   if int(np.prod(shape)) != num_devices:
     raise ValueError(
-        f"mesh_shape={shape} has {int(np.prod(shape))} devices but JAX sees "
-        f"{num_devices}; use sizes whose product is {num_devices} (or -1 for one of them)")
+      f"mesh_shape={shape} has {int(np.prod(shape))} devices but JAX sees "
+      f"{num_devices}; use sizes whose product is {num_devices} (or -1 for one of them)"
+    )
   return shape
 
 
-def make_mesh(mesh_shape: Any = DEFAULT_MESH_SHAPE,
-              devices: Sequence[jax.Device] | None = None) -> jax.sharding.Mesh:
+def make_mesh(
+  mesh_shape: Any = DEFAULT_MESH_SHAPE, devices: Sequence[jax.Device] | None = None
+) -> jax.sharding.Mesh:
   """A ``Mesh`` over ``devices`` (default: all) with axes ``data, fsdp, tensor``.
 
   Raises:
@@ -106,8 +115,9 @@ def make_mesh(mesh_shape: Any = DEFAULT_MESH_SHAPE,
   """
   devices = list(jax.devices() if devices is None else devices)
   shape = resolve_mesh_shape(mesh_shape, len(devices))
-  return jax.make_mesh(shape, AXES, axis_types=(jax.sharding.AxisType.Auto,) * len(AXES),
-                       devices=devices)
+  return jax.make_mesh(
+    shape, AXES, axis_types=(jax.sharding.AxisType.Auto,) * len(AXES), devices=devices
+  )
 
 
 def parse_rules(rules: Any) -> tuple:
@@ -127,15 +137,24 @@ def parse_rules(rules: Any) -> tuple:
     ok = isinstance(rule, (list, tuple)) and len(rule) == 2 and isinstance(rule[0], str)
     if ok:
       target = rule[1]
-      axes = () if target is None else (
-          (target,) if isinstance(target, str) else tuple(target)
-          if isinstance(target, (list, tuple)) else None)
+      axes = (
+        ()
+        if target is None
+        else (
+          (target,)
+          if isinstance(target, str)
+          else tuple(target)
+          if isinstance(target, (list, tuple))
+          else None
+        )
+      )
       ok = axes is not None and all(a in AXES for a in axes) and len(set(axes)) == len(axes)
     if not ok:
       raise ValueError(
-          f"sharding_rules={rules!r} must be pairs (logical axis, mesh axis or "
-          f"tuple of mesh axes or None) over the mesh axes {', '.join(AXES)}, e.g. "
-          f"(('batch', ('data', 'fsdp')), ('heads', 'tensor'))")
+        f"sharding_rules={rules!r} must be pairs (logical axis, mesh axis or "
+        f"tuple of mesh axes or None) over the mesh axes {', '.join(AXES)}, e.g. "
+        f"(('batch', ('data', 'fsdp')), ('heads', 'tensor'))"
+      )
     out.append((rule[0], axes[0] if len(axes) == 1 else (axes or None)))
   return tuple(out)
 
@@ -181,13 +200,16 @@ def logical_init(init: Callable, names: Sequence[str | None]) -> Callable:
 
   def wrapper(*args, **kwargs):
     return boxed(*args, **kwargs) if nn.get_logical_axis_rules() else init(*args, **kwargs)
+
   return wrapper
 
 
 def layer_norm_inits(name: str = "embed") -> dict:
   """``scale_init``/``bias_init`` kwargs of an ``nn.LayerNorm`` over the axis ``name``."""
-  return dict(scale_init=logical_init(nn.initializers.ones, (name,)),
-              bias_init=logical_init(nn.initializers.zeros, (name,)))
+  return dict(
+    scale_init=logical_init(nn.initializers.ones, (name,)),
+    bias_init=logical_init(nn.initializers.zeros, (name,)),
+  )
 
 
 def unbox(tree: Any) -> Any:
@@ -198,7 +220,8 @@ def unbox(tree: Any) -> Any:
   """
   is_box = lambda x: isinstance(x, nn.meta.AxisMetadata)
   return jax.tree_util.tree_map(
-      lambda x: x.unbox(apply_constraint=False) if is_box(x) else x, tree, is_leaf=is_box)
+    lambda x: x.unbox(apply_constraint=False) if is_box(x) else x, tree, is_leaf=is_box
+  )
 
 
 def _fit(spec: Sequence, shape: Sequence[int], mesh: jax.sharding.Mesh) -> list:
@@ -222,8 +245,7 @@ def fsdp_spec(spec: Sequence, shape: Sequence[int], fsdp_size: int) -> list:
   used = {a for e in spec if e is not None for a in ((e,) if isinstance(e, str) else e)}
   if fsdp_size <= 1 or "fsdp" in used:
     return spec
-  free = [d for d in range(len(shape))
-          if spec[d] is None and shape[d] % fsdp_size == 0]
+  free = [d for d in range(len(shape)) if spec[d] is None and shape[d] % fsdp_size == 0]
   if free:
     spec[max(free, key=lambda d: (shape[d], -d))] = "fsdp"
   return spec
@@ -249,8 +271,8 @@ def param_specs(boxed_params: Any, mesh: jax.sharding.Mesh, rules: Sequence) -> 
   def leaf(spec, x):
     spec = _fit(spec, x.shape, mesh)
     return P(*fsdp_spec(spec, x.shape, mesh.shape["fsdp"]))
-  return jax.tree_util.tree_map(leaf, mesh_specs, shapes,
-                                is_leaf=lambda x: isinstance(x, P))
+
+  return jax.tree_util.tree_map(leaf, mesh_specs, shapes, is_leaf=lambda x: isinstance(x, P))
 
 
 def state_shardings(abstract_state: Any, specs: Any, mesh: jax.sharding.Mesh) -> Any:
@@ -262,11 +284,11 @@ def state_shardings(abstract_state: Any, specs: Any, mesh: jax.sharding.Mesh) ->
   ``task_state["teacher"]/<param path>``) -- gets that parameter's sharding;
   the rest (step, RNG key, counts, DINO's centre) is replicated.
   """
-  flat_specs = jax.tree_util.tree_flatten_with_path(
-      specs, is_leaf=lambda x: isinstance(x, P))[0]
+  flat_specs = jax.tree_util.tree_flatten_with_path(specs, is_leaf=lambda x: isinstance(x, P))[0]
   flat_shapes = jax.tree_util.tree_leaves(abstract_state.params)
-  by_path = {utils.path_keys(path): (spec, x.shape)
-             for (path, spec), x in zip(flat_specs, flat_shapes)}
+  by_path = {
+    utils.path_keys(path): (spec, x.shape) for (path, spec), x in zip(flat_specs, flat_shapes)
+  }
   replicated = NamedSharding(mesh, P())
 
   def leaf(path, x):
@@ -282,8 +304,7 @@ def state_shardings(abstract_state: Any, specs: Any, mesh: jax.sharding.Mesh) ->
 
 def logical_shardings(names: Any, mesh: jax.sharding.Mesh, rules: Sequence) -> Any:
   """``NamedSharding`` tree from a tree of logical-name tuples (e.g. a batch's axes)."""
-  specs = jax.tree_util.tree_map(lambda n: P(*n), names,
-                                 is_leaf=lambda x: isinstance(x, tuple))
+  specs = jax.tree_util.tree_map(lambda n: P(*n), names, is_leaf=lambda x: isinstance(x, tuple))
   return nn.logical_to_mesh_sharding(specs, mesh, tuple(rules))
 
 
@@ -302,13 +323,17 @@ def global_batch(batch: Any, shardings: Any, global_shapes: Any = None) -> Any:
     shardings = jax.tree_util.tree_map(lambda _: shardings, batch)
   if global_shapes is None:
     return jax.tree_util.tree_map(
-        lambda s, x: jax.make_array_from_process_local_data(s, np.asarray(x)),
-        shardings, batch)
+      lambda s, x: jax.make_array_from_process_local_data(s, np.asarray(x)), shardings, batch
+    )
   return jax.tree_util.tree_map(
-      lambda s, x, g: jax.make_array_from_process_local_data(
-          s, np.asarray(x), tuple(getattr(g, "shape", g))),
-      shardings, batch, global_shapes,
-      is_leaf=lambda x: isinstance(x, jax.ShapeDtypeStruct))
+    lambda s, x, g: jax.make_array_from_process_local_data(
+      s, np.asarray(x), tuple(getattr(g, "shape", g))
+    ),
+    shardings,
+    batch,
+    global_shapes,
+    is_leaf=lambda x: isinstance(x, jax.ShapeDtypeStruct),
+  )
 
 
 def whole_batch(batch: Any, mesh: jax.sharding.Mesh, rules: Sequence) -> Any:
@@ -325,6 +350,7 @@ def whole_batch(batch: Any, mesh: jax.sharding.Mesh, rules: Sequence) -> Any:
     split = axes and x.ndim and x.shape[0] % size == 0
     spec = P(axes if len(axes) > 1 else axes[0]) if split else P()
     return jax.make_array_from_process_local_data(NamedSharding(mesh, spec), x, x.shape)
+
   return jax.tree_util.tree_map(put, batch)
 
 
@@ -338,8 +364,11 @@ def replicated(tree: Any) -> Any:
   during training; it costs one copy of ``tree`` per device.
   """
   leaves = jax.tree_util.tree_leaves(tree)
-  meshes = {x.sharding.mesh for x in leaves if isinstance(x.sharding, NamedSharding)
-            and len(x.sharding.device_set) > 1}
+  meshes = {
+    x.sharding.mesh
+    for x in leaves
+    if isinstance(x.sharding, NamedSharding) and len(x.sharding.device_set) > 1
+  }
   if not meshes:
     return tree
   (mesh,) = meshes
@@ -367,9 +396,15 @@ def initialize_distributed(dist: ml_collections.ConfigDict) -> bool:
   jax.config.update("jax_cpu_collectives_implementation", "gloo")
   kwargs = {}
   if address:
-    kwargs = dict(coordinator_address=address, num_processes=dist.num_processes,
-                  process_id=dist.process_id)
+    kwargs = dict(
+      coordinator_address=address, num_processes=dist.num_processes, process_id=dist.process_id
+    )
   jax.distributed.initialize(**kwargs)
-  logging.info("process %d of %d, %d local of %d devices", jax.process_index(),
-               jax.process_count(), jax.local_device_count(), jax.device_count())
+  logging.info(
+    "process %d of %d, %d local of %d devices",
+    jax.process_index(),
+    jax.process_count(),
+    jax.local_device_count(),
+    jax.device_count(),
+  )
   return True

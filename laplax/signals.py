@@ -52,7 +52,7 @@ import socket
 import sys
 import threading
 import time
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 #: Seconds the step in flight (or, outside the loop, the main thread) has to
 #: reach Python after the first signal before the process exits at once; the
@@ -65,7 +65,7 @@ _INCOMPLETE = re.compile(r"^(\d+)\.orbax-checkpoint-tmp")
 
 _cleanups: dict[int, Callable[[], None]] = {}
 _critical = threading.RLock()
-_current: "Guard | None" = None
+_current: Guard | None = None
 
 
 class Signalled(KeyboardInterrupt):
@@ -117,12 +117,14 @@ def bound_from_env() -> float:
   except ValueError:
     value = float("nan")
   if not (value > 0 and value < float("inf")):
-    raise ValueError(f"{BOUND_ENV}={text!r} must be a positive number of seconds "
-                     f"(default {BOUND_S:g}); unset it or give e.g. {BOUND_ENV}=30")
+    raise ValueError(
+      f"{BOUND_ENV}={text!r} must be a positive number of seconds "
+      f"(default {BOUND_S:g}); unset it or give e.g. {BOUND_ENV}=30"
+    )
   return value
 
 
-def current() -> "Guard | None":
+def current() -> Guard | None:
   """The installed guard, or ``None``."""
   return _current
 
@@ -136,11 +138,13 @@ def checkpoint_status(workdir: str) -> str:
     names = []
   steps = [int(n) for n in names if n.isdigit()]
   partial = sorted(int(m.group(1)) for n in names for m in [_INCOMPLETE.match(n)] if m)
-  text = (f"last complete checkpoint: step {max(steps)} in {directory}, later steps "
-          f"not saved" if steps else f"no checkpoint saved in {workdir}")
+  text = (
+    f"last complete checkpoint: step {max(steps)} in {directory}, later steps not saved"
+    if steps
+    else f"no checkpoint saved in {workdir}"
+  )
   if partial:
-    text += (f"; the unfinished write of step {partial[-1]} is ignored and removed at "
-             f"the next start")
+    text += f"; the unfinished write of step {partial[-1]} is ignored and removed at the next start"
   return text
 
 
@@ -185,9 +189,9 @@ class Guard:
     self._thread: threading.Thread | None = None
     self._rsock = self._wsock = None
     self._active = False
-    self._previous: "Guard | None" = None
+    self._previous: Guard | None = None
 
-  def __enter__(self) -> "Guard":
+  def __enter__(self) -> Guard:
     global _current
     self._active = threading.current_thread() is threading.main_thread()
     if not self._active:  # signal handlers can only be set from the main thread
@@ -220,7 +224,7 @@ class Guard:
 
   # -- the main thread's side ------------------------------------------------
 
-  def _handle(self, signum, frame):  # pylint: disable=unused-argument
+  def _handle(self, signum, frame):
     """The Python-level handler (main thread): outside the loop the first
     signal raises :class:`Signalled`; the watcher counts and times."""
     if self.signum is None:
@@ -230,7 +234,7 @@ class Guard:
       raise Signalled(signum)
 
   @contextlib.contextmanager
-  def graceful(self) -> Iterator["Guard"]:
+  def graceful(self) -> Iterator[Guard]:
     """The training loop: a first signal only sets :attr:`signum`; the loop
     saves and stops after the step in flight (and calls :meth:`reached`)."""
     self._in_loop = True
@@ -291,9 +295,11 @@ class Guard:
     self._armed = max(self.bound, 2 * self.step_seconds) if self._in_loop else self.bound
     self._deadline = time.monotonic() + self._armed
     if self._in_loop:
-      _write(f"{describe_signal(signum)}: stopping after the step in flight, with a "
-             f"checkpoint (if that step has not finished in {self._armed:.3g} s, or at "
-             f"a second signal, the run ends at once)")
+      _write(
+        f"{describe_signal(signum)}: stopping after the step in flight, with a "
+        f"checkpoint (if that step has not finished in {self._armed:.3g} s, or at "
+        f"a second signal, the run ends at once)"
+      )
 
   def hard_exit(self, signum: int, late: bool, reason: str | None = None) -> None:
     """Runs the clean-ups, prints the exit line and ends the process with
@@ -308,15 +314,19 @@ class Guard:
           fn()
       if reason is None:
         if late:
-          reason = (f"no step ended within {self._armed:.3g} s" if self._in_loop else
-                    f"{self.command} was still busy {self._armed:.3g} s later")
+          reason = (
+            f"no step ended within {self._armed:.3g} s"
+            if self._in_loop
+            else f"{self.command} was still busy {self._armed:.3g} s later"
+          )
         else:
           reason = "a second signal"
       saved = checkpoint_status(self.workdir) if self.workdir else self.nothing_saved
       _flush_python_streams()
-      _write(f"stopped by {describe_signal(signum)}, {reason}: {saved}; run the same "
-             f"command to go on")
-      os._exit(exit_code(signum))  # pylint: disable=protected-access
+      _write(
+        f"stopped by {describe_signal(signum)}, {reason}: {saved}; run the same command to go on"
+      )
+      os._exit(exit_code(signum))
 
 
 def _write(line: str) -> None:
@@ -328,10 +338,12 @@ def _write(line: str) -> None:
 def _flush_python_streams(timeout: float = 0.5) -> None:
   """Flushes ``sys.stdout``/``sys.stderr`` from a helper thread, waiting at most
   ``timeout`` seconds (a stream blocked on a full pipe must not stop the exit)."""
+
   def flush():
     for stream in (sys.stdout, sys.stderr):
       with contextlib.suppress(Exception):
         stream.flush()
+
   t = threading.Thread(target=flush, daemon=True)
   t.start()
   t.join(timeout)

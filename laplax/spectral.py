@@ -58,7 +58,8 @@ See docs/methods.md for both methods, their config keys and laplax's choices.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -73,8 +74,7 @@ TARGETS = "qkv"
 
 def _check_mode(mode: str) -> None:
   if mode not in MODES:
-    raise ValueError(
-        f"spectral mode {mode!r} is unknown; use one of {', '.join(MODES)}")
+    raise ValueError(f"spectral mode {mode!r} is unknown; use one of {', '.join(MODES)}")
 
 
 def check_targets(targets: Any) -> str:
@@ -87,35 +87,36 @@ def check_targets(targets: Any) -> str:
   Raises:
     ValueError: empty, a letter other than ``q``, ``k``, ``v``, or a repeat.
   """
-  letters = (list(targets.replace(",", "")) if isinstance(targets, str)
-             else list(targets) if isinstance(targets, (list, tuple)) else None)
-  if (not letters or any(t not in TARGETS for t in letters)
-      or len(set(letters)) != len(letters)):
+  letters = (
+    list(targets.replace(",", ""))
+    if isinstance(targets, str)
+    else list(targets)
+    if isinstance(targets, (list, tuple))
+    else None
+  )
+  if not letters or any(t not in TARGETS for t in letters) or len(set(letters)) != len(letters):
     raise ValueError(
-        f"spectral targets {targets!r} must be distinct letters of 'qkv' "
-        f"(e.g. 'qkv', 'q', 'qk', 'v')")
+      f"spectral targets {targets!r} must be distinct letters of 'qkv' (e.g. 'qkv', 'q', 'qk', 'v')"
+    )
   return "".join(t for t in TARGETS if t in letters)
 
 
-def _shape(shape: Sequence[int], mode: str, num_heads: int,
-           target: str) -> tuple[int, int]:
+def _shape(shape: Sequence[int], mode: str, num_heads: int, target: str) -> tuple[int, int]:
   """Checks the arguments shared by :func:`correction` and :func:`identity_product`."""
   _check_mode(mode)
   if len(shape) != 2:
     raise ValueError(f"correction needs a 2-D kernel shape, got {tuple(shape)}")
   rows, cols = int(shape[0]), int(shape[1])
   if mode == "per_head" and (num_heads < 1 or cols % num_heads):
-    raise ValueError(
-        f"num_heads={num_heads} does not divide the {cols} kernel columns")
-  if mode == "fused" and (not isinstance(target, str) or target not in TARGETS
-                          or len(target) != 1):
-    raise ValueError(f"spectral mode 'fused' needs target 'q', 'k' or 'v', "
-                     f"got {target!r}")
+    raise ValueError(f"num_heads={num_heads} does not divide the {cols} kernel columns")
+  if mode == "fused" and (not isinstance(target, str) or target not in TARGETS or len(target) != 1):
+    raise ValueError(f"spectral mode 'fused' needs target 'q', 'k' or 'v', got {target!r}")
   return rows, cols
 
 
-def _identity_layout(rows: int, cols: int, mode: str, num_heads: int,
-                     target: str) -> tuple[int, int, int]:
+def _identity_layout(
+  rows: int, cols: int, mode: str, num_heads: int, target: str
+) -> tuple[int, int, int]:
   """``(offset, width, repeats)`` of an identity correction: column ``c`` of each
   of the ``repeats`` column groups of ``width`` has ``lam`` at row ``offset +
   (c mod width)`` when that row exists (``"full"``: one group at offset 0;
@@ -128,9 +129,15 @@ def _identity_layout(rows: int, cols: int, mode: str, num_heads: int,
   return 0, cols, 1
 
 
-def correction(shape: Sequence[int], *, lam: float, mode: str = DEFAULT_MODE,
-               num_heads: int = 1, kernel: jax.Array | None = None,
-               target: str = "q") -> jax.Array:
+def correction(
+  shape: Sequence[int],
+  *,
+  lam: float,
+  mode: str = DEFAULT_MODE,
+  num_heads: int = 1,
+  kernel: jax.Array | None = None,
+  target: str = "q",
+) -> jax.Array:
   """Returns the fixed correction ``C`` added to one projection kernel.
 
   Closed forms (``W [D, F]``, ``F = num_heads * d``; see the module docstring):
@@ -169,9 +176,15 @@ def correction(shape: Sequence[int], *, lam: float, mode: str = DEFAULT_MODE,
   return jnp.asarray(lam * np.tile(block, (1, repeats)))
 
 
-def identity_product(x: jax.Array, shape: Sequence[int], *, lam: float,
-                     mode: str = DEFAULT_MODE, num_heads: int = 1,
-                     target: str = "q") -> jax.Array:
+def identity_product(
+  x: jax.Array,
+  shape: Sequence[int],
+  *,
+  lam: float,
+  mode: str = DEFAULT_MODE,
+  num_heads: int = 1,
+  target: str = "q",
+) -> jax.Array:
   """``x C`` for an identity correction, without a matmul: ``lam`` times a
   zero-padded (and, for ``"per_head"``, tiled) slice of ``x``.
 
@@ -193,7 +206,7 @@ def identity_product(x: jax.Array, shape: Sequence[int], *, lam: float,
   if x.shape[-1] != rows:
     raise ValueError(f"x has {x.shape[-1]} features but the kernel has {rows} rows")
   offset, width, repeats = _identity_layout(rows, cols, mode, num_heads, target)
-  part = x[..., offset:min(rows, offset + width)].astype(jnp.float32)
+  part = x[..., offset : min(rows, offset + width)].astype(jnp.float32)
   pad = width - part.shape[-1]
   if pad:
     part = jnp.pad(part, [(0, 0)] * (x.ndim - 1) + [(0, pad)])
@@ -202,8 +215,16 @@ def identity_product(x: jax.Array, shape: Sequence[int], *, lam: float,
   return lam * part
 
 
-def project(x: jax.Array, kernel: jax.Array, *, lam: float, mode: str = DEFAULT_MODE,
-            num_heads: int = 1, target: str = "q", dtype: Any = None) -> jax.Array:
+def project(
+  x: jax.Array,
+  kernel: jax.Array,
+  *,
+  lam: float,
+  mode: str = DEFAULT_MODE,
+  num_heads: int = 1,
+  target: str = "q",
+  dtype: Any = None,
+) -> jax.Array:
   """``x (W + C)``, exact at every compute dtype (``x W + x C`` below float32).
 
   ``x W`` is a matmul in ``dtype`` with float32 accumulation; ``x C`` is
@@ -238,12 +259,14 @@ def project(x: jax.Array, kernel: jax.Array, *, lam: float, mode: str = DEFAULT_
     y = jnp.dot(x.astype(dtype), kernel.astype(dtype))
     return y.astype(jnp.float32)
   y = jnp.dot(x.astype(dtype), kernel.astype(dtype), preferred_element_type=jnp.float32)
-  return y + identity_product(x, kernel.shape, lam=lam, mode=mode,
-                              num_heads=num_heads, target=target)
+  return y + identity_product(
+    x, kernel.shape, lam=lam, mode=mode, num_heads=num_heads, target=target
+  )
 
 
-def conditioned(kernel: jax.Array, *, lam: float, mode: str = DEFAULT_MODE,
-                num_heads: int = 1, target: str = "q") -> jax.Array:
+def conditioned(
+  kernel: jax.Array, *, lam: float, mode: str = DEFAULT_MODE, num_heads: int = 1, target: str = "q"
+) -> jax.Array:
   """Returns the effective kernel ``W + C`` (same shape and dtype as ``kernel``).
 
   For analysis and tests; the forward pass uses :func:`project`.
@@ -255,8 +278,14 @@ def conditioned(kernel: jax.Array, *, lam: float, mode: str = DEFAULT_MODE,
   Raises:
     ValueError: as :func:`correction`.
   """
-  c = correction(kernel.shape, lam=lam, mode=mode, num_heads=num_heads,
-                 kernel=kernel if mode == "svd" else None, target=target)
+  c = correction(
+    kernel.shape,
+    lam=lam,
+    mode=mode,
+    num_heads=num_heads,
+    kernel=kernel if mode == "svd" else None,
+    target=target,
+  )
   return (kernel + c.astype(kernel.dtype)).astype(kernel.dtype)
 
 

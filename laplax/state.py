@@ -35,6 +35,7 @@ class TrainState:
       the task after each step (DINO: the teacher parameters and the centre);
       ``None`` for tasks without one.
   """
+
   step: jax.Array
   params: Any
   opt_state: Any
@@ -54,9 +55,12 @@ def _init(task: Task, tx: optax.GradientTransformation, seed: int):
   boxed = task.init(jax.random.fold_in(rng, 0))
   params = sharding.unbox(boxed)
   return boxed, TrainState(
-      step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
-      rng=jax.random.fold_in(rng, 1),
-      task_state=task.init_task_state(params))
+    step=jnp.zeros((), jnp.int32),
+    params=params,
+    opt_state=tx.init(params),
+    rng=jax.random.fold_in(rng, 1),
+    task_state=task.init_task_state(params),
+  )
 
 
 def init_state(task: Task, tx: optax.GradientTransformation, seed: int):
@@ -66,8 +70,9 @@ def init_state(task: Task, tx: optax.GradientTransformation, seed: int):
   return _init(task, tx, seed)[1]
 
 
-def abstract_and_shardings(task: Task, tx: optax.GradientTransformation, seed: int,
-                           mesh: jax.sharding.Mesh, rules):
+def abstract_and_shardings(
+  task: Task, tx: optax.GradientTransformation, seed: int, mesh: jax.sharding.Mesh, rules
+):
   """``(abstract TrainState, its NamedShardings on mesh)`` from one trace of
   the initialisation (the parameters' logical axes from the
   boxed leaves of ``task.init``, mapped to mesh axes by
@@ -80,20 +85,26 @@ def abstract_and_shardings(task: Task, tx: optax.GradientTransformation, seed: i
   return abstract, sharding.state_shardings(abstract, specs, mesh)
 
 
-def sharded_abstract_state(task: Task, tx: optax.GradientTransformation, seed: int,
-                           shardings: TrainState,
-                           abstract: TrainState | None = None) -> TrainState:
+def sharded_abstract_state(
+  task: Task,
+  tx: optax.GradientTransformation,
+  seed: int,
+  shardings: TrainState,
+  abstract: TrainState | None = None,
+) -> TrainState:
   """The abstract TrainState whose ``jax.ShapeDtypeStruct`` leaves carry
   ``shardings``: the restore target of a checkpoint saved on any mesh
   (``abstract``: :func:`abstract_state`, if already known)."""
   if abstract is None:
     abstract = abstract_state(task, tx, seed)
   return jax.tree_util.tree_map(
-      lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract, shardings)
+    lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract, shardings
+  )
 
 
-def create_state(task: Task, tx: optax.GradientTransformation, seed: int,
-                 shardings: TrainState) -> TrainState:
+def create_state(
+  task: Task, tx: optax.GradientTransformation, seed: int, shardings: TrainState
+) -> TrainState:
   """:func:`init_state`, created already sharded (a jitted init with
   ``out_shardings``); call it inside :func:`laplax.sharding.context`."""
   return jax.jit(lambda: init_state(task, tx, seed), out_shardings=shardings)()

@@ -51,7 +51,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 from laplax import utils
 from laplax.analysis import seeds as seeds_lib
@@ -77,6 +77,7 @@ class SweepError(UserError, ValueError):
 @dataclasses.dataclass(frozen=True)
 class Run:
   """One run of a sweep: its grid cell, seed, workdir and ``train.py`` arguments."""
+
   name: str
   cell: tuple  # ((grid key, value), ...)
   seed: int
@@ -86,7 +87,7 @@ class Run:
 
   def train_args(self) -> list[str]:
     """The arguments of ``train.py`` for this run (after ``train.py``)."""
-    return (["--config", self.config, "--workdir", self.workdir] + list(self.overrides))
+    return ["--config", self.config, "--workdir", self.workdir] + list(self.overrides)
 
 
 def split_values(text: str) -> list[str]:
@@ -111,8 +112,10 @@ def split_values(text: str) -> list[str]:
       values.append(text[start:i])
       start = i + 1
   if depth or quote:
-    raise SweepError(f"unbalanced brackets or quotes in {text!r}; e.g. --grid "
-                     f"data.multicrop.local_scale=(0.05,0.4),(0.1,0.5)")
+    raise SweepError(
+      f"unbalanced brackets or quotes in {text!r}; e.g. --grid "
+      f"data.multicrop.local_scale=(0.05,0.4),(0.1,0.5)"
+    )
   values.append(text[start:])
   if any(not v.strip() for v in values):
     raise SweepError(f"empty value in {text!r}; give KEY=V1,V2 with no empty value")
@@ -130,9 +133,11 @@ def parse_grid(items: Sequence[str]) -> list[tuple[str, list[str]]]:
     key, eq, values = item.partition("=")
     key = key.strip()
     if not eq or not re.fullmatch(r":\w+|\w+(\.\w+)*", key):
-      raise SweepError(f"--grid {item}: give KEY=V1,V2 with KEY a dotted config key "
-                       f"(model.num_laplacian_heads) or :NAME, an argument of the "
-                       f"config file (:recipe)")
+      raise SweepError(
+        f"--grid {item}: give KEY=V1,V2 with KEY a dotted config key "
+        f"(model.num_laplacian_heads) or :NAME, an argument of the "
+        f"config file (:recipe)"
+      )
     if key in ("seed", ":seed"):
       raise SweepError(f"--grid {item}: the seeds come from --seeds, e.g. --seeds 0,1,2")
     if key in [k for k, _ in grid]:
@@ -152,8 +157,9 @@ def parse_seeds(text: str) -> list[int]:
   except ValueError:
     seeds = []
   if not seeds or min(seeds) < 0 or len(set(seeds)) != len(seeds):
-    raise SweepError(f"--seeds {text}: give distinct integers >= 0, comma-separated, "
-                     f"e.g. --seeds 0,1,2")
+    raise SweepError(
+      f"--seeds {text}: give distinct integers >= 0, comma-separated, e.g. --seeds 0,1,2"
+    )
   return seeds
 
 
@@ -173,8 +179,13 @@ def _short_names(keys: Sequence[str]) -> list[str]:
   return [s if last.count(s) == 1 else k.lstrip(":") for s, k in zip(last, keys)]
 
 
-def plan(config: str, grid: Sequence[tuple[str, list[str]]], seeds: Sequence[int],
-         overrides: Sequence[str], workdir: str) -> list[Run]:
+def plan(
+  config: str,
+  grid: Sequence[tuple[str, list[str]]],
+  seeds: Sequence[int],
+  overrides: Sequence[str],
+  workdir: str,
+) -> list[Run]:
   """The runs of the sweep, cells in grid order (the last key fastest), seeds
   innermost.
 
@@ -191,14 +202,23 @@ def plan(config: str, grid: Sequence[tuple[str, list[str]]], seeds: Sequence[int
     for seed in seeds:
       parts = [f"{s}={re.sub(r'[^A-Za-z0-9._+-]', '-', v)}" for s, v in zip(short, values)]
       name = ",".join(parts + [f"seed={seed}"])
-      runs.append(Run(name=name, cell=cell, seed=seed, workdir=os.path.join(workdir, name),
-                      config=spec, overrides=tuple(list(overrides) + cell_flags
-                                                   + [f"--config.seed={seed}"])))
+      runs.append(
+        Run(
+          name=name,
+          cell=cell,
+          seed=seed,
+          workdir=os.path.join(workdir, name),
+          config=spec,
+          overrides=tuple(list(overrides) + cell_flags + [f"--config.seed={seed}"]),
+        )
+      )
   names = [r.name for r in runs]
   clash = next((n for n in names if names.count(n) > 1), None)
   if clash:
-    raise SweepError(f"two runs would share the workdir {clash}: grid values differ only "
-                     f"in characters a directory name cannot keep; give distinct values")
+    raise SweepError(
+      f"two runs would share the workdir {clash}: grid values differ only "
+      f"in characters a directory name cannot keep; give distinct values"
+    )
   return runs
 
 
@@ -210,20 +230,23 @@ def check_runs(runs: Sequence[Run]) -> dict:
     SweepError: the first run whose flags, config or workdir is refused, as
       one line naming the run.
   """
-  from absl import flags  # pylint: disable=import-outside-toplevel
-  import jax  # pylint: disable=import-outside-toplevel
-  from ml_collections import config_flags  # pylint: disable=import-outside-toplevel
-  from laplax.cli import common as cli  # pylint: disable=import-outside-toplevel
+  import jax
+  from absl import flags
+  from ml_collections import config_flags
+
+  from laplax import tasks
+  from laplax.cli import common as cli
   from laplax.config import validation as config_lib
-  from laplax import tasks  # pylint: disable=import-outside-toplevel
   from laplax.evaluators import registry
   from laplax.workdir import files as workdir_lib
+
   configs = {}
   for run in runs:
     argv = ["train.py"] + run.train_args()
     values = flags.FlagValues()
-    config_flags.DEFINE_config_file("config", None, "", flag_values=values, lock_config=True,
-                                    sys_argv=argv)
+    config_flags.DEFINE_config_file(
+      "config", None, "", flag_values=values, lock_config=True, sys_argv=argv
+    )
     flags.DEFINE_string("workdir", None, "", flag_values=values)
     try:
       cli.parse_flags(argv, values, jax_config=False)
@@ -240,35 +263,51 @@ def check_runs(runs: Sequence[Run]) -> dict:
   for run in runs:  # a grid axis that changes nothing (e.g. an override sets its key)
     key = (run.seed, configs[run.name].to_json())
     if key in seen and seen[key].cell != run.cell:
-      raise SweepError(f"runs {seen[key].name} and {run.name} have the same config: the "
-                       f"grid values differ but the runs would not (does a --config. "
-                       f"override set the key a :NAME argument changes?)")
+      raise SweepError(
+        f"runs {seen[key].name} and {run.name} have the same config: the "
+        f"grid values differ but the runs would not (does a --config. "
+        f"override set the key a :NAME argument changes?)"
+      )
     seen.setdefault(key, run)
   return configs
 
 
 def _parse_args(argv: Sequence[str]):
   parser = argparse.ArgumentParser(
-      prog="python -m laplax.sweep", description=__doc__.split("\n\n")[0],
-      epilog="Any --config.KEY=VALUE applies to every run.")
+    prog="python -m laplax.sweep",
+    description=__doc__.split("\n\n")[0],
+    epilog="Any --config.KEY=VALUE applies to every run.",
+  )
   parser.add_argument("--config", required=True, help="FILE.py[:args], as for train.py")
-  parser.add_argument("--grid", action="append", default=[],
-                      help="KEY=V1,V2 (repeatable); KEY a dotted config key or :NAME")
+  parser.add_argument(
+    "--grid",
+    action="append",
+    default=[],
+    help="KEY=V1,V2 (repeatable); KEY a dotted config key or :NAME",
+  )
   parser.add_argument("--seeds", default="0", help="comma-separated seeds (config.seed)")
   parser.add_argument("--workdir", required=True, help="the sweep's directory")
-  parser.add_argument("--analysis", action="store_true",
-                      help="also run eval.py --analysis on every run")
-  parser.add_argument("--analysis_examples", type=int, default=0,
-                      help="--analysis: at most this many eval sequences (0 = all)")
+  parser.add_argument(
+    "--analysis", action="store_true", help="also run eval.py --analysis on every run"
+  )
+  parser.add_argument(
+    "--analysis_examples",
+    type=int,
+    default=0,
+    help="--analysis: at most this many eval sequences (0 = all)",
+  )
 
   def error(message):
     raise SweepError(message)
+
   parser.error = error
   args, rest = parser.parse_known_args(list(argv))
   for arg in rest:
     if not re.match(r"--config\.\w+(\.\w+)*=", arg):
-      raise SweepError(f"unknown argument {arg}; the sweep takes --config, --grid, "
-                       f"--seeds, --workdir, --analysis and --config.KEY=VALUE")
+      raise SweepError(
+        f"unknown argument {arg}; the sweep takes --config, --grid, "
+        f"--seeds, --workdir, --analysis and --config.KEY=VALUE"
+      )
     if arg.startswith("--config.seed="):
       raise SweepError(f"{arg}: the seeds come from --seeds, e.g. --seeds 0,1,2")
   if not args.workdir.strip():
@@ -285,21 +324,26 @@ def _check_sweep_file(args) -> None:
   path = os.path.join(args.workdir, SWEEP_FILE)
   if not os.path.exists(path):
     if os.path.isdir(args.workdir) and os.listdir(args.workdir):
-      raise SweepError(f"--workdir {args.workdir} is not empty and holds no {SWEEP_FILE}; "
-                       f"give a new directory for the sweep")
+      raise SweepError(
+        f"--workdir {args.workdir} is not empty and holds no {SWEEP_FILE}; "
+        f"give a new directory for the sweep"
+      )
     return
   try:
     with open(path) as f:
       saved = json.load(f)
   except (OSError, json.JSONDecodeError) as e:
-    raise SweepError(f"{path} is unreadable ({type(e).__name__}); move it away or use "
-                     f"another --workdir") from None
+    raise SweepError(
+      f"{path} is unreadable ({type(e).__name__}); move it away or use another --workdir"
+    ) from None
   for key in _SAME_ON_RERUN:
     now = getattr(args, key)
     if saved.get(key) != (list(now) if isinstance(now, (list, tuple)) else now):
-      raise SweepError(f"--workdir {args.workdir} holds a sweep with {key}="
-                       f"{saved.get(key)!r}, not {now!r}; repeat its command or use "
-                       f"another --workdir")
+      raise SweepError(
+        f"--workdir {args.workdir} holds a sweep with {key}="
+        f"{saved.get(key)!r}, not {now!r}; repeat its command or use "
+        f"another --workdir"
+      )
 
 
 def _json_step(path: str) -> int | None:
@@ -312,16 +356,19 @@ def _json_step(path: str) -> int | None:
 
 def _steps_left(run: Run, config, analysis: bool) -> list[str]:
   """What ``run`` still needs: any of ``train``, ``eval``, ``analysis``."""
-  from laplax import loading as restore  # pylint: disable=import-outside-toplevel
+  from laplax import loading as restore
+
   total = int(config.total_steps)
   need = []
   if total not in restore.saved_steps(run.workdir) and not (
-      total == 0 and restore.saved_steps(run.workdir)):
+    total == 0 and restore.saved_steps(run.workdir)
+  ):
     need.append("train")
   if "train" in need or _json_step(os.path.join(run.workdir, "eval.json")) != total:
     need.append("eval")
-  if analysis and ("train" in need or
-                   _json_step(os.path.join(run.workdir, "analysis.json")) != total):
+  if analysis and (
+    "train" in need or _json_step(os.path.join(run.workdir, "analysis.json")) != total
+  ):
     need.append("analysis")
   return need
 
@@ -334,6 +381,7 @@ class _Child:
   :data:`STOP_BOUND_S` seconds after that it is killed. Before the first run
   a signal raises ``KeyboardInterrupt``. On Linux the child is killed if the
   sweep dies."""
+
   proc = None
   stopped = False
   planning = True
@@ -341,7 +389,7 @@ class _Child:
   count = 0
 
   @classmethod
-  def forward(cls, signum, frame):  # pylint: disable=unused-argument
+  def forward(cls, signum, frame):
     cls.count += 1
     cls.stopped = True
     cls.signum = cls.signum or signum
@@ -361,11 +409,13 @@ STOP_BOUND_S = 5.0
 # Starts ``python ARGS`` so that it dies with the sweep (Linux: the parent-death
 # signal SIGKILL), without a fork-time hook in the sweep, which has JAX's
 # threads running: a separate small interpreter sets it and execs.
-_LAUNCHER = ("import ctypes, os, sys\n"
-             "if sys.platform.startswith('linux'):\n"
-             "  ctypes.CDLL(None).prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL\n"
-             "  if os.getppid() != int(sys.argv[1]): sys.exit(1)  # the sweep is gone\n"
-             "os.execv(sys.executable, [sys.executable] + sys.argv[2:])\n")
+_LAUNCHER = (
+  "import ctypes, os, sys\n"
+  "if sys.platform.startswith('linux'):\n"
+  "  ctypes.CDLL(None).prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL\n"
+  "  if os.getppid() != int(sys.argv[1]): sys.exit(1)  # the sweep is gone\n"
+  "os.execv(sys.executable, [sys.executable] + sys.argv[2:])\n"
+)
 
 
 def _call(script: str, args: Sequence[str], log_path: str) -> int:
@@ -374,14 +424,17 @@ def _call(script: str, args: Sequence[str], log_path: str) -> int:
   env = dict(os.environ, PYTHONUNBUFFERED="1")
   if PACKAGE_PARENT not in site.getsitepackages():  # a checkout, on sys.path by hand
     env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (PACKAGE_PARENT, os.environ.get("PYTHONPATH")) if p)
+      p for p in (PACKAGE_PARENT, os.environ.get("PYTHONPATH")) if p
+    )
   with open(log_path, "a") as log:
     log.write(f"\n$ {script} {' '.join(args)}\n")
     log.flush()
     _Child.proc = subprocess.Popen(
-        [sys.executable, "-c", _LAUNCHER, str(os.getpid()), "-m", COMMANDS[script]]
-        + list(args), stdout=log, stderr=subprocess.STDOUT,
-        env=env)
+      [sys.executable, "-c", _LAUNCHER, str(os.getpid()), "-m", COMMANDS[script]] + list(args),
+      stdout=log,
+      stderr=subprocess.STDOUT,
+      env=env,
+    )
     code = _Child.proc.wait()
   _Child.proc = None
   return code
@@ -408,11 +461,16 @@ def run_one(run: Run, need: Sequence[str], args) -> int:
     SweepError: ``train.py`` or ``eval.py`` failed (naming its log).
   """
   os.makedirs(run.workdir, exist_ok=True)
-  steps = [("train", "train.py", run.train_args(), "train.log"),
-           ("eval", "eval.py", ["--workdir", run.workdir], "eval.log"),
-           ("analysis", "eval.py", ["--workdir", run.workdir, "--analysis",
-                                    f"--analysis_examples={args.analysis_examples}"],
-            "eval.log")]
+  steps = [
+    ("train", "train.py", run.train_args(), "train.log"),
+    ("eval", "eval.py", ["--workdir", run.workdir], "eval.log"),
+    (
+      "analysis",
+      "eval.py",
+      ["--workdir", run.workdir, "--analysis", f"--analysis_examples={args.analysis_examples}"],
+      "eval.log",
+    ),
+  ]
   for what, script, script_args, log in steps:
     if what not in need:
       continue
@@ -421,8 +479,10 @@ def run_one(run: Run, need: Sequence[str], args) -> int:
     if _Child.stopped:
       return code
     if code != 0:
-      raise SweepError(f"run {run.name}: {script}{' --analysis' if what == 'analysis' else ''} "
-                       f"exited with {code}: {_last_line(log_path)} (log: {log_path})")
+      raise SweepError(
+        f"run {run.name}: {script}{' --analysis' if what == 'analysis' else ''} "
+        f"exited with {code}: {_last_line(log_path)} (log: {log_path})"
+      )
   return 0
 
 
@@ -439,17 +499,24 @@ def write_summary(runs: Sequence[Run], configs: dict, args) -> list[str]:
     cells[r.cell]["workdirs"].append(r.workdir)
   done_cells = [c for c in cells.values() if c["runs"]]
   aggregated = seeds_lib.aggregate(done_cells)
-  result = {"command": "python -m laplax.sweep " + " ".join(args.argv),
-            "runs": {r.name: {"grid": dict(r.cell), "seed": r.seed, **results[r.name]}
-                     for r in finished},
-            "cells": aggregated, "unfinished": [r.name for r in runs if r not in finished]}
+  result = {
+    "command": "python -m laplax.sweep " + " ".join(args.argv),
+    "runs": {r.name: {"grid": dict(r.cell), "seed": r.seed, **results[r.name]} for r in finished},
+    "cells": aggregated,
+    "unfinished": [r.name for r in runs if r not in finished],
+  }
   paths = [os.path.join(args.workdir, SUMMARY_JSON), os.path.join(args.workdir, SUMMARY_MD)]
   utils.atomic_write(paths[0], json.dumps(result, indent=2))
-  header = (f"# Sweep {args.workdir}\n\n`{result['command']}`\n\n{len(finished)} of "
-            f"{len(runs)} runs finished; mean ± sample std over seeds.\n\n")
+  header = (
+    f"# Sweep {args.workdir}\n\n`{result['command']}`\n\n{len(finished)} of "
+    f"{len(runs)} runs finished; mean ± sample std over seeds.\n\n"
+  )
   utils.atomic_write(paths[1], header + seeds_lib.markdown(aggregated))
-  curves = seeds_lib.plot_curves(done_cells, os.path.join(args.workdir, CURVES),
-                                 title=os.path.basename(os.path.normpath(args.workdir)))
+  curves = seeds_lib.plot_curves(
+    done_cells,
+    os.path.join(args.workdir, CURVES),
+    title=os.path.basename(os.path.normpath(args.workdir)),
+  )
   return paths + ([curves] if curves else [])
 
 
@@ -458,7 +525,8 @@ def main(argv: Sequence[str] | None = None) -> int:
   argv = list(sys.argv[1:] if argv is None else argv)
   signal.signal(signal.SIGTERM, _Child.forward)
   signal.signal(signal.SIGINT, _Child.forward)
-  from laplax.cli import common as cli  # pylint: disable=import-outside-toplevel
+  from laplax.cli import common as cli
+
   try:
     args = _parse_args(argv)
     args.argv = argv
@@ -471,21 +539,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"error: {e}", file=sys.stderr)
     return USAGE_EXIT
   except KeyboardInterrupt:
-    print(f"stopped by signal {_Child.signum} before any run started; nothing was "
-          f"written", file=sys.stderr)
+    print(
+      f"stopped by signal {_Child.signum} before any run started; nothing was written",
+      file=sys.stderr,
+    )
     return 128 + int(_Child.signum or signal.SIGINT)
   _Child.planning = False
   os.makedirs(args.workdir, exist_ok=True)
-  record = {key: (list(getattr(args, key)) if isinstance(getattr(args, key), (list, tuple))
-                  else getattr(args, key)) for key in _SAME_ON_RERUN}
-  utils.atomic_write(os.path.join(args.workdir, SWEEP_FILE),
-                     json.dumps(dict(record, grid=grid, seeds=seeds), indent=2))
+  record = {
+    key: (
+      list(getattr(args, key))
+      if isinstance(getattr(args, key), (list, tuple))
+      else getattr(args, key)
+    )
+    for key in _SAME_ON_RERUN
+  }
+  utils.atomic_write(
+    os.path.join(args.workdir, SWEEP_FILE),
+    json.dumps(dict(record, grid=grid, seeds=seeds), indent=2),
+  )
   for i, run in enumerate(runs, 1):
     need = _steps_left(run, configs[run.name], args.analysis)
     tag = f"[{i}/{len(runs)}] {run.name}"
     if _Child.stopped and need:  # a signal between two runs
-      print(f"{tag}: not started, stopped by a signal; run the same command to go on",
-            flush=True)
+      print(f"{tag}: not started, stopped by a signal; run the same command to go on", flush=True)
       write_summary(runs, configs, args)
       return 0
     if not need:
@@ -496,8 +573,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
       code = run_one(run, need, args)
     except OSError as e:
-      print(f"error: run {run.name}: {e.strerror or e}: {e.filename or run.workdir}",
-            file=sys.stderr)
+      print(
+        f"error: run {run.name}: {e.strerror or e}: {e.filename or run.workdir}", file=sys.stderr
+      )
       return 1
     except SweepError as e:
       write_summary(runs, configs, args)
@@ -510,9 +588,13 @@ def main(argv: Sequence[str] | None = None) -> int:
       return 0 if code == 0 else 128 + int(_Child.signum)
     with open(os.path.join(run.workdir, "eval.json")) as f:
       shown = {k: v for k, v in json.load(f).items() if k not in seeds_lib.NOT_METRICS}
-    print(f"{tag}: done in {time.time() - start:.0f} s: "
-          + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
-                      for k, v in list(shown.items())[:4]), flush=True)
+    print(
+      f"{tag}: done in {time.time() - start:.0f} s: "
+      + ", ".join(
+        f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in list(shown.items())[:4]
+      ),
+      flush=True,
+    )
     write_summary(runs, configs, args)
   paths = write_summary(runs, configs, args)
   print("summary: " + ", ".join(paths))

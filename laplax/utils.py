@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 
 def first_line(error: BaseException) -> str:
@@ -50,8 +51,7 @@ def atomic_write(path: str, data: str | bytes | Callable[[Any], None]) -> None:
 
 def path_keys(path: tuple) -> tuple[str, ...]:
   """A ``jax.tree_util`` key path as strings, e.g. ``("head", "kernel")``."""
-  return tuple(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k))))
-               for k in path)
+  return tuple(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path)
 
 
 def path_str(path: tuple) -> str:

@@ -47,9 +47,11 @@ def _kappa(layers, whole: bool):
 
 def init_table(runs: str) -> None:
   names = sorted(n[5:] for n in os.listdir(runs) if n.startswith("init_"))
-  print("| variant (step 0) | entropy (nats) | min entropy | self-weight p_tt | "
-        "head similarity | kappa(W_Q) whole | kappa(W_Q) worst head | "
-        "|grad W_Q| step 20 | |grad W_K| step 20 |")
+  print(
+    "| variant (step 0) | entropy (nats) | min entropy | self-weight p_tt | "
+    "head similarity | kappa(W_Q) whole | kappa(W_Q) worst head | "
+    "|grad W_Q| step 20 | |grad W_K| step 20 |"
+  )
   print("|---|---|---|---|---|---|---|---|---|")
   for name in names:
     a = _load(os.path.join(runs, f"init_{name}", "analysis.json"))
@@ -61,14 +63,18 @@ def init_table(runs: str) -> None:
     g = _load(os.path.join(runs, f"grad20_{name}", "analysis.json"))
     gq = _grad(g["layers"], "query") if g else float("nan")
     gk = _grad(g["layers"], "key") if g else float("nan")
-    print(f"| {name} | {np.mean(ent):.3f} | {np.min(ent):.3f} | "
-          f"{_mean(layers, 'attention_self_weight'):.3f} | {sim:.3f} | "
-          f"{_kappa(layers, True):.3g} | {_kappa(layers, False):.3g} | "
-          f"{gq:.3g} | {gk:.3g} |")
+    print(
+      f"| {name} | {np.mean(ent):.3f} | {np.min(ent):.3f} | "
+      f"{_mean(layers, 'attention_self_weight'):.3f} | {sim:.3f} | "
+      f"{_kappa(layers, True):.3g} | {_kappa(layers, False):.3g} | "
+      f"{gq:.3g} | {gk:.3g} |"
+    )
   if names:
     a = _load(os.path.join(runs, f"init_{names[0]}", "analysis.json"))
-    print(f"\n(uniform attention: {a['layers'][0]['attention_entropy_uniform']:.3f} nats; "
-          f"medians of kappa over the {len(a['layers'])} layers)")
+    print(
+      f"\n(uniform attention: {a['layers'][0]['attention_entropy_uniform']:.3f} nats; "
+      f"medians of kappa over the {len(a['layers'])} layers)"
+    )
 
 
 def train_table(runs: str) -> None:

@@ -43,11 +43,17 @@ FAST_COMPILE_FLAGS = "--xla_cpu_use_fusion_emitters=false"
 # heavy files side by side run slower than a heavy and a light one (the runs
 # of 2026-12-01: with test_convert_timm.py and test_memory.py also first the
 # suite took 14.9 instead of 12.5 minutes), so only these go first.
-LONGEST_FIRST = ("test_resume.py", "test_sweep.py", "test_notebook.py", "test_dino.py", "test_configs.py",
-                 "test_sharding.py")
+LONGEST_FIRST = (
+  "test_resume.py",
+  "test_sweep.py",
+  "test_notebook.py",
+  "test_dino.py",
+  "test_configs.py",
+  "test_sharding.py",
+)
 
 
-def pytest_configure(config):  # pylint: disable=unused-argument
+def pytest_configure(config):
   """Sets the session's compilation cache (the xdist controller's, shared)."""
   os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
   os.environ.setdefault("XLA_FLAGS", FAST_COMPILE_FLAGS)
@@ -59,7 +65,7 @@ def pytest_configure(config):  # pylint: disable=unused-argument
   os.environ[_CACHE_OWNER] = str(os.getpid())
 
 
-def pytest_unconfigure(config):  # pylint: disable=unused-argument
+def pytest_unconfigure(config):
   """Removes the cache directory in the process that made it."""
   if os.environ.get(_CACHE_OWNER) == str(os.getpid()):
     shutil.rmtree(os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
@@ -77,6 +83,7 @@ def fmnist_data_dir(tmp_path_factory):
   if not os.path.exists(os.path.join(FMNIST_SOURCE, "train-images-idx3-ubyte.gz")):
     pytest.skip("Fashion-MNIST missing: apt-get install -y dataset-fashion-mnist")
   from laplax.data.vision import images
+
   data_dir = str(tmp_path_factory.mktemp("tfds"))
   config = images.default_config()
   config.data_dir = data_dir

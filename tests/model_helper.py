@@ -26,8 +26,12 @@ def model_spec(name, **kw):
 
 
 def make_vit(num_classes=0, posemb_grid=None, head_init_zero=True, **kw):
-  return ViT(model_spec("vit", **kw), num_classes=num_classes, posemb_grid=posemb_grid,
-             head_init_zero=head_init_zero)
+  return ViT(
+    model_spec("vit", **kw),
+    num_classes=num_classes,
+    posemb_grid=posemb_grid,
+    head_init_zero=head_init_zero,
+  )
 
 
 def make_gpt(vocab_size, **kw):

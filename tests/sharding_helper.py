@@ -34,12 +34,14 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from laplax import (
+  optim,
+  sharding,
+  tasks,
+)
 from laplax import state as state_lib
-from laplax import sharding  # pylint: disable=wrong-import-position
-from laplax.workdir import checkpoint  # pylint: disable=wrong-import-position
 from laplax.train import loop
-from laplax import optim
-from laplax import tasks
+from laplax.workdir import checkpoint
 
 MESHES = ((8, 1, 1), (2, 4, 1), (2, 2, 2))
 BATCH, STEPS = 16, 3
@@ -51,11 +53,20 @@ BATCH, STEPS = 16, 3
 # gradients near 0 (summed in another order on another mesh) would move
 # parameters by different amounts of order lr; at 1e-4 every parameter still
 # moves by about 1e-4 in 3 steps, ten times the tolerance.
-COMMON = {"model.width": 32, "model.depth": 2, "model.num_heads": 4,
-          "model.mlp_dim": 64, "model.num_laplacian_heads": 2,
-          "model.spectral.enabled": True, "model.spectral.lam": 1.0,
-          "batch_size": BATCH, "total_steps": 10, "optim.lr": 1e-4,
-          "optim.warmup_steps": 0, "optim.min_lr_ratio": 1.0}
+COMMON = {
+  "model.width": 32,
+  "model.depth": 2,
+  "model.num_heads": 4,
+  "model.mlp_dim": 64,
+  "model.num_laplacian_heads": 2,
+  "model.spectral.enabled": True,
+  "model.spectral.lam": 1.0,
+  "batch_size": BATCH,
+  "total_steps": 10,
+  "optim.lr": 1e-4,
+  "optim.warmup_steps": 0,
+  "optim.min_lr_ratio": 1.0,
+}
 GPT = dict(COMMON, **{"model.max_length": 32, "eval_batch_size": 16})
 VIT = dict(COMMON, **{"model.patch_size": 4})
 
@@ -85,9 +96,13 @@ def make_task(kind, corpus, data_dir):
     task = tasks.ClassificationTask(load_config("vit_fashion_mnist", VIT), 10, (8, 8, 1))
     # A zero head would leave the blocks without gradient at the first step.
     task.model = task.model.clone(head_init_zero=False)
-    batches = [{"image": rng.normal(size=(BATCH, 8, 8, 1)).astype(np.float32),
-                "label": rng.integers(0, 10, BATCH).astype(np.int32)}
-               for _ in range(2 * STEPS)]
+    batches = [
+      {
+        "image": rng.normal(size=(BATCH, 8, 8, 1)).astype(np.float32),
+        "label": rng.integers(0, 10, BATCH).astype(np.int32),
+      }
+      for _ in range(2 * STEPS)
+    ]
   else:
     c = load_config("gpt_shakespeare", GPT)
     c.data.source_dir, c.data.data_dir = str(corpus), str(data_dir)
@@ -99,7 +114,7 @@ def make_task(kind, corpus, data_dir):
 
 def mesh_of(shape):
   """The mesh ``shape`` over the first ``prod(shape)`` devices."""
-  return sharding.make_mesh(shape, jax.devices()[:int(np.prod(shape))])
+  return sharding.make_mesh(shape, jax.devices()[: int(np.prod(shape))])
 
 
 class Run:
@@ -115,12 +130,18 @@ class Run:
     self.tx = optim.make_optimizer(task.config)
     schedule = optim.learning_rate_schedule(task.config.optim, task.config.total_steps)
     with sharding.context(self.mesh, self.rules):
-      self.state_sharding = state_lib.abstract_and_shardings(task, self.tx, 0, self.mesh, self.rules)[1]
+      self.state_sharding = state_lib.abstract_and_shardings(
+        task, self.tx, 0, self.mesh, self.rules
+      )[1]
       self.batch_sharding = loop.batch_shardings(task, self.mesh, self.rules)
-      self.step = loop.jit_train_step(task, self.tx, schedule, self.state_sharding,
-                                      self.batch_sharding)
-      self.state = (state_lib.create_state(task, self.tx, 0, self.state_sharding)
-                    if state is None else jax.device_put(state, self.state_sharding))
+      self.step = loop.jit_train_step(
+        task, self.tx, schedule, self.state_sharding, self.batch_sharding
+      )
+      self.state = (
+        state_lib.create_state(task, self.tx, 0, self.state_sharding)
+        if state is None
+        else jax.device_put(state, self.state_sharding)
+      )
 
   def train(self, batches):
     losses = []
@@ -136,8 +157,10 @@ class Run:
 
 
 def flat(tree):
-  return {jax.tree_util.keystr(p): np.asarray(jax.device_get(x))
-          for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
+  return {
+    jax.tree_util.keystr(p): np.asarray(jax.device_get(x))
+    for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]
+  }
 
 
 def spec_of(x):
@@ -155,13 +178,12 @@ def comparable(name, x):
   if name.endswith("['key']['bias']"):
     return x[:0]
   if name.endswith("['value']['bias']"):
-    return x[:x.shape[0] // 2]
+    return x[: x.shape[0] // 2]
   return x
 
 
 def max_diff(a, b):
-  return max(float(np.abs(comparable(k, a[k]) - comparable(k, b[k])).max(initial=0.0))
-             for k in b)
+  return max(float(np.abs(comparable(k, a[k]) - comparable(k, b[k])).max(initial=0.0)) for k in b)
 
 
 def copy(state):
@@ -181,8 +203,10 @@ def training(task, before, after, params_before, params_after, batch):
       moved[k] = [float(delta.min()), float(delta.max())]
   loss = jax.jit(lambda p: task.loss(p, batch, jax.random.PRNGKey(0))[0])
   params_after = jax.tree_util.tree_map(lambda x: np.asarray(jax.device_get(x)), params_after)
-  return {"moved": moved,
-          "same_batch_loss": [float(loss(params_before)), float(loss(params_after))]}
+  return {
+    "moved": moved,
+    "same_batch_loss": [float(loss(params_before)), float(loss(params_after))],
+  }
 
 
 def equivalence(kind, corpus, data_dir):
@@ -198,22 +222,26 @@ def equivalence(kind, corpus, data_dir):
   initial = copy(ref.state)
   out = {"single": ref.train(batches[:STEPS])}
   ref_params = flat(ref.state.params)
-  out["training"] = training(task, flat(initial.params), ref_params, initial.params,
-                             ref.state.params, batches[0])
+  out["training"] = training(
+    task, flat(initial.params), ref_params, initial.params, ref.state.params, batches[0]
+  )
   for shape in MESHES:
     run = runs[shape] = Run(task, shape, None if shape == (2, 2, 2) else initial)
     losses = run.train(batches[:STEPS])
     p = run.state.params["block0"]
     mu = run.state.opt_state[1][0].mu["block0"]
     out[str(shape)] = {
-        "losses": losses,
-        "max_param_diff": max_diff(flat(run.state.params), ref_params),
-        "specs": {"query": spec_of(p["attention"]["query"]["kernel"]),
-                  "out": spec_of(p["attention"]["out"]["kernel"]),
-                  "fc1": spec_of(p["mlp"]["fc1"]["kernel"]),
-                  "fc1_mu": spec_of(mu["mlp"]["fc1"]["kernel"]),
-                  "step": spec_of(run.state.step)},
-        "num_devices": len(p["mlp"]["fc1"]["kernel"].sharding.device_set)}
+      "losses": losses,
+      "max_param_diff": max_diff(flat(run.state.params), ref_params),
+      "specs": {
+        "query": spec_of(p["attention"]["query"]["kernel"]),
+        "out": spec_of(p["attention"]["out"]["kernel"]),
+        "fc1": spec_of(p["mlp"]["fc1"]["kernel"]),
+        "fc1_mu": spec_of(mu["mlp"]["fc1"]["kernel"]),
+        "step": spec_of(run.state.step),
+      },
+      "num_devices": len(p["mlp"]["fc1"]["kernel"].sharding.device_set),
+    }
   return out, runs, batches
 
 
@@ -231,9 +259,12 @@ def resume(runs, batches, first_losses, checkpoint_dir):
     state, data = ckpt.restore(target.abstract())
     query = state.params["block0"]["attention"]["query"]["kernel"]
     want = target.state_sharding.params["block0"]["attention"]["query"]["kernel"]
-    out[name] = {"step": int(state.step), "data": data,
-                 "sharding_matches": query.sharding == want,
-                 "num_devices": len(query.sharding.device_set)}
+    out[name] = {
+      "step": int(state.step),
+      "data": data,
+      "sharding_matches": query.sharding == want,
+      "num_devices": len(query.sharding.device_set),
+    }
     target.state = state
     out[name]["losses"] = target.train(batches[STEPS:])
   ckpt.close()
@@ -249,8 +280,7 @@ def main(argv):
   result["equivalence"], runs, batches = equivalence(kind, corpus, data_dir)
   if kind == "gpt":
     with tempfile.TemporaryDirectory() as d:
-      result["checkpoint"] = resume(runs, batches,
-                                    result["equivalence"]["(2, 4, 1)"]["losses"], d)
+      result["checkpoint"] = resume(runs, batches, result["equivalence"]["(2, 4, 1)"]["losses"], d)
   with open(out, "w") as f:
     json.dump(result, f, indent=1)
 

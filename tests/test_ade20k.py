@@ -21,9 +21,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from laplax.evaluators import linear_segmentation as seg
-from laplax.data.vision import ade20k
 from laplax.data.errors import DataError
+from laplax.data.vision import ade20k
+from laplax.evaluators import linear_segmentation as seg
 
 # Class maps as 12 x 18 blocks (each block 2 x 2 pixels of a 24 x 36 image):
 # at 12 px the central 24 x 24 square's pixel (i, j) reads row 2i + 1 and
@@ -40,8 +40,7 @@ def _blocks(fill, rows=None, value=None):
 
 # training: class 7 is the most frequent labelled class; class 1 (the
 # smallest id, which an argmax tie would pick) and 150 occur too.
-TRAIN = [_blocks(7, slice(0, 3), 12), _blocks(7, slice(6, 12), 3),
-         _blocks(7, slice(0, 4), 0)]
+TRAIN = [_blocks(7, slice(0, 3), 12), _blocks(7, slice(6, 12), 3), _blocks(7, slice(0, 4), 0)]
 TRAIN[2][4:6] = 150
 TRAIN[2][10:12, :9] = 1
 # validation: rows 0-5 class 7, rows 6-11 class 3; then rows 0-3 ignored, 4-11 class 7.
@@ -57,10 +56,10 @@ def write_release(root, train=TRAIN, val=VAL):
     for i, block in enumerate(maps):
       name = f"{prefix}_{i + 1:08d}"
       picture = np.zeros((H, W, 3), np.uint8) + np.array(COLOURS[i % 3], np.uint8)
-      Image.fromarray(picture).save(os.path.join(root, "images", split, name + ".jpg"),
-                                    quality=95)
+      Image.fromarray(picture).save(os.path.join(root, "images", split, name + ".jpg"), quality=95)
       Image.fromarray(np.kron(block, np.ones((2, 2), np.uint8))).save(
-          os.path.join(root, "annotations", split, name + ".png"))
+        os.path.join(root, "annotations", split, name + ".png")
+      )
   return str(root)
 
 
@@ -72,8 +71,7 @@ def test_reader_follows_the_stated_protocol(tmp_path):
   for i, block in enumerate(TRAIN):
     want = block[:, 3:15].astype(np.int32) - 1  # 0 -> -1 (ignored), c -> c - 1
     np.testing.assert_array_equal(m[i], want)
-    np.testing.assert_allclose(x[i].astype(float), np.broadcast_to(COLOURS[i], x[i].shape),
-                               atol=3)
+    np.testing.assert_allclose(x[i].astype(float), np.broadcast_to(COLOURS[i], x[i].shape), atol=3)
   assert m[2].max() == 149 and m[2].min() == -1 and (m[2] == 0).sum() == 6 * 2
   grey, _ = ade20k.read_split(root, "validation", 1, S, channels=1)
   r, g, b = COLOURS[0]  # Pillow's L: ITU-R 601-2 luma
@@ -93,8 +91,9 @@ def test_probe_miou_is_the_hand_computed_one(tmp_path):
   _, y = ade20k.read_split(root, "training", 3, S)
   _, y_test = ade20k.read_split(root, "validation", 2, S)
   feats = np.ones((3, 3, 3, 4), np.float32)
-  r = seg.linear_segmentation_probe(feats, y, np.ones((2, 3, 3, 4), np.float32), y_test,
-                                    num_classes=150, steps=60, batch_size=3)
+  r = seg.linear_segmentation_probe(
+    feats, y, np.ones((2, 3, 3, 4), np.float32), y_test, num_classes=150, steps=60, batch_size=3
+  )
   assert (r["predictions"] == 6).all()
   assert r["miou"] == pytest.approx(0.35) and r["pixel_accuracy"] == pytest.approx(0.7)
   assert r["iou"][6] == pytest.approx(0.7) and r["iou"][2] == 0.0
@@ -106,8 +105,11 @@ def numpy_miou(predicted, target, num_classes):
   over the classes whose union is not empty."""
   keep = target >= 0
   p, t = predicted[keep], target[keep]
-  ious = [np.sum((p == c) & (t == c)) / np.sum((p == c) | (t == c))
-          for c in range(num_classes) if np.sum((p == c) | (t == c))]
+  ious = [
+    np.sum((p == c) & (t == c)) / np.sum((p == c) | (t == c))
+    for c in range(num_classes)
+    if np.sum((p == c) | (t == c))
+  ]
   return float(np.mean(ious))
 
 
@@ -122,18 +124,23 @@ def test_probe_miou_equals_numpy_definition_on_informative_features(tmp_path):
 
   def features(masks):
     centre = masks[:, 2::4, 2::4]  # 3 x 3 patches of 4 x 4 pixels
-    return (np.eye(151, dtype=np.float32)[centre + 1][..., [0, 1, 3, 7, 12, 150]]
-            + 0.05 * rng.normal(size=centre.shape + (6,)).astype(np.float32))
-  r = seg.linear_segmentation_probe(features(y), y, features(y_test), y_test,
-                                    num_classes=150, steps=80, lr=0.2, batch_size=2)
+    return np.eye(151, dtype=np.float32)[centre + 1][
+      ..., [0, 1, 3, 7, 12, 150]
+    ] + 0.05 * rng.normal(size=centre.shape + (6,)).astype(np.float32)
+
+  r = seg.linear_segmentation_probe(
+    features(y), y, features(y_test), y_test, num_classes=150, steps=80, lr=0.2, batch_size=2
+  )
   assert r["predictions"].shape == (2, S, S)
   assert r["miou"] == pytest.approx(numpy_miou(r["predictions"], y_test, 150), abs=1e-12)
   assert r["miou"] > 0.6
 
 
 def test_last_layers_are_the_final_norm_of_each_block_concatenated():
-  from laplax.evaluators import dino_segmentation
   from model_helper import make_vit
+
+  from laplax.evaluators import dino_segmentation
+
   vit = make_vit(width=16, depth=3, num_heads=2, mlp_dim=16, patch_size=4, pool="tok")
   images = np.random.default_rng(1).normal(size=(2, 12, 12, 3)).astype(np.float32)
   params = jax.jit(vit.init)(jax.random.key(0), images)["params"]
@@ -141,14 +148,14 @@ def test_last_layers_are_the_final_norm_of_each_block_concatenated():
   two = np.asarray(dino_segmentation.feature_fn(vit, 2)(params, images))
   _, out = jax.jit(lambda p, x: vit.apply({"params": p}, x))(params, images)
   assert one.shape == (2, 3, 3, 16) and two.shape == (2, 3, 3, 32)
-  np.testing.assert_allclose(one, np.asarray(out["encoded"])[:, 1:].reshape(2, 3, 3, 16),
-                             atol=1e-6)
+  np.testing.assert_allclose(one, np.asarray(out["encoded"])[:, 1:].reshape(2, 3, 3, 16), atol=1e-6)
   np.testing.assert_allclose(two[..., 16:], one, atol=1e-5)
   x = np.asarray(out["block1"]["+mlp"], np.float64)[:, 1:]
   norm = params["encoder_norm"]
   eps = vit.spec.norm_eps
-  want = ((x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + eps)
-          * np.asarray(norm["scale"]) + np.asarray(norm["bias"]))
+  want = (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + eps) * np.asarray(
+    norm["scale"]
+  ) + np.asarray(norm["bias"])
   np.testing.assert_allclose(two[..., :16], want.reshape(2, 3, 3, 16), atol=1e-5)
 
 
@@ -172,43 +179,77 @@ print("same")
 
 
 def test_probe_split_over_a_two_device_mesh_gives_the_same_score():
-  from test_train import ROOT, xla_env  # pylint: disable=import-outside-toplevel
-  r = subprocess.run([sys.executable, "-c", MESH_SCRIPT], cwd=ROOT, env=xla_env(2),
-                     capture_output=True, text=True, timeout=300, check=False)
+  from test_train import ROOT, xla_env
+
+  r = subprocess.run(
+    [sys.executable, "-c", MESH_SCRIPT],
+    cwd=ROOT,
+    env=xla_env(2),
+    capture_output=True,
+    text=True,
+    timeout=300,
+    check=False,
+  )
   assert r.returncode == 0 and "same" in r.stdout, r.stderr[-3000:]
 
 
 # --------------------------------------------------------------------------
 # Through eval.py on a DINO workdir.
 
+
 @pytest.fixture(scope="module")
 def dino_workdir(tmp_path_factory, fmnist_data_dir):
   """A tiny Fashion-MNIST DINO run's step-0 checkpoint (a grey backbone: it
   reads the release's luma; an RGB backbone reads RGB)."""
-  from test_dino import dino_args  # pylint: disable=import-outside-toplevel
-  from test_train import run_in_process  # pylint: disable=import-outside-toplevel
+  from test_dino import dino_args
+  from test_train import run_in_process
+
   workdir = tmp_path_factory.mktemp("ade") / "run"
-  r = run_in_process(dino_args(workdir, fmnist_data_dir, "--config.total_steps=0",
-                               "--config.data.train_split=train[:300]",
-                               "--config.data.eval_split=test[:100]",
-                               "--config.eval_batch_size=100"))
+  r = run_in_process(
+    dino_args(
+      workdir,
+      fmnist_data_dir,
+      "--config.total_steps=0",
+      "--config.data.train_split=train[:300]",
+      "--config.data.eval_split=test[:100]",
+      "--config.eval_batch_size=100",
+    )
+  )
   assert r.returncode == 0
   return workdir
 
 
 def _eval(workdir, out, root, capfd, *extra):
-  from test_train import run_in_process  # pylint: disable=import-outside-toplevel
-  return run_in_process(["eval.py", "--workdir", str(workdir), "--out", str(out),
-                         "--config.eval.segmentation_dataset=ade20k",
-                         f"--config.eval.segmentation_dir={root}",
-                         "--config.eval.segmentation_steps=5"] + list(extra), capfd)
+  from test_train import run_in_process
+
+  return run_in_process(
+    [
+      "eval.py",
+      "--workdir",
+      str(workdir),
+      "--out",
+      str(out),
+      "--config.eval.segmentation_dataset=ade20k",
+      f"--config.eval.segmentation_dir={root}",
+      "--config.eval.segmentation_steps=5",
+    ]
+    + list(extra),
+    capfd,
+  )
 
 
 def test_eval_py_writes_the_150_class_miou_and_the_figure(tmp_path, dino_workdir, capfd):
   root = write_release(tmp_path / "ADEChallengeData2016")
   out = tmp_path / "evals" / "eval.json"
-  r = _eval(dino_workdir, out, root, capfd, "--config.eval.segmentation_figure_images=2",
-            "--config.eval.segmentation_layers=1", "--config.eval.segmentation_batch_size=2")
+  r = _eval(
+    dino_workdir,
+    out,
+    root,
+    capfd,
+    "--config.eval.segmentation_figure_images=2",
+    "--config.eval.segmentation_layers=1",
+    "--config.eval.segmentation_batch_size=2",
+  )
   assert r.returncode == 0, r.stderr[-3000:]
   result = json.loads(out.read_text())
   assert result["segmentation_dataset"] == "ade20k"
@@ -231,8 +272,9 @@ def _missing_annotation(root):
 
 def _value_151(root):
   block = np.kron(_blocks(7, slice(0, 2), 151), np.ones((2, 2), np.uint8))
-  Image.fromarray(block).save(os.path.join(root, "annotations", "training",
-                                           "ADE_train_00000001.png"))
+  Image.fromarray(block).save(
+    os.path.join(root, "annotations", "training", "ADE_train_00000001.png")
+  )
 
 
 def _other_layout(root):  # ADE20K's full release: images/ADE/training/<scene>/...
@@ -246,15 +288,17 @@ def _rgb_annotation(root):
   Image.open(path).convert("RGB").save(path)
 
 
-@pytest.mark.parametrize("break_it,fragment", [
+@pytest.mark.parametrize(
+  "break_it,fragment",
+  [
     (_missing_annotation, "ADE_val_00000002.jpg has no annotation"),
     (_value_151, "has pixel value 151"),
     (_other_layout, "is not an ADEChallengeData2016 release: images/training is missing"),
     (_rgb_annotation, "not a single-channel class map"),
     (None, "give --config.eval.segmentation_dir=DIR"),
-])
-def test_malformed_release_is_one_line_exit_2(tmp_path, dino_workdir, capfd, break_it,
-                                              fragment):
+  ],
+)
+def test_malformed_release_is_one_line_exit_2(tmp_path, dino_workdir, capfd, break_it, fragment):
   root = write_release(tmp_path / "release")
   if break_it is not None:
     break_it(root)
@@ -268,18 +312,20 @@ def test_malformed_release_is_one_line_exit_2(tmp_path, dino_workdir, capfd, bre
   assert not out.exists()
 
 
-@pytest.mark.parametrize("flag,fragment", [
+@pytest.mark.parametrize(
+  "flag,fragment",
+  [
     ("--config.eval.segmentation_colour=1", "unknown config key 'eval.segmentation_colour'"),
     ("--config.eval.segmentation_layers=2", "more than the model's 1 blocks"),
     ("--config.eval.segmentation_lr=fast", "not a float"),
     ("--config.model.width=8", "overrides of its eval section and evaluators only"),
-])
-def test_bad_eval_overrides_are_one_line_exit_2(tmp_path, dino_workdir, capfd, flag,
-                                                fragment):
-  from test_train import run_in_process  # pylint: disable=import-outside-toplevel
+  ],
+)
+def test_bad_eval_overrides_are_one_line_exit_2(tmp_path, dino_workdir, capfd, flag, fragment):
+  from test_train import run_in_process
+
   out = tmp_path / "eval.json"
-  r = run_in_process(["eval.py", "--workdir", str(dino_workdir), "--out", str(out), flag],
-                     capfd)
+  r = run_in_process(["eval.py", "--workdir", str(dino_workdir), "--out", str(out), flag], capfd)
   assert r.returncode == 2, r.stderr[-2000:]
   lines = r.stderr.strip().splitlines()
   assert len(lines) == 1 and fragment in lines[0], r.stderr
@@ -289,20 +335,30 @@ def test_bad_eval_overrides_are_one_line_exit_2(tmp_path, dino_workdir, capfd, f
 def test_overrides_reach_a_run_saved_before_the_keys_existed():
   """eval.py's --config.eval.KEY=VALUE: typed as the default, added to an old
   DINO config that lacks the key, checked by the config's validation."""
-  from test_configs import load  # pylint: disable=import-outside-toplevel
-  from laplax.config import validation as config_lib  # pylint: disable=import-outside-toplevel
+  from test_configs import load
+
   from laplax.cli import eval as eval_cli
+  from laplax.config import validation as config_lib
+
   argv, overrides = eval_cli.split_overrides(
-      ["eval.py", "--workdir", "w", "--config.eval.segmentation_dataset=ade20k",
-       "--config.eval.segmentation_dir=/r", "--config.eval.segmentation_lr=1",
-       "--config.evals=knn,segmentation"])
+    [
+      "eval.py",
+      "--workdir",
+      "w",
+      "--config.eval.segmentation_dataset=ade20k",
+      "--config.eval.segmentation_dir=/r",
+      "--config.eval.segmentation_lr=1",
+      "--config.evals=knn,segmentation",
+    ]
+  )
   assert argv == ["eval.py", "--workdir", "w"] and len(overrides) == 4
   c = load("dino_fashion_mnist")
   with c.unlocked():
     for key in [k for k in c.eval if k.startswith("segmentation")]:
       del c.eval[key]
   c.lock()
-  from laplax.tasks import schema  # pylint: disable=import-outside-toplevel
+  from laplax.tasks import schema
+
   schema.complete(c)  # as reading its config.json does
   eval_cli.apply_overrides(c, overrides)
   assert (c.eval.segmentation_dataset, c.eval.segmentation_dir) == ("ade20k", "/r")
@@ -319,7 +375,7 @@ def test_overrides_reach_a_run_saved_before_the_keys_existed():
 def test_reader_errors_name_the_file(tmp_path):
   with pytest.raises(DataError, match="does not exist"):
     ade20k.split_files(str(tmp_path / "nowhere"), "training")
-  root = write_release(tmp_path / "r")
+  write_release(tmp_path / "r")
   with pytest.raises(DataError, match="not a single-channel"):
     ade20k.class_mask(np.zeros((2, 2, 3), np.uint8), "x.png")
 
@@ -327,10 +383,22 @@ def test_reader_errors_name_the_file(tmp_path):
 def test_compile_report_segmentation_eval_on_fake_devices():
   """bench/compile_report.py --segmentation-eval compiles the three programs
   of the evaluation for 2 devices and prints their memory and the host's."""
-  from test_train import ROOT, run  # pylint: disable=import-outside-toplevel
-  proc = run([os.path.join(ROOT, "bench", "compile_report.py"), "--segmentation-eval",
-              "--cpu-devices", "2", "--config", "configs/dino_fashion_mnist.py",
-              "--set", "eval.segmentation_layers=2", "--set", "eval_batch_size=8"])
+  from test_train import ROOT, run
+
+  proc = run(
+    [
+      os.path.join(ROOT, "bench", "compile_report.py"),
+      "--segmentation-eval",
+      "--cpu-devices",
+      "2",
+      "--config",
+      "configs/dino_fashion_mnist.py",
+      "--set",
+      "eval.segmentation_layers=2",
+      "--set",
+      "eval_batch_size=8",
+    ]
+  )
   assert proc.returncode == 0, proc.stderr[-2000:]
   out = proc.stdout
   assert "cpu x 2" in out and "28 px (4 x 4 patches), last 2 block(s)" in out, out

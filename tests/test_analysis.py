@@ -28,11 +28,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
-from laplax.analysis import capture, compare, conditioning, geometry, report, summary
-from model_helper import make_vit, make_gpt
+from model_helper import make_gpt, make_vit
 from test_conditioning_theorem import assert_terms_match, np_theorem_3_4
 from test_train import CONFIG, ROOT, TINY, run_in_process
+
+from laplax.analysis import capture, compare, conditioning, geometry, report, summary
 
 # ------------------------------------------------------------ NumPy reference
 
@@ -55,16 +55,19 @@ def reference(tokens, mask, labels, num_classes, classifier=None):
   mu = flat.mean(0)
   n_s = m.sum(1)
   seq = np.stack([x[i][m[i]].mean(0) for i in range(len(x))])
-  out = {"total": np.sum((flat - mu) ** 2) / n,
-         "within_sequence": sum(np.sum((x[i][m[i]] - seq[i]) ** 2)
-                                for i in range(len(x))) / n,
-         "between_sequence": np.sum(n_s[:, None] * (seq - mu) ** 2) / n}
+  out = {
+    "total": np.sum((flat - mu) ** 2) / n,
+    "within_sequence": sum(np.sum((x[i][m[i]] - seq[i]) ** 2) for i in range(len(x))) / n,
+    "between_sequence": np.sum(n_s[:, None] * (seq - mu) ** 2) / n,
+  }
   classes = np.unique(labels)
   tok_mean = {c: flat[np.repeat(labels, n_s) == c].mean(0) for c in classes}
-  out["within_class"] = sum(n_s[i] * np.sum((seq[i] - tok_mean[labels[i]]) ** 2)
-                            for i in range(len(x))) / n
-  out["between_class"] = sum(np.sum(np.repeat(labels, n_s) == c)
-                             * np.sum((tok_mean[c] - mu) ** 2) for c in classes) / n
+  out["within_class"] = (
+    sum(n_s[i] * np.sum((seq[i] - tok_mean[labels[i]]) ** 2) for i in range(len(x))) / n
+  )
+  out["between_class"] = (
+    sum(np.sum(np.repeat(labels, n_s) == c) * np.sum((tok_mean[c] - mu) ** 2) for c in classes) / n
+  )
   out["singular_values"] = np.linalg.svd(flat - mu, compute_uv=False)
   # Neural collapse on sequence means.
   means = np.stack([seq[labels == c].mean(0) for c in classes])
@@ -73,16 +76,27 @@ def reference(tokens, mask, labels, num_classes, classifier=None):
   dev = seq - means[np.searchsorted(classes, labels)]
   sigma_w = dev.T @ dev / len(seq)
   sigma_b = centred.T @ centred / len(classes)
-  out["nc1"] = np.trace(sigma_w @ np.linalg.pinv(sigma_b, rcond=1e-10, hermitian=True)) / len(classes)
+  out["nc1"] = np.trace(sigma_w @ np.linalg.pinv(sigma_b, rcond=1e-10, hermitian=True)) / len(
+    classes
+  )
   norms = np.linalg.norm(centred, axis=1)
   out["equinorm"] = norms.std() / norms.mean()
-  cos = [centred[a] @ centred[b] / norms[a] / norms[b]
-         for a in range(len(classes)) for b in range(len(classes)) if a != b]
+  cos = [
+    centred[a] @ centred[b] / norms[a] / norms[b]
+    for a in range(len(classes))
+    for b in range(len(classes))
+    if a != b
+  ]
   out["equiangularity"] = np.std(cos)
   out["max_angle"] = np.mean(np.abs(np.asarray(cos) + 1.0 / (len(classes) - 1)))
   var = [np.mean(np.sum((seq[labels == c] - means[i]) ** 2, 1)) for i, c in enumerate(classes)]
-  out["cdnv"] = np.mean([(var[a] + var[b]) / 2 / np.sum((means[a] - means[b]) ** 2)
-                         for a in range(len(classes)) for b in range(a + 1, len(classes))])
+  out["cdnv"] = np.mean(
+    [
+      (var[a] + var[b]) / 2 / np.sum((means[a] - means[b]) ** 2)
+      for a in range(len(classes))
+      for b in range(a + 1, len(classes))
+    ]
+  )
   if classifier is not None:
     w = np.asarray(classifier)[classes]
     out["nc3"] = np.sum((centred / np.linalg.norm(centred) - w / np.linalg.norm(w)) ** 2)
@@ -130,12 +144,12 @@ def test_rank_r_token_matrix_needs_r_components(rank):
   rng = np.random.default_rng(rank)
   n, d = 60, 12
   a = rng.normal(size=(n, rank))
-  q, _ = np.linalg.qr(a - a.mean(0))          # orthonormal, zero-mean columns
+  q, _ = np.linalg.qr(a - a.mean(0))  # orthonormal, zero-mean columns
   v, _ = np.linalg.qr(rng.normal(size=(d, rank)))
   tokens = (5.0 * q @ v.T + rng.normal(size=d)).reshape(6, 10, d)
   acc = geometry.GeometryAccumulator(d)
   for i in range(0, 6, 4):  # streamed in two batches
-    acc.update(tokens[i:i + 4])
+    acc.update(tokens[i : i + 4])
   out = acc.finalize()
   assert out["components_99"] == rank
   np.testing.assert_allclose(out["singular_values"][:rank], 5.0, rtol=1e-9)
@@ -148,8 +162,12 @@ def test_per_sequence_components_are_the_mean_of_each_sequences_own_pca():
   sequences of given ranks, one masked to one token (no variance: left out)."""
   rng = np.random.default_rng(5)
   d, length, ranks = 12, 20, [1, 4, 2, 9, 3]
-  tokens = np.stack([rng.normal(size=(length, r)) @ rng.normal(size=(r, d)) * (1 + s)
-                     + rng.normal(size=d) for s, r in enumerate(ranks)])
+  tokens = np.stack(
+    [
+      rng.normal(size=(length, r)) @ rng.normal(size=(r, d)) * (1 + s) + rng.normal(size=d)
+      for s, r in enumerate(ranks)
+    ]
+  )
   tokens[2] += 1e-3 * rng.normal(size=(length, d))  # full rank, 99% still in 2
   mask = np.ones((len(ranks), length))
   mask[3, 1:] = 0
@@ -157,7 +175,7 @@ def test_per_sequence_components_are_the_mean_of_each_sequences_own_pca():
 
   def count(x):
     sv = np.linalg.svd(x - x.mean(0), compute_uv=False)
-    cum = np.cumsum(sv ** 2) / np.sum(sv ** 2)
+    cum = np.cumsum(sv**2) / np.sum(sv**2)
     return int(np.argmax(cum >= 0.99) + 1)
 
   want = [count(tokens[s][mask[s] > 0]) for s in (0, 1, 2, 4)]
@@ -171,7 +189,8 @@ def test_per_sequence_components_are_the_mean_of_each_sequences_own_pca():
   # The all-token PCA is another number: the sequences span more directions together.
   assert out["components_99"] > max(want)
   assert summary.summary({"layers": [dict(out, layer=0)]})["components_99_per_sequence"] == [
-      np.mean(want)]
+    np.mean(want)
+  ]
 
 
 def test_anova_parts_add_up_and_match_reference():
@@ -186,8 +205,7 @@ def test_anova_parts_add_up_and_match_reference():
   assert f["within_sequence"] + f["between_sequence"] == pytest.approx(1.0, abs=1e-6)
   assert f["between_class"] == pytest.approx(a["between_class"] / a["total"], rel=1e-12)
   assert 0 < f["within_class"] < 1 and 0 < f["between_class"] < 1
-  assert a["within_class"] + a["between_class"] == pytest.approx(
-      a["between_sequence"], rel=1e-6)
+  assert a["within_class"] + a["between_class"] == pytest.approx(a["between_sequence"], rel=1e-6)
   ref = reference(tokens, mask, labels, 3)
   for key in a:
     assert a[key] == pytest.approx(ref[key], rel=1e-8), key
@@ -226,13 +244,18 @@ def test_token_classes_cdnv_streamed_equals_reference():
   ids = rng.integers(0, 5, size=(8, 9))
   acc = geometry.GeometryAccumulator(3, num_token_classes=5)
   for i in range(0, 8, 3):
-    acc.update(tokens[i:i + 3], mask=mask[i:i + 3], token_labels=ids[i:i + 3])
+    acc.update(tokens[i : i + 3], mask=mask[i : i + 3], token_labels=ids[i : i + 3])
   out = acc.finalize()["token_classes"]
   x, y = tokens[mask], ids[mask]
   means = np.stack([x[y == k].mean(0) for k in range(5)])
   var = [np.mean(np.sum((x[y == k] - means[k]) ** 2, 1)) for k in range(5)]
-  cdnv = np.mean([(var[a] + var[b]) / 2 / np.sum((means[a] - means[b]) ** 2)
-                  for a in range(5) for b in range(a + 1, 5)])
+  cdnv = np.mean(
+    [
+      (var[a] + var[b]) / 2 / np.sum((means[a] - means[b]) ** 2)
+      for a in range(5)
+      for b in range(a + 1, 5)
+    ]
+  )
   assert out["cdnv"] == pytest.approx(cdnv, rel=1e-8)
   assert out["num_examples"] == mask.sum() and out["num_classes"] == 5
 
@@ -242,8 +265,11 @@ def test_accumulator_memory_is_independent_of_token_count():
   acc = geometry.GeometryAccumulator(d, num_classes=c, num_token_classes=v)
   rng = np.random.default_rng(4)
   for _ in range(5):
-    acc.update(rng.normal(size=(20, 30, d)), labels=rng.integers(0, c, 20),
-               token_labels=rng.integers(0, v, (20, 30)))
+    acc.update(
+      rng.normal(size=(20, 30, d)),
+      labels=rng.integers(0, c, 20),
+      token_labels=rng.integers(0, v, (20, 30)),
+    )
   words = sum(a.size for a in vars(acc).values() if isinstance(a, np.ndarray))
   # Documented bound: D^2 + 2D (+ D^2 + C(2D + 3)) (+ V(D + 2)) float64 words.
   assert words == d * d + 2 * d + d * d + c * (2 * d + 3) + v * (d + 2)
@@ -299,17 +325,19 @@ def test_jacobian_condition_matches_finite_differences():
   x = rng.normal(size=(4, 3))
   wq, wk, wv = (rng.normal(size=(3, 3)) for _ in range(3))
   fd = finite_difference_jacobian(lambda z: np_head(z, wq, wk, wv), x)
-  jac = conditioning.jacobian_matrix(conditioning.single_head_attention, x,
-                                     *(jnp.asarray(w, jnp.float32) for w in (wq, wk, wv)))
+  jac = conditioning.jacobian_matrix(
+    conditioning.single_head_attention, x, *(jnp.asarray(w, jnp.float32) for w in (wq, wk, wv))
+  )
   np.testing.assert_allclose(jac, fd, atol=2e-5 * np.abs(fd).max())
-  got = conditioning.jacobian_condition(conditioning.single_head_attention, x,
-                                        *(jnp.asarray(w, jnp.float32) for w in (wq, wk, wv)))
+  got = conditioning.jacobian_condition(
+    conditioning.single_head_attention, x, *(jnp.asarray(w, jnp.float32) for w in (wq, wk, wv))
+  )
   assert got["condition_number"] == pytest.approx(np.linalg.cond(fd), rel=1e-3)
   # Theorem 3.4's bound is reported beside it with its terms.
   bound = conditioning.theorem_3_4_bound(x, wq, wk, wv)
   assert bound["kappa_wq"] == pytest.approx(np.linalg.cond(wq), rel=1e-4)
   # Each term and the bound against the NumPy transcription of their definitions.
-  assert_terms_match(bound, np_theorem_3_4(x, wq, wk, wv, scale=3 ** -0.5))
+  assert_terms_match(bound, np_theorem_3_4(x, wq, wk, wv, scale=3**-0.5))
 
 
 def test_attention_block_jacobian_matches_finite_differences():
@@ -320,12 +348,13 @@ def test_attention_block_jacobian_matches_finite_differences():
   are compared; the condition number is checked against float64 differences
   in the single-head test above.
   """
-  model = make_vit(num_classes=0, patch_size=7, width=8, depth=1, mlp_dim=8, num_heads=2,
-              pool="gap")
+  model = make_vit(
+    num_classes=0, patch_size=7, width=8, depth=1, mlp_dim=8, num_heads=2, pool="gap"
+  )
   params = jax.jit(model.init)(jax.random.PRNGKey(0), jnp.zeros((1, 14, 14, 1)))["params"]
   module, kwargs = capture.attention_module(model, 0)
   attn = capture.attention_params(params, 0)
-  fn = report._block_fn(module, False, tuple(bool(b) for b in kwargs["laplacian"]))  # pylint: disable=protected-access
+  fn = report._block_fn(module, False, tuple(bool(b) for b in kwargs["laplacian"]))
   jitted = jax.jit(fn)
   f = lambda y: np.asarray(jitted(jnp.asarray(y, jnp.float32), attn), np.float64)
   y = np.random.default_rng(7).normal(size=(4, 8))
@@ -354,8 +383,17 @@ def test_attention_entropy_uniform_and_one_hot():
 
 
 def tiny_vit(scan):
-  return make_vit(num_classes=3, patch_size=7, width=16, depth=2, mlp_dim=16, num_heads=2,
-             num_laplacian_heads=(0, 1), spectral_lam=10.0, scan_layers=scan)
+  return make_vit(
+    num_classes=3,
+    patch_size=7,
+    width=16,
+    depth=2,
+    mlp_dim=16,
+    num_heads=2,
+    num_laplacian_heads=(0, 1),
+    spectral_lam=10.0,
+    scan_layers=scan,
+  )
 
 
 def test_sow_is_a_no_op_unless_intermediates_are_mutable():
@@ -363,15 +401,16 @@ def test_sow_is_a_no_op_unless_intermediates_are_mutable():
   x = jnp.zeros((2, 14, 14, 1))
   params = jax.eval_shape(model.init, jax.random.PRNGKey(0), x)["params"]
   plain = jax.make_jaxpr(lambda p: model.apply({"params": p}, x))(params)
-  sown = jax.make_jaxpr(
-      lambda p: model.apply({"params": p}, x, mutable=["intermediates"]))(params)
+  sown = jax.make_jaxpr(lambda p: model.apply({"params": p}, x, mutable=["intermediates"]))(params)
   # The training/eval path traces no second attention and returns no collection;
   # with "intermediates" mutable each layer adds the reference P [B, H, T, T].
   assert len(plain.eqns) < len(sown.eqns)
   shapes = jax.eval_shape(
-      lambda p: model.apply({"params": p}, x, mutable=["intermediates"]), params)
+    lambda p: model.apply({"params": p}, x, mutable=["intermediates"]), params
+  )
   assert len(jax.tree_util.tree_leaves(plain.out_avals)) == len(
-      jax.tree_util.tree_leaves(shapes[0]))
+    jax.tree_util.tree_leaves(shapes[0])
+  )
   p = capture.attention_weights(shapes[1]["intermediates"], 1)
   assert p.shape == (2, 2, 5, 5) and p.dtype == jnp.float32
 
@@ -380,7 +419,7 @@ def image_batches(rng, n, batch):
   images = rng.normal(size=(n, 14, 14, 1)).astype(np.float32)
   labels = rng.integers(0, 3, size=n).astype(np.int32)
   for i in range(0, n, batch):
-    part, lab = images[i:i + batch], labels[i:i + batch]
+    part, lab = images[i : i + batch], labels[i : i + batch]
     mask = np.ones(len(part), np.float32)
     if len(part) < batch:  # padded like images.eval_batches
       pad = batch - len(part)
@@ -394,14 +433,30 @@ def image_batches(rng, n, batch):
 def test_run_analysis_vit_streams_and_rebuilds_blocks(scan):
   model = tiny_vit(scan)
   params = jax.jit(model.init)(jax.random.PRNGKey(0), jnp.zeros((1, 14, 14, 1)))["params"]
-  target = report.Target(model, params, "image", num_classes=3,
-                         classifier=np.asarray(params["head"]["kernel"]).T,
-                         spectral={"enabled": True, "lam": 10.0, "mode": "per_head"})
-  a = report.run_analysis(target, image_batches(np.random.default_rng(0), 11, 8),
-                          layers=[0, 1], batch_size=3, max_examples=10)
+  target = report.Target(
+    model,
+    params,
+    "image",
+    num_classes=3,
+    classifier=np.asarray(params["head"]["kernel"]).T,
+    spectral={"enabled": True, "lam": 10.0, "mode": "per_head"},
+  )
+  a = report.run_analysis(
+    target,
+    image_batches(np.random.default_rng(0), 11, 8),
+    layers=[0, 1],
+    batch_size=3,
+    max_examples=10,
+  )
   assert a["num_sequences"] == 10 and a["num_tokens"] == 10 * 5
-  b = report.run_analysis(target, image_batches(np.random.default_rng(0), 11, 4),
-                          layers=[0, 1], batch_size=3, max_examples=10, jacobian_dim=0)
+  b = report.run_analysis(
+    target,
+    image_batches(np.random.default_rng(0), 11, 4),
+    layers=[0, 1],
+    batch_size=3,
+    max_examples=10,
+    jacobian_dim=0,
+  )
   # Other batches (so other chunks and padding) give the same statistics.
   assert b["layers"][1]["anova"] == pytest.approx(a["layers"][1]["anova"], rel=1e-6)
   assert b["layers"][1]["classes"] == pytest.approx(a["layers"][1]["classes"], rel=1e-6)
@@ -411,7 +466,8 @@ def test_run_analysis_vit_streams_and_rebuilds_blocks(scan):
   for entry in a["layers"]:
     anova = entry["anova"]
     assert anova["within_sequence"] + anova["between_sequence"] == pytest.approx(
-        anova["total"], rel=1e-6)
+      anova["total"], rel=1e-6
+    )
     assert entry["jacobian"]["block_check"] < 1e-5
     assert len(entry["jacobian"]["heads"]) == 2
     assert entry["weights"]["query"]["effective"] == "corrected"
@@ -457,8 +513,9 @@ def test_smoothing_cosine_is_minus_one_for_the_negative_deviation_and_matches_nu
   o[:, 0, 1] = 0.0
   w = rng.normal(size=(2, 3, 4))
   total, count = geometry.smoothing_cosine_sums(o, w, x, mask)
-  np.testing.assert_allclose(np.asarray(total) / np.asarray(count),
-                             np_smoothing_cosine(o, w, x, mask), atol=1e-5)
+  np.testing.assert_allclose(
+    np.asarray(total) / np.asarray(count), np_smoothing_cosine(o, w, x, mask), atol=1e-5
+  )
   assert np.asarray(count).tolist() == [13.0, 10.0]
 
 
@@ -466,48 +523,89 @@ def test_head_contributions_add_up_to_the_attention_branch():
   """sum_h o_h W_O[h] * gamma + gamma * b = the block's attention branch, so
   the smoothing cosine reads what each head adds to the residual stream; the
   analysis reports it per head and averaged over the spec's Laplacian heads."""
-  model = make_vit(num_classes=3, patch_size=7, width=16, depth=2, num_heads=2, mlp_dim=16,
-                   num_laplacian_heads=1, layerscale_init=0.5, pool="gap")
+  model = make_vit(
+    num_classes=3,
+    patch_size=7,
+    width=16,
+    depth=2,
+    num_heads=2,
+    mlp_dim=16,
+    num_laplacian_heads=1,
+    layerscale_init=0.5,
+    pool="gap",
+  )
   images = jax.random.normal(jax.random.PRNGKey(3), (4, 14, 14, 1))
   params = jax.jit(model.init)(jax.random.PRNGKey(0), images[:1])["params"]
-  params = jax.tree_util.tree_map(lambda a: a + 0.1 * jax.random.normal(
-      jax.random.PRNGKey(a.size), a.shape), params)  # LayerScale and biases off their init
+  params = jax.tree_util.tree_map(
+    lambda a: a + 0.1 * jax.random.normal(jax.random.PRNGKey(a.size), a.shape), params
+  )  # LayerScale and biases off their init
   out, inter = capture.analysis_apply(model, params, images)
   for i in range(2):
     o = capture.head_outputs(inter, i)
     w = capture.head_out_kernels(params, i, 2)
     gamma = params[f"block{i}"]["ls1"]["scale"]
-    branch = jnp.einsum("bthd,hdD->btD", o, w) + gamma * params[f"block{i}"]["attention"]["out"]["bias"]
+    branch = (
+      jnp.einsum("bthd,hdD->btD", o, w) + gamma * params[f"block{i}"]["attention"]["out"]["bias"]
+    )
     np.testing.assert_allclose(branch, out[f"block{i}"]["sa"], atol=1e-5)
-    np.testing.assert_allclose(out[f"block{i}"]["input"] + out[f"block{i}"]["sa"],
-                               out[f"block{i}"]["+sa"], atol=1e-6)
+    np.testing.assert_allclose(
+      out[f"block{i}"]["input"] + out[f"block{i}"]["sa"], out[f"block{i}"]["+sa"], atol=1e-6
+    )
   target = report.Target(model, params, "image", num_classes=3)
-  a = report.run_analysis(target, image_batches(np.random.default_rng(0), 6, 3), layers=[0, 1],
-                          batch_size=4, jacobian_dim=0)
-  out, inter = capture.analysis_apply(model, params, jnp.asarray(
-      np.concatenate([b["image"] for b in image_batches(np.random.default_rng(0), 6, 3)])))
+  a = report.run_analysis(
+    target,
+    image_batches(np.random.default_rng(0), 6, 3),
+    layers=[0, 1],
+    batch_size=4,
+    jacobian_dim=0,
+  )
+  out, inter = capture.analysis_apply(
+    model,
+    params,
+    jnp.asarray(
+      np.concatenate([b["image"] for b in image_batches(np.random.default_rng(0), 6, 3)])
+    ),
+  )
   for i, entry in enumerate(a["layers"]):
-    expected = np_smoothing_cosine(capture.head_outputs(inter, i),
-                                   capture.head_out_kernels(params, i, 2),
-                                   out[f"block{i}"]["input"], np.ones((6, 4)))
+    expected = np_smoothing_cosine(
+      capture.head_outputs(inter, i),
+      capture.head_out_kernels(params, i, 2),
+      out[f"block{i}"]["input"],
+      np.ones((6, 4)),
+    )
     np.testing.assert_allclose(entry["head_smoothing_cosine"], expected, atol=1e-5)
     assert entry["laplacian_smoothing_cosine"] == pytest.approx(expected[1], abs=1e-5)  # last head
     assert entry["standard_smoothing_cosine"] == pytest.approx(expected[0], abs=1e-5)
   assert summary.summary(a)["laplacian_smoothing"] == [
-      e["laplacian_smoothing_cosine"] for e in a["layers"]]
+    e["laplacian_smoothing_cosine"] for e in a["layers"]
+  ]
 
 
 def test_run_analysis_gpt_next_token_classes():
-  model = make_gpt(vocab_size=11, max_length=8, width=16, depth=2, num_heads=2,
-              num_laplacian_heads=1, posemb="rope", scan_layers=True)
+  model = make_gpt(
+    vocab_size=11,
+    max_length=8,
+    width=16,
+    depth=2,
+    num_heads=2,
+    num_laplacian_heads=1,
+    posemb="rope",
+    scan_layers=True,
+  )
   tokens = np.random.default_rng(1).integers(0, 11, size=(5, 9)).astype(np.int32)
   params = jax.jit(model.init)(jax.random.PRNGKey(0), tokens[:1, :-1])["params"]
   mask = np.ones((5, 8), np.float32)
   mask[-1, 3:] = 0
-  target = report.Target(model, params, "lm", vocab_size=11,
-                         token_classifier=np.asarray(params["token_embedding"]["embedding"]))
-  a = report.run_analysis(target, [{"tokens": tokens, "mask": mask}], layers=[1],
-                          batch_size=2, jacobian_dim=16 * 4)
+  target = report.Target(
+    model,
+    params,
+    "lm",
+    vocab_size=11,
+    token_classifier=np.asarray(params["token_embedding"]["embedding"]),
+  )
+  a = report.run_analysis(
+    target, [{"tokens": tokens, "mask": mask}], layers=[1], batch_size=2, jacobian_dim=16 * 4
+  )
   entry = a["layers"][0]
   assert a["num_tokens"] == mask.sum() and a["causal"]
   assert entry["token_classes"]["num_examples"] == mask.sum()
@@ -544,18 +642,40 @@ def one_line_error(r):
 def trained(tmp_path_factory, fmnist_data_dir):
   """A tiny ViT trained for 2 steps, evaluated on 256 test images."""
   workdir = tmp_path_factory.mktemp("analysis") / "run"
-  r = run_in_process(["train.py", "--config", CONFIG, "--workdir", str(workdir),
-                      f"--config.data.data_dir={fmnist_data_dir}"] + TINY +
-                     ["--config.total_steps=2", "--config.eval_every=2",
-                      "--config.checkpoint_every=2", "--config.data.eval_split=test[:256]"])
+  r = run_in_process(
+    [
+      "train.py",
+      "--config",
+      CONFIG,
+      "--workdir",
+      str(workdir),
+      f"--config.data.data_dir={fmnist_data_dir}",
+    ]
+    + TINY
+    + [
+      "--config.total_steps=2",
+      "--config.eval_every=2",
+      "--config.checkpoint_every=2",
+      "--config.data.eval_split=test[:256]",
+    ]
+  )
   assert r.returncode == 0, r.stderr[-3000:]
   return workdir
 
 
 def test_eval_analysis_writes_json_and_plots_then_compare(trained, tmp_path, capfd):
-  r = run_in_process(["eval.py", "--workdir", str(trained), "--analysis",
-                      "--analysis_examples=200", "--analysis_batch_size=128",
-                      "--analysis_jacobian_dim=512"], capfd)
+  r = run_in_process(
+    [
+      "eval.py",
+      "--workdir",
+      str(trained),
+      "--analysis",
+      "--analysis_examples=200",
+      "--analysis_batch_size=128",
+      "--analysis_jacobian_dim=512",
+    ],
+    capfd,
+  )
   assert r.returncode == 0, r.stderr[-3000:]
   a = json.loads((trained / "analysis.json").read_text())
   assert a["task"] == "classification" and a["step"] == 2
@@ -594,8 +714,9 @@ def test_eval_analysis_writes_json_and_plots_then_compare(trained, tmp_path, cap
 
 def test_eval_analysis_bad_input_one_line_exit_2(trained, tmp_path, capfd):
   # A layer index that does not exist (the tiny model has depth 1).
-  r = run_in_process(["eval.py", "--workdir", str(trained), "--analysis",
-                      "--analysis_layers=0,1"], capfd)
+  r = run_in_process(
+    ["eval.py", "--workdir", str(trained), "--analysis", "--analysis_layers=0,1"], capfd
+  )
   assert "layer 1 does not exist" in one_line_error(r)
   # A workdir without a checkpoint.
   empty = tmp_path / "empty"
@@ -606,12 +727,13 @@ def test_eval_analysis_bad_input_one_line_exit_2(trained, tmp_path, capfd):
   # A language-model run has no sequence labels for class statistics.
   sys.path.insert(0, os.path.join(ROOT, "configs"))
   try:
-    import gpt_shakespeare  # pylint: disable=import-outside-toplevel
+    import gpt_shakespeare
   finally:
     sys.path.pop(0)
   lm = tmp_path / "lm"
   lm.mkdir()
   (lm / "config.json").write_text(json.dumps(gpt_shakespeare.get_config().to_dict()))
-  r = run_in_process(["eval.py", "--workdir", str(lm), "--analysis",
-                      "--analysis_classes=yes"], capfd)
+  r = run_in_process(
+    ["eval.py", "--workdir", str(lm), "--analysis", "--analysis_classes=yes"], capfd
+  )
   assert "per-sequence labels" in one_line_error(r)

@@ -22,12 +22,13 @@ import jax.numpy as jnp
 import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from laplax.attention import attend
 from test_attention import np_attention
 
-SETTINGS = settings(max_examples=12, deadline=None, derandomize=True,
-                    suppress_health_check=[HealthCheck.too_slow])
+from laplax.attention import attend
+
+SETTINGS = settings(
+  max_examples=12, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow]
+)
 
 
 @st.composite
@@ -45,8 +46,7 @@ def attention_inputs(draw):
   q = (scale * rng.normal(size=(batch, length, num_heads, head_dim))).astype(np.float32)
   k = rng.normal(size=(batch, length, num_kv_heads, head_dim)).astype(np.float32)
   v = rng.normal(size=(batch, length, num_kv_heads, head_dim)).astype(np.float32)
-  laplacian = np.array(draw(st.lists(st.booleans(), min_size=num_heads,
-                                     max_size=num_heads)))
+  laplacian = np.array(draw(st.lists(st.booleans(), min_size=num_heads, max_size=num_heads)))
   mask_kind = draw(st.sampled_from(["none", "random", "empty_row"]))
   mask = None
   if mask_kind != "none":
@@ -57,19 +57,25 @@ def attention_inputs(draw):
 
 
 def _attend(x, impl, laplacian=None, q=None, k=None, v=None):
-  return np.asarray(attend(
-      jnp.asarray(x["q"] if q is None else q), jnp.asarray(x["k"] if k is None else k),
+  return np.asarray(
+    attend(
+      jnp.asarray(x["q"] if q is None else q),
+      jnp.asarray(x["k"] if k is None else k),
       jnp.asarray(x["v"] if v is None else v),
       laplacian=x["laplacian"] if laplacian is None else laplacian,
       mask=None if x["mask"] is None else jnp.asarray(x["mask"]),
-      is_causal=x["causal"], implementation=impl))
+      is_causal=x["causal"],
+      implementation=impl,
+    )
+  )
 
 
 @SETTINGS
 @given(attention_inputs())
 def test_attend_finite_and_equal_to_formula(x):
-  expected = np_attention(x["q"], x["k"], x["v"], x["laplacian"], mask=x["mask"],
-                          causal=x["causal"])
+  expected = np_attention(
+    x["q"], x["k"], x["v"], x["laplacian"], mask=x["mask"], causal=x["causal"]
+  )
   for impl in ("xla", "reference"):
     out = _attend(x, impl)
     assert np.isfinite(out).all()
@@ -99,8 +105,10 @@ def test_causal_outputs_ignore_later_tokens(x, t, seed):
   t = t % length
   rng = np.random.default_rng(seed)
   later = (np.arange(length) > t)[None, :, None, None]
-  q2, k2, v2 = (np.where(later, a + rng.normal(size=a.shape).astype(np.float32), a)
-                for a in (x["q"], x["k"], x["v"]))
+  q2, k2, v2 = (
+    np.where(later, a + rng.normal(size=a.shape).astype(np.float32), a)
+    for a in (x["q"], x["k"], x["v"])
+  )
   out1 = _attend(x, "xla")
   out2 = _attend(x, "xla", q=q2, k=k2, v=v2)
   # A mask that forbids every earlier key of a row still leaves that row
@@ -109,6 +117,5 @@ def test_causal_outputs_ignore_later_tokens(x, t, seed):
   allowed = np.tril(np.ones((length, length), bool))[None, None]
   if x["mask"] is not None:
     allowed = allowed & x["mask"]
-  rows = np.broadcast_to(allowed.any(-1)[:, 0, :t + 1], out1.shape[:1] + (t + 1,))
-  np.testing.assert_allclose(out2[:, :t + 1][rows], out1[:, :t + 1][rows],
-                             atol=1e-6, rtol=0)
+  rows = np.broadcast_to(allowed.any(-1)[:, 0, : t + 1], out1.shape[:1] + (t + 1,))
+  np.testing.assert_allclose(out2[:, : t + 1][rows], out1[:, : t + 1][rows], atol=1e-6, rtol=0)

@@ -15,10 +15,8 @@ import json
 import os
 import shutil
 import socket
-import sys
 
 import pytest
-
 from test_resume import DINO_CONFIG, DINO_TINY, GPT_TINY
 from test_train import CONFIG, ROOT, TINY, run, run_in_process, train_args
 
@@ -53,8 +51,15 @@ def _one_line_exit_2(r, expected):
 @pytest.fixture(scope="module")
 def existing_run(tmp_path_factory, fmnist_data_dir):
   workdir = tmp_path_factory.mktemp("existing") / "run"
-  r = run(train_args(workdir, fmnist_data_dir, "--config.total_steps=5",
-                     "--config.eval_every=5", "--config.checkpoint_every=5"))
+  r = run(
+    train_args(
+      workdir,
+      fmnist_data_dir,
+      "--config.total_steps=5",
+      "--config.eval_every=5",
+      "--config.checkpoint_every=5",
+    )
+  )
   assert r.returncode == 0, r.stderr[-3000:]
   return workdir
 
@@ -62,76 +67,91 @@ def existing_run(tmp_path_factory, fmnist_data_dir):
 # Config values: (extra flags, words the error line must contain). Each runs
 # on the existing workdir and on a new one.
 BAD_CONFIGS = {
-    "missing dataset files": (
-        ["--config.data.source_dir=/nonexistent/fmnist", "--config.data.data_dir={fresh}"],
-        ["apt-get install -y dataset-fashion-mnist"]),
-    "too many laplacian heads": (["--config.model.num_laplacian_heads=3"], ["num_laplacian_heads"]),
-    "unknown config key": (["--config.model.num_haeds=4"], ["num_haeds"]),
-    "unknown nested section": (["--config.optimizer.lr=1"], ["optimizer"]),
-    "patch size does not divide the image": (["--config.model.patch_size=5"], ["not divisible by"]),
-    "bad value type": (["--config.model.depth=two"], ["depth"]),
-    "non-boolean head mask": (["--config.model.laplacian_mask=(('no', 'no'),)"], ["laplacian_mask"]),
-    "no checkpoints kept": (["--config.keep_checkpoints=0"], ["keep_checkpoints"]),
-    "negative crop padding": (["--config.data.crop_padding=-1"], ["crop_padding"]),
-    "config file argument": (["--config", CONFIG + ":foo=1"], ["foo=1"]),
-    "zero batch": (["--config.batch_size=0"], ["batch_size"]),
-    "negative total steps": (["--config.total_steps=-1"], ["total_steps"]),
-    "zero log interval": (["--config.log_every=0"], ["log_every"]),
-    "heads do not divide the width": (["--config.model.num_heads=3",
-                                       "--config.model.num_laplacian_heads=0"], ["num_heads"]),
-    "dropout of 1.5": (["--config.model.dropout=1.5"], ["dropout"]),
-    "zero learning rate": (["--config.optim.lr=0.0"], ["optim.lr"]),
-    "beta2 above 1": (["--config.optim.b2=1.5"], ["optim.b2"]),
-    "unknown dtype": (["--config.model.dtype=float16"], ["model.dtype"]),
-    "unknown attention implementation": (["--config.model.implementation=flash"],
-                                         ["implementation"]),
-    "cudnn without a GPU": (["--config.model.implementation=cudnn"], ["needs an NVIDIA GPU"]),
-    "unknown spectral mode": (["--config.model.spectral.mode=diag"], ["spectral.mode"]),
-    "unknown remat policy": (["--config.model.remat=sometimes"], ["model.remat"]),
-    "micro-batches do not divide the batch": (["--config.optim.grad_accum_steps=3"],
-                                              ["grad_accum_steps"]),
-    "mesh larger than the devices": (["--config.mesh_shape=(3,1,1)"], ["mesh_shape"]),
-    "non-positive NaN step": (["--config.debug.nan_at_step=0"], ["nan_at_step"]),
-    "non-boolean skip_nonfinite": (["--config.optim.skip_nonfinite=maybe"], ["skip_nonfinite"]),
-    "negative seed": (["--config.seed=-1"], ["seed"]),
-    "unknown task": (["--config.task=regression"], ["task"]),
-    "unknown flag": (["--foo=1"], ["foo"]),
-    "unknown dataset": (["--config.data.name=cifar11"], ["cifar11"]),
-    "missing split": (["--config.data.train_split=validation"], ["validation"]),
-    "malformed sharding rules": (["--config.sharding_rules=((1,2),)"], ["sharding_rules"]),
-    "infinite learning rate": (["--config.optim.lr=inf"], ["optim.lr"]),
-    "infinite spectral lambda": (["--config.model.spectral.lam=inf"], ["spectral.lam"]),
-    "empty data_dir": (["--config.data.data_dir="], ["data.data_dir"]),
-    "non-boolean checkpoint_verify": (["--config.checkpoint_verify=maybe"],
-                                      ["checkpoint_verify"]),
-    # Issue 32: checked against the data and the machine before anything is written.
-    "batch larger than the training split": (["--config.batch_size=100000000"],
-                                             ["is larger than the 60000 images of the "
-                                              "training split"]),
-    "a model far too large for this machine": (  # 34e9 parameters, refused untraced
-        ["--config.model.width=65536", "--config.model.depth=2"],
-        ["--config.check_memory=False skips this check"]),
-    "non-boolean check_memory": (["--config.check_memory=maybe"], ["check_memory"]),
-    "non-positive stall step": (["--config.debug.stall_at_step=0"], ["stall_at_step"]),
+  "missing dataset files": (
+    ["--config.data.source_dir=/nonexistent/fmnist", "--config.data.data_dir={fresh}"],
+    ["apt-get install -y dataset-fashion-mnist"],
+  ),
+  "too many laplacian heads": (["--config.model.num_laplacian_heads=3"], ["num_laplacian_heads"]),
+  "unknown config key": (["--config.model.num_haeds=4"], ["num_haeds"]),
+  "unknown nested section": (["--config.optimizer.lr=1"], ["optimizer"]),
+  "patch size does not divide the image": (["--config.model.patch_size=5"], ["not divisible by"]),
+  "bad value type": (["--config.model.depth=two"], ["depth"]),
+  "non-boolean head mask": (["--config.model.laplacian_mask=(('no', 'no'),)"], ["laplacian_mask"]),
+  "no checkpoints kept": (["--config.keep_checkpoints=0"], ["keep_checkpoints"]),
+  "negative crop padding": (["--config.data.crop_padding=-1"], ["crop_padding"]),
+  "config file argument": (["--config", CONFIG + ":foo=1"], ["foo=1"]),
+  "zero batch": (["--config.batch_size=0"], ["batch_size"]),
+  "negative total steps": (["--config.total_steps=-1"], ["total_steps"]),
+  "zero log interval": (["--config.log_every=0"], ["log_every"]),
+  "heads do not divide the width": (
+    ["--config.model.num_heads=3", "--config.model.num_laplacian_heads=0"],
+    ["num_heads"],
+  ),
+  "dropout of 1.5": (["--config.model.dropout=1.5"], ["dropout"]),
+  "zero learning rate": (["--config.optim.lr=0.0"], ["optim.lr"]),
+  "beta2 above 1": (["--config.optim.b2=1.5"], ["optim.b2"]),
+  "unknown dtype": (["--config.model.dtype=float16"], ["model.dtype"]),
+  "unknown attention implementation": (["--config.model.implementation=flash"], ["implementation"]),
+  "cudnn without a GPU": (["--config.model.implementation=cudnn"], ["needs an NVIDIA GPU"]),
+  "unknown spectral mode": (["--config.model.spectral.mode=diag"], ["spectral.mode"]),
+  "unknown remat policy": (["--config.model.remat=sometimes"], ["model.remat"]),
+  "micro-batches do not divide the batch": (
+    ["--config.optim.grad_accum_steps=3"],
+    ["grad_accum_steps"],
+  ),
+  "mesh larger than the devices": (["--config.mesh_shape=(3,1,1)"], ["mesh_shape"]),
+  "non-positive NaN step": (["--config.debug.nan_at_step=0"], ["nan_at_step"]),
+  "non-boolean skip_nonfinite": (["--config.optim.skip_nonfinite=maybe"], ["skip_nonfinite"]),
+  "negative seed": (["--config.seed=-1"], ["seed"]),
+  "unknown task": (["--config.task=regression"], ["task"]),
+  "unknown flag": (["--foo=1"], ["foo"]),
+  "unknown dataset": (["--config.data.name=cifar11"], ["cifar11"]),
+  "missing split": (["--config.data.train_split=validation"], ["validation"]),
+  "malformed sharding rules": (["--config.sharding_rules=((1,2),)"], ["sharding_rules"]),
+  "infinite learning rate": (["--config.optim.lr=inf"], ["optim.lr"]),
+  "infinite spectral lambda": (["--config.model.spectral.lam=inf"], ["spectral.lam"]),
+  "empty data_dir": (["--config.data.data_dir="], ["data.data_dir"]),
+  "non-boolean checkpoint_verify": (["--config.checkpoint_verify=maybe"], ["checkpoint_verify"]),
+  # Issue 32: checked against the data and the machine before anything is written.
+  "batch larger than the training split": (
+    ["--config.batch_size=100000000"],
+    ["is larger than the 60000 images of the training split"],
+  ),
+  "a model far too large for this machine": (  # 34e9 parameters, refused untraced
+    ["--config.model.width=65536", "--config.model.depth=2"],
+    ["--config.check_memory=False skips this check"],
+  ),
+  "non-boolean check_memory": (["--config.check_memory=maybe"], ["check_memory"]),
+  "non-positive stall step": (["--config.debug.stall_at_step=0"], ["stall_at_step"]),
 }
 
 
 # The bad config values also run as subprocesses (the rest only in-process).
-SUBPROCESS_CONFIGS = ("missing dataset files", "unknown config key", "unknown flag",
-                      "mesh larger than the devices", "batch larger than the training split")
+SUBPROCESS_CONFIGS = (
+  "missing dataset files",
+  "unknown config key",
+  "unknown flag",
+  "mesh larger than the devices",
+  "batch larger than the training split",
+)
 
 
-@pytest.mark.parametrize("name,how", [(n, "in-process") for n in sorted(BAD_CONFIGS)]
-                         + [(n, "subprocess") for n in SUBPROCESS_CONFIGS])
-def test_bad_config_one_line_exit_2_nothing_changed(name, how, existing_run, tmp_path,
-                                                    fmnist_data_dir, capfd):
+@pytest.mark.parametrize(
+  "name,how",
+  [(n, "in-process") for n in sorted(BAD_CONFIGS)]
+  + [(n, "subprocess") for n in SUBPROCESS_CONFIGS],
+)
+def test_bad_config_one_line_exit_2_nothing_changed(
+  name, how, existing_run, tmp_path, fmnist_data_dir, capfd
+):
   extra, expected = BAD_CONFIGS[name]
   extra = [e.replace("{fresh}", str(tmp_path / "fresh_tfds")) for e in extra]
   before = _snapshot(existing_run, fmnist_data_dir)
   # In-process on both workdirs; the subprocess sample on the new one only
   # (where the message must be the case's own and nothing may be created).
-  workdirs = ((existing_run, tmp_path / "new_run") if how == "in-process"
-              else (tmp_path / "new_run",))
+  workdirs = (
+    (existing_run, tmp_path / "new_run") if how == "in-process" else (tmp_path / "new_run",)
+  )
   for workdir in workdirs:
     argv = train_args(workdir, fmnist_data_dir, "--config.total_steps=10", *extra)
     r = run(argv) if how == "subprocess" else run_in_process(argv, capfd)
@@ -152,12 +172,14 @@ def bad_files(tmp_path_factory, fmnist_data_dir, existing_run):
   (d / "afile").write_text("not a directory\n")
   (d / "returns_none.py").write_text("def get_config(arg=None):\n  pass\n")
   (d / "misspelt.py").write_text(
-      "from laplax.config.defaults import base_config\n\n"
-      "def get_config(arg=None):\n  c = base_config()\n  c.model.num_haeds = 8\n"
-      "  return c\n")
+    "from laplax.config.defaults import base_config\n\n"
+    "def get_config(arg=None):\n  c = base_config()\n  c.model.num_haeds = 8\n"
+    "  return c\n"
+  )
   # A prepared dataset whose train file lost its second half.
-  shutil.copytree(os.path.join(fmnist_data_dir, "fashion_mnist_idx"),
-                  d / "corrupt_tfds" / "fashion_mnist_idx")
+  shutil.copytree(
+    os.path.join(fmnist_data_dir, "fashion_mnist_idx"), d / "corrupt_tfds" / "fashion_mnist_idx"
+  )
   train = [p for p in (d / "corrupt_tfds").rglob("*train.array_record*")][0]
   with open(train, "r+b") as f:
     f.truncate(os.path.getsize(train) // 2)
@@ -187,9 +209,16 @@ def bad_files(tmp_path_factory, fmnist_data_dir, existing_run):
   # Workdirs locked by a live process (this one) and by another host.
   for name, host in (("locked_run", socket.gethostname()), ("foreign_lock_run", "elsewhere")):
     shutil.copytree(existing_run, d / name)
-    (d / name / lock_lib.LOCK_FILE).write_text(json.dumps(
-        {"host": host, "pid": os.getpid(), "started_iso": "2026-12-02T00:00:00",
-         "proc_start": lock_lib._proc_start(os.getpid())}))  # pylint: disable=protected-access
+    (d / name / lock_lib.LOCK_FILE).write_text(
+      json.dumps(
+        {
+          "host": host,
+          "pid": os.getpid(),
+          "started_iso": "2026-12-02T00:00:00",
+          "proc_start": lock_lib._proc_start(os.getpid()),
+        }
+      )
+    )
   # A tiny text corpus (three documents) for the GPT's size checks.
   for i, name in enumerate(("a", "b", "c")):
     (d / "tiny_corpus").mkdir(exist_ok=True)
@@ -197,8 +226,10 @@ def bad_files(tmp_path_factory, fmnist_data_dir, existing_run):
   # One flipped bit in the biggest data file of every checkpoint.
   shutil.copytree(existing_run, d / "flipped_run")
   for step_dir in (d / "flipped_run" / "checkpoints").iterdir():
-    biggest = max((p for p in step_dir.rglob("*") if p.is_file() and "/d/" in str(p)),
-                  key=lambda p: p.stat().st_size)
+    biggest = max(
+      (p for p in step_dir.rglob("*") if p.is_file() and "/d/" in str(p)),
+      key=lambda p: p.stat().st_size,
+    )
     data = bytearray(biggest.read_bytes())
     data[len(data) // 2] ^= 1
     biggest.write_bytes(bytes(data))
@@ -206,84 +237,153 @@ def bad_files(tmp_path_factory, fmnist_data_dir, existing_run):
 
 
 def _train(workdir, *extra, data_dir="{fmnist}", config=CONFIG):
-  return (["train.py", "--config", config, "--workdir", workdir,
-           f"--config.data.data_dir={data_dir}"] + TINY + ["--config.total_steps=5"] + list(extra))
+  return (
+    ["train.py", "--config", config, "--workdir", workdir, f"--config.data.data_dir={data_dir}"]
+    + TINY
+    + ["--config.total_steps=5"]
+    + list(extra)
+  )
 
 
 def _gpt(workdir, *extra):
-  return (["train.py", "--config", GPT_CONFIG, "--workdir", workdir,
-           "--config.data.source_dir={bad}/tiny_corpus", "--config.data.data_dir={new}_tfds"]
-          + GPT_TINY + list(extra))
+  return (
+    [
+      "train.py",
+      "--config",
+      GPT_CONFIG,
+      "--workdir",
+      workdir,
+      "--config.data.source_dir={bad}/tiny_corpus",
+      "--config.data.data_dir={new}_tfds",
+    ]
+    + GPT_TINY
+    + list(extra)
+  )
 
 
 # Paths, files and workdirs: (argv, words the error line must contain).
 BAD_PATHS = {
-    "config file missing": (["train.py", "--config", "{bad}/nope.py", "--workdir", "{new}"],
-                            ["does not exist"]),
-    "config without get_config": (["train.py", "--config", "{bad}/no_get_config.py",
-                                   "--workdir", "{new}"], ["get_config"]),
-    "config with a syntax error": (["train.py", "--config", "{bad}/syntax_error.py",
-                                    "--workdir", "{new}"], ["SyntaxError"]),
-    "config that raises": (["train.py", "--config", "{bad}/raises.py", "--workdir", "{new}"],
-                           ["KeyError"]),
-    "config file with a misspelt key": (["train.py", "--config", "{bad}/misspelt.py",
-                                         "--workdir", "{new}"], ["model.num_haeds"]),
-    "config that returns None, with an override": (
-        ["train.py", "--config", "{bad}/returns_none.py", "--workdir", "{new}",
-         "--config.total_steps=3"], ["returned NoneType"]),
-    "no --workdir": (["train.py", "--config", CONFIG], ["--workdir is required"]),
-    "workdir is a file": (_train("{bad}/afile"), ["is a file"]),
-    "workdir under a file": (_train("{bad}/afile/run"), ["is a file"]),
-    "data_dir is a file": (_train("{new}", data_dir="{bad}/afile"), ["data_dir", "is a file"]),
-    "truncated prepared dataset": (_train("{new}", data_dir="{bad}/corrupt_tfds"),
-                                   ["corrupt"]),
-    "truncated source file": (_train("{new}", "--config.data.source_dir={bad}/corrupt_source",
-                                     data_dir="{new}_tfds"), ["Corrupt Fashion-MNIST file"]),
-    "missing text corpus": (_train("{new}", "--config.data.source_dir=/nonexistent/texts",
-                                   data_dir="{new}_tfds", config=GPT_CONFIG)[:6]
-                            + ["--config.data.source_dir=/nonexistent/texts"],
-                            ["does not exist"]),
-    "workdir with a corrupt config.json": (_train("{bad}/bad_config_run"), ["unreadable"]),
-    "workdir whose checkpoints are all unreadable": (_train("{bad}/unreadable_run"),
-                                                     ["no readable checkpoint"]),
-    "workdir with a JSON list as config.json": (_train("{bad}/list_config_run"),
-                                                ["not a laplax run's config"]),
-    "eval of a workdir with a JSON list as config.json": (
-        ["eval.py", "--workdir", "{bad}/list_config_run"], ["not a laplax run's config"]),
-    "workdir with checkpoints but no config.json": (
-        _train("{bad}/no_config_run", "--config.model.width=64"), ["no config.json"]),
-    "workdir whose checkpoints is a file": (_train("{bad}/checkpoints_file_run"),
-                                            ["should be a directory"]),
-    "workdir whose metrics.jsonl is a directory": (_train("{bad}/metrics_dir_run"),
-                                                   ["should be a file"]),
-    "eval of a missing workdir": (["eval.py", "--workdir", "{new}"], ["no "]),
-    "eval of a workdir with a corrupt config.json": (["eval.py", "--workdir",
-                                                      "{bad}/bad_config_run"], ["unreadable"]),
-    "eval of a workdir whose checkpoints are unreadable": (
-        ["eval.py", "--workdir", "{bad}/unreadable_run"], ["no readable checkpoint"]),
-    "workdir locked by a live train.py": (_train("{bad}/locked_run"), ["is in use by train.py"]),
-    "workdir locked by another host": (_train("{bad}/foreign_lock_run"), ["--force_unlock"]),
-    "workdir whose checkpoints fail their checksums": (_train("{bad}/flipped_run"),
-                                                       ["checksum mismatch"]),
-    "GPT batch larger than the windows of its training split": (
-        _gpt("{new}", "--config.batch_size=100000000"), ["distinct windows"]),
-    "GPT context longer than its text split": (
-        _gpt("{new}", "--config.model.max_length=100000"), ["--config.model.max_length"]),
-    "DINO k-NN bank smaller than eval.knn_k": (
-        ["train.py", "--config", DINO_CONFIG, "--workdir", "{new}",
-         "--config.data.data_dir={fmnist}"] + DINO_TINY + ["--config.data.train_split=train[:16]"],
-        ["eval.knn_k=20 is larger than the 16 images of the k-NN bank"]),
-    "eval of a workdir whose checkpoints fail their checksums": (
-        ["eval.py", "--workdir", "{bad}/flipped_run"], ["checksum mismatch"]),
+  "config file missing": (
+    ["train.py", "--config", "{bad}/nope.py", "--workdir", "{new}"],
+    ["does not exist"],
+  ),
+  "config without get_config": (
+    ["train.py", "--config", "{bad}/no_get_config.py", "--workdir", "{new}"],
+    ["get_config"],
+  ),
+  "config with a syntax error": (
+    ["train.py", "--config", "{bad}/syntax_error.py", "--workdir", "{new}"],
+    ["SyntaxError"],
+  ),
+  "config that raises": (
+    ["train.py", "--config", "{bad}/raises.py", "--workdir", "{new}"],
+    ["KeyError"],
+  ),
+  "config file with a misspelt key": (
+    ["train.py", "--config", "{bad}/misspelt.py", "--workdir", "{new}"],
+    ["model.num_haeds"],
+  ),
+  "config that returns None, with an override": (
+    [
+      "train.py",
+      "--config",
+      "{bad}/returns_none.py",
+      "--workdir",
+      "{new}",
+      "--config.total_steps=3",
+    ],
+    ["returned NoneType"],
+  ),
+  "no --workdir": (["train.py", "--config", CONFIG], ["--workdir is required"]),
+  "workdir is a file": (_train("{bad}/afile"), ["is a file"]),
+  "workdir under a file": (_train("{bad}/afile/run"), ["is a file"]),
+  "data_dir is a file": (_train("{new}", data_dir="{bad}/afile"), ["data_dir", "is a file"]),
+  "truncated prepared dataset": (_train("{new}", data_dir="{bad}/corrupt_tfds"), ["corrupt"]),
+  "truncated source file": (
+    _train("{new}", "--config.data.source_dir={bad}/corrupt_source", data_dir="{new}_tfds"),
+    ["Corrupt Fashion-MNIST file"],
+  ),
+  "missing text corpus": (
+    _train(
+      "{new}",
+      "--config.data.source_dir=/nonexistent/texts",
+      data_dir="{new}_tfds",
+      config=GPT_CONFIG,
+    )[:6]
+    + ["--config.data.source_dir=/nonexistent/texts"],
+    ["does not exist"],
+  ),
+  "workdir with a corrupt config.json": (_train("{bad}/bad_config_run"), ["unreadable"]),
+  "workdir whose checkpoints are all unreadable": (
+    _train("{bad}/unreadable_run"),
+    ["no readable checkpoint"],
+  ),
+  "workdir with a JSON list as config.json": (
+    _train("{bad}/list_config_run"),
+    ["not a laplax run's config"],
+  ),
+  "eval of a workdir with a JSON list as config.json": (
+    ["eval.py", "--workdir", "{bad}/list_config_run"],
+    ["not a laplax run's config"],
+  ),
+  "workdir with checkpoints but no config.json": (
+    _train("{bad}/no_config_run", "--config.model.width=64"),
+    ["no config.json"],
+  ),
+  "workdir whose checkpoints is a file": (
+    _train("{bad}/checkpoints_file_run"),
+    ["should be a directory"],
+  ),
+  "workdir whose metrics.jsonl is a directory": (
+    _train("{bad}/metrics_dir_run"),
+    ["should be a file"],
+  ),
+  "eval of a missing workdir": (["eval.py", "--workdir", "{new}"], ["no "]),
+  "eval of a workdir with a corrupt config.json": (
+    ["eval.py", "--workdir", "{bad}/bad_config_run"],
+    ["unreadable"],
+  ),
+  "eval of a workdir whose checkpoints are unreadable": (
+    ["eval.py", "--workdir", "{bad}/unreadable_run"],
+    ["no readable checkpoint"],
+  ),
+  "workdir locked by a live train.py": (_train("{bad}/locked_run"), ["is in use by train.py"]),
+  "workdir locked by another host": (_train("{bad}/foreign_lock_run"), ["--force_unlock"]),
+  "workdir whose checkpoints fail their checksums": (
+    _train("{bad}/flipped_run"),
+    ["checksum mismatch"],
+  ),
+  "GPT batch larger than the windows of its training split": (
+    _gpt("{new}", "--config.batch_size=100000000"),
+    ["distinct windows"],
+  ),
+  "GPT context longer than its text split": (
+    _gpt("{new}", "--config.model.max_length=100000"),
+    ["--config.model.max_length"],
+  ),
+  "DINO k-NN bank smaller than eval.knn_k": (
+    ["train.py", "--config", DINO_CONFIG, "--workdir", "{new}", "--config.data.data_dir={fmnist}"]
+    + DINO_TINY
+    + ["--config.data.train_split=train[:16]"],
+    ["eval.knn_k=20 is larger than the 16 images of the k-NN bank"],
+  ),
+  "eval of a workdir whose checkpoints fail their checksums": (
+    ["eval.py", "--workdir", "{bad}/flipped_run"],
+    ["checksum mismatch"],
+  ),
 }
 
 
 # Every bad path runs in-process, and these also as subprocesses.
-SUBPROCESS_PATHS = ("config file missing", "config with a syntax error",
-                    "truncated prepared dataset", "workdir whose checkpoints are all unreadable",
-                    "eval of a workdir whose checkpoints are unreadable",
-                    "workdir locked by a live train.py",
-                    "GPT batch larger than the windows of its training split")
+SUBPROCESS_PATHS = (
+  "config file missing",
+  "config with a syntax error",
+  "truncated prepared dataset",
+  "workdir whose checkpoints are all unreadable",
+  "eval of a workdir whose checkpoints are unreadable",
+  "workdir locked by a live train.py",
+  "GPT batch larger than the windows of its training split",
+)
 
 
 def _path_cases():
@@ -294,16 +394,15 @@ def _path_cases():
 
 
 @pytest.mark.parametrize("name,how", list(_path_cases()))
-def test_bad_path_one_line_exit_2_nothing_changed(name, how, bad_files, tmp_path,
-                                                  fmnist_data_dir, capfd):
+def test_bad_path_one_line_exit_2_nothing_changed(
+  name, how, bad_files, tmp_path, fmnist_data_dir, capfd
+):
   argv, expected = BAD_PATHS[name]
-  subs = {"{bad}": str(bad_files), "{new}": str(tmp_path / "new_run"),
-          "{fmnist}": fmnist_data_dir}
+  subs = {"{bad}": str(bad_files), "{new}": str(tmp_path / "new_run"), "{fmnist}": fmnist_data_dir}
   for key, value in subs.items():
     argv = [a.replace(key, value) for a in argv]
   before = _snapshot(bad_files, fmnist_data_dir)
-  _one_line_exit_2(run(argv) if how == "subprocess" else run_in_process(argv, capfd),
-                   expected)
+  _one_line_exit_2(run(argv) if how == "subprocess" else run_in_process(argv, capfd), expected)
   assert _snapshot(bad_files, fmnist_data_dir) == before
   assert not (tmp_path / "new_run").exists()
 

@@ -13,25 +13,32 @@ pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
 
 from laplax.data.chat import render as chat  # noqa: E402
-
 from laplax.data.chat import sources as chat_sources
-from laplax.data.text import nanochat_tokenizer as nt  # noqa: E402
 from laplax.data.errors import DataError  # noqa: E402
+from laplax.data.text import nanochat_tokenizer as nt  # noqa: E402
 from laplax.data.text.tokenizers import ByteTokenizer  # noqa: E402
 
 # Byte tokenizer with nanochat's special tokens at 256..264.
 TOK = nt.NanochatTokenizer.from_ranks({bytes([b]): b for b in range(256)})
 BOS, US, UE, AS, AE, PS, PE, OS, OE = range(256, 265)
 
-CONVERSATION = {"messages": [
+CONVERSATION = {
+  "messages": [
     {"role": "system", "content": "Be"},
     {"role": "user", "content": "2+3?"},
-    {"role": "assistant", "content": [
-        {"type": "text", "text": "So "}, {"type": "python", "text": "2+3"},
-        {"type": "python_output", "text": "5"}, {"type": "text", "text": "#### 5"}]},
+    {
+      "role": "assistant",
+      "content": [
+        {"type": "text", "text": "So "},
+        {"type": "python", "text": "2+3"},
+        {"type": "python_output", "text": "5"},
+        {"type": "text", "text": "#### 5"},
+      ],
+    },
     {"role": "user", "content": "ok"},
     {"role": "assistant", "content": "Hi"},
-]}
+  ]
+}
 
 
 def b(text):
@@ -40,12 +47,24 @@ def b(text):
 
 # (ids, mask) by hand: system merged into the user text with "\n\n".
 EXPECTED = (
-    [(BOS, 0), (US, 0)] + [(t, 0) for t in b("Be\n\n2+3?")] + [(UE, 0), (AS, 0)]
-    + [(t, 1) for t in b("So ")] + [(PS, 1)] + [(t, 1) for t in b("2+3")] + [(PE, 1)]
-    + [(OS, 0)] + [(t, 0) for t in b("5")] + [(OE, 0)] + [(t, 1) for t in b("#### 5")]
-    + [(AE, 1)]
-    + [(US, 0)] + [(t, 0) for t in b("ok")] + [(UE, 0), (AS, 0)]
-    + [(t, 1) for t in b("Hi")] + [(AE, 1)])
+  [(BOS, 0), (US, 0)]
+  + [(t, 0) for t in b("Be\n\n2+3?")]
+  + [(UE, 0), (AS, 0)]
+  + [(t, 1) for t in b("So ")]
+  + [(PS, 1)]
+  + [(t, 1) for t in b("2+3")]
+  + [(PE, 1)]
+  + [(OS, 0)]
+  + [(t, 0) for t in b("5")]
+  + [(OE, 0)]
+  + [(t, 1) for t in b("#### 5")]
+  + [(AE, 1)]
+  + [(US, 0)]
+  + [(t, 0) for t in b("ok")]
+  + [(UE, 0), (AS, 0)]
+  + [(t, 1) for t in b("Hi")]
+  + [(AE, 1)]
+)
 
 
 def test_special_ids_are_the_last_nine():
@@ -67,28 +86,40 @@ def test_truncation_keeps_the_first_tokens():
 def test_prompt_for_completion_drops_the_last_answer():
   prompt = chat.render_for_completion(TOK, CONVERSATION)
   last_start = len(EXPECTED) - 4  # <|assistant_start|> H i <|assistant_end|>
-  assert prompt.tolist() == [t for t, _ in EXPECTED[:last_start + 1]]
+  assert prompt.tolist() == [t for t, _ in EXPECTED[: last_start + 1]]
   assert prompt[-1] == AS
   short = chat.render_for_completion(TOK, CONVERSATION, max_tokens=5)
   assert short.tolist() == [t for t, _ in EXPECTED[:5]] + [AS]
 
 
 def test_special_strings_in_text_are_plain_text():
-  ids, _ = chat.render_conversation(TOK, {"messages": [
-      {"role": "user", "content": "<|bos|>"}, {"role": "assistant", "content": "x"}]})
+  ids, _ = chat.render_conversation(
+    TOK,
+    {"messages": [{"role": "user", "content": "<|bos|>"}, {"role": "assistant", "content": "x"}]},
+  )
   assert ids.tolist() == [BOS, US] + b("<|bos|>") + [UE, AS] + b("x") + [AE]
 
 
-@pytest.mark.parametrize("messages, message", [
+@pytest.mark.parametrize(
+  "messages, message",
+  [
     ([], "at least one message"),
     ([{"role": "assistant", "content": "x"}], "should be from 'user'"),
-    ([{"role": "user", "content": "a"}, {"role": "user", "content": "b"}],
-     "should be from 'assistant'"),
+    (
+      [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}],
+      "should be from 'assistant'",
+    ),
     ([{"role": "system", "content": "s"}], "followed by a user"),
     ([{"role": "user", "content": ["x"]}], "user content must be a string"),
-    ([{"role": "user", "content": "a"},
-      {"role": "assistant", "content": [{"type": "code", "text": "x"}]}], "list of"),
-])
+    (
+      [
+        {"role": "user", "content": "a"},
+        {"role": "assistant", "content": [{"type": "code", "text": "x"}]},
+      ],
+      "list of",
+    ),
+  ],
+)
 def test_malformed_conversations_are_one_line_errors(messages, message):
   with pytest.raises(DataError, match=message) as e:
     chat.render_conversation(TOK, {"messages": messages})
@@ -106,8 +137,9 @@ def test_a_tokenizer_without_chat_tokens_is_refused():
 
 def test_render_mc_is_nanochats_prompt():
   assert chat_sources.render_mc("Why?", ["A", "B"], ["yes", "no"]) == (
-      "Multiple Choice question: Why?\n- yes=A\n- no=B\n\n"
-      "Respond only with the letter of the correct answer.")
+    "Multiple Choice question: Why?\n- yes=A\n- no=B\n\n"
+    "Respond only with the letter of the correct answer."
+  )
 
 
 def test_gsm8k_calculator_marks_become_parts(tmp_path):
@@ -117,25 +149,41 @@ def test_gsm8k_calculator_marks_become_parts(tmp_path):
   [conv] = chat_sources.gsm8k(str(path))
   assert conv["messages"][0] == {"role": "user", "content": "How many?"}
   assert conv["messages"][1]["content"] == [
-      {"type": "text", "text": "He has 2*3 = "}, {"type": "python", "text": "2*3"},
-      {"type": "python_output", "text": "6"}, {"type": "text", "text": "6 and "},
-      {"type": "python", "text": "6+1"}, {"type": "python_output", "text": ""},
-      {"type": "text", "text": " so\n#### 7"}]
+    {"type": "text", "text": "He has 2*3 = "},
+    {"type": "python", "text": "2*3"},
+    {"type": "python_output", "text": "6"},
+    {"type": "text", "text": "6 and "},
+    {"type": "python", "text": "6+1"},
+    {"type": "python_output", "text": ""},
+    {"type": "text", "text": " so\n#### 7"},
+  ]
   # The result is what follows the last "=".
   assert chat_sources.gsm8k_parts("<<x=2*3=6>>")[1:3] == [
-      {"type": "python", "text": "x=2*3"}, {"type": "python_output", "text": "6"}]
+    {"type": "python", "text": "x=2*3"},
+    {"type": "python_output", "text": "6"},
+  ]
 
 
 def test_arc_mmlu_smoltalk_from_parquet(tmp_path):
   arc = tmp_path / "ARC-Easy" / "test-00000-of-00001.parquet"
   arc.parent.mkdir()
-  pq.write_table(pa.table({"id": ["q1"], "question": ["Hot?"],
-                           "choices": [{"text": ["sun", "ice", "snow"], "label": ["1", "2", "3"]}],
-                           "answerKey": ["1"]}), arc)
+  pq.write_table(
+    pa.table(
+      {
+        "id": ["q1"],
+        "question": ["Hot?"],
+        "choices": [{"text": ["sun", "ice", "snow"], "label": ["1", "2", "3"]}],
+        "answerKey": ["1"],
+      }
+    ),
+    arc,
+  )
   assert chat_sources.find_split(str(tmp_path), "ARC-Easy", "test", "x") == [str(arc)]
   [q] = chat_sources.arc(str(arc))
   assert q["letters"] == ["1", "2", "3"] and q["messages"][1]["content"] == "1"
-  assert q["messages"][0]["content"] == chat_sources.render_mc("Hot?", "123", ["sun", "ice", "snow"])
+  assert q["messages"][0]["content"] == chat_sources.render_mc(
+    "Hot?", "123", ["sun", "ice", "snow"]
+  )
   # MMLU's auxiliary_train nests every row under "train".
   aux = tmp_path / "aux.parquet"
   row = {"question": "2+2?", "subject": "", "choices": ["1", "2", "3", "4"], "answer": 3}
@@ -143,8 +191,11 @@ def test_arc_mmlu_smoltalk_from_parquet(tmp_path):
   [m] = chat_sources.mmlu(str(aux))
   assert m["letters"] == ["A", "B", "C", "D"] and m["messages"][1]["content"] == "D"
   talk = tmp_path / "smol.parquet"
-  messages = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"},
-              {"role": "assistant", "content": "a"}]
+  messages = [
+    {"role": "system", "content": "s"},
+    {"role": "user", "content": "u"},
+    {"role": "assistant", "content": "a"},
+  ]
   pq.write_table(pa.table({"messages": [messages]}), talk)
   assert chat_sources.smoltalk(str(talk)) == [{"messages": messages}]
 
@@ -162,9 +213,12 @@ def test_bad_files_are_one_line_errors(tmp_path):
   with pytest.raises(DataError, match="No test split of ARC-Easy"):
     chat_sources.find_split(str(tmp_path), "ARC-Easy", "test", "ai2_arc/ARC-Easy/test.parquet")
   wrong = tmp_path / "arc.jsonl"
-  wrong.write_text(json.dumps({"question": "q", "choices": {"text": ["a", "b"],
-                                                            "label": ["A", "B"]},
-                               "answerKey": "C"}) + "\n")
+  wrong.write_text(
+    json.dumps(
+      {"question": "q", "choices": {"text": ["a", "b"], "label": ["A", "B"]}, "answerKey": "C"}
+    )
+    + "\n"
+  )
   with pytest.raises(DataError, match="answerKey among the labels"):
     chat_sources.arc(str(wrong))
 

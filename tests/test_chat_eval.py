@@ -12,16 +12,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from model_helper import make_gpt
 
 from laplax.data.chat import render as chat
-
 from laplax.data.chat import sources as chat_sources
-from laplax.data.text import nanochat_tokenizer as nt
 from laplax.data.errors import DataError
+from laplax.data.text import nanochat_tokenizer as nt
 from laplax.evaluators import chat as chat_eval
 from laplax.evaluators import generation, gsm8k, multiple_choice
 from laplax.models import sampling
-from model_helper import make_gpt
 
 TOK = nt.NanochatTokenizer.from_ranks({bytes([b]): b for b in range(256)})
 BOS, US, UE, AS, AE, PS, PE, OS, OE = range(256, 265)
@@ -30,8 +29,16 @@ MAX_LENGTH = 160
 
 @pytest.fixture(scope="module")
 def gpt():
-  model = make_gpt(TOK.vocab_size, width=32, depth=2, num_heads=2, num_laplacian_heads=1,
-                   mlp_dim=64, max_length=MAX_LENGTH, posemb="rope")
+  model = make_gpt(
+    TOK.vocab_size,
+    width=32,
+    depth=2,
+    num_heads=2,
+    num_laplacian_heads=1,
+    mlp_dim=64,
+    max_length=MAX_LENGTH,
+    posemb="rope",
+  )
   params = jax.jit(model.init)(jax.random.PRNGKey(3), jnp.zeros((1, 8), jnp.int32))["params"]
   return model, params
 
@@ -45,8 +52,8 @@ def full_logits(model, params, ids):
   if model not in _FORWARD:
     _FORWARD[model] = jax.jit(lambda p, t: model.apply({"params": p}, t)[0][0])
   tokens = np.zeros((1, MAX_LENGTH), np.int32)
-  tokens[0, :len(ids)] = ids
-  return np.asarray(_FORWARD[model](params, tokens))[:len(ids)]
+  tokens[0, : len(ids)] = ids
+  return np.asarray(_FORWARD[model](params, tokens))[: len(ids)]
 
 
 def reference_generation(model, params, prompt, max_new, stops=(), tool=None, row=0):
@@ -81,10 +88,13 @@ def test_generate_batch_equals_greedy_decoding_row_by_row(gpt):
   # The last prompt leaves room for 3 tokens: its row ends with the context.
   prompts = [rng.integers(0, 256, n) for n in (5, 12, 9, MAX_LENGTH - 3)]
   stop = reference_generation(model, params, prompts[1], 1)[0]  # ends row 1 at once
-  expected = [reference_generation(model, params, p, 10, stops=(stop,), tool=EveryThird(), row=i)
-              for i, p in enumerate(prompts)]
-  got = sampling.generate_batch(model, params, prompts, max_new_tokens=10, stop_tokens=(stop,),
-                                tool=EveryThird(), rows=4)
+  expected = [
+    reference_generation(model, params, p, 10, stops=(stop,), tool=EveryThird(), row=i)
+    for i, p in enumerate(prompts)
+  ]
+  got = sampling.generate_batch(
+    model, params, prompts, max_new_tokens=10, stop_tokens=(stop,), tool=EveryThird(), rows=4
+  )
   assert [g.tolist() for g in got] == expected
   assert expected[1] == [] and len(expected[3]) == 3 and any(7 in e for e in expected)
 
@@ -100,13 +110,24 @@ def test_calculator_forces_nanochats_output_block():
 
 
 def mc_conversations():
-  questions = [("Which is hot?", ["sun", "ice", "snow", "rain"]),
-               ("2+2?", ["3", "4"]), ("Sky colour?", ["red", "blue", "green"]),
-               ("Pick one", ["x", "y", "z", "w"]), ("Last", ["a", "b"])]
+  questions = [
+    ("Which is hot?", ["sun", "ice", "snow", "rain"]),
+    ("2+2?", ["3", "4"]),
+    ("Sky colour?", ["red", "blue", "green"]),
+    ("Pick one", ["x", "y", "z", "w"]),
+    ("Last", ["a", "b"]),
+  ]
   labels = [list("ABCD"), ["1", "2"], list("ABC"), list("ABCD"), list("AB")]
-  return [{"messages": [{"role": "user", "content": chat_sources.render_mc(q, l, c)},
-                        {"role": "assistant", "content": l[0]}], "letters": l}
-          for (q, c), l in zip(questions, labels)]
+  return [
+    {
+      "messages": [
+        {"role": "user", "content": chat_sources.render_mc(q, l, c)},
+        {"role": "assistant", "content": l[0]},
+      ],
+      "letters": l,
+    }
+    for (q, c), l in zip(questions, labels)
+  ]
 
 
 def test_multiple_choice_is_the_restricted_argmax_at_assistant_start(gpt):
@@ -122,15 +143,16 @@ def test_multiple_choice_is_the_restricted_argmax_at_assistant_start(gpt):
   for i, c in enumerate(conversations):  # answers: right for 0, 2, 4; wrong for 1, 3
     right = predicted[i] if i % 2 == 0 else next(l for l in c["letters"] if l != predicted[i])
     c["messages"][1]["content"] = right
-  result = multiple_choice.evaluate(model, params, TOK, conversations, batch_size=2,
-                                    progress=False)
+  result = multiple_choice.evaluate(model, params, TOK, conversations, batch_size=2, progress=False)
   assert result["predictions"] == predicted
   assert result["accuracy"] == pytest.approx(3 / 5) and result["total"] == 5
 
 
 def test_multiple_choice_refuses_a_multi_token_letter(gpt):
-  c = {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "AB"}],
-       "letters": ["AB", "C"]}
+  c = {
+    "messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "AB"}],
+    "letters": ["AB", "C"],
+  }
   with pytest.raises(DataError, match="'AB' is 2 tokens; .* one token per letter"):
     multiple_choice.evaluate(*gpt, TOK, [c], progress=False)
 
@@ -138,8 +160,9 @@ def test_multiple_choice_refuses_a_multi_token_letter(gpt):
 def test_gsm8k_answers_are_extracted_and_matched(tmp_path):
   path = tmp_path / "test.jsonl"
   refs = ["So <<1000+234=1234>>1,234\n#### 1,234", "#### 13", "#### 5", "#### -3.5"]
-  path.write_text("".join(json.dumps({"question": f"q{i}", "answer": a}) + "\n"
-                          for i, a in enumerate(refs)))
+  path.write_text(
+    "".join(json.dumps({"question": f"q{i}", "answer": a}) + "\n" for i, a in enumerate(refs))
+  )
   conversations = chat_sources.gsm8k(str(path))
   completions = ["It is #### 1234", "#### 12", "no answer", "#### -3.5 then #### 4"]
   result = gsm8k.score(conversations, completions)
@@ -150,23 +173,36 @@ def test_gsm8k_answers_are_extracted_and_matched(tmp_path):
 def test_generated_answers_decode_the_batched_greedy_rows(gpt):
   model, params = gpt
   conversations = mc_conversations()[:3]
-  got = generation.generate_answers(model, params, TOK, conversations, max_new_tokens=6,
-                                    batch_size=4, progress=False)
+  got = generation.generate_answers(
+    model, params, TOK, conversations, max_new_tokens=6, batch_size=4, progress=False
+  )
   for c, text in zip(conversations, got):
-    out = reference_generation(model, params, chat.render_for_completion(TOK, c), 6,
-                               stops=(AE, BOS), tool=generation.Calculator(TOK))
+    out = reference_generation(
+      model,
+      params,
+      chat.render_for_completion(TOK, c),
+      6,
+      stops=(AE, BOS),
+      tool=generation.Calculator(TOK),
+    )
     assert text == TOK.decode(out)
 
 
 def test_humaneval_scores_the_generated_programs(monkeypatch):
   from laplax.evaluators import humaneval
+
   problems = humaneval.load_problems()[:2]
-  conversations = [{"messages": [{"role": "user", "content": p["prompt"]},
-                                 {"role": "assistant", "content": ""}], "problem": p}
-                   for p in problems]
+  conversations = [
+    {
+      "messages": [{"role": "user", "content": p["prompt"]}, {"role": "assistant", "content": ""}],
+      "problem": p,
+    }
+    for p in problems
+  ]
   right = "```python\n" + humaneval.canonical_completion(problems[0]) + "\n```"
-  monkeypatch.setattr(generation, "generate_answers",
-                      lambda *a, **k: [right, "def nothing(): pass"])
+  monkeypatch.setattr(
+    generation, "generate_answers", lambda *a, **k: [right, "def nothing(): pass"]
+  )
   result = chat_eval.humaneval_evaluate(None, None, TOK, conversations, progress=False)
   assert result["accuracy"] == 0.5 and result["correct"] == 1 and result["total"] == 2
 

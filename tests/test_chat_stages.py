@@ -15,18 +15,17 @@ import pytest
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
 
-from laplax.data.chat import render as chat  # noqa: E402
-
-from laplax.data.chat import fixtures as chat_fixtures
-
-from laplax.data.chat import mixture as chat_mixture
-from laplax.data.text import nanochat_tokenizer as nt  # noqa: E402
-from laplax.data.errors import DataError  # noqa: E402
-from laplax import optim  # noqa: E402
 from test_configs import load  # noqa: E402
 from test_lm_cli import one_line_error  # noqa: E402
 from test_resume import assert_bitwise_equal, saved_state  # noqa: E402
 from test_train import ROOT, run_in_process  # noqa: E402
+
+from laplax import optim  # noqa: E402
+from laplax.data.chat import fixtures as chat_fixtures
+from laplax.data.chat import mixture as chat_mixture
+from laplax.data.chat import render as chat  # noqa: E402
+from laplax.data.errors import DataError  # noqa: E402
+from laplax.data.text import nanochat_tokenizer as nt  # noqa: E402
 
 # Byte tokenizer with nanochat's special tokens at 256..264.
 TOK = nt.NanochatTokenizer.from_ranks({bytes([b]): b for b in range(256)})
@@ -53,8 +52,10 @@ def data_config(name, data, **kw):
 
 def test_mixture_is_nanochats_shuffle_of_the_shuffled_sets(data):
   c = data_config("chat_sft", data, smoltalk_stop=5)
-  sets = [chat_mixture.SOURCES[s].reader(chat_mixture.split_files(c, s, "train"))
-          for s in ("arc_easy", "arc_challenge", "gsm8k", "smoltalk")]
+  sets = [
+    chat_mixture.SOURCES[s].reader(chat_mixture.split_files(c, s, "train"))
+    for s in ("arc_easy", "arc_challenge", "gsm8k", "smoltalk")
+  ]
   # Hugging Face's shuffle(seed=42) is numpy's default_rng(42).permutation.
   sets = [[x[i] for i in np.random.default_rng(42).permutation(len(x))] for x in sets]
   sets[3] = sets[3][:5]
@@ -80,15 +81,21 @@ def reference_sft(rendered):
 def test_sft_batches_token_by_token(data, process_index, process_count):
   c, seq_len, rows = data_config("chat_sft", data), 160, 4 // process_count
   items = chat_mixture.mixture(c, "train")
-  it = iter(chat_mixture.train_dataset(c, TOK, batch_size=rows, seq_len=seq_len,
-                                       process_index=process_index,
-                                       process_count=process_count))
+  it = iter(
+    chat_mixture.train_dataset(
+      c,
+      TOK,
+      batch_size=rows,
+      seq_len=seq_len,
+      process_index=process_index,
+      process_count=process_count,
+    )
+  )
   for k in range(2):
     batch = next(it)
     assert set(batch) == {"tokens", "targets"}
     first = k * 4 + process_index * rows  # row r of global batch k: conversation k B + r
-    rendered = [chat.render_conversation(TOK, items[first + r], seq_len + 1)
-                for r in range(rows)]
+    rendered = [chat.render_conversation(TOK, items[first + r], seq_len + 1) for r in range(rows)]
     inputs, targets = reference_sft(rendered)
     width = inputs.shape[1]
     np.testing.assert_array_equal(batch["tokens"][:, :width], inputs)
@@ -102,15 +109,19 @@ def test_mid_batches_are_packed_streams_without_mask(data):
   items = chat_mixture.mixture(c, "train")
   it = iter(chat_mixture.train_dataset(c, TOK, batch_size=4, seq_len=seq_len))
   # Reference: stream s renders conversations s, s + 2, ...; a pop is 2 x 32 + 1 tokens.
-  streams = [np.concatenate([chat.render_conversation(TOK, items[(s + 2 * k) % len(items)])[0]
-                             for k in range(8)]) for s in range(2)]
+  streams = [
+    np.concatenate(
+      [chat.render_conversation(TOK, items[(s + 2 * k) % len(items)])[0] for k in range(8)]
+    )
+    for s in range(2)
+  ]
   for k in range(2):
     batch = next(it)
     assert set(batch) == {"tokens"}  # no loss mask: every next token is a target
     for s in range(2):
-      pop = streams[s][k * 65:(k + 1) * 65]
-      expected = np.stack([pop[i * 32:i * 32 + 33] for i in range(2)])
-      np.testing.assert_array_equal(batch["tokens"][2 * s:2 * s + 2], expected)
+      pop = streams[s][k * 65 : (k + 1) * 65]
+      expected = np.stack([pop[i * 32 : i * 32 + 33] for i in range(2)])
+      np.testing.assert_array_equal(batch["tokens"][2 * s : 2 * s + 2], expected)
   state = it.get_state()
   again = iter(chat_mixture.train_dataset(c, TOK, batch_size=4, seq_len=seq_len))
   again.set_state(json.loads(json.dumps(state)))
@@ -127,24 +138,25 @@ def test_epoch_steps_stay_within_one_pass_of_every_stream(data):
   positions = it.get_state()["positions"]
   assert all(int(s) + 2 * k < len(items) for s, (k, _) in positions.items())
   # One more step would need a token of the second pass of some stream.
-  fewest = min(sum(len(chat.render_conversation(TOK, items[i])[0])
-                   for i in range(s, len(items), 2)) for s in range(2))
+  fewest = min(
+    sum(len(chat.render_conversation(TOK, items[i])[0]) for i in range(s, len(items), 2))
+    for s in range(2)
+  )
   assert n * 65 <= fewest < (n + 1) * 65
 
 
 def test_sft_eval_mask_is_the_assistant_targets(data):
   c = data_config("chat_sft", data, max_eval_conversations=3)
-  batches = list(chat_mixture.eval_batches(c, TOK, batch_size=2, seq_len=200,
-                                           train_batch_size=2))
+  batches = list(chat_mixture.eval_batches(c, TOK, batch_size=2, seq_len=200, train_batch_size=2))
   items = chat_mixture.mixture(c, "validation")[:3]
   assert len(batches) == 2 and batches[1]["mask"][1].sum() == 0  # padding row
   for n, item in enumerate(items):
     ids, mask = chat.render_conversation(TOK, item, 201)
     row, r = batches[n // 2], n % 2
     expected = np.zeros(200)
-    expected[:len(ids) - 1] = mask[1:]
+    expected[: len(ids) - 1] = mask[1:]
     np.testing.assert_array_equal(row["mask"][r], expected)
-    np.testing.assert_array_equal(row["tokens"][r, :len(ids)], ids)
+    np.testing.assert_array_equal(row["tokens"][r, : len(ids)], ids)
 
 
 # --------------------------------------------------------------------------
@@ -153,7 +165,9 @@ def test_sft_eval_mask_is_the_assistant_targets(data):
 
 def test_masked_loss_is_the_mean_over_valid_targets():
   import jax
+
   from laplax import tasks
+
   c = load("gpt_tiny_sft")
   c.model.update(width=16, depth=1, num_heads=2, mlp_dim=32, max_length=8)
   task = tasks.LanguageModelTask(c, TOK)
@@ -164,13 +178,17 @@ def test_masked_loss_is_the_mean_over_valid_targets():
   targets = np.where(rng.random((2, 8)) < 0.5, rng.integers(0, 265, (2, 8)), -1).astype(np.int32)
   loss, _ = task.loss(params, {"tokens": tokens, "targets": targets}, jax.random.PRNGKey(1))
   logits = np.asarray(task.model.apply({"params": params}, tokens[:, :-1])[0], np.float64)
-  logp = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True)) \
-      - logits.max(-1, keepdims=True)
+  logp = (
+    logits
+    - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True))
+    - logits.max(-1, keepdims=True)
+  )
   valid = targets >= 0
   expected = -logp[valid, targets[valid]].mean()
   np.testing.assert_allclose(float(loss), expected, rtol=1e-5)
-  none, _ = task.loss(params, {"tokens": tokens, "targets": np.full_like(targets, -1)},
-                      jax.random.PRNGKey(1))
+  none, _ = task.loss(
+    params, {"tokens": tokens, "targets": np.full_like(targets, -1)}, jax.random.PRNGKey(1)
+  )
   assert float(none) == 0.0
 
 
@@ -185,34 +203,54 @@ def test_sft_schedule_is_two_percent_decaying_over_651():
   assert c.optim.muon_momentum_start == c.optim.muon_momentum == 0.95
   steps = np.array([0, 1, 325, 649])
   for key in ("muon_lr", "embedding_lr", "unembedding_lr"):
-    np.testing.assert_allclose(lr_at(c, steps, key),
-                               base.optim[key] * 0.02 * (1 - steps / 651), rtol=1e-6)
+    np.testing.assert_allclose(
+      lr_at(c, steps, key), base.optim[key] * 0.02 * (1 - steps / 651), rtol=1e-6
+    )
 
 
 def test_mid_schedules_rising_and_fixed():
   rising, fixed = load("gpt_d20_mid"), load("gpt_d20_mid", "schedule=fixed")
   assert rising.total_steps == 800 and rising.optim.grad_clip is None
   steps = np.array([0, 1, 399, 640, 700, 799, 900])
-  np.testing.assert_allclose(lr_at(rising, steps),
-                             0.02 * np.minimum(1, (steps + 1) / 800), rtol=1e-6)
+  np.testing.assert_allclose(
+    lr_at(rising, steps), 0.02 * np.minimum(1, (steps + 1) / 800), rtol=1e-6
+  )
   # 1 until 80% of the steps, then linear to 0 at the end: (800 - it) / 160.
-  np.testing.assert_allclose(lr_at(fixed, steps[:6]),
-                             0.02 * np.array([1, 1, 1, 1, 100 / 160, 1 / 160]), rtol=1e-6)
+  np.testing.assert_allclose(
+    lr_at(fixed, steps[:6]), 0.02 * np.array([1, 1, 1, 1, 100 / 160, 1 / 160]), rtol=1e-6
+  )
 
 
 # --------------------------------------------------------------------------
 # train.py: pretrain -> mid -> SFT, resume, bad input.
 
-TINY = ["--config.model.width=32", "--config.model.depth=1", "--config.model.num_heads=2",
-        "--config.model.mlp_dim=64", "--config.model.max_length=128",
-        "--config.batch_size=4", "--config.eval_batch_size=4", "--config.eval.sample_tokens=0"]
+TINY = [
+  "--config.model.width=32",
+  "--config.model.depth=1",
+  "--config.model.num_heads=2",
+  "--config.model.mlp_dim=64",
+  "--config.model.max_length=128",
+  "--config.batch_size=4",
+  "--config.eval_batch_size=4",
+  "--config.eval.sample_tokens=0",
+]
 STAGE = ["--config.batch_size=4", "--config.eval_batch_size=4"]
 
 
 def stage(name, workdir, init_from, data, *extra):
-  return ["train.py", "--config", os.path.join(ROOT, "configs", f"gpt_tiny_{name}.py"),
-          "--workdir", str(workdir), f"--config.init_from={init_from}",
-          f"--config.data.source_dir={data}"] + STAGE + list(extra)
+  return (
+    [
+      "train.py",
+      "--config",
+      os.path.join(ROOT, "configs", f"gpt_tiny_{name}.py"),
+      "--workdir",
+      str(workdir),
+      f"--config.init_from={init_from}",
+      f"--config.data.source_dir={data}",
+    ]
+    + STAGE
+    + list(extra)
+  )
 
 
 @pytest.fixture(scope="module")
@@ -223,20 +261,53 @@ def chain(tmp_path_factory, data):
   for name in "abc":
     (corpus / f"{name}.txt").write_text("Which is hot? The sun is hot. 2+2=4. " * 40)
   base = root / "base"
-  argv = ["train.py", "--config", os.path.join(ROOT, "configs", "gpt_shakespeare.py"),
-          "--workdir", str(base), f"--config.data.source_dir={corpus}",
-          f"--config.data.data_dir={root / 'tfds'}", "--config.data.tokenizer=nanochat",
-          "--config.data.vocab_size=270", "--config.total_steps=2", "--config.eval_every=2",
-          "--config.checkpoint_every=2"] + TINY
+  argv = [
+    "train.py",
+    "--config",
+    os.path.join(ROOT, "configs", "gpt_shakespeare.py"),
+    "--workdir",
+    str(base),
+    f"--config.data.source_dir={corpus}",
+    f"--config.data.data_dir={root / 'tfds'}",
+    "--config.data.tokenizer=nanochat",
+    "--config.data.vocab_size=270",
+    "--config.total_steps=2",
+    "--config.eval_every=2",
+    "--config.checkpoint_every=2",
+  ] + TINY
   assert run_in_process(argv).returncode == 0
   mid = root / "mid"
-  assert run_in_process(stage("mid", mid, base, data, "--config.total_steps=2",
-                              "--config.eval_every=2", "--config.checkpoint_every=2",
-                              "--config.data.max_eval_tokens=1024")).returncode == 0
+  assert (
+    run_in_process(
+      stage(
+        "mid",
+        mid,
+        base,
+        data,
+        "--config.total_steps=2",
+        "--config.eval_every=2",
+        "--config.checkpoint_every=2",
+        "--config.data.max_eval_tokens=1024",
+      )
+    ).returncode
+    == 0
+  )
   sft = root / "sft"
-  assert run_in_process(stage("sft", sft, mid, data, "--config.total_steps=4",
-                              "--config.eval_every=4", "--config.checkpoint_every=2",
-                              "--config.data.max_eval_conversations=4")).returncode == 0
+  assert (
+    run_in_process(
+      stage(
+        "sft",
+        sft,
+        mid,
+        data,
+        "--config.total_steps=4",
+        "--config.eval_every=4",
+        "--config.checkpoint_every=2",
+        "--config.data.max_eval_conversations=4",
+      )
+    ).returncode
+    == 0
+  )
   return root, base, mid, sft
 
 
@@ -255,8 +326,11 @@ def test_each_stage_starts_from_the_previous(chain):
       if name.startswith("params/"):
         np.testing.assert_array_equal(start[name], value, err_msg=name)
   _, state = saved_state(sft, 0)  # a fresh optimizer state: every moment 0
-  moments = [v for k, v in state.items() if k.startswith("opt_state/")
-             and np.issubdtype(v.dtype, np.floating)]
+  moments = [
+    v
+    for k, v in state.items()
+    if k.startswith("opt_state/") and np.issubdtype(v.dtype, np.floating)
+  ]
   assert moments and not any(np.any(v) for v in moments)
 
 
@@ -266,9 +340,21 @@ def test_sft_resumes_bitwise(chain, data, tmp_path):
   shutil.copytree(sft, run)
   _, reference = saved_state(sft, 4)
   shutil.rmtree(run / "checkpoints" / "4")  # resume from step 2 and redo steps 3-4
-  assert run_in_process(stage("sft", run, mid, data, "--config.total_steps=4",
-                              "--config.eval_every=4", "--config.checkpoint_every=2",
-                              "--config.data.max_eval_conversations=4")).returncode == 0
+  assert (
+    run_in_process(
+      stage(
+        "sft",
+        run,
+        mid,
+        data,
+        "--config.total_steps=4",
+        "--config.eval_every=4",
+        "--config.checkpoint_every=2",
+        "--config.data.max_eval_conversations=4",
+      )
+    ).returncode
+    == 0
+  )
   step, resumed = saved_state(run, 4)
   assert step == 4
   assert_bitwise_equal(resumed, reference, "SFT resumed at step 2")
@@ -281,21 +367,23 @@ def _bad_data(root, data, how):
     train = bad / "gsm8k" / "main" / "train-00000-of-00001.parquet"
     rows = pq.read_table(train).to_pylist()
     train.unlink()
-    (train.parent / "train.jsonl").write_text(json.dumps(rows[0]) + "\n{\"question\": 1,\n")
+    (train.parent / "train.jsonl").write_text(json.dumps(rows[0]) + '\n{"question": 1,\n')
   else:
     train = bad / "ai2_arc" / "ARC-Easy" / "train-00000-of-00001.parquet"
     pq.write_table(pq.read_table(train).drop(["answerKey"]), train)
   return bad
 
 
-@pytest.mark.parametrize("case,fragment", [
+@pytest.mark.parametrize(
+  "case,fragment",
+  [
     ("jsonl", "train.jsonl:2: not valid JSON"),
     ("column", "has no column 'answerKey'"),
     ("tokenizer", "no chat special tokens"),
     ("width", "model.* keys"),
-])
-def test_bad_input_is_one_line_exit_2_nothing_written(chain, data, tmp_path, capfd, case,
-                                                     fragment):
+  ],
+)
+def test_bad_input_is_one_line_exit_2_nothing_written(chain, data, tmp_path, capfd, case, fragment):
   root, base, mid, _ = chain
   init, extra, source = mid, [], data
   if case in ("jsonl", "column"):
@@ -311,8 +399,7 @@ def test_bad_input_is_one_line_exit_2_nothing_written(chain, data, tmp_path, cap
     extra = ["--config.model.width=64"]
   workdir = tmp_path / "new_run"
   name = "mid" if case == "jsonl" else "sft"
-  r = run_in_process(stage(name, workdir, init, source, "--config.total_steps=2", *extra),
-                     capfd)
+  r = run_in_process(stage(name, workdir, init, source, "--config.total_steps=2", *extra), capfd)
   assert fragment in one_line_error(r)
   assert not workdir.exists()
 

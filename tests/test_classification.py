@@ -21,11 +21,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import scipy.stats
+from test_configs import load
+from test_train import CONFIG, TINY, read_metrics, run_in_process
 
 from laplax import tasks
 from laplax.tasks import classification
-from test_configs import load
-from test_train import CONFIG, TINY, read_metrics, run_in_process
 
 K = 10
 
@@ -56,7 +56,8 @@ def params_and_batch(task, seed=0, batch=6):
 
 def logits_of(task, params, images):
   out, _ = jax.jit(lambda p, x: task.model.apply({"params": p}, x, train=True))(
-      params, jnp.asarray(images))
+    params, jnp.asarray(images)
+  )
   return np.asarray(out, np.float64)
 
 
@@ -74,8 +75,9 @@ def np_smooth(t, eps):
   return (1 - eps) * t + eps / t.shape[-1]
 
 
-@pytest.mark.parametrize("kind,eps", [("softmax", 0.0), ("softmax", 0.1),
-                                      ("sigmoid", 0.0), ("sigmoid", 0.1)])
+@pytest.mark.parametrize(
+  "kind,eps", [("softmax", 0.0), ("softmax", 0.1), ("sigmoid", 0.0), ("sigmoid", 0.1)]
+)
 def test_loss_matches_numpy(kind, eps):
   """Without mixing: the loss of the task's logits, from the definition."""
   task = tiny_task(type=kind, label_smoothing=eps, mixup=0.0, cutmix=0.0)
@@ -114,8 +116,9 @@ def _mix_many(mixup, cutmix, n=400, batch=4, size=8):
   rng = np.random.default_rng(4)
   images = rng.normal(size=(batch, size, size, 3)).astype(np.float32)
   targets = np.eye(K, dtype=np.float32)[np.arange(batch)]
-  fn = jax.jit(jax.vmap(lambda r: classification.mixup_cutmix(r, images, targets, mixup=mixup,
-                                                     cutmix=cutmix)))
+  fn = jax.jit(
+    jax.vmap(lambda r: classification.mixup_cutmix(r, images, targets, mixup=mixup, cutmix=cutmix))
+  )
   mixed, mixed_t = fn(jax.random.split(jax.random.PRNGKey(5), n))
   return images, targets, np.asarray(mixed, np.float64), np.asarray(mixed_t, np.float64)
 
@@ -136,7 +139,9 @@ def _classify(images, targets, mixed, mixed_t):
       box = pasted[0]
       rows, cols = box.any(1), box.any(0)
       assert np.array_equal(box, np.outer(rows, cols))
-      assert np.all(np.diff(np.flatnonzero(rows)) == 1) and np.all(np.diff(np.flatnonzero(cols)) == 1)
+      assert np.all(np.diff(np.flatnonzero(rows)) == 1) and np.all(
+        np.diff(np.flatnonzero(cols)) == 1
+      )
       assert all(np.array_equal(p, box) for p in pasted)
       assert lam == pytest.approx(1 - box.mean(), abs=1e-6)
       out.append(("cutmix", lam))
@@ -163,7 +168,8 @@ def test_cutmix_matches_numpy_and_both_are_chosen_half_the_time():
   (two-sided binomial test)."""
   draws = _classify(*_mix_many(0.0, 1.0))
   assert {kind for kind, _ in draws} == {"cutmix"} or all(
-      lam == 1.0 for kind, lam in draws if kind == "mixup")  # an empty box is no mixing
+    lam == 1.0 for kind, lam in draws if kind == "mixup"
+  )  # an empty box is no mixing
   both = _classify(*_mix_many(0.8, 1.0))
   cut = sum(kind == "cutmix" for kind, _ in both)
   assert scipy.stats.binomtest(cut, len(both), 0.5).pvalue > 1e-4
@@ -182,14 +188,30 @@ def test_short_vit_run_with_deit3_loss_beats_chance(tmp_path, fmnist_data_dir, c
   (10 %) exceeds with probability 1e-9 (0.162; measured 0.287). The softmax
   loss's run is test_train.py's first test."""
   workdir = tmp_path / "run"
-  r = run_in_process(["train.py", "--config", CONFIG, "--workdir", str(workdir),
-                      f"--config.data.data_dir={fmnist_data_dir}"] + TINY + [
-                          "--config.total_steps=150", "--config.eval_every=150",
-                          "--config.checkpoint_every=150", "--config.optim.lr=1e-2",
-                          "--config.loss.type=sigmoid", "--config.loss.label_smoothing=0.1",
-                          "--config.loss.mixup=0.8", "--config.loss.cutmix=1.0",
-                          "--config.data.eval_split=test[:1000]",
-                          "--config.eval_batch_size=1000"], capfd)
+  r = run_in_process(
+    [
+      "train.py",
+      "--config",
+      CONFIG,
+      "--workdir",
+      str(workdir),
+      f"--config.data.data_dir={fmnist_data_dir}",
+    ]
+    + TINY
+    + [
+      "--config.total_steps=150",
+      "--config.eval_every=150",
+      "--config.checkpoint_every=150",
+      "--config.optim.lr=1e-2",
+      "--config.loss.type=sigmoid",
+      "--config.loss.label_smoothing=0.1",
+      "--config.loss.mixup=0.8",
+      "--config.loss.cutmix=1.0",
+      "--config.data.eval_split=test[:1000]",
+      "--config.eval_batch_size=1000",
+    ],
+    capfd,
+  )
   assert r.returncode == 0, r.stderr[-3000:]
   final = [m for m in read_metrics(workdir) if m["split"] == "eval"][-1]
   assert final["step"] == 150 and final["num_examples"] == 1000

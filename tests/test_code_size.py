@@ -13,8 +13,12 @@ MAX_FUNCTION_LINES = 80
 def _docstring_lines(node: ast.AST) -> set[int]:
   """The line numbers of ``node``'s own docstring (none if it has none)."""
   body = getattr(node, "body", [])
-  if (body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
-      and isinstance(body[0].value.value, str)):
+  if (
+    body
+    and isinstance(body[0], ast.Expr)
+    and isinstance(body[0].value, ast.Constant)
+    and isinstance(body[0].value.value, str)
+  ):
     return set(range(body[0].lineno, body[0].end_lineno + 1))
   return set()
 
@@ -43,8 +47,10 @@ def test_code_lines_counts_code_only():
 
 
 def test_a_module_counts_code_without_any_docstring():
-  src = ('"""Module doc."""\n\nimport os\n\n\nclass A:\n  """Class\n  doc."""\n  x = 1\n\n'
-         '  def f(self):\n    """Method doc."""\n    return os.sep  # a comment\n')
+  src = (
+    '"""Module doc."""\n\nimport os\n\n\nclass A:\n  """Class\n  doc."""\n  x = 1\n\n'
+    '  def f(self):\n    """Method doc."""\n    return os.sep  # a comment\n'
+  )
   assert code_lines(src.splitlines(), ast.parse(src)) == 5  # import, class, x, def, return
 
 

@@ -14,21 +14,37 @@ from test_train import ROOT, run
 REPORT = os.path.join(ROOT, "bench", "compile_report.py")
 # Width 256 so that matmuls dominate as at paper scale (at width 64 the
 # softmax, norms, cross-entropy and Adam add 15% to the 6 N D count).
-SMALL_GPT = ["--config", "configs/gpt_shakespeare.py", "--set", "model.width=256",
-             "--set", "model.mlp_dim=1024", "--set", "model.depth=2"]
+SMALL_GPT = [
+  "--config",
+  "configs/gpt_shakespeare.py",
+  "--set",
+  "model.width=256",
+  "--set",
+  "model.mlp_dim=1024",
+  "--set",
+  "model.depth=2",
+]
 
 
 def test_compile_report_flops_match_analytic_count_on_fake_devices():
   # One micro-batch: cost_analysis() counts a while loop's body once (the
   # report says so when the default's 4 micro-batches make a loop).
-  proc = run([REPORT, "--cpu-devices", "8", "--mesh", "(2,2,2)"] + SMALL_GPT
-             + ["--set", "optim.grad_accum_steps=1"])
+  proc = run(
+    [REPORT, "--cpu-devices", "8", "--mesh", "(2,2,2)"]
+    + SMALL_GPT
+    + ["--set", "optim.grad_accum_steps=1"]
+  )
   assert proc.returncode == 0, proc.stderr[-2000:]
   out = proc.stdout
   assert "cpu x 8" in out and "(2, 2, 2)" in out
-  per_device, total, analytic, ratio = (float(x) for x in re.search(
+  per_device, total, analytic, ratio = (
+    float(x)
+    for x in re.search(
       r"FLOPs per step: (\S+) per device, (\S+) in all; analytic (\S+); "
-      r"ratio compiled/analytic (\S+)", out).groups())
+      r"ratio compiled/analytic (\S+)",
+      out,
+    ).groups()
+  )
   assert abs(total - 8 * per_device) <= 1e-3 * total
   assert 0.9 <= ratio <= 1.1, out
   # Analytic count by hand: 2 blocks of 4 * 256^2 (attention) + 2 * 256 * 1024
@@ -52,11 +68,29 @@ def test_compile_report_bad_mesh_is_one_line_exit_2():
 def test_compile_report_takes_the_sft_config():
   # configs/gpt_d20_sft.py at a small width: its batch carries SFT's "targets"
   # and its step accumulates 8 micro-batches of 4 (nanochat's 8 GPUs x 4).
-  proc = run([REPORT, "--cpu-devices", "2", "--mesh", "(2,1,1)", "--config",
-              "configs/gpt_d20_sft.py:laplacian=1", "--set", "model.width=64",
-              "--set", "model.mlp_dim=256", "--set", "model.depth=1", "--set",
-              "model.num_heads=2", "--set", "model.max_length=64", "--set",
-              "data.vocab_size=512"])
+  proc = run(
+    [
+      REPORT,
+      "--cpu-devices",
+      "2",
+      "--mesh",
+      "(2,1,1)",
+      "--config",
+      "configs/gpt_d20_sft.py:laplacian=1",
+      "--set",
+      "model.width=64",
+      "--set",
+      "model.mlp_dim=256",
+      "--set",
+      "model.depth=1",
+      "--set",
+      "model.num_heads=2",
+      "--set",
+      "model.max_length=64",
+      "--set",
+      "data.vocab_size=512",
+    ]
+  )
   assert proc.returncode == 0, proc.stderr[-2000:]
   assert "batch 32" in proc.stdout and "grad_accum_steps 8" in proc.stdout
   assert re.search(r"per-device memory: arguments \S+ \w+B", proc.stdout)

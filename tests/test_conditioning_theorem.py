@@ -58,12 +58,19 @@ def np_theorem_3_4(x, wq, wk, wv, causal=False, scale=1.0):
   """Theorem 3.4's right side ``kappa(X)^3 kappa(L) kappa(W_V) (kappa(W_Q) +
   kappa(W_K)) + kappa(X) kappa(softmax)``, each term from its definition."""
   p = np_probs(x, wq, wk, causal, scale)
-  t = {"kappa_x": np_condition(x), "kappa_l": np_kappa_l(p),
-       "kappa_softmax": np_condition(p), "kappa_wq": np_condition(wq),
-       "kappa_wk": np_condition(wk), "kappa_wv": np_condition(wv)}
+  t = {
+    "kappa_x": np_condition(x),
+    "kappa_l": np_kappa_l(p),
+    "kappa_softmax": np_condition(p),
+    "kappa_wq": np_condition(wq),
+    "kappa_wk": np_condition(wk),
+    "kappa_wv": np_condition(wv),
+  }
   with np.errstate(over="ignore", invalid="ignore"):
-    t["bound"] = (t["kappa_x"] ** 3 * t["kappa_l"] * t["kappa_wv"]
-                  * (t["kappa_wq"] + t["kappa_wk"]) + t["kappa_x"] * t["kappa_softmax"])
+    t["bound"] = (
+      t["kappa_x"] ** 3 * t["kappa_l"] * t["kappa_wv"] * (t["kappa_wq"] + t["kappa_wk"])
+      + t["kappa_x"] * t["kappa_softmax"]
+    )
   return t
 
 
@@ -111,8 +118,9 @@ def finite_difference_weight_jacobian(x, ws, causal, scale, h=1e-6):
       up, down = [v.copy() for v in ws], [v.copy() for v in ws]
       up[i][idx] += h
       down[i][idx] -= h
-      cols.append(((np_head(x, *up, causal, scale) - np_head(x, *down, causal, scale))
-                   / (2 * h)).ravel())
+      cols.append(
+        ((np_head(x, *up, causal, scale) - np_head(x, *down, causal, scale)) / (2 * h)).ravel()
+      )
   return np.stack(cols, 1)
 
 
@@ -141,8 +149,9 @@ def test_weight_jacobian_matches_autodiff():
   f = lambda wq, wk, wv: conditioning.single_head_attention(x, wq, wk, wv)
   parts = jax.jacrev(f, argnums=(0, 1, 2))(*(jnp.asarray(w, jnp.float32) for w in ws))
   auto = np.concatenate([np.asarray(p, np.float64).reshape(10, -1) for p in parts], 1)
-  np.testing.assert_allclose(conditioning.weight_jacobian_matrix(x, *ws), auto,
-                             atol=1e-5, rtol=1e-4)
+  np.testing.assert_allclose(
+    conditioning.weight_jacobian_matrix(x, *ws), auto, atol=1e-5, rtol=1e-4
+  )
 
 
 def test_logit_scale_is_a_column_scaling():
@@ -153,17 +162,18 @@ def test_logit_scale_is_a_column_scaling():
   rng = np.random.default_rng(2)
   for _ in range(10):
     x, (wq, wk, wv) = random_head(rng, 4, 8, 4)
-    s = 4 ** -0.5
+    s = 4**-0.5
     j = conditioning.weight_jacobian_matrix(x, wq, wk, wv)
     j_paper = conditioning.weight_jacobian_matrix(x, s * wq, wk, wv, scale=1.0)
     cols = np.ones(j.shape[1])
-    cols[:wq.size] = s
+    cols[: wq.size] = s
     np.testing.assert_allclose(j, j_paper * cols, atol=1e-12, rtol=1e-9)
     out = conditioning.head_conditioning(x, wq, wk, wv)
     k_paper = conditioning.weight_jacobian_condition(x, s * wq, wk, wv, scale=1.0)
     assert out["weight_condition_number"] <= 2.0 * k_paper["condition_number"] + 1e-9
     assert out["theorem_3_4_scaled_logits"]["bound"] == pytest.approx(
-        conditioning.theorem_3_4_bound(x, s * wq, wk, wv, scale=1.0)["bound"], rel=1e-9)
+      conditioning.theorem_3_4_bound(x, s * wq, wk, wv, scale=1.0)["bound"], rel=1e-9
+    )
 
 
 def test_bound_holds_on_random_heads_with_at_most_d_tokens():
@@ -185,18 +195,21 @@ def test_bound_holds_on_random_heads_with_at_most_d_tokens():
     # Both sides against NumPy: the terms from their definitions, the measured
     # condition number from a complex-step Jacobian.
     assert_terms_match(out["theorem_3_4"], np_theorem_3_4(x, *ws, causal))
-    assert_terms_match(out["theorem_3_4_scaled_logits"],
-                       np_theorem_3_4(x, *ws, causal, scale=d ** -0.5))
+    assert_terms_match(
+      out["theorem_3_4_scaled_logits"], np_theorem_3_4(x, *ws, causal, scale=d**-0.5)
+    )
     measured = np_condition(np_weight_jacobian(x, ws, causal))
-    assert out["bound_holds"] == (out["theorem_3_4"]["bound"]
-                                  >= out["weight_condition_number_unscaled"])
+    assert out["bound_holds"] == (
+      out["theorem_3_4"]["bound"] >= out["weight_condition_number_unscaled"]
+    )
     if out["weight_numerical_rank"] < min(out["weight_jacobian_shape"]):
       assert out["weight_condition_number_unscaled"] > 1e12 and measured > 1e12  # saturated
       continue
     checked += 1
     assert out["weight_condition_number_unscaled"] == approx_kappa(measured)
-    assert out["weight_condition_number"] == approx_kappa(np_condition(
-        np_weight_jacobian(x, ws, causal, scale=d ** -0.5)))
+    assert out["weight_condition_number"] == approx_kappa(
+      np_condition(np_weight_jacobian(x, ws, causal, scale=d**-0.5))
+    )
     assert out["bound_holds"] and out["theorem_3_4"]["bound"] >= measured, (i, t, dim, d)
   assert checked >= 85  # 89 of 100 with this seed
 
@@ -239,7 +252,8 @@ def test_softmax_jacobian_condition_closed_forms():
   ``m`` keys has ``1/m`` (``m - 1`` times) and 0; a one-hot row has only 0."""
   a, b = 0.5, 0.1
   assert conditioning.softmax_jacobian_condition([[a, 1 - a], [b, 1 - b]]) == pytest.approx(
-      (a * (1 - a)) / (b * (1 - b)), rel=1e-12)
+    (a * (1 - a)) / (b * (1 - b)), rel=1e-12
+  )
   for t in (2, 3, 7):
     uniform = np.full((t, t), 1.0 / t)
     assert conditioning.softmax_jacobian_condition(uniform) == pytest.approx(1.0, rel=1e-9)
@@ -262,19 +276,27 @@ def test_bound_with_identity_weights_closed_form():
   s1, s2 = 2.0, 1.0
   x = np.array([[s1, 0.0, 0.0], [0.0, s2, 0.0]])
   eye = np.eye(3)
-  a1, a2 = 1 / (1 + np.exp(-s1 ** 2)), 1 / (1 + np.exp(-s2 ** 2))
-  det, frob2 = a1 + a2 - 1, a1 ** 2 + (1 - a1) ** 2 + a2 ** 2 + (1 - a2) ** 2
-  root = np.sqrt(frob2 ** 2 - 4 * det ** 2)
+  a1, a2 = 1 / (1 + np.exp(-(s1**2))), 1 / (1 + np.exp(-(s2**2)))
+  det, frob2 = a1 + a2 - 1, a1**2 + (1 - a1) ** 2 + a2**2 + (1 - a2) ** 2
+  root = np.sqrt(frob2**2 - 4 * det**2)
   kappa_p = np.sqrt((frob2 + root) / (frob2 - root))
   v1, v2 = a1 * (1 - a1), a2 * (1 - a2)
   kappa_l = max(v1, v2) / min(v1, v2)
-  want = {"kappa_x": s1 / s2, "kappa_l": kappa_l, "kappa_softmax": kappa_p,
-          "kappa_wq": 1.0, "kappa_wk": 1.0, "kappa_wv": 1.0,
-          "bound": (s1 / s2) ** 3 * kappa_l * 1.0 * (1.0 + 1.0) + (s1 / s2) * kappa_p}
+  want = {
+    "kappa_x": s1 / s2,
+    "kappa_l": kappa_l,
+    "kappa_softmax": kappa_p,
+    "kappa_wq": 1.0,
+    "kappa_wk": 1.0,
+    "kappa_wv": 1.0,
+    "bound": (s1 / s2) ** 3 * kappa_l * 1.0 * (1.0 + 1.0) + (s1 / s2) * kappa_p,
+  }
   assert_terms_match(conditioning.theorem_3_4_bound(x, eye, eye, eye, scale=1.0), want)
   # laplax's default logit scale 1/sqrt(d) = 1/sqrt(3): the same with s_t^2 / sqrt(3).
-  assert_terms_match(conditioning.theorem_3_4_bound(x, eye, eye, eye),
-                     np_theorem_3_4(x, eye, eye, eye, scale=3 ** -0.5))
+  assert_terms_match(
+    conditioning.theorem_3_4_bound(x, eye, eye, eye),
+    np_theorem_3_4(x, eye, eye, eye, scale=3**-0.5),
+  )
 
 
 def test_bound_with_uniform_attention_closed_form():
@@ -291,11 +313,16 @@ def test_bound_with_uniform_attention_closed_form():
   kq, kk, kv = (np.linalg.cond(w) for w in (wq, wk, wv))
   causal_p = np.tril(np.ones((t, t))) / np.arange(1, t + 1)[:, None]
   kappa_p = np.linalg.cond(causal_p)
-  want = {"kappa_x": 4.0, "kappa_l": t / 2, "kappa_softmax": kappa_p, "kappa_wq": kq,
-          "kappa_wk": kk, "kappa_wv": kv,
-          "bound": 4.0 ** 3 * (t / 2) * kv * (kq + kk) + 4.0 * kappa_p}
-  assert_terms_match(conditioning.theorem_3_4_bound(x, wq, wk, wv, causal=True, scale=1.0),
-                     want)
+  want = {
+    "kappa_x": 4.0,
+    "kappa_l": t / 2,
+    "kappa_softmax": kappa_p,
+    "kappa_wq": kq,
+    "kappa_wk": kk,
+    "kappa_wv": kv,
+    "bound": 4.0**3 * (t / 2) * kv * (kq + kk) + 4.0 * kappa_p,
+  }
+  assert_terms_match(conditioning.theorem_3_4_bound(x, wq, wk, wv, causal=True, scale=1.0), want)
   full = conditioning.theorem_3_4_bound(x, wq, wk, wv, scale=1.0)
   assert full["kappa_l"] == pytest.approx(1.0, rel=1e-9)
   assert full["kappa_softmax"] > 1e15 and full["bound"] > 1e15  # rank-1 P: inf up to rounding
@@ -312,10 +339,12 @@ def test_head_conditioning_against_numpy(causal):
     unscaled = np_weight_jacobian(x, ws, causal)
     assert out["weight_condition_number_unscaled"] == approx_kappa(np_condition(unscaled))
     assert out["weight_condition_number"] == approx_kappa(
-        np_condition(np_weight_jacobian(x, ws, causal, scale=d ** -0.5)))
+      np_condition(np_weight_jacobian(x, ws, causal, scale=d**-0.5))
+    )
     assert out["weight_jacobian_shape"] == list(unscaled.shape)
     assert out["weight_numerical_rank"] == np.linalg.matrix_rank(unscaled) == t * d
     assert_terms_match(out["theorem_3_4"], np_theorem_3_4(x, *ws, causal))
-    assert_terms_match(out["theorem_3_4_scaled_logits"],
-                       np_theorem_3_4(x, *ws, causal, scale=d ** -0.5))
+    assert_terms_match(
+      out["theorem_3_4_scaled_logits"], np_theorem_3_4(x, *ws, causal, scale=d**-0.5)
+    )
     assert out["bound_holds"] is True

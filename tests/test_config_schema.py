@@ -25,16 +25,14 @@ from ml_collections import config_flags
 from laplax import tasks, utils
 from laplax.cli import common as cli
 from laplax.config import defaults
-from laplax.tasks import schema
 from laplax.config import validation as config_lib
 from laplax.data.chat import mixture as chat_mixture
-from laplax.data.text import fineweb
-from laplax.data.vision import images
-from laplax.evaluators import registry
-from laplax.data.vision import multicrop
 from laplax.data.text import corpus as text
+from laplax.data.text import fineweb
+from laplax.data.vision import images, multicrop
+from laplax.evaluators import registry
 from laplax.models import spec as spec_lib
-from laplax.tasks import base
+from laplax.tasks import base, schema
 from laplax.workdir import files as workdir_lib
 
 LIBRARY = pathlib.Path(__file__).resolve().parent.parent / "laplax"
@@ -47,8 +45,9 @@ def _flat(config) -> dict:
 def _minimal(task: str, **data) -> ml_collections.ConfigDict:
   """What a run saved long ago may hold: its task, model family and data name."""
   family = tasks.TASKS[task].family
-  return ml_collections.ConfigDict({"task": task, "model": {"name": family},
-                                    **({"data": data} if data else {})})
+  return ml_collections.ConfigDict(
+    {"task": task, "model": {"name": family}, **({"data": data} if data else {})}
+  )
 
 
 @pytest.mark.parametrize("task", sorted(tasks.TASKS))
@@ -63,8 +62,9 @@ def test_a_minimal_config_gets_every_base_key_at_its_default(task):
     got["eval"] = base["eval"]
   assert set(got) == set(base)
   model = utils.flatten_dotted({"model": spec_lib.config_defaults(tasks.TASKS[task].family)})
-  old = {k: list(v) if isinstance(v, tuple) else v
-         for k, v in schema.OLD_RUN_VALUES.items() if k in base}
+  old = {
+    k: list(v) if isinstance(v, tuple) else v for k, v in schema.OLD_RUN_VALUES.items() if k in base
+  }
   assert "optim.weight_decay_exclude" in old and "profile.start_step" in old
   for key, value in got.items():
     want = old[key] if key in old else model[key] if key in model else base[key]
@@ -72,14 +72,17 @@ def test_a_minimal_config_gets_every_base_key_at_its_default(task):
   assert not config_lib.unknown_keys(schema.complete(_minimal(task)), tasks.TASKS[task])
 
 
-@pytest.mark.parametrize("task,name,table", [
+@pytest.mark.parametrize(
+  "task,name,table",
+  [
     ("lm", "fineweb_edu", fineweb.default_config),
     ("lm", "chat_mid", lambda: chat_mixture.default_config("chat_mid")),
     ("lm", "chat_sft", lambda: chat_mixture.default_config("chat_sft")),
     ("lm", "text_corpus", text.default_config),
     ("classification", "cifar10", lambda: images.default_config("cifar10")),
     ("classification", "imagenet2012", lambda: images.default_config("imagenet2012")),
-])
+  ],
+)
 def test_the_data_section_is_the_table_of_its_data_name(task, name, table):
   """``data`` gets the keys of the pipeline ``data.name`` names (beside the
   dataset code), not those of the base config's data set."""
@@ -112,8 +115,9 @@ def test_the_old_run_table_applies_to_the_keys_of_the_task_only():
   assert schema.complete(c).data.smoltalk_stop == 7
 
 
-@pytest.mark.parametrize("path", sorted((LIBRARY.parent / "configs").glob("*.py")),
-                         ids=lambda p: p.stem)
+@pytest.mark.parametrize(
+  "path", sorted((LIBRARY.parent / "configs").glob("*.py")), ids=lambda p: p.stem
+)
 def test_every_shipped_config_is_complete_already(path):
   """``train.py`` completes its config: for the configs of ``configs/`` that
   adds and changes nothing, so their runs are those of before the schema."""
@@ -159,8 +163,12 @@ def test_upgrade_saved_runs_before_the_fill(monkeypatch):
 
 
 def test_a_broken_config_is_left_for_validation():
-  for broken in ({"model": {}}, {"task": "regression", "model": {}}, {"task": "lm", "model": 3},
-                 {"task": "lm", "model": {}, "data": {"name": 5}}):
+  for broken in (
+    {"model": {}},
+    {"task": "regression", "model": {}},
+    {"task": "lm", "model": 3},
+    {"task": "lm", "model": {}, "data": {"name": 5}},
+  ):
     c = ml_collections.ConfigDict(broken)
     assert schema.complete(c).to_dict() == broken
 
@@ -195,13 +203,16 @@ def test_train_config_flag_is_completed_and_stays_locked(tmp_path):
   """``train.py``'s ``--config`` (a file whose config lacks keys) is
   completed before anything reads it."""
   path = tmp_path / "short.py"
-  path.write_text("from laplax.config import defaults\n\n\ndef get_config():\n"
-                  "  c = defaults.base_config()\n  del c.keep_checkpoints, c.optim.grad_accum_steps\n"
-                  "  return c\n")
+  path.write_text(
+    "from laplax.config import defaults\n\n\ndef get_config():\n"
+    "  c = defaults.base_config()\n  del c.keep_checkpoints, c.optim.grad_accum_steps\n"
+    "  return c\n"
+  )
   argv = ["train.py", f"--config={path}", "--config.optim.lr=0.25"]
   values = flags.FlagValues()  # as laplax.sweep checks a train.py command line
-  config_flags.DEFINE_config_file("config", None, "", flag_values=values, lock_config=True,
-                                  sys_argv=argv)
+  config_flags.DEFINE_config_file(
+    "config", None, "", flag_values=values, lock_config=True, sys_argv=argv
+  )
   cli.parse_flags(argv, values, jax_config=False)
   config = cli.load_config_flag("config", values, argv)
   assert config.keep_checkpoints == 3 and config.optim.grad_accum_steps == 1
@@ -212,10 +223,14 @@ def test_train_config_flag_is_completed_and_stays_locked(tmp_path):
 # Calls of ``X.get(KEY, DEFAULT)`` on a config that stay, by design, with the
 # reason. (file relative to laplax/, enclosing function) -> reason.
 ALLOWED = {
-    ("tasks/dino.py", "upgrade_saved"):
-        "reads the switches config.evals replaced, which only an old run's config has",
-    ("tasks/dino.py", "saved_evals"):
-        "reads the switches config.evals replaced, which only an old run's config has",
+  (
+    "tasks/dino.py",
+    "upgrade_saved",
+  ): "reads the switches config.evals replaced, which only an old run's config has",
+  (
+    "tasks/dino.py",
+    "saved_evals",
+  ): "reads the switches config.evals replaced, which only an old run's config has",
 }
 
 
@@ -233,16 +248,25 @@ def config_get_calls(root: pathlib.Path) -> list[tuple[str, str, int, str]]:
         for inner in ast.walk(func):
           owner[id(inner)] = func.name  # the innermost function wins (walked last)
     for node in ast.walk(tree):
-      if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-              and node.func.attr == "get"):
+      if not (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "get"
+      ):
         continue
       receiver = ast.unparse(node.func.value)
       if "config" not in receiver:
         continue
       given = len(node.args) + len(node.keywords)
       if given >= (3 if receiver.endswith(("config_lib", "validation")) else 2):
-        found.append((str(path.relative_to(root)), owner.get(id(node), "<module>"),
-                      node.lineno, ast.unparse(node)))
+        found.append(
+          (
+            str(path.relative_to(root)),
+            owner.get(id(node), "<module>"),
+            node.lineno,
+            ast.unparse(node),
+          )
+        )
   return found
 
 
@@ -250,21 +274,25 @@ def test_no_config_get_with_a_default_outside_the_allowed_places():
   """Downstream code reads a complete config: ``config.keep_checkpoints``,
   not ``config.get("keep_checkpoints", 3)`` (which repeats the default)."""
   found = config_get_calls(LIBRARY)
-  bad = [f"laplax/{f}:{line} in {func}: {call}" for f, func, line, call in found
-         if (f, func) not in ALLOWED]
+  bad = [
+    f"laplax/{f}:{line} in {func}: {call}"
+    for f, func, line, call in found
+    if (f, func) not in ALLOWED
+  ]
   assert not bad, "read these keys as attributes (laplax.tasks.schema):\n" + "\n".join(bad)
   assert {(f, func) for f, func, _, _ in found} <= set(ALLOWED)
 
 
 def test_the_scan_finds_config_gets(tmp_path):
   (tmp_path / "m.py").write_text(
-      "def f(config, data_config, config_lib, m):\n"
-      "  a = config.get('keep_checkpoints', 3)\n"
-      "  b = data_config.get('streams', 1)\n"
-      "  c = config_lib.get(config, 'data.prefetch', 2)\n"
-      "  d = config_lib.get(config, 'data.prefetch')\n"
-      "  e = config.model.get('name')\n"
-      "  return m.get('x', 1), config.keep_checkpoints\n")
+    "def f(config, data_config, config_lib, m):\n"
+    "  a = config.get('keep_checkpoints', 3)\n"
+    "  b = data_config.get('streams', 1)\n"
+    "  c = config_lib.get(config, 'data.prefetch', 2)\n"
+    "  d = config_lib.get(config, 'data.prefetch')\n"
+    "  e = config.model.get('name')\n"
+    "  return m.get('x', 1), config.keep_checkpoints\n"
+  )
   assert [line for _, _, line, _ in config_get_calls(tmp_path)] == [2, 3, 4]
 
 
@@ -288,17 +316,31 @@ def test_an_old_workdir_resumes_bitwise_and_is_evaluated(tmp_path):
   and its model's options that differ from the spec's defaults resumes to
   step 4 bitwise equal to the run, and eval.py scores it as the run's own
   last evaluation."""
-  from test_resume import GPT_CONFIG, GPT_TINY, saved_state, assert_bitwise_equal
+  from test_resume import GPT_CONFIG, GPT_TINY, assert_bitwise_equal, saved_state
   from test_train import run_in_process
+
   text = tmp_path / "text"
   text.mkdir()
   (text / "a.txt").write_text("To be, or not to be, that is the question. " * 60)
   (text / "b.txt").write_text("All the world's a stage, and all the men and women. " * 60)
-  args = lambda workdir: (["train.py", "--workdir", str(workdir), "--config", GPT_CONFIG,
-                           f"--config.data.source_dir={text}",
-                           f"--config.data.data_dir={tmp_path / 'tfds'}"] + GPT_TINY
-                          + ["--config.total_steps=4", "--config.checkpoint_every=2",
-                             "--config.eval_every=4", "--config.log_every=1"])
+  args = lambda workdir: (
+    [
+      "train.py",
+      "--workdir",
+      str(workdir),
+      "--config",
+      GPT_CONFIG,
+      f"--config.data.source_dir={text}",
+      f"--config.data.data_dir={tmp_path / 'tfds'}",
+    ]
+    + GPT_TINY
+    + [
+      "--config.total_steps=4",
+      "--config.checkpoint_every=2",
+      "--config.eval_every=4",
+      "--config.log_every=1",
+    ]
+  )
   run = tmp_path / "run"
   assert run_in_process(args(run)).returncode == 0
   old = tmp_path / "old"
@@ -306,8 +348,11 @@ def test_an_old_workdir_resumes_bitwise_and_is_evaluated(tmp_path):
   shutil.rmtree(old / "checkpoints" / "4")
   saved = json.loads((run / workdir_lib.CONFIG_FILE).read_text())
   spec = utils.flatten_dotted({"model": spec_lib.config_defaults("gpt")})
-  keep = set(config_lib.REQUIRED) | {"model.name", "data.name", "eval_batch_size"} | {
-      k for k, v in utils.flatten_dotted(saved).items() if k in spec and v != spec[k]}
+  keep = (
+    set(config_lib.REQUIRED)
+    | {"model.name", "data.name", "eval_batch_size"}
+    | {k for k, v in utils.flatten_dotted(saved).items() if k in spec and v != spec[k]}
+  )
   (old / workdir_lib.CONFIG_FILE).write_text(json.dumps(_strip(saved, keep)))
   assert run_in_process(args(old)).returncode == 0  # resumed from step 2
   assert_bitwise_equal(saved_state(run)[1], saved_state(old)[1])

@@ -8,13 +8,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from laplax import optim, tasks
 from laplax import state as state_lib
 from laplax.config import validation as config_lib
-from laplax.train import loop
-from laplax import optim
-from laplax import tasks
-from laplax.tasks import classification
 from laplax.config.defaults import base_config, parse_arg
+from laplax.tasks import classification
+from laplax.train import loop
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -26,12 +25,16 @@ def load(name, arg=None):
   return module.get_config(arg)
 
 
-@pytest.mark.parametrize("name,arg,image_shape,num_classes,compile_step", [
+@pytest.mark.parametrize(
+  "name,arg,image_shape,num_classes,compile_step",
+  [
     ("deit3_imagenet", "laplacian=12,spectral=True", (192, 192, 3), 1000, True),
     ("deit3_cifar", "laplacian=6,spectral=True", (224, 224, 3), 100, False),
-])
-def test_paper_scale_config_builds_and_compiles_one_step(name, arg, image_shape, num_classes,
-                                                         compile_step):
+  ],
+)
+def test_paper_scale_config_builds_and_compiles_one_step(
+  name, arg, image_shape, num_classes, compile_step
+):
   """The ViT-B/16 configs build with the paper's parameter count, and their
   train step at batch 2 traces and lowers on abstract arrays (shapes only);
   the ImageNet one's is also compiled. The CIFAR one has the same blocks at
@@ -50,17 +53,30 @@ def test_paper_scale_config_builds_and_compiles_one_step(name, arg, image_shape,
   # 197-token position embedding; without those two: 85,647,360. This model
   # adds qk-norm (12 x 2 x 128) and LayerScale (12 x 2 x 768), and its
   # position embedding covers the patches only.
-  expected = (85_647_360 + 12 * 2 * 128 + 12 * 2 * 768
-              + (image_shape[0] // 16) ** 2 * 768 + 768 * num_classes + num_classes)
+  expected = (
+    85_647_360
+    + 12 * 2 * 128
+    + 12 * 2 * 768
+    + (image_shape[0] // 16) ** 2 * 768
+    + 768 * num_classes
+    + num_classes
+  )
   assert n == expected
-  step = jax.jit(loop.make_train_step(task, tx, optim.learning_rate_schedule(c.optim, c.total_steps)))
-  batch = {"image": jax.ShapeDtypeStruct((2,) + image_shape, jnp.float32),
-           "label": jax.ShapeDtypeStruct((2,), jnp.int32)}
+  step = jax.jit(
+    loop.make_train_step(task, tx, optim.learning_rate_schedule(c.optim, c.total_steps))
+  )
+  batch = {
+    "image": jax.ShapeDtypeStruct((2,) + image_shape, jnp.float32),
+    "label": jax.ShapeDtypeStruct((2,), jnp.int32),
+  }
   lowered = step.lower(abstract, batch)
   # XLA's fusion emitters, which conftest.py turns off for the suite's small
   # programs, compile this large one faster (34 instead of 58 s).
-  out_state, metrics = (lowered.compile({"xla_cpu_use_fusion_emitters": True}).out_info
-                        if compile_step else lowered.out_info)
+  out_state, metrics = (
+    lowered.compile({"xla_cpu_use_fusion_emitters": True}).out_info
+    if compile_step
+    else lowered.out_info
+  )
   shapes = lambda t: [(x.shape, x.dtype) for x in jax.tree_util.tree_leaves(t)]
   assert jax.tree_util.tree_structure(out_state) == jax.tree_util.tree_structure(abstract)
   assert shapes(out_state) == shapes(abstract)
@@ -68,8 +84,9 @@ def test_paper_scale_config_builds_and_compiles_one_step(name, arg, image_shape,
 
 
 def test_parse_arg_and_errors():
-  a = parse_arg("laplacian=5,spectral=True,dataset=cifar10", laplacian=0, spectral=False,
-                dataset="cifar100")
+  a = parse_arg(
+    "laplacian=5,spectral=True,dataset=cifar10", laplacian=0, spectral=False, dataset="cifar100"
+  )
   assert a.laplacian == 5 and a.spectral is True and a.dataset == "cifar10"
   with pytest.raises(ValueError, match="laplacien"):
     parse_arg("laplacien=5", laplacian=0)
@@ -83,7 +100,9 @@ def test_default_config_validates_and_has_contract_keys():
   assert c.model.num_laplacian_heads == c.model.num_heads  # all heads Laplacian
 
 
-@pytest.mark.parametrize("key,value,fragment", [
+@pytest.mark.parametrize(
+  "key,value,fragment",
+  [
     ("model.num_laplacian_heads", 5, "num_laplacian_heads"),
     ("model.num_laplacian_heads", -1, "num_laplacian_heads"),
     ("model.num_heads", 3, "not divisible"),
@@ -94,7 +113,8 @@ def test_default_config_validates_and_has_contract_keys():
     ("data.image_size", 30, "not divisible"),
     ("loss.type", "hinge", "loss.type"),
     ("task", "segmentation", "task"),
-])
+  ],
+)
 def test_validate_rejects_with_one_line(key, value, fragment):
   c = base_config()
   node = c
@@ -144,8 +164,10 @@ def test_weight_decay_mask_excludes_biases_norms_tokens():
   task = tasks.ClassificationTask(c, 10, (28, 28, 1))
   params = jax.eval_shape(task.init, jax.random.PRNGKey(0))
   mask = optim.decay_mask(params, tuple(c.optim.weight_decay_exclude))
-  flat = {"/".join(str(k.key) for k in path): v
-          for path, v in jax.tree_util.tree_flatten_with_path(mask)[0]}
+  flat = {
+    "/".join(str(k.key) for k in path): v
+    for path, v in jax.tree_util.tree_flatten_with_path(mask)[0]
+  }
   assert flat["block0/attention/query/kernel"] and flat["head/kernel"]
   assert flat["embedding/kernel"]
   assert not flat["block0/attention/query/bias"] and not flat["block0/norm1/scale"]
@@ -164,8 +186,9 @@ def test_weight_decay_applied_exactly_where_masked():
   zeros = jax.tree_util.tree_map(jnp.zeros_like, params)
   updates, _ = jax.jit(tx.update)(zeros, state, params)
   lr = float(optim.learning_rate_schedule(c.optim, 10)(0))
-  np.testing.assert_allclose(updates["head"]["kernel"], -lr * 0.05 * params["head"]["kernel"],
-                             rtol=1e-6, atol=1e-12)
+  np.testing.assert_allclose(
+    updates["head"]["kernel"], -lr * 0.05 * params["head"]["kernel"], rtol=1e-6, atol=1e-12
+  )
   np.testing.assert_array_equal(updates["cls"], 0.0)
   np.testing.assert_array_equal(updates["block0"]["norm1"]["scale"], 0.0)
 
@@ -189,6 +212,7 @@ def test_recipes_set_the_authors_options_and_unknown_ones_are_refused():
   """``recipe=deit3`` / ``recipe=nanochat`` (the options of the Laplacian
   authors' timm and nanochat code); the defaults stay plain."""
   from laplax.models import spec as spec_lib
+
   plain, deit3 = load("vit_fashion_mnist"), load("vit_fashion_mnist", "recipe=deit3")
   assert not plain.model.qk_norm and plain.model.layerscale_init is None
   assert deit3.model.qk_norm and deit3.model.layerscale_init == 1e-6
@@ -197,9 +221,22 @@ def test_recipes_set_the_authors_options_and_unknown_ones_are_refused():
   gpt, nano = load("gpt_shakespeare"), load("gpt_shakespeare", "recipe=nanochat")
   d20 = load("gpt_d20")
   assert gpt.optim.optimizer == "adamw" and not gpt.model.zero_init_out
-  keys = ("posemb", "tie_embeddings", "use_bias", "norm", "embed_norm", "mlp_activation",
-          "qk_norm", "qk_norm_type", "qk_scale", "zero_init_out", "rope_style", "rope_theta",
-          "kernel_init", "logit_softcap")
+  keys = (
+    "posemb",
+    "tie_embeddings",
+    "use_bias",
+    "norm",
+    "embed_norm",
+    "mlp_activation",
+    "qk_norm",
+    "qk_norm_type",
+    "qk_scale",
+    "zero_init_out",
+    "rope_style",
+    "rope_theta",
+    "kernel_init",
+    "logit_softcap",
+  )
   assert {k: nano.model[k] for k in keys} == {k: d20.model[k] for k in keys}
   assert nano.model.zero_init_out and nano.optim.optimizer == "nanochat"
   # nanochat's AdamW learning rates scale with (width / 768)^-0.5.

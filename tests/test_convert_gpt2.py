@@ -21,23 +21,23 @@ import shutil
 import subprocess
 import sys
 
-import numpy as np
-import pytest
-
 import jax
 import jax.numpy as jnp
+import numpy as np
+import pytest
 from safetensors.numpy import load_file, save_file
+from test_configs import load
+from test_train import ROOT
 
 from laplax.convert import common, hf_gpt2
 from laplax.data.text.tokenizers import BPETokenizer
 from laplax.models import spec as spec_lib
 from laplax.models.gpt import GPT
-from test_configs import load
-from test_train import ROOT
 
 pytestmark = pytest.mark.skipif(
-    not all(importlib.util.find_spec(m) for m in ("torch", "transformers")),
-    reason="the test oracles: pip install -r requirements-test.txt")
+  not all(importlib.util.find_spec(m) for m in ("torch", "transformers")),
+  reason="the test oracles: pip install -r requirements-test.txt",
+)
 # Imported by the module fixture below, not at collection (every xdist worker
 # collects every file, and torch + transformers take seconds to import).
 torch = transformers = no_init_weights = None
@@ -45,16 +45,21 @@ torch = transformers = no_init_weights = None
 
 @pytest.fixture(autouse=True, scope="module")
 def _torch_and_transformers():
-  global torch, transformers, no_init_weights  # pylint: disable=global-statement
-  import torch as torch_module  # pylint: disable=import-outside-toplevel
-  import transformers as transformers_module  # pylint: disable=import-outside-toplevel
-  from transformers.initialization import no_init_weights as no_init  # pylint: disable=import-outside-toplevel
+  global torch, transformers, no_init_weights
+  import torch as torch_module
+  import transformers as transformers_module
+  from transformers.initialization import no_init_weights as no_init
+
   torch_module.set_num_threads(1)
   torch, transformers, no_init_weights = torch_module, transformers_module, no_init
+
+
 SMALL = dict(vocab_size=300, n_positions=32, n_embd=64, n_layer=2, n_head=4)
-TEXT = ("the quick brown fox jumps over the lazy dog. pack my box with five dozen "
-        "liquor jugs! how vexingly quick daft zebras jump; sphinx of black quartz, "
-        "judge my vow. 0123456789 ") * 20
+TEXT = (
+  "the quick brown fox jumps over the lazy dog. pack my box with five dozen "
+  "liquor jugs! how vexingly quick daft zebras jump; sphinx of black quartz, "
+  "judge my vow. 0123456789 "
+) * 20
 
 
 def _config(**model):
@@ -111,19 +116,23 @@ def _forward(model, params, tokens):
 
 def _decode(model, params, tokens):
   """Laplax logits ``[length, vocab]`` of ``tokens [1, length]`` fed one at a time."""
-  shapes = jax.eval_shape(lambda: model.init(
-      jax.random.PRNGKey(0), jnp.zeros((1, model.spec.max_length), jnp.int32),
-      decode=True))["cache"]
+  shapes = jax.eval_shape(
+    lambda: model.init(
+      jax.random.PRNGKey(0), jnp.zeros((1, model.spec.max_length), jnp.int32), decode=True
+    )
+  )["cache"]
   cache = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
 
   @jax.jit
   def step(params, cache, token):  # params an argument: not constants in the program
-    (logits, _), updated = model.apply({"params": params, "cache": cache}, token,
-                                       decode=True, mutable=["cache"])
+    (logits, _), updated = model.apply(
+      {"params": params, "cache": cache}, token, decode=True, mutable=["cache"]
+    )
     return updated["cache"], logits[0, -1]
+
   out = []
   for t in range(tokens.shape[1]):
-    cache, logits = step(params, cache, jnp.asarray(tokens[:, t:t + 1]))
+    cache, logits = step(params, cache, jnp.asarray(tokens[:, t : t + 1]))
     out.append(np.asarray(logits))
   return np.stack(out)
 
@@ -138,13 +147,13 @@ def _hf_decode(model, tokens):
   the returned cache passed back. transformers 5.24 renamed
   ``past_key_values`` to ``cache`` (argument and output; the old name warns
   that it goes in 5.40); the cache is a ``DynamicCache``."""
-  name = "cache" if "cache" in inspect.signature(model.forward).parameters else (
-      "past_key_values")
+  name = "cache" if "cache" in inspect.signature(model.forward).parameters else ("past_key_values")
   past, out = None, []
   with torch.no_grad():
     for t in range(tokens.shape[1]):
-      result = model(torch.as_tensor(tokens[:, t:t + 1], dtype=torch.long),
-                     use_cache=True, **{name: past})
+      result = model(
+        torch.as_tensor(tokens[:, t : t + 1], dtype=torch.long), use_cache=True, **{name: past}
+      )
       past = getattr(result, name)
       assert past is not None
       out.append(result.logits[0, -1].numpy())
@@ -166,7 +175,7 @@ def _check_close(name, got, want, record_property):
 def bpe():
   """A byte-level BPE of 300 tokens (as laplax trains them) wrapped as an HF tokenizer."""
   tok = BPETokenizer.train([TEXT], SMALL["vocab_size"])
-  inner = tok._tokenizer  # pylint: disable=protected-access
+  inner = tok._tokenizer
   return transformers.PreTrainedTokenizerFast(tokenizer_object=inner)
 
 
@@ -188,17 +197,22 @@ def test_small_gpt2_logits_and_kv_cache_match_hf(small, bpe, record_property):
   model, hf_dir, workdir = small
   gpt, params, spec, config = _laplax(workdir)
   assert (spec.width, spec.depth, spec.num_heads, spec.mlp_dim, spec.max_length) == (
-      64, 2, 4, 256, 32)
+    64,
+    2,
+    4,
+    256,
+    32,
+  )
   assert spec.norm_eps == 1e-5 and spec.mlp_activation == "gelu" and spec.tie_embeddings
   assert not spec.laplacian_array.any() and config.data.tokenizer == "bpe"
   assert "lm_head" not in params
   tokens = _tokens(300, 32)  # the whole context: every position embedding is used
-  _check_close("small_forward", _forward(gpt, params, tokens)[0], _hf_forward(model, tokens),
-               record_property)
+  _check_close(
+    "small_forward", _forward(gpt, params, tokens)[0], _hf_forward(model, tokens), record_property
+  )
   hf_steps, cache_type = _hf_decode(model, tokens[:, :12])
   record_property("hf_cache_type", cache_type)
-  _check_close("small_kv_cache", _decode(gpt, params, tokens[:, :12]), hf_steps,
-               record_property)
+  _check_close("small_kv_cache", _decode(gpt, params, tokens[:, :12]), hf_steps, record_property)
   # The tokenizer came along and encodes as HF's does.
   tok = BPETokenizer.load(str(workdir / "tokenizer.json"))
   assert tok.vocab_size == 300
@@ -214,18 +228,31 @@ def test_gpt2_124m_logits_and_kv_cache_match_hf(record_property):
   model = _hf_model(std=0.02)
   hf = model.config.to_dict()
   tensors = hf_gpt2.check_hf_tensors(
-      {k: v.numpy() for k, v in model.state_dict().items()}, hf, "state_dict")
+    {k: v.numpy() for k, v in model.state_dict().items()}, hf, "state_dict"
+  )
   config = hf_gpt2.laplax_config(hf, _config())
   spec = spec_lib.from_config(config.model)
   params = common.nested(hf_gpt2.hf_to_laplax(tensors, spec.depth, spec.tie_embeddings))
   gpt = GPT(spec, config.data.vocab_size)
   assert (spec.width, spec.depth, spec.num_heads, spec.mlp_dim, spec.max_length) == (
-      768, 12, 12, 3072, 1024)
-  assert sum(x.size for x in jax.tree_util.tree_leaves(params)) == sum(
-      p.numel() for p in model.parameters()) == 124_439_808
+    768,
+    12,
+    12,
+    3072,
+    1024,
+  )
+  assert (
+    sum(x.size for x in jax.tree_util.tree_leaves(params))
+    == sum(p.numel() for p in model.parameters())
+    == 124_439_808
+  )
   tokens = _tokens(50257, 6)
-  _check_close("gpt2_124m_forward", _forward(gpt, params, tokens)[0],
-               _hf_forward(model, tokens), record_property)
+  _check_close(
+    "gpt2_124m_forward",
+    _forward(gpt, params, tokens)[0],
+    _hf_forward(model, tokens),
+    record_property,
+  )
   hf_steps, _ = _hf_decode(model, tokens)
   _check_close("gpt2_124m_kv_cache", _decode(gpt, params, tokens), hf_steps, record_property)
 
@@ -233,48 +260,74 @@ def test_gpt2_124m_logits_and_kv_cache_match_hf(record_property):
 def _perturbed(params, seed=0):
   rng = np.random.default_rng(seed)
   return jax.tree_util.tree_map(
-      lambda x: np.asarray(x + 0.05 * rng.standard_normal(x.shape), np.float32), params)
+    lambda x: np.asarray(x + 0.05 * rng.standard_normal(x.shape), np.float32), params
+  )
 
 
-def test_laplax_workdir_to_hf_loads_strictly_and_round_trips_bitwise(small, tmp_path,
-                                                                     record_property):
+def test_laplax_workdir_to_hf_loads_strictly_and_round_trips_bitwise(
+  small, tmp_path, record_property
+):
   """A laplax-initialised GPT (scanned layout, ReLU^2 MLP) written as GPT-2: HF
   loads it with no missing, unexpected or mismatched key and computes laplax's
   logits; converted back, every parameter is bitwise the original."""
   _, _, converted = small
-  config = _config(width=64, depth=2, num_heads=4, mlp_dim=128, max_length=16,
-                   posemb="learn", norm_eps=1e-5, mlp_activation="relu2", scan_layers=True)
+  config = _config(
+    width=64,
+    depth=2,
+    num_heads=4,
+    mlp_dim=128,
+    max_length=16,
+    posemb="learn",
+    norm_eps=1e-5,
+    mlp_activation="relu2",
+    scan_layers=True,
+  )
   config.data.tokenizer, config.data.vocab_size = "bpe", 300
   spec = spec_lib.from_config(config.model)
   gpt = GPT(spec, 300)
-  params = _perturbed(jax.jit(gpt.init)(jax.random.PRNGKey(0), jnp.zeros((1, 4), jnp.int32))
-                      ["params"])
+  params = _perturbed(
+    jax.jit(gpt.init)(jax.random.PRNGKey(0), jnp.zeros((1, 4), jnp.int32))["params"]
+  )
   assert "blocks" in params  # scan_layers: stacked
   source = tmp_path / "laplax"
-  common.write_workdir(str(source), config, params, vocab_size=300,
-                       files={"tokenizer.json": str(converted / "tokenizer.json")})
+  common.write_workdir(
+    str(source),
+    config,
+    params,
+    vocab_size=300,
+    files={"tokenizer.json": str(converted / "tokenizer.json")},
+  )
   out = tmp_path / "hf"
   assert hf_gpt2.convert_to_hf(str(source), str(out), False) is None
-  assert sorted(os.listdir(out)) == ["config.json", "model.safetensors", "tokenizer.json",
-                                     "tokenizer_config.json"]
+  assert sorted(os.listdir(out)) == [
+    "config.json",
+    "model.safetensors",
+    "tokenizer.json",
+    "tokenizer_config.json",
+  ]
   written = json.loads((out / "config.json").read_text())
   assert written["activation_function"] == "relu2" and written["n_inner"] == 128
   assert written["tie_word_embeddings"] is True and written["n_positions"] == 16
   tensors = load_file(str(out / "model.safetensors"))
   assert "lm_head.weight" not in tensors and len(tensors) == 4 + 12 * 2
   assert all(t.dtype == np.float32 and t.flags.c_contiguous for t in tensors.values())
-  model, info = transformers.GPT2LMHeadModel.from_pretrained(str(out),
-                                                             output_loading_info=True)
+  model, info = transformers.GPT2LMHeadModel.from_pretrained(str(out), output_loading_info=True)
   assert {"missing_keys", "unexpected_keys", "mismatched_keys"} <= set(info), info
   assert not any(info.values()), info
   model.eval()
   assert model.lm_head.weight.data_ptr() == model.transformer.wte.weight.data_ptr()
   tokens = _tokens(300, 16, seed=2)
-  _check_close("laplax_to_hf_forward", _hf_forward(model, tokens),
-               _forward(gpt, params, tokens)[0], record_property)
+  _check_close(
+    "laplax_to_hf_forward",
+    _hf_forward(model, tokens),
+    _forward(gpt, params, tokens)[0],
+    record_property,
+  )
   hf_tok = transformers.AutoTokenizer.from_pretrained(str(out))
-  assert hf_tok.encode("the lazy dog") == BPETokenizer.load(
-      str(source / "tokenizer.json")).encode("the lazy dog").tolist()
+  assert (
+    hf_tok.encode("the lazy dog")
+    == BPETokenizer.load(str(source / "tokenizer.json")).encode("the lazy dog").tolist()
+  )
   back = tmp_path / "back"
   hf_gpt2.convert_from_hf(str(out), config, str(back))
   restored = common.read_workdir(str(back))[2]
@@ -283,8 +336,10 @@ def test_laplax_workdir_to_hf_loads_strictly_and_round_trips_bitwise(small, tmp_
   assert sorted(restored) == sorted(original)
   for name, value in original.items():
     assert np.array_equal(restored[name], value), name
-  assert json.loads((back / "config.json").read_text())["model"] == json.loads(
-      (source / "config.json").read_text())["model"]
+  assert (
+    json.loads((back / "config.json").read_text())["model"]
+    == json.loads((source / "config.json").read_text())["model"]
+  )
 
 
 def test_untied_exact_gelu_logits_and_round_trip(tmp_path, record_property):
@@ -299,8 +354,9 @@ def test_untied_exact_gelu_logits_and_round_trip(tmp_path, record_property):
   assert not spec.tie_embeddings and spec.mlp_activation == "gelu_exact"
   assert params["lm_head"]["kernel"].shape == (64, 300)
   tokens = _tokens(300, 20, seed=4)
-  _check_close("untied_forward", _forward(gpt, params, tokens)[0], _hf_forward(model, tokens),
-               record_property)
+  _check_close(
+    "untied_forward", _forward(gpt, params, tokens)[0], _hf_forward(model, tokens), record_property
+  )
   assert hf_gpt2.convert_to_hf(str(tmp_path / "run"), str(tmp_path / "out"), False) is None
   written = json.loads((tmp_path / "out" / "config.json").read_text())
   assert written["activation_function"] == "gelu" and written["tie_word_embeddings"] is False
@@ -335,8 +391,9 @@ def test_laplacian_model_is_refused_without_force(small, tmp_path):
 def test_learned_laplacian_mix_starts_at_the_pattern_and_is_kept_with_force(small, tmp_path):
   _, hf_dir, _ = small
   workdir = tmp_path / "mix"
-  hf_gpt2.convert_from_hf(hf_dir, _config(num_laplacian_heads=2, laplacian_mix="learned"),
-                          str(workdir))
+  hf_gpt2.convert_from_hf(
+    hf_dir, _config(num_laplacian_heads=2, laplacian_mix="learned"), str(workdir)
+  )
   params = common.read_workdir(str(workdir))[2]
   for i in range(2):
     assert params[f"block{i}"]["attention"]["laplacian_mix"].tolist() == [-4, -4, 4, 4]
@@ -352,13 +409,15 @@ def test_to_hf_refuses_options_gpt2_lacks(small, tmp_path):
   only) are refused, with ``force`` too, in one line naming the key."""
   _, _, workdir = small
   saved = json.loads((workdir / "config.json").read_text())
-  for key, value, message in (("posemb", "rope", "model.posemb='rope'"),
-                              ("norm", "rmsnorm", "model.norm='rmsnorm'"),
-                              ("qk_norm", True, "model.qk_norm=True"),
-                              ("qk_scale", 1.2, "model.qk_scale=1.2"),
-                              ("use_bias", False, "model.use_bias=False"),
-                              ("embed_norm", True, "model.embed_norm=True"),
-                              ("layerscale_init", 0.1, "model.layerscale_init=0.1")):
+  for key, value, message in (
+    ("posemb", "rope", "model.posemb='rope'"),
+    ("norm", "rmsnorm", "model.norm='rmsnorm'"),
+    ("qk_norm", True, "model.qk_norm=True"),
+    ("qk_scale", 1.2, "model.qk_scale=1.2"),
+    ("use_bias", False, "model.use_bias=False"),
+    ("embed_norm", True, "model.embed_norm=True"),
+    ("layerscale_init", 0.1, "model.layerscale_init=0.1"),
+  ):
     run = tmp_path / key
     shutil.copytree(workdir, run)
     config = json.loads(json.dumps(saved))
@@ -438,9 +497,13 @@ def test_bad_hf_directories_are_refused_in_process(small, tmp_path):
   _refused(wrong, run, prefix + "h.1.mlp.c_fc.bias", "(255,)", "(256,)")
   extra = _broken_copy(hf_dir, tmp_path / "extra", add=prefix + "h.2.attn.c_attn.bias")
   _refused(extra, run, prefix + "h.2.attn.c_attn.bias", "has not")
-  for key, value in (("scale_attn_by_inverse_layer_idx", True),
-                     ("reorder_and_upcast_attn", True), ("scale_attn_weights", False),
-                     ("add_cross_attention", True), ("model_type", "gpt_neo")):
+  for key, value in (
+    ("scale_attn_by_inverse_layer_idx", True),
+    ("reorder_and_upcast_attn", True),
+    ("scale_attn_weights", False),
+    ("add_cross_attention", True),
+    ("model_type", "gpt_neo"),
+  ):
     bad = _broken_copy(hf_dir, tmp_path / key, config={key: value})
     _refused(bad, run, key)
   untied = _broken_copy(hf_dir, tmp_path / "untied", config={"tie_word_embeddings": False})
@@ -453,9 +516,14 @@ def test_bad_hf_directories_are_refused_in_process(small, tmp_path):
 
 
 def _cli(*args):
-  return subprocess.Popen([sys.executable, "-m", "laplax.convert", *map(str, args)],
-                          cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+  return subprocess.Popen(
+    [sys.executable, "-m", "laplax.convert", *map(str, args)],
+    cwd=ROOT,
+    stdout=subprocess.PIPE,
+    stderr=subprocess.PIPE,
+    text=True,
+    env=dict(os.environ, PYTHONUNBUFFERED="1"),
+  )
 
 
 def test_cli_converts_and_refuses_bad_input_in_one_line(small, tmp_path):
@@ -467,16 +535,30 @@ def test_cli_converts_and_refuses_bad_input_in_one_line(small, tmp_path):
   empty.mkdir()
   (empty / "config.json").write_text(open(os.path.join(hf_dir, "config.json")).read())
   bad = {
-      "no_weights": (str(empty), ["model.safetensors"]),
-      "removed": (_broken_copy(hf_dir, tmp_path / "removed", drop=removed), [removed]),
-      "activation": (_broken_copy(hf_dir, tmp_path / "act",
-                                  config={"activation_function": "silu"}),
-                     ["activation_function", "silu"]),
+    "no_weights": (str(empty), ["model.safetensors"]),
+    "removed": (_broken_copy(hf_dir, tmp_path / "removed", drop=removed), [removed]),
+    "activation": (
+      _broken_copy(hf_dir, tmp_path / "act", config={"activation_function": "silu"}),
+      ["activation_function", "silu"],
+    ),
   }
-  good = _cli("--from", "hf-gpt2", "--model", hf_dir, "--workdir", tmp_path / "good",
-              "--config", config, "--config.model.num_laplacian_heads=1")
-  procs = {name: _cli("--from", "hf-gpt2", "--model", d, "--workdir", tmp_path / f"w_{name}",
-                      "--config", config) for name, (d, _) in bad.items()}
+  good = _cli(
+    "--from",
+    "hf-gpt2",
+    "--model",
+    hf_dir,
+    "--workdir",
+    tmp_path / "good",
+    "--config",
+    config,
+    "--config.model.num_laplacian_heads=1",
+  )
+  procs = {
+    name: _cli(
+      "--from", "hf-gpt2", "--model", d, "--workdir", tmp_path / f"w_{name}", "--config", config
+    )
+    for name, (d, _) in bad.items()
+  }
   out, err = good.communicate(timeout=300)
   assert good.returncode == 0, err[-3000:]
   assert "wrote" in out

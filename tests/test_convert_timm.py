@@ -15,15 +15,16 @@ import os
 import jax
 import numpy as np
 import pytest
+from test_train import CONFIG, ROOT, read_metrics, run, run_in_process
 
 from laplax.convert import common, timm_vit
 from laplax.models import spec as spec_lib
 from laplax.models.vit import ViT
-from test_train import CONFIG, ROOT, read_metrics, run, run_in_process
 
 pytestmark = pytest.mark.skipif(
-    not all(importlib.util.find_spec(m) for m in ("torch", "timm")),
-    reason="the test oracles: pip install -r requirements-test.txt")
+  not all(importlib.util.find_spec(m) for m in ("torch", "timm")),
+  reason="the test oracles: pip install -r requirements-test.txt",
+)
 # Imported by the module fixture below, not at collection (every xdist worker
 # collects every file, and torch + timm take seconds to import).
 timm = torch = None
@@ -31,14 +32,22 @@ timm = torch = None
 
 @pytest.fixture(autouse=True, scope="module")
 def _torch_and_timm():
-  global timm, torch  # pylint: disable=global-statement
-  import timm as timm_module  # pylint: disable=import-outside-toplevel
-  import torch as torch_module  # pylint: disable=import-outside-toplevel
+  global timm, torch
+  import timm as timm_module
+  import torch as torch_module
+
   torch_module.set_num_threads(1)
   timm, torch = timm_module, torch_module
+
+
 TOL = 1e-5
-MODELS = ["vit_tiny_patch16_224", "vit_small_patch16_224", "vit_base_patch16_224",
-          "deit3_small_patch16_224", "deit3_base_patch16_224"]
+MODELS = [
+  "vit_tiny_patch16_224",
+  "vit_small_patch16_224",
+  "vit_base_patch16_224",
+  "deit3_small_patch16_224",
+  "deit3_base_patch16_224",
+]
 
 
 def laplax_model(arch, **model_keys):
@@ -80,8 +89,9 @@ def strict_timm(state, model_args):
   the meta device: no random initialisation to wait for)."""
   with torch.device("meta"):
     model = timm.models.vision_transformer.VisionTransformer(**model_args)
-  model.load_state_dict({k: torch.from_numpy(v) for k, v in state.items()},
-                        strict=True, assign=True)
+  model.load_state_dict(
+    {k: torch.from_numpy(v) for k, v in state.items()}, strict=True, assign=True
+  )
   return model.eval()
 
 
@@ -92,7 +102,8 @@ def timm_state(model):
 def timm_eval(model, data_config):
   """timm ``model`` on every example of eval.py's eval split (its pipeline,
   images to NCHW): per example ``(correct, cross-entropy in nats, prediction)``."""
-  from laplax.data.vision import images as images_lib  # pylint: disable=import-outside-toplevel
+  from laplax.data.vision import images as images_lib
+
   correct, nll, predicted = [], [], []
   for batch in images_lib.eval_batches(data_config, batch_size=500):
     real = batch["mask"] > 0
@@ -127,8 +138,9 @@ def test_timm_logits_and_bitwise_round_trip(name):
   # built from the written arguments is the original one.
   state, model_args = timm_vit.laplax_to_timm(params, model.spec)
   back = strict_timm(state, model_args)
-  assert_trees_equal_bitwise(timm_vit.timm_to_laplax(timm_state(back), timm_vit.architecture(back)),
-                             params)
+  assert_trees_equal_bitwise(
+    timm_vit.timm_to_laplax(timm_state(back), timm_vit.architecture(back)), params
+  )
   images = images_for(arch, seed=1)
   np.testing.assert_array_equal(timm_logits(back, images), timm_logits(tm, images))
 
@@ -138,12 +150,11 @@ def laplacian_attention(attn, k):
   ``v - SDPA(q, k, v)`` (the authors' formula), the others ``SDPA(q, k, v)``."""
 
   class LaplacianAttention(torch.nn.Module):
-
     def __init__(self):
       super().__init__()
       self.attn = attn
 
-    def forward(self, x, attn_mask=None, **kwargs):  # pylint: disable=unused-argument
+    def forward(self, x, attn_mask=None, **kwargs):
       a = self.attn
       b, n, c = x.shape
       qkv = a.qkv(x).reshape(b, n, 3, a.num_heads, c // a.num_heads).permute(2, 0, 3, 1, 4)
@@ -157,11 +168,14 @@ def laplacian_attention(attn, k):
   return LaplacianAttention()
 
 
-@pytest.mark.parametrize("name,k,model_args", [
+@pytest.mark.parametrize(
+  "name,k,model_args",
+  [
     ("vit_tiny_patch16_224", 1, {}),
     ("deit3_small_patch16_224", 3, {}),
     ("deit3_small_patch16_224", 2, {"qk_norm": True, "depth": 2}),
-])
+  ],
+)
 def test_laplacian_heads_equal_authors_formula_in_timm(name, k, model_args):
   torch.manual_seed(1)
   tm = timm_vit.timm_model(name, model_args)
@@ -177,12 +191,15 @@ def test_laplacian_heads_equal_authors_formula_in_timm(name, k, model_args):
   assert compare(tm, params, laplax_model(arch), arch) > 1e-3
 
 
-@pytest.mark.parametrize("model_args", [
-    {"class_token": False, "global_pool": "avg"},                  # fc_norm (timm's default)
+@pytest.mark.parametrize(
+  "model_args",
+  [
+    {"class_token": False, "global_pool": "avg"},  # fc_norm (timm's default)
     {"class_token": False, "global_pool": "avg", "fc_norm": False},
-    {"no_embed_class": False, "init_values": 1e-6},               # class token with a position
-    {"act_layer": "gelu_tanh"},                                   # laplax's default GELU
-])
+    {"no_embed_class": False, "init_values": 1e-6},  # class token with a position
+    {"act_layer": "gelu_tanh"},  # laplax's default GELU
+  ],
+)
 def test_mean_pooling_and_class_token_layouts(model_args):
   torch.manual_seed(2)
   tm = timm_vit.timm_model("vit_tiny_patch16_224", dict(model_args, depth=2))
@@ -224,8 +241,9 @@ def test_unsupported_and_mismatched_weights_are_named():
   with pytest.raises(common.ConvertError, match=r"blocks\.1\.norm1\.weight"):
     timm_vit.timm_to_laplax(extra, arch)
   with pytest.raises(common.ConvertError, match="class token with mean pooling"):
-    timm_vit.architecture(timm_vit.timm_model("vit_tiny_patch16_224",
-                                              {"depth": 1, "global_pool": "avg"}))
+    timm_vit.architecture(
+      timm_vit.timm_model("vit_tiny_patch16_224", {"depth": 1, "global_pool": "avg"})
+    )
   with pytest.raises(common.ConvertError, match="not a timm model"):
     timm_vit.timm_model("vit_nonexistent_patch16_224")
 
@@ -239,9 +257,25 @@ def test_cli_timm_workdir_evaluates_fine_tunes_and_goes_back(tmp_path, fmnist_da
   model goes back strictly."""
   conv = tmp_path / "conv"
   data = f"--config.data.data_dir={fmnist_data_dir}"
-  r = run(["-m", "laplax.convert", "--from", "timm", "--model", "vit_tiny_patch16_224",
-           "--model_args", FMNIST_ARGS, "--workdir", str(conv), "--config", CONFIG, data,
-           "--config.eval_batch_size=1000", "--config.data.eval_split=test[:1000]"])
+  r = run(
+    [
+      "-m",
+      "laplax.convert",
+      "--from",
+      "timm",
+      "--model",
+      "vit_tiny_patch16_224",
+      "--model_args",
+      FMNIST_ARGS,
+      "--workdir",
+      str(conv),
+      "--config",
+      CONFIG,
+      data,
+      "--config.eval_batch_size=1000",
+      "--config.data.eval_split=test[:1000]",
+    ]
+  )
   assert r.returncode == 0, r.stderr[-2000:]
   assert (conv / "checkpoints" / "0").is_dir()
   saved = json.loads((conv / "config.json").read_text())
@@ -257,8 +291,9 @@ def test_cli_timm_workdir_evaluates_fine_tunes_and_goes_back(tmp_path, fmnist_da
   out = tmp_path / "back"
   assert timm_vit.convert_to_timm(str(conv), str(out), force=False) is None
   back = timm_vit.timm_from_dir(str(out))
-  assert_trees_equal_bitwise(timm_vit.timm_to_laplax(timm_state(back), timm_vit.architecture(back)),
-                             params)
+  assert_trees_equal_bitwise(
+    timm_vit.timm_to_laplax(timm_state(back), timm_vit.architecture(back)), params
+  )
   # eval.py's accuracy is timm's: timm's own forward pass of those weights on
   # the same 1000 examples (eval.py's pipeline, images to NCHW) scores the same.
   correct, nll, predicted = timm_eval(back, common.read_workdir(str(conv))[0].data)
@@ -270,12 +305,25 @@ def test_cli_timm_workdir_evaluates_fine_tunes_and_goes_back(tmp_path, fmnist_da
   # Fine-tune with one Laplacian head per layer, from the converted weights
   # (the model keys come from the converted workdir's config.json).
   ft = tmp_path / "ft"
-  r = run_in_process(["train.py", "--config", CONFIG, "--workdir", str(ft), data,
-                      f"--config.init_from={conv}", "--config.total_steps=2",
-                      "--config.log_every=1", "--config.eval_every=1000",
-                      "--config.batch_size=8", "--config.eval_batch_size=1000",
-                      "--config.data.eval_split=test[:1000]",
-                      "--config.model.num_laplacian_heads=1"], capfd)
+  r = run_in_process(
+    [
+      "train.py",
+      "--config",
+      CONFIG,
+      "--workdir",
+      str(ft),
+      data,
+      f"--config.init_from={conv}",
+      "--config.total_steps=2",
+      "--config.log_every=1",
+      "--config.eval_every=1000",
+      "--config.batch_size=8",
+      "--config.eval_batch_size=1000",
+      "--config.data.eval_split=test[:1000]",
+      "--config.model.num_laplacian_heads=1",
+    ],
+    capfd,
+  )
   assert r.returncode == 0, r.stderr[-2000:]
   assert [m["step"] for m in read_metrics(ft) if m["split"] == "train"] == [1, 2]
   _, ft_spec, ft_params, step = common.read_workdir(str(ft))
@@ -285,8 +333,9 @@ def test_cli_timm_workdir_evaluates_fine_tunes_and_goes_back(tmp_path, fmnist_da
   with pytest.raises(common.ConvertError, match="Laplacian heads .*pass --force"):
     timm_vit.convert_to_timm(str(ft), str(refused), force=False)
   assert not refused.exists()
-  r = run(["-m", "laplax.convert", "--to", "timm", "--workdir", str(ft), "--out",
-           str(refused), "--force"])
+  r = run(
+    ["-m", "laplax.convert", "--to", "timm", "--workdir", str(ft), "--out", str(refused), "--force"]
+  )
   assert r.returncode == 0 and "layer 0: heads [1]" in r.stdout, r.stderr[-2000:]
   assert set(timm_vit.timm_from_dir(str(refused)).state_dict()) == set(back.state_dict())
 
@@ -297,9 +346,10 @@ def test_load_converted_deit3_without_its_dataset(tmp_path):
   model from the saved spec, the parameters alone: no data, no optimizer),
   and its logits are timm's; only the task's data (``run.task``) needs ImageNet."""
   import laplax
-  from laplax.data.errors import DataError
   from laplax.cli import common as cli
-  config = cli._load_config_file(os.path.join(ROOT, "configs", "deit3_imagenet.py"))  # pylint: disable=protected-access
+  from laplax.data.errors import DataError
+
+  config = cli._load_config_file(os.path.join(ROOT, "configs", "deit3_imagenet.py"))
   config.data.data_dir = str(tmp_path / "no_imagenet")
   os.makedirs(config.data.data_dir)
   common.plain_attention(config, [])
@@ -318,7 +368,7 @@ def test_load_converted_deit3_without_its_dataset(tmp_path):
   assert diff < TOL
   assert os.listdir(config.data.data_dir) == []  # nothing prepared
   with pytest.raises(DataError, match="imagenet2012"):
-    run.task  # pylint: disable=pointless-statement
+    _ = run.task
 
 
 def test_cli_bad_inputs_one_line_exit_2_nothing_written(tmp_path):
@@ -327,13 +377,25 @@ def test_cli_bad_inputs_one_line_exit_2_nothing_written(tmp_path):
   # The weights of another architecture (a ViT-S block) for a ViT-Ti.
   weights = tmp_path / "other.safetensors"
   from safetensors.numpy import save_file
-  save_file(timm_state(timm_vit.timm_model("vit_small_patch16_224", {"depth": 1})),
-            str(weights))
+
+  save_file(timm_state(timm_vit.timm_model("vit_small_patch16_224", {"depth": 1})), str(weights))
   cases = [
-      (["--from", "timm", "--model", "vit_tiny_patch16_224", "--weights", str(weights),
-        "--workdir", str(tmp_path / "b"), "--config", CONFIG],
-       "timm tensor patch_embed.proj.weight has shape (384, 3, 16, 16); this "
-       "architecture needs (192, 3, 16, 16)"),
+    (
+      [
+        "--from",
+        "timm",
+        "--model",
+        "vit_tiny_patch16_224",
+        "--weights",
+        str(weights),
+        "--workdir",
+        str(tmp_path / "b"),
+        "--config",
+        CONFIG,
+      ],
+      "timm tensor patch_embed.proj.weight has shape (384, 3, 16, 16); this "
+      "architecture needs (192, 3, 16, 16)",
+    ),
   ]
   for args, message in cases:
     r = run(["-m", "laplax.convert"] + args)
@@ -349,13 +411,15 @@ def test_cli_bad_inputs_one_line_exit_2_nothing_written(tmp_path):
 def test_library_imports_no_pytorch(tmp_path):
   """With PyTorch installed, training, evaluation, analysis and the converter
   modules import no torch (tensorboardX would: laplax blocks it there)."""
-  code = ("import sys; import laplax, laplax.train.loop, laplax.loading, "
-          "laplax.convert, laplax.convert.timm_vit, laplax.convert.hf_gpt2, "
-          "laplax.analysis.report, eval; "
-          "from laplax.workdir.files import MetricWriter; "
-          f"MetricWriter({str(tmp_path)!r}).close(); "
-          "print(sorted(m for m in sys.modules if m.split('.')[0] in "
-          "('torch', 'timm', 'transformers')))")
+  code = (
+    "import sys; import laplax, laplax.train.loop, laplax.loading, "
+    "laplax.convert, laplax.convert.timm_vit, laplax.convert.hf_gpt2, "
+    "laplax.analysis.report, eval; "
+    "from laplax.workdir.files import MetricWriter; "
+    f"MetricWriter({str(tmp_path)!r}).close(); "
+    "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+    "('torch', 'timm', 'transformers')))"
+  )
   r = run(["-c", code])
   assert r.returncode == 0, r.stderr[-2000:]
   assert r.stdout.strip() == "[]"

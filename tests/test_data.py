@@ -10,10 +10,8 @@ import pytest
 import tensorflow_datasets as tfds
 from tensorflow_datasets.testing import mocking
 
-from laplax.data.vision import augment
-
-from laplax.data.vision import images
 from laplax.data.builders import fashion_mnist_idx as fmnist
+from laplax.data.vision import augment, images
 
 SOURCE_DIR = fmnist.DEFAULT_SOURCE_DIR
 needs_source = pytest.mark.skipif(
@@ -266,10 +264,13 @@ def test_decoded_cache_fill_decodes_the_shard_in_the_background(fm_config, idx):
 def test_decoded_cache_fill_leaves_a_bad_example_to_the_read_that_needs_it():
   class Broken:
     dataset_info = None
+
     def __len__(self):
       return 10
+
     def __getitems__(self, keys):
       raise OSError("record 3 is corrupt")
+
   cache = images.DecodedCache(Broken(), (2, 2, 1))
   thread = cache.start_fill(np.arange(10))
   thread.join(timeout=60)
@@ -295,13 +296,29 @@ def test_decoded_cache_only_for_fixed_size_uint8_splits_that_fit(fm_config, monk
 def test_train_and_multicrop_batches_equal_with_and_without_the_cache(fm_config, monkeypatch):
   # 1000 x 61 batches: the second epoch starts inside the run and reads cached examples.
   cached = take(iter(images.train_dataset(fm_config, batch_size=1000, seed=5)), 61)
-  views = take(iter(images.multicrop_train_dataset(
-      fm_config, images.default_multicrop_config(fm_config.name), batch_size=64, seed=2)), 2)
+  views = take(
+    iter(
+      images.multicrop_train_dataset(
+        fm_config, images.default_multicrop_config(fm_config.name), batch_size=64, seed=2
+      )
+    ),
+    2,
+  )
   monkeypatch.setattr(images, "cached", lambda source: source)
   assert_batches_equal(
-      cached[-2:], take(iter(images.train_dataset(fm_config, batch_size=1000, seed=5)), 61)[-2:])
-  assert_batches_equal(views, take(iter(images.multicrop_train_dataset(
-      fm_config, images.default_multicrop_config(fm_config.name), batch_size=64, seed=2)), 2))
+    cached[-2:], take(iter(images.train_dataset(fm_config, batch_size=1000, seed=5)), 61)[-2:]
+  )
+  assert_batches_equal(
+    views,
+    take(
+      iter(
+        images.multicrop_train_dataset(
+          fm_config, images.default_multicrop_config(fm_config.name), batch_size=64, seed=2
+        )
+      ),
+      2,
+    ),
+  )
 
 
 @needs_source
@@ -331,13 +348,15 @@ def test_random_crop_flip_takes_windows_of_the_padded_image():
   out = augment.random_flip(augment.random_crop(batch, 2, rng), rng)
   assert out.shape == batch.shape and out.dtype == batch.dtype
   padded = np.pad(batch, ((0, 0), (2, 2), (2, 2), (0, 0)))
-  windows = lambda i: [  # noqa: E731
-    w[:, ::-1] if flip else w
-    for dy in range(5)
-    for dx in range(5)
-    for w in [padded[i, dy : dy + 8, dx : dx + 8]]
-    for flip in (False, True)
-  ]
+  windows = (
+    lambda i: [  # noqa: E731
+      w[:, ::-1] if flip else w
+      for dy in range(5)
+      for dx in range(5)
+      for w in [padded[i, dy : dy + 8, dx : dx + 8]]
+      for flip in (False, True)
+    ]
+  )
   assert all(any(np.array_equal(out[i], w) for w in windows(i)) for i in range(16))
   assert any(not np.array_equal(out[i], batch[i]) for i in range(16))
 

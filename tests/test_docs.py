@@ -59,11 +59,22 @@ def _broken_internal_links(site: str) -> list[str]:
 
 def test_site_builds_without_warnings_and_its_links_resolve(tmp_path):
   out = str(tmp_path / "html")
-  r = subprocess.run([sys.executable, "-m", "sphinx", "-W", "-q", "-b", "html", DOCS, out],
-                     cwd=ROOT, capture_output=True, text=True, timeout=900)
+  r = subprocess.run(
+    [sys.executable, "-m", "sphinx", "-W", "-q", "-b", "html", DOCS, out],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=900,
+  )
   assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
-  for page in ("index.html", "api.html", "methods.html", "demo.html",
-               "searchindex.js", os.path.join("_autosummary", "laplax.attention.html")):
+  for page in (
+    "index.html",
+    "api.html",
+    "methods.html",
+    "demo.html",
+    "searchindex.js",
+    os.path.join("_autosummary", "laplax.attention.html"),
+  ):
     assert os.path.isfile(os.path.join(out, page)), page
   with open(os.path.join(out, "index.html"), encoding="utf-8") as f:  # getting started
     page = f.read()
@@ -74,8 +85,10 @@ def test_site_builds_without_warnings_and_its_links_resolve(tmp_path):
 
 
 def test_link_crawl_finds_a_broken_link(tmp_path):
-  (tmp_path / "a.html").write_text('<a href="b.html#x">b</a> <a href="https://x.org/c">c</a> '
-                                   '<a href="#top">t</a> <img src="_static/missing.png">')
+  (tmp_path / "a.html").write_text(
+    '<a href="b.html#x">b</a> <a href="https://x.org/c">c</a> '
+    '<a href="#top">t</a> <img src="_static/missing.png">'
+  )
   (tmp_path / "b.html").write_text("<p>b</p>")
   assert _broken_internal_links(str(tmp_path)) == ["a.html: _static/missing.png"]
 

@@ -7,20 +7,17 @@ definitions (k-NN and the linear probe on the teacher's features)."""
 import json
 
 import pytest
-
 from test_configs import load
 from test_dino import TINY
-from test_lm_cli import GPT_CONFIG, TINY as GPT_TINY, corpus  # pylint: disable=unused-import
+from test_lm_cli import GPT_CONFIG, corpus  # noqa: F401  (the corpus fixture)
+from test_lm_cli import TINY as GPT_TINY
 from test_train import read_metrics, run_in_process
 
+from laplax import optim, tasks
 from laplax import state as state_lib
-from laplax import tasks
-from laplax.evaluators import probes
 from laplax.config import validation as config_lib
+from laplax.evaluators import probes, registry
 from laplax.tasks import schema
-from laplax.evaluators import registry
-from laplax.train import loop
-from laplax import optim
 
 
 def test_every_task_has_evaluators_and_defaults_to_some_of_them():
@@ -28,9 +25,22 @@ def test_every_task_has_evaluators_and_defaults_to_some_of_them():
   name, stages, tasks and settings; each task's default list is among the
   evaluators that take it, and its config gets their settings."""
   found = registry.registered()
-  assert {"classification", "bits_per_byte", "samples", "multiple_choice", "knn",
-          "linear_probe", "raw_pixel_knn", "segmentation", "patch_pca", "arc_easy",
-          "arc_challenge", "mmlu", "gsm8k", "humaneval"} <= set(found)
+  assert {
+    "classification",
+    "bits_per_byte",
+    "samples",
+    "multiple_choice",
+    "knn",
+    "linear_probe",
+    "raw_pixel_knn",
+    "segmentation",
+    "patch_pca",
+    "arc_easy",
+    "arc_challenge",
+    "mmlu",
+    "gsm8k",
+    "humaneval",
+  } <= set(found)
   for name, cls in found.items():
     assert cls.name == name and set(cls.stages) <= {registry.TRAIN, registry.EVAL}
     assert set(cls.tasks) <= set(tasks.TASKS), name
@@ -44,12 +54,15 @@ def test_every_task_has_evaluators_and_defaults_to_some_of_them():
   assert registry.accepted("classification") == ("classification",)
 
 
-@pytest.mark.parametrize("saved,expected", [
+@pytest.mark.parametrize(
+  "saved,expected",
+  [
     ({}, "knn,linear_probe,raw_pixel_knn,segmentation,patch_pca"),
     ({"linear_probe": False}, "knn,raw_pixel_knn,segmentation,patch_pca"),
     ({"linear_probe": True, "segmentation": False}, "knn,linear_probe,raw_pixel_knn,patch_pca"),
     ({"linear_probe": False, "segmentation": False}, "knn,raw_pixel_knn,patch_pca"),
-])
+  ],
+)
 def test_a_dino_run_saved_before_evals_keeps_what_its_switches_meant(saved, expected):
   """Completing a saved config (laplax.tasks.schema) turns the switches
   config.evals replaced into the list they meant, and drops them; a config
@@ -72,8 +85,10 @@ def test_a_dino_run_saved_before_evals_keeps_what_its_switches_meant(saved, expe
 
 
 def test_saved_image_and_language_runs_get_the_old_evaluations():
-  for config, expected in (("vit_fashion_mnist", ("classification",)),
-                           ("gpt_shakespeare", ("bits_per_byte", "samples"))):
+  for config, expected in (
+    ("vit_fashion_mnist", ("classification",)),
+    ("gpt_shakespeare", ("bits_per_byte", "samples")),
+  ):
     c = load(config)
     with c.unlocked():
       del c.evals
@@ -86,14 +101,18 @@ ALL_DINO = "knn,linear_probe,raw_pixel_knn,segmentation,patch_pca"
 @pytest.fixture(scope="module")
 def dino_run(fmnist_data_dir):
   """A tiny DINO task on Fashion-MNIST slices and its initial state."""
-  from bench.common import apply_override  # pylint: disable=import-outside-toplevel
+  from bench.common import apply_override
+
   c = registry.complete(load("dino_fashion_mnist"))
   overrides = [a for a in TINY if a.startswith("--config.")] + [
-      f"--config.data.data_dir={fmnist_data_dir}", "--config.data.train_split=train[:300]",
-      "--config.data.eval_split=test[:100]", "--config.eval_batch_size=100",
-      "--config.eval.pca_images=2"]
+    f"--config.data.data_dir={fmnist_data_dir}",
+    "--config.data.train_split=train[:300]",
+    "--config.data.eval_split=test[:100]",
+    "--config.eval_batch_size=100",
+    "--config.eval.pca_images=2",
+  ]
   for arg in overrides:
-    apply_override(c, arg[len("--config."):])
+    apply_override(c, arg[len("--config.") :])
   with c.unlocked():
     c.evals = ALL_DINO
   tasks.validate(c)
@@ -106,7 +125,12 @@ def test_each_stage_runs_its_part_of_the_list_in_order(dino_run):
   task, _ = dino_run
   assert [e.name for e in registry.build(task, registry.TRAIN)] == ["knn", "linear_probe"]
   assert [e.name for e in registry.build(task, registry.EVAL)] == [
-      "knn", "linear_probe", "raw_pixel_knn", "segmentation", "patch_pca"]
+    "knn",
+    "linear_probe",
+    "raw_pixel_knn",
+    "segmentation",
+    "patch_pca",
+  ]
   with task.config.unlocked():
     task.config.evals = "patch_pca,knn"
   try:
@@ -128,6 +152,7 @@ def test_dino_numbers_are_the_definitions_on_features_computed_once(dino_run, tm
   def counted(params, split, *, with_tokens=0):
     calls.append((split, with_tokens))
     return features(params, split, with_tokens=with_tokens)
+
   task.features = counted
   try:
     evaluators = [registry.get(n)(task) for n in ("knn", "linear_probe", "patch_pca")]
@@ -142,11 +167,21 @@ def test_dino_numbers_are_the_definitions_on_features_computed_once(dino_run, tm
   _, params = task.backbone(state)
   train_x, train_y, _, _ = features(params, c.data.train_split)
   test_x, test_y, _, _ = features(params, c.data.eval_split)
-  knn = probes.knn_accuracy(train_x, train_y, test_x, test_y, num_classes=10,
-                            k=c.eval.knn_k, temperature=c.eval.knn_temperature)
+  knn = probes.knn_accuracy(
+    train_x,
+    train_y,
+    test_x,
+    test_y,
+    num_classes=10,
+    k=c.eval.knn_k,
+    temperature=c.eval.knn_temperature,
+  )
   probe = probes.linear_probe(train_x, train_y, test_x, test_y, num_classes=10, seed=c.seed)
-  assert summary == {"knn_accuracy": float(knn), "num_examples": 100,
-                     "linear_probe_accuracy": float(probe["accuracy"])}
+  assert summary == {
+    "knn_accuracy": float(knn),
+    "num_examples": 100,
+    "linear_probe_accuracy": float(probe["accuracy"]),
+  }
 
 
 def test_the_training_loop_and_eval_py_run_the_configs_evaluators(tmp_path, corpus, capfd):
@@ -154,11 +189,22 @@ def test_the_training_loop_and_eval_py_run_the_configs_evaluators(tmp_path, corp
   evaluations (test_observability checks the default list writes one per
   evaluation), and eval.py writes the bits per byte of the last one."""
   workdir = tmp_path / "run"
-  r = run_in_process(["train.py", "--config", GPT_CONFIG, "--workdir", str(workdir),
-                      f"--config.data.source_dir={corpus}",
-                      f"--config.data.data_dir={tmp_path / 'tfds'}",
-                      "--config.total_steps=4", "--config.eval_every=2",
-                      "--config.evals=bits_per_byte"] + GPT_TINY, capfd)
+  r = run_in_process(
+    [
+      "train.py",
+      "--config",
+      GPT_CONFIG,
+      "--workdir",
+      str(workdir),
+      f"--config.data.source_dir={corpus}",
+      f"--config.data.data_dir={tmp_path / 'tfds'}",
+      "--config.total_steps=4",
+      "--config.eval_every=2",
+      "--config.evals=bits_per_byte",
+    ]
+    + GPT_TINY,
+    capfd,
+  )
   assert r.returncode == 0, r.stderr[-2000:]
   records = read_metrics(workdir)
   evals = [x for x in records if x["split"] == "eval"]
@@ -199,9 +245,10 @@ class TargetCount(Evaluator):
 def new_evaluator(tmp_path, monkeypatch):
   """An evaluator in a module of its own (outside laplax), imported; removed
   from the registry afterwards (its class is collected)."""
-  import gc  # pylint: disable=import-outside-toplevel
-  import importlib  # pylint: disable=import-outside-toplevel
-  import sys  # pylint: disable=import-outside-toplevel
+  import gc
+  import importlib
+  import sys
+
   (tmp_path / "laplax_test_new_evaluator.py").write_text(NEW_EVALUATOR)
   monkeypatch.syspath_prepend(str(tmp_path))
   importlib.import_module("laplax_test_new_evaluator")
@@ -211,32 +258,45 @@ def new_evaluator(tmp_path, monkeypatch):
   assert "target_count" not in registry.registered()
 
 
-def test_a_new_evaluator_is_one_module_and_one_config_entry(tmp_path, corpus, capfd,
-                                                            new_evaluator):
+def test_a_new_evaluator_is_one_module_and_one_config_entry(tmp_path, corpus, capfd, new_evaluator):
   """A module defining an evaluator and its name in config.evals: train.py
   runs it at each evaluation with its setting from the command line (no
   config file has the key), eval.py runs it with its saved setting or a new
   one; its numbers are the eval split's target tokens (all batches: the
   bits_per_byte evaluator's num_tokens; one batch: the first batch's)."""
-  from laplax import loading  # pylint: disable=import-outside-toplevel
+  from laplax import loading
+
   workdir = tmp_path / "run"
-  r = run_in_process(["train.py", "--config", GPT_CONFIG, "--workdir", str(workdir),
-                      f"--config.data.source_dir={corpus}",
-                      f"--config.data.data_dir={tmp_path / 'tfds'}",
-                      "--config.total_steps=2", "--config.eval_every=2",
-                      f"--config.evals=bits_per_byte,{new_evaluator}",
-                      "--config.eval.target_count_batches=1000"] + GPT_TINY, capfd)
+  r = run_in_process(
+    [
+      "train.py",
+      "--config",
+      GPT_CONFIG,
+      "--workdir",
+      str(workdir),
+      f"--config.data.source_dir={corpus}",
+      f"--config.data.data_dir={tmp_path / 'tfds'}",
+      "--config.total_steps=2",
+      "--config.eval_every=2",
+      f"--config.evals=bits_per_byte,{new_evaluator}",
+      "--config.eval.target_count_batches=1000",
+    ]
+    + GPT_TINY,
+    capfd,
+  )
   assert r.returncode == 0, r.stderr[-2000:]
   final = [x for x in read_metrics(workdir) if x["split"] == "eval"][-1]
   assert final["target_count"] == final["num_tokens"] > 0
   saved = json.loads((workdir / "config.json").read_text())
   assert saved["eval"]["target_count_batches"] == 1000
-  r = run_in_process(["eval.py", "--workdir", str(workdir),
-                      "--config.eval.target_count_batches=1"], capfd)
+  r = run_in_process(
+    ["eval.py", "--workdir", str(workdir), "--config.eval.target_count_batches=1"], capfd
+  )
   assert r.returncode == 0, r.stderr[-2000:]
   result = json.loads((workdir / "eval.json").read_text())
   first = next(iter(loading.load(str(workdir)).task.eval_batches()))
   assert result["target_count"] == int(first["mask"].sum()) < final["num_tokens"]
-  r = run_in_process(["eval.py", "--workdir", str(workdir),
-                      "--config.eval.target_count_batches=0"], capfd)
+  r = run_in_process(
+    ["eval.py", "--workdir", str(workdir), "--config.eval.target_count_batches=0"], capfd
+  )
   assert r.returncode == 2 and "config.eval.target_count_batches=0" in r.stderr

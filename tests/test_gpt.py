@@ -5,22 +5,29 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
-from laplax import state as state_lib
-from laplax.models import sampling, spec as spec_lib
-from laplax.models.gpt import GPT
-from laplax.train import loop
-from laplax import optim
-from laplax import tasks
 from model_helper import make_gpt
 from test_configs import load
+
+from laplax import optim, tasks
+from laplax import state as state_lib
+from laplax.models import sampling
+from laplax.models import spec as spec_lib
+from laplax.models.gpt import GPT
+from laplax.train import loop
 
 HEAD_MIXES = {"standard": 0, "laplacian": 4, "mixed": (1, 3)}
 
 
 def tiny(laplacian, **kw):
-  kw = dict(vocab_size=40, max_length=10, width=16, depth=2, num_heads=4,
-            num_laplacian_heads=laplacian, **kw)
+  kw = dict(
+    vocab_size=40,
+    max_length=10,
+    width=16,
+    depth=2,
+    num_heads=4,
+    num_laplacian_heads=laplacian,
+    **kw,
+  )
   return make_gpt(**kw)
 
 
@@ -39,8 +46,9 @@ def test_kv_cache_logits_equal_full_forward(mix, posemb):
   cache = model.init(jax.random.PRNGKey(0), tokens, decode=True)["cache"]
   pieces = []
   for lo, hi in ((0, 4), (4, 5), (5, 6), (6, 10)):  # prefill, then chunks
-    (logits, _), upd = model.apply({"params": params, "cache": cache},
-                                   tokens[:, lo:hi], decode=True, mutable=["cache"])
+    (logits, _), upd = model.apply(
+      {"params": params, "cache": cache}, tokens[:, lo:hi], decode=True, mutable=["cache"]
+    )
     cache = upd["cache"]
     pieces.append(logits)
   chex.assert_trees_all_close(jnp.concatenate(pieces, 1), full, atol=1e-5, rtol=1e-5)
@@ -53,14 +61,15 @@ def test_causality(mix, spectral):
   params = init(model)
   a = jax.random.randint(jax.random.PRNGKey(2), (2, 10), 0, 40)
   t = 4
-  b = a.at[:, t + 1:].set((a[:, t + 1:] + 7) % 40)
+  b = a.at[:, t + 1 :].set((a[:, t + 1 :] + 7) % 40)
   la, oa = model.apply({"params": params}, a)
   lb, ob = model.apply({"params": params}, b)
-  chex.assert_trees_all_equal(la[:, :t + 1], lb[:, :t + 1])
+  chex.assert_trees_all_equal(la[:, : t + 1], lb[:, : t + 1])
   for i in range(2):
-    np.testing.assert_array_equal(oa[f"block{i}"]["sa"][:, :t + 1],
-                                  ob[f"block{i}"]["sa"][:, :t + 1])
-  assert np.abs(la[:, t + 1:] - lb[:, t + 1:]).max() > 0
+    np.testing.assert_array_equal(
+      oa[f"block{i}"]["sa"][:, : t + 1], ob[f"block{i}"]["sa"][:, : t + 1]
+    )
+  assert np.abs(la[:, t + 1 :] - lb[:, t + 1 :]).max() > 0
 
 
 def test_laplacian_layer_output_at_token_zero_is_bias_only():
@@ -71,8 +80,7 @@ def test_laplacian_layer_output_at_token_zero_is_bias_only():
   tokens = jax.random.randint(jax.random.PRNGKey(3), (2, 10), 0, 40)
   _, out = model.apply({"params": params}, tokens)
   bias = params["block0"]["attention"]["out"]["bias"]
-  np.testing.assert_allclose(out["block0"]["sa"][:, 0], jnp.broadcast_to(bias, (2, 16)),
-                             atol=1e-6)
+  np.testing.assert_allclose(out["block0"]["sa"][:, 0], jnp.broadcast_to(bias, (2, 16)), atol=1e-6)
 
 
 def test_residual_projection_init_scale():
@@ -80,8 +88,9 @@ def test_residual_projection_init_scale():
   params = init(model)
   target = 0.02 / np.sqrt(2 * 6)
   for name in ("out",):
-    w = np.concatenate([np.ravel(params[f"block{i}"]["attention"][name]["kernel"])
-                        for i in range(6)])
+    w = np.concatenate(
+      [np.ravel(params[f"block{i}"]["attention"][name]["kernel"]) for i in range(6)]
+    )
     assert abs(w.std() - target) / target < 0.05
   w = np.concatenate([np.ravel(params[f"block{i}"]["mlp"]["fc2"]["kernel"]) for i in range(6)])
   assert abs(w.std() - target) / target < 0.05
@@ -109,21 +118,26 @@ def closed_form_count(m, vocab):
   return total
 
 
-@pytest.mark.parametrize("name,vocab,expected", [
+@pytest.mark.parametrize(
+  "name,vocab,expected",
+  [
     ("gpt2_124m", 50257, 124_439_808),  # GPT-2 small (tied, learned positions, biases)
-    ("gpt_d20", 65536, 560_988_160)])   # 20 x 12 x 1280^2 + 2 x 65536 x 1280
+    ("gpt_d20", 65536, 560_988_160),
+  ],
+)  # 20 x 12 x 1280^2 + 2 x 65536 x 1280
 def test_paper_config_parameter_count(name, vocab, expected):
   """Exact counts (``jax.eval_shape``: nothing is allocated): a missing
   position table, one layer's attention or a bias changes them."""
   c = load(name)
   assert closed_form_count(c.model, vocab) == expected
   model = GPT(spec_lib.from_config(c.model), vocab_size=vocab)
-  shapes = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0),
-                                             jnp.zeros((1, 8), jnp.int32)))
+  shapes = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), jnp.zeros((1, 8), jnp.int32)))
   n = sum(x.size for x in jax.tree_util.tree_leaves(shapes))
   assert n == expected
-  per_block = [sum(x.size for x in jax.tree_util.tree_leaves(shapes["params"][f"block{i}"]))
-               for i in range(c.model.depth)]
+  per_block = [
+    sum(x.size for x in jax.tree_util.tree_leaves(shapes["params"][f"block{i}"]))
+    for i in range(c.model.depth)
+  ]
   assert per_block == [per_block[0]] * c.model.depth  # every layer complete
 
 
@@ -159,7 +173,8 @@ def test_paper_config_one_step_at_tiny_width(name, vocab):
 
 def common_flat(tree):
   """``{"a/b": leaf}`` of a nested dict."""
-  from laplax.convert import common  # pylint: disable=import-outside-toplevel
+  from laplax.convert import common
+
   return common.flat(tree)
 
 
@@ -172,7 +187,7 @@ def test_greedy_generation_equals_argmax_of_full_forward():
 
   def last_argmax(seq):
     padded = np.zeros((1, 10), np.int32)
-    padded[0, :len(seq)] = seq
+    padded[0, : len(seq)] = seq
     return int(jnp.argmax(full(params, padded)[0, len(seq) - 1]))
 
   prompt = np.array([3, 14, 15], np.int32)
@@ -202,8 +217,9 @@ def test_top_k_one_is_greedy():
   params = init(model)
   prompt = np.array([1, 2], np.int32)
   greedy = sampling.generate(model, params, prompt, max_new_tokens=6, temperature=0.0)
-  top1 = sampling.generate(model, params, prompt, max_new_tokens=6, temperature=1.5,
-                           top_k=1, rng=jax.random.PRNGKey(7))
+  top1 = sampling.generate(
+    model, params, prompt, max_new_tokens=6, temperature=1.5, top_k=1, rng=jax.random.PRNGKey(7)
+  )
   np.testing.assert_array_equal(greedy, top1)
 
 

@@ -13,8 +13,9 @@ from laplax.evaluators import gsm8k
 
 def _write(tmp_path, answers):
   path = tmp_path / "test.jsonl"
-  path.write_text("".join(json.dumps({"question": f"q{i}", "answer": a}) + "\n"
-                          for i, a in enumerate(answers)))
+  path.write_text(
+    "".join(json.dumps({"question": f"q{i}", "answer": a}) + "\n" for i, a in enumerate(answers))
+  )
   return str(path)
 
 
@@ -32,7 +33,11 @@ def test_a_missing_answer_is_never_right(tmp_path):
   assert result["correct"] == 0 and result["accuracy"] == 0.0
   assert gsm8k.score(conversations, ["#### 3", "so #### 4"])["accuracy"] == 1.0
   # A conversation built elsewhere without an answer is refused by the scorer too.
-  broken = {"messages": [{"role": "user", "content": "q"},
-                         {"role": "assistant", "content": [{"type": "text", "text": "no"}]}]}
+  broken = {
+    "messages": [
+      {"role": "user", "content": "q"},
+      {"role": "assistant", "content": [{"type": "text", "text": "no"}]},
+    ]
+  }
   with pytest.raises(DataError, match="no '#### NUMBER' answer"):
     gsm8k.score([broken], ["I don't know"])

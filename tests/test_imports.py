@@ -54,8 +54,10 @@ def _imported(node: ast.AST, module: str, is_package: bool, modules) -> list[str
     found = []
     for alias in node.names:
       parts = alias.name.split(".")
-      deepest = next((".".join(parts[:i]) for i in range(len(parts), 0, -1)
-                      if ".".join(parts[:i]) in modules), None)
+      deepest = next(
+        (".".join(parts[:i]) for i in range(len(parts), 0, -1) if ".".join(parts[:i]) in modules),
+        None,
+      )
       found += [deepest] if deepest else []
     return found
   if not isinstance(node, ast.ImportFrom):
@@ -63,7 +65,7 @@ def _imported(node: ast.AST, module: str, is_package: bool, modules) -> list[str
   base = node.module or ""
   if node.level:
     package = module.split(".") if is_package else module.split(".")[:-1]
-    package = package[:len(package) - (node.level - 1)]
+    package = package[: len(package) - (node.level - 1)]
     base = ".".join(package + ([base] if base else []))
   found = []
   for alias in node.names:
@@ -165,8 +167,9 @@ def cycles(root: str, packages: tuple[str, ...]) -> list[str]:
   for component in strongly_connected(graph):
     cycle = a_cycle(graph, component)
     rest = [m for m in component if m not in cycle]
-    found.append(describe(graph, cycle) + (f" (and cycles through {', '.join(rest)})"
-                                           if rest else ""))
+    found.append(
+      describe(graph, cycle) + (f" (and cycles through {', '.join(rest)})" if rest else "")
+    )
   return found
 
 
@@ -188,22 +191,32 @@ def test_checker_finds_a_cycle_through_a_function_level_import(tmp_path):
   ``pkg.sub.b -> pkg.a`` inside a function (relative) make one cycle;
   ``pkg.c`` imports a name of ``pkg.sub`` (its ``__init__``), which imports
   nothing back, and ``pkg.a`` imports itself: neither is a cycle."""
-  _write(tmp_path, {
+  _write(
+    tmp_path,
+    {
       "pkg/__init__.py": "",
       "pkg/a.py": "import os\nfrom pkg.sub import b\nfrom pkg import a\n",
       "pkg/sub/__init__.py": "VALUE = 1\n",
       "pkg/sub/b.py": "def f():\n  from .. import a\n  return a\n",
       "pkg/c.py": "from pkg.sub import VALUE\nimport pkg.a\n",
-  })
+    },
+  )
   graph = import_graph(str(tmp_path), ("pkg",))
-  assert graph == {"pkg": {}, "pkg.a": {"pkg.sub.b": 2}, "pkg.sub": {},
-                   "pkg.sub.b": {"pkg.a": 2}, "pkg.c": {"pkg.sub": 1, "pkg.a": 2}}
+  assert graph == {
+    "pkg": {},
+    "pkg.a": {"pkg.sub.b": 2},
+    "pkg.sub": {},
+    "pkg.sub.b": {"pkg.a": 2},
+    "pkg.c": {"pkg.sub": 1, "pkg.a": 2},
+  }
   assert strongly_connected(graph) == [["pkg.a", "pkg.sub.b"]]
   assert cycles(str(tmp_path), ("pkg",)) == ["pkg.a (line 2) -> pkg.sub.b (line 2) -> pkg.a"]
 
 
 def test_checker_finds_a_three_module_cycle_and_each_component_once(tmp_path):
-  _write(tmp_path, {
+  _write(
+    tmp_path,
+    {
       "p/__init__.py": "",
       "p/x.py": "from p import y\n",
       "p/y.py": "import p.z\n",
@@ -213,37 +226,39 @@ def test_checker_finds_a_three_module_cycle_and_each_component_once(tmp_path):
       "p/w.py": "from p import x, u\n",
       "p/t.py": "import p.y\n",
       "p/s.py": "import p.t\nimport p.x\n",
-  })
+    },
+  )
   assert cycles(str(tmp_path), ("p",)) == [
-      "p.u (line 1) -> p.v (line 1) -> p.u",
-      "p.x (line 1) -> p.y (line 1) -> p.z (line 2) -> p.x"]
+    "p.u (line 1) -> p.v (line 1) -> p.u",
+    "p.x (line 1) -> p.y (line 1) -> p.z (line 2) -> p.x",
+  ]
   # p.z also imports p.s, which imports p.t (-> p.y) and p.x: one component of
   # five, a shortest cycle through its first module printed, the rest named.
   _write(tmp_path, {"p/z.py": "def g():\n  import p.x\n  import p.s\n"})
   assert cycles(str(tmp_path), ("p",)) == [
-      "p.s (line 1) -> p.t (line 1) -> p.y (line 1) -> p.z (line 3) -> p.s "
-      "(and cycles through p.x)",
-      "p.u (line 1) -> p.v (line 1) -> p.u"]
+    "p.s (line 1) -> p.t (line 1) -> p.y (line 1) -> p.z (line 3) -> p.s (and cycles through p.x)",
+    "p.u (line 1) -> p.v (line 1) -> p.u",
+  ]
 
 
 #: The floors of ``laplax/``, lowest first (``docs/architecture.md``); the
 #: names are first-level folders or modules of the package.
 FLOORS = (
-    ("errors", "utils", "signals", "spectral", "rotary"),
-    ("sharding",),
-    ("kernels",),
-    ("attention",),
-    ("models",),
-    ("data", "analysis", "optim"),
-    ("config",),
-    ("tasks",),
-    ("state",),
-    ("workdir",),
-    ("evaluators",),
-    ("train",),
-    ("loading",),
-    ("cli", "chat"),
-    ("convert", "sweep"),
+  ("errors", "utils", "signals", "spectral", "rotary"),
+  ("sharding",),
+  ("kernels",),
+  ("attention",),
+  ("models",),
+  ("data", "analysis", "optim"),
+  ("config",),
+  ("tasks",),
+  ("state",),
+  ("workdir",),
+  ("evaluators",),
+  ("train",),
+  ("loading",),
+  ("cli", "chat"),
+  ("convert", "sweep"),
 )
 
 
@@ -256,8 +271,9 @@ def floor_of(module: str, floors=FLOORS) -> tuple[str, int] | None:
   for level, names in enumerate(floors):
     if parts[1] in names:
       return parts[1], level
-  raise AssertionError(f"{module}: folder {parts[1]!r} is on no floor; add it to FLOORS "
-                       f"and to docs/architecture.md")
+  raise AssertionError(
+    f"{module}: folder {parts[1]!r} is on no floor; add it to FLOORS and to docs/architecture.md"
+  )
 
 
 def upward_imports(root: str, package: str, floors=FLOORS) -> list[str]:
@@ -274,9 +290,11 @@ def upward_imports(root: str, package: str, floors=FLOORS) -> list[str]:
       if here is None or there is None or here[0] == there[0]:
         continue
       if there[1] >= here[1]:
-        found.append(f"{module} (floor {here[1]}, {here[0]}) imports {target} "
-                     f"(floor {there[1]}, {there[0]}): {os.path.relpath(files[module], root)}"
-                     f":{line}")
+        found.append(
+          f"{module} (floor {here[1]}, {here[0]}) imports {target} "
+          f"(floor {there[1]}, {there[0]}): {os.path.relpath(files[module], root)}"
+          f":{line}"
+        )
   return found
 
 
@@ -286,7 +304,9 @@ def test_laplax_folders_import_only_from_lower_floors():
 
 
 def test_floor_checker_finds_an_upward_and_a_sideways_import(tmp_path):
-  _write(tmp_path, {
+  _write(
+    tmp_path,
+    {
       "pkg/__init__.py": "",
       "pkg/low/__init__.py": "",
       "pkg/low/a.py": "def f():\n  from pkg.high import b\n  return b\n",
@@ -294,7 +314,8 @@ def test_floor_checker_finds_an_upward_and_a_sideways_import(tmp_path):
       "pkg/peer.py": "",
       "pkg/high/__init__.py": "",
       "pkg/high/b.py": "from pkg.low import a\n",
-  })
+    },
+  )
   floors = (("low",), ("side", "peer"), ("high",))
   found = upward_imports(str(tmp_path), "pkg", floors)
   assert len(found) == 2, found

@@ -3,20 +3,20 @@
 import jax
 import numpy as np
 import pytest
-
-from laplax import state as state_lib
-from laplax.convert import common
-from laplax.config import validation as config_lib
-from laplax.train import finetune, loop
-from laplax import optim
-from laplax import tasks
 from test_configs import load
+
+from laplax import optim, tasks
+from laplax import state as state_lib
+from laplax.config import validation as config_lib
+from laplax.convert import common
+from laplax.train import finetune, loop
 
 
 def tiny_config(**model):
   c = load("vit_fashion_mnist")
-  c.model.update(dict(width=16, depth=1, num_heads=2, mlp_dim=32, patch_size=7,
-                      num_laplacian_heads=0), **model)
+  c.model.update(
+    dict(width=16, depth=1, num_heads=2, mlp_dim=32, patch_size=7, num_laplacian_heads=0), **model
+  )
   return c
 
 
@@ -51,11 +51,14 @@ def test_head_of_another_number_of_classes_is_left_to_the_new_run(source):
   np.testing.assert_array_equal(got["embedding"]["kernel"], params["embedding"]["kernel"])
 
 
-@pytest.mark.parametrize("model,num_classes,fragment", [
+@pytest.mark.parametrize(
+  "model,num_classes,fragment",
+  [
     ({"width": 32, "num_heads": 2}, 10, "bias has shape (16,), this model's is (32,)"),
     ({}, 0, "has parameter head/bias that this model has not"),
     ({"layerscale_init": 1e-6}, 10, "lacks parameter block0/ls1/scale"),
-])
+  ],
+)
 def test_mismatch_is_one_line_naming_the_parameter(source, model, num_classes, fragment):
   workdir, _ = source
   with pytest.raises(config_lib.ConfigError) as e:
@@ -65,6 +68,7 @@ def test_mismatch_is_one_line_naming_the_parameter(source, model, num_classes, f
 
 def test_written_workdir_has_the_usual_permissions(source):
   import os
+
   umask = os.umask(0)
   os.umask(umask)
   assert os.stat(source[0]).st_mode & 0o777 == 0o777 & ~umask
@@ -73,13 +77,13 @@ def test_written_workdir_has_the_usual_permissions(source):
 def test_a_learned_mix_the_saved_run_lacks_starts_at_its_initialisation(source):
   workdir, params = source
   got = finetune.initial_params(
-      workdir, abstract_params(tiny_config(num_laplacian_heads=1, laplacian_mix="learned")))
+    workdir, abstract_params(tiny_config(num_laplacian_heads=1, laplacian_mix="learned"))
+  )
   assert got["block0"]["attention"]["laplacian_mix"] is None
   np.testing.assert_array_equal(got["head"]["kernel"], params["head"]["kernel"])
 
 
 def test_failed_init_from_leaves_no_workdir(source, tmp_path, fmnist_data_dir):
-  from laplax.train import loop
   config = tiny_config(mlp_dim=64)
   config.data.data_dir = fmnist_data_dir
   config.init_from = source[0]
@@ -90,8 +94,13 @@ def test_failed_init_from_leaves_no_workdir(source, tmp_path, fmnist_data_dir):
 
 
 def test_keys_the_config_argument_changes_count_as_given():
-  from laplax.cli import common as cli
   from test_train import CONFIG
-  assert "num_laplacian_heads" in cli.explicit_model_keys(["x", "--config", CONFIG + ":laplacian=1"])
-  assert cli.explicit_model_keys(["x", f"--config={CONFIG}:spectral=False",
-                                  "--config.model.width=8"]) == ["width"]
+
+  from laplax.cli import common as cli
+
+  assert "num_laplacian_heads" in cli.explicit_model_keys(
+    ["x", "--config", CONFIG + ":laplacian=1"]
+  )
+  assert cli.explicit_model_keys(
+    ["x", f"--config={CONFIG}:spectral=False", "--config.model.width=8"]
+  ) == ["width"]

@@ -5,14 +5,20 @@ import math
 import os
 
 import pytest
-
 from test_train import ROOT, run_in_process
 
 GPT_CONFIG = os.path.join(ROOT, "configs", "gpt_shakespeare.py")
-TINY = ["--config.model.width=32", "--config.model.depth=1", "--config.model.num_heads=2",
-        "--config.model.mlp_dim=64", "--config.model.max_length=32",
-        "--config.batch_size=16", "--config.eval_batch_size=16", "--config.log_every=50",
-        "--config.optim.warmup_steps=10"]
+TINY = [
+  "--config.model.width=32",
+  "--config.model.depth=1",
+  "--config.model.num_heads=2",
+  "--config.model.mlp_dim=64",
+  "--config.model.max_length=32",
+  "--config.batch_size=16",
+  "--config.eval_batch_size=16",
+  "--config.log_every=50",
+  "--config.optim.warmup_steps=10",
+]
 SENTENCE = "the cat sat on the mat. "
 
 
@@ -29,10 +35,21 @@ def corpus(tmp_path_factory):
 def trained(tmp_path_factory, corpus):
   root = tmp_path_factory.mktemp("lm")
   workdir, data_dir = root / "run", root / "tfds"
-  r = run_in_process(["train.py", "--config", GPT_CONFIG, "--workdir", str(workdir),
-                      f"--config.data.source_dir={corpus}", f"--config.data.data_dir={data_dir}",
-                      "--config.total_steps=150", "--config.eval_every=150",
-                      "--config.checkpoint_every=150"] + TINY)
+  r = run_in_process(
+    [
+      "train.py",
+      "--config",
+      GPT_CONFIG,
+      "--workdir",
+      str(workdir),
+      f"--config.data.source_dir={corpus}",
+      f"--config.data.data_dir={data_dir}",
+      "--config.total_steps=150",
+      "--config.eval_every=150",
+      "--config.checkpoint_every=150",
+    ]
+    + TINY
+  )
   assert r.returncode == 0, r.stderr[-3000:]
   return workdir
 
@@ -63,8 +80,20 @@ def test_eval_reports_loss_perplexity_bits_per_byte(trained, capfd):
 
 
 def test_greedy_sample_continues_the_sentence(trained, capfd):
-  r = run_in_process(["eval.py", "--workdir", str(trained), "--sample", "the cat sat",
-                      "--temperature", "0", "--max_new_tokens", "20"], capfd)
+  r = run_in_process(
+    [
+      "eval.py",
+      "--workdir",
+      str(trained),
+      "--sample",
+      "the cat sat",
+      "--temperature",
+      "0",
+      "--max_new_tokens",
+      "20",
+    ],
+    capfd,
+  )
   assert r.returncode == 0, r.stderr[-3000:]
   assert r.stdout.strip().startswith("the cat sat on the mat.")
 
@@ -86,30 +115,37 @@ def test_malformed_choices_names_the_line(trained, tmp_path, capfd):
   path = tmp_path / "bad.jsonl"
   path.write_text('{"question": "q", "choices": ["a", "b"], "answer": 0}\n{"question": "q",\n')
   before = (trained / "eval.json").read_bytes() if (trained / "eval.json").exists() else None
-  line = one_line_error(run_in_process(["eval.py", "--workdir", str(trained), "--choices",
-                                        str(path)], capfd))
+  line = one_line_error(
+    run_in_process(["eval.py", "--workdir", str(trained), "--choices", str(path)], capfd)
+  )
   assert "line 2" in line
   path.write_text('{"question": "q", "choices": ["a", "b"], "answer": 5}\n')
-  assert "line 1" in one_line_error(run_in_process(["eval.py", "--workdir", str(trained),
-                                                    "--choices", str(path)], capfd))
+  assert "line 1" in one_line_error(
+    run_in_process(["eval.py", "--workdir", str(trained), "--choices", str(path)], capfd)
+  )
   after = (trained / "eval.json").read_bytes() if (trained / "eval.json").exists() else None
   assert before == after
 
 
 def test_prompt_longer_than_context(trained, capfd):
-  line = one_line_error(run_in_process(["eval.py", "--workdir", str(trained), "--sample",
-                                        "x" * 40], capfd))
+  line = one_line_error(
+    run_in_process(["eval.py", "--workdir", str(trained), "--sample", "x" * 40], capfd)
+  )
   assert "context" in line
 
 
-@pytest.mark.parametrize("flags,fragment", [
+@pytest.mark.parametrize(
+  "flags,fragment",
+  [
     (["--max_new_tokens", "-5"], "--max_new_tokens=-5"),
     (["--temperature", "-1"], "--temperature=-1.0"),
     (["--top_k", "-3"], "--top_k=-3"),
-])
+  ],
+)
 def test_bad_sampling_flags(trained, flags, fragment, capfd):
-  line = one_line_error(run_in_process(["eval.py", "--workdir", str(trained), "--sample", "ab"]
-                                       + flags, capfd))
+  line = one_line_error(
+    run_in_process(["eval.py", "--workdir", str(trained), "--sample", "ab"] + flags, capfd)
+  )
   assert fragment in line
 
 
@@ -128,11 +164,23 @@ def test_bad_lm_input(case, tmp_path, corpus, capfd):
   else:
     extra = ["--config.data.tokenizer=wordpiece"]
   workdir = tmp_path / "run"
-  r = run_in_process(["train.py", "--config", GPT_CONFIG, "--workdir", str(workdir),
-                            f"--config.data.source_dir={source}",
-                            f"--config.data.data_dir={tmp_path / 'tfds'}",
-                            "--config.total_steps=5"] + TINY + extra, capfd)
+  r = run_in_process(
+    [
+      "train.py",
+      "--config",
+      GPT_CONFIG,
+      "--workdir",
+      str(workdir),
+      f"--config.data.source_dir={source}",
+      f"--config.data.data_dir={tmp_path / 'tfds'}",
+      "--config.total_steps=5",
+    ]
+    + TINY
+    + extra,
+    capfd,
+  )
   line = one_line_error(r)
-  assert {"empty corpus": "no", "short corpus": "shorter",
-          "unknown tokenizer": "wordpiece"}[case] in line.lower()
+  assert {"empty corpus": "no", "short corpus": "shorter", "unknown tokenizer": "wordpiece"}[
+    case
+  ] in line.lower()
   assert not workdir.exists()

@@ -12,15 +12,14 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from model_helper import make_gpt, make_vit
+from test_configs import load
 
+from laplax import optim, tasks
 from laplax import state as state_lib
 from laplax.config import validation as config_lib
-from laplax.train import loop
-from laplax import optim
-from laplax import tasks
 from laplax.config.defaults import base_config
-from model_helper import make_vit, make_gpt
-from test_configs import load
+from laplax.train import loop
 
 
 def restack(params, depth):
@@ -43,9 +42,11 @@ def forward(model, params, x):
 def assert_trees_close(a, b, atol, scaled=False):
   """Leafwise ``|a - b| <= atol + atol |b|``; ``scaled``: ``atol`` times each
   leaf's largest ``|b|`` (an error relative to the tensor's scale)."""
+
   def check(x, y):
     tol = atol * max(float(np.abs(y).max()), 1.0) if scaled else atol
     np.testing.assert_allclose(x, y, atol=tol, rtol=atol)
+
   jax.tree_util.tree_map(check, a, b)
 
 
@@ -59,23 +60,40 @@ class Tok:
 
 def vit_task():
   c = load("vit_fashion_mnist")
-  c.model.update(width=32, depth=2, num_heads=4, mlp_dim=32, patch_size=7,
-                 num_laplacian_heads=(1, 4))
+  c.model.update(
+    width=32, depth=2, num_heads=4, mlp_dim=32, patch_size=7, num_laplacian_heads=(1, 4)
+  )
   c.model.spectral.enabled = True
   c.loss.update(mixup=0.0, cutmix=0.0)
   c.batch_size = 8
-  return c, lambda: tasks.ClassificationTask(c, 10, (28, 28, 1)), {
+  return (
+    c,
+    lambda: tasks.ClassificationTask(c, 10, (28, 28, 1)),
+    {
       "image": np.random.default_rng(0).standard_normal((8, 28, 28, 1)).astype(np.float32),
-      "label": np.arange(8, dtype=np.int32) % 10}
+      "label": np.arange(8, dtype=np.int32) % 10,
+    },
+  )
 
 
 def gpt_task():
   c = load("gpt_shakespeare")
-  c.model.update(width=32, depth=3, num_heads=4, mlp_dim=64, max_length=12,
-                 num_laplacian_heads=(0, 2, 4), scan_layers=True, remat="full")
+  c.model.update(
+    width=32,
+    depth=3,
+    num_heads=4,
+    mlp_dim=64,
+    max_length=12,
+    num_laplacian_heads=(0, 2, 4),
+    scan_layers=True,
+    remat="full",
+  )
   c.batch_size = 8
-  return c, lambda: tasks.LanguageModelTask(c, Tok()), {
-      "tokens": np.random.default_rng(1).integers(0, 40, (8, 13)).astype(np.int32)}
+  return (
+    c,
+    lambda: tasks.LanguageModelTask(c, Tok()),
+    {"tokens": np.random.default_rng(1).integers(0, 40, (8, 13)).astype(np.int32)},
+  )
 
 
 @pytest.mark.parametrize("make", [vit_task, gpt_task], ids=["vit", "gpt_scan_remat"])
@@ -118,22 +136,25 @@ def test_grad_accumulation_dino_splits_the_batch_axis_and_keeps_the_centre():
   """DINO's batch is the second axis of its views; the averaged aux (teacher
   logits) gives the same centre, the update the same student and teacher."""
   c = load("dino_fashion_mnist")
-  c.model.update(width=32, depth=1, num_heads=2, mlp_dim=32, num_laplacian_heads=1,
-                 drop_path=0.0)
+  c.model.update(width=32, depth=1, num_heads=2, mlp_dim=32, num_laplacian_heads=1, drop_path=0.0)
   c.dino.update(out_dim=32, hidden_dim=16, bottleneck_dim=8)
   c.data.multicrop.num_local = 0  # the 2 global views only
   c.batch_size, c.total_steps, c.optim.warmup_steps = 4, 10, 0
   task = tasks.DINOTask(c, 10, (28, 28, 1))
   rng = np.random.default_rng(0)
-  batch = {k: rng.standard_normal(v.shape).astype(np.float32)
-           for k, v in task.batch_spec(4).items()}  # [views, 4, H, W, C]
+  batch = {
+    k: rng.standard_normal(v.shape).astype(np.float32) for k, v in task.batch_spec(4).items()
+  }  # [views, 4, H, W, C]
   tx = optax.sgd(1e-3)  # see test_grad_accumulation_equals_one_batch; the class
   # token gets gradients of ~1e3 (its init is ~1e-6, then a LayerNorm)
   state = jax.jit(lambda: state_lib.init_state(task, tx, 0))()
   out = []
   for accum in (1, 2):
-    step = jax.jit(loop.make_train_step(task, tx, optim.learning_rate_schedule(c.optim, 10),
-                                        grad_accum_steps=accum))
+    step = jax.jit(
+      loop.make_train_step(
+        task, tx, optim.learning_rate_schedule(c.optim, 10), grad_accum_steps=accum
+      )
+    )
     out.append(step(state, batch))
   (one, m1), (two, m2) = out
   assert float(m2["loss"]) == pytest.approx(float(m1["loss"]), rel=1e-5)
@@ -155,34 +176,57 @@ def test_micro_batches_are_strided_and_reject_indivisible():
 
 
 def tiny_vit(depth=3, **kw):
-  return make_vit(num_classes=5, patch_size=4, width=32, depth=depth, mlp_dim=32, num_heads=4,
-             num_laplacian_heads=(1, 4, 0)[:depth], spectral_lam=10.0,
-             layerscale_init=0.1, head_init_zero=False, **kw)
+  return make_vit(
+    num_classes=5,
+    patch_size=4,
+    width=32,
+    depth=depth,
+    mlp_dim=32,
+    num_heads=4,
+    num_laplacian_heads=(1, 4, 0)[:depth],
+    spectral_lam=10.0,
+    layerscale_init=0.1,
+    head_init_zero=False,
+    **kw,
+  )
 
 
 def tiny_gpt(depth=3, **kw):
-  return make_gpt(vocab_size=40, max_length=10, width=32, depth=depth, num_heads=4, mlp_dim=32,
-             num_laplacian_heads=(0, 2, 4)[:depth], spectral_lam=10.0, posemb="rope",
-             qk_norm=True, **kw)
+  return make_gpt(
+    vocab_size=40,
+    max_length=10,
+    width=32,
+    depth=depth,
+    num_heads=4,
+    mlp_dim=32,
+    num_laplacian_heads=(0, 2, 4)[:depth],
+    spectral_lam=10.0,
+    posemb="rope",
+    qk_norm=True,
+    **kw,
+  )
 
 
 IMAGES = jax.random.normal(jax.random.PRNGKey(2), (2, 8, 8, 1))
 TOKENS = jax.random.randint(jax.random.PRNGKey(1), (2, 10), 0, 40)
 
 
-@pytest.mark.parametrize("family,remat", [("vit", "full"),
-                                           ("gpt", "dots_with_no_batch_dims_saveable")])
+@pytest.mark.parametrize(
+  "family,remat", [("vit", "full"), ("gpt", "dots_with_no_batch_dims_saveable")]
+)
 def test_remat_same_loss_gradients_and_parameter_names(family, remat):
   make, x = (tiny_vit, IMAGES) if family == "vit" else (tiny_gpt, TOKENS)
   plain, rematted = make(depth=2), make(depth=2, remat=remat)
   params = init(plain, x)
   shapes = jax.eval_shape(rematted.init, jax.random.PRNGKey(0), x)["params"]
-  assert (jax.tree_util.tree_map(lambda a: a.shape, shapes)
-          == jax.tree_util.tree_map(lambda a: a.shape, params))
+  assert jax.tree_util.tree_map(lambda a: a.shape, shapes) == jax.tree_util.tree_map(
+    lambda a: a.shape, params
+  )
 
   def loss(model, p):
     logits, _ = model.apply({"params": p}, x, train=True)
-    return jnp.mean(logits ** 2)
+    return jnp.mean(logits**2)
+
   v0, g0 = jax.jit(jax.value_and_grad(lambda p: loss(plain, p)))(params)
   v1, g1 = jax.jit(jax.value_and_grad(lambda p: loss(rematted, p)))(params)
   assert float(v1) == pytest.approx(float(v0), rel=1e-6)
@@ -199,15 +243,19 @@ def test_scanned_vit_same_logits_with_mixed_heads_and_spectral():
   params = init(plain, IMAGES)
   shapes = jax.eval_shape(scanned.init, jax.random.PRNGKey(0), IMAGES)["params"]
   stacked = restack(params, 3)
-  assert (jax.tree_util.tree_map(lambda a: a.shape, stacked)
-          == jax.tree_util.tree_map(lambda a: a.shape, shapes))
+  assert jax.tree_util.tree_map(lambda a: a.shape, stacked) == jax.tree_util.tree_map(
+    lambda a: a.shape, shapes
+  )
   a, out_a = forward(plain, params, IMAGES)
   b, out_b = forward(scanned, stacked, IMAGES)
   np.testing.assert_allclose(b, a, atol=1e-5, rtol=1e-5)
   np.testing.assert_allclose(out_b["block1"]["sa"], out_a["block1"]["sa"], atol=1e-5)
   # Drop-path in training runs per layer under scan (random, but finite).
-  b, _ = jax.jit(lambda p: scanned.apply({"params": p}, IMAGES, train=True,
-                                         rngs={"dropout": jax.random.PRNGKey(3)}))(stacked)
+  b, _ = jax.jit(
+    lambda p: scanned.apply(
+      {"params": p}, IMAGES, train=True, rngs={"dropout": jax.random.PRNGKey(3)}
+    )
+  )(stacked)
   assert np.isfinite(np.asarray(b)).all()
 
 
@@ -216,13 +264,13 @@ def test_scanned_gpt_same_logits_and_kv_cache():
   params = init(plain, TOKENS)
   stacked = restack(params, 3)
   full, _ = forward(plain, params, TOKENS)
-  np.testing.assert_allclose(forward(scanned, stacked, TOKENS)[0], full,
-                             atol=1e-5, rtol=1e-5)
+  np.testing.assert_allclose(forward(scanned, stacked, TOKENS)[0], full, atol=1e-5, rtol=1e-5)
   # The KV cache is scanned too: prefill, then the rest.
   cache = jax.jit(lambda: scanned.init(jax.random.PRNGKey(0), TOKENS, decode=True))()["cache"]
   assert cache["blocks"]["attention"]["cached_key"].shape == (3, 2, 10, 4, 8)
-  decode = jax.jit(lambda c, t: scanned.apply({"params": stacked, "cache": c}, t,
-                                              decode=True, mutable=["cache"]))
+  decode = jax.jit(
+    lambda c, t: scanned.apply({"params": stacked, "cache": c}, t, decode=True, mutable=["cache"])
+  )
   pieces = []
   for lo, hi in ((0, 5), (5, 10)):
     (logits, _), upd = decode(cache, TOKENS[:, lo:hi])
@@ -245,13 +293,16 @@ def test_weight_decay_mask_ignores_the_layer_axis():
 # Config keys.
 
 
-@pytest.mark.parametrize("key,value,fragment", [
+@pytest.mark.parametrize(
+  "key,value,fragment",
+  [
     ("model.remat", "some", "model.remat"),
     ("model.scan_layers", 1, "model.scan_layers"),
     ("optim.grad_accum_steps", 0, "optim.grad_accum_steps"),
     ("optim.grad_accum_steps", 3, "not divisible"),
     ("optim.grad_accum_unroll", "yes", "optim.grad_accum_unroll"),
-])
+  ],
+)
 def test_validate_rejects_memory_keys_with_one_line(key, value, fragment):
   c = base_config()
   section, name = key.split(".")
@@ -287,8 +338,11 @@ def test_train_step_traces_once_for_many_steps(make):
   tx = optim.make_optimizer(c)
   state = jax.jit(lambda: state_lib.init_state(task, tx, 0))()
   chex.clear_trace_counter()
-  step = jax.jit(chex.assert_max_traces(
-      loop.make_train_step(task, tx, optim.learning_rate_schedule(c.optim, 10)), n=1))
+  step = jax.jit(
+    chex.assert_max_traces(
+      loop.make_train_step(task, tx, optim.learning_rate_schedule(c.optim, 10)), n=1
+    )
+  )
   for _ in range(4):
     state, metrics = step(state, batch)
   assert int(state.step) == 4 and np.isfinite(float(metrics["loss"]))

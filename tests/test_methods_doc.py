@@ -18,9 +18,9 @@ import re
 
 import ml_collections
 
-from laplax.models import spec as spec_lib
-from laplax.config import validation as config_lib
 from laplax import tasks
+from laplax.config import validation as config_lib
+from laplax.models import spec as spec_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOC = os.path.join(ROOT, "docs/methods.md")
@@ -29,8 +29,20 @@ FILE_SUFFIXES = (".py", ".json", ".jsonl", ".md", ".png", ".sh", ".txt")
 KEY_RE = re.compile(r"([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+)(\.\*)?(?:=(\S+))?")
 CONFIG_ARG_RE = re.compile(r"configs/(\w+)\.py:(\S+)")
 # Directories that are not the repository's own files (see .gitignore).
-SKIP_DIRS = {".git", ".venv", "runs", "data", "tensorflow_datasets", ".whl", ".gl",
-             "__pycache__", ".pytest_cache", ".hypothesis", "_build", "_autosummary"}
+SKIP_DIRS = {
+  ".git",
+  ".venv",
+  "runs",
+  "data",
+  "tensorflow_datasets",
+  ".whl",
+  ".gl",
+  "__pycache__",
+  ".pytest_cache",
+  ".hypothesis",
+  "_build",
+  "_autosummary",
+}
 # A reference to a methods document (any case), with the path written before it.
 METHODS_DOC_RE = re.compile(r"[\w./-]*methods\.md", re.IGNORECASE)
 MISSING = object()
@@ -47,15 +59,19 @@ def load_config(name: str, arg: str | None = None) -> ml_collections.ConfigDict:
 @functools.lru_cache(maxsize=1)
 def default_configs() -> dict:
   """``{name: default config}`` of every ``configs/*.py``."""
-  names = sorted(f[:-3] for f in os.listdir(os.path.join(ROOT, "configs"))
-                 if f.endswith(".py") and not f.startswith("_"))
+  names = sorted(
+    f[:-3]
+    for f in os.listdir(os.path.join(ROOT, "configs"))
+    if f.endswith(".py") and not f.startswith("_")
+  )
   return {name: load_config(name) for name in names}
 
 
 def sections(configs: dict) -> set:
   """Top-level keys that are sections (``model``, ``optim``, ``data``, ...)."""
-  return {k for c in configs.values() for k, v in c.items()
-          if isinstance(v, ml_collections.ConfigDict)}
+  return {
+    k for c in configs.values() for k, v in c.items() if isinstance(v, ml_collections.ConfigDict)
+  }
 
 
 def code_spans(text: str) -> list[str]:
@@ -105,7 +121,7 @@ def problems(text: str, configs: dict) -> tuple[list[str], int]:
     if s.split()[0].endswith(FILE_SUFFIXES):
       continue
     for prefix in ("--config.", "config."):
-      s = s[len(prefix):] if s.startswith(prefix) else s
+      s = s[len(prefix) :] if s.startswith(prefix) else s
     if s.split(".", 1)[0] not in names or "." not in s:
       continue
     checked += 1
@@ -114,12 +130,12 @@ def problems(text: str, configs: dict) -> tuple[list[str], int]:
       bad.append(f"`{span}`: not a dotted config key")
       continue
     key, wildcard, value = m.groups()
-    having = [c for c in configs.values()
-              if config_lib.get(c, key, MISSING) is not MISSING]
+    having = [c for c in configs.values() if config_lib.get(c, key, MISSING) is not MISSING]
     if not having:
       bad.append(f"`{span}`: no configs/*.py has the key {key}")
-    elif wildcard and not any(isinstance(config_lib.get(c, key), ml_collections.ConfigDict)
-                              for c in having):
+    elif wildcard and not any(
+      isinstance(config_lib.get(c, key), ml_collections.ConfigDict) for c in having
+    ):
       bad.append(f"`{span}`: {key} is not a section")
     elif value is not None and not any(accepts(c, key, parse_value(value)) for c in having):
       bad.append(f"`{span}`: no config accepts {key}={value}")
@@ -140,22 +156,26 @@ def test_every_config_key_in_methods_doc_exists_and_every_value_is_accepted():
 
 
 def test_the_check_flags_a_wrong_key_a_wrong_value_and_a_bad_config_argument():
-  text = ("`model.spectral.lam` `model.spectral.layout` `model.spectral.mode=diagonal` "
-          "`model.laplacian_mix=learned` `--config.model.num_laplacian_heads=2` "
-          "`model.spectral.*` `model.width.*` `configs/vit_fashion_mnist.py:recipe=deit3` "
-          "`configs/vit_fashion_mnist.py:recipe=nanochat` `eval.py` `spectral.project`")
+  text = (
+    "`model.spectral.lam` `model.spectral.layout` `model.spectral.mode=diagonal` "
+    "`model.laplacian_mix=learned` `--config.model.num_laplacian_heads=2` "
+    "`model.spectral.*` `model.width.*` `configs/vit_fashion_mnist.py:recipe=deit3` "
+    "`configs/vit_fashion_mnist.py:recipe=nanochat` `eval.py` `spectral.project`"
+  )
   bad, checked = problems(text, default_configs())
   assert checked == 9
   assert [b.split("`")[1] for b in bad] == [
-      "model.spectral.layout", "model.spectral.mode=diagonal", "model.width.*",
-      "configs/vit_fashion_mnist.py:recipe=nanochat"]
+    "model.spectral.layout",
+    "model.spectral.mode=diagonal",
+    "model.width.*",
+    "configs/vit_fashion_mnist.py:recipe=nanochat",
+  ]
 
 
 def repo_text_files():
   """``(relative path, text)`` of the repository's own text files."""
   for dirpath, dirnames, filenames in os.walk(ROOT):
-    dirnames[:] = sorted(d for d in dirnames
-                         if d not in SKIP_DIRS and not d.endswith(".egg-info"))
+    dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS and not d.endswith(".egg-info"))
     for name in sorted(filenames):
       path = os.path.join(dirpath, name)
       if name == ".git" or os.path.getsize(path) > 4_000_000:
@@ -173,12 +193,16 @@ def test_no_file_names_a_methods_document_other_than_docs_methods_md():
     for m in METHODS_DOC_RE.finditer(text):
       refs.setdefault(rel, []).append(m.group())
       # Pages of the site (docs/) link it by its name there.
-      if m.group() != "docs/methods.md" and not (rel.startswith("docs" + os.sep)
-                                                  and m.group() == os.path.basename(DOC)):
+      if m.group() != "docs/methods.md" and not (
+        rel.startswith("docs" + os.sep) and m.group() == os.path.basename(DOC)
+      ):
         bad.append(f"{rel}: {m.group()}")
   assert not bad, bad
   assert os.path.isfile(DOC)
   # The document is linked from the README and from the two method modules.
-  for rel in ("README.md", os.path.join("laplax", "attention.py"),
-              os.path.join("laplax", "spectral.py")):
+  for rel in (
+    "README.md",
+    os.path.join("laplax", "attention.py"),
+    os.path.join("laplax", "spectral.py"),
+  ):
     assert rel in refs, rel

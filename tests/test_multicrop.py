@@ -7,12 +7,10 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 from tensorflow_datasets.testing import mocking
-
-from laplax.data.vision import augment
-
-from laplax.data.vision import images
-from laplax.data.vision import multicrop as multicrop_lib
 from test_data import assert_batches_equal, bilinear_resize, take
+
+from laplax.data.vision import augment, images
+from laplax.data.vision import multicrop as multicrop_lib
 
 
 def pixels(x):
@@ -92,12 +90,20 @@ def test_check_multicrop_names_the_key_in_config_terms():
   multicrop = images.default_multicrop_config()
   multicrop_lib.check_multicrop(multicrop)
   multicrop_lib.check_multicrop(multicrop, patch_size=7)  # 28 and 14 px views
-  with pytest.raises(images.DataError, match=re.escape(
-      "config.data.multicrop.local_size=14 is not divisible by config.model.patch_size=4")):
+  with pytest.raises(
+    images.DataError,
+    match=re.escape(
+      "config.data.multicrop.local_size=14 is not divisible by config.model.patch_size=4"
+    ),
+  ):
     multicrop_lib.check_multicrop(multicrop, patch_size=4)
   cases = [
-    ("global_scale", (0.0, 1.0), "config.data.multicrop.global_scale=(0.0, 1.0) must be two "
-     "numbers (low, high) with 1e-06 <= low <= high <= 1.0"),
+    (
+      "global_scale",
+      (0.0, 1.0),
+      "config.data.multicrop.global_scale=(0.0, 1.0) must be two "
+      "numbers (low, high) with 1e-06 <= low <= high <= 1.0",
+    ),
     ("hue", 0.7, "config.data.multicrop.hue=0.7 must be a finite number >= 0.0 and <= 0.5"),
     ("num_global", True, "config.data.multicrop.num_global=True must be an integer >= 1"),
     ("num_local", 0.5, "config.data.multicrop.num_local=0.5 must be an integer >= 0"),
@@ -331,17 +337,20 @@ def test_resized_crops_sample_every_pixel_bilinearly_at_the_box_coordinates():
         x = min(max(left + (j + 0.5) * w / 5 - 0.5, 0), 10)
         x0, fx = int(x), x - int(x)
         x1 = min(x0 + 1, 10)
-        want = ((1 - fy) * ((1 - fx) * image[y0, x0] + fx * image[y0, x1])
-                + fy * ((1 - fx) * image[y1, x0] + fx * image[y1, x1]))
+        want = (1 - fy) * ((1 - fx) * image[y0, x0] + fx * image[y0, x1]) + fy * (
+          (1 - fx) * image[y1, x0] + fx * image[y1, x1]
+        )
         np.testing.assert_allclose(out[v, 0, :, i, j], want, rtol=1e-5, atol=1e-3)
   # The whole image at its own size is the identity; a constant image stays constant.
   whole = np.broadcast_to([0.0, 0.0, 9.0, 11.0], (1, 1, 4))
-  same = augment.resized_crops(image[None], np.broadcast_to([0.0, 0.0, 9.0, 9.0], (1, 1, 4)),
-                               np.zeros((1, 1), bool), 9)
+  same = augment.resized_crops(
+    image[None], np.broadcast_to([0.0, 0.0, 9.0, 9.0], (1, 1, 4)), np.zeros((1, 1), bool), 9
+  )
   np.testing.assert_array_equal(same[0, 0].transpose(1, 2, 0), image[:, :9])
   constant = np.full((1, 9, 11, 1), 42, np.uint8)
   np.testing.assert_array_equal(
-    augment.resized_crops(constant, whole, np.ones((1, 1), bool), 4), 42)
+    augment.resized_crops(constant, whole, np.ones((1, 1), bool), 4), 42
+  )
 
 
 # -------------------------------------------------- photometric closed forms
@@ -355,9 +364,9 @@ def test_brightness_multiplies_and_clips():
 
 
 def test_contrast_blends_toward_mean_grey():
-  rgb = np.array(
-    [[[10, 200], [30, 40]], [[20, 0], [250, 60]], [[30, 100], [90, 80]]], np.float32
-  )[None]  # [1, 3, 2, 2]
+  rgb = np.array([[[10, 200], [30, 40]], [[20, 0], [250, 60]], [[30, 100], [90, 80]]], np.float32)[
+    None
+  ]  # [1, 3, 2, 2]
   grey = 0.299 * rgb[0, 0] + 0.587 * rgb[0, 1] + 0.114 * rgb[0, 2]
   mean = grey.mean()
   out = augment.adjust_contrast(rgb, np.array([0.6]))
@@ -449,14 +458,21 @@ def test_augment_views_one_channel_brightness_and_skipped_colour_ops():
   rng = np.random.default_rng(0)
   x = rng.uniform(1, 150, (6, 1, 5, 5)).astype(np.float32)  # x * 1.4 stays below 255
   m = settings(
-    channels=1, jitter_prob=1.0, brightness=0.0, contrast=0.0, grayscale_prob=1.0,
-    blur_prob=(0.0, 0.0, 0.0), solarize_prob=0.0,
+    channels=1,
+    jitter_prob=1.0,
+    brightness=0.0,
+    contrast=0.0,
+    grayscale_prob=1.0,
+    blur_prob=(0.0, 0.0, 0.0),
+    solarize_prob=0.0,
   )
   out = multicrop_lib._augment_views(x.copy(), rng, m, np.zeros(6), np.zeros(6))
   assert out.shape == (6, 5, 5, 1)
   np.testing.assert_allclose(out, x.transpose(0, 2, 3, 1) / 127.5 - 1, atol=1e-6)
   m = settings(channels=1, jitter_prob=1.0, contrast=0.0, blur_prob=(0.0, 0.0, 0.0))
-  out = multicrop_lib._augment_views(x.copy(), np.random.default_rng(1), m, np.zeros(6), np.zeros(6))
+  out = multicrop_lib._augment_views(
+    x.copy(), np.random.default_rng(1), m, np.zeros(6), np.zeros(6)
+  )
   ratio = (out + 1) * 127.5 / x.transpose(0, 2, 3, 1)  # brightness only: one factor per crop
   spread = ratio.reshape(6, -1).max(1) - ratio.reshape(6, -1).min(1)
   assert (spread < 1e-4).all() and (np.abs(ratio[:, 0, 0, 0] - 1) <= 0.4 + 1e-6).all()

@@ -26,30 +26,31 @@ import ml_dtypes
 import numpy as np
 import optax
 import pytest
+from test_configs import load
+from test_train import ROOT
 
-from laplax import rotary
+from laplax import optim, rotary
+from laplax.config import defaults
 from laplax.convert import common, nanochat
 from laplax.data.text import tokenizers
 from laplax.data.text.nanochat_tokenizer import PICKLE_FILE, NanochatTokenizer
 from laplax.models import spec as spec_lib
 from laplax.models.gpt import GPT
-from laplax.config import defaults
 from laplax.optim import nanochat as nanochat_optim
-from laplax import optim
-from test_configs import load
-from test_train import ROOT
 
-pytestmark = pytest.mark.skipif(not importlib.util.find_spec("torch"),
-                                reason="the oracle: pip install -r requirements-test.txt")
+pytestmark = pytest.mark.skipif(
+  not importlib.util.find_spec("torch"), reason="the oracle: pip install -r requirements-test.txt"
+)
 torch = F = None
 SMALL = dict(sequence_len=64, vocab_size=300, n_layer=2, n_head=4, n_kv_head=4, n_embd=128)
 
 
 @pytest.fixture(autouse=True, scope="module")
 def _torch():
-  global torch, F  # pylint: disable=global-statement
-  import torch as torch_module  # pylint: disable=import-outside-toplevel
-  import torch.nn.functional as functional  # pylint: disable=import-outside-toplevel
+  global torch, F
+  import torch as torch_module
+  import torch.nn.functional as functional
+
   torch_module.set_num_threads(1)
   torch, F = torch_module, functional
 
@@ -75,15 +76,17 @@ def torch_forward(sd, mc, idx):
   norm = lambda x: F.rms_norm(x, (x.size(-1),))
 
   def rotate(x):
-    x1, x2 = x[..., :hd // 2], x[..., hd // 2:]
+    x1, x2 = x[..., : hd // 2], x[..., hd // 2 :]
     return torch.cat([x1 * cos + x2 * sin, x1 * (-sin) + x2 * cos], 3)
+
   w = lambda name: sd[name].float()
   x = norm(F.embedding(idx, w("transformer.wte.weight")))
   for i in range(depth):
     h = f"transformer.h.{i}."
     y = norm(x)
-    q, k, v = (F.linear(y, w(f"{h}attn.c_{n}.weight")).view(batch, length, heads, hd)
-               for n in "qkv")
+    q, k, v = (
+      F.linear(y, w(f"{h}attn.c_{n}.weight")).view(batch, length, heads, hd) for n in "qkv"
+    )
     q, k = norm(rotate(q)), norm(rotate(k))
     q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
     a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
@@ -104,7 +107,9 @@ def _state_dict(mc, seed=0, wte_dtype=None):
   g = torch.Generator().manual_seed(seed)
   sd = {}
   for name, (out, inp) in nanochat.nanochat_shapes(mc).items():
-    std = 1.0 if "wte" in name else 0.5 if "lm_head" in name else min(1, (out / inp) ** .5) / inp ** .5
+    std = (
+      1.0 if "wte" in name else 0.5 if "lm_head" in name else min(1, (out / inp) ** 0.5) / inp**0.5
+    )
     sd[name] = torch.randn(out, inp, generator=g) * std
   if wte_dtype is not None:
     sd["transformer.wte.weight"] = sd["transformer.wte.weight"].to(wte_dtype)
@@ -132,12 +137,14 @@ def _tokens(mc, seed=1):
 
 
 @pytest.mark.parametrize("laplacian_heads", [0, 2, [1, 3]])
-def test_logits_equal_a_pytorch_nanochat_through_from_nanochat(tmp_path, laplacian_heads,
-                                                               record_property):
+def test_logits_equal_a_pytorch_nanochat_through_from_nanochat(
+  tmp_path, laplacian_heads, record_property
+):
   mc = dict(SMALL, laplacian_heads=laplacian_heads) if laplacian_heads else dict(SMALL)
   sd = _state_dict(mc)
-  model, params, spec, config = _from_nanochat(_checkpoint(tmp_path / "ckpt", mc, sd),
-                                               tmp_path / "w")
+  model, params, spec, config = _from_nanochat(
+    _checkpoint(tmp_path / "ckpt", mc, sd), tmp_path / "w"
+  )
   want = laplacian_heads if isinstance(laplacian_heads, list) else [laplacian_heads] * 2
   assert spec.laplacian_array.sum(1).tolist() == want
   assert spec.attention.rope_style == "nanochat" and spec.logit_softcap == 15.0
@@ -157,19 +164,23 @@ def test_logits_equal_a_pytorch_nanochat_through_from_nanochat(tmp_path, laplaci
 
 def _decode(model, params, tokens):
   """Logits ``[length, vocab]`` of ``tokens [1, length]`` fed one at a time."""
-  shapes = jax.eval_shape(lambda: model.init(
-      jax.random.PRNGKey(0), jnp.zeros((1, model.spec.max_length), jnp.int32),
-      decode=True))["cache"]
+  shapes = jax.eval_shape(
+    lambda: model.init(
+      jax.random.PRNGKey(0), jnp.zeros((1, model.spec.max_length), jnp.int32), decode=True
+    )
+  )["cache"]
   cache = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
 
   @jax.jit
   def step(params, cache, token):
-    (logits, _), updated = model.apply({"params": params, "cache": cache}, token,
-                                       decode=True, mutable=["cache"])
+    (logits, _), updated = model.apply(
+      {"params": params, "cache": cache}, token, decode=True, mutable=["cache"]
+    )
     return updated["cache"], logits[0, -1]
+
   out = []
   for t in range(tokens.shape[1]):
-    cache, logits = step(params, cache, jnp.asarray(tokens[:, t:t + 1]))
+    cache, logits = step(params, cache, jnp.asarray(tokens[:, t : t + 1]))
     out.append(np.asarray(logits))
   return np.stack(out)
 
@@ -195,8 +206,9 @@ def test_round_trip_laplax_nanochat_laplax_is_bitwise(tmp_path):
   flat1, flat2 = common.flat(params), common.flat(params2)
   assert flat1.keys() == flat2.keys()
   for name in flat1:
-    np.testing.assert_array_equal(np.asarray(flat1[name]).view(np.uint8),
-                                  np.asarray(flat2[name]).view(np.uint8), err_msg=name)
+    np.testing.assert_array_equal(
+      np.asarray(flat1[name]).view(np.uint8), np.asarray(flat2[name]).view(np.uint8), err_msg=name
+    )
 
 
 def test_rotary_table_is_pytorch_s_for_d20():
@@ -208,7 +220,7 @@ def test_rotary_table_is_pytorch_s_for_d20():
     theirs = theirs.float().numpy()
     diff = np.abs(ours - theirs)
     assert (diff > 0).sum() <= 4, (diff > 0).sum()
-    assert diff.max() <= 2.0 ** -8
+    assert diff.max() <= 2.0**-8
 
 
 # --------------------------------------------------------------------------- size, steps
@@ -223,15 +235,22 @@ def test_d20_has_560_988_160_parameters_and_21400_steps():
   assert shapes["params"]["token_embedding"]["embedding"].dtype == jnp.bfloat16
   assert c.total_steps == 21_400 == 20 * 560_988_160 // (256 * 2048)
   assert (c.model.width, c.model.depth, c.model.num_heads, c.model.max_length) == (
-      1280, 20, 10, 2048)
+    1280,
+    20,
+    10,
+    2048,
+  )
 
 
 def _tiny_params(d=8):
-  return {"token_embedding": {"embedding": jnp.zeros((16, d), jnp.bfloat16)},
-          "lm_head": {"kernel": jnp.zeros((d, 16))},
-          "block0": {"attention": {"query": {"kernel": jnp.zeros((d, d))}},
-                     "mlp": {"fc1": {"kernel": jnp.zeros((d, 4 * d))},
-                             "fc2": {"kernel": jnp.zeros((4 * d, d))}}}}
+  return {
+    "token_embedding": {"embedding": jnp.zeros((16, d), jnp.bfloat16)},
+    "lm_head": {"kernel": jnp.zeros((d, 16))},
+    "block0": {
+      "attention": {"query": {"kernel": jnp.zeros((d, d))}},
+      "mlp": {"fc1": {"kernel": jnp.zeros((d, 4 * d))}, "fc2": {"kernel": jnp.zeros((4 * d, d))}},
+    },
+  }
 
 
 @pytest.mark.parametrize("step", [0, 1, 150, 299, 300, 17_119, 17_120, 17_121, 21_398, 21_399])
@@ -249,19 +268,21 @@ def test_d20_learning_rates_and_muon_momentum_follow_nanochat(step):
   tx = optim.make_optimizer(c)
   params = _tiny_params()
   rng = np.random.default_rng(step)
-  grads = jax.tree_util.tree_map(
-      lambda p: jnp.asarray(rng.normal(size=p.shape), p.dtype), params)
+  grads = jax.tree_util.tree_map(lambda p: jnp.asarray(rng.normal(size=p.shape), p.dtype), params)
   state = optax.tree_utils.tree_set(tx.init(params), count=jnp.asarray(step, jnp.int32))
   updates, new_state = tx.update(grads, state, params)  # eager: every bfloat16 rounding kept
   t = step + 1
   for key, base in (("lm_head", 0.004 * s), ("token_embedding", 0.2 * s)):
     g = np.asarray(jax.tree_util.tree_leaves(grads[key])[0], np.float64)
     m, v = 0.2 * g, 0.05 * g * g
-    want = -base * lrm * np.sqrt(1 - 0.95 ** t) / (1 - 0.8 ** t) * m / (np.sqrt(v) + 1e-10)
+    want = -base * lrm * np.sqrt(1 - 0.95**t) / (1 - 0.8**t) * m / (np.sqrt(v) + 1e-10)
     got = np.asarray(jax.tree_util.tree_leaves(updates[key])[0], np.float64)
     np.testing.assert_allclose(got, want, rtol=2e-2 if key == "token_embedding" else 1e-5)
-  bufs = [b for b in jax.tree_util.tree_leaves(new_state)
-          if getattr(b, "shape", ()) == (8, 8) and b.dtype == jnp.float32]
+  bufs = [
+    b
+    for b in jax.tree_util.tree_leaves(new_state)
+    if getattr(b, "shape", ()) == (8, 8) and b.dtype == jnp.float32
+  ]
   g = np.asarray(grads["block0"]["attention"]["query"]["kernel"])
   np.testing.assert_allclose(bufs[0], (1 - mu) * g, rtol=1e-5)
   # The Nesterov direction u = (1 - mu) g + mu buf with u rounded as the
@@ -309,8 +330,9 @@ def test_newton_schulz_adam_and_clipping_match_pytorch_transcriptions():
   for t, x in zip(tensors, small):
     t.grad = torch.from_numpy(x.copy())
   torch.nn.utils.clip_grad_norm_(tensors, 1e-7)
-  clipped, _ = nanochat_optim.clip_by_global_norm(1e-7).update([jnp.asarray(x) for x in small],
-                                                              None)
+  clipped, _ = nanochat_optim.clip_by_global_norm(1e-7).update(
+    [jnp.asarray(x) for x in small], None
+  )
   for got, t in zip(clipped, tensors):
     np.testing.assert_allclose(np.asarray(got), t.grad.numpy(), rtol=1e-5)
   tx = nanochat_optim.scale_by_adam(0.8, 0.95, 1e-10)
@@ -321,7 +343,7 @@ def test_newton_schulz_adam_and_clipping_match_pytorch_transcriptions():
     g = rng.normal(size=6)
     m.mul_(0.8).add_(torch.from_numpy(g), alpha=0.2)
     v.mul_(0.95).addcmul_(torch.from_numpy(g), torch.from_numpy(g), value=0.05)
-    want = (m / (v.sqrt() + 1e-10) * (1 - 0.95 ** step) ** 0.5 / (1 - 0.8 ** step))
+    want = m / (v.sqrt() + 1e-10) * (1 - 0.95**step) ** 0.5 / (1 - 0.8**step)
     got, state = tx.update(jnp.asarray(g, jnp.float32), state)
     np.testing.assert_allclose(np.asarray(got), want.numpy(), rtol=1e-5)
 
@@ -350,37 +372,62 @@ class _Hostile:
 def test_tokenizer_pickle_is_read_without_running_it(tmp_path):
   tok = _tokenizer()
   path = tok.save_nanochat(str(tmp_path))
-  import tiktoken  # pylint: disable=import-outside-toplevel
+  import tiktoken
+
   real = pickle.loads((tmp_path / PICKLE_FILE).read_bytes())  # what nanochat does with it
   assert isinstance(real, tiktoken.Encoding) and real.encode("the") == [257]
   tok.save(str(tmp_path / "t.json"))
   for source in (path, str(tmp_path / "t.json")):
     back = nanochat.read_tokenizer(source, 267)
     assert back.vocab_size == 267 and back.fingerprint == tok.fingerprint, source
-    assert back.encode("the them").tolist() == real.encode_ordinary("the them") == [257, 32, 257, 109]
+    assert (
+      back.encode("the them").tolist() == real.encode_ordinary("the them") == [257, 32, 257, 109]
+    )
   with pytest.raises(common.ConvertError, match="has 267 tokens but the model's vocab_size is 300"):
     nanochat.read_tokenizer(path, 300)
   marker = tmp_path / "pwned"
-  other = tiktoken.Encoding(name="x", pat_str=r"\p{L}+|\s+|.", mergeable_ranks=real._mergeable_ranks,
-                            special_tokens={"<|bos|>": 258, "<|user_start|>": 259})
-  for name, payload in (("reduce", _Hostile(str(marker))),
-                        ("inside", {"name": "x", "pat_str": "", "mergeable_ranks": {},
-                                    "special_tokens": {}, "x": _Hostile(str(marker))}),
-                        ("by_name", "cl100k_base"), ("not_an_encoding", [1, 2]),
-                        ("other_special_tokens", other)):
+  other = tiktoken.Encoding(
+    name="x",
+    pat_str=r"\p{L}+|\s+|.",
+    mergeable_ranks=real._mergeable_ranks,
+    special_tokens={"<|bos|>": 258, "<|user_start|>": 259},
+  )
+  for name, payload in (
+    ("reduce", _Hostile(str(marker))),
+    (
+      "inside",
+      {
+        "name": "x",
+        "pat_str": "",
+        "mergeable_ranks": {},
+        "special_tokens": {},
+        "x": _Hostile(str(marker)),
+      },
+    ),
+    ("by_name", "cl100k_base"),
+    ("not_an_encoding", [1, 2]),
+    ("other_special_tokens", other),
+  ):
     bad = tmp_path / f"{name}.pkl"
     bad.write_bytes(pickle.dumps(payload))
     with pytest.raises(common.ConvertError) as e:
       nanochat.read_tokenizer(str(bad), 267)
     assert "\n" not in str(e.value) and str(bad) in str(e.value), name
     assert not marker.exists(), name
-  assert "posix.mkdir" in str(pytest.raises(common.ConvertError, nanochat.read_tokenizer,
-                                            str(tmp_path / "reduce.pkl")).value)
+  assert "posix.mkdir" in str(
+    pytest.raises(common.ConvertError, nanochat.read_tokenizer, str(tmp_path / "reduce.pkl")).value
+  )
 
 
 def _cli(*args):
-  return subprocess.run([sys.executable, "-m", "laplax.convert", *map(str, args)], cwd=ROOT,
-                        capture_output=True, text=True, timeout=600, check=False)
+  return subprocess.run(
+    [sys.executable, "-m", "laplax.convert", *map(str, args)],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=600,
+    check=False,
+  )
 
 
 def test_cli_converts_with_the_tokenizer_and_refuses_a_hostile_pickle(tmp_path):
@@ -395,8 +442,16 @@ def test_cli_converts_with_the_tokenizer_and_refuses_a_hostile_pickle(tmp_path):
   source_pkl = tok.save_nanochat(str(tmp_path / "base" / "tokenizer"))
   marker = tmp_path / "pwned"
   (tmp_path / "hostile.pkl").write_bytes(pickle.dumps(_Hostile(str(marker))))
-  bad = _cli("--from", "nanochat", "--model", src, "--workdir", tmp_path / "bad",
-             "--tokenizer", tmp_path / "hostile.pkl")
+  bad = _cli(
+    "--from",
+    "nanochat",
+    "--model",
+    src,
+    "--workdir",
+    tmp_path / "bad",
+    "--tokenizer",
+    tmp_path / "hostile.pkl",
+  )
   assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
   assert "hostile.pkl" in bad.stderr and "Refused" in bad.stderr and "mkdir" in bad.stderr
   assert not marker.exists() and not (tmp_path / "bad").exists()
@@ -413,7 +468,11 @@ def test_cli_converts_with_the_tokenizer_and_refuses_a_hostile_pickle(tmp_path):
   with open(tmp_path / "out" / PICKLE_FILE, "rb") as f:
     back = pickle.load(f)
   assert (back.name, back._pat_str, back._mergeable_ranks, back._special_tokens) == (
-      source.name, source._pat_str, source._mergeable_ranks, source._special_tokens)
+    source.name,
+    source._pat_str,
+    source._mergeable_ranks,
+    source._special_tokens,
+  )
   assert back.encode_ordinary(text) == source.encode_ordinary(text)
   with pytest.raises(common.ConvertError, match="exists"):
     nanochat.convert_to_nanochat(str(tmp_path / "w"), str(tmp_path / "out"))

@@ -24,6 +24,7 @@ import types
 
 import jax
 import nbformat
+import pytest
 from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import KernelManager
 from nbclient import NotebookClient
@@ -39,9 +40,15 @@ def kernel_manager(directory) -> KernelManager:
   """A KernelManager for ``sys.executable``'s ipykernel, from a kernelspec in ``directory``."""
   spec_dir = directory / "kernels" / KERNEL
   spec_dir.mkdir(parents=True)
-  (spec_dir / "kernel.json").write_text(json.dumps({
-      "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-      "display_name": f"Python ({sys.executable})", "language": "python"}))
+  (spec_dir / "kernel.json").write_text(
+    json.dumps(
+      {
+        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": f"Python ({sys.executable})",
+        "language": "python",
+      }
+    )
+  )
   specs = KernelSpecManager(kernel_dirs=[str(directory / "kernels")])
   return KernelManager(kernel_name=KERNEL, kernel_spec_manager=specs)
 
@@ -55,20 +62,37 @@ def setup_cell() -> str:
 def run_setup_cell(cwd, **env):
   """The first cell in a new interpreter in ``cwd`` (outside the checkout)."""
   env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "LAPLAX_REPO")} | env
-  probe = subprocess.run([sys.executable, "-c", "import importlib.util, sys; "
-                          "sys.exit(importlib.util.find_spec('laplax') is not None)"],
-                         cwd=cwd, env=env, check=False)
+  probe = subprocess.run(
+    [
+      sys.executable,
+      "-c",
+      "import importlib.util, sys; sys.exit(importlib.util.find_spec('laplax') is not None)",
+    ],
+    cwd=cwd,
+    env=env,
+    check=False,
+  )
   if probe.returncode:
     pytest.skip("laplax is installed in this interpreter, so the cell finds it there")
-  return subprocess.run([sys.executable, "-c", setup_cell()], cwd=cwd, env=env,
-                        capture_output=True, text=True, timeout=120, check=False)
+  return subprocess.run(
+    [sys.executable, "-c", setup_cell()],
+    cwd=cwd,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=120,
+    check=False,
+  )
 
 
 def test_setup_cell_without_checkout_or_repo_asks_for_laplax_repo(tmp_path):
   result = run_setup_cell(tmp_path)
   assert result.returncode == 1
-  assert result.stderr.strip().splitlines()[-1].startswith(
-      "RuntimeError: no laplax checkout found: set LAPLAX_REPO to the git URL")
+  assert (
+    result.stderr.strip()
+    .splitlines()[-1]
+    .startswith("RuntimeError: no laplax checkout found: set LAPLAX_REPO to the git URL")
+  )
   assert not list(tmp_path.iterdir())  # nothing cloned or downloaded
 
 
@@ -76,14 +100,16 @@ def test_setup_cell_clones_laplax_repo(tmp_path):
   """With LAPLAX_REPO (here this checkout's git repository) the cell clones it
   and takes laplax and configs/ from the clone (nothing to pip install here)."""
   if not os.path.isdir(os.path.join(ROOT, ".git")) and not os.path.isfile(
-      os.path.join(ROOT, ".git")):
+    os.path.join(ROOT, ".git")
+  ):
     pytest.skip("the repository is not a git checkout")
   result = run_setup_cell(tmp_path, LAPLAX_REPO=ROOT, LAPLAX_DEMO_STEPS="7")
   assert result.returncode == 0, result.stderr
   clone = tmp_path / "laplax"
   assert (clone / "configs" / "vit_fashion_mnist.py").is_file()
   assert result.stdout.splitlines()[-1] == (
-      f"laplax from {clone} | steps per run: 7 | batch size: 32")
+    f"laplax from {clone} | steps per run: 7 | batch size: 32"
+  )
 
 
 def test_data_cell_downloads_missing_idx_files(tmp_path, monkeypatch):
@@ -91,6 +117,7 @@ def test_data_cell_downloads_missing_idx_files(tmp_path, monkeypatch):
   them into ./fashion-mnist and points SOURCE_DIR there; here its URL is
   replaced by a file:// URL of the Debian package's directory."""
   from laplax.data.builders import fashion_mnist_idx as fmnist
+
   source = "/usr/share/datasets/fashion-mnist"
   if not os.path.isfile(os.path.join(source, "train-images-idx3-ubyte.gz")):
     pytest.skip("Fashion-MNIST missing: apt-get install -y dataset-fashion-mnist")
@@ -100,17 +127,21 @@ def test_data_cell_downloads_missing_idx_files(tmp_path, monkeypatch):
   assert official in cell
   monkeypatch.chdir(tmp_path)
   monkeypatch.delenv("LAPLAX_DATA_DIR", raising=False)
-  absent = types.SimpleNamespace(DEFAULT_SOURCE_DIR=str(tmp_path / "absent"),
-                                 source_files=fmnist.source_files)
+  absent = types.SimpleNamespace(
+    DEFAULT_SOURCE_DIR=str(tmp_path / "absent"), source_files=fmnist.source_files
+  )
   namespace = {"os": os, "fmnist": absent}
-  exec(cell.replace(official, f'FMNIST_URL = "file://{source}/"'), namespace)  # pylint: disable=exec-used
+  exec(cell.replace(official, f'FMNIST_URL = "file://{source}/"'), namespace)
   assert namespace["SOURCE_DIR"] == str(tmp_path / "fashion-mnist")
   names = sorted(os.listdir(tmp_path / "fashion-mnist"))
-  assert names == sorted(os.path.basename(p) for pair in fmnist.source_files(source).values()
-                         for p in pair)
+  assert names == sorted(
+    os.path.basename(p) for pair in fmnist.source_files(source).values() for p in pair
+  )
   for name in names:
-    with open(tmp_path / "fashion-mnist" / name, "rb") as got, \
-         open(os.path.join(source, name), "rb") as want:
+    with (
+      open(tmp_path / "fashion-mnist" / name, "rb") as got,
+      open(os.path.join(source, name), "rb") as want,
+    ):
       assert got.read() == want.read()
   fmnist.check_headers(str(tmp_path / "fashion-mnist"))
   assert namespace["DATA_DIR"] == "~/tensorflow_datasets"
@@ -129,28 +160,45 @@ def test_notebook_executes(tmp_path, monkeypatch, fmnist_data_dir):
   """Every cell runs without error; the figures are real PNGs; both runs trained."""
   work = tmp_path / "tmp"
   work.mkdir()
-  for name, value in {"LAPLAX_DEMO_STEPS": str(STEPS), "LAPLAX_DATA_DIR": fmnist_data_dir,
-                      "TMPDIR": str(work), "IPYTHONDIR": str(tmp_path / "ipython"),
-                      "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"),
-                      "MPLBACKEND": "module://matplotlib_inline.backend_inline",
-                      "PYTHONWARNINGS": "ignore"}.items():
+  for name, value in {
+    "LAPLAX_DEMO_STEPS": str(STEPS),
+    "LAPLAX_DATA_DIR": fmnist_data_dir,
+    "TMPDIR": str(work),
+    "IPYTHONDIR": str(tmp_path / "ipython"),
+    "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"),
+    "MPLBACKEND": "module://matplotlib_inline.backend_inline",
+    "PYTHONWARNINGS": "ignore",
+  }.items():
     monkeypatch.setenv(name, value)
   monkeypatch.delenv("LAPLAX_REPO", raising=False)
   nb = nbformat.read(NOTEBOOK, as_version=4)
-  client = NotebookClient(nb, km=kernel_manager(tmp_path), timeout=600,
-                          resources={"metadata": {"path": os.path.dirname(NOTEBOOK)}})
+  client = NotebookClient(
+    nb,
+    km=kernel_manager(tmp_path),
+    timeout=600,
+    resources={"metadata": {"path": os.path.dirname(NOTEBOOK)}},
+  )
   client.execute()  # raises CellExecutionError on the first failing cell
 
-  pngs = [base64.b64decode(out["data"]["image/png"]) for cell in nb.cells
-          if cell.cell_type == "code" for out in cell.outputs
-          if out.get("output_type") == "display_data" and "image/png" in out.get("data", {})]
+  pngs = [
+    base64.b64decode(out["data"]["image/png"])
+    for cell in nb.cells
+    if cell.cell_type == "code"
+    for out in cell.outputs
+    if out.get("output_type") == "display_data" and "image/png" in out.get("data", {})
+  ]
   assert len(pngs) >= 4
   for png in pngs:
     with Image.open(io.BytesIO(png)) as image:
       assert image.format == "PNG" and min(image.size) >= 100
 
-  text = "".join(out.get("text", "") for cell in nb.cells if cell.cell_type == "code"
-                 for out in cell.outputs if out.get("output_type") == "stream")
+  text = "".join(
+    out.get("text", "")
+    for cell in nb.cells
+    if cell.cell_type == "code"
+    for out in cell.outputs
+    if out.get("output_type") == "stream"
+  )
   assert f"backend: {jax.default_backend()}" in text
   # Both training runs wrote their metrics through the library's loop, in TMPDIR.
   (demo,) = list(work.glob("laplax_demo_*"))

@@ -18,28 +18,39 @@ import jax
 import numpy as np
 import pytest
 from absl import flags
-
 from test_train import ROOT, read_metrics, run_in_process
 
 GPT_CONFIG = os.path.join(ROOT, "configs", "gpt_shakespeare.py")
 VIT_CONFIG = os.path.join(ROOT, "configs", "vit_fashion_mnist.py")
-TINY = ["--config.model.width=32", "--config.model.depth=1", "--config.model.num_heads=2",
-        "--config.model.mlp_dim=64", "--config.model.max_length=32",
-        "--config.batch_size=16", "--config.eval_batch_size=16", "--config.log_every=2",
-        "--config.optim.warmup_steps=2", "--config.total_steps=4", "--config.eval_every=2",
-        "--config.eval.sample_tokens=8", "--config.eval.sample_prompt_tokens=12",
-        "--config.profile.start_step=2", "--config.profile.num_steps=2"]
+TINY = [
+  "--config.model.width=32",
+  "--config.model.depth=1",
+  "--config.model.num_heads=2",
+  "--config.model.mlp_dim=64",
+  "--config.model.max_length=32",
+  "--config.batch_size=16",
+  "--config.eval_batch_size=16",
+  "--config.log_every=2",
+  "--config.optim.warmup_steps=2",
+  "--config.total_steps=4",
+  "--config.eval_every=2",
+  "--config.eval.sample_tokens=8",
+  "--config.eval.sample_prompt_tokens=12",
+  "--config.profile.start_step=2",
+  "--config.profile.num_steps=2",
+]
 SENTENCE = "the cat sat on the mat. "
 HAVE_WANDB = True
 try:
-  import wandb  # pylint: disable=unused-import
+  import wandb  # noqa: F401
 except ImportError:
   HAVE_WANDB = False
 
 
 def _masked_crc(data: bytes) -> int:
   """TFRecord's masked CRC-32C of ``data``."""
-  from tensorboardX.crc32c import crc32c  # pylint: disable=import-outside-toplevel
+  from tensorboardX.crc32c import crc32c
+
   crc = crc32c(data)
   return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
 
@@ -47,19 +58,22 @@ def _masked_crc(data: bytes) -> int:
 def read_events(workdir):
   """Every ``(step, Summary.Value)`` of ``workdir/tensorboard/*``, parsed from
   the TFRecord files (length, CRCs checked) with tensorboardX's event proto."""
-  from tensorboardX.proto import event_pb2  # pylint: disable=import-outside-toplevel
+  from tensorboardX.proto import event_pb2
+
   out = []
   for path in sorted(glob.glob(os.path.join(str(workdir), "tensorboard", "events.*"))):
     with open(path, "rb") as f:
       data = f.read()
     pos = 0
     while pos < len(data):
-      header = data[pos:pos + 8]
-      (length,), (header_crc,) = struct.unpack("<Q", header), struct.unpack(
-          "<I", data[pos + 8:pos + 12])
+      header = data[pos : pos + 8]
+      (length,), (header_crc,) = (
+        struct.unpack("<Q", header),
+        struct.unpack("<I", data[pos + 8 : pos + 12]),
+      )
       assert header_crc == _masked_crc(header), path
-      record = data[pos + 12:pos + 12 + length]
-      (record_crc,) = struct.unpack("<I", data[pos + 12 + length:pos + 16 + length])
+      record = data[pos + 12 : pos + 12 + length]
+      (record_crc,) = struct.unpack("<I", data[pos + 12 + length : pos + 16 + length])
       assert record_crc == _masked_crc(record), path
       pos += 16 + length
       event = event_pb2.Event()
@@ -73,7 +87,8 @@ def read_wandb_records(run_dir):
   LevelDB log format wandb writes: a 7-byte header, 32 KiB blocks of chunks
   ``crc32 | length uint16 | type uint8 | data``, type 1 = whole record,
   2/3/4 = first/middle/last piece)."""
-  from wandb.proto import wandb_internal_pb2  # pylint: disable=import-outside-toplevel
+  from wandb.proto import wandb_internal_pb2
+
   (path,) = glob.glob(os.path.join(run_dir, "run-*.wandb"))
   with open(path, "rb") as f:
     data = f.read()
@@ -83,10 +98,10 @@ def read_wandb_records(run_dir):
     if block - pos % block < 7:  # a block's tail too short for a header is padding
       pos += block - pos % block
       continue
-    _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+    _, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
     if kind == 0:
       break
-    piece += data[pos + 7:pos + 7 + length]
+    piece += data[pos + 7 : pos + 7 + length]
     pos += 7 + length
     if kind in (1, 4):
       record = wandb_internal_pb2.Record()
@@ -106,8 +121,15 @@ def gpt_run(tmp_path_factory):
   for name in ("a", "b", "c"):
     (corpus / f"{name}.txt").write_text(SENTENCE * 150)
   workdir = root / "run"
-  args = ["train.py", "--config", GPT_CONFIG, "--workdir", str(workdir),
-          f"--config.data.source_dir={corpus}", f"--config.data.data_dir={root / 'tfds'}"]
+  args = [
+    "train.py",
+    "--config",
+    GPT_CONFIG,
+    "--workdir",
+    str(workdir),
+    f"--config.data.source_dir={corpus}",
+    f"--config.data.data_dir={root / 'tfds'}",
+  ]
   args += TINY + (["--config.wandb.project=laplax-test"] if HAVE_WANDB else [])
   with pytest.MonkeyPatch.context() as mp:
     for key in ("WANDB_CONFIG_DIR", "WANDB_CACHE_DIR", "WANDB_DATA_DIR"):
@@ -115,15 +137,27 @@ def gpt_run(tmp_path_factory):
     mp.setenv("WANDB_MODE", "offline")
     r = run_in_process(args)
     assert r.returncode == 0
-    r = run_in_process(["eval.py", "--workdir", str(workdir), "--analysis",
-                        "--analysis_examples", "8", "--analysis_jacobian_dim", "0"])
+    r = run_in_process(
+      [
+        "eval.py",
+        "--workdir",
+        str(workdir),
+        "--analysis",
+        "--analysis_examples",
+        "8",
+        "--analysis_jacobian_dim",
+        "0",
+      ]
+    )
     assert r.returncode == 0
   return workdir
 
 
 def test_tensorboard_has_the_scalars_config_hparams_and_samples(gpt_run):
   events = read_events(gpt_run)
-  scalars = {(v.tag, s): v.simple_value for s, v in events if v.WhichOneof("value") == "simple_value"}
+  scalars = {
+    (v.tag, s): v.simple_value for s, v in events if v.WhichOneof("value") == "simple_value"
+  }
   records = read_metrics(gpt_run)
   for r in records:
     if r["split"] in ("train", "eval"):
@@ -132,8 +166,11 @@ def test_tensorboard_has_the_scalars_config_hparams_and_samples(gpt_run):
           assert scalars[(f"{r['split']}/{k}", r["step"])] == pytest.approx(v, rel=1e-6), k
   assert {s for (tag, s) in scalars if tag == "eval/loss"} == {2, 4}
 
-  texts = {(v.tag, s): v.tensor.string_val[0].decode() for s, v in events
-           if v.metadata.plugin_data.plugin_name == "text"}
+  texts = {
+    (v.tag, s): v.tensor.string_val[0].decode()
+    for s, v in events
+    if v.metadata.plugin_data.plugin_name == "text"
+  }
   # The config as a Markdown code block of config.json's JSON.
   config_text = texts[("config/text_summary", 0)]
   saved = json.loads((gpt_run / "config.json").read_text())
@@ -141,6 +178,7 @@ def test_tensorboard_has_the_scalars_config_hparams_and_samples(gpt_run):
 
   # The hparams plugin's session-start summary: every key, flattened.
   from tensorboardX.proto.plugin_hparams_pb2 import HParamsPluginData
+
   (hp,) = [v for _, v in events if v.tag == "_hparams_/session_start_info"]
   hparams = HParamsPluginData.FromString(hp.metadata.plugin_data.content).session_start_info.hparams
   assert hparams["optim.lr"].number_value == pytest.approx(saved["optim"]["lr"])
@@ -148,7 +186,8 @@ def test_tensorboard_has_the_scalars_config_hparams_and_samples(gpt_run):
   assert hparams["eval.sample_tokens"].number_value == 8
   assert hparams["model.spectral.enabled"].bool_value is False
   assert hparams["optim.weight_decay_exclude"].string_value == json.dumps(
-      saved["optim"]["weight_decay_exclude"])
+    saved["optim"]["weight_decay_exclude"]
+  )
   assert len(hparams) == len(_flatten(saved))
 
   # A sample at each evaluation, also in metrics.jsonl.
@@ -167,11 +206,14 @@ def test_train_records_have_the_input_wait_fraction(gpt_run):
 
 def test_log_interval_divides_input_wait_by_wall_time():
   from laplax.train.timing import LogInterval
+
   now = [100.0]
   interval = LogInterval(clock=lambda: now[0])
+
   def fetch(seconds, value):
     now[0] += seconds
     return value
+
   assert interval.wait_for(lambda: fetch(0.5, "batch")) == "batch"
   now[0] += 1.5  # a step
   assert interval.wait_for(lambda: fetch(1.0, 7)) == 7
@@ -199,7 +241,8 @@ def test_sample_is_the_greedy_continuation_of_the_validation_text(gpt_run):
   """The step-4 sample: the first 12 bytes of the validation document, then
   8 tokens that are each the argmax of the step-4 checkpoint's next-token
   logits (one full causal forward pass of the sample, no KV cache)."""
-  import laplax  # pylint: disable=import-outside-toplevel
+  import laplax
+
   text = [r["text"] for r in read_metrics(gpt_run) if r["split"] == "sample" and r["step"] == 4][0]
   assert text[:12] == SENTENCE[:12]
   run = laplax.load(str(gpt_run))
@@ -216,18 +259,24 @@ def test_profile_trace_holds_the_annotated_steps(gpt_run):
   (trace,) = glob.glob(os.path.join(trace_dir, "*.trace.json.gz"))
   with gzip.open(trace) as f:
     events = json.load(f)["traceEvents"]
-  steps = sorted(int(e["args"]["step_num"]) for e in events
-                 if e.get("name") == "train" and "step_num" in e.get("args", {}))
+  steps = sorted(
+    int(e["args"]["step_num"])
+    for e in events
+    if e.get("name") == "train" and "step_num" in e.get("args", {})
+  )
   assert steps == [2, 3]
   # The train step's XLA program ran inside the trace.
   assert any("train_step" in e.get("name", "") for e in events)
 
 
 def test_analysis_figures_are_tensorboard_images(gpt_run):
-  images = {v.tag: (s, v.image) for s, v in read_events(gpt_run) if v.WhichOneof("value") == "image"}
+  images = {
+    v.tag: (s, v.image) for s, v in read_events(gpt_run) if v.WhichOneof("value") == "image"
+  }
   pngs = sorted(os.path.basename(p)[:-4] for p in glob.glob(str(gpt_run / "analysis_*.png")))
   assert pngs and sorted(images) == pngs
   from PIL import Image
+
   for tag, (step, image) in images.items():
     data = (gpt_run / f"{tag}.png").read_bytes()
     assert step == 4 and image.encoded_image_string == data
@@ -267,9 +316,11 @@ def test_wandb_offline_run_holds_scalars_config_samples_and_images(gpt_run):
   images = set()
   for r in evaluation:
     if r.WhichOneof("record_type") == "history":
-      images |= {i.nested_key[0] for i in r.history.item
-                 if i.nested_key and i.nested_key[-1] == "_type"
-                 and json.loads(i.value_json) == "image-file"}
+      images |= {
+        i.nested_key[0]
+        for i in r.history.item
+        if i.nested_key and i.nested_key[-1] == "_type" and json.loads(i.value_json) == "image-file"
+      }
   pngs = {os.path.basename(p)[:-4] for p in glob.glob(str(gpt_run / "analysis_*.png"))}
   assert images == pngs
   assert len(glob.glob(os.path.join(run_dirs[1], "files", "media", "images", "*.png"))) == len(pngs)
@@ -278,8 +329,10 @@ def test_wandb_offline_run_holds_scalars_config_samples_and_images(gpt_run):
 def test_missing_wandb_is_one_line_exit_2_before_any_write(tmp_path, capfd, monkeypatch):
   monkeypatch.setitem(sys.modules, "wandb", None)  # `import wandb` fails
   workdir = tmp_path / "run"
-  r = run_in_process(["train.py", "--config", VIT_CONFIG, "--workdir", str(workdir),
-                      "--config.wandb.project=p"], capfd)
+  r = run_in_process(
+    ["train.py", "--config", VIT_CONFIG, "--workdir", str(workdir), "--config.wandb.project=p"],
+    capfd,
+  )
   assert r.returncode == 2
   lines = [l for l in r.stderr.splitlines() if l.strip()]
   assert len(lines) == 1 and "needs the wandb package" in lines[0], r.stderr
@@ -287,11 +340,13 @@ def test_missing_wandb_is_one_line_exit_2_before_any_write(tmp_path, capfd, monk
   assert not workdir.exists()
 
 
-def test_eval_figures_without_wandb_go_to_tensorboard_with_one_warning(gpt_run, tmp_path,
-                                                                      capsys, monkeypatch):
+def test_eval_figures_without_wandb_go_to_tensorboard_with_one_warning(
+  gpt_run, tmp_path, capsys, monkeypatch
+):
   """eval.py's figures of a run whose config names a W&B project, where wandb
   is missing: one warning line, the image in TensorBoard all the same."""
   from laplax.workdir import files as workdir_lib
+
   monkeypatch.setitem(sys.modules, "wandb", None)
   config = workdir_lib.load_saved_config(str(gpt_run))
   config.wandb.project = "laplax-test"
@@ -302,21 +357,36 @@ def test_eval_figures_without_wandb_go_to_tensorboard_with_one_warning(gpt_run, 
   assert len(lines) == 1 and lines[0].startswith("warning: ") and "wandb" in lines[0], lines
   ((step, value),) = read_events(tmp_path)
   assert (step, value.tag, value.image.encoded_image_string) == (
-      7, "analysis_variance", figure.read_bytes())
+    7,
+    "analysis_variance",
+    figure.read_bytes(),
+  )
   assert not (tmp_path / "wandb").exists()
 
 
-@pytest.mark.parametrize("config,flag,fragment", [
-    (VIT_CONFIG, "--config.profile.num_steps=-1",
-     "config.profile.num_steps=-1 must be an integer >= 0"),
-    (VIT_CONFIG, "--config.profile.start_step=0",
-     "config.profile.start_step=0 must be an integer >= 1"),
+@pytest.mark.parametrize(
+  "config,flag,fragment",
+  [
+    (
+      VIT_CONFIG,
+      "--config.profile.num_steps=-1",
+      "config.profile.num_steps=-1 must be an integer >= 0",
+    ),
+    (
+      VIT_CONFIG,
+      "--config.profile.start_step=0",
+      "config.profile.start_step=0 must be an integer >= 1",
+    ),
     (VIT_CONFIG, "--config.wandb.mode=cloud", "config.wandb.mode='cloud' is unknown"),
     (VIT_CONFIG, "--config.wandb.project=", "config.wandb.project='' must be a non-empty string"),
-    (GPT_CONFIG, "--config.eval.sample_tokens=-1",
-     "config.eval.sample_tokens=-1 must be an integer >= 0"),
+    (
+      GPT_CONFIG,
+      "--config.eval.sample_tokens=-1",
+      "config.eval.sample_tokens=-1 must be an integer >= 0",
+    ),
     (VIT_CONFIG, "--jax_no_such_option=1", "jax_no_such_option"),
-])
+  ],
+)
 def test_bad_observability_settings_one_line_exit_2(tmp_path, capfd, config, flag, fragment):
   workdir = tmp_path / "run"
   r = run_in_process(["train.py", "--config", config, "--workdir", str(workdir), flag], capfd)
@@ -328,10 +398,19 @@ def test_bad_observability_settings_one_line_exit_2(tmp_path, capfd, config, fla
 
 def test_jax_options_set_jax_config(gpt_run, capfd):
   from laplax.cli import common as cli
+
   before = jax.config.values
   try:
-    argv = cli.jax_options(["eval.py", "--jax_default_matmul_precision=highest",
-                            "--workdir", "w", "--jax_debug_nans=true", "--nojax_enable_x64"])
+    argv = cli.jax_options(
+      [
+        "eval.py",
+        "--jax_default_matmul_precision=highest",
+        "--workdir",
+        "w",
+        "--jax_debug_nans=true",
+        "--nojax_enable_x64",
+      ]
+    )
     assert argv == ["eval.py", "--workdir", "w"]
     assert jax.config.jax_default_matmul_precision == "highest"
     assert jax.config.jax_debug_nans is True and jax.config.jax_enable_x64 is False
@@ -340,8 +419,12 @@ def test_jax_options_set_jax_config(gpt_run, capfd):
     assert r.returncode == 0, r.stderr[-2000:]
     assert "Compiling jit(eval_sums)" in r.stderr
   finally:
-    for name in ("jax_default_matmul_precision", "jax_debug_nans", "jax_enable_x64",
-                 "jax_log_compiles"):
+    for name in (
+      "jax_default_matmul_precision",
+      "jax_debug_nans",
+      "jax_enable_x64",
+      "jax_log_compiles",
+    ):
       jax.config.update(name, before[name])
   with pytest.raises(cli.UsageError, match="jax_debug_nans=maybe"):
     cli.jax_options(["train.py", "--jax_debug_nans=maybe"])
@@ -351,6 +434,7 @@ def test_only_the_named_noisy_warnings_are_silenced():
   """ml_collections' load_module DeprecationWarning (loading a --config file)
   is silenced; a warning JAX raises (an unusable donated buffer) is not."""
   from ml_collections import config_flags
+
   from laplax.cli import common as cli
 
   def load_config_file():

@@ -17,7 +17,6 @@ import numpy as np
 import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
-
 from test_train import ROOT, run_in_process
 
 # Extras whose packages are not pinned in any requirements file: Jupyter's
@@ -53,7 +52,8 @@ def _check_pins_in_ranges(pins: dict, ranges: dict, unpinned=frozenset()) -> Non
   """Every pin is ``==`` one version inside its range (same extras), and every
   range (but ``unpinned``) has a pin."""
   assert set(ranges) - set(unpinned) <= set(pins), (
-      f"not pinned: {sorted(set(ranges) - set(pins) - set(unpinned))}")
+    f"not pinned: {sorted(set(ranges) - set(pins) - set(unpinned))}"
+  )
   for name, pin in pins.items():
     assert name in ranges, f"{pin} is pinned but not a dependency in pyproject.toml"
     specs = list(pin.specifier)
@@ -77,10 +77,15 @@ def test_requirements_pins_lie_in_the_pyproject_ranges():
   assert _pins("requirements-bench.txt")["torch"] == test_pins["torch"]  # one torch
   every_pin = {**base, **test_pins}
   notebook = _ranges(extras["notebook"])
-  _check_pins_in_ranges({k: v for k, v in every_pin.items() if k in notebook}, notebook,
-                        UNPINNED["notebook"])
-  for name in ("requirements-test.txt", "requirements-tpu.txt", "requirements-bench.txt",
-               "requirements-docs.txt"):
+  _check_pins_in_ranges(
+    {k: v for k, v in every_pin.items() if k in notebook}, notebook, UNPINNED["notebook"]
+  )
+  for name in (
+    "requirements-test.txt",
+    "requirements-tpu.txt",
+    "requirements-bench.txt",
+    "requirements-docs.txt",
+  ):
     with open(os.path.join(ROOT, name)) as f:
       assert f.readline().strip() == "-r requirements.txt", name
 
@@ -108,9 +113,13 @@ def test_console_scripts_are_the_checkout_scripts_entry_points():
     assert importlib.import_module(script).run_cli is target
 
 
-@pytest.mark.parametrize("script,words", [
+@pytest.mark.parametrize(
+  "script,words",
+  [
     ("train.py", ["laplax-train --config configs/", "--config", "--workdir"]),
-    ("eval.py", ["laplax-eval --workdir", "--step", "--out", "--analysis"])])
+    ("eval.py", ["laplax-eval --workdir", "--step", "--out", "--analysis"]),
+  ],
+)
 def test_help_names_the_commands_and_their_flags(script, words, capfd):
   """``--help`` prints the package module's docstring and flags, also when
   ``__main__`` is not the module (pip's console-script launcher)."""
@@ -120,16 +129,30 @@ def test_help_names_the_commands_and_their_flags(script, words, capfd):
 
 
 def test_public_api_resolves_with_docstrings_and_import_stays_light():
-  code = ("import sys, laplax; heavy = [m for m in ('jax', 'flax', 'numpy', 'optax', "
-          "'laplax.attention', 'laplax.train') if m in sys.modules]; "
-          "print(heavy, sorted(set(laplax.__all__) - set(dir(laplax))))")
-  r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
-                     text=True, timeout=120)
+  code = (
+    "import sys, laplax; heavy = [m for m in ('jax', 'flax', 'numpy', 'optax', "
+    "'laplax.attention', 'laplax.train') if m in sys.modules]; "
+    "print(heavy, sorted(set(laplax.__all__) - set(dir(laplax))))"
+  )
+  r = subprocess.run(
+    [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120
+  )
   assert r.returncode == 0 and r.stdout.strip() == "[] []", (r.stdout, r.stderr[-2000:])
   import laplax
+
   names = [n for n in laplax.__all__ if n != "__version__"]
-  for name in ("attend", "MultiHeadAttention", "correction", "condition_number", "ViT",
-               "GPT", "DINO", "build_spec", "load", "run_analysis"):
+  for name in (
+    "attend",
+    "MultiHeadAttention",
+    "correction",
+    "condition_number",
+    "ViT",
+    "GPT",
+    "DINO",
+    "build_spec",
+    "load",
+    "run_analysis",
+  ):
     assert name in names, name
   for name in names:
     value = getattr(laplax, name)
@@ -137,10 +160,11 @@ def test_public_api_resolves_with_docstrings_and_import_stays_light():
     assert doc and len(doc.strip()) > 40, f"laplax.{name} has no docstring of its own"
   from laplax import attention, spectral
   from laplax.models import spec
+
   assert laplax.attend is attention.attend and laplax.correction is spectral.correction
   assert laplax.build_spec is spec.build
   with pytest.raises(AttributeError, match="no attribute 'attention_heads'"):
-    laplax.attention_heads  # pylint: disable=pointless-statement
+    _ = laplax.attention_heads
   assert re.fullmatch(r"\d+\.\d+\.\d+", laplax.__version__)
 
 
@@ -161,13 +185,13 @@ def test_readme_snippet_runs_as_written_and_prints_what_readme_says():
   namespace = {"__name__": "readme"}
   out = io.StringIO()
   with contextlib.redirect_stdout(out):
-    exec(compile(code, "README.md", "exec"), namespace)  # pylint: disable=exec-used
+    exec(compile(code, "README.md", "exec"), namespace)
   assert out.getvalue() == printed
   import jax
+
   params, grads, w_q = namespace["params"], namespace["grads"], namespace["w_q"]
-  assert (jax.tree_util.tree_structure(grads) == jax.tree_util.tree_structure(params))
-  assert all(np.isfinite(g).all() and np.abs(g).max() > 0
-             for g in jax.tree_util.tree_leaves(grads))
+  assert jax.tree_util.tree_structure(grads) == jax.tree_util.tree_structure(params)
+  assert all(np.isfinite(g).all() and np.abs(g).max() > 0 for g in jax.tree_util.tree_leaves(grads))
   # The printed condition numbers against NumPy: W_Q alone, and with the
   # rectangular identity of Theorem 3.8 (the "full" layout: eye(64, 64)).
   w = np.asarray(w_q, np.float64)

@@ -16,10 +16,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-import jax  # pylint: disable=wrong-import-position
+import jax
+from test_train import ROOT
 
-from bench import common, peer_torch, step_time  # pylint: disable=wrong-import-position
-from test_train import ROOT  # pylint: disable=wrong-import-position
+from bench import common, peer_torch, step_time
 
 GPT_CONFIG = os.path.join(ROOT, "configs", "gpt_shakespeare.py")
 VIT_CONFIG = os.path.join(ROOT, "configs", "vit_fashion_mnist.py")
@@ -38,7 +38,8 @@ def _random_params(params, seed=0):
   head would make every loss log(10))."""
   rng = np.random.default_rng(seed)
   return jax.tree_util.tree_map(
-      lambda x: (0.3 * rng.standard_normal(x.shape)).astype(np.float32), params)
+    lambda x: (0.3 * rng.standard_normal(x.shape)).astype(np.float32), params
+  )
 
 
 def _batch(config, seed=1):
@@ -46,8 +47,10 @@ def _batch(config, seed=1):
   b = config.batch_size
   if config.task == "lm":
     return {"tokens": rng.integers(0, 256, (b, config.model.max_length + 1)).astype(np.int32)}
-  return {"image": rng.standard_normal((b,) + IMAGE).astype(np.float32),
-          "label": rng.integers(0, 10, b).astype(np.int32)}
+  return {
+    "image": rng.standard_normal((b,) + IMAGE).astype(np.float32),
+    "label": rng.integers(0, 10, b).astype(np.int32),
+  }
 
 
 def _laplax_and_peer(config):
@@ -63,12 +66,16 @@ def _laplax_and_peer(config):
   return float(loss), peer_torch.flat_params(grads), peer_loss, peer, batch
 
 
-@pytest.mark.parametrize("path,model", [
+@pytest.mark.parametrize(
+  "path,model",
+  [
     (GPT_CONFIG, dict(max_length=16, num_laplacian_heads=2, posemb="rope")),
     (GPT_CONFIG, dict(max_length=16, num_laplacian_heads=3, posemb="learn")),
     (VIT_CONFIG, dict(patch_size=4, num_laplacian_heads=4, pool="gap")),
     (VIT_CONFIG, dict(patch_size=4, num_laplacian_heads=1, pool="tok")),
-], ids=["gpt-rope-2L", "gpt-learn-3L", "vit-gap-4L", "vit-tok-1L"])
+  ],
+  ids=["gpt-rope-2L", "gpt-learn-3L", "vit-gap-4L", "vit-tok-1L"],
+)
 def test_peer_computes_laplax_loss_and_gradients(path, model):
   config = _tiny(path, **model)
   loss, grads, peer_loss, peer, batch = _laplax_and_peer(config)
@@ -82,8 +89,7 @@ def test_peer_computes_laplax_loss_and_gradients(path, model):
     paths, convert = mapping[name]
     expected = convert([grads[q] for q in paths])  # the converters are linear
     scale = max(float(np.abs(expected).max()), 1e-3)
-    np.testing.assert_allclose(p.grad.numpy(), expected, rtol=0, atol=2e-5 * scale,
-                               err_msg=name)
+    np.testing.assert_allclose(p.grad.numpy(), expected, rtol=0, atol=2e-5 * scale, err_msg=name)
   # The Laplacian heads matter here: with them off the peer's loss differs.
   for block in peer.blocks:
     block.attn.num_laplacian = 0
@@ -102,8 +108,9 @@ def test_default_configs_have_the_same_parameter_count(path):
   assert peer_torch.num_params(peer) == laplax_n
   # Every laplax parameter is mapped once, with its shape.
   used = [q for paths, _ in peer_torch.param_map(peer).values() for q in paths]
-  assert sorted(used) == sorted(peer_torch.flat_params(
-      jax.tree_util.tree_map(lambda s: np.zeros(0), params)))
+  assert sorted(used) == sorted(
+    peer_torch.flat_params(jax.tree_util.tree_map(lambda s: np.zeros(0), params))
+  )
 
 
 def test_optimizer_decays_what_laplax_decays():
@@ -133,8 +140,13 @@ def test_peer_accumulation_gives_the_whole_batch_loss_and_gradients():
   (loss1, grads1), (loss3, grads3) = results
   assert loss3 == pytest.approx(loss1, rel=1e-6)
   for name, g in grads1.items():
-    np.testing.assert_allclose(grads3[name].numpy(), g.numpy(), rtol=1e-5,
-                               atol=1e-6 * max(float(g.abs().max()), 1e-3), err_msg=name)
+    np.testing.assert_allclose(
+      grads3[name].numpy(),
+      g.numpy(),
+      rtol=1e-5,
+      atol=1e-6 * max(float(g.abs().max()), 1e-3),
+      err_msg=name,
+    )
   with pytest.raises(ValueError, match="cannot be cut into 2"):
     peer_torch.train_step(peer, peer, opt, None, args, grad_accum_steps=2)
 
@@ -147,11 +159,14 @@ def test_unsupported_setting_is_refused():
 
 
 def test_laplax_training_stack_imports_without_torch():
-  code = ("import sys; import laplax, laplax.train.loop, laplax.cli.train, "
-          "laplax.cli.eval, laplax.models.gpt, laplax.models.vit, laplax.models.dino; "
-          "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))")
-  proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
-                        text=True, timeout=120, check=False)
+  code = (
+    "import sys; import laplax, laplax.train.loop, laplax.cli.train, "
+    "laplax.cli.eval, laplax.models.gpt, laplax.models.vit, laplax.models.dino; "
+    "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))"
+  )
+  proc = subprocess.run(
+    [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120, check=False
+  )
   assert proc.returncode == 0, proc.stderr[-2000:]
   assert proc.stdout.strip() == "[]", proc.stdout
 
@@ -161,12 +176,40 @@ def test_step_time_peer_runs_and_writes_json(tmp_path, monkeypatch, capsys):
   eager only (no torch.compile in the tests): the JSON's ratios, MFU and
   losses agree with its times; a setting the peer lacks is one line, exit 2."""
   import json
+
   out = tmp_path / "peer.json"
-  tiny = ["--set", "model.width=32", "--set", "model.depth=1", "--set", "model.mlp_dim=64",
-          "--set", "model.max_length=16", "--batch", "4",
-          "--set", "optim.grad_accum_steps=2", "--peer-grad-accum", "2"]
-  argv = ["step_time.py", "--peer", "--config", GPT_CONFIG, "--peer-modes", "eager",
-          "--rounds", "2", "--steps", "2", "--warmup", "2", "--peak-size", "64"]
+  tiny = [
+    "--set",
+    "model.width=32",
+    "--set",
+    "model.depth=1",
+    "--set",
+    "model.mlp_dim=64",
+    "--set",
+    "model.max_length=16",
+    "--batch",
+    "4",
+    "--set",
+    "optim.grad_accum_steps=2",
+    "--peer-grad-accum",
+    "2",
+  ]
+  argv = [
+    "step_time.py",
+    "--peer",
+    "--config",
+    GPT_CONFIG,
+    "--peer-modes",
+    "eager",
+    "--rounds",
+    "2",
+    "--steps",
+    "2",
+    "--warmup",
+    "2",
+    "--peak-size",
+    "64",
+  ]
   monkeypatch.setattr(sys, "argv", argv + tiny + ["--json", str(out)])
   step_time.main()
   printed = capsys.readouterr().out

@@ -50,20 +50,23 @@ def random_knn_data(seed, n=200, m=101, d=16, num_classes=5):
 # --------------------------------------------------------------------------- k-NN
 
 
-@pytest.mark.parametrize("k,chunk_size,temperature", [
-    (1, 7, 0.07), (5, 13, 0.07), (20, 64, 0.07), (20, 1, 0.5), (200, 1000, 0.07)])
+@pytest.mark.parametrize(
+  "k,chunk_size,temperature",
+  [(1, 7, 0.07), (5, 13, 0.07), (20, 64, 0.07), (20, 1, 0.5), (200, 1000, 0.07)],
+)
 def test_knn_matches_numpy_reference(k, chunk_size, temperature):
   train, labels, test = random_knn_data(seed=k + chunk_size)
-  pred = probes.knn_predict(train, labels, test, num_classes=5, k=k,
-                            temperature=temperature, chunk_size=chunk_size)
+  pred = probes.knn_predict(
+    train, labels, test, num_classes=5, k=k, temperature=temperature, chunk_size=chunk_size
+  )
   assert pred.dtype == np.int32 and pred.shape == (101,)
-  ref, votes, sims = np_knn(train, labels, test, k=k, temperature=temperature,
-                            num_classes=5)
+  ref, votes, sims = np_knn(train, labels, test, k=k, temperature=temperature, num_classes=5)
   # Rows whose neighbour set or winning class is decided by a float32 rounding.
   top2 = np.sort(votes, 1)[:, -2:]
   close_votes = top2[:, 1] - top2[:, 0] < 1e-5 * top2[:, 1]
-  close_k = (np.abs(sims[:, k - 1] - sims[:, k]) < 1e-5 if k < sims.shape[1]
-             else np.zeros(len(ref), bool))
+  close_k = (
+    np.abs(sims[:, k - 1] - sims[:, k]) < 1e-5 if k < sims.shape[1] else np.zeros(len(ref), bool)
+  )
   clear = ~(close_votes | close_k)
   assert clear.sum() >= len(ref) - 2
   np.testing.assert_array_equal(pred[clear], ref[clear])
@@ -113,8 +116,7 @@ def test_knn_temperature_limits():
   # T -> inf: plain majority of the 13 neighbours.
   assert probes.knn_predict(train, labels, query, temperature=1e3, **kw)[0] == 0
   # k = 3 with T -> inf: majority of the three copies.
-  assert probes.knn_predict(train, labels, query, num_classes=5, k=3,
-                            temperature=1e3)[0] == 2
+  assert probes.knn_predict(train, labels, query, num_classes=5, k=3, temperature=1e3)[0] == 2
 
 
 def test_knn_accuracy():
@@ -133,24 +135,25 @@ def test_knn_accuracy():
   assert 0.0 < acc < 0.6
 
 
-@pytest.mark.parametrize("change,match", [
+@pytest.mark.parametrize(
+  "change,match",
+  [
     (dict(k=0), "k must be"),
     (dict(k=201), r"k must be an integer in \[1, 200\]"),
     (dict(temperature=0.0), "temperature"),
     (dict(temperature=-0.1), "temperature"),
     (dict(chunk_size=0), "chunk_size"),
-    (dict(test_features=np.zeros((4, 15), np.float32)),
-     "dim 16 but test features have dim 15"),
+    (dict(test_features=np.zeros((4, 15), np.float32)), "dim 16 but test features have dim 15"),
     (dict(train_labels=np.zeros(199, int)), "train_labels must have shape"),
     (dict(train_labels=np.full(200, 5)), r"\[0, 5\)"),
     (dict(train_labels=np.full(200, -1)), r"\[0, 5\)"),
     (dict(train_features=np.zeros((200,), np.float32)), "2-D"),
     (dict(num_classes=0), "num_classes"),
-])
+  ],
+)
 def test_knn_bad_arguments_raise(change, match):
   train, labels, test = random_knn_data(seed=0)
-  kw = dict(train_features=train, train_labels=labels, test_features=test,
-            num_classes=5, k=5)
+  kw = dict(train_features=train, train_labels=labels, test_features=test, num_classes=5, k=5)
   kw.update(change)
   with pytest.raises(ValueError, match=match):
     probes.knn_predict(**kw)
@@ -228,7 +231,7 @@ def test_linear_probe_gaussians_reach_bayes_accuracy():
 
   x, y = sample(20000)
   x_test, y_test = sample(100000)
-  bayes = 0.5 * (1 + math.erf(delta / 2 / math.sqrt(2)))   # Phi(delta / 2)
+  bayes = 0.5 * (1 + math.erf(delta / 2 / math.sqrt(2)))  # Phi(delta / 2)
   bayes_on_sample = np.mean((x_test @ mu > 0) == (y_test == 1))
   assert abs(bayes_on_sample - bayes) < 0.006
   result = probes.linear_probe(x, y, x_test, y_test, num_classes=2, seed=0)
@@ -238,7 +241,7 @@ def test_linear_probe_gaussians_reach_bayes_accuracy():
   # is sigmoid(2 mu.x) (log-likelihood ratio of N(+-mu, I)); its cross-entropy
   # is E log(1 + exp(-s)) with s = 2 mu.x y ~ N(delta^2 / 2, delta^2).
   z, w = np.polynomial.hermite_e.hermegauss(60)
-  bayes_ce = float(w @ np.logaddexp(0, -(delta ** 2 / 2 + delta * z))) / math.sqrt(2 * math.pi)
+  bayes_ce = float(w @ np.logaddexp(0, -(delta**2 / 2 + delta * z))) / math.sqrt(2 * math.pi)
   assert bayes_ce == pytest.approx(0.47198, abs=1e-5)
   per_example = np.logaddexp(0, -(2 * y - 1) * 2 * (x.astype(np.float64) @ mu))
   assert abs(per_example.mean() - bayes_ce) < 4 * per_example.std() / math.sqrt(len(y))
@@ -262,14 +265,15 @@ def test_linear_probe_gaussians_reach_bayes_accuracy():
   assert -1e-6 < result["loss"] - mle_ce < 1e-4
 
 
-@pytest.mark.parametrize("change,match", [
+@pytest.mark.parametrize(
+  "change,match",
+  [
     (dict(train_labels=np.full(10, 3)), r"train_labels must lie in \[0, 3\)"),
     (dict(test_labels=np.full(4, -1)), r"test_labels must lie in \[0, 3\)"),
     (dict(train_labels=np.zeros(9, int)), r"train_labels must have shape \(10,\)"),
     (dict(test_labels=np.zeros((4, 1), int)), r"test_labels must have shape \(4,\)"),
     (dict(train_labels=np.zeros(10, np.float32)), "integers"),
-    (dict(test_features=np.zeros((4, 5), np.float32)),
-     "dim 6 but test features have dim 5"),
+    (dict(test_features=np.zeros((4, 5), np.float32)), "dim 6 but test features have dim 5"),
     (dict(train_features=np.zeros((10, 6, 1), np.float32)), "2-D"),
     (dict(train_features=np.full((10, 6), np.nan, np.float32)), "NaN"),
     (dict(num_classes=1), "num_classes"),
@@ -277,12 +281,16 @@ def test_linear_probe_gaussians_reach_bayes_accuracy():
     (dict(batch_size=0), "batch_size"),
     (dict(lr=0.0), "lr"),
     (dict(weight_decay=-1.0), "weight_decay"),
-])
+  ],
+)
 def test_linear_probe_bad_arguments_raise(change, match):
-  kw = dict(train_features=np.zeros((10, 6), np.float32),
-            train_labels=np.zeros(10, int),
-            test_features=np.zeros((4, 6), np.float32),
-            test_labels=np.zeros(4, int), num_classes=3)
+  kw = dict(
+    train_features=np.zeros((10, 6), np.float32),
+    train_labels=np.zeros(10, int),
+    test_features=np.zeros((4, 6), np.float32),
+    test_labels=np.zeros(4, int),
+    num_classes=3,
+  )
   kw.update(change)
   with pytest.raises(ValueError, match=match):
     probes.linear_probe(**kw)
@@ -294,7 +302,7 @@ def test_linear_probe_bad_arguments_raise(change, match):
 def pca_tokens(seed=0, b=2, grid=(6, 5), d=24):
   """Tokens ``a @ diag(4, 2, 1) @ E^T + offset + small noise``."""
   rng = np.random.default_rng(seed)
-  basis, _ = np.linalg.qr(rng.normal(size=(d, 3)))             # [d, 3] orthonormal
+  basis, _ = np.linalg.qr(rng.normal(size=(d, 3)))  # [d, 3] orthonormal
   # Exactly uncorrelated, unit-variance coefficients (so the sample PCA is E).
   coeffs = rng.normal(size=(b * grid[0] * grid[1], 3))
   coeffs, _ = np.linalg.qr(coeffs - coeffs.mean(0))
@@ -332,13 +340,16 @@ def test_patch_pca_rgb_invariances():
   assert np.abs(swapped - rgb[::-1]).max() <= 1
 
 
-@pytest.mark.parametrize("tokens,grid,match", [
+@pytest.mark.parametrize(
+  "tokens,grid,match",
+  [
     (np.zeros((2, 30, 8)), (5, 5), "grid 5x5 = 25 patches but patch_tokens has 30"),
     (np.zeros((2, 30, 2)), (6, 5), "D >= 3"),
     (np.zeros((30, 8)), (6, 5), "3-D"),
     (np.zeros((2, 30, 8)), (6, 5, 1), "two positive integers"),
     (np.zeros((2, 30, 8)), (-6, -5), "two positive integers"),
-])
+  ],
+)
 def test_patch_pca_rgb_bad_input_raises(tokens, grid, match):
   with pytest.raises(ValueError, match=match):
     probes.patch_pca_rgb(tokens, grid)
@@ -358,13 +369,13 @@ def test_save_pca_figure_layout(tmp_path):
     pixels = np.asarray(im)
   for i in range(3):
     x0 = 4 + i * (112 + 4)
-    top = pixels[4:116, x0:x0 + 112]
+    top = pixels[4:116, x0 : x0 + 112]
     image = images[i, :, :, 0].astype(np.float64)
     expected = np.rint((image - image.min()) / (image.max() - image.min()) * 255)
     expected = np.kron(expected, np.ones((4, 4))).astype(np.uint8)
     for c in range(3):
       np.testing.assert_array_equal(top[:, :, c], expected)
-    bottom = pixels[120:232, x0:x0 + 112]
+    bottom = pixels[120:232, x0 : x0 + 112]
     np.testing.assert_array_equal(bottom, np.kron(rgb[i], np.ones((16, 16, 1))))
   assert np.all(pixels[:4] == 255) and np.all(pixels[:, 116:120] == 255)
 
@@ -375,10 +386,10 @@ def test_save_pca_figure_large_rgb_images(tmp_path):
   path = tmp_path / "big.png"
   probes.save_pca_figure(path, images, rgb, margin=2)
   with Image.open(path) as im:
-    assert im.size == (2 * 112 + 3 * 2, 2 * 128 + 3 * 2)   # no enlargement
+    assert im.size == (2 * 112 + 3 * 2, 2 * 128 + 3 * 2)  # no enlargement
     pixels = np.asarray(im)
   # 112 columns over 3 patches: nearest neighbour, patch j covers c * 3 // 112 == j.
-  bottom = pixels[2 * 2 + 128:2 * 2 + 256, 2 + 112 + 2:2 + 2 * 112 + 2]
+  bottom = pixels[2 * 2 + 128 : 2 * 2 + 256, 2 + 112 + 2 : 2 + 2 * 112 + 2]
   rows = np.arange(128) * 4 // 128
   cols = np.arange(112) * 3 // 112
   np.testing.assert_array_equal(bottom, rgb[1][rows][:, cols])
@@ -400,8 +411,17 @@ def test_knn_uses_fast_top_k_on_cpu():
   (50x slower at N = 60,000) unless the sort output is sliced only once."""
   if jax.default_backend() != "cpu":
     pytest.skip("checks the XLA:CPU lowering")
-  hlo = probes._knn_chunks.lower(
-      jnp.zeros((300, 8)), jnp.zeros(300, jnp.int32), jnp.zeros((2, 16, 8)),
-      jnp.float32(0.07), k=20, num_classes=5).compile().as_text()
+  hlo = (
+    probes._knn_chunks.lower(
+      jnp.zeros((300, 8)),
+      jnp.zeros(300, jnp.int32),
+      jnp.zeros((2, 16, 8)),
+      jnp.float32(0.07),
+      k=20,
+      num_classes=5,
+    )
+    .compile()
+    .as_text()
+  )
   assert 'custom_call_target="TopK"' in hlo
   assert " sort(" not in hlo

@@ -18,7 +18,6 @@ import contextlib
 import os
 import random
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -26,31 +25,51 @@ import time
 
 import numpy as np
 import pytest
-
-from test_train import CONFIG, ROOT, TINY as VIT_TINY, read_metrics, run_in_process
+from test_train import CONFIG, ROOT, read_metrics, run_in_process
+from test_train import TINY as VIT_TINY
 
 GPT_CONFIG = os.path.join(ROOT, "configs", "gpt_shakespeare.py")
 DINO_CONFIG = os.path.join(ROOT, "configs", "dino_fashion_mnist.py")
-GPT_TINY = ["--config.model.width=32", "--config.model.depth=1", "--config.model.num_heads=2",
-            "--config.model.mlp_dim=64", "--config.model.max_length=32",
-            "--config.model.dropout=0.1", "--config.batch_size=8",
-            "--config.eval_batch_size=16", "--config.optim.warmup_steps=5"]
-DINO_TINY = ["--config.model.width=32", "--config.model.depth=1", "--config.model.num_heads=2",
-             "--config.model.mlp_dim=32", "--config.model.num_laplacian_heads=1",
-             "--config.model.drop_path=0.1", "--config.batch_size=16",
-             "--config.eval_batch_size=2000", "--config.optim.warmup_steps=2",
-             "--config.dino.out_dim=64", "--config.dino.hidden_dim=32",
-             "--config.dino.bottleneck_dim=16", "--config.data.multicrop.num_local=2",
-             "--config.evals=knn,raw_pixel_knn,segmentation,patch_pca", "--config.dino.freeze_last_layer_steps=4",
-             "--config.dino.warmup_teacher_temp_steps=8",
-             "--config.data.train_split=train[:1000]", "--config.data.eval_split=test[:500]"]
+GPT_TINY = [
+  "--config.model.width=32",
+  "--config.model.depth=1",
+  "--config.model.num_heads=2",
+  "--config.model.mlp_dim=64",
+  "--config.model.max_length=32",
+  "--config.model.dropout=0.1",
+  "--config.batch_size=8",
+  "--config.eval_batch_size=16",
+  "--config.optim.warmup_steps=5",
+]
+DINO_TINY = [
+  "--config.model.width=32",
+  "--config.model.depth=1",
+  "--config.model.num_heads=2",
+  "--config.model.mlp_dim=32",
+  "--config.model.num_laplacian_heads=1",
+  "--config.model.drop_path=0.1",
+  "--config.batch_size=16",
+  "--config.eval_batch_size=2000",
+  "--config.optim.warmup_steps=2",
+  "--config.dino.out_dim=64",
+  "--config.dino.hidden_dim=32",
+  "--config.dino.bottleneck_dim=16",
+  "--config.data.multicrop.num_local=2",
+  "--config.evals=knn,raw_pixel_knn,segmentation,patch_pca",
+  "--config.dino.freeze_last_layer_steps=4",
+  "--config.dino.warmup_teacher_temp_steps=8",
+  "--config.data.train_split=train[:1000]",
+  "--config.data.eval_split=test[:500]",
+]
 # Every step logged, checkpoints every 3 steps: kills land between, on and
 # during checkpoint writes.
 COMMON = ["--config.log_every=1", "--config.checkpoint_every=3", "--config.eval_every=1000"]
 TOTAL = {"vit": 30, "gpt": 30, "dino": 18}
-TEXT = ("When in the chronicle of wasted time I see descriptions of the fairest "
-        "wights, and beauty making beautiful old rhyme in praise of ladies dead "
-        "and lovely knights. ")
+TEXT = (
+  "When in the chronicle of wasted time I see descriptions of the fairest "
+  "wights, and beauty making beautiful old rhyme in praise of ladies dead "
+  "and lovely knights. "
+)
 
 
 @pytest.fixture(scope="module")
@@ -64,21 +83,34 @@ def corpus(tmp_path_factory):
 def task_args(task, workdir, fmnist_data_dir, corpus, *extra):
   """train.py arguments of the tiny ``task`` run in ``workdir``."""
   if task == "vit":
-    base = ["--config", CONFIG, f"--config.data.data_dir={fmnist_data_dir}"] + VIT_TINY + [
-        "--config.model.dropout=0.1"]
+    base = (
+      ["--config", CONFIG, f"--config.data.data_dir={fmnist_data_dir}"]
+      + VIT_TINY
+      + ["--config.model.dropout=0.1"]
+    )
   elif task == "gpt":
-    base = ["--config", GPT_CONFIG, f"--config.data.source_dir={corpus}",
-            f"--config.data.data_dir={corpus}_tfds"] + GPT_TINY
+    base = [
+      "--config",
+      GPT_CONFIG,
+      f"--config.data.source_dir={corpus}",
+      f"--config.data.data_dir={corpus}_tfds",
+    ] + GPT_TINY
   else:
     base = ["--config", DINO_CONFIG, f"--config.data.data_dir={fmnist_data_dir}"] + DINO_TINY
-  return (["train.py", "--workdir", str(workdir)] + base + COMMON
-          + [f"--config.total_steps={TOTAL[task]}"] + list(extra))
+  return (
+    ["train.py", "--workdir", str(workdir)]
+    + base
+    + COMMON
+    + [f"--config.total_steps={TOTAL[task]}"]
+    + list(extra)
+  )
 
 
 def saved_state(workdir, step=None):
   """``(step, {path: array})`` of the whole saved state at ``step`` (default newest)."""
   import jax
   import orbax.checkpoint as ocp
+
   ckpt = os.path.join(workdir, "checkpoints")
   if step is None:
     step = max(int(s) for s in os.listdir(ckpt) if s.isdigit())
@@ -105,8 +137,13 @@ def last_train_step(workdir):
 
 def start(args, log_path):
   log = open(log_path, "w")
-  proc = subprocess.Popen([sys.executable] + args, cwd=ROOT, stdout=log,
-                          stderr=subprocess.STDOUT, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+  proc = subprocess.Popen(
+    [sys.executable] + args,
+    cwd=ROOT,
+    stdout=log,
+    stderr=subprocess.STDOUT,
+    env=dict(os.environ, PYTHONUNBUFFERED="1"),
+  )
   log.close()
   return proc
 
@@ -156,8 +193,9 @@ def kills_per_task():
 
 
 @pytest.mark.parametrize("task", ["vit", "gpt", "dino"])
-def test_sigkill_at_random_steps_resumes_bitwise(task, tmp_path, tmp_path_factory,
-                                                 fmnist_data_dir, corpus, capfd):
+def test_sigkill_at_random_steps_resumes_bitwise(
+  task, tmp_path, tmp_path_factory, fmnist_data_dir, corpus, capfd
+):
   """SIGKILL at k random steps, each time restarting the same command; the
   final state equals the uninterrupted run's bit for bit, and no restart ever
   meets an unreadable checkpoint."""
@@ -175,7 +213,9 @@ def test_sigkill_at_random_steps_resumes_bitwise(task, tmp_path, tmp_path_factor
     reached = wait_for_step(proc, workdir, target)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    assert reached, f"run {i} did not reach step {target}: " + logs[-1].read_text()[-2000:] + context
+    assert reached, (
+      f"run {i} did not reach step {target}: " + logs[-1].read_text()[-2000:] + context
+    )
   r = run_in_process(args, capfd)  # the last start is not killed
   assert r.returncode == 0, r.stderr[-3000:] + context
   for text in [p.read_text() for p in logs] + [r.stderr]:
@@ -189,8 +229,9 @@ def test_sigkill_at_random_steps_resumes_bitwise(task, tmp_path, tmp_path_factor
   assert train_steps == list(range(1, TOTAL[task] + 1)), context
 
 
-def test_sigterm_saves_exits_0_and_resumes_bitwise(tmp_path, tmp_path_factory,
-                                                   fmnist_data_dir, corpus, capfd):
+def test_sigterm_saves_exits_0_and_resumes_bitwise(
+  tmp_path, tmp_path_factory, fmnist_data_dir, corpus, capfd
+):
   """SIGTERM: the step in flight finishes and the run stops there (the step
   saved is the last one logged when the signal came, or the next), its
   checkpoint is committed and restorable, the process exits 0 with one line
@@ -209,8 +250,11 @@ def test_sigterm_saves_exits_0_and_resumes_bitwise(tmp_path, tmp_path_factory,
   proc.send_signal(signal.SIGCONT)
   assert proc.wait(timeout=120) == 0, (tmp_path / "term.log").read_text()[-3000:]
   out = (tmp_path / "term.log").read_text()
-  stopped = re.search(r"stopped by signal 15 at step (\d+); checkpoint saved in (\S+); "
-                      r"run the same command to resume", out)
+  stopped = re.search(
+    r"stopped by signal 15 at step (\d+); checkpoint saved in (\S+); "
+    r"run the same command to resume",
+    out,
+  )
   assert stopped, out[-3000:]
   step = int(stopped.group(1))
   assert 10 <= step < TOTAL["vit"]
@@ -229,11 +273,22 @@ def test_sigterm_saves_exits_0_and_resumes_bitwise(tmp_path, tmp_path_factory,
 def test_sigkill_during_checkpoint_write_resumes_from_previous(tmp_path, fmnist_data_dir, capfd):
   """A run killed while a large checkpoint is being written: the next start
   warns that the step is incomplete and resumes from the previous one."""
-  big = ["--config", CONFIG, f"--config.data.data_dir={fmnist_data_dir}"] + VIT_TINY + [
-      "--config.model.width=256", "--config.model.depth=4", "--config.model.num_heads=4",
-      "--config.model.mlp_dim=1024", "--config.total_steps=6", "--config.checkpoint_every=2",
-      "--config.eval_every=1000", "--config.log_every=1", "--config.data.eval_split=test[:500]",
-      "--config.eval_batch_size=500"]
+  big = (
+    ["--config", CONFIG, f"--config.data.data_dir={fmnist_data_dir}"]
+    + VIT_TINY
+    + [
+      "--config.model.width=256",
+      "--config.model.depth=4",
+      "--config.model.num_heads=4",
+      "--config.model.mlp_dim=1024",
+      "--config.total_steps=6",
+      "--config.checkpoint_every=2",
+      "--config.eval_every=1000",
+      "--config.log_every=1",
+      "--config.data.eval_split=test[:500]",
+      "--config.eval_batch_size=500",
+    ]
+  )
   workdir = tmp_path / "run"
   ckpt = workdir / "checkpoints"
   args = ["train.py", "--workdir", str(workdir)] + big
@@ -243,8 +298,9 @@ def test_sigkill_during_checkpoint_write_resumes_from_previous(tmp_path, fmnist_
     deadline = time.time() + 240
     while proc.poll() is None and time.time() < deadline and caught is None:
       if ckpt.exists():
-        tmp = [n for n in os.listdir(ckpt) if ".orbax-checkpoint-tmp" in n
-               and int(n.split(".")[0]) >= 2]
+        tmp = [
+          n for n in os.listdir(ckpt) if ".orbax-checkpoint-tmp" in n and int(n.split(".")[0]) >= 2
+        ]
         if tmp:
           caught = int(tmp[0].split(".")[0])
           proc.send_signal(signal.SIGKILL)
@@ -270,8 +326,17 @@ def test_injected_nan_stops_before_any_bad_checkpoint(tmp_path, fmnist_data_dir,
   """debug.nan_at_step=11: the run stops naming step 11 and the last good
   checkpoint (step 9), exit code 2, and nothing at or after step 11 is on disk."""
   workdir = tmp_path / "run"
-  r = run_in_process(task_args("vit", workdir, fmnist_data_dir, corpus, "--config.log_every=5",
-                               "--config.debug.nan_at_step=11"), capfd)
+  r = run_in_process(
+    task_args(
+      "vit",
+      workdir,
+      fmnist_data_dir,
+      corpus,
+      "--config.log_every=5",
+      "--config.debug.nan_at_step=11",
+    ),
+    capfd,
+  )
   assert r.returncode == 2, r.stderr[-3000:]
   last = r.stderr.strip().splitlines()[-1]
   assert last.startswith("error: non-finite training metrics at step 11 (loss=nan"), last
@@ -283,14 +348,20 @@ def test_injected_nan_stops_before_any_bad_checkpoint(tmp_path, fmnist_data_dir,
   assert all(m["step"] <= 10 for m in read_metrics(workdir))
 
 
-def test_skip_nonfinite_leaves_the_update_out_and_counts_it(tmp_path, fmnist_data_dir, corpus,
-                                                            capfd):
+def test_skip_nonfinite_leaves_the_update_out_and_counts_it(
+  tmp_path, fmnist_data_dir, corpus, capfd
+):
   """optim.skip_nonfinite=True: step 11's NaN update is left out (the state
   after step 11 equals the state after step 10 but for the step counter),
   counted in metrics.jsonl and named in a warning; the run finishes."""
   workdir = tmp_path / "run"
-  extra = ["--config.log_every=5", "--config.checkpoint_every=1", "--config.keep_checkpoints=100",
-           "--config.debug.nan_at_step=11", "--config.optim.skip_nonfinite=True"]
+  extra = [
+    "--config.log_every=5",
+    "--config.checkpoint_every=1",
+    "--config.keep_checkpoints=100",
+    "--config.debug.nan_at_step=11",
+    "--config.optim.skip_nonfinite=True",
+  ]
   r = run_in_process(task_args("vit", workdir, fmnist_data_dir, corpus, *extra), capfd)
   assert r.returncode == 0, r.stderr[-3000:]
   assert "skipped the non-finite update of step(s) 11" in r.stdout + r.stderr
@@ -300,7 +371,9 @@ def test_skip_nonfinite_leaves_the_update_out_and_counts_it(tmp_path, fmnist_dat
   _, before = saved_state(workdir, 10)
   _, after = saved_state(workdir, 11)
   assert int(after["step"]) == 11
-  assert_bitwise_equal({k: v for k, v in before.items() if k != "step"},
-                       {k: v for k, v in after.items() if k != "step"})
+  assert_bitwise_equal(
+    {k: v for k, v in before.items() if k != "step"},
+    {k: v for k, v in after.items() if k != "step"},
+  )
   _, final = saved_state(workdir)
   assert all(np.isfinite(v).all() for v in final.values() if v.dtype.kind == "f")

@@ -35,8 +35,9 @@ def _available() -> str | None:
 
 needs_bwrap = pytest.mark.skipif(_available() is not None, reason=str(_available()))
 ADD_PROMPT = 'def add(a, b):\n    """a + b"""\n'
-ADD_TEST = ("def check(candidate):\n    assert candidate(2, 3) == 5\n"
-            "    assert candidate(-1, 1) == 0\n")
+ADD_TEST = (
+  "def check(candidate):\n    assert candidate(2, 3) == 5\n    assert candidate(-1, 1) == 0\n"
+)
 WRONG_ADD = "def add(a, b):\n    return a - b\n"
 
 
@@ -46,8 +47,9 @@ def run(source: str, timeout: float = 5.0) -> sandbox.Result:
 
 def judge(program: str, timeout: float = 5.0, **kwargs) -> sandbox.Result:
   """HumanEval's verdict on ``program`` for the problem ``add``."""
-  return sandbox.run_test(textwrap.dedent(program), ADD_PROMPT, ADD_TEST, "add",
-                          timeout=timeout, **kwargs)
+  return sandbox.run_test(
+    textwrap.dedent(program), ADD_PROMPT, ADD_TEST, "add", timeout=timeout, **kwargs
+  )
 
 
 @pytest.fixture
@@ -82,7 +84,9 @@ def test_right_answers_pass_wrong_ones_fail():
 
 
 @needs_bwrap
-@pytest.mark.parametrize("trick", [
+@pytest.mark.parametrize(
+  "trick",
+  [
     # a forged verdict line on every descriptor the program holds
     """
        import os, json
@@ -90,8 +94,7 @@ def test_right_answers_pass_wrong_ones_fail():
        for fd in map(int, os.listdir("/proc/self/fd")):
            try: os.write(fd, line * 3)
            except OSError: pass
-    """
-       ,
+    """,
     # an early successful exit, before and instead of answering
     "import os\nos._exit(0)\n",
     # the claim of having loaded, then an exit
@@ -101,8 +104,7 @@ def test_right_answers_pass_wrong_ones_fail():
            try: os.write(fd, b'{"loaded": true}\\n{"value": 5}\\n{"value": 0}\\n')
            except OSError: pass
        os._exit(0)
-    """
-       ,
+    """,
     # a trace function that replaces the test's check with a no-op
     """
        import sys
@@ -110,8 +112,7 @@ def test_right_answers_pass_wrong_ones_fail():
            frame.f_globals["check"] = lambda candidate: None
            return tracer
        sys.settrace(tracer); sys.setprofile(tracer)
-    """
-       ,
+    """,
     # monkeypatching builtins and the runner's own functions
     """
        import builtins, sys
@@ -119,32 +120,29 @@ def test_right_answers_pass_wrong_ones_fail():
        runner = sys.modules["__main__"]
        runner.encode = lambda value, depth=0: 5
        runner._status = lambda error: "passed"
-    """
-       ,
+    """,
     # a return value that equals everything
     """
        class Yes:
            def __eq__(self, other): return True
        def add(a, b): return Yes()
-    """
-       ,
+    """,
     # an int subclass that equals everything
     """
        class Int(int):
            def __eq__(self, other): return True
            __hash__ = int.__hash__
        def add(a, b): return Int(a - b)
-    """
-       ,
+    """,
     # signals to every process it can name (its own namespace only)
     """
        import os, signal
        for pid in [p for p in os.listdir("/proc") if p.isdigit()]:
            try: os.kill(int(pid), signal.SIGKILL) if int(pid) != os.getpid() else None
            except Exception: pass
-    """
-       ,
-])
+    """,
+  ],
+)
 def test_a_wrong_answer_cannot_forge_a_pass(trick):
   result = judge(WRONG_ADD + textwrap.dedent(trick))
   assert not result.passed and result.status != "passed", result
@@ -173,8 +171,11 @@ def test_inside_the_sandbox(sentinel):
   if os.geteuid() == 0:
     assert facts["uid_map"] == ["65534", "65534", "1"]
   assert facts["pids"] == [1, 2]  # bwrap's init and the runner
-  assert {"dev", "proc", "sandbox", "usr", "work"} <= set(facts["root"]) <= {
-      "bin", "dev", "lib", "lib32", "lib64", "libx32", "proc", "sandbox", "sbin", "usr", "work"}
+  assert (
+    {"dev", "proc", "sandbox", "usr", "work"}
+    <= set(facts["root"])
+    <= {"bin", "dev", "lib", "lib32", "lib64", "libx32", "proc", "sandbox", "sbin", "usr", "work"}
+  )
   status = {key: value.strip() for key, value in facts["status"].items()}
   assert int(status["CapEff"], 16) == 0 and status["NoNewPrivs"] == "1"
   assert facts["seen"] == []
@@ -272,12 +273,15 @@ def test_no_process_outlives_the_run_and_forks_are_capped():
 
 @needs_bwrap
 def test_time_limit_holds_with_signals_blocked():
-  result = run("""
+  result = run(
+    """
       import signal
       signal.pthread_sigmask(signal.SIG_BLOCK, range(1, signal.NSIG))
       while True:
           pass
-  """, timeout=1.0)
+  """,
+    timeout=1.0,
+  )
   assert not result.passed and result.status == "timeout", result
 
 
@@ -289,8 +293,9 @@ def test_memory_and_the_work_directory_are_bounded():
           for _ in range(1400):
               f.write(b"x" * (1 << 20))
   """)
-  assert not result.passed and ("File too large" in result.status
-                                or "No space" in result.status), result
+  assert not result.passed and ("File too large" in result.status or "No space" in result.status), (
+    result
+  )
 
 
 @needs_bwrap
@@ -308,8 +313,12 @@ def test_a_flood_does_not_grow_the_caller():
   tracemalloc.start()
   try:
     long_line = run(flood.format("[os.write(fd, b'x' * (1 << 20)) for _ in range(40)]"))
-    many = judge(WRONG_ADD + textwrap.dedent(flood.format(
-        "[os.write(fd, b'{\"value\": 5}\\\\n' * 100000) for _ in range(20)]")))
+    many = judge(
+      WRONG_ADD
+      + textwrap.dedent(
+        flood.format("[os.write(fd, b'{\"value\": 5}\\\\n' * 100000) for _ in range(20)]")
+      )
+    )
     peak = tracemalloc.get_traced_memory()[1]
   finally:
     tracemalloc.stop()
@@ -319,14 +328,27 @@ def test_a_flood_does_not_grow_the_caller():
 
 
 def test_plain_data_round_trips_and_nothing_else_passes():
-  values = [None, True, 3, -2.5, float("inf"), "é", b"\x00\xff", (1, [2, {"a": {3}}]),
-            frozenset({1}), {(1, 2): [1.5]}, 1 + 2j, [[[]]]]
+  values = [
+    None,
+    True,
+    3,
+    -2.5,
+    float("inf"),
+    "é",
+    b"\x00\xff",
+    (1, [2, {"a": {3}}]),
+    frozenset({1}),
+    {(1, 2): [1.5]},
+    1 + 2j,
+    [[[]]],
+  ]
   for value in values:
     back = sandbox_child.decode(json.loads(json.dumps(sandbox_child.encode(value))))
     assert back == value and type(back) is type(value)
 
   class Int(int):
     pass
+
   for bad in (Int(3), [Int(3)], object(), iter([1]), {"k": lambda: 1}):
     with pytest.raises(sandbox_child.NotPlainData):
       sandbox_child.encode(bad)
@@ -354,13 +376,16 @@ def test_unsafe_cleanup_survives_5000_nested_directories(monkeypatch):
   base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
   tmp_path = tempfile.mkdtemp(dir=base)
   monkeypatch.setattr(tempfile, "tempdir", tmp_path)
-  result = sandbox.run_program(textwrap.dedent("""
+  result = sandbox.run_program(
+    textwrap.dedent("""
       import ctypes
       libc = ctypes.CDLL(None)
       for _ in range(5000):
           libc.mkdir(b"d", 0o700)
           libc.chdir(b"d")
-  """), unsafe=True)
+  """),
+    unsafe=True,
+  )
   assert result.passed, result
   assert os.listdir(tmp_path) == []
   os.rmdir(tmp_path)
@@ -370,8 +395,13 @@ def test_command_line_refuses_in_one_line_without_bubblewrap(tmp_path):
   program = tmp_path / "p.py"
   program.write_text(f"open({str(tmp_path / 'ran')!r}, 'w')\n")
   env = {**os.environ, "PATH": str(tmp_path), "PYTHONPATH": ROOT}
-  r = subprocess.run([sys.executable, "-m", "laplax.evaluators.sandbox", str(program)],
-                     capture_output=True, text=True, env=env, cwd=ROOT)
+  r = subprocess.run(
+    [sys.executable, "-m", "laplax.evaluators.sandbox", str(program)],
+    capture_output=True,
+    text=True,
+    env=env,
+    cwd=ROOT,
+  )
   assert r.returncode == 2 and r.stdout == ""
   assert r.stderr.count("\n") == 1 and "no bwrap on PATH" in r.stderr, r.stderr
   assert not (tmp_path / "ran").exists()
@@ -381,12 +411,20 @@ def test_command_line_refuses_in_one_line_without_bubblewrap(tmp_path):
 def test_command_line_prints_one_json_line(tmp_path):
   program = tmp_path / "p.py"
   program.write_text("assert 1 + 1 == 3, 'arithmetic'\n")
-  r = subprocess.run([sys.executable, "-m", "laplax.evaluators.sandbox", str(program)],
-                     capture_output=True, text=True, cwd=ROOT)
+  r = subprocess.run(
+    [sys.executable, "-m", "laplax.evaluators.sandbox", str(program)],
+    capture_output=True,
+    text=True,
+    cwd=ROOT,
+  )
   result = json.loads(r.stdout)
   assert r.returncode == 1 and result["status"] == "error: AssertionError: arithmetic"
-  bad = subprocess.run([sys.executable, "-m", "laplax.evaluators.sandbox", "--timeout", "0",
-                        str(program)], capture_output=True, text=True, cwd=ROOT)
+  bad = subprocess.run(
+    [sys.executable, "-m", "laplax.evaluators.sandbox", "--timeout", "0", str(program)],
+    capture_output=True,
+    text=True,
+    cwd=ROOT,
+  )
   assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "time limit" in bad.stderr
 
 
@@ -395,26 +433,50 @@ def test_eval_py_refuses_humaneval_without_bubblewrap(tmp_path):
   exit 2, nothing loaded or written."""
   sys.path.insert(0, os.path.join(ROOT, "configs"))
   try:
-    import gpt_shakespeare  # pylint: disable=import-outside-toplevel
+    import gpt_shakespeare
   finally:
     sys.path.pop(0)
-  from laplax.workdir import files  # pylint: disable=import-outside-toplevel
+  from laplax.workdir import files
+
   config = gpt_shakespeare.get_config()
   config.data.tokenizer = "nanochat"
   files.write_config(config, str(tmp_path))
   before = sorted(os.listdir(tmp_path))
   env = {**os.environ, "PATH": str(tmp_path / "nothing")}
-  r = subprocess.run([sys.executable, os.path.join(ROOT, "eval.py"), "--workdir",
-                      str(tmp_path), "--chat_tasks", "humaneval"],
-                     capture_output=True, text=True, env=env, cwd=ROOT)
+  r = subprocess.run(
+    [
+      sys.executable,
+      os.path.join(ROOT, "eval.py"),
+      "--workdir",
+      str(tmp_path),
+      "--chat_tasks",
+      "humaneval",
+    ],
+    capture_output=True,
+    text=True,
+    env=env,
+    cwd=ROOT,
+  )
   assert r.returncode == 2, r.stderr[-2000:]
   lines = [l for l in r.stderr.splitlines() if l.strip()]
   assert len(lines) == 1 and "no bwrap on PATH" in lines[0] and "--unsafe_no_sandbox" in lines[0]
   assert sorted(os.listdir(tmp_path)) == before
   # The opt-out passes the check (and warns); this workdir then has no checkpoint.
-  r = subprocess.run([sys.executable, os.path.join(ROOT, "eval.py"), "--workdir",
-                      str(tmp_path), "--chat_tasks", "humaneval", "--unsafe_no_sandbox"],
-                     capture_output=True, text=True, env=env, cwd=ROOT)
+  r = subprocess.run(
+    [
+      sys.executable,
+      os.path.join(ROOT, "eval.py"),
+      "--workdir",
+      str(tmp_path),
+      "--chat_tasks",
+      "humaneval",
+      "--unsafe_no_sandbox",
+    ],
+    capture_output=True,
+    text=True,
+    env=env,
+    cwd=ROOT,
+  )
   assert r.returncode == 2 and "no bwrap" not in r.stderr and "has no checkpoint" in r.stderr
   assert "warning: --unsafe_no_sandbox" in r.stderr
   assert sorted(os.listdir(tmp_path)) == before
@@ -453,18 +515,37 @@ print(json.dumps({"uid": os.getuid(), "probe": probe.status, "forged": forged.pa
 
 
 @needs_bwrap
-@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None
-                    or not os.access("/usr/bin/python3", os.X_OK),
-                    reason="needs root, setpriv and /usr/bin/python3 to become nobody")
+@pytest.mark.skipif(
+  os.geteuid() != 0
+  or shutil.which("setpriv") is None
+  or not os.access("/usr/bin/python3", os.X_OK),
+  reason="needs root, setpriv and /usr/bin/python3 to become nobody",
+)
 def test_as_nobody_the_same_holds(tmp_path):
   """A non-root caller (nobody, through setpriv, with Debian's Python and this
   checkout): its program is uid 65534 inside, writes nothing outside, makes
   no connection, sees only its own processes, and cannot forge a verdict."""
   os.chmod(tmp_path, 0o777)
   target = str(tmp_path / "evil")
-  r = subprocess.run(["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups",
-                      "/usr/bin/python3", "-I", "-c", NOBODY_SCRIPT, ROOT, target],
-                     capture_output=True, text=True, cwd="/")
+  r = subprocess.run(
+    [
+      "setpriv",
+      "--reuid",
+      "65534",
+      "--regid",
+      "65534",
+      "--clear-groups",
+      "/usr/bin/python3",
+      "-I",
+      "-c",
+      NOBODY_SCRIPT,
+      ROOT,
+      target,
+    ],
+    capture_output=True,
+    text=True,
+    cwd="/",
+  )
   if r.returncode != 0 and "ModuleNotFoundError" in r.stderr:
     pytest.skip("nobody cannot import this checkout: " + r.stderr.splitlines()[-1])
   assert r.returncode == 0, r.stderr[-2000:]

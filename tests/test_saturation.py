@@ -21,11 +21,11 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from model_helper import make_gpt, make_vit
+from test_train import CONFIG, TINY, run_in_process
 
 from laplax.analysis import capture, conditioning, report, summary
 from laplax.models.layers import SCANNED_BLOCKS
-from model_helper import make_gpt, make_vit
-from test_train import CONFIG, TINY, run_in_process
 
 
 def random_probs(rng, b, h, t, causal=False):
@@ -48,8 +48,12 @@ def np_similarity(p, mask):
   out = np.zeros((h, h))
   for a in range(h):
     for c in range(h):
-      out[a, c] = np.mean([p[i, a, q] @ p[i, c, q] / np.linalg.norm(p[i, a, q])
-                           / np.linalg.norm(p[i, c, q]) for i, q in rows])
+      out[a, c] = np.mean(
+        [
+          p[i, a, q] @ p[i, c, q] / np.linalg.norm(p[i, a, q]) / np.linalg.norm(p[i, c, q])
+          for i, q in rows
+        ]
+      )
   return out
 
 
@@ -125,15 +129,23 @@ def test_saturation_accumulators_reject_bad_shapes():
 def column_block_norms(kernel_grad, heads):
   g = np.asarray(kernel_grad, np.float64)
   d = g.shape[1] // heads
-  return [float(np.sqrt(np.sum(g[:, h * d:(h + 1) * d] ** 2))) for h in range(heads)]
+  return [float(np.sqrt(np.sum(g[:, h * d : (h + 1) * d] ** 2))) for h in range(heads)]
 
 
 def test_run_analysis_vit_gradient_norms_and_attention_statistics():
   # Scanned layers (the harder layout); a random head, else the backbone's
   # gradient is exactly 0 (zero-initialised classifier).
-  model = make_vit(num_classes=3, patch_size=7, width=16, depth=2, mlp_dim=16,
-                   num_heads=2, num_laplacian_heads=(0, 1), scan_layers=True,
-                   head_init_zero=False)
+  model = make_vit(
+    num_classes=3,
+    patch_size=7,
+    width=16,
+    depth=2,
+    mlp_dim=16,
+    num_heads=2,
+    num_laplacian_heads=(0, 1),
+    scan_layers=True,
+    head_init_zero=False,
+  )
   rng = np.random.default_rng(0)
   images = rng.normal(size=(6, 14, 14, 1)).astype(np.float32)
   labels = rng.integers(0, 3, size=6).astype(np.int32)
@@ -143,29 +155,33 @@ def test_run_analysis_vit_gradient_norms_and_attention_statistics():
   def loss_fn(p, batch):
     logits, _ = model.apply({"params": p}, batch["image"], train=False)
     return optax.softmax_cross_entropy_with_integer_labels(logits, batch["label"]).mean()
+
   target = report.Target(model, params, "image", loss_fn=loss_fn)
-  a = report.run_analysis(target, [{"image": images, "label": labels, "mask": mask}],
-                          layers=[0, 1], batch_size=8, jacobian_dim=0)
+  a = report.run_analysis(
+    target,
+    [{"image": images, "label": labels, "mask": mask}],
+    layers=[0, 1],
+    batch_size=8,
+    jacobian_dim=0,
+  )
 
   real = mask != 0
-  loss, grads = jax.jit(jax.value_and_grad(loss_fn))(params, {"image": images[real],
-                                                     "label": labels[real]})
-  assert a["gradient_batch"] == {"loss": pytest.approx(float(loss), rel=1e-6),
-                                 "num_sequences": 4}
+  loss, grads = jax.jit(jax.value_and_grad(loss_fn))(
+    params, {"image": images[real], "label": labels[real]}
+  )
+  assert a["gradient_batch"] == {"loss": pytest.approx(float(loss), rel=1e-6), "num_sequences": 4}
   forward = jax.jit(functools.partial(capture.analysis_apply, model))
   _, inter = forward(params, jnp.asarray(images))
   qmask = np.repeat(mask[:, None], 5, 1)  # 4 patches + class token
   for entry in a["layers"]:
     layer = entry["layer"]
     kernels = grads[SCANNED_BLOCKS]["attention"]  # stacked [depth, ...]
-    ref = {name: column_block_norms(kernels[name]["kernel"][layer], 2)
-           for name in ("query", "key")}
+    ref = {name: column_block_norms(kernels[name]["kernel"][layer], 2) for name in ("query", "key")}
     assert entry["gradient_norms"]["query"] == pytest.approx(ref["query"], rel=1e-5)
     assert entry["gradient_norms"]["key"] == pytest.approx(ref["key"], rel=1e-5)
     assert min(ref["query"]) > 0
     p = np.asarray(capture.attention_weights(inter, layer), np.float64)
-    np.testing.assert_allclose(entry["attention_self_weight"], np_self_weight(p, qmask),
-                               rtol=1e-5)
+    np.testing.assert_allclose(entry["attention_self_weight"], np_self_weight(p, qmask), rtol=1e-5)
     sim = np_similarity(p, qmask)
     np.testing.assert_allclose(entry["attention_head_similarity"], sim, rtol=1e-5)
     assert entry["attention_head_similarity_mean"] == pytest.approx(sim[0, 1], rel=1e-5)
@@ -175,8 +191,15 @@ def test_run_analysis_vit_gradient_norms_and_attention_statistics():
 
 
 def test_run_analysis_gpt_gradient_uses_unpadded_windows_one_head():
-  model = make_gpt(vocab_size=11, max_length=8, width=16, depth=1, num_heads=1,
-                   num_laplacian_heads=0, posemb="rope")
+  model = make_gpt(
+    vocab_size=11,
+    max_length=8,
+    width=16,
+    depth=1,
+    num_heads=1,
+    num_laplacian_heads=0,
+    posemb="rope",
+  )
   tokens = np.random.default_rng(2).integers(0, 11, size=(3, 9)).astype(np.int32)
   mask = np.ones((3, 8), np.float32)
   mask[2, 5:] = 0  # the last window is padded: the training loss has no mask
@@ -184,46 +207,64 @@ def test_run_analysis_gpt_gradient_uses_unpadded_windows_one_head():
 
   def loss_fn(p, batch):
     logits, _ = model.apply({"params": p}, batch["tokens"][:, :-1], train=False)
-    return optax.softmax_cross_entropy_with_integer_labels(
-        logits, batch["tokens"][:, 1:]).mean()
-  a = report.run_analysis(report.Target(model, params, "lm", loss_fn=loss_fn),
-                          [{"tokens": tokens, "mask": mask}], layers=[0], jacobian_dim=0)
+    return optax.softmax_cross_entropy_with_integer_labels(logits, batch["tokens"][:, 1:]).mean()
+
+  a = report.run_analysis(
+    report.Target(model, params, "lm", loss_fn=loss_fn),
+    [{"tokens": tokens, "mask": mask}],
+    layers=[0],
+    jacobian_dim=0,
+  )
   loss, grads = jax.jit(jax.value_and_grad(loss_fn))(params, {"tokens": tokens[:2]})
   assert a["gradient_batch"]["num_sequences"] == 2
   assert a["gradient_batch"]["loss"] == pytest.approx(float(loss), rel=1e-6)
   entry = a["layers"][0]
   attn = grads["block0"]["attention"]
   assert entry["gradient_norms"]["query"] == pytest.approx(
-      column_block_norms(attn["query"]["kernel"], 1), rel=1e-5)
+    column_block_norms(attn["query"]["kernel"], 1), rel=1e-5
+  )
   assert entry["gradient_norms"]["key"] == pytest.approx(
-      column_block_norms(attn["key"]["kernel"], 1), rel=1e-5)
+    column_block_norms(attn["key"]["kernel"], 1), rel=1e-5
+  )
   assert entry["attention_head_similarity"] == [[pytest.approx(1.0, rel=1e-6)]]
   assert entry["attention_head_similarity_mean"] is None  # one head: no pairs
   forward = jax.jit(functools.partial(capture.analysis_apply, model))
   _, inter = forward(params, jnp.asarray(tokens[:, :-1]))
   p = np.asarray(capture.attention_weights(inter, 0), np.float64)
-  np.testing.assert_allclose(entry["attention_self_weight"], np_self_weight(p, mask),
-                             rtol=1e-5)
+  np.testing.assert_allclose(entry["attention_self_weight"], np_self_weight(p, mask), rtol=1e-5)
 
 
 def test_eval_analysis_of_a_step_0_checkpoint(tmp_path, fmnist_data_dir, capfd):
   """train.py --config.total_steps=0 saves step 0, which eval.py --analysis reads."""
   workdir = tmp_path / "init"
-  r = run_in_process(["train.py", "--config", CONFIG, "--workdir", str(workdir),
-                      f"--config.data.data_dir={fmnist_data_dir}"] + TINY +
-                     ["--config.total_steps=0", "--config.data.eval_split=test[:64]",
-                      "--config.eval_batch_size=64"], capfd)
+  r = run_in_process(
+    [
+      "train.py",
+      "--config",
+      CONFIG,
+      "--workdir",
+      str(workdir),
+      f"--config.data.data_dir={fmnist_data_dir}",
+    ]
+    + TINY
+    + [
+      "--config.total_steps=0",
+      "--config.data.eval_split=test[:64]",
+      "--config.eval_batch_size=64",
+    ],
+    capfd,
+  )
   assert r.returncode == 0, r.stderr[-3000:]
-  r = run_in_process(["eval.py", "--workdir", str(workdir), "--analysis",
-                      "--analysis_jacobian_dim=0"], capfd)
+  r = run_in_process(
+    ["eval.py", "--workdir", str(workdir), "--analysis", "--analysis_jacobian_dim=0"], capfd
+  )
   assert r.returncode == 0, r.stderr[-3000:]
   a = json.loads((workdir / "analysis.json").read_text())
   assert a["step"] == 0 and a["num_sequences"] == 64
   # At initialisation the classifier is zero: uniform logits, loss log(10)
   # (label smoothing and Mixup do not change it; float32 means over the batch),
   # and no gradient reaches W_Q, W_K.
-  assert a["gradient_batch"] == {"loss": pytest.approx(math.log(10), rel=1e-5),
-                                 "num_sequences": 64}
+  assert a["gradient_batch"] == {"loss": pytest.approx(math.log(10), rel=1e-5), "num_sequences": 64}
   entry = a["layers"][0]
   assert entry["gradient_norms"] == {"query": [0.0, 0.0], "key": [0.0, 0.0]}
   # Not saturated without spectral conditioning (uniform over 17 tokens: 0.059).

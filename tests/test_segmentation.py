@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
-from laplax.evaluators import linear_segmentation as seg
+from laplax.data.builders import fashion_mnist_idx as fmnist
 from laplax.data.vision import canvases as canvas_lib
 from laplax.data.vision import images
 from laplax.data.vision import segmentation as seg_data
-from laplax.data.builders import fashion_mnist_idx as fmnist
+from laplax.evaluators import linear_segmentation as seg
 
 FMNIST_SOURCE = "/usr/share/datasets/fashion-mnist"
 
@@ -47,8 +47,9 @@ def test_separable_patches_give_miou_1():
   classes = np.stack([rng.permutation(11)[pattern] for _ in range(48)])
   masks = np.repeat(np.repeat(classes, 7, 1), 7, 2).astype(np.int32)
   feats = np.eye(11, dtype=np.float32)[classes] + 0.01 * rng.normal(size=classes.shape + (11,))
-  r = seg.linear_segmentation_probe(feats[:32], masks[:32], feats[32:], masks[32:],
-                                    num_classes=11, steps=300, lr=0.2, batch_size=16)
+  r = seg.linear_segmentation_probe(
+    feats[:32], masks[:32], feats[32:], masks[32:], num_classes=11, steps=300, lr=0.2, batch_size=16
+  )
   assert r["miou"] == 1.0 and r["pixel_accuracy"] == 1.0
   assert r["predictions"].shape == (16, 28, 28)
 
@@ -59,10 +60,11 @@ def test_constant_features_give_the_background_only_score():
   for m in masks:  # garments 1..10 on a background of about 80% of the pixels
     for c in rng.integers(1, 11, size=3):
       top, left = rng.integers(0, 22, size=2)
-      m[top:top + 6, left:left + 6] = c
+      m[top : top + 6, left : left + 6] = c
   feats = np.ones((24, 4, 4, 8), np.float32)
-  r = seg.linear_segmentation_probe(feats[:16], masks[:16], feats[16:], masks[16:],
-                                    num_classes=11, steps=200, batch_size=8)
+  r = seg.linear_segmentation_probe(
+    feats[:16], masks[:16], feats[16:], masks[16:], num_classes=11, steps=200, batch_size=8
+  )
   test = masks[16:]
   background = float((test == 0).mean())
   present = len(np.unique(np.concatenate([test.ravel(), [0]])))
@@ -89,20 +91,28 @@ def test_fashion_canvases_labels_and_determinism():
   # One garment per canvas: the canvas is that garment at some offset.
   one, one_mask = canvas_lib.fashion_canvases(images, labels, 4, min_items=1, max_items=1, seed=5)
   for canvas, mask in zip(one[..., 0], one_mask):
-    found = [(i, t, l) for i in range(20) for t in range(29) for l in range(29)
-             if np.array_equal(np.where(images[i] > canvas_lib.GARMENT_THRESHOLD, images[i], 0),
-                               canvas[t:t + 28, l:l + 28]) and canvas.sum() == images[i][
-                                   images[i] > canvas_lib.GARMENT_THRESHOLD].sum()]
+    found = [
+      (i, t, l)
+      for i in range(20)
+      for t in range(29)
+      for l in range(29)
+      if np.array_equal(
+        np.where(images[i] > canvas_lib.GARMENT_THRESHOLD, images[i], 0),
+        canvas[t : t + 28, l : l + 28],
+      )
+      and canvas.sum() == images[i][images[i] > canvas_lib.GARMENT_THRESHOLD].sum()
+    ]
     assert found, "the canvas is not one pasted garment"
     i, t, l = found[0]
     on = images[i] > canvas_lib.GARMENT_THRESHOLD
-    np.testing.assert_array_equal(mask[t:t + 28, l:l + 28], np.where(on, labels[i] + 1, 0))
+    np.testing.assert_array_equal(mask[t : t + 28, l : l + 28], np.where(on, labels[i] + 1, 0))
     assert mask.sum() == on.sum() * (labels[i] + 1)
 
 
 # --------------------------------------------------------------------------
 # Segmentation data: the fashion_mosaic builder, Fashion-MNIST canvases at
 # the backbone's size, scene_parse150 read without TensorFlow.
+
 
 @pytest.fixture(scope="module")
 def mosaic_data_dir(tmp_path_factory):
@@ -124,8 +134,9 @@ def test_fashion_mosaic_is_the_canvases_of_its_seeds(mosaic_data_dir):
     source = tfds.data_source("fashion_mosaic/small", split=split, data_dir=mosaic_data_dir)
     assert len(source) == {"test": 500, "train": 2000}[split]
     garments, classes = fmnist.read_split(FMNIST_SOURCE, split)
-    want_images, want_masks = canvas_lib.fashion_canvases(garments, classes, n, canvas_size=56,
-                                                   seed={"train": 0, "test": 1}[split])
+    want_images, want_masks = canvas_lib.fashion_canvases(
+      garments, classes, n, canvas_size=56, seed={"train": 0, "test": 1}[split]
+    )
     got = source.__getitems__(list(range(n)))
     np.testing.assert_array_equal(np.stack([e["image"] for e in got]), want_images)
     np.testing.assert_array_equal(np.stack([e["mask"] for e in got]), want_masks)
@@ -151,15 +162,17 @@ def test_fashion_canvases_at_the_backbone_size(fmnist_data_dir):
   data = images.default_config()
   data.data_dir = fmnist_data_dir
   data.train_split, data.eval_split = "train[:500]", "test[:100]"
-  d = seg_data.load(data, "fashion_canvases", num_train=20, num_test=6, image_size=28,
-                    channels=1)
+  d = seg_data.load(data, "fashion_canvases", num_train=20, num_test=6, image_size=28, channels=1)
   assert d.name == "fashion_canvases" and d.num_classes == 11
-  for split, n, seed, x, m in (("train", 20, 0, d.train_images, d.train_masks),
-                               ("test", 6, 1, d.test_images, d.test_masks)):
+  for split, n, seed, x, m in (
+    ("train", 20, 0, d.train_images, d.train_masks),
+    ("test", 6, 1, d.test_images, d.test_masks),
+  ):
     garments, classes = fmnist.read_split(FMNIST_SOURCE, split)
     pool = seg_data.CANVAS_POOL * n
-    canvases, masks = canvas_lib.fashion_canvases(garments[:pool], classes[:pool], n,
-                                           canvas_size=56, seed=seed)
+    canvases, masks = canvas_lib.fashion_canvases(
+      garments[:pool], classes[:pool], n, canvas_size=56, seed=seed
+    )
     np.testing.assert_array_equal(m, masks[:, 1::2, 1::2])
     halved = canvases.astype(np.float64).reshape(n, 28, 2, 28, 2, 1).mean((2, 4))
     np.testing.assert_allclose(x, (halved / 255 - 0.5) / 0.5, atol=1e-5)
@@ -183,8 +196,10 @@ def test_scene_parse150_reader_on_tfds_mock_data():
 
 
 def _encoded(array, fmt):
-  import io  # pylint: disable=import-outside-toplevel
-  from PIL import Image  # pylint: disable=import-outside-toplevel
+  import io
+
+  from PIL import Image
+
   buffer = io.BytesIO()
   Image.fromarray(array).save(buffer, format=fmt, quality=95)
   return buffer.getvalue()
@@ -200,7 +215,9 @@ def test_scene_parse150_prepared_files_are_read_without_tensorflow(tmp_path):
   for v = 0 and v = 151."""
   from etils import epath
   from tensorflow_datasets.datasets.scene_parse150 import scene_parse150_dataset_builder
+
   from laplax.data.builders.base import OwnCodePath
+
   rows, cols = np.meshgrid(np.arange(40), np.arange(60), indexing="ij")
   annotation = np.zeros((40, 60, 3), np.uint8)
   annotation[..., 0] = (7 * (rows // 2) + cols // 2) % 152
@@ -208,8 +225,9 @@ def test_scene_parse150_prepared_files_are_read_without_tensorflow(tmp_path):
   picture = np.zeros((40, 60, 3), np.uint8) + np.array([200, 100, 50], np.uint8)
   pair = {"image": _encoded(picture, "JPEG"), "annotation": _encoded(annotation, "PNG")}
 
-  class LocalSceneParse150(OwnCodePath, scene_parse150_dataset_builder.Builder,
-                           skip_registration=True):
+  class LocalSceneParse150(
+    OwnCodePath, scene_parse150_dataset_builder.Builder, skip_registration=True
+  ):
     name = "scene_parse150"
     # TFDS's README and citation of the dataset, beside its builder.
     pkg_dir_path = epath.Path(scene_parse150_dataset_builder.__file__).parent
@@ -237,65 +255,102 @@ def test_scene_parse150_prepared_files_are_read_without_tensorflow(tmp_path):
 # --------------------------------------------------------------------------
 # The DINO task's probe and the settings.
 
+
 def test_dino_task_reads_the_mosaic_masks(mosaic_data_dir):
   """configs/dino_fashion_mosaic.py's task ("auto": the dataset's own masks)
   gives the stored images, normalised, and the stored masks unchanged at the
   backbone's 56 px; the k-NN labels are the 10 garment classes. (The probe
   itself runs through eval.py in test_dino.py, on Fashion-MNIST canvases.)"""
-  from test_configs import load  # pylint: disable=import-outside-toplevel
-  from laplax import tasks  # pylint: disable=import-outside-toplevel
+  from test_configs import load
+
+  from laplax import tasks
+
   c = load("dino_fashion_mosaic")
   c.data.name, c.data.data_dir = "fashion_mosaic/small", mosaic_data_dir
   c.eval.update(segmentation_train_images=30, segmentation_test_images=12)
   tasks.validate(c)
   task = tasks.make_task(c, None)
   assert task.num_classes == 10 and task.image_shape == (56, 56, 1)
-  from laplax.evaluators import dino_segmentation  # pylint: disable=import-outside-toplevel
+  from laplax.evaluators import dino_segmentation
+
   data = dino_segmentation.load_data(task.config, task.image_shape)
   assert data.name == "fashion_mosaic/small" and data.num_classes == 11
   assert data.train_images.shape == (30, 56, 56, 1) and data.test_masks.shape == (12, 56, 56)
-  for split, x, m in (("train", data.train_images, data.train_masks),
-                      ("test", data.test_images, data.test_masks)):
+  for split, x, m in (
+    ("train", data.train_images, data.train_masks),
+    ("test", data.test_images, data.test_masks),
+  ):
     source = tfds.data_source("fashion_mosaic/small", split=split, data_dir=mosaic_data_dir)
     stored = [source[i] for i in range(len(m))]
     np.testing.assert_array_equal(m, np.stack([e["mask"] for e in stored]))
-    np.testing.assert_allclose(x, np.stack([e["image"] for e in stored]) / 127.5 - 1,
-                               atol=1e-6)
+    np.testing.assert_allclose(x, np.stack([e["image"] for e in stored]) / 127.5 - 1, atol=1e-6)
   # A run saved before the segmentation keys existed gets their defaults.
   with c.unlocked():
     for key in list(c.eval):
       if key.startswith("segmentation"):
         del c.eval[key]
-  from laplax.evaluators import registry  # pylint: disable=import-outside-toplevel
+  from laplax.evaluators import registry
   from laplax.tasks import schema
+
   registry.complete(schema.complete(c))  # as reading its config.json and validating do
   assert dino_segmentation.settings(task.config) == dino_segmentation.DEFAULTS
   assert {k: c.eval[k] for k in dino_segmentation.DEFAULTS} == dino_segmentation.DEFAULTS
 
 
-@pytest.mark.parametrize("config,flag,fragment", [
+@pytest.mark.parametrize(
+  "config,flag,fragment",
+  [
     ("dino_fashion_mnist", "--config.eval.segmentation_steps=0", "segmentation_steps=0"),
-    ("dino_fashion_mnist", "--config.eval.segmentation_train_images=1",
-     "segmentation_train_images=1"),
-    ("dino_fashion_mnist", "--config.eval.segmentation_dataset=ade20k_full",
-     "'ade20k_full' is unknown"),
-    ("dino_fashion_mnist", "--config.eval.segmentation_dataset=ade20k",
-     "--config.eval.segmentation_dir=DIR"),
+    (
+      "dino_fashion_mnist",
+      "--config.eval.segmentation_train_images=1",
+      "segmentation_train_images=1",
+    ),
+    (
+      "dino_fashion_mnist",
+      "--config.eval.segmentation_dataset=ade20k_full",
+      "'ade20k_full' is unknown",
+    ),
+    (
+      "dino_fashion_mnist",
+      "--config.eval.segmentation_dataset=ade20k",
+      "--config.eval.segmentation_dir=DIR",
+    ),
     ("dino_fashion_mnist", "--config.eval.segmentation_image_size=30", "not divisible"),
-    ("dino_fashion_mosaic", "--config.eval.segmentation_dataset=fashion_canvases",
-     "Fashion-MNIST images"),
-    ("dino_fashion_mnist", "--config.eval.segmentation=False",
-     "eval.segmentation was replaced by config.evals"),
-    ("dino_fashion_mnist", "--config.evals=knn,classification",
-     "'classification', not an evaluator of a dino run"),
+    (
+      "dino_fashion_mosaic",
+      "--config.eval.segmentation_dataset=fashion_canvases",
+      "Fashion-MNIST images",
+    ),
+    (
+      "dino_fashion_mnist",
+      "--config.eval.segmentation=False",
+      "eval.segmentation was replaced by config.evals",
+    ),
+    (
+      "dino_fashion_mnist",
+      "--config.evals=knn,classification",
+      "'classification', not an evaluator of a dino run",
+    ),
     ("dino_fashion_mnist", "--config.evals=knn,knn", "names an evaluator twice"),
     ("dino_fashion_mnist", "--config.evals=", "names no evaluator"),
-])
+  ],
+)
 def test_bad_segmentation_settings_one_line_exit_2(tmp_path, config, flag, fragment, capfd):
-  from test_train import ROOT, run_in_process  # pylint: disable=import-outside-toplevel
+  from test_train import ROOT, run_in_process
+
   workdir = tmp_path / "bad"
-  r = run_in_process(["train.py", "--config", os.path.join(ROOT, "configs", config + ".py"),
-                      "--workdir", str(workdir), flag], capfd)
+  r = run_in_process(
+    [
+      "train.py",
+      "--config",
+      os.path.join(ROOT, "configs", config + ".py"),
+      "--workdir",
+      str(workdir),
+      flag,
+    ],
+    capfd,
+  )
   assert r.returncode == 2, r.stderr[-2000:]
   lines = r.stderr.strip().splitlines()
   assert len(lines) == 1 and lines[0].startswith("error: ") and fragment in lines[0], r.stderr
@@ -303,9 +358,11 @@ def test_bad_segmentation_settings_one_line_exit_2(tmp_path, config, flag, fragm
 
 
 def test_mosaic_config_validates():
-  from test_configs import load  # pylint: disable=import-outside-toplevel
-  from laplax import tasks  # pylint: disable=import-outside-toplevel
-  from laplax.evaluators import registry  # pylint: disable=import-outside-toplevel
+  from test_configs import load
+
+  from laplax import tasks
+  from laplax.evaluators import registry
+
   c = load("dino_fashion_mosaic")
   tasks.validate(c)
   registry.validate(c)  # the evaluators' settings, completed

@@ -19,13 +19,12 @@ import time
 import jax
 import numpy as np
 import pytest
-
 import sharding_helper
-from laplax import sharding
-from laplax.config import validation as config_lib
-from laplax import tasks
 from model_helper import make_gpt
 from test_train import ROOT, read_metrics, run, xla_env
+
+from laplax import sharding, tasks
+from laplax.config import validation as config_lib
 
 HELPER = os.path.join(ROOT, "tests", "sharding_helper.py")
 GPT_CONFIG = os.path.join(ROOT, "configs", "gpt_shakespeare.py")
@@ -33,9 +32,13 @@ VIT_CONFIG = os.path.join(ROOT, "configs", "vit_fashion_mnist.py")
 TOL = 1e-5
 MESHES = ("(8, 1, 1)", "(2, 4, 1)", "(2, 2, 2)")
 # The helper's tiny GPT, trained 3 steps on mesh (2,2,2) by train.py.
-TINY_GPT = ([f"--config.{k}={v}" for k, v in sharding_helper.GPT.items()]
-            + ["--config.total_steps=3", "--config.log_every=1", "--config.eval_every=3",
-               "--config.checkpoint_every=3", "--config.mesh_shape=(2,2,2)"])
+TINY_GPT = [f"--config.{k}={v}" for k, v in sharding_helper.GPT.items()] + [
+  "--config.total_steps=3",
+  "--config.log_every=1",
+  "--config.eval_every=3",
+  "--config.checkpoint_every=3",
+  "--config.mesh_shape=(2,2,2)",
+]
 
 
 def device_env(n):
@@ -58,10 +61,17 @@ def helper(tmp_path_factory):
   corpus.mkdir()
   for name in ("a", "b", "c"):
     (corpus / f"{name}.txt").write_text("the cat sat on the mat. " * 150)
-  procs = {kind: subprocess.Popen(
-      [sys.executable, HELPER, kind, str(root / f"{kind}.json"), str(corpus),
-       str(data_dir)], cwd=ROOT, env=device_env(8), stdout=subprocess.PIPE,
-      stderr=subprocess.PIPE, text=True) for kind in ("vit", "gpt")}
+  procs = {
+    kind: subprocess.Popen(
+      [sys.executable, HELPER, kind, str(root / f"{kind}.json"), str(corpus), str(data_dir)],
+      cwd=ROOT,
+      env=device_env(8),
+      stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE,
+      text=True,
+    )
+    for kind in ("vit", "gpt")
+  }
   result = {"equivalence": {}}
   for kind, p in procs.items():
     _, err = p.communicate(timeout=600)
@@ -78,8 +88,7 @@ def test_sharded_steps_equal_single_device(helper, kind):
   result = helper[0]["equivalence"][kind]
   single = np.array(result["single"])
   for mesh in MESHES:
-    np.testing.assert_allclose(result[mesh]["losses"], single, rtol=0, atol=TOL,
-                               err_msg=mesh)
+    np.testing.assert_allclose(result[mesh]["losses"], single, rtol=0, atol=TOL, err_msg=mesh)
     assert result[mesh]["max_param_diff"] < TOL, mesh
     assert result[mesh]["num_devices"] == 8
   # The comparison is not of untrained models: every parameter moved (Adam
@@ -98,9 +107,13 @@ def test_parameters_and_optimizer_state_are_sharded(helper):
   """Heads and MLP over tensor, the other dimension over fsdp; the Adam
   moments follow their parameters; the step counter is replicated."""
   specs = {mesh: helper[0]["equivalence"]["gpt"][mesh]["specs"] for mesh in MESHES}
-  assert specs["(2, 2, 2)"] == {"query": ["fsdp", "tensor"], "out": ["tensor", "fsdp"],
-                                "fc1": ["fsdp", "tensor"], "fc1_mu": ["fsdp", "tensor"],
-                                "step": []}
+  assert specs["(2, 2, 2)"] == {
+    "query": ["fsdp", "tensor"],
+    "out": ["tensor", "fsdp"],
+    "fc1": ["fsdp", "tensor"],
+    "fc1_mu": ["fsdp", "tensor"],
+    "step": [],
+  }
   assert specs["(2, 4, 1)"]["query"] == ["fsdp", "tensor"]
   assert specs["(8, 1, 1)"]["fc1_mu"] == [None, "tensor"]  # no fsdp axis to use
   assert helper[0]["equivalence"]["vit"]["(2, 2, 2)"]["specs"] == specs["(2, 2, 2)"]
@@ -130,15 +143,33 @@ def test_two_processes_match_one(helper, tmp_path):
   (2,2,2), same config and batches); only process 0 writes."""
   paths = helper[1]
   workdir = tmp_path / "two"
-  common = (["train.py", "--config", GPT_CONFIG, "--workdir", str(workdir),
-             f"--config.data.source_dir={paths['corpus']}",
-             f"--config.data.data_dir={paths['data_dir']}"] + TINY_GPT +
-            [f"--config.distributed.coordinator_address=localhost:{free_port()}",
-             "--config.distributed.num_processes=2"])
-  procs = [subprocess.Popen([sys.executable] + common +
-                            [f"--config.distributed.process_id={i}"],
-                            cwd=ROOT, env=device_env(4), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True) for i in range(2)]
+  common = (
+    [
+      "train.py",
+      "--config",
+      GPT_CONFIG,
+      "--workdir",
+      str(workdir),
+      f"--config.data.source_dir={paths['corpus']}",
+      f"--config.data.data_dir={paths['data_dir']}",
+    ]
+    + TINY_GPT
+    + [
+      f"--config.distributed.coordinator_address=localhost:{free_port()}",
+      "--config.distributed.num_processes=2",
+    ]
+  )
+  procs = [
+    subprocess.Popen(
+      [sys.executable] + common + [f"--config.distributed.process_id={i}"],
+      cwd=ROOT,
+      env=device_env(4),
+      stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE,
+      text=True,
+    )
+    for i in range(2)
+  ]
   outs = [p.communicate(timeout=300) for p in procs]
   for p, (_, err) in zip(procs, outs):
     assert p.returncode == 0, err[-4000:]
@@ -148,9 +179,12 @@ def test_two_processes_match_one(helper, tmp_path):
   train = [r for r in records if r["split"] == "train"]
   evals = [r for r in records if r["split"] == "eval"]
   assert [r["step"] for r in train] == [1, 2, 3]  # one record per step: process 0 only
-  np.testing.assert_allclose([r["loss"] for r in train],
-                             helper[0]["equivalence"]["gpt"]["(2, 2, 2)"]["losses"],
-                             rtol=0, atol=TOL)
+  np.testing.assert_allclose(
+    [r["loss"] for r in train],
+    helper[0]["equivalence"]["gpt"]["(2, 2, 2)"]["losses"],
+    rtol=0,
+    atol=TOL,
+  )
   assert [r["step"] for r in evals] == [3] and np.isfinite(evals[0]["loss"])
   assert sorted(os.listdir(workdir / "checkpoints")) == ["0", "3"]
 
@@ -160,16 +194,37 @@ def test_sigterm_to_one_of_two_processes_stops_both_at_the_same_step(helper, tmp
   step, save that step together and both exit 0; the same commands resume."""
   paths = helper[1]
   workdir = tmp_path / "two"
-  common = (["train.py", "--config", GPT_CONFIG, "--workdir", str(workdir),
-             f"--config.data.source_dir={paths['corpus']}",
-             f"--config.data.data_dir={paths['data_dir']}"] + TINY_GPT +
-            ["--config.total_steps=400", "--config.log_every=2", "--config.eval_every=400",
-             "--config.checkpoint_every=400",
-             f"--config.distributed.coordinator_address=localhost:{free_port()}",
-             "--config.distributed.num_processes=2"])
-  procs = [subprocess.Popen([sys.executable] + common + [f"--config.distributed.process_id={i}"],
-                            cwd=ROOT, env=device_env(4), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True) for i in range(2)]
+  common = (
+    [
+      "train.py",
+      "--config",
+      GPT_CONFIG,
+      "--workdir",
+      str(workdir),
+      f"--config.data.source_dir={paths['corpus']}",
+      f"--config.data.data_dir={paths['data_dir']}",
+    ]
+    + TINY_GPT
+    + [
+      "--config.total_steps=400",
+      "--config.log_every=2",
+      "--config.eval_every=400",
+      "--config.checkpoint_every=400",
+      f"--config.distributed.coordinator_address=localhost:{free_port()}",
+      "--config.distributed.num_processes=2",
+    ]
+  )
+  procs = [
+    subprocess.Popen(
+      [sys.executable] + common + [f"--config.distributed.process_id={i}"],
+      cwd=ROOT,
+      env=device_env(4),
+      stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE,
+      text=True,
+    )
+    for i in range(2)
+  ]
   deadline = time.time() + 240
   while time.time() < deadline and procs[0].poll() is None:
     metrics = workdir / "metrics.jsonl"
@@ -188,16 +243,22 @@ def test_sigterm_to_one_of_two_processes_stops_both_at_the_same_step(helper, tmp
 
 
 BAD_MESHES = {
-    "two entries": (1, ["--config.mesh_shape=(2,4)"], "must be 3 integers"),
-    "not integers": (1, ["--config.mesh_shape=(2,x,1)"], "must be 3 integers"),
-    "batch not divisible by data x fsdp": (
-        8, ["--config.mesh_shape=(2,2,2)", "--config.batch_size=30",
-            "--config.optim.grad_accum_steps=1"],
-        "not divisible by the data-parallel size 4"),
-    "heads not divisible by tensor": (
-        8, ["--config.mesh_shape=(2,1,4)", "--config.model.num_heads=2",
-            "--config.model.num_laplacian_heads=1"],
-        "num_heads=2 is not divisible by the tensor-parallel size 4"),
+  "two entries": (1, ["--config.mesh_shape=(2,4)"], "must be 3 integers"),
+  "not integers": (1, ["--config.mesh_shape=(2,x,1)"], "must be 3 integers"),
+  "batch not divisible by data x fsdp": (
+    8,
+    ["--config.mesh_shape=(2,2,2)", "--config.batch_size=30", "--config.optim.grad_accum_steps=1"],
+    "not divisible by the data-parallel size 4",
+  ),
+  "heads not divisible by tensor": (
+    8,
+    [
+      "--config.mesh_shape=(2,1,4)",
+      "--config.model.num_heads=2",
+      "--config.model.num_laplacian_heads=1",
+    ],
+    "num_heads=2 is not divisible by the tensor-parallel size 4",
+  ),
 }
 
 
@@ -206,10 +267,26 @@ def test_bad_mesh_one_line_exit_2_nothing_written(tmp_path):
   procs = {}
   for name, (devices, extra, _) in BAD_MESHES.items():
     workdir = tmp_path / name.replace(" ", "_")
-    procs[name] = (workdir, subprocess.Popen(
-        [sys.executable, "train.py", "--config", VIT_CONFIG, "--workdir", str(workdir),
-         "--config.total_steps=1"] + extra, cwd=ROOT, env=device_env(devices),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    procs[name] = (
+      workdir,
+      subprocess.Popen(
+        [
+          sys.executable,
+          "train.py",
+          "--config",
+          VIT_CONFIG,
+          "--workdir",
+          str(workdir),
+          "--config.total_steps=1",
+        ]
+        + extra,
+        cwd=ROOT,
+        env=device_env(devices),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+      ),
+    )
   for name, (workdir, p) in procs.items():
     _, err = p.communicate(timeout=120)
     lines = [l for l in err.splitlines() if l.strip()]
@@ -220,8 +297,16 @@ def test_bad_mesh_one_line_exit_2_nothing_written(tmp_path):
 
 
 def test_mesh_of_more_devices_than_the_machine(tmp_path):
-  r = run(["train.py", "--config", VIT_CONFIG, "--workdir", str(tmp_path / "w"),
-           "--config.mesh_shape=(2,4,1)"])
+  r = run(
+    [
+      "train.py",
+      "--config",
+      VIT_CONFIG,
+      "--workdir",
+      str(tmp_path / "w"),
+      "--config.mesh_shape=(2,4,1)",
+    ]
+  )
   lines = [l for l in r.stderr.splitlines() if l.strip()]
   assert r.returncode == 2 and len(lines) == 1, r.stderr
   assert "has 8 devices but JAX sees 1" in lines[0]
@@ -251,9 +336,9 @@ def test_fsdp_takes_the_largest_free_divisible_dimension():
 
 
 def test_rules_parsing():
-  assert sharding.parse_rules([["batch", ["data", "fsdp"]], ["heads", "tensor"],
-                               ["embed", None]]) == (
-      ("batch", ("data", "fsdp")), ("heads", "tensor"), ("embed", None))
+  assert sharding.parse_rules(
+    [["batch", ["data", "fsdp"]], ["heads", "tensor"], ["embed", None]]
+  ) == (("batch", ("data", "fsdp")), ("heads", "tensor"), ("embed", None))
   for bad in ((("heads", "model"),), (("heads",),), "nonsense"):
     with pytest.raises(ValueError, match="sharding_rules"):
       sharding.parse_rules(bad)
@@ -262,8 +347,10 @@ def test_rules_parsing():
 def test_models_init_plain_arrays_outside_the_sharding_context():
   """Logical names box parameters only under the rules; values are the same."""
   import flax.linen as nn
-  model = make_gpt(vocab_size=16, max_length=8, width=16, depth=1, num_heads=2,
-              num_laplacian_heads=1)
+
+  model = make_gpt(
+    vocab_size=16, max_length=8, width=16, depth=1, num_heads=2, num_laplacian_heads=1
+  )
   tokens = jax.numpy.zeros((1, 8), jax.numpy.int32)
   plain = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), tokens))["params"]
   with nn.logical_axis_rules(sharding.DEFAULT_RULES):
@@ -273,12 +360,12 @@ def test_models_init_plain_arrays_outside_the_sharding_context():
   assert isinstance(query, nn.LogicallyPartitioned) and query.names == ("embed", "heads")
   assert boxed["block0"]["mlp"]["fc2"]["kernel"].names == ("mlp", "embed")
   assert boxed["token_embedding"]["embedding"].names == ("vocab", "embed")
-  assert (jax.tree_util.tree_structure(sharding.unbox(boxed))
-          == jax.tree_util.tree_structure(plain))
+  assert jax.tree_util.tree_structure(sharding.unbox(boxed)) == jax.tree_util.tree_structure(plain)
 
 
 def test_validate_mesh_messages():
   from laplax.config.defaults import gpt_base_config
+
   c = gpt_base_config()
   c.mesh_shape = (2, 2, 2)
   assert config_lib.validate_mesh(c, 8, num_processes=2) == (2, 2, 2)
@@ -293,18 +380,22 @@ def test_validate_mesh_messages():
   c.model.num_heads = 4
   with pytest.raises(config_lib.ConfigError, match="mlp_dim=6"):
     config_lib.validate_mesh(c, 4)
-  c.model.mlp_dim = None      # 4 * width, resolved by the model spec
+  c.model.mlp_dim = None  # 4 * width, resolved by the model spec
   assert config_lib.validate_mesh(c, 4) == (1, 1, 4)
 
 
-@pytest.mark.parametrize("key,value,fragment", [
+@pytest.mark.parametrize(
+  "key,value,fragment",
+  [
     ("mesh_shape", (2, 2), "config.mesh_shape"),
     ("sharding_rules", (("heads", "model"),), "config.sharding_rules"),
     ("distributed.coordinator_address", "localhost", "'host:port'"),
     ("distributed.coordinator_address", "localhost:1234", "num_processes=None"),
-])
+  ],
+)
 def test_validate_sharding_keys(key, value, fragment):
   from laplax.config.defaults import gpt_base_config
+
   c = gpt_base_config()
   tasks.validate(c)
   *parents, leaf = key.split(".")

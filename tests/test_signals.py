@@ -30,7 +30,6 @@ import sys
 import time
 
 import pytest
-
 from test_resume import saved_state, start, wait_for_step
 from test_train import CONFIG, ROOT, TINY
 
@@ -38,7 +37,7 @@ from laplax.workdir import integrity
 
 HANG_GUARD_S = 180  # a process that never exits fails the test instead of hanging it
 
-GUARD_SCRIPT = r'''
+GUARD_SCRIPT = r"""
 import ctypes, hashlib, linecache, sys, threading, time
 from laplax import signals
 mode, marker = sys.argv[1], sys.argv[2]
@@ -64,7 +63,7 @@ with signals.Guard("demo", bound=float(sys.argv[3])) as guard:
     hashlib.pbkdf2_hmac("sha256", b"x", b"y", 10 ** 9)
   except signals.Signalled as e:
     guard.hard_exit(e.signum, late=False, reason="before demo finished")
-'''
+"""
 
 
 def _guard(tmp_path, mode, bound, signals_to_send, step_seconds=0.0):
@@ -75,14 +74,17 @@ def _guard(tmp_path, mode, bound, signals_to_send, step_seconds=0.0):
   script.write_text(GUARD_SCRIPT)
   marker = tmp_path / "cleaned"
   env = dict(os.environ, PYTHONPATH=ROOT)
-  proc = subprocess.Popen([sys.executable, str(script), mode, str(marker), str(bound),
-                           str(step_seconds)],
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+  proc = subprocess.Popen(
+    [sys.executable, str(script), mode, str(marker), str(bound), str(step_seconds)],
+    stdout=subprocess.PIPE,
+    stderr=subprocess.PIPE,
+    text=True,
+    env=env,
+  )
   assert proc.stdout.readline().strip() == "ready"
   for i, signum in enumerate(signals_to_send):
     if i:  # the first one was seen: the notice line is on stderr
-      assert "stopping after the step in flight" in proc.stderr.readline() + \
-          proc.stderr.readline()
+      assert "stopping after the step in flight" in proc.stderr.readline() + proc.stderr.readline()
     proc.send_signal(signum)
   _, err = proc.communicate(timeout=HANG_GUARD_S)
   return proc.returncode, [l for l in err.splitlines() if l.strip()], marker.exists()
@@ -90,12 +92,15 @@ def _guard(tmp_path, mode, bound, signals_to_send, step_seconds=0.0):
 
 @pytest.mark.parametrize("step_seconds,waited", [(0.0, 1), (1.5, 3)])
 def test_one_sigterm_in_a_step_that_never_ends_exits_143_after_the_bound(
-    tmp_path, step_seconds, waited):
+  tmp_path, step_seconds, waited
+):
   """The bound is 1 s here, or twice the slowest step the loop logged."""
   code, lines, cleaned = _guard(tmp_path, "loop", 1, [signal.SIGTERM], step_seconds)
   assert code == 143 and cleaned, lines
-  assert lines[-1] == (f"stopped by SIGTERM (signal 15), no step ended within {waited} s: "
-                       f"nothing more was saved; run the same command to go on"), lines
+  assert lines[-1] == (
+    f"stopped by SIGTERM (signal 15), no step ended within {waited} s: "
+    f"nothing more was saved; run the same command to go on"
+  ), lines
   assert f"has not finished in {waited} s" in lines[0], lines
 
 
@@ -110,19 +115,36 @@ def test_outside_the_loop_a_c_call_that_never_returns_is_ended(tmp_path):
   code, lines, cleaned = _guard(tmp_path, "other", 1, [signal.SIGTERM])
   assert code == 143 and cleaned, lines
   assert len(lines) == 1 and lines[0].startswith(
-      "stopped by SIGTERM (signal 15), demo was still busy 1 s later:"), lines
+    "stopped by SIGTERM (signal 15), demo was still busy 1 s later:"
+  ), lines
 
 
 # --------------------------------------------------------------------------
 # train.py and the sweep.
 
-STALL = ["--config.total_steps=8", "--config.checkpoint_every=2", "--config.log_every=1",
-         "--config.eval_every=1000", "--config.data.eval_split=test[:200]"]
+STALL = [
+  "--config.total_steps=8",
+  "--config.checkpoint_every=2",
+  "--config.log_every=1",
+  "--config.eval_every=1000",
+  "--config.data.eval_split=test[:200]",
+]
 
 
 def _train_args(workdir, fmnist_data_dir, *extra):
-  return (["train.py", "--config", CONFIG, "--workdir", str(workdir),
-           f"--config.data.data_dir={fmnist_data_dir}"] + TINY + STALL + list(extra))
+  return (
+    [
+      "train.py",
+      "--config",
+      CONFIG,
+      "--workdir",
+      str(workdir),
+      f"--config.data.data_dir={fmnist_data_dir}",
+    ]
+    + TINY
+    + STALL
+    + list(extra)
+  )
 
 
 def _stopped_run(tmp_path, fmnist_data_dir, signals_to_send):
@@ -156,9 +178,11 @@ def test_train_py_stopped_by_one_sigterm_in_a_step_that_never_ends(tmp_path, fmn
   assert code == 143, out[-3000:]
   # The bound: 5 s, or twice the slowest logged step time if longer.
   assert re.fullmatch(
-      rf"stopped by SIGTERM \(signal 15\), no step ended within [\d.]+ s: last complete "
-      rf"checkpoint: step 2 in {re.escape(str(workdir / 'checkpoints'))}, later steps not "
-      rf"saved; run the same command to go on", _last_line(out)), out[-3000:]
+    rf"stopped by SIGTERM \(signal 15\), no step ended within [\d.]+ s: last complete "
+    rf"checkpoint: step 2 in {re.escape(str(workdir / 'checkpoints'))}, later steps not "
+    rf"saved; run the same command to go on",
+    _last_line(out),
+  ), out[-3000:]
   assert "Traceback" not in out
   assert not (workdir / "train.lock").exists()
   names = os.listdir(workdir / "checkpoints")
@@ -173,13 +197,31 @@ def test_sweep_two_sigints_end_its_stalled_child_at_once(tmp_path, fmnist_data_d
   after its step), the second as SIGINT: the child exits at once with 130
   naming its last checkpoint, and so does the sweep."""
   workdir = tmp_path / "sweep"
-  args = ["-m", "laplax.sweep", "--config", CONFIG, "--workdir", str(workdir),
-          "--grid", "model.num_laplacian_heads=1", f"--config.data.data_dir={fmnist_data_dir}",
-          "--config.debug.stall_at_step=3"] + TINY + STALL
+  args = (
+    [
+      "-m",
+      "laplax.sweep",
+      "--config",
+      CONFIG,
+      "--workdir",
+      str(workdir),
+      "--grid",
+      "model.num_laplacian_heads=1",
+      f"--config.data.data_dir={fmnist_data_dir}",
+      "--config.debug.stall_at_step=3",
+    ]
+    + TINY
+    + STALL
+  )
   log = tmp_path / "sweep.log"
   with open(log, "w") as f:  # a bound of 10 minutes: only the second signal can end the run
-    proc = subprocess.Popen([sys.executable] + args, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT,
-                            env=dict(os.environ, PYTHONUNBUFFERED="1", LAPLAX_STOP_BOUND_S="600"))
+    proc = subprocess.Popen(
+      [sys.executable] + args,
+      cwd=ROOT,
+      stdout=f,
+      stderr=subprocess.STDOUT,
+      env=dict(os.environ, PYTHONUNBUFFERED="1", LAPLAX_STOP_BOUND_S="600"),
+    )
   run = workdir / "num_laplacian_heads=1,seed=0"
   try:
     assert wait_for_step(proc, run, 2), log.read_text()[-3000:]
@@ -195,21 +237,30 @@ def test_sweep_two_sigints_end_its_stalled_child_at_once(tmp_path, fmnist_data_d
     proc.kill()
   out = log.read_text()
   assert code == 130, out[-3000:]
-  assert re.search(r"stopped by a signal before it could save \(stopped by SIGINT "
-                   r"\(signal 2\), a second signal: last complete checkpoint: step \d+ in "
-                   r"\S+, later steps not saved(; [^;]*)?; run the same command to go on\); "
-                   r"run the same command to go on", out), out[-3000:]
+  assert re.search(
+    r"stopped by a signal before it could save \(stopped by SIGINT "
+    r"\(signal 2\), a second signal: last complete checkpoint: step \d+ in "
+    r"\S+, later steps not saved(; [^;]*)?; run the same command to go on\); "
+    r"run the same command to go on",
+    out,
+  ), out[-3000:]
   assert "Traceback" not in out + _read(run / "train.log")
   assert not (run / "train.lock").exists()
 
 
 def test_a_bad_stop_bound_is_one_line_exit_2():
-  r = subprocess.run([sys.executable, "-c", "from laplax.cli import common as cli; cli.run(lambda: 0)"],
-                     cwd=ROOT, capture_output=True, text=True, timeout=HANG_GUARD_S,
-                     env=dict(os.environ, LAPLAX_STOP_BOUND_S="soon"))
+  r = subprocess.run(
+    [sys.executable, "-c", "from laplax.cli import common as cli; cli.run(lambda: 0)"],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=HANG_GUARD_S,
+    env=dict(os.environ, LAPLAX_STOP_BOUND_S="soon"),
+  )
   assert r.returncode == 2 and r.stderr.strip() == (
-      "error: LAPLAX_STOP_BOUND_S='soon' must be a positive number of seconds (default 5); "
-      "unset it or give e.g. LAPLAX_STOP_BOUND_S=30"), r.stderr
+    "error: LAPLAX_STOP_BOUND_S='soon' must be a positive number of seconds (default 5); "
+    "unset it or give e.g. LAPLAX_STOP_BOUND_S=30"
+  ), r.stderr
 
 
 def _read(path):

@@ -21,12 +21,11 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-import jax  # pylint: disable=wrong-import-position
-import jax.numpy as jnp  # pylint: disable=wrong-import-position
+import jax
+import jax.numpy as jnp
 
-from laplax import attention, kernels, sharding  # pylint: disable=wrong-import-position
-from laplax.kernels import splash  # pylint: disable=wrong-import-position
-from laplax.models import spec as spec_lib  # pylint: disable=wrong-import-position
+from laplax import attention, kernels, sharding
+from laplax.models import spec as spec_lib
 
 B, L, H, D = 1, 128, 2, 32
 LAP = np.array([False, True])  # head 1 Laplacian: V - P V
@@ -48,8 +47,9 @@ def value_and_grads(impl, q, k, v, **kw):
 
 def assert_close(got, want, tol):
   for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
-    np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32),
-                               atol=tol, rtol=tol)
+    np.testing.assert_allclose(
+      np.asarray(a, np.float32), np.asarray(b, np.float32), atol=tol, rtol=tol
+    )
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -67,8 +67,9 @@ def test_grouped_heads_learned_mix_and_scale():
   q, k, v = qkv(kv_heads=1, seed=1)
   mix = jnp.array([0.3, 0.9])
   kw = dict(laplacian=LAP, is_causal=True, mix=mix, scale=0.3)
-  assert_close(value_and_grads("splash", q, k, v, **kw),
-               value_and_grads("reference", q, k, v, **kw), 1e-5)
+  assert_close(
+    value_and_grads("splash", q, k, v, **kw), value_and_grads("reference", q, k, v, **kw), 1e-5
+  )
 
 
 def test_key_padding_mask_and_bfloat16():
@@ -93,8 +94,9 @@ def test_bfloat16_gradients_match_the_float32_definition():
   bf16 = [x.astype(jnp.bfloat16) for x in (q, k, v)]
   got = value_and_grads("splash", *bf16, laplacian=LAP, is_causal=True)
   want = value_and_grads("reference", q, k, v, laplacian=LAP, is_causal=True)
-  for name, a, b in zip(("out", "dq", "dk", "dv"), jax.tree_util.tree_leaves(got),
-                        jax.tree_util.tree_leaves(want)):
+  for name, a, b in zip(
+    ("out", "dq", "dk", "dv"), jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)
+  ):
     assert a.dtype == jnp.bfloat16, name
     a, b = np.asarray(a, np.float32), np.asarray(b)
     for head in range(H):  # head 0 softmax, head 1 Laplacian (its gradients flip sign)
@@ -108,24 +110,36 @@ def test_refusals_name_the_fix():
     attention.attend(q, k, v, laplacian=LAP, implementation="splash")
   q, k, v = qkv()
   with pytest.raises(ValueError, match="no attention dropout"):
-    attention.attend(q, k, v, laplacian=LAP, implementation="splash", dropout_rate=0.1,
-                     dropout_rng=jax.random.key(0))
+    attention.attend(
+      q,
+      k,
+      v,
+      laplacian=LAP,
+      implementation="splash",
+      dropout_rate=0.1,
+      dropout_rng=jax.random.key(0),
+    )
   with pytest.raises(ValueError, match="return_weights needs implementation='reference'"):
     attention.attend(q, k, v, laplacian=LAP, implementation="splash", return_weights=True)
   with pytest.raises(ValueError, match=r"key-padding mask of shape \[batch, 1, 1, kv_length\]"):
-    attention.attend(q, k, v, laplacian=LAP, implementation="splash",
-                     mask=jnp.tril(jnp.ones((L, L), bool)))
-  with pytest.raises(spec_lib.SpecError, match="attention sees 100 tokens; use model.implementation='xla'"):
+    attention.attend(
+      q, k, v, laplacian=LAP, implementation="splash", mask=jnp.tril(jnp.ones((L, L), bool))
+    )
+  with pytest.raises(
+    spec_lib.SpecError, match="attention sees 100 tokens; use model.implementation='xla'"
+  ):
     spec_lib.build("gpt", width=32, num_heads=2, max_length=100, implementation="splash")
   with pytest.raises(spec_lib.SpecError, match="no attention dropout"):
     spec_lib.build("vit", width=32, num_heads=2, attention_dropout=0.1, implementation="splash")
 
 
 def test_config_check_counts_the_vit_tokens():
-  from laplax.config import validation as config_lib  # pylint: disable=import-outside-toplevel
-  from laplax import tasks  # pylint: disable=import-outside-toplevel
+  from laplax import tasks
+  from laplax.config import validation as config_lib
+
   sys.path.insert(0, os.path.join(ROOT, "configs"))
-  import vit_fashion_mnist  # pylint: disable=import-outside-toplevel
+  import vit_fashion_mnist
+
   config = vit_fashion_mnist.get_config()
   assert config_lib.attention_lengths(config, 28) == (16,)  # (28/7)^2 patches, mean pooling
   config.model.pool, config.model.patch_size = "tok", 4
@@ -140,7 +154,8 @@ def test_config_check_counts_the_vit_tokens():
 
 def test_default_follows_the_platform_and_falls_back_to_xla():
   choose = lambda n, dtype="bfloat16", platform="tpu", **kw: kernels.choose(
-      None, q_length=n, kv_length=n, head_dim=64, dtype=dtype, platform=platform, **kw)
+    None, q_length=n, kv_length=n, head_dim=64, dtype=dtype, platform=platform, **kw
+  )
   assert choose(256) == ("splash", None)
   kernel, why = choose(17)
   assert kernel == "xla" and "multiples of 128, got 17" in why
@@ -149,25 +164,34 @@ def test_default_follows_the_platform_and_falls_back_to_xla():
   assert choose(17, platform="gpu") == ("cudnn", None)
   assert choose(17, "float32", "gpu")[0] == "xla"
   assert choose(256, platform="cpu") == ("xla", None)
-  assert kernels.choose("splash", q_length=17, kv_length=17, head_dim=64, dtype="float32",
-                        platform="cpu") == ("splash", None)
+  assert kernels.choose(
+    "splash", q_length=17, kv_length=17, head_dim=64, dtype="float32", platform="cpu"
+  ) == ("splash", None)
   name, line = kernels.describe(None, (197, 256), head_dim=64, dtype="bfloat16", platform="tpu")
   assert name == "xla+splash"
   assert "xla for 197 tokens, splash for 256 tokens" in line and "falls back" in line
   assert kernels.describe(None, (50,), head_dim=16, dtype="float32", platform="cpu") == (
-      "xla", "attention kernel: xla on cpu (the default)")
+    "xla",
+    "attention kernel: xla on cpu (the default)",
+  )
   assert kernels.target_platform() == "cpu"
 
 
 def test_xla_kernel_recomputing_p_gives_the_same_gradients():
   q, k, v = qkv(length=16, seed=3)
+
   def grads(keep):
     f = lambda q, k, v: jnp.sum(jnp.sin(kernels.xla_attention(q, k, v, None, True, 0.2, keep)))
     return jax.jit(jax.grad(f, (0, 1, 2)))(q, k, v)
+
   assert_close(grads(False), grads(True), 1e-6)
   # The default keeps P on a CPU only; XLA_KEEPS_P forces it (compile_report --xla-keeps-p).
-  residuals = lambda: jax.vjp(lambda q: kernels.attention(
-      q, k, v, mask=None, is_causal=True, scale=0.2, implementation="xla"), q)[1]
+  residuals = lambda: jax.vjp(
+    lambda q: kernels.attention(
+      q, k, v, mask=None, is_causal=True, scale=0.2, implementation="xla"
+    ),
+    q,
+  )[1]
   size = lambda f: sum(x.size for x in jax.tree_util.tree_leaves(f))
   kept = size(residuals())
   try:
@@ -180,42 +204,57 @@ def test_xla_kernel_recomputing_p_gives_the_same_gradients():
 def _train_step(model, x, y_fn):
   """Loss and parameters after one SGD step of ``model`` on ``x``."""
   params = model.init(jax.random.key(0), x)["params"]
+
   def loss(p):
     return y_fn(model.apply({"params": p}, x, train=True))
+
   value, grads = jax.value_and_grad(loss)(params)
   return value, jax.tree_util.tree_map(lambda p, g: p - 0.5 * g, params, grads)
 
 
 @pytest.mark.parametrize("family", ["vit", "gpt"])
 def test_model_train_step_equals_the_xla_kernel(family):
-  from model_helper import make_gpt, make_vit  # pylint: disable=import-outside-toplevel
+  from model_helper import make_gpt, make_vit
+
   common = dict(width=32, depth=1, num_heads=2, mlp_dim=32, num_laplacian_heads=1)
+
   def run(impl):
     if family == "vit":  # 32x32 images in 2x2 patches: 256 tokens, mean pooling
-      model = make_vit(num_classes=3, pool="gap", patch_size=2, head_init_zero=False,
-                       implementation=impl, **common)
+      model = make_vit(
+        num_classes=3, pool="gap", patch_size=2, head_init_zero=False, implementation=impl, **common
+      )
       x = jax.random.normal(jax.random.key(1), (1, 32, 32, 3))
-      return jax.jit(lambda x: _train_step(model, x, lambda out: jnp.mean(
-          jnp.square(out[0] if isinstance(out, tuple) else out))))(x)
+      return jax.jit(
+        lambda x: _train_step(
+          model, x, lambda out: jnp.mean(jnp.square(out[0] if isinstance(out, tuple) else out))
+        )
+      )(x)
     model = make_gpt(16, max_length=128, laplacian_mix="learned", implementation=impl, **common)
     x = jax.random.randint(jax.random.key(1), (1, 128), 0, 16)
-    return jax.jit(lambda x: _train_step(model, x, lambda out: jnp.mean(
-        jax.nn.log_softmax(out[0] if isinstance(out, tuple) else out)[..., 0])))(x)
+    return jax.jit(
+      lambda x: _train_step(
+        model,
+        x,
+        lambda out: jnp.mean(jax.nn.log_softmax(out[0] if isinstance(out, tuple) else out)[..., 0]),
+      )
+    )(x)
+
   assert_close(run("splash"), run("xla"), 1e-5)
 
 
 def test_shard_mapped_kernel_on_a_2x2x2_mesh_equals_one_device(tmp_path):
   out = tmp_path / "mesh.npz"
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
-             JAX_PLATFORMS="cpu")
-  proc = subprocess.run([sys.executable, __file__, str(out)], env=env,
-                        capture_output=True, text=True, timeout=300)
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
+  proc = subprocess.run(
+    [sys.executable, __file__, str(out)], env=env, capture_output=True, text=True, timeout=300
+  )
   assert proc.returncode == 0, proc.stderr[-3000:]
   result = np.load(out)
   assert int(result["devices"]) == 8 and int(result["shard_maps"]) >= 1
   for name in ("out", "dq", "dk", "dv"):
-    np.testing.assert_allclose(result[f"mesh_{name}"], result[f"one_{name}"],
-                               atol=1e-5, rtol=1e-5, err_msg=name)
+    np.testing.assert_allclose(
+      result[f"mesh_{name}"], result[f"one_{name}"], atol=1e-5, rtol=1e-5, err_msg=name
+    )
 
 
 def _mesh_main(path):
@@ -223,13 +262,20 @@ def _mesh_main(path):
   the (data, fsdp, tensor) = (2, 2, 2) mesh (the batch over data x fsdp, the
   query heads over tensor) and by the XLA kernel on one device (itself checked
   against the definition in tests/test_attention.py); saved to ``path``."""
-  from jax.sharding import NamedSharding, PartitionSpec as P
+  from jax.sharding import NamedSharding
+  from jax.sharding import PartitionSpec as P
+
   q, k, v = qkv(batch=4, kv_heads=1, seed=4)
+
   def both(impl):
-    f = lambda q, k, v: attention.attend(q, k, v, laplacian=LAP, is_causal=True,
-                                         implementation=impl)
-    return lambda q, k, v: (f(q, k, v), jax.grad(
-        lambda q, k, v: jnp.sum(jnp.sin(f(q, k, v))), (0, 1, 2))(q, k, v))
+    f = lambda q, k, v: attention.attend(
+      q, k, v, laplacian=LAP, is_causal=True, implementation=impl
+    )
+    return lambda q, k, v: (
+      f(q, k, v),
+      jax.grad(lambda q, k, v: jnp.sum(jnp.sin(f(q, k, v))), (0, 1, 2))(q, k, v),
+    )
+
   one = jax.jit(both("xla"))(q, k, v)  # one device, the XLA kernel (faster to compile)
   mesh = sharding.make_mesh((2, 2, 2))
   with sharding.context(mesh, sharding.DEFAULT_RULES):
@@ -240,10 +286,13 @@ def _mesh_main(path):
     sharded = step(*args)
   names = ("out", "dq", "dk", "dv")
   flat = lambda r: [r[0], *r[1]]
-  np.savez(path, devices=len(jax.devices()), shard_maps=text.count("shard_map") or
-           text.count("sdy.manual_computation"),
-           **{f"one_{n}": np.asarray(x) for n, x in zip(names, flat(one))},
-           **{f"mesh_{n}": np.asarray(x) for n, x in zip(names, flat(sharded))})
+  np.savez(
+    path,
+    devices=len(jax.devices()),
+    shard_maps=text.count("shard_map") or text.count("sdy.manual_computation"),
+    **{f"one_{n}": np.asarray(x) for n, x in zip(names, flat(one))},
+    **{f"mesh_{n}": np.asarray(x) for n, x in zip(names, flat(sharded))},
+  )
 
 
 if __name__ == "__main__":

@@ -32,7 +32,6 @@ import sys
 import time
 
 import pytest
-
 from test_resume import assert_bitwise_equal, saved_state, start, wait_for_step, wait_stopped
 from test_train import ROOT, read_metrics, run_in_process, train_args
 
@@ -41,9 +40,14 @@ from laplax.workdir import integrity
 from laplax.workdir import lock as lock_lib
 
 # Checkpoints every 5 steps, all kept: the disk fills while one is written.
-RUN = ["--config.total_steps=30", "--config.checkpoint_every=5",
-       "--config.keep_checkpoints=100", "--config.eval_every=1000",
-       "--config.data.eval_split=test[:500]", "--config.eval_batch_size=250"]
+RUN = [
+  "--config.total_steps=30",
+  "--config.checkpoint_every=5",
+  "--config.keep_checkpoints=100",
+  "--config.eval_every=1000",
+  "--config.data.eval_split=test[:500]",
+  "--config.eval_batch_size=250",
+]
 SHIM = os.path.join(ROOT, "tests", "enospc_shim.c")
 
 
@@ -70,8 +74,12 @@ def small_disk(path, size):
     yield False
     return
   os.makedirs(path)
-  mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
-                           capture_output=True).returncode == 0
+  mounted = (
+    subprocess.run(
+      ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True
+    ).returncode
+    == 0
+  )
   try:
     yield mounted
   finally:
@@ -85,13 +93,15 @@ def enospc_shim(tmp_path):
   if cc is None:
     return None
   out = str(tmp_path / "enospc_shim.so")
-  made = subprocess.run([cc, "-shared", "-fPIC", "-O2", "-o", out, SHIM, "-ldl"],
-                        capture_output=True)
+  made = subprocess.run(
+    [cc, "-shared", "-fPIC", "-O2", "-o", out, SHIM, "-ldl"], capture_output=True
+  )
   return out if made.returncode == 0 else None
 
 
 def test_disk_full_during_a_checkpoint_one_line_exit_2_then_resumes(
-    tmp_path, reference, fmnist_data_dir, capfd):
+  tmp_path, reference, fmnist_data_dir, capfd
+):
   with small_disk(tmp_path / "mnt", "1200k") as mounted:
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     workdir = tmp_path / "mnt" / "run"
@@ -102,15 +112,19 @@ def test_disk_full_during_a_checkpoint_one_line_exit_2_then_resumes(
       workdir = tmp_path / "run"
       env.update(LD_PRELOAD=shim, ENOSPC_PREFIX=str(workdir), ENOSPC_BYTES="700000")
     args = train_args(workdir, fmnist_data_dir, *RUN)
-    r = subprocess.run([sys.executable] + args, cwd=ROOT, capture_output=True, text=True,
-                       timeout=300, env=env)
+    r = subprocess.run(
+      [sys.executable] + args, cwd=ROOT, capture_output=True, text=True, timeout=300, env=env
+    )
     assert r.returncode == 2, r.stderr[-3000:]
     assert "Traceback" not in r.stderr and "Exception" not in r.stderr, r.stderr[-3000:]
     errors = error_lines(r.stderr)
     assert len(errors) == 1, r.stderr[-3000:]
-    m = re.fullmatch(r"error: no space left on device while saving checkpoint step (\d+) in "
-                     r"(\S+) \(about [\d.]+ MB needed\); last complete checkpoint: step (\d+); "
-                     r"free space and run the same command to resume", errors[0])
+    m = re.fullmatch(
+      r"error: no space left on device while saving checkpoint step (\d+) in "
+      r"(\S+) \(about [\d.]+ MB needed\); last complete checkpoint: step (\d+); "
+      r"free space and run the same command to resume",
+      errors[0],
+    )
     assert m, errors[0]
     failed, last = int(m.group(1)), int(m.group(3))
     assert m.group(2) == str(workdir / "checkpoints") and last == failed - 5 and last >= 5
@@ -164,19 +178,23 @@ def refusal_watch(monkeypatch):
   """Counts, while in the block, XLA compilations (JAX's monitoring events)
   and calls of the trainer (``loop.train_and_evaluate``): a start refused at
   once makes neither."""
-  import jax  # pylint: disable=import-outside-toplevel
-  from laplax.train import loop  # pylint: disable=import-outside-toplevel
+  import jax
+
+  from laplax.train import loop
+
   counts = {"compiled": 0, "trained": 0}
 
-  def on_duration(event, duration, **kwargs):  # pylint: disable=unused-argument
+  def on_duration(event, duration, **kwargs):
     if event.startswith("/jax/core/compile/"):  # tracing, lowering, compiling
       counts["compiled"] += 1
+
   jax.monitoring.register_event_duration_secs_listener(on_duration)
   original = loop.train_and_evaluate
 
   def trained(*args, **kwargs):
     counts["trained"] += 1
     return original(*args, **kwargs)
+
   monkeypatch.setattr(loop, "train_and_evaluate", trained)
   try:
     yield counts
@@ -193,10 +211,17 @@ def test_one_writer_many_readers(tmp_path, fmnist_data_dir, capfd, monkeypatch):
   one) and never fail, warn or go back to an older step; the first run's metrics are strictly increasing; a
   lock left by a dead process is taken over."""
   workdir = tmp_path / "run"
-  args = train_args(workdir, fmnist_data_dir, "--config.total_steps=40",
-                    "--config.checkpoint_every=1", "--config.keep_checkpoints=2",
-                    "--config.log_every=1", "--config.eval_every=1000",
-                    "--config.data.eval_split=test[:500]", "--config.eval_batch_size=250")
+  args = train_args(
+    workdir,
+    fmnist_data_dir,
+    "--config.total_steps=40",
+    "--config.checkpoint_every=1",
+    "--config.keep_checkpoints=2",
+    "--config.log_every=1",
+    "--config.eval_every=1000",
+    "--config.data.eval_split=test[:500]",
+    "--config.eval_batch_size=250",
+  )
   proc = start(args, tmp_path / "first.log")
   try:
     assert wait_for_step(proc, workdir, 2), (tmp_path / "first.log").read_text()[-3000:]
@@ -229,8 +254,15 @@ def test_one_writer_many_readers(tmp_path, fmnist_data_dir, capfd, monkeypatch):
         continue
       argv = ["eval.py", "--workdir", str(workdir), "--out", str(out)]
       if kind == "analysis":
-        argv += ["--analysis", "--analysis_layers", "0", "--analysis_examples", "64",
-                 "--analysis_jacobian_dim", "0"]
+        argv += [
+          "--analysis",
+          "--analysis_layers",
+          "0",
+          "--analysis_examples",
+          "64",
+          "--analysis_jacobian_dim",
+          "0",
+        ]
       r = run_in_process(argv, capfd)
       assert r.returncode == 0, (kind, r.stderr[-3000:])
       seen.append((kind, json.loads(out.read_text())["step"], r.stderr))
@@ -250,24 +282,29 @@ def test_one_writer_many_readers(tmp_path, fmnist_data_dir, capfd, monkeypatch):
 
   # A lock of a dead process of this host is taken over by the same command.
   dead = _dead_pid()
-  (workdir / lock_lib.LOCK_FILE).write_text(json.dumps(
-      {"host": socket.gethostname(), "pid": dead, "started_iso": "2026-12-01T00:00:00"}))
+  (workdir / lock_lib.LOCK_FILE).write_text(
+    json.dumps({"host": socket.gethostname(), "pid": dead, "started_iso": "2026-12-01T00:00:00"})
+  )
   r = run_in_process(args, capfd)
   assert r.returncode == 0, r.stderr[-3000:]
-  assert re.search(rf"workdir \S+ was locked by train.py process {dead} on host "
-                   rf"\S+ \(since 2026-12-01T00:00:00\), which is no longer running", r.stderr)
+  assert re.search(
+    rf"workdir \S+ was locked by train.py process {dead} on host "
+    rf"\S+ \(since 2026-12-01T00:00:00\), which is no longer running",
+    r.stderr,
+  )
   assert not (workdir / lock_lib.LOCK_FILE).exists()
 
 
 def test_reused_pid_is_not_the_owner(tmp_path):
   """A live PID whose process started at another time is a reused PID."""
   me = os.getpid()
-  started = lock_lib._proc_start(me)  # pylint: disable=protected-access
-  assert started is not None and lock_lib._alive(me, started)  # pylint: disable=protected-access
-  assert not lock_lib._alive(me, started + 1)  # pylint: disable=protected-access
-  assert not lock_lib._alive(_dead_pid(), None)  # pylint: disable=protected-access
-  (tmp_path / lock_lib.LOCK_FILE).write_text(json.dumps(
-      {"host": socket.gethostname(), "pid": me, "proc_start": started + 1}))
+  started = lock_lib._proc_start(me)
+  assert started is not None and lock_lib._alive(me, started)
+  assert not lock_lib._alive(me, started + 1)
+  assert not lock_lib._alive(_dead_pid(), None)
+  (tmp_path / lock_lib.LOCK_FILE).write_text(
+    json.dumps({"host": socket.gethostname(), "pid": me, "proc_start": started + 1})
+  )
   with lock_lib.WorkdirLock(str(tmp_path)) as held:
     assert lock_lib.read(str(tmp_path))["token"] == held.record["token"]
     with pytest.raises(lock_lib.LockError, match=f"process {me} on host"):
@@ -296,8 +333,11 @@ def test_flipped_byte_detected_previous_step_used(tmp_path, reference, fmnist_da
     out = tmp_path / rel.replace("/", "_") / "eval.json"
     r = run_in_process(["eval.py", "--workdir", str(workdir), "--out", str(out)], capfd)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert re.search(rf"checkpoint step 30 in \S+ is unreadable \(checksum mismatch in "
-                     rf"{re.escape(rel)}\); using step 25", r.stderr), r.stderr[-3000:]
+    assert re.search(
+      rf"checkpoint step 30 in \S+ is unreadable \(checksum mismatch in "
+      rf"{re.escape(rel)}\); using step 25",
+      r.stderr,
+    ), r.stderr[-3000:]
     assert json.loads(out.read_text())["step"] == 25
     if rel == flipped[0]:
       run = laplax.load(str(workdir))
@@ -307,8 +347,9 @@ def test_flipped_byte_detected_previous_step_used(tmp_path, reference, fmnist_da
   # train.py resumes from step 25 (taking over another host's lock, as asked),
   # saves step 30 again and ends bitwise where the uninterrupted run ends.
   _flip(step_dir / chunks[-1])
-  (workdir / lock_lib.LOCK_FILE).write_text(json.dumps(
-      {"host": "elsewhere.example", "pid": 1, "started_iso": "2026-12-01T00:00:00"}))
+  (workdir / lock_lib.LOCK_FILE).write_text(
+    json.dumps({"host": "elsewhere.example", "pid": 1, "started_iso": "2026-12-01T00:00:00"})
+  )
   args = train_args(workdir, fmnist_data_dir, *RUN)
   r = run_in_process(args, capfd)
   assert r.returncode == 2 and "--force_unlock" in r.stderr
@@ -324,20 +365,30 @@ def test_racing_starts_one_gets_the_lock(tmp_path):
   """Three processes take the lock of a workdir at the same moment, once on
   a new workdir and once over a stale lock: exactly one holds it, the others
   are refused."""
-  code = ("import sys, time\nfrom laplax.workdir import lock\n"
-          "time.sleep(max(0.0, float(sys.argv[2]) - time.time()))\n"
-          "try:\n  with lock.WorkdirLock(sys.argv[1]):\n    print('held', flush=True)\n"
-          "    time.sleep(1.0)\nexcept lock.LockError:\n  print('refused')\n")
+  code = (
+    "import sys, time\nfrom laplax.workdir import lock\n"
+    "time.sleep(max(0.0, float(sys.argv[2]) - time.time()))\n"
+    "try:\n  with lock.WorkdirLock(sys.argv[1]):\n    print('held', flush=True)\n"
+    "    time.sleep(1.0)\nexcept lock.LockError:\n  print('refused')\n"
+  )
   for stale in (False, True):
     workdir = tmp_path / f"stale{stale}"
     workdir.mkdir()
     if stale:
-      (workdir / lock_lib.LOCK_FILE).write_text(json.dumps(
-          {"host": socket.gethostname(), "pid": _dead_pid()}))
+      (workdir / lock_lib.LOCK_FILE).write_text(
+        json.dumps({"host": socket.gethostname(), "pid": _dead_pid()})
+      )
     at = str(time.time() + 1.0)
-    procs = [subprocess.Popen([sys.executable, "-c", code, str(workdir), at], cwd=ROOT,
-                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-             for _ in range(3)]
+    procs = [
+      subprocess.Popen(
+        [sys.executable, "-c", code, str(workdir), at],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+      )
+      for _ in range(3)
+    ]
     outcomes = sorted(p.communicate(timeout=60)[0].strip() for p in procs)
     assert outcomes == ["held", "refused", "refused"], (stale, outcomes)
     assert not (workdir / lock_lib.LOCK_FILE).exists()

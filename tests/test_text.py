@@ -8,11 +8,9 @@ import numpy as np
 import pytest
 
 from laplax.data import errors
-
-from laplax.data.vision import images
-
-from laplax.data.text import corpus as text
 from laplax.data.builders import text_corpus as corpus
+from laplax.data.text import corpus as text
+from laplax.data.vision import images
 
 SOURCE_DIR = os.path.expanduser(corpus.DEFAULT_SOURCE_DIR)
 TARBALL = os.path.join(SOURCE_DIR, corpus.TARBALL)
@@ -130,7 +128,10 @@ def test_split_is_by_play(byte_cfg, byte_tok, plays):
   assert set(train) | set(validation) == set(plays)
   assert sorted(validation) == sorted(plays)[9::10]  # every 10th by name
   assert sorted(validation) == [
-    "henry_v_gut.txt", "macbeth_gut.txt", "rape_of_lucrece_gut.txt", "twelfth_night_gut.txt",
+    "henry_v_gut.txt",
+    "macbeth_gut.txt",
+    "rape_of_lucrece_gut.txt",
+    "twelfth_night_gut.txt",
   ]
   for name, content in {**train, **validation}.items():
     assert content == plays[name], name

@@ -16,11 +16,18 @@ from absl import flags
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(ROOT, "configs", "vit_fashion_mnist.py")
 # A tiny model so every step takes milliseconds on CPU.
-TINY = ["--config.model.width=32", "--config.model.depth=1", "--config.model.num_heads=2",
-        "--config.model.mlp_dim=32", "--config.model.patch_size=7",
-        "--config.model.num_laplacian_heads=1", "--config.batch_size=32",
-        "--config.eval_batch_size=2000", "--config.log_every=5",
-        "--config.optim.warmup_steps=5"]
+TINY = [
+  "--config.model.width=32",
+  "--config.model.depth=1",
+  "--config.model.num_heads=2",
+  "--config.model.mlp_dim=32",
+  "--config.model.patch_size=7",
+  "--config.model.num_laplacian_heads=1",
+  "--config.batch_size=32",
+  "--config.eval_batch_size=2000",
+  "--config.log_every=5",
+  "--config.optim.warmup_steps=5",
+]
 
 
 def run(args, timeout=300, xla_defaults=False, **kwargs):
@@ -30,8 +37,15 @@ def run(args, timeout=300, xla_defaults=False, **kwargs):
   if xla_defaults:
     env.pop("JAX_DISABLE_MOST_OPTIMIZATIONS", None)
     env.pop("XLA_FLAGS", None)
-  return subprocess.run([sys.executable] + args, cwd=ROOT, capture_output=True,
-                        text=True, timeout=timeout, env=env, **kwargs)
+  return subprocess.run(
+    [sys.executable] + args,
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=timeout,
+    env=env,
+    **kwargs,
+  )
 
 
 def xla_env(num_devices=None, **extra):
@@ -39,8 +53,9 @@ def xla_env(num_devices=None, **extra):
   to the session's ``XLA_FLAGS`` (not replacing them)."""
   env = dict(os.environ, **extra)
   if num_devices is not None:
-    env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "")
-                        + f" --xla_force_host_platform_device_count={num_devices}").strip()
+    env["XLA_FLAGS"] = (
+      env.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={num_devices}"
+    ).strip()
   return env
 
 
@@ -53,7 +68,8 @@ def run_in_process(argv, capfd=None):
   default flags) use :func:`run`, and test_bad_inputs.py runs some cases both
   ways. The two scripts' flags live in different ``FlagValues`` (train.py's in
   absl's global FLAGS, eval.py's in ``eval.FLAGS``)."""
-  import importlib  # pylint: disable=import-outside-toplevel
+  import importlib
+
   script = os.path.basename(argv[0])
   if script not in ("train.py", "eval.py"):
     raise ValueError(f"run_in_process runs train.py or eval.py, not {argv[0]}")
@@ -87,8 +103,18 @@ def run_in_process(argv, capfd=None):
 
 
 def train_args(workdir, data_dir, *extra, config=CONFIG):
-  return (["train.py", "--config", config, "--workdir", str(workdir),
-           f"--config.data.data_dir={data_dir}"] + TINY + list(extra))
+  return (
+    [
+      "train.py",
+      "--config",
+      config,
+      "--workdir",
+      str(workdir),
+      f"--config.data.data_dir={data_dir}",
+    ]
+    + TINY
+    + list(extra)
+  )
 
 
 def read_metrics(workdir):
@@ -99,16 +125,19 @@ def read_metrics(workdir):
 def final_params(workdir):
   """Parameters of the newest checkpoint, as a flat dict of numpy arrays."""
   import orbax.checkpoint as ocp
+
   ckpt = os.path.join(workdir, "checkpoints")
   step = max(int(s) for s in os.listdir(ckpt) if s.isdigit())
   tree = ocp.StandardCheckpointer().restore(os.path.join(ckpt, str(step), "state"))
   flat = {}
+
   def walk(node, prefix):
     if isinstance(node, dict):
       for k, v in node.items():
         walk(v, f"{prefix}/{k}")
     else:
       flat[prefix] = np.asarray(node)
+
   walk(tree["params"], "")
   return step, flat
 
@@ -117,9 +146,16 @@ def test_train_then_eval_reports_same_accuracy(tmp_path, fmnist_data_dir):
   """With XLA's default optimisations, as users run it (the rest of the suite
   compiles with most optimisations off; see conftest.py)."""
   workdir = tmp_path / "run"
-  r = run(train_args(workdir, fmnist_data_dir, "--config.total_steps=20",
-                     "--config.eval_every=20", "--config.checkpoint_every=10"),
-          xla_defaults=True)
+  r = run(
+    train_args(
+      workdir,
+      fmnist_data_dir,
+      "--config.total_steps=20",
+      "--config.eval_every=20",
+      "--config.checkpoint_every=10",
+    ),
+    xla_defaults=True,
+  )
   assert r.returncode == 0, r.stderr[-3000:]
   for name in ("config.json", "metrics.jsonl", "checkpoints"):
     assert (workdir / name).exists(), name
@@ -133,7 +169,8 @@ def test_train_then_eval_reports_same_accuracy(tmp_path, fmnist_data_dir):
   assert final["step"] == 20 and final["num_examples"] == 10000
   # It learns: above the accuracy that a model at chance (10 %) exceeds on
   # 10000 examples with probability 1e-9 (binomial tail, 0.1185; measured 0.255).
-  from test_classification import chance_threshold  # pylint: disable=import-outside-toplevel
+  from test_classification import chance_threshold
+
   assert final["accuracy"] > chance_threshold(10000) > 0.118
   saved = json.loads((workdir / "config.json").read_text())
   assert saved["model"]["width"] == 32 and saved["total_steps"] == 20

@@ -12,11 +12,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from model_helper import make_vit
 
 from laplax.models import spec as spec_lib
 from laplax.models.layers import DropPath, LayerScale
 from laplax.models.vit import VARIANTS, decode_variant, posemb_sincos_2d
-from model_helper import make_vit
 
 KEY = lambda seed: jax.random.key(seed, impl="rbg")  # fast to compile on CPU
 BATCH, IMG, PATCH, WIDTH, HEADS, MLP, CLASSES = 2, 8, 4, 8, 2, 16, 3
@@ -24,8 +24,15 @@ TOKENS = (IMG // PATCH) ** 2
 
 
 def vit(**kw):
-  cfg = dict(num_classes=CLASSES, patch_size=PATCH, width=WIDTH, depth=2,
-             mlp_dim=MLP, num_heads=HEADS, head_init_zero=False)
+  cfg = dict(
+    num_classes=CLASSES,
+    patch_size=PATCH,
+    width=WIDTH,
+    depth=2,
+    mlp_dim=MLP,
+    num_heads=HEADS,
+    head_init_zero=False,
+  )
   cfg.update(kw)
   return make_vit(**cfg)
 
@@ -36,12 +43,12 @@ def random_params(model, seed=0, images=None):
   shapes = jax.eval_shape(lambda k: model.init(k, images), KEY(0))
   leaves, treedef = jax.tree.flatten(shapes)
   rng = np.random.default_rng(seed)
-  return jax.tree.unflatten(treedef, [
-      jnp.asarray(0.5 * rng.normal(size=l.shape), l.dtype) for l in leaves])
+  return jax.tree.unflatten(
+    treedef, [jnp.asarray(0.5 * rng.normal(size=l.shape), l.dtype) for l in leaves]
+  )
 
 
-IMAGES = jnp.asarray(
-    np.random.default_rng(0).normal(size=(BATCH, IMG, IMG, 3)), jnp.float32)
+IMAGES = jnp.asarray(np.random.default_rng(0).normal(size=(BATCH, IMG, IMG, 3)), jnp.float32)
 
 
 def np_layernorm(x, scale, bias, eps=1e-6):
@@ -78,18 +85,15 @@ def test_output_shapes_and_intermediates(posemb):
   for i in range(2):
     blk = out[f"block{i}"]
     np.testing.assert_allclose(blk["+mlp"], blk["+sa"] + blk["mlp"], atol=1e-5)
-  np.testing.assert_allclose(out["block1"]["+sa"],
-                             out["block0"]["+mlp"] + out["block1"]["sa"],
-                             atol=1e-5)
+  np.testing.assert_allclose(
+    out["block1"]["+sa"], out["block0"]["+mlp"] + out["block1"]["sa"], atol=1e-5
+  )
   p = params["params"]
-  enc = np_layernorm(out["block1"]["+mlp"], p["encoder_norm"]["scale"],
-                     p["encoder_norm"]["bias"])
+  enc = np_layernorm(out["block1"]["+mlp"], p["encoder_norm"]["scale"], p["encoder_norm"]["bias"])
   np.testing.assert_allclose(out["encoded"], enc, atol=1e-4, rtol=1e-4)
   # Class-token pooling, then the linear head.
-  np.testing.assert_allclose(out["pre_logits"], enc[:, 0], atol=1e-4,
-                             rtol=1e-4)
-  want = enc[:, 0] @ np.asarray(p["head"]["kernel"]) + np.asarray(
-      p["head"]["bias"])
+  np.testing.assert_allclose(out["pre_logits"], enc[:, 0], atol=1e-4, rtol=1e-4)
+  want = enc[:, 0] @ np.asarray(p["head"]["kernel"]) + np.asarray(p["head"]["bias"])
   np.testing.assert_allclose(logits, want, atol=1e-4, rtol=1e-4)
   assert ("pos_embedding" in p) == (posemb == "learn")
 
@@ -108,8 +112,7 @@ def test_gap_pool_and_image_shapes(size):
     assert out["encoded"].shape == (3, n, WIDTH)
     assert out["pre_logits"].shape == (3, WIDTH)
     assert ("cls" in params["params"]) == (pool == "tok")
-    assert params["params"]["pos_embedding"].shape == (1, n - (pool == "tok"),
-                                                       WIDTH)
+    assert params["params"]["pos_embedding"].shape == (1, n - (pool == "tok"), WIDTH)
 
 
 def test_num_classes_zero_returns_features():
@@ -125,9 +128,14 @@ def test_initialisation():
   """LayerScale gains start at ``layerscale_init``; the zero-initialised head
   (``head_init_zero``) gives zero logits; the class token starts near 0."""
   model = vit(layerscale_init=0.25, head_init_zero=True)
-  init = initial_values(model, lambda p: (
+  init = initial_values(
+    model,
+    lambda p: (
       [p[f"block{i}"][n]["scale"] for i in range(2) for n in ("ls1", "ls2")],
-      p["head"], p["cls"]))
+      p["head"],
+      p["cls"],
+    ),
+  )
   scales, head, cls = init
   for scale in scales:
     np.testing.assert_array_equal(scale, np.full(WIDTH, 0.25, np.float32))
@@ -141,11 +149,9 @@ def test_initialisation():
   np.testing.assert_array_equal(logits, 0.0)
   assert np.abs(np.asarray(out["pre_logits"])).max() > 0
   # LayerScale multiplies the branch: doubling the gain doubles "sa".
-  params["params"]["block0"]["ls1"]["scale"] = 2 * params["params"]["block0"][
-      "ls1"]["scale"]
+  params["params"]["block0"]["ls1"]["scale"] = 2 * params["params"]["block0"]["ls1"]["scale"]
   _, out2 = model.apply(params, IMAGES)
-  np.testing.assert_allclose(out2["block0"]["sa"], 2 * out["block0"]["sa"],
-                             rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(out2["block0"]["sa"], 2 * out["block0"]["sa"], rtol=1e-5, atol=1e-6)
   # Without LayerScale there are no gains.
   shapes = jax.eval_shape(lambda k: vit().init(k, IMAGES), KEY(0))
   assert "ls1" not in shapes["params"]["block0"]
@@ -158,23 +164,26 @@ def test_layerscale_module():
   x = jnp.asarray(np.random.default_rng(3).normal(size=(2, 3, 5)), jnp.float32)
   for init in (1e-6, 0.5):
     params = LayerScale(init).init(KEY(0), x)
-    np.testing.assert_array_equal(params["params"]["scale"],
-                                  np.full(5, init, np.float32))
-    np.testing.assert_allclose(LayerScale(init).apply(params, x),
-                               np.asarray(x) * np.float32(init), rtol=1e-6)
+    np.testing.assert_array_equal(params["params"]["scale"], np.full(5, init, np.float32))
+    np.testing.assert_allclose(
+      LayerScale(init).apply(params, x), np.asarray(x) * np.float32(init), rtol=1e-6
+    )
 
 
 # ------------------------------------------------------------------- variants
 
 
-@pytest.mark.parametrize("variant,want", [
+@pytest.mark.parametrize(
+  "variant,want",
+  [
     # width, depth, mlp_dim, heads of ViT-Ti/S/B/L (Dosovitskiy et al.;
     # Touvron et al., DeiT).
     ("Ti/16", (192, 12, 768, 3, 16)),
     ("S/16", (384, 12, 1536, 6, 16)),
     ("B/32", (768, 12, 3072, 12, 32)),
     ("L/14", (1024, 24, 4096, 16, 14)),
-])
+  ],
+)
 def test_decode_variant(variant, want):
   got = decode_variant(variant)
   keys = ("width", "depth", "mlp_dim", "num_heads", "patch_size")
@@ -184,8 +193,7 @@ def test_decode_variant(variant, want):
   assert got["mlp_dim"] == 4 * got["width"]
 
 
-@pytest.mark.parametrize("bad", ["X/16", "S16", "S/", "S/abc", "", "/16",
-                                 "s/16", "S/16/2"])
+@pytest.mark.parametrize("bad", ["X/16", "S16", "S/", "S/abc", "", "/16", "s/16", "S/16/2"])
 def test_decode_variant_errors(bad):
   with pytest.raises(ValueError, match="SIZE/PATCH"):
     decode_variant(bad)
@@ -199,12 +207,21 @@ def test_parameter_count_closed_form():
   shapes = jax.eval_shape(lambda k, x: model.init(k, x), KEY(0), images)
   count = sum(x.size for x in jax.tree.leaves(shapes))
   w, m, p, n = cfg["width"], cfg["mlp_dim"], cfg["patch_size"], (32 // 16) ** 2
-  block = (3 * (w * w + w) + (w * w + w)     # q, k, v, out
-           + 2 * (2 * w)                     # two LayerNorms
-           + (w * m + m) + (m * w + w))      # MLP
-  want = ((p * p * 3 * w + w) + n * w + w    # patch embedding, posemb, cls
-          + cfg["depth"] * block + 2 * w     # blocks, final norm
-          + (w * 10 + 10))                   # head
+  block = (
+    3 * (w * w + w)
+    + (w * w + w)  # q, k, v, out
+    + 2 * (2 * w)  # two LayerNorms
+    + (w * m + m)
+    + (m * w + w)
+  )  # MLP
+  want = (
+    (p * p * 3 * w + w)
+    + n * w
+    + w  # patch embedding, posemb, cls
+    + cfg["depth"] * block
+    + 2 * w  # blocks, final norm
+    + (w * 10 + 10)
+  )  # head
   assert count == want
 
 
@@ -218,8 +235,7 @@ def test_per_layer_counts_match_masks_and_ints():
   y_mask, _ = run(laplacian_mask=[[False, False], [True, True]])
   np.testing.assert_allclose(y_mask, y_02, atol=1e-6)
   # The explicit mask overrides the count.
-  y_mask2, _ = run(num_laplacian_heads=1,
-                   laplacian_mask=[(False, False), (True, True)])
+  y_mask2, _ = run(num_laplacian_heads=1, laplacian_mask=[(False, False), (True, True)])
   np.testing.assert_allclose(y_mask2, y_02, atol=1e-6)
   # An int is the same count for every layer.
   y_2, _ = run(num_laplacian_heads=2)
@@ -235,17 +251,14 @@ def test_per_layer_counts_match_masks_and_ints():
   assert np.abs(np.asarray(y_tf - y_1)).max() > 1e-4
   # Counts go to the right layer: [0, 2] has a standard first block.
   y_00, out_00 = run(num_laplacian_heads=[0, 0])
-  np.testing.assert_allclose(out_02["block0"]["sa"], out_00["block0"]["sa"],
-                             atol=1e-6)
-  assert np.abs(np.asarray(out_02["block1"]["sa"] - out_00["block1"]["sa"])
-                ).max() > 1e-4
+  np.testing.assert_allclose(out_02["block0"]["sa"], out_00["block0"]["sa"], atol=1e-6)
+  assert np.abs(np.asarray(out_02["block1"]["sa"] - out_00["block1"]["sa"])).max() > 1e-4
   # Sanity: all heads Laplacian vs none changes the logits.
   assert np.abs(np.asarray(y_2 - y_00)).max() > 1e-4
 
 
 def test_per_layer_errors():
-  init = lambda **kw: jax.eval_shape(lambda k: vit(**kw).init(k, IMAGES),
-                                     KEY(0))
+  init = lambda **kw: jax.eval_shape(lambda k: vit(**kw).init(k, IMAGES), KEY(0))
   msg = r"{} has {} entries.*depth=2"
   with pytest.raises(ValueError, match=msg.format("num_laplacian_heads", 1)):
     init(num_laplacian_heads=[1])
@@ -257,10 +270,10 @@ def test_per_layer_errors():
     init(laplacian_mask=[[True], [True, False]])
   with pytest.raises(ValueError, match=r"num_heads=2"):
     init(num_laplacian_heads=[0, 3])
-  np.testing.assert_array_equal(spec_lib.laplacian_mask(3, 2, 1),
-                                [[False, False, True]] * 2)
-  np.testing.assert_array_equal(spec_lib.laplacian_mask(2, 2, (1, 2)),
-                                [[False, True], [True, True]])
+  np.testing.assert_array_equal(spec_lib.laplacian_mask(3, 2, 1), [[False, False, True]] * 2)
+  np.testing.assert_array_equal(
+    spec_lib.laplacian_mask(2, 2, (1, 2)), [[False, True], [True, True]]
+  )
 
 
 @pytest.mark.parametrize("size", [(10, 8), (8, 6), (9, 9)])
@@ -312,9 +325,9 @@ def test_sincos_posemb_is_added():
   learned, fixed = vit(posemb="learn"), vit(posemb="sincos2d")
   params = random_params(learned, 7)
   params["params"]["pos_embedding"] = jnp.asarray(
-      posemb_sincos_2d(IMG // PATCH, IMG // PATCH, WIDTH))
-  p_fixed = {"params": {k: v for k, v in params["params"].items()
-                        if k != "pos_embedding"}}
+    posemb_sincos_2d(IMG // PATCH, IMG // PATCH, WIDTH)
+  )
+  p_fixed = {"params": {k: v for k, v in params["params"].items() if k != "pos_embedding"}}
   y1, _ = learned.apply(params, IMAGES)
   y2, _ = fixed.apply(p_fixed, IMAGES)
   np.testing.assert_allclose(y2, y1, atol=1e-5)
@@ -341,8 +354,7 @@ def test_dropout_and_drop_path_only_with_train():
   assert np.abs(np.asarray(tr1 - ev1)).max() > 1e-4
   assert np.abs(np.asarray(tr1 - tr2)).max() > 1e-4
   # Without any rate, train=True is the eval function.
-  tr_clean, _ = clean.apply(params, IMAGES, train=True,
-                            rngs={"dropout": KEY(1)})
+  tr_clean, _ = clean.apply(params, IMAGES, train=True, rngs={"dropout": KEY(1)})
   np.testing.assert_allclose(tr_clean, ev_clean, atol=1e-6)
 
 
@@ -353,15 +365,12 @@ def test_drop_path_rates_increase_linearly():
   params = random_params(model, 9)
   _, ev = model.apply(params, IMAGES)
   _, tr = model.apply(params, IMAGES, train=True, rngs={"dropout": KEY(3)})
-  np.testing.assert_allclose(tr["block0"]["+mlp"], ev["block0"]["+mlp"],
-                             atol=1e-6)
-  assert np.abs(np.asarray(tr["block1"]["+mlp"] - ev["block1"]["+mlp"])
-                ).max() > 1e-3
+  np.testing.assert_allclose(tr["block0"]["+mlp"], ev["block0"]["+mlp"], atol=1e-6)
+  assert np.abs(np.asarray(tr["block1"]["+mlp"] - ev["block1"]["+mlp"])).max() > 1e-3
 
 
 def test_drop_path_module():
-  x = jnp.asarray(np.random.default_rng(10).normal(size=(16, 3, 4)) + 5.0,
-                  jnp.float32)
+  x = jnp.asarray(np.random.default_rng(10).normal(size=(16, 3, 4)) + 5.0, jnp.float32)
   dp = DropPath(0.5)
   np.testing.assert_array_equal(dp.apply({}, x), x)  # deterministic default
   y = np.asarray(dp.apply({}, x, False, rngs={"dropout": KEY(4)}))
@@ -379,8 +388,7 @@ def test_drop_path_module():
 def test_implementation_reference_equals_default():
   params = random_params(vit(), 11)
   y_default, _ = vit(num_laplacian_heads=[1, 2]).apply(params, IMAGES)
-  y_ref, _ = vit(num_laplacian_heads=[1, 2],
-                 implementation="reference").apply(params, IMAGES)
+  y_ref, _ = vit(num_laplacian_heads=[1, 2], implementation="reference").apply(params, IMAGES)
   np.testing.assert_allclose(y_ref, y_default, atol=1e-5, rtol=1e-5)
 
 

@@ -17,7 +17,8 @@ helpers here read both layouts.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -25,7 +26,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from laplax.attention import MultiHeadAttention
-from laplax.models.layers import SCANNED_BLOCKS, attention_module as block_attention
+from laplax.models.layers import SCANNED_BLOCKS
+from laplax.models.layers import attention_module as block_attention
 from laplax.models.spec import GPTSpec
 
 PROJECTIONS = ("query", "key", "value")
@@ -37,10 +39,12 @@ def _layer_tree(tree: dict, layer: int) -> Any:
     return tree[f"block{layer}"]
   if SCANNED_BLOCKS in tree:  # concrete arrays are sliced on the host (nothing to compile)
     return jax.tree_util.tree_map(
-        lambda a: a[layer] if isinstance(a, jax.core.Tracer) else np.asarray(a)[layer],
-        tree[SCANNED_BLOCKS])
-  raise KeyError(f"no block{layer} (nor scanned {SCANNED_BLOCKS!r}) in the tree; "
-                 f"keys: {', '.join(sorted(tree))}")
+      lambda a: a[layer] if isinstance(a, jax.core.Tracer) else np.asarray(a)[layer],
+      tree[SCANNED_BLOCKS],
+    )
+  raise KeyError(
+    f"no block{layer} (nor scanned {SCANNED_BLOCKS!r}) in the tree; keys: {', '.join(sorted(tree))}"
+  )
 
 
 def attention_params(params: dict, layer: int) -> dict:
@@ -101,11 +105,13 @@ def attention_module(model: nn.Module, layer: int):
 
 def _capture_filter(module: nn.Module, method_name: str) -> bool:
   return method_name == "__call__" and (
-      isinstance(module, MultiHeadAttention) or module.name == "norm1")
+    isinstance(module, MultiHeadAttention) or module.name == "norm1"
+  )
 
 
-def analysis_apply(model: nn.Module, params: Any, inputs: jax.Array, *,
-                   capture_blocks: bool = False):
+def analysis_apply(
+  model: nn.Module, params: Any, inputs: jax.Array, *, capture_blocks: bool = False
+):
   """The model's eval forward pass with the attention matrices (and block I/O) recorded.
 
   Args:
@@ -121,8 +127,12 @@ def analysis_apply(model: nn.Module, params: Any, inputs: jax.Array, *,
     :func:`attention_weights` and :func:`block_io`).
   """
   (_, out), state = model.apply(
-      {"params": params}, inputs, train=False, mutable=["intermediates"],
-      capture_intermediates=_capture_filter if capture_blocks else False)
+    {"params": params},
+    inputs,
+    train=False,
+    mutable=["intermediates"],
+    capture_intermediates=_capture_filter if capture_blocks else False,
+  )
   return out, state["intermediates"]
 
 

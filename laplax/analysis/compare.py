@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 from laplax.analysis import report, summary
 
@@ -60,8 +60,12 @@ def markdown_tables(analyses: dict) -> str:
   for key, label, _ in summary.QUANTITIES:
     if not any(any(v is not None for v in s[key]) for s in summaries.values()):
       continue
-    lines = [f"### {label}", "", "| layer | " + " | ".join(names) + " |",
-             "|---|" + "---|" * len(names)]
+    lines = [
+      f"### {label}",
+      "",
+      "| layer | " + " | ".join(names) + " |",
+      "|---|" + "---|" * len(names),
+    ]
     for layer in layers:
       cells = []
       for n in names:
@@ -75,8 +79,10 @@ def markdown_tables(analyses: dict) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
   """CLI entry point; returns the exit code (2 for bad input)."""
-  parser = _Parser(prog="python -m laplax.analysis.compare",
-                   description="Compare the analysis.json of several runs.")
+  parser = _Parser(
+    prog="python -m laplax.analysis.compare",
+    description="Compare the analysis.json of several runs.",
+  )
   parser.add_argument("workdirs", nargs="+", help="run directories with analysis.json")
   parser.add_argument("--out", default="compare.png", help="PNG to write (default compare.png)")
   args = parser.parse_args(argv)
@@ -86,17 +92,19 @@ def main(argv: Sequence[str] | None = None) -> int:
   for name, workdir in zip(names_for(args.workdirs), args.workdirs):
     path = os.path.join(workdir, report.ANALYSIS_FILE)
     if not os.path.isfile(path):
-      parser.error(f"{workdir} has no {report.ANALYSIS_FILE}; run eval.py --workdir "
-                   f"{workdir} --analysis first")
+      parser.error(
+        f"{workdir} has no {report.ANALYSIS_FILE}; run eval.py --workdir {workdir} --analysis first"
+      )
     try:
       analyses[name] = report.read(workdir)
     except (OSError, ValueError) as e:
-      parser.error(f"{path} is unreadable ({type(e).__name__}); rerun eval.py "
-                   f"--workdir {workdir} --analysis")
+      parser.error(
+        f"{path} is unreadable ({type(e).__name__}); rerun eval.py --workdir {workdir} --analysis"
+      )
     if not isinstance(analyses[name], dict) or "layers" not in analyses[name]:
-      parser.error(f"{path} is not a laplax analysis; rerun eval.py --workdir "
-                   f"{workdir} --analysis")
-  from laplax.analysis import plots  # pylint: disable=import-outside-toplevel
+      parser.error(f"{path} is not a laplax analysis; rerun eval.py --workdir {workdir} --analysis")
+  from laplax.analysis import plots
+
   try:
     plots.plot_compare(analyses, args.out)
   except OSError as e:

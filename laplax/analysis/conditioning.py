@@ -59,7 +59,7 @@ Condition numbers are ``inf`` where the smallest singular value is 0.
 from __future__ import annotations
 
 import functools
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -81,9 +81,15 @@ def _singular(matrix) -> np.ndarray:
   return np.linalg.svd(np.asarray(matrix, np.float64), compute_uv=False)
 
 
-def kernel_conditioning(kernel, *, num_heads: int = 1, lam: float | None = None,
-                        mode: str = spectral.DEFAULT_MODE, target: str = "q",
-                        targets: str = spectral.TARGETS) -> dict:
+def kernel_conditioning(
+  kernel,
+  *,
+  num_heads: int = 1,
+  lam: float | None = None,
+  mode: str = spectral.DEFAULT_MODE,
+  target: str = "q",
+  targets: str = spectral.TARGETS,
+) -> dict:
   """Condition numbers and extreme singular values of ``W`` and of ``W + C``.
 
   Args:
@@ -108,29 +114,37 @@ def kernel_conditioning(kernel, *, num_heads: int = 1, lam: float | None = None,
       columns, or an unknown mode.
   """
   if mode not in spectral.MODES:
-    raise ValueError(f"spectral mode {mode!r} is unknown; use one of "
-                     f"{', '.join(spectral.MODES)}")
+    raise ValueError(f"spectral mode {mode!r} is unknown; use one of {', '.join(spectral.MODES)}")
   w = np.asarray(kernel, np.float32)
   if w.ndim != 2 or num_heads < 1 or w.shape[1] % num_heads:
-    raise ValueError(f"kernel must be 2-D with columns divisible by num_heads="
-                     f"{num_heads}, got shape {w.shape}")
+    raise ValueError(
+      f"kernel must be 2-D with columns divisible by num_heads={num_heads}, got shape {w.shape}"
+    )
 
   def stats(m):
     s = _singular(m)
     heads = [_singular(b) for b in np.split(np.asarray(m), num_heads, axis=1)]
-    return {"condition_number": _condition(s), "min_singular_value": float(s[-1]),
-            "max_singular_value": float(s[0]),
-            "head_condition_number": [_condition(h) for h in heads],
-            "head_min_singular_value": [float(h[-1]) for h in heads]}
+    return {
+      "condition_number": _condition(s),
+      "min_singular_value": float(s[-1]),
+      "max_singular_value": float(s[0]),
+      "head_condition_number": [_condition(h) for h in heads],
+      "head_min_singular_value": [float(h[-1]) for h in heads],
+    }
 
   out = {"raw": stats(w)}
   if lam is not None or mode == "svd":
     if target not in targets:
       out["corrected"] = out["raw"]
     else:
-      c = spectral.correction(w.shape, lam=0.0 if lam is None else lam, mode=mode,
-                              num_heads=num_heads, kernel=w if mode == "svd" else None,
-                              target=target)
+      c = spectral.correction(
+        w.shape,
+        lam=0.0 if lam is None else lam,
+        mode=mode,
+        num_heads=num_heads,
+        kernel=w if mode == "svd" else None,
+        target=target,
+      )
       out["corrected"] = stats(w + np.asarray(c))  # = spectral.conditioned(w)
   return out
 
@@ -176,8 +190,7 @@ def jacobian_condition(fn: Callable[..., jax.Array], x, *args) -> dict:
     about ``1e7`` means "numerically singular" (e.g. a causal Laplacian head,
     whose output at token 0 is exactly 0).
   """
-  return _matrix_condition(jacobian_matrix(fn, x, *args),
-                           float(np.finfo(np.float32).eps))
+  return _matrix_condition(jacobian_matrix(fn, x, *args), float(np.finfo(np.float32).eps))
 
 
 def attention_probs(x, wq, wk, *, causal: bool = False, scale: float | None = None):
@@ -195,8 +208,9 @@ def attention_probs(x, wq, wk, *, causal: bool = False, scale: float | None = No
   return jax.nn.softmax(logits, axis=-1)
 
 
-def single_head_attention(x, wq, wk, wv, *, causal: bool = False,
-                          scale: float | None = None) -> jax.Array:
+def single_head_attention(
+  x, wq, wk, wv, *, causal: bool = False, scale: float | None = None
+) -> jax.Array:
   """One head of ``SpecA(X) = softmax(X W_Q W_K^T X^T / sqrt(d)) X W_V`` (Saratchandran & Lucey 2025, Sec. 2).
 
   The object of Theorem 3.4 (no bias, no normalisation, no output projection);
@@ -210,8 +224,7 @@ def single_head_attention(x, wq, wk, wv, *, causal: bool = False,
   Returns:
     float32 ``[T, d_v]``.
   """
-  return attention_probs(x, wq, wk, causal=causal, scale=scale) @ (
-      jnp.asarray(x, jnp.float32) @ wv)
+  return attention_probs(x, wq, wk, causal=causal, scale=scale) @ (jnp.asarray(x, jnp.float32) @ wv)
 
 
 def softmax_jacobian_condition(probs) -> float:
@@ -235,8 +248,7 @@ def softmax_jacobian_condition(probs) -> float:
   return float(top / nonzero.min()) if nonzero.size else float("inf")
 
 
-def theorem_3_4_bound(x, wq, wk, wv, *, causal: bool = False,
-                      scale: float | None = None) -> dict:
+def theorem_3_4_bound(x, wq, wk, wv, *, causal: bool = False, scale: float | None = None) -> dict:
   """Theorem 3.4's upper bound on ``kappa`` of one head's weight Jacobian.
 
   The Jacobian is :func:`weight_jacobian_matrix` (with respect to ``(W_Q,
@@ -257,20 +269,28 @@ def theorem_3_4_bound(x, wq, wk, wv, *, causal: bool = False,
   x, wq, wk, wv = (np.asarray(a, np.float64) for a in (x, wq, wk, wv))
   scale = wq.shape[-1] ** -0.5 if scale is None else scale
   p = _softmax_rows(x, wq, wk, causal, scale)
-  terms = {"kappa_x": _condition(_singular(x)),
-           "kappa_l": softmax_jacobian_condition(p),
-           "kappa_softmax": _condition(_singular(p)),
-           "kappa_wq": _condition(_singular(wq)), "kappa_wk": _condition(_singular(wk)),
-           "kappa_wv": _condition(_singular(wv))}
+  terms = {
+    "kappa_x": _condition(_singular(x)),
+    "kappa_l": softmax_jacobian_condition(p),
+    "kappa_softmax": _condition(_singular(p)),
+    "kappa_wq": _condition(_singular(wq)),
+    "kappa_wk": _condition(_singular(wk)),
+    "kappa_wv": _condition(_singular(wv)),
+  }
   with np.errstate(over="ignore", invalid="ignore"):
-    bound = (terms["kappa_x"] ** 3 * terms["kappa_l"] * terms["kappa_wv"]
-             * (terms["kappa_wq"] + terms["kappa_wk"])
-             + terms["kappa_x"] * terms["kappa_softmax"])
+    bound = (
+      terms["kappa_x"] ** 3
+      * terms["kappa_l"]
+      * terms["kappa_wv"]
+      * (terms["kappa_wq"] + terms["kappa_wk"])
+      + terms["kappa_x"] * terms["kappa_softmax"]
+    )
   return dict(terms, bound=float(bound))
 
 
-def weight_jacobian_matrix(x, wq, wk, wv, *, causal: bool = False,
-                           scale: float | None = None) -> np.ndarray:
+def weight_jacobian_matrix(
+  x, wq, wk, wv, *, causal: bool = False, scale: float | None = None
+) -> np.ndarray:
   """The Jacobian of one head's output with respect to its weights, in float64.
 
   The object of Theorem 3.4 (Saratchandran & Lucey 2025): ``A = P X W_V``
@@ -296,7 +316,7 @@ def weight_jacobian_matrix(x, wq, wk, wv, *, causal: bool = False,
   x, wq, wk, wv = (np.asarray(a, np.float64) for a in (x, wq, wk, wv))
   t, dim = x.shape
   d, dv = wq.shape[1], wv.shape[1]
-  scale = d ** -0.5 if scale is None else scale
+  scale = d**-0.5 if scale is None else scale
   p = _softmax_rows(x, wq, wk, causal, scale)
   q, k, v = x @ wq, x @ wk, x @ wv
   lap = np.einsum("tu,uw->tuw", p, np.eye(t)) - np.einsum("tu,tw->tuw", p, p)
@@ -311,13 +331,18 @@ def _matrix_condition(j: np.ndarray, eps: float) -> dict:
   """Condition number and rank of a Jacobian matrix (``eps``: its precision)."""
   s = _singular(j)
   tol = max(j.shape) * eps * s[0]
-  return {"condition_number": _condition(s), "sigma_max": float(s[0]),
-          "sigma_min": float(s[-1]), "numerical_rank": int(np.sum(s > tol)),
-          "shape": list(j.shape)}
+  return {
+    "condition_number": _condition(s),
+    "sigma_max": float(s[0]),
+    "sigma_min": float(s[-1]),
+    "numerical_rank": int(np.sum(s > tol)),
+    "shape": list(j.shape),
+  }
 
 
-def weight_jacobian_condition(x, wq, wk, wv, *, causal: bool = False,
-                              scale: float | None = None) -> dict:
+def weight_jacobian_condition(
+  x, wq, wk, wv, *, causal: bool = False, scale: float | None = None
+) -> dict:
   """Condition number of :func:`weight_jacobian_matrix` (Theorem 3.4's quantity).
 
   Args:
@@ -329,9 +354,10 @@ def weight_jacobian_condition(x, wq, wk, wv, *, causal: bool = False,
     ``numerical_rank`` below ``min(shape)`` means numerically singular, e.g.
     ``T > D``, where ``P X`` has rank ``D < T``).
   """
-  return _matrix_condition(weight_jacobian_matrix(x, wq, wk, wv, causal=causal,
-                                                  scale=scale),
-                           float(np.finfo(np.float64).eps))
+  return _matrix_condition(
+    weight_jacobian_matrix(x, wq, wk, wv, causal=causal, scale=scale),
+    float(np.finfo(np.float64).eps),
+  )
 
 
 def _softmax_rows(x, wq, wk, causal, scale):
@@ -369,18 +395,21 @@ def head_conditioning(x, wq, wk, wv, *, causal: bool = False) -> dict:
   scaled = weight_jacobian_condition(x, wq, wk, wv, causal=causal)
   unscaled = weight_jacobian_condition(x, wq, wk, wv, causal=causal, scale=1.0)
   bound = theorem_3_4_bound(x, wq, wk, wv, causal=causal, scale=1.0)
-  bound_scaled = theorem_3_4_bound(x, wq, wk, wv, causal=causal, scale=d ** -0.5)
-  return {"weight_condition_number": scaled["condition_number"],
-          "weight_condition_number_unscaled": unscaled["condition_number"],
-          "weight_numerical_rank": unscaled["numerical_rank"],
-          "weight_jacobian_shape": unscaled["shape"],
-          "theorem_3_4": bound,
-          "bound_holds": bool(bound["bound"] >= unscaled["condition_number"]),
-          "theorem_3_4_scaled_logits": bound_scaled}
+  bound_scaled = theorem_3_4_bound(x, wq, wk, wv, causal=causal, scale=d**-0.5)
+  return {
+    "weight_condition_number": scaled["condition_number"],
+    "weight_condition_number_unscaled": unscaled["condition_number"],
+    "weight_numerical_rank": unscaled["numerical_rank"],
+    "weight_jacobian_shape": unscaled["shape"],
+    "theorem_3_4": bound,
+    "bound_holds": bool(bound["bound"] >= unscaled["condition_number"]),
+    "theorem_3_4_scaled_logits": bound_scaled,
+  }
 
 
-def attention_entropy(weights: jax.Array, query_mask: jax.Array | None = None, *,
-                      causal: bool = False):
+def attention_entropy(
+  weights: jax.Array, query_mask: jax.Array | None = None, *, causal: bool = False
+):
   """Per-head sums of attention entropies, jittable (divide by ``count``).
 
   Args:
@@ -398,8 +427,11 @@ def attention_entropy(weights: jax.Array, query_mask: jax.Array | None = None, *
   p = weights.astype(jnp.float32)
   ent = -jnp.sum(jnp.where(p > 0, p * jnp.log(jnp.where(p > 0, p, 1.0)), 0.0), -1)
   b, _, tq, tk = p.shape
-  mask = (jnp.ones((b, tq), jnp.float32) if query_mask is None
-          else (jnp.asarray(query_mask) != 0).astype(jnp.float32))
+  mask = (
+    jnp.ones((b, tq), jnp.float32)
+    if query_mask is None
+    else (jnp.asarray(query_mask) != 0).astype(jnp.float32)
+  )
   if causal:
     visible = jnp.arange(tq, dtype=jnp.float32) + (tk - tq) + 1.0
   else:
@@ -444,8 +476,9 @@ def attention_self_weight(weights: jax.Array, query_mask: jax.Array | None = Non
   """
   p = jnp.asarray(weights).astype(jnp.float32)
   if p.ndim != 4 or p.shape[2] > p.shape[3]:
-    raise ValueError(f"weights must be [batch, heads, T_q, T_k] with T_q <= T_k, "
-                     f"got shape {p.shape}")
+    raise ValueError(
+      f"weights must be [batch, heads, T_q, T_k] with T_q <= T_k, got shape {p.shape}"
+    )
   b, _, tq, tk = p.shape
   diag = jnp.diagonal(p, offset=tk - tq, axis1=2, axis2=3)  # [batch, heads, T_q]
   mask = _query_mask(query_mask, b, tq)

@@ -168,15 +168,16 @@ def _nc1(sigma_w: np.ndarray, sigma_b: np.ndarray, num: int) -> float:
   eig, vec = np.linalg.eigh(sigma_b)
   eig, vec = eig[::-1], vec[:, ::-1]
   keep = eig > PINV_RTOL * max(eig[0], 0.0)
-  keep[num - 1:] = False
+  keep[num - 1 :] = False
   if eig[0] <= 0.0 or not keep.any():
     return float("inf")
   v = vec[:, keep]
   return float(np.sum(np.einsum("di,de,ei->i", v, sigma_w, v) / eig[keep]) / num)
 
 
-def class_statistics(count, sums, sq_norms, second_moment, *, classifier=None,
-                     max_pairwise_classes: int = 2048) -> dict:
+def class_statistics(
+  count, sums, sq_norms, second_moment, *, classifier=None, max_pairwise_classes: int = 2048
+) -> dict:
   """Neural-collapse quantities and CDNV from per-class sufficient statistics.
 
   The examples ``x_i`` (``n`` of them, class ``y_i``) are summarised by
@@ -212,9 +213,11 @@ def class_statistics(count, sums, sq_norms, second_moment, *, classifier=None,
   second_moment = np.asarray(second_moment, np.float64)
   c_all, d = sums.shape
   if count.shape != (c_all,) or sq_norms.shape != (c_all,) or second_moment.shape != (d, d):
-    raise ValueError(f"inconsistent class statistics: count {count.shape}, sums "
-                     f"{sums.shape}, sq_norms {sq_norms.shape}, second moment "
-                     f"{second_moment.shape}")
+    raise ValueError(
+      f"inconsistent class statistics: count {count.shape}, sums "
+      f"{sums.shape}, sq_norms {sq_norms.shape}, second moment "
+      f"{second_moment.shape}"
+    )
   if max_pairwise_classes < 2:
     raise ValueError(f"max_pairwise_classes must be >= 2, got {max_pairwise_classes}")
   present = np.flatnonzero(count > 0)
@@ -225,9 +228,9 @@ def class_statistics(count, sums, sq_norms, second_moment, *, classifier=None,
   nan = float("nan")
   if num == 0:
     return out
-  means = sums[present] / n_c[:, None]                       # M_c
-  global_mean = sums[present].sum(0) / n                     # M_G
-  centred = means - global_mean                              # [C, D]
+  means = sums[present] / n_c[:, None]  # M_c
+  global_mean = sums[present].sum(0) / n  # M_G
+  centred = means - global_mean  # [C, D]
   sigma_w = (second_moment - (means * n_c[:, None]).T @ means) / n
   sigma_w = (sigma_w + sigma_w.T) / 2
   sigma_b = centred.T @ centred / num
@@ -235,8 +238,15 @@ def class_statistics(count, sums, sq_norms, second_moment, *, classifier=None,
   out["sigma_b_trace"] = float(np.trace(sigma_b))
   norms = np.linalg.norm(centred, axis=1)
   if num < 2:
-    out.update(nc1=nan, equinorm=nan, equiangularity=nan, max_angle=nan, cdnv=nan,
-               pairwise_classes=num, cdnv_classes=0)
+    out.update(
+      nc1=nan,
+      equinorm=nan,
+      equiangularity=nan,
+      max_angle=nan,
+      cdnv=nan,
+      pairwise_classes=num,
+      cdnv_classes=0,
+    )
     return out
 
   out["nc1"] = _nc1(sigma_w, sigma_b, num)
@@ -256,12 +266,12 @@ def class_statistics(count, sums, sq_norms, second_moment, *, classifier=None,
 
   # CDNV over classes with >= 2 examples.
   # s_c^2 = mean ||x_i||^2 - ||M_c||^2 (shift-invariant; rounding clipped at 0).
-  var = np.clip(sq_norms[present] / n_c - np.sum(means ** 2, axis=1), 0.0, None)
+  var = np.clip(sq_norms[present] / n_c - np.sum(means**2, axis=1), 0.0, None)
   sel = order[count[present][order] >= 2]
   out["cdnv_classes"] = int(len(sel))
   if len(sel) >= 2:
     m = centred[sel]
-    sq = np.sum(m ** 2, axis=1)
+    sq = np.sum(m**2, axis=1)
     dist = np.clip(sq[:, None] + sq[None, :] - 2.0 * (m @ m.T), 0.0, None)
     upper = np.triu_indices(len(sel), 1)
     num_var = (var[sel][:, None] + var[sel][None, :])[upper] / 2.0
@@ -311,27 +321,30 @@ class GeometryAccumulator:
     ValueError: ``dim < 1`` or negative class counts.
   """
 
-  def __init__(self, dim: int, num_classes: int = 0, num_token_classes: int = 0,
-               threshold: float = 0.99):
+  def __init__(
+    self, dim: int, num_classes: int = 0, num_token_classes: int = 0, threshold: float = 0.99
+  ):
     if dim < 1 or num_classes < 0 or num_token_classes < 0:
-      raise ValueError(f"need dim >= 1 and class counts >= 0, got dim={dim}, "
-                       f"num_classes={num_classes}, num_token_classes={num_token_classes}")
+      raise ValueError(
+        f"need dim >= 1 and class counts >= 0, got dim={dim}, "
+        f"num_classes={num_classes}, num_token_classes={num_token_classes}"
+      )
     self.dim, self.num_classes, self.num_token_classes = dim, num_classes, num_token_classes
     self.shift = None
     self.num_tokens = 0
     self.num_sequences = 0
     self.threshold = threshold
-    self.sequence_components = []                      # per sequence with variance
-    self.token_sum = np.zeros(dim)                     # sum_t h
-    self.token_scatter = np.zeros((dim, dim))          # sum_t h h^T
-    self.seq_weighted_sq = 0.0                         # sum_s n_s ||mu_s||^2
+    self.sequence_components = []  # per sequence with variance
+    self.token_sum = np.zeros(dim)  # sum_t h
+    self.token_scatter = np.zeros((dim, dim))  # sum_t h h^T
+    self.seq_weighted_sq = 0.0  # sum_s n_s ||mu_s||^2
     if num_classes:
-      self.class_tokens = np.zeros(num_classes, np.int64)      # N_c
-      self.class_token_sum = np.zeros((num_classes, dim))      # sum of tokens of class c
-      self.class_count = np.zeros(num_classes, np.int64)       # sequences of class c
-      self.class_sum = np.zeros((num_classes, dim))            # sum of mu_s of class c
-      self.class_sq = np.zeros(num_classes)                    # sum of ||mu_s||^2
-      self.seq_second = np.zeros((dim, dim))                   # sum_s mu_s mu_s^T
+      self.class_tokens = np.zeros(num_classes, np.int64)  # N_c
+      self.class_token_sum = np.zeros((num_classes, dim))  # sum of tokens of class c
+      self.class_count = np.zeros(num_classes, np.int64)  # sequences of class c
+      self.class_sum = np.zeros((num_classes, dim))  # sum of mu_s of class c
+      self.class_sq = np.zeros(num_classes)  # sum of ||mu_s||^2
+      self.seq_second = np.zeros((dim, dim))  # sum_s mu_s mu_s^T
     if num_token_classes:
       self.tclass_count = np.zeros(num_token_classes, np.int64)
       self.tclass_sum = np.zeros((num_token_classes, dim))
@@ -369,17 +382,20 @@ class GeometryAccumulator:
         raise ValueError(f"mask must be [{b}] or [{b}, {t}], got {np.shape(mask)}")
       m = m != 0
     if (labels is None) != (self.num_classes == 0):
-      raise ValueError("labels are required exactly when num_classes > 0 "
-                       f"(num_classes={self.num_classes})")
+      raise ValueError(
+        f"labels are required exactly when num_classes > 0 (num_classes={self.num_classes})"
+      )
     if (token_labels is None) != (self.num_token_classes == 0):
-      raise ValueError("token_labels are required exactly when num_token_classes > 0 "
-                       f"(num_token_classes={self.num_token_classes})")
+      raise ValueError(
+        "token_labels are required exactly when num_token_classes > 0 "
+        f"(num_token_classes={self.num_token_classes})"
+      )
     n_s = m.sum(1)
     keep = n_s > 0
     if not keep.any():
       return
     x, m, n_s = x[keep], m[keep], n_s[keep].astype(np.float64)
-    flat = x[m]                                            # [n, D]
+    flat = x[m]  # [n, D]
     if not np.all(np.isfinite(flat)):
       raise ValueError("tokens contain NaN or inf")
     if self.shift is None:
@@ -390,7 +406,7 @@ class GeometryAccumulator:
     self.num_sequences += int(keep.sum())
     self.token_sum += flat.sum(0)
     self.token_scatter += flat.T @ flat
-    self.seq_weighted_sq += float(np.sum(n_s * np.sum(seq_mean ** 2, axis=1)))
+    self.seq_weighted_sq += float(np.sum(n_s * np.sum(seq_mean**2, axis=1)))
     for row, used in zip(x, m):
       k = sequence_components(row[used], self.threshold)
       if k is not None:
@@ -401,29 +417,36 @@ class GeometryAccumulator:
         raise ValueError(f"labels must be integers of shape ({b},), got {y.dtype} {y.shape}")
       y = y[keep].astype(np.int64)
       if y.size and (y.min() < 0 or y.max() >= self.num_classes):
-        raise ValueError(f"labels must lie in [0, {self.num_classes}), got "
-                         f"[{y.min()}, {y.max()}]")
+        raise ValueError(f"labels must lie in [0, {self.num_classes}), got [{y.min()}, {y.max()}]")
       np.add.at(self.class_tokens, y, n_s.astype(np.int64))
       _scatter_add(self.class_token_sum, y, seq_mean * n_s[:, None])
       np.add.at(self.class_count, y, 1)
       _scatter_add(self.class_sum, y, seq_mean)
-      _scatter_add(self.class_sq, y, np.sum(seq_mean ** 2, axis=1))
+      _scatter_add(self.class_sq, y, np.sum(seq_mean**2, axis=1))
       self.seq_second += seq_mean.T @ seq_mean
     if self.num_token_classes:
       z = np.asarray(token_labels)
       if z.shape != (b, t) or not np.issubdtype(z.dtype, np.integer):
-        raise ValueError(f"token_labels must be integers of shape ({b}, {t}), got "
-                         f"{z.dtype} {z.shape}")
+        raise ValueError(
+          f"token_labels must be integers of shape ({b}, {t}), got {z.dtype} {z.shape}"
+        )
       z = z[keep][m].astype(np.int64)
       if z.size and (z.min() < 0 or z.max() >= self.num_token_classes):
-        raise ValueError(f"token_labels must lie in [0, {self.num_token_classes}), "
-                         f"got [{z.min()}, {z.max()}]")
+        raise ValueError(
+          f"token_labels must lie in [0, {self.num_token_classes}), got [{z.min()}, {z.max()}]"
+        )
       np.add.at(self.tclass_count, z, 1)
       _scatter_add(self.tclass_sum, z, flat)
-      _scatter_add(self.tclass_sq, z, np.sum(flat ** 2, axis=1))
+      _scatter_add(self.tclass_sq, z, np.sum(flat**2, axis=1))
 
-  def finalize(self, *, classifier=None, token_classifier=None,
-               threshold: float = 0.99, max_pairwise_classes: int = 2048) -> dict:
+  def finalize(
+    self,
+    *,
+    classifier=None,
+    token_classifier=None,
+    threshold: float = 0.99,
+    max_pairwise_classes: int = 2048,
+  ) -> dict:
     """The geometry of everything added so far.
 
     Args:
@@ -456,14 +479,19 @@ class GeometryAccumulator:
     if self.num_tokens == 0:
       raise ValueError("no tokens were added; call update() with at least one token")
     n = float(self.num_tokens)
-    sum_sq = float(np.trace(self.token_scatter))           # sum ||h||^2
+    sum_sq = float(np.trace(self.token_scatter))  # sum ||h||^2
     mean = self.token_sum / n
-    mean_sq = n * float(mean @ mean)                       # N ||mu_G||^2
-    anova = {"total": (sum_sq - mean_sq) / n,
-             "within_sequence": (sum_sq - self.seq_weighted_sq) / n,
-             "between_sequence": (self.seq_weighted_sq - mean_sq) / n}
-    out: dict[str, Any] = {"num_tokens": int(self.num_tokens),
-                           "num_sequences": int(self.num_sequences), "anova": anova}
+    mean_sq = n * float(mean @ mean)  # N ||mu_G||^2
+    anova = {
+      "total": (sum_sq - mean_sq) / n,
+      "within_sequence": (sum_sq - self.seq_weighted_sq) / n,
+      "between_sequence": (self.seq_weighted_sq - mean_sq) / n,
+    }
+    out: dict[str, Any] = {
+      "num_tokens": int(self.num_tokens),
+      "num_sequences": int(self.num_sequences),
+      "anova": anova,
+    }
     scatter = self.token_scatter - n * np.outer(mean, mean)
     sv = singular_values((scatter + scatter.T) / 2)
     out["singular_values"] = sv.tolist()
@@ -474,24 +502,36 @@ class GeometryAccumulator:
     if self.num_classes:
       present = self.class_tokens > 0
       class_mean = self.class_token_sum[present] / self.class_tokens[present, None]
-      class_sq = float(np.sum(self.class_tokens[present] * np.sum(class_mean ** 2, axis=1)))
+      class_sq = float(np.sum(self.class_tokens[present] * np.sum(class_mean**2, axis=1)))
       anova["within_class"] = (self.seq_weighted_sq - class_sq) / n
       anova["between_class"] = (class_sq - mean_sq) / n
       out["classes"] = class_statistics(
-          self.class_count, self.class_sum, self.class_sq, self.seq_second,
-          classifier=classifier, max_pairwise_classes=max_pairwise_classes)
+        self.class_count,
+        self.class_sum,
+        self.class_sq,
+        self.seq_second,
+        classifier=classifier,
+        max_pairwise_classes=max_pairwise_classes,
+      )
     total = anova["total"]
-    out["fractions"] = {k: (v / total if total > 0 else None)
-                        for k, v in anova.items() if k != "total"}
+    out["fractions"] = {
+      k: (v / total if total > 0 else None) for k, v in anova.items() if k != "total"
+    }
     if self.num_token_classes:
       out["token_classes"] = class_statistics(
-          self.tclass_count, self.tclass_sum, self.tclass_sq, self.token_scatter,
-          classifier=token_classifier, max_pairwise_classes=max_pairwise_classes)
+        self.tclass_count,
+        self.tclass_sum,
+        self.tclass_sq,
+        self.token_scatter,
+        classifier=token_classifier,
+        max_pairwise_classes=max_pairwise_classes,
+      )
     return out
 
 
-def smoothing_cosine_sums(head_outputs: jax.Array, out_kernel: jax.Array,
-                          residual: jax.Array, mask: jax.Array):
+def smoothing_cosine_sums(
+  head_outputs: jax.Array, out_kernel: jax.Array, residual: jax.Array, mask: jax.Array
+):
   """Per-head sums of ``cos(c_h[s,t], x[s,t] - mu_s)``, jittable (see the module docstring).
 
   With ``W_h = out_kernel[h]`` the contribution of head ``h`` is ``c_h = o_h
@@ -520,10 +560,19 @@ def smoothing_cosine_sums(head_outputs: jax.Array, out_kernel: jax.Array,
   w = jnp.asarray(out_kernel, jnp.float32)
   x = jnp.asarray(residual, jnp.float32)
   m = jnp.asarray(mask, jnp.float32)
-  if (o.ndim != 4 or w.ndim != 3 or x.ndim != 3 or o.shape[2:] != w.shape[:2]
-      or w.shape[2] != x.shape[2] or o.shape[:2] != x.shape[:2] or m.shape != x.shape[:2]):
-    raise ValueError(f"head_outputs [B, T, H, d], out_kernel [H, d, D], residual [B, T, D] "
-                     f"and mask [B, T] do not fit: {o.shape}, {w.shape}, {x.shape}, {m.shape}")
+  if (
+    o.ndim != 4
+    or w.ndim != 3
+    or x.ndim != 3
+    or o.shape[2:] != w.shape[:2]
+    or w.shape[2] != x.shape[2]
+    or o.shape[:2] != x.shape[:2]
+    or m.shape != x.shape[:2]
+  ):
+    raise ValueError(
+      f"head_outputs [B, T, H, d], out_kernel [H, d, D], residual [B, T, D] "
+      f"and mask [B, T] do not fit: {o.shape}, {w.shape}, {x.shape}, {m.shape}"
+    )
   n = jnp.maximum(m.sum(1, keepdims=True), 1.0)
   mean = (x * m[..., None]).sum(1, keepdims=True) / n[..., None]
   dev = x - mean  # [B, T, D]
@@ -533,6 +582,7 @@ def smoothing_cosine_sums(head_outputs: jax.Array, out_kernel: jax.Array,
   d_norm2 = jnp.sum(dev * dev, -1)[..., None]  # [B, T, 1]
   tiny = jnp.finfo(jnp.float32).tiny
   valid = (c_norm2 > tiny) & (d_norm2 > tiny) & (m[..., None] != 0)
-  cos = jnp.where(valid, jnp.clip(dot / jnp.sqrt(jnp.where(valid, c_norm2 * d_norm2, 1.0)),
-                                  -1.0, 1.0), 0.0)
+  cos = jnp.where(
+    valid, jnp.clip(dot / jnp.sqrt(jnp.where(valid, c_norm2 * d_norm2, 1.0)), -1.0, 1.0), 0.0
+  )
   return cos.sum((0, 1)), valid.astype(jnp.float32).sum((0, 1))

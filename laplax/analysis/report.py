@@ -24,7 +24,8 @@ import functools
 import json
 import math
 import os
-from typing import Any, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -32,8 +33,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from laplax import spectral, utils
-from laplax.errors import UserError
 from laplax.analysis import capture, conditioning, geometry
+from laplax.errors import UserError
 
 ANALYSIS_FILE = "analysis.json"
 
@@ -68,6 +69,7 @@ class Target:
     no_loss_reason: why there is no ``loss_fn`` (written beside
       ``gradient_norms: null``).
   """
+
   model: nn.Module
   params: Any
   kind: str
@@ -75,9 +77,14 @@ class Target:
   vocab_size: int = 0
   classifier: np.ndarray | None = None
   token_classifier: np.ndarray | None = None
-  spectral: dict = dataclasses.field(default_factory=lambda: {
-      "enabled": False, "lam": 10.0, "mode": spectral.DEFAULT_MODE,
-      "targets": spectral.TARGETS})
+  spectral: dict = dataclasses.field(
+    default_factory=lambda: {
+      "enabled": False,
+      "lam": 10.0,
+      "mode": spectral.DEFAULT_MODE,
+      "targets": spectral.TARGETS,
+    }
+  )
   loss_fn: Callable[[Any, dict], jax.Array] | None = None
   no_loss_reason: str = "no training loss was given (Target.loss_fn is None)"
 
@@ -87,8 +94,13 @@ def _attention_sums(weights, qmask, causal) -> dict:
   ent, uniform, count = conditioning.attention_entropy(weights, qmask, causal=causal)
   self_weight, _ = conditioning.attention_self_weight(weights, qmask)
   similarity, _ = conditioning.attention_head_similarity(weights, qmask)
-  return {"entropy": ent, "uniform": uniform, "self_weight": self_weight,
-          "similarity": similarity, "count": count}
+  return {
+    "entropy": ent,
+    "uniform": uniform,
+    "self_weight": self_weight,
+    "similarity": similarity,
+    "count": count,
+  }
 
 
 def _forward(model, layers, causal, params, inputs, mask):
@@ -97,13 +109,14 @@ def _forward(model, layers, causal, params, inputs, mask):
   reps = capture.block_outputs(out, layers)
   length = next(iter(reps.values())).shape[1] if reps else out["encoded"].shape[1]
   qmask = mask if mask.ndim == 2 else jnp.broadcast_to(mask[:, None], (mask.shape[0], length))
-  attn = {i: _attention_sums(capture.attention_weights(inter, i), qmask, causal)
-          for i in layers}
+  attn = {i: _attention_sums(capture.attention_weights(inter, i), qmask, causal) for i in layers}
   for i in layers:
     cos, count = geometry.smoothing_cosine_sums(
-        capture.head_outputs(inter, i),
-        capture.head_out_kernels(params, i, model.spec.num_heads),
-        out[f"block{i}"]["input"], qmask)
+      capture.head_outputs(inter, i),
+      capture.head_out_kernels(params, i, model.spec.num_heads),
+      out[f"block{i}"]["input"],
+      qmask,
+    )
     attn[i].update(smoothing_sum=cos, smoothing_count=count)
   feats = out["pre_logits"][:, None] if "pre_logits" in out else out["encoded"]
   return reps, attn, feats
@@ -115,7 +128,7 @@ def _chunks(arrays: dict, size: int):
   for start in range(0, n, size):
     chunk = {}
     for k, a in arrays.items():
-      part = np.asarray(a[start:start + size])
+      part = np.asarray(a[start : start + size])
       if len(part) < size:
         pad = np.zeros((size - len(part),) + part.shape[1:], part.dtype)
         part = np.concatenate([part, pad])
@@ -126,10 +139,15 @@ def _chunks(arrays: dict, size: int):
 def _split_batch(batch: dict, kind: str) -> dict:
   if kind == "lm":
     tokens = np.asarray(batch["tokens"])
-    return {"inputs": tokens[:, :-1], "token_labels": tokens[:, 1:].astype(np.int32),
-            "mask": np.asarray(batch["mask"], np.float32)}
-  out = {"inputs": np.asarray(batch["image"]),
-         "mask": np.asarray(batch.get("mask", np.ones(len(batch["image"]))), np.float32)}
+    return {
+      "inputs": tokens[:, :-1],
+      "token_labels": tokens[:, 1:].astype(np.int32),
+      "mask": np.asarray(batch["mask"], np.float32),
+    }
+  out = {
+    "inputs": np.asarray(batch["image"]),
+    "mask": np.asarray(batch.get("mask", np.ones(len(batch["image"]))), np.float32),
+  }
   if "label" in batch:
     out["labels"] = np.asarray(batch["label"]).astype(np.int32)
   return out
@@ -182,8 +200,7 @@ def gradient_norms(grads: Any, layer: int, num_heads: int) -> dict:
   for name in ("query", "key"):
     g = np.asarray(attn[name]["kernel"], np.float64)
     if g.ndim != 2 or num_heads < 1 or g.shape[1] % num_heads:
-      raise ValueError(f"{name} kernel gradient {g.shape} cannot be cut into "
-                       f"{num_heads} heads")
+      raise ValueError(f"{name} kernel gradient {g.shape} cannot be cut into {num_heads} heads")
     out[name] = [float(np.linalg.norm(b)) for b in np.split(g, num_heads, axis=1)]
   return out
 
@@ -210,6 +227,7 @@ def _jitted_block_io(model, layers: tuple):
   def block_io(params, inputs):
     _, inter = capture.analysis_apply(model, params, inputs, capture_blocks=True)
     return {i: capture.block_io(inter, i) for i in layers}
+
   return jax.jit(block_io)
 
 
@@ -222,9 +240,12 @@ def _jit(fn):
 def _block_fn(module, causal: bool, laplacian: tuple):
   """``(y [T, D], params) -> attention branch [T, D]`` of a rebuilt block (cached
   per block configuration, so its Jacobian compiles once)."""
+
   def fn(y, params):
-    return module.apply({"params": params}, y[None], is_causal=causal,
-                        laplacian=np.asarray(laplacian))[0]
+    return module.apply(
+      {"params": params}, y[None], is_causal=causal, laplacian=np.asarray(laplacian)
+    )[0]
+
   return fn
 
 
@@ -234,8 +255,9 @@ def _head_fn(causal: bool):
   return functools.partial(conditioning.single_head_attention, causal=causal)
 
 
-def _jacobian_section(target: Target, layer: int, y: np.ndarray, attn_out: np.ndarray,
-                      max_dim: int) -> dict:
+def _jacobian_section(
+  target: Target, layer: int, y: np.ndarray, attn_out: np.ndarray, max_dim: int
+) -> dict:
   """Jacobians of the attention block at ``y [T, D]``: with respect to the input
   (block and heads) and, per head, with respect to the weights with Theorem
   3.4's bound (:func:`~laplax.analysis.conditioning.head_conditioning`)."""
@@ -245,8 +267,7 @@ def _jacobian_section(target: Target, layer: int, y: np.ndarray, attn_out: np.nd
   module, kwargs = capture.attention_module(model, layer)
   params = capture.attention_params(target.params, layer)
   apply = _block_fn(module, kwargs["is_causal"], tuple(bool(b) for b in kwargs["laplacian"]))
-  section = {"tokens": int(tokens),
-             "input": conditioning.jacobian_condition(apply, y, params)}
+  section = {"tokens": int(tokens), "input": conditioning.jacobian_condition(apply, y, params)}
   if tokens == attn_out.shape[0] or kwargs["is_causal"]:
     # The rebuilt block reproduces the model's attention branch (a causal
     # block's prefix output does not depend on the tokens after it).
@@ -259,17 +280,28 @@ def _jacobian_section(target: Target, layer: int, y: np.ndarray, attn_out: np.nd
   for name, w in kernels.items():
     target_name = name[0]  # query -> "q", key -> "k", value -> "v"
     if sp is not None and target_name in sp.targets:  # the effective kernel W + C
-      w = w + np.asarray(spectral.correction(
-          w.shape, lam=sp.lam, mode=sp.mode, num_heads=heads,
-          kernel=w if sp.mode == "svd" else None, target=target_name))
+      w = w + np.asarray(
+        spectral.correction(
+          w.shape,
+          lam=sp.lam,
+          mode=sp.mode,
+          num_heads=heads,
+          kernel=w if sp.mode == "svd" else None,
+          target=target_name,
+        )
+      )
     eff[name] = np.split(w, heads, axis=1)
   causal = capture.is_causal(model)
   per_head = []
   for h in range(heads):
     wq, wk, wv = eff["query"][h], eff["key"][h], eff["value"][h]
     head = conditioning.jacobian_condition(_head_fn(causal), y, wq, wk, wv)
-    per_head.append(dict(conditioning.head_conditioning(y, wq, wk, wv, causal=causal),
-                         input_condition_number=head["condition_number"]))
+    per_head.append(
+      dict(
+        conditioning.head_conditioning(y, wq, wk, wv, causal=causal),
+        input_condition_number=head["condition_number"],
+      )
+    )
   section["heads"] = per_head
   return section
 
@@ -279,15 +311,21 @@ def _weights_section(target: Target, layer: int) -> dict:
   out = {}
   for name, w in capture.projection_kernels(target.params, layer).items():
     res = conditioning.kernel_conditioning(
-        w, num_heads=target.model.spec.num_heads, lam=float(s["lam"]), mode=s["mode"],
-        target=name[0], targets=s.get("targets", spectral.TARGETS))
+      w,
+      num_heads=target.model.spec.num_heads,
+      lam=float(s["lam"]),
+      mode=s["mode"],
+      target=name[0],
+      targets=s.get("targets", spectral.TARGETS),
+    )
     res["effective"] = "corrected" if s["enabled"] else "raw"
     out[name] = res
   return out
 
 
-def _layer_entry(target: Target, i: int, acc, attn: dict, io, grads, no_grad_reason,
-                 jacobian_dim: int) -> dict:
+def _layer_entry(
+  target: Target, i: int, acc, attn: dict, io, grads, no_grad_reason, jacobian_dim: int
+) -> dict:
   """One layer's dict of :func:`run_analysis` (geometry, attention statistics,
   weights, learned mix, gradient norms, Jacobian when ``io`` holds the block's
   input and output). ``attn`` holds the layer's attention sums (float64)."""
@@ -301,7 +339,8 @@ def _layer_entry(target: Target, i: int, acc, attn: dict, io, grads, no_grad_rea
   entry["attention_head_similarity"] = similarity.tolist()
   heads = similarity.shape[0]
   entry["attention_head_similarity_mean"] = (
-      float(similarity[np.triu_indices(heads, 1)].mean()) if heads > 1 else None)
+    float(similarity[np.triu_indices(heads, 1)].mean()) if heads > 1 else None
+  )
   entry.update(_smoothing_entry(attn, target.model.spec.laplacian_array[i]))
   if grads is None:
     entry["gradient_norms"] = None
@@ -322,20 +361,27 @@ def _smoothing_entry(attn: dict, laplacian: np.ndarray) -> dict:
   token) and its means over the Laplacian and the standard heads (``None``
   without such heads); see :func:`laplax.analysis.geometry.smoothing_cosine_sums`."""
   count = np.asarray(attn["smoothing_count"], np.float64)
-  per_head = [float(s / c) if c else None
-              for s, c in zip(np.asarray(attn["smoothing_sum"], np.float64), count)]
+  per_head = [
+    float(s / c) if c else None
+    for s, c in zip(np.asarray(attn["smoothing_sum"], np.float64), count)
+  ]
+
   def mean_of(heads):
     values = [per_head[h] for h in heads if per_head[h] is not None]
     return float(np.mean(values)) if values else None
+
   laplacian = np.asarray(laplacian, bool)
-  return {"head_smoothing_cosine": per_head,
-          "laplacian_smoothing_cosine": mean_of(np.flatnonzero(laplacian)),
-          "standard_smoothing_cosine": mean_of(np.flatnonzero(~laplacian))}
+  return {
+    "head_smoothing_cosine": per_head,
+    "laplacian_smoothing_cosine": mean_of(np.flatnonzero(laplacian)),
+    "standard_smoothing_cosine": mean_of(np.flatnonzero(~laplacian)),
+  }
 
 
 @dataclasses.dataclass
 class _Streamed:
   """What one pass over the eval split gathered (see :func:`_stream`)."""
+
   accs: dict
   attn_sums: dict
   features: geometry.GeometryAccumulator
@@ -344,8 +390,14 @@ class _Streamed:
   grad_reason: str | None
 
 
-def _stream(target: Target, batches: Iterable[dict], layers: tuple, max_examples: int,
-            batch_size: int, progress: Callable[[int], None] | None) -> _Streamed:
+def _stream(
+  target: Target,
+  batches: Iterable[dict],
+  layers: tuple,
+  max_examples: int,
+  batch_size: int,
+  progress: Callable[[int], None] | None,
+) -> _Streamed:
   """One pass of ``batches`` through the eval forward: the layers' accumulators
   and attention sums, the features' accumulator, the first real example
   (``first``, for the Jacobian) and the gradient batch (or why there is none).
@@ -372,18 +424,18 @@ def _stream(target: Target, batches: Iterable[dict], layers: tuple, max_examples
       token_labels = chunk.get("token_labels") if target.vocab_size else None
       for i in layers:
         if i not in accs:
-          accs[i] = geometry.GeometryAccumulator(reps[i].shape[-1], target.num_classes,
-                                                 target.vocab_size)
+          accs[i] = geometry.GeometryAccumulator(
+            reps[i].shape[-1], target.num_classes, target.vocab_size
+          )
           attn_sums[i] = {k: 0.0 for k in attn[i]}
-        accs[i].update(reps[i], mask=chunk["mask"], labels=labels,
-                       token_labels=token_labels)
+        accs[i].update(reps[i], mask=chunk["mask"], labels=labels, token_labels=token_labels)
         for k, v in attn[i].items():
           attn_sums[i][k] = attn_sums[i][k] + np.asarray(v, np.float64)
       if feature_acc is None:
-        feature_acc = geometry.GeometryAccumulator(feats.shape[-1], target.num_classes,
-                                                   target.vocab_size)
-      feature_acc.update(feats, mask=chunk["mask"], labels=labels,
-                         token_labels=token_labels)
+        feature_acc = geometry.GeometryAccumulator(
+          feats.shape[-1], target.num_classes, target.vocab_size
+        )
+      feature_acc.update(feats, mask=chunk["mask"], labels=labels, token_labels=token_labels)
       if first is None:
         real = np.flatnonzero(chunk["mask"].reshape(len(chunk["mask"]), -1).any(1))
         first = chunk["inputs"][real[:1]]
@@ -399,10 +451,16 @@ def _stream(target: Target, batches: Iterable[dict], layers: tuple, max_examples
   return _Streamed(accs, attn_sums, feature_acc, first, grad_batch, grad_reason)
 
 
-def run_analysis(target: Target, batches: Iterable[dict], *, layers: Sequence[int],
-                 max_examples: int = 0, batch_size: int = 256,
-                 jacobian_dim: int = 2048,
-                 progress: Callable[[int], None] | None = None) -> dict:
+def run_analysis(
+  target: Target,
+  batches: Iterable[dict],
+  *,
+  layers: Sequence[int],
+  max_examples: int = 0,
+  batch_size: int = 256,
+  jacobian_dim: int = 2048,
+  progress: Callable[[int], None] | None = None,
+) -> dict:
   """Streams ``batches`` through ``target`` and measures geometry and conditioning.
 
   Sources: the token geometry of Zhang & Papyan 2026 (Laplacian heads) and the
@@ -463,8 +521,7 @@ def run_analysis(target: Target, batches: Iterable[dict], *, layers: Sequence[in
   depth = model.spec.depth
   bad = [i for i in layers if not 0 <= i < depth]
   if bad:
-    raise AnalysisError(f"layers {bad} do not exist; the model has layers "
-                        f"0..{depth - 1}")
+    raise AnalysisError(f"layers {bad} do not exist; the model has layers 0..{depth - 1}")
   causal = capture.is_causal(model)
   streamed = _stream(target, batches, tuple(layers), max_examples, batch_size, progress)
   accs, attn_sums, feature_acc = streamed.accs, streamed.attn_sums, streamed.features
@@ -472,29 +529,36 @@ def run_analysis(target: Target, batches: Iterable[dict], *, layers: Sequence[in
 
   io = {}
   if jacobian_dim and layers:
-    io = jax.device_get(_jitted_block_io(model, tuple(layers))(target.params,
-                                                               jnp.asarray(first)))
+    io = jax.device_get(_jitted_block_io(model, tuple(layers))(target.params, jnp.asarray(first)))
     io = {i: (a[0], b[0]) for i, (a, b) in io.items()}
   grads, gradient = None, None
   if grad_batch is not None:
-    loss, grads = jax.device_get(jax.jit(jax.value_and_grad(target.loss_fn))(
-        target.params, grad_batch))
-    gradient = {"loss": float(loss), "num_sequences": int(len(next(iter(
-        grad_batch.values()))))}
-  out_layers = [_layer_entry(target, i, accs[i], attn_sums[i], io.get(i), grads,
-                             grad_reason, jacobian_dim)
-                for i in layers]
-  features = feature_acc.finalize(classifier=target.classifier,
-                                  token_classifier=target.token_classifier)
+    loss, grads = jax.device_get(
+      jax.jit(jax.value_and_grad(target.loss_fn))(target.params, grad_batch)
+    )
+    gradient = {"loss": float(loss), "num_sequences": int(len(next(iter(grad_batch.values()))))}
+  out_layers = [
+    _layer_entry(target, i, accs[i], attn_sums[i], io.get(i), grads, grad_reason, jacobian_dim)
+    for i in layers
+  ]
+  features = feature_acc.finalize(
+    classifier=target.classifier, token_classifier=target.token_classifier
+  )
   any_acc = accs[layers[0]] if layers else feature_acc
-  result = {"kind": target.kind, "causal": causal, "depth": int(depth),
-            "num_heads": int(model.spec.num_heads),
-            "num_sequences": int(any_acc.num_sequences),
-            "num_tokens": int(any_acc.num_tokens),
-            "num_classes": int(target.num_classes), "vocab_size": int(target.vocab_size),
-            "spectral": dict(target.spectral), "gradient_batch": gradient,
-            "layers": out_layers,
-            "features": features}
+  result = {
+    "kind": target.kind,
+    "causal": causal,
+    "depth": int(depth),
+    "num_heads": int(model.spec.num_heads),
+    "num_sequences": int(any_acc.num_sequences),
+    "num_tokens": int(any_acc.num_tokens),
+    "num_classes": int(target.num_classes),
+    "vocab_size": int(target.vocab_size),
+    "spectral": dict(target.spectral),
+    "gradient_batch": gradient,
+    "layers": out_layers,
+    "features": features,
+  }
   return sanitize(result)
 
 
@@ -568,8 +632,9 @@ def parse_layers(text: str | None, depth: int) -> list[int]:
     try:
       i = int(part)
     except ValueError:
-      raise ValueError(f"{part!r} is not a layer index; give comma-separated "
-                       f"integers such as 0,{depth - 1}") from None
+      raise ValueError(
+        f"{part!r} is not a layer index; give comma-separated integers such as 0,{depth - 1}"
+      ) from None
     if not -depth <= i < depth:
       raise ValueError(f"layer {i} does not exist; the model has layers 0..{depth - 1}")
     layers.add(i % depth)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -30,9 +30,14 @@ NOT_TRAIN_METRICS = ("step", "split", "steps_per_sec", "data_wait_fraction", "ti
 
 
 def _numbers(record: dict, skip: Sequence[str]) -> dict:
-  return {k: float(v) for k, v in record.items()
-          if k not in skip and isinstance(v, (int, float)) and not isinstance(v, bool)
-          and math.isfinite(float(v))}
+  return {
+    k: float(v)
+    for k, v in record.items()
+    if k not in skip
+    and isinstance(v, (int, float))
+    and not isinstance(v, bool)
+    and math.isfinite(float(v))
+  }
 
 
 def read_jsonl(path: str) -> list[dict]:
@@ -67,11 +72,13 @@ def run_results(workdir: str) -> dict:
     with open(os.path.join(workdir, "eval.json")) as f:
       evaluated = json.load(f)
   except (OSError, json.JSONDecodeError) as e:
-    raise ValueError(f"{workdir} has no readable eval.json ({type(e).__name__}); "
-                     f"run eval.py --workdir {workdir}") from None
+    raise ValueError(
+      f"{workdir} has no readable eval.json ({type(e).__name__}); run eval.py --workdir {workdir}"
+    ) from None
   metrics = _numbers(evaluated, NOT_METRICS)
-  train = [r for r in read_jsonl(os.path.join(workdir, "metrics.jsonl"))
-           if r.get("split") == "train"]
+  train = [
+    r for r in read_jsonl(os.path.join(workdir, "metrics.jsonl")) if r.get("split") == "train"
+  ]
   if train:
     metrics.update({f"train_{k}": v for k, v in _numbers(train[-1], NOT_TRAIN_METRICS).items()})
   layers = {}
@@ -116,10 +123,18 @@ def aggregate(cells: Sequence[dict]) -> list[dict]:
     layers = {}
     for q in sorted({k for r in runs for k in r["layers"] if k != "layer"}):
       depth = max(len(r["layers"].get(q, [])) for r in runs)
-      layers[q] = [mean_std([r["layers"][q][i] if i < len(r["layers"].get(q, [])) else None
-                             for r in runs]) for i in range(depth)]
-    out.append({"grid": dict(cell["grid"]), "seeds": sorted(cell["runs"]),
-                "metrics": metrics, "layers": layers})
+      layers[q] = [
+        mean_std([r["layers"][q][i] if i < len(r["layers"].get(q, [])) else None for r in runs])
+        for i in range(depth)
+      ]
+    out.append(
+      {
+        "grid": dict(cell["grid"]),
+        "seeds": sorted(cell["runs"]),
+        "metrics": metrics,
+        "layers": layers,
+      }
+    )
   return out
 
 
@@ -143,18 +158,22 @@ def markdown(aggregated: Sequence[dict]) -> str:
   if not aggregated:
     return "(no finished runs)\n"
   metrics = sorted({k for c in aggregated for k in c["metrics"]})
-  lines = ["| cell | seeds | " + " | ".join(metrics) + " |",
-           "|" + "---|" * (len(metrics) + 2)]
+  lines = ["| cell | seeds | " + " | ".join(metrics) + " |", "|" + "---|" * (len(metrics) + 2)]
   for c in aggregated:
     row = [_pm(c["metrics"][k]) if k in c["metrics"] else "-" for k in metrics]
     lines.append(f"| {cell_name(c['grid'])} | {len(c['seeds'])} | " + " | ".join(row) + " |")
   labels = {key: label for key, label, _ in summary_lib.QUANTITIES}
-  for q in [key for key, _, _ in summary_lib.QUANTITIES
-            if any(key in c["layers"] for c in aggregated)]:
+  for q in [
+    key for key, _, _ in summary_lib.QUANTITIES if any(key in c["layers"] for c in aggregated)
+  ]:
     depth = max(len(c["layers"].get(q, [])) for c in aggregated)
-    lines += ["", f"### {labels[q]} (`{q}`), per layer", "",
-              "| cell | " + " | ".join(f"layer {i}" for i in range(depth)) + " |",
-              "|" + "---|" * (depth + 1)]
+    lines += [
+      "",
+      f"### {labels[q]} (`{q}`), per layer",
+      "",
+      "| cell | " + " | ".join(f"layer {i}" for i in range(depth)) + " |",
+      "|" + "---|" * (depth + 1),
+    ]
     for c in aggregated:
       vals = c["layers"].get(q, [])
       row = [_pm(vals[i]) if i < len(vals) else "-" for i in range(depth)]
@@ -185,26 +204,46 @@ def plot_curves(cells: Sequence[dict], path: str, title: str = "") -> str | None
     training loss, then each metric of the eval records (``split`` ``eval``)
     of ``metrics.jsonl``, against the step.
   """
-  records = [[read_jsonl(os.path.join(w, "metrics.jsonl")) for w in c["workdirs"]]
-             for c in cells]
-  eval_keys = sorted({k for runs in records for run in runs for r in run
-                      if r.get("split") == "eval" for k in _numbers(r, NOT_METRICS)})
+  records = [[read_jsonl(os.path.join(w, "metrics.jsonl")) for w in c["workdirs"]] for c in cells]
+  eval_keys = sorted(
+    {
+      k
+      for runs in records
+      for run in runs
+      for r in run
+      if r.get("split") == "eval"
+      for k in _numbers(r, NOT_METRICS)
+    }
+  )
   panels = [("train", "loss")] + [("eval", k) for k in eval_keys]
   if not any(r.get("split") == "train" for runs in records for run in runs for r in run):
     return None
-  from laplax.analysis.plots import _pyplot, _save  # pylint: disable=import-outside-toplevel
+  from laplax.analysis.plots import _pyplot, _save
+
   plt = _pyplot()
   fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.4), squeeze=False)
   for ax, (split, key) in zip(axes[0], panels):
     for i, (cell, runs) in enumerate(zip(cells, records)):
-      series = [{r["step"]: float(r[key]) for r in run if r.get("split") == split
-                 and isinstance(r.get(key), (int, float))} for run in runs]
+      series = [
+        {
+          r["step"]: float(r[key])
+          for r in run
+          if r.get("split") == split and isinstance(r.get(key), (int, float))
+        }
+        for run in runs
+      ]
       steps, mean, std = _band([s for s in series if s])
       if not len(steps):
         continue
       colour = f"C{i % 10}"
-      ax.plot(steps, mean, color=colour, marker="o", markersize=3,
-              label=f"{cell_name(cell['grid'])} (n={len(runs)})")
+      ax.plot(
+        steps,
+        mean,
+        color=colour,
+        marker="o",
+        markersize=3,
+        label=f"{cell_name(cell['grid'])} (n={len(runs)})",
+      )
       ax.fill_between(steps, mean - std, mean + std, color=colour, alpha=0.25, linewidth=0)
     ax.set_xlabel("step")
     ax.set_title(f"{split} {key}")

@@ -17,10 +17,10 @@ import signal
 import sys
 import types
 import warnings
-from typing import Callable
+from collections.abc import Callable
 
-from absl import flags
 import ml_collections
+from absl import flags
 from ml_collections.config_flags import config_flags  # its ConfigFileFlagParser
 
 from laplax import utils
@@ -41,12 +41,11 @@ class UsageError(UserError, ValueError):
 # running train.py and eval.py (ViT, GPT, DINO; --analysis, --sample,
 # --choices; resume, two devices, bfloat16) with `python -W default`.
 NOISY_WARNINGS = (
-    # ml_collections.config_flags loads the --config file with importlib's
-    # deprecated loader.load_module() (config_flags.py, _load_source), at
-    # every train.py start: a deprecation in ml_collections' code, not the
-    # user's, that importlib's frozen bootstrap module raises.
-    (DeprecationWarning, r"the load_module\(\) method is deprecated",
-     r"importlib\._bootstrap"),
+  # ml_collections.config_flags loads the --config file with importlib's
+  # deprecated loader.load_module() (config_flags.py, _load_source), at
+  # every train.py start: a deprecation in ml_collections' code, not the
+  # user's, that importlib's frozen bootstrap module raises.
+  (DeprecationWarning, r"the load_module\(\) method is deprecated", r"importlib\._bootstrap"),
 )
 
 
@@ -65,7 +64,8 @@ def quiet() -> None:
   logging.getLogger().setLevel(logging.WARNING)
   for name in ("absl", "orbax", "tensorflow_datasets", "grain"):
     logging.getLogger(name).setLevel(logging.ERROR)
-  import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel
+  import tensorflow_datasets as tfds
+
   tfds.disable_progress_bar()  # stderr stays for the one-line errors
   silence_noisy_warnings()
 
@@ -81,11 +81,10 @@ def _unknown_key_message(argv: list[str], config) -> str | None:
       if not isinstance(node, ml_collections.ConfigDict) or part not in node:
         parent = ".".join(["config"] + parts[:i])
         known = sorted(node.keys()) if isinstance(node, ml_collections.ConfigDict) else []
-        key = ".".join(parts[:i + 1])
+        key = ".".join(parts[: i + 1])
         if key in REPLACED_KEYS:
           return f"{arg}: config.{key} was replaced by config.evals; {REPLACED_KEYS[key]}"
-        return (f"unknown config key {key!r} in {arg}; keys of "
-                f"{parent}: {', '.join(known)}")
+        return f"unknown config key {key!r} in {arg}; keys of {parent}: {', '.join(known)}"
       node = node[part]
   return None
 
@@ -111,26 +110,36 @@ def _load_config_file(spec: str):
   """Loads ``FILE.py[:arg]`` the way config_flags does, or raises UsageError."""
   path, _, arg = spec.partition(":")
   if not os.path.isfile(path):
-    raise UsageError(f"config file {path} does not exist; e.g. --config "
-                     f"configs/vit_fashion_mnist.py")
+    raise UsageError(
+      f"config file {path} does not exist; e.g. --config configs/vit_fashion_mnist.py"
+    )
   try:
     module_spec = importlib.util.spec_from_file_location("laplax_user_config", path)
     module = importlib.util.module_from_spec(module_spec)
     module_spec.loader.exec_module(module)
     config = module.get_config(arg) if arg else module.get_config()
-  except Exception as e:  # pylint: disable=broad-except
-    raise UsageError(f"could not load config {spec}: {type(e).__name__}: "
-                     f"{utils.first_line(e) if str(e).strip() else ''}") from None
+  except Exception as e:
+    raise UsageError(
+      f"could not load config {spec}: {type(e).__name__}: "
+      f"{utils.first_line(e) if str(e).strip() else ''}"
+    ) from None
   if not isinstance(config, ml_collections.ConfigDict):
-    raise UsageError(f"get_config() of {path} returned {type(config).__name__}; it "
-                     f"must return an ml_collections.ConfigDict")
+    raise UsageError(
+      f"get_config() of {path} returned {type(config).__name__}; it "
+      f"must return an ml_collections.ConfigDict"
+    )
   return config
 
 
 _JAX_FLAG = re.compile(r"--(no)?jax_\w")
-_ABSL_DEFINE = {bool: flags.DEFINE_bool, int: flags.DEFINE_integer,
-                float: flags.DEFINE_float, str: flags.DEFINE_string,
-                "enum": flags.DEFINE_enum, "enum_class": flags.DEFINE_enum_class}
+_ABSL_DEFINE = {
+  bool: flags.DEFINE_bool,
+  int: flags.DEFINE_integer,
+  float: flags.DEFINE_float,
+  str: flags.DEFINE_string,
+  "enum": flags.DEFINE_enum,
+  "enum_class": flags.DEFINE_enum_class,
+}
 
 
 def jax_options(argv: list[str], apply: bool = True) -> list[str]:
@@ -153,7 +162,8 @@ def jax_options(argv: list[str], apply: bool = True) -> list[str]:
   given = [a for a in argv[1:] if _JAX_FLAG.match(a)]
   if not given:
     return argv
-  import jax  # pylint: disable=import-outside-toplevel
+  import jax
+
   values = flags.FlagValues()
   current = jax.config.values
   for name, (kind, args, kwargs) in jax.config.meta.items():
@@ -161,14 +171,15 @@ def jax_options(argv: list[str], apply: bool = True) -> list[str]:
   try:
     values([argv[0]] + given)
   except flags.Error as e:
-    raise UsageError(f"{utils.first_line(e)} (a JAX option; the names are "
-                     f"those of jax.config.values)") from None
+    raise UsageError(
+      f"{utils.first_line(e)} (a JAX option; the names are those of jax.config.values)"
+    ) from None
   if apply:
     for name in jax.config.meta:
       if values[name].present:
         try:
           jax.config.update(name, values[name].value)
-        except Exception as e:  # pylint: disable=broad-except
+        except Exception as e:
           raise UsageError(f"--{name}={values[name].value}: {utils.first_line(e)}") from None
   return [argv[0]] + [a for a in argv[1:] if a not in given]
 
@@ -194,7 +205,8 @@ def _with_evaluator_settings(config):
   """``config`` with its evaluators' settings (a ConfigDict; anything else,
   e.g. config_flags' stand-in for a file that failed to load, as it is)."""
   if isinstance(config, ml_collections.ConfigDict):
-    from laplax.evaluators import registry  # pylint: disable=import-outside-toplevel  # CLIs start light
+    from laplax.evaluators import registry  # CLIs start light
+
     registry.complete(config)
   return config
 
@@ -208,9 +220,12 @@ def _complete_evaluator_settings(flag_values: flags.FlagValues) -> None:
       flag.parser = _CompletingConfigParser(flag.parser)
 
 
-def parse_flags(argv: list[str], flag_values: flags.FlagValues | None = None,
-                help_module: types.ModuleType | None = None,
-                jax_config: bool = True) -> None:
+def parse_flags(
+  argv: list[str],
+  flag_values: flags.FlagValues | None = None,
+  help_module: types.ModuleType | None = None,
+  jax_config: bool = True,
+) -> None:
   """Parses ``argv`` into absl FLAGS (or into ``flag_values``: eval.py's own
   flags, or ``python -m laplax.sweep`` checking each run's ``train.py``
   command line on its own). ``--jax_NAME=VALUE`` options set JAX's config
@@ -233,10 +248,14 @@ def parse_flags(argv: list[str], flag_values: flags.FlagValues | None = None,
   if any(a in ("--help", "-h", "--helpfull", "-?") for a in argv[1:]):
     module = help_module or sys.modules.get("__main__")
     print((getattr(module, "__doc__", None) or "").strip() + "\n")
-    print("flags:\n" + (flag_values.module_help(help_module) if help_module
-                         else flag_values.main_module_help()))
-    print("\nand any JAX option as --jax_NAME=VALUE (e.g. --jax_debug_nans=true; "
-          "the names of jax.config.values)")
+    print(
+      "flags:\n"
+      + (flag_values.module_help(help_module) if help_module else flag_values.main_module_help())
+    )
+    print(
+      "\nand any JAX option as --jax_NAME=VALUE (e.g. --jax_debug_nans=true; "
+      "the names of jax.config.values)"
+    )
     sys.exit(0)
   argv = jax_options(argv, apply=jax_config)
   _complete_evaluator_settings(flag_values)
@@ -250,7 +269,7 @@ def parse_flags(argv: list[str], flag_values: flags.FlagValues | None = None,
     if spec is not None and "config" in str(e).split(":")[0]:
       _load_config_file(spec)  # raises a UsageError naming the real problem
     raise UsageError(utils.first_line(e)) from None
-  except Exception as e:  # pylint: disable=broad-except
+  except Exception as e:
     spec = _config_spec(argv)
     msg = None
     if spec is not None:
@@ -262,8 +281,9 @@ def parse_flags(argv: list[str], flag_values: flags.FlagValues | None = None,
     absl_logger.setLevel(level)
 
 
-def load_config_flag(name: str = "config", flag_values: flags.FlagValues | None = None,
-                     argv: list[str] | None = None) -> ml_collections.ConfigDict:
+def load_config_flag(
+  name: str = "config", flag_values: flags.FlagValues | None = None, argv: list[str] | None = None
+) -> ml_collections.ConfigDict:
   """The parsed ``--config`` (of ``flag_values``, default absl's FLAGS, parsed
   from ``argv``, default ``sys.argv``) as a ConfigDict, completed with every
   key its task reads (:func:`laplax.tasks.schema.complete`; before it is
@@ -280,13 +300,16 @@ def load_config_flag(name: str = "config", flag_values: flags.FlagValues | None 
     if not isinstance(config, ml_collections.ConfigDict):
       raise TypeError(type(config).__name__)
     config.keys()  # an _ErrorConfig raises here with the loading error
-  except Exception:  # pylint: disable=broad-except
-    _load_config_file(_config_spec(sys.argv if argv is None else argv) or "")  # names the real problem
+  except Exception:
+    _load_config_file(
+      _config_spec(sys.argv if argv is None else argv) or ""
+    )  # names the real problem
     raise UsageError(f"could not load --{name}") from None
   if not isinstance(config, ml_collections.ConfigDict):
     raise UsageError(f"--{name} did not give a ConfigDict (get_config() must return one)")
-  from laplax.tasks import schema  # pylint: disable=import-outside-toplevel  # the task registry
-  from laplax.evaluators import registry  # pylint: disable=import-outside-toplevel
+  from laplax.evaluators import registry
+  from laplax.tasks import schema  # the task registry
+
   return registry.complete(schema.complete(config))
 
 
@@ -323,20 +346,30 @@ def model_from_init(config: ml_collections.ConfigDict, argv: list[str]) -> None:
   init_from = config.init_from or ""
   if not isinstance(init_from, str) or not init_from:
     return
-  from laplax.workdir.files import load_saved_config  # pylint: disable=import-outside-toplevel
+  from laplax.workdir.files import load_saved_config
+
   path = os.path.expanduser(init_from)
   saved = load_saved_config(path) if os.path.isdir(path) else None
   if saved is None:
-    raise ConfigError(f"config.init_from={init_from} is not a laplax workdir (no "
-                      f"config.json); give a train.py or laplax.convert --workdir")
+    raise ConfigError(
+      f"config.init_from={init_from} is not a laplax workdir (no "
+      f"config.json); give a train.py or laplax.convert --workdir"
+    )
   if saved.model.name != config.model.name:
-    raise ConfigError(f"config.init_from={init_from} holds a {saved.model.name} "
-                      f"model, this config a {config.model.name}; use a config of "
-                      f"the same family")
+    raise ConfigError(
+      f"config.init_from={init_from} holds a {saved.model.name} "
+      f"model, this config a {config.model.name}; use a config of "
+      f"the same family"
+    )
   given = explicit_model_keys(argv)
   for key in ("tokenizer", "vocab_size"):  # a language model's embedding rows mean
-    if key in config.data and key in saved.data and not any(  # the saved run's tokens
-        a.startswith(f"--config.data.{key}=") for a in argv):
+    if (
+      key in config.data
+      and key in saved.data
+      and not any(  # the saved run's tokens
+        a.startswith(f"--config.data.{key}=") for a in argv
+      )
+    ):
       config.data[key] = saved.data[key]
   for key, value in utils.flatten_dotted(saved.model.to_dict()).items():
     if any(key == g or key.startswith(g + ".") for g in given):
@@ -352,8 +385,10 @@ def model_from_init(config: ml_collections.ConfigDict, argv: list[str]) -> None:
     try:
       node[leaf] = value
     except TypeError:
-      raise ConfigError(f"config.init_from={init_from}: its model.{key}={value!r} does "
-                        f"not fit this config's type; set --config.model.{key}") from None
+      raise ConfigError(
+        f"config.init_from={init_from}: its model.{key}={value!r} does "
+        f"not fit this config's type; set --config.model.{key}"
+      ) from None
 
 
 def run(main: Callable[[], int | None], command: str | None = None) -> None:
@@ -373,7 +408,8 @@ def run(main: Callable[[], int | None], command: str | None = None) -> None:
   or 143 (SIGTERM); nothing is half-written (datasets, caches, configs and
   checkpoints are written under a temporary name and renamed).
   """
-  from laplax import signals  # pylint: disable=import-outside-toplevel
+  from laplax import signals
+
   command = command or os.path.basename(sys.argv[0] or "laplax")
   try:
     bound = signals.bound_from_env()
@@ -393,12 +429,13 @@ def run(main: Callable[[], int | None], command: str | None = None) -> None:
 
 def _run_main(main: Callable[[], int | None]) -> int | None:
   """``main()``, with the user errors of :func:`run` printed and exit 2."""
-  from laplax.train import fit  # pylint: disable=import-outside-toplevel
+  from laplax.train import fit
+
   try:
     return main()
   except UserError as e:
     message = utils.first_line(e) if chr(10) in str(e) else str(e)
-  except Exception as e:  # pylint: disable=broad-except
+  except Exception as e:
     message = fit.out_of_memory(e)
     if message is None:
       raise

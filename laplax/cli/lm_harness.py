@@ -78,15 +78,24 @@ class LaplaxLM(LM):
       prepared); ValueError: a BOS prefix without a BOS token.
   """
 
-  def __init__(self, workdir: str, step=None, batch_size=8,
-               max_gen_toks=DEFAULT_MAX_GEN_TOKS, prefix_bos=False, **unused):
+  def __init__(
+    self,
+    workdir: str,
+    step=None,
+    batch_size=8,
+    max_gen_toks=DEFAULT_MAX_GEN_TOKS,
+    prefix_bos=False,
+    **unused,
+  ):
     super().__init__()
-    from laplax import tasks  # pylint: disable=import-outside-toplevel
-    from laplax import loading as restore  # pylint: disable=import-outside-toplevel
+    from laplax import loading as restore
+    from laplax import tasks
+
     config = restore.saved_config(workdir)
     if not tasks.is_language_model(config):
-      raise restore.LoadError(f"{workdir} holds task {config.task!r}; the harness scores "
-                              "language models (task 'lm')")
+      raise restore.LoadError(
+        f"{workdir} holds task {config.task!r}; the harness scores language models (task 'lm')"
+      )
     run = restore.load(workdir, step=None if step in (None, "") else int(step))
     self.model, self.params = run.model, run.params
     self.tokenizer = run.task.tokenizer
@@ -96,8 +105,9 @@ class LaplaxLM(LM):
     self.prefix = [int(bos)] if bos is not None else [int(self.tokenizer.encode("\n\n")[-1])]
     self.prefix_bos = _flag(prefix_bos)
     if self.prefix_bos and bos is None:
-      raise ValueError(f"prefix_bos=true needs a tokenizer with <|bos|>; "
-                       f"{self.tokenizer.name} has none")
+      raise ValueError(
+        f"prefix_bos=true needs a tokenizer with <|bos|>; {self.tokenizer.name} has none"
+      )
     self.stop_tokens = () if bos is None else (int(bos),)
 
   def _context(self, text: str) -> list[int]:
@@ -108,29 +118,38 @@ class LaplaxLM(LM):
 
   def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
     """``(log p(continuation | context), is_greedy)`` per request (see the module)."""
-    pairs = [(self._context(context), self.tokenizer.encode(continuation))
-             for context, continuation in (r.args for r in requests)]
+    pairs = [
+      (self._context(context), self.tokenizer.encode(continuation))
+      for context, continuation in (r.args for r in requests)
+    ]
     results = []
-    for b in tqdm.trange(0, len(pairs), 64 * self.batch_size, desc="loglikelihood",
-                         disable=disable_tqdm):
-      results += sampling.continuation_logprobs(self.model, self.params,
-                                                pairs[b:b + 64 * self.batch_size],
-                                                self.batch_size)
+    for b in tqdm.trange(
+      0, len(pairs), 64 * self.batch_size, desc="loglikelihood", disable=disable_tqdm
+    ):
+      results += sampling.continuation_logprobs(
+        self.model, self.params, pairs[b : b + 64 * self.batch_size], self.batch_size
+      )
     for request, result in zip(requests, results):
       self.cache_hook.add_partial("loglikelihood", request.args, result)
     return results
 
   def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
     """The log-likelihood of each whole text over rolling windows."""
-    from lm_eval import utils  # pylint: disable=import-outside-toplevel
+    from lm_eval import utils
+
     totals = []
     for request in tqdm.tqdm(requests, desc="loglikelihood_rolling", disable=disable_tqdm):
       tokens = self.tokenizer.encode(request.args[0]).tolist()
-      windows = [utils.make_disjoint_window(w) for w in utils.get_rolling_token_windows(
-          token_list=tokens, prefix_token=self.prefix[0],
-          max_seq_len=self.model.spec.max_length, context_len=1)]
-      scores = sampling.continuation_logprobs(self.model, self.params, windows,
-                                              self.batch_size)
+      windows = [
+        utils.make_disjoint_window(w)
+        for w in utils.get_rolling_token_windows(
+          token_list=tokens,
+          prefix_token=self.prefix[0],
+          max_seq_len=self.model.spec.max_length,
+          context_len=1,
+        )
+      ]
+      scores = sampling.continuation_logprobs(self.model, self.params, windows, self.batch_size)
       totals.append(float(sum(s for s, _ in scores)))
       self.cache_hook.add_partial("loglikelihood_rolling", request.args, totals[-1])
     return totals
@@ -156,11 +175,17 @@ class LaplaxLM(LM):
     for (new, temperature), indices in groups.items():
       indices.sort(key=lambda i: len(jobs[i][0]))
       for b in range(0, len(indices), self.batch_size):
-        chunk = indices[b:b + self.batch_size]
+        chunk = indices[b : b + self.batch_size]
         rows = sampling.generate_batch(
-            self.model, self.params, [jobs[i][0] for i in chunk], max_new_tokens=new,
-            temperature=temperature, rng=jax.random.PRNGKey(b), stop_tokens=self.stop_tokens,
-            rows=self.batch_size)
+          self.model,
+          self.params,
+          [jobs[i][0] for i in chunk],
+          max_new_tokens=new,
+          temperature=temperature,
+          rng=jax.random.PRNGKey(b),
+          stop_tokens=self.stop_tokens,
+          rows=self.batch_size,
+        )
         for i, row in zip(chunk, rows):
           outputs[i] = _cut(self.tokenizer.decode(np.asarray(row)), jobs[i][1])
         bar.update(len(chunk))
@@ -173,13 +198,14 @@ class LaplaxLM(LM):
 def _cut(text: str, until: Sequence[str]) -> str:
   """``text`` up to the first occurrence of any ``until`` string."""
   ends = [text.find(u) for u in until if u and u in text]
-  return text[:min(ends)] if ends else text
+  return text[: min(ends)] if ends else text
 
 
 def register() -> None:
   """Registers :class:`LaplaxLM` as ``laplax`` in the harness (next to its own
   models; idempotent)."""
-  import lm_eval.models  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
+  import lm_eval.models  # noqa: F401
+
   if model_registry.get(MODEL_NAME, None) is not LaplaxLM:
     model_registry.register(MODEL_NAME)(LaplaxLM)
 
@@ -192,8 +218,10 @@ def main(argv: Sequence[str] | None = None) -> None:
   """``lm_eval``'s command line with the ``laplax`` model registered; a bad
   laplax workdir (missing, no checkpoint, not a language model, data that
   cannot be prepared) is one error line and exit code 2."""
-  from lm_eval.__main__ import cli_evaluate  # pylint: disable=import-outside-toplevel
-  from laplax.cli import lm_harness  # pylint: disable=import-outside-toplevel,import-self
+  from lm_eval.__main__ import cli_evaluate
+
+  from laplax.cli import lm_harness
+
   lm_harness.register()
   if argv is not None:
     sys.argv = [sys.argv[0], *argv]
@@ -205,5 +233,6 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-  from laplax.cli.lm_harness import main as _main  # pylint: disable=import-self
+  from laplax.cli.lm_harness import main as _main
+
   _main()

@@ -33,12 +33,15 @@ from laplax.cli import common as cli
 # In absl's global FLAGS (``eval_cli`` keeps its own, so both can be parsed in
 # one process).
 _CONFIG = config_flags.DEFINE_config_file(
-    "config", None, "Config file (get_config()), optionally FILE.py:arg.",
-    lock_config=True)
+  "config", None, "Config file (get_config()), optionally FILE.py:arg.", lock_config=True
+)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (created if missing).")
 _FORCE_UNLOCK = flags.DEFINE_bool(
-    "force_unlock", False, "Take over the workdir's lock when another host holds it "
-    "(that run must have ended; a dead process of this host is taken over anyway).")
+  "force_unlock",
+  False,
+  "Take over the workdir's lock when another host holds it "
+  "(that run must have ended; a dead process of this host is taken over anyway).",
+)
 
 
 def main() -> int:
@@ -53,17 +56,19 @@ def main() -> int:
   cli.model_from_init(config, sys.argv)
   if not _WORKDIR.value:
     raise cli.UsageError("--workdir is required, e.g. --workdir runs/vit")
-  from laplax.workdir import lock  # pylint: disable=import-outside-toplevel
+  from laplax.workdir import lock
+
   lock.check_single_process(config, _WORKDIR.value, _FORCE_UNLOCK.value)  # in seconds
-  from laplax.train import fit  # pylint: disable=import-outside-toplevel
   from laplax import signals
+  from laplax.train import fit
+
   if signals.current() is not None:  # a signal's exit line names the last checkpoint
     signals.current().workdir = _WORKDIR.value
   cli.quiet()
-  from laplax.train import loop  # pylint: disable=import-outside-toplevel
+  from laplax.train import loop
+
   fit.remember(config)  # the levers of an out-of-memory line
-  summary = loop.train_and_evaluate(config, _WORKDIR.value,
-                                    force_unlock=_FORCE_UNLOCK.value)
+  summary = loop.train_and_evaluate(config, _WORKDIR.value, force_unlock=_FORCE_UNLOCK.value)
   if summary and loop.jax.process_index() == 0:
     print("final eval: " + ", ".join(f"{k}={v}" for k, v in summary.items()))
   return 0

@@ -46,8 +46,9 @@ SCHEDULES = ("rising", "fixed")
 SFT_LR_FRAC = 0.02  # nanochat's chat_sft.py init_lr_frac
 
 
-def stage_config(c: ml_collections.ConfigDict, stage: str, *, schedule: str = "rising",
-                 total_steps: int) -> ml_collections.ConfigDict:
+def stage_config(
+  c: ml_collections.ConfigDict, stage: str, *, schedule: str = "rising", total_steps: int
+) -> ml_collections.ConfigDict:
   """``c`` (a GPT config with nanochat's optimiser) set up as chat stage
   ``stage`` for ``total_steps`` updates (see the module docstring); changes
   and returns ``c``. The data directory is ``data.source_dir``
@@ -88,4 +89,5 @@ def sibling_config(config_file: str, name: str, arg: str | None = None):
   ``config_file`` (a stage config builds on its pretraining config, e.g.
   ``configs/gpt_d20_sft.py`` on ``configs/gpt_d20.py``)."""
   return utils.config_from_file(
-      os.path.join(os.path.dirname(os.path.abspath(config_file)), name), arg)
+    os.path.join(os.path.dirname(os.path.abspath(config_file)), name), arg
+  )

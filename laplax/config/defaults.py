@@ -29,8 +29,8 @@ def parse_arg(arg: str | None, **defaults) -> ml_collections.ConfigDict:
     key, sep, value = item.partition("=")
     if not sep or key not in defaults:
       raise ValueError(
-          f"config argument {item!r} is not key=value with key in "
-          f"{', '.join(defaults)}")
+        f"config argument {item!r} is not key=value with key in {', '.join(defaults)}"
+      )
     try:
       value = ast.literal_eval(value)
     except (ValueError, SyntaxError):
@@ -51,6 +51,7 @@ def model_config(name: str) -> ml_collections.ConfigDict:
   the values (``scan_layers`` stacks the parameters under ``blocks``: another
   checkpoint layout).
   """
+
   def section(values: dict) -> ml_collections.ConfigDict:
     out = ml_collections.ConfigDict()
     for key, value in values.items():
@@ -65,6 +66,7 @@ def model_config(name: str) -> ml_collections.ConfigDict:
       else:
         out[key] = value
     return out
+
   return section(spec_lib.config_defaults(name))
 
 
@@ -179,7 +181,8 @@ def base_config() -> ml_collections.ConfigDict:
   # the random initialisation (at step 0 only; the optimizer starts fresh).
   c.init_from = ""
 
-  from laplax.data.vision import images  # pylint: disable=import-outside-toplevel
+  from laplax.data.vision import images
+
   c.data = images.default_config()  # The data keys are defined with the pipeline.
 
   c.model = model_config("vit")
@@ -205,8 +208,9 @@ def base_config() -> ml_collections.ConfigDict:
   return c
 
 
-def deit3_recipe(c: ml_collections.ConfigDict, *, variant: str, laplacian,
-                 spectral: bool, steps_per_epoch: int) -> ml_collections.ConfigDict:
+def deit3_recipe(
+  c: ml_collections.ConfigDict, *, variant: str, laplacian, spectral: bool, steps_per_epoch: int
+) -> ml_collections.ConfigDict:
   """Applies the DeiT-3 recipe of the Laplacian-heads paper (Zhang & Papyan 2026) to ``c``.
 
   400 epochs, AdamW lr 2e-3, weight decay 0.05, cosine with 5 warm-up epochs,
@@ -214,7 +218,8 @@ def deit3_recipe(c: ml_collections.ConfigDict, *, variant: str, laplacian,
   cross-entropy, bfloat16, drop-path 0.2, LayerScale 1e-6, qk-norm, on the
   ViT ``variant`` (e.g. ``"B/16"``).
   """
-  from laplax.models.vit import decode_variant  # pylint: disable=import-outside-toplevel
+  from laplax.models.vit import decode_variant
+
   c.total_steps = 400 * steps_per_epoch
   c.eval_every = 10 * steps_per_epoch
   c.model.update(decode_variant(variant))
@@ -242,12 +247,21 @@ def gpt_base_config() -> ml_collections.ConfigDict:
   c.task = "lm"
   c.batch_size = 32
   c.eval_batch_size = 32
-  from laplax.data.text import corpus as text  # pylint: disable=import-outside-toplevel
+  from laplax.data.text import corpus as text
+
   c.data = text.default_config()
 
   c.model = model_config("gpt")
-  c.model.update(max_length=128, width=128, depth=4, num_heads=4, mlp_dim=512,
-                 posemb="learn", use_bias=True, tie_embeddings=True)
+  c.model.update(
+    max_length=128,
+    width=128,
+    depth=4,
+    num_heads=4,
+    mlp_dim=512,
+    posemb="learn",
+    use_bias=True,
+    tie_embeddings=True,
+  )
 
   c.optim.lr = 3e-3
   c.optim.warmup_steps = 100
@@ -271,8 +285,9 @@ RECIPES = {"vit": ("plain", "deit3"), "gpt": ("plain", "nanochat")}
 def check_recipe(family: str, recipe: str) -> None:
   """Raises ValueError (one line) for a ``recipe`` the family has not."""
   if recipe not in RECIPES[family]:
-    raise ValueError(f"recipe={recipe!r} is unknown for a {family} config; use one of "
-                     f"{', '.join(RECIPES[family])}")
+    raise ValueError(
+      f"recipe={recipe!r} is unknown for a {family} config; use one of {', '.join(RECIPES[family])}"
+    )
 
 
 def mixed_deit3_options(c: ml_collections.ConfigDict) -> None:
@@ -369,7 +384,8 @@ def dino_base_config() -> ml_collections.ConfigDict:
   settings are ``data.multicrop`` (see ``images.default_multicrop_config``);
   ``eval`` holds the evaluators' settings (labels are used only there).
   """
-  from laplax.data.vision import images  # pylint: disable=import-outside-toplevel
+  from laplax.data.vision import images
+
   c = base_config()
   c.task = "dino"
   del c.loss

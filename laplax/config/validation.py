@@ -20,16 +20,36 @@ from laplax.models import spec as spec_lib
 
 # Keys every config has (the documented contract of train.py).
 REQUIRED = (
-    "task", "seed", "batch_size", "total_steps", "log_every", "eval_every",
-    "checkpoint_every", "model.num_heads", "model.num_laplacian_heads",
-    "model.spectral.enabled", "model.spectral.lam", "model.spectral.mode",
-    "data.data_dir", "data.source_dir")
+  "task",
+  "seed",
+  "batch_size",
+  "total_steps",
+  "log_every",
+  "eval_every",
+  "checkpoint_every",
+  "model.num_heads",
+  "model.num_laplacian_heads",
+  "model.spectral.enabled",
+  "model.spectral.lam",
+  "model.spectral.mode",
+  "data.data_dir",
+  "data.source_dir",
+)
 # Model keys that decide the parameter tree: a workdir whose saved config
 # differs in one of these belongs to another run.
-ARCHITECTURE_KEYS = ("task", "model", "data.name", "data.image_size",
-                     "data.tokenizer", "data.vocab_size", "data.multicrop.global_size",
-                     "dino.out_dim", "dino.hidden_dim", "dino.bottleneck_dim",
-                     "dino.head_layers")
+ARCHITECTURE_KEYS = (
+  "task",
+  "model",
+  "data.name",
+  "data.image_size",
+  "data.tokenizer",
+  "data.vocab_size",
+  "data.multicrop.global_size",
+  "dino.out_dim",
+  "dino.hidden_dim",
+  "dino.bottleneck_dim",
+  "dino.head_layers",
+)
 # Keys under ARCHITECTURE_KEYS that leave the parameter tree as it is.
 NOT_ARCHITECTURE_KEYS = ("model.remat",)
 
@@ -59,8 +79,10 @@ def require(cond: bool, message: str) -> None:
 def check_int(config, key, minimum):
   """``config.KEY`` (dotted) is an integer (not a bool) >= ``minimum``, else :class:`ConfigError`."""
   value = get(config, key)
-  require(isinstance(value, int) and not isinstance(value, bool) and value >= minimum,
-           f"config.{key}={value!r} must be an integer >= {minimum}")
+  require(
+    isinstance(value, int) and not isinstance(value, bool) and value >= minimum,
+    f"config.{key}={value!r} must be an integer >= {minimum}",
+  )
   return value
 
 
@@ -87,17 +109,20 @@ def unknown_keys(config: ml_collections.ConfigDict, task_class: Any) -> list[str
   """
   known = task_class.known_keys(config)
   sections = {k.rsplit(".", 1)[0] for k in known if "." in k}
-  return sorted(k for k in utils.flatten_dotted(config.to_dict(), keep_empty=True)
-                if k not in known and k not in sections)
+  return sorted(
+    k
+    for k in utils.flatten_dotted(config.to_dict(), keep_empty=True)
+    if k not in known and k not in sections
+  )
 
 
 #: Keys that config.evals replaced -> how to say the same now (a run saved
 #: with them is read as it was: :meth:`laplax.tasks.base.TaskBase.saved_evals`).
 REPLACED_KEYS = {
-    "eval.linear_probe": "to turn the probe off, leave linear_probe out of it, e.g. "
-                         "--config.evals=knn,raw_pixel_knn,segmentation,patch_pca",
-    "eval.segmentation": "to turn the probe off, leave segmentation out of it, e.g. "
-                         "--config.evals=knn,linear_probe,raw_pixel_knn,patch_pca",
+  "eval.linear_probe": "to turn the probe off, leave linear_probe out of it, e.g. "
+  "--config.evals=knn,raw_pixel_knn,segmentation,patch_pca",
+  "eval.segmentation": "to turn the probe off, leave segmentation out of it, e.g. "
+  "--config.evals=knn,linear_probe,raw_pixel_knn,patch_pca",
 }
 
 
@@ -111,12 +136,19 @@ def require_keys(config: ml_collections.ConfigDict) -> None:
     try:
       get(config, key)
     except KeyError:
-      raise ConfigError(f"config.{key} is missing; every laplax config defines it "
-                        f"(see configs/vit_fashion_mnist.py)") from None
+      raise ConfigError(
+        f"config.{key} is missing; every laplax config defines it "
+        f"(see configs/vit_fashion_mnist.py)"
+      ) from None
 
 
-def validate(config: ml_collections.ConfigDict, num_devices: int | None = None,
-             strict_keys: bool = True, *, task_class: Any) -> None:
+def validate(
+  config: ml_collections.ConfigDict,
+  num_devices: int | None = None,
+  strict_keys: bool = True,
+  *,
+  task_class: Any,
+) -> None:
   """Checks types, ranges and consistency of every key the trainer reads.
 
   ``task_class`` is the class of ``config.task`` (callers go through
@@ -137,27 +169,35 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None,
   """
   require_keys(config)
   name = get(config, "data.name", None)  # the task's data table is that data set's
-  require(isinstance(name, str) and name.strip() != "",
-          f"config.data.name={name!r} must name a data set, e.g. 'fashion_mnist_idx' "
-          f"or 'text_corpus'")
+  require(
+    isinstance(name, str) and name.strip() != "",
+    f"config.data.name={name!r} must name a data set, e.g. 'fashion_mnist_idx' or 'text_corpus'",
+  )
   if strict_keys:
     extra = unknown_keys(config, task_class)
-    require(not (extra and extra[0] in REPLACED_KEYS),
-            f"config.{extra[0] if extra else ''} was replaced by config.evals; "
-            f"{REPLACED_KEYS.get(extra[0] if extra else '')}")
-    require(not extra,
-             f"config.{extra[0] if extra else ''} is not a key of a laplax "
-             f"{config.task} config; check its spelling against "
-             f"laplax/config/defaults.py" + (f" ({len(extra)} such keys)" if len(extra) > 1 else ""))
+    require(
+      not (extra and extra[0] in REPLACED_KEYS),
+      f"config.{extra[0] if extra else ''} was replaced by config.evals; "
+      f"{REPLACED_KEYS.get(extra[0] if extra else '')}",
+    )
+    require(
+      not extra,
+      f"config.{extra[0] if extra else ''} is not a key of a laplax "
+      f"{config.task} config; check its spelling against "
+      f"laplax/config/defaults.py" + (f" ({len(extra)} such keys)" if len(extra) > 1 else ""),
+    )
   family = task_class.family
-  require(get(config, "model.name") == family,
-           f"config.model.name={get(config, 'model.name')!r} does not fit "
-           f"task {config.task!r}; use model.name={family!r}")
+  require(
+    get(config, "model.name") == family,
+    f"config.model.name={get(config, 'model.name')!r} does not fit "
+    f"task {config.task!r}; use model.name={family!r}",
+  )
   for key in ("data.data_dir", "data.source_dir"):
     value = get(config, key)
-    require(isinstance(value, str) and value.strip() != "",
-             f"config.{key}={value!r} must be a directory path; give a folder, "
-             f"e.g. ~/tensorflow_datasets")
+    require(
+      isinstance(value, str) and value.strip() != "",
+      f"config.{key}={value!r} must be a directory path; give a folder, e.g. ~/tensorflow_datasets",
+    )
   check_int(config, "seed", 0)
   check_int(config, "batch_size", 1)
   check_int(config, "total_steps", 0)
@@ -165,24 +205,28 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None,
     check_int(config, key, 1)
   check_int(config, "eval_batch_size", 1)
   init_from = config.init_from or ""
-  require(isinstance(init_from, str),
-           f"config.init_from={init_from!r} must be the path of a laplax workdir")
+  require(
+    isinstance(init_from, str),
+    f"config.init_from={init_from!r} must be the path of a laplax workdir",
+  )
   if init_from:
-    require(os.path.isdir(os.path.join(os.path.expanduser(init_from), "checkpoints")),
-             f"config.init_from={init_from} is not a laplax workdir (no checkpoints/ "
-             f"in it); give a train.py or laplax.convert --workdir")
+    require(
+      os.path.isdir(os.path.join(os.path.expanduser(init_from), "checkpoints")),
+      f"config.init_from={init_from} is not a laplax workdir (no checkpoints/ "
+      f"in it); give a train.py or laplax.convert --workdir",
+    )
   if config.keep_checkpoints is not None:
     check_int(config, "keep_checkpoints", 1)
   verify = config.checkpoint_verify
-  require(isinstance(verify, bool),
-           f"config.checkpoint_verify={verify!r} must be True or False")
+  require(isinstance(verify, bool), f"config.checkpoint_verify={verify!r} must be True or False")
   for key in ("data.crop_padding", "data.prefetch", "data.num_threads"):
     if get(config, key, None) is not None:  # optional: some data sets have not these keys
       check_int(config, key, 0)
   exclude = config.optim.weight_decay_exclude
-  require(isinstance(exclude, (list, tuple)) and all(isinstance(p, str) for p in exclude),
-           f"config.optim.weight_decay_exclude={exclude!r} must be a tuple of "
-           f"parameter-name regexes")
+  require(
+    isinstance(exclude, (list, tuple)) and all(isinstance(p, str) for p in exclude),
+    f"config.optim.weight_decay_exclude={exclude!r} must be a tuple of parameter-name regexes",
+  )
 
   _validate_evals(config, task_class)
   model_spec = _validate_model(config)
@@ -199,8 +243,7 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None,
     check_float(config, "optim.grad_clip", 0.0, open_min=True)
   check_float(config, "optim.min_lr_ratio", 0.0, 1.0)
   skip = config.optim.skip_nonfinite
-  require(isinstance(skip, bool),
-           f"config.optim.skip_nonfinite={skip!r} must be True or False")
+  require(isinstance(skip, bool), f"config.optim.skip_nonfinite={skip!r} must be True or False")
   for key in ("debug.nan_at_step", "debug.stall_at_step"):
     if get(config, key) is not None:
       check_int(config, key, 1)
@@ -236,16 +279,23 @@ def check_evals(evals: Any, known: tuple[str, ...] | None, task: str) -> tuple[s
     ConfigError: the first problem, naming the evaluators ``task`` has.
   """
   example = ",".join(known) if known else "NAME,NAME"
-  require(isinstance(evals, str),
-          f"config.evals={evals!r} must be comma-separated evaluator names, e.g. "
-          f"{example!r}")
+  require(
+    isinstance(evals, str),
+    f"config.evals={evals!r} must be comma-separated evaluator names, e.g. {example!r}",
+  )
   names = split_evals(evals)
-  require(names, f"config.evals={evals!r} names no evaluator, so nothing would be "
-                 f"evaluated (eval.py would write an eval.json without results); name "
-                 f"at least one, e.g. --config.evals={example.split(',')[0]}")
+  require(
+    names,
+    f"config.evals={evals!r} names no evaluator, so nothing would be "
+    f"evaluated (eval.py would write an eval.json without results); name "
+    f"at least one, e.g. --config.evals={example.split(',')[0]}",
+  )
   for name in names if known is not None else ():
-    require(name in known, f"config.evals names {name!r}, not an evaluator of a "
-                           f"{task} run; use some of {', '.join(known)}")
+    require(
+      name in known,
+      f"config.evals names {name!r}, not an evaluator of a "
+      f"{task} run; use some of {', '.join(known)}",
+    )
   require(len(set(names)) == len(names), f"config.evals={evals!r} names an evaluator twice")
   return names
 
@@ -254,12 +304,15 @@ def _validate_muon(config):
   """``optim.optimizer``, ``optim.schedule`` and the Muon / nanochat keys
   (``None`` where a number is optional)."""
   name = config.optim.optimizer
-  require(name in ("adamw", "muon", "nanochat"),
-           f"config.optim.optimizer={name!r} is unknown; use 'adamw', 'muon' or 'nanochat'")
+  require(
+    name in ("adamw", "muon", "nanochat"),
+    f"config.optim.optimizer={name!r} is unknown; use 'adamw', 'muon' or 'nanochat'",
+  )
   schedule = config.optim.schedule
-  require(schedule in ("cosine", "warmdown", "progress"),
-          f"config.optim.schedule={schedule!r} is unknown; use 'cosine', 'warmdown' or "
-          f"'progress'")
+  require(
+    schedule in ("cosine", "warmdown", "progress"),
+    f"config.optim.schedule={schedule!r} is unknown; use 'cosine', 'warmdown' or 'progress'",
+  )
   if get(config, "optim.schedule_steps") is not None:
     check_int(config, "optim.schedule_steps", 1)
   if get(config, "optim.warmdown_ratio") is not None:
@@ -285,19 +338,23 @@ def _validate_memory(config):
   """``check_memory``, ``optim.grad_accum_steps`` (``None`` means 1),
   ``optim.grad_accum_unroll``."""
   check_memory = config.check_memory
-  require(isinstance(check_memory, bool),
-           f"config.check_memory={check_memory!r} must be True or False")
+  require(
+    isinstance(check_memory, bool), f"config.check_memory={check_memory!r} must be True or False"
+  )
   unroll = config.optim.grad_accum_unroll
-  require(isinstance(unroll, bool),
-           f"config.optim.grad_accum_unroll={unroll!r} must be True or False")
+  require(
+    isinstance(unroll, bool), f"config.optim.grad_accum_unroll={unroll!r} must be True or False"
+  )
   if config.optim.grad_accum_steps is None:
     return
   accum = check_int(config, "optim.grad_accum_steps", 1)
-  require(config.batch_size % accum == 0,
-           f"config.batch_size={config.batch_size} is not divisible by "
-           f"config.optim.grad_accum_steps={accum} (the global batch is cut into "
-           f"that many micro-batches); use a multiple of {accum} or set "
-           f"--config.optim.grad_accum_steps=1")
+  require(
+    config.batch_size % accum == 0,
+    f"config.batch_size={config.batch_size} is not divisible by "
+    f"config.optim.grad_accum_steps={accum} (the global batch is cut into "
+    f"that many micro-batches); use a multiple of {accum} or set "
+    f"--config.optim.grad_accum_steps=1",
+  )
 
 
 WANDB_MODES = ("online", "offline", "disabled")
@@ -306,21 +363,28 @@ WANDB_MODES = ("online", "offline", "disabled")
 def _validate_observability(config):
   """``profile.*`` and ``wandb.*`` (the evaluators check their ``eval.*``)."""
   for key, low, fix in (
-      ("profile.start_step", 1, "the first traced training step (steps count from 1)"),
-      ("profile.num_steps", 0, "the number of traced steps, 0 for no trace")):
+    ("profile.start_step", 1, "the first traced training step (steps count from 1)"),
+    ("profile.num_steps", 0, "the number of traced steps, 0 for no trace"),
+  ):
     value = get(config, key, None)
     if value is None:
       continue
-    require(isinstance(value, int) and not isinstance(value, bool) and value >= low,
-             f"config.{key}={value!r} must be an integer >= {low}: {fix}")
+    require(
+      isinstance(value, int) and not isinstance(value, bool) and value >= low,
+      f"config.{key}={value!r} must be an integer >= {low}: {fix}",
+    )
   for key in ("project", "entity", "name"):
     value = get(config, f"wandb.{key}")
-    require(value is None or (isinstance(value, str) and value.strip()),
-             f"config.wandb.{key}={value!r} must be a non-empty string (or unset)")
+    require(
+      value is None or (isinstance(value, str) and value.strip()),
+      f"config.wandb.{key}={value!r} must be a non-empty string (or unset)",
+    )
   mode = config.wandb.mode
-  require(mode is None or mode in WANDB_MODES,
-           f"config.wandb.mode={mode!r} is unknown; use one of "
-           f"{', '.join(map(repr, WANDB_MODES))} (or leave it unset)")
+  require(
+    mode is None or mode in WANDB_MODES,
+    f"config.wandb.mode={mode!r} is unknown; use one of "
+    f"{', '.join(map(repr, WANDB_MODES))} (or leave it unset)",
+  )
 
 
 def _validate_sharding(config):
@@ -331,24 +395,35 @@ def _validate_sharding(config):
   except ValueError as e:
     raise ConfigError(f"config.{e}") from None
   dist = config.distributed
-  require(isinstance(dist.enabled, bool),
-           f"config.distributed.enabled={dist.enabled!r} must be True or False")
+  require(
+    isinstance(dist.enabled, bool),
+    f"config.distributed.enabled={dist.enabled!r} must be True or False",
+  )
   address = dist.coordinator_address
   if address is None:
     return
-  require(isinstance(address, str) and address.rpartition(":")[2].isdigit(),
-           f"config.distributed.coordinator_address={address!r} must be 'host:port'")
+  require(
+    isinstance(address, str) and address.rpartition(":")[2].isdigit(),
+    f"config.distributed.coordinator_address={address!r} must be 'host:port'",
+  )
   num = dist.num_processes
   pid = dist.process_id
-  require(isinstance(num, int) and not isinstance(num, bool) and num >= 1
-           and isinstance(pid, int) and not isinstance(pid, bool) and 0 <= pid < num,
-           f"config.distributed.num_processes={num!r} and process_id={pid!r} must be "
-           f"integers with 0 <= process_id < num_processes when coordinator_address "
-           f"is set")
+  require(
+    isinstance(num, int)
+    and not isinstance(num, bool)
+    and num >= 1
+    and isinstance(pid, int)
+    and not isinstance(pid, bool)
+    and 0 <= pid < num,
+    f"config.distributed.num_processes={num!r} and process_id={pid!r} must be "
+    f"integers with 0 <= process_id < num_processes when coordinator_address "
+    f"is set",
+  )
 
 
-def validate_mesh(config: ml_collections.ConfigDict, num_devices: int,
-                  num_processes: int | None = None) -> tuple[int, int, int]:
+def validate_mesh(
+  config: ml_collections.ConfigDict, num_devices: int, num_processes: int | None = None
+) -> tuple[int, int, int]:
   """Checks ``config.mesh_shape`` against the devices and the model and batch sizes.
 
   The mesh must use exactly ``num_devices`` devices; ``batch_size`` (per
@@ -368,33 +443,45 @@ def validate_mesh(config: ml_collections.ConfigDict, num_devices: int,
   try:
     shape = sharding.resolve_mesh_shape(value, num_devices)
   except ValueError as e:
-    hint = ("; for N fake CPU devices set XLA_FLAGS=--xla_force_host_platform_"
-            "device_count=N" if jax.default_backend() == "cpu" else "")
+    hint = (
+      "; for N fake CPU devices set XLA_FLAGS=--xla_force_host_platform_device_count=N"
+      if jax.default_backend() == "cpu"
+      else ""
+    )
     raise ConfigError(f"config.{e}{hint}") from None
   rules = sharding.rules_from_config(config)
   shown = "(" + ",".join(map(str, shape)) + ")"
   dp = sharding.axis_size(shape, rules, "batch")
   accum = config.optim.grad_accum_steps or 1  # None: 1
   per_step = config.batch_size // accum
-  what = (f"the micro-batch batch_size/grad_accum_steps={per_step}" if accum > 1
-          else f"config.batch_size={config.batch_size}")
-  require(per_step % dp == 0,
-           f"{what} is not divisible by the data-parallel size {dp} (batch axes "
-           f"{'*'.join(sharding.mesh_axes(rules, 'batch')) or 'none'} of mesh_shape="
-           f"{shown}); choose a batch size that is a multiple of {dp * accum}")
+  what = (
+    f"the micro-batch batch_size/grad_accum_steps={per_step}"
+    if accum > 1
+    else f"config.batch_size={config.batch_size}"
+  )
+  require(
+    per_step % dp == 0,
+    f"{what} is not divisible by the data-parallel size {dp} (batch axes "
+    f"{'*'.join(sharding.mesh_axes(rules, 'batch')) or 'none'} of mesh_shape="
+    f"{shown}); choose a batch size that is a multiple of {dp * accum}",
+  )
   processes = jax.process_count() if num_processes is None else num_processes
-  require(dp % processes == 0,
-           f"the data-parallel size {dp} of mesh_shape={shown} is not a multiple of "
-           f"the {processes} processes; each process must hold its own rows of the "
-           f"batch")
-  model = spec_lib.from_config(config.model)   # mlp_dim None -> 4 * width
+  require(
+    dp % processes == 0,
+    f"the data-parallel size {dp} of mesh_shape={shown} is not a multiple of "
+    f"the {processes} processes; each process must hold its own rows of the "
+    f"batch",
+  )
+  model = spec_lib.from_config(config.model)  # mlp_dim None -> 4 * width
   sizes = {"num_heads": model.attention.num_heads, "mlp_dim": model.mlp_dim}
   for name, key in (("heads", "num_heads"), ("mlp", "mlp_dim")):
     tp = sharding.axis_size(shape, rules, name)
     size = sizes[key]
-    require(size % tp == 0,
-             f"config.model.{key}={size} is not divisible by the tensor-parallel size "
-             f"{tp} of mesh_shape={shown}; choose a mesh whose tensor size divides it")
+    require(
+      size % tp == 0,
+      f"config.model.{key}={size} is not divisible by the tensor-parallel size "
+      f"{tp} of mesh_shape={shown}; choose a mesh whose tensor size divides it",
+    )
   return shape
 
 
@@ -410,14 +497,17 @@ def _validate_model(config):
   except spec_lib.SpecError as e:
     raise ConfigError(f"config.{e}") from None
   if model_spec.attention.implementation == "cudnn":
-    require(jax.default_backend() == "gpu",
-             f"config.model.implementation='cudnn' needs an NVIDIA GPU but JAX runs "
-             f"on {jax.default_backend()!r}; use 'xla'")
+    require(
+      jax.default_backend() == "gpu",
+      f"config.model.implementation='cudnn' needs an NVIDIA GPU but JAX runs "
+      f"on {jax.default_backend()!r}; use 'xla'",
+    )
   image_size = get(config, "data.image_size", None)  # optional: an image data set's key
   if m.name == "vit" and image_size is not None:
     check_int(config, "data.image_size", 1)
-    check_patches(config, image_size, image_size, f"config.data.image_size={image_size}",
-                  "change one of them")
+    check_patches(
+      config, image_size, image_size, f"config.data.image_size={image_size}", "change one of them"
+    )
   return model_spec
 
 
@@ -430,8 +520,9 @@ def _check_splash(config, model_spec, task_class) -> None:
     raise ConfigError(f"config.{e}") from None
 
 
-def attention_lengths(config: ml_collections.ConfigDict, image_side: int | None = None,
-                      crop_sides: tuple[int, ...] = ()) -> tuple[int, ...]:
+def attention_lengths(
+  config: ml_collections.ConfigDict, image_side: int | None = None, crop_sides: tuple[int, ...] = ()
+) -> tuple[int, ...]:
   """Token counts the model's self-attention sees: the GPT's context
   (``model.max_length``); a ViT's patches of ``data.image_size`` (else of
   ``image_side``, the dataset's, when given) plus the class token with
@@ -442,32 +533,38 @@ def attention_lengths(config: ml_collections.ConfigDict, image_side: int | None 
   if m.name == "gpt":
     return (int(m.max_length),)
   patches = lambda side: (int(side) // m.patch_size) ** 2 + (m.pool == "tok")
-  sides = list(crop_sides) + [get(config, "data.image_size", None)  # images only
-                              or image_side]
+  sides = list(crop_sides) + [
+    get(config, "data.image_size", None)  # images only
+    or image_side
+  ]
   return tuple(dict.fromkeys(patches(s) for s in sides if s))
 
 
-def attention_kernel(config: ml_collections.ConfigDict, task: Any = None,
-                     say: Any = None) -> str:
+def attention_kernel(config: ml_collections.ConfigDict, task: Any = None, say: Any = None) -> str:
   """The name of the attention kernel(s) the run uses (``"xla"``,
   ``"splash"``, ``"cudnn"``, ``"splash+xla"``...): :func:`laplax.kernels.describe`
   of the task's ``attention_lengths`` (with ``task.image_shape`` when the task has
   one) on the current platform (inside :func:`laplax.sharding.context`: the
   mesh's). ``say``, if given, is called with the one line that says which
   kernel runs and why (``train.py`` prints it at the start)."""
-  from laplax import kernels  # pylint: disable=import-outside-toplevel
+  from laplax import kernels
+
   spec = spec_lib.from_config(config.model)
   side = (getattr(task, "image_shape", None) or (None,))[0]
-  name, line = kernels.describe(spec.attention.implementation,
-                                task.attention_lengths(config, side),
-                                head_dim=spec.head_dim, dtype=spec.dtype)
+  name, line = kernels.describe(
+    spec.attention.implementation,
+    task.attention_lengths(config, side),
+    head_dim=spec.head_dim,
+    dtype=spec.dtype,
+  )
   if say is not None:
     say(line)
   return name
 
 
-def check_patches(config: ml_collections.ConfigDict, height: int, width: int,
-                  what: str, fix: str) -> None:
+def check_patches(
+  config: ml_collections.ConfigDict, height: int, width: int, what: str, fix: str
+) -> None:
   """Images of ``height x width`` px against ``config.model.patch_size``
   (:func:`laplax.models.spec.patch_grid`, the one statement of the rule);
   ``what`` names the images (the key that sets them), ``fix`` how to mend it.
@@ -479,8 +576,7 @@ def check_patches(config: ml_collections.ConfigDict, height: int, width: int,
   try:
     spec_lib.patch_grid(height, width, p)
   except spec_lib.SpecError:
-    raise ConfigError(f"{what} is not divisible by config.model.patch_size={p}; "
-                      f"{fix}") from None
+    raise ConfigError(f"{what} is not divisible by config.model.patch_size={p}; {fix}") from None
 
 
 def check_image_size(config: ml_collections.ConfigDict, image_shape) -> None:
@@ -491,8 +587,13 @@ def check_image_size(config: ml_collections.ConfigDict, image_shape) -> None:
     ConfigError: height or width not divisible by the patch size.
   """
   h, w = image_shape[:2]
-  check_patches(config, h, w, f"image size {h}x{w} of dataset {config.data.name!r}",
-                "choose a patch size that divides it or set config.data.image_size")
+  check_patches(
+    config,
+    h,
+    w,
+    f"image size {h}x{w} of dataset {config.data.name!r}",
+    "choose a patch size that divides it or set config.data.image_size",
+  )
 
 
 def architecture_diff(saved: dict, config: ml_collections.ConfigDict) -> list[str]:
@@ -513,9 +614,12 @@ def architecture_diff(saved: dict, config: ml_collections.ConfigDict) -> list[st
     for k, v in defaults.items():
       a.setdefault(k, v)
       b.setdefault(k, v)
-  keys = [k for k in sorted(set(a) | set(b))
-          if any(k == p or k.startswith(p + ".") for p in ARCHITECTURE_KEYS)
-          and k not in NOT_ARCHITECTURE_KEYS]
+  keys = [
+    k
+    for k in sorted(set(a) | set(b))
+    if any(k == p or k.startswith(p + ".") for p in ARCHITECTURE_KEYS)
+    and k not in NOT_ARCHITECTURE_KEYS
+  ]
   if not a.get("model.spectral.enabled") and not b.get("model.spectral.enabled"):
     keys = [k for k in keys if not k.startswith("model.spectral.")]
   return [k for k in keys if a.get(k) != b.get(k)]

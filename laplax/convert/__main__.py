@@ -45,32 +45,47 @@ from ml_collections import config_flags
 
 from laplax.cli import common as cli
 
-_FROM = flags.DEFINE_enum("from", None, ["timm", "hf-gpt2", "nanochat"],
-                          "Source of the weights.")
+_FROM = flags.DEFINE_enum("from", None, ["timm", "hf-gpt2", "nanochat"], "Source of the weights.")
 _TO = flags.DEFINE_enum("to", None, ["timm", "hf-gpt2", "nanochat"], "Target of the weights.")
-_MODEL = flags.DEFINE_string("model", None, "timm model name, a Hugging Face "
-                             "save_pretrained directory of GPT2LMHeadModel, or nanochat's "
-                             "checkpoint directory (base_checkpoints/d20).")
+_MODEL = flags.DEFINE_string(
+  "model",
+  None,
+  "timm model name, a Hugging Face "
+  "save_pretrained directory of GPT2LMHeadModel, or nanochat's "
+  "checkpoint directory (base_checkpoints/d20).",
+)
 _STEP = flags.DEFINE_integer("step", None, "nanochat: the checkpoint step (default: the last).")
-_TOKENIZER = flags.DEFINE_string("tokenizer", None, "nanochat: its tokenizer.pkl (or a "
-                                 "directory with it, or a nanochat_tokenizer.json); default: "
-                                 "found beside the checkpoint or in BASE/tokenizer/.")
-_WEIGHTS = flags.DEFINE_string("weights", None, "timm weights (.safetensors or .pth); "
-                               "default: the timm model's random initialisation (torch seed 0).")
-_MODEL_ARGS = flags.DEFINE_string("model_args", "", "timm.create_model keyword "
-                                  "arguments, k=v,k=v (ints, floats, True/False, strings).")
+_TOKENIZER = flags.DEFINE_string(
+  "tokenizer",
+  None,
+  "nanochat: its tokenizer.pkl (or a "
+  "directory with it, or a nanochat_tokenizer.json); default: "
+  "found beside the checkpoint or in BASE/tokenizer/.",
+)
+_WEIGHTS = flags.DEFINE_string(
+  "weights",
+  None,
+  "timm weights (.safetensors or .pth); "
+  "default: the timm model's random initialisation (torch seed 0).",
+)
+_MODEL_ARGS = flags.DEFINE_string(
+  "model_args",
+  "",
+  "timm.create_model keyword arguments, k=v,k=v (ints, floats, True/False, strings).",
+)
 _WORKDIR = flags.DEFINE_string("workdir", None, "The laplax workdir (new for --from).")
 _OUT = flags.DEFINE_string("out", None, "Output directory of --to (must not exist).")
-_FORCE = flags.DEFINE_bool("force", False, "Write a model with Laplacian heads or "
-                           "spectral conditioning anyway.")
+_FORCE = flags.DEFINE_bool(
+  "force", False, "Write a model with Laplacian heads or spectral conditioning anyway."
+)
 _CONFIG = config_flags.DEFINE_config_file(
-    "config", None, "Data and training settings of --from (FILE.py[:args]).",
-    lock_config=False)
+  "config", None, "Data and training settings of --from (FILE.py[:args]).", lock_config=False
+)
 
-REPO_CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__)))), "configs")
-DEFAULT_CONFIGS = {"timm": "deit3_imagenet.py", "hf-gpt2": "gpt2_124m.py",
-                   "nanochat": "gpt_d20.py"}
+REPO_CONFIGS = os.path.join(
+  os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "configs"
+)
+DEFAULT_CONFIGS = {"timm": "deit3_imagenet.py", "hf-gpt2": "gpt2_124m.py", "nanochat": "gpt_d20.py"}
 
 
 def _config(source: str):
@@ -79,9 +94,11 @@ def _config(source: str):
     return cli.load_config_flag()
   path = os.path.join(REPO_CONFIGS, DEFAULT_CONFIGS[source])
   if not os.path.isfile(path):
-    raise cli.UsageError(f"--config is required here (no {path}); give the data and "
-                         f"training settings, e.g. --config configs/{DEFAULT_CONFIGS[source]}")
-  return cli._load_config_file(path)  # pylint: disable=protected-access
+    raise cli.UsageError(
+      f"--config is required here (no {path}); give the data and "
+      f"training settings, e.g. --config configs/{DEFAULT_CONFIGS[source]}"
+    )
+  return cli._load_config_file(path)
 
 
 def _with_default_config(argv: list[str]) -> list[str]:
@@ -89,8 +106,7 @@ def _with_default_config(argv: list[str]) -> list[str]:
   ``--from`` is given without one (so ``--config.key=value`` overrides parse)."""
   source = cli.flag_value(argv, "from")
   path = os.path.join(REPO_CONFIGS, DEFAULT_CONFIGS.get(source, ""))
-  if (source in DEFAULT_CONFIGS and cli.flag_value(argv, "config") is None
-      and os.path.isfile(path)):
+  if source in DEFAULT_CONFIGS and cli.flag_value(argv, "config") is None and os.path.isfile(path):
     return argv[:1] + [f"--config={path}"] + argv[1:]
   return argv
 
@@ -101,20 +117,23 @@ def main() -> int:
   cli.parse_flags(sys.argv)
   source, target = flags.FLAGS["from"].value, _TO.value
   if (source is None) == (target is None):
-    raise cli.UsageError("give exactly one of --from timm|hf-gpt2|nanochat and "
-                         "--to timm|hf-gpt2|nanochat")
+    raise cli.UsageError(
+      "give exactly one of --from timm|hf-gpt2|nanochat and --to timm|hf-gpt2|nanochat"
+    )
   if not _WORKDIR.value:
     raise cli.UsageError("--workdir is required (the laplax run directory)")
   cli.quiet()
-  # pylint: disable=import-outside-toplevel
-  from laplax.convert import common, hf_gpt2, nanochat, timm_vit
   from laplax import signals
+  from laplax.convert import common, hf_gpt2, nanochat, timm_vit
+
   if signals.current() is not None:  # a signal's exit line; the output is renamed in whole
     signals.current().nothing_saved = "nothing was written (the output appears only complete)"
   if source is not None:
     if not _MODEL.value:
-      raise cli.UsageError("--model is required with --from (a timm model name, a "
-                           "Hugging Face directory or nanochat's checkpoint directory)")
+      raise cli.UsageError(
+        "--model is required with --from (a timm model name, a "
+        "Hugging Face directory or nanochat's checkpoint directory)"
+      )
     if source != "nanochat" and (_STEP.value is not None or _TOKENIZER.value):
       raise cli.UsageError("--step and --tokenizer are for --from nanochat")
     config = _config(source)
@@ -122,20 +141,30 @@ def main() -> int:
     common.plain_attention(config, given)
     if source == "nanochat":
       tokenizer = nanochat.convert_from_nanochat(
-          _MODEL.value, config, _WORKDIR.value, step=_STEP.value,
-          tokenizer=_TOKENIZER.value, given=given)
+        _MODEL.value,
+        config,
+        _WORKDIR.value,
+        step=_STEP.value,
+        tokenizer=_TOKENIZER.value,
+        given=given,
+      )
       if tokenizer:
         print(f"tokenizer: {tokenizer} -> {nanochat.TOKENIZER_FILE}")
     elif source == "timm":
-      timm_vit.convert_from_timm(_MODEL.value, _WEIGHTS.value, _MODEL_ARGS.value,
-                                 config, _WORKDIR.value)
+      timm_vit.convert_from_timm(
+        _MODEL.value, _WEIGHTS.value, _MODEL_ARGS.value, config, _WORKDIR.value
+      )
     else:
       if _WEIGHTS.value or _MODEL_ARGS.value:
-        raise cli.UsageError("--weights and --model_args are for --from timm; the "
-                             "Hugging Face directory holds the weights and config")
+        raise cli.UsageError(
+          "--weights and --model_args are for --from timm; the "
+          "Hugging Face directory holds the weights and config"
+        )
       hf_gpt2.convert_from_hf(_MODEL.value, config, _WORKDIR.value)
-    print(f"wrote {_WORKDIR.value} (step 0): evaluate it with eval.py --workdir "
-          f"{_WORKDIR.value}, fine-tune with train.py --config.init_from={_WORKDIR.value}")
+    print(
+      f"wrote {_WORKDIR.value} (step 0): evaluate it with eval.py --workdir "
+      f"{_WORKDIR.value}, fine-tune with train.py --config.init_from={_WORKDIR.value}"
+    )
   else:
     if not _OUT.value:
       raise cli.UsageError(f"--out is required with --to {target} (a new directory)")

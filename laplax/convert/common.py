@@ -12,7 +12,8 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import jax
 import ml_collections
@@ -80,15 +81,17 @@ def torch_state_dict(path: str, missing_torch_hint: str) -> tuple[Any, Mapping]:
       an unreadable file, or an object that is not a mapping.
   """
   try:
-    import torch  # pylint: disable=import-outside-toplevel
+    import torch
   except ImportError:
-    raise ConvertError(f"{path} is a PyTorch file and torch is not installed; "
-                       f"{missing_torch_hint}") from None
+    raise ConvertError(
+      f"{path} is a PyTorch file and torch is not installed; {missing_torch_hint}"
+    ) from None
   try:
     state = torch.load(path, map_location="cpu", weights_only=True)
-  except Exception as e:  # pylint: disable=broad-except
-    raise ConvertError(f"cannot read {path}: {type(e).__name__}: "
-                       f"{str(e).splitlines()[0] if str(e) else ''}") from None
+  except Exception as e:
+    raise ConvertError(
+      f"cannot read {path}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    ) from None
   if not isinstance(state, Mapping):
     raise ConvertError(f"{path} holds a {type(state).__name__}, not a state dict")
   return torch, state
@@ -99,7 +102,8 @@ def new_directory(parent: str) -> str:
   :func:`commit_directory`) with the permissions ``os.makedirs`` would give
   (``mkdtemp``'s are 0700). A SIGINT/SIGTERM that ends the process at once
   (:mod:`laplax.signals`) removes it first."""
-  from laplax import signals  # pylint: disable=import-outside-toplevel
+  from laplax import signals
+
   tmp = tempfile.mkdtemp(prefix=".convert-", dir=parent)
   umask = os.umask(0)
   os.umask(umask)
@@ -114,7 +118,8 @@ _PENDING: dict = {}  # temporary directory -> the function unregistering its rem
 def commit_directory(tmp: str, path: str) -> None:
   """Renames the finished :func:`new_directory` ``tmp`` to ``path``, as one
   step that a signal's immediate exit waits for (it never sees half of it)."""
-  from laplax import signals  # pylint: disable=import-outside-toplevel
+  from laplax import signals
+
   with signals.critical():
     os.rename(tmp, path)
     _PENDING.pop(tmp, lambda: None)()
@@ -129,17 +134,25 @@ def check_params(params: Mapping, abstract: Mapping, source: str) -> None:
       raise ConvertError(f"{source} gives no value for laplax parameter {name}")
   for name, value in got.items():
     if name not in want:
-      raise ConvertError(f"{source} gives laplax parameter {name}, which this model "
-                         f"has not")
+      raise ConvertError(f"{source} gives laplax parameter {name}, which this model has not")
     if tuple(np.shape(value)) != tuple(want[name].shape):
-      raise ConvertError(f"{source}: laplax parameter {name} would be "
-                         f"{tuple(np.shape(value))}, the model's is {tuple(want[name].shape)}")
+      raise ConvertError(
+        f"{source}: laplax parameter {name} would be "
+        f"{tuple(np.shape(value))}, the model's is {tuple(want[name].shape)}"
+      )
 
 
-def write_workdir(workdir: str, config: ml_collections.ConfigDict, params: Mapping, *,
-                  num_classes: int | None = None, image_shape: tuple | None = None,
-                  vocab_size: int | None = None, files: Mapping[str, str] | None = None,
-                  source: str = "the source") -> None:
+def write_workdir(
+  workdir: str,
+  config: ml_collections.ConfigDict,
+  params: Mapping,
+  *,
+  num_classes: int | None = None,
+  image_shape: tuple | None = None,
+  vocab_size: int | None = None,
+  files: Mapping[str, str] | None = None,
+  source: str = "the source",
+) -> None:
   """Writes a new laplax workdir: ``config.json`` and the step-0 checkpoint
   of ``params`` (a fresh optimizer state, RNG from ``config.seed``), plus
   ``files`` (``{name in workdir: path to copy}``, e.g. ``tokenizer.json``).
@@ -159,27 +172,34 @@ def write_workdir(workdir: str, config: ml_collections.ConfigDict, params: Mappi
   Raises:
     ConvertError: ``workdir`` exists, or ``params`` does not fit the model.
   """
-  from laplax.workdir import checkpoint as ckpt_lib  # pylint: disable=import-outside-toplevel
-  from laplax import tasks  # pylint: disable=import-outside-toplevel
-  from laplax.state import TrainState  # pylint: disable=import-outside-toplevel
-  from laplax.train import loop  # pylint: disable=import-outside-toplevel
-  from laplax import optim
-  from laplax.workdir.files import CHECKPOINT_DIR, write_config  # pylint: disable=import-outside-toplevel
+  from laplax import (
+    optim,
+    tasks,
+  )
+  from laplax.state import TrainState
+  from laplax.workdir import checkpoint as ckpt_lib
+  from laplax.workdir.files import CHECKPOINT_DIR, write_config
+
   workdir = os.path.abspath(os.path.expanduser(workdir))
   if os.path.exists(workdir):
-    raise ConvertError(f"--workdir {workdir} exists; give a new directory (nothing "
-                       f"was written)")
-  task = tasks.task_class(config).from_shapes(config, num_classes=num_classes,
-                                              image_shape=image_shape, vocab_size=vocab_size)
+    raise ConvertError(f"--workdir {workdir} exists; give a new directory (nothing was written)")
+  task = tasks.task_class(config).from_shapes(
+    config, num_classes=num_classes, image_shape=image_shape, vocab_size=vocab_size
+  )
   tx = optim.make_optimizer(config)
   abstract = state_lib.abstract_state(task, tx, config.seed)
   check_params(params, abstract.params, source)
-  params = jax.tree_util.tree_map(lambda x, a: np.asarray(x, a.dtype), dict(params),
-                                  abstract.params)
+  params = jax.tree_util.tree_map(
+    lambda x, a: np.asarray(x, a.dtype), dict(params), abstract.params
+  )
   rng = jax.random.PRNGKey(config.seed)
   state = TrainState(
-      step=np.zeros((), np.int32), params=params, opt_state=tx.init(params),
-      rng=jax.random.fold_in(rng, 1), task_state=task.init_task_state(params))
+    step=np.zeros((), np.int32),
+    params=params,
+    opt_state=tx.init(params),
+    rng=jax.random.fold_in(rng, 1),
+    task_state=task.init_task_state(params),
+  )
   parent = os.path.dirname(workdir)
   os.makedirs(parent, exist_ok=True)
   tmp = new_directory(parent)
@@ -204,19 +224,22 @@ def read_workdir(workdir: str):
   Raises:
     ConvertError: not a laplax workdir, or no readable checkpoint.
   """
-  from laplax.workdir import checkpoint as ckpt_lib  # pylint: disable=import-outside-toplevel
-  from laplax import loading as restore  # pylint: disable=import-outside-toplevel
-  from laplax.workdir.files import CHECKPOINT_DIR  # pylint: disable=import-outside-toplevel
+  from laplax import loading as restore
+  from laplax.workdir import checkpoint as ckpt_lib
+  from laplax.workdir.files import CHECKPOINT_DIR
+
   try:
     config = restore.saved_config(workdir)
   except restore.LoadError as e:
     raise ConvertError(str(e)) from None
   if not restore.saved_steps(workdir):
-    raise ConvertError(f"{workdir} has no checkpoint; train first with train.py "
-                       f"--workdir {workdir}")
+    raise ConvertError(
+      f"{workdir} has no checkpoint; train first with train.py --workdir {workdir}"
+    )
   try:
     step, params = ckpt_lib.Checkpointer(
-        os.path.join(workdir, CHECKPOINT_DIR), read_only=True).restore_params()
+      os.path.join(workdir, CHECKPOINT_DIR), read_only=True
+    ).restore_params()
   except ckpt_lib.CheckpointError as e:
     raise ConvertError(str(e)) from None
   spec = spec_lib.from_config(config.model)
@@ -227,12 +250,14 @@ def read_workdir(workdir: str):
 #: the source's model (plain attention, float32 compute, so the logits are the
 #: source's) unless the command line sets them: the spec fields whose metadata
 #: marks them ``source`` (:func:`laplax.models.support.source_options`).
-SOURCE_OPTIONS = {k: v for cls in spec_lib.FAMILIES.values()
-                  for k, v in support.source_options(cls).items()}
+SOURCE_OPTIONS = {
+  k: v for cls in spec_lib.FAMILIES.values() for k, v in support.source_options(cls).items()
+}
 
 
-def refuse_unsupported(spec: spec_lib.TransformerSpec, target: str, name: str, fix: str, *,
-                       skip_source: bool = False) -> None:
+def refuse_unsupported(
+  spec: spec_lib.TransformerSpec, target: str, name: str, fix: str, *, skip_source: bool = False
+) -> None:
   """Refuses the first option of ``spec`` that converter ``target`` cannot
   express, as the fields' metadata declares it
   (:func:`laplax.models.support.unsupported`: an option a field does not
@@ -247,8 +272,7 @@ def refuse_unsupported(spec: spec_lib.TransformerSpec, target: str, name: str, f
   refused = support.unsupported(spec, target, skip_source=skip_source)
   if refused:
     key, shown, supported = refused[0]
-    raise ConvertError(f"model.{key}={shown}: {name} has no equivalent (it has "
-                       f"{supported}); {fix}")
+    raise ConvertError(f"model.{key}={shown}: {name} has no equivalent (it has {supported}); {fix}")
 
 
 def plain_attention(config: ml_collections.ConfigDict, given: list[str]) -> None:
@@ -277,19 +301,27 @@ def refuse_laplax_only(spec: spec_lib.TransformerSpec, target: str, force: bool)
   changes = []
   heads = spec.laplacian_array
   if heads.any() or spec.attention.laplacian_mix != "fixed":
-    layers = "; ".join(f"layer {i}: heads {[int(h) for h in np.flatnonzero(row)]}"
-                       for i, row in enumerate(heads) if row.any())
-    changes.append("Laplacian heads output V - softmax(QK^T/sqrt(d))V "
-                   f"({layers or 'a learned mix per head'})")
+    layers = "; ".join(
+      f"layer {i}: heads {[int(h) for h in np.flatnonzero(row)]}"
+      for i, row in enumerate(heads)
+      if row.any()
+    )
+    changes.append(
+      f"Laplacian heads output V - softmax(QK^T/sqrt(d))V ({layers or 'a learned mix per head'})"
+    )
   if spec.attention.spectral is not None:
     sp = spec.attention.spectral
-    changes.append(f"spectral conditioning adds the fixed correction (lambda={sp.lam}, "
-                   f"mode={sp.mode}) of laplax.spectral.correction to W_{'/W_'.join(sp.targets.upper())}"
-                   f" at every forward (the written weights are W without it)")
+    changes.append(
+      f"spectral conditioning adds the fixed correction (lambda={sp.lam}, "
+      f"mode={sp.mode}) of laplax.spectral.correction to W_{'/W_'.join(sp.targets.upper())}"
+      f" at every forward (the written weights are W without it)"
+    )
   if not changes:
     return None
   message = f"{target} has no equivalent of: " + "; ".join(changes)
   if not force:
-    raise ConvertError(f"{message}; pass --force to write the weights anyway (the "
-                       f"target code must then make these changes)")
+    raise ConvertError(
+      f"{message}; pass --force to write the weights anyway (the "
+      f"target code must then make these changes)"
+    )
   return message

@@ -34,7 +34,7 @@ import copy
 import json
 import os
 import shutil
-from typing import Mapping
+from collections.abc import Mapping
 
 import ml_collections
 import numpy as np
@@ -50,17 +50,23 @@ TARGET = "Hugging Face GPT-2"
 PREFIX = "transformer."
 # HF ``activation_function`` -> laplax ``model.mlp_activation``; the inverse
 # writes the first HF name of each.
-ACTIVATIONS_FROM_HF = {"gelu_new": "gelu", "gelu_pytorch_tanh": "gelu",
-                       "gelu": "gelu_exact", "relu2": "relu2"}
+ACTIVATIONS_FROM_HF = {
+  "gelu_new": "gelu",
+  "gelu_pytorch_tanh": "gelu",
+  "gelu": "gelu_exact",
+  "relu2": "relu2",
+}
 ACTIVATIONS_TO_HF = {"gelu": "gelu_new", "gelu_exact": "gelu", "relu2": "relu2"}
 # GPT2Config keys whose non-default value laplax's attention cannot express:
 # key -> (the value laplax needs, why).
 _REFUSED = {
-    "scale_attn_weights": (True, "laplax always divides QK^T by sqrt(head_dim)"),
-    "scale_attn_by_inverse_layer_idx": (False, "laplax does not scale the attention "
-                                               "of layer i by 1/(i+1)"),
-    "reorder_and_upcast_attn": (False, "laplax has no reordered, upcast attention"),
-    "add_cross_attention": (False, "laplax's GPT is decoder-only, without cross-attention"),
+  "scale_attn_weights": (True, "laplax always divides QK^T by sqrt(head_dim)"),
+  "scale_attn_by_inverse_layer_idx": (
+    False,
+    "laplax does not scale the attention of layer i by 1/(i+1)",
+  ),
+  "reorder_and_upcast_attn": (False, "laplax has no reordered, upcast attention"),
+  "add_cross_attention": (False, "laplax's GPT is decoder-only, without cross-attention"),
 }
 # Buffers some GPT-2 checkpoints carry (the causal mask): not parameters.
 _BUFFERS = ("attn.bias", "attn.masked_bias")
@@ -79,13 +85,22 @@ def hf_shapes(hf: Mapping) -> dict[str, tuple[int, ...]]:
   out = {"wte.weight": (v, d), "wpe.weight": (p, d)}
   for i in range(hf["n_layer"]):
     h = f"h.{i}."
-    out.update({
-        h + "ln_1.weight": (d,), h + "ln_1.bias": (d,),
-        h + "attn.c_attn.weight": (d, 3 * d), h + "attn.c_attn.bias": (3 * d,),
-        h + "attn.c_proj.weight": (d, d), h + "attn.c_proj.bias": (d,),
-        h + "ln_2.weight": (d,), h + "ln_2.bias": (d,),
-        h + "mlp.c_fc.weight": (d, f), h + "mlp.c_fc.bias": (f,),
-        h + "mlp.c_proj.weight": (f, d), h + "mlp.c_proj.bias": (d,)})
+    out.update(
+      {
+        h + "ln_1.weight": (d,),
+        h + "ln_1.bias": (d,),
+        h + "attn.c_attn.weight": (d, 3 * d),
+        h + "attn.c_attn.bias": (3 * d,),
+        h + "attn.c_proj.weight": (d, d),
+        h + "attn.c_proj.bias": (d,),
+        h + "ln_2.weight": (d,),
+        h + "ln_2.bias": (d,),
+        h + "mlp.c_fc.weight": (d, f),
+        h + "mlp.c_fc.bias": (f,),
+        h + "mlp.c_proj.weight": (f, d),
+        h + "mlp.c_proj.bias": (d,),
+      }
+    )
   out["ln_f.weight"], out["ln_f.bias"] = (d,), (d,)
   if not hf.get("tie_word_embeddings", True):
     out["lm_head.weight"] = (v, d)
@@ -97,8 +112,9 @@ def _state_dict_name(name: str) -> str:
   return name if name.startswith("lm_head.") else PREFIX + name
 
 
-def hf_to_laplax(tensors: Mapping[str, np.ndarray], depth: int,
-                 tied: bool) -> dict[str, np.ndarray]:
+def hf_to_laplax(
+  tensors: Mapping[str, np.ndarray], depth: int, tied: bool
+) -> dict[str, np.ndarray]:
   """The laplax GPT parameters (flat ``{"block0/attention/query/kernel": ...}``,
   per-layer layout) of GPT-2 ``tensors`` named as :func:`hf_shapes` names them.
 
@@ -108,8 +124,12 @@ def hf_to_laplax(tensors: Mapping[str, np.ndarray], depth: int,
   layout. Leaves are float32 (C-contiguous copies).
   """
   t = {k: np.ascontiguousarray(v, np.float32) for k, v in tensors.items()}
-  out = {"token_embedding/embedding": t["wte.weight"], "pos_embedding": t["wpe.weight"],
-         "final_norm/scale": t["ln_f.weight"], "final_norm/bias": t["ln_f.bias"]}
+  out = {
+    "token_embedding/embedding": t["wte.weight"],
+    "pos_embedding": t["wpe.weight"],
+    "final_norm/scale": t["ln_f.weight"],
+    "final_norm/bias": t["ln_f.bias"],
+  }
   for i in range(depth):
     h, b = f"h.{i}.", f"block{i}/"
     out[b + "norm1/scale"], out[b + "norm1/bias"] = t[h + "ln_1.weight"], t[h + "ln_1.bias"]
@@ -119,8 +139,11 @@ def hf_to_laplax(tensors: Mapping[str, np.ndarray], depth: int,
     for name, kernel, bias in zip(("query", "key", "value"), kernels, biases):
       out[f"{b}attention/{name}/kernel"] = np.ascontiguousarray(kernel)
       out[f"{b}attention/{name}/bias"] = bias
-    for laplax_name, hf_name in (("attention/out", "attn.c_proj"), ("mlp/fc1", "mlp.c_fc"),
-                                 ("mlp/fc2", "mlp.c_proj")):
+    for laplax_name, hf_name in (
+      ("attention/out", "attn.c_proj"),
+      ("mlp/fc1", "mlp.c_fc"),
+      ("mlp/fc2", "mlp.c_proj"),
+    ):
       out[f"{b}{laplax_name}/kernel"] = t[f"{h}{hf_name}.weight"]
       out[f"{b}{laplax_name}/bias"] = t[f"{h}{hf_name}.bias"]
   if not tied:
@@ -128,24 +151,34 @@ def hf_to_laplax(tensors: Mapping[str, np.ndarray], depth: int,
   return out
 
 
-def laplax_to_hf(flat_params: Mapping[str, np.ndarray], depth: int,
-                 tied: bool) -> dict[str, np.ndarray]:
+def laplax_to_hf(
+  flat_params: Mapping[str, np.ndarray], depth: int, tied: bool
+) -> dict[str, np.ndarray]:
   """The inverse of :func:`hf_to_laplax`, named as ``GPT2LMHeadModel.state_dict()``
   (``transformer.`` prefix; no ``lm_head.weight`` when tied: HF ties it to
   ``wte``). Leaves are C-contiguous float32."""
   p = {k: np.asarray(v, np.float32) for k, v in flat_params.items()}
-  out = {"wte.weight": p["token_embedding/embedding"], "wpe.weight": p["pos_embedding"],
-         "ln_f.weight": p["final_norm/scale"], "ln_f.bias": p["final_norm/bias"]}
+  out = {
+    "wte.weight": p["token_embedding/embedding"],
+    "wpe.weight": p["pos_embedding"],
+    "ln_f.weight": p["final_norm/scale"],
+    "ln_f.bias": p["final_norm/bias"],
+  }
   for i in range(depth):
     h, b = f"h.{i}.", f"block{i}/"
     out[h + "ln_1.weight"], out[h + "ln_1.bias"] = p[b + "norm1/scale"], p[b + "norm1/bias"]
     out[h + "ln_2.weight"], out[h + "ln_2.bias"] = p[b + "norm2/scale"], p[b + "norm2/bias"]
     out[h + "attn.c_attn.weight"] = np.concatenate(
-        [p[f"{b}attention/{n}/kernel"] for n in ("query", "key", "value")], axis=1)
+      [p[f"{b}attention/{n}/kernel"] for n in ("query", "key", "value")], axis=1
+    )
     out[h + "attn.c_attn.bias"] = np.concatenate(
-        [p[f"{b}attention/{n}/bias"] for n in ("query", "key", "value")])
-    for laplax_name, hf_name in (("attention/out", "attn.c_proj"), ("mlp/fc1", "mlp.c_fc"),
-                                 ("mlp/fc2", "mlp.c_proj")):
+      [p[f"{b}attention/{n}/bias"] for n in ("query", "key", "value")]
+    )
+    for laplax_name, hf_name in (
+      ("attention/out", "attn.c_proj"),
+      ("mlp/fc1", "mlp.c_fc"),
+      ("mlp/fc2", "mlp.c_proj"),
+    ):
       out[f"{h}{hf_name}.weight"] = p[f"{b}{laplax_name}/kernel"]
       out[f"{h}{hf_name}.bias"] = p[f"{b}{laplax_name}/bias"]
   if not tied:
@@ -165,40 +198,46 @@ def read_hf_config(model_dir: str) -> dict:
       laplax lacks, or a key of :data:`_REFUSED` at a value laplax cannot run.
   """
   if not os.path.isdir(model_dir):
-    raise ConvertError(f"--model {model_dir} is not a directory; give a "
-                       f"GPT2LMHeadModel.save_pretrained directory")
+    raise ConvertError(
+      f"--model {model_dir} is not a directory; give a GPT2LMHeadModel.save_pretrained directory"
+    )
   path = os.path.join(model_dir, CONFIG_FILE)
   if not os.path.isfile(path):
-    raise ConvertError(f"{model_dir} has no {CONFIG_FILE}; give a "
-                       f"GPT2LMHeadModel.save_pretrained directory")
+    raise ConvertError(
+      f"{model_dir} has no {CONFIG_FILE}; give a GPT2LMHeadModel.save_pretrained directory"
+    )
   try:
     with open(path, encoding="utf-8") as f:
       hf = json.load(f)
   except (OSError, ValueError) as e:
-    raise ConvertError(f"cannot read {path}: {type(e).__name__}: "
-                       f"{str(e).splitlines()[0] if str(e) else ''}") from None
+    raise ConvertError(
+      f"cannot read {path}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    ) from None
   if not isinstance(hf, dict):
     raise ConvertError(f"{path} is not a JSON object (a GPT2Config)")
   if hf.get("model_type") != "gpt2":
-    raise ConvertError(f"{path}: model_type={hf.get('model_type')!r}; only 'gpt2' "
-                       f"(GPT2LMHeadModel) converts")
+    raise ConvertError(
+      f"{path}: model_type={hf.get('model_type')!r}; only 'gpt2' (GPT2LMHeadModel) converts"
+    )
   for key in ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head"):
     value = hf.get(key)
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
       raise ConvertError(f"{path}: {key}={value!r} must be a positive integer")
   inner = hf.get("n_inner")
-  if inner is not None and (isinstance(inner, bool) or not isinstance(inner, int)
-                            or inner < 1):
+  if inner is not None and (isinstance(inner, bool) or not isinstance(inner, int) or inner < 1):
     raise ConvertError(f"{path}: n_inner={inner!r} must be a positive integer or null")
   activation = hf.get("activation_function", "gelu_new")
   if activation not in ACTIVATIONS_FROM_HF:
-    raise ConvertError(f"{path}: activation_function={activation!r} has no laplax "
-                       f"equivalent; the ones that convert are "
-                       f"{', '.join(ACTIVATIONS_FROM_HF)}")
+    raise ConvertError(
+      f"{path}: activation_function={activation!r} has no laplax "
+      f"equivalent; the ones that convert are "
+      f"{', '.join(ACTIVATIONS_FROM_HF)}"
+    )
   for key, (value, why) in _REFUSED.items():
     if key in hf and bool(hf[key]) != value:
-      raise ConvertError(f"{path}: {key}={hf[key]!r} cannot be converted ({why}); "
-                         f"only {key}={value} can")
+      raise ConvertError(
+        f"{path}: {key}={hf[key]!r} cannot be converted ({why}); only {key}={value} can"
+      )
   return hf
 
 
@@ -206,21 +245,24 @@ def _load_safetensors(path: str) -> dict[str, np.ndarray]:
   """The tensors of one ``.safetensors`` file (``safetensors.numpy.load_file``;
   bfloat16 tensors come as ``ml_dtypes.bfloat16``, which importing it
   registers with NumPy)."""
-  import ml_dtypes  # pylint: disable=import-outside-toplevel,unused-import
-  from safetensors.numpy import load_file  # pylint: disable=import-outside-toplevel
+  import ml_dtypes  # noqa: F401  (registers bfloat16 with NumPy)
+  from safetensors.numpy import load_file
+
   try:
     return load_file(path)
-  except Exception as e:  # pylint: disable=broad-except  # safetensors' own errors
-    raise ConvertError(f"cannot read {path}: {type(e).__name__}: "
-                       f"{str(e).splitlines()[0] if str(e) else ''}") from None
+  except Exception as e:  # safetensors' own errors
+    raise ConvertError(
+      f"cannot read {path}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    ) from None
 
 
 def _load_torch(path: str) -> dict[str, np.ndarray]:
   """A ``pytorch_model.bin`` state dict as NumPy (torch imported here only,
   ``weights_only=True``)."""
   _, state = common.torch_state_dict(path, "install torch or give a model.safetensors")
-  return {k: v.detach().float().numpy() if v.is_floating_point() else v.numpy()
-          for k, v in state.items()}
+  return {
+    k: v.detach().float().numpy() if v.is_floating_point() else v.numpy() for k, v in state.items()
+  }
 
 
 def read_hf_tensors(model_dir: str) -> tuple[dict[str, np.ndarray], str]:
@@ -248,12 +290,15 @@ def read_hf_tensors(model_dir: str) -> tuple[dict[str, np.ndarray], str]:
   path = os.path.join(model_dir, TORCH_FILE)
   if os.path.isfile(path):
     return _load_torch(path), path
-  raise ConvertError(f"{model_dir} has no {SAFETENSORS_FILE} (nor {SAFETENSORS_INDEX} "
-                     f"or {TORCH_FILE}); give a GPT2LMHeadModel.save_pretrained directory")
+  raise ConvertError(
+    f"{model_dir} has no {SAFETENSORS_FILE} (nor {SAFETENSORS_INDEX} "
+    f"or {TORCH_FILE}); give a GPT2LMHeadModel.save_pretrained directory"
+  )
 
 
-def check_hf_tensors(tensors: Mapping[str, np.ndarray], hf: Mapping,
-                     source: str) -> dict[str, np.ndarray]:
+def check_hf_tensors(
+  tensors: Mapping[str, np.ndarray], hf: Mapping, source: str
+) -> dict[str, np.ndarray]:
   """The tensors of ``GPT2LMHeadModel`` (:func:`hf_shapes` names) from a file's
   ``tensors``, with or without the ``transformer.`` prefix.
 
@@ -268,40 +313,49 @@ def check_hf_tensors(tensors: Mapping[str, np.ndarray], hf: Mapping,
   """
   want = hf_shapes(hf)
   prefixed = any(k.startswith(PREFIX) for k in tensors)
-  shown = lambda name: (PREFIX + name if prefixed and not name.startswith("lm_head.")
-                        else name)
-  sizes = (f"n_layer={hf['n_layer']}, n_embd={hf['n_embd']}, vocab_size="
-           f"{hf['vocab_size']}, n_positions={hf['n_positions']}")
+  shown = lambda name: PREFIX + name if prefixed and not name.startswith("lm_head.") else name
+  sizes = (
+    f"n_layer={hf['n_layer']}, n_embd={hf['n_embd']}, vocab_size="
+    f"{hf['vocab_size']}, n_positions={hf['n_positions']}"
+  )
   got, original = {}, {}
   for name, value in tensors.items():
-    short = name[len(PREFIX):] if name.startswith(PREFIX) else name
+    short = name[len(PREFIX) :] if name.startswith(PREFIX) else name
     if short.startswith("h.") and short.split(".", 2)[-1] in _BUFFERS:
       continue
     if short in got:
-      raise ConvertError(f"{source} has tensor {short} twice (with and without "
-                         f"the {PREFIX!r} prefix)")
+      raise ConvertError(
+        f"{source} has tensor {short} twice (with and without the {PREFIX!r} prefix)"
+      )
     got[short], original[short] = value, name
   tied = hf.get("tie_word_embeddings", True)
   if tied and "lm_head.weight" in got:
     head = got.pop("lm_head.weight")
     if "wte.weight" in got and not np.array_equal(head, got["wte.weight"]):
-      raise ConvertError(f"{source}: lm_head.weight differs from {shown('wte.weight')} "
-                         f"but config.json has tie_word_embeddings=true; set it to "
-                         f"false to convert an untied head")
-  for name, shape in want.items():
+      raise ConvertError(
+        f"{source}: lm_head.weight differs from {shown('wte.weight')} "
+        f"but config.json has tie_word_embeddings=true; set it to "
+        f"false to convert an untied head"
+      )
+  for name in want:
     if name not in got:
-      raise ConvertError(f"{source} has no tensor {shown(name)}, which GPT-2 ({sizes}"
-                         f", tie_word_embeddings={tied}) needs")
+      raise ConvertError(
+        f"{source} has no tensor {shown(name)}, which GPT-2 ({sizes}"
+        f", tie_word_embeddings={tied}) needs"
+      )
   for name, value in got.items():
     if name not in want:
-      raise ConvertError(f"{source} has tensor {original[name]}, which GPT-2 "
-                         f"({sizes}, tie_word_embeddings={tied}) has not")
+      raise ConvertError(
+        f"{source} has tensor {original[name]}, which GPT-2 "
+        f"({sizes}, tie_word_embeddings={tied}) has not"
+      )
     if tuple(value.shape) != want[name]:
-      raise ConvertError(f"{source}: tensor {original[name]} has shape "
-                         f"{tuple(value.shape)}; config.json ({sizes}) implies {want[name]}")
+      raise ConvertError(
+        f"{source}: tensor {original[name]} has shape "
+        f"{tuple(value.shape)}; config.json ({sizes}) implies {want[name]}"
+      )
     if not np.issubdtype(value.dtype, np.floating) and value.dtype.name != "bfloat16":
-      raise ConvertError(f"{source}: tensor {original[name]} is {value.dtype}, not a "
-                         f"float tensor")
+      raise ConvertError(f"{source}: tensor {original[name]} is {value.dtype}, not a float tensor")
   return got
 
 
@@ -320,11 +374,14 @@ def laplax_config(hf: Mapping, config: ml_collections.ConfigDict) -> ml_collecti
     ConvertError: ``config`` is not a language-model config, or the result
       does not validate (e.g. more Laplacian heads than ``n_head``).
   """
-  from laplax.config import validation as config_lib  # pylint: disable=import-outside-toplevel
-  from laplax import tasks  # pylint: disable=import-outside-toplevel
+  from laplax import tasks
+  from laplax.config import validation as config_lib
+
   if not tasks.is_language_model(config):
-    raise ConvertError(f"--config has task={config.get('task')!r}; GPT-2 needs a "
-                       f"language-model config, e.g. configs/gpt2_124m.py")
+    raise ConvertError(
+      f"--config has task={config.get('task')!r}; GPT-2 needs a "
+      f"language-model config, e.g. configs/gpt2_124m.py"
+    )
   config = copy.deepcopy(config)
   with config.unlocked():
     m = config.model
@@ -354,16 +411,21 @@ def laplax_config(hf: Mapping, config: ml_collections.ConfigDict) -> ml_collecti
 def _check_tokenizer(path: str, vocab_size: int) -> None:
   """Raises :class:`ConvertError` unless ``path`` is a ``tokenizers`` file of
   ``vocab_size`` tokens (what laplax's BPE tokenizer then requires)."""
-  import tokenizers  # pylint: disable=import-outside-toplevel
+  import tokenizers
+
   try:
     size = tokenizers.Tokenizer.from_file(path).get_vocab_size()
-  except Exception as e:  # pylint: disable=broad-except  # tokenizers raises Exception
-    raise ConvertError(f"cannot read {path} as a tokenizers file: "
-                       f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+  except Exception as e:  # tokenizers raises Exception
+    raise ConvertError(
+      f"cannot read {path} as a tokenizers file: "
+      f"{str(e).splitlines()[0] if str(e) else type(e).__name__}"
+    ) from None
   if size != vocab_size:
-    raise ConvertError(f"{path} has {size} tokens but the model's vocab_size is "
-                       f"{vocab_size}; laplax needs them equal (remove {TOKENIZER_FILE} "
-                       f"to convert the weights alone)")
+    raise ConvertError(
+      f"{path} has {size} tokens but the model's vocab_size is "
+      f"{vocab_size}; laplax needs them equal (remove {TOKENIZER_FILE} "
+      f"to convert the weights alone)"
+    )
 
 
 # --------------------------------------------------------------------------- API
@@ -396,33 +458,41 @@ def convert_from_hf(model_dir: str, config: ml_collections.ConfigDict, workdir: 
       unreadable, a config key laplax cannot express, a missing, unexpected
       or misshapen tensor, or a tokenizer whose size is not the model's.
   """
-  # pylint: disable=import-outside-toplevel
   from laplax import attention
   from laplax.models import spec as spec_lib
+
   workdir_abs = os.path.abspath(os.path.expanduser(workdir))
   if os.path.exists(workdir_abs):
-    raise ConvertError(f"--workdir {workdir_abs} exists; give a new directory (nothing "
-                       f"was written)")
+    raise ConvertError(
+      f"--workdir {workdir_abs} exists; give a new directory (nothing was written)"
+    )
   hf = read_hf_config(model_dir)
   config = laplax_config(hf, config)
   spec = spec_lib.from_config(config.model)
-  common.refuse_unsupported(spec, "hf-gpt2", TARGET, "the converted model would not "
-                            "compute GPT-2's logits; set it there", skip_source=True)
+  common.refuse_unsupported(
+    spec,
+    "hf-gpt2",
+    TARGET,
+    "the converted model would not compute GPT-2's logits; set it there",
+    skip_source=True,
+  )
   tensors, source = read_hf_tensors(model_dir)
   tensors = check_hf_tensors(tensors, hf, source)
   flat = hf_to_laplax(tensors, spec.depth, spec.tie_embeddings)
   if spec.attention.laplacian_mix == "learned":
     for i, row in enumerate(spec.laplacian_array):
-      flat[f"block{i}/attention/laplacian_mix"] = (
-          attention.LAPLACIAN_MIX_INIT * (2.0 * row.astype(np.float32) - 1.0))
+      flat[f"block{i}/attention/laplacian_mix"] = attention.LAPLACIAN_MIX_INIT * (
+        2.0 * row.astype(np.float32) - 1.0
+      )
   files = {}
   tokenizer = os.path.join(model_dir, TOKENIZER_FILE)
   if os.path.isfile(tokenizer):
     _check_tokenizer(tokenizer, hf["vocab_size"])
     files[TOKENIZER_FILE] = tokenizer
   params = common.to_layout(common.nested(flat), spec)
-  common.write_workdir(workdir, config, params, vocab_size=hf["vocab_size"],
-                       files=files, source=source)
+  common.write_workdir(
+    workdir, config, params, vocab_size=hf["vocab_size"], files=files, source=source
+  )
 
 
 def hf_config(spec, vocab_size: int, eos_token_id: int | None = None) -> dict:
@@ -435,17 +505,29 @@ def hf_config(spec, vocab_size: int, eos_token_id: int | None = None) -> dict:
   ``eos_token_id`` (``None`` when the vocabulary has no end-of-text token).
   """
   return {
-      "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
-      "vocab_size": int(vocab_size), "n_positions": spec.max_length,
-      "n_embd": spec.width, "n_layer": spec.depth, "n_head": spec.num_heads,
-      "n_inner": spec.mlp_dim, "activation_function": ACTIVATIONS_TO_HF[spec.mlp_activation],
-      "layer_norm_epsilon": spec.norm_eps, "tie_word_embeddings": spec.tie_embeddings,
-      "resid_pdrop": spec.dropout, "embd_pdrop": spec.dropout,
-      "attn_pdrop": spec.attention.attention_dropout, "initializer_range": 0.02,
-      "scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": False,
-      "reorder_and_upcast_attn": False, "add_cross_attention": False,
-      "use_cache": True, "bos_token_id": eos_token_id, "eos_token_id": eos_token_id,
-      "dtype": "float32",
+    "architectures": ["GPT2LMHeadModel"],
+    "model_type": "gpt2",
+    "vocab_size": int(vocab_size),
+    "n_positions": spec.max_length,
+    "n_embd": spec.width,
+    "n_layer": spec.depth,
+    "n_head": spec.num_heads,
+    "n_inner": spec.mlp_dim,
+    "activation_function": ACTIVATIONS_TO_HF[spec.mlp_activation],
+    "layer_norm_epsilon": spec.norm_eps,
+    "tie_word_embeddings": spec.tie_embeddings,
+    "resid_pdrop": spec.dropout,
+    "embd_pdrop": spec.dropout,
+    "attn_pdrop": spec.attention.attention_dropout,
+    "initializer_range": 0.02,
+    "scale_attn_weights": True,
+    "scale_attn_by_inverse_layer_idx": False,
+    "reorder_and_upcast_attn": False,
+    "add_cross_attention": False,
+    "use_cache": True,
+    "bos_token_id": eos_token_id,
+    "eos_token_id": eos_token_id,
+    "dtype": "float32",
   }
 
 
@@ -460,10 +542,11 @@ def _eos_token_id(tokenizer_path: str | None) -> int | None:
   """The id of ``<|endoftext|>`` in a tokenizer file, else ``None``."""
   if tokenizer_path is None:
     return None
-  import tokenizers  # pylint: disable=import-outside-toplevel
+  import tokenizers
+
   try:
     return tokenizers.Tokenizer.from_file(tokenizer_path).token_to_id("<|endoftext|>")
-  except Exception:  # pylint: disable=broad-except
+  except Exception:
     return None
 
 
@@ -497,29 +580,37 @@ def convert_to_hf(workdir: str, out_dir: str, force: bool = False) -> str | None
       embedding norm, LayerScale), a Laplacian / spectral model without
       ``force``, or an existing ``out_dir``.
   """
-  from safetensors.numpy import save_file  # pylint: disable=import-outside-toplevel
+  from safetensors.numpy import save_file
+
   out_abs = os.path.abspath(os.path.expanduser(out_dir))
   if os.path.exists(out_abs):
-    raise ConvertError(f"--out {out_abs} exists; give a new directory (nothing was "
-                       f"written)")
+    raise ConvertError(f"--out {out_abs} exists; give a new directory (nothing was written)")
   config, spec, params, _ = common.read_workdir(workdir)
-  from laplax import tasks  # pylint: disable=import-outside-toplevel
+  from laplax import tasks
+
   if not tasks.is_language_model(config) or config.model.get("name") != "gpt":
-    raise ConvertError(f"{workdir} is a {config.get('task')} run of model "
-                       f"{config.model.get('name')!r}; --to hf-gpt2 needs a GPT "
-                       f"language model")
+    raise ConvertError(
+      f"{workdir} is a {config.get('task')} run of model "
+      f"{config.model.get('name')!r}; --to hf-gpt2 needs a GPT "
+      f"language model"
+    )
   _refuse_options(spec)
   note = common.refuse_laplax_only(spec, TARGET, force)
   flat = common.flat(params)
   vocab_size = int(np.shape(flat["token_embedding/embedding"])[0])
   tensors = laplax_to_hf(flat, spec.depth, spec.tie_embeddings)
-  mix = {f"{PREFIX}h.{i}.attn.laplacian_mix": np.ascontiguousarray(
-      flat[f"block{i}/attention/laplacian_mix"], np.float32)
-         for i in range(spec.depth) if f"block{i}/attention/laplacian_mix" in flat}
+  mix = {
+    f"{PREFIX}h.{i}.attn.laplacian_mix": np.ascontiguousarray(
+      flat[f"block{i}/attention/laplacian_mix"], np.float32
+    )
+    for i in range(spec.depth)
+    if f"block{i}/attention/laplacian_mix" in flat
+  }
   if mix:
     tensors.update(mix)
-    note += ("; the learned mix logits a (alpha = sigmoid(a)) are "
-             "transformer.h.{i}.attn.laplacian_mix")
+    note += (
+      "; the learned mix logits a (alpha = sigmoid(a)) are transformer.h.{i}.attn.laplacian_mix"
+    )
   tokenizer = os.path.join(os.path.expanduser(workdir), TOKENIZER_FILE)
   tokenizer = tokenizer if os.path.isfile(tokenizer) else None
   hf = hf_config(spec, vocab_size, _eos_token_id(tokenizer))
@@ -534,8 +625,11 @@ def convert_to_hf(workdir: str, out_dir: str, force: bool = False) -> str | None
     if tokenizer is not None:
       shutil.copyfile(tokenizer, os.path.join(tmp, TOKENIZER_FILE))
       with open(os.path.join(tmp, "tokenizer_config.json"), "w", encoding="utf-8") as f:
-        json.dump({"tokenizer_class": "PreTrainedTokenizerFast",
-                   "model_max_length": spec.max_length}, f, indent=2)
+        json.dump(
+          {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": spec.max_length},
+          f,
+          indent=2,
+        )
         f.write("\n")
     common.commit_directory(tmp, out_abs)
   except BaseException:

@@ -47,7 +47,7 @@ import json
 import os
 import re
 import shutil
-from typing import Mapping
+from collections.abc import Mapping
 
 import ml_collections
 import numpy as np
@@ -63,9 +63,14 @@ PREFIX = "transformer."
 COMPILED_PREFIX = "_orig_mod."
 MODEL_CONFIG_KEYS = ("sequence_len", "vocab_size", "n_layer", "n_head", "n_kv_head", "n_embd")
 # laplax names of one block's kernels -> nanochat's ``transformer.h.{i}.`` names.
-BLOCK_TENSORS = {"attention/query": "attn.c_q", "attention/key": "attn.c_k",
-                 "attention/value": "attn.c_v", "attention/out": "attn.c_proj",
-                 "mlp/fc1": "mlp.c_fc", "mlp/fc2": "mlp.c_proj"}
+BLOCK_TENSORS = {
+  "attention/query": "attn.c_q",
+  "attention/key": "attn.c_k",
+  "attention/value": "attn.c_v",
+  "attention/out": "attn.c_proj",
+  "mlp/fc1": "mlp.c_fc",
+  "mlp/fc2": "mlp.c_proj",
+}
 # --------------------------------------------------------------------------- tokenizer
 
 
@@ -83,12 +88,15 @@ def find_tokenizer(model_dir: str, given: str | None) -> str | None:
     for path in (given, os.path.join(given, PICKLE_FILE), os.path.join(given, TOKENIZER_FILE)):
       if os.path.isfile(path):
         return path
-    raise ConvertError(f"--tokenizer {given} is not a {PICKLE_FILE}, a {TOKENIZER_FILE} "
-                       f"or a directory holding one")
+    raise ConvertError(
+      f"--tokenizer {given} is not a {PICKLE_FILE}, a {TOKENIZER_FILE} or a directory holding one"
+    )
   base = os.path.dirname(os.path.dirname(os.path.abspath(model_dir)))
-  for path in (os.path.join(model_dir, PICKLE_FILE),
-               os.path.join(model_dir, "tokenizer", PICKLE_FILE),
-               os.path.join(base, "tokenizer", PICKLE_FILE)):
+  for path in (
+    os.path.join(model_dir, PICKLE_FILE),
+    os.path.join(model_dir, "tokenizer", PICKLE_FILE),
+    os.path.join(base, "tokenizer", PICKLE_FILE),
+  ):
     if os.path.isfile(path):
       return path
   return None
@@ -109,8 +117,10 @@ def read_tokenizer(path: str, vocab_size: int | None = None) -> NanochatTokenize
   except DataError as e:  # one line; named here when the message does not name it
     raise ConvertError(str(e) if path in str(e) else f"{path}: {e}") from None
   if vocab_size is not None and tok.vocab_size != vocab_size:
-    raise ConvertError(f"{path} has {tok.vocab_size} tokens but the model's vocab_size is "
-                       f"{vocab_size}; give the model's own tokenizer (--tokenizer)")
+    raise ConvertError(
+      f"{path} has {tok.vocab_size} tokens but the model's vocab_size is "
+      f"{vocab_size}; give the model's own tokenizer (--tokenizer)"
+    )
   return tok
 
 
@@ -135,8 +145,10 @@ def nanochat_to_laplax(tensors: Mapping[str, np.ndarray], depth: int) -> dict[st
   names): every ``[out, in]`` weight transposed to an ``[in, out]`` kernel
   (C-contiguous, dtype kept), ``wte`` as it is."""
   t = lambda name: np.ascontiguousarray(tensors[name].T)
-  out = {"token_embedding/embedding": np.ascontiguousarray(tensors[PREFIX + "wte.weight"]),
-         "lm_head/kernel": t("lm_head.weight")}
+  out = {
+    "token_embedding/embedding": np.ascontiguousarray(tensors[PREFIX + "wte.weight"]),
+    "lm_head/kernel": t("lm_head.weight"),
+  }
   for i in range(depth):
     for ours, theirs in BLOCK_TENSORS.items():
       out[f"block{i}/{ours}/kernel"] = t(f"{PREFIX}h.{i}.{theirs}.weight")
@@ -146,8 +158,10 @@ def nanochat_to_laplax(tensors: Mapping[str, np.ndarray], depth: int) -> dict[st
 def laplax_to_nanochat(flat: Mapping[str, np.ndarray], depth: int) -> dict[str, np.ndarray]:
   """The inverse of :func:`nanochat_to_laplax` (names of ``GPT.state_dict()``)."""
   t = lambda name: np.ascontiguousarray(np.asarray(flat[name]).T)
-  out = {PREFIX + "wte.weight": np.ascontiguousarray(flat["token_embedding/embedding"]),
-         "lm_head.weight": t("lm_head/kernel")}
+  out = {
+    PREFIX + "wte.weight": np.ascontiguousarray(flat["token_embedding/embedding"]),
+    "lm_head.weight": t("lm_head/kernel"),
+  }
   for i in range(depth):
     for ours, theirs in BLOCK_TENSORS.items():
       out[f"{PREFIX}h.{i}.{theirs}.weight"] = t(f"block{i}/{ours}/kernel")
@@ -161,20 +175,32 @@ def _step_files(model_dir: str, step: int | None) -> tuple[str, str, int]:
     ConvertError: no such directory, no checkpoint, or no files of ``step``.
   """
   if not os.path.isdir(model_dir):
-    raise ConvertError(f"--model {model_dir} is not a directory; give nanochat's checkpoint "
-                       f"directory, e.g. ~/.cache/nanochat/base_checkpoints/d20")
-  steps = sorted(int(m.group(1)) for f in glob.glob(os.path.join(model_dir, "model_*.pt"))
-                 for m in [re.fullmatch(r"model_(\d+)\.pt", os.path.basename(f))] if m)
+    raise ConvertError(
+      f"--model {model_dir} is not a directory; give nanochat's checkpoint "
+      f"directory, e.g. ~/.cache/nanochat/base_checkpoints/d20"
+    )
+  steps = sorted(
+    int(m.group(1))
+    for f in glob.glob(os.path.join(model_dir, "model_*.pt"))
+    for m in [re.fullmatch(r"model_(\d+)\.pt", os.path.basename(f))]
+    if m
+  )
   if not steps:
-    raise ConvertError(f"{model_dir} has no model_<step>.pt; give nanochat's checkpoint "
-                       f"directory (base_checkpoints/d20)")
+    raise ConvertError(
+      f"{model_dir} has no model_<step>.pt; give nanochat's checkpoint "
+      f"directory (base_checkpoints/d20)"
+    )
   if step is None:
     step = steps[-1]
   if step not in steps:
-    raise ConvertError(f"{model_dir} has no model_{step:06d}.pt; its steps are "
-                       f"{', '.join(map(str, steps))}")
-  return (os.path.join(model_dir, f"model_{step:06d}.pt"),
-          os.path.join(model_dir, f"meta_{step:06d}.json"), step)
+    raise ConvertError(
+      f"{model_dir} has no model_{step:06d}.pt; its steps are {', '.join(map(str, steps))}"
+    )
+  return (
+    os.path.join(model_dir, f"model_{step:06d}.pt"),
+    os.path.join(model_dir, f"meta_{step:06d}.json"),
+    step,
+  )
 
 
 def _positive_int(value) -> bool:
@@ -196,31 +222,39 @@ def read_meta(path: str) -> dict:
       meta = json.load(f)
     mc = dict(meta["model_config"])
   except FileNotFoundError:
-    raise ConvertError(f"{path} is missing; nanochat writes it beside model_<step>.pt "
-                       f"(it holds model_config)") from None
+    raise ConvertError(
+      f"{path} is missing; nanochat writes it beside model_<step>.pt (it holds model_config)"
+    ) from None
   except (OSError, ValueError, KeyError, TypeError) as e:
     raise ConvertError(f"cannot read model_config from {path}: {type(e).__name__}") from None
   for key in MODEL_CONFIG_KEYS:
     if not _positive_int(mc.get(key)):
-      raise ConvertError(f"{path}: model_config {key}={mc.get(key)!r} must be a positive "
-                         f"integer")
+      raise ConvertError(f"{path}: model_config {key}={mc.get(key)!r} must be a positive integer")
   extra = sorted(set(mc) - set(MODEL_CONFIG_KEYS) - {"laplacian_heads"})
   if extra:
-    raise ConvertError(f"{path}: model_config has {', '.join(extra)}, options of a later "
-                       f"nanochat that laplax has not; only nanochat's first GPT (with the "
-                       f"authors' laplacian_heads) converts")
+    raise ConvertError(
+      f"{path}: model_config has {', '.join(extra)}, options of a later "
+      f"nanochat that laplax has not; only nanochat's first GPT (with the "
+      f"authors' laplacian_heads) converts"
+    )
   if mc["n_kv_head"] != mc["n_head"]:
-    raise ConvertError(f"{path}: n_kv_head={mc['n_kv_head']} differs from n_head="
-                       f"{mc['n_head']}; laplax's GPT has no grouped-query attention")
+    raise ConvertError(
+      f"{path}: n_kv_head={mc['n_kv_head']} differs from n_head="
+      f"{mc['n_head']}; laplax's GPT has no grouped-query attention"
+    )
   if mc["n_embd"] % mc["n_head"] or (mc["n_embd"] // mc["n_head"]) % 2:
-    raise ConvertError(f"{path}: n_embd={mc['n_embd']} / n_head={mc['n_head']} must be an "
-                       f"even head size")
+    raise ConvertError(
+      f"{path}: n_embd={mc['n_embd']} / n_head={mc['n_head']} must be an even head size"
+    )
   heads = mc.get("laplacian_heads", 0)
   counts = heads if isinstance(heads, list) else [heads] * mc["n_layer"]
-  if (len(counts) != mc["n_layer"] or not all(
-      isinstance(k, int) and not isinstance(k, bool) and 0 <= k <= mc["n_head"] for k in counts)):
-    raise ConvertError(f"{path}: laplacian_heads={heads!r} must be an int or {mc['n_layer']} "
-                       f"ints in 0..n_head={mc['n_head']}")
+  if len(counts) != mc["n_layer"] or not all(
+    isinstance(k, int) and not isinstance(k, bool) and 0 <= k <= mc["n_head"] for k in counts
+  ):
+    raise ConvertError(
+      f"{path}: laplacian_heads={heads!r} must be an int or {mc['n_layer']} "
+      f"ints in 0..n_head={mc['n_head']}"
+    )
   return mc
 
 
@@ -234,7 +268,8 @@ def _load_state_dict(path: str) -> dict[str, np.ndarray]:
       float tensors.
   """
   torch, state = common.torch_state_dict(path, "pip install -r requirements-test.txt")
-  import ml_dtypes  # pylint: disable=import-outside-toplevel
+  import ml_dtypes
+
   out = {}
   for name, value in state.items():
     if not (isinstance(value, torch.Tensor) and value.is_floating_point()):
@@ -244,7 +279,7 @@ def _load_state_dict(path: str) -> dict[str, np.ndarray]:
       array = value.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
     else:
       array = value.float().numpy()
-    out[name[len(COMPILED_PREFIX):] if name.startswith(COMPILED_PREFIX) else name] = array
+    out[name[len(COMPILED_PREFIX) :] if name.startswith(COMPILED_PREFIX) else name] = array
   return out
 
 
@@ -254,18 +289,22 @@ def check_tensors(tensors: Mapping[str, np.ndarray], mc: Mapping, source: str) -
   want = nanochat_shapes(mc)
   for name, shape in want.items():
     if name not in tensors:
-      raise ConvertError(f"{source} has no tensor {name}, which nanochat's GPT "
-                         f"(n_layer={mc['n_layer']}, n_embd={mc['n_embd']}) has")
+      raise ConvertError(
+        f"{source} has no tensor {name}, which nanochat's GPT "
+        f"(n_layer={mc['n_layer']}, n_embd={mc['n_embd']}) has"
+      )
     if tuple(tensors[name].shape) != shape:
-      raise ConvertError(f"{source}: {name} has shape {tuple(tensors[name].shape)}; "
-                         f"model_config implies {shape}")
+      raise ConvertError(
+        f"{source}: {name} has shape {tuple(tensors[name].shape)}; model_config implies {shape}"
+      )
   for name in tensors:
     if name not in want:
       raise ConvertError(f"{source} has tensor {name}, which nanochat's first GPT has not")
 
 
-def laplax_config(mc: Mapping, config: ml_collections.ConfigDict, given: list[str],
-                  embedding_dtype: str) -> ml_collections.ConfigDict:
+def laplax_config(
+  mc: Mapping, config: ml_collections.ConfigDict, given: list[str], embedding_dtype: str
+) -> ml_collections.ConfigDict:
   """A copy of ``config`` (an lm config) with nanochat's model of ``mc``:
   :func:`~laplax.config.defaults.nanochat_options`, the sizes, context
   ``sequence_len``, ``data.vocab_size``, the Laplacian heads of
@@ -278,12 +317,15 @@ def laplax_config(mc: Mapping, config: ml_collections.ConfigDict, given: list[st
   Raises:
     ConvertError: not a language-model config, or a result that does not validate.
   """
-  # pylint: disable=import-outside-toplevel
-  from laplax.config import validation as config_lib, defaults
-  from laplax import tasks  # pylint: disable=import-outside-toplevel
+  from laplax import tasks
+  from laplax.config import defaults
+  from laplax.config import validation as config_lib
+
   if not tasks.is_language_model(config):
-    raise ConvertError(f"--config has task={config.get('task')!r}; nanochat needs a "
-                       f"language-model config, e.g. configs/gpt_d20.py")
+    raise ConvertError(
+      f"--config has task={config.get('task')!r}; nanochat needs a "
+      f"language-model config, e.g. configs/gpt_d20.py"
+    )
   config = copy.deepcopy(config)
   is_given = lambda key: any(key == g or key.startswith(g + ".") for g in given)
   with config.unlocked():
@@ -310,9 +352,15 @@ def laplax_config(mc: Mapping, config: ml_collections.ConfigDict, given: list[st
 # --------------------------------------------------------------------------- API
 
 
-def convert_from_nanochat(model_dir: str, config: ml_collections.ConfigDict, workdir: str, *,
-                          step: int | None = None, tokenizer: str | None = None,
-                          given: list[str] | tuple = ()) -> str | None:
+def convert_from_nanochat(
+  model_dir: str,
+  config: ml_collections.ConfigDict,
+  workdir: str,
+  *,
+  step: int | None = None,
+  tokenizer: str | None = None,
+  given: list[str] | tuple = (),
+) -> str | None:
   """Writes a new laplax workdir from nanochat's checkpoint directory.
 
   Reads ``meta_<step>.json`` (:func:`read_meta`) and ``model_<step>.pt``
@@ -347,8 +395,9 @@ def convert_from_nanochat(model_dir: str, config: ml_collections.ConfigDict, wor
   """
   workdir_abs = os.path.abspath(os.path.expanduser(workdir))
   if os.path.exists(workdir_abs):
-    raise ConvertError(f"--workdir {workdir_abs} exists; give a new directory (nothing "
-                       f"was written)")
+    raise ConvertError(
+      f"--workdir {workdir_abs} exists; give a new directory (nothing was written)"
+    )
   weights, meta, step = _step_files(model_dir, step)
   mc = read_meta(meta)
   tok_path = find_tokenizer(model_dir, tokenizer)
@@ -356,12 +405,19 @@ def convert_from_nanochat(model_dir: str, config: ml_collections.ConfigDict, wor
   tensors = _load_state_dict(weights)
   check_tensors(tensors, mc, weights)
   wte = tensors[PREFIX + "wte.weight"]
-  config = laplax_config(mc, config, list(given),
-                         "bfloat16" if wte.dtype.name == "bfloat16" else "float32")
-  from laplax.models import spec as spec_lib  # pylint: disable=import-outside-toplevel
+  config = laplax_config(
+    mc, config, list(given), "bfloat16" if wte.dtype.name == "bfloat16" else "float32"
+  )
+  from laplax.models import spec as spec_lib
+
   spec = spec_lib.from_config(config.model)
-  common.refuse_unsupported(spec, "nanochat", "nanochat's GPT", "the converted model would "
-                            "not compute nanochat's logits; set it there", skip_source=True)
+  common.refuse_unsupported(
+    spec,
+    "nanochat",
+    "nanochat's GPT",
+    "the converted model would not compute nanochat's logits; set it there",
+    skip_source=True,
+  )
   params = common.to_layout(common.nested(nanochat_to_laplax(tensors, spec.depth)), spec)
   parent = os.path.dirname(workdir_abs)
   files = {}
@@ -371,8 +427,9 @@ def convert_from_nanochat(model_dir: str, config: ml_collections.ConfigDict, wor
     files[TOKENIZER_FILE] = os.path.join(staged, TOKENIZER_FILE)
     tok.save(files[TOKENIZER_FILE])
   try:
-    common.write_workdir(workdir, config, params, vocab_size=mc["vocab_size"], files=files,
-                         source=weights)
+    common.write_workdir(
+      workdir, config, params, vocab_size=mc["vocab_size"], files=files, source=weights
+    )
   finally:
     if files:
       shutil.rmtree(os.path.dirname(files[TOKENIZER_FILE]), ignore_errors=True)
@@ -386,13 +443,16 @@ def laplacian_counts(spec) -> int | list[int]:
   Raises:
     ConvertError: a layer whose Laplacian heads are not its last ``k``.
   """
-  from laplax import attention  # pylint: disable=import-outside-toplevel
+  from laplax import attention
+
   counts = []
   for i, row in enumerate(spec.laplacian_array):
     k = int(row.sum())
     if not np.array_equal(row, attention.laplacian_heads(spec.num_heads, k)):
-      raise ConvertError(f"layer {i}'s Laplacian heads {np.flatnonzero(row).tolist()} are "
-                         f"not its last {k}; nanochat's laplacian_heads counts the last heads")
+      raise ConvertError(
+        f"layer {i}'s Laplacian heads {np.flatnonzero(row).tolist()} are "
+        f"not its last {k}; nanochat's laplacian_heads counts the last heads"
+      )
     counts.append(k)
   return counts[0] if len(set(counts)) == 1 else counts
 
@@ -401,8 +461,12 @@ def _refuse_options(spec) -> None:
   """Raises :class:`ConvertError` for a GPT that nanochat's model does not
   compute: every spec field whose ``convert`` metadata does not admit its
   value for ``"nanochat"`` (:func:`~laplax.convert.common.refuse_unsupported`)."""
-  common.refuse_unsupported(spec, "nanochat", "nanochat's GPT", "this workdir cannot be "
-                            "written as nanochat (train it with the nanochat recipe)")
+  common.refuse_unsupported(
+    spec,
+    "nanochat",
+    "nanochat's GPT",
+    "this workdir cannot be written as nanochat (train it with the nanochat recipe)",
+  )
 
 
 def convert_to_nanochat(workdir: str, out_dir: str) -> None:
@@ -427,30 +491,43 @@ def convert_to_nanochat(workdir: str, out_dir: str) -> None:
   if os.path.exists(out_abs):
     raise ConvertError(f"--out {out_abs} exists; give a new directory (nothing was written)")
   config, spec, params, step = common.read_workdir(workdir)
-  from laplax import tasks  # pylint: disable=import-outside-toplevel
+  from laplax import tasks
+
   if not tasks.is_language_model(config) or config.model.get("name") != "gpt":
-    raise ConvertError(f"{workdir} is a {config.get('task')} run of model "
-                       f"{config.model.get('name')!r}; --to nanochat needs a GPT language model")
+    raise ConvertError(
+      f"{workdir} is a {config.get('task')} run of model "
+      f"{config.model.get('name')!r}; --to nanochat needs a GPT language model"
+    )
   _refuse_options(spec)
   heads = laplacian_counts(spec)
   flat = common.flat(params)
   vocab_size = int(np.shape(flat["token_embedding/embedding"])[0])
-  mc = {"sequence_len": spec.max_length, "vocab_size": vocab_size, "n_layer": spec.depth,
-        "n_head": spec.num_heads, "n_kv_head": spec.num_heads, "n_embd": spec.width}
+  mc = {
+    "sequence_len": spec.max_length,
+    "vocab_size": vocab_size,
+    "n_layer": spec.depth,
+    "n_head": spec.num_heads,
+    "n_kv_head": spec.num_heads,
+    "n_embd": spec.width,
+  }
   if heads:
     mc["laplacian_heads"] = heads
   tensors = laplax_to_nanochat(flat, spec.depth)
   tokenizer = os.path.join(os.path.expanduser(workdir), TOKENIZER_FILE)
   tok = read_tokenizer(tokenizer, vocab_size) if os.path.isfile(tokenizer) else None
   try:
-    import torch  # pylint: disable=import-outside-toplevel
+    import torch
   except ImportError:
-    raise ConvertError("--to nanochat writes a PyTorch file and torch is not installed; "
-                       "pip install -r requirements-test.txt") from None
+    raise ConvertError(
+      "--to nanochat writes a PyTorch file and torch is not installed; "
+      "pip install -r requirements-test.txt"
+    ) from None
+
   def as_torch(a):
     if a.dtype.name == "bfloat16":
       return torch.from_numpy(np.ascontiguousarray(a).view(np.int16)).view(torch.bfloat16)
     return torch.from_numpy(np.ascontiguousarray(a, np.float32))
+
   state = {name: as_torch(np.asarray(a)) for name, a in tensors.items()}
   parent = os.path.dirname(out_abs)
   os.makedirs(parent, exist_ok=True)
@@ -458,8 +535,11 @@ def convert_to_nanochat(workdir: str, out_dir: str) -> None:
   try:
     torch.save(state, os.path.join(tmp, f"model_{step:06d}.pt"))
     with open(os.path.join(tmp, f"meta_{step:06d}.json"), "w", encoding="utf-8") as f:
-      json.dump({"step": step, "model_config": mc, "max_seq_len": spec.max_length,
-                 "source": "laplax"}, f, indent=2)
+      json.dump(
+        {"step": step, "model_config": mc, "max_seq_len": spec.max_length, "source": "laplax"},
+        f,
+        indent=2,
+      )
       f.write("\n")
     if tok is not None:
       tok.save_nanochat(tmp)

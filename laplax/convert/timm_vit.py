@@ -33,7 +33,8 @@ import json
 import math
 import os
 import shutil
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -55,8 +56,9 @@ def parse_model_args(text: str) -> dict:
   for item in filter(None, (t.strip() for t in (text or "").split(","))):
     key, sep, value = item.partition("=")
     if not sep or not key.strip():
-      raise ConvertError(f"--model_args item {item!r} is not key=value; e.g. "
-                         f"--model_args img_size=28,in_chans=1")
+      raise ConvertError(
+        f"--model_args item {item!r} is not key=value; e.g. --model_args img_size=28,in_chans=1"
+      )
     value = value.strip()
     literal = {"True": True, "False": False, "None": None}
     if value in literal:
@@ -84,23 +86,28 @@ def timm_model(name: str, model_args: Mapping | None = None, seed: int = 0):
     ConvertError: timm is not installed, or ``name`` / an argument is unknown.
   """
   try:
-    import timm  # pylint: disable=import-outside-toplevel
+    import timm
   except ImportError:
-    raise ConvertError("--from timm needs timm and torch: pip install -r "
-                       "requirements-test.txt") from None
+    raise ConvertError(
+      "--from timm needs timm and torch: pip install -r requirements-test.txt"
+    ) from None
   if not timm.is_model(name.split(".")[0]):  # a tag (".augreg_in21k") names weights
     close = timm.list_models(f"{name.split('_')[0]}_*")[:5]
-    raise ConvertError(f"--model {name} is not a timm model" +
-                       (f"; e.g. {', '.join(close)}" if close else ""))
-  import torch  # pylint: disable=import-outside-toplevel  # timm imported it already
+    raise ConvertError(
+      f"--model {name} is not a timm model" + (f"; e.g. {', '.join(close)}" if close else "")
+    )
+  import torch  # timm imported it already
+
   try:
     with torch.random.fork_rng():
       torch.manual_seed(seed)
       return timm.create_model(name, pretrained=False, **dict(model_args or {})).eval()
-  except Exception as e:  # pylint: disable=broad-except  # timm asserts, KeyErrors, ...
-    raise ConvertError(f"timm.create_model({name!r}) failed with --model_args "
-                       f"{dict(model_args or {})}: {type(e).__name__}: "
-                       f"{str(e).splitlines()[0] if str(e) else ''}") from None
+  except Exception as e:  # timm asserts, KeyErrors, ...
+    raise ConvertError(
+      f"timm.create_model({name!r}) failed with --model_args "
+      f"{dict(model_args or {})}: {type(e).__name__}: "
+      f"{str(e).splitlines()[0] if str(e) else ''}"
+    ) from None
 
 
 def _identity(module) -> bool:
@@ -117,32 +124,42 @@ def architecture(model) -> dict:
       pooling, an activation other than GELU, no qkv bias, ...), named.
   """
   if type(model).__name__ != "VisionTransformer":
-    raise ConvertError(f"{type(model).__name__} is not a timm VisionTransformer; "
-                       f"laplax converts timm ViT / DeiT-3 models")
+    raise ConvertError(
+      f"{type(model).__name__} is not a timm VisionTransformer; "
+      f"laplax converts timm ViT / DeiT-3 models"
+    )
   block = model.blocks[0]
   if type(block).__name__ != "Block":
-    raise ConvertError(f"this timm model's blocks are {type(block).__name__}; laplax "
-                       f"converts timm's plain pre-norm Block")
+    raise ConvertError(
+      f"this timm model's blocks are {type(block).__name__}; laplax "
+      f"converts timm's plain pre-norm Block"
+    )
   attn, mlp = block.attn, block.mlp
   act = type(mlp.act).__name__
   tanh = act == "GELUTanh" or getattr(mlp.act, "approximate", "none") == "tanh"
   checks = [
-      (getattr(model, "num_reg_tokens", 0) == 0, "register tokens"),
-      (_identity(model.norm_pre), "a norm before the blocks (norm_pre)"),
-      (getattr(model, "attn_pool", None) is None, "attention pooling"),
-      (model.global_pool in ("token", "avg"), f"global_pool={model.global_pool!r}"),
-      (not (model.cls_token is not None and model.global_pool == "avg"),
-       "a class token with mean pooling (use class_token=False)"),
-      (model.cls_token is not None or model.global_pool == "avg",
-       "no class token with token pooling"),
-      (attn.qkv.bias is not None, "qkv_bias=False (laplax biases all projections)"),
-      (attn.proj.bias is not None and mlp.fc1.bias is not None,
-       "bias-free projections (laplax biases all projections)"),
-      (act in ("GELU", "GELUTanh"), f"the MLP activation {act}"),
-      (_identity(getattr(attn, "norm", None)), "a norm inside attention"),
-      (_identity(getattr(mlp, "norm", None)), "a norm inside the MLP"),
-      (model.pos_embed is not None, "no position embedding"),
-      (_identity(model.patch_embed.norm), "a norm after the patch embedding"),
+    (getattr(model, "num_reg_tokens", 0) == 0, "register tokens"),
+    (_identity(model.norm_pre), "a norm before the blocks (norm_pre)"),
+    (getattr(model, "attn_pool", None) is None, "attention pooling"),
+    (model.global_pool in ("token", "avg"), f"global_pool={model.global_pool!r}"),
+    (
+      not (model.cls_token is not None and model.global_pool == "avg"),
+      "a class token with mean pooling (use class_token=False)",
+    ),
+    (
+      model.cls_token is not None or model.global_pool == "avg",
+      "no class token with token pooling",
+    ),
+    (attn.qkv.bias is not None, "qkv_bias=False (laplax biases all projections)"),
+    (
+      attn.proj.bias is not None and mlp.fc1.bias is not None,
+      "bias-free projections (laplax biases all projections)",
+    ),
+    (act in ("GELU", "GELUTanh"), f"the MLP activation {act}"),
+    (_identity(getattr(attn, "norm", None)), "a norm inside attention"),
+    (_identity(getattr(mlp, "norm", None)), "a norm inside the MLP"),
+    (model.pos_embed is not None, "no position embedding"),
+    (_identity(model.patch_embed.norm), "a norm after the patch embedding"),
   ]
   for ok, what in checks:
     if not ok:
@@ -150,32 +167,52 @@ def architecture(model) -> dict:
   norm = model.fc_norm if not _identity(model.fc_norm) else model.norm
   qk_norm = not _identity(attn.q_norm)
   if qk_norm and abs(attn.q_norm.eps - 1e-6) > 1e-12:
-    raise ConvertError(f"this timm model's qk-norm has eps={attn.q_norm.eps}; "
-                       f"laplax's qk-norm uses 1e-6")
+    raise ConvertError(
+      f"this timm model's qk-norm has eps={attn.q_norm.eps}; laplax's qk-norm uses 1e-6"
+    )
   patch = tuple(model.patch_embed.patch_size)
   if patch[0] != patch[1]:
     raise ConvertError(f"patch size {patch} is not square; laplax patches are square")
   return dict(
-      embed_dim=model.embed_dim, depth=len(model.blocks), num_heads=attn.num_heads,
-      mlp_dim=mlp.fc1.out_features, patch_size=patch[0],
-      img_size=tuple(model.patch_embed.img_size),
-      in_chans=model.patch_embed.proj.in_channels, num_classes=model.num_classes,
-      class_token=model.cls_token is not None, no_embed_class=bool(model.no_embed_class),
-      fc_norm=not _identity(model.fc_norm), qk_norm=qk_norm,
-      layerscale=not _identity(block.ls1),
-      gelu="gelu" if tanh else "gelu_exact", norm_eps=float(norm.eps))
+    embed_dim=model.embed_dim,
+    depth=len(model.blocks),
+    num_heads=attn.num_heads,
+    mlp_dim=mlp.fc1.out_features,
+    patch_size=patch[0],
+    img_size=tuple(model.patch_embed.img_size),
+    in_chans=model.patch_embed.proj.in_channels,
+    num_classes=model.num_classes,
+    class_token=model.cls_token is not None,
+    no_embed_class=bool(model.no_embed_class),
+    fc_norm=not _identity(model.fc_norm),
+    qk_norm=qk_norm,
+    layerscale=not _identity(block.ls1),
+    gelu="gelu" if tanh else "gelu_exact",
+    norm_eps=float(norm.eps),
+  )
 
 
 def model_keys(arch: Mapping) -> dict:
   """The laplax ``config.model`` keys of a timm :func:`architecture`."""
   return dict(
-      name="vit", width=arch["embed_dim"], depth=arch["depth"],
-      num_heads=arch["num_heads"], mlp_dim=arch["mlp_dim"],
-      patch_size=arch["patch_size"], pool="tok" if arch["class_token"] else "gap",
-      posemb="learn", fc_norm=arch["fc_norm"], qk_norm=arch["qk_norm"],
-      qk_norm_type="layernorm", qk_scale=1.0,
-      layerscale_init=1e-6 if arch["layerscale"] else None, use_bias=True,
-      mlp_activation=arch["gelu"], norm="layernorm", norm_eps=arch["norm_eps"])
+    name="vit",
+    width=arch["embed_dim"],
+    depth=arch["depth"],
+    num_heads=arch["num_heads"],
+    mlp_dim=arch["mlp_dim"],
+    patch_size=arch["patch_size"],
+    pool="tok" if arch["class_token"] else "gap",
+    posemb="learn",
+    fc_norm=arch["fc_norm"],
+    qk_norm=arch["qk_norm"],
+    qk_norm_type="layernorm",
+    qk_scale=1.0,
+    layerscale_init=1e-6 if arch["layerscale"] else None,
+    use_bias=True,
+    mlp_activation=arch["gelu"],
+    norm="layernorm",
+    norm_eps=arch["norm_eps"],
+  )
 
 
 def _t(x: np.ndarray) -> np.ndarray:
@@ -197,30 +234,38 @@ def timm_to_laplax(state: Mapping[str, np.ndarray], arch: Mapping) -> dict:
     used.add(name)
     value = state[name]
     if shape is not None and tuple(value.shape) != tuple(shape):
-      raise ConvertError(f"timm tensor {name} has shape {tuple(value.shape)}; this "
-                         f"architecture needs {tuple(shape)}")
+      raise ConvertError(
+        f"timm tensor {name} has shape {tuple(value.shape)}; this architecture needs {tuple(shape)}"
+      )
     return value
 
   d, hidden, c = arch["embed_dim"], arch["mlp_dim"], arch["in_chans"]
   p = arch["patch_size"]
   grid = (arch["img_size"][0] // p) * (arch["img_size"][1] // p)
   prefix = 1 if arch["class_token"] and not arch["no_embed_class"] else 0
-  out = {"embedding/kernel": take("patch_embed.proj.weight", (d, c, p, p)).transpose(2, 3, 1, 0),
-         "embedding/bias": take("patch_embed.proj.bias", (d,))}
+  out = {
+    "embedding/kernel": take("patch_embed.proj.weight", (d, c, p, p)).transpose(2, 3, 1, 0),
+    "embedding/bias": take("patch_embed.proj.bias", (d,)),
+  }
   pos = take("pos_embed", (1, prefix + grid, d))
   out["pos_embedding"] = np.ascontiguousarray(pos[:, prefix:])
   if arch["class_token"]:
     out["cls"] = take("cls_token", (1, 1, d)) + (pos[:, :1] if prefix else 0.0)
-  lin = lambda name, n_in, n_out: (_t(take(f"{name}.weight", (n_out, n_in))),
-                                   take(f"{name}.bias", (n_out,)))
+  lin = lambda name, n_in, n_out: (
+    _t(take(f"{name}.weight", (n_out, n_in))),
+    take(f"{name}.bias", (n_out,)),
+  )
   for i in range(arch["depth"]):
     b, o = f"blocks.{i}", f"block{i}"
     for t, l in (("norm1", "norm1"), ("norm2", "norm2")):
-      out[f"{o}/{l}/scale"], out[f"{o}/{l}/bias"] = take(f"{b}.{t}.weight", (d,)), take(f"{b}.{t}.bias", (d,))
+      out[f"{o}/{l}/scale"], out[f"{o}/{l}/bias"] = (
+        take(f"{b}.{t}.weight", (d,)),
+        take(f"{b}.{t}.bias", (d,)),
+      )
     w, bias = lin(f"{b}.attn.qkv", d, 3 * d)
     for j, name in enumerate(("query", "key", "value")):
-      out[f"{o}/attention/{name}/kernel"] = np.ascontiguousarray(w[:, j * d:(j + 1) * d])
-      out[f"{o}/attention/{name}/bias"] = bias[j * d:(j + 1) * d]
+      out[f"{o}/attention/{name}/kernel"] = np.ascontiguousarray(w[:, j * d : (j + 1) * d])
+      out[f"{o}/attention/{name}/bias"] = bias[j * d : (j + 1) * d]
     if arch["qk_norm"]:
       hd = d // arch["num_heads"]
       for t, l in (("q_norm", "query_norm"), ("k_norm", "key_norm")):
@@ -233,13 +278,18 @@ def timm_to_laplax(state: Mapping[str, np.ndarray], arch: Mapping) -> dict:
     out[f"{o}/mlp/fc1/kernel"], out[f"{o}/mlp/fc1/bias"] = lin(f"{b}.mlp.fc1", d, hidden)
     out[f"{o}/mlp/fc2/kernel"], out[f"{o}/mlp/fc2/bias"] = lin(f"{b}.mlp.fc2", hidden, d)
   norm = "fc_norm" if arch["fc_norm"] else "norm"
-  out["encoder_norm/scale"], out["encoder_norm/bias"] = take(f"{norm}.weight", (d,)), take(f"{norm}.bias", (d,))
+  out["encoder_norm/scale"], out["encoder_norm/bias"] = (
+    take(f"{norm}.weight", (d,)),
+    take(f"{norm}.bias", (d,)),
+  )
   if arch["num_classes"]:
     out["head/kernel"], out["head/bias"] = lin("head", d, arch["num_classes"])
   left = sorted(set(state) - used)
   if left:
-    raise ConvertError(f"the timm weights have tensor {left[0]}, which this "
-                       f"architecture has not" + (f" ({len(left)} such)" if len(left) > 1 else ""))
+    raise ConvertError(
+      f"the timm weights have tensor {left[0]}, which this "
+      f"architecture has not" + (f" ({len(left)} such)" if len(left) > 1 else "")
+    )
   return common.nested(out)
 
 
@@ -256,8 +306,9 @@ def laplax_to_timm(params: Mapping, spec, config=None) -> tuple[dict, dict]:
       than its default; :func:`~laplax.convert.common.refuse_unsupported`),
       or a fixed sin-cos position embedding without a known image size.
   """
-  common.refuse_unsupported(spec, "timm", "timm's VisionTransformer",
-                            "this workdir cannot be written as timm")
+  common.refuse_unsupported(
+    spec, "timm", "timm's VisionTransformer", "this workdir cannot be written as timm"
+  )
   f = common.flat(params)
   d, p = spec.width, spec.patch_size
   kernel = np.asarray(f["embedding/kernel"])
@@ -266,18 +317,26 @@ def laplax_to_timm(params: Mapping, spec, config=None) -> tuple[dict, dict]:
     pos = np.asarray(f["pos_embedding"], np.float32)
     side = math.isqrt(pos.shape[1])
     if side * side != pos.shape[1]:
-      raise ConvertError(f"pos_embedding has {pos.shape[1]} patches, not a square grid; "
-                         f"timm's img_size cannot be inferred")
+      raise ConvertError(
+        f"pos_embedding has {pos.shape[1]} patches, not a square grid; "
+        f"timm's img_size cannot be inferred"
+      )
   else:
     size = config.data.image_size if config is not None else None
     if not size:
-      raise ConvertError("model.posemb='sincos2d' needs config.data.image_size to "
-                         "write timm's pos_embed; set it in the run's config")
-    from laplax.models.vit import posemb_sincos_2d  # pylint: disable=import-outside-toplevel
+      raise ConvertError(
+        "model.posemb='sincos2d' needs config.data.image_size to "
+        "write timm's pos_embed; set it in the run's config"
+      )
+    from laplax.models.vit import posemb_sincos_2d
+
     side = int(size) // p
     pos = posemb_sincos_2d(side, side, d)
-  sd = {"patch_embed.proj.weight": kernel.transpose(3, 2, 0, 1),
-        "patch_embed.proj.bias": f["embedding/bias"], "pos_embed": pos}
+  sd = {
+    "patch_embed.proj.weight": kernel.transpose(3, 2, 0, 1),
+    "patch_embed.proj.bias": f["embedding/bias"],
+    "pos_embed": pos,
+  }
   if spec.pool == "tok":
     sd["cls_token"] = f["cls"]
   for i in range(spec.depth):
@@ -286,16 +345,28 @@ def laplax_to_timm(params: Mapping, spec, config=None) -> tuple[dict, dict]:
       sd[f"{b}.{n}.weight"], sd[f"{b}.{n}.bias"] = f[f"{o}/{n}/scale"], f[f"{o}/{n}/bias"]
     a = f"{o}/attention"
     sd[f"{b}.attn.qkv.weight"] = np.concatenate(
-        [_t(f[f"{a}/{n}/kernel"]) for n in ("query", "key", "value")], 0)
-    sd[f"{b}.attn.qkv.bias"] = np.concatenate([f[f"{a}/{n}/bias"] for n in ("query", "key", "value")])
+      [_t(f[f"{a}/{n}/kernel"]) for n in ("query", "key", "value")], 0
+    )
+    sd[f"{b}.attn.qkv.bias"] = np.concatenate(
+      [f[f"{a}/{n}/bias"] for n in ("query", "key", "value")]
+    )
     if spec.attention.qk_norm:
       for t, l in (("q_norm", "query_norm"), ("k_norm", "key_norm")):
-        sd[f"{b}.attn.{t}.weight"], sd[f"{b}.attn.{t}.bias"] = f[f"{a}/{l}/scale"], f[f"{a}/{l}/bias"]
-    sd[f"{b}.attn.proj.weight"], sd[f"{b}.attn.proj.bias"] = _t(f[f"{a}/out/kernel"]), f[f"{a}/out/bias"]
+        sd[f"{b}.attn.{t}.weight"], sd[f"{b}.attn.{t}.bias"] = (
+          f[f"{a}/{l}/scale"],
+          f[f"{a}/{l}/bias"],
+        )
+    sd[f"{b}.attn.proj.weight"], sd[f"{b}.attn.proj.bias"] = (
+      _t(f[f"{a}/out/kernel"]),
+      f[f"{a}/out/bias"],
+    )
     if spec.layerscale_init is not None:
       sd[f"{b}.ls1.gamma"], sd[f"{b}.ls2.gamma"] = f[f"{o}/ls1/scale"], f[f"{o}/ls2/scale"]
     for n in ("fc1", "fc2"):
-      sd[f"{b}.mlp.{n}.weight"], sd[f"{b}.mlp.{n}.bias"] = _t(f[f"{o}/mlp/{n}/kernel"]), f[f"{o}/mlp/{n}/bias"]
+      sd[f"{b}.mlp.{n}.weight"], sd[f"{b}.mlp.{n}.bias"] = (
+        _t(f[f"{o}/mlp/{n}/kernel"]),
+        f[f"{o}/mlp/{n}/bias"],
+      )
   norm = "fc_norm" if spec.fc_norm else "norm"
   sd[f"{norm}.weight"], sd[f"{norm}.bias"] = f["encoder_norm/scale"], f["encoder_norm/bias"]
   num_classes = 0
@@ -304,13 +375,23 @@ def laplax_to_timm(params: Mapping, spec, config=None) -> tuple[dict, dict]:
     num_classes = int(np.shape(f["head/kernel"])[1])
   sd = {k: np.ascontiguousarray(np.asarray(v, np.float32)) for k, v in sd.items()}
   model_args = dict(
-      img_size=side * p, patch_size=p, in_chans=int(c), num_classes=num_classes,
-      global_pool="token" if spec.pool == "tok" else "avg", embed_dim=d,
-      depth=spec.depth, num_heads=spec.num_heads, mlp_ratio=spec.mlp_dim / d,
-      qkv_bias=True, qk_norm=spec.attention.qk_norm,
-      init_values=spec.layerscale_init, class_token=spec.pool == "tok",
-      no_embed_class=True, fc_norm=spec.fc_norm,
-      act_layer="gelu" if spec.mlp_activation == "gelu_exact" else "gelu_tanh")
+    img_size=side * p,
+    patch_size=p,
+    in_chans=int(c),
+    num_classes=num_classes,
+    global_pool="token" if spec.pool == "tok" else "avg",
+    embed_dim=d,
+    depth=spec.depth,
+    num_heads=spec.num_heads,
+    mlp_ratio=spec.mlp_dim / d,
+    qkv_bias=True,
+    qk_norm=spec.attention.qk_norm,
+    init_values=spec.layerscale_init,
+    class_token=spec.pool == "tok",
+    no_embed_class=True,
+    fc_norm=spec.fc_norm,
+    act_layer="gelu" if spec.mlp_activation == "gelu_exact" else "gelu_tanh",
+  )
   return sd, model_args
 
 
@@ -325,13 +406,16 @@ def load_weights(path: str) -> dict[str, np.ndarray]:
     raise ConvertError(f"--weights {path} does not exist")
   try:
     if path.endswith(".safetensors"):
-      from safetensors.numpy import load_file  # pylint: disable=import-outside-toplevel
+      from safetensors.numpy import load_file
+
       return dict(load_file(path))
-    import torch  # pylint: disable=import-outside-toplevel
+    import torch
+
     state = torch.load(path, map_location="cpu", weights_only=True)
-  except Exception as e:  # pylint: disable=broad-except
-    raise ConvertError(f"--weights {path} is not a safetensors or PyTorch state "
-                       f"dict ({type(e).__name__})") from None
+  except Exception as e:
+    raise ConvertError(
+      f"--weights {path} is not a safetensors or PyTorch state dict ({type(e).__name__})"
+    ) from None
   if isinstance(state, dict) and "model" in state and isinstance(state["model"], dict):
     state = state["model"]
   if not isinstance(state, dict):
@@ -342,13 +426,15 @@ def load_weights(path: str) -> dict[str, np.ndarray]:
 def _is_classification(config) -> bool:
   """Whether ``config``'s task is :class:`~laplax.tasks.classification.ClassificationTask`
   (or a subclass): timm's ViTs are classifiers."""
-  from laplax import tasks  # pylint: disable=import-outside-toplevel
+  from laplax import tasks
+
   cls = tasks.task_class(config)
   return cls is not None and issubclass(cls, tasks.ClassificationTask)
 
 
-def convert_from_timm(name: str, weights: str | None, model_args: str, config,
-                      workdir: str) -> None:
+def convert_from_timm(
+  name: str, weights: str | None, model_args: str, config, workdir: str
+) -> None:
   """``--from timm``: the timm model ``name`` (its random initialisation, or
   ``weights``) -> a new laplax workdir with ``config``'s data and training
   settings and the model keys of the timm architecture (the config's
@@ -361,30 +447,45 @@ def convert_from_timm(name: str, weights: str | None, model_args: str, config,
   if os.path.exists(workdir):
     raise ConvertError(f"--workdir {workdir} exists; give a new directory (nothing was written)")
   if not _is_classification(config):
-    raise ConvertError(f"--config is a {config.get('task')} config; --from timm needs "
-                       f"a classification config (e.g. configs/deit3_imagenet.py)")
+    raise ConvertError(
+      f"--config is a {config.get('task')} config; --from timm needs "
+      f"a classification config (e.g. configs/deit3_imagenet.py)"
+    )
   model = timm_model(name, parse_model_args(model_args))
   arch = architecture(model)
-  state = load_weights(weights) if weights else {
-      k: v.detach().float().numpy() for k, v in model.state_dict().items()}
+  state = (
+    load_weights(weights)
+    if weights
+    else {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
+  )
   params = timm_to_laplax(state, arch)
   for key, value in model_keys(arch).items():
     config.model[key] = value
   if "image_size" in config.data and arch["img_size"][0] == arch["img_size"][1]:
     config.data.image_size = int(arch["img_size"][0])
-  from laplax.models import spec as spec_lib  # pylint: disable=import-outside-toplevel
-  from laplax import tasks  # pylint: disable=import-outside-toplevel
+  from laplax import tasks
+  from laplax.models import spec as spec_lib
+
   try:
     tasks.validate(config, None, strict_keys=True)
     spec = spec_lib.from_config(config.model)
   except ValueError as e:
     raise ConvertError(str(e)) from None
-  common.refuse_unsupported(spec, "timm", "timm's VisionTransformer", "the converted model "
-                            "would not compute timm's logits; set it there", skip_source=True)
-  common.write_workdir(workdir, config, common.to_layout(params, spec),
-                       num_classes=arch["num_classes"],
-                       image_shape=tuple(arch["img_size"]) + (arch["in_chans"],),
-                       source=weights or f"timm {name}")
+  common.refuse_unsupported(
+    spec,
+    "timm",
+    "timm's VisionTransformer",
+    "the converted model would not compute timm's logits; set it there",
+    skip_source=True,
+  )
+  common.write_workdir(
+    workdir,
+    config,
+    common.to_layout(params, spec),
+    num_classes=arch["num_classes"],
+    image_shape=tuple(arch["img_size"]) + (arch["in_chans"],),
+    source=weights or f"timm {name}",
+  )
 
 
 def convert_to_timm(workdir: str, out_dir: str, force: bool) -> str | None:
@@ -401,20 +502,24 @@ def convert_to_timm(workdir: str, out_dir: str, force: bool) -> str | None:
     raise ConvertError(f"--out {out_dir} exists; give a new directory (nothing was written)")
   config, spec, params, step = common.read_workdir(workdir)
   if not _is_classification(config) or config.model.name != "vit":
-    raise ConvertError(f"{workdir} is a {config.task} run; --to timm converts ViT "
-                       f"classifiers (a DINO backbone is not a timm classifier)")
+    raise ConvertError(
+      f"{workdir} is a {config.task} run; --to timm converts ViT "
+      f"classifiers (a DINO backbone is not a timm classifier)"
+    )
   note = common.refuse_laplax_only(spec, "timm", force)
   params = {k: v for k, v in common.flat(params).items() if not k.endswith("laplacian_mix")}
   state, model_args = laplax_to_timm(common.nested(params), spec, config)
-  from safetensors.numpy import save_file  # pylint: disable=import-outside-toplevel
+  from safetensors.numpy import save_file
+
   parent = os.path.dirname(os.path.abspath(out_dir))
   os.makedirs(parent, exist_ok=True)
   tmp = common.new_directory(parent)
   try:
     save_file(state, os.path.join(tmp, WEIGHTS))
     with open(os.path.join(tmp, TIMM_CONFIG), "w") as f:
-      json.dump({"model_args": model_args, "laplax_step": step,
-                 "laplax_changes": note}, f, indent=2)
+      json.dump(
+        {"model_args": model_args, "laplax_step": step, "laplax_changes": note}, f, indent=2
+      )
     common.commit_directory(tmp, out_dir)
   except BaseException:
     shutil.rmtree(tmp, ignore_errors=True)
@@ -425,9 +530,10 @@ def convert_to_timm(workdir: str, out_dir: str, force: bool) -> str | None:
 def timm_from_dir(out_dir: str) -> Any:
   """The timm model a ``--to timm`` directory describes, its weights loaded
   with ``strict=True`` (needs timm and torch)."""
-  import torch  # pylint: disable=import-outside-toplevel
-  from safetensors.torch import load_file  # pylint: disable=import-outside-toplevel
-  from timm.models.vision_transformer import VisionTransformer  # pylint: disable=import-outside-toplevel
+  import torch
+  from safetensors.torch import load_file
+  from timm.models.vision_transformer import VisionTransformer
+
   with open(os.path.join(out_dir, TIMM_CONFIG)) as f:
     model_args = json.load(f)["model_args"]
   model = VisionTransformer(**model_args)

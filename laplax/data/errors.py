@@ -17,5 +17,7 @@ def corrupt_prepared(what: str, directory: str, error: BaseException) -> DataErr
       its message is quoted on one line, at most 200 characters.
   """
   detail = " ".join(str(error).split())[:200] or type(error).__name__
-  return DataError(f"The prepared files of {what} are corrupt ({detail}); delete "
-                   f"{directory} and run again to prepare them anew.")
+  return DataError(
+    f"The prepared files of {what} are corrupt ({detail}); delete "
+    f"{directory} and run again to prepare them anew."
+  )

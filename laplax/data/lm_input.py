@@ -41,14 +41,16 @@ def default_config(name: str) -> ml_collections.ConfigDict:
   :func:`laplax.data.text.corpus.default_config` (the table
   :func:`laplax.tasks.schema.complete` fills a language model's ``data``
   section from)."""
-  # pylint: disable=import-outside-toplevel
   if name == "fineweb_edu":
     from laplax.data.text import fineweb  # pulls pyarrow
+
     return fineweb.default_config()
   if name in ("chat_mid", "chat_sft"):
     from laplax.data.chat import mixture as chat_mixture
+
     return chat_mixture.default_config(name)
   from laplax.data.text import corpus as text
+
   return text.default_config()
 
 
@@ -58,51 +60,75 @@ def prepare(config: ml_collections.ConfigDict, workdir: str | None):
   Raises:
     DataError: see :func:`laplax.data.text.corpus.prepare` / :func:`laplax.data.text.fineweb.prepare`.
   """
-  # pylint: disable=import-outside-toplevel
   if is_chat(config):
     from laplax.data.chat import mixture as chat_mixture
+
     return chat_mixture.prepare(config.data, workdir, batch_size=config.batch_size)
   if is_fineweb(config):  # streams and pop rows checked against the global batch
     from laplax.data.text import fineweb
-    return fineweb.prepare(config.data, workdir, seq_len=config.model.max_length,
-                           batch_size=config.batch_size)
+
+    return fineweb.prepare(
+      config.data, workdir, seq_len=config.model.max_length, batch_size=config.batch_size
+    )
   from laplax.data.text import corpus as text
+
   return text.prepare(config.data, workdir, seq_len=config.model.max_length)
 
 
-def train_dataset(config: ml_collections.ConfigDict, tokenizer, process_index: int = 0,
-                  process_count: int = 1) -> grain.IterDataset:
+def train_dataset(
+  config: ml_collections.ConfigDict, tokenizer, process_index: int = 0, process_count: int = 1
+) -> grain.IterDataset:
   """This process's infinite training batches of ``config.batch_size // process_count`` rows."""
-  # pylint: disable=import-outside-toplevel
   from laplax.data.chat import mixture as chat_mixture
-  from laplax.data.text import fineweb
   from laplax.data.text import corpus as text
+  from laplax.data.text import fineweb
+
   if is_chat(config):
     return chat_mixture.train_dataset(
-        config.data, tokenizer, batch_size=config.batch_size // process_count,
-        seq_len=config.model.max_length, process_index=process_index,
-        process_count=process_count)
+      config.data,
+      tokenizer,
+      batch_size=config.batch_size // process_count,
+      seq_len=config.model.max_length,
+      process_index=process_index,
+      process_count=process_count,
+    )
   module = fineweb if is_fineweb(config) else text
   return module.train_dataset(
-      config.data, tokenizer, batch_size=config.batch_size // process_count,
-      seq_len=config.model.max_length, seed=config.seed, process_index=process_index,
-      process_count=process_count)
+    config.data,
+    tokenizer,
+    batch_size=config.batch_size // process_count,
+    seq_len=config.model.max_length,
+    seed=config.seed,
+    process_index=process_index,
+    process_count=process_count,
+  )
 
 
 def eval_batches(config: ml_collections.ConfigDict, tokenizer) -> Iterator[dict]:
   """The validation batches of ``config.eval_batch_size`` rows (FineWeb-Edu:
   popped as the train batch pops)."""
-  # pylint: disable=import-outside-toplevel
   if is_chat(config):
     from laplax.data.chat import mixture as chat_mixture
-    return chat_mixture.eval_batches(config.data, tokenizer, batch_size=config.eval_batch_size,
-                                     seq_len=config.model.max_length,
-                                     train_batch_size=config.batch_size)
+
+    return chat_mixture.eval_batches(
+      config.data,
+      tokenizer,
+      batch_size=config.eval_batch_size,
+      seq_len=config.model.max_length,
+      train_batch_size=config.batch_size,
+    )
   if is_fineweb(config):
     from laplax.data.text import fineweb
-    return fineweb.eval_batches(config.data, tokenizer, batch_size=config.eval_batch_size,
-                                seq_len=config.model.max_length,
-                                train_batch_size=config.batch_size)
+
+    return fineweb.eval_batches(
+      config.data,
+      tokenizer,
+      batch_size=config.eval_batch_size,
+      seq_len=config.model.max_length,
+      train_batch_size=config.batch_size,
+    )
   from laplax.data.text import corpus as text
-  return text.eval_batches(config.data, tokenizer, batch_size=config.eval_batch_size,
-                           seq_len=config.model.max_length)
+
+  return text.eval_batches(
+    config.data, tokenizer, batch_size=config.eval_batch_size, seq_len=config.model.max_length
+  )

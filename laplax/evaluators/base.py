@@ -14,7 +14,8 @@ defaults. A config turns it on by naming it in ``config.evals``.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, ClassVar
+from collections.abc import Callable
+from typing import Any, ClassVar
 
 import ml_collections
 
@@ -47,6 +48,7 @@ class Context:
       ``patch_pca``'s :meth:`Evaluator.tokens_wanted`), so one pass gives all
       of them.
   """
+
   place: Callable | None = None
   out_dir: str | None = None
   say: Callable[[str], Any] = print
@@ -76,6 +78,7 @@ class Evaluator:
       validated or saved (:func:`laplax.evaluators.registry.complete`).
       Evaluators that share a key declare the same default.
   """
+
   name: ClassVar[str]
   stages: ClassVar[tuple[str, ...]] = (TRAIN, EVAL)
   tasks: ClassVar[tuple[str, ...]] = ()

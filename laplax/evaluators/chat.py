@@ -49,6 +49,7 @@ class ChatTask:
     kind: ``"choice"``, ``"gsm8k"`` or ``"humaneval"``.
     baseline: the chance score ``b`` of ChatCORE.
   """
+
   subset: str
   split: str
   layout: str
@@ -58,31 +59,57 @@ class ChatTask:
 
 
 def _humaneval_reader(files) -> list[dict]:
-  from laplax.evaluators import humaneval  # pylint: disable=import-outside-toplevel
+  from laplax.evaluators import humaneval
+
   problems = []
   for name in files or [None]:
     try:
       problems += humaneval.load_problems(name)
     except humaneval.HumanEvalError as e:
       raise DataError(str(e)) from None
-  return [{"messages": [{"role": "user", "content": p["prompt"]},
-                        {"role": "assistant", "content": p.get("canonical_solution", "")}],
-           "problem": p} for p in problems]
+  return [
+    {
+      "messages": [
+        {"role": "user", "content": p["prompt"]},
+        {"role": "assistant", "content": p.get("canonical_solution", "")},
+      ],
+      "problem": p,
+    }
+    for p in problems
+  ]
 
 
 TASKS = {
-    "arc_easy": ChatTask("ARC-Easy", "test", "ai2_arc/ARC-Easy/test-00000-of-00001.parquet",
-                         chat_sources.arc, "choice", 0.25),
-    "arc_challenge": ChatTask("ARC-Challenge", "test",
-                              "ai2_arc/ARC-Challenge/test-00000-of-00001.parquet",
-                              chat_sources.arc, "choice", 0.25),
-    "mmlu": ChatTask("all", "test", "mmlu/all/test-00000-of-00001.parquet", chat_sources.mmlu,
-                     "choice", 0.25),
-    "gsm8k": ChatTask("main", "test", "gsm8k/main/test-00000-of-00001.parquet",
-                      chat_sources.gsm8k, "gsm8k", 0.0),
-    "humaneval": ChatTask("openai_humaneval", "test",
-                          "openai_humaneval/openai_humaneval/test-00000-of-00001.parquet",
-                          _humaneval_reader, "humaneval", 0.0),
+  "arc_easy": ChatTask(
+    "ARC-Easy",
+    "test",
+    "ai2_arc/ARC-Easy/test-00000-of-00001.parquet",
+    chat_sources.arc,
+    "choice",
+    0.25,
+  ),
+  "arc_challenge": ChatTask(
+    "ARC-Challenge",
+    "test",
+    "ai2_arc/ARC-Challenge/test-00000-of-00001.parquet",
+    chat_sources.arc,
+    "choice",
+    0.25,
+  ),
+  "mmlu": ChatTask(
+    "all", "test", "mmlu/all/test-00000-of-00001.parquet", chat_sources.mmlu, "choice", 0.25
+  ),
+  "gsm8k": ChatTask(
+    "main", "test", "gsm8k/main/test-00000-of-00001.parquet", chat_sources.gsm8k, "gsm8k", 0.0
+  ),
+  "humaneval": ChatTask(
+    "openai_humaneval",
+    "test",
+    "openai_humaneval/openai_humaneval/test-00000-of-00001.parquet",
+    _humaneval_reader,
+    "humaneval",
+    0.0,
+  ),
 }
 
 
@@ -98,8 +125,10 @@ def parse_tasks(text: str) -> list[str]:
     return list(TASKS)
   unknown = [n for n in names if n not in TASKS]
   if not names or unknown or len(set(names)) != len(names):
-    raise DataError(f"--chat_tasks={text!r}: give distinct names among {', '.join(TASKS)} "
-                    "(comma-separated), or all.")
+    raise DataError(
+      f"--chat_tasks={text!r}: give distinct names among {', '.join(TASKS)} "
+      "(comma-separated), or all."
+    )
   return names
 
 
@@ -113,8 +142,9 @@ def load_task(name: str, data_dir: str | None, max_problems: int | None = None) 
   """
   task = TASKS[name]
   if data_dir is None and task.kind != "humaneval":
-    raise DataError(f"--chat_tasks={name} needs --chat_data DIR holding its test split, e.g. "
-                    f"DIR/{task.layout}.")
+    raise DataError(
+      f"--chat_tasks={name} needs --chat_data DIR holding its test split, e.g. DIR/{task.layout}."
+    )
   if data_dir is not None and not os.path.isdir(os.path.expanduser(data_dir)):
     raise DataError(f"--chat_data={data_dir} is not a directory.")
   files = None
@@ -137,28 +167,60 @@ def chatcore(scores: dict[str, float]) -> float:
   return sum(centred) / len(centred)
 
 
-def humaneval_evaluate(model: Any, params: Any, tokenizer: Any, conversations: Sequence[dict],
-                       *, max_new_tokens: int = 512, batch_size: int = 8,
-                       progress: bool = True, workers: int | None = None,
-                       unsafe_no_sandbox: bool = False) -> dict:
+def humaneval_evaluate(
+  model: Any,
+  params: Any,
+  tokenizer: Any,
+  conversations: Sequence[dict],
+  *,
+  max_new_tokens: int = 512,
+  batch_size: int = 8,
+  progress: bool = True,
+  workers: int | None = None,
+  unsafe_no_sandbox: bool = False,
+) -> dict:
   """pass@1 of the model's greedy answers (user message: the problem's
   prompt), each program assembled and run by
   :func:`laplax.evaluators.humaneval.score_completions`."""
-  from laplax.evaluators import humaneval  # pylint: disable=import-outside-toplevel
-  from laplax.evaluators.generation import generate_answers  # pylint: disable=import-outside-toplevel
-  completions = generate_answers(model, params, tokenizer, conversations,
-                                 max_new_tokens=max_new_tokens, batch_size=batch_size,
-                                 desc="HumanEval", progress=progress)
-  result = humaneval.score_completions([c["problem"] for c in conversations], completions,
-                                       workers=workers, progress=progress,
-                                       unsafe=unsafe_no_sandbox)
-  return {"accuracy": result["pass@1"], "correct": result["passed"],
-          "total": result["problems"], "completions": completions}
+  from laplax.evaluators import humaneval
+  from laplax.evaluators.generation import generate_answers
+
+  completions = generate_answers(
+    model,
+    params,
+    tokenizer,
+    conversations,
+    max_new_tokens=max_new_tokens,
+    batch_size=batch_size,
+    desc="HumanEval",
+    progress=progress,
+  )
+  result = humaneval.score_completions(
+    [c["problem"] for c in conversations],
+    completions,
+    workers=workers,
+    progress=progress,
+    unsafe=unsafe_no_sandbox,
+  )
+  return {
+    "accuracy": result["pass@1"],
+    "correct": result["passed"],
+    "total": result["problems"],
+    "completions": completions,
+  }
 
 
-def run(model: Any, params: Any, tokenizer: Any, data: dict[str, list[dict]], *,
-        batch_size: int = 8, max_new_tokens: int = 512, progress: bool = True,
-        unsafe_no_sandbox: bool = False) -> dict:
+def run(
+  model: Any,
+  params: Any,
+  tokenizer: Any,
+  data: dict[str, list[dict]],
+  *,
+  batch_size: int = 8,
+  max_new_tokens: int = 512,
+  progress: bool = True,
+  unsafe_no_sandbox: bool = False,
+) -> dict:
   """Scores each task of ``data`` (task name -> :func:`load_task`'s conversations).
 
   Returns:
@@ -171,28 +233,51 @@ def run(model: Any, params: Any, tokenizer: Any, data: dict[str, list[dict]], *,
   Raises:
     DataError: a tokenizer without the chat special tokens; see the evaluators.
   """
-  from laplax.data.chat.render import chat_tokens  # pylint: disable=import-outside-toplevel
-  from laplax.evaluators import gsm8k, multiple_choice  # pylint: disable=import-outside-toplevel
+  from laplax.data.chat.render import chat_tokens
+  from laplax.evaluators import gsm8k, multiple_choice
+
   chat_tokens(tokenizer)
   scores, counts = {}, {}
   for name, conversations in data.items():
     kind = TASKS[name].kind
     if kind == "choice":
-      result = multiple_choice.evaluate(model, params, tokenizer, conversations,
-                                        batch_size=batch_size, desc=name, progress=progress)
+      result = multiple_choice.evaluate(
+        model, params, tokenizer, conversations, batch_size=batch_size, desc=name, progress=progress
+      )
     elif kind == "gsm8k":
-      result = gsm8k.evaluate(model, params, tokenizer, conversations,
-                              max_new_tokens=max_new_tokens, batch_size=batch_size,
-                              progress=progress)
+      result = gsm8k.evaluate(
+        model,
+        params,
+        tokenizer,
+        conversations,
+        max_new_tokens=max_new_tokens,
+        batch_size=batch_size,
+        progress=progress,
+      )
     else:
-      result = humaneval_evaluate(model, params, tokenizer, conversations,
-                                  max_new_tokens=max_new_tokens, batch_size=batch_size,
-                                  progress=progress, unsafe_no_sandbox=unsafe_no_sandbox)
+      result = humaneval_evaluate(
+        model,
+        params,
+        tokenizer,
+        conversations,
+        max_new_tokens=max_new_tokens,
+        batch_size=batch_size,
+        progress=progress,
+        unsafe_no_sandbox=unsafe_no_sandbox,
+      )
     scores[name], counts[name] = float(result["accuracy"]), int(result["total"])
-  sandboxed = {"humaneval_sandbox": "none (--unsafe_no_sandbox)" if unsafe_no_sandbox
-               else "bubblewrap"} if "humaneval" in scores else {}
-  return {**scores, "chatcore": chatcore(scores), "chatcore_tasks": list(scores),
-          "num_problems": counts, **sandboxed}
+  sandboxed = (
+    {"humaneval_sandbox": "none (--unsafe_no_sandbox)" if unsafe_no_sandbox else "bubblewrap"}
+    if "humaneval" in scores
+    else {}
+  )
+  return {
+    **scores,
+    "chatcore": chatcore(scores),
+    "chatcore_tasks": list(scores),
+    "num_problems": counts,
+    **sandboxed,
+  }
 
 
 class ChatBenchmark(Evaluator):
@@ -209,10 +294,15 @@ class ChatBenchmark(Evaluator):
   ``num_problems`` are over the benchmarks of the round so far (kept in
   ``ctx.cache``), so after the last one they cover all that ran.
   """
+
   stages = (EVAL,)
   tasks = ("lm",)
-  defaults = {"chat_data": "", "chat_max_problems": 0, "chat_batch_size": 8,
-              "chat_max_new_tokens": 512}
+  defaults = {
+    "chat_data": "",
+    "chat_max_problems": 0,
+    "chat_batch_size": 8,
+    "chat_max_new_tokens": 512,
+  }
 
   @classmethod
   def validate(cls, config) -> None:
@@ -226,20 +316,26 @@ class ChatBenchmark(Evaluator):
     """
     kind = config.data.tokenizer
     if kind != "nanochat":
-      raise DataError(f"config.evals names {cls.name}, but the run was trained with the "
-                      f"{kind} tokenizer, which has no chat special tokens; chat "
-                      "evaluation needs a run trained with --config.data.tokenizer=nanochat")
+      raise DataError(
+        f"config.evals names {cls.name}, but the run was trained with the "
+        f"{kind} tokenizer, which has no chat special tokens; chat "
+        "evaluation needs a run trained with --config.data.tokenizer=nanochat"
+      )
     data = config.eval.chat_data
-    config_lib.require(isinstance(data, str),
-                       f"config.eval.chat_data={data!r} must be a directory (or empty)")
+    config_lib.require(
+      isinstance(data, str), f"config.eval.chat_data={data!r} must be a directory (or empty)"
+    )
     task = TASKS[cls.name]
-    config_lib.require(data or task.kind == "humaneval",
-                       f"{cls.name} needs --chat_data DIR (--config.eval.chat_data=DIR) "
-                       f"holding its test split, e.g. DIR/{task.layout}")
-    config_lib.require(not data or os.path.isdir(os.path.expanduser(data)),
-                       f"--chat_data={data} (config.eval.chat_data) is not a directory")
-    for key, low in (("chat_max_problems", 0), ("chat_batch_size", 1),
-                     ("chat_max_new_tokens", 1)):
+    config_lib.require(
+      data or task.kind == "humaneval",
+      f"{cls.name} needs --chat_data DIR (--config.eval.chat_data=DIR) "
+      f"holding its test split, e.g. DIR/{task.layout}",
+    )
+    config_lib.require(
+      not data or os.path.isdir(os.path.expanduser(data)),
+      f"--chat_data={data} (config.eval.chat_data) is not a directory",
+    )
+    for key, low in (("chat_max_problems", 0), ("chat_batch_size", 1), ("chat_max_new_tokens", 1)):
       config_lib.check_int(config, f"eval.{key}", low)
 
   def prepare(self) -> None:
@@ -249,38 +345,52 @@ class ChatBenchmark(Evaluator):
       DataError: a missing split, malformed data.
     """
     e = self.settings
-    self.conversations = load_task(self.name, e["chat_data"] or None,
-                                   e["chat_max_problems"] or None)
+    self.conversations = load_task(
+      self.name, e["chat_data"] or None, e["chat_max_problems"] or None
+    )
 
   def run(self, state: Any, ctx: Context) -> dict:
     e = self.settings
-    out = run(self.task.model, state.params, self.task.tokenizer,
-              {self.name: self.conversations}, batch_size=e["chat_batch_size"],
-              max_new_tokens=e["chat_max_new_tokens"])
+    out = run(
+      self.task.model,
+      state.params,
+      self.task.tokenizer,
+      {self.name: self.conversations},
+      batch_size=e["chat_batch_size"],
+      max_new_tokens=e["chat_max_new_tokens"],
+    )
     scores = ctx.cache.setdefault("chat_scores", {})
     counts = ctx.cache.setdefault("chat_problems", {})
     scores[self.name], counts[self.name] = out[self.name], out["num_problems"][self.name]
-    return {self.name: out[self.name], "chatcore": chatcore(scores),
-            "chatcore_tasks": list(scores), "num_problems": dict(counts)}
+    return {
+      self.name: out[self.name],
+      "chatcore": chatcore(scores),
+      "chatcore_tasks": list(scores),
+      "num_problems": dict(counts),
+    }
 
 
 class ArcEasy(ChatBenchmark):
   """``arc_easy``: ARC-Easy letter accuracy."""
+
   name = "arc_easy"
 
 
 class ArcChallenge(ChatBenchmark):
   """``arc_challenge``: ARC-Challenge letter accuracy."""
+
   name = "arc_challenge"
 
 
 class MMLU(ChatBenchmark):
   """``mmlu``: MMLU letter accuracy."""
+
   name = "mmlu"
 
 
 class GSM8K(ChatBenchmark):
   """``gsm8k``: exact match of GSM8K's ``####`` answers."""
+
   name = "gsm8k"
 
 
@@ -289,6 +399,7 @@ class HumanEval(ChatBenchmark):
   (:mod:`laplax.evaluators.sandbox`). ``eval.unsafe_no_sandbox`` (False;
   ``eval.py --unsafe_no_sandbox``) runs the generated programs without
   isolation; the result's ``humaneval_sandbox`` says which."""
+
   name = "humaneval"
   defaults = {**ChatBenchmark.defaults, "unsafe_no_sandbox": False}
 
@@ -303,20 +414,30 @@ class HumanEval(ChatBenchmark):
     """
     super().validate(config)
     unsafe = config.eval.unsafe_no_sandbox
-    config_lib.require(isinstance(unsafe, bool),
-                       f"config.eval.unsafe_no_sandbox={unsafe!r} must be true or false")
+    config_lib.require(
+      isinstance(unsafe, bool), f"config.eval.unsafe_no_sandbox={unsafe!r} must be true or false"
+    )
     if not unsafe:
       sandbox.check_available()
 
   def run(self, state: Any, ctx: Context) -> dict:
     e = self.settings
-    out = run(self.task.model, state.params, self.task.tokenizer,
-              {self.name: self.conversations}, batch_size=e["chat_batch_size"],
-              max_new_tokens=e["chat_max_new_tokens"],
-              unsafe_no_sandbox=e["unsafe_no_sandbox"])
+    out = run(
+      self.task.model,
+      state.params,
+      self.task.tokenizer,
+      {self.name: self.conversations},
+      batch_size=e["chat_batch_size"],
+      max_new_tokens=e["chat_max_new_tokens"],
+      unsafe_no_sandbox=e["unsafe_no_sandbox"],
+    )
     scores = ctx.cache.setdefault("chat_scores", {})
     counts = ctx.cache.setdefault("chat_problems", {})
     scores[self.name], counts[self.name] = out[self.name], out["num_problems"][self.name]
-    return {self.name: out[self.name], "chatcore": chatcore(scores),
-            "chatcore_tasks": list(scores), "num_problems": dict(counts),
-            "humaneval_sandbox": out["humaneval_sandbox"]}
+    return {
+      self.name: out[self.name],
+      "chatcore": chatcore(scores),
+      "chatcore_tasks": list(scores),
+      "num_problems": dict(counts),
+      "humaneval_sandbox": out["humaneval_sandbox"],
+    }

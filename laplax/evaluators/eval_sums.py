@@ -21,6 +21,7 @@ class EvalSums(Evaluator):
 
 class Classification(EvalSums):
   """``classification``: top-1 accuracy and cross-entropy on the eval split."""
+
   name = "classification"
   tasks = ("classification",)
 
@@ -28,5 +29,6 @@ class Classification(EvalSums):
 class BitsPerByte(EvalSums):
   """``bits_per_byte``: next-token loss, perplexity and bits per byte on the
   validation split (nanochat's ``bpb``)."""
+
   name = "bits_per_byte"
   tasks = ("lm",)

@@ -52,7 +52,7 @@ def use_calculator(expr: str):
       signal.alarm(CALCULATOR_SECONDS)
     with warnings.catch_warnings():
       warnings.simplefilter("ignore", SyntaxWarning)
-      return eval(expr, {"__builtins__": {}}, {})  # pylint: disable=eval-used
+      return eval(expr, {"__builtins__": {}}, {})
   except Exception:  # a wrong expression is the model's mistake, not ours
     return None
   finally:
@@ -90,11 +90,21 @@ class Calculator:
     return []
 
 
-def generate_answers(model: Any, params: Any, tokenizer: Any, conversations: Sequence[dict],
-                     *, max_new_tokens: int = 512, batch_size: int = 8,
-                     temperature: float = 0.0, top_k: int | None = None, seed: int = 0,
-                     calculator: bool = True, desc: str = "generating",
-                     progress: bool = True) -> list[str]:
+def generate_answers(
+  model: Any,
+  params: Any,
+  tokenizer: Any,
+  conversations: Sequence[dict],
+  *,
+  max_new_tokens: int = 512,
+  batch_size: int = 8,
+  temperature: float = 0.0,
+  top_k: int | None = None,
+  seed: int = 0,
+  calculator: bool = True,
+  desc: str = "generating",
+  progress: bool = True,
+) -> list[str]:
   """The model's answer to each conversation (its last message is replaced).
 
   Prompts are batched in order of length (``batch_size`` rows, the last
@@ -113,19 +123,29 @@ def generate_answers(model: Any, params: Any, tokenizer: Any, conversations: Seq
   special = chat_tokens(tokenizer)
   stops = (special["<|assistant_end|>"], special["<|bos|>"])
   max_length = model.spec.max_length
-  prompts = [render_for_completion(tokenizer, c, where=f"{desc} item {i}")[-max_length:]
-             for i, c in enumerate(conversations)]
+  prompts = [
+    render_for_completion(tokenizer, c, where=f"{desc} item {i}")[-max_length:]
+    for i, c in enumerate(conversations)
+  ]
   order = sorted(range(len(prompts)), key=lambda i: prompts[i].size)
   answers: list[str] = [""] * len(prompts)
   rng = jax.random.PRNGKey(seed)
   with tqdm.tqdm(total=len(prompts), desc=desc, unit="problem", disable=not progress) as bar:
     for b in range(0, len(order), batch_size):
-      chunk = order[b:b + batch_size]
+      chunk = order[b : b + batch_size]
       tool = Calculator(tokenizer) if calculator else None
       rows = sampling.generate_batch(
-          model, params, [prompts[i] for i in chunk], max_new_tokens=max_new_tokens,
-          temperature=temperature, top_k=top_k, rng=jax.random.fold_in(rng, b),
-          stop_tokens=stops, tool=tool, rows=batch_size)
+        model,
+        params,
+        [prompts[i] for i in chunk],
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        top_k=top_k,
+        rng=jax.random.fold_in(rng, b),
+        stop_tokens=stops,
+        tool=tool,
+        rows=batch_size,
+      )
       for i, row in zip(chunk, rows):
         answers[i] = tokenizer.decode(np.asarray(row))
       bar.update(len(chunk))

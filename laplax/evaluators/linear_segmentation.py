@@ -35,7 +35,6 @@ import numpy as np
 import optax
 
 
-
 def confusion(predicted, target, num_classes: int) -> np.ndarray:
   """The ``[num_classes, num_classes]`` int64 confusion matrix (rows: target).
 
@@ -49,14 +48,16 @@ def confusion(predicted, target, num_classes: int) -> np.ndarray:
   """
   p, t = np.asarray(predicted).ravel(), np.asarray(target).ravel()
   if np.shape(predicted) != np.shape(target):
-    raise ValueError(f"predicted {np.shape(predicted)} and target {np.shape(target)} "
-                     f"must have the same shape")
+    raise ValueError(
+      f"predicted {np.shape(predicted)} and target {np.shape(target)} must have the same shape"
+    )
   keep = t >= 0
   p, t = p[keep].astype(np.int64), t[keep].astype(np.int64)
   if p.size and (p.min() < 0 or p.max() >= num_classes or t.max() >= num_classes):
     raise ValueError(f"class ids must be in [0, {num_classes})")
-  return np.bincount(t * num_classes + p, minlength=num_classes ** 2).reshape(
-      num_classes, num_classes)
+  return np.bincount(t * num_classes + p, minlength=num_classes**2).reshape(
+    num_classes, num_classes
+  )
 
 
 def miou(matrix: np.ndarray) -> dict:
@@ -73,8 +74,11 @@ def miou(matrix: np.ndarray) -> dict:
   iou = [float(a / u) if u > 0 else None for a, u in zip(tp, union)]
   present = [v for v in iou if v is not None]
   total = m.sum()
-  return {"miou": float(np.mean(present)) if present else float("nan"), "iou": iou,
-          "pixel_accuracy": float(tp.sum() / total) if total else float("nan")}
+  return {
+    "miou": float(np.mean(present)) if present else float("nan"),
+    "iou": iou,
+    "pixel_accuracy": float(tp.sum() / total) if total else float("nan"),
+  }
 
 
 def standardisation(x, chunk: int = 64) -> tuple[np.ndarray, np.ndarray]:
@@ -92,11 +96,11 @@ def standardisation(x, chunk: int = 64) -> tuple[np.ndarray, np.ndarray]:
   count = float(np.prod(x.shape[:-1]))
   total = np.zeros(d)
   for i in range(0, len(x), chunk):
-    total += np.asarray(x[i:i + chunk], np.float64).reshape(-1, d).sum(0)
+    total += np.asarray(x[i : i + chunk], np.float64).reshape(-1, d).sum(0)
   mean = total / max(count, 1.0)
   squares = np.zeros(d)
   for i in range(0, len(x), chunk):
-    squares += ((np.asarray(x[i:i + chunk], np.float64).reshape(-1, d) - mean) ** 2).sum(0)
+    squares += ((np.asarray(x[i : i + chunk], np.float64).reshape(-1, d) - mean) ** 2).sum(0)
   std = np.sqrt(squares / max(count, 1.0))
   std = np.where(std > 1e-12 * np.maximum(1.0, np.abs(mean)), std, 1.0)
   return mean.astype(np.float32), std.astype(np.float32)
@@ -110,8 +114,9 @@ def upsampled_logits(params, patches, mean, std, size):
   (bilinear, half-pixel centres, as PyTorch's ``align_corners=False``).
   """
   logits = ((patches - mean) / std) @ params["w"] + params["b"]
-  return jax.image.resize(logits, (logits.shape[0],) + tuple(size) + logits.shape[-1:],
-                          method="bilinear")
+  return jax.image.resize(
+    logits, (logits.shape[0],) + tuple(size) + logits.shape[-1:], method="bilinear"
+  )
 
 
 def _loss(params, x, y, mean, std):
@@ -124,8 +129,9 @@ def _loss(params, x, y, mean, std):
 
 def _optimizer(lr, weight_decay, steps: int):
   """AdamW with a cosine decay from ``lr`` to 0, decay on ``W`` only."""
-  return optax.adamw(optax.cosine_decay_schedule(lr, steps), weight_decay=weight_decay,
-                     mask={"w": True, "b": False})
+  return optax.adamw(
+    optax.cosine_decay_schedule(lr, steps), weight_decay=weight_decay, mask={"w": True, "b": False}
+  )
 
 
 @functools.partial(jax.jit, static_argnames="steps")
@@ -144,26 +150,39 @@ def _predict(params, x, y, mean, std, *, num_classes: int):
   predicted = jnp.argmax(upsampled_logits(params, x, mean, std, y.shape[1:]), -1)
   valid = y >= 0
   index = jnp.where(valid, y, 0) * num_classes + predicted
-  counts = jnp.bincount(index.ravel(), weights=valid.ravel().astype(jnp.int32),
-                        length=num_classes * num_classes)
+  counts = jnp.bincount(
+    index.ravel(), weights=valid.ravel().astype(jnp.int32), length=num_classes * num_classes
+  )
   return predicted.astype(jnp.int32), counts.astype(jnp.int32)
 
 
-def _check_probe_inputs(x, y, x_test, y_test, num_classes, steps, batch_size, lr,
-                        weight_decay) -> None:
+def _check_probe_inputs(
+  x, y, x_test, y_test, num_classes, steps, batch_size, lr, weight_decay
+) -> None:
   """ValueError for inputs :func:`linear_segmentation_probe` cannot take."""
-  if (x.ndim != 4 or x_test.ndim != 4 or x.shape[3] != x_test.shape[3]
-      or y.shape[:1] != x.shape[:1] or y_test.shape[:1] != x_test.shape[:1]
-      or y.ndim != 3 or y_test.shape[1:] != y.shape[1:] or not len(x)):
-    raise ValueError(f"patches [N, h, w, D] and masks [N, H, W] (N >= 1) do not fit: "
-                     f"{x.shape}, {y.shape}, {x_test.shape}, {y_test.shape}")
+  if (
+    x.ndim != 4
+    or x_test.ndim != 4
+    or x.shape[3] != x_test.shape[3]
+    or y.shape[:1] != x.shape[:1]
+    or y_test.shape[:1] != x_test.shape[:1]
+    or y.ndim != 3
+    or y_test.shape[1:] != y.shape[1:]
+    or not len(x)
+  ):
+    raise ValueError(
+      f"patches [N, h, w, D] and masks [N, H, W] (N >= 1) do not fit: "
+      f"{x.shape}, {y.shape}, {x_test.shape}, {y_test.shape}"
+    )
   if not (np.isfinite(x).all() and np.isfinite(x_test).all()):
     raise ValueError("patch features contain NaN or inf")
   if num_classes < 2 or max(y.max(initial=0), y_test.max(initial=0)) >= num_classes:
     raise ValueError(f"labels must be in [0, num_classes={num_classes}) with num_classes >= 2")
   if steps < 1 or batch_size < 1 or not lr > 0 or not math.isfinite(lr) or weight_decay < 0:
-    raise ValueError(f"need steps >= 1, batch_size >= 1, lr > 0, weight_decay >= 0; got "
-                     f"{steps}, {batch_size}, {lr}, {weight_decay}")
+    raise ValueError(
+      f"need steps >= 1, batch_size >= 1, lr > 0, weight_decay >= 0; got "
+      f"{steps}, {batch_size}, {lr}, {weight_decay}"
+    )
 
 
 def _put(place, batch: dict) -> dict:
@@ -171,11 +190,22 @@ def _put(place, batch: dict) -> dict:
   return place(batch) if place is not None else {k: jnp.asarray(v) for k, v in batch.items()}
 
 
-def linear_segmentation_probe(train_patches, train_masks, test_patches, test_masks, *,
-                              num_classes: int, steps: int = 500, lr: float = 0.05,
-                              weight_decay: float = 1e-4, batch_size: int = 64,
-                              seed: int = 0, place=None, progress: bool = False,
-                              keep_predictions: int | None = None) -> dict:
+def linear_segmentation_probe(
+  train_patches,
+  train_masks,
+  test_patches,
+  test_masks,
+  *,
+  num_classes: int,
+  steps: int = 500,
+  lr: float = 0.05,
+  weight_decay: float = 1e-4,
+  batch_size: int = 64,
+  seed: int = 0,
+  place=None,
+  progress: bool = False,
+  keep_predictions: int | None = None,
+) -> dict:
   """DINOv2's linear segmentation protocol on frozen patch features.
 
   A linear layer on the standardised patch features (:func:`standardisation`
@@ -215,47 +245,75 @@ def linear_segmentation_probe(train_patches, train_masks, test_patches, test_mas
     ValueError: shapes that do not fit, non-finite features, labels outside
       ``[0, num_classes)``, or bad optimiser settings.
   """
-  import tqdm  # pylint: disable=import-outside-toplevel
+  import tqdm
+
   x, x_test = np.asarray(train_patches, np.float32), np.asarray(test_patches, np.float32)
   y = np.asarray(train_masks).astype(np.int32)
   y_test = np.asarray(test_masks).astype(np.int32)
   _check_probe_inputs(x, y, x_test, y_test, num_classes, steps, batch_size, lr, weight_decay)
   mean, std = (jnp.asarray(a) for a in standardisation(x))
   b, d = int(min(batch_size, len(x))), x.shape[-1]
-  params = {"w": jnp.zeros((d, num_classes), jnp.float32),
-            "b": jnp.zeros((num_classes,), jnp.float32)}
+  params = {
+    "w": jnp.zeros((d, num_classes), jnp.float32),
+    "b": jnp.zeros((num_classes,), jnp.float32),
+  }
   opt_state = _optimizer(lr, weight_decay, steps).init(params)
   key = jax.random.key(int(seed))
-  draws = np.asarray(jax.vmap(lambda t: jax.random.randint(
-      jax.random.fold_in(key, t), (b,), 0, len(x)))(jnp.arange(int(steps))))
-  for idx in tqdm.tqdm(draws, desc="segmentation probe", unit="step", leave=False,
-                       disable=not progress, mininterval=1.0):
+  draws = np.asarray(
+    jax.vmap(lambda t: jax.random.randint(jax.random.fold_in(key, t), (b,), 0, len(x)))(
+      jnp.arange(int(steps))
+    )
+  )
+  for idx in tqdm.tqdm(
+    draws,
+    desc="segmentation probe",
+    unit="step",
+    leave=False,
+    disable=not progress,
+    mininterval=1.0,
+  ):
     batch = _put(place, {"x": x[idx], "y": y[idx]})
-    params, opt_state = _step(params, opt_state, batch["x"], batch["y"], mean, std,
-                              jnp.float32(lr), jnp.float32(weight_decay), steps=int(steps))
+    params, opt_state = _step(
+      params,
+      opt_state,
+      batch["x"],
+      batch["y"],
+      mean,
+      std,
+      jnp.float32(lr),
+      jnp.float32(weight_decay),
+      steps=int(steps),
+    )
   keep = len(x_test) if keep_predictions is None else min(int(keep_predictions), len(x_test))
   counts = np.zeros(num_classes * num_classes, np.int64)
   kept = []
-  for i in tqdm.tqdm(range(0, len(x_test), b), desc="segmentation test", unit="batch",
-                     leave=False, disable=not progress, mininterval=1.0):
+  for i in tqdm.tqdm(
+    range(0, len(x_test), b),
+    desc="segmentation test",
+    unit="batch",
+    leave=False,
+    disable=not progress,
+    mininterval=1.0,
+  ):
     n = min(b, len(x_test) - i)
     xb = np.zeros((b,) + x_test.shape[1:], np.float32)
     yb = np.full((b,) + y_test.shape[1:], -1, np.int32)
-    xb[:n], yb[:n] = x_test[i:i + n], y_test[i:i + n]
+    xb[:n], yb[:n] = x_test[i : i + n], y_test[i : i + n]
     batch = _put(place, {"x": xb, "y": yb})
-    predicted, c = _predict(params, batch["x"], batch["y"], mean, std,
-                            num_classes=int(num_classes))
+    predicted, c = _predict(params, batch["x"], batch["y"], mean, std, num_classes=int(num_classes))
     counts += np.asarray(jax.device_get(c), np.int64)
     if i < keep:
-      kept.append(np.asarray(jax.device_get(predicted))[:min(n, keep - i)])
+      kept.append(np.asarray(jax.device_get(predicted))[: min(n, keep - i)])
   result = miou(counts.reshape(num_classes, num_classes))
-  result["predictions"] = (np.concatenate(kept) if kept
-                           else np.zeros((0,) + y_test.shape[1:], np.int32))
+  result["predictions"] = (
+    np.concatenate(kept) if kept else np.zeros((0,) + y_test.shape[1:], np.int32)
+  )
   return result
 
 
-def save_segmentation_figure(path, images, masks, predictions, num_classes: int, *,
-                             title: str = "") -> str:
+def save_segmentation_figure(
+  path, images, masks, predictions, num_classes: int, *, title: str = ""
+) -> str:
   """Writes a PNG of ``B`` columns: an image, its true mask, the predicted mask.
 
   Each image is min-max scaled on its own (grey images in grey); class ``c``
@@ -277,32 +335,44 @@ def save_segmentation_figure(path, images, masks, predictions, num_classes: int,
   Raises:
     ValueError: shapes that do not fit, ``B = 0`` or non-finite images.
   """
-  images, masks, predictions = (np.asarray(images), np.asarray(masks),
-                                np.asarray(predictions))
-  if (images.ndim != 4 or images.shape[-1] not in (1, 3) or masks.ndim != 3
-      or predictions.shape != masks.shape or len(images) != len(masks) or not len(images)):
-    raise ValueError(f"need images [B, H, W, 1 or 3] and masks, predictions [B, h, w] "
-                     f"with B >= 1; got {images.shape}, {masks.shape}, {predictions.shape}")
+  images, masks, predictions = (np.asarray(images), np.asarray(masks), np.asarray(predictions))
+  if (
+    images.ndim != 4
+    or images.shape[-1] not in (1, 3)
+    or masks.ndim != 3
+    or predictions.shape != masks.shape
+    or len(images) != len(masks)
+    or not len(images)
+  ):
+    raise ValueError(
+      f"need images [B, H, W, 1 or 3] and masks, predictions [B, h, w] "
+      f"with B >= 1; got {images.shape}, {masks.shape}, {predictions.shape}"
+    )
   if not np.isfinite(images).all():
     raise ValueError("images contains NaN or inf")
-  import matplotlib  # pylint: disable=import-outside-toplevel
+  import matplotlib
+
   matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
-  from matplotlib import colors  # pylint: disable=import-outside-toplevel
+  import matplotlib.pyplot as plt
+  from matplotlib import colors
+
   n = max(int(num_classes), 1)
   base = plt.get_cmap("tab20" if n <= 20 else "nipy_spectral")
-  cmap = colors.ListedColormap([base(i / max(n - 1, 1)) if n > 20 else base(i)
-                                for i in range(n)]).with_extremes(under="white")
+  cmap = colors.ListedColormap(
+    [base(i / max(n - 1, 1)) if n > 20 else base(i) for i in range(n)]
+  ).with_extremes(under="white")
   b = len(images)
   fig, axes = plt.subplots(3, b, figsize=(1.6 * b, 5.0), squeeze=False)
   for i in range(b):
     x = images[i].astype(np.float64)
     x = (x - x.min()) / (x.max() - x.min()) if x.max() > x.min() else np.zeros_like(x)
-    axes[0, i].imshow(x[..., 0] if x.shape[-1] == 1 else x, cmap="gray", vmin=0, vmax=1,
-                      interpolation="nearest")
+    axes[0, i].imshow(
+      x[..., 0] if x.shape[-1] == 1 else x, cmap="gray", vmin=0, vmax=1, interpolation="nearest"
+    )
     for row, m in ((1, masks[i]), (2, predictions[i])):
-      axes[row, i].imshow(np.where(m < 0, -1, m), cmap=cmap, vmin=-0.5, vmax=n - 0.5,
-                          interpolation="nearest")
+      axes[row, i].imshow(
+        np.where(m < 0, -1, m), cmap=cmap, vmin=-0.5, vmax=n - 0.5, interpolation="nearest"
+      )
   for row, name in enumerate(("image", "true mask", "predicted")):
     axes[row, 0].set_ylabel(name)
   for ax in axes.ravel():

@@ -60,8 +60,11 @@ def read_choices(path: str) -> list[dict]:
     q, choices, answer = item.get("question"), item.get("choices"), item.get("answer")
     if not isinstance(q, str):
       raise ChoicesError(f"{where}: 'question' must be a string")
-    if (not isinstance(choices, list) or len(choices) < 2
-        or not all(isinstance(c, str) and c for c in choices)):
+    if (
+      not isinstance(choices, list)
+      or len(choices) < 2
+      or not all(isinstance(c, str) and c for c in choices)
+    ):
       raise ChoicesError(f"{where}: 'choices' must be a list of at least two non-empty strings")
     if not isinstance(answer, int) or isinstance(answer, bool) or not 0 <= answer < len(choices):
       raise ChoicesError(f"{where}: 'answer' must be an index in 0..{len(choices) - 1}")
@@ -80,17 +83,22 @@ def score_choices(model: Any, params: Any, tokenizer: Any, items: list[dict]) ->
   predictions = []
   for item in items:
     context = tokenizer.encode(item["question"])
-    scores = [sampling.continuation_logprob(model, params, context,
-                                            tokenizer.encode(" " + c))
-              for c in item["choices"]]
+    scores = [
+      sampling.continuation_logprob(model, params, context, tokenizer.encode(" " + c))
+      for c in item["choices"]
+    ]
     predictions.append(int(np.argmax(scores)))
   correct = sum(p == item["answer"] for p, item in zip(predictions, items))
-  return {"choices_accuracy": correct / len(items), "num_questions": len(items),
-          "predictions": predictions}
+  return {
+    "choices_accuracy": correct / len(items),
+    "num_questions": len(items),
+    "predictions": predictions,
+  }
 
 
-def greedy_sample(model: nn.Module, params: Any, tokenizer: Any, prompt: np.ndarray,
-                  num_tokens: int) -> str:
+def greedy_sample(
+  model: nn.Module, params: Any, tokenizer: Any, prompt: np.ndarray, num_tokens: int
+) -> str:
   """The text of ``prompt`` (int32 ``[k]`` token ids) and of ``num_tokens``
   tokens decoded greedily after it with the KV cache
   (:func:`laplax.models.sampling.generate`, temperature 0).
@@ -105,6 +113,7 @@ def greedy_sample(model: nn.Module, params: Any, tokenizer: Any, prompt: np.ndar
     out = sampling.generate(model, params, prompt, max_new_tokens=num_tokens, temperature=0.0)
   return tokenizer.decode(prompt) + tokenizer.decode(out)
 
+
 class Samples(Evaluator):
   """``samples``: ``{"sample": text}``, the first ``eval.sample_prompt_tokens``
   tokens of the validation text (at most half the context) continued by
@@ -112,6 +121,7 @@ class Samples(Evaluator):
   into TensorBoard and ``metrics.jsonl``. The same prompt at every
   evaluation, so a run's samples show its text change; none when
   ``eval.sample_tokens`` is 0. Training only (``eval.py --sample`` samples)."""
+
   name = "samples"
   stages = (TRAIN,)
   tasks = ("lm",)
@@ -125,11 +135,14 @@ class Samples(Evaluator):
       ConfigError: the first bad key.
     """
     for key, low, fix in (
-        ("sample_tokens", 0, "tokens sampled at each evaluation, 0 for none"),
-        ("sample_prompt_tokens", 1, "validation tokens that prompt the sample")):
+      ("sample_tokens", 0, "tokens sampled at each evaluation, 0 for none"),
+      ("sample_prompt_tokens", 1, "validation tokens that prompt the sample"),
+    ):
       value = config.eval[key]
-      config_lib.require(isinstance(value, int) and not isinstance(value, bool) and value >= low,
-                         f"config.eval.{key}={value!r} must be an integer >= {low}: {fix}")
+      config_lib.require(
+        isinstance(value, int) and not isinstance(value, bool) and value >= low,
+        f"config.eval.{key}={value!r} must be an integer >= {low}: {fix}",
+      )
 
   def run(self, state: Any, ctx: Context) -> dict:
     del state, ctx
@@ -141,14 +154,18 @@ class Samples(Evaluator):
       return {}
     k = max(1, min(int(e["sample_prompt_tokens"]), self.task.seq_len // 2))
     prompt = next(iter(self.task.eval_batches()))["tokens"][0, :k]
-    return {"sample": greedy_sample(self.task.model, state.params, self.task.tokenizer, prompt,
-                                    e["sample_tokens"])}
+    return {
+      "sample": greedy_sample(
+        self.task.model, state.params, self.task.tokenizer, prompt, e["sample_tokens"]
+      )
+    }
 
 
 class MultipleChoice(Evaluator):
   """``multiple_choice``: accuracy on a JSON-lines file of questions by summed
   log-likelihood of each choice (:func:`score_choices`). ``eval.py --choices
   FILE`` adds it, with the file's items (no config names it)."""
+
   name = "multiple_choice"
   stages = (EVAL,)
 
@@ -159,5 +176,7 @@ class MultipleChoice(Evaluator):
   def run(self, state: Any, ctx: Context) -> dict:
     del ctx
     result = score_choices(self.task.model, state.params, self.task.tokenizer, self.items)
-    return {"choices_accuracy": result["choices_accuracy"],
-            "num_questions": result["num_questions"]}
+    return {
+      "choices_accuracy": result["choices_accuracy"],
+      "num_questions": result["num_questions"],
+    }

@@ -39,15 +39,23 @@ def letter_ids(tokenizer: Any, letters: Sequence[str]) -> list[int]:
   for letter in letters:
     encoded = tokenizer.encode(letter)
     if len(encoded) != 1:
-      raise DataError(f"The choice letter {letter!r} is {len(encoded)} tokens; nanochat's "
-                      "multiple-choice scoring needs one token per letter.")
+      raise DataError(
+        f"The choice letter {letter!r} is {len(encoded)} tokens; nanochat's "
+        "multiple-choice scoring needs one token per letter."
+      )
     ids.append(int(encoded[0]))
   return ids
 
 
-def answer_logits(model: Any, params: Any, prompts: Sequence[np.ndarray], pad_id: int,
-                  batch_size: int = 8, desc: str = "multiple choice",
-                  progress: bool = True) -> np.ndarray:
+def answer_logits(
+  model: Any,
+  params: Any,
+  prompts: Sequence[np.ndarray],
+  pad_id: int,
+  batch_size: int = 8,
+  desc: str = "multiple choice",
+  progress: bool = True,
+) -> np.ndarray:
   """float32 ``[len(prompts), vocab]``: each prompt's next-token logits at its
   last token, in batches of ``batch_size`` rows right-padded with ``pad_id``
   to a power-of-two width (at most ``max_length``; a longer prompt keeps its
@@ -55,28 +63,35 @@ def answer_logits(model: Any, params: Any, prompts: Sequence[np.ndarray], pad_id
   max_length = model.spec.max_length
   prompts = [np.asarray(p, np.int32)[-max_length:] for p in prompts]
   if model not in _LOGITS_CACHE:
+
     def last_logits(params, tokens, last):
       logits, _ = model.apply({"params": params}, tokens)
       return jnp.take_along_axis(logits, last[:, None, None], axis=1)[:, 0]
+
     _LOGITS_CACHE[model] = jax.jit(last_logits)
   forward = _LOGITS_CACHE[model]
   out = []
-  for b in tqdm.trange(0, len(prompts), batch_size, desc=desc, unit="batch",
-                       disable=not progress):
-    chunk = prompts[b:b + batch_size]
+  for b in tqdm.trange(0, len(prompts), batch_size, desc=desc, unit="batch", disable=not progress):
+    chunk = prompts[b : b + batch_size]
     longest = max(p.size for p in chunk)
     width = min(max_length, 1 << (longest - 1).bit_length())
     tokens = np.full((batch_size, width), pad_id, np.int32)
     last = np.zeros(batch_size, np.int32)
     for i, p in enumerate(chunk):
-      tokens[i, :p.size], last[i] = p, p.size - 1
-    out.append(np.asarray(forward(params, tokens, last))[:len(chunk)])
+      tokens[i, : p.size], last[i] = p, p.size - 1
+    out.append(np.asarray(forward(params, tokens, last))[: len(chunk)])
   return np.concatenate(out) if out else np.zeros((0, 0), np.float32)
 
 
-def evaluate(model: Any, params: Any, tokenizer: Any, conversations: Sequence[dict],
-             batch_size: int = 8, desc: str = "multiple choice",
-             progress: bool = True) -> dict:
+def evaluate(
+  model: Any,
+  params: Any,
+  tokenizer: Any,
+  conversations: Sequence[dict],
+  batch_size: int = 8,
+  desc: str = "multiple choice",
+  progress: bool = True,
+) -> dict:
   """Accuracy of the letter predictions (see the module docstring).
 
   Args:
@@ -103,8 +118,11 @@ def evaluate(model: Any, params: Any, tokenizer: Any, conversations: Sequence[di
     choices.append((list(letters), letter_ids(tokenizer, letters)))
     answers.append(answer)
   logits = answer_logits(model, params, prompts, special["<|bos|>"], batch_size, desc, progress)
-  predictions = [letters[int(np.argmax(row[ids]))]
-                 for row, (letters, ids) in zip(logits, choices)]
+  predictions = [letters[int(np.argmax(row[ids]))] for row, (letters, ids) in zip(logits, choices)]
   correct = sum(p == a for p, a in zip(predictions, answers))
-  return {"accuracy": correct / len(answers) if answers else 0.0, "correct": correct,
-          "total": len(answers), "predictions": predictions}
+  return {
+    "accuracy": correct / len(answers) if answers else 0.0,
+    "correct": correct,
+    "total": len(answers),
+    "predictions": predictions,
+  }

@@ -31,7 +31,8 @@ from __future__ import annotations
 import functools
 import math
 import os
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -65,22 +66,23 @@ def _labels(y, n: int, num_classes: int, name: str) -> np.ndarray:
   if not np.issubdtype(y.dtype, np.integer):
     raise ValueError(f"{name} must be integers, got dtype {y.dtype}")
   if n and (y.min() < 0 or y.max() >= num_classes):
-    raise ValueError(
-        f"{name} must lie in [0, {num_classes}), got values in "
-        f"[{y.min()}, {y.max()}]")
+    raise ValueError(f"{name} must lie in [0, {num_classes}), got values in [{y.min()}, {y.max()}]")
   return y.astype(np.int32)
 
 
 def _check_dims(train: np.ndarray, test: np.ndarray) -> None:
   if train.shape[1] != test.shape[1]:
     raise ValueError(
-        f"train features have dim {train.shape[1]} but test features have dim "
-        f"{test.shape[1]}")
+      f"train features have dim {train.shape[1]} but test features have dim {test.shape[1]}"
+    )
 
 
 def _check_num_classes(num_classes, minimum: int) -> int:
-  if isinstance(num_classes, bool) or not isinstance(num_classes, (int, np.integer)) \
-      or num_classes < minimum:
+  if (
+    isinstance(num_classes, bool)
+    or not isinstance(num_classes, (int, np.integer))
+    or num_classes < minimum
+  ):
     raise ValueError(f"num_classes must be an integer >= {minimum}, got {num_classes!r}")
   return int(num_classes)
 
@@ -95,30 +97,35 @@ def _l2_normalize(x: jax.Array) -> jax.Array:
 
 
 @functools.partial(jax.jit, static_argnames=("k", "num_classes"))
-def _knn_chunks(train, train_labels, test_chunks, temperature, *, k: int,
-                num_classes: int):
+def _knn_chunks(train, train_labels, test_chunks, temperature, *, k: int, num_classes: int):
   """Predictions ``int32 [n_chunks, chunk]`` for ``test_chunks [n_chunks, chunk, D]``."""
   train = _l2_normalize(train)
 
   def one_chunk(test):
-    sims = _l2_normalize(test) @ train.T                       # [chunk, N]
-    top_sims, top_idx = jax.lax.top_k(sims, k)                 # [chunk, k], descending
+    sims = _l2_normalize(test) @ train.T  # [chunk, N]
+    top_sims, top_idx = jax.lax.top_k(sims, k)  # [chunk, k], descending
     # exp(sim / T) up to a per-row factor exp(-max / T), which leaves the
     # argmax unchanged and keeps small temperatures finite. (The max is a
     # reduction, not ``top_sims[:, :1]``: a second slice of the sort output
     # stops XLA:CPU from rewriting the sort into its fast TopK, 50x slower.)
-    weights = jnp.exp((top_sims - jnp.max(top_sims, axis=1, keepdims=True))
-                      / temperature)
+    weights = jnp.exp((top_sims - jnp.max(top_sims, axis=1, keepdims=True)) / temperature)
     votes = jax.nn.one_hot(train_labels[top_idx], num_classes, dtype=weights.dtype)
-    votes = jnp.einsum("ck,ckn->cn", weights, votes)          # [chunk, num_classes]
+    votes = jnp.einsum("ck,ckn->cn", weights, votes)  # [chunk, num_classes]
     return jnp.argmax(votes, axis=-1).astype(jnp.int32)
 
   return jax.lax.map(one_chunk, test_chunks)
 
 
-def knn_predict(train_features, train_labels, test_features, *, num_classes: int,
-                k: int = 20, temperature: float = 0.07,
-                chunk_size: int = 1024) -> np.ndarray:
+def knn_predict(
+  train_features,
+  train_labels,
+  test_features,
+  *,
+  num_classes: int,
+  k: int = 20,
+  temperature: float = 0.07,
+  chunk_size: int = 1024,
+) -> np.ndarray:
   """Weighted k-NN classification of frozen features (DINO, Caron et al. 2021).
 
   Following Wu et al. (2018) as used in DINO: all features are L2 normalised;
@@ -158,8 +165,9 @@ def knn_predict(train_features, train_labels, test_features, *, num_classes: int
     raise ValueError(f"k must be an integer in [1, {n}] (the train set size), got {k!r}")
   if not temperature > 0 or not math.isfinite(temperature):
     raise ValueError(f"temperature must be finite and > 0, got {temperature!r}")
-  if isinstance(chunk_size, bool) or not isinstance(chunk_size, (int, np.integer)) \
-      or chunk_size < 1:
+  if (
+    isinstance(chunk_size, bool) or not isinstance(chunk_size, (int, np.integer)) or chunk_size < 1
+  ):
     raise ValueError(f"chunk_size must be an integer >= 1, got {chunk_size!r}")
   m = test.shape[0]
   if m == 0:
@@ -168,14 +176,18 @@ def knn_predict(train_features, train_labels, test_features, *, num_classes: int
   n_chunks = -(-m // chunk)
   padded = np.zeros((n_chunks * chunk, test.shape[1]), np.float32)
   padded[:m] = test
-  preds = _knn_chunks(jnp.asarray(train), jnp.asarray(labels),
-                      jnp.asarray(padded.reshape(n_chunks, chunk, -1)),
-                      jnp.float32(temperature), k=int(k), num_classes=num_classes)
+  preds = _knn_chunks(
+    jnp.asarray(train),
+    jnp.asarray(labels),
+    jnp.asarray(padded.reshape(n_chunks, chunk, -1)),
+    jnp.float32(temperature),
+    k=int(k),
+    num_classes=num_classes,
+  )
   return np.asarray(preds).reshape(-1)[:m].astype(np.int32)
 
 
-def knn_accuracy(train_features, train_labels, test_features, test_labels,
-                 **kw) -> float:
+def knn_accuracy(train_features, train_labels, test_features, test_labels, **kw) -> float:
   """Top-1 accuracy of :func:`knn_predict` on ``test_labels`` (int ``[M]``).
 
   Args:
@@ -201,17 +213,31 @@ def knn_accuracy(train_features, train_labels, test_features, test_labels,
 
 
 @functools.partial(jax.jit, static_argnames=("num_classes", "steps", "batch_size"))
-def _train_linear(x, y, x_test, y_test, mean, std, lr, weight_decay, key, *,
-                  num_classes: int, steps: int, batch_size: int):
+def _train_linear(
+  x,
+  y,
+  x_test,
+  y_test,
+  mean,
+  std,
+  lr,
+  weight_decay,
+  key,
+  *,
+  num_classes: int,
+  steps: int,
+  batch_size: int,
+):
   """Trains ``softmax(x W + b)`` and returns ``(accuracy, train_accuracy, loss)``."""
   x = (x - mean) / std
   x_test = (x_test - mean) / std
   n, d = x.shape
-  params = {"w": jnp.zeros((d, num_classes), jnp.float32),
-            "b": jnp.zeros((num_classes,), jnp.float32)}
+  params = {
+    "w": jnp.zeros((d, num_classes), jnp.float32),
+    "b": jnp.zeros((num_classes,), jnp.float32),
+  }
   schedule = optax.cosine_decay_schedule(lr, steps)
-  tx = optax.adamw(schedule, weight_decay=weight_decay,
-                   mask={"w": True, "b": False})
+  tx = optax.adamw(schedule, weight_decay=weight_decay, mask={"w": True, "b": False})
   opt_state = tx.init(params)
 
   def loss_fn(p, xb, yb):
@@ -233,10 +259,19 @@ def _train_linear(x, y, x_test, y_test, mean, std, lr, weight_decay, key, *,
   return accuracy(x_test, y_test), accuracy(x, y), loss_fn(params, x, y)
 
 
-def linear_probe(train_features, train_labels, test_features, test_labels, *,
-                 num_classes: int, steps: int = 1000, lr: float = 0.02,
-                 weight_decay: float = 1e-4, batch_size: int = 1024,
-                 seed: int = 0) -> dict:
+def linear_probe(
+  train_features,
+  train_labels,
+  test_features,
+  test_labels,
+  *,
+  num_classes: int,
+  steps: int = 1000,
+  lr: float = 0.02,
+  weight_decay: float = 1e-4,
+  batch_size: int = 1024,
+  seed: int = 0,
+) -> dict:
   """Linear evaluation: multinomial logistic regression on frozen features.
 
   The linear-probe protocol of self-supervised learning (e.g. DINO, Caron et al.
@@ -296,13 +331,24 @@ def linear_probe(train_features, train_labels, test_features, test_labels, *,
   std = x64.std(axis=0)
   std = np.where(std > 1e-12 * np.maximum(1.0, np.abs(mean)), std, 1.0)
   acc, train_acc, loss = _train_linear(
-      jnp.asarray(x), jnp.asarray(y), jnp.asarray(x_test), jnp.asarray(y_test),
-      jnp.asarray(mean, jnp.float32), jnp.asarray(std, jnp.float32),
-      jnp.float32(lr), jnp.float32(weight_decay), jax.random.key(int(seed)),
-      num_classes=num_classes, steps=int(steps),
-      batch_size=int(min(batch_size, x.shape[0])))
-  return {"accuracy": float(acc) if x_test.shape[0] else float("nan"),
-          "train_accuracy": float(train_acc), "loss": float(loss)}
+    jnp.asarray(x),
+    jnp.asarray(y),
+    jnp.asarray(x_test),
+    jnp.asarray(y_test),
+    jnp.asarray(mean, jnp.float32),
+    jnp.asarray(std, jnp.float32),
+    jnp.float32(lr),
+    jnp.float32(weight_decay),
+    jax.random.key(int(seed)),
+    num_classes=num_classes,
+    steps=int(steps),
+    batch_size=int(min(batch_size, x.shape[0])),
+  )
+  return {
+    "accuracy": float(acc) if x_test.shape[0] else float("nan"),
+    "train_accuracy": float(train_acc),
+    "loss": float(loss),
+  }
 
 
 # ------------------------------------------------------------ patch PCA figure
@@ -334,8 +380,9 @@ def patch_pca_rgb(patch_tokens, grid: Sequence[int]) -> np.ndarray:
   if tokens.ndim != 3:
     raise ValueError(f"patch_tokens must be 3-D [B, gh*gw, D], got shape {tokens.shape}")
   grid = tuple(grid)
-  if len(grid) != 2 or any(isinstance(g, bool) or not isinstance(g, (int, np.integer))
-                           or g < 1 for g in grid):
+  if len(grid) != 2 or any(
+    isinstance(g, bool) or not isinstance(g, (int, np.integer)) or g < 1 for g in grid
+  ):
     raise ValueError(f"grid must be two positive integers (gh, gw), got {grid!r}")
   gh, gw = int(grid[0]), int(grid[1])
   b, t, d = tokens.shape
@@ -349,11 +396,11 @@ def patch_pca_rgb(patch_tokens, grid: Sequence[int]) -> np.ndarray:
   if not np.all(np.isfinite(x)):
     raise ValueError("patch_tokens contains NaN or inf")
   x = x - x.mean(axis=0)
-  eigvals, eigvecs = np.linalg.eigh(x.T @ x)              # ascending
-  comps = eigvecs[:, ::-1][:, :3]                         # [D, 3], descending
+  eigvals, eigvecs = np.linalg.eigh(x.T @ x)  # ascending
+  comps = eigvecs[:, ::-1][:, :3]  # [D, 3], descending
   pivot = np.argmax(np.abs(comps), axis=0)
   comps = comps * np.where(comps[pivot, np.arange(3)] < 0, -1.0, 1.0)
-  proj = x @ comps                                        # [B*T, 3]
+  proj = x @ comps  # [B*T, 3]
   lo, hi = proj.min(axis=0), proj.max(axis=0)
   span = hi - lo
   # A component without spread (relative to the largest) maps to 0.
@@ -372,8 +419,7 @@ def _to_uint8_image(image: np.ndarray) -> np.ndarray:
   return np.repeat(out, 3, axis=-1) if out.shape[-1] == 1 else out
 
 
-def save_pca_figure(path, images, rgb, *, margin: int = 4,
-                    min_tile: int = 112) -> None:
+def save_pca_figure(path, images, rgb, *, margin: int = 4, min_tile: int = 112) -> None:
   """Writes a PNG: the images on top, their PCA maps (:func:`patch_pca_rgb`) below.
 
   Each image is min-max scaled to ``0..255`` on its own (grey images are shown
@@ -403,8 +449,7 @@ def save_pca_figure(path, images, rgb, *, margin: int = 4,
   if rgb.ndim != 4 or rgb.shape[-1] != 3:
     raise ValueError(f"rgb must be [B, gh, gw, 3], got shape {rgb.shape}")
   if images.shape[0] != rgb.shape[0]:
-    raise ValueError(
-        f"images hold {images.shape[0]} images but rgb holds {rgb.shape[0]} maps")
+    raise ValueError(f"images hold {images.shape[0]} images but rgb holds {rgb.shape[0]} maps")
   b, h, w, _ = images.shape
   if b == 0 or h == 0 or w == 0 or rgb.shape[1] == 0 or rgb.shape[2] == 0:
     raise ValueError(f"nothing to draw: images {images.shape}, rgb {rgb.shape}")
@@ -418,13 +463,13 @@ def save_pca_figure(path, images, rgb, *, margin: int = 4,
   th, tw = h * s, w * s
   canvas = np.full((2 * th + 3 * margin, b * tw + (b + 1) * margin, 3), 255, np.uint8)
   gh, gw = rgb.shape[1:3]
-  rows = np.arange(th) // s * gh // h          # nearest neighbour to H x W, then x s
+  rows = np.arange(th) // s * gh // h  # nearest neighbour to H x W, then x s
   cols = np.arange(tw) // s * gw // w
   for i in range(b):
     x0 = margin + i * (tw + margin)
     image = np.repeat(np.repeat(_to_uint8_image(images[i]), s, 0), s, 1)
-    canvas[margin:margin + th, x0:x0 + tw] = image
-    canvas[2 * margin + th:2 * margin + 2 * th, x0:x0 + tw] = rgb[i][rows][:, cols]
+    canvas[margin : margin + th, x0 : x0 + tw] = image
+    canvas[2 * margin + th : 2 * margin + 2 * th, x0 : x0 + tw] = rgb[i][rows][:, cols]
   os.makedirs(os.path.dirname(os.path.abspath(os.fspath(path))), exist_ok=True)
   Image.fromarray(canvas, "RGB").save(path, format="PNG")
 
@@ -450,6 +495,7 @@ def teacher_features(task: Task, state: Any, ctx: Context, split: str):
 
 class _KNNSettings(Evaluator):
   """The k-NN settings ``eval.knn_k`` (>= 1) and ``eval.knn_temperature`` (> 0)."""
+
   tasks = ("dino",)
   defaults = KNN_DEFAULTS
 
@@ -465,14 +511,22 @@ class KNN(_KNNSettings):
   class-token features, fitted on the train split and scored on the eval
   split (``eval.knn_k``, ``eval.knn_temperature``); ``knn_accuracy`` in
   [0, 1] and ``num_examples`` (the eval split's size). Labels are used only here."""
+
   name = "knn"
 
   def run(self, state: Any, ctx: Context) -> dict:
     data, e = self.config.data, self.settings
     train_x, train_y, _, _ = teacher_features(self.task, state, ctx, data.train_split)
     test_x, test_y, _, _ = teacher_features(self.task, state, ctx, data.eval_split)
-    accuracy = knn_accuracy(train_x, train_y, test_x, test_y, num_classes=self.task.num_classes,
-                            k=e["knn_k"], temperature=e["knn_temperature"])
+    accuracy = knn_accuracy(
+      train_x,
+      train_y,
+      test_x,
+      test_y,
+      num_classes=self.task.num_classes,
+      k=e["knn_k"],
+      temperature=e["knn_temperature"],
+    )
     return {"knn_accuracy": float(accuracy), "num_examples": int(len(test_y))}
 
 
@@ -481,6 +535,7 @@ class LinearProbe(Evaluator):
   class-token features (:func:`linear_probe`, seeded with ``config.seed``),
   fitted on the train split and scored on the eval split;
   ``linear_probe_accuracy`` in [0, 1]."""
+
   name = "linear_probe"
   tasks = ("dino",)
 
@@ -488,14 +543,16 @@ class LinearProbe(Evaluator):
     data = self.config.data
     train_x, train_y, _, _ = teacher_features(self.task, state, ctx, data.train_split)
     test_x, test_y, _, _ = teacher_features(self.task, state, ctx, data.eval_split)
-    probe = linear_probe(train_x, train_y, test_x, test_y, num_classes=self.task.num_classes,
-                         seed=self.config.seed)
+    probe = linear_probe(
+      train_x, train_y, test_x, test_y, num_classes=self.task.num_classes, seed=self.config.seed
+    )
     return {"linear_probe_accuracy": float(probe["accuracy"])}
 
 
 class RawPixelKNN(_KNNSettings):
   """``raw_pixel_knn``: the same k-NN as ``knn`` on the normalised pixels (a
   reference that needs no network); ``raw_pixel_knn_accuracy`` in [0, 1]."""
+
   name = "raw_pixel_knn"
   stages = (EVAL,)
 
@@ -510,10 +567,15 @@ class RawPixelKNN(_KNNSettings):
         rows.append(b["image"][:n].reshape(n, -1))
         ys.append(b["label"][:n])
       pixels[split], labels[split] = np.concatenate(rows), np.concatenate(ys)
-    accuracy = knn_accuracy(pixels[data.train_split], labels[data.train_split],
-                            pixels[data.eval_split], labels[data.eval_split],
-                            num_classes=self.task.num_classes, k=e["knn_k"],
-                            temperature=e["knn_temperature"])
+    accuracy = knn_accuracy(
+      pixels[data.train_split],
+      labels[data.train_split],
+      pixels[data.eval_split],
+      labels[data.eval_split],
+      num_classes=self.task.num_classes,
+      k=e["knn_k"],
+      temperature=e["knn_temperature"],
+    )
     return {"raw_pixel_knn_accuracy": float(accuracy)}
 
 
@@ -522,6 +584,7 @@ class PatchPCA(Evaluator):
   final-norm patch features of the first ``eval.pca_images`` eval images, as
   RGB beside the images (DINO's Fig. 1-style picture; :func:`patch_pca_rgb`),
   written to :data:`PCA_FIGURE` in ``ctx.out_dir``. No numbers."""
+
   name = "patch_pca"
   stages = (EVAL,)
   tasks = ("dino",)
@@ -543,8 +606,9 @@ class PatchPCA(Evaluator):
     _, _, shown, tokens = teacher_features(self.task, state, ctx, self.config.data.eval_split)
     p = self.config.model.patch_size
     figure = os.path.join(ctx.out_dir, PCA_FIGURE)
-    save_pca_figure(figure, shown, patch_pca_rgb(tokens, (shown.shape[1] // p,
-                                                          shown.shape[2] // p)))
+    save_pca_figure(
+      figure, shown, patch_pca_rgb(tokens, (shown.shape[1] // p, shown.shape[2] // p))
+    )
     ctx.figures.append(figure)
     ctx.say(f"patch-feature PCA of {num} test images: {figure}")
     return {}

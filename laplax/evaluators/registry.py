@@ -32,8 +32,21 @@ from laplax.config import validation as config_lib
 from laplax.evaluators.base import EVAL, TRAIN, Context, Evaluator  # the registry's API
 from laplax.tasks.base import Task
 
-__all__ = ["EVAL", "TRAIN", "Context", "Evaluator", "registered", "get", "accepted",
-           "eval_defaults", "complete", "names", "validate", "build", "run"]
+__all__ = [
+  "EVAL",
+  "TRAIN",
+  "Context",
+  "Evaluator",
+  "registered",
+  "get",
+  "accepted",
+  "eval_defaults",
+  "complete",
+  "names",
+  "validate",
+  "build",
+  "run",
+]
 
 for _module in pkgutil.iter_modules(laplax.evaluators.__path__):
   importlib.import_module(f"laplax.evaluators.{_module.name}")
@@ -59,8 +72,10 @@ def registered() -> dict[str, type[Evaluator]]:
     if "name" not in vars(cls):
       continue
     if cls.name in out and out[cls.name] is not cls:
-      raise ValueError(f"two evaluators named {cls.name!r}: {out[cls.name].__module__}."
-                       f"{out[cls.name].__qualname__} and {cls.__module__}.{cls.__qualname__}")
+      raise ValueError(
+        f"two evaluators named {cls.name!r}: {out[cls.name].__module__}."
+        f"{out[cls.name].__qualname__} and {cls.__module__}.{cls.__qualname__}"
+      )
     out[cls.name] = cls
   return out
 
@@ -91,8 +106,10 @@ def eval_defaults(task: str) -> dict[str, Any]:
   for name in accepted(task):
     for key, value in get(name).defaults.items():
       if key in out and out[key] != value:
-        raise ValueError(f"evaluators {owner[key]!r} and {name!r} give eval.{key} the "
-                         f"defaults {out[key]!r} and {value!r}")
+        raise ValueError(
+          f"evaluators {owner[key]!r} and {name!r} give eval.{key} the "
+          f"defaults {out[key]!r} and {value!r}"
+        )
       out.setdefault(key, value)
       owner.setdefault(key, name)
   return out
@@ -152,13 +169,17 @@ def validate(config: ml_collections.ConfigDict) -> None:
   complete(config)
   chosen = check_names(config.evals, config.task)
   known = eval_defaults(config.task)
-  for key in (config.eval.keys() if "eval" in config else ()):
+  for key in config.eval.keys() if "eval" in config else ():
     replaced = config_lib.REPLACED_KEYS.get(f"eval.{key}")
-    config_lib.require(replaced is None,
-                       f"config.eval.{key} was replaced by config.evals; {replaced}")
-    config_lib.require(key in known, f"config.eval.{key} is not a setting of an evaluator "
-                                     f"of a {config.task} run; its settings: "
-                                     f"{', '.join(sorted(known)) or 'none'}")
+    config_lib.require(
+      replaced is None, f"config.eval.{key} was replaced by config.evals; {replaced}"
+    )
+    config_lib.require(
+      key in known,
+      f"config.eval.{key} is not a setting of an evaluator "
+      f"of a {config.task} run; its settings: "
+      f"{', '.join(sorted(known)) or 'none'}",
+    )
   for name in chosen:
     get(name).validate(config)
 

@@ -80,7 +80,7 @@ import time
 
 from laplax.errors import UserError
 from laplax.evaluators import sandbox_child
-from laplax.evaluators.sandbox_child import NotPlainData, SandboxRefused  # re-exported
+from laplax.evaluators.sandbox_child import NotPlainData, SandboxRefused  # noqa: F401  (re-exported)
 
 USAGE_EXIT = 2
 TIMEOUT_S = 5.0  # nanochat's execute_code default
@@ -100,16 +100,45 @@ RUNNER = os.path.abspath(sandbox_child.__file__)
 # The seccomp filter: x86-64 system calls refused with EPERM.
 _X86_64 = 0xC000003E  # AUDIT_ARCH_X86_64
 _DENIED = {  # name: number on x86-64
-    "shmget": 29, "semget": 64, "msgget": 68, "ptrace": 101, "personality": 135,
-    "pivot_root": 155, "chroot": 161, "acct": 163, "mount": 165, "umount2": 166,
-    "swapon": 167, "reboot": 169, "init_module": 175, "delete_module": 176,
-    "quotactl": 179, "mq_open": 240, "kexec_load": 246, "add_key": 248,
-    "request_key": 249, "keyctl": 250, "unshare": 272, "perf_event_open": 298,
-    "setns": 308, "process_vm_readv": 310, "process_vm_writev": 311,
-    "finit_module": 313, "bpf": 321, "userfaultfd": 323, "io_uring_setup": 425,
-    "io_uring_enter": 426, "io_uring_register": 427, "open_tree": 428,
-    "move_mount": 429, "fsopen": 430, "fsconfig": 431, "fsmount": 432, "fspick": 433,
-    "mount_setattr": 442}
+  "shmget": 29,
+  "semget": 64,
+  "msgget": 68,
+  "ptrace": 101,
+  "personality": 135,
+  "pivot_root": 155,
+  "chroot": 161,
+  "acct": 163,
+  "mount": 165,
+  "umount2": 166,
+  "swapon": 167,
+  "reboot": 169,
+  "init_module": 175,
+  "delete_module": 176,
+  "quotactl": 179,
+  "mq_open": 240,
+  "kexec_load": 246,
+  "add_key": 248,
+  "request_key": 249,
+  "keyctl": 250,
+  "unshare": 272,
+  "perf_event_open": 298,
+  "setns": 308,
+  "process_vm_readv": 310,
+  "process_vm_writev": 311,
+  "finit_module": 313,
+  "bpf": 321,
+  "userfaultfd": 323,
+  "io_uring_setup": 425,
+  "io_uring_enter": 426,
+  "io_uring_register": 427,
+  "open_tree": 428,
+  "move_mount": 429,
+  "fsopen": 430,
+  "fsconfig": 431,
+  "fsmount": 432,
+  "fspick": 433,
+  "mount_setattr": 442,
+}
 _CLONE, _CLONE3 = 56, 435
 # CLONE_NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET
 _CLONE_NAMESPACES = 0x7E020000
@@ -140,6 +169,7 @@ class Result:
     seconds: wall-clock seconds from the interpreters being ready to the end.
     isolation: what held (written by the caller, not the sandbox).
   """
+
   passed: bool
   status: str
   seconds: float
@@ -153,6 +183,7 @@ class Result:
 @dataclasses.dataclass(frozen=True)
 class _Setup:
   """How sandboxes are made here (:func:`check_available`)."""
+
   bwrap: str
   unshare: str | None  # root: makes the user namespace
   python: str
@@ -163,13 +194,14 @@ class _Setup:
 def check_limits(timeout: float, memory_mb: int) -> None:
   """Raises :class:`SandboxError` unless ``timeout`` (seconds) and
   ``memory_mb`` (MiB, an ``int``) are positive and finite."""
-  if (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
-      or not 0 < timeout < float("inf")):
-    raise SandboxError(f"the time limit must be a positive number of seconds, "
-                       f"got {timeout!r}")
+  if (
+    isinstance(timeout, bool)
+    or not isinstance(timeout, (int, float))
+    or not 0 < timeout < float("inf")
+  ):
+    raise SandboxError(f"the time limit must be a positive number of seconds, got {timeout!r}")
   if isinstance(memory_mb, bool) or not isinstance(memory_mb, int) or memory_mb <= 0:
-    raise SandboxError(f"the memory limit must be a positive number of MiB, "
-                       f"got {memory_mb!r}")
+    raise SandboxError(f"the memory limit must be a positive number of MiB, got {memory_mb!r}")
 
 
 def check_available() -> dict:
@@ -184,21 +216,26 @@ def check_available() -> dict:
   return dict(_setup(BWRAP, UNSHARE).isolation)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _setup(bwrap_name: str, unshare_name: str) -> _Setup:
   """Finds the tools and interpreter, then runs a trial sandbox (cached)."""
-  fix = ("install bubblewrap (`apt-get install bubblewrap`; scripts/install.sh does), or "
-         "pass --unsafe_no_sandbox to run generated code without isolation")
+  fix = (
+    "install bubblewrap (`apt-get install bubblewrap`; scripts/install.sh does), or "
+    "pass --unsafe_no_sandbox to run generated code without isolation"
+  )
   bwrap = shutil.which(bwrap_name)
   if bwrap is None:
-    raise SandboxUnavailable(f"no {bwrap_name} on PATH, so generated code cannot be "
-                             f"sandboxed: {fix}")
+    raise SandboxUnavailable(
+      f"no {bwrap_name} on PATH, so generated code cannot be sandboxed: {fix}"
+    )
   root = os.geteuid() == 0
   unshare = shutil.which(unshare_name) if root else None
   if root and unshare is None:
-    raise SandboxUnavailable(f"no {unshare_name} (util-linux) on PATH, which makes the "
-                             f"sandbox's user namespace for root: install util-linux, "
-                             f"or pass --unsafe_no_sandbox")
+    raise SandboxUnavailable(
+      f"no {unshare_name} (util-linux) on PATH, which makes the "
+      f"sandbox's user namespace for root: install util-linux, "
+      f"or pass --unsafe_no_sandbox"
+    )
   python, prefix = _interpreter(root)
   binds = ["--ro-bind", "/usr", "/usr"]
   for name in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
@@ -208,23 +245,31 @@ def _setup(bwrap_name: str, unshare_name: str) -> _Setup:
       binds += ["--ro-bind", name, name]
   if prefix != "/usr" and not prefix.startswith("/usr/"):
     binds += ["--ro-bind", prefix, prefix]
-  seccomp = "x86-64 filter" if platform.machine() == "x86_64" else (
-      f"none (no filter for {platform.machine()})")
+  seccomp = (
+    "x86-64 filter"
+    if platform.machine() == "x86_64"
+    else (f"none (no filter for {platform.machine()})")
+  )
   isolation = {
-      "sandbox": "bubblewrap", "user": "uid 65534 in a new user namespace, "
-      + ("uid 65534 outside" if root else f"uid {os.getuid()} (the caller) outside"),
-      "namespaces": "user, pid, network, ipc, uts, mount, cgroup",
-      "files": f"read-only {' and '.join(sorted({'/usr', prefix}))}; /work: {WORK_MB} MiB "
-               f"tmpfs",
-      "memory_mb_per_process": MEMORY_MB, "tasks": NPROC, "seccomp": seccomp,
-      "python": python}
+    "sandbox": "bubblewrap",
+    "user": "uid 65534 in a new user namespace, "
+    + ("uid 65534 outside" if root else f"uid {os.getuid()} (the caller) outside"),
+    "namespaces": "user, pid, network, ipc, uts, mount, cgroup",
+    "files": f"read-only {' and '.join(sorted({'/usr', prefix}))}; /work: {WORK_MB} MiB tmpfs",
+    "memory_mb_per_process": MEMORY_MB,
+    "tasks": NPROC,
+    "seccomp": seccomp,
+    "python": python,
+  }
   setup = _Setup(bwrap, unshare, python, tuple(binds), isolation)
   trial = _run([("program", {"program.py": "pass\n"})], 30.0, MEMORY_MB, setup)
   if not trial.passed:
-    raise SandboxUnavailable(f"{bwrap} cannot make a sandbox here ({trial.status}); "
-                             f"enable user namespaces (sysctl "
-                             f"kernel.unprivileged_userns_clone=1 or "
-                             f"user.max_user_namespaces>0), or pass --unsafe_no_sandbox")
+    raise SandboxUnavailable(
+      f"{bwrap} cannot make a sandbox here ({trial.status}); "
+      f"enable user namespaces (sysctl "
+      f"kernel.unprivileged_userns_clone=1 or "
+      f"user.max_user_namespaces>0), or pass --unsafe_no_sandbox"
+    )
   return setup
 
 
@@ -240,9 +285,11 @@ def _interpreter(root: bool) -> tuple[str, str]:
     prefix = os.path.dirname(os.path.dirname(python))
     if os.path.isfile(python) and (not root or _others_can_read(prefix)):
       return python, prefix
-  raise SandboxUnavailable(f"uid 65534 cannot read {candidates[0]} (under a private "
-                           f"directory) and there is no /usr/bin/python3: install "
-                           f"Debian's python3, or pass --unsafe_no_sandbox")
+  raise SandboxUnavailable(
+    f"uid 65534 cannot read {candidates[0]} (under a private "
+    f"directory) and there is no /usr/bin/python3: install "
+    f"Debian's python3, or pass --unsafe_no_sandbox"
+  )
 
 
 def _others_can_read(prefix: str) -> bool:
@@ -257,8 +304,9 @@ def _others_can_read(prefix: str) -> bool:
   return True
 
 
-def run_program(source: str, timeout: float = TIMEOUT_S, memory_mb: int = MEMORY_MB,
-                unsafe: bool = False) -> Result:
+def run_program(
+  source: str, timeout: float = TIMEOUT_S, memory_mb: int = MEMORY_MB, unsafe: bool = False
+) -> Result:
   """Runs ``source`` (a whole Python program) in a sandbox and waits for it.
 
   ``passed`` is the program's own report that it ran to its end (see the
@@ -274,9 +322,15 @@ def run_program(source: str, timeout: float = TIMEOUT_S, memory_mb: int = MEMORY
   return _run([("program", {"program.py": source})], float(timeout), memory_mb, setup)
 
 
-def run_test(program: str, prompt: str, test: str, entry_point: str,
-             timeout: float = TIMEOUT_S, memory_mb: int = MEMORY_MB,
-             unsafe: bool = False) -> Result:
+def run_test(
+  program: str,
+  prompt: str,
+  test: str,
+  entry_point: str,
+  timeout: float = TIMEOUT_S,
+  memory_mb: int = MEMORY_MB,
+  unsafe: bool = False,
+) -> Result:
   """HumanEval's verdict on ``program``: ``prompt`` and ``test`` (the
   problem's own code, with its ``check``) run in a checker sandbox, the
   program in another; ``check(candidate)`` calls the program's
@@ -289,14 +343,21 @@ def run_test(program: str, prompt: str, test: str, entry_point: str,
   check_limits(timeout, memory_mb)
   setup = None if unsafe else _setup(BWRAP, UNSHARE)
   spec = json.dumps({"prompt": prompt, "test": test, "entry_point": entry_point})
-  return _run([("program", {"program.py": program}), ("check", {"check.json": spec})],
-              float(timeout), memory_mb, setup)
+  return _run(
+    [("program", {"program.py": program}), ("check", {"check.json": spec})],
+    float(timeout),
+    memory_mb,
+    setup,
+  )
 
 
 def _isolation(setup: _Setup | None, memory_mb: int) -> dict:
   if setup is None:
-    return {"sandbox": "none (--unsafe_no_sandbox)", "memory_mb_per_process": memory_mb,
-            "tasks": "no limit" if os.geteuid() == 0 else NPROC}
+    return {
+      "sandbox": "none (--unsafe_no_sandbox)",
+      "memory_mb_per_process": memory_mb,
+      "tasks": "no limit" if os.geteuid() == 0 else NPROC,
+    }
   return {**setup.isolation, "memory_mb_per_process": memory_mb}
 
 
@@ -328,12 +389,19 @@ class _Proc:
       os.set_blocking(fd, False)
 
   @classmethod
-  def start(cls, role: str, files: dict, memory_mb: int, setup: _Setup | None) -> "_Proc":
+  def start(cls, role: str, files: dict, memory_mb: int, setup: _Setup | None) -> _Proc:
     """Starts the runner in ``role`` with ``files`` (name -> text) beside it."""
     req_r, req_w = os.pipe()
     rep_r, rep_w = os.pipe()
-    settings = {"role": role, "memory": memory_mb << 20, "fsize": WORK_MB << 20,
-                "nofile": NOFILE, "nproc": NPROC, "in": req_r, "out": rep_w}
+    settings = {
+      "role": role,
+      "memory": memory_mb << 20,
+      "fsize": WORK_MB << 20,
+      "nofile": NOFILE,
+      "nproc": NPROC,
+      "in": req_r,
+      "out": rep_w,
+    }
     opened, base, info_r = [req_r, rep_w], None, None
     try:
       if setup is None:
@@ -345,31 +413,77 @@ class _Proc:
             f.write(text)
         settings.update(files=os.path.join(base, "files"), work=os.path.join(base, "work"))
         command = [sys.executable, "-I", "-S", "-B", os.path.join(base, "files", "runner.py")]
-        env = {"PATH": os.defpath, "HOME": settings["work"], "TMPDIR": settings["work"],
-               "LC_ALL": "C.UTF-8", "OMP_NUM_THREADS": "1"}
+        env = {
+          "PATH": os.defpath,
+          "HOME": settings["work"],
+          "TMPDIR": settings["work"],
+          "LC_ALL": "C.UTF-8",
+          "OMP_NUM_THREADS": "1",
+        }
         cwd = settings["work"]
       else:
         settings.update(files=FILES, work=WORK)
         info_r, info_w = os.pipe()
         opened.append(info_w)
-        command = [setup.bwrap, "--info-fd", str(info_w)] + _namespace_args(setup, opened) + \
-            list(setup.binds) + [
-            "--proc", "/proc", "--dev", "/dev", "--remount-ro", "/dev",
-            "--size", str(WORK_MB << 20),
-            "--tmpfs", WORK, "--chdir", WORK]
+        command = (
+          [setup.bwrap, "--info-fd", str(info_w)]
+          + _namespace_args(setup, opened)
+          + list(setup.binds)
+          + [
+            "--proc",
+            "/proc",
+            "--dev",
+            "/dev",
+            "--remount-ro",
+            "/dev",
+            "--size",
+            str(WORK_MB << 20),
+            "--tmpfs",
+            WORK,
+            "--chdir",
+            WORK,
+          ]
+        )
         for name, text in {**files, "runner.py": _runner_source()}.items():
           command += ["--ro-bind-data", str(_memfd(text.encode(), opened)), f"{FILES}/{name}"]
         if platform.machine() == "x86_64":
           command += ["--seccomp", str(_memfd(_seccomp_filter(), opened))]
-        command += ["--remount-ro", "/", "--clearenv", "--setenv", "PATH", "/usr/bin:/bin",
-                    "--setenv", "HOME", WORK, "--setenv", "TMPDIR", WORK,
-                    "--setenv", "LC_ALL", "C.UTF-8", "--setenv", "OMP_NUM_THREADS", "1",
-                    setup.python, "-I", "-S", "-B", f"{FILES}/runner.py"]
+        command += [
+          "--remount-ro",
+          "/",
+          "--clearenv",
+          "--setenv",
+          "PATH",
+          "/usr/bin:/bin",
+          "--setenv",
+          "HOME",
+          WORK,
+          "--setenv",
+          "TMPDIR",
+          WORK,
+          "--setenv",
+          "LC_ALL",
+          "C.UTF-8",
+          "--setenv",
+          "OMP_NUM_THREADS",
+          "1",
+          setup.python,
+          "-I",
+          "-S",
+          "-B",
+          f"{FILES}/runner.py",
+        ]
         env, cwd = {"PATH": "/usr/bin:/bin"}, "/"
       popen = subprocess.Popen(
-          command + [json.dumps(settings)], cwd=cwd, env=env, stdin=subprocess.DEVNULL,
-          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, pass_fds=tuple(opened),
-          start_new_session=True)
+        command + [json.dumps(settings)],
+        cwd=cwd,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        pass_fds=tuple(opened),
+        start_new_session=True,
+      )
     except BaseException:
       for fd in (req_w, rep_r, info_r):
         _close(fd)
@@ -389,7 +503,7 @@ class _Proc:
     Never raises."""
     try:
       self._kill_namespace()
-    except BaseException:  # pylint: disable=broad-except
+    except BaseException:
       pass
     try:
       os.killpg(self.popen.pid, signal.SIGKILL)
@@ -397,14 +511,14 @@ class _Proc:
       pass
     try:
       self.popen.wait()
-    except BaseException:  # pylint: disable=broad-except
+    except BaseException:
       pass
     for fd in (self.to_child, self.from_child, self.info):
       if fd is not None:
         _close(fd)
     try:
       self.popen.stderr.close()
-    except BaseException:  # pylint: disable=broad-except
+    except BaseException:
       pass
     _remove_tree(self.base)
 
@@ -464,7 +578,7 @@ class _Proc:
         raise _Flood(self.role)
       return None
     data = bytes(self.inbox[:end])
-    del self.inbox[:end + 1]
+    del self.inbox[: end + 1]
     if raw:
       return data
     try:
@@ -479,7 +593,7 @@ class _Proc:
     except (BlockingIOError, OSError):
       return
     if len(self.stderr) < MAX_STDERR:
-      self.stderr += chunk[:MAX_STDERR - len(self.stderr)]
+      self.stderr += chunk[: MAX_STDERR - len(self.stderr)]
 
   def flush(self) -> None:
     """Writes what it can of ``outbox`` (non-blocking)."""
@@ -519,8 +633,10 @@ def _drive(procs: list, timeout: float, isolation: dict) -> Result:
   while True:
     now = time.monotonic()
     if now >= deadline:
-      return result(False, "timeout" if ready_at else
-                    f"sandbox: the interpreter was not ready within {STARTUP_S:g} s")
+      return result(
+        False,
+        "timeout" if ready_at else f"sandbox: the interpreter was not ready within {STARTUP_S:g} s",
+      )
     want_program = len(ready) < len(procs) or loaded is None or awaiting
     readers = {p.popen.stderr.fileno(): p.read_stderr for p in procs}
     if want_program and not program.eof:
@@ -529,8 +645,9 @@ def _drive(procs: list, timeout: float, isolation: dict) -> Result:
       readers[checker.from_child] = checker.read
     writers = {p.to_child: p.flush for p in procs if p.outbox}
     try:
-      readable, writable, _ = select.select(list(readers), list(writers), [],
-                                            min(deadline - now, 0.5))
+      readable, writable, _ = select.select(
+        list(readers), list(writers), [], min(deadline - now, 0.5)
+      )
     except InterruptedError:
       continue
     for fd in readable:
@@ -576,12 +693,16 @@ def _drive(procs: list, timeout: float, isolation: dict) -> Result:
       program.outbox += pending
       pending, awaiting = None, True
     if program.eof and (loaded is None or awaiting) and not program.inbox:
-      return result(False, "crashed: the program ended without an answer ("
-                    + program.why_dead() + ")" if program in ready else
-                    "sandbox: " + program.why_dead())
+      return result(
+        False,
+        "crashed: the program ended without an answer (" + program.why_dead() + ")"
+        if program in ready
+        else "sandbox: " + program.why_dead(),
+      )
     if checker is not None and checker.eof and not checker.inbox:
-      return result(False, "sandbox: the checker ended without a verdict ("
-                    + checker.why_dead() + ")")
+      return result(
+        False, "sandbox: the checker ended without a verdict (" + checker.why_dead() + ")"
+      )
 
 
 def _program_error(message) -> str:
@@ -599,9 +720,23 @@ def _program_error(message) -> str:
 
 def _namespace_args(setup: _Setup, opened: list) -> list:
   """bwrap's namespace, user and privilege arguments."""
-  args = ["--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
-          "--unshare-cgroup-try", "--uid", str(NOBODY), "--gid", str(NOBODY),
-          "--die-with-parent", "--new-session", "--cap-drop", "ALL", "--hostname", "sandbox"]
+  args = [
+    "--unshare-pid",
+    "--unshare-net",
+    "--unshare-ipc",
+    "--unshare-uts",
+    "--unshare-cgroup-try",
+    "--uid",
+    str(NOBODY),
+    "--gid",
+    str(NOBODY),
+    "--die-with-parent",
+    "--new-session",
+    "--cap-drop",
+    "ALL",
+    "--hostname",
+    "sandbox",
+  ]
   if setup.unshare is None:
     return ["--unshare-user", "--disable-userns"] + args
   fd = _user_namespace(setup.unshare)
@@ -613,9 +748,13 @@ def _user_namespace(unshare: str) -> int:
   """A new user namespace mapping uid and gid 65534 to the machine's 65534
   (root only: ``bwrap`` itself would map them to root); returns a descriptor
   of it. ``unshare --user`` makes it in a short-lived process."""
-  holder = subprocess.Popen([unshare, "--user", "--", "sleep", "30"], stdin=subprocess.DEVNULL,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
+  holder = subprocess.Popen(
+    [unshare, "--user", "--", "sleep", "30"],
+    stdin=subprocess.DEVNULL,
+    stdout=subprocess.DEVNULL,
+    stderr=subprocess.DEVNULL,
+    start_new_session=True,
+  )
   try:
     own = os.stat("/proc/self/ns/user").st_ino
     deadline = time.monotonic() + STARTUP_S
@@ -638,18 +777,18 @@ def _memfd(data: bytes, opened: list) -> int:
   opened.append(fd)
   view = memoryview(data)
   while view:
-    view = view[os.write(fd, view):]
+    view = view[os.write(fd, view) :]
   os.lseek(fd, 0, os.SEEK_SET)
   return fd
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _runner_source() -> str:
   with open(RUNNER, encoding="utf-8") as f:
     return f.read()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _seccomp_filter() -> bytes:
   """The classic-BPF seccomp program (``struct sock_filter[]``): kill any
   other architecture and the x32 ABI; ``EPERM`` for :data:`_DENIED` and for
@@ -658,13 +797,23 @@ def _seccomp_filter() -> bytes:
   ld, jeq, jge, jset, ret = 0x20, 0x15, 0x35, 0x45, 0x06
   allow, kill = 0x7FFF0000, 0x80000000
   eperm, enosys = 0x00050000 | 1, 0x00050000 | 38
-  code = [("i", ld, 4), ("j", jeq, _X86_64, None, "kill"), ("i", ld, 0),
-          ("j", jge, 0x40000000, "kill", None)]
+  code = [
+    ("i", ld, 4),
+    ("j", jeq, _X86_64, None, "kill"),
+    ("i", ld, 0),
+    ("j", jge, 0x40000000, "kill", None),
+  ]
   code += [("j", jeq, nr, "eperm", None) for nr in sorted(_DENIED.values())]
-  code += [("j", jeq, _CLONE3, "enosys", None), ("j", jeq, _CLONE, None, "allow"),
-           ("i", ld, 16), ("j", jset, _CLONE_NAMESPACES, "eperm", None),
-           ("allow", ret, allow), ("eperm", ret, eperm), ("enosys", ret, enosys),
-           ("kill", ret, kill)]
+  code += [
+    ("j", jeq, _CLONE3, "enosys", None),
+    ("j", jeq, _CLONE, None, "allow"),
+    ("i", ld, 16),
+    ("j", jset, _CLONE_NAMESPACES, "eperm", None),
+    ("allow", ret, allow),
+    ("eperm", ret, eperm),
+    ("enosys", ret, enosys),
+    ("kill", ret, kill),
+  ]
   labels = {op[0]: i for i, op in enumerate(code) if op[0] not in ("i", "j")}
   out = []
   for i, op in enumerate(code):
@@ -728,7 +877,7 @@ def _remove_tree(path: str | None) -> None:
       os.close(fd)
       fd = parent
       os.rmdir(names.pop(), dir_fd=fd)
-  except BaseException:  # pylint: disable=broad-except
+  except BaseException:
     pass
   finally:
     _close(fd)
@@ -751,15 +900,28 @@ def main(argv: list[str] | None = None) -> int:
   its end), 1 (it did not) or 2 (bad input, or no sandbox here: one line on
   standard error, nothing run).
   """
-  parser = _Parser(prog="python -m laplax.evaluators.sandbox",
-                   description="Run a Python program in laplax's sandbox.")
+  parser = _Parser(
+    prog="python -m laplax.evaluators.sandbox",
+    description="Run a Python program in laplax's sandbox.",
+  )
   parser.add_argument("file", help="the program to run")
-  parser.add_argument("--timeout", type=float, default=TIMEOUT_S,
-                      help=f"seconds the program may run (default {TIMEOUT_S:g})")
-  parser.add_argument("--memory-mb", type=int, default=MEMORY_MB,
-                      help=f"address-space limit per process in MiB (default {MEMORY_MB})")
-  parser.add_argument("--unsafe_no_sandbox", action="store_true",
-                      help="run without isolation (only where bubblewrap cannot be had)")
+  parser.add_argument(
+    "--timeout",
+    type=float,
+    default=TIMEOUT_S,
+    help=f"seconds the program may run (default {TIMEOUT_S:g})",
+  )
+  parser.add_argument(
+    "--memory-mb",
+    type=int,
+    default=MEMORY_MB,
+    help=f"address-space limit per process in MiB (default {MEMORY_MB})",
+  )
+  parser.add_argument(
+    "--unsafe_no_sandbox",
+    action="store_true",
+    help="run without isolation (only where bubblewrap cannot be had)",
+  )
   try:
     args = parser.parse_args(argv)
     check_limits(args.timeout, args.memory_mb)
@@ -767,8 +929,7 @@ def main(argv: list[str] | None = None) -> int:
       with open(args.file, encoding="utf-8") as f:
         source = f.read()
     except (OSError, UnicodeDecodeError) as e:
-      raise SandboxError(f"cannot read {args.file} ({getattr(e, 'strerror', None) or e})") \
-          from None
+      raise SandboxError(f"cannot read {args.file} ({getattr(e, 'strerror', None) or e})") from None
     result = run_program(source, args.timeout, args.memory_mb, unsafe=args.unsafe_no_sandbox)
   except UserError as e:
     print(f"error: {e}", file=sys.stderr)

@@ -44,19 +44,66 @@ import sys
 
 # Names disabled by nanochat's reliability_guard (os, shutil, subprocess) ...
 _NANOCHAT_OS = (
-    "kill", "system", "putenv", "remove", "removedirs", "rmdir", "fchdir", "setuid",
-    "fork", "forkpty", "killpg", "rename", "renames", "truncate", "replace", "unlink",
-    "fchmod", "fchown", "chmod", "chown", "chroot", "lchflags", "lchmod", "lchown",
-    "getcwd", "chdir")
+  "kill",
+  "system",
+  "putenv",
+  "remove",
+  "removedirs",
+  "rmdir",
+  "fchdir",
+  "setuid",
+  "fork",
+  "forkpty",
+  "killpg",
+  "rename",
+  "renames",
+  "truncate",
+  "replace",
+  "unlink",
+  "fchmod",
+  "fchown",
+  "chmod",
+  "chown",
+  "chroot",
+  "lchflags",
+  "lchmod",
+  "lchown",
+  "getcwd",
+  "chdir",
+)
 _NANOCHAT_SHUTIL = ("rmtree", "move", "chown")
 _NANOCHAT_MODULES = ("ipdb", "joblib", "resource", "psutil", "tkinter")
 # ... and the other ways to start a program or leave the process group.
 _MORE_OS = (
-    "execl", "execle", "execlp", "execlpe", "execv", "execve", "execvp", "execvpe",
-    "spawnl", "spawnle", "spawnlp", "spawnlpe", "spawnv", "spawnve", "spawnvp",
-    "spawnvpe", "posix_spawn", "posix_spawnp", "popen", "setsid", "setpgid",
-    "setpgrp", "setreuid", "setresuid", "setgid", "setregid", "setresgid",
-    "pidfd_open")
+  "execl",
+  "execle",
+  "execlp",
+  "execlpe",
+  "execv",
+  "execve",
+  "execvp",
+  "execvpe",
+  "spawnl",
+  "spawnle",
+  "spawnlp",
+  "spawnlpe",
+  "spawnv",
+  "spawnve",
+  "spawnvp",
+  "spawnvpe",
+  "posix_spawn",
+  "posix_spawnp",
+  "popen",
+  "setsid",
+  "setpgid",
+  "setpgrp",
+  "setreuid",
+  "setresuid",
+  "setgid",
+  "setregid",
+  "setresgid",
+  "pidfd_open",
+)
 # Disabled calls that a module being imported may still make (harmless ones).
 _IMPORT_TIME_OK = ("getcwd", "putenv")
 # Calls that create or modify a path: refused outside the work directory.
@@ -99,8 +146,10 @@ def encode(value, depth: int = 0):
     return {"bytes": value.hex()}
   if kind is complex:
     return {"complex": [value.real, value.imag]}
-  raise NotPlainData(f"a value of type {kind.__name__} is not plain data "
-                     f"(builtin numbers, strings, bytes and containers of them)")
+  raise NotPlainData(
+    f"a value of type {kind.__name__} is not plain data "
+    f"(builtin numbers, strings, bytes and containers of them)"
+  )
 
 
 def decode(data, depth: int = 0):
@@ -115,28 +164,38 @@ def decode(data, depth: int = 0):
   if kind is list:
     return [decode(v, depth + 1) for v in data]
   if kind is dict and len(data) == 1:
-    (tag, body), = data.items()
+    ((tag, body),) = data.items()
     if tag in ("tuple", "set", "frozenset") and type(body) is list:
       items = [decode(v, depth + 1) for v in body]
       return {"tuple": tuple, "set": set, "frozenset": frozenset}[tag](items)
-    if tag == "dict" and type(body) is list and all(
-        type(p) is list and len(p) == 2 for p in body):
+    if tag == "dict" and type(body) is list and all(type(p) is list and len(p) == 2 for p in body):
       return {decode(k, depth + 1): decode(v, depth + 1) for k, v in body}
     if tag == "bytes" and type(body) is str:
       return bytes.fromhex(body)
-    if (tag == "complex" and type(body) is list and len(body) == 2
-        and all(type(x) in (int, float) for x in body)):
+    if (
+      tag == "complex"
+      and type(body) is list
+      and len(body) == 2
+      and all(type(x) in (int, float) for x in body)
+    ):
       return complex(body[0], body[1])
   raise NotPlainData("malformed plain data")
 
 
 def _limits(settings: dict) -> None:
   """Sets the resource limits of this process and all it starts."""
-  import resource  # pylint: disable=import-outside-toplevel  (the guard hides it)
+  import resource  # (the guard hides it)
+
   memory = settings["memory"]
-  limits = {"RLIMIT_AS": memory, "RLIMIT_DATA": memory, "RLIMIT_STACK": min(memory, 64 << 20),
-            "RLIMIT_CORE": 0, "RLIMIT_FSIZE": settings["fsize"],
-            "RLIMIT_NOFILE": settings["nofile"], "RLIMIT_NPROC": settings["nproc"]}
+  limits = {
+    "RLIMIT_AS": memory,
+    "RLIMIT_DATA": memory,
+    "RLIMIT_STACK": min(memory, 64 << 20),
+    "RLIMIT_CORE": 0,
+    "RLIMIT_FSIZE": settings["fsize"],
+    "RLIMIT_NOFILE": settings["nofile"],
+    "RLIMIT_NPROC": settings["nproc"],
+  }
   for name, value in limits.items():
     resource.setrlimit(getattr(resource, name), (value, value))
 
@@ -164,7 +223,7 @@ def _one_line(error: BaseException) -> tuple[str, str]:
   300 characters."""
   try:
     message = " ".join(str(error).split())[:300]
-  except BaseException:  # pylint: disable=broad-except
+  except BaseException:
     message = "(unprintable)"
   return type(error).__name__, message
 
@@ -186,7 +245,7 @@ def program_role(settings: dict) -> None:
   def send(message: dict) -> None:
     data = (dumps(message) + "\n").encode()
     while data:
-      data = data[write(out_fd, data):]
+      data = data[write(out_fd, data) :]
 
   with open(os.path.join(settings["files"], "program.py"), encoding="utf-8") as f:
     source = f.read()
@@ -194,8 +253,8 @@ def program_role(settings: dict) -> None:
   _guard(settings["work"])
   namespace = {}
   try:
-    exec(compile(source, "program.py", "exec"), namespace)  # pylint: disable=exec-used
-  except BaseException as e:  # pylint: disable=broad-except
+    exec(compile(source, "program.py", "exec"), namespace)
+  except BaseException as e:
     name, message = _one_line(e)
     send({"loaded": False, "type": name, "message": message})
     exit_now(1)
@@ -210,7 +269,7 @@ def program_role(settings: dict) -> None:
       args = decode(request["args"])
       kwargs = dict(decode(request["kwargs"]))
       reply = {"value": encode(function(*args, **kwargs))}
-    except BaseException as e:  # pylint: disable=broad-except
+    except BaseException as e:
       name, message = _one_line(e)
       reply = {"raise": name, "message": message}
     send(reply)
@@ -232,25 +291,30 @@ class _Candidate:
     self.out_fd = out_fd
 
   def __call__(self, *args, **kwargs):
-    line = json.dumps({"name": self.name, "args": encode(list(args)),
-                       "kwargs": encode(kwargs)}) + "\n"
+    line = (
+      json.dumps({"name": self.name, "args": encode(list(args)), "kwargs": encode(kwargs)}) + "\n"
+    )
     data = line.encode()
     while data:
-      data = data[os.write(self.out_fd, data):]
+      data = data[os.write(self.out_fd, data) :]
     answer = self.reader.readline(MAX_LINE + 1)
     if not answer.endswith(b"\n"):
       raise _RemoteError("the program ended or sent an over-long answer")
     reply = json.loads(answer)
     if type(reply) is dict and set(reply) == {"value"}:
       return decode(reply["value"])
-    if (type(reply) is dict and set(reply) == {"raise", "message"}
-        and type(reply["raise"]) is str and type(reply["message"]) is str):
+    if (
+      type(reply) is dict
+      and set(reply) == {"raise", "message"}
+      and type(reply["raise"]) is str
+      and type(reply["message"]) is str
+    ):
       kind = getattr(builtins, reply["raise"], None)
       message = reply["message"][:300]
       if isinstance(kind, type) and issubclass(kind, Exception) and kind.__module__ == "builtins":
         try:
           error = kind(message)
-        except Exception:  # pylint: disable=broad-except
+        except Exception:
           error = _RemoteError(f"{reply['raise']}: {message}")
         raise error
       raise _RemoteError(f"{reply['raise'][:100]}: {message}")
@@ -265,20 +329,20 @@ def check_role(settings: dict) -> None:
   def send(message: dict) -> None:
     data = (json.dumps(message) + "\n").encode()
     while data:
-      data = data[os.write(out_fd, data):]
+      data = data[os.write(out_fd, data) :]
 
   with open(os.path.join(settings["files"], "check.json"), encoding="utf-8") as f:
     spec = json.load(f)
   send({"ready": 1})
   try:
     namespace = {}
-    exec(compile(spec["prompt"], "prompt.py", "exec"), namespace)  # pylint: disable=exec-used
-    exec(compile(spec["test"], "test.py", "exec"), namespace)  # pylint: disable=exec-used
+    exec(compile(spec["prompt"], "prompt.py", "exec"), namespace)
+    exec(compile(spec["test"], "test.py", "exec"), namespace)
     candidate = _Candidate(spec["entry_point"], in_fd, out_fd)
     namespace[spec["entry_point"]] = candidate
     namespace["check"](candidate)
     status = "passed"
-  except BaseException as e:  # pylint: disable=broad-except
+  except BaseException as e:
     status = _status(e)
   send({"status": status})
   os._exit(0)
@@ -287,6 +351,7 @@ def check_role(settings: dict) -> None:
 class _NoInput:
   """``sys.stdin`` of the program: reading raises ``OSError`` (nanochat's
   ``WriteOnlyStringIO``)."""
+
   closed = False
 
   def readable(self):
@@ -304,10 +369,12 @@ def _refused(name: str, original=None):
   being imported (``numpy`` calls ``os.putenv`` and ``multiprocessing``
   ``os.getcwd`` on import; nanochat's forked child had them imported before
   its guard)."""
+
   def refused(*args, **kwargs):
     if original is not None and _importing():
       return original(*args, **kwargs)
     raise SandboxRefused(f"{name} is disabled in the sandbox")
+
   refused.__name__ = name.rsplit(".", 1)[-1]
   return refused
 
@@ -315,7 +382,7 @@ def _refused(name: str, original=None):
 def _importing() -> bool:
   """Whether an ``import`` statement is running (a frame of importlib's
   bootstrap is on the stack)."""
-  frame = sys._getframe(2)  # pylint: disable=protected-access
+  frame = sys._getframe(2)
   while frame is not None:
     if frame.f_code.co_filename.startswith("<frozen importlib._bootstrap"):
       return True
@@ -326,12 +393,13 @@ def _importing() -> bool:
 def _guard(work: str) -> None:
   """Disables the destructive calls (nanochat's ``reliability_guard`` and the
   additions listed in the module docstring) and confines writes to ``work``."""
+  import _posixsubprocess
   import builtins
+  import faulthandler
   import io
   import posix
-  import _posixsubprocess
-  import faulthandler
   import socket
+
   faulthandler.disable()
   inside = _inside(work)
   opener, file_io = builtins.open, io.FileIO
@@ -351,29 +419,34 @@ def _guard(work: str) -> None:
     if flags & _OPEN_WRITE_FLAGS:
       inside(path, dir_fd)
     return os_open.original(path, flags, mode, dir_fd=dir_fd)
+
   os_open.original = os.open
 
   def path_writer(name):
     original = getattr(os, name)
+
     def checked(*args, **kwargs):
       if name == "link":  # a hard link is the file itself: both ends inside
         inside(kwargs.get("src", args[0] if args else None), kwargs.get("src_dir_fd"))
       if name in ("symlink", "link"):  # (src, dst): dst is what is created
-        inside(kwargs.get("dst", args[1] if len(args) > 1 else None),
-               kwargs.get("dst_dir_fd", kwargs.get("dir_fd")))
+        inside(
+          kwargs.get("dst", args[1] if len(args) > 1 else None),
+          kwargs.get("dst_dir_fd", kwargs.get("dir_fd")),
+        )
       else:
         inside(kwargs.get("path", args[0] if args else None), kwargs.get("dir_fd"))
       return original(*args, **kwargs)
+
     return checked
 
   builtins.open = io.open = open_checked
   io.FileIO = FileIO
   replacements = {"open": os_open}
-  replacements.update((name, path_writer(name)) for name in _PATH_WRITERS
-                      if hasattr(os, name))
-  replacements.update((name, _refused(f"os.{name}", getattr(os, name, None)
-                                     if name in _IMPORT_TIME_OK else None))
-                      for name in _NANOCHAT_OS + _MORE_OS)
+  replacements.update((name, path_writer(name)) for name in _PATH_WRITERS if hasattr(os, name))
+  replacements.update(
+    (name, _refused(f"os.{name}", getattr(os, name, None) if name in _IMPORT_TIME_OK else None))
+    for name in _NANOCHAT_OS + _MORE_OS
+  )
   for module in (os, posix):
     for name, value in replacements.items():
       if hasattr(module, name) or name in _NANOCHAT_OS:
@@ -382,9 +455,11 @@ def _guard(work: str) -> None:
     setattr(shutil, name, _refused(f"shutil.{name}"))
   subprocess.Popen = _refused("subprocess.Popen")
   _posixsubprocess.fork_exec = _refused("_posixsubprocess.fork_exec")
+
   class RefusedSocket(socket.socket):  # a class still: ssl subclasses it on import
     def __init__(self, *args, **kwargs):
       raise SandboxRefused("socket.socket is disabled in the sandbox")
+
   socket.socket = RefusedSocket
   socket.create_connection = _refused("socket.create_connection")
   builtins.exit = builtins.quit = builtins.help = None
@@ -403,13 +478,15 @@ def _inside(work: str):
       return  # an open descriptor, or a call the original will reject
     text = os.fsdecode(fspath(path))
     if dir_fd is not None and not text.startswith("/"):
-      raise PermissionError(errno.EACCES, "the sandbox refuses paths relative to a "
-                            "dir_fd for writing", text)
+      raise PermissionError(
+        errno.EACCES, "the sandbox refuses paths relative to a dir_fd for writing", text
+      )
     resolved = realpath(join(work, text))
-    if resolved != work and not resolved.startswith(work + "/") \
-        and resolved != "/dev/null":
-      raise PermissionError(errno.EACCES, "the sandbox refuses writes outside its "
-                            "temporary directory", text)
+    if resolved != work and not resolved.startswith(work + "/") and resolved != "/dev/null":
+      raise PermissionError(
+        errno.EACCES, "the sandbox refuses writes outside its temporary directory", text
+      )
+
   return check
 
 

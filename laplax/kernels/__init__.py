@@ -20,7 +20,8 @@ at its start and the name ``metrics.jsonl`` and ``eval.json`` record.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -29,8 +30,14 @@ from laplax.kernels import splash, xla
 from laplax.kernels.splash import splash_attention
 from laplax.kernels.xla import MASK_VALUE, xla_attention
 
-__all__ = ["MASK_VALUE", "xla_attention", "splash_attention", "target_platform",
-           "choose", "describe"]
+__all__ = [
+  "MASK_VALUE",
+  "xla_attention",
+  "splash_attention",
+  "target_platform",
+  "choose",
+  "describe",
+]
 
 # Whether the XLA kernel keeps the float32 P for its backward pass: None keeps
 # it on a CPU only (the fastest there; off the CPU P is computed again);
@@ -58,14 +65,23 @@ def _cudnn_unsupported(head_dim: int, dtype: Any) -> str | None:
   if name not in CUDNN_DTYPES:
     return f"cuDNN's fused kernel takes bfloat16/float16, the model computes in {name}"
   if head_dim % 8 or head_dim > CUDNN_MAX_HEAD_DIM:
-    return (f"cuDNN's fused kernel takes head dimensions that are multiples of 8 "
-            f"up to {CUDNN_MAX_HEAD_DIM}, got {head_dim}")
+    return (
+      f"cuDNN's fused kernel takes head dimensions that are multiples of 8 "
+      f"up to {CUDNN_MAX_HEAD_DIM}, got {head_dim}"
+    )
   return None
 
 
-def choose(implementation: str | None, *, q_length: int, kv_length: int,
-           head_dim: int, dtype: Any, mask_shape: Sequence[int] | None = None,
-           platform: str | None = None) -> tuple[str, str | None]:
+def choose(
+  implementation: str | None,
+  *,
+  q_length: int,
+  kv_length: int,
+  head_dim: int,
+  dtype: Any,
+  mask_shape: Sequence[int] | None = None,
+  platform: str | None = None,
+) -> tuple[str, str | None]:
   """The kernel that runs, and why the default fell back to XLA (or ``None``).
 
   Args:
@@ -88,8 +104,11 @@ def choose(implementation: str | None, *, q_length: int, kv_length: int,
   reason = None
   if platform == "tpu":
     reason = splash.unsupported(q_length, kv_length)
-    if reason is None and mask_shape is not None and (
-        len(mask_shape) == 4 and (mask_shape[1] != 1 or mask_shape[2] != 1)):
+    if (
+      reason is None
+      and mask_shape is not None
+      and (len(mask_shape) == 4 and (mask_shape[1] != 1 or mask_shape[2] != 1))
+    ):
       reason = "splash attention takes key-padding masks only"
     if reason is None:
       return "splash", None
@@ -100,8 +119,14 @@ def choose(implementation: str | None, *, q_length: int, kv_length: int,
   return "xla", None if reason is None else reason.split(";")[0]
 
 
-def describe(implementation: str | None, lengths: Sequence[int], *, head_dim: int,
-             dtype: Any, platform: str | None = None) -> tuple[str, str]:
+def describe(
+  implementation: str | None,
+  lengths: Sequence[int],
+  *,
+  head_dim: int,
+  dtype: Any,
+  platform: str | None = None,
+) -> tuple[str, str]:
   """``(name, line)``: the kernel of a model whose attention sees token counts
   ``lengths`` (self-attention), and one line saying which kernel runs and why.
 
@@ -113,8 +138,9 @@ def describe(implementation: str | None, lengths: Sequence[int], *, head_dim: in
   platform = platform or target_platform()
   chosen = {}
   for n in dict.fromkeys(lengths):
-    chosen[n] = choose(implementation, q_length=n, kv_length=n, head_dim=head_dim,
-                       dtype=dtype, platform=platform)
+    chosen[n] = choose(
+      implementation, q_length=n, kv_length=n, head_dim=head_dim, dtype=dtype, platform=platform
+    )
   names = list(dict.fromkeys(kernel for kernel, _ in chosen.values())) or ["xla"]
   how = "requested" if implementation is not None else "the default"
   line = f"attention kernel: {'+'.join(names)} on {platform} ({how}"
@@ -136,15 +162,17 @@ def _cudnn(query, key, value, mask, is_causal: bool, scale: float):
   if mask is not None:
     mask = jnp.broadcast_to(mask, (query.shape[0], heads, q_length, kv_length))
   if is_causal and q_length != kv_length:
-    causal = jnp.asarray(xla._causal(q_length, kv_length))[None, None]  # pylint: disable=protected-access
+    causal = jnp.asarray(xla._causal(q_length, kv_length))[None, None]
     mask = causal if mask is None else jnp.logical_and(mask, causal)
     is_causal = False
-  return jax.nn.dot_product_attention(query, key, value, mask=mask, scale=scale,
-                                      is_causal=is_causal, implementation="cudnn")
+  return jax.nn.dot_product_attention(
+    query, key, value, mask=mask, scale=scale, is_causal=is_causal, implementation="cudnn"
+  )
 
 
-def attention(query, key, value, *, mask, is_causal: bool, scale: float,
-              implementation: str | None):
+def attention(
+  query, key, value, *, mask, is_causal: bool, scale: float, implementation: str | None
+):
   """``P V`` by the kernel :func:`choose` picks (``"reference"`` excepted:
   :func:`laplax.attention.attend` runs that one).
 
@@ -170,9 +198,15 @@ def attention(query, key, value, *, mask, is_causal: bool, scale: float,
     mask = jnp.asarray(mask, bool)
     mask_shape = (1,) * (4 - mask.ndim) + tuple(mask.shape)
   platform = target_platform()
-  kernel, _ = choose(implementation, q_length=query.shape[1], kv_length=key.shape[1],
-                     head_dim=query.shape[-1], dtype=query.dtype, mask_shape=mask_shape,
-                     platform=platform)
+  kernel, _ = choose(
+    implementation,
+    q_length=query.shape[1],
+    kv_length=key.shape[1],
+    head_dim=query.shape[-1],
+    dtype=query.dtype,
+    mask_shape=mask_shape,
+    platform=platform,
+  )
   if kernel == "cudnn":
     return _cudnn(query, key, value, mask, is_causal, scale)
   if kernel == "splash":

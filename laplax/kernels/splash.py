@@ -50,8 +50,9 @@ BLOCK = 128
 BLOCK_CHOICES = (512, 256, 128)
 
 
-def unsupported(q_length: int, kv_length: int, *, dropout: float = 0.0,
-                return_weights: bool = False) -> str | None:
+def unsupported(
+  q_length: int, kv_length: int, *, dropout: float = 0.0, return_weights: bool = False
+) -> str | None:
   """Why splash attention cannot take these settings, or ``None`` if it can.
 
   The reason is one line ending with the fix, e.g. ``"splash attention needs
@@ -59,15 +60,21 @@ def unsupported(q_length: int, kv_length: int, *, dropout: float = 0.0,
   implementation='xla' or a multiple of 128 tokens"``.
   """
   if q_length % BLOCK or kv_length % BLOCK:
-    return (f"splash attention needs lengths that are multiples of {BLOCK}, got "
-            f"{q_length} queries and {kv_length} keys; use implementation='xla' "
-            f"or a token count that is a multiple of {BLOCK}")
+    return (
+      f"splash attention needs lengths that are multiples of {BLOCK}, got "
+      f"{q_length} queries and {kv_length} keys; use implementation='xla' "
+      f"or a token count that is a multiple of {BLOCK}"
+    )
   if dropout > 0.0:
-    return (f"splash attention has no attention dropout (attention_dropout="
-            f"{dropout}); set it to 0 or use implementation='reference'")
+    return (
+      f"splash attention has no attention dropout (attention_dropout="
+      f"{dropout}); set it to 0 or use implementation='reference'"
+    )
   if return_weights:
-    return ("splash attention does not form P, so it cannot return the attention "
-            "weights; use implementation='reference'")
+    return (
+      "splash attention does not form P, so it cannot return the attention "
+      "weights; use implementation='reference'"
+    )
   return None
 
 
@@ -78,23 +85,32 @@ def block_sizes(q_length: int, kv_length: int) -> sk.BlockSizes:
   block of VMEM)."""
   bq = next(b for b in BLOCK_CHOICES if q_length % b == 0)
   bkv = next(b for b in BLOCK_CHOICES if kv_length % b == 0)
-  return sk.BlockSizes(block_q=bq, block_kv=bkv, block_kv_compute=bkv,
-                       block_q_dkv=bq, block_kv_dkv=bkv, block_kv_dkv_compute=bkv,
-                       block_q_dq=bq, block_kv_dq=bkv)
+  return sk.BlockSizes(
+    block_q=bq,
+    block_kv=bkv,
+    block_kv_compute=bkv,
+    block_q_dkv=bq,
+    block_kv_dkv=bkv,
+    block_kv_dkv_compute=bkv,
+    block_q_dq=bq,
+    block_kv_dq=bkv,
+  )
 
 
-def _kernel(heads: int, q_length: int, kv_length: int, is_causal: bool,
-            interpret: bool):
+def _kernel(heads: int, q_length: int, kv_length: int, is_causal: bool, interpret: bool):
   """The splash kernel of one example: ``q [heads, q_length, head_dim]``,
   ``k, v [kv_heads, kv_length, head_dim]``, made while tracing (its block
   maps become constants of the traced function; the kernel library caches
   the NumPy work per mask)."""
   shape = (q_length, kv_length)
-  mask = (sm.CausalMask(shape, offset=kv_length - q_length) if is_causal
-          else sm.FullMask(shape))
-  return sk.make_splash_mha(sm.MultiHeadMask([mask] * heads),
-                            block_sizes=block_sizes(q_length, kv_length),
-                            head_shards=1, q_seq_shards=1, interpret=interpret)
+  mask = sm.CausalMask(shape, offset=kv_length - q_length) if is_causal else sm.FullMask(shape)
+  return sk.make_splash_mha(
+    sm.MultiHeadMask([mask] * heads),
+    block_sizes=block_sizes(q_length, kv_length),
+    head_shards=1,
+    q_seq_shards=1,
+    interpret=interpret,
+  )
 
 
 def segment_ids(mask, batch: int, q_length: int, kv_length: int):
@@ -113,8 +129,9 @@ def segment_ids(mask, batch: int, q_length: int, kv_length: int):
   mask = mask.reshape((1,) * (4 - mask.ndim) + mask.shape)
   if mask.shape[1] != 1 or mask.shape[2] != 1:
     raise ValueError(
-        f"splash attention takes a key-padding mask of shape [batch, 1, 1, "
-        f"kv_length], got {mask.shape}; use implementation='xla' for other masks")
+      f"splash attention takes a key-padding mask of shape [batch, 1, 1, "
+      f"kv_length], got {mask.shape}; use implementation='xla' for other masks"
+    )
   kv = jnp.broadcast_to(mask[:, 0, 0, :], (batch, kv_length)).astype(jnp.int32)
   return jnp.ones((batch, q_length), jnp.int32), kv
 
@@ -127,7 +144,8 @@ def _local(q, k, v, q_ids, kv_ids, *, is_causal: bool, interpret: bool):
   if q_ids is None:
     return jax.vmap(kernel)(q, k, v)
   return jax.vmap(lambda q, k, v, a, b: kernel(q, k, v, segment_ids=sk.SegmentIds(a, b)))(
-      q, k, v, q_ids, kv_ids)
+    q, k, v, q_ids, kv_ids
+  )
 
 
 def _mesh_split(mesh, size: int, axes: tuple[str, ...]):
@@ -141,8 +159,7 @@ def _mesh_split(mesh, size: int, axes: tuple[str, ...]):
   return axes[0] if len(axes) == 1 else axes
 
 
-def splash_attention(query, key, value, mask, is_causal: bool, scale: float,
-                     platform: str):
+def splash_attention(query, key, value, mask, is_causal: bool, scale: float, platform: str):
   """``P V`` of softmax attention by the splash kernel.
 
   Args:
@@ -172,16 +189,18 @@ def splash_attention(query, key, value, mask, is_causal: bool, scale: float,
   q = (query.astype(jnp.float32) * jnp.float32(scale)).astype(query.dtype)
   to_heads = lambda x: jnp.swapaxes(x, 1, 2)
   q, k, v = to_heads(q), to_heads(key), to_heads(value.astype(query.dtype))
-  local = functools.partial(_local, is_causal=bool(is_causal),
-                            interpret=platform != "tpu")
+  local = functools.partial(_local, is_causal=bool(is_causal), interpret=platform != "tpu")
   mesh = jax.sharding.get_abstract_mesh()
   if mesh.empty or mesh.size == 1:
     return to_heads(local(q, k, v, *ids)).astype(value.dtype)
   rules = nn.get_logical_axis_rules() or sharding.DEFAULT_RULES
   rows = _mesh_split(mesh, batch, sharding.mesh_axes(rules, "batch"))
   cols = _mesh_split(mesh, heads, sharding.mesh_axes(rules, "heads"))
-  if cols is not None and k.shape[1] != heads and _mesh_split(
-      mesh, k.shape[1], sharding.mesh_axes(rules, "heads")) is None:
+  if (
+    cols is not None
+    and k.shape[1] != heads
+    and _mesh_split(mesh, k.shape[1], sharding.mesh_axes(rules, "heads")) is None
+  ):
     # Grouped heads that the tensor axis does not divide: one per query head.
     k = jnp.repeat(k, heads // k.shape[1], axis=1)
     v = jnp.repeat(v, heads // v.shape[1], axis=1)
@@ -191,6 +210,5 @@ def splash_attention(query, key, value, mask, is_causal: bool, scale: float,
     specs, args = (spec,) * 3, (q, k, v)
   else:
     run, specs, args = local, (spec,) * 3 + (id_spec,) * 2, (q, k, v, *ids)
-  out = jax.shard_map(run, mesh=mesh, in_specs=specs, out_specs=spec,
-                      check_vma=False)(*args)
+  out = jax.shard_map(run, mesh=mesh, in_specs=specs, out_specs=spec, check_vma=False)(*args)
   return to_heads(out).astype(value.dtype)

@@ -43,8 +43,9 @@ def _softmax(q, k, mask, is_causal, scale):
   if q.dtype == jnp.float32:  # scale the [L, d] queries, not the [L, L] logits
     logits = jnp.einsum("bhqd,bhkd->bhqk", q * jnp.float32(scale), k)
   else:
-    logits = jnp.einsum("bhqd,bhkd->bhqk", q, k,
-                        preferred_element_type=jnp.float32) * jnp.float32(scale)
+    logits = jnp.einsum("bhqd,bhkd->bhqk", q, k, preferred_element_type=jnp.float32) * jnp.float32(
+      scale
+    )
   if is_causal:
     logits = jnp.where(_causal(q_len, kv_len), logits, jnp.float32(MASK_VALUE))
   if mask is not None:
@@ -58,8 +59,7 @@ def _softmax_pv(q, k, v, mask, is_causal, scale):
   """Forward of :func:`xla_attention` on heads-major ``[batch, heads, length,
   head_dim]`` arrays: ``(P V, P)``, ``P`` float32 ``[batch, heads, q, kv]``."""
   probs = _softmax(q, k, mask, is_causal, scale)
-  pv = jnp.einsum("bhqk,bhkd->bhqd", probs.astype(v.dtype), v,
-                  preferred_element_type=jnp.float32)
+  pv = jnp.einsum("bhqk,bhkd->bhqd", probs.astype(v.dtype), v, preferred_element_type=jnp.float32)
   return pv.astype(v.dtype), probs
 
 
@@ -129,6 +129,7 @@ def xla_attention(query, key, value, mask, is_causal, scale, keep_probs=True):
   Raises nothing itself; a mask that does not broadcast fails in ``jnp.where``.
   """
   to_heads = lambda x: jnp.swapaxes(x, 1, 2)
-  out = _heads_major_attention(to_heads(query), to_heads(key), to_heads(value),
-                               mask, is_causal, scale, bool(keep_probs))
+  out = _heads_major_attention(
+    to_heads(query), to_heads(key), to_heads(value), mask, is_causal, scale, bool(keep_probs)
+  )
   return to_heads(out)

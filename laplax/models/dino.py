@@ -39,6 +39,7 @@ class DINOHead(nn.Module):
     bottleneck_dim: dimension before the L2 normalisation (256).
     num_layers: Dense layers before the normalisation (3).
   """
+
   out_dim: int
   hidden_dim: int = 2048
   bottleneck_dim: int = 256
@@ -50,8 +51,9 @@ class DINOHead(nn.Module):
     x = x.astype(jnp.float32)
     for i in range(self.num_layers):
       last = i == self.num_layers - 1
-      x = nn.Dense(self.bottleneck_dim if last else self.hidden_dim,
-                   kernel_init=init, name=f"mlp{i}")(x)
+      x = nn.Dense(
+        self.bottleneck_dim if last else self.hidden_dim, kernel_init=init, name=f"mlp{i}"
+      )(x)
       if not last:
         x = nn.gelu(x, approximate=False)
     x = x / jnp.maximum(jnp.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
@@ -73,11 +75,13 @@ class DINO(nn.Module):
     backbone: a :class:`ViT` with ``num_classes=0`` (features only).
     head: the :class:`DINOHead`.
   """
+
   backbone: ViT
   head: DINOHead
 
-  def __call__(self, global_crops: jax.Array, local_crops: jax.Array | None = None,
-               *, train: bool = False):
+  def __call__(
+    self, global_crops: jax.Array, local_crops: jax.Array | None = None, *, train: bool = False
+  ):
     views = [global_crops]
     if local_crops is not None and local_crops.shape[0]:
       views.append(local_crops)
@@ -90,9 +94,14 @@ class DINO(nn.Module):
     return self.head(feats), feats
 
 
-def dino_loss(student_logits: jax.Array, teacher_logits: jax.Array,
-              center: jax.Array, *, student_temp: float,
-              teacher_temp: float | jax.Array) -> jax.Array:
+def dino_loss(
+  student_logits: jax.Array,
+  teacher_logits: jax.Array,
+  center: jax.Array,
+  *,
+  student_temp: float,
+  teacher_temp: float | jax.Array,
+) -> jax.Array:
   """The DINO cross-entropy over all pairs of different views (Eq. 3 of the paper).
 
   ``P_t = softmax((t - center) / teacher_temp)`` (centred, sharpened teacher,
@@ -116,8 +125,9 @@ def dino_loss(student_logits: jax.Array, teacher_logits: jax.Array,
   num_views, num_teacher = student_logits.shape[0], teacher_logits.shape[0]
   if num_views < 2 or num_teacher > num_views:
     raise ValueError(
-        f"DINO needs >= 2 views and teacher views <= student views, got "
-        f"{num_teacher} teacher and {num_views} student views")
+      f"DINO needs >= 2 views and teacher views <= student views, got "
+      f"{num_teacher} teacher and {num_views} student views"
+    )
   q = jax.lax.stop_gradient(teacher_probs(teacher_logits, center, teacher_temp))
   log_p = jax.nn.log_softmax(student_logits.astype(jnp.float32) / student_temp, axis=-1)
   ce = -jnp.einsum("ibk,vbk->iv", q, log_p) / q.shape[1]  # [G, V], mean over batch
@@ -125,34 +135,36 @@ def dino_loss(student_logits: jax.Array, teacher_logits: jax.Array,
   return jnp.sum(jnp.where(pairs, ce, 0.0)) / jnp.sum(pairs)
 
 
-def teacher_probs(teacher_logits: jax.Array, center: jax.Array,
-                  teacher_temp: float | jax.Array) -> jax.Array:
+def teacher_probs(
+  teacher_logits: jax.Array, center: jax.Array, teacher_temp: float | jax.Array
+) -> jax.Array:
   """Centred and sharpened teacher distribution, float32 ``softmax((t - c) / T)``."""
-  return jax.nn.softmax((teacher_logits.astype(jnp.float32) - center) / teacher_temp,
-                        axis=-1)
+  return jax.nn.softmax((teacher_logits.astype(jnp.float32) - center) / teacher_temp, axis=-1)
 
 
-def update_center(center: jax.Array, teacher_logits: jax.Array,
-                  momentum: float) -> jax.Array:
+def update_center(center: jax.Array, teacher_logits: jax.Array, momentum: float) -> jax.Array:
   """Centre EMA (Eq. 4): ``m * c + (1 - m) * mean of the teacher logits``.
 
   ``center`` float32 ``[K]``; ``teacher_logits`` ``[..., K]`` (mean over every
   leading axis, i.e. over views and batch); ``momentum`` in [0, 1] (0.9).
   """
-  batch_center = jnp.mean(teacher_logits.astype(jnp.float32).reshape(-1, center.shape[-1]),
-                          axis=0)
+  batch_center = jnp.mean(teacher_logits.astype(jnp.float32).reshape(-1, center.shape[-1]), axis=0)
   return momentum * center + (1.0 - momentum) * batch_center
 
 
 def update_teacher(teacher: Any, student: Any, momentum: float | jax.Array) -> Any:
   """Teacher EMA: ``theta_t <- m * theta_t + (1 - m) * theta_s`` leaf by leaf."""
-  return jax.tree_util.tree_map(lambda t, s: momentum * t + (1.0 - momentum) * s,
-                                teacher, student)
+  return jax.tree_util.tree_map(lambda t, s: momentum * t + (1.0 - momentum) * s, teacher, student)
 
 
-def collapse_statistics(student_logits: jax.Array, teacher_logits: jax.Array,
-                        center: jax.Array, *, student_temp: float,
-                        teacher_temp: float | jax.Array) -> dict:
+def collapse_statistics(
+  student_logits: jax.Array,
+  teacher_logits: jax.Array,
+  center: jax.Array,
+  *,
+  student_temp: float,
+  teacher_temp: float | jax.Array,
+) -> dict:
   """The collapse monitor of DINO's Sec. 5.3 (Fig. 7), float32 scalars, in nats.
 
   Returns:
@@ -173,12 +185,16 @@ def collapse_statistics(student_logits: jax.Array, teacher_logits: jax.Array,
   ce = -jnp.einsum("ibk,vbk->iv", q, log_p) / q.shape[1]
   kl = ce - entropy.mean(axis=1)[:, None]
   pairs = jnp.arange(num_teacher)[:, None] != jnp.arange(num_views)[None, :]
-  return {"teacher_entropy": entropy.mean(), "teacher_marginal_entropy": marginal,
-          "kl_teacher_student": jnp.sum(jnp.where(pairs, kl, 0.0)) / jnp.sum(pairs)}
+  return {
+    "teacher_entropy": entropy.mean(),
+    "teacher_marginal_entropy": marginal,
+    "kl_teacher_student": jnp.sum(jnp.where(pairs, kl, 0.0)) / jnp.sum(pairs),
+  }
 
 
-def collapsed(stats: dict, out_dim: int, *, uniform_fraction: float = 0.9,
-              kl_floor: float = 1e-3) -> str | None:
+def collapsed(
+  stats: dict, out_dim: int, *, uniform_fraction: float = 0.9, kl_floor: float = 1e-3
+) -> str | None:
   """Names the collapse the statistics of :func:`collapse_statistics` show, or None.
 
   ``"uniform"``: the mean teacher entropy exceeds ``uniform_fraction * log K``;

@@ -40,6 +40,7 @@ class GPT(nn.Module):
       biases, dtype, remat, scan).
     vocab_size: vocabulary size (from the tokenizer).
   """
+
   spec: GPTSpec
   vocab_size: int
 
@@ -57,10 +58,15 @@ class GPT(nn.Module):
       raise ValueError(f"sequence length {length} exceeds max_length={spec.max_length}")
     init = nn.initializers.normal(0.02)
     nanochat = spec.kernel_init == "nanochat"  # nanochat/gpt.py's init_weights
-    embed = nn.Embed(self.vocab_size, spec.width, name="token_embedding",
-                     param_dtype=jnp.dtype(spec.embedding_dtype),
-                     embedding_init=sharding.logical_init(
-                         nn.initializers.normal(1.0) if nanochat else init, ("vocab", "embed")))
+    embed = nn.Embed(
+      self.vocab_size,
+      spec.width,
+      name="token_embedding",
+      param_dtype=jnp.dtype(spec.embedding_dtype),
+      embedding_init=sharding.logical_init(
+        nn.initializers.normal(1.0) if nanochat else init, ("vocab", "embed")
+      ),
+    )
     x = embed(tokens).astype(spec.compute_dtype() or jnp.float32)
     start = 0
     if decode:
@@ -70,8 +76,12 @@ class GPT(nn.Module):
         start = position.value
         position.value = start + length
     if spec.posemb == "learn":
-      pos = self.param("pos_embedding", sharding.logical_init(init, ("length", "embed")),
-                       (spec.max_length, spec.width), jnp.float32)
+      pos = self.param(
+        "pos_embedding",
+        sharding.logical_init(init, ("length", "embed")),
+        (spec.max_length, spec.width),
+        jnp.float32,
+      )
       x = x + jax.lax.dynamic_slice_in_dim(pos, start, length).astype(x.dtype)[None]
     if spec.embed_norm:  # nanochat/gpt.py: norm(wte(idx)) before the blocks
       x = norm_layer(spec, "embed_norm")(x).astype(x.dtype)
@@ -79,7 +89,8 @@ class GPT(nn.Module):
     x = nn.with_logical_constraint(x, EMBED_AXES)
 
     x, blocks = transformer_blocks(
-        x, spec, call=dict(is_causal=True, deterministic=not train, decode=decode))
+      x, spec, call=dict(is_causal=True, deterministic=not train, decode=decode)
+    )
     out.update(blocks)
     x = norm_layer(spec, "final_norm")(x)
     out["encoded"] = x
@@ -87,9 +98,13 @@ class GPT(nn.Module):
       logits = embed.attend(x.astype(jnp.float32))
     else:
       head_init = nn.initializers.zeros if nanochat else init
-      logits = nn.Dense(self.vocab_size, use_bias=False, dtype=jnp.float32,
-                        kernel_init=sharding.logical_init(head_init, ("embed", "vocab")),
-                        name="lm_head")(x)
+      logits = nn.Dense(
+        self.vocab_size,
+        use_bias=False,
+        dtype=jnp.float32,
+        kernel_init=sharding.logical_init(head_init, ("embed", "vocab")),
+        name="lm_head",
+      )(x)
     if spec.logit_softcap is not None:  # nanochat/gpt.py: 15 tanh(logits / 15)
       cap = spec.logit_softcap
       logits = cap * jnp.tanh(logits.astype(jnp.float32) / cap)

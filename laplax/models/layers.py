@@ -4,7 +4,8 @@ optionally rematerialised) that ViT and GPT share."""
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -35,7 +36,7 @@ _GELU_CUBIC = 0.044715
 def _gelu_tanh_forward(x):
   """``x * 0.5 * (1 + tanh(u))``, ``u = sqrt(2/pi) (x + 0.044715 x^3)``:
   the expression of ``jax.nn.gelu(approximate=True)``, op for op."""
-  cdf = 0.5 * (1.0 + jnp.tanh(_SQRT_2_OVER_PI * (x + _GELU_CUBIC * (x ** 3))))
+  cdf = 0.5 * (1.0 + jnp.tanh(_SQRT_2_OVER_PI * (x + _GELU_CUBIC * (x**3))))
   return x * cdf
 
 
@@ -59,7 +60,7 @@ def _gelu_fwd(x):
 
 
 def _gelu_bwd(x, g):
-  t = jnp.tanh(_SQRT_2_OVER_PI * (x + _GELU_CUBIC * (x ** 3)))
+  t = jnp.tanh(_SQRT_2_OVER_PI * (x + _GELU_CUBIC * (x**3)))
   du = _SQRT_2_OVER_PI * (1.0 + 3.0 * _GELU_CUBIC * (x * x))
   return (g * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * du),)
 
@@ -101,8 +102,9 @@ def norm_layer(spec: TransformerSpec, name: str) -> Callable[[jax.Array], jax.Ar
   """
   if spec.norm == "rmsnorm":
     return RMSNorm(name=name)
-  return nn.LayerNorm(name=name, dtype=jnp.float32, epsilon=spec.norm_eps,
-                      **sharding.layer_norm_inits("embed"))
+  return nn.LayerNorm(
+    name=name, dtype=jnp.float32, epsilon=spec.norm_eps, **sharding.layer_norm_inits("embed")
+  )
 
 
 class MLP(nn.Module):
@@ -113,6 +115,7 @@ class MLP(nn.Module):
   ``activation`` is a key of :data:`ACTIVATIONS` (``"gelu"``: tanh
   approximation; ``"relu2"``: ReLU squared, nanochat/gpt.py).
   """
+
   mlp_dim: int
   activation: str = "gelu"
   dropout: float = 0.0
@@ -126,17 +129,26 @@ class MLP(nn.Module):
     """Applies the MLP to ``x [..., dim]``."""
     dim = x.shape[-1]
     bias_init = nn.initializers.normal(1e-6)
-    x = nn.Dense(self.mlp_dim, dtype=self.dtype, use_bias=self.use_bias,
-                 kernel_init=sharding.logical_init(self.kernel_init, ("embed", "mlp")),
-                 bias_init=sharding.logical_init(bias_init, ("mlp",)), name="fc1")(x)
+    x = nn.Dense(
+      self.mlp_dim,
+      dtype=self.dtype,
+      use_bias=self.use_bias,
+      kernel_init=sharding.logical_init(self.kernel_init, ("embed", "mlp")),
+      bias_init=sharding.logical_init(bias_init, ("mlp",)),
+      name="fc1",
+    )(x)
     if x.ndim == len(MLP_AXES):
       x = nn.with_logical_constraint(x, MLP_AXES)
     x = ACTIVATIONS[self.activation](x)
     x = nn.Dropout(self.dropout)(x, deterministic=deterministic)
-    x = nn.Dense(dim, dtype=self.dtype,
-                 kernel_init=sharding.logical_init(self.out_init, ("mlp", "embed")),
-                 use_bias=self.use_bias,
-                 bias_init=sharding.logical_init(bias_init, ("embed",)), name="fc2")(x)
+    x = nn.Dense(
+      dim,
+      dtype=self.dtype,
+      kernel_init=sharding.logical_init(self.out_init, ("mlp", "embed")),
+      use_bias=self.use_bias,
+      bias_init=sharding.logical_init(bias_init, ("embed",)),
+      name="fc2",
+    )(x)
     return nn.Dropout(self.dropout)(x, deterministic=deterministic)
 
 
@@ -147,13 +159,18 @@ class LayerScale(nn.Module):
   DeiT-3 uses ``init_value = 1e-6`` for ViT-B. (Not named ``init``: that would
   shadow ``nn.Module.init``.)
   """
+
   init_value: float = 1e-6
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
     """Scales the last axis of ``x``."""
-    gamma = self.param("scale", sharding.logical_init(
-        nn.initializers.constant(self.init_value), ("embed",)), (x.shape[-1],), jnp.float32)
+    gamma = self.param(
+      "scale",
+      sharding.logical_init(nn.initializers.constant(self.init_value), ("embed",)),
+      (x.shape[-1],),
+      jnp.float32,
+    )
     return x * gamma.astype(x.dtype)
 
 
@@ -163,11 +180,13 @@ class DropPath(nn.Module):
   Huang et al. 2016. ``x [batch, ...]``; kept examples are scaled by
   ``1 / (1 - rate)``. Uses the ``"dropout"`` RNG stream.
   """
+
   rate: float = 0.0
 
   @nn.compact
-  def __call__(self, x: jax.Array, deterministic: bool = True,
-               rate: jax.Array | None = None) -> jax.Array:
+  def __call__(
+    self, x: jax.Array, deterministic: bool = True, rate: jax.Array | None = None
+  ) -> jax.Array:
     """Applies drop-path to ``x`` (identity when deterministic or rate 0).
 
     ``rate`` (a float32 scalar, may be traced: the per-layer rate of scanned
@@ -185,8 +204,9 @@ class DropPath(nn.Module):
     return jnp.where(mask, x / keep, 0.0).astype(x.dtype)
 
 
-def attention_module(spec: TransformerSpec, laplacian_mask: tuple | None = None,
-                     **overrides) -> MultiHeadAttention:
+def attention_module(
+  spec: TransformerSpec, laplacian_mask: tuple | None = None, **overrides
+) -> MultiHeadAttention:
   """The :class:`~laplax.attention.MultiHeadAttention` of a block of ``spec``.
 
   The one place where a model spec becomes attention attributes:
@@ -197,9 +217,15 @@ def attention_module(spec: TransformerSpec, laplacian_mask: tuple | None = None,
   compute); ``laplacian_mask`` is the layer's tuple of ``num_heads`` booleans.
   """
   kernel_init, out_init = spec.inits()
-  kwargs = dict(spec.attention.module_kwargs(), laplacian_mask=laplacian_mask,
-                dropout=spec.dropout, use_bias=spec.use_bias,
-                dtype=spec.compute_dtype(), kernel_init=kernel_init, out_init=out_init)
+  kwargs = dict(
+    spec.attention.module_kwargs(),
+    laplacian_mask=laplacian_mask,
+    dropout=spec.dropout,
+    use_bias=spec.use_bias,
+    dtype=spec.compute_dtype(),
+    kernel_init=kernel_init,
+    out_init=out_init,
+  )
   kwargs.update(overrides)
   return MultiHeadAttention(**kwargs)
 
@@ -220,15 +246,23 @@ class Block(nn.Module):
       booleans (``None``: given per call, e.g. scanned).
     drop_path: this block's stochastic-depth rate.
   """
+
   spec: TransformerSpec
   laplacian_mask: tuple | None = None
   drop_path: float = 0.0
 
   @nn.compact
-  def __call__(self, x: jax.Array, *, mask: jax.Array | None = None,
-               is_causal: bool = False, deterministic: bool = True,
-               decode: bool = False, laplacian: jax.Array | None = None,
-               drop_path: jax.Array | None = None):
+  def __call__(
+    self,
+    x: jax.Array,
+    *,
+    mask: jax.Array | None = None,
+    is_causal: bool = False,
+    deterministic: bool = True,
+    decode: bool = False,
+    laplacian: jax.Array | None = None,
+    drop_path: jax.Array | None = None,
+  ):
     """Applies the block; ``mask`` as in :func:`laplax.attention.attend`,
     ``decode`` as in :class:`laplax.attention.MultiHeadAttention`.
 
@@ -245,18 +279,29 @@ class Block(nn.Module):
     out["input"] = x
     y = norm_layer(spec, "norm1")(x).astype(x.dtype)
     y = attention_module(spec, self.laplacian_mask, name="attention")(
-        y, mask=mask, is_causal=is_causal, deterministic=deterministic,
-        decode=decode, laplacian=laplacian)
+      y,
+      mask=mask,
+      is_causal=is_causal,
+      deterministic=deterministic,
+      decode=decode,
+      laplacian=laplacian,
+    )
     if layerscale is not None:
       y = LayerScale(layerscale, name="ls1")(y)
     out["sa"] = y
     x = x + DropPath(self.drop_path)(y, deterministic, drop_path)
     out["+sa"] = x
     y = norm_layer(spec, "norm2")(x).astype(x.dtype)
-    y = MLP(spec.mlp_dim, activation=spec.mlp_activation,
-            dropout=spec.dropout, use_bias=spec.use_bias,
-            dtype=dtype, kernel_init=kernel_init, out_init=out_init,
-            name="mlp")(y, deterministic)
+    y = MLP(
+      spec.mlp_dim,
+      activation=spec.mlp_activation,
+      dropout=spec.dropout,
+      use_bias=spec.use_bias,
+      dtype=dtype,
+      kernel_init=kernel_init,
+      out_init=out_init,
+      name="mlp",
+    )(y, deterministic)
     if layerscale is not None:
       y = LayerScale(layerscale, name="ls2")(y)
     out["mlp"] = y
@@ -266,8 +311,9 @@ class Block(nn.Module):
     return x, out
 
 
-def transformer_blocks(x: jax.Array, spec: TransformerSpec, *,
-                       call: dict | None = None) -> tuple[jax.Array, dict]:
+def transformer_blocks(
+  x: jax.Array, spec: TransformerSpec, *, call: dict | None = None
+) -> tuple[jax.Array, dict]:
   """Applies the ``spec.depth`` :class:`Block` s to ``x``, looped or under ``nn.scan``.
 
   Call it inside a ``@nn.compact`` method: the blocks become the caller's
@@ -303,14 +349,16 @@ def transformer_blocks(x: jax.Array, spec: TransformerSpec, *,
 
   def body(module, y, *layer):
     return module(y, **call, **(layer[0] if layer else {}))
+
   if spec.remat != "none":
     body = nn.remat(body, policy=policy, prevent_cse=not scan)
 
   if not scan:
     outs = {}
     for i in range(depth):
-      blk = Block(spec, laplacian_mask=tuple(bool(h) for h in heads[i]),
-                  drop_path=rates[i], name=f"block{i}")
+      blk = Block(
+        spec, laplacian_mask=tuple(bool(h) for h in heads[i]), drop_path=rates[i], name=f"block{i}"
+      )
       x, outs[f"block{i}"] = body(blk, x)
     return x, outs
 
@@ -323,10 +371,13 @@ def transformer_blocks(x: jax.Array, spec: TransformerSpec, *,
     static["drop_path"] = rates[0]
   else:
     layer["drop_path"] = jnp.asarray(rates, jnp.float32)
-  scanned = nn.scan(body, variable_axes={True: 0},
-                    split_rngs={"params": True, "dropout": True}, length=depth,
-                    metadata_params={nn.PARTITION_NAME: "layers"})
+  scanned = nn.scan(
+    body,
+    variable_axes={True: 0},
+    split_rngs={"params": True, "dropout": True},
+    length=depth,
+    metadata_params={nn.PARTITION_NAME: "layers"},
+  )
   blk = Block(spec, name=SCANNED_BLOCKS, **static)
   x, outs = scanned(blk, x, layer)
-  return x, {f"block{i}": jax.tree_util.tree_map(lambda a, i=i: a[i], outs)
-             for i in range(depth)}
+  return x, {f"block{i}": jax.tree_util.tree_map(lambda a, i=i: a[i], outs) for i in range(depth)}

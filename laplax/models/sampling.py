@@ -19,9 +19,16 @@ import numpy as np
 from laplax.models.gpt import GPT
 
 
-def generate(model: GPT, params: Any, prompt: np.ndarray, *, max_new_tokens: int,
-             temperature: float = 1.0, top_k: int | None = None,
-             rng: jax.Array | None = None) -> np.ndarray:
+def generate(
+  model: GPT,
+  params: Any,
+  prompt: np.ndarray,
+  *,
+  max_new_tokens: int,
+  temperature: float = 1.0,
+  top_k: int | None = None,
+  rng: jax.Array | None = None,
+) -> np.ndarray:
   """Samples a continuation of ``prompt`` token by token with the KV cache.
 
   When prompt plus continuation reach ``model.spec.max_length``, decoding goes on
@@ -49,8 +56,9 @@ def generate(model: GPT, params: Any, prompt: np.ndarray, *, max_new_tokens: int
     raise ValueError("the prompt is empty; give at least one token")
   if prompt.size > model.spec.max_length:
     raise ValueError(
-        f"the prompt has {prompt.size} tokens but the model's context is "
-        f"{model.spec.max_length}; shorten the prompt")
+      f"the prompt has {prompt.size} tokens but the model's context is "
+      f"{model.spec.max_length}; shorten the prompt"
+    )
   rng = jax.random.PRNGKey(0) if rng is None else rng
   empty_cache = _empty_cache(model)
   step = _decode_step(model, float(temperature), top_k)
@@ -60,7 +68,7 @@ def generate(model: GPT, params: Any, prompt: np.ndarray, *, max_new_tokens: int
   cache, tokens, filled = empty_cache, prompt[None], prompt.size
   for i in range(max_new_tokens):
     if filled > model.spec.max_length:  # the cache is full: restart on the last half
-      keep = seq[-(model.spec.max_length // 2):]
+      keep = seq[-(model.spec.max_length // 2) :]
       cache, tokens, filled = empty_cache, np.asarray(keep, np.int32)[None], len(keep)
     cache, tokens = step(params, cache, tokens, rng, np.int32(i))
     nxt = np.asarray(tokens).item()  # one transfer per token
@@ -70,8 +78,9 @@ def generate(model: GPT, params: Any, prompt: np.ndarray, *, max_new_tokens: int
   return np.asarray(out, np.int32)
 
 
-def continuation_logprob(model: GPT, params: Any, context: np.ndarray,
-                         continuation: np.ndarray) -> float:
+def continuation_logprob(
+  model: GPT, params: Any, context: np.ndarray, continuation: np.ndarray
+) -> float:
   """``sum_t log p(continuation_t | context, continuation_<t)`` in nats.
 
   ``context`` and ``continuation`` are int token arrays; when together they
@@ -87,23 +96,32 @@ def continuation_logprob(model: GPT, params: Any, context: np.ndarray,
     raise ValueError("the continuation is empty")
   if continuation.size >= model.spec.max_length:
     raise ValueError(
-        f"a continuation of {continuation.size} tokens does not fit the context "
-        f"of {model.spec.max_length}")
-  tokens = np.concatenate([context, continuation])[-(model.spec.max_length + 1):]
+      f"a continuation of {continuation.size} tokens does not fit the context "
+      f"of {model.spec.max_length}"
+    )
+  tokens = np.concatenate([context, continuation])[-(model.spec.max_length + 1) :]
   inputs = np.zeros(model.spec.max_length, np.int32)  # right padding: causal, so
-  inputs[:len(tokens) - 1] = tokens[:-1]          # it cannot change the scores
+  inputs[: len(tokens) - 1] = tokens[:-1]  # it cannot change the scores
   logits, _ = _forward(model)(params, jnp.asarray(inputs)[None])
-  logp = np.asarray(jax.nn.log_softmax(logits[0, :len(tokens) - 1], axis=-1))
+  logp = np.asarray(jax.nn.log_softmax(logits[0, : len(tokens) - 1], axis=-1))
   targets = tokens[1:]
   picked = logp[np.arange(len(targets)), targets]
-  return float(picked[-continuation.size:].sum())
+  return float(picked[-continuation.size :].sum())
 
 
-def generate_batch(model: GPT, params: Any, prompts: Sequence[np.ndarray], *,
-                   max_new_tokens: int, temperature: float = 0.0, top_k: int | None = None,
-                   rng: jax.Array | None = None, stop_tokens: Sequence[int] = (),
-                   tool: Callable[[int, int], Sequence[int]] | None = None,
-                   rows: int | None = None) -> list[np.ndarray]:
+def generate_batch(
+  model: GPT,
+  params: Any,
+  prompts: Sequence[np.ndarray],
+  *,
+  max_new_tokens: int,
+  temperature: float = 0.0,
+  top_k: int | None = None,
+  rng: jax.Array | None = None,
+  stop_tokens: Sequence[int] = (),
+  tool: Callable[[int, int], Sequence[int]] | None = None,
+  rows: int | None = None,
+) -> list[np.ndarray]:
   """Continues prompts of different lengths in one batch with the KV cache.
 
   All rows advance through the same positions: the first ``2^floor(log2(m))``
@@ -144,8 +162,10 @@ def generate_batch(model: GPT, params: Any, prompts: Sequence[np.ndarray], *,
   if not prompts:
     raise ValueError("no prompts to continue")
   if any(p.size == 0 or p.size > max_length for p in prompts):
-    raise ValueError(f"every prompt needs 1 to {max_length} tokens (the model's context); "
-                     f"got lengths {[p.size for p in prompts]}")
+    raise ValueError(
+      f"every prompt needs 1 to {max_length} tokens (the model's context); "
+      f"got lengths {[p.size for p in prompts]}"
+    )
   n = len(prompts)
   rows = n if rows is None else rows
   if rows < n:
@@ -155,8 +175,9 @@ def generate_batch(model: GPT, params: Any, prompts: Sequence[np.ndarray], *,
   step = _batch_step(model, float(temperature), top_k)
   start = 1 << (int(min(p.size for p in prompts[:n])).bit_length() - 1)
   cache = _empty_cache(model, rows)
-  cache, sampled = step(params, cache, np.stack([p[:start] for p in prompts]), rng,
-                        np.int32(start - 1))
+  cache, sampled = step(
+    params, cache, np.stack([p[:start] for p in prompts]), rng, np.int32(start - 1)
+  )
   stops = set(int(t) for t in stop_tokens)
   out = [[] for _ in range(rows)]
   forced = [collections.deque() for _ in range(rows)]
@@ -187,9 +208,9 @@ def generate_batch(model: GPT, params: Any, prompts: Sequence[np.ndarray], *,
   return [np.asarray(row, np.int32) for row in out[:n]]
 
 
-def continuation_logprobs(model: GPT, params: Any,
-                          pairs: Sequence[tuple[np.ndarray, np.ndarray]],
-                          batch_size: int = 8) -> list[tuple[float, bool]]:
+def continuation_logprobs(
+  model: GPT, params: Any, pairs: Sequence[tuple[np.ndarray, np.ndarray]], batch_size: int = 8
+) -> list[tuple[float, bool]]:
   """:func:`continuation_logprob` of many ``(context, continuation)`` pairs in
   batches, and whether greedy decoding gives the continuation.
 
@@ -211,24 +232,28 @@ def continuation_logprobs(model: GPT, params: Any,
     context = np.asarray(context, np.int32).reshape(-1)
     continuation = np.asarray(continuation, np.int32).reshape(-1)
     if context.size == 0 or continuation.size == 0:
-      raise ValueError("the context and the continuation need at least one token each "
-                       "(start an empty context with the BOS token)")
+      raise ValueError(
+        "the context and the continuation need at least one token each "
+        "(start an empty context with the BOS token)"
+      )
     if continuation.size > model.spec.max_length:
-      raise ValueError(f"a continuation of {continuation.size} tokens does not fit the "
-                       f"context of {model.spec.max_length}")
-    tokens = np.concatenate([context, continuation])[-(model.spec.max_length + 1):]
+      raise ValueError(
+        f"a continuation of {continuation.size} tokens does not fit the "
+        f"context of {model.spec.max_length}"
+      )
+    tokens = np.concatenate([context, continuation])[-(model.spec.max_length + 1) :]
     rows.append((tokens, continuation.size))
   forward = _scores(model)
   results = []
   for b in range(0, len(rows), batch_size):
-    chunk = rows[b:b + batch_size]
+    chunk = rows[b : b + batch_size]
     longest = max(t.size - 1 for t, _ in chunk)
     width = min(model.spec.max_length, 1 << (longest - 1).bit_length())
     inputs = np.zeros((batch_size, width), np.int32)
     targets = np.zeros((batch_size, width), np.int32)
     for i, (tokens, _) in enumerate(chunk):
-      inputs[i, :tokens.size - 1] = tokens[:-1]
-      targets[i, :tokens.size - 1] = tokens[1:]
+      inputs[i, : tokens.size - 1] = tokens[:-1]
+      targets[i, : tokens.size - 1] = tokens[1:]
     logp, greedy = (np.asarray(a) for a in forward(params, inputs, targets))
     for i, (tokens, k) in enumerate(chunk):
       span = slice(tokens.size - 1 - k, tokens.size - 1)
@@ -246,9 +271,11 @@ def _batch_step(model: GPT, temperature: float, top_k: int | None):
   pos)``; jitted once per ``(model, temperature, top_k)``."""
   key = (model, temperature, top_k)
   if key not in _BATCH_CACHE:
+
     def step(params, cache, tokens, rng, pos):
-      (logits, _), updated = model.apply({"params": params, "cache": cache}, tokens,
-                                         decode=True, mutable=["cache"])
+      (logits, _), updated = model.apply(
+        {"params": params, "cache": cache}, tokens, decode=True, mutable=["cache"]
+      )
       logits = logits[:, -1]
       if top_k is not None:
         kth = jnp.sort(logits, axis=-1)[:, -min(top_k, logits.shape[-1])]
@@ -258,6 +285,7 @@ def _batch_step(model: GPT, temperature: float, top_k: int | None):
       else:
         nxt = jax.random.categorical(jax.random.fold_in(rng, pos), logits / temperature)
       return updated["cache"], nxt.astype(jnp.int32)
+
     _BATCH_CACHE[key] = jax.jit(step)
   return _BATCH_CACHE[key]
 
@@ -265,11 +293,13 @@ def _batch_step(model: GPT, temperature: float, top_k: int | None):
 def _scores(model: GPT):
   """``(params, inputs, targets) -> (log p(target) [b, n], target == argmax [b, n])``, jitted."""
   if model not in _SCORE_CACHE:
+
     def scores(params, inputs, targets):
       logits, _ = model.apply({"params": params}, inputs)
       logp = jax.nn.log_softmax(logits, axis=-1)
       picked = jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
       return picked, jnp.argmax(logits, axis=-1) == targets
+
     _SCORE_CACHE[model] = jax.jit(scores)
   return _SCORE_CACHE[model]
 
@@ -282,9 +312,11 @@ def _empty_cache(model: GPT, batch: int = 1) -> Any:
   """The model's empty KV cache for ``batch`` sequences (every entry of the
   ``"cache"`` collection starts at zero), built from shapes alone: no
   parameters are initialised."""
-  shapes = jax.eval_shape(lambda: model.init(
-      jax.random.PRNGKey(0), jnp.zeros((batch, model.spec.max_length), jnp.int32),
-      decode=True)["cache"])
+  shapes = jax.eval_shape(
+    lambda: model.init(
+      jax.random.PRNGKey(0), jnp.zeros((batch, model.spec.max_length), jnp.int32), decode=True
+    )["cache"]
+  )
   return jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
 
 
@@ -296,10 +328,12 @@ def _decode_step(model: GPT, temperature: float, top_k: int | None):
   seen before."""
   key = (model, temperature, top_k)
   if key not in _DECODE_CACHE:
+
     def step(params, cache, tokens, rng, i):
       rng = jax.random.fold_in(rng, i)
-      (logits, _), updated = model.apply({"params": params, "cache": cache}, tokens,
-                                         decode=True, mutable=["cache"])
+      (logits, _), updated = model.apply(
+        {"params": params, "cache": cache}, tokens, decode=True, mutable=["cache"]
+      )
       logits = logits[0, -1]
       if top_k is not None:
         kth = jnp.sort(logits)[-min(top_k, logits.shape[-1])]
@@ -309,6 +343,7 @@ def _decode_step(model: GPT, temperature: float, top_k: int | None):
       else:
         nxt = jax.random.categorical(rng, logits / temperature)
       return updated["cache"], nxt.astype(jnp.int32)[None, None]
+
     _DECODE_CACHE[key] = jax.jit(step)
   return _DECODE_CACHE[key]
 

@@ -33,7 +33,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import jax
 import numpy as np
@@ -49,11 +50,10 @@ DTYPES = ("float32", "bfloat16")
 # backward pass); the others save the matmul outputs (all of them, or only
 # those without batch dimensions, i.e. not attention's QK^T and PV).
 REMAT_POLICIES = {
-    "none": None,
-    "full": None,
-    "dots_saveable": jax.checkpoint_policies.dots_saveable,
-    "dots_with_no_batch_dims_saveable":
-        jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+  "none": None,
+  "full": None,
+  "dots_saveable": jax.checkpoint_policies.dots_saveable,
+  "dots_with_no_batch_dims_saveable": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
 }
 # Initialisers (``TransformerSpec.inits``; a GPT's ``model.kernel_init``):
 # "nanochat" is nanochat/gpt.py's ``init_weights`` (:func:`nanochat_normal`).
@@ -78,7 +78,7 @@ def nanochat_normal(key, shape, dtype=np.float32):
   input layer the std is ``1 / sqrt(1280) = 0.02795``. Returns ``dtype``.
   """
   fan_in, fan_out = shape[-2], shape[-1]
-  std = min(1.0, (fan_out / fan_in) ** 0.5) / fan_in ** 0.5
+  std = min(1.0, (fan_out / fan_in) ** 0.5) / fan_in**0.5
   return std * jax.random.normal(key, shape, dtype)
 
 
@@ -86,14 +86,14 @@ class SpecError(UserError, ValueError):
   """A model setting that cannot be built; one line ``model.KEY=...: the fix``."""
 
 
-def _field(default, check: str, key: str | None = None, convert: Mapping | None = None,
-           **rules):
+def _field(default, check: str, key: str | None = None, convert: Mapping | None = None, **rules):
   """A spec field whose metadata says how to validate it, its config key and
   which values each converter target supports (``convert``: target ->
   :data:`~laplax.models.support.ANY`, :data:`~laplax.models.support.FORCE`,
   a tuple of values or a :class:`~laplax.models.support.Rule`)."""
-  return dataclasses.field(default=default,
-                           metadata=dict(rules, check=check, key=key, convert=convert or {}))
+  return dataclasses.field(
+    default=default, metadata=dict(rules, check=check, key=key, convert=convert or {})
+  )
 
 
 def _is_int(v) -> bool:
@@ -102,7 +102,8 @@ def _is_int(v) -> bool:
 
 def _is_number(v) -> bool:
   return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(
-      v, (bool, np.bool_))
+    v, (bool, np.bool_)
+  )
 
 
 def _check_value(key: str, value: Any, meta: Mapping) -> None:
@@ -117,8 +118,7 @@ def _check_value(key: str, value: Any, meta: Mapping) -> None:
     ok = _is_number(value) and math.isfinite(value)
     ok = ok and (value > lo if open_min else value >= lo) and value <= hi
     if not ok:
-      bound = (f"> {lo}" if open_min else f">= {lo}") + (
-          f" and <= {hi}" if hi != math.inf else "")
+      bound = (f"> {lo}" if open_min else f">= {lo}") + (f" and <= {hi}" if hi != math.inf else "")
       raise SpecError(f"model.{key}={value!r} must be a finite number {bound}")
   elif check == "bool":
     if not isinstance(value, (bool, np.bool_)):
@@ -127,8 +127,9 @@ def _check_value(key: str, value: Any, meta: Mapping) -> None:
     try:
       spectral.check_targets(value)
     except ValueError:
-      raise SpecError(f"model.{key}={value!r} must be distinct letters of 'qkv' "
-                      f"(e.g. 'qkv', 'q', 'qk', 'v')") from None
+      raise SpecError(
+        f"model.{key}={value!r} must be distinct letters of 'qkv' (e.g. 'qkv', 'q', 'qk', 'v')"
+      ) from None
   elif check == "choice":
     choices = meta["choices"]
     if not (value is None or isinstance(value, str)) or value not in choices:
@@ -160,9 +161,9 @@ class SpectralSpec(_Checked):
     targets: which of ``W_Q, W_K, W_V`` are corrected, letters of ``"qkv"``
       (stored in that order; ``"q"`` or ``"v"`` for ablations).
   """
+
   lam: float = _field(10.0, "float", "spectral.lam")
-  mode: str = _field(spectral.DEFAULT_MODE, "choice", "spectral.mode",
-                     choices=spectral.MODES)
+  mode: str = _field(spectral.DEFAULT_MODE, "choice", "spectral.mode", choices=spectral.MODES)
   targets: str = _field(spectral.TARGETS, "targets", "spectral.targets")
 
   def __post_init__(self):
@@ -197,36 +198,59 @@ class AttentionSpec(_Checked):
       that pattern; see :class:`~laplax.attention.MultiHeadAttention`).
     spectral: the conditioning of ``W_Q, W_K, W_V`` (``None`` = off).
   """
+
   num_heads: int = _field(4, "int", min=1, convert=everywhere())
   qk_norm: bool = _field(False, "bool", convert={"timm": ANY, "nanochat": (True,)})
-  qk_norm_type: str = _field("layernorm", "choice", choices=QK_NORM_TYPES,
-                             convert={"nanochat": ("rmsnorm",)}, active="qk_norm")
+  qk_norm_type: str = _field(
+    "layernorm",
+    "choice",
+    choices=QK_NORM_TYPES,
+    convert={"nanochat": ("rmsnorm",)},
+    active="qk_norm",
+  )
   qk_scale: float = _field(1.0, "float", open_min=True)
   attention_dropout: float = _field(0.0, "float", max=0.99, convert=everywhere(*EXPORTS))
-  implementation: str | None = _field(None, "choice", choices=attention.IMPLEMENTATIONS,
-                                      convert=everywhere())
+  implementation: str | None = _field(
+    None, "choice", choices=attention.IMPLEMENTATIONS, convert=everywhere()
+  )
   rope: bool = dataclasses.field(default=False, metadata={"derived": "posemb"})
   rope_theta: float = _field(10_000.0, "float", open_min=True, active="rope")
-  rope_style: str = _field("roformer", "choice", choices=attention.ROPE_STYLES,
-                           convert={"nanochat": ("nanochat",)}, active="rope")
-  laplacian_mix: str = _field("fixed", "choice", choices=attention.LAPLACIAN_MIXES,
-                              convert={"timm": FORCE, "hf-gpt2": FORCE}, source=True)
-  spectral: SpectralSpec | None = dataclasses.field(default=None, metadata={
-      "key": "spectral.enabled", "source": {"spectral.enabled": False},
+  rope_style: str = _field(
+    "roformer",
+    "choice",
+    choices=attention.ROPE_STYLES,
+    convert={"nanochat": ("nanochat",)},
+    active="rope",
+  )
+  laplacian_mix: str = _field(
+    "fixed",
+    "choice",
+    choices=attention.LAPLACIAN_MIXES,
+    convert={"timm": FORCE, "hf-gpt2": FORCE},
+    source=True,
+  )
+  spectral: SpectralSpec | None = dataclasses.field(
+    default=None,
+    metadata={
+      "key": "spectral.enabled",
+      "source": {"spectral.enabled": False},
       "show": lambda v: repr(v is not None),
-      "convert": {"timm": FORCE, "hf-gpt2": FORCE}})
+      "convert": {"timm": FORCE, "hf-gpt2": FORCE},
+    },
+  )
 
   def __post_init__(self):
     super().__post_init__()
     if self.implementation == "splash" and self.attention_dropout > 0:
-      raise SpecError(f"model.implementation='splash' has no attention dropout "
-                      f"(model.attention_dropout={self.attention_dropout}); set "
-                      f"model.attention_dropout=0 or model.implementation='xla'")
+      raise SpecError(
+        f"model.implementation='splash' has no attention dropout "
+        f"(model.attention_dropout={self.attention_dropout}); set "
+        f"model.attention_dropout=0 or model.implementation='xla'"
+      )
 
   def module_kwargs(self) -> dict:
     """The :class:`~laplax.attention.MultiHeadAttention` attributes this spec sets."""
-    out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-           if f.name != "spectral"}
+    out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "spectral"}
     out["spectral_lam"] = None if self.spectral is None else self.spectral.lam
     if self.spectral is not None:
       out["spectral_mode"] = self.spectral.mode
@@ -239,8 +263,9 @@ def _same_last_heads(laplacian, spec) -> bool:
   (the Laplacian authors' code, and so the PyTorch peer)."""
   counts = {int(np.sum(row)) for row in laplacian}
   return len(counts) == 1 and all(
-      np.array_equal(row, attention.laplacian_heads(spec.num_heads, int(np.sum(row))))
-      for row in laplacian)
+    np.array_equal(row, attention.laplacian_heads(spec.num_heads, int(np.sum(row))))
+    for row in laplacian
+  )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -273,58 +298,85 @@ class TransformerSpec(_Checked):
     norm_eps: the ``epsilon`` of the blocks' and the final LayerNorm (1e-6,
       Flax's default and timm's ViTs'; GPT-2 uses 1e-5).
   """
+
   width: int = _field(128, "int", min=1, convert=everywhere())
   depth: int = _field(4, "int", min=1, convert=everywhere())
-  mlp_dim: int = _field(256, "int", min=1, convert=dict(
+  mlp_dim: int = _field(
+    256,
+    "int",
+    min=1,
+    convert=dict(
       everywhere("timm", "hf-gpt2", "peer"),
-      nanochat=Rule(lambda v, spec: v == 4 * spec.width, "4 * width")))
-  attention: AttentionSpec = dataclasses.field(default_factory=AttentionSpec,
-                                               metadata={"nested": True})
-  laplacian: tuple = dataclasses.field(default=(), metadata={
-      "key": "laplacian_mask", "plain": lambda v: not np.any(v),
+      nanochat=Rule(lambda v, spec: v == 4 * spec.width, "4 * width"),
+    ),
+  )
+  attention: AttentionSpec = dataclasses.field(
+    default_factory=AttentionSpec, metadata={"nested": True}
+  )
+  laplacian: tuple = dataclasses.field(
+    default=(),
+    metadata={
+      "key": "laplacian_mask",
+      "plain": lambda v: not np.any(v),
       "source": {"num_laplacian_heads": 0, "laplacian_mask": None},
       "show": lambda v: repr([list(row) for row in v]),
-      "convert": {"timm": FORCE, "hf-gpt2": FORCE, "nanochat": ANY,
-                  "peer": Rule(_same_last_heads, "the same last k heads in every layer")}})
+      "convert": {
+        "timm": FORCE,
+        "hf-gpt2": FORCE,
+        "nanochat": ANY,
+        "peer": Rule(_same_last_heads, "the same last k heads in every layer"),
+      },
+    },
+  )
   dropout: float = _field(0.0, "float", max=0.99, convert=everywhere(*EXPORTS))
-  layerscale_init: float | None = _field(None, "float", optional=True,
-                                         convert={"timm": ANY})
+  layerscale_init: float | None = _field(None, "float", optional=True, convert={"timm": ANY})
   use_bias: bool = _field(True, "bool", convert={"nanochat": (False,), "peer": ANY})
-  dtype: str = _field("float32", "choice", choices=DTYPES, source=True,
-                      convert=everywhere(*EXPORTS))
-  remat: str = _field("none", "choice", choices=tuple(REMAT_POLICIES),
-                      convert=everywhere())
+  dtype: str = _field(
+    "float32", "choice", choices=DTYPES, source=True, convert=everywhere(*EXPORTS)
+  )
+  remat: str = _field("none", "choice", choices=tuple(REMAT_POLICIES), convert=everywhere())
   scan_layers: bool = _field(False, "bool", convert=everywhere())
   zero_init_out: bool = _field(False, "bool", convert=everywhere(*EXPORTS))
-  kernel_init: str = dataclasses.field(default="xavier_uniform",
-                                       metadata={"convert": everywhere()})
+  kernel_init: str = dataclasses.field(default="xavier_uniform", metadata={"convert": everywhere()})
   norm: str = _field("layernorm", "choice", choices=NORMS, convert={"nanochat": ("rmsnorm",)})
-  mlp_activation: str = _field("gelu", "choice", choices=MLP_ACTIVATIONS, convert={
-      "timm": ("gelu", "gelu_exact"), "hf-gpt2": ANY, "nanochat": ("relu2",), "peer": ANY})
-  norm_eps: float = _field(1e-6, "float", open_min=True, max=1.0,
-                           convert=everywhere("hf-gpt2", "nanochat", "peer"))
+  mlp_activation: str = _field(
+    "gelu",
+    "choice",
+    choices=MLP_ACTIVATIONS,
+    convert={"timm": ("gelu", "gelu_exact"), "hf-gpt2": ANY, "nanochat": ("relu2",), "peer": ANY},
+  )
+  norm_eps: float = _field(
+    1e-6, "float", open_min=True, max=1.0, convert=everywhere("hf-gpt2", "nanochat", "peer")
+  )
 
   def __post_init__(self):
     super().__post_init__()
     heads = self.attention.num_heads
     if self.width % heads:
       raise SpecError(
-          f"model.width={self.width} is not divisible by model.num_heads={heads}; "
-          f"choose num_heads dividing the width")
+        f"model.width={self.width} is not divisible by model.num_heads={heads}; "
+        f"choose num_heads dividing the width"
+      )
     if not self.laplacian:
       object.__setattr__(self, "laplacian", ((False,) * heads,) * self.depth)
     shape = np.shape(self.laplacian)
     if shape != (self.depth, heads):
-      raise SpecError(f"model laplacian heads have shape {shape}; expected "
-                      f"(depth, num_heads)=({self.depth}, {heads})")
-    object.__setattr__(self, "laplacian",
-                       tuple(tuple(bool(h) for h in row) for row in self.laplacian))
+      raise SpecError(
+        f"model laplacian heads have shape {shape}; expected "
+        f"(depth, num_heads)=({self.depth}, {heads})"
+      )
+    object.__setattr__(
+      self, "laplacian", tuple(tuple(bool(h) for h in row) for row in self.laplacian)
+    )
     if self.kernel_init not in KERNEL_INITS:
-      raise SpecError(f"kernel_init={self.kernel_init!r} is unknown; use one of "
-                      f"{', '.join(KERNEL_INITS)}")
+      raise SpecError(
+        f"kernel_init={self.kernel_init!r} is unknown; use one of {', '.join(KERNEL_INITS)}"
+      )
     if self.attention.rope and self.head_dim % 2:
-      raise SpecError(f"rotary position encoding needs an even head_dim, got "
-                      f"{self.head_dim}; change model.width or model.num_heads")
+      raise SpecError(
+        f"rotary position encoding needs an even head_dim, got "
+        f"{self.head_dim}; change model.width or model.num_heads"
+      )
 
   @property
   def num_heads(self) -> int:
@@ -343,7 +395,8 @@ class TransformerSpec(_Checked):
 
   def compute_dtype(self):
     """The jnp dtype of the matmuls (``None`` for float32: the input's dtype)."""
-    import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+    import jax.numpy as jnp
+
     return None if self.dtype == "float32" else jnp.dtype(self.dtype)
 
   def drop_path_rates(self) -> tuple[float, ...]:
@@ -354,7 +407,8 @@ class TransformerSpec(_Checked):
     """``(kernel_init, out_init)``: initialisers of the input projections
     (``W_Q, W_K, W_V``, the MLP's first layer) and of the output projections
     (``W_O``, the MLP's second layer; zeros with ``zero_init_out``)."""
-    import flax.linen as nn  # pylint: disable=import-outside-toplevel
+    import flax.linen as nn
+
     if self.kernel_init == "gpt2":
       kernel_init = nn.initializers.normal(0.02)
       out_init = nn.initializers.normal(0.02 / (2 * self.depth) ** 0.5)
@@ -377,6 +431,7 @@ class ViTSpec(TransformerSpec):
     fc_norm: the final norm after pooling instead of before it (timm's
       ``fc_norm``, the MAE / BEiT recipe for mean pooling).
   """
+
   patch_size: int = _field(4, "int", min=1, convert=everywhere())
   pool: str = _field("tok", "choice", choices=("tok", "gap"), convert=everywhere())
   posemb: str = _field("learn", "choice", choices=("learn", "sincos2d"), convert={"timm": ANY})
@@ -408,16 +463,19 @@ class GPTSpec(TransformerSpec):
       :func:`nanochat_normal`, the token embedding N(0, 1), ``lm_head``
       zeros; ``zero_init_out`` zeroes ``W_O`` and the MLP output as there).
   """
+
   max_length: int = _field(128, "int", min=1, convert=everywhere())
-  posemb: str = _field("learn", "choice", choices=("learn", "rope"),
-                       convert={"nanochat": ("rope",), "peer": ANY})
-  tie_embeddings: bool = _field(True, "bool", convert={"hf-gpt2": ANY, "nanochat": (False,),
-                                                       "peer": ANY})
+  posemb: str = _field(
+    "learn", "choice", choices=("learn", "rope"), convert={"nanochat": ("rope",), "peer": ANY}
+  )
+  tie_embeddings: bool = _field(
+    True, "bool", convert={"hf-gpt2": ANY, "nanochat": (False,), "peer": ANY}
+  )
   embed_norm: bool = _field(False, "bool", convert={"nanochat": (True,)})
-  logit_softcap: float | None = _field(None, "float", optional=True, open_min=True,
-                                       convert={"nanochat": (15.0,)})
-  embedding_dtype: str = _field("float32", "choice", choices=DTYPES,
-                                convert={"nanochat": ANY})
+  logit_softcap: float | None = _field(
+    None, "float", optional=True, open_min=True, convert={"nanochat": (15.0,)}
+  )
+  embedding_dtype: str = _field("float32", "choice", choices=DTYPES, convert={"nanochat": ANY})
   kernel_init: str = _field("gpt2", "choice", choices=KERNEL_INITS, convert=everywhere())
 
   def __post_init__(self):
@@ -452,10 +510,12 @@ def check_splash_lengths(spec: TransformerSpec, lengths) -> None:
     return
   for n in lengths:
     if n % splash.BLOCK:
-      raise SpecError(f"model.implementation='splash' needs token counts that are "
-                      f"multiples of {splash.BLOCK}, but the attention sees {n} "
-                      f"tokens; use model.implementation='xla' (or None: XLA "
-                      f"where splash does not fit) or change the length")
+      raise SpecError(
+        f"model.implementation='splash' needs token counts that are "
+        f"multiples of {splash.BLOCK}, but the attention sees {n} "
+        f"tokens; use model.implementation='xla' (or None: XLA "
+        f"where splash does not fit) or change the length"
+      )
 
 
 #: Model family (``config.model.name``) -> its spec class.
@@ -464,8 +524,12 @@ FAMILIES = {"vit": ViTSpec, "gpt": GPTSpec}
 LAPLACIAN_KEYS = ("num_laplacian_heads", "laplacian_mask")
 
 
-def laplacian_mask(num_heads: int, depth: int, num_laplacian_heads: Any = 0,
-                   mask: Sequence[Sequence[bool]] | None = None) -> np.ndarray:
+def laplacian_mask(
+  num_heads: int,
+  depth: int,
+  num_laplacian_heads: Any = 0,
+  mask: Sequence[Sequence[bool]] | None = None,
+) -> np.ndarray:
   """Resolves the config's Laplacian-head conveniences into bool ``[depth, num_heads]``.
 
   Args:
@@ -478,23 +542,37 @@ def laplacian_mask(num_heads: int, depth: int, num_laplacian_heads: Any = 0,
     SpecError: counts outside ``0..num_heads``, lists of the wrong length, or
       a mask that is not ``depth`` lists of ``num_heads`` booleans.
   """
-  counts = (list(num_laplacian_heads) if isinstance(num_laplacian_heads, (list, tuple))
-            else [num_laplacian_heads] * depth)
+  counts = (
+    list(num_laplacian_heads)
+    if isinstance(num_laplacian_heads, (list, tuple))
+    else [num_laplacian_heads] * depth
+  )
   if len(counts) != depth:
     raise SpecError(
-        f"model.num_laplacian_heads has {len(counts)} entries but model.depth={depth}; "
-        f"give one count per layer or a single int")
+      f"model.num_laplacian_heads has {len(counts)} entries but model.depth={depth}; "
+      f"give one count per layer or a single int"
+    )
   for k in counts:
     if not (_is_int(k) and 0 <= k <= num_heads):
       raise SpecError(
-          f"model.num_laplacian_heads={num_laplacian_heads!r} must be in "
-          f"0..num_heads={num_heads} (the last k heads of a layer are Laplacian)")
+        f"model.num_laplacian_heads={num_laplacian_heads!r} must be in "
+        f"0..num_heads={num_heads} (the last k heads of a layer are Laplacian)"
+      )
   if mask is not None:
-    if not (isinstance(mask, (list, tuple)) and len(mask) == depth
-            and all(isinstance(row, (list, tuple)) and len(row) == num_heads
-                    and all(isinstance(v, (bool, np.bool_)) for v in row) for row in mask)):
-      raise SpecError(f"model.laplacian_mask must be depth={depth} lists of "
-                      f"num_heads={num_heads} booleans True/False (one per layer and head)")
+    if not (
+      isinstance(mask, (list, tuple))
+      and len(mask) == depth
+      and all(
+        isinstance(row, (list, tuple))
+        and len(row) == num_heads
+        and all(isinstance(v, (bool, np.bool_)) for v in row)
+        for row in mask
+      )
+    ):
+      raise SpecError(
+        f"model.laplacian_mask must be depth={depth} lists of "
+        f"num_heads={num_heads} booleans True/False (one per layer and head)"
+      )
     return np.asarray(mask, dtype=bool)
   return np.stack([attention.laplacian_heads(num_heads, int(k)) for k in counts])
 
@@ -524,10 +602,9 @@ def from_config(model: Mapping) -> ViTSpec | GPTSpec:
   get = lambda key, default=None: model.get(key, default) if hasattr(model, "get") else default
   cls = FAMILIES.get(get("name", "vit"))
   if cls is None:
-    raise SpecError(f"model.name={get('name')!r} is unknown; use one of "
-                    f"{', '.join(FAMILIES)}")
+    raise SpecError(f"model.name={get('name')!r} is unknown; use one of {', '.join(FAMILIES)}")
   values = {}
-  for key, (owner, f) in _spec_fields(cls).items():
+  for key, (_, f) in _spec_fields(cls).items():
     node, leaf = model, key
     if "." in key:
       section, leaf = key.split(".", 1)
@@ -539,19 +616,25 @@ def from_config(model: Mapping) -> ViTSpec | GPTSpec:
   sp = get("spectral") or {}
   enabled = sp.get("enabled", False) if hasattr(sp, "get") else False
   _check_value("spectral.enabled", enabled, {"check": "bool"})
-  spectral_spec = SpectralSpec(lam=values.pop("spectral.lam"),
-                               mode=values.pop("spectral.mode"),
-                               targets=values.pop("spectral.targets"))
-  attn = {f.name: values.pop(f.metadata["key"] or f.name)
-          for f in dataclasses.fields(AttentionSpec) if "check" in f.metadata}
+  spectral_spec = SpectralSpec(
+    lam=values.pop("spectral.lam"),
+    mode=values.pop("spectral.mode"),
+    targets=values.pop("spectral.targets"),
+  )
+  attn = {
+    f.name: values.pop(f.metadata["key"] or f.name)
+    for f in dataclasses.fields(AttentionSpec)
+    if "check" in f.metadata
+  }
   posemb = values["posemb"]
   attn["rope"] = posemb == "rope"
   _check_value("num_heads", attn["num_heads"], {"check": "int", "min": 1})
   for key in ("width", "depth"):
     _check_value(key, values[key], {"check": "int", "min": 1})
   attention_spec = AttentionSpec(**attn, spectral=spectral_spec if enabled else None)
-  heads = laplacian_mask(attn["num_heads"], values["depth"],
-                         get("num_laplacian_heads", 0), get("laplacian_mask", None))
+  heads = laplacian_mask(
+    attn["num_heads"], values["depth"], get("num_laplacian_heads", 0), get("laplacian_mask", None)
+  )
   return cls(attention=attention_spec, laplacian=tuple(map(tuple, heads)), **values)
 
 

@@ -49,6 +49,7 @@ class Rule:
     test: ``test(value, spec) -> bool``, True where the target expresses it.
     text: what the target supports, for the refusal (e.g. ``"4 * width"``).
   """
+
   test: Any
   text: str
 
@@ -87,8 +88,7 @@ def _default(f: dataclasses.Field):
   return f.default_factory() if f.default_factory is not dataclasses.MISSING else None
 
 
-def unsupported(spec: Any, target: str, *, skip_source: bool = False
-                ) -> list[tuple[str, str, str]]:
+def unsupported(spec: Any, target: str, *, skip_source: bool = False) -> list[tuple[str, str, str]]:
   """The options of ``spec`` that converter ``target`` cannot express (fail closed).
 
   Every field of the spec and of its nested specs (metadata ``nested``: the
@@ -129,8 +129,14 @@ def unsupported(spec: Any, target: str, *, skip_source: bool = False
       if ok is None:  # the default alone
         ok = meta["plain"](value) if "plain" in meta else value == _default(f)
       if not ok:
-        out.append((meta.get("key") or f.name, meta.get("show", repr)(value),
-                    _describe(support, _default(f))))
+        out.append(
+          (
+            meta.get("key") or f.name,
+            meta.get("show", repr)(value),
+            _describe(support, _default(f)),
+          )
+        )
+
   walk(spec)
   return out
 

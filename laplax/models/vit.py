@@ -14,16 +14,16 @@ import jax.numpy as jnp
 import numpy as np
 
 from laplax import sharding
-from laplax.models.layers import EMBED_AXES, norm_layer, transformer_blocks
 from laplax.models import spec as spec_lib
+from laplax.models.layers import EMBED_AXES, norm_layer, transformer_blocks
 from laplax.models.spec import ViTSpec
 
 # width, depth, mlp_dim, num_heads (ViT / DeiT naming).
 VARIANTS = {
-    "Ti": dict(width=192, depth=12, mlp_dim=768, num_heads=3),
-    "S": dict(width=384, depth=12, mlp_dim=1536, num_heads=6),
-    "B": dict(width=768, depth=12, mlp_dim=3072, num_heads=12),
-    "L": dict(width=1024, depth=24, mlp_dim=4096, num_heads=16),
+  "Ti": dict(width=192, depth=12, mlp_dim=768, num_heads=3),
+  "S": dict(width=384, depth=12, mlp_dim=1536, num_heads=6),
+  "B": dict(width=768, depth=12, mlp_dim=3072, num_heads=12),
+  "L": dict(width=1024, depth=24, mlp_dim=4096, num_heads=16),
 }
 
 
@@ -36,13 +36,15 @@ def decode_variant(variant: str) -> dict:
   size, _, patch = variant.partition("/")
   if size not in VARIANTS or not patch.isdigit():
     raise ValueError(
-        f"ViT variant {variant!r} is not of the form SIZE/PATCH with SIZE in "
-        f"{', '.join(VARIANTS)} (e.g. 'S/16')")
+      f"ViT variant {variant!r} is not of the form SIZE/PATCH with SIZE in "
+      f"{', '.join(VARIANTS)} (e.g. 'S/16')"
+    )
   return dict(VARIANTS[size], patch_size=int(patch))
 
 
-def posemb_sincos_2d(height: int, width: int, dim: int,
-                     temperature: float = 10_000.0) -> np.ndarray:
+def posemb_sincos_2d(
+  height: int, width: int, dim: int, temperature: float = 10_000.0
+) -> np.ndarray:
   """Fixed 2-D sin-cos position embedding (MoCo v3), float32 ``[1, h*w, dim]``.
 
   Raises:
@@ -79,6 +81,7 @@ class ViT(nn.Module):
       small local crops (Caron et al. 2021, ``interpolate_pos_encoding``).
     head_init_zero: zero-initialised classifier (DeiT); else Xavier uniform.
   """
+
   spec: ViTSpec
   num_classes: int = 0
   posemb_grid: tuple[int, int] | None = None
@@ -97,27 +100,41 @@ class ViT(nn.Module):
     h, w = images.shape[1], images.shape[2]
     p, width, dtype = spec.patch_size, spec.width, spec.compute_dtype()
     gh, gw = spec_lib.patch_grid(h, w, p)
-    x = nn.Conv(width, (p, p), strides=p, padding="VALID", dtype=dtype, name="embedding",
-                kernel_init=sharding.logical_init(nn.initializers.lecun_normal(),
-                                                  (None, None, None, "embed")),
-                bias_init=sharding.logical_init(nn.initializers.zeros, ("embed",)))(
-                    images.astype(dtype or images.dtype))
+    x = nn.Conv(
+      width,
+      (p, p),
+      strides=p,
+      padding="VALID",
+      dtype=dtype,
+      name="embedding",
+      kernel_init=sharding.logical_init(
+        nn.initializers.lecun_normal(), (None, None, None, "embed")
+      ),
+      bias_init=sharding.logical_init(nn.initializers.zeros, ("embed",)),
+    )(images.astype(dtype or images.dtype))
     x = x.reshape(x.shape[0], gh * gw, width)
     ph, pw = self.posemb_grid or (gh, gw)
     if spec.posemb == "learn":
-      pos = self.param("pos_embedding", sharding.logical_init(
-          nn.initializers.normal(0.02), (None, "length", "embed")),
-                       (1, ph * pw, width), jnp.float32)
+      pos = self.param(
+        "pos_embedding",
+        sharding.logical_init(nn.initializers.normal(0.02), (None, "length", "embed")),
+        (1, ph * pw, width),
+        jnp.float32,
+      )
     else:
       pos = jnp.asarray(posemb_sincos_2d(ph, pw, width))
     if (ph, pw) != (gh, gw):
-      pos = jax.image.resize(pos.reshape(ph, pw, width), (gh, gw, width),
-                             method="bicubic", antialias=False).reshape(1, gh * gw, width)
+      pos = jax.image.resize(
+        pos.reshape(ph, pw, width), (gh, gw, width), method="bicubic", antialias=False
+      ).reshape(1, gh * gw, width)
     x = x + pos.astype(x.dtype)
     if spec.pool == "tok":
-      cls = self.param("cls", sharding.logical_init(nn.initializers.normal(1e-6),
-                                                    (None, None, "embed")),
-                       (1, 1, width), jnp.float32)
+      cls = self.param(
+        "cls",
+        sharding.logical_init(nn.initializers.normal(1e-6), (None, None, "embed")),
+        (1, 1, width),
+        jnp.float32,
+      )
       x = jnp.concatenate([jnp.tile(cls.astype(x.dtype), (x.shape[0], 1, 1)), x], 1)
     x = nn.Dropout(spec.dropout)(x, deterministic=not train)
     x = nn.with_logical_constraint(x, EMBED_AXES)
@@ -133,8 +150,12 @@ class ViT(nn.Module):
     out["pre_logits"] = x
     if self.num_classes:
       init = nn.initializers.zeros if self.head_init_zero else nn.initializers.xavier_uniform()
-      x = nn.Dense(self.num_classes, dtype=jnp.float32, name="head",
-                   kernel_init=sharding.logical_init(init, ("embed", "classes")),
-                   bias_init=sharding.logical_init(nn.initializers.zeros, ("classes",)))(x)
+      x = nn.Dense(
+        self.num_classes,
+        dtype=jnp.float32,
+        name="head",
+        kernel_init=sharding.logical_init(init, ("embed", "classes")),
+        bias_init=sharding.logical_init(nn.initializers.zeros, ("classes",)),
+      )(x)
     out["logits"] = x
     return x, out

@@ -16,7 +16,6 @@ from laplax import utils
 from laplax.models import layers
 from laplax.optim import nanochat as nanochat_optim
 
-
 OPTIMIZERS = ("adamw", "muon", "nanochat")
 # ``optim.schedule``: warm-up + cosine, or nanochat's constant + warm-down.
 SCHEDULES = ("cosine", "warmdown")
@@ -24,8 +23,9 @@ SCHEDULES = ("cosine", "warmdown")
 MUON_LABELS = ("muon", "embedding", "unembedding", "adamw")
 
 
-def learning_rate_schedule(optim: ml_collections.ConfigDict,
-                           total_steps: int, peak: float | None = None) -> optax.Schedule:
+def learning_rate_schedule(
+  optim: ml_collections.ConfigDict, total_steps: int, peak: float | None = None
+) -> optax.Schedule:
   """The learning rate at each update, peaking at ``peak`` (default ``optim.lr``).
 
   ``optim.schedule`` ``"cosine"`` (the default; also when the key is
@@ -44,17 +44,21 @@ def learning_rate_schedule(optim: ml_collections.ConfigDict,
   peak = optim.lr if peak is None else peak
   total_steps = optim.schedule_steps or total_steps
   if optim.schedule == "progress":
-    return lambda count: peak * jnp.minimum(
-        1.0, (jnp.asarray(count, jnp.float32) + 1.0) / total_steps)
+    return lambda count: (
+      peak * jnp.minimum(1.0, (jnp.asarray(count, jnp.float32) + 1.0) / total_steps)
+    )
   if optim.schedule == "warmdown":
     return nanochat_optim.warmdown_schedule(
-        peak, total_steps, optim.warmdown_ratio, optim.min_lr_ratio,
-        optim.warmup_steps)
+      peak, total_steps, optim.warmdown_ratio, optim.min_lr_ratio, optim.warmup_steps
+    )
   warmup = min(optim.warmup_steps, max(total_steps - 1, 0))
   return optax.warmup_cosine_decay_schedule(
-      init_value=0.0, peak_value=peak, warmup_steps=warmup,
-      decay_steps=max(total_steps, warmup + 1),
-      end_value=peak * optim.min_lr_ratio)
+    init_value=0.0,
+    peak_value=peak,
+    warmup_steps=warmup,
+    decay_steps=max(total_steps, warmup + 1),
+    end_value=peak * optim.min_lr_ratio,
+  )
 
 
 def cosine_ramp(start: float, end: float, steps: int) -> optax.Schedule:
@@ -85,10 +89,12 @@ def decay_mask(params: Any, exclude: tuple[str, ...] = ()) -> Any:
   embedding by default in the configs). Under scanned blocks
   (``model.scan_layers``) the leading layer axis does not count.
   """
+
   def rule(path, x):
     keys = list(utils.path_keys(path))
     ndim = x.ndim - (layers.SCANNED_BLOCKS in keys)
     return ndim >= 2 and not any(re.search(p, "/".join(keys)) for p in exclude)
+
   return jax.tree_util.tree_map_with_path(rule, params)
 
 
@@ -105,6 +111,7 @@ def param_labels(params: Any) -> Any:
   * ``"adamw"``: the rest (biases, norm scales, LayerScale, the learned
     Laplacian mix, a ViT's head), at ``optim.lr``.
   """
+
   def rule(path, x):
     keys = list(utils.path_keys(path))
     scanned = layers.SCANNED_BLOCKS in keys
@@ -116,6 +123,7 @@ def param_labels(params: Any) -> Any:
     if keys and keys[0] == "lm_head":
       return "unembedding"
     return "adamw"
+
   return jax.tree_util.tree_map_with_path(rule, params)
 
 
@@ -123,11 +131,13 @@ def _muon_dims(params: Any) -> Any:
   """Muon's dimension numbers: the last two axes are the matrix (a leading
   layer axis of scanned blocks is a batch axis, orthogonalised per layer)."""
   return jax.tree_util.tree_map(
-      lambda x: optax.contrib.MuonDimensionNumbers(x.ndim - 2, x.ndim - 1), params)
+    lambda x: optax.contrib.MuonDimensionNumbers(x.ndim - 2, x.ndim - 1), params
+  )
 
 
-def _muon_partition(o: ml_collections.ConfigDict, total_steps: int,
-                    adamw: optax.GradientTransformation) -> optax.GradientTransformation:
+def _muon_partition(
+  o: ml_collections.ConfigDict, total_steps: int, adamw: optax.GradientTransformation
+) -> optax.GradientTransformation:
   """``optax.partition`` of :func:`param_labels`: ``optax.contrib.muon`` on the
   block matrices; AdamW (same betas, decay and mask as ``adamw``) on the
   embeddings and the output layer at their own learning rates; ``adamw`` on
@@ -136,22 +146,37 @@ def _muon_partition(o: ml_collections.ConfigDict, total_steps: int,
   Keys read: ``optim.{muon_lr, muon_momentum, muon_weight_decay,
   embedding_lr, unembedding_lr}`` (``None``: ``optim.lr``).
   """
+
   def group(key):
     lr = o[key]
     return learning_rate_schedule(o, total_steps, o.lr if lr is None else lr)
+
   exclude = tuple(o.weight_decay_exclude or ())
+
   def adamw_at(key):
-    return optax.adamw(group(key), b1=o.b1, b2=o.b2,
-                       weight_decay=weight_decay_schedule(o, total_steps),
-                       mask=lambda p: decay_mask(p, exclude))
+    return optax.adamw(
+      group(key),
+      b1=o.b1,
+      b2=o.b2,
+      weight_decay=weight_decay_schedule(o, total_steps),
+      mask=lambda p: decay_mask(p, exclude),
+    )
+
   muon = optax.contrib.muon(
-      group("muon_lr"), beta=o.muon_momentum,
-      weight_decay=o.muon_weight_decay or 0.0,
-      muon_weight_dimension_numbers=_muon_dims)
+    group("muon_lr"),
+    beta=o.muon_momentum,
+    weight_decay=o.muon_weight_decay or 0.0,
+    muon_weight_dimension_numbers=_muon_dims,
+  )
   return optax.partition(
-      {"muon": muon, "embedding": adamw_at("embedding_lr"),
-       "unembedding": adamw_at("unembedding_lr"), "adamw": adamw},
-      param_labels)
+    {
+      "muon": muon,
+      "embedding": adamw_at("embedding_lr"),
+      "unembedding": adamw_at("unembedding_lr"),
+      "adamw": adamw,
+    },
+    param_labels,
+  )
 
 
 def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
@@ -166,12 +191,16 @@ def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransform
   o = config.optim
   if o.optimizer == "nanochat":
     return nanochat_optim.nanochat_partition(
-        o, param_labels, lambda peak: learning_rate_schedule(o, config.total_steps, peak))
+      o, param_labels, lambda peak: learning_rate_schedule(o, config.total_steps, peak)
+    )
   exclude = tuple(o.weight_decay_exclude or ())
   adamw = optax.adamw(
-      learning_rate_schedule(o, config.total_steps), b1=o.b1, b2=o.b2,
-      weight_decay=weight_decay_schedule(o, config.total_steps),
-      mask=lambda p: decay_mask(p, exclude))
+    learning_rate_schedule(o, config.total_steps),
+    b1=o.b1,
+    b2=o.b2,
+    weight_decay=weight_decay_schedule(o, config.total_steps),
+    mask=lambda p: decay_mask(p, exclude),
+  )
   if o.optimizer == "muon":
     adamw = _muon_partition(o, config.total_steps, adamw)
   if o.grad_clip:

@@ -39,8 +39,13 @@ NS_COEFFS = (3.4445, -4.7750, 2.0315)
 NS_STEPS = 5
 
 
-def warmdown_schedule(peak: float, total_steps: int, warmdown_ratio: float = 0.2,
-                      final: float = 0.0, warmup_steps: int = 0) -> optax.Schedule:
+def warmdown_schedule(
+  peak: float,
+  total_steps: int,
+  warmdown_ratio: float = 0.2,
+  final: float = 0.0,
+  warmup_steps: int = 0,
+) -> optax.Schedule:
   """``peak`` times nanochat's ``get_lr_multiplier(it)`` at update ``it`` (0-based).
 
   ``(it + 1) / warmup_steps`` while ``it < warmup_steps``; 1 while ``it <=
@@ -58,16 +63,18 @@ def warmdown_schedule(peak: float, total_steps: int, warmdown_ratio: float = 0.2
     if warmup_steps > 0:
       mult = jnp.where(it < warmup_steps, (it + 1.0) / warmup_steps, mult)
     return peak * mult
+
   return schedule
 
 
-def muon_momentum(start: float = 0.85, end: float = 0.95,
-                  ramp_steps: int = 300) -> optax.Schedule:
+def muon_momentum(start: float = 0.85, end: float = 0.95, ramp_steps: int = 300) -> optax.Schedule:
   """nanochat's ``get_muon_momentum(it)``: ``(1 - f) start + f end`` with
   ``f = min(it / ramp_steps, 1)``, at update ``it`` (0-based)."""
+
   def schedule(count):
     frac = jnp.minimum(jnp.asarray(count, jnp.float32) / max(ramp_steps, 1), 1.0)
     return (1.0 - frac) * start + frac * end
+
   return schedule
 
 
@@ -75,12 +82,15 @@ def clip_by_global_norm(max_norm: float) -> optax.GradientTransformation:
   """``torch.nn.utils.clip_grad_norm_(params, max_norm)``: the gradients times
   ``min(1, max_norm / (||g|| + 1e-6))``, ``||g||`` the global 2-norm over all
   leaves (each leaf's sum of squares in float32). Stateless."""
+
   def update_fn(updates, state, params=None):
     del params
-    norm = jnp.sqrt(sum(jnp.sum(jnp.square(g.astype(jnp.float32)))
-                        for g in jax.tree_util.tree_leaves(updates)))
+    norm = jnp.sqrt(
+      sum(jnp.sum(jnp.square(g.astype(jnp.float32))) for g in jax.tree_util.tree_leaves(updates))
+    )
     coef = jnp.minimum(max_norm / (norm + 1e-6), 1.0)
     return jax.tree_util.tree_map(lambda g: (g * coef).astype(g.dtype), updates), state
+
   return optax.GradientTransformation(lambda params: optax.EmptyState(), update_fn)
 
 
@@ -119,64 +129,82 @@ def newton_schulz(g: jax.Array, steps: int = NS_STEPS) -> jax.Array:
 
 class MuonState(NamedTuple):
   """The update count and the float32 momentum buffers of :func:`scale_by_muon`."""
+
   count: jax.Array
   buf: Any
 
 
-def scale_by_muon(momentum: optax.Schedule,
-                  ns_steps: int = NS_STEPS) -> optax.GradientTransformation:
+def scale_by_muon(
+  momentum: optax.Schedule, ns_steps: int = NS_STEPS
+) -> optax.GradientTransformation:
   """nanochat's Muon direction (before ``-lr``) of every leaf, a Flax kernel
   ``[..., fan_in, fan_out]``: ``buf <- mu buf + (1 - mu) g``, ``u = (1 - mu)
   g + mu buf`` (Nesterov), ``newton_schulz(u) * sqrt(max(1, fan_out /
   fan_in))`` in float32, with ``mu = momentum(count)``."""
+
   def init_fn(params):
-    return MuonState(jnp.zeros((), jnp.int32),
-                     jax.tree_util.tree_map(lambda p: jnp.zeros(p.shape, jnp.float32), params))
+    return MuonState(
+      jnp.zeros((), jnp.int32),
+      jax.tree_util.tree_map(lambda p: jnp.zeros(p.shape, jnp.float32), params),
+    )
 
   def update_fn(updates, state, params=None):
     del params
     mu = momentum(state.count)
-    buf = jax.tree_util.tree_map(lambda m, g: mu * m + (1.0 - mu) * g.astype(jnp.float32),
-                                 state.buf, updates)
+    buf = jax.tree_util.tree_map(
+      lambda m, g: mu * m + (1.0 - mu) * g.astype(jnp.float32), state.buf, updates
+    )
 
     def direction(g, m):
       u = (1.0 - mu) * g.astype(jnp.float32) + mu * m
       fan_in, fan_out = g.shape[-2], g.shape[-1]
       return newton_schulz(u, ns_steps).astype(jnp.float32) * max(1.0, fan_out / fan_in) ** 0.5
+
     out = jax.tree_util.tree_map(direction, updates, buf)
     return out, MuonState(optax.safe_increment(state.count), buf)
+
   return optax.GradientTransformation(init_fn, update_fn)
 
 
 class AdamState(NamedTuple):
   """The update count and the moments (parameter dtype) of :func:`scale_by_adam`."""
+
   count: jax.Array
   mu: Any
   nu: Any
 
 
-def scale_by_adam(b1: float = 0.8, b2: float = 0.95,
-                  eps: float = 1e-10) -> optax.GradientTransformation:
+def scale_by_adam(
+  b1: float = 0.8, b2: float = 0.95, eps: float = 1e-10
+) -> optax.GradientTransformation:
   """nanochat/adamw.py's ``DistAdamW`` direction (before ``-lr``), no weight
   decay: ``m <- b1 m + (1 - b1) g``, ``v <- b2 v + (1 - b2) g^2``, ``sqrt(1 -
   b2^t) / (1 - b1^t) * m / (sqrt(v) + eps)`` at update ``t = count + 1``;
   ``m``, ``v`` in the parameter's dtype."""
+
   def init_fn(params):
     zeros = lambda p: jnp.zeros(p.shape, p.dtype)
-    return AdamState(jnp.zeros((), jnp.int32), jax.tree_util.tree_map(zeros, params),
-                     jax.tree_util.tree_map(zeros, params))
+    return AdamState(
+      jnp.zeros((), jnp.int32),
+      jax.tree_util.tree_map(zeros, params),
+      jax.tree_util.tree_map(zeros, params),
+    )
 
   def update_fn(updates, state, params=None):
     del params
     t = (state.count + 1).astype(jnp.float32)
-    step = jnp.sqrt(1.0 - b2 ** t) / (1.0 - b1 ** t)
-    mu = jax.tree_util.tree_map(lambda m, g: (b1 * m + (1 - b1) * g).astype(m.dtype),
-                                state.mu, updates)
-    nu = jax.tree_util.tree_map(lambda v, g: (b2 * v + (1 - b2) * g * g).astype(v.dtype),
-                                state.nu, updates)
+    step = jnp.sqrt(1.0 - b2**t) / (1.0 - b1**t)
+    mu = jax.tree_util.tree_map(
+      lambda m, g: (b1 * m + (1 - b1) * g).astype(m.dtype), state.mu, updates
+    )
+    nu = jax.tree_util.tree_map(
+      lambda v, g: (b2 * v + (1 - b2) * g * g).astype(v.dtype), state.nu, updates
+    )
     out = jax.tree_util.tree_map(
-        lambda m, v: (step * (m / (jnp.sqrt(v) + eps))).astype(m.dtype), mu, nu)
+      lambda m, v: (step * (m / (jnp.sqrt(v) + eps))).astype(m.dtype), mu, nu
+    )
     return out, AdamState(optax.safe_increment(state.count), mu, nu)
+
   return optax.GradientTransformation(init_fn, update_fn)
 
 
@@ -194,18 +222,25 @@ def nanochat_partition(o, labels, schedule) -> optax.GradientTransformation:
   muon_momentum_start, muon_momentum_ramp_steps, embedding_lr, unembedding_lr,
   grad_clip}`` (a complete config: :func:`laplax.tasks.schema.complete`).
   """
+
   def lr(key):
     peak = o[key]
     return schedule(o.lr if peak is None else peak)
 
   def adam(key):
-    return optax.chain(scale_by_adam(o.b1, o.b2, o.adam_eps),
-                       optax.scale_by_learning_rate(lr(key)))
-  momentum = muon_momentum(o.muon_momentum_start, o.muon_momentum,
-                           o.muon_momentum_ramp_steps)
+    return optax.chain(scale_by_adam(o.b1, o.b2, o.adam_eps), optax.scale_by_learning_rate(lr(key)))
+
+  momentum = muon_momentum(o.muon_momentum_start, o.muon_momentum, o.muon_momentum_ramp_steps)
   muon = optax.chain(scale_by_muon(momentum), optax.scale_by_learning_rate(lr("muon_lr")))
-  tx = optax.partition({"muon": muon, "embedding": adam("embedding_lr"),
-                        "unembedding": adam("unembedding_lr"), "adamw": adam("lr")}, labels)
+  tx = optax.partition(
+    {
+      "muon": muon,
+      "embedding": adam("embedding_lr"),
+      "unembedding": adam("unembedding_lr"),
+      "adamw": adam("lr"),
+    },
+    labels,
+  )
   if o.grad_clip:
     return optax.chain(clip_by_global_norm(o.grad_clip), tx)
   return tx

@@ -19,8 +19,7 @@ from laplax.tasks.dino import DINOTask
 from laplax.tasks.language_model import LanguageModelTask
 
 #: ``config.task`` -> the task class that builds its model, loss and evaluation.
-TASKS = {"classification": ClassificationTask, "lm": LanguageModelTask,
-         "dino": DINOTask}
+TASKS = {"classification": ClassificationTask, "lm": LanguageModelTask, "dino": DINOTask}
 
 
 def make_task(config: ml_collections.ConfigDict, workdir: str | None) -> Task:
@@ -53,8 +52,9 @@ def task_names() -> tuple[str, ...]:
   return tuple(TASKS)
 
 
-def validate(config: ml_collections.ConfigDict, num_devices: int | None = None,
-             strict_keys: bool = True) -> None:
+def validate(
+  config: ml_collections.ConfigDict, num_devices: int | None = None, strict_keys: bool = True
+) -> None:
   """Checks every key the trainer reads: ``config.task`` names a task of
   :data:`TASKS`, then :func:`laplax.config.validation.validate` with that
   task's class (its own sections, keys and token counts).
@@ -67,7 +67,8 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None,
     ConfigError: the first problem found, as one line naming the key and the fix.
   """
   config_lib.require_keys(config)
-  config_lib.require(config.task in TASKS,
-                     f"config.task={config.task!r} is unknown; use one of "
-                     f"{', '.join(task_names())}")
+  config_lib.require(
+    config.task in TASKS,
+    f"config.task={config.task!r} is unknown; use one of {', '.join(task_names())}",
+  )
   config_lib.validate(config, num_devices, strict_keys, task_class=TASKS[config.task])

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import functools
 import time
-from typing import Any, Iterator, Protocol
+from collections.abc import Iterator
+from typing import Any, Protocol
 
 import flax.linen as nn
 import jax
@@ -40,6 +41,7 @@ class Task(Protocol):
   The evaluators that ``config.evals`` may name for a task declare it
   themselves (:func:`laplax.evaluators.registry.accepted`).
   """
+
   config: ml_collections.ConfigDict
   family: str
   base_config: Any
@@ -52,8 +54,9 @@ class Task(Protocol):
   def init_task_state(self, params: Any) -> Any:
     """State the task carries beside the parameters (``None`` if none)."""
 
-  def loss(self, params: Any, batch: dict, rng: jax.Array, task_state: Any,
-           step: jax.Array) -> tuple[jax.Array, tuple[dict, Any]]:
+  def loss(
+    self, params: Any, batch: dict, rng: jax.Array, task_state: Any, step: jax.Array
+  ) -> tuple[jax.Array, tuple[dict, Any]]:
     """``(loss float32 scalar, (metrics dict of float32 scalars, aux))``.
 
     ``aux`` goes to :meth:`update_task_state` (``None`` if unused).
@@ -62,8 +65,7 @@ class Task(Protocol):
   def mask_updates(self, updates: Any, step: jax.Array) -> Any:
     """The optimizer updates, with those of frozen parameters zeroed."""
 
-  def update_task_state(self, task_state: Any, params: Any, aux: Any,
-                        step: jax.Array) -> Any:
+  def update_task_state(self, task_state: Any, params: Any, aux: Any, step: jax.Array) -> Any:
     """The task state after the parameters were updated to ``params``."""
 
   def train_dataset(self, process_index: int = 0, process_count: int = 1):
@@ -94,6 +96,7 @@ class TaskBase:
   ``summarize(sums)`` (the ``classification`` and ``bits_per_byte``
   evaluators of :mod:`laplax.evaluators.eval_sums` run it).
   """
+
   batch_axis = 0
   family: str
   #: Why ``eval.py --analysis`` cannot take gradients of the training loss on
@@ -146,14 +149,20 @@ class TaskBase:
     known = utils.flatten_dotted(cls.base_config().to_dict(), keep_empty=True)
     if isinstance(config.get("eval"), ml_collections.ConfigDict):
       known.update({f"eval.{k}": None for k in config.eval.keys()})
-    known.update(utils.flatten_dotted({"data": cls.data_defaults(config).to_dict()},
-                                      keep_empty=True))
+    known.update(
+      utils.flatten_dotted({"data": cls.data_defaults(config).to_dict()}, keep_empty=True)
+    )
     return known
 
   @classmethod
-  def from_shapes(cls, config: ml_collections.ConfigDict, *,
-                  image_shape: tuple[int, int, int] | None = None,
-                  num_classes: int | None = None, vocab_size: int | None = None):
+  def from_shapes(
+    cls,
+    config: ml_collections.ConfigDict,
+    *,
+    image_shape: tuple[int, int, int] | None = None,
+    num_classes: int | None = None,
+    vocab_size: int | None = None,
+  ):
     """The task built from sizes alone, with no dataset opened (the converters
     and ``bench/`` build their tasks this way; :meth:`from_data` prepares the
     data first). Image tasks need ``image_shape`` ``(H, W, C)`` and
@@ -182,8 +191,9 @@ class TaskBase:
     return cls.base_config().evals
 
   @classmethod
-  def attention_lengths(cls, config: ml_collections.ConfigDict,
-                        image_side: int | None = None) -> tuple[int, ...]:
+  def attention_lengths(
+    cls, config: ml_collections.ConfigDict, image_side: int | None = None
+  ) -> tuple[int, ...]:
     """Token counts the model's self-attention sees
     (:func:`laplax.config.validation.attention_lengths`)."""
     return config_lib.attention_lengths(config, image_side)
@@ -197,8 +207,7 @@ class TaskBase:
     del step
     return updates
 
-  def update_task_state(self, task_state: Any, params: Any, aux: Any,
-                        step: jax.Array) -> Any:
+  def update_task_state(self, task_state: Any, params: Any, aux: Any, step: jax.Array) -> Any:
     """No task state to update."""
     del params, aux, step
     return task_state
@@ -286,9 +295,12 @@ class StallAtStep(NaNAtStep):
     """The wrapped loss; at the chosen step it waits for the host forever."""
     loss, (metrics, aux) = self._task.loss(params, batch, rng, task_state, step)
     out = jax.ShapeDtypeStruct((), jnp.float32)
-    waited = jax.lax.cond(step + 1 == self._step,
-                          lambda s: jax.pure_callback(_stall, out, s),
-                          lambda s: jnp.zeros((), jnp.float32), step)
+    waited = jax.lax.cond(
+      step + 1 == self._step,
+      lambda s: jax.pure_callback(_stall, out, s),
+      lambda s: jnp.zeros((), jnp.float32),
+      step,
+    )
     waited = jax.lax.stop_gradient(waited).astype(loss.dtype)
     return loss + waited, (dict(metrics, loss=metrics["loss"] + waited), aux)
 

@@ -7,7 +7,8 @@ protocol; it is the ``"classification"`` entry of :data:`laplax.tasks.TASKS`.
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -15,17 +16,17 @@ import ml_collections
 import numpy as np
 import optax
 
+from laplax.config import defaults
+from laplax.config import validation as config_lib
 from laplax.data.vision import images
 from laplax.models import spec as spec_lib
 from laplax.models.vit import ViT
-from laplax.config import defaults
-from laplax.config import validation as config_lib
 from laplax.tasks.base import TaskBase
 
 
-
-def mixup_cutmix(rng: jax.Array, images: jax.Array, targets: jax.Array, *,
-                 mixup: float, cutmix: float):
+def mixup_cutmix(
+  rng: jax.Array, images: jax.Array, targets: jax.Array, *, mixup: float, cutmix: float
+):
   """Batch-level Mixup (Zhang et al. 2018) or CutMix (Yun et al. 2019).
 
   ``images [B, H, W, C]``, ``targets [B, num_classes]`` (probabilities). When
@@ -36,8 +37,9 @@ def mixup_cutmix(rng: jax.Array, images: jax.Array, targets: jax.Array, *,
   if mixup <= 0 and cutmix <= 0:
     return images, targets
   r_choice, r_lam, r_box = jax.random.split(rng, 3)
-  use_cutmix = (jax.random.bernoulli(r_choice, 0.5) if mixup > 0 and cutmix > 0
-                else jnp.asarray(cutmix > 0))
+  use_cutmix = (
+    jax.random.bernoulli(r_choice, 0.5) if mixup > 0 and cutmix > 0 else jnp.asarray(cutmix > 0)
+  )
   alpha = jnp.where(use_cutmix, max(cutmix, 1e-6), max(mixup, 1e-6))
   lam = jax.random.beta(r_lam, alpha, alpha)
   h, w = images.shape[1:3]
@@ -52,8 +54,11 @@ def mixup_cutmix(rng: jax.Array, images: jax.Array, targets: jax.Array, *,
   box_lam = 1.0 - box.mean()
   lam = jnp.where(use_cutmix, box_lam, lam)
   flipped = images[::-1]
-  mixed = jnp.where(use_cutmix, jnp.where(box[None, :, :, None], flipped, images),
-                    lam * images + (1 - lam) * flipped)
+  mixed = jnp.where(
+    use_cutmix,
+    jnp.where(box[None, :, :, None], flipped, images),
+    lam * images + (1 - lam) * flipped,
+  )
   return mixed.astype(images.dtype), lam * targets + (1 - lam) * targets[::-1]
 
 
@@ -88,14 +93,16 @@ class ClassificationTask(TaskBase):
       ConfigError: the first bad key, with its fix.
     """
     config_lib.check_float(config, "loss.label_smoothing", 0.0, 0.99)
-    config_lib.require(config.loss.type in ("softmax", "sigmoid"),
-                       f"config.loss.type={config.loss.type!r} is unknown; use 'softmax' "
-                       f"or 'sigmoid'")
+    config_lib.require(
+      config.loss.type in ("softmax", "sigmoid"),
+      f"config.loss.type={config.loss.type!r} is unknown; use 'softmax' or 'sigmoid'",
+    )
     config_lib.check_float(config, "loss.mixup", 0.0)
     config_lib.check_float(config, "loss.cutmix", 0.0)
 
-  def __init__(self, config: ml_collections.ConfigDict, num_classes: int,
-               image_shape: tuple[int, int, int]):
+  def __init__(
+    self, config: ml_collections.ConfigDict, num_classes: int, image_shape: tuple[int, int, int]
+  ):
     self.config = config
     self.num_classes = num_classes
     self.image_shape = tuple(image_shape)
@@ -126,36 +133,44 @@ class ClassificationTask(TaskBase):
   def train_dataset(self, process_index: int = 0, process_count: int = 1):
     """This process's infinite, augmented training batches (a grain IterDataset)."""
     return images.train_dataset(
-        self.config.data, batch_size=self.config.batch_size // process_count,
-        seed=self.config.seed, process_index=process_index,
-        process_count=process_count)
+      self.config.data,
+      batch_size=self.config.batch_size // process_count,
+      seed=self.config.seed,
+      process_index=process_index,
+      process_count=process_count,
+    )
 
   def eval_batches(self) -> Iterator[dict]:
     """Every example of the eval split once, with a ``mask`` for padding."""
-    return images.eval_batches(self.config.data,
-                               batch_size=self.config.eval_batch_size)
+    return images.eval_batches(self.config.data, batch_size=self.config.eval_batch_size)
 
   def batch_spec(self, batch_size: int) -> dict:
     """``jax.ShapeDtypeStruct`` per field of a training batch."""
-    return {"image": jax.ShapeDtypeStruct((batch_size,) + self.image_shape, jnp.float32),
-            "label": jax.ShapeDtypeStruct((batch_size,), jnp.int32)}
+    return {
+      "image": jax.ShapeDtypeStruct((batch_size,) + self.image_shape, jnp.float32),
+      "label": jax.ShapeDtypeStruct((batch_size,), jnp.int32),
+    }
 
   def init(self, rng: jax.Array) -> Any:
     """Initial parameters (float32 pytree) from ``rng``."""
     images = jnp.zeros((1,) + self.image_shape, jnp.float32)
     return self.model.init({"params": rng}, images)["params"]
 
-  def loss(self, params: Any, batch: dict, rng: jax.Array, task_state: Any = None,
-           step: jax.Array | None = None):
+  def loss(
+    self,
+    params: Any,
+    batch: dict,
+    rng: jax.Array,
+    task_state: Any = None,
+    step: jax.Array | None = None,
+  ):
     """Training loss (float32 scalar) and ``(metrics, None)`` for one batch."""
     del task_state, step
     lc = self.config.loss
     r_mix, r_drop = jax.random.split(rng)
     targets = jax.nn.one_hot(batch["label"], self.num_classes)
-    images, targets = mixup_cutmix(r_mix, batch["image"], targets,
-                                   mixup=lc.mixup, cutmix=lc.cutmix)
-    logits, _ = self.model.apply({"params": params}, images, train=True,
-                                 rngs={"dropout": r_drop})
+    images, targets = mixup_cutmix(r_mix, batch["image"], targets, mixup=lc.mixup, cutmix=lc.cutmix)
+    logits, _ = self.model.apply({"params": params}, images, train=True, rngs={"dropout": r_drop})
     logits = logits.astype(jnp.float32)
     if lc.label_smoothing:
       targets = optax.smooth_labels(targets, lc.label_smoothing)
@@ -180,15 +195,17 @@ class ClassificationTask(TaskBase):
     mask = batch["mask"]
     loss = optax.softmax_cross_entropy_with_integer_labels(logits, batch["label"])
     correct = (logits.argmax(-1) == batch["label"]).astype(jnp.float32)
-    return {"loss": (loss * mask).sum(), "correct": (correct * mask).sum(),
-            "count": mask.sum()}
+    return {"loss": (loss * mask).sum(), "correct": (correct * mask).sum(), "count": mask.sum()}
 
   @staticmethod
   def summarize(sums: dict) -> dict:
     """Eval sums -> ``{"accuracy", "loss", "num_examples"}``."""
     count = float(sums["count"])
-    return {"accuracy": float(sums["correct"]) / count,
-            "loss": float(sums["loss"]) / count, "num_examples": int(count)}
+    return {
+      "accuracy": float(sums["correct"]) / count,
+      "loss": float(sums["loss"]) / count,
+      "num_examples": int(count),
+    }
 
 
 def patch_tokens(config: ml_collections.ConfigDict, image_shape) -> int:
@@ -207,5 +224,13 @@ def image_split_limits(config: ml_collections.ConfigDict) -> list[tuple]:
     DataError: the dataset cannot be read.
   """
   info = images.info(config.data)
-  return [("the training split", info.num_train, "images", config.data.train_split,
-           "batch_size", config.batch_size)]
+  return [
+    (
+      "the training split",
+      info.num_train,
+      "images",
+      config.data.train_split,
+      "batch_size",
+      config.batch_size,
+    )
+  ]

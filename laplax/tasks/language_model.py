@@ -8,7 +8,8 @@ protocol; it is the ``"lm"`` entry of :data:`laplax.tasks.TASKS`.
 from __future__ import annotations
 
 import math
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -16,11 +17,12 @@ import ml_collections
 import numpy as np
 import optax
 
+from laplax.config import defaults
 from laplax.data import lm_input
 from laplax.models import spec as spec_lib
 from laplax.models.gpt import GPT
-from laplax.config import defaults
 from laplax.tasks.base import TaskBase
+
 
 class LanguageModelTask(TaskBase):
   """Causal language modelling (GPT) on a text corpus.
@@ -69,9 +71,14 @@ class LanguageModelTask(TaskBase):
     self.zero_byte_tokens = bool((np.asarray(tokenizer.token_bytes) == 0).any())
 
   @classmethod
-  def from_shapes(cls, config: ml_collections.ConfigDict, *,
-                  image_shape: tuple[int, int, int] | None = None,
-                  num_classes: int | None = None, vocab_size: int | None = None):
+  def from_shapes(
+    cls,
+    config: ml_collections.ConfigDict,
+    *,
+    image_shape: tuple[int, int, int] | None = None,
+    num_classes: int | None = None,
+    vocab_size: int | None = None,
+  ):
     """The task for a vocabulary of ``vocab_size`` tokens (default: 256 for
     the byte tokenizer, else ``config.data.vocab_size``), no corpus or
     tokenizer opened: every token counts one byte for bits per byte."""
@@ -88,7 +95,8 @@ class LanguageModelTask(TaskBase):
     Raises:
       DataError: empty or too short corpus, unknown tokenizer.
     """
-    from laplax.data import lm_input  # pylint: disable=import-outside-toplevel
+    from laplax.data import lm_input
+
     return cls(config, lm_input.prepare(config, workdir))
 
   def tokens_per_example(self) -> int:
@@ -103,23 +111,34 @@ class LanguageModelTask(TaskBase):
     if lm_input.is_fineweb(self.config):
       return []
     if lm_input.is_chat(self.config):  # every conversation read (and checked) before training
-      from laplax.data.chat import mixture as chat_mixture  # pylint: disable=import-outside-toplevel
+      from laplax.data.chat import mixture as chat_mixture
+
       chat_mixture.check(self.config.data, self.tokenizer)
       return []
-    from laplax.data.text import corpus as text  # pylint: disable=import-outside-toplevel
+    from laplax.data.text import corpus as text
+
     num = len(text.split_tokens(self.config.data, self.tokenizer, "train"))
-    return [("the training split", num - int(self.config.model.max_length),
-             "distinct windows of model.max_length + 1 tokens", "train", "batch_size",
-             self.config.batch_size)]
+    return [
+      (
+        "the training split",
+        num - int(self.config.model.max_length),
+        "distinct windows of model.max_length + 1 tokens",
+        "train",
+        "batch_size",
+        self.config.batch_size,
+      )
+    ]
 
   def train_dataset(self, process_index: int = 0, process_count: int = 1):
     """This process's infinite stream of training windows."""
-    from laplax.data import lm_input  # pylint: disable=import-outside-toplevel
+    from laplax.data import lm_input
+
     return lm_input.train_dataset(self.config, self.tokenizer, process_index, process_count)
 
   def eval_batches(self) -> Iterator[dict]:
     """The validation split's windows (each target once)."""
-    from laplax.data import lm_input  # pylint: disable=import-outside-toplevel
+    from laplax.data import lm_input
+
     return lm_input.eval_batches(self.config, self.tokenizer)
 
   def batch_spec(self, batch_size: int) -> dict:
@@ -134,8 +153,14 @@ class LanguageModelTask(TaskBase):
     tokens = jnp.zeros((1, self.seq_len), jnp.int32)
     return self.model.init({"params": rng}, tokens)["params"]
 
-  def loss(self, params: Any, batch: dict, rng: jax.Array, task_state: Any = None,
-           step: jax.Array | None = None):
+  def loss(
+    self,
+    params: Any,
+    batch: dict,
+    rng: jax.Array,
+    task_state: Any = None,
+    step: jax.Array | None = None,
+  ):
     """Mean next-token cross-entropy (nats, float32) and ``(metrics, None)``.
 
     A batch with ``"targets"`` (int32 ``[B, max_length]``, SFT) is scored on
@@ -145,16 +170,17 @@ class LanguageModelTask(TaskBase):
     """
     del task_state, step
     tokens = batch["tokens"]
-    logits, _ = self.model.apply({"params": params}, tokens[:, :-1], train=True,
-                                 rngs={"dropout": rng})
+    logits, _ = self.model.apply(
+      {"params": params}, tokens[:, :-1], train=True, rngs={"dropout": rng}
+    )
     if "targets" in batch:
       valid = batch["targets"] >= 0
       losses = optax.softmax_cross_entropy_with_integer_labels(
-          logits, jnp.where(valid, batch["targets"], 0))
+        logits, jnp.where(valid, batch["targets"], 0)
+      )
       loss = jnp.sum(jnp.where(valid, losses, 0.0)) / jnp.maximum(valid.sum(), 1)
       return loss, ({"loss": loss}, None)
-    loss = optax.softmax_cross_entropy_with_integer_labels(
-        logits, tokens[:, 1:]).mean()
+    loss = optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean()
     return loss, ({"loss": loss}, None)
 
   def readout(self, state: Any) -> np.ndarray:
@@ -183,9 +209,12 @@ class LanguageModelTask(TaskBase):
     neither loss nor bytes; without such tokens ``byte_loss`` is not summed)."""
     loss = float(sums["loss"]) / float(sums["count"])
     byte_loss = float(sums.get("byte_loss", sums["loss"]))
-    return {"loss": loss, "perplexity": math.exp(min(loss, 700.0)),
-            "bits_per_byte": byte_loss / math.log(2) / float(sums["bytes"]),
-            "num_tokens": int(sums["count"])}
+    return {
+      "loss": loss,
+      "perplexity": math.exp(min(loss, 700.0)),
+      "bits_per_byte": byte_loss / math.log(2) / float(sums["bytes"]),
+      "num_tokens": int(sums["count"]),
+    }
 
 
 class VocabularySize:

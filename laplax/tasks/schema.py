@@ -57,12 +57,12 @@ from laplax.models import spec as spec_lib
 #: so a run saved before the key existed keeps behaving as it did. Applied only
 #: to keys the config's task has (its base config and data table).
 OLD_RUN_VALUES = {
-    # Runs saved before the exclusion list existed decayed every parameter.
-    "optim.weight_decay_exclude": (),
-    # A profile section without start_step traced from the first step.
-    "profile.start_step": 1,
-    # SFT runs saved before the SmolTalk cut existed used all of SmolTalk train.
-    "data.smoltalk_stop": None,
+  # Runs saved before the exclusion list existed decayed every parameter.
+  "optim.weight_decay_exclude": (),
+  # A profile section without start_step traced from the first step.
+  "profile.start_step": 1,
+  # SFT runs saved before the SmolTalk cut existed used all of SmolTalk train.
+  "data.smoltalk_stop": None,
 }
 
 
@@ -88,8 +88,9 @@ def _fill(config: ml_collections.ConfigDict, table: ml_collections.ConfigDict) -
   for key in table.keys():
     if key not in config:
       config[key] = _field(table, key)
-    elif (isinstance(config[key], ml_collections.ConfigDict)
-          and isinstance(table[key], ml_collections.ConfigDict)):
+    elif isinstance(config[key], ml_collections.ConfigDict) and isinstance(
+      table[key], ml_collections.ConfigDict
+    ):
       _fill(config[key], table[key])
 
 
@@ -118,8 +119,7 @@ def schema(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   task_class = tasks.TASKS[config.task]
   out = task_class.base_config()
   family = config.model.name if "name" in config.model else task_class.family
-  out.model = defaults.model_config(family if family in spec_lib.FAMILIES
-                                    else task_class.family)
+  out.model = defaults.model_config(family if family in spec_lib.FAMILIES else task_class.family)
   out.data = task_class.data_defaults(config)
   return out
 
@@ -138,11 +138,20 @@ def complete(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
 
   Works on a locked config (``train.py``'s) too: its keys are added unlocked.
   """
-  if not ("task" in config and isinstance(config.task, str) and config.task in tasks.TASKS
-          and "model" in config and isinstance(config.model, ml_collections.ConfigDict)
-          and ("data" not in config or (isinstance(config.data, ml_collections.ConfigDict)
-                                        and ("name" not in config.data
-                                             or isinstance(config.data.name, str))))):
+  if not (
+    "task" in config
+    and isinstance(config.task, str)
+    and config.task in tasks.TASKS
+    and "model" in config
+    and isinstance(config.model, ml_collections.ConfigDict)
+    and (
+      "data" not in config
+      or (
+        isinstance(config.data, ml_collections.ConfigDict)
+        and ("name" not in config.data or isinstance(config.data.name, str))
+      )
+    )
+  ):
     return config
   with config.unlocked():
     task_class = tasks.TASKS[config.task]

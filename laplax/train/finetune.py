@@ -18,9 +18,9 @@ import jax
 import numpy as np
 
 from laplax import utils
+from laplax.config import validation as config_lib
 from laplax.data.text import tokenizers
 from laplax.workdir import checkpoint as ckpt_lib
-from laplax.config import validation as config_lib
 from laplax.workdir.files import CHECKPOINT_DIR
 
 
@@ -60,16 +60,16 @@ def initial_params(init_from: str, abstract_params: Any) -> Any:
     step, saved = ckpt_lib.Checkpointer(where, read_only=True).restore_params()
   except ckpt_lib.CheckpointError as e:
     raise InitFromError(f"config.init_from: {e}") from None
-  flat_saved = {utils.path_str(p): v
-                for p, v in jax.tree_util.tree_flatten_with_path(saved)[0]}
+  flat_saved = {utils.path_str(p): v for p, v in jax.tree_util.tree_flatten_with_path(saved)[0]}
   flat_new, treedef = jax.tree_util.tree_flatten_with_path(abstract_params)
   names = [utils.path_str(p) for p, _ in flat_new]
   mix = lambda name: name.endswith("/laplacian_mix")
   extra = sorted(n for n in set(flat_saved) - set(names) if not mix(n))
   if extra:
     raise InitFromError(
-        f"config.init_from={init_from} has parameter {extra[0]} that this model has "
-        f"not; use the same model.* keys (Laplacian heads and spectral settings may differ)")
+      f"config.init_from={init_from} has parameter {extra[0]} that this model has "
+      f"not; use the same model.* keys (Laplacian heads and spectral settings may differ)"
+    )
   leaves = []
   for name, (_, x) in zip(names, flat_new):
     if name not in flat_saved and mix(name):
@@ -77,18 +77,21 @@ def initial_params(init_from: str, abstract_params: Any) -> Any:
       continue
     if name not in flat_saved:
       raise InitFromError(
-          f"config.init_from={init_from} lacks parameter {name}; use the same model.* "
-          f"keys as the run it holds")
+        f"config.init_from={init_from} lacks parameter {name}; use the same model.* "
+        f"keys as the run it holds"
+      )
     value = np.asarray(flat_saved[name])
     if value.shape != tuple(x.shape):
       if name.split("/")[0] == "head":
-        logging.info("init_from: %s %s -> %s, left at its initialisation",
-                     name, value.shape, tuple(x.shape))
+        logging.info(
+          "init_from: %s %s -> %s, left at its initialisation", name, value.shape, tuple(x.shape)
+        )
         leaves.append(None)
         continue
       raise InitFromError(
-          f"config.init_from={init_from}: parameter {name} has shape {value.shape}, "
-          f"this model's is {tuple(x.shape)}; use the same model.* keys")
+        f"config.init_from={init_from}: parameter {name} has shape {value.shape}, "
+        f"this model's is {tuple(x.shape)}; use the same model.* keys"
+      )
     leaves.append(value.astype(x.dtype))
   logging.info("initialised from step %d of %s", step, init_from)
   return jax.tree_util.tree_unflatten(treedef, leaves)

@@ -43,7 +43,7 @@ import numpy as np
 
 from laplax.config.validation import ConfigError
 
-GIB = 2.0 ** 30
+GIB = 2.0**30
 SKIP = "--config.check_memory=False skips this check"
 
 
@@ -54,10 +54,12 @@ class FitError(ConfigError):
 def levers(config: ml_collections.ConfigDict) -> str:
   """What makes a train step smaller, with the config's current values."""
   accum = config.optim.grad_accum_steps or 1  # None: 1
-  return (f"lower config.batch_size (now {config.batch_size}), raise "
-          f"config.optim.grad_accum_steps (now {accum}), set config.model.remat=full "
-          f"(now {config.model.remat}) or spread the run over more "
-          f"devices (config.mesh_shape with an fsdp axis)")
+  return (
+    f"lower config.batch_size (now {config.batch_size}), raise "
+    f"config.optim.grad_accum_steps (now {accum}), set config.model.remat=full "
+    f"(now {config.model.remat}) or spread the run over more "
+    f"devices (config.mesh_shape with an fsdp axis)"
+  )
 
 
 # --------------------------------------------------------------------------
@@ -65,9 +67,11 @@ def levers(config: ml_collections.ConfigDict) -> str:
 
 
 def _refuse(what: str, size: int, unit: str, split: str, key: str, value: int) -> None:
-  raise FitError(f"config.{key}={value} is larger than the {size} {unit} of {what} "
-                 f"({split!r}); lower --config.{key} to at most {size} or use a "
-                 f"larger split")
+  raise FitError(
+    f"config.{key}={value} is larger than the {size} {unit} of {what} "
+    f"({split!r}); lower --config.{key} to at most {size} or use a "
+    f"larger split"
+  )
 
 
 def check_data(task: Any) -> None:
@@ -123,12 +127,13 @@ def available_bytes(device: jax.Device | None = None) -> tuple[int | None, str]:
       return None, "of the host"
     n = jax.local_device_count()
     if n > 1:
-      return total // n, (f"that each of this host's {n} CPU devices has (of "
-                          f"{total / GIB:.1f} GiB available)")
+      return total // n, (
+        f"that each of this host's {n} CPU devices has (of {total / GIB:.1f} GiB available)"
+      )
     return total, "that this host has available"
   try:
     stats = device.memory_stats() or {}
-  except Exception:  # pylint: disable=broad-except
+  except Exception:
     stats = {}
   limit = stats.get("bytes_limit")
   if not limit:
@@ -162,8 +167,14 @@ def kept_per_token(config: ml_collections.ConfigDict, platform: str) -> int:
   return width
 
 
-def lower_bound(config: ml_collections.ConfigDict, task: Any, abstract: Any,
-                shardings: Any, batch_sharding: dict, platform: str = "cpu") -> dict:
+def lower_bound(
+  config: ml_collections.ConfigDict,
+  task: Any,
+  abstract: Any,
+  shardings: Any,
+  batch_sharding: dict,
+  platform: str = "cpu",
+) -> dict:
   """A lower bound of one device's memory for a train step, without compiling.
 
   Returns ``{"state", "batch", "activations", "total"}`` in bytes: the
@@ -175,13 +186,23 @@ def lower_bound(config: ml_collections.ConfigDict, task: Any, abstract: Any,
   spec = task.batch_spec(config.batch_size)
   batch = _per_device_bytes(spec, [batch_sharding[k] for k in spec])
   accum = config.optim.grad_accum_steps or 1  # None: 1
-  examples = max(config.batch_size // accum // _batch_shards(spec, batch_sharding,
-                                                              task.batch_axis), 1)
+  examples = max(
+    config.batch_size // accum // _batch_shards(spec, batch_sharding, task.batch_axis), 1
+  )
   itemsize = 2 if config.model.dtype == "bfloat16" else 4
-  activations = (examples * task.tokens_per_example() * int(config.model.depth)
-                 * kept_per_token(config, platform) * itemsize)
-  return {"state": state, "batch": batch, "activations": activations,
-          "total": state + batch + activations}
+  activations = (
+    examples
+    * task.tokens_per_example()
+    * int(config.model.depth)
+    * kept_per_token(config, platform)
+    * itemsize
+  )
+  return {
+    "state": state,
+    "batch": batch,
+    "activations": activations,
+    "total": state + batch + activations,
+  }
 
 
 def _batch_shards(spec: dict, batch_sharding: dict, axis: int) -> int:
@@ -192,12 +213,20 @@ def _batch_shards(spec: dict, batch_sharding: dict, axis: int) -> int:
 
 
 def _refuse_memory(config, detail: str, have: int, where: str) -> None:
-  raise FitError(f"the train step needs {detail} per device, more than the "
-                 f"{have / GIB:.1f} GiB {where}; {levers(config)}; {SKIP}")
+  raise FitError(
+    f"the train step needs {detail} per device, more than the "
+    f"{have / GIB:.1f} GiB {where}; {levers(config)}; {SKIP}"
+  )
 
 
-def check_memory(config: ml_collections.ConfigDict, task: Any, train_step: Any,
-                 abstract: Any, shardings: Any, batch_sharding: dict) -> None:
+def check_memory(
+  config: ml_collections.ConfigDict,
+  task: Any,
+  train_step: Any,
+  abstract: Any,
+  shardings: Any,
+  batch_sharding: dict,
+) -> None:
   """Refuses a train step that cannot fit the device (see the module
   docstring); compiles ``train_step`` (a jitted ``(state, batch)`` function)
   for the abstract state and batch. Nothing when ``config.check_memory`` is
@@ -213,18 +242,25 @@ def check_memory(config: ml_collections.ConfigDict, task: Any, train_step: Any,
   have, where = available_bytes(device)
   bound = lower_bound(config, task, abstract, shardings, batch_sharding, device.platform)
   if have is not None and bound["total"] > have:
-    _refuse_memory(config, f"at least {bound['total'] / GIB:.1f} GiB (parameters and optimizer "
-                   f"state {bound['state'] / GIB:.1f} GiB, input batch "
-                   f"{bound['batch'] / GIB:.1f} GiB, activations at least "
-                   f"{bound['activations'] / GIB:.1f} GiB)", have, where)
+    _refuse_memory(
+      config,
+      f"at least {bound['total'] / GIB:.1f} GiB (parameters and optimizer "
+      f"state {bound['state'] / GIB:.1f} GiB, input batch "
+      f"{bound['batch'] / GIB:.1f} GiB, activations at least "
+      f"{bound['activations'] / GIB:.1f} GiB)",
+      have,
+      where,
+    )
   state = jax.tree_util.tree_map(
-      lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract, shardings)
+    lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract, shardings
+  )
   spec = task.batch_spec(config.batch_size)
-  batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=batch_sharding[k])
-           for k, v in spec.items()}
+  batch = {
+    k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=batch_sharding[k]) for k, v in spec.items()
+  }
   try:
     compiled = train_step.lower(state, batch).compile()
-  except Exception as e:  # pylint: disable=broad-except
+  except Exception as e:
     message = out_of_memory(e)
     if message is None:
       raise
@@ -232,12 +268,21 @@ def check_memory(config: ml_collections.ConfigDict, task: Any, train_step: Any,
   mem = compiled.memory_analysis()
   if have is None or mem is None:
     return
-  peak = (mem.argument_size_in_bytes + mem.output_size_in_bytes
-          - mem.alias_size_in_bytes + mem.temp_size_in_bytes)
+  peak = (
+    mem.argument_size_in_bytes
+    + mem.output_size_in_bytes
+    - mem.alias_size_in_bytes
+    + mem.temp_size_in_bytes
+  )
   if peak > have:
-    _refuse_memory(config, f"{peak / GIB:.1f} GiB as compiled (arguments "
-                   f"{mem.argument_size_in_bytes / GIB:.1f} GiB, temporaries "
-                   f"{mem.temp_size_in_bytes / GIB:.1f} GiB)", have, where)
+    _refuse_memory(
+      config,
+      f"{peak / GIB:.1f} GiB as compiled (arguments "
+      f"{mem.argument_size_in_bytes / GIB:.1f} GiB, temporaries "
+      f"{mem.temp_size_in_bytes / GIB:.1f} GiB)",
+      have,
+      where,
+    )
 
 
 def out_of_memory(error: BaseException) -> str | None:
@@ -248,9 +293,14 @@ def out_of_memory(error: BaseException) -> str | None:
     return None
   first = next((l.strip() for l in text.splitlines() if "RESOURCE_EXHAUSTED" in l), "")
   config = _CONFIG.get("config")
-  how = levers(config) if config is not None else (
+  how = (
+    levers(config)
+    if config is not None
+    else (
       "lower config.batch_size, raise config.optim.grad_accum_steps, set "
-      "config.model.remat=full or spread the run over more devices")
+      "config.model.remat=full or spread the run over more devices"
+    )
+  )
   return f"out of device memory ({first[:200]}); {how}"
 
 
@@ -260,4 +310,3 @@ _CONFIG: dict = {}
 def remember(config: ml_collections.ConfigDict) -> None:
   """Keeps ``config`` for :func:`out_of_memory`'s levers."""
   _CONFIG["config"] = config
-

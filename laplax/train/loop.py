@@ -22,33 +22,37 @@ import os
 import shutil
 from typing import Any
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import optax
 import tqdm
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
-from laplax import sharding
-from laplax.workdir import checkpoint as ckpt_lib
-from laplax.state import TrainState, abstract_and_shardings, create_state, sharded_abstract_state
+from laplax import optim, sharding, signals, tasks
 from laplax.config import validation as config_lib
-from laplax.train import finetune, fit
-from laplax import optim
-from laplax import signals
-from laplax import tasks
-from laplax.workdir import lock as lock_lib
-from laplax.errors import UserError
 from laplax.data.errors import DataError
+from laplax.errors import UserError
 from laplax.evaluators import registry
-from laplax.train.profiler import Profiler
+from laplax.state import TrainState, abstract_and_shardings, create_state, sharded_abstract_state
 from laplax.tasks.base import Task
-from laplax.workdir.saving import SaveError
+from laplax.train import finetune, fit
+from laplax.train.profiler import Profiler
 from laplax.train.timing import LogInterval
-from laplax.workdir.files import (CHECKPOINT_DIR, MetricWriter, check_wandb, check_workdir,
-                                  eval_line, existing_ancestor, write_config)
+from laplax.workdir import checkpoint as ckpt_lib
+from laplax.workdir import lock as lock_lib
+from laplax.workdir.files import (
+  CHECKPOINT_DIR,
+  MetricWriter,
+  check_wandb,
+  check_workdir,
+  eval_line,
+  existing_ancestor,
+  write_config,
+)
+from laplax.workdir.saving import SaveError
 
 
 class NonFiniteError(UserError, RuntimeError):
@@ -59,13 +63,20 @@ def batch_shardings(task: Task, mesh: jax.sharding.Mesh, rules) -> dict:
   """``NamedSharding`` per field of a training batch: the task's batch axis
   (``task.batch_axis``) has the logical name ``"batch"``."""
   axis = task.batch_axis
-  names = {k: (None,) * axis + ("batch",) + (None,) * (len(v.shape) - axis - 1)
-           for k, v in task.batch_spec(1).items()}
+  names = {
+    k: (None,) * axis + ("batch",) + (None,) * (len(v.shape) - axis - 1)
+    for k, v in task.batch_spec(1).items()
+  }
   return sharding.logical_shardings(names, mesh, rules)
 
 
-def jit_train_step(task: Task, tx: optax.GradientTransformation, schedule,
-                   state_sharding: TrainState, batch_sharding: dict):
+def jit_train_step(
+  task: Task,
+  tx: optax.GradientTransformation,
+  schedule,
+  state_sharding: TrainState,
+  batch_sharding: dict,
+):
   """:func:`make_train_step` jitted with explicit shardings; the state is donated.
 
   ``(state, batch) -> (state, metrics)``: the state keeps ``state_sharding``,
@@ -74,14 +85,15 @@ def jit_train_step(task: Task, tx: optax.GradientTransformation, schedule,
   :func:`laplax.sharding.context`.
   """
   mesh = jax.tree_util.tree_leaves(state_sharding)[0].mesh
-  return jax.jit(make_train_step(task, tx, schedule),
-                 in_shardings=(state_sharding, batch_sharding),
-                 out_shardings=(state_sharding, NamedSharding(mesh, P())),
-                 donate_argnums=0)
+  return jax.jit(
+    make_train_step(task, tx, schedule),
+    in_shardings=(state_sharding, batch_sharding),
+    out_shardings=(state_sharding, NamedSharding(mesh, P())),
+    donate_argnums=0,
+  )
 
 
-def setup(config: ml_collections.ConfigDict, workdir: str | None,
-          check: bool = True):
+def setup(config: ml_collections.ConfigDict, workdir: str | None, check: bool = True):
   """Validates the config and the workdir, then prepares the task's data.
 
   Before the data is prepared nothing is written; the data preparation writes
@@ -105,18 +117,20 @@ def setup(config: ml_collections.ConfigDict, workdir: str | None,
   data_dir = os.path.expanduser(str(config.data.data_dir or ""))
   if data_dir and not os.path.isdir(existing_ancestor(data_dir)):
     raise config_lib.ConfigError(
-        f"config.data.data_dir={data_dir} cannot be a directory: "
-        f"{existing_ancestor(data_dir)} is a file; give a directory for the "
-        f"prepared datasets")
+      f"config.data.data_dir={data_dir} cannot be a directory: "
+      f"{existing_ancestor(data_dir)} is a file; give a directory for the "
+      f"prepared datasets"
+    )
   if check and workdir is not None and config.init_from:
     finetune.copy_init_tokenizer(config, workdir)
   try:
     task = tasks.make_task(config, workdir)
   except OSError as e:
     raise config_lib.ConfigError(
-        f"cannot prepare the data: {e.strerror or type(e).__name__}"
-        f"{f' ({e.filename})' if e.filename else ''}; check config.data.data_dir="
-        f"{config.data.data_dir}") from None
+      f"cannot prepare the data: {e.strerror or type(e).__name__}"
+      f"{f' ({e.filename})' if e.filename else ''}; check config.data.data_dir="
+      f"{config.data.data_dir}"
+    ) from None
   if check:  # sizes against the prepared splits (laplax.train.fit)
     fit.check_data(task)
   return task
@@ -133,18 +147,23 @@ def micro_batches(batch: Any, n: int, axis: int = 0) -> Any:
   Raises:
     ValueError: a batch axis of a length not divisible by ``n``.
   """
+
   def split(x):
     size = x.shape[axis]
     if size % n:
-      raise ValueError(f"a batch of {size} examples cannot be cut into {n} "
-                       f"micro-batches; choose a batch size divisible by it")
-    x = x.reshape(x.shape[:axis] + (size // n, n) + x.shape[axis + 1:])
+      raise ValueError(
+        f"a batch of {size} examples cannot be cut into {n} "
+        f"micro-batches; choose a batch size divisible by it"
+      )
+    x = x.reshape(x.shape[:axis] + (size // n, n) + x.shape[axis + 1 :])
     return jnp.moveaxis(x, axis + 1, 0)
+
   return jax.tree_util.tree_map(split, batch)
 
 
-def make_train_step(task: Task, tx: optax.GradientTransformation, schedule,
-                    grad_accum_steps: int | None = None):
+def make_train_step(
+  task: Task, tx: optax.GradientTransformation, schedule, grad_accum_steps: int | None = None
+):
   """The pure train step ``(state, batch) -> (state, metrics)`` (to be jitted).
 
   ``task.loss(params, batch, rng, task_state, step) -> (loss, (metrics,
@@ -194,36 +213,40 @@ def make_train_step(task: Task, tx: optax.GradientTransformation, schedule,
   def accumulated(params, batch, rng, task_state, step):
     """(grads, metrics, aux) averaged over ``n`` micro-batches."""
     micro = micro_batches(batch, n, axis)
-    one = jax.tree_util.tree_map(
-        lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), micro)
+    one = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), micro)
     shapes = jax.eval_shape(gradients, params, one, rng, task_state, step)
     zeros = jax.tree_util.tree_map(
-        lambda s: jnp.zeros(s.shape, jnp.promote_types(s.dtype, jnp.float32)), shapes)
+      lambda s: jnp.zeros(s.shape, jnp.promote_types(s.dtype, jnp.float32)), shapes
+    )
 
     def add(sums, xs):
       k, mb = xs
       out = gradients(params, mb, jax.random.fold_in(rng, k), task_state, step)
       return jax.tree_util.tree_map(lambda a, b: a + b.astype(a.dtype), sums, out), None
+
     sums, _ = jax.lax.scan(add, zeros, (jnp.arange(n), micro), unroll=unroll)
     return jax.tree_util.tree_map(lambda a: a / n, sums)
 
   def train_step(state, batch):
     rng = jax.random.fold_in(state.rng, state.step)
     grads, metrics, aux = (gradients if n == 1 else accumulated)(
-        state.params, batch, rng, state.task_state, state.step)
+      state.params, batch, rng, state.task_state, state.step
+    )
     grad_norm = optax.tree.norm(grads)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     updates = task.mask_updates(updates, state.step)
     params = optax.apply_updates(state.params, updates)
     task_state = task.update_task_state(state.task_state, params, aux, state.step)
     metrics = dict(metrics, grad_norm=grad_norm, lr=schedule(state.step))
-    new_state = state.replace(step=state.step + 1, params=params,
-                              opt_state=opt_state, task_state=task_state)
+    new_state = state.replace(
+      step=state.step + 1, params=params, opt_state=opt_state, task_state=task_state
+    )
     if skip_nonfinite:  # keep the old values where this step went non-finite
       finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(grad_norm)
       kept = state.replace(step=state.step + 1)
       new_state = jax.tree_util.tree_map(
-          lambda new, old: jnp.where(finite, new, old), new_state, kept)
+        lambda new, old: jnp.where(finite, new, old), new_state, kept
+      )
       metrics["skipped_updates"] = 1.0 - finite.astype(jnp.float32)
     return new_state, metrics
 
@@ -254,8 +277,9 @@ def log_record(rows: list[tuple[int, dict]]) -> dict:
   return record
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
-                       force_unlock: bool = False) -> dict:
+def train_and_evaluate(
+  config: ml_collections.ConfigDict, workdir: str, force_unlock: bool = False
+) -> dict:
   """Trains ``config`` in ``workdir`` (resuming if it has a checkpoint).
 
   Starts the multi-process runtime if ``config.distributed`` asks for it,
@@ -337,13 +361,16 @@ def _train_in(config, workdir: str, task: Task) -> dict:
 
 def _open_workdir(config, workdir: str) -> ckpt_lib.Checkpointer:
   """The checkpointer of ``workdir/checkpoints/`` (the workdir exists: the lock)."""
-  return ckpt_lib.Checkpointer(os.path.join(workdir, CHECKPOINT_DIR),
-                               max_to_keep=config.keep_checkpoints,
-                               verify=bool(config.checkpoint_verify))
+  return ckpt_lib.Checkpointer(
+    os.path.join(workdir, CHECKPOINT_DIR),
+    max_to_keep=config.keep_checkpoints,
+    verify=bool(config.checkpoint_verify),
+  )
 
 
-def _restore_or_start(config, workdir: str, task: Task, tx, checkpointer, train_iter,
-                      state_sharding, abstract):
+def _restore_or_start(
+  config, workdir: str, task: Task, tx, checkpointer, train_iter, state_sharding, abstract
+):
   """The restored state (onto this mesh; the data position set) or the initial
   one (created sharded, saved as step 0).
 
@@ -353,8 +380,9 @@ def _restore_or_start(config, workdir: str, task: Task, tx, checkpointer, train_
   """
   if checkpointer.latest_step() is not None:
     state, data_state = checkpointer.restore(
-        sharded_abstract_state(task, tx, config.seed, state_sharding, abstract),
-        discard_unreadable=True)
+      sharded_abstract_state(task, tx, config.seed, state_sharding, abstract),
+      discard_unreadable=True,
+    )
     train_iter.set_state(data_state)
     logging.info("resumed from step %d", int(state.step))
     if jax.process_index() == 0:
@@ -369,13 +397,18 @@ def _restore_or_start(config, workdir: str, task: Task, tx, checkpointer, train_
   state = create_state(task, tx, config.seed, state_sharding)
   if init is not None:
     params = jax.tree_util.tree_map(
-        lambda new, old: old if new is None else new, init, jax.device_get(state.params),
-        is_leaf=lambda x: x is None)
+      lambda new, old: old if new is None else new,
+      init,
+      jax.device_get(state.params),
+      is_leaf=lambda x: x is None,
+    )
     params = jax.device_put(params, state_sharding.params)
     opt_state = jax.jit(tx.init, out_shardings=state_sharding.opt_state)(params)
-    state = state.replace(params=params, opt_state=opt_state,
-                          task_state=jax.jit(task.init_task_state,
-                                             out_shardings=state_sharding.task_state)(params))
+    state = state.replace(
+      params=params,
+      opt_state=opt_state,
+      task_state=jax.jit(task.init_task_state, out_shardings=state_sharding.task_state)(params),
+    )
   checkpointer.save(state, train_iter.get_state())
   return state
 
@@ -394,10 +427,11 @@ def _fetch_finite(pending: list, checkpointer, bar) -> list:
     bar.close()
     step, m = bad
     raise NonFiniteError(
-        f"non-finite training metrics at step {step} (loss={float(m['loss'])}, "
-        f"grad_norm={float(m['grad_norm'])}); nothing after step {step - 1} was "
-        f"saved; last good checkpoint: step {checkpointer.latest_step()} in "
-        f"{checkpointer.directory}; lower optim.lr or set optim.skip_nonfinite=True")
+      f"non-finite training metrics at step {step} (loss={float(m['loss'])}, "
+      f"grad_norm={float(m['grad_norm'])}); nothing after step {step - 1} was "
+      f"saved; last good checkpoint: step {checkpointer.latest_step()} in "
+      f"{checkpointer.directory}; lower optim.lr or set optim.skip_nonfinite=True"
+    )
   return pending
 
 
@@ -410,13 +444,22 @@ def _stop_agreed(stop: signals.Guard, step: int, config) -> bool:
   stop.progress()  # a step was dispatched: waiting for the agreement is no hang
   if step % config.log_every and step != config.total_steps:
     return False
-  from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+  from jax.experimental import multihost_utils
+
   flags = multihost_utils.process_allgather(np.int32(stop.signum is not None))
   return bool(np.any(flags))
 
 
-def _log(step: int, pending: list, interval: LogInterval, stop: signals.Guard,
-         writer: MetricWriter, task: Task, say, bar) -> None:
+def _log(
+  step: int,
+  pending: list,
+  interval: LogInterval,
+  stop: signals.Guard,
+  writer: MetricWriter,
+  task: Task,
+  say,
+  bar,
+) -> None:
   """One log step of the loop: the interval's record (the ``pending`` steps'
   metrics, already on the host, and the interval's timing) into the metrics,
   the task's warning line, the loss on the progress bar, and the slowest time
@@ -434,16 +477,19 @@ def _log(step: int, pending: list, interval: LogInterval, stop: signals.Guard,
 def _stopped_line(stop: signals.Guard, step: int, checkpointer) -> str:
   """The line a run stopped by a signal ends with: which signal, the saved step."""
   how = f"signal {stop.signum}" if stop.signum else "a signal to another process"
-  return (f"stopped by {how} at step {step}; checkpoint saved in "
-          f"{checkpointer.directory}; run the same command to resume")
+  return (
+    f"stopped by {how} at step {step}; checkpoint saved in "
+    f"{checkpointer.directory}; run the same command to resume"
+  )
 
 
 def _warning(task: Task, record: dict, skipped: list[int]) -> str | None:
   """The task's monitor line for a logged record, and the skipped updates."""
   warning = task.monitor(record)
   if skipped:
-    warning = (f"skipped the non-finite update of step(s) "
-               f"{', '.join(map(str, skipped))}" + (f"; {warning}" if warning else ""))
+    warning = f"skipped the non-finite update of step(s) {', '.join(map(str, skipped))}" + (
+      f"; {warning}" if warning else ""
+    )
   return warning
 
 
@@ -468,18 +514,27 @@ def _open_writer(config, workdir: str, checkpointer, state, task) -> tuple[Metri
   """The metrics writer, with the records after the restored step dropped and the config
   (and, at step 0, the parameter count and attention kernel) written; and that step."""
   start = int(state.step)
-  kernel = config_lib.attention_kernel(config, task, say=print if jax.process_index() == 0 else None)
+  kernel = config_lib.attention_kernel(
+    config, task, say=print if jax.process_index() == 0 else None
+  )
   writer = MetricWriter(workdir, config, last_step=checkpointer.last_complete)
   writer.drop_after(start)
   writer.write_config(config, start)
   if start == 0:
-    writer.write(0, "info", {"num_params": int(sum(x.size for x in jax.tree_util.tree_leaves(
-        state.params))), "attention_kernel": kernel})
+    writer.write(
+      0,
+      "info",
+      {
+        "num_params": int(sum(x.size for x in jax.tree_util.tree_leaves(state.params))),
+        "attention_kernel": kernel,
+      },
+    )
   return writer, start
 
 
-def _train(config: ml_collections.ConfigDict, workdir: str, task: Task,
-           mesh: jax.sharding.Mesh, rules) -> dict:
+def _train(
+  config: ml_collections.ConfigDict, workdir: str, task: Task, mesh: jax.sharding.Mesh, rules
+) -> dict:
   """The body of :func:`train_and_evaluate`, inside the mesh and rules."""
   # Workdir, optimizer, checkpoints.
   checkpointer = _open_workdir(config, workdir)
@@ -498,8 +553,9 @@ def _train(config: ml_collections.ConfigDict, workdir: str, task: Task,
   if config.total_steps > (checkpointer.latest_step() or 0):  # a step will run
     fit.check_memory(config, task, train_step, abstract, state_sharding, batch_sharding)
   resumed = checkpointer.latest_step() is not None
-  state = _restore_or_start(config, workdir, task, tx, checkpointer, train_iter,
-                            state_sharding, abstract)
+  state = _restore_or_start(
+    config, workdir, task, tx, checkpointer, train_iter, state_sharding, abstract
+  )
   writer, start = _open_writer(config, workdir, checkpointer, state, task)
 
   place = lambda batch: sharding.whole_batch(batch, mesh, rules)
@@ -507,9 +563,16 @@ def _train(config: ml_collections.ConfigDict, workdir: str, task: Task,
 
   def check_finite():
     pending[:] = _fetch_finite(pending, checkpointer, bar)
+
   interval, summary = LogInterval(), {}
-  bar = tqdm.tqdm(total=config.total_steps, initial=start, unit="step", dynamic_ncols=True,
-                  mininterval=1.0, disable=jax.process_index() != 0)
+  bar = tqdm.tqdm(
+    total=config.total_steps,
+    initial=start,
+    unit="step",
+    dynamic_ncols=True,
+    mininterval=1.0,
+    disable=jax.process_index() != 0,
+  )
   say = bar.write if jax.process_index() == 0 else lambda text: None  # process 0 logs
   if resumed:
     say(f"resumed from step {start} in {checkpointer.directory}")
@@ -519,8 +582,9 @@ def _train(config: ml_collections.ConfigDict, workdir: str, task: Task,
   with signals.graceful() as stop, _on_error(writer, profiler, checkpointer, bar):
     for step in range(start + 1, config.total_steps + 1):
       with profiler.step(step):
-        batch = interval.wait_for(lambda: sharding.global_batch(
-            next(train_iter), batch_sharding, global_batch))
+        batch = interval.wait_for(
+          lambda: sharding.global_batch(next(train_iter), batch_sharding, global_batch)
+        )
         state, metrics = train_step(state, batch)
       profiler.after(step, state, say)
       pending.append((step, metrics))

@@ -44,8 +44,10 @@ class Profiler:
     """Says so when the traced steps are not among this run's (``start`` + 1
     to ``total_steps``; e.g. a resumed run past them)."""
     if self.num and not start < self.first <= self.total:
-      say(f"no profile: config.profile.start_step={self.first} is not among the "
-          f"steps {start + 1}-{self.total} this run trains")
+      say(
+        f"no profile: config.profile.start_step={self.first} is not among the "
+        f"steps {start + 1}-{self.total} this run trains"
+      )
 
   def step(self, step: int):
     """The context of training step ``step``: starts the trace at the first
@@ -59,8 +61,10 @@ class Profiler:
     """Stops the trace after the last traced step (or at ``stop``)."""
     if self.tracing and step >= self.last:
       self.stop(state)
-      say(f"profile of steps {self.first}-{step} written to {self.directory} (open "
-          f"it with TensorBoard's profile plugin or ui.perfetto.dev)")
+      say(
+        f"profile of steps {self.first}-{step} written to {self.directory} (open "
+        f"it with TensorBoard's profile plugin or ui.perfetto.dev)"
+      )
 
   def stop(self, state: Any = None) -> None:
     """Ends a running trace (waiting for ``state``'s computation)."""

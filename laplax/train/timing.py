@@ -7,7 +7,8 @@ Each ``train`` record of ``metrics.jsonl`` gets ``steps_per_sec`` and
 from __future__ import annotations
 
 import time
-from typing import Callable, TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 
 T = TypeVar("T")
 

@@ -20,15 +20,15 @@ import re
 import shutil
 import sys
 import time
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
 
+from laplax.errors import UserError
 from laplax.state import TrainState
 from laplax.workdir import integrity, saving
-from laplax.errors import UserError
-
 
 # Orbax writes step N into "N.orbax-checkpoint-tmp..." and renames it when complete.
 _INCOMPLETE = re.compile(r"^(\d+)\.orbax-checkpoint-tmp")
@@ -81,9 +81,11 @@ def _closed_loop_callback(exc: BaseException, tb) -> bool:
 def _quiet_unraisablehook(previous):
   """``sys.unraisablehook`` without :func:`_closed_loop_callback`'s errors
   (the failed save is raised in one line by :class:`Checkpointer`)."""
+
   def hook(unraisable):
     if not _closed_loop_callback(unraisable.exc_value, unraisable.exc_traceback):
       previous(unraisable)
+
   hook.laplax_quiet = True
   return hook
 
@@ -119,8 +121,10 @@ def saved_shapes(state_dir: str) -> dict:
   tree = getattr(tree, "tree", tree)
   is_array = lambda x: hasattr(x, "shape") and hasattr(x, "dtype")
   return jax.tree_util.tree_map(
-      lambda m: jax.ShapeDtypeStruct(tuple(m.shape), m.dtype) if is_array(m) else m,
-      dict(tree), is_leaf=is_array)
+    lambda m: jax.ShapeDtypeStruct(tuple(m.shape), m.dtype) if is_array(m) else m,
+    dict(tree),
+    is_leaf=is_array,
+  )
 
 
 def _restore_args(abstract_state: Any, state_dir: str, partial: bool):
@@ -132,13 +136,20 @@ def _restore_args(abstract_state: Any, state_dir: str, partial: bool):
     abstract_state = abstract_state(state_dir)
   device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
   abstract_state = jax.tree_util.tree_map(
-      lambda x: x if getattr(x, "sharding", None) is not None else
-      jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), abstract_state)
+    lambda x: (
+      x
+      if getattr(x, "sharding", None) is not None
+      else jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device)
+    ),
+    abstract_state,
+  )
   if not partial:
     return ocp.args.StandardRestore(abstract_state)
   return ocp.args.PyTreeRestore(
-      item=abstract_state, partial_restore=True,
-      restore_args=ocp.checkpoint_utils.construct_restore_args(abstract_state))
+    item=abstract_state,
+    partial_restore=True,
+    restore_args=ocp.checkpoint_utils.construct_restore_args(abstract_state),
+  )
 
 
 class Checkpointer:
@@ -155,8 +166,9 @@ class Checkpointer:
       deletes nothing, and may run while ``train.py`` writes the directory.
   """
 
-  def __init__(self, directory: str, max_to_keep: int | None = 3, verify: bool = True,
-               read_only: bool = False):
+  def __init__(
+    self, directory: str, max_to_keep: int | None = 3, verify: bool = True, read_only: bool = False
+  ):
     self.directory = os.path.abspath(directory)
     self.verify = verify
     self.read_only = read_only
@@ -171,12 +183,16 @@ class Checkpointer:
         sys.unraisablehook = _quiet_unraisablehook(sys.unraisablehook)
     callback = self._write_manifest if verify and not read_only else None
     options = ocp.CheckpointManagerOptions(
-        max_to_keep=None if read_only else max_to_keep, create=not read_only,
-        read_only=read_only, lightweight_initialize=read_only,
-        async_options=ocp.AsyncOptions(post_finalization_callback=callback))
+      max_to_keep=None if read_only else max_to_keep,
+      create=not read_only,
+      read_only=read_only,
+      lightweight_initialize=read_only,
+      async_options=ocp.AsyncOptions(post_finalization_callback=callback),
+    )
     with _orbax_errors_silenced():
-      self.manager = _retry_vanished(lambda: ocp.CheckpointManager(
-          self.directory, options=options, item_names=("state", "data")))
+      self.manager = _retry_vanished(
+        lambda: ocp.CheckpointManager(self.directory, options=options, item_names=("state", "data"))
+      )
 
   def all_steps(self) -> list[int]:
     """Steps of the complete checkpoints, ascending."""
@@ -208,8 +224,11 @@ class Checkpointer:
     """Warns about each :meth:`incomplete_steps` entry; ``delete`` removes
     them (process 0), as the trainer does before it writes again."""
     for bad, path in sorted(self.incomplete_steps().items()):
-      logging.warning("checkpoint step %d in %s is incomplete (its write was "
-                      "interrupted); it is ignored", bad, self.directory)
+      logging.warning(
+        "checkpoint step %d in %s is incomplete (its write was interrupted); it is ignored",
+        bad,
+        self.directory,
+      )
       if delete and jax.process_index() == 0:
         shutil.rmtree(path, ignore_errors=True)
 
@@ -233,16 +252,24 @@ class Checkpointer:
     need, free = self._size(latest), saving.free_bytes(self.directory)
     if free is not None and free < need:
       self._space_warned = True
-      logging.warning("only %s free in %s, and the last checkpoint (step %d) took %s: "
-                      "the next save may fail; free some space", saving.megabytes(free),
-                      self.directory, latest, saving.megabytes(need))
+      logging.warning(
+        "only %s free in %s, and the last checkpoint (step %d) took %s: "
+        "the next save may fail; free some space",
+        saving.megabytes(free),
+        self.directory,
+        latest,
+        saving.megabytes(need),
+      )
 
   def complete_steps(self) -> list[int]:
     """The complete steps as the directory lists them now (not orbax's cache)."""
     if not os.path.isdir(self.directory):
       return []
-    return sorted(int(n) for n in os.listdir(self.directory)
-                  if n.isdigit() and os.path.isdir(self.step_dir(int(n))))
+    return sorted(
+      int(n)
+      for n in os.listdir(self.directory)
+      if n.isdigit() and os.path.isdir(self.step_dir(int(n)))
+    )
 
   def last_complete(self) -> int | None:
     """The newest complete step on disk now, or ``None``."""
@@ -256,7 +283,7 @@ class Checkpointer:
     the incomplete step removed; other exceptions pass."""
     try:
       yield
-    except Exception as e:  # pylint: disable=broad-except
+    except Exception as e:
       err = saving.os_error(e)
       if err is None or step is None:
         raise
@@ -274,9 +301,15 @@ class Checkpointer:
             shutil.rmtree(path, ignore_errors=True)
           time.sleep(0.02)
       last = self.last_complete()
-      self._failure = saving.SaveError(saving.message(
-          err[1], f"checkpoint step {step}", self.directory, last,
-          self._size(last) if last is not None else None))
+      self._failure = saving.SaveError(
+        saving.message(
+          err[1],
+          f"checkpoint step {step}",
+          self.directory,
+          last,
+          self._size(last) if last is not None else None,
+        )
+      )
       raise self._failure from None
 
   def save(self, state: TrainState, data_state: dict | None) -> bool:
@@ -296,9 +329,11 @@ class Checkpointer:
     self._saving = step
     with self._failing(step):
       return self.manager.save(
-          step, args=ocp.args.Composite(
-              state=ocp.args.StandardSave(state),
-              data=ocp.args.JsonSave(data_state or {})))
+        step,
+        args=ocp.args.Composite(
+          state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_state or {})
+        ),
+      )
 
   def _verified(self, step: int) -> bool | None:
     """Checks the manifest of ``step`` (``None`` without ``verify``; ``False``:
@@ -326,9 +361,14 @@ class Checkpointer:
       _retry_vanished(self.manager.reload)
     return [s for s in self.all_steps()[::-1] if s not in tried]
 
-  def restore(self, abstract_state: TrainState | Callable[[str], Any],
-              step: int | None = None, with_data: bool = True,
-              discard_unreadable: bool = False, partial: bool = False):
+  def restore(
+    self,
+    abstract_state: TrainState | Callable[[str], Any],
+    step: int | None = None,
+    with_data: bool = True,
+    discard_unreadable: bool = False,
+    partial: bool = False,
+  ):
     """Restores ``(state, data_state)`` at ``step`` (default: the newest usable).
 
     ``abstract_state`` gives the tree, shapes, dtypes and shardings
@@ -363,43 +403,56 @@ class Checkpointer:
       tried.add(s)
       try:
         verified = self._verified(s)
-        items = {"state": _restore_args(abstract_state, os.path.join(self.step_dir(s), "state"),
-                                          partial)}
+        items = {
+          "state": _restore_args(abstract_state, os.path.join(self.step_dir(s), "state"), partial)
+        }
         if with_data:
           items["data"] = ocp.args.JsonRestore()
         with _orbax_errors_silenced():
           restored = self.manager.restore(s, args=ocp.args.Composite(**items))
-      except Exception as e:  # pylint: disable=broad-except
+      except Exception as e:
         if step is None and self._vanished(s):
           steps = self._next_steps(tried)  # deleted meanwhile by its writer
           continue
-        unreadable.append((s, str(e) if isinstance(e, integrity.ChecksumError)
-                           else type(e).__name__))
+        unreadable.append(
+          (s, str(e) if isinstance(e, integrity.ChecksumError) else type(e).__name__)
+        )
         continue
       self._warn_restored(s, verified, unreadable, discard_unreadable)
       return restored["state"], (restored["data"] if with_data else None)
     if not unreadable:
       raise CheckpointError(f"no checkpoint in {self.directory}")
     raise CheckpointError(
-        f"no readable checkpoint in {self.directory} (steps "
-        f"{', '.join(str(b) for b, _ in unreadable)} failed: {unreadable[0][1]}); "
-        f"move the directory away to start again")
+      f"no readable checkpoint in {self.directory} (steps "
+      f"{', '.join(str(b) for b, _ in unreadable)} failed: {unreadable[0][1]}); "
+      f"move the directory away to start again"
+    )
 
-  def _warn_restored(self, step: int, verified: bool | None, unreadable: list,
-                     discard: bool) -> None:
+  def _warn_restored(
+    self, step: int, verified: bool | None, unreadable: list, discard: bool
+  ) -> None:
     """The warnings once ``step`` is restored (else the error says it all; a
     reader does not warn of incomplete steps: they may be saves in progress)."""
     if not self.read_only:
       self.warn_incomplete(delete=discard)
     for bad, reason in unreadable:
-      logging.warning("checkpoint step %d in %s is unreadable (%s); using step %d",
-                      bad, self.directory, reason, step)
+      logging.warning(
+        "checkpoint step %d in %s is unreadable (%s); using step %d",
+        bad,
+        self.directory,
+        reason,
+        step,
+      )
       if discard:
         self.manager.delete(bad)
     if verified is False:
-      logging.warning("checkpoint step %d in %s has no checksum manifest (saved before "
-                      "laplax wrote one, or with checkpoint_verify=False); it is restored "
-                      "unverified", step, self.directory)
+      logging.warning(
+        "checkpoint step %d in %s has no checksum manifest (saved before "
+        "laplax wrote one, or with checkpoint_verify=False); it is restored "
+        "unverified",
+        step,
+        self.directory,
+      )
 
   def restore_params(self) -> tuple[int, Any]:
     """``(step, params)`` of the newest readable checkpoint: the parameter
@@ -415,11 +468,16 @@ class Checkpointer:
         self._verified(s)
         with _orbax_errors_silenced():
           restored = self.manager.restore(
-              s, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
-      except Exception as e:  # pylint: disable=broad-except
+            s, args=ocp.args.Composite(state=ocp.args.StandardRestore())
+          )
+      except Exception as e:
         reason = f" ({e})" if isinstance(e, integrity.ChecksumError) else ""
-        logging.warning("checkpoint step %d in %s is unreadable%s; trying the previous one",
-                        s, self.directory, reason)
+        logging.warning(
+          "checkpoint step %d in %s is unreadable%s; trying the previous one",
+          s,
+          self.directory,
+          reason,
+        )
         continue
       return s, jax.device_get(restored["state"]["params"])
     raise CheckpointError(f"no readable checkpoint in {self.directory}")

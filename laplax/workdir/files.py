@@ -18,15 +18,14 @@ import json
 import os
 import sys
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import ml_collections
 
-from laplax import utils
-from laplax.tasks import schema
+from laplax import tasks, utils
 from laplax.config import validation as config_lib
-from laplax import tasks
+from laplax.tasks import schema
 from laplax.workdir import saving
 
 CONFIG_FILE = "config.json"
@@ -45,11 +44,12 @@ def _summary_writer():
   tensorboardX loads, unless torch is already imported.
   """
   if "torch" in sys.modules or "tensorboardX" in sys.modules:
-    from tensorboardX import SummaryWriter  # pylint: disable=import-outside-toplevel
+    from tensorboardX import SummaryWriter
+
     return SummaryWriter
   sys.modules["torch"] = None  # `import torch` raises ImportError meanwhile
   try:
-    from tensorboardX import SummaryWriter  # pylint: disable=import-outside-toplevel
+    from tensorboardX import SummaryWriter
   finally:
     del sys.modules["torch"]
   return SummaryWriter
@@ -65,11 +65,12 @@ def check_wandb(config: ml_collections.ConfigDict) -> None:
   if not project:
     return
   try:
-    import wandb  # pylint: disable=import-outside-toplevel,unused-import
+    import wandb  # noqa: F401  (only whether it imports)
   except ImportError:
     raise config_lib.ConfigError(
-        f"config.wandb.project={project!r} needs the wandb package, which is not "
-        f"installed; pip install wandb, or leave config.wandb.project unset") from None
+      f"config.wandb.project={project!r} needs the wandb package, which is not "
+      f"installed; pip install wandb, or leave config.wandb.project unset"
+    ) from None
 
 
 def _hparam(value):
@@ -107,8 +108,13 @@ class MetricWriter:
     SaveError: the TensorBoard directory or event file cannot be written.
   """
 
-  def __init__(self, workdir: str, config: ml_collections.ConfigDict | None = None,
-               use_wandb: bool = True, last_step: Callable[[], int | None] | None = None):
+  def __init__(
+    self,
+    workdir: str,
+    config: ml_collections.ConfigDict | None = None,
+    use_wandb: bool = True,
+    last_step: Callable[[], int | None] | None = None,
+  ):
     self.active = jax.process_index() == 0
     self.path = os.path.join(workdir, METRICS_FILE)
     self.tb_dir = os.path.join(workdir, TENSORBOARD_DIR)
@@ -149,8 +155,7 @@ class MetricWriter:
     keep = [l for l in lines if _record_step(l) <= step]
     if len(keep) != len(lines):
       with self._metrics_guard():
-        utils.atomic_write(self.path, "".join(l if l.endswith("\n") else l + "\n"
-                                              for l in keep))
+        utils.atomic_write(self.path, "".join(l if l.endswith("\n") else l + "\n" for l in keep))
 
   def _append(self, record: dict) -> None:
     """Appends one line; if the write fails the file is cut back to its
@@ -162,7 +167,7 @@ class MetricWriter:
         end = os.lseek(fd, 0, os.SEEK_END)
         try:
           while data:
-            data = data[os.write(fd, data):]
+            data = data[os.write(fd, data) :]
         except OSError:
           os.ftruncate(fd, end)
           raise
@@ -191,7 +196,8 @@ class MetricWriter:
     hparams table from the run's scalars. W&B got the config at its start."""
     if not self.active:
       return
-    from tensorboardX.summary import hparams  # pylint: disable=import-outside-toplevel
+    from tensorboardX.summary import hparams
+
     flat = utils.flatten_dotted(json.loads(config.to_json()))
     _, session_start, _ = hparams({k: _hparam(v) for k, v in flat.items()}, {})
     with self._tb_guard():
@@ -225,23 +231,25 @@ class MetricWriter:
     they are, no re-encoding) and W&B images."""
     if not self.active or not paths:
       return
-    from PIL import Image  # pylint: disable=import-outside-toplevel
-    from tensorboardX.proto.summary_pb2 import Summary  # pylint: disable=import-outside-toplevel
+    from PIL import Image
+    from tensorboardX.proto.summary_pb2 import Summary
+
     for tag, path in paths.items():
       with open(path, "rb") as f:
         data = f.read()
       with Image.open(path) as im:
         width, height = im.size
         channels = len(im.getbands())
-      image = Summary.Image(height=height, width=width, colorspace=channels,
-                            encoded_image_string=data)
+      image = Summary.Image(
+        height=height, width=width, colorspace=channels, encoded_image_string=data
+      )
       with self._tb_guard():
-        self.tb.file_writer.add_summary(
-            Summary(value=[Summary.Value(tag=tag, image=image)]), step)
+        self.tb.file_writer.add_summary(Summary(value=[Summary.Value(tag=tag, image=image)]), step)
     with self._tb_guard():
       self.tb.flush()
     if self.wandb is not None:
-      import wandb  # pylint: disable=import-outside-toplevel
+      import wandb
+
       self.wandb.log({tag: wandb.Image(path) for tag, path in paths.items()}, step=int(step))
 
   def close(self, failed: bool = False) -> None:
@@ -258,7 +266,7 @@ class MetricWriter:
         with self._tb_guard(check=not failed):
           try:
             tb.close()
-          except Exception:  # pylint: disable=broad-except
+          except Exception:
             _abandon(tb)
             if not failed:
               raise
@@ -276,7 +284,7 @@ def _abandon(tb) -> None:
   tensorboardX 2.6's ``EventFileWriter`` attributes."""
   for file_writer in (tb.all_writers or {}).values():
     events = file_writer.event_writer
-    events._closed = True  # pylint: disable=protected-access
+    events._closed = True
     worker = getattr(events, "_worker", None)
     if worker is not None and worker.is_alive():
       with contextlib.suppress(Exception):
@@ -311,8 +319,10 @@ class _ThreadOSError:
     self._previous = None
 
   def _hook(self, args) -> None:
-    if (type(args.thread).__name__ == "_EventLoggerThread"
-        and saving.os_error(args.exc_value) is not None):
+    if (
+      type(args.thread).__name__ == "_EventLoggerThread"
+      and saving.os_error(args.exc_value) is not None
+    ):
       self.error = self.error or args.exc_value
       return
     (self._previous or threading.__excepthook__)(args)
@@ -329,7 +339,8 @@ def _start_wandb(workdir: str, config: ml_collections.ConfigDict):
     ConfigError: wandb is missing or ``wandb.init`` failed.
   """
   check_wandb(config)
-  import wandb  # pylint: disable=import-outside-toplevel
+  import wandb
+
   w = config.wandb
   id_path = os.path.join(workdir, WANDB_RUN_ID)
   run_id = None
@@ -338,22 +349,29 @@ def _start_wandb(workdir: str, config: ml_collections.ConfigDict):
       run_id = f.read().strip() or None
   try:
     run = wandb.init(
-        project=w.project, entity=w.entity,
-        name=w.name or os.path.basename(os.path.abspath(workdir)),
-        mode=w.mode, dir=workdir, id=run_id, resume="allow",
-        config=json.loads(config.to_json()),
-        settings=wandb.Settings(silent=True, console="off"))
-  except Exception as e:  # pylint: disable=broad-except
+      project=w.project,
+      entity=w.entity,
+      name=w.name or os.path.basename(os.path.abspath(workdir)),
+      mode=w.mode,
+      dir=workdir,
+      id=run_id,
+      resume="allow",
+      config=json.loads(config.to_json()),
+      settings=wandb.Settings(silent=True, console="off"),
+    )
+  except Exception as e:
     raise config_lib.ConfigError(
-        f"wandb.init failed ({type(e).__name__}: {utils.first_line(e)}); check "
-        f"config.wandb.* and `wandb login`, or use --config.wandb.mode=offline") from None
+      f"wandb.init failed ({type(e).__name__}: {utils.first_line(e)}); check "
+      f"config.wandb.* and `wandb login`, or use --config.wandb.mode=offline"
+    ) from None
   if run_id is None:
     utils.atomic_write(id_path, run.id + "\n")
   return run
 
 
-def log_figures(workdir: str, config: ml_collections.ConfigDict, step: int,
-                paths: list[str]) -> None:
+def log_figures(
+  workdir: str, config: ml_collections.ConfigDict, step: int, paths: list[str]
+) -> None:
   """Adds the PNG figures ``eval.py`` wrote to the run's TensorBoard events
   (tag: the file name without ``.png``, at the checkpoint's ``step``) and, with
   ``config.wandb.project``, to its W&B run. A missing ``wandb`` or a failing
@@ -389,18 +407,23 @@ def load_saved_config(workdir: str) -> ml_collections.ConfigDict | None:
       saved = json.load(f)
   except (OSError, ValueError) as e:
     raise config_lib.ConfigError(
-        f"{path} is unreadable ({type(e).__name__}); it is not a laplax run's "
-        f"config, use another --workdir") from None
-  if not (isinstance(saved, dict) and isinstance(saved.get("model"), dict)
-          and saved.get("task") in tasks.task_names()):
+      f"{path} is unreadable ({type(e).__name__}); it is not a laplax run's "
+      f"config, use another --workdir"
+    ) from None
+  if not (
+    isinstance(saved, dict)
+    and isinstance(saved.get("model"), dict)
+    and saved.get("task") in tasks.task_names()
+  ):
     raise config_lib.ConfigError(
-        f"{path} is not a laplax run's config (no task and model); use another "
-        f"--workdir")
+      f"{path} is not a laplax run's config (no task and model); use another --workdir"
+    )
   return schema.complete(ml_collections.ConfigDict(saved))
 
 
-def write_config(config: ml_collections.ConfigDict, workdir: str,
-                 last_step: int | None = None) -> None:
+def write_config(
+  config: ml_collections.ConfigDict, workdir: str, last_step: int | None = None
+) -> None:
   """Writes ``workdir/config.json`` atomically (a temporary file, then a rename).
 
   Raises:
@@ -419,24 +442,33 @@ def check_workdir(config: ml_collections.ConfigDict, workdir: str) -> None:
   parent = existing_ancestor(workdir)
   if not os.path.isdir(parent):
     raise config_lib.ConfigError(
-        f"--workdir {workdir} is a file; give a directory" if parent == os.path.abspath(workdir)
-        else f"--workdir {workdir} cannot be created: {parent} is a file; give a directory")
+      f"--workdir {workdir} is a file; give a directory"
+      if parent == os.path.abspath(workdir)
+      else f"--workdir {workdir} cannot be created: {parent} is a file; give a directory"
+    )
   if not os.access(parent, os.W_OK):
-    raise config_lib.ConfigError(f"--workdir {workdir} is not writable ({parent}); "
-                                 f"choose a directory you can write to")
-  for name, want_dir in ((CHECKPOINT_DIR, True), (TENSORBOARD_DIR, True),
-                         (CONFIG_FILE, False), (METRICS_FILE, False)):
+    raise config_lib.ConfigError(
+      f"--workdir {workdir} is not writable ({parent}); choose a directory you can write to"
+    )
+  for name, want_dir in (
+    (CHECKPOINT_DIR, True),
+    (TENSORBOARD_DIR, True),
+    (CONFIG_FILE, False),
+    (METRICS_FILE, False),
+  ):
     path = os.path.join(workdir, name)
     if os.path.exists(path) and os.path.isdir(path) != want_dir:
       raise config_lib.ConfigError(
-          f"{path} should be a {'directory' if want_dir else 'file'}; this workdir "
-          f"is not a laplax run's, use another --workdir")
+        f"{path} should be a {'directory' if want_dir else 'file'}; this workdir "
+        f"is not a laplax run's, use another --workdir"
+      )
   saved = load_saved_config(workdir)
   ckpt = os.path.join(workdir, CHECKPOINT_DIR)
   if saved is None and os.path.isdir(ckpt) and any(n.isdigit() for n in os.listdir(ckpt)):
     raise config_lib.ConfigError(
-        f"workdir {workdir} has checkpoints but no {CONFIG_FILE}, so its "
-        f"architecture is unknown; restore {CONFIG_FILE} or use another --workdir")
+      f"workdir {workdir} has checkpoints but no {CONFIG_FILE}, so its "
+      f"architecture is unknown; restore {CONFIG_FILE} or use another --workdir"
+    )
   if saved is None:
     return
   diff = config_lib.architecture_diff(saved.to_dict(), config)
@@ -444,9 +476,10 @@ def check_workdir(config: ml_collections.ConfigDict, workdir: str) -> None:
     was = utils.flatten_dotted(saved.to_dict())
     shown = ", ".join(f"{k} (saved {was.get(k)!r})" for k in diff[:6])
     raise config_lib.ConfigError(
-        f"workdir {workdir} holds a run with a different architecture "
-        f"({shown}{' ...' if len(diff) > 6 else ''} differ); use "
-        f"another --workdir or the same config")
+      f"workdir {workdir} holds a run with a different architecture "
+      f"({shown}{' ...' if len(diff) > 6 else ''} differ); use "
+      f"another --workdir or the same config"
+    )
 
 
 def existing_ancestor(path: str) -> str:
@@ -460,5 +493,6 @@ def existing_ancestor(path: str) -> str:
 def eval_line(step: int, summary: dict) -> str:
   """The line ``train.py`` prints for an evaluation: ``step N: key=value, ...``
   (floats to 4 decimals)."""
-  return f"step {step}: " + ", ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}"
-                                      for k, v in summary.items())
+  return f"step {step}: " + ", ".join(
+    f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in summary.items()
+  )

@@ -78,8 +78,7 @@ def write_manifest(step_dir: str) -> dict:
   Raises:
     OSError: a file cannot be read or the manifest cannot be written.
   """
-  files = {rel: list(file_checksum(os.path.join(step_dir, rel)))
-           for rel in _item_files(step_dir)}
+  files = {rel: list(file_checksum(os.path.join(step_dir, rel))) for rel in _item_files(step_dir)}
   manifest = {"algorithm": ALGORITHM, "files": files}
   utils.atomic_write(os.path.join(step_dir, MANIFEST), json.dumps(manifest, separators=(",", ":")))
   return manifest
@@ -113,8 +112,7 @@ def verify(step_dir: str) -> bool:
     except OSError as e:
       raise ChecksumError(f"{rel} cannot be read ({e.strerror})") from None
     if got_size != size:
-      raise ChecksumError(f"checksum mismatch: {rel} has {got_size} bytes, "
-                          f"{size} were saved")
+      raise ChecksumError(f"checksum mismatch: {rel} has {got_size} bytes, {size} were saved")
     if got_crc != crc:
       raise ChecksumError(f"checksum mismatch in {rel}")
   return True

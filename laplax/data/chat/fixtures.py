@@ -34,15 +34,27 @@ import random
 import sys
 
 #: Rows per split at ``--scale 1``: (data set, split) -> count.
-SIZES = {("smoltalk", "train"): 600, ("smoltalk", "test"): 60,
-         ("mmlu_auxiliary", "train"): 300, ("mmlu", "test"): 100,
-         ("gsm8k", "train"): 300, ("gsm8k", "test"): 50,
-         ("arc_easy", "train"): 200, ("arc_easy", "test"): 100,
-         ("arc_challenge", "train"): 100, ("arc_challenge", "test"): 100}
+SIZES = {
+  ("smoltalk", "train"): 600,
+  ("smoltalk", "test"): 60,
+  ("mmlu_auxiliary", "train"): 300,
+  ("mmlu", "test"): 100,
+  ("gsm8k", "train"): 300,
+  ("gsm8k", "test"): 50,
+  ("arc_easy", "train"): 200,
+  ("arc_easy", "test"): 100,
+  ("arc_challenge", "train"): 100,
+  ("arc_challenge", "test"): 100,
+}
 
-PATHS = {"smoltalk": "smol-smoltalk/data", "mmlu_auxiliary": "mmlu/auxiliary_train",
-         "mmlu": "mmlu/all", "gsm8k": "gsm8k/main", "arc_easy": "ai2_arc/ARC-Easy",
-         "arc_challenge": "ai2_arc/ARC-Challenge"}
+PATHS = {
+  "smoltalk": "smol-smoltalk/data",
+  "mmlu_auxiliary": "mmlu/auxiliary_train",
+  "mmlu": "mmlu/all",
+  "gsm8k": "gsm8k/main",
+  "arc_easy": "ai2_arc/ARC-Easy",
+  "arc_challenge": "ai2_arc/ARC-Challenge",
+}
 
 _NAMES = ("Ada", "Ben", "Cleo", "Dan", "Eve", "Finn", "Gus", "Hana")
 _THINGS = ("apples", "books", "coins", "pens", "shells", "stamps")
@@ -66,11 +78,15 @@ def smoltalk_row(rng: random.Random) -> dict:
   """A SmolTalk row: ``{"messages": [...]}``, one or two exchanges."""
   name = rng.choice(_NAMES)
   question, value = _question(rng)
-  messages = [{"role": "user", "content": f"Hello, I am {name}. {question}"},
-              {"role": "assistant", "content": f"Hello {name}! The answer is {value}."}]
+  messages = [
+    {"role": "user", "content": f"Hello, I am {name}. {question}"},
+    {"role": "assistant", "content": f"Hello {name}! The answer is {value}."},
+  ]
   if rng.random() < 0.5:
-    messages += [{"role": "user", "content": "Thank you. Can you say it again?"},
-                 {"role": "assistant", "content": f"Of course: {value}."}]
+    messages += [
+      {"role": "user", "content": "Thank you. Can you say it again?"},
+      {"role": "assistant", "content": f"Of course: {value}."},
+    ]
   if rng.random() < 0.3:
     messages.insert(0, {"role": "system", "content": "You are a helpful assistant."})
   return {"messages": messages}
@@ -80,8 +96,12 @@ def mmlu_row(rng: random.Random) -> dict:
   """An MMLU row (``question``, ``subject``, 4 ``choices``, ``answer`` index)."""
   question, value = _question(rng)
   choices, answer = _choices(rng, value, 4)
-  return {"question": question, "subject": "elementary_mathematics", "choices": choices,
-          "answer": answer}
+  return {
+    "question": question,
+    "subject": "elementary_mathematics",
+    "choices": choices,
+    "answer": answer,
+  }
 
 
 def gsm8k_row(rng: random.Random) -> dict:
@@ -89,11 +109,15 @@ def gsm8k_row(rng: random.Random) -> dict:
   name, thing = rng.choice(_NAMES), rng.choice(_THINGS)
   a, b, c = rng.randint(2, 9), rng.randint(2, 9), rng.randint(1, 9)
   total = a * b + c
-  question = (f"{name} has {a} boxes with {b} {thing} each and finds {c} more {thing}. "
-              f"How many {thing} does {name} have?")
-  answer = (f"The boxes hold {a}*{b} = <<{a}*{b}={a * b}>>{a * b} {thing}.\n"
-            f"With the others that is {a * b}+{c} = <<{a * b}+{c}={total}>>{total}.\n"
-            f"#### {total}")
+  question = (
+    f"{name} has {a} boxes with {b} {thing} each and finds {c} more {thing}. "
+    f"How many {thing} does {name} have?"
+  )
+  answer = (
+    f"The boxes hold {a}*{b} = <<{a}*{b}={a * b}>>{a * b} {thing}.\n"
+    f"With the others that is {a * b}+{c} = <<{a * b}+{c}={total}>>{total}.\n"
+    f"#### {total}"
+  )
   return {"question": question, "answer": answer}
 
 
@@ -103,15 +127,20 @@ def arc_row(rng: random.Random, index: int, hard: bool) -> dict:
   choices, answer = _choices(rng, value, 4)
   labels = list("1234") if rng.random() < 0.1 else list("ABCD")
   prefix = "Mercury_" if hard else "MCAS_"
-  return {"id": f"{prefix}{index:05d}", "question": question,
-          "choices": {"text": choices, "label": labels}, "answerKey": labels[answer]}
+  return {
+    "id": f"{prefix}{index:05d}",
+    "question": question,
+    "choices": {"text": choices, "label": labels},
+    "answerKey": labels[answer],
+  }
 
 
 def write(directory: str, scale: float = 1.0, seed: int = 0) -> list[str]:
   """Writes every split (:data:`SIZES` times ``scale``, at least 4 rows)
   under ``directory``; returns the files written."""
-  import pyarrow as pa  # pylint: disable=import-outside-toplevel
-  import pyarrow.parquet as pq  # pylint: disable=import-outside-toplevel
+  import pyarrow as pa
+  import pyarrow.parquet as pq
+
   written = []
   for (name, split), size in SIZES.items():
     rng = random.Random(f"{seed}/{name}/{split}")

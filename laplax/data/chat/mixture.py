@@ -77,9 +77,9 @@ from ml_collections import config_dict
 
 from laplax import utils
 from laplax.data.chat import sources as chat_sources
-from laplax.data.text import fineweb
 from laplax.data.chat.render import MAX_TOKENS, chat_tokens, render_conversation
 from laplax.data.errors import DataError
+from laplax.data.text import fineweb
 from laplax.data.text.tokenizers import load_tokenizer, tokenizer_kind
 
 MID, SFT = "chat_mid", "chat_sft"
@@ -95,6 +95,7 @@ class Source:
   """One published data set: ``subsets`` (directory names tried in turn by
   :func:`~laplax.data.chat.sources.find_split`), the example ``layout`` shown
   in errors, and the reader (files -> conversations)."""
+
   subsets: tuple[str, ...]
   layout: str
   reader: Callable[[list[str]], list[dict]]
@@ -102,32 +103,40 @@ class Source:
 
 #: The data sets of the two stages, by name; ``{split}`` in a layout is the split.
 SOURCES = {
-    "smoltalk": Source(("smol-smoltalk/data", "smol-smoltalk"),
-                       "smol-smoltalk/data/{split}-00000-of-00001.parquet",
-                       chat_sources.smoltalk),
-    "mmlu_auxiliary": Source(("auxiliary_train",),
-                             "mmlu/auxiliary_train/{split}-00000-of-00001.parquet",
-                             chat_sources.mmlu),
-    "mmlu": Source(("all",), "mmlu/all/{split}-00000-of-00001.parquet", chat_sources.mmlu),
-    "gsm8k": Source(("main",), "gsm8k/main/{split}-00000-of-00001.parquet",
-                    chat_sources.gsm8k),
-    "arc_easy": Source(("ARC-Easy",), "ai2_arc/ARC-Easy/{split}-00000-of-00001.parquet",
-                       chat_sources.arc),
-    "arc_challenge": Source(("ARC-Challenge",),
-                            "ai2_arc/ARC-Challenge/{split}-00000-of-00001.parquet",
-                            chat_sources.arc),
+  "smoltalk": Source(
+    ("smol-smoltalk/data", "smol-smoltalk"),
+    "smol-smoltalk/data/{split}-00000-of-00001.parquet",
+    chat_sources.smoltalk,
+  ),
+  "mmlu_auxiliary": Source(
+    ("auxiliary_train",), "mmlu/auxiliary_train/{split}-00000-of-00001.parquet", chat_sources.mmlu
+  ),
+  "mmlu": Source(("all",), "mmlu/all/{split}-00000-of-00001.parquet", chat_sources.mmlu),
+  "gsm8k": Source(("main",), "gsm8k/main/{split}-00000-of-00001.parquet", chat_sources.gsm8k),
+  "arc_easy": Source(
+    ("ARC-Easy",), "ai2_arc/ARC-Easy/{split}-00000-of-00001.parquet", chat_sources.arc
+  ),
+  "arc_challenge": Source(
+    ("ARC-Challenge",), "ai2_arc/ARC-Challenge/{split}-00000-of-00001.parquet", chat_sources.arc
+  ),
 }
 
 # (source, split, stop) per stage and split, as nanochat's scripts list them;
 # stop "smoltalk_stop" is read from the data config.
 MIXTURES = {
-    (MID, "train"): (("smoltalk", "train", None), ("mmlu_auxiliary", "train", None),
-                     ("gsm8k", "train", None)),
-    (MID, "validation"): (("smoltalk", "test", None), ("mmlu", "test", 5200),
-                          ("gsm8k", "test", 420)),
-    (SFT, "train"): (("arc_easy", "train", None), ("arc_challenge", "train", None),
-                     ("gsm8k", "train", None), ("smoltalk", "train", "smoltalk_stop")),
-    (SFT, "validation"): (("smoltalk", "test", None),),
+  (MID, "train"): (
+    ("smoltalk", "train", None),
+    ("mmlu_auxiliary", "train", None),
+    ("gsm8k", "train", None),
+  ),
+  (MID, "validation"): (("smoltalk", "test", None), ("mmlu", "test", 5200), ("gsm8k", "test", 420)),
+  (SFT, "train"): (
+    ("arc_easy", "train", None),
+    ("arc_challenge", "train", None),
+    ("gsm8k", "train", None),
+    ("smoltalk", "train", "smoltalk_stop"),
+  ),
+  (SFT, "validation"): (("smoltalk", "test", None),),
 }
 
 
@@ -143,7 +152,8 @@ def default_config(name: str = MID) -> ml_collections.ConfigDict:
   ``max_eval_conversations`` (SFT; None: all), ``smoltalk_stop`` (SFT's
   SmolTalk train[:10,000]).
   """
-  return ml_collections.ConfigDict({
+  return ml_collections.ConfigDict(
+    {
       "name": name,
       "data_dir": "~/tensorflow_datasets",
       "source_dir": DEFAULT_SOURCE_DIR,
@@ -155,7 +165,8 @@ def default_config(name: str = MID) -> ml_collections.ConfigDict:
       "max_eval_tokens": config_dict.placeholder(int),
       "max_eval_conversations": config_dict.placeholder(int),
       "smoltalk_stop": 10_000,
-  })
+    }
+  )
 
 
 def split_files(data_config, source: str, split: str) -> list[str]:
@@ -191,8 +202,7 @@ def mixture(data_config, split: str) -> list[dict]:
     if isinstance(stop, str):
       stop = data_config[stop]
     files = split_files(data_config, source, part)
-    parts.append((source, tuple((f, os.path.getsize(f), os.path.getmtime(f)) for f in files),
-                  stop))
+    parts.append((source, tuple((f, os.path.getsize(f), os.path.getmtime(f)) for f in files), stop))
   key = tuple(parts)
   if key not in _CACHE:
     sets = []
@@ -202,8 +212,10 @@ def mixture(data_config, split: str) -> list[dict]:
     index = [(t, i) for t, items in enumerate(sets) for i in range(len(items))]
     random.Random(MIXTURE_SEED).shuffle(index)
     if not index:
-      raise DataError(f"The {data_config.name} {split} mixture under "
-                      f"{data_config.source_dir} holds no conversation.")
+      raise DataError(
+        f"The {data_config.name} {split} mixture under "
+        f"{data_config.source_dir} holds no conversation."
+      )
     while len(_CACHE) >= 4:  # a run's train and validation mixtures, and a few more
       _CACHE.pop(next(iter(_CACHE)))
     _CACHE[key] = [sets[t][i] for t, i in index]
@@ -220,16 +232,19 @@ def prepare(data_config, workdir: str | None, *, batch_size: int | None = None):
       ``init_from``), none in the workdir, bad ``streams``/``pop_rows``.
   """
   if data_config.name not in NAMES:
-    raise DataError(f"config.data.name={data_config.name!r} is not a chat stage "
-                    f"({', '.join(NAMES)}).")
+    raise DataError(
+      f"config.data.name={data_config.name!r} is not a chat stage ({', '.join(NAMES)})."
+    )
   if tokenizer_kind(data_config) != "nanochat":
-    raise DataError(f"The tokenizer ({data_config.tokenizer}) has no chat special tokens; "
-                    "mid-training and SFT need a run trained with "
-                    "--config.data.tokenizer=nanochat as config.init_from.")
+    raise DataError(
+      f"The tokenizer ({data_config.tokenizer}) has no chat special tokens; "
+      "mid-training and SFT need a run trained with "
+      "--config.data.tokenizer=nanochat as config.init_from."
+    )
   tokenizer = load_tokenizer(data_config, workdir)
   chat_tokens(tokenizer)
   if batch_size is not None and data_config.name == MID:
-    fineweb._geometry(data_config, batch_size)  # pylint: disable=protected-access
+    fineweb._geometry(data_config, batch_size)
   return tokenizer
 
 
@@ -261,8 +276,9 @@ class ConversationStream(fineweb.TokenStream):
     position: ``[conversations taken, token offset]``, the next token.
   """
 
-  def __init__(self, conversations, tokenizer, stream: int, streams: int, max_tokens: int,
-               repeat: bool = True):  # pylint: disable=super-init-not-called
+  def __init__(
+    self, conversations, tokenizer, stream: int, streams: int, max_tokens: int, repeat: bool = True
+  ):
     self._items, self._tok = conversations, tokenizer
     self._stream, self._streams, self._max = stream, streams, max_tokens
     self._repeat = repeat
@@ -274,14 +290,16 @@ class ConversationStream(fineweb.TokenStream):
       index = self._stream + k * self._streams
       if not self._repeat and index >= len(self._items):
         return False
-      self._tokens = render_conversation(self._tok, self._items[index % len(self._items)],
-                                      self._max)[0]
+      self._tokens = render_conversation(
+        self._tok, self._items[index % len(self._items)], self._max
+      )[0]
       self._loaded = k
     return True
 
 
-def sft_rows(rendered: list[tuple[np.ndarray, np.ndarray]], seq_len: int,
-             pad_id: int) -> dict[str, np.ndarray]:
+def sft_rows(
+  rendered: list[tuple[np.ndarray, np.ndarray]], seq_len: int, pad_id: int
+) -> dict[str, np.ndarray]:
   """SFT rows of rendered conversations (see the module docstring).
 
   Args:
@@ -296,22 +314,23 @@ def sft_rows(rendered: list[tuple[np.ndarray, np.ndarray]], seq_len: int,
   targets = np.full((len(rendered), seq_len), -1, np.int32)
   for i, (ids, mask) in enumerate(rendered):
     n = len(ids)
-    tokens[i, :n - 1] = ids[:-1]
-    targets[i, :n - 1] = np.where(np.asarray(mask[1:]) == 1, ids[1:], -1)
+    tokens[i, : n - 1] = ids[:-1]
+    targets[i, : n - 1] = np.where(np.asarray(mask[1:]) == 1, ids[1:], -1)
   return {"tokens": tokens, "targets": targets}
 
 
-class _MidIterator(fineweb._TrainIterator):  # pylint: disable=protected-access
+class _MidIterator(fineweb._TrainIterator):
   """Mid-training batches of this process's streams (state: their positions),
   as FineWeb-Edu's; only the message of a position of another run differs."""
 
   def set_state(self, state: dict) -> None:
     positions = state.get("positions", {}) if isinstance(state, dict) else {}
-    if state.get("streams") != self._num or not all(str(i) in positions
-                                                    for i in self._streams):
-      raise DataError(f"The checkpoint's data position is not of this run's "
-                      f"{self._num} mid-training streams (--config.data.streams); resume "
-                      "with the run's settings or use a new --workdir.")
+    if state.get("streams") != self._num or not all(str(i) in positions for i in self._streams):
+      raise DataError(
+        f"The checkpoint's data position is not of this run's "
+        f"{self._num} mid-training streams (--config.data.streams); resume "
+        "with the run's settings or use a new --workdir."
+      )
     for i, stream in self._streams.items():
       stream.position = [int(v) for v in positions[str(i)]]
 
@@ -319,8 +338,16 @@ class _MidIterator(fineweb._TrainIterator):  # pylint: disable=protected-access
 class _SFTIterator(grain.DatasetIterator):
   """SFT batches: this process's rows of batch ``k`` (state: ``k``)."""
 
-  def __init__(self, conversations, tokenizer, rows: int, first: int, global_rows: int,
-               seq_len: int, max_tokens: int):
+  def __init__(
+    self,
+    conversations,
+    tokenizer,
+    rows: int,
+    first: int,
+    global_rows: int,
+    seq_len: int,
+    max_tokens: int,
+  ):
     super().__init__()
     self._items, self._tok, self._rows, self._first = conversations, tokenizer, rows, first
     self._global, self._seq_len, self._max = global_rows, seq_len, max_tokens
@@ -329,8 +356,10 @@ class _SFTIterator(grain.DatasetIterator):
 
   def __next__(self) -> dict:
     start = self._batches * self._global + self._first
-    rendered = [render_conversation(self._tok, self._items[(start + i) % len(self._items)],
-                                    self._max) for i in range(self._rows)]
+    rendered = [
+      render_conversation(self._tok, self._items[(start + i) % len(self._items)], self._max)
+      for i in range(self._rows)
+    ]
     self._batches += 1
     return sft_rows(rendered, self._seq_len, self._pad)
 
@@ -339,14 +368,23 @@ class _SFTIterator(grain.DatasetIterator):
 
   def set_state(self, state: dict) -> None:
     if not isinstance(state, dict) or not isinstance(state.get("batches"), int):
-      raise DataError("The checkpoint's data position is not an SFT run's; resume with "
-                      "the run's config or use a new --workdir.")
+      raise DataError(
+        "The checkpoint's data position is not an SFT run's; resume with "
+        "the run's config or use a new --workdir."
+      )
     self._batches = state["batches"]
 
 
-def train_dataset(data_config, tokenizer, *, batch_size: int, seq_len: int,
-                  process_index: int = 0, process_count: int = 1,
-                  gather: Callable | None = None) -> grain.IterDataset:
+def train_dataset(
+  data_config,
+  tokenizer,
+  *,
+  batch_size: int,
+  seq_len: int,
+  process_index: int = 0,
+  process_count: int = 1,
+  gather: Callable | None = None,
+) -> grain.IterDataset:
   """This process's infinite training batches (``batch_size`` rows, its part
   of the global batch; see the module docstring).
 
@@ -360,24 +398,37 @@ def train_dataset(data_config, tokenizer, *, batch_size: int, seq_len: int,
   items = mixture(data_config, "train")
   limit = render_limit(data_config, seq_len)
   if data_config.name == SFT:
-    return fineweb._TrainDataset(lambda: _SFTIterator(items, tokenizer, batch_size,
-                                         process_index * batch_size,
-                                         batch_size * process_count, seq_len, limit))
-  w, r = fineweb._geometry(data_config, batch_size * process_count,  # pylint: disable=protected-access
-                           process_count)
+    return fineweb._TrainDataset(
+      lambda: _SFTIterator(
+        items,
+        tokenizer,
+        batch_size,
+        process_index * batch_size,
+        batch_size * process_count,
+        seq_len,
+        limit,
+      )
+    )
+  w, r = fineweb._geometry(
+    data_config,
+    batch_size * process_count,
+    process_count,
+  )
   mine = range(process_index * w // process_count, (process_index + 1) * w // process_count)
   pops = batch_size * process_count // w // r
 
   def make():
     streams = {s: ConversationStream(items, tokenizer, s, w, limit) for s in mine}
     return _MidIterator(streams, w, r, pops, seq_len)
+
   if gather is None and process_count > 1:
-    gather = fineweb._allgather_positions  # pylint: disable=protected-access
-  return fineweb._Gathering(fineweb._TrainDataset(make), gather)  # pylint: disable=protected-access
+    gather = fineweb._allgather_positions
+  return fineweb._Gathering(fineweb._TrainDataset(make), gather)
 
 
-def eval_batches(data_config, tokenizer, *, batch_size: int, seq_len: int,
-                 train_batch_size: int) -> Iterator[dict]:
+def eval_batches(
+  data_config, tokenizer, *, batch_size: int, seq_len: int, train_batch_size: int
+) -> Iterator[dict]:
   """The validation batches, ``{"tokens": int32 [batch_size, T + 1], "mask":
   float32 [batch_size, T]}`` (see the module docstring; the last batch padded
   with rows of mask 0).
@@ -389,17 +440,21 @@ def eval_batches(data_config, tokenizer, *, batch_size: int, seq_len: int,
   items = mixture(data_config, "validation")
   limit = render_limit(data_config, seq_len)
   if data_config.name == MID:
-    w, r = fineweb._geometry(data_config, train_batch_size)  # pylint: disable=protected-access
+    w, r = fineweb._geometry(data_config, train_batch_size)
     cap = data_config.max_eval_tokens
-    if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int)
-                            or cap < r * seq_len * w):
-      raise DataError(f"--config.data.max_eval_tokens={cap!r} must be None (the validation "
-                      f"mixture once) or an integer >= {r * seq_len * w} (one pop of each "
-                      "stream).")
-    streams = [ConversationStream(items, tokenizer, s, w, limit, repeat=cap is not None)
-               for s in range(w)]
+    if cap is not None and (
+      isinstance(cap, bool) or not isinstance(cap, int) or cap < r * seq_len * w
+    ):
+      raise DataError(
+        f"--config.data.max_eval_tokens={cap!r} must be None (the validation "
+        f"mixture once) or an integer >= {r * seq_len * w} (one pop of each "
+        "stream)."
+      )
+    streams = [
+      ConversationStream(items, tokenizer, s, w, limit, repeat=cap is not None) for s in range(w)
+    ]
     pops = None if cap is None else cap // (r * seq_len * w)
-    return fineweb._eval_rows(streams, pops, r, seq_len, batch_size)  # pylint: disable=protected-access
+    return fineweb._eval_rows(streams, pops, r, seq_len, batch_size)
   return _sft_eval(items, tokenizer, data_config, batch_size, seq_len, limit)
 
 
@@ -408,13 +463,13 @@ def _sft_eval(items, tokenizer, data_config, batch_size, seq_len, limit):
   items = items if cap is None else items[:cap]
   pad = chat_tokens(tokenizer)["<|assistant_end|>"]
   for start in range(0, len(items), batch_size):
-    chunk = [render_conversation(tokenizer, c, limit) for c in items[start:start + batch_size]]
+    chunk = [render_conversation(tokenizer, c, limit) for c in items[start : start + batch_size]]
     rows = sft_rows(chunk, seq_len, pad)
     tokens = np.full((batch_size, seq_len + 1), pad, np.int32)
     mask = np.zeros((batch_size, seq_len), np.float32)
     for i, (ids, _) in enumerate(chunk):  # the targets are tokens[:, 1:] where mask is 1
-      tokens[i, :len(ids)] = ids
-    mask[:len(chunk)] = rows["targets"] >= 0
+      tokens[i, : len(ids)] = ids
+    mask[: len(chunk)] = rows["targets"] >= 0
     yield {"tokens": tokens, "mask": mask}
 
 
@@ -429,10 +484,12 @@ def epoch_steps(data_config, tokenizer, *, batch_size: int, seq_len: int) -> int
     DataError: see :func:`mixture`, :func:`prepare`.
   """
   items = mixture(data_config, "train")
-  w, r = fineweb._geometry(data_config, batch_size)  # pylint: disable=protected-access
+  w, r = fineweb._geometry(data_config, batch_size)
   limit = render_limit(data_config, seq_len)
-  tokens = [sum(len(render_conversation(tokenizer, items[i], limit)[0])
-                for i in range(s, len(items), w)) for s in range(w)]
+  tokens = [
+    sum(len(render_conversation(tokenizer, items[i], limit)[0]) for i in range(s, len(items), w))
+    for s in range(w)
+  ]
   return min(tokens) // (r * seq_len + 1) // (batch_size // w // r)
 
 
@@ -441,8 +498,9 @@ def main(argv: list[str] | None = None) -> int:
   [--source_dir DIR]``: the conversations of the mid-training mixture and the
   steps of one epoch (:func:`epoch_steps`) at the config's batch and
   context, with the tokenizer of workdir ``W`` (the pretrained run)."""
-  import argparse  # pylint: disable=import-outside-toplevel
-  import sys  # pylint: disable=import-outside-toplevel
+  import argparse
+  import sys
+
   parser = argparse.ArgumentParser(description="One epoch of nanochat's mid-training mixture.")
   parser.add_argument("--workdir", required=True, help="the run whose tokenizer renders it")
   parser.add_argument("--config", default="configs/gpt_d20_mid.py")
@@ -453,13 +511,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.source_dir:
       config.data.source_dir = args.source_dir
     tokenizer = prepare(config.data, args.workdir, batch_size=config.batch_size)
-    steps = epoch_steps(config.data, tokenizer, batch_size=config.batch_size,
-                        seq_len=config.model.max_length)
+    steps = epoch_steps(
+      config.data, tokenizer, batch_size=config.batch_size, seq_len=config.model.max_length
+    )
   except (DataError, OSError) as e:
     print(str(e).splitlines()[0] if str(e) else type(e).__name__, file=sys.stderr)
     return 2
-  print(f"{len(mixture(config.data, 'train'))} conversations; one epoch = {steps} steps "
-        f"of {config.batch_size} x {config.model.max_length} (--config.total_steps={steps})")
+  print(
+    f"{len(mixture(config.data, 'train'))} conversations; one epoch = {steps} steps "
+    f"of {config.batch_size} x {config.model.max_length} (--config.total_steps={steps})"
+  )
   return 0
 
 

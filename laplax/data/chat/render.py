@@ -59,9 +59,11 @@ def chat_tokens(tokenizer: Any) -> dict[str, int]:
   special = getattr(getattr(tokenizer, "encoding", None), "_special_tokens", None)
   if not isinstance(special, dict) or not all(s in special for s in SPECIAL_TOKENS):
     name = getattr(tokenizer, "name", type(tokenizer).__name__)
-    raise DataError(f"The tokenizer ({name}) has no chat special tokens "
-                    f"({', '.join(SPECIAL_TOKENS[1:5])}, ...); chat rendering and evaluation "
-                    "need a run trained with --config.data.tokenizer=nanochat.")
+    raise DataError(
+      f"The tokenizer ({name}) has no chat special tokens "
+      f"({', '.join(SPECIAL_TOKENS[1:5])}, ...); chat rendering and evaluation "
+      "need a run trained with --config.data.tokenizer=nanochat."
+    )
   return {s: int(special[s]) for s in SPECIAL_TOKENS}
 
 
@@ -92,21 +94,27 @@ def check_conversation(conversation: Any, where: str = "conversation") -> list[d
     role, content = message.get("role"), message.get("content")
     expected = "user" if i % 2 == 0 else "assistant"
     if role != expected:
-      raise DataError(f"{where}: message {i} is from {role!r} but should be from "
-                      f"{expected!r} (user and assistant alternate, user first).")
+      raise DataError(
+        f"{where}: message {i} is from {role!r} but should be from "
+        f"{expected!r} (user and assistant alternate, user first)."
+      )
     if role == "user" and not isinstance(content, str):
       raise DataError(f"{where}: message {i}: a user content must be a string.")
     if role == "assistant" and not isinstance(content, str):
       if not isinstance(content, list) or not all(
-          isinstance(p, dict) and p.get("type") in PART_TYPES and isinstance(p.get("text"), str)
-          for p in content):
-        raise DataError(f"{where}: message {i}: an assistant content must be a string or "
-                        f"a list of {{'type': {'|'.join(PART_TYPES)}, 'text': str}} parts.")
+        isinstance(p, dict) and p.get("type") in PART_TYPES and isinstance(p.get("text"), str)
+        for p in content
+      ):
+        raise DataError(
+          f"{where}: message {i}: an assistant content must be a string or "
+          f"a list of {{'type': {'|'.join(PART_TYPES)}, 'text': str}} parts."
+        )
   return messages
 
 
-def render_conversation(tokenizer: Any, conversation: dict, max_tokens: int = MAX_TOKENS,
-                        where: str = "conversation") -> tuple[np.ndarray, np.ndarray]:
+def render_conversation(
+  tokenizer: Any, conversation: dict, max_tokens: int = MAX_TOKENS, where: str = "conversation"
+) -> tuple[np.ndarray, np.ndarray]:
   """A conversation as nanochat trains on it (see the module docstring).
 
   Args:
@@ -159,8 +167,9 @@ def render_conversation(tokenizer: Any, conversation: dict, max_tokens: int = MA
   return (np.asarray(ids[:max_tokens], np.int32), np.asarray(mask[:max_tokens], np.int8))
 
 
-def render_for_completion(tokenizer: Any, conversation: dict, max_tokens: int = MAX_TOKENS,
-                          where: str = "conversation") -> np.ndarray:
+def render_for_completion(
+  tokenizer: Any, conversation: dict, max_tokens: int = MAX_TOKENS, where: str = "conversation"
+) -> np.ndarray:
   """The prompt of the assistant's answer: every message but the last
   (which must be the assistant's) rendered and cut to ``max_tokens``, then
   ``<|assistant_start|>``; int32 ``[n <= max_tokens + 1]``.
@@ -171,7 +180,8 @@ def render_for_completion(tokenizer: Any, conversation: dict, max_tokens: int = 
   """
   messages = check_conversation(conversation, where)
   if messages[-1]["role"] != "assistant":
-    raise DataError(f"{where}: the last message must be the assistant's (the answer "
-                    "the prompt asks for).")
+    raise DataError(
+      f"{where}: the last message must be the assistant's (the answer the prompt asks for)."
+    )
   ids, _ = render_conversation(tokenizer, {"messages": messages[:-1]}, max_tokens, where)
   return np.append(ids, np.int32(chat_tokens(tokenizer)["<|assistant_start|>"]))

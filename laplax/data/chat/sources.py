@@ -57,8 +57,11 @@ def data_files(path: str) -> list[str]:
     return [path]
   if not os.path.isdir(path):
     raise DataError(f"No such file or directory: {path}.")
-  files = sorted(f for f in glob.glob(os.path.join(glob.escape(path), "**", "*"), recursive=True)
-                 if f.endswith(SUFFIXES) and os.path.isfile(f))
+  files = sorted(
+    f
+    for f in glob.glob(os.path.join(glob.escape(path), "**", "*"), recursive=True)
+    if f.endswith(SUFFIXES) and os.path.isfile(f)
+  )
   if not files:
     raise DataError(f"{path} holds no {', '.join(SUFFIXES)} file; give the data set's files.")
   return files
@@ -73,11 +76,16 @@ def find_split(data_dir: str, subset: str, split: str, layout: str) -> list[str]
     DataError: none found (the message shows the expected ``layout``).
   """
   root = os.path.expanduser(data_dir)
-  found = sorted(f for f in glob.glob(os.path.join(glob.escape(root), "**", subset, split + "*"),
-                                      recursive=True) if f.endswith(SUFFIXES))
+  found = sorted(
+    f
+    for f in glob.glob(os.path.join(glob.escape(root), "**", subset, split + "*"), recursive=True)
+    if f.endswith(SUFFIXES)
+  )
   if not found:
-    raise DataError(f"No {split} split of {subset} under {data_dir}: expected files like "
-                    f"{os.path.join(data_dir, layout)} (.parquet or .jsonl).")
+    raise DataError(
+      f"No {split} split of {subset} under {data_dir}: expected files like "
+      f"{os.path.join(data_dir, layout)} (.parquet or .jsonl)."
+    )
   return found
 
 
@@ -110,8 +118,9 @@ def read_rows(path: str | Sequence[str], columns: Sequence[str]) -> list[tuple[s
           try:
             row = json.loads(line)
           except ValueError as e:
-            raise DataError(f"{where}: not valid JSON ({e}); each line must be one "
-                            "JSON object.") from None
+            raise DataError(
+              f"{where}: not valid JSON ({e}); each line must be one JSON object."
+            ) from None
           rows.append((where, _check_fields(_unnest(row), columns, where)))
     except (OSError, UnicodeDecodeError, EOFError) as e:
       raise DataError(f"Cannot read {name} ({e}).") from None
@@ -119,21 +128,27 @@ def read_rows(path: str | Sequence[str], columns: Sequence[str]) -> list[tuple[s
 
 
 def _parquet_rows(name: str, columns: Sequence[str]) -> list[tuple[str, dict]]:
-  import pyarrow.parquet as pq  # pylint: disable=import-outside-toplevel
+  import pyarrow.parquet as pq
+
   try:
     names = pq.read_schema(name).names
     if not set(columns) <= set(names) and names != ["train"]:
       missing = [c for c in columns if c not in names]
-      raise DataError(f"{name} has no column {missing[0]!r} (its columns: "
-                      f"{', '.join(names)}); give the data set's published files.")
+      raise DataError(
+        f"{name} has no column {missing[0]!r} (its columns: "
+        f"{', '.join(names)}); give the data set's published files."
+      )
     table = pq.read_table(name).to_pylist()
   except DataError:
     raise
   except Exception as e:  # pyarrow: ArrowInvalid, OSError, ...
-    raise DataError(f"Cannot read the parquet file {name} ({' '.join(str(e).split())[:200]}).") \
-      from None
-  return [(f"{name} row {i}", _check_fields(_unnest(row), columns, f"{name} row {i}"))
-          for i, row in enumerate(table, 1)]
+    raise DataError(
+      f"Cannot read the parquet file {name} ({' '.join(str(e).split())[:200]})."
+    ) from None
+  return [
+    (f"{name} row {i}", _check_fields(_unnest(row), columns, f"{name} row {i}"))
+    for i, row in enumerate(table, 1)
+  ]
 
 
 def _unnest(row):
@@ -163,20 +178,30 @@ def render_mc(question: str, letters: Sequence[str], choices: Sequence[str]) -> 
   ``"Multiple Choice question: {question}\\n"``, then ``"- {choice}={letter}\\n"``
   per choice (no space before the letter), then ``"\\nRespond only with the
   letter of the correct answer."``."""
-  return (f"Multiple Choice question: {question}\n"
-          + "".join(f"- {choice}={letter}\n" for letter, choice in zip(letters, choices))
-          + "\nRespond only with the letter of the correct answer.")
+  return (
+    f"Multiple Choice question: {question}\n"
+    + "".join(f"- {choice}={letter}\n" for letter, choice in zip(letters, choices))
+    + "\nRespond only with the letter of the correct answer."
+  )
 
 
 def _mc_conversation(question, letters, choices, answer, where, **extra) -> dict:
-  return {"messages": [{"role": "user", "content": render_mc(question, letters, choices)},
-                       {"role": "assistant", "content": answer}],
-          "letters": list(letters), **extra}
+  return {
+    "messages": [
+      {"role": "user", "content": render_mc(question, letters, choices)},
+      {"role": "assistant", "content": answer},
+    ],
+    "letters": list(letters),
+    **extra,
+  }
 
 
 def _strings(values, where: str, what: str) -> list[str]:
-  if not isinstance(values, (list, tuple)) or not values or not all(
-      isinstance(v, str) for v in values):
+  if (
+    not isinstance(values, (list, tuple))
+    or not values
+    or not all(isinstance(v, str) for v in values)
+  ):
     raise DataError(f"{where}: {what} must be a non-empty list of strings.")
   return list(values)
 
@@ -193,8 +218,10 @@ def smoltalk(path) -> list[dict]:
   for where, row in read_rows(path, ["messages"]):
     messages = check_conversation(row, where)
     if len(messages) < 2 or not all(isinstance(m["content"], str) for m in messages):
-      raise DataError(f"{where}: a SmolTalk conversation needs a user and an assistant "
-                      "message with string contents.")
+      raise DataError(
+        f"{where}: a SmolTalk conversation needs a user and an assistant "
+        "message with string contents."
+      )
     out.append({"messages": row["messages"]})
   return out
 
@@ -215,8 +242,16 @@ def mmlu(path) -> list[dict]:
       raise DataError(f"{where}: MMLU needs 4 choices and an answer index 0-3.")
     if not isinstance(row["question"], str):
       raise DataError(f"{where}: 'question' must be a string.")
-    out.append(_mc_conversation(row["question"], MMLU_LETTERS, choices, MMLU_LETTERS[answer],
-                                where, subject=row.get("subject", "")))
+    out.append(
+      _mc_conversation(
+        row["question"],
+        MMLU_LETTERS,
+        choices,
+        MMLU_LETTERS[answer],
+        where,
+        subject=row.get("subject", ""),
+      )
+    )
   return out
 
 
@@ -236,8 +271,10 @@ def arc(path) -> list[dict]:
     texts = _strings(choices.get("text"), where, "'choices.text'")
     labels = _strings(choices.get("label"), where, "'choices.label'")
     if len(texts) != len(labels) or row["answerKey"] not in labels:
-      raise DataError(f"{where}: ARC needs as many labels as texts and an answerKey among "
-                      f"the labels (got {row['answerKey']!r}, labels {labels}).")
+      raise DataError(
+        f"{where}: ARC needs as many labels as texts and an answerKey among "
+        f"the labels (got {row['answerKey']!r}, labels {labels})."
+      )
     out.append(_mc_conversation(row["question"], labels, texts, row["answerKey"], where))
   return out
 
@@ -278,8 +315,16 @@ def gsm8k(path) -> list[dict]:
     if not isinstance(row["question"], str) or not isinstance(row["answer"], str):
       raise DataError(f"{where}: 'question' and 'answer' must be strings.")
     if not GSM8K_ANSWER.search(row["answer"]):
-      raise DataError(f"{where}: the answer has no '#### NUMBER' line (GSM8K's reference "
-                      f"answer); fix the row or remove it.")
-    out.append({"messages": [{"role": "user", "content": row["question"]},
-                             {"role": "assistant", "content": gsm8k_parts(row["answer"])}]})
+      raise DataError(
+        f"{where}: the answer has no '#### NUMBER' line (GSM8K's reference "
+        f"answer); fix the row or remove it."
+      )
+    out.append(
+      {
+        "messages": [
+          {"role": "user", "content": row["question"]},
+          {"role": "assistant", "content": gsm8k_parts(row["answer"])},
+        ]
+      }
+    )
   return out

@@ -47,10 +47,10 @@ from laplax.data import common
 from laplax.data.builders import text_corpus as corpus
 from laplax.data.errors import DataError, corrupt_prepared
 from laplax.data.text.tokenizers import (  # All but tokenizer_kind re-exported: text.ByteTokenizer, ...
-  TOKENIZER_FILE,
-  TOKENIZERS,
-  BPETokenizer,
-  ByteTokenizer,
+  TOKENIZER_FILE,  # noqa: F401
+  TOKENIZERS,  # noqa: F401
+  BPETokenizer,  # noqa: F401
+  ByteTokenizer,  # noqa: F401
   Tokenizer,
   load_tokenizer,
   make_tokenizer,
@@ -125,9 +125,7 @@ def _builder(data_config) -> corpus.TextCorpus:
       f"{data_config.name!r}; set --config.data.name={DATASET_NAME}."
     )
   source_dir = os.path.expanduser(data_config.source_dir or corpus.DEFAULT_SOURCE_DIR)
-  config = corpus.make_config(
-    source_dir, data_config.validation_every
-  )
+  config = corpus.make_config(source_dir, data_config.validation_every)
   return corpus.TextCorpus(config=config, data_dir=common.data_dir(data_config))
 
 
@@ -171,8 +169,7 @@ def _read_split(builder: corpus.TextCorpus, split: str) -> list[tuple[str, str]]
     source = builder.as_data_source(split=split)
     examples = source.__getitems__(list(range(len(source))))
   except Exception as e:  # array_record raises RuntimeError, OSError, ...
-    raise corrupt_prepared(f"the {split!r} split of the text corpus",
-                           builder.data_dir, e) from e
+    raise corrupt_prepared(f"the {split!r} split of the text corpus", builder.data_dir, e) from e
   return sorted((_as_str(e["name"]), _as_str(e["text"])) for e in examples)
 
 
@@ -336,9 +333,7 @@ def _eval_tokens(data_config, tokenizer: Tokenizer, seq_len: int | None = None) 
   if cap is None:
     return tokens
   if isinstance(cap, bool) or not isinstance(cap, int) or cap < 2:
-    raise DataError(
-      f"--config.data.max_eval_tokens={cap!r} must be None (all) or an integer >= 2."
-    )
+    raise DataError(f"--config.data.max_eval_tokens={cap!r} must be None (all) or an integer >= 2.")
   return tokens[:cap]
 
 

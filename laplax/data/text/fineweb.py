@@ -59,8 +59,13 @@ import numpy as np
 from ml_collections import config_dict
 
 from laplax.data.errors import DataError
-from laplax.data.text.fineweb_shards import (DEFAULT_SOURCE_DIR, iter_documents, list_shards,
-                                        read_row_group, row_group_counts)
+from laplax.data.text.fineweb_shards import (
+  DEFAULT_SOURCE_DIR,
+  iter_documents,
+  list_shards,
+  read_row_group,
+  row_group_counts,
+)
 from laplax.data.text.nanochat_tokenizer import NanochatTokenizer, training_texts
 from laplax.data.text.tokenizers import load_tokenizer, tokenizer_kind, tokenizer_path
 
@@ -82,29 +87,32 @@ def default_config() -> ml_collections.ConfigDict:
   validation shard once), ``encode_threads`` (tiktoken), ``prefetch``
   (batches prepared ahead in a thread; 0: none).
   """
-  return ml_collections.ConfigDict({
-    "name": DATASET_NAME,
-    "data_dir": "~/tensorflow_datasets",
-    "source_dir": DEFAULT_SOURCE_DIR,
-    "tokenizer": "nanochat",
-    "vocab_size": 65536,
-    "tokenizer_dir": "",
-    "tokenizer_max_chars": 2_000_000_000,
-    "tokenizer_doc_cap": 10_000,
-    "streams": 1,
-    "pop_rows": config_dict.placeholder(int),
-    "max_eval_tokens": config_dict.placeholder(int),
-    "encode_threads": 4,
-    "prefetch": 2,
-  })
+  return ml_collections.ConfigDict(
+    {
+      "name": DATASET_NAME,
+      "data_dir": "~/tensorflow_datasets",
+      "source_dir": DEFAULT_SOURCE_DIR,
+      "tokenizer": "nanochat",
+      "vocab_size": 65536,
+      "tokenizer_dir": "",
+      "tokenizer_max_chars": 2_000_000_000,
+      "tokenizer_doc_cap": 10_000,
+      "streams": 1,
+      "pop_rows": config_dict.placeholder(int),
+      "max_eval_tokens": config_dict.placeholder(int),
+      "encode_threads": 4,
+      "prefetch": 2,
+    }
+  )
 
 
 # --------------------------------------------------------------------------
 # The shards (listed and read by laplax.data.text.fineweb_shards).
 
 
-def stream_row_groups(paths: Sequence[str], counts: Sequence[int], stream: int,
-                      streams: int) -> list[tuple[str, int]]:
+def stream_row_groups(
+  paths: Sequence[str], counts: Sequence[int], stream: int, streams: int
+) -> list[tuple[str, int]]:
   """``(file, row group)`` of stream ``stream`` of ``streams``: row groups
   ``stream, stream + streams, ...`` of each file, file by file."""
   return [(p, g) for p, n in zip(paths, counts) for g in range(stream, n, streams)]
@@ -153,7 +161,7 @@ class TokenStream:
     while n > 0:
       if not self._load(k):
         return None
-      piece = self._tokens[offset:offset + n]
+      piece = self._tokens[offset : offset + n]
       pieces.append(piece)
       n -= len(piece)
       offset += len(piece)
@@ -183,17 +191,23 @@ def _geometry(data_config, batch_size: int, process_count: int = 1) -> tuple[int
   """
   w, r = data_config.streams, data_config.pop_rows
   if isinstance(w, bool) or not isinstance(w, int) or w < 1 or batch_size % w:
-    raise DataError(f"--config.data.streams={w!r} must be a positive integer dividing the "
-                    f"batch size {batch_size}.")
+    raise DataError(
+      f"--config.data.streams={w!r} must be a positive integer dividing the "
+      f"batch size {batch_size}."
+    )
   if w % process_count:
-    raise DataError(f"--config.data.streams={w} must be a multiple of the {process_count} "
-                    "processes (each process reads whole streams).")
+    raise DataError(
+      f"--config.data.streams={w} must be a multiple of the {process_count} "
+      "processes (each process reads whole streams)."
+    )
   per_stream = batch_size // w
   r = per_stream if r is None else r
   if isinstance(r, bool) or not isinstance(r, int) or r < 1 or per_stream % r:
-    raise DataError(f"--config.data.pop_rows={r!r} must be a positive integer dividing the "
-                    f"{per_stream} rows of each stream in a batch (batch {batch_size} / "
-                    f"{w} streams).")
+    raise DataError(
+      f"--config.data.pop_rows={r!r} must be a positive integer dividing the "
+      f"{per_stream} rows of each stream in a batch (batch {batch_size} / "
+      f"{w} streams)."
+    )
   return w, r
 
 
@@ -202,8 +216,10 @@ def _stream_groups(data_config, split: str, streams: int) -> list[list[tuple[str
   paths = paths[:-1] if split == "train" else paths[-1:]
   counts = row_group_counts(paths)
   if streams > max(counts):
-    raise DataError(f"The {split} shards have at most {max(counts)} row groups per file, "
-                    f"fewer than --config.data.streams={streams}; lower it.")
+    raise DataError(
+      f"The {split} shards have at most {max(counts)} row groups per file, "
+      f"fewer than --config.data.streams={streams}; lower it."
+    )
   return [stream_row_groups(paths, counts, s, streams) for s in range(streams)]
 
 
@@ -211,8 +227,13 @@ def _stream_groups(data_config, split: str, streams: int) -> list[list[tuple[str
 # Public pipelines.
 
 
-def prepare(data_config: ml_collections.ConfigDict, workdir: str | None = None, *,
-            seq_len: int | None = None, batch_size: int | None = None) -> NanochatTokenizer:
+def prepare(
+  data_config: ml_collections.ConfigDict,
+  workdir: str | None = None,
+  *,
+  seq_len: int | None = None,
+  batch_size: int | None = None,
+) -> NanochatTokenizer:
   """Checks the shards (and, given ``batch_size``, the global batch, the
   ``streams``/``pop_rows`` against it; with ``seq_len`` too, that the
   validation shard holds a pop of each stream) and returns the run's tokenizer.
@@ -230,8 +251,10 @@ def prepare(data_config: ml_collections.ConfigDict, workdir: str | None = None, 
       ``vocab_size``.
   """
   if tokenizer_kind(data_config) != "nanochat":
-    raise DataError(f"The FineWeb-Edu input needs --config.data.tokenizer=nanochat, not "
-                    f"{data_config.tokenizer!r} (its documents begin with <|bos|>).")
+    raise DataError(
+      f"The FineWeb-Edu input needs --config.data.tokenizer=nanochat, not "
+      f"{data_config.tokenizer!r} (its documents begin with <|bos|>)."
+    )
   paths = list_shards(data_config.source_dir)
   row_group_counts(paths)  # every file readable, with a text column
   if batch_size is not None:
@@ -245,17 +268,22 @@ def prepare(data_config: ml_collections.ConfigDict, workdir: str | None = None, 
   if source:
     tokenizer = NanochatTokenizer.from_path(source)
     if tokenizer.vocab_size != data_config.vocab_size:
-      raise DataError(f"The tokenizer {source} has {tokenizer.vocab_size} tokens but "
-                      f"--config.data.vocab_size={data_config.vocab_size}; set it to "
-                      f"{tokenizer.vocab_size}.")
+      raise DataError(
+        f"The tokenizer {source} has {tokenizer.vocab_size} tokens but "
+        f"--config.data.vocab_size={data_config.vocab_size}; set it to "
+        f"{tokenizer.vocab_size}."
+      )
   else:
-    texts = training_texts(iter_documents(paths[:-1]),
-                           data_config.tokenizer_max_chars,
-                           data_config.tokenizer_doc_cap)
+    texts = training_texts(
+      iter_documents(paths[:-1]), data_config.tokenizer_max_chars, data_config.tokenizer_doc_cap
+    )
     tokenizer = NanochatTokenizer.train(texts, data_config.vocab_size)
   if batch_size is not None and seq_len is not None:  # the validation split holds a pop
-    next(eval_batches(data_config, tokenizer, batch_size=1, seq_len=seq_len,
-                      train_batch_size=batch_size))
+    next(
+      eval_batches(
+        data_config, tokenizer, batch_size=1, seq_len=seq_len, train_batch_size=batch_size
+      )
+    )
   if path is not None:
     tokenizer.save(path)
   return tokenizer
@@ -264,15 +292,19 @@ def prepare(data_config: ml_collections.ConfigDict, workdir: str | None = None, 
 class _TrainIterator(grain.DatasetIterator):
   """The batches of this process's streams; state: their positions (see _GatheredState)."""
 
-  def __init__(self, streams: dict[int, TokenStream], num_streams: int, rows: int,
-               pops: int, seq_len: int):
+  def __init__(
+    self, streams: dict[int, TokenStream], num_streams: int, rows: int, pops: int, seq_len: int
+  ):
     super().__init__()
     self._streams, self._num = streams, num_streams
     self._rows, self._pops, self._seq_len = rows, pops, seq_len
 
   def __next__(self) -> dict:
-    rows = [s.pop_rows(self._rows, self._seq_len)
-            for _, s in sorted(self._streams.items()) for _ in range(self._pops)]
+    rows = [
+      s.pop_rows(self._rows, self._seq_len)
+      for _, s in sorted(self._streams.items())
+      for _ in range(self._pops)
+    ]
     return {"tokens": np.concatenate(rows)}
 
   def get_state(self) -> dict:
@@ -281,13 +313,17 @@ class _TrainIterator(grain.DatasetIterator):
 
   def set_state(self, state: dict) -> None:
     if state.get("streams") != self._num:
-      raise DataError(f"The checkpoint's data position is of {state.get('streams')} "
-                      f"FineWeb-Edu streams, this run has --config.data.streams={self._num}; "
-                      "resume with the run's setting or use a new --workdir.")
+      raise DataError(
+        f"The checkpoint's data position is of {state.get('streams')} "
+        f"FineWeb-Edu streams, this run has --config.data.streams={self._num}; "
+        "resume with the run's setting or use a new --workdir."
+      )
     for i, stream in self._streams.items():
       if str(i) not in state.get("positions", {}):
-        raise DataError(f"The checkpoint's data position has no FineWeb-Edu stream {i}; it "
-                        "was saved by another run: use a new --workdir.")
+        raise DataError(
+          f"The checkpoint's data position has no FineWeb-Edu stream {i}; it "
+          "was saved by another run: use a new --workdir."
+        )
       stream.position = [int(v) for v in state["positions"][str(i)]]
 
 
@@ -326,16 +362,25 @@ class _TrainDataset(grain.IterDataset):
 
 def _allgather_positions(local: dict) -> list[dict]:
   """Every process's ``{stream: [k, offset]}`` (a collective: all processes call it)."""
-  from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+  from jax.experimental import multihost_utils
+
   keys = sorted(local, key=int)
   mine = np.array([[int(k), *local[k]] for k in keys], np.int64)
   every = np.asarray(multihost_utils.process_allgather(mine))
   return [{str(r[0]): [int(r[1]), int(r[2])] for r in part} for part in every]
 
 
-def train_dataset(data_config: ml_collections.ConfigDict, tokenizer: NanochatTokenizer, *,
-                  batch_size: int, seq_len: int, seed: int = 0, process_index: int = 0,
-                  process_count: int = 1, gather: Callable | None = None) -> grain.IterDataset:
+def train_dataset(
+  data_config: ml_collections.ConfigDict,
+  tokenizer: NanochatTokenizer,
+  *,
+  batch_size: int,
+  seq_len: int,
+  seed: int = 0,
+  process_index: int = 0,
+  process_count: int = 1,
+  gather: Callable | None = None,
+) -> grain.IterDataset:
   """This process's infinite packed batches (see the module docstring).
 
   Args:
@@ -358,8 +403,10 @@ def train_dataset(data_config: ml_collections.ConfigDict, tokenizer: NanochatTok
   """
   del seed
   if batch_size < 1 or seq_len < 1 or not 0 <= process_index < process_count:
-    raise ValueError(f"need batch_size, seq_len >= 1 and 0 <= process_index < process_count, "
-                     f"got {batch_size}, {seq_len}, {process_index}, {process_count}")
+    raise ValueError(
+      f"need batch_size, seq_len >= 1 and 0 <= process_index < process_count, "
+      f"got {batch_size}, {seq_len}, {process_index}, {process_count}"
+    )
   w, r = _geometry(data_config, batch_size * process_count, process_count)
   groups = _stream_groups(data_config, "train", w)
   mine = range(process_index * w // process_count, (process_index + 1) * w // process_count)
@@ -388,9 +435,14 @@ class _Gathering(grain.IterDataset):
     return _GatheredState(iter(self._parent), self._gather)
 
 
-def eval_batches(data_config: ml_collections.ConfigDict, tokenizer: NanochatTokenizer, *,
-                 batch_size: int, seq_len: int,
-                 train_batch_size: int) -> Iterator[dict[str, np.ndarray]]:
+def eval_batches(
+  data_config: ml_collections.ConfigDict,
+  tokenizer: NanochatTokenizer,
+  *,
+  batch_size: int,
+  seq_len: int,
+  train_batch_size: int,
+) -> Iterator[dict[str, np.ndarray]]:
   """The validation shard packed as the train stream, from its start, all streams.
 
   Each of the ``W`` validation streams (row groups ``s, s + W, ...`` of the
@@ -411,14 +463,18 @@ def eval_batches(data_config: ml_collections.ConfigDict, tokenizer: NanochatToke
   w, r = _geometry(data_config, train_batch_size)
   groups = _stream_groups(data_config, "validation", w)
   cap = data_config.max_eval_tokens
-  if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int)
-                          or cap < r * seq_len * w):
-    raise DataError(f"--config.data.max_eval_tokens={cap!r} must be None (the validation "
-                    f"shard once) or an integer >= {r * seq_len * w} (one pop of each stream).")
+  if cap is not None and (
+    isinstance(cap, bool) or not isinstance(cap, int) or cap < r * seq_len * w
+  ):
+    raise DataError(
+      f"--config.data.max_eval_tokens={cap!r} must be None (the validation "
+      f"shard once) or an integer >= {r * seq_len * w} (one pop of each stream)."
+    )
   pops = None if cap is None else cap // (r * seq_len * w)
   threads = int(data_config.encode_threads)
-  streams = [TokenStream(g, tokenizer, repeat=cap is not None, encode_threads=threads)
-             for g in groups]
+  streams = [
+    TokenStream(g, tokenizer, repeat=cap is not None, encode_threads=threads) for g in groups
+  ]
   return _eval_rows(streams, pops, r, seq_len, batch_size)
 
 
@@ -428,9 +484,11 @@ def _eval_rows(streams, pops, rows, seq_len, batch_size):
     popped = [s.pop_rows(rows, seq_len) for s in streams]
     if any(x is None for x in popped):
       if p == 0:
-        raise DataError("The validation shard holds fewer tokens than one pop of each stream "
-                        f"({rows} x {seq_len} + 1); use a larger last shard, fewer rows per "
-                        "pop or a shorter context.")
+        raise DataError(
+          "The validation shard holds fewer tokens than one pop of each stream "
+          f"({rows} x {seq_len} + 1); use a larger last shard, fewer rows per "
+          "pop or a shorter context."
+        )
       done = True
     else:
       buffer.extend(np.concatenate(popped))
@@ -447,4 +505,3 @@ def _padded(tokens: np.ndarray, batch_size: int, seq_len: int) -> dict:
   out = np.zeros((batch_size, seq_len + 1), np.int32)
   out[:n] = tokens
   return {"tokens": out, "mask": mask}
-

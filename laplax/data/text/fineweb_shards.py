@@ -20,8 +20,7 @@ from laplax.data.errors import DataError
 from laplax.utils import first_line
 
 #: The shard directory when ``data.source_dir`` is empty.
-DEFAULT_SOURCE_DIR = os.path.join(os.environ.get("LAPLAX_DATA", "~/.cache/laplax"),
-                                  "fineweb_edu")
+DEFAULT_SOURCE_DIR = os.path.join(os.environ.get("LAPLAX_DATA", "~/.cache/laplax"), "fineweb_edu")
 #: The parquet column holding each document's text.
 TEXT_COLUMN = "text"
 
@@ -34,25 +33,31 @@ def list_shards(source_dir: str) -> list[str]:
   """
   directory = os.path.expanduser(source_dir or DEFAULT_SOURCE_DIR)
   if not os.path.isdir(directory):
-    raise DataError(f"FineWeb-Edu directory {directory} does not exist; put the parquet "
-                    "shards there or set --config.data.source_dir=DIR.")
+    raise DataError(
+      f"FineWeb-Edu directory {directory} does not exist; put the parquet "
+      "shards there or set --config.data.source_dir=DIR."
+    )
   names = sorted(n for n in os.listdir(directory) if n.endswith(".parquet"))
   if len(names) < 2:
-    raise DataError(f"FineWeb-Edu directory {directory} has {len(names)} parquet file(s); it "
-                    "needs at least two (the last one is the validation split).")
+    raise DataError(
+      f"FineWeb-Edu directory {directory} has {len(names)} parquet file(s); it "
+      "needs at least two (the last one is the validation split)."
+    )
   return [os.path.join(directory, n) for n in names]
 
 
 def _parquet_file(path: str):
-  import pyarrow.parquet as pq  # pylint: disable=import-outside-toplevel
+  import pyarrow.parquet as pq
+
   try:
     pf = pq.ParquetFile(path)
     if TEXT_COLUMN not in pf.schema_arrow.names:
       raise ValueError(f"no {TEXT_COLUMN!r} column (columns: {pf.schema_arrow.names})")
     return pf
   except Exception as e:  # pyarrow raises ArrowInvalid, OSError, ...
-    raise DataError(f"Cannot read the parquet shard {path} ({first_line(e)}); replace or "
-                    "remove it.") from None
+    raise DataError(
+      f"Cannot read the parquet shard {path} ({first_line(e)}); replace or remove it."
+    ) from None
 
 
 def row_group_counts(paths: Sequence[str]) -> list[int]:
@@ -71,8 +76,12 @@ def read_row_group(path: str, index: int) -> list[str]:
     DataError: unreadable file.
   """
   try:
-    return _parquet_file(path).read_row_group(index, columns=[TEXT_COLUMN]) \
-      .column(TEXT_COLUMN).to_pylist()
+    return (
+      _parquet_file(path)
+      .read_row_group(index, columns=[TEXT_COLUMN])
+      .column(TEXT_COLUMN)
+      .to_pylist()
+    )
   except DataError:
     raise
   except Exception as e:  # pyarrow: ArrowInvalid, OSError

@@ -50,10 +50,14 @@ from laplax.utils import atomic_write, first_line
 
 SPECIAL_TOKENS = (
   "<|bos|>",  # begins every document
-  "<|user_start|>", "<|user_end|>",
-  "<|assistant_start|>", "<|assistant_end|>",
-  "<|python_start|>", "<|python_end|>",
-  "<|output_start|>", "<|output_end|>",
+  "<|user_start|>",
+  "<|user_end|>",
+  "<|assistant_start|>",
+  "<|assistant_end|>",
+  "<|python_start|>",
+  "<|python_end|>",
+  "<|output_start|>",
+  "<|output_end|>",
 )
 BOS = SPECIAL_TOKENS[0]
 # GPT-4's split pattern with \p{N}{1,2} in place of \p{N}{1,3}.
@@ -92,22 +96,29 @@ class NanochatTokenizer:
   name = "nanochat"
 
   def __init__(self, encoding: tiktoken.Encoding):
-    ranks, special = encoding._mergeable_ranks, encoding._special_tokens  # pylint: disable=protected-access
+    ranks, special = encoding._mergeable_ranks, encoding._special_tokens
     n = len(ranks)
-    if sorted(ranks.values()) != list(range(n)) or any(ranks.get(bytes([b])) != b for b in range(256)):
-      raise DataError("The tokenizer's ranks are not the 256 bytes (ids 0-255) plus merges "
-                      "with consecutive ids; it is not a nanochat tokenizer.")
+    if sorted(ranks.values()) != list(range(n)) or any(
+      ranks.get(bytes([b])) != b for b in range(256)
+    ):
+      raise DataError(
+        "The tokenizer's ranks are not the 256 bytes (ids 0-255) plus merges "
+        "with consecutive ids; it is not a nanochat tokenizer."
+      )
     if special != {s: n + i for i, s in enumerate(SPECIAL_TOKENS)}:
-      raise DataError(f"The tokenizer's special tokens are {sorted(special, key=special.get)}, "
-                      f"not nanochat's {list(SPECIAL_TOKENS)} at ids {n}..{n + 8}.")
+      raise DataError(
+        f"The tokenizer's special tokens are {sorted(special, key=special.get)}, "
+        f"not nanochat's {list(SPECIAL_TOKENS)} at ids {n}..{n + 8}."
+      )
     self.encoding = encoding
     self.vocab_size = n + len(SPECIAL_TOKENS)
     self.bos_id = n
     self.token_bytes = np.array(
       [len(encoding.decode([i]).encode("utf-8")) for i in range(n)] + [0] * len(SPECIAL_TOKENS),
-      np.int32)
+      np.int32,
+    )
     self.token_bytes.setflags(write=False)
-    digest = hashlib.sha256(encoding._pat_str.encode())  # pylint: disable=protected-access
+    digest = hashlib.sha256(encoding._pat_str.encode())
     for token in sorted(ranks, key=ranks.get):
       digest.update(len(token).to_bytes(2, "little") + token)
     self.fingerprint = "nanochat-" + digest.hexdigest()[:16]
@@ -119,8 +130,9 @@ class NanochatTokenizer:
     """The tokenizer of ``ranks`` (token bytes -> id) with nanochat's special tokens after them."""
     special = {s: len(ranks) + i for i, s in enumerate(SPECIAL_TOKENS)}
     try:
-      encoding = tiktoken.Encoding(name="rustbpe", pat_str=pattern, mergeable_ranks=dict(ranks),
-                                   special_tokens=special)
+      encoding = tiktoken.Encoding(
+        name="rustbpe", pat_str=pattern, mergeable_ranks=dict(ranks), special_tokens=special
+      )
     except Exception as e:  # tiktoken raises ValueError/AssertionError on bad input
       raise DataError(f"Cannot build the nanochat tokenizer ({first_line(e)}).") from None
     return cls(encoding)
@@ -137,20 +149,24 @@ class NanochatTokenizer:
     Raises:
       DataError: ``vocab_size`` below 265, or too little text for it.
     """
-    import rustbpe  # pylint: disable=import-outside-toplevel
+    import rustbpe
 
     if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < _MIN_VOCAB:
-      raise DataError(f"--config.data.vocab_size={vocab_size!r} must be an integer >= "
-                      f"{_MIN_VOCAB} for the nanochat tokenizer (256 bytes, 9 special tokens).")
+      raise DataError(
+        f"--config.data.vocab_size={vocab_size!r} must be an integer >= "
+        f"{_MIN_VOCAB} for the nanochat tokenizer (256 bytes, 9 special tokens)."
+      )
     trainer = rustbpe.Tokenizer()
-    trainer.train_from_iterator(iter(texts), vocab_size - len(SPECIAL_TOKENS),
-                                pattern=SPLIT_PATTERN)
+    trainer.train_from_iterator(
+      iter(texts), vocab_size - len(SPECIAL_TOKENS), pattern=SPLIT_PATTERN
+    )
     ranks = {bytes(token): rank for token, rank in trainer.get_mergeable_ranks()}
     if len(ranks) + len(SPECIAL_TOKENS) != vocab_size:
       raise DataError(
         f"BPE learned only {len(ranks) - 256} merges from the training text but "
         f"--config.data.vocab_size={vocab_size} needs {vocab_size - _MIN_VOCAB}; lower it "
-        "or train on more text.")
+        "or train on more text."
+      )
     return cls.from_ranks(ranks, trainer.get_pattern())
 
   @classmethod
@@ -166,8 +182,10 @@ class NanochatTokenizer:
       for name in (TOKENIZER_FILE, PICKLE_FILE):
         if os.path.isfile(os.path.join(path, name)):
           return cls.from_path(os.path.join(path, name))
-      raise DataError(f"Tokenizer directory {path} has neither {TOKENIZER_FILE} nor "
-                      f"{PICKLE_FILE}; give nanochat's tokenizer directory or a laplax workdir.")
+      raise DataError(
+        f"Tokenizer directory {path} has neither {TOKENIZER_FILE} nor "
+        f"{PICKLE_FILE}; give nanochat's tokenizer directory or a laplax workdir."
+      )
     if path.endswith(".pkl"):
       return cls(read_tokenizer_pkl(path))
     try:
@@ -178,22 +196,27 @@ class NanochatTokenizer:
       ranks = {base64.b64decode(t): i for i, t in enumerate(data["tokens"])}
       pattern = data["pattern"]
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-      raise DataError(f"Cannot read the nanochat tokenizer {path} ({first_line(e)}); restore "
-                      "the file or use a new --workdir.") from None
+      raise DataError(
+        f"Cannot read the nanochat tokenizer {path} ({first_line(e)}); restore "
+        "the file or use a new --workdir."
+      ) from None
     return cls.from_ranks(ranks, pattern)
 
   # ----- files -------------------------------------------------------------
 
   def _ranked_tokens(self) -> list[bytes]:
-    ranks = self.encoding._mergeable_ranks  # pylint: disable=protected-access
+    ranks = self.encoding._mergeable_ranks
     return sorted(ranks, key=ranks.get)
 
   def save(self, path: str) -> None:
     """Writes laplax's JSON form atomically: format, pattern, special tokens,
     and ``tokens``, the base64 bytes of ids 0..n-1 in id order."""
-    data = {"format": _FORMAT, "pattern": self.encoding._pat_str,  # pylint: disable=protected-access
-            "special_tokens": list(SPECIAL_TOKENS),
-            "tokens": [base64.b64encode(t).decode("ascii") for t in self._ranked_tokens()]}
+    data = {
+      "format": _FORMAT,
+      "pattern": self.encoding._pat_str,
+      "special_tokens": list(SPECIAL_TOKENS),
+      "tokens": [base64.b64encode(t).decode("ascii") for t in self._ranked_tokens()],
+    }
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     atomic_write(path, json.dumps(data, indent=0))
 
@@ -213,8 +236,10 @@ class NanochatTokenizer:
 
   def encode_batch(self, texts: Sequence[str], num_threads: int = 4) -> list[np.ndarray]:
     """``encode`` of each text (tiktoken's threads): a list of int32 [n_i]."""
-    return [np.asarray(ids, np.int32)
-            for ids in self.encoding.encode_ordinary_batch(list(texts), num_threads=num_threads)]
+    return [
+      np.asarray(ids, np.int32)
+      for ids in self.encoding.encode_ordinary_batch(list(texts), num_threads=num_threads)
+    ]
 
   def encode_documents(self, texts: Sequence[str], num_threads: int = 4) -> list[np.ndarray]:
     """Each text as nanochat's data loader reads it: ``[bos_id] + encode(text)``, int32."""
@@ -229,8 +254,9 @@ class NanochatTokenizer:
     """
     ids = np.asarray(ids).reshape(-1)
     if ids.size and (ids.min() < 0 or ids.max() >= self.vocab_size):
-      raise ValueError(f"token ids must be in [0, {self.vocab_size}), got "
-                       f"[{ids.min()}, {ids.max()}]")
+      raise ValueError(
+        f"token ids must be in [0, {self.vocab_size}), got [{ids.min()}, {ids.max()}]"
+      )
     return self.encoding.decode(ids.tolist())
 
 
@@ -255,8 +281,9 @@ class _TiktokenUnpickler(pickle.Unpickler):
   def find_class(self, module, name):
     if (module, name) == ("tiktoken.core", "Encoding"):
       return _EncodingState
-    raise pickle.UnpicklingError(f"it refers to {module}.{name}, which a tiktoken encoding "
-                                 "does not contain")
+    raise pickle.UnpicklingError(
+      f"it refers to {module}.{name}, which a tiktoken encoding does not contain"
+    )
 
 
 def read_tokenizer_pkl(path: str) -> tiktoken.Encoding:
@@ -273,8 +300,10 @@ def read_tokenizer_pkl(path: str) -> tiktoken.Encoding:
     DataError: unreadable file, a refused or malformed pickle (one line,
       naming the file and saying how to export the tokenizer instead).
   """
-  fix = ("export a copy you trust as laplax's nanochat_tokenizer.json (docs/language-models.md, "
-         "\"nanochat's d20\") or train one with `python -m laplax.data.text.nanochat_tokenizer`")
+  fix = (
+    "export a copy you trust as laplax's nanochat_tokenizer.json (docs/language-models.md, "
+    '"nanochat\'s d20") or train one with `python -m laplax.data.text.nanochat_tokenizer`'
+  )
   try:
     with open(path, "rb") as f:
       loaded = _TiktokenUnpickler(io.BytesIO(f.read())).load()
@@ -283,24 +312,32 @@ def read_tokenizer_pkl(path: str) -> tiktoken.Encoding:
   except Exception as e:  # any malformed pickle: UnpicklingError, EOFError, ...
     raise DataError(f"Refused the tokenizer pickle {path}: {first_line(e)}; {fix}.") from None
   state = loaded.state if isinstance(loaded, _EncodingState) else None
-  ok = (isinstance(state, dict)
-        and set(state) <= {"name", "pat_str", "mergeable_ranks", "special_tokens",
-                           "explicit_n_vocab"}
-        and isinstance(state.get("name"), str) and isinstance(state.get("pat_str"), str)
-        and isinstance(state.get("mergeable_ranks"), dict)
-        and all(isinstance(k, bytes) and type(v) is int for k, v in state["mergeable_ranks"].items())
-        and isinstance(state.get("special_tokens"), dict)
-        and all(isinstance(k, str) and type(v) is int for k, v in state["special_tokens"].items()))
+  ok = (
+    isinstance(state, dict)
+    and set(state) <= {"name", "pat_str", "mergeable_ranks", "special_tokens", "explicit_n_vocab"}
+    and isinstance(state.get("name"), str)
+    and isinstance(state.get("pat_str"), str)
+    and isinstance(state.get("mergeable_ranks"), dict)
+    and all(isinstance(k, bytes) and type(v) is int for k, v in state["mergeable_ranks"].items())
+    and isinstance(state.get("special_tokens"), dict)
+    and all(isinstance(k, str) and type(v) is int for k, v in state["special_tokens"].items())
+  )
   if not ok:
-    raise DataError(f"The pickle {path} is not a tiktoken encoding's data (name, pat_str, "
-                    f"mergeable_ranks, special_tokens); {fix}.")
+    raise DataError(
+      f"The pickle {path} is not a tiktoken encoding's data (name, pat_str, "
+      f"mergeable_ranks, special_tokens); {fix}."
+    )
   try:
-    return tiktoken.Encoding(name=state["name"], pat_str=state["pat_str"],
-                             mergeable_ranks=state["mergeable_ranks"],
-                             special_tokens=state["special_tokens"])
+    return tiktoken.Encoding(
+      name=state["name"],
+      pat_str=state["pat_str"],
+      mergeable_ranks=state["mergeable_ranks"],
+      special_tokens=state["special_tokens"],
+    )
   except Exception as e:  # tiktoken's own checks
-    raise DataError(f"The tokenizer pickle {path} is not a usable encoding "
-                    f"({first_line(e)}); {fix}.") from None
+    raise DataError(
+      f"The tokenizer pickle {path} is not a usable encoding ({first_line(e)}); {fix}."
+    ) from None
 
 
 # --------------------------------------------------------------------------
@@ -329,13 +366,14 @@ def main(argv: Sequence[str] | None = None) -> int:
   (65536), ``--max_chars`` (2,000,000,000, nanochat's speedrun),
   ``--doc_cap`` (10,000). Returns the exit code: 0, or 2 with one error line.
   """
-  import argparse  # pylint: disable=import-outside-toplevel
-  import sys  # pylint: disable=import-outside-toplevel
+  import argparse
+  import sys
 
-  from laplax.data.text import fineweb_shards  # pylint: disable=import-outside-toplevel
+  from laplax.data.text import fineweb_shards
 
-  parser = argparse.ArgumentParser(prog="python -m laplax.data.text.nanochat_tokenizer",
-                                   description=main.__doc__.split("\n\n")[1])
+  parser = argparse.ArgumentParser(
+    prog="python -m laplax.data.text.nanochat_tokenizer", description=main.__doc__.split("\n\n")[1]
+  )
   parser.add_argument("--source_dir", required=True, help="directory of *.parquet shards")
   parser.add_argument("--out", required=True, help="output directory")
   parser.add_argument("--vocab_size", type=int, default=65536)
@@ -344,8 +382,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   args = parser.parse_args(argv)
   try:
     shards = fineweb_shards.list_shards(args.source_dir)
-    texts = training_texts(fineweb_shards.iter_documents(shards[:-1]), args.max_chars,
-                           args.doc_cap)
+    texts = training_texts(fineweb_shards.iter_documents(shards[:-1]), args.max_chars, args.doc_cap)
     tokenizer = NanochatTokenizer.train(texts, args.vocab_size)
     tokenizer.save(os.path.join(args.out, TOKENIZER_FILE))
     tokenizer.save_nanochat(args.out)

@@ -21,7 +21,6 @@ import hashlib
 import json
 import os
 from collections.abc import Sequence
-from typing import Union
 
 import ml_collections
 import numpy as np
@@ -158,7 +157,7 @@ class BPETokenizer:
     return self._tokenizer.decode(np.asarray(ids).reshape(-1).tolist())
 
 
-Tokenizer = Union[ByteTokenizer, BPETokenizer, NanochatTokenizer]
+Tokenizer = ByteTokenizer | BPETokenizer | NanochatTokenizer
 
 
 def tokenizer_kind(data_config: ml_collections.ConfigDict) -> str:
@@ -179,8 +178,7 @@ def _tokenizer_name(data_config) -> str:
   kind = data_config.tokenizer
   if kind not in TOKENIZERS:
     raise DataError(
-      f"Unknown tokenizer {kind!r}; valid names: {', '.join(TOKENIZERS)} "
-      "(--config.data.tokenizer)."
+      f"Unknown tokenizer {kind!r}; valid names: {', '.join(TOKENIZERS)} (--config.data.tokenizer)."
     )
   return kind
 
@@ -189,8 +187,9 @@ def _bpe_vocab_size(data_config) -> int:
   size, kind = data_config.vocab_size, data_config.tokenizer
   least = 265 if kind == "nanochat" else 256
   if isinstance(size, bool) or not isinstance(size, int) or size < least:
-    what = ("256 bytes, 9 special tokens" if kind == "nanochat"
-            else "the 256 bytes plus learned merges")
+    what = (
+      "256 bytes, 9 special tokens" if kind == "nanochat" else "the 256 bytes plus learned merges"
+    )
     raise DataError(
       f"--config.data.vocab_size={size!r} must be an integer >= {least} for the {kind} "
       f"tokenizer ({what})."

@@ -36,8 +36,8 @@ import os
 
 import numpy as np
 
-from laplax.data.vision import augment
 from laplax.data.errors import DataError
+from laplax.data.vision import augment
 
 NAME = "ade20k"
 NUM_CLASSES = 150
@@ -45,9 +45,11 @@ SPLITS = ("training", "validation")
 IMAGE_SUFFIX = ".jpg"
 ANNOTATION_SUFFIX = ".png"
 IGNORE = -1
-_HINT = ("give --config.eval.segmentation_dir=DIR where DIR holds ADEChallengeData2016 "
-         "unpacked (images/training, images/validation, annotations/training, "
-         "annotations/validation)")
+_HINT = (
+  "give --config.eval.segmentation_dir=DIR where DIR holds ADEChallengeData2016 "
+  "unpacked (images/training, images/validation, annotations/training, "
+  "annotations/validation)"
+)
 
 
 def _folder(root: str, kind: str, split: str) -> str:
@@ -55,8 +57,10 @@ def _folder(root: str, kind: str, split: str) -> str:
   path = os.path.join(root, kind, split)
   if not os.path.isdir(path):
     found = sorted(os.listdir(root))[:6] if os.path.isdir(root) else []
-    raise DataError(f"{root} is not an ADEChallengeData2016 release: {kind}/{split} is "
-                    f"missing (found {', '.join(found) or 'nothing'}); {_HINT}")
+    raise DataError(
+      f"{root} is not an ADEChallengeData2016 release: {kind}/{split} is "
+      f"missing (found {', '.join(found) or 'nothing'}); {_HINT}"
+    )
   return path
 
 
@@ -87,11 +91,14 @@ def split_files(root: str, split: str) -> list[tuple[str, str]]:
   for name in names:
     stem = os.path.splitext(name)[0]
     if stem + ANNOTATION_SUFFIX not in annotations:
-      raise DataError(f"images/{split}/{name} has no annotation annotations/{split}/"
-                      f"{stem}{ANNOTATION_SUFFIX} in {root}; the release is incomplete, "
-                      f"unpack ADEChallengeData2016.zip again")
-    pairs.append((os.path.join(image_dir, name),
-                  os.path.join(annotation_dir, stem + ANNOTATION_SUFFIX)))
+      raise DataError(
+        f"images/{split}/{name} has no annotation annotations/{split}/"
+        f"{stem}{ANNOTATION_SUFFIX} in {root}; the release is incomplete, "
+        f"unpack ADEChallengeData2016.zip again"
+      )
+    pairs.append(
+      (os.path.join(image_dir, name), os.path.join(annotation_dir, stem + ANNOTATION_SUFFIX))
+    )
   return pairs
 
 
@@ -111,34 +118,43 @@ def class_mask(annotation: np.ndarray, path: str = "annotation") -> np.ndarray:
   """
   a = np.asarray(annotation)
   if a.ndim != 2:
-    raise DataError(f"{path} has shape {a.shape}, not a single-channel class map; "
-                    f"ADEChallengeData2016 annotations are 8-bit grey PNGs (another "
-                    f"ADE20K release?); {_HINT}")
+    raise DataError(
+      f"{path} has shape {a.shape}, not a single-channel class map; "
+      f"ADEChallengeData2016 annotations are 8-bit grey PNGs (another "
+      f"ADE20K release?); {_HINT}"
+    )
   top = int(a.max(initial=0))
   if top > NUM_CLASSES:
-    raise DataError(f"{path} has pixel value {top}; ADEChallengeData2016 annotations "
-                    f"hold 0 (ignored) to {NUM_CLASSES}; {_HINT}")
+    raise DataError(
+      f"{path} has pixel value {top}; ADEChallengeData2016 annotations "
+      f"hold 0 (ignored) to {NUM_CLASSES}; {_HINT}"
+    )
   a = a.astype(np.int32)
   return np.where(a > 0, a - 1, IGNORE).astype(np.int32)
 
 
 def _decode(path: str, mode: str | None) -> np.ndarray:
   """The pixels of an image file (converted to ``mode`` if given), or DataError."""
-  from PIL import Image  # pylint: disable=import-outside-toplevel
+  from PIL import Image
+
   try:
     with Image.open(path) as image:
       if mode is None:
         if image.mode not in ("L", "P", "I;16", "I"):
-          raise DataError(f"{path} is a {image.mode} image, not a single-channel class "
-                          f"map; ADEChallengeData2016 annotations are 8-bit grey PNGs "
-                          f"(another ADE20K release?); {_HINT}")
+          raise DataError(
+            f"{path} is a {image.mode} image, not a single-channel class "
+            f"map; ADEChallengeData2016 annotations are 8-bit grey PNGs "
+            f"(another ADE20K release?); {_HINT}"
+          )
         return np.asarray(image)
       return np.asarray(image.convert(mode))
   except (OSError, ValueError) as e:
     if isinstance(e, DataError):
       raise
-    raise DataError(f"cannot decode {path} ({' '.join(str(e).split())[:160]}); replace "
-                    f"the file from ADEChallengeData2016.zip") from None
+    raise DataError(
+      f"cannot decode {path} ({' '.join(str(e).split())[:160]}); replace "
+      f"the file from ADEChallengeData2016.zip"
+    ) from None
 
 
 def read_split(root: str, split: str, num: int, size: int, channels: int = 3):
@@ -161,9 +177,8 @@ def read_split(root: str, split: str, num: int, size: int, channels: int = 3):
       annotation whose size differs from its image's.
   """
   if channels not in (1, 3):
-    raise DataError(f"ADE20K images are RGB; a backbone of {channels} channels cannot "
-                    f"take them")
-  pairs = split_files(root, split)[:max(int(num), 0)]
+    raise DataError(f"ADE20K images are RGB; a backbone of {channels} channels cannot take them")
+  pairs = split_files(root, split)[: max(int(num), 0)]
   images = np.zeros((len(pairs), size, size, channels), np.uint8)
   masks = np.zeros((len(pairs), size, size), np.int32)
   for i, (image_path, annotation_path) in enumerate(pairs):
@@ -172,9 +187,11 @@ def read_split(root: str, split: str, num: int, size: int, channels: int = 3):
       pixels = pixels[..., None]
     annotation = _decode(annotation_path, None)
     if annotation.shape[:2] != pixels.shape[:2]:
-      raise DataError(f"{annotation_path} is {annotation.shape[1]}x{annotation.shape[0]} "
-                      f"but its image is {pixels.shape[1]}x{pixels.shape[0]}; replace it "
-                      f"from ADEChallengeData2016.zip")
+      raise DataError(
+        f"{annotation_path} is {annotation.shape[1]}x{annotation.shape[0]} "
+        f"but its image is {pixels.shape[1]}x{pixels.shape[0]}; replace it "
+        f"from ADEChallengeData2016.zip"
+      )
     mask = class_mask(annotation, annotation_path)
     square = augment.center_crops([pixels], size, 1.0, fixed_size=True)[0]
     images[i] = np.clip(np.rint(square), 0, 255).astype(np.uint8)

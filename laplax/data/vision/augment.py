@@ -50,8 +50,6 @@ def random_flip(images: np.ndarray, rng) -> np.ndarray:
   return np.where(flipped[:, None, None, None], images[:, :, ::-1], images)
 
 
-
-
 def sample_boxes(rng, height, width, scale, ratio=RRC_RATIO, attempts: int = 10) -> np.ndarray:
   """Random-resized-crop boxes, as torchvision's RandomResizedCrop but not rounded.
 

@@ -19,8 +19,16 @@ BACKGROUND = 0
 GARMENT_THRESHOLD = 10
 
 
-def fashion_canvases(images, labels, num_canvases: int, *, canvas_size: int = 56,
-                     min_items: int = 2, max_items: int = 4, seed: int = 0):
+def fashion_canvases(
+  images,
+  labels,
+  num_canvases: int,
+  *,
+  canvas_size: int = 56,
+  min_items: int = 2,
+  max_items: int = 4,
+  seed: int = 0,
+):
   """Canvases of pasted Fashion-MNIST garments with per-pixel labels.
 
   Each canvas draws ``k`` in ``[min_items, max_items]`` garments (with
@@ -48,12 +56,13 @@ def fashion_canvases(images, labels, num_canvases: int, *, canvas_size: int = 56
     images = images[..., 0]
   labels = np.asarray(labels)
   if images.ndim != 3 or labels.shape != images.shape[:1] or not len(images):
-    raise ValueError(f"images [N, h, w] and labels [N] do not fit: {images.shape}, "
-                     f"{labels.shape}")
+    raise ValueError(f"images [N, h, w] and labels [N] do not fit: {images.shape}, {labels.shape}")
   h, w = images.shape[1:]
   if canvas_size < max(h, w) or not 1 <= min_items <= max_items or num_canvases < 0:
-    raise ValueError(f"need canvas_size >= {max(h, w)} and 1 <= min_items <= max_items; got "
-                     f"{canvas_size}, {min_items}, {max_items}")
+    raise ValueError(
+      f"need canvas_size >= {max(h, w)} and 1 <= min_items <= max_items; got "
+      f"{canvas_size}, {min_items}, {max_items}"
+    )
   rng = np.random.default_rng(seed)
   canvases = np.zeros((num_canvases, canvas_size, canvas_size), np.uint8)
   masks = np.full((num_canvases, canvas_size, canvas_size), BACKGROUND, np.int32)
@@ -61,6 +70,6 @@ def fashion_canvases(images, labels, num_canvases: int, *, canvas_size: int = 56
     for i in rng.integers(0, len(images), size=rng.integers(min_items, max_items + 1)):
       top, left = rng.integers(0, canvas_size - h + 1), rng.integers(0, canvas_size - w + 1)
       on = images[i] > GARMENT_THRESHOLD
-      canvases[m, top:top + h, left:left + w][on] = images[i][on]
-      masks[m, top:top + h, left:left + w][on] = int(labels[i]) + 1
+      canvases[m, top : top + h, left : left + w][on] = images[i][on]
+      masks[m, top : top + h, left : left + w][on] = int(labels[i]) + 1
   return canvases[..., None], masks

@@ -41,14 +41,19 @@ import tensorflow_datasets as tfds
 from ml_collections import config_dict
 
 from laplax.data import common
-
-from laplax.data.vision import augment
 from laplax.data.builders import fashion_mnist_idx as fmnist
 from laplax.data.builders import fashion_mosaic
-from laplax.data.errors import DataError  # Re-exported: images.DataError.
-from laplax.data.errors import corrupt_prepared
-from laplax.data.vision.multicrop import MultiCrop, multicrop_settings, multicrop_views
-from laplax.data.vision.multicrop import default_multicrop_config  # Re-exported.
+from laplax.data.errors import (
+  DataError,  # Re-exported: images.DataError.
+  corrupt_prepared,
+)
+from laplax.data.vision import augment
+from laplax.data.vision.multicrop import (
+  MultiCrop,
+  default_multicrop_config,  # noqa: F401  (re-exported)
+  multicrop_settings,
+  multicrop_views,
+)
 from laplax.utils import first_line
 
 EVAL_CROP_FRACTION = 0.875  # eval of variable-size images: crop 224 of 256, as usual
@@ -196,8 +201,9 @@ def _open(data_config, split: str):
       f"({first_line(e)}); install one with `pip install pillow`."
     ) from e
   except Exception as e:  # array_record raises RuntimeError, OSError, ...
-    raise corrupt_prepared(f"split {split!r} of {name!r} in {data_dir}",
-                           os.path.join(data_dir, name), e) from e
+    raise corrupt_prepared(
+      f"split {split!r} of {name!r} in {data_dir}", os.path.join(data_dir, name), e
+    ) from e
   return source
 
 
@@ -331,19 +337,22 @@ class DecodedCache:
     if self._fill is None:
       order = np.unique(np.asarray(indices, np.int64))
       stop = threading.Event()
+
       def halt():  # at exit, before Python stops daemon threads inside a read
         stop.set()
         thread.join()
+
       def fill():
         try:
           for start in range(0, order.size, self.FILL_CHUNK):
             if stop.is_set():
               return
-            self._decode(order[start:start + self.FILL_CHUNK])
-        except Exception:  # pylint: disable=broad-except
+            self._decode(order[start : start + self.FILL_CHUNK])
+        except Exception:
           return  # a bad example: the read that needs it raises the error
         finally:
           atexit.unregister(halt)  # done: nothing holds the cache any more
+
       thread = threading.Thread(target=fill, name="laplax-decode-fill", daemon=True)
       self._fill = thread
       atexit.register(halt)
@@ -357,8 +366,11 @@ def cached(source):
   else ``source`` itself."""
   feature = source.dataset_info.features["image"]
   shape = feature.shape
-  if (None in shape or np.dtype(feature.np_dtype) != np.uint8
-      or len(source) * int(np.prod(shape)) > CACHE_MAX_BYTES):
+  if (
+    None in shape
+    or np.dtype(feature.np_dtype) != np.uint8
+    or len(source) * int(np.prod(shape)) > CACHE_MAX_BYTES
+  ):
     return source
   return DecodedCache(source, shape)
 
@@ -377,7 +389,8 @@ def _train_batch(indices: np.ndarray, rng, *, source, p: _Preprocess):
   images, labels = _read(source, indices)
   if p.image_size:
     images = augment.random_resized_crops(
-      images, rng, p.image_size, fixed_size=p.fixed_size, flip=p.flip)
+      images, rng, p.image_size, fixed_size=p.fixed_size, flip=p.flip
+    )
   else:
     images = augment.random_crop(np.stack(images), p.crop_padding, rng)
     if p.flip:
@@ -421,8 +434,16 @@ def info(data_config: ml_collections.ConfigDict) -> ImageInfo:
   )
 
 
-def _shuffled_batches(data_config, source, make_batch, *, batch_size: int, seed: int,
-                      process_index: int, process_count: int) -> grain.IterDataset:
+def _shuffled_batches(
+  data_config,
+  source,
+  make_batch,
+  *,
+  batch_size: int,
+  seed: int,
+  process_index: int,
+  process_count: int,
+) -> grain.IterDataset:
   """This process's shard of ``source`` indices, shuffled per epoch, batched, and
   turned into batches by ``make_batch(indices, rng)`` (grain ``random_map``)."""
   ds = grain.MapDataset.range(len(source))[process_index::process_count]
@@ -473,9 +494,14 @@ def train_dataset(
   source = cached(_open(data_config, data_config.train_split))
   p, _ = _preprocess_settings(data_config, source.dataset_info.features)
   return _shuffled_batches(
-    data_config, source, functools.partial(_train_batch, source=source, p=p),
-    batch_size=batch_size, seed=seed, process_index=process_index,
-    process_count=process_count)
+    data_config,
+    source,
+    functools.partial(_train_batch, source=source, p=p),
+    batch_size=batch_size,
+    seed=seed,
+    process_index=process_index,
+    process_count=process_count,
+  )
 
 
 def eval_batches(
@@ -592,7 +618,11 @@ def multicrop_train_dataset(
   m = _multicrop_settings(data_config, multicrop, channels)
   fixed_size = height is not None and width is not None
   return _shuffled_batches(
-    data_config, source,
+    data_config,
+    source,
     functools.partial(_multicrop_batch, source=source, m=m, fixed_size=fixed_size),
-    batch_size=batch_size, seed=seed, process_index=process_index,
-    process_count=process_count)
+    batch_size=batch_size,
+    seed=seed,
+    process_index=process_index,
+    process_count=process_count,
+  )

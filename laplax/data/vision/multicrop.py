@@ -21,8 +21,8 @@ import math
 import ml_collections
 import numpy as np
 
-from laplax.data.vision import augment
 from laplax.data.errors import DataError
+from laplax.data.vision import augment
 from laplax.models import spec as spec_lib
 
 _FASHION_MNIST = "fashion_mnist_idx"  # the default dataset (images.default_config)
@@ -90,24 +90,30 @@ def _require(ok: bool, message: str) -> None:
 
 def _integer(multicrop, key: str, minimum: int) -> int:
   value = multicrop[key]
-  _require(isinstance(value, int) and not isinstance(value, bool) and value >= minimum,
-           f"{_KEY}.{key}={value!r} must be an integer >= {minimum}")
+  _require(
+    isinstance(value, int) and not isinstance(value, bool) and value >= minimum,
+    f"{_KEY}.{key}={value!r} must be an integer >= {minimum}",
+  )
   return value
 
 
 def _fraction(multicrop, key: str, maximum: float) -> float:
   value = multicrop[key]
-  _require(_number(value) and math.isfinite(value) and 0.0 <= value <= maximum,
-           f"{_KEY}.{key}={value!r} must be a finite number >= 0.0 and <= {maximum}")
+  _require(
+    _number(value) and math.isfinite(value) and 0.0 <= value <= maximum,
+    f"{_KEY}.{key}={value!r} must be a finite number >= 0.0 and <= {maximum}",
+  )
   return value
 
 
 def _pair(multicrop, key: str, minimum: float, maximum: float) -> tuple[float, float]:
   value = multicrop[key]
   ok = isinstance(value, (list, tuple)) and len(value) == 2 and all(_number(v) for v in value)
-  _require(ok and minimum <= value[0] <= value[1] <= maximum,
-           f"{_KEY}.{key}={value!r} must be two numbers (low, high) with "
-           f"{minimum} <= low <= high <= {maximum}")
+  _require(
+    ok and minimum <= value[0] <= value[1] <= maximum,
+    f"{_KEY}.{key}={value!r} must be two numbers (low, high) with "
+    f"{minimum} <= low <= high <= {maximum}",
+  )
   return (float(value[0]), float(value[1]))
 
 
@@ -127,23 +133,33 @@ def check_multicrop(multicrop: ml_collections.ConfigDict, patch_size: int = 1) -
       (``config.data.multicrop.KEY=...``) and what it must be.
   """
   missing = sorted(set(default_multicrop_config()) - set(multicrop))
-  _require(not missing, f"{_KEY} lacks {', '.join(missing)}; start from "
-                        "laplax.data.vision.multicrop.default_multicrop_config()")
+  _require(
+    not missing,
+    f"{_KEY} lacks {', '.join(missing)}; start from "
+    "laplax.data.vision.multicrop.default_multicrop_config()",
+  )
   num_global = _integer(multicrop, "num_global", 1)
   num_local = _integer(multicrop, "num_local", 0)
-  _require(num_global + num_local >= 2,
-           f"{_KEY} has {num_global} global and {num_local} local crops; DINO needs "
-           "at least 2 views (e.g. num_global=2)")
+  _require(
+    num_global + num_local >= 2,
+    f"{_KEY} has {num_global} global and {num_local} local crops; DINO needs "
+    "at least 2 views (e.g. num_global=2)",
+  )
   for key in ("global_size", "local_size"):
     size = _integer(multicrop, key, patch_size)
     try:
       spec_lib.patch_grid(size, size, patch_size)
     except spec_lib.SpecError:
-      raise DataError(f"{_KEY}.{key}={size} is not divisible by config.model.patch_size="
-                      f"{patch_size}; choose a multiple of it") from None
+      raise DataError(
+        f"{_KEY}.{key}={size} is not divisible by config.model.patch_size="
+        f"{patch_size}; choose a multiple of it"
+      ) from None
   g, l = multicrop["global_size"], multicrop["local_size"]
-  _require(l <= g, f"{_KEY}.local_size={l} is larger than global_size={g}; local crops "
-                   "must not be larger than global crops")
+  _require(
+    l <= g,
+    f"{_KEY}.local_size={l} is larger than global_size={g}; local crops "
+    "must not be larger than global crops",
+  )
   _pair(multicrop, "global_scale", 1e-6, 1.0)
   _pair(multicrop, "local_scale", 1e-6, 1.0)
   for key in ("jitter_prob", "grayscale_prob", "solarize_prob"):
@@ -152,17 +168,22 @@ def check_multicrop(multicrop: ml_collections.ConfigDict, patch_size: int = 1) -
     _fraction(multicrop, key, 1.0)
   _fraction(multicrop, "hue", 0.5)
   blur = multicrop["blur_prob"]
-  _require(isinstance(blur, (list, tuple)) and len(blur) == 3
-           and all(_number(p) and 0 <= p <= 1 for p in blur),
-           f"{_KEY}.blur_prob={blur!r} must be 3 probabilities (first global view, "
-           "second global view, local views)")
+  _require(
+    isinstance(blur, (list, tuple))
+    and len(blur) == 3
+    and all(_number(p) and 0 <= p <= 1 for p in blur),
+    f"{_KEY}.blur_prob={blur!r} must be 3 probabilities (first global view, "
+    "second global view, local views)",
+  )
   _pair(multicrop, "blur_sigma", 0.0, 1e3)
   flip = multicrop["flip"]
   _require(isinstance(flip, bool), f"{_KEY}.flip={flip!r} must be True or False")
   threshold = multicrop["solarize_threshold"]
-  _require(_number(threshold) and math.isfinite(threshold),
-           f"{_KEY}.solarize_threshold={threshold!r} must be a finite number (0..255 "
-           "units: pixels >= it become 255 - pixel)")
+  _require(
+    _number(threshold) and math.isfinite(threshold),
+    f"{_KEY}.solarize_threshold={threshold!r} must be a finite number (0..255 "
+    "units: pixels >= it become 255 - pixel)",
+  )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -190,8 +211,9 @@ class MultiCrop:
   offset: np.ndarray  # float32 [C]: mean / std
 
 
-def multicrop_settings(multicrop: ml_collections.ConfigDict, scale: np.ndarray,
-                       offset: np.ndarray) -> MultiCrop:
+def multicrop_settings(
+  multicrop: ml_collections.ConfigDict, scale: np.ndarray, offset: np.ndarray
+) -> MultiCrop:
   """Checks ``multicrop`` (``check_multicrop``) and returns its settings.
 
   Args:
@@ -208,8 +230,16 @@ def multicrop_settings(multicrop: ml_collections.ConfigDict, scale: np.ndarray,
   def pair(key):
     return (float(m[key][0]), float(m[key][1]))
 
-  numbers = ("jitter_prob", "brightness", "contrast", "saturation", "hue", "grayscale_prob",
-             "solarize_prob", "solarize_threshold")
+  numbers = (
+    "jitter_prob",
+    "brightness",
+    "contrast",
+    "saturation",
+    "hue",
+    "grayscale_prob",
+    "solarize_prob",
+    "solarize_threshold",
+  )
   return MultiCrop(
     num_global=m["num_global"],
     num_local=m["num_local"],

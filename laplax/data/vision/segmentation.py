@@ -55,13 +55,9 @@ from typing import NamedTuple
 import ml_collections
 import numpy as np
 
-from laplax.data.vision import ade20k
-
-from laplax.data.vision import augment
-
-from laplax.data.vision import images
 from laplax.data.builders import fashion_mosaic
 from laplax.data.errors import DataError
+from laplax.data.vision import ade20k, augment, images
 
 SCENE_PARSE150 = "scene_parse150"
 SCENE_PARSE150_CLASSES = 150
@@ -110,7 +106,7 @@ def has_masks(data_config: ml_collections.ConfigDict) -> bool:
   Raises:
     DataError: the dataset is not prepared or unreadable.
   """
-  source = images._open(data_config, data_config.train_split)  # pylint: disable=protected-access
+  source = images._open(data_config, data_config.train_split)
   return "mask" in source.dataset_info.features
 
 
@@ -144,18 +140,17 @@ def _square(raw: list[np.ndarray], image_size: int) -> np.ndarray:
   return augment.center_crops(raw, image_size, 1.0, fixed_size=fixed)
 
 
-def _normalised(raw: list[np.ndarray], data_config, image_size: int,
-                channels: int) -> np.ndarray:
+def _normalised(raw: list[np.ndarray], data_config, image_size: int, channels: int) -> np.ndarray:
   """:func:`_square`, then normalised as the run's images (float32 ``[N, S, S, C]``)."""
   if not raw:
     return np.zeros((0, image_size, image_size, channels), np.float32)
-  scale, offset = images._normalisation(data_config, channels)  # pylint: disable=protected-access
+  scale, offset = images._normalisation(data_config, channels)
   return _square(raw, image_size) * scale - offset
 
 
 def _own_split(data_config, split: str, num: int):
   """The first ``num`` (uint8 images, int32 masks) of ``split`` of the run's dataset."""
-  source = images._open(data_config, split)  # pylint: disable=protected-access
+  source = images._open(data_config, split)
   examples = source.__getitems__(list(range(min(num, len(source)))))
   masks = np.stack([np.asarray(e["mask"], np.int32) for e in examples])
   return [np.asarray(e["image"]) for e in examples], masks
@@ -163,13 +158,15 @@ def _own_split(data_config, split: str, num: int):
 
 def _canvas_split(data_config, split: str, num: int, seed: int):
   """``num`` canvases (uint8 ``[56, 56, 1]`` list, int32 masks) from ``split``'s garments."""
-  from laplax.data.vision import canvases as canvas_lib  # pylint: disable=import-outside-toplevel
-  source = images._open(data_config, split)  # pylint: disable=protected-access
+  from laplax.data.vision import canvases as canvas_lib
+
+  source = images._open(data_config, split)
   pool = source.__getitems__(list(range(min(len(source), CANVAS_POOL * max(num, 1)))))
   garments = np.stack([np.asarray(e["image"]) for e in pool])
   labels = np.array([e["label"] for e in pool])
   canvases, masks = canvas_lib.fashion_canvases(
-      garments, labels, num, canvas_size=fashion_mosaic.CANVAS_SIZE, seed=seed)
+    garments, labels, num, canvas_size=fashion_mosaic.CANVAS_SIZE, seed=seed
+  )
   return list(canvases), masks
 
 
@@ -208,21 +205,31 @@ def read_scene_parse150(data_dir: str, split: str, num_images: int, image_size: 
     DataError: not prepared in ``data_dir``, unreadable, or no image decoder.
   """
   config = ml_collections.ConfigDict({"name": SCENE_PARSE150, "data_dir": data_dir})
-  source = images._open(config, split)  # pylint: disable=protected-access
+  source = images._open(config, split)
   # One read per example: scene_parse150 images are large and few are needed.
   examples = [source[i] for i in range(min(num_images, len(source)))]
   if not examples:
-    return (np.zeros((0, image_size, image_size, 3), np.uint8),
-            np.zeros((0, image_size, image_size), np.int32))
+    return (
+      np.zeros((0, image_size, image_size, 3), np.uint8),
+      np.zeros((0, image_size, image_size), np.int32),
+    )
   pictures = _square([np.asarray(e["image"]) for e in examples], image_size)
-  masks = np.stack([augment.square_nearest(scene_parse150_mask(e["annotation"]), image_size)
-                    for e in examples])
+  masks = np.stack(
+    [augment.square_nearest(scene_parse150_mask(e["annotation"]), image_size) for e in examples]
+  )
   return np.clip(np.rint(pictures), 0, 255).astype(np.uint8), masks
 
 
-def load(data_config: ml_collections.ConfigDict, source: str, *, num_train: int,
-         num_test: int, image_size: int, channels: int,
-         directory: str = "") -> SegmentationData:
+def load(
+  data_config: ml_collections.ConfigDict,
+  source: str,
+  *,
+  num_train: int,
+  num_test: int,
+  image_size: int,
+  channels: int,
+  directory: str = "",
+) -> SegmentationData:
   """The segmentation train and test data of a run (see the module docstring).
 
   Args:
@@ -241,42 +248,60 @@ def load(data_config: ml_collections.ConfigDict, source: str, *, num_train: int,
       images whose channels are not ``channels``.
   """
   if source == ADE20K:  # a grey backbone gets the luma (see laplax.data.vision.ade20k)
-    parts = [ade20k.read_split(directory, split, n, image_size, channels)
-             for split, n in zip(ade20k.SPLITS, (num_train, num_test))]
+    parts = [
+      ade20k.read_split(directory, split, n, image_size, channels)
+      for split, n in zip(ade20k.SPLITS, (num_train, num_test))
+    ]
     name, num_classes = ADE20K, ade20k.NUM_CLASSES
     parts = [(list(x), m) for x, m in parts]
   elif source == SCENE_PARSE150:
     if channels != 3:
       raise DataError(
-          f"scene_parse150 images are RGB but the backbone takes {channels}-channel "
-          f"images; use config.eval.segmentation_dataset='auto' for this run")
-    parts = [read_scene_parse150(data_config.data_dir, split, n, image_size)
-             for split, n in zip(SCENE_PARSE150_SPLITS, (num_train, num_test))]
+        f"scene_parse150 images are RGB but the backbone takes {channels}-channel "
+        f"images; use config.eval.segmentation_dataset='auto' for this run"
+      )
+    parts = [
+      read_scene_parse150(data_config.data_dir, split, n, image_size)
+      for split, n in zip(SCENE_PARSE150_SPLITS, (num_train, num_test))
+    ]
     name, num_classes = SCENE_PARSE150, SCENE_PARSE150_CLASSES
     parts = [(list(x), m) for x, m in parts]
   elif source == FASHION_CANVASES:
-    parts = [_canvas_split(data_config, split, n, fashion_mosaic.SEEDS[role])
-             for split, n, role in ((data_config.train_split, num_train, "train"),
-                                    (data_config.eval_split, num_test, "test"))]
+    parts = [
+      _canvas_split(data_config, split, n, fashion_mosaic.SEEDS[role])
+      for split, n, role in (
+        (data_config.train_split, num_train, "train"),
+        (data_config.eval_split, num_test, "test"),
+      )
+    ]
     name, num_classes = FASHION_CANVASES, fashion_mosaic.NUM_MASK_CLASSES
   else:
-    parts = [_own_split(data_config, split, n)
-             for split, n in ((data_config.train_split, num_train),
-                              (data_config.eval_split, num_test))]
-    info = images._open(data_config, data_config.train_split).dataset_info  # pylint: disable=protected-access
+    parts = [
+      _own_split(data_config, split, n)
+      for split, n in ((data_config.train_split, num_train), (data_config.eval_split, num_test))
+    ]
+    info = images._open(data_config, data_config.train_split).dataset_info
     name, num_classes = data_config.name, int(info.features["label"].num_classes) + 1
   (train_raw, train_masks), (test_raw, test_masks) = parts
   for raw in (train_raw, test_raw):
     if raw and raw[0].shape[-1] != channels:
-      raise DataError(f"{name} images have {raw[0].shape[-1]} channels but the backbone "
-                      f"takes {channels}")
+      raise DataError(
+        f"{name} images have {raw[0].shape[-1]} channels but the backbone takes {channels}"
+      )
   if len(train_raw) < 2 or len(test_raw) < 1:
-    raise DataError(f"{name} gave {len(train_raw)} train and {len(test_raw)} test images "
-                    f"for the segmentation probe; it needs at least 2 and 1")
+    raise DataError(
+      f"{name} gave {len(train_raw)} train and {len(test_raw)} test images "
+      f"for the segmentation probe; it needs at least 2 and 1"
+    )
+
   def masks(m):
     return np.stack([augment.square_nearest(x, image_size) for x in m]).astype(np.int32)
+
   return SegmentationData(
-      train_images=_normalised(train_raw, data_config, image_size, channels),
-      train_masks=masks(train_masks),
-      test_images=_normalised(test_raw, data_config, image_size, channels),
-      test_masks=masks(test_masks), num_classes=num_classes, name=name)
+    train_images=_normalised(train_raw, data_config, image_size, channels),
+    train_masks=masks(train_masks),
+    test_images=_normalised(test_raw, data_config, image_size, channels),
+    test_masks=masks(test_masks),
+    num_classes=num_classes,
+    name=name,
+  )
