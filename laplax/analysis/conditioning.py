@@ -133,8 +133,7 @@ def jacobian_condition(fn: Callable[..., jax.Array], x, *args) -> dict:
 def attention_probs(x, wq, wk, *, causal: bool = False, scale: float | None = None):
   """``P = softmax(X W_Q (X W_K)^T * scale + causal mask)``, float32 ``[T, T]``.
 
-  Args:
-    x: float ``[T, D]``; wq, wk: float ``[D, d]``; ``scale`` default ``1/sqrt(d)``.
+  ``x`` float ``[T, D]``; ``wq, wk`` ``[D, d]``; ``scale`` default ``1/sqrt(d)``.
   """
   x = jnp.asarray(x, jnp.float32)
   scale = wq.shape[-1] ** -0.5 if scale is None else scale

@@ -479,9 +479,9 @@ def eval_batches(
   ``EVAL_CROP_FRACTION`` of the short side.
 
   Returns:
-    An iterator of ``{"image": float32 [batch_size, H, W, C], "label": int32
-    [batch_size], "mask": float32 [batch_size]}`` (1 real, 0 padding); the last batch
-    is zero-padded, and ``batch_size`` is cut to the split's size.
+    An iterator of dicts, ``"image"`` float32 [batch_size, H, W, C], ``"label"``
+    int32 [batch_size] and ``"mask"`` float32 [batch_size] (1 real, 0 padding); the
+    last batch is zero-padded, and ``batch_size`` is cut to the split's size.
 
   Raises:
     DataError: the dataset is not prepared/readable or misconfigured.
@@ -533,9 +533,10 @@ def multicrop_train_dataset(
     process_index, process_count: this process among those sharing the data.
 
   Returns:
-    A ``grain.IterDataset`` yielding ``{"global": float32 [num_global, batch_size,
-    global_size, global_size, C], "local": float32 [num_local, batch_size, local_size,
-    local_size, C]}`` (zero-size without local views); view v of image b at [v, b].
+    A ``grain.IterDataset`` yielding dicts, ``"global"`` float32 [num_global,
+    batch_size, global_size, global_size, C] and ``"local"`` float32 [num_local,
+    batch_size, local_size, local_size, C] (zero-size without local views); view v
+    of image b at [v, b].
 
   Raises:
     DataError: the dataset is not prepared/readable, or a config is invalid.
