@@ -40,16 +40,12 @@ def parse_arg(arg: str | None, **defaults) -> ml_collections.ConfigDict:
 
 
 def model_config(name: str) -> ml_collections.ConfigDict:
-  """The ``config.model`` section of family ``name`` (``"vit"``, ``"gpt"``), with
-  every key and default taken from the model spec
-  (:func:`laplax.models.spec.config_defaults`).
+  """The ``config.model`` section of family ``name`` (``"vit"``, ``"gpt"``) from the model spec.
 
-  ``None`` defaults become typed placeholders so that ``--config.model.KEY=``
-  overrides type-check: ``num_laplacian_heads`` takes an int (the last k heads
-  of every layer) or a per-layer list, ``laplacian_mask`` per-layer tuples of
-  booleans. ``remat`` and ``scan_layers`` change memory and compile time, not
-  the values (``scan_layers`` stacks the parameters under ``blocks``: another
-  checkpoint layout).
+  Keys and defaults are :func:`laplax.models.spec.config_defaults`'; ``None`` defaults
+  become typed placeholders so ``--config.model.KEY=`` type-checks
+  (``num_laplacian_heads``: an int, the last k heads of every layer, or a per-layer
+  list; ``laplacian_mask``: per-layer tuples of booleans).
   """
 
   def section(values: dict) -> ml_collections.ConfigDict:
@@ -213,10 +209,9 @@ def deit3_recipe(
 ) -> ml_collections.ConfigDict:
   """Applies the DeiT-3 recipe of the Laplacian-heads paper (Zhang & Papyan 2026) to ``c``.
 
-  400 epochs, AdamW lr 2e-3, weight decay 0.05, cosine with 5 warm-up epochs,
-  grad-clip 1.0, Mixup 0.8, CutMix 1.0, label smoothing 0.1, binary
-  cross-entropy, bfloat16, drop-path 0.2, LayerScale 1e-6, qk-norm, on the
-  ViT ``variant`` (e.g. ``"B/16"``).
+  400 epochs, AdamW lr 2e-3, wd 0.05, cosine with 5 warm-up epochs, grad-clip 1.0,
+  Mixup 0.8, CutMix 1.0, label smoothing 0.1, BCE, bfloat16, drop-path 0.2,
+  LayerScale 1e-6, qk-norm, on ViT ``variant`` (e.g. ``"B/16"``).
   """
   from laplax.models.vit import decode_variant
 
@@ -315,27 +310,17 @@ def nanochat_steps(num_params: int, tokens_per_step: int, ratio: int = 20) -> in
 
 
 def nanochat_options(c: ml_collections.ConfigDict) -> None:
-  """The architecture and optimiser of nanochat's first release
-  (``karpathy/nanochat`` 3a5e0bc, ``nanochat/gpt.py``, ``scripts/base_train.py``)
-  on the model and optimiser sizes already in ``c``.
+  """The architecture and optimiser of nanochat's first release on the sizes in ``c``.
 
-  Model: rotary positions in nanochat's convention (``-angle``, base
-  10,000, bfloat16 table, before the qk-norm; :mod:`laplax.rotary`),
-  parameter-free RMSNorm (eps ``2^-23``) everywhere and after the token
-  embedding, qk-norm as that RMSNorm with no scale, ReLU^2 MLP, no biases,
-  untied embeddings, the logit soft-cap ``15 tanh(logits / 15)``, nanochat's
-  initialisation (``kernel_init="nanochat"``: ``wte`` N(0, 1), ``lm_head``
-  and the output projections zero, the other matrices
-  ``N(0, min(1, sqrt(out/in)) / sqrt(in))``).
-
-  Optimiser (``optim.optimizer="nanochat"``, :mod:`laplax.optim.nanochat`):
-  Muon at 0.02 on the block matrices (momentum 0.85 -> 0.95 over 300 steps);
-  AdamW (0.8, 0.95), eps 1e-10, no weight decay, at ``0.2 s`` on the token
-  embedding and ``0.004 s`` on ``lm_head``, ``s = (width / 768)^-1/2``;
-  no warm-up, a constant rate then a linear warm-down to 0 over the last
-  20% of the steps; gradients clipped to global norm 1.0. The config's
-  ``dtype`` and ``embedding_dtype`` stay its own (bfloat16 in
-  ``configs/gpt_d20.py``, float32 on the CPU).
+  Source: ``karpathy/nanochat`` 3a5e0bc, ``nanochat/gpt.py`` and
+  ``scripts/base_train.py``; the table of docs/language-models.md lists them
+  (the initialisation too). Model: nanochat's rotary (:mod:`laplax.rotary`),
+  parameter-free RMSNorm (eps ``2^-23``), qk-norm without scale, ReLU^2, no biases,
+  untied embeddings, soft-cap ``15 tanh(logits / 15)``, ``kernel_init="nanochat"``.
+  Optimiser (:mod:`laplax.optim.nanochat`): Muon 0.02 (momentum 0.85 -> 0.95 over
+  300 steps); AdamW (0.8, 0.95), eps 1e-10, no decay, ``0.2 s`` on the embedding and
+  ``0.004 s`` on ``lm_head``, ``s = (width / 768)^-1/2``; constant rate, linear
+  warm-down over the last 20%; clip 1.0. ``dtype`` and ``embedding_dtype`` stay ``c``'s.
   """
   m, o = c.model, c.optim
   m.posemb = "rope"
@@ -379,10 +364,8 @@ def dino_base_config() -> ml_collections.ConfigDict:
   Keys follow the DINO reference code (Caron et al. 2021): ``dino.out_dim``,
   ``momentum_teacher``, ``warmup_teacher_temp`` -> ``teacher_temp`` over
   ``warmup_teacher_temp_steps``, ``student_temp``, ``center_momentum``,
-  ``freeze_last_layer_steps``; the optimizer's weight decay follows a cosine
-  from ``optim.weight_decay`` to ``optim.weight_decay_end``. Multi-crop
-  settings are ``data.multicrop`` (see ``images.default_multicrop_config``);
-  ``eval`` holds the evaluators' settings (labels are used only there).
+  ``freeze_last_layer_steps``; weight decay cosine from ``optim.weight_decay`` to
+  ``optim.weight_decay_end``; ``data.multicrop`` the views.
   """
   from laplax.data.vision import images
 
