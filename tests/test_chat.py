@@ -88,8 +88,8 @@ def engine(workdirs):
 
 def greedy_answer(engine, prompt, max_tokens):
   """eval.py --sample's greedy decoding (sampling.generate) of ``prompt``,
-  cut at the first stop token and at the end of the context."""
-  room = min(max_tokens, engine.context - len(prompt))
+  cut at the first stop token and where the context is full."""
+  room = min(max_tokens, engine.context - len(prompt) + 1)  # the last from a full cache
   out = sampling.generate(
     engine.model, engine.params, np.asarray(prompt), max_new_tokens=room, temperature=0.0
   ).tolist()
@@ -191,9 +191,11 @@ def test_terminal_three_turns_clear_and_ctrl_c(workdirs, engine):
   assert term.close() == 0
 
   # Ctrl-C stops an answer (of up to 240 tokens), not the program.
-  term = Terminal("--workdir", str(workdirs[1]), "--temperature", "1", "--max_tokens", "240")
+  long = engine.start() + engine.user_turn(QUESTIONS[1])
+  assert len(greedy_answer(engine, long, 240)) > 200  # far longer than a key press takes
+  term = Terminal("--workdir", str(workdirs[1]), "--temperature", "0", "--max_tokens", "240")
   term.expect(r"User: ")
-  term.type("Tell me a long story.\n")
+  term.type(QUESTIONS[1] + "\n")
   term.expect(r"Assistant: ")
   term.type("\x03")
   assert "[stopped]" in term.expect(r"\nUser: ")
@@ -204,17 +206,17 @@ def test_terminal_three_turns_clear_and_ctrl_c(workdirs, engine):
   assert term.close() == 0
 
 
-def test_one_prompt_and_plain_completion_equal_eval_sample(workdirs, capsys, capfd):
+def test_one_prompt_and_plain_completion_equal_eval_sample(workdirs, capfd):
   base, sft = map(str, workdirs)
   engine = ChatEngine.load(sft)
   assert chat_cli.main(["--workdir", sft, "-p", QUESTIONS[1], "--temperature", "0"]) == 0
-  out = capsys.readouterr()
+  out = capfd.readouterr()
   expected = greedy_answer(engine, engine.start() + engine.user_turn(QUESTIONS[1]), 256)
   assert out.out == shown(engine, expected) + "\n" and "chat mode" in out.err
   # A base model continues the text exactly as eval.py --sample does.
   argv = ["--workdir", base, "-p", "The sun", "--temperature", "0", "--max_tokens", "20"]
   assert chat_cli.main(argv) == 0
-  out = capsys.readouterr()
+  out = capfd.readouterr()
   assert "plain completion mode" in out.err
   sample = run_in_process(
     [
@@ -384,7 +386,7 @@ def test_calculator_answers_a_scripted_tool_call(engine, monkeypatch):
     answer = ask(client, [{"role": "user", "content": "What is 12*7?"}])
   assert answer.startswith(expected) and answer.endswith(" so 84."), answer
   prompt = engine.prompt([{"role": "user", "content": "What is 12*7?"}])
-  plain = shown(engine, engine.tokens(prompt, max_tokens=40, calculator=False))
+  plain = shown(engine, list(engine.tokens(prompt, max_tokens=40, calculator=False)))
   assert "<|output_start|>" not in plain
 
 

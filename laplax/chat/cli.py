@@ -80,9 +80,9 @@ def check(args: argparse.Namespace) -> None:
     raise UsageError(f"--workdir {args.workdir} is not a directory; give a train.py workdir")
 
 
-def answer(engine, prompt, args, seed: int, write) -> tuple[list[int], bool]:
-  """Streams one answer to ``write``: ``(its tokens, whether Ctrl-C stopped it)``."""
-  out: list[int] = []
+def answer(engine, prompt, args, seed: int, write, out: list[int]) -> None:
+  """Streams one answer to ``write``, its tokens appended to ``out`` (a
+  KeyboardInterrupt stops it there and reaches the caller)."""
   tokens = engine.tokens(
     prompt,
     max_tokens=args.max_tokens,
@@ -94,10 +94,8 @@ def answer(engine, prompt, args, seed: int, write) -> tuple[list[int], bool]:
   try:
     for piece in engine.texts(tokens, out):
       write(piece)
-  except KeyboardInterrupt:
+  finally:
     tokens.close()
-    return out, True
-  return out, False
 
 
 def converse(engine, args, read=input, write=None) -> int:
@@ -145,10 +143,14 @@ def converse(engine, args, read=input, write=None) -> int:
       if not prompt or len(prompt) > engine.context:
         show(f"(a prompt needs 1 to {engine.context} tokens; it has {len(prompt)})\n")
         continue
-    show("\nAssistant: ")
-    tokens, stopped = answer(engine, prompt, args, args.seed + turn, write)
+    tokens: list[int] = []
+    try:  # Ctrl-C anywhere in the turn stops the answer; what was said stays
+      show("\nAssistant: ")
+      answer(engine, prompt, args, args.seed + turn, write, tokens)
+      show("\n")
+    except KeyboardInterrupt:
+      show(" [stopped]\n")
     turn += 1
-    show(" [stopped]\n" if stopped else "\n")
     if engine.chat:
       history = prompt + tokens + [engine.special["<|assistant_end|>"]]
 
@@ -183,10 +185,11 @@ def main(argv: list[str] | None = None) -> int:
         f"-p is {len(prompt)} tokens; the model's context is {engine.context}: give "
         f"a prompt of 1 to {engine.context - 1} tokens"
       )
-    _, stopped = answer(
-      engine, prompt, args, args.seed, lambda t: (sys.stdout.write(t), sys.stdout.flush())
-    )
-    print(" [stopped]" if stopped else "")
+    try:
+      answer(engine, prompt, args, args.seed, lambda t: print(t, end="", flush=True), [])
+      print()
+    except KeyboardInterrupt:
+      print(" [stopped]")
     return 0
   return converse(engine, args)
 
