@@ -34,6 +34,11 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from laplax import utils
 from laplax.chat.engine import ChatEngine, ChatError
+from laplax.errors import UserError
+
+
+class ServeError(UserError, OSError):
+  """The server cannot start (its address is taken); one line."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -216,17 +221,15 @@ def serve(
   stops it cleanly (answers in flight end, the port is released).
 
   Raises:
-    laplax.chat.cli.UsageError: the port cannot be bound.
+    ServeError: the address cannot be bound.
   """
-  from laplax.chat.cli import UsageError
-
   sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
   sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
   try:
     sock.bind((host, port))
   except OSError as e:
     sock.close()
-    raise UsageError(
+    raise ServeError(
       f"cannot listen on {host}:{port} ({e.strerror}); pick another --port"
     ) from None
   app = make_app(engine, limits, defaults)
