@@ -451,7 +451,7 @@ def test_page_in_chromium_streams_stops_and_holds_three_turns(engine, monkeypatc
     options.add_argument(flag)
   options.binary_location = chromium()[0]
   service = webdriver.ChromeService(executable_path=chromium()[1])
-  with Server(engine, max_tokens=200) as server:
+  with Server(engine, max_tokens=24) as server:
     driver = webdriver.Chrome(options=options, service=service)
     try:
       wait = WebDriverWait(driver, 60, poll_frequency=0.05)
@@ -460,12 +460,12 @@ def test_page_in_chromium_streams_stops_and_holds_three_turns(engine, monkeypatc
       answers = lambda: driver.find_elements(By.CSS_SELECTOR, ".message.assistant")
       # Stop: the answer streams in, Stop ends it, the server stops decoding.
       pace["delay"] = 0.05
-      driver.find_element(By.ID, "input").send_keys("Tell me a long story.\n")
+      driver.find_element(By.ID, "input").send_keys(QUESTIONS[1] + "\n")  # 24 tokens, 1.2 s
       wait.until(lambda d: len(answers()) == 1 and len(answers()[0].text) > 0)
       driver.find_element(By.ID, "stop").click()
       wait.until(lambda d: answers()[0].get_attribute("data-state") == "stopped")
       wait.until(lambda d: pace["closed"] == 1)
-      assert 0 < pace["made"] < 200
+      assert 0 < pace["made"] < 24
       assert driver.find_element(By.ID, "send").is_displayed()
       driver.find_element(By.ID, "new-chat").click()
       assert answers() == []
@@ -477,7 +477,7 @@ def test_page_in_chromium_streams_stops_and_holds_three_turns(engine, monkeypatc
         wait.until(lambda d, k=k: len(answers()) == k + 1)
         wait.until(lambda d, k=k: answers()[k].get_attribute("data-state") == "done")
         messages.append({"role": "user", "content": question})
-        expected = shown(engine, greedy_answer(engine, engine.prompt(messages), 200))
+        expected = shown(engine, greedy_answer(engine, engine.prompt(messages), 24))
         got = driver.execute_script("return arguments[0].textContent", answers()[k])
         assert got == expected
         messages.append({"role": "assistant", "content": got})
