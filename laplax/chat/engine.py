@@ -17,6 +17,7 @@ same prompt tokens.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
@@ -78,13 +79,14 @@ class ChatEngine:
     run = loading.load(workdir, step)
     tokenizer = load_tokenizer(run.config.data, workdir)
     name = run.config.data.get("name", "")
+    run_name = os.path.basename(os.path.normpath(workdir))  # the page shows no machine path
     if name in CHAT_DATA:
-      return cls(run.model, run.params, tokenizer, True, f"{workdir} is a {name} run")
+      return cls(run.model, run.params, tokenizer, True, f"{run_name} is a {name} run")
     kind = getattr(tokenizer, "name", "")
     why = (
-      f"{workdir} is a byte-level run"
+      f"{run_name} is a byte-level run"
       if kind == "byte"
-      else f"{workdir} is a base model (data {name or 'text'}, not {' or '.join(CHAT_DATA)})"
+      else f"{run_name} is a base model (data {name or 'text'}, not {' or '.join(CHAT_DATA)})"
     )
     return cls(run.model, run.params, tokenizer, False, why)
 
