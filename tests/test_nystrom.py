@@ -299,3 +299,17 @@ def test_bad_inputs():
     nystrom.iterative_pinv(jnp.eye(3), init="bad")
   with pytest.raises(ValueError, match="no causal"):
     attention.attend(q, k, v, laplacian=np.zeros(2, bool), implementation="nystrom", is_causal=True)
+
+
+def test_spectral_conditioning_is_the_same_on_nystrom_heads():
+  x = jnp.asarray(np.random.default_rng(0).normal(size=(2, 32, 16)), jnp.float32)
+  kw = dict(num_heads=2, implementation="nystrom", num_landmarks=8, num_laplacian_heads=1)
+  corrected = attention.MultiHeadAttention(spectral_lam=10.0, spectral_mode="full", **kw)
+  plain = attention.MultiHeadAttention(**kw)
+  params = plain.init(jax.random.key(0), x)["params"]
+  shifted = dict(params)
+  for name in ("query", "key", "value"):  # W + lam * I_k ("full": eye(D, H*d))
+    shifted[name] = dict(params[name], kernel=params[name]["kernel"] + 10.0 * jnp.eye(16))
+  want = plain.apply({"params": shifted}, x)
+  got = corrected.apply({"params": params}, x)
+  np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-4 * np.abs(want).max())
