@@ -31,10 +31,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from laplax import kernels, sharding, spectral
+from laplax.kernels import nystrom
 from laplax.rotary import STYLES as ROPE_STYLES  # noqa: F401  (re-exported)
 from laplax.rotary import rotary, rotary_table  # noqa: F401  (rotary_table re-exported)
 
-IMPLEMENTATIONS = (None, "xla", "cudnn", "splash", "reference")
+IMPLEMENTATIONS = (None, "xla", "cudnn", "splash", "reference", "nystrom")
 # Logical axes of queries, keys, values and head outputs (laplax.sharding).
 HEADS_AXES = ("batch", "length", "heads", "head_dim")
 # Masked logits get this value rather than -inf, so that fully masked rows and
@@ -142,6 +143,7 @@ def attend(
   residual_value: jax.Array | None = None,
   return_weights: bool = False,
   mix: jax.Array | None = None,
+  kernel_options: dict | None = None,
 ):
   """Multi-head attention where some heads are Laplacian (``V - P V``).
 
@@ -181,6 +183,10 @@ def attend(
       0`` is a standard head and ``alpha = 1`` a Laplacian head exactly (the
       learned mix, :class:`MultiHeadAttention` with ``laplacian_mix=
       "learned"``); ``laplacian`` is then only checked for its shape.
+    kernel_options: keyword arguments of the kernel; for ``"nystrom"``
+      (:func:`laplax.kernels.nystrom.nystrom_attention`, ``P~ V`` in place of
+      ``P V``, so a Laplacian head is ``V - P~ V``; no attention dropout, no
+      causal mask, key-padding masks only) ``num_landmarks`` and its options.
 
   Returns:
     ``[batch, q_length, num_heads, head_dim]`` in ``value.dtype``; with
@@ -196,7 +202,7 @@ def attend(
   if implementation not in IMPLEMENTATIONS:
     raise ValueError(
       f"attention implementation {implementation!r} is unknown; use one of "
-      f"'xla', 'cudnn', 'splash', 'reference' or None"
+      f"'xla', 'cudnn', 'splash', 'reference', 'nystrom' or None"
     )
   num_heads = query.shape[-2]
   try:
@@ -210,7 +216,13 @@ def attend(
     )
   use_dropout = dropout_rate > 0.0 and dropout_rng is not None
   weights = None
-  if (
+  if implementation == "nystrom":
+    if is_causal or return_weights:
+      raise ValueError("implementation='nystrom' has no causal mask and no return_weights")
+    pv = nystrom.nystrom_attention(
+      query, key, value, mask=mask, scale=scale, **(kernel_options or {})
+    )
+  elif (
     implementation == "reference"
     or (use_dropout and implementation != "splash")
     or (return_weights)
@@ -449,6 +461,42 @@ def _project_qkv(mha: MultiHeadAttention, x: jax.Array, head_dim: int, dtype: An
   return q, k, v
 
 
+def _nystrom_options(mha: MultiHeadAttention) -> dict:
+  """The ``kernel_options`` of ``implementation="nystrom"``."""
+  return dict(
+    num_landmarks=mha.num_landmarks,
+    pinv_iterations=mha.pinv_iterations,
+    pinv_init=mha.pinv_init,
+    padding=mha.nystrom_padding,
+  )
+
+
+def _nystrom_conv(mha: MultiHeadAttention, v: jax.Array, mask: jax.Array | None) -> jax.Array:
+  """The depthwise convolution skip of the values (a plain function called
+  from the compact ``__call__``: its parameter ``nystrom_conv [k, heads]`` is
+  the module's), PyTorch's ``Conv2d`` initialisation ``U(+-1/sqrt(k))``.
+  With ``nystrom_padding="zero"`` the padded values are zeroed first (the
+  authors' LRA code)."""
+  k = mha.conv_kernel_size
+  if k % 2 == 0:
+    raise ValueError(f"conv_kernel_size={k} must be odd (a 'same' convolution); use {k + 1}")
+  bound = k**-0.5
+  weight = mha.param(
+    "nystrom_conv",
+    sharding.logical_init(
+      lambda rng, shape: jax.random.uniform(rng, shape, jnp.float32, -bound, bound),
+      (None, "heads"),
+    ),
+    (k, mha.num_heads),
+  )
+  if mha.num_heads != v.shape[-2]:
+    v = jnp.repeat(v, mha.num_heads // v.shape[-2], axis=-2)
+  keys_ok = nystrom.key_padding(mask, v.shape[0], v.shape[1])
+  if keys_ok is not None and mha.nystrom_padding == "zero":
+    v = v * keys_ok[:, :, None, None].astype(v.dtype)
+  return nystrom.depthwise_conv(v, weight)
+
+
 class MultiHeadAttention(nn.Module):
   """Self-attention with Laplacian heads and spectrally conditioned projections.
 
@@ -515,6 +563,13 @@ class MultiHeadAttention(nn.Module):
     dtype: compute dtype of the matmuls (parameters stay float32).
     kernel_init: initialiser of ``W_Q, W_K, W_V``.
     out_init: initialiser of ``W_O`` (GPT uses a depth-scaled normal).
+    num_landmarks, pinv_iterations, pinv_init, nystrom_padding: the options of
+      ``implementation="nystrom"`` (:func:`laplax.kernels.nystrom.nystrom_attention`;
+      ``nystrom_padding`` is its ``padding``).
+    conv_kernel_size: with ``"nystrom"``, the depthwise convolution of the
+      values (:func:`laplax.kernels.nystrom.depthwise_conv`, parameter
+      ``nystrom_conv [k, num_heads]``) added to every head's output, Laplacian
+      or not (a skip branch beside ``P~ V``); ``None``: none.
   """
 
   num_heads: int
@@ -538,6 +593,11 @@ class MultiHeadAttention(nn.Module):
   dtype: Any = None
   kernel_init: Callable = nn.initializers.xavier_uniform()
   out_init: Callable = nn.initializers.xavier_uniform()
+  num_landmarks: int = 64
+  pinv_iterations: int = 6
+  pinv_init: str = "original"
+  nystrom_padding: str = "keys"
+  conv_kernel_size: int | None = None
 
   @nn.compact
   def __call__(
@@ -642,7 +702,10 @@ class MultiHeadAttention(nn.Module):
         dropout_rate=self.attention_dropout,
         dropout_rng=dropout_rng,
         mix=mix,
+        kernel_options=_nystrom_options(self) if self.implementation == "nystrom" else None,
       )
+      if self.implementation == "nystrom" and self.conv_kernel_size:
+        y = y + _nystrom_conv(self, v, mask)
       if self.is_mutable_collection("intermediates"):  # analysis only
         _, weights = reference_attention(q, k, v, mask=mask, is_causal=is_causal)
         self.sow("intermediates", "attention_weights", weights)

@@ -210,6 +210,9 @@ def checkpoint_sizes(
         f"the checkpoint in {workdir} has no token embedding; it is not the GPT of its config.json"
       )
     return {"vocab_size": int(embedding[0])}
+  if tasks.task_class(config).family == "encoder":  # sequence classification
+    head = flat.get("head/kernel")
+    return {"num_classes": int(head.shape[1]) if head is not None else 0}
   kernel = _only(flat, "embedding/kernel", workdir)
   if kernel is None or len(kernel) != 4:
     raise LoadError(

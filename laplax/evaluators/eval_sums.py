@@ -23,7 +23,7 @@ class Classification(EvalSums):
   """``classification``: top-1 accuracy and cross-entropy on the eval split."""
 
   name = "classification"
-  tasks = ("classification",)
+  tasks = ("classification", "sequence_classification")
 
 
 class BitsPerByte(EvalSums):

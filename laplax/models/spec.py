@@ -41,7 +41,7 @@ import numpy as np
 
 from laplax import attention, spectral
 from laplax.errors import UserError
-from laplax.kernels import splash
+from laplax.kernels import nystrom, splash
 from laplax.models.support import ANY, EXPORTS, FORCE, Rule, everywhere
 
 DTYPES = ("float32", "bfloat16")
@@ -197,6 +197,11 @@ class AttentionSpec(_Checked):
       ``"learned"`` (a learned ``alpha`` per head and layer, initialised at
       that pattern; see :class:`~laplax.attention.MultiHeadAttention`).
     spectral: the conditioning of ``W_Q, W_K, W_V`` (``None`` = off).
+    num_landmarks, pinv_iterations, pinv_init, nystrom_padding,
+      conv_kernel_size: ``implementation="nystrom"``'s options
+      (:func:`laplax.kernels.nystrom.nystrom_attention`; the convolution skip
+      of the values, ``None`` = none); no attention dropout there (neither
+      Hugging Face's Nystromformer nor the authors' code has one).
   """
 
   num_heads: int = _field(4, "int", min=1, convert=everywhere())
@@ -239,8 +244,23 @@ class AttentionSpec(_Checked):
     },
   )
 
+  num_landmarks: int = _field(64, "int", min=1, active="implementation")
+  pinv_iterations: int = _field(6, "int", min=0, active="implementation")
+  pinv_init: str = _field("original", "choice", choices=nystrom.PINV_INITS, active="implementation")
+  nystrom_padding: str = _field("keys", "choice", choices=nystrom.PADDINGS, active="implementation")
+  conv_kernel_size: int | None = _field(None, "int", min=1, optional=True, active="implementation")
+
   def __post_init__(self):
     super().__post_init__()
+    if self.implementation == "nystrom" and self.attention_dropout > 0:
+      raise SpecError(
+        f"model.implementation='nystrom' has no attention dropout "
+        f"(model.attention_dropout={self.attention_dropout}); set model.attention_dropout=0"
+      )
+    if self.conv_kernel_size is not None and self.conv_kernel_size % 2 == 0:
+      raise SpecError(
+        f"model.conv_kernel_size={self.conv_kernel_size} must be odd (a 'same' convolution)"
+      )
     if self.implementation == "splash" and self.attention_dropout > 0:
       raise SpecError(
         f"model.implementation='splash' has no attention dropout "
@@ -483,6 +503,36 @@ class GPTSpec(TransformerSpec):
     check_splash_lengths(self, (self.max_length,))
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EncoderSpec(TransformerSpec):
+  """A sequence classifier (the Long Range Arena models of Tay et al. 2021 and
+  of the Nystromformer authors' ``LRA/code/model.py``): token or patch
+  embedding, positions, pre-LN blocks, a final norm, pooling, an MLP head.
+
+  Attributes:
+    inputs: ``"tokens"`` (int ids ``[batch, length]``) or ``"patches"``
+      (images ``[batch, H, W, C]``, ``patch_size`` square patches).
+    vocab_size: token ids (``"tokens"``).
+    max_length: the longest sequence (the learned position table's size).
+    patch_size: patch side (``"patches"``).
+    posemb: ``"learn"`` (normal 0.02) or ``"sincos"`` (Vaswani et al. 2017,
+      the authors' ``fixed_pos_emb``: sin and cos interleaved).
+    pool: ``"mean"`` (the final-norm tokens, padded ones zeroed, averaged over
+      the whole length, as the authors' ``pooling``) or ``"cls"`` (a learned
+      class token first).
+    classifier_hidden: the head's hidden layer (``Dense -> ReLU -> Dense``, the
+      authors' ``SCHead``); 0: one linear layer.
+  """
+
+  inputs: str = _field("tokens", "choice", choices=("tokens", "patches"))
+  vocab_size: int = _field(32, "int", min=1)
+  max_length: int = _field(2000, "int", min=1)
+  patch_size: int = _field(1, "int", min=1)
+  posemb: str = _field("learn", "choice", choices=("learn", "sincos"))
+  pool: str = _field("mean", "choice", choices=("mean", "cls"))
+  classifier_hidden: int = _field(128, "int", min=0)
+
+
 def patch_grid(height: int, width: int, patch_size: int) -> tuple[int, int]:
   """The ViT's grid of patches of a ``height x width`` image,
   ``(height // patch_size, width // patch_size)``: the one statement of the
@@ -519,7 +569,7 @@ def check_splash_lengths(spec: TransformerSpec, lengths) -> None:
 
 
 #: Model family (``config.model.name``) -> its spec class.
-FAMILIES = {"vit": ViTSpec, "gpt": GPTSpec}
+FAMILIES = {"vit": ViTSpec, "gpt": GPTSpec, "encoder": EncoderSpec}
 # Config keys of the model section that are conveniences resolved here, not fields.
 LAPLACIAN_KEYS = ("num_laplacian_heads", "laplacian_mask")
 
