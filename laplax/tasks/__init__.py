@@ -17,9 +17,15 @@ from laplax.tasks.base import Task, with_debug_faults
 from laplax.tasks.classification import ClassificationTask
 from laplax.tasks.dino import DINOTask
 from laplax.tasks.language_model import LanguageModelTask
+from laplax.tasks.mlm import MaskedLMTask
 
 #: ``config.task`` -> the task class that builds its model, loss and evaluation.
-TASKS = {"classification": ClassificationTask, "lm": LanguageModelTask, "dino": DINOTask}
+TASKS = {
+  "classification": ClassificationTask,
+  "lm": LanguageModelTask,
+  "dino": DINOTask,
+  "mlm": MaskedLMTask,
+}
 
 
 def make_task(config: ml_collections.ConfigDict, workdir: str | None) -> Task:
