@@ -258,7 +258,9 @@ def test_convert_from_and_to_hf_bert(tmp_path):
   with torch.no_grad():
     np.testing.assert_array_equal(again(input_ids=torch.tensor(tokens)).logits.numpy(), ref)
   # The cramming architecture has no BertForMaskedLM equivalent: refused in one line.
-  with pytest.raises(common.ConvertError, match="model.post_norm=False"):
+  with pytest.raises(
+    common.ConvertError, match="model.use_bias=False: Hugging Face BERT has no equivalent"
+  ):
     cfg = load("bert_cramming")
     cfg.model.update(width=D, depth=2, num_heads=H, mlp_dim=F, max_length=L)
     spec = spec_lib.from_config(cfg.model)
