@@ -171,10 +171,11 @@ class WordPieceTokenizer(BPETokenizer):
 
   Attributes:
     name: ``"wordpiece"``.
-    vocab_size, fingerprint: as :class:`BPETokenizer`.
+    vocab_size: number of pieces.
+    fingerprint: a hash of the vocabulary, for the token cache key.
     token_bytes: int32 [vocab_size], the UTF-8 length of each piece without
       its ``##`` prefix; 0 for the special tokens.
-    pad_id, unk_id, cls_id, sep_id, mask_id: 0, 1, 2, 3, 4.
+    mask_id: 4, the id of ``[MASK]`` (``[PAD] [UNK] [CLS] [SEP]`` are 0..3).
   """
 
   name = "wordpiece"
