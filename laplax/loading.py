@@ -203,11 +203,12 @@ def checkpoint_sizes(
     "/".join(str(getattr(k, "key", k)) for k in path): leaf
     for path, leaf in jax.tree_util.tree_flatten_with_path(dict(params))[0]
   }
-  if tasks.is_language_model(config):
+  if tasks.is_language_model(config) or tasks.task_class(config).family == "bert":
     embedding = _only(flat, "token_embedding/embedding", workdir)
     if embedding is None:
       raise LoadError(
-        f"the checkpoint in {workdir} has no token embedding; it is not the GPT of its config.json"
+        f"the checkpoint in {workdir} has no token embedding; it is not the "
+        f"{config.model.name.upper()} of its config.json"
       )
     return {"vocab_size": int(embedding[0])}
   if tasks.task_class(config).family == "encoder":  # sequence classification

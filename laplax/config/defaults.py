@@ -272,6 +272,63 @@ def gpt_base_config() -> ml_collections.ConfigDict:
   return c
 
 
+def bert_base_config() -> ml_collections.ConfigDict:
+  """:func:`base_config` turned into masked-LM pre-training (``task="mlm"``,
+  :mod:`laplax.tasks.mlm`) of a small crammed BERT on the Shakespeare plays,
+  with cramming's recipe (``JonasGeiping/cramming``, ``train/bert-o4.yaml``,
+  ``train/optim/adam.yaml``): AdamW betas (0.9, 0.98), eps 1e-12, weight
+  decay 0.01 (not on biases, norms and embeddings), gradient clipping 0.5,
+  the one-cycle ``triangle`` schedule, 25% masking with cramming's
+  fixed-count 80/10/10 rule and sparse prediction, 128-token windows."""
+  c = base_config()
+  c.task = "mlm"
+  c.batch_size = 32
+  c.eval_batch_size = 32
+  from laplax.data.text import corpus as text
+
+  c.data = text.default_config()
+  c.data.tokenizer = "wordpiece"
+  c.data.vocab_size = 2048
+
+  c.model = model_config("bert")
+  c.model.update(
+    max_length=128,
+    width=128,
+    depth=4,
+    num_heads=4,
+    mlp_dim=512,
+    post_norm=False,
+    use_bias=False,
+    mlp_activation="gelu_glu",
+    posemb="scaled_sinusoidal",
+    type_vocab_size=0,
+    final_norm=True,
+    mlm_transform=False,
+    decoder_bias=False,
+    pooler="mean",
+  )
+  c.optim.lr = 1e-3
+  c.optim.b1 = 0.9
+  c.optim.b2 = 0.98
+  c.optim.eps = 1e-12
+  c.optim.weight_decay = 0.01
+  c.optim.grad_clip = 0.5
+  c.optim.schedule = "triangle"
+  c.optim.warmup_steps = 0
+  c.optim.weight_decay_exclude = ("pos_embedding", "token_embedding", "type_embedding", "pos_scale")
+  del c.loss
+  # Masking (laplax.tasks.mlm.mask_tokens): "cramming" masks round(probability
+  # * length) tokens of every sequence (first 80% of them [MASK], next 10% a
+  # random token, the rest kept) and predicts only those (sparse prediction);
+  # "bert" masks each token with the probability (Devlin et al. 2019).
+  c.mlm = ml_collections.ConfigDict()
+  c.mlm.rule = "cramming"
+  c.mlm.probability = 0.25
+  c.eval = ml_collections.ConfigDict()
+  c.evals = "mlm_loss"
+  return c
+
+
 # ``recipe=`` of the CPU configs: the plain laplax model, or the options the
 # Laplacian authors' code runs with.
 RECIPES = {"vit": ("plain", "deit3"), "gpt": ("plain", "nanochat")}

@@ -310,9 +310,12 @@ def _validate_muon(config):
   )
   schedule = config.optim.schedule
   require(
-    schedule in ("cosine", "warmdown", "progress"),
-    f"config.optim.schedule={schedule!r} is unknown; use 'cosine', 'warmdown' or 'progress'",
+    schedule in ("cosine", "warmdown", "progress", "triangle"),
+    f"config.optim.schedule={schedule!r} is unknown; use 'cosine', 'warmdown', 'progress' "
+    f"or 'triangle'",
   )
+  if get(config, "optim.eps", None) is not None:
+    check_float(config, "optim.eps", 0.0, open_min=True)
   if get(config, "optim.schedule_steps") is not None:
     check_int(config, "optim.schedule_steps", 1)
   if get(config, "optim.warmdown_ratio") is not None:
@@ -530,7 +533,7 @@ def attention_lengths(
   global and local crops come first). Counts that depend on an unknown image
   size are left out."""
   m = config.model
-  if m.name == "gpt":
+  if m.name in ("gpt", "bert"):
     return (int(m.max_length),)
   patches = lambda side: (int(side) // m.patch_size) ** 2 + (m.pool == "tok")
   sides = list(crop_sides) + [

@@ -6,10 +6,13 @@ r"""Convert weights between laplax and timm / Hugging Face ``transformers``.
         [--config configs/deit3_imagenet.py] [--config.key=value ...]
     python -m laplax.convert --from hf-gpt2 --model HF_DIR --workdir runs/gpt2 \
         [--config configs/gpt2_124m.py] [--config.key=value ...]
+    python -m laplax.convert --from hf-bert --model HF_DIR --workdir runs/bert \
+        [--config configs/bert_cramming.py] [--config.key=value ...]
     python -m laplax.convert --from nanochat --model CHECKPOINT_DIR [--step N] \
         [--tokenizer tokenizer.pkl|DIR] --workdir runs/d20 [--config configs/gpt_d20.py]
     python -m laplax.convert --to timm --workdir runs/vit --out OUT_DIR [--force]
     python -m laplax.convert --to hf-gpt2 --workdir runs/gpt --out OUT_DIR [--force]
+    python -m laplax.convert --to hf-bert --workdir runs/bert --out OUT_DIR [--force]
     python -m laplax.convert --to nanochat --workdir runs/d20 --out OUT_DIR
 
 ``--from`` writes a new laplax workdir (``config.json`` and a step-0
@@ -45,8 +48,12 @@ from ml_collections import config_flags
 
 from laplax.cli import common as cli
 
-_FROM = flags.DEFINE_enum("from", None, ["timm", "hf-gpt2", "nanochat"], "Source of the weights.")
-_TO = flags.DEFINE_enum("to", None, ["timm", "hf-gpt2", "nanochat"], "Target of the weights.")
+_FROM = flags.DEFINE_enum(
+  "from", None, ["timm", "hf-gpt2", "hf-bert", "nanochat"], "Source of the weights."
+)
+_TO = flags.DEFINE_enum(
+  "to", None, ["timm", "hf-gpt2", "hf-bert", "nanochat"], "Target of the weights."
+)
 _MODEL = flags.DEFINE_string(
   "model",
   None,
@@ -85,7 +92,12 @@ _CONFIG = config_flags.DEFINE_config_file(
 REPO_CONFIGS = os.path.join(
   os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "configs"
 )
-DEFAULT_CONFIGS = {"timm": "deit3_imagenet.py", "hf-gpt2": "gpt2_124m.py", "nanochat": "gpt_d20.py"}
+DEFAULT_CONFIGS = {
+  "timm": "deit3_imagenet.py",
+  "hf-gpt2": "gpt2_124m.py",
+  "hf-bert": "bert_cramming.py",
+  "nanochat": "gpt_d20.py",
+}
 
 
 def _config(source: str):
@@ -118,13 +130,14 @@ def main() -> int:
   source, target = flags.FLAGS["from"].value, _TO.value
   if (source is None) == (target is None):
     raise cli.UsageError(
-      "give exactly one of --from timm|hf-gpt2|nanochat and --to timm|hf-gpt2|nanochat"
+      "give exactly one of --from timm|hf-gpt2|hf-bert|nanochat and "
+      "--to timm|hf-gpt2|hf-bert|nanochat"
     )
   if not _WORKDIR.value:
     raise cli.UsageError("--workdir is required (the laplax run directory)")
   cli.quiet()
   from laplax import signals
-  from laplax.convert import common, hf_gpt2, nanochat, timm_vit
+  from laplax.convert import common, hf_bert, hf_gpt2, nanochat, timm_vit
 
   if signals.current() is not None:  # a signal's exit line; the output is renamed in whole
     signals.current().nothing_saved = "nothing was written (the output appears only complete)"
@@ -160,7 +173,8 @@ def main() -> int:
           "--weights and --model_args are for --from timm; the "
           "Hugging Face directory holds the weights and config"
         )
-      hf_gpt2.convert_from_hf(_MODEL.value, config, _WORKDIR.value)
+      convert = hf_bert.convert_from_hf if source == "hf-bert" else hf_gpt2.convert_from_hf
+      convert(_MODEL.value, config, _WORKDIR.value)
     print(
       f"wrote {_WORKDIR.value} (step 0): evaluate it with eval.py --workdir "
       f"{_WORKDIR.value}, fine-tune with train.py --config.init_from={_WORKDIR.value}"
@@ -172,7 +186,11 @@ def main() -> int:
       nanochat.convert_to_nanochat(_WORKDIR.value, _OUT.value)
       note = None
     else:
-      convert = timm_vit.convert_to_timm if target == "timm" else hf_gpt2.convert_to_hf
+      convert = {
+        "timm": timm_vit.convert_to_timm,
+        "hf-gpt2": hf_gpt2.convert_to_hf,
+        "hf-bert": hf_bert.convert_to_hf,
+      }[target]
       note = convert(_WORKDIR.value, _OUT.value, _FORCE.value)
     print(f"wrote {_OUT.value}" + (f"; --force: {note}" if note else ""))
   return 0

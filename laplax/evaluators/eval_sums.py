@@ -32,3 +32,11 @@ class BitsPerByte(EvalSums):
 
   name = "bits_per_byte"
   tasks = ("lm",)
+
+
+class MaskedLMLoss(EvalSums):
+  """``mlm_loss``: the masked-LM loss (nats per masked token), its
+  perplexity and accuracy on the validation split (:mod:`laplax.tasks.mlm`)."""
+
+  name = "mlm_loss"
+  tasks = ("mlm",)

@@ -57,14 +57,21 @@ REMAT_POLICIES = {
 }
 # Initialisers (``TransformerSpec.inits``; a GPT's ``model.kernel_init``):
 # "nanochat" is nanochat/gpt.py's ``init_weights`` (:func:`nanochat_normal`).
-KERNEL_INITS = ("xavier_uniform", "gpt2", "nanochat")
+# "normal": normal 0.02 for every matrix (BERT, Devlin et al. 2019; cramming's
+# ``init.type: normal``).
+KERNEL_INITS = ("xavier_uniform", "gpt2", "nanochat", "normal")
 # ``model.norm``: the blocks' and final norms. "rmsnorm" is parameter-free
 # (nanochat/gpt.py's ``norm``); "layernorm" is Flax's learnable LayerNorm.
 NORMS = ("layernorm", "rmsnorm")
 # ``model.mlp_activation``: "gelu" (Flax's default tanh approximation, GPT-2's
 # ``gelu_new``), "gelu_exact" (the erf form, PyTorch's ``nn.GELU()`` that timm's
-# ViTs use) or "relu2" (ReLU squared, nanochat/gpt.py's MLP).
-MLP_ACTIVATIONS = ("gelu", "gelu_exact", "relu2")
+# ViTs use), "relu2" (ReLU squared, nanochat/gpt.py's MLP) or "gelu_glu" (the
+# gated GELU of cramming's ``nonlin: GELUglu``: the first layer's output split
+# in halves ``x, gate``, ``gelu_exact(gate) * x``, so the second layer reads
+# ``mlp_dim // 2``).
+MLP_ACTIVATIONS = ("gelu", "gelu_exact", "relu2", "gelu_glu")
+# The activations every GPT/ViT converter target expresses (no gated one).
+_PLAIN_ACTIVATIONS = ("gelu", "gelu_exact", "relu2")
 # ``model.qk_norm_type``: the qk-norm's kind when ``model.qk_norm`` is on.
 QK_NORM_TYPES = attention.QK_NORM_TYPES
 
@@ -231,7 +238,7 @@ class AttentionSpec(_Checked):
     "fixed",
     "choice",
     choices=attention.LAPLACIAN_MIXES,
-    convert={"timm": FORCE, "hf-gpt2": FORCE},
+    convert={"timm": FORCE, "hf-gpt2": FORCE, "hf-bert": FORCE},
     source=True,
   )
   spectral: SpectralSpec | None = dataclasses.field(
@@ -240,7 +247,7 @@ class AttentionSpec(_Checked):
       "key": "spectral.enabled",
       "source": {"spectral.enabled": False},
       "show": lambda v: repr(v is not None),
-      "convert": {"timm": FORCE, "hf-gpt2": FORCE},
+      "convert": {"timm": FORCE, "hf-gpt2": FORCE, "hf-bert": FORCE},
     },
   )
 
@@ -310,8 +317,9 @@ class TransformerSpec(_Checked):
       (``W_O`` and the MLP's second layer), as in the Laplacian authors'
       nanochat: each block starts as the identity, so Laplacian heads are a
       no-op at initialisation; the gradient still reaches ``W_O``.
-    kernel_init: ``"xavier_uniform"`` (ViT) or ``"gpt2"`` (normal 0.02, output
-      projections ``0.02 / sqrt(2 depth)``, Radford et al. 2019).
+    kernel_init: ``"xavier_uniform"`` (ViT), ``"gpt2"`` (normal 0.02, output
+      projections ``0.02 / sqrt(2 depth)``, Radford et al. 2019) or
+      ``"normal"`` (normal 0.02 everywhere: BERT, cramming).
     norm: the blocks' and the final norm, :data:`NORMS` (``"rmsnorm"`` has
       no parameters: nanochat/gpt.py).
     mlp_activation: the MLP's nonlinearity, :data:`MLP_ACTIVATIONS`.
@@ -326,7 +334,7 @@ class TransformerSpec(_Checked):
     "int",
     min=1,
     convert=dict(
-      everywhere("timm", "hf-gpt2", "peer"),
+      everywhere("timm", "hf-gpt2", "hf-bert", "peer"),
       nanochat=Rule(lambda v, spec: v == 4 * spec.width, "4 * width"),
     ),
   )
@@ -343,6 +351,7 @@ class TransformerSpec(_Checked):
       "convert": {
         "timm": FORCE,
         "hf-gpt2": FORCE,
+        "hf-bert": FORCE,
         "nanochat": ANY,
         "peer": Rule(_same_last_heads, "the same last k heads in every layer"),
       },
@@ -350,7 +359,9 @@ class TransformerSpec(_Checked):
   )
   dropout: float = _field(0.0, "float", max=0.99, convert=everywhere(*EXPORTS))
   layerscale_init: float | None = _field(None, "float", optional=True, convert={"timm": ANY})
-  use_bias: bool = _field(True, "bool", convert={"nanochat": (False,), "peer": ANY})
+  use_bias: bool = _field(
+    True, "bool", convert={"nanochat": (False,), "peer": ANY, "hf-bert": (True,)}
+  )
   dtype: str = _field(
     "float32", "choice", choices=DTYPES, source=True, convert=everywhere(*EXPORTS)
   )
@@ -363,10 +374,20 @@ class TransformerSpec(_Checked):
     "gelu",
     "choice",
     choices=MLP_ACTIVATIONS,
-    convert={"timm": ("gelu", "gelu_exact"), "hf-gpt2": ANY, "nanochat": ("relu2",), "peer": ANY},
+    convert={
+      "timm": ("gelu", "gelu_exact"),
+      "hf-gpt2": _PLAIN_ACTIVATIONS,
+      "hf-bert": ("gelu", "gelu_exact"),
+      "nanochat": ("relu2",),
+      "peer": _PLAIN_ACTIVATIONS,
+    },
   )
   norm_eps: float = _field(
-    1e-6, "float", open_min=True, max=1.0, convert=everywhere("hf-gpt2", "nanochat", "peer")
+    1e-6,
+    "float",
+    open_min=True,
+    max=1.0,
+    convert=everywhere("hf-gpt2", "hf-bert", "nanochat", "peer"),
   )
 
   def __post_init__(self):
@@ -391,6 +412,11 @@ class TransformerSpec(_Checked):
     if self.kernel_init not in KERNEL_INITS:
       raise SpecError(
         f"kernel_init={self.kernel_init!r} is unknown; use one of {', '.join(KERNEL_INITS)}"
+      )
+    if self.mlp_activation == "gelu_glu" and self.mlp_dim % 2:
+      raise SpecError(
+        f"model.mlp_dim={self.mlp_dim} must be even with model.mlp_activation='gelu_glu' "
+        f"(its halves are the value and the gate); choose an even mlp_dim"
       )
     if self.attention.rope and self.head_dim % 2:
       raise SpecError(
@@ -434,6 +460,8 @@ class TransformerSpec(_Checked):
       out_init = nn.initializers.normal(0.02 / (2 * self.depth) ** 0.5)
     elif self.kernel_init == "nanochat":
       kernel_init = out_init = nanochat_normal
+    elif self.kernel_init == "normal":
+      kernel_init = out_init = nn.initializers.normal(0.02)
     else:
       kernel_init = out_init = nn.initializers.xavier_uniform()
     return kernel_init, nn.initializers.zeros if self.zero_init_out else out_init
@@ -568,8 +596,76 @@ def check_splash_lengths(spec: TransformerSpec, lengths) -> None:
       )
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class BERTSpec(TransformerSpec):
+  """A bidirectional encoder with a masked-LM head (:class:`laplax.models.bert.BERT`).
+
+  The defaults are the original BERT (Devlin et al. 2019; Hugging Face
+  ``BertForMaskedLM``): post-norm blocks, learned positions, token types,
+  LayerNorm after the embeddings (eps 1e-12), biases, exact GELU, the MLM
+  head's transform (dense, GELU, LayerNorm) and a decoder bias, tied to the
+  token embedding. The cramming architecture (Geiping & Goldstein 2023,
+  ``JonasGeiping/cramming``, ``arch/crammed-bert.yaml``) is ``post_norm=False``,
+  ``use_bias=False``, ``mlp_activation="gelu_glu"``,
+  ``posemb="scaled_sinusoidal"``, ``type_vocab_size=0``, ``final_norm=True``,
+  ``mlm_transform=False``, ``decoder_bias=False``, ``pooler="mean"``
+  (``configs/bert_cramming.py``).
+
+  Attributes:
+    max_length: positions of the position embedding (tokens).
+    posemb: ``"learn"`` (BERT) or ``"scaled_sinusoidal"`` (cramming's
+      ``ScaledSinosoidal``: the fixed sin/cos table times one learned scalar,
+      initialised ``1 / sqrt(width)``).
+    type_vocab_size: token-type (segment) ids; 0: no token-type embedding.
+    post_norm: post-norm blocks ``x = norm(x + f(x))`` (BERT) instead of pre-norm.
+    embed_norm: a LayerNorm after the summed embeddings (both BERT and cramming).
+    final_norm: a norm after the last block (cramming's ``final_norm``).
+    mlm_transform: the MLM head's dense + activation + LayerNorm before the
+      decoder (BERT's ``cls.predictions.transform``; cramming skips it).
+    decoder_bias: a bias ``[vocab_size]`` on the tied decoder.
+    pooler: the classifier's pooling: ``"cls"`` (BERT: token 0, dense, tanh)
+      or ``"mean"`` (cramming's ``pooler: avg``: the mean over the real
+      tokens, dense, tanh).
+    pooler_dim: the pooler's dense width (``None``: ``width``; cramming 1024).
+  """
+
+  max_length: int = _field(128, "int", min=1, convert=everywhere())
+  posemb: str = _field(
+    "learn", "choice", choices=("learn", "scaled_sinusoidal"), convert={"hf-bert": ("learn",)}
+  )
+  type_vocab_size: int = _field(
+    2, "int", min=0, convert={"hf-bert": Rule(lambda v, spec: v >= 1, "type_vocab_size >= 1")}
+  )
+  post_norm: bool = _field(True, "bool", convert={"hf-bert": (True,)})
+  embed_norm: bool = _field(True, "bool", convert={"hf-bert": (True,)})
+  final_norm: bool = _field(False, "bool", convert={"hf-bert": (False,)})
+  mlm_transform: bool = _field(True, "bool", convert={"hf-bert": (True,)})
+  decoder_bias: bool = _field(True, "bool", convert={"hf-bert": (True,)})
+  pooler: str = _field("cls", "choice", choices=("cls", "mean"), convert=everywhere())
+  pooler_dim: int | None = _field(None, "int", min=1, optional=True, convert=everywhere())
+  kernel_init: str = _field("normal", "choice", choices=KERNEL_INITS, convert=everywhere())
+  norm_eps: float = _field(
+    1e-12, "float", open_min=True, max=1.0, convert=everywhere("hf-bert", "peer")
+  )
+  mlp_activation: str = _field(
+    "gelu_exact",
+    "choice",
+    choices=MLP_ACTIVATIONS,
+    convert={"hf-bert": ("gelu", "gelu_exact"), "peer": _PLAIN_ACTIVATIONS},
+  )
+
+  def __post_init__(self):
+    super().__post_init__()
+    if self.posemb == "scaled_sinusoidal" and self.width % 2:
+      raise SpecError(
+        f"model.posemb='scaled_sinusoidal' needs an even model.width, got {self.width}; "
+        f"change the width or use posemb='learn'"
+      )
+    check_splash_lengths(self, (self.max_length,))
+
+
 #: Model family (``config.model.name``) -> its spec class.
-FAMILIES = {"vit": ViTSpec, "gpt": GPTSpec, "encoder": EncoderSpec}
+FAMILIES = {"vit": ViTSpec, "gpt": GPTSpec, "encoder": EncoderSpec, "bert": BERTSpec}
 # Config keys of the model section that are conveniences resolved here, not fields.
 LAPLACIAN_KEYS = ("num_laplacian_heads", "laplacian_mask")
 
@@ -637,7 +733,7 @@ def _spec_fields(cls) -> dict:
   return out
 
 
-def from_config(model: Mapping) -> ViTSpec | GPTSpec:
+def from_config(model: Mapping) -> ViTSpec | GPTSpec | BERTSpec:
   """The spec of a ``config.model`` section (a ConfigDict or a plain dict).
 
   Keys the section lacks take the fields' defaults (configs of runs saved
@@ -688,7 +784,7 @@ def from_config(model: Mapping) -> ViTSpec | GPTSpec:
   return cls(attention=attention_spec, laplacian=tuple(map(tuple, heads)), **values)
 
 
-def build(name: str = "vit", **model_keys) -> ViTSpec | GPTSpec:
+def build(name: str = "vit", **model_keys) -> ViTSpec | GPTSpec | BERTSpec:
   """:func:`from_config` of ``{"name": name, **model_keys}``, for notebooks and tests.
 
   Example: ``build("vit", width=64, depth=2, num_heads=2, num_laplacian_heads=1)``.

@@ -18,7 +18,7 @@ from laplax.optim import nanochat as nanochat_optim
 
 OPTIMIZERS = ("adamw", "muon", "nanochat")
 # ``optim.schedule``: warm-up + cosine, or nanochat's constant + warm-down.
-SCHEDULES = ("cosine", "warmdown")
+SCHEDULES = ("cosine", "warmdown", "triangle")
 # Labels of optimizer.param_labels (optim.optimizer="muon").
 MUON_LABELS = ("muon", "embedding", "unembedding", "adamw")
 
@@ -47,6 +47,8 @@ def learning_rate_schedule(
     return lambda count: (
       peak * jnp.minimum(1.0, (jnp.asarray(count, jnp.float32) + 1.0) / total_steps)
     )
+  if optim.schedule == "triangle":
+    return triangle_schedule(peak, total_steps)
   if optim.schedule == "warmdown":
     return nanochat_optim.warmdown_schedule(
       peak, total_steps, optim.warmdown_ratio, optim.min_lr_ratio, optim.warmup_steps
@@ -59,6 +61,26 @@ def learning_rate_schedule(
     decay_steps=max(total_steps, warmup + 1),
     end_value=peak * optim.min_lr_ratio,
   )
+
+
+def triangle_schedule(
+  peak: float, total_steps: int, base: float = 0.25, falloff: float = 0.25
+) -> optax.Schedule:
+  """cramming's one-cycle ``triangle2`` (``JonasGeiping/cramming``,
+  ``backend/optimizers/schedulers.py``, ``get_triangle`` with
+  ``base_percentage=0.25, falloff=0.25``; by steps, where its
+  ``budget-triangle2`` maps wall time to steps): ``peak * min(base + s (1 -
+  base) / (1 - falloff) / N, 1 / falloff - s / (N falloff))`` at update ``s``
+  of ``N``: a linear rise from ``base * peak`` to ``peak`` at ``(1 -
+  falloff) N``, then linear to 0 at ``N``."""
+  n = float(max(total_steps, 1))
+
+  def schedule(count):
+    s = jnp.asarray(count, jnp.float32)
+    rise = base + s * (1.0 - base) / (1.0 - falloff) / n
+    return peak * jnp.maximum(jnp.minimum(rise, 1.0 / falloff - s / (n * falloff)), 0.0)
+
+  return schedule
 
 
 def cosine_ramp(start: float, end: float, steps: int) -> optax.Schedule:
@@ -198,6 +220,7 @@ def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransform
     learning_rate_schedule(o, config.total_steps),
     b1=o.b1,
     b2=o.b2,
+    eps=o.get("eps", 1e-8),  # optional: configs saved before the key
     weight_decay=weight_decay_schedule(o, config.total_steps),
     mask=lambda p: decay_mask(p, exclude),
   )

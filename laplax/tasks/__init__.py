@@ -17,6 +17,7 @@ from laplax.tasks.base import Task, with_debug_faults
 from laplax.tasks.classification import ClassificationTask
 from laplax.tasks.dino import DINOTask
 from laplax.tasks.language_model import LanguageModelTask
+from laplax.tasks.mlm import MaskedLMTask
 from laplax.tasks.sequence_classification import SequenceClassificationTask
 
 #: ``config.task`` -> the task class that builds its model, loss and evaluation.
@@ -25,6 +26,7 @@ TASKS = {
   "lm": LanguageModelTask,
   "dino": DINOTask,
   "sequence_classification": SequenceClassificationTask,
+  "mlm": MaskedLMTask,
 }
 
 
