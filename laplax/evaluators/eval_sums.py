@@ -40,3 +40,11 @@ class MaskedLMLoss(EvalSums):
 
   name = "mlm_loss"
   tasks = ("mlm",)
+
+
+class GLUEScores(EvalSums):
+  """``glue``: the official metric of the GLUE task (:func:`laplax.tasks.glue.scores`)
+  on its validation split(s), the mean loss and ``num_examples``."""
+
+  name = "glue"
+  tasks = ("glue",)

@@ -16,6 +16,7 @@ from laplax.config import validation as config_lib
 from laplax.tasks.base import Task, with_debug_faults
 from laplax.tasks.classification import ClassificationTask
 from laplax.tasks.dino import DINOTask
+from laplax.tasks.glue import GLUETask
 from laplax.tasks.language_model import LanguageModelTask
 from laplax.tasks.mlm import MaskedLMTask
 from laplax.tasks.sequence_classification import SequenceClassificationTask
@@ -27,6 +28,7 @@ TASKS = {
   "dino": DINOTask,
   "sequence_classification": SequenceClassificationTask,
   "mlm": MaskedLMTask,
+  "glue": GLUETask,
 }
 
 
