@@ -35,11 +35,11 @@ import grain
 import jax
 import jax.numpy as jnp
 import ml_collections
-from ml_collections import config_dict
 import numpy as np
 import optax
 import tensorflow_datasets as tfds
 import tokenizers
+from ml_collections import config_dict
 
 from laplax.config import defaults
 from laplax.config import validation as config_lib
