@@ -78,7 +78,7 @@ class ChatEngine:
       )
     run = loading.load(workdir, step)
     tokenizer = load_tokenizer(run.config.data, workdir)
-    name = run.config.data.get("name", "")
+    name = run.config.data.name
     run_name = os.path.basename(os.path.normpath(workdir))  # the page shows no machine path
     if name in CHAT_DATA:
       return cls(run.model, run.params, tokenizer, True, f"{run_name} is a {name} run")

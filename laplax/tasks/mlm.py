@@ -132,8 +132,13 @@ class MaskedLMTask(TaskBase):
 
   @classmethod
   def data_defaults(cls, config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-    """The text corpus's keys (:func:`laplax.data.lm_input.default_config`)."""
-    return lm_input.default_config(config.data.name)
+    """The text corpus's keys (:func:`laplax.data.lm_input.default_config`),
+    with the WordPiece tokenizer masked-LM pre-training needs and its
+    vocabulary size (the base config's)."""
+    data = lm_input.default_config(config.data.name)
+    base = cls.base_config().data
+    data.tokenizer, data.vocab_size = base.tokenizer, base.vocab_size
+    return data
 
   @classmethod
   def validate(cls, config: ml_collections.ConfigDict) -> None:
