@@ -171,7 +171,15 @@ def _cudnn(query, key, value, mask, is_causal: bool, scale: float):
 
 
 def attention(
-  query, key, value, *, mask, is_causal: bool, scale: float, implementation: str | None
+  query,
+  key,
+  value,
+  *,
+  mask,
+  is_causal: bool,
+  scale: float,
+  implementation: str | None,
+  bias=None,
 ):
   """``P V`` by the kernel :func:`choose` picks (``"reference"`` excepted:
   :func:`laplax.attention.attend` runs that one).
@@ -185,19 +193,30 @@ def attention(
     is_causal, scale: causal attention (queries aligned to the last keys),
       logit scale; Python values.
     implementation: ``None``, ``"xla"``, ``"cudnn"`` or ``"splash"``.
+    bias: an additive float bias of the logits broadcastable to ``[batch,
+      heads, q_length, kv_length]`` (Swin's relative position bias), or
+      ``None``. Only the XLA kernel takes one: ``None`` then runs XLA.
 
   Returns:
     ``[batch, q_length, heads, head_dim]`` in ``value.dtype``.
 
   Raises:
     ValueError: splash with lengths that are not multiples of 128 or a mask
-      other than a key-padding mask (one line with the fix).
+      other than a key-padding mask, or a ``bias`` with ``"cudnn"`` or
+      ``"splash"`` (one line with the fix).
   """
+  if bias is not None and implementation in ("cudnn", "splash"):
+    raise ValueError(
+      f"implementation={implementation!r} takes no additive attention bias (a relative "
+      f"position bias); use implementation='xla' or None"
+    )
   mask_shape = None
   if mask is not None:
     mask = jnp.asarray(mask, bool)
     mask_shape = (1,) * (4 - mask.ndim) + tuple(mask.shape)
   platform = target_platform()
+  if bias is not None:  # the fused kernels take none: XLA
+    implementation = "xla"
   kernel, _ = choose(
     implementation,
     q_length=query.shape[1],
@@ -218,4 +237,4 @@ def attention(
   # On a CPU the backward pass reuses the saved float32 P (fastest there); on
   # an accelerator it computes P again instead of keeping [batch, heads, q, kv].
   keep = platform == "cpu" if XLA_KEEPS_P is None else XLA_KEEPS_P
-  return xla_attention(query, key, value, mask, is_causal, scale, keep_probs=keep)
+  return xla_attention(query, key, value, mask, is_causal, scale, keep_probs=keep, bias=bias)
