@@ -300,10 +300,19 @@ def test_swin_spec_refusals_are_one_line():
     (dict(base, num_laplacian_heads=3), "must be in 0..2"),
     (dict(base, laplacian_mask=[[True, False]] * 4), "one list per layer of that layer's heads"),
     (dict(base, scan_layers=True), "a Swin's stages differ"),
+    (dict(base, implementation="splash"), "only the XLA kernel takes"),
   ]
   for keys, message in cases:
     with pytest.raises(spec_lib.SpecError, match=message.replace("(", r"\(").replace(")", r"\)")):
       spec_lib.build("swin", **keys)
+  # On a TPU the default kernel for 128-token windows would be splash; with
+  # the bias it is XLA, and the line says why.
+  name, line = kernels.describe(None, (128,), head_dim=64, dtype="float32", platform="tpu")
+  assert name == "splash"
+  name, line = kernels.describe(
+    None, (128,), head_dim=64, dtype="float32", platform="tpu", bias=True
+  )
+  assert name == "xla" and "no additive attention bias" in line
   ok = spec_lib.build("swin", **dict(base, laplacian_mask=[[True, False]] * 2 + [[True] * 4] * 2))
   assert ok.laplacian_array.tolist() == [[True, False, False, False]] * 2 + [[True] * 4] * 2
   # timm's Swin has no qk-norm nor LayerScale: --to timm refuses them by name.

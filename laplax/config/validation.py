@@ -568,6 +568,7 @@ def attention_kernel(config: ml_collections.ConfigDict, task: Any = None, say: A
     task.attention_lengths(config, side),
     head_dim=spec.head_dim,
     dtype=spec.dtype,
+    bias=config.model.name == "swin",  # its relative position bias: XLA
   )
   if say is not None:
     say(line)

@@ -81,6 +81,7 @@ def choose(
   dtype: Any,
   mask_shape: Sequence[int] | None = None,
   platform: str | None = None,
+  bias: bool = False,
 ) -> tuple[str, str | None]:
   """The kernel that runs, and why the default fell back to XLA (or ``None``).
 
@@ -92,6 +93,8 @@ def choose(
     mask_shape: the shape of a boolean mask, or ``None`` (splash takes only
       key-padding masks ``[batch, 1, 1, kv_length]``).
     platform: default :func:`target_platform`.
+    bias: the logits get an additive bias (Swin's relative position bias),
+      which only the XLA kernel takes.
 
   Returns:
     ``(kernel, reason)``: ``kernel`` one of ``"xla"``, ``"splash"``,
@@ -102,6 +105,8 @@ def choose(
     return implementation, None
   platform = platform or target_platform()
   reason = None
+  if bias and platform in ("tpu", "gpu"):
+    return "xla", "the fused kernels take no additive attention bias (a relative position bias)"
   if platform == "tpu":
     reason = splash.unsupported(q_length, kv_length)
     if (
@@ -126,6 +131,7 @@ def describe(
   head_dim: int,
   dtype: Any,
   platform: str | None = None,
+  bias: bool = False,
 ) -> tuple[str, str]:
   """``(name, line)``: the kernel of a model whose attention sees token counts
   ``lengths`` (self-attention), and one line saying which kernel runs and why.
@@ -134,12 +140,19 @@ def describe(
   choose differently (DINO's global and local crops). Example line:
   ``"attention kernel: xla on tpu (the default falls back: splash attention
   needs lengths that are multiples of 128, got 17 queries and 17 keys)"``.
+  ``bias``: the attention has an additive bias (a Swin's), see :func:`choose`.
   """
   platform = platform or target_platform()
   chosen = {}
   for n in dict.fromkeys(lengths):
     chosen[n] = choose(
-      implementation, q_length=n, kv_length=n, head_dim=head_dim, dtype=dtype, platform=platform
+      implementation,
+      q_length=n,
+      kv_length=n,
+      head_dim=head_dim,
+      dtype=dtype,
+      platform=platform,
+      bias=bias,
     )
   names = list(dict.fromkeys(kernel for kernel, _ in chosen.values())) or ["xla"]
   how = "requested" if implementation is not None else "the default"

@@ -515,6 +515,11 @@ class SwinSpec(TransformerSpec):
       raise SpecError(
         "model.scan_layers=True: a Swin's stages differ in width; use model.scan_layers=False"
       )
+    if self.attention.implementation in ("cudnn", "splash"):
+      raise SpecError(
+        f"model.implementation={self.attention.implementation!r}: a Swin's attention has a "
+        f"relative position bias, which only the XLA kernel takes; use 'xla' or None"
+      )
 
   def layer_heads(self) -> tuple[int, ...]:
     """Heads of each block: ``num_heads * 2^s`` in stage ``s``."""
