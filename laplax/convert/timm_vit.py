@@ -148,7 +148,7 @@ def architecture(model) -> dict:
   if type(model).__name__ != "VisionTransformer":
     raise ConvertError(
       f"{type(model).__name__} is not a timm VisionTransformer; "
-      f"laplax converts timm ViT / DeiT-3 models"
+      f"laplax converts timm ViT / DeiT-3 and Swin (SwinTransformer) models"
     )
   block = model.blocks[0]
   if type(block).__name__ != "Block":
