@@ -411,3 +411,14 @@ def _timm():
     import timm as timm_module
 
     timm = timm_module
+
+
+def test_model_args_take_tuples_and_refuse_bad_ones_in_one_line():
+  args = timm_vit.parse_model_args(MODEL_ARGS)
+  assert args == ARGS
+  assert timm_vit.parse_model_args("depths=[2, 2],x=1.5,y=None") == dict(
+    depths=(2, 2), x=1.5, y=None
+  )
+  with pytest.raises(common.ConvertError, match="not a tuple of literals") as e:
+    timm_vit.parse_model_args("depths=(2,a)")
+  assert "\n" not in str(e.value)
