@@ -92,7 +92,16 @@ def _combine_masks(mask, is_causal, q_len, kv_len):
 
 
 def reference_attention(
-  query, key, value, *, mask=None, is_causal=False, scale=None, dropout_rate=0.0, dropout_rng=None
+  query,
+  key,
+  value,
+  *,
+  mask=None,
+  is_causal=False,
+  scale=None,
+  dropout_rate=0.0,
+  dropout_rng=None,
+  bias=None,
 ):
   """Dense softmax attention that materialises ``P``.
 
@@ -105,6 +114,8 @@ def reference_attention(
     is_causal: add the causal mask (queries aligned to the last keys).
     scale: logit scale, default ``1 / sqrt(head_dim)``.
     dropout_rate, dropout_rng: attention dropout on ``P`` (inverted scaling).
+    bias: float, broadcastable to ``[batch, num_heads, q_length, kv_length]``,
+      added to the scaled logits (``None``: none).
 
   Returns:
     ``(PV, P)``: ``PV`` ``[batch, q_length, num_heads, head_dim]`` in
@@ -117,6 +128,8 @@ def reference_attention(
     value = jnp.repeat(value, num_heads // num_kv, axis=-2)
   scale = query.shape[-1] ** -0.5 if scale is None else scale
   logits = jnp.einsum("bqhd,bkhd->bhqk", query.astype(jnp.float32), key.astype(jnp.float32)) * scale
+  if bias is not None:
+    logits = logits + jnp.asarray(bias, jnp.float32)
   mask = _combine_masks(mask, is_causal, query.shape[1], key.shape[1])
   if mask is not None:
     logits = jnp.where(mask, logits, MASK_VALUE)
@@ -144,6 +157,7 @@ def attend(
   return_weights: bool = False,
   mix: jax.Array | None = None,
   kernel_options: dict | None = None,
+  bias: jax.Array | None = None,
 ):
   """Multi-head attention where some heads are Laplacian (``V - P V``).
 
@@ -187,6 +201,12 @@ def attend(
       (:func:`laplax.kernels.nystrom.nystrom_attention`, ``P~ V`` in place of
       ``P V``, so a Laplacian head is ``V - P~ V``; no attention dropout, no
       causal mask, key-padding masks only) ``num_landmarks`` and its options.
+    bias: optional float additive bias of the logits, broadcastable to
+      ``[batch, num_heads, q_length, kv_length]``: ``P = softmax(scale Q K^T
+      + bias + mask)`` (Swin's learned relative position bias plus its
+      shifted-window mask of -100, Liu et al. 2021, eq. 4). Differentiable.
+      The reference and XLA kernels take it; ``None`` runs XLA, ``"cudnn"``
+      and ``"splash"`` refuse it.
 
   Returns:
     ``[batch, q_length, num_heads, head_dim]`` in ``value.dtype``; with
@@ -217,8 +237,10 @@ def attend(
   use_dropout = dropout_rate > 0.0 and dropout_rng is not None
   weights = None
   if implementation == "nystrom":
-    if is_causal or return_weights:
-      raise ValueError("implementation='nystrom' has no causal mask and no return_weights")
+    if is_causal or return_weights or bias is not None:
+      raise ValueError(
+        "implementation='nystrom' has no causal mask, no additive bias and no return_weights"
+      )
     pv = nystrom.nystrom_attention(
       query, key, value, mask=mask, scale=scale, **(kernel_options or {})
     )
@@ -238,6 +260,7 @@ def attend(
       scale=scale,
       dropout_rate=dropout_rate if use_dropout else 0.0,
       dropout_rng=dropout_rng,
+      bias=bias,
     )
   else:
     if implementation == "splash" and use_dropout:
@@ -253,6 +276,7 @@ def attend(
       is_causal=bool(is_causal),
       scale=query.shape[-1] ** -0.5 if scale is None else float(scale),
       implementation=implementation,
+      bias=bias,
     )
 
   if mix is None and laplacian_np is not None and not laplacian_np.any():
@@ -609,12 +633,17 @@ class MultiHeadAttention(nn.Module):
     deterministic: bool = True,
     decode: bool = False,
     laplacian: jax.Array | None = None,
+    bias: jax.Array | None = None,
   ):
     """Applies attention; ``mask`` broadcasts to ``[batch, heads, length, length]``.
 
     ``laplacian`` (bool ``[num_heads]``, may be traced, e.g. a scanned
     per-layer input) overrides ``num_laplacian_heads`` / ``laplacian_mask``.
+    ``bias`` (float, broadcastable to ``[batch, heads, length, length]``) is
+    added to the logits (:func:`attend`; not with ``decode``).
     """
+    if bias is not None and decode:
+      raise ValueError("an additive attention bias is not supported with decode=True")
     _check_settings(self, x.shape[-1])
     model_dim = x.shape[-1]
     head_dim = self.head_dim or model_dim // self.num_heads
@@ -703,11 +732,12 @@ class MultiHeadAttention(nn.Module):
         dropout_rng=dropout_rng,
         mix=mix,
         kernel_options=_nystrom_options(self) if self.implementation == "nystrom" else None,
+        bias=bias,
       )
       if self.implementation == "nystrom" and self.conv_kernel_size:
         y = y + _nystrom_conv(self, v, mask)
       if self.is_mutable_collection("intermediates"):  # analysis only
-        _, weights = reference_attention(q, k, v, mask=mask, is_causal=is_causal)
+        _, weights = reference_attention(q, k, v, mask=mask, is_causal=is_causal, bias=bias)
         self.sow("intermediates", "attention_weights", weights)
         self.sow("intermediates", "head_outputs", y)
     y = nn.with_logical_constraint(y, HEADS_AXES)

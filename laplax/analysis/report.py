@@ -461,9 +461,16 @@ def run_analysis(
     plus ``effective``) and ``jacobian``.
 
   Raises:
-    AnalysisError: no real example, layers the model lacks, or ``batch_size < 1``.
+    AnalysisError: ``batches`` without a real example, layers the model does
+      not have, ``batch_size < 1``, or a model whose layers differ in heads
+      (a Swin: not analysed). Errors of ``target.loss_fn`` propagate.
   """
   model = target.model
+  if len(set(model.spec.layer_heads())) > 1:
+    raise AnalysisError(
+      f"the analysis takes models with the same heads in every layer; this "
+      f"{type(model).__name__}'s layers have {sorted(set(model.spec.layer_heads()))} heads"
+    )
   if batch_size < 1:
     raise AnalysisError(f"batch_size must be >= 1, got {batch_size}")
   depth = model.spec.depth

@@ -17,6 +17,7 @@ import ml_collections
 from laplax import sharding, utils
 from laplax.errors import UserError
 from laplax.models import spec as spec_lib
+from laplax.models import swin
 
 # Keys every config has (the documented contract of train.py).
 REQUIRED = (
@@ -186,11 +187,11 @@ def validate(
       f"{config.task} config; check its spelling against "
       f"laplax/config/defaults.py" + (f" ({len(extra)} such keys)" if len(extra) > 1 else ""),
     )
-  family = task_class.family
+  families = getattr(task_class, "families", (task_class.family,))
   require(
-    get(config, "model.name") == family,
+    get(config, "model.name") in families,
     f"config.model.name={get(config, 'model.name')!r} does not fit "
-    f"task {config.task!r}; use model.name={family!r}",
+    f"task {config.task!r}; use model.name=" + " or ".join(repr(f) for f in families),
   )
   for key in ("data.data_dir", "data.source_dir"):
     value = get(config, key)
@@ -506,7 +507,7 @@ def _validate_model(config):
       f"on {jax.default_backend()!r}; use 'xla'",
     )
   image_size = get(config, "data.image_size", None)  # optional: an image data set's key
-  if m.name == "vit" and image_size is not None:
+  if m.name in ("vit", "swin") and image_size is not None:
     check_int(config, "data.image_size", 1)
     check_patches(
       config, image_size, image_size, f"config.data.image_size={image_size}", "change one of them"
@@ -535,6 +536,17 @@ def attention_lengths(
   m = config.model
   if m.name in ("gpt", "bert"):
     return (int(m.max_length),)
+  if m.name == "swin":  # tokens of a window (a stage's grid when it is smaller)
+    side = get(config, "data.image_size", None) or image_side
+    if not side:
+      return ()
+    grid, out = int(side) // m.patch_size, []
+    for s in range(len(m.stage_depths)):
+      if s:
+        grid = (grid + 1) // 2
+      window = swin.stage_window((grid, grid), m.window_size)[0]
+      out.append(window[0] * window[1])
+    return tuple(dict.fromkeys(out))
   patches = lambda side: (int(side) // m.patch_size) ** 2 + (m.pool == "tok")
   sides = list(crop_sides) + [
     get(config, "data.image_size", None)  # images only
@@ -559,6 +571,7 @@ def attention_kernel(config: ml_collections.ConfigDict, task: Any = None, say: A
     task.attention_lengths(config, side),
     head_dim=spec.head_dim,
     dtype=spec.dtype,
+    bias=config.model.name == "swin",  # its relative position bias: XLA
   )
   if say is not None:
     say(line)

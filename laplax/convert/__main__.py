@@ -19,7 +19,8 @@ r"""Convert weights between laplax and timm / Hugging Face ``transformers``.
 checkpoint): ``eval.py --workdir`` evaluates it, ``train.py
 --config.init_from=WORKDIR`` fine-tunes from it (Laplacian heads and
 spectral settings may differ). The config gives the data and training
-settings (default: ``configs/deit3_imagenet.py`` for timm,
+settings (default: ``configs/deit3_imagenet.py`` for timm, ``configs/swin_imagenet.py``
+for a timm ``swin_*`` model,
 ``configs/gpt2_124m.py`` for GPT-2, ``configs/gpt_d20.py`` for nanochat); the
 model keys come from the source (nanochat: ``meta_<step>.json``, its
 Laplacian heads included; :mod:`laplax.convert.nanochat`).
@@ -98,6 +99,7 @@ DEFAULT_CONFIGS = {
   "hf-bert": "bert_cramming.py",
   "nanochat": "gpt_d20.py",
 }
+SWIN_CONFIG = "swin_imagenet.py"  # the default of a timm swin_* model
 
 
 def _config(source: str):
@@ -115,9 +117,13 @@ def _config(source: str):
 
 def _with_default_config(argv: list[str]) -> list[str]:
   """``argv`` with ``--config`` set to the source's default config file when
-  ``--from`` is given without one (so ``--config.key=value`` overrides parse)."""
+  ``--from`` is given without one (so ``--config.key=value`` overrides parse):
+  ``configs/swin_imagenet.py`` for a timm ``swin_*`` model."""
   source = cli.flag_value(argv, "from")
-  path = os.path.join(REPO_CONFIGS, DEFAULT_CONFIGS.get(source, ""))
+  name = DEFAULT_CONFIGS.get(source, "")
+  if source == "timm" and (cli.flag_value(argv, "model") or "").startswith("swin"):
+    name = SWIN_CONFIG
+  path = os.path.join(REPO_CONFIGS, name)
   if source in DEFAULT_CONFIGS and cli.flag_value(argv, "config") is None and os.path.isfile(path):
     return argv[:1] + [f"--config={path}"] + argv[1:]
   return argv

@@ -81,6 +81,7 @@ def choose(
   dtype: Any,
   mask_shape: Sequence[int] | None = None,
   platform: str | None = None,
+  bias: bool = False,
 ) -> tuple[str, str | None]:
   """The kernel that runs, and why the default fell back to XLA (or ``None``).
 
@@ -92,6 +93,8 @@ def choose(
     mask_shape: the shape of a boolean mask, or ``None`` (splash takes only
       key-padding masks ``[batch, 1, 1, kv_length]``).
     platform: default :func:`target_platform`.
+    bias: the logits get an additive bias (Swin's relative position bias),
+      which only the XLA kernel takes.
 
   Returns:
     ``(kernel, reason)``: ``kernel`` one of ``"xla"``, ``"splash"``,
@@ -102,6 +105,8 @@ def choose(
     return implementation, None
   platform = platform or target_platform()
   reason = None
+  if bias and platform in ("tpu", "gpu"):
+    return "xla", "the fused kernels take no additive attention bias (a relative position bias)"
   if platform == "tpu":
     reason = splash.unsupported(q_length, kv_length)
     if (
@@ -126,6 +131,7 @@ def describe(
   head_dim: int,
   dtype: Any,
   platform: str | None = None,
+  bias: bool = False,
 ) -> tuple[str, str]:
   """``(name, line)``: the kernel of a model whose attention sees token counts
   ``lengths`` (self-attention), and one line saying which kernel runs and why.
@@ -134,12 +140,19 @@ def describe(
   choose differently (DINO's global and local crops). Example line:
   ``"attention kernel: xla on tpu (the default falls back: splash attention
   needs lengths that are multiples of 128, got 17 queries and 17 keys)"``.
+  ``bias``: the attention has an additive bias (a Swin's), see :func:`choose`.
   """
   platform = platform or target_platform()
   chosen = {}
   for n in dict.fromkeys(lengths):
     chosen[n] = choose(
-      implementation, q_length=n, kv_length=n, head_dim=head_dim, dtype=dtype, platform=platform
+      implementation,
+      q_length=n,
+      kv_length=n,
+      head_dim=head_dim,
+      dtype=dtype,
+      platform=platform,
+      bias=bias,
     )
   names = list(dict.fromkeys(kernel for kernel, _ in chosen.values())) or ["xla"]
   how = "requested" if implementation is not None else "the default"
@@ -171,7 +184,15 @@ def _cudnn(query, key, value, mask, is_causal: bool, scale: float):
 
 
 def attention(
-  query, key, value, *, mask, is_causal: bool, scale: float, implementation: str | None
+  query,
+  key,
+  value,
+  *,
+  mask,
+  is_causal: bool,
+  scale: float,
+  implementation: str | None,
+  bias=None,
 ):
   """``P V`` by the kernel :func:`choose` picks (``"reference"`` excepted:
   :func:`laplax.attention.attend` runs that one).
@@ -185,19 +206,30 @@ def attention(
     is_causal, scale: causal attention (queries aligned to the last keys),
       logit scale; Python values.
     implementation: ``None``, ``"xla"``, ``"cudnn"`` or ``"splash"``.
+    bias: an additive float bias of the logits broadcastable to ``[batch,
+      heads, q_length, kv_length]`` (Swin's relative position bias), or
+      ``None``. Only the XLA kernel takes one: ``None`` then runs XLA.
 
   Returns:
     ``[batch, q_length, heads, head_dim]`` in ``value.dtype``.
 
   Raises:
     ValueError: splash with lengths that are not multiples of 128 or a mask
-      other than a key-padding mask (one line with the fix).
+      other than a key-padding mask, or a ``bias`` with ``"cudnn"`` or
+      ``"splash"`` (one line with the fix).
   """
+  if bias is not None and implementation in ("cudnn", "splash"):
+    raise ValueError(
+      f"implementation={implementation!r} takes no additive attention bias (a relative "
+      f"position bias); use implementation='xla' or None"
+    )
   mask_shape = None
   if mask is not None:
     mask = jnp.asarray(mask, bool)
     mask_shape = (1,) * (4 - mask.ndim) + tuple(mask.shape)
   platform = target_platform()
+  if bias is not None:  # the fused kernels take none: XLA
+    implementation = "xla"
   kernel, _ = choose(
     implementation,
     q_length=query.shape[1],
@@ -218,4 +250,4 @@ def attention(
   # On a CPU the backward pass reuses the saved float32 P (fastest there); on
   # an accelerator it computes P again instead of keeping [batch, heads, q, kv].
   keep = platform == "cpu" if XLA_KEEPS_P is None else XLA_KEEPS_P
-  return xla_attention(query, key, value, mask, is_causal, scale, keep_probs=keep)
+  return xla_attention(query, key, value, mask, is_causal, scale, keep_probs=keep, bias=bias)

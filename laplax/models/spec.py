@@ -137,6 +137,13 @@ def _check_value(key: str, value: Any, meta: Mapping) -> None:
       raise SpecError(
         f"model.{key}={value!r} must be distinct letters of 'qkv' (e.g. 'qkv', 'q', 'qk', 'v')"
       ) from None
+  elif check == "ints":
+    ok = isinstance(value, (list, tuple)) and len(value) > 0
+    if not (ok and all(_is_int(v) and v >= meta.get("min", 1) for v in value)):
+      raise SpecError(
+        f"model.{key}={value!r} must be a non-empty tuple of integers >= {meta.get('min', 1)}, "
+        f"e.g. (2, 2, 6, 2)"
+      )
   elif check == "choice":
     choices = meta["choices"]
     if not (value is None or isinstance(value, str)) or value not in choices:
@@ -238,7 +245,7 @@ class AttentionSpec(_Checked):
     "fixed",
     "choice",
     choices=attention.LAPLACIAN_MIXES,
-    convert={"timm": FORCE, "hf-gpt2": FORCE, "hf-bert": FORCE},
+    convert={"timm": FORCE, "timm-swin": FORCE, "hf-gpt2": FORCE, "hf-bert": FORCE},
     source=True,
   )
   spectral: SpectralSpec | None = dataclasses.field(
@@ -247,7 +254,7 @@ class AttentionSpec(_Checked):
       "key": "spectral.enabled",
       "source": {"spectral.enabled": False},
       "show": lambda v: repr(v is not None),
-      "convert": {"timm": FORCE, "hf-gpt2": FORCE, "hf-bert": FORCE},
+      "convert": {"timm": FORCE, "timm-swin": FORCE, "hf-gpt2": FORCE, "hf-bert": FORCE},
     },
   )
 
@@ -334,7 +341,7 @@ class TransformerSpec(_Checked):
     "int",
     min=1,
     convert=dict(
-      everywhere("timm", "hf-gpt2", "hf-bert", "peer"),
+      everywhere("timm", "timm-swin", "hf-gpt2", "hf-bert", "peer"),
       nanochat=Rule(lambda v, spec: v == 4 * spec.width, "4 * width"),
     ),
   )
@@ -350,6 +357,7 @@ class TransformerSpec(_Checked):
       "show": lambda v: repr([list(row) for row in v]),
       "convert": {
         "timm": FORCE,
+        "timm-swin": FORCE,
         "hf-gpt2": FORCE,
         "hf-bert": FORCE,
         "nanochat": ANY,
@@ -398,14 +406,20 @@ class TransformerSpec(_Checked):
         f"model.width={self.width} is not divisible by model.num_heads={heads}; "
         f"choose num_heads dividing the width"
       )
+    layer_heads = self.layer_heads()
     if not self.laplacian:
-      object.__setattr__(self, "laplacian", ((False,) * heads,) * self.depth)
-    shape = np.shape(self.laplacian)
-    if shape != (self.depth, heads):
-      raise SpecError(
-        f"model laplacian heads have shape {shape}; expected "
+      object.__setattr__(self, "laplacian", tuple((False,) * h for h in layer_heads))
+    try:
+      rows = [len(row) for row in self.laplacian]
+    except TypeError:  # not a sequence of rows
+      rows = []
+    if rows != list(layer_heads):
+      want = (
         f"(depth, num_heads)=({self.depth}, {heads})"
+        if len(set(layer_heads)) == 1
+        else f"one row per layer of its heads {list(layer_heads)}"
       )
+      raise SpecError(f"model laplacian heads have rows of {rows} heads; expected {want}")
     object.__setattr__(
       self, "laplacian", tuple(tuple(bool(h) for h in row) for row in self.laplacian)
     )
@@ -434,10 +448,19 @@ class TransformerSpec(_Checked):
     """``width // num_heads``."""
     return self.width // self.attention.num_heads
 
+  def layer_heads(self) -> tuple[int, ...]:
+    """Heads of each layer (``num_heads`` in every one here; Swin's stages differ)."""
+    return (self.attention.num_heads,) * self.depth
+
   @property
   def laplacian_array(self) -> np.ndarray:
-    """The Laplacian heads, bool ``[depth, num_heads]``."""
-    return np.asarray(self.laplacian, dtype=bool).reshape(self.depth, self.num_heads)
+    """The Laplacian heads, bool ``[depth, max heads]`` (a layer with fewer
+    heads, a later Swin stage's first, is padded with False)."""
+    width = max(self.layer_heads())
+    out = np.zeros((self.depth, width), bool)
+    for i, row in enumerate(self.laplacian):
+      out[i, : len(row)] = row
+    return out
 
   def compute_dtype(self):
     """The jnp dtype of the matmuls (``None`` for float32: the input's dtype)."""
@@ -488,6 +511,80 @@ class ViTSpec(TransformerSpec):
 
   def drop_path_rates(self) -> tuple[float, ...]:
     """``drop_path * i / (depth - 1)`` for block ``i`` (DeiT, Touvron et al. 2021)."""
+    return tuple(self.drop_path * i / max(self.depth - 1, 1) for i in range(self.depth))
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SwinSpec(TransformerSpec):
+  """A Swin Transformer v1 (Liu et al. 2021; timm's ``SwinTransformer``).
+
+  Stage ``s`` (0-based) has ``stage_depths[s]`` blocks of width ``width *
+  2^s``, ``num_heads * 2^s`` heads and MLP size ``mlp_dim * 2^s`` (every
+  Swin of the paper and of timm doubles both); stages after the first start
+  with a patch merging (2x2 neighbours concatenated, LayerNorm, a linear
+  map to twice the width without bias). ``depth`` is the number of blocks,
+  ``sum(stage_depths)``. The Laplacian heads are one row per block of that
+  block's heads (``num_laplacian_heads=k``: the last ``k`` of every block).
+
+  Attributes:
+    patch_size: square patch side in pixels (the patch embedding's stride).
+    stage_depths: blocks per stage.
+    window_size: side of the attention windows in tokens (a stage whose grid
+      is not larger than it attends over its whole grid, unshifted, as timm).
+    drop_path: the deepest block's stochastic-depth rate (linear over blocks).
+  """
+
+  patch_size: int = _field(4, "int", min=1, convert=everywhere())
+  stage_depths: tuple = _field((2, 2), "ints", convert=everywhere())
+  window_size: int = _field(7, "int", min=1, convert=everywhere())
+  drop_path: float = _field(0.0, "float", max=0.99, convert={"timm-swin": ANY})
+  # timm's Swin: no LayerScale, the exact GELU, nn.LayerNorm's eps 1e-5.
+  layerscale_init: float | None = _field(None, "float", optional=True)
+  mlp_activation: str = _field(
+    "gelu_exact",
+    "choice",
+    choices=MLP_ACTIVATIONS,
+    convert={"timm-swin": ("gelu_exact",), "hf-gpt2": ANY, "peer": ANY},
+  )
+  norm_eps: float = _field(
+    1e-5, "float", open_min=True, max=1.0, convert=everywhere("hf-gpt2", "nanochat", "peer")
+  )
+
+  def __post_init__(self):
+    _check_value("stage_depths", self.stage_depths, {"check": "ints"})
+    object.__setattr__(self, "stage_depths", tuple(int(d) for d in self.stage_depths))
+    if self.depth != sum(self.stage_depths):
+      raise SpecError(
+        f"model.depth={self.depth} must be the number of Swin blocks, "
+        f"sum(model.stage_depths={self.stage_depths})={sum(self.stage_depths)}; set it so"
+      )
+    super().__post_init__()
+    if self.scan_layers:
+      raise SpecError(
+        "model.scan_layers=True: a Swin's stages differ in width; use model.scan_layers=False"
+      )
+    if self.attention.implementation in ("cudnn", "splash"):
+      raise SpecError(
+        f"model.implementation={self.attention.implementation!r}: a Swin's attention has a "
+        f"relative position bias, which only the XLA kernel takes; use 'xla' or None"
+      )
+
+  def layer_heads(self) -> tuple[int, ...]:
+    """Heads of each block: ``num_heads * 2^s`` in stage ``s``."""
+    return tuple(
+      self.attention.num_heads * 2**s for s, d in enumerate(self.stage_depths) for _ in range(d)
+    )
+
+  def stages(self) -> tuple[tuple[int, int, int, int], ...]:
+    """``(first block, blocks, width, mlp_dim)`` of every stage."""
+    out, first = [], 0
+    for s, d in enumerate(self.stage_depths):
+      out.append((first, d, self.width * 2**s, self.mlp_dim * 2**s))
+      first += d
+    return tuple(out)
+
+  def drop_path_rates(self) -> tuple[float, ...]:
+    """``drop_path * i / (depth - 1)`` for block ``i`` (timm's linspace over all blocks)."""
     return tuple(self.drop_path * i / max(self.depth - 1, 1) for i in range(self.depth))
 
 
@@ -665,7 +762,13 @@ class BERTSpec(TransformerSpec):
 
 
 #: Model family (``config.model.name``) -> its spec class.
-FAMILIES = {"vit": ViTSpec, "gpt": GPTSpec, "encoder": EncoderSpec, "bert": BERTSpec}
+FAMILIES = {
+  "vit": ViTSpec,
+  "gpt": GPTSpec,
+  "encoder": EncoderSpec,
+  "bert": BERTSpec,
+  "swin": SwinSpec,
+}
 # Config keys of the model section that are conveniences resolved here, not fields.
 LAPLACIAN_KEYS = ("num_laplacian_heads", "laplacian_mask")
 
@@ -723,6 +826,54 @@ def laplacian_mask(
   return np.stack([attention.laplacian_heads(num_heads, int(k)) for k in counts])
 
 
+def layer_laplacian(
+  layer_heads: Sequence[int], num_laplacian_heads: Any = 0, mask: Sequence | None = None
+) -> tuple[tuple[bool, ...], ...]:
+  """:func:`laplacian_mask` for layers with different head counts (Swin's
+  stages): the last ``k`` heads of every layer (``k`` at most the fewest
+  heads of a layer), one count per layer, or a mask of one row per layer of
+  that layer's heads.
+
+  Raises:
+    SpecError: as :func:`laplacian_mask`, naming the layer's heads.
+  """
+  depth = len(layer_heads)
+  counts = (
+    list(num_laplacian_heads)
+    if isinstance(num_laplacian_heads, (list, tuple))
+    else [num_laplacian_heads] * depth
+  )
+  if len(counts) != depth:
+    raise SpecError(
+      f"model.num_laplacian_heads has {len(counts)} entries but the model has {depth} "
+      f"layers; give one count per layer or a single int"
+    )
+  for k, h in zip(counts, layer_heads):
+    if not (_is_int(k) and 0 <= k <= h):
+      raise SpecError(
+        f"model.num_laplacian_heads={num_laplacian_heads!r} must be in 0..{min(layer_heads)} "
+        f"(the heads of the layer with fewest; the last k heads of a layer are Laplacian)"
+      )
+  if mask is not None:
+    ok = isinstance(mask, (list, tuple)) and len(mask) == depth
+    ok = ok and all(
+      isinstance(row, (list, tuple))
+      and len(row) == h
+      and all(isinstance(v, (bool, np.bool_)) for v in row)
+      for row, h in zip(mask, layer_heads)
+    )
+    if not ok:
+      raise SpecError(
+        f"model.laplacian_mask must be one list per layer of that layer's heads "
+        f"{list(layer_heads)}, booleans True/False"
+      )
+    return tuple(tuple(bool(v) for v in row) for row in mask)
+  return tuple(
+    tuple(bool(v) for v in attention.laplacian_heads(h, int(k)))
+    for h, k in zip(layer_heads, counts)
+  )
+
+
 def _spec_fields(cls) -> dict:
   """``{config key: (owner class, field)}`` of a spec class and its nested specs."""
   out = {}
@@ -772,16 +923,19 @@ def from_config(model: Mapping) -> ViTSpec | GPTSpec | BERTSpec:
     for f in dataclasses.fields(AttentionSpec)
     if "check" in f.metadata
   }
-  posemb = values["posemb"]
-  attn["rope"] = posemb == "rope"
+  attn["rope"] = values.get("posemb") == "rope"
   _check_value("num_heads", attn["num_heads"], {"check": "int", "min": 1})
   for key in ("width", "depth"):
     _check_value(key, values[key], {"check": "int", "min": 1})
   attention_spec = AttentionSpec(**attn, spectral=spectral_spec if enabled else None)
-  heads = laplacian_mask(
-    attn["num_heads"], values["depth"], get("num_laplacian_heads", 0), get("laplacian_mask", None)
-  )
-  return cls(attention=attention_spec, laplacian=tuple(map(tuple, heads)), **values)
+  plain = cls(attention=attention_spec, **values)
+  layer_heads = plain.layer_heads()
+  counts, mask = get("num_laplacian_heads", 0), get("laplacian_mask", None)
+  if len(set(layer_heads)) == 1:
+    heads = laplacian_mask(attn["num_heads"], values["depth"], counts, mask)
+  else:
+    heads = layer_laplacian(layer_heads, counts, mask)
+  return dataclasses.replace(plain, laplacian=tuple(map(tuple, heads)))
 
 
 def build(name: str = "vit", **model_keys) -> ViTSpec | GPTSpec | BERTSpec:
