@@ -27,9 +27,9 @@ from typing import Any
 
 #: The converter targets whose support every field's ``convert`` metadata
 #: declares: ``python -m laplax.convert --from/--to`` ``"timm"``,
-#: ``"hf-gpt2"``, ``"hf-bert"`` and ``"nanochat"``, and ``"peer"``, the PyTorch
+#: ``"hf-gpt2"``, ``"hf-bert"``, ``"hf-nystromformer"`` and ``"nanochat"``, and ``"peer"``, the PyTorch
 #: models of ``bench/peer_torch.py``.
-CONVERT_TARGETS = ("timm", "hf-gpt2", "hf-bert", "nanochat", "peer")
+CONVERT_TARGETS = ("timm", "hf-gpt2", "hf-bert", "hf-nystromformer", "nanochat", "peer")
 #: ``convert`` support: the target expresses every value of the field.
 ANY = "any"
 #: ``convert`` support: a laplax addition the target lacks (Laplacian heads,
@@ -38,7 +38,7 @@ ANY = "any"
 FORCE = "force"
 #: The targets that export trained weights for inference: training-only
 #: settings (dropout, drop-path) and initialisers change nothing they compute.
-EXPORTS = ("timm", "hf-gpt2", "hf-bert", "nanochat")
+EXPORTS = ("timm", "hf-gpt2", "hf-bert", "hf-nystromformer", "nanochat")
 
 
 @dataclasses.dataclass(frozen=True)
