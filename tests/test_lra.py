@@ -27,6 +27,7 @@ from laplax.data.errors import DataError
 from laplax.data.lra import image, text
 from laplax.models import spec as spec_lib
 from laplax.models.encoder import DualEncoder, Encoder
+from laplax.tasks import sequence_classification
 
 CONFIG = os.path.join(ROOT, "configs", "nystrom_lra.py")
 
@@ -56,6 +57,12 @@ def test_aan_reader(tmp_path):
   assert d["tokens"][0].tolist() == [b + 1 for b in b"paper on"]
   assert d["tokens2"][0].tolist() == [ord("p") + 1, 0xC4, 0xAA, 0, 0, 0, 0, 0]
   assert d["mask2"][1].sum() == 0 and d["mask"][1].all()
+  # cut at data.cut_length, padded to data.max_length (the authors' power of two)
+  data = sequence_classification.data_config()
+  data.update(name="retrieval", data_dir=str(tmp_path), cut_length=3)
+  d = sequence_classification.load_split(data, "val", 8)
+  assert d["tokens"][0].tolist() == [b + 1 for b in b"pap"] + [0] * 5
+  assert d["mask"].shape == d["tokens2"].shape == (2, 8) and d["mask"][1].sum() == 3
   write_aan(tmp_path / "new_aan_pairs.test.tsv", [(b"2", b"a", b"b")])
   with pytest.raises(DataError, match=r"test.tsv:1: expected") as e:
     text.load_aan(str(tmp_path), "test", 8)
