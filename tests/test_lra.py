@@ -206,3 +206,19 @@ def test_tfds_not_prepared_is_one_line(tmp_path):
   with pytest.raises(DataError, match="tfds build imdb_reviews") as e:
     text.load_imdb(str(tmp_path), "train", 16)
   assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("task", ["listops", "text", "retrieval", "image", "pathfinder"])
+def test_every_lra_config_validates(task):
+  from test_configs import load
+
+  from laplax import tasks
+
+  for size in ("full", "cpu"):
+    for attention in ("nystrom", "softmax"):
+      c = load("nystrom_lra", f"task={task},size={size},attention={attention}")
+      tasks.validate(c)
+      n = c.data.max_length
+      assert n & (n - 1) == 0  # a power of two, as the authors pad
+      if attention == "nystrom":
+        assert n % c.model.num_landmarks == 0
