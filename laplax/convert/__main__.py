@@ -8,6 +8,8 @@ r"""Convert weights between laplax and timm / Hugging Face ``transformers``.
         [--config configs/gpt2_124m.py] [--config.key=value ...]
     python -m laplax.convert --from hf-bert --model HF_DIR --workdir runs/bert \
         [--config configs/bert_cramming.py] [--config.key=value ...]
+    python -m laplax.convert --from hf-nystromformer --model HF_DIR --workdir runs/nf \
+        [--config configs/bert_cramming.py] [--config.key=value ...]
     python -m laplax.convert --from nanochat --model CHECKPOINT_DIR [--step N] \
         [--tokenizer tokenizer.pkl|DIR] --workdir runs/d20 [--config configs/gpt_d20.py]
     python -m laplax.convert --to timm --workdir runs/vit --out OUT_DIR [--force]
@@ -21,7 +23,10 @@ checkpoint): ``eval.py --workdir`` evaluates it, ``train.py
 spectral settings may differ). The config gives the data and training
 settings (default: ``configs/deit3_imagenet.py`` for timm, ``configs/swin_imagenet.py``
 for a timm ``swin_*`` model,
-``configs/gpt2_124m.py`` for GPT-2, ``configs/gpt_d20.py`` for nanochat); the
+``configs/gpt2_124m.py`` for GPT-2, ``configs/bert_cramming.py`` for BERT and
+the Nystromformer (``NystromformerForMaskedLM``,
+:mod:`laplax.convert.hf_nystromformer`; ``--from`` only),
+``configs/gpt_d20.py`` for nanochat); the
 model keys come from the source (nanochat: ``meta_<step>.json``, its
 Laplacian heads included; :mod:`laplax.convert.nanochat`).
 ``--to`` writes ``OUT_DIR`` for timm (``model.safetensors`` and
@@ -50,7 +55,10 @@ from ml_collections import config_flags
 from laplax.cli import common as cli
 
 _FROM = flags.DEFINE_enum(
-  "from", None, ["timm", "hf-gpt2", "hf-bert", "nanochat"], "Source of the weights."
+  "from",
+  None,
+  ["timm", "hf-gpt2", "hf-bert", "hf-nystromformer", "nanochat"],
+  "Source of the weights.",
 )
 _TO = flags.DEFINE_enum(
   "to", None, ["timm", "hf-gpt2", "hf-bert", "nanochat"], "Target of the weights."
@@ -97,6 +105,7 @@ DEFAULT_CONFIGS = {
   "timm": "deit3_imagenet.py",
   "hf-gpt2": "gpt2_124m.py",
   "hf-bert": "bert_cramming.py",
+  "hf-nystromformer": "bert_cramming.py",
   "nanochat": "gpt_d20.py",
 }
 SWIN_CONFIG = "swin_imagenet.py"  # the default of a timm swin_* model
@@ -136,14 +145,14 @@ def main() -> int:
   source, target = flags.FLAGS["from"].value, _TO.value
   if (source is None) == (target is None):
     raise cli.UsageError(
-      "give exactly one of --from timm|hf-gpt2|hf-bert|nanochat and "
+      "give exactly one of --from timm|hf-gpt2|hf-bert|hf-nystromformer|nanochat and "
       "--to timm|hf-gpt2|hf-bert|nanochat"
     )
   if not _WORKDIR.value:
     raise cli.UsageError("--workdir is required (the laplax run directory)")
   cli.quiet()
   from laplax import signals
-  from laplax.convert import common, hf_bert, hf_gpt2, nanochat, timm_vit
+  from laplax.convert import common, hf_bert, hf_gpt2, hf_nystromformer, nanochat, timm_vit
 
   if signals.current() is not None:  # a signal's exit line; the output is renamed in whole
     signals.current().nothing_saved = "nothing was written (the output appears only complete)"
@@ -179,7 +188,11 @@ def main() -> int:
           "--weights and --model_args are for --from timm; the "
           "Hugging Face directory holds the weights and config"
         )
-      convert = hf_bert.convert_from_hf if source == "hf-bert" else hf_gpt2.convert_from_hf
+      convert = {
+        "hf-bert": hf_bert.convert_from_hf,
+        "hf-gpt2": hf_gpt2.convert_from_hf,
+        "hf-nystromformer": hf_nystromformer.convert_from_hf,
+      }[source]
       convert(_MODEL.value, config, _WORKDIR.value)
     print(
       f"wrote {_WORKDIR.value} (step 0): evaluate it with eval.py --workdir "

@@ -143,6 +143,15 @@ def read_hf_config(model_dir: str) -> dict:
       hf = json.load(f)
   except (OSError, ValueError) as e:
     raise ConvertError(f"cannot read {path}: {type(e).__name__}") from None
+  return read_hf_config_dict(hf, path)
+
+
+def read_hf_config_dict(hf, path: str) -> dict:
+  """``hf`` (the parsed ``config.json`` at ``path``), checked as :func:`read_hf_config` does.
+
+  Raises:
+    ConvertError: as :func:`read_hf_config`.
+  """
   if not isinstance(hf, dict) or hf.get("model_type") != "bert":
     got = hf.get("model_type") if isinstance(hf, dict) else None
     raise ConvertError(f"{path}: model_type={got!r}; only 'bert' (BertForMaskedLM) converts")

@@ -141,3 +141,38 @@ class Encoder(nn.Module):
       x = nn.Dense(self.num_classes, dtype=jnp.float32, name="head")(x)
     out["logits"] = x
     return x, out
+
+
+class DualEncoder(nn.Module):
+  """The two-tower classifier of LRA Retrieval (the Nystromformer authors'
+  ``ModelForSCDual`` and ``SCHeadDual``; LRA's ``classifier_head_dual`` with
+  ``interaction="NLI"``): one :class:`Encoder` (shared weights) pools each
+  document to ``u`` and ``v``, and ``Dense(classifier_hidden) -> ReLU ->
+  Dense(num_classes)`` classifies ``[u, v, u * v, u - v]``.
+
+  ``inputs``, ``inputs2``: int32 ``[batch, length]``; ``mask``, ``mask2``:
+  bool ``[batch, length]`` or ``None``. Returns ``(logits [batch,
+  num_classes] float32, out)``: ``out["pre_logits"]`` the combined features
+  ``[batch, 4 * width]``, ``out["towers"]`` each tower's ``out``.
+
+  Attributes:
+    spec: the :class:`~laplax.models.spec.EncoderSpec` of the tower.
+    num_classes: classifier outputs.
+  """
+
+  spec: EncoderSpec
+  num_classes: int = 2
+
+  @nn.compact
+  def __call__(self, inputs, inputs2, mask=None, mask2=None, *, train: bool = False):
+    """Classifies the pair; ``train`` enables dropout."""
+    tower = Encoder(self.spec, num_classes=0, name="encoder")
+    u, out_u = tower(inputs, mask, train=train)
+    v, out_v = tower(inputs2, mask2, train=train)
+    x = jnp.concatenate([u, v, u * v, u - v], axis=-1).astype(jnp.float32)
+    out = {"pre_logits": x, "towers": (out_u, out_v)}
+    if self.spec.classifier_hidden:
+      x = nn.relu(nn.Dense(self.spec.classifier_hidden, dtype=jnp.float32, name="head_hidden")(x))
+    x = nn.Dense(self.num_classes, dtype=jnp.float32, name="head")(x)
+    out["logits"] = x
+    return x, out

@@ -245,7 +245,13 @@ class AttentionSpec(_Checked):
     "fixed",
     "choice",
     choices=attention.LAPLACIAN_MIXES,
-    convert={"timm": FORCE, "timm-swin": FORCE, "hf-gpt2": FORCE, "hf-bert": FORCE},
+    convert={
+      "timm": FORCE,
+      "timm-swin": FORCE,
+      "hf-gpt2": FORCE,
+      "hf-bert": FORCE,
+      "hf-nystromformer": FORCE,
+    },
     source=True,
   )
   spectral: SpectralSpec | None = dataclasses.field(
@@ -254,15 +260,39 @@ class AttentionSpec(_Checked):
       "key": "spectral.enabled",
       "source": {"spectral.enabled": False},
       "show": lambda v: repr(v is not None),
-      "convert": {"timm": FORCE, "timm-swin": FORCE, "hf-gpt2": FORCE, "hf-bert": FORCE},
+      "convert": {
+        "timm": FORCE,
+        "timm-swin": FORCE,
+        "hf-gpt2": FORCE,
+        "hf-bert": FORCE,
+        "hf-nystromformer": FORCE,
+      },
     },
   )
 
-  num_landmarks: int = _field(64, "int", min=1, active="implementation")
-  pinv_iterations: int = _field(6, "int", min=0, active="implementation")
-  pinv_init: str = _field("original", "choice", choices=nystrom.PINV_INITS, active="implementation")
-  nystrom_padding: str = _field("keys", "choice", choices=nystrom.PADDINGS, active="implementation")
-  conv_kernel_size: int | None = _field(None, "int", min=1, optional=True, active="implementation")
+  num_landmarks: int = _field(
+    64, "int", min=1, active="implementation", convert={"hf-nystromformer": ANY}
+  )
+  pinv_iterations: int = _field(
+    6, "int", min=0, active="implementation", convert={"hf-nystromformer": (6,)}
+  )
+  pinv_init: str = _field(
+    "original",
+    "choice",
+    choices=nystrom.PINV_INITS,
+    active="implementation",
+    convert={"hf-nystromformer": ("original",)},
+  )
+  nystrom_padding: str = _field(
+    "keys",
+    "choice",
+    choices=nystrom.PADDINGS,
+    active="implementation",
+    convert={"hf-nystromformer": ("keys",)},
+  )
+  conv_kernel_size: int | None = _field(
+    None, "int", min=1, optional=True, active="implementation", convert={"hf-nystromformer": ANY}
+  )
 
   def __post_init__(self):
     super().__post_init__()
@@ -341,7 +371,7 @@ class TransformerSpec(_Checked):
     "int",
     min=1,
     convert=dict(
-      everywhere("timm", "timm-swin", "hf-gpt2", "hf-bert", "peer"),
+      everywhere("timm", "timm-swin", "hf-gpt2", "hf-bert", "hf-nystromformer", "peer"),
       nanochat=Rule(lambda v, spec: v == 4 * spec.width, "4 * width"),
     ),
   )
@@ -360,6 +390,7 @@ class TransformerSpec(_Checked):
         "timm-swin": FORCE,
         "hf-gpt2": FORCE,
         "hf-bert": FORCE,
+        "hf-nystromformer": FORCE,
         "nanochat": ANY,
         "peer": Rule(_same_last_heads, "the same last k heads in every layer"),
       },
@@ -368,7 +399,9 @@ class TransformerSpec(_Checked):
   dropout: float = _field(0.0, "float", max=0.99, convert=everywhere(*EXPORTS))
   layerscale_init: float | None = _field(None, "float", optional=True, convert={"timm": ANY})
   use_bias: bool = _field(
-    True, "bool", convert={"nanochat": (False,), "peer": ANY, "hf-bert": (True,)}
+    True,
+    "bool",
+    convert={"nanochat": (False,), "peer": ANY, "hf-bert": (True,), "hf-nystromformer": (True,)},
   )
   dtype: str = _field(
     "float32", "choice", choices=DTYPES, source=True, convert=everywhere(*EXPORTS)
@@ -386,6 +419,7 @@ class TransformerSpec(_Checked):
       "timm": ("gelu", "gelu_exact"),
       "hf-gpt2": _PLAIN_ACTIVATIONS,
       "hf-bert": ("gelu", "gelu_exact"),
+      "hf-nystromformer": ("gelu", "gelu_exact"),
       "nanochat": ("relu2",),
       "peer": _PLAIN_ACTIVATIONS,
     },
@@ -395,7 +429,7 @@ class TransformerSpec(_Checked):
     "float",
     open_min=True,
     max=1.0,
-    convert=everywhere("hf-gpt2", "hf-bert", "nanochat", "peer"),
+    convert=everywhere("hf-gpt2", "hf-bert", "hf-nystromformer", "nanochat", "peer"),
   )
 
   def __post_init__(self):
@@ -728,27 +762,50 @@ class BERTSpec(TransformerSpec):
 
   max_length: int = _field(128, "int", min=1, convert=everywhere())
   posemb: str = _field(
-    "learn", "choice", choices=("learn", "scaled_sinusoidal"), convert={"hf-bert": ("learn",)}
+    "learn",
+    "choice",
+    choices=("learn", "scaled_sinusoidal"),
+    convert={"hf-bert": ("learn",), "hf-nystromformer": ("learn",)},
   )
   type_vocab_size: int = _field(
-    2, "int", min=0, convert={"hf-bert": Rule(lambda v, spec: v >= 1, "type_vocab_size >= 1")}
+    2,
+    "int",
+    min=0,
+    convert={
+      "hf-bert": Rule(lambda v, spec: v >= 1, "type_vocab_size >= 1"),
+      "hf-nystromformer": Rule(lambda v, spec: v >= 1, "type_vocab_size >= 1"),
+    },
   )
-  post_norm: bool = _field(True, "bool", convert={"hf-bert": (True,)})
-  embed_norm: bool = _field(True, "bool", convert={"hf-bert": (True,)})
-  final_norm: bool = _field(False, "bool", convert={"hf-bert": (False,)})
-  mlm_transform: bool = _field(True, "bool", convert={"hf-bert": (True,)})
-  decoder_bias: bool = _field(True, "bool", convert={"hf-bert": (True,)})
+  post_norm: bool = _field(True, "bool", convert={"hf-bert": (True,), "hf-nystromformer": (True,)})
+  embed_norm: bool = _field(True, "bool", convert={"hf-bert": (True,), "hf-nystromformer": (True,)})
+  final_norm: bool = _field(
+    False, "bool", convert={"hf-bert": (False,), "hf-nystromformer": (False,)}
+  )
+  mlm_transform: bool = _field(
+    True, "bool", convert={"hf-bert": (True,), "hf-nystromformer": (True,)}
+  )
+  decoder_bias: bool = _field(
+    True, "bool", convert={"hf-bert": (True,), "hf-nystromformer": (True,)}
+  )
   pooler: str = _field("cls", "choice", choices=("cls", "mean"), convert=everywhere())
   pooler_dim: int | None = _field(None, "int", min=1, optional=True, convert=everywhere())
   kernel_init: str = _field("normal", "choice", choices=KERNEL_INITS, convert=everywhere())
   norm_eps: float = _field(
-    1e-12, "float", open_min=True, max=1.0, convert=everywhere("hf-bert", "peer")
+    1e-12,
+    "float",
+    open_min=True,
+    max=1.0,
+    convert=everywhere("hf-bert", "hf-nystromformer", "peer"),
   )
   mlp_activation: str = _field(
     "gelu_exact",
     "choice",
     choices=MLP_ACTIVATIONS,
-    convert={"hf-bert": ("gelu", "gelu_exact"), "peer": _PLAIN_ACTIVATIONS},
+    convert={
+      "hf-bert": ("gelu", "gelu_exact"),
+      "hf-nystromformer": ("gelu", "gelu_exact"),
+      "peer": _PLAIN_ACTIVATIONS,
+    },
   )
 
   def __post_init__(self):
