@@ -41,12 +41,10 @@ class ChatError(UserError, ValueError):
 class ChatEngine:
   """One model, its tokenizer and the chat format.
 
-  Attributes:
-    model, params: the GPT and its parameters.
-    tokenizer: the run's tokenizer.
-    chat: True in chat mode, False in plain completion mode.
-    mode_line: one line saying which mode and why.
-    context: the model's context in tokens (``spec.max_length``).
+  It holds ``model`` and ``params`` (the GPT and its parameters), the run's
+  ``tokenizer``, ``chat`` (True in chat mode, False in plain completion mode),
+  ``mode_line`` (one line saying which mode and why) and ``context`` (the
+  model's context in tokens, ``spec.max_length``).
   """
 
   def __init__(self, model: Any, params: Any, tokenizer: Any, chat: bool, why: str = ""):
