@@ -415,6 +415,42 @@ def nanochat_options(c: ml_collections.ConfigDict) -> None:
   o.grad_clip = 1.0
 
 
+def nanochat_fork_model(
+  c: ml_collections.ConfigDict,
+  *,
+  value_embeds: bool = True,
+  resid_lambdas: bool = True,
+  x0_lambdas: bool = True,
+  smear: bool = True,
+  backout: bool = True,
+  window_pattern: str | None = "SSSL",
+) -> None:
+  """The model of the Laplacian authors' nanochat fork on the sizes in ``c``.
+
+  Source: ``yuchongzhang/nanochat`` 1f70b557, ``nanochat/gpt.py`` (its
+  ``GPTConfig`` defaults: every component on, ``window_pattern="SSSL"``; the
+  keyword arguments are its ablation switches ``use_ve``,
+  ``use_resid_lambdas``, ``use_x0``, ``use_smear``, ``use_backout``).
+  :func:`nanochat_options`' forward with ``q, k`` x 1.2 after the qk-norm,
+  rotary base 100,000, the fork's initialisation (``kernel_init=
+  "nanochat-fork"``), the vocabulary padded to a multiple of 64, and the
+  options of :class:`~laplax.models.spec.GPTSpec` the switches name.
+  The optimiser is :func:`nanochat_options`' unless the caller sets another.
+  """
+  nanochat_options(c)
+  m = c.model
+  m.rope_theta = 100_000.0
+  m.qk_scale = 1.2
+  m.kernel_init = "nanochat-fork"
+  m.vocab_multiple = 64
+  m.value_embeds = value_embeds
+  m.resid_lambdas = resid_lambdas
+  m.x0_lambdas = x0_lambdas
+  m.smear = smear
+  m.backout = backout
+  m.window_pattern = window_pattern
+
+
 def dino_base_config() -> ml_collections.ConfigDict:
   """:func:`base_config` turned into DINO self-supervised training (no labels).
 

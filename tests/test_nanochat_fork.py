@@ -1,0 +1,269 @@
+"""The Laplacian authors' nanochat fork (yuchongzhang/nanochat 1f70b557): its GPT exactly.
+
+The oracle is a PyTorch transcription of the fork's ``GPT.forward``
+(nanochat/gpt.py at that commit, inference without a KV cache): the
+embedding normed, the previous-token smear, per block ``resid_lambdas[i] x +
+x0_lambdas[i] x0``, value embeddings on alternating layers (the last
+included) added to ``v`` through ``3 sigmoid(ve_gate(x[..., :12]))``, rotary
+(base 100,000, ``-theta``, before the qk-norm), ``q, k`` x 1.2, causal
+attention with the sliding window of the layer (``SSSL``: query ``i`` sees
+key ``j`` iff ``0 <= i - j <= window``, nanochat's flash_attention.py
+fallback), the last ``k`` heads Laplacian (``v - A v``), ReLU^2, the backout
+of block ``n_layer // 2`` before the final norm, ``lm_head`` over the padded
+vocabulary cut back, the soft-cap 15. Every scalar, gate and table is random
+(none at its initial value), the windows are shorter than the sequence, and
+the checkpoint the test writes in the fork's format goes through ``--from
+nanochat``; everything is float32 but the rotary table, bfloat16 as the fork
+keeps it on a GPU (COMPUTE_DTYPE).
+"""
+
+import importlib.util
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from test_configs import load
+
+from laplax.convert import common, nanochat
+from laplax.models import spec as spec_lib
+from laplax.models.gpt import GPT
+
+pytestmark = pytest.mark.skipif(
+  not importlib.util.find_spec("torch"), reason="the oracle: pip install -r requirements-test.txt"
+)
+torch = F = None
+# 512 tokens of context give a short window of 128 (ceil(512 / 4 / 128) * 128);
+# the tests run 160 tokens, so the S layers see only part of the sequence.
+FORK = dict(
+  sequence_len=512,
+  vocab_size=100,
+  n_layer=4,
+  n_head=4,
+  n_kv_head=4,
+  n_embd=64,
+  use_ve=True,
+  use_resid_lambdas=True,
+  use_x0=True,
+  use_smear=True,
+  use_backout=True,
+  window_pattern="SSSL",
+  laplacian_heads=[0, 1, 4, 2],
+)
+LENGTH = 160
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _torch():
+  global torch, F
+  import torch as torch_module
+  import torch.nn.functional as functional
+
+  torch_module.set_num_threads(1)
+  torch, F = torch_module, functional
+
+
+def fork_forward(sd, mc, idx):
+  """The fork's GPT forward (no KV cache), float32, from its state dict ``sd``."""
+  d, heads, depth, vocab = mc["n_embd"], mc["n_head"], mc["n_layer"], mc["vocab_size"]
+  hd, (batch, length) = d // heads, idx.shape
+  channels = torch.arange(0, hd, 2, dtype=torch.float32)
+  angle = torch.outer(torch.arange(length, dtype=torch.float32), 1.0 / (100000 ** (channels / hd)))
+  cos, sin = (t.bfloat16()[None, :, None, :] for t in (angle.cos(), angle.sin()))
+  norm = lambda x: F.rms_norm(x, (x.size(-1),))
+  pattern, long = mc["window_pattern"], mc["sequence_len"]
+  short = -(-long // 4 // 128) * 128
+  windows = [short if pattern[i % len(pattern)] == "S" else long for i in range(depth)]
+  windows[-1] = long
+  w = lambda name: sd[name].float()
+
+  def rotate(x):
+    x1, x2 = x[..., : hd // 2], x[..., hd // 2 :]
+    return torch.cat([x1 * cos + x2 * sin, x1 * (-sin) + x2 * cos], 3)
+
+  x = norm(F.embedding(idx, w("transformer.wte.weight")))
+  if mc["use_smear"]:
+    gate = w("smear_lambda") * torch.sigmoid(F.linear(x[:, 1:, :24], w("smear_gate.weight")))
+    x = torch.cat([x[:, :1], x[:, 1:] + gate * x[:, :-1]], dim=1)
+  x0, x_backout = x, None
+  pos = torch.arange(length)
+  for i in range(depth):
+    if mc["use_resid_lambdas"]:
+      x = w("resid_lambdas")[i] * x
+    if mc["use_x0"]:
+      x = x + w("x0_lambdas")[i] * x0
+    h = f"transformer.h.{i}."
+    y = norm(x)
+    q, k, v = (
+      F.linear(y, w(f"{h}attn.c_{n}.weight")).view(batch, length, heads, hd) for n in "qkv"
+    )
+    if f"value_embeds.{i}.weight" in sd:
+      ve = F.embedding(idx, w(f"value_embeds.{i}.weight")).view(batch, length, heads, hd)
+      gate = 3 * torch.sigmoid(F.linear(y[..., :12], w(f"{h}attn.ve_gate.weight")))
+      v = v + gate.unsqueeze(-1) * ve
+    q, k = norm(rotate(q)) * 1.2, norm(rotate(k)) * 1.2
+    q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    diff = pos[:, None] - pos[None, :]
+    a = F.scaled_dot_product_attention(q, k, v, attn_mask=(diff >= 0) & (diff <= windows[i]))
+    n = mc["laplacian_heads"][i]
+    if n:
+      a = torch.cat([a[:, : heads - n], v[:, heads - n :] - a[:, heads - n :]], 1)
+    x = x + F.linear(a.transpose(1, 2).reshape(batch, length, d), w(f"{h}attn.c_proj.weight"))
+    x = x + F.linear(
+      F.relu(F.linear(norm(x), w(f"{h}mlp.c_fc.weight"))).square(), w(f"{h}mlp.c_proj.weight")
+    )
+    if mc["use_backout"] and i == depth // 2:
+      x_backout = x
+  if x_backout is not None:
+    x = x - w("backout_lambda") * x_backout
+  logits = F.linear(norm(x), w("lm_head.weight"))[..., :vocab].float()
+  return 15 * torch.tanh(logits / 15)
+
+
+def fork_state_dict(mc, seed=0):
+  """Random weights of the fork's shapes: every matrix, table, gate and scalar
+  random (``lm_head`` std 0.5 so the soft-cap bends; scalars away from their
+  initial values), ``c_proj`` non-zero."""
+  g = torch.Generator().manual_seed(seed)
+  sd = {}
+  for name, shape in nanochat.nanochat_shapes(mc).items():
+    if len(shape) == 1:
+      sd[name] = 0.5 + 0.5 * torch.rand(shape, generator=g)
+      continue
+    fan_in = shape[1]
+    std = (
+      0.8 if "wte" in name or "value_embeds" in name else 0.5 if "lm_head" in name else fan_in**-0.5
+    )
+    if "ve_gate" in name or "smear_gate" in name:
+      std = 1.0  # gates far from sigmoid(0)
+    sd[name] = torch.randn(*shape, generator=g) * std
+  return sd
+
+
+def write_checkpoint(path, mc, sd, step=7):
+  os.makedirs(path, exist_ok=True)
+  torch.save(sd, os.path.join(path, f"model_{step:06d}.pt"))
+  with open(os.path.join(path, f"meta_{step:06d}.json"), "w") as f:
+    json.dump({"step": step, "model_config": mc, "model_tag": "d4"}, f, indent=2)
+  return str(path)
+
+
+def from_fork(model_dir, workdir):
+  c = load("gpt_d20")
+  common.plain_attention(c, [])
+  nanochat.convert_from_nanochat(str(model_dir), c, str(workdir))
+  config, spec, params, _ = common.read_workdir(str(workdir))
+  return GPT(spec, config.data.vocab_size), common.to_layout(params, spec), spec
+
+
+def _tokens(mc, seed=1):
+  return np.random.default_rng(seed).integers(0, mc["vocab_size"], (2, LENGTH))
+
+
+@pytest.mark.parametrize(
+  "switches",
+  [
+    {},
+    dict(use_ve=False, use_smear=False),
+    dict(use_resid_lambdas=False, use_x0=False, use_backout=False),
+  ],
+  ids=["all", "no-ve-no-smear", "no-lambdas-no-backout"],
+)
+def test_fork_logits_equal_a_pytorch_transcription_through_from_nanochat(tmp_path, switches):
+  mc = {**FORK, **switches}
+  sd = fork_state_dict(mc)
+  model, params, spec = from_fork(write_checkpoint(tmp_path / "ckpt", mc, sd), tmp_path / "wd")
+  assert spec.windows() == (128, 128, 128, None) and spec.attention.qk_scale == 1.2
+  assert spec.padded_vocab(mc["vocab_size"]) == 128
+  idx = _tokens(mc)
+  with torch.no_grad():
+    want = fork_forward(sd, mc, torch.from_numpy(idx)).numpy()
+  got = np.asarray(jax.jit(lambda p, t: model.apply({"params": p}, t)[0])(params, idx))
+  assert got.shape == want.shape == (2, LENGTH, mc["vocab_size"])
+  scale = np.abs(want).max()
+  assert np.abs(got - want).max() <= 1e-5 * scale, np.abs(got - want).max() / scale
+  # the window matters here: the S layers differ from full attention
+  with torch.no_grad():
+    full = fork_forward(sd, {**mc, "window_pattern": "L"}, torch.from_numpy(idx)).numpy()
+  assert np.abs(full - want).max() > 1e-3 * scale
+
+
+@pytest.mark.slow
+def test_fork_decoding_with_the_kv_cache_equals_the_full_forward(tmp_path):
+  sd = fork_state_dict(FORK, seed=3)
+  model, params, _ = from_fork(write_checkpoint(tmp_path / "ckpt", FORK, sd), tmp_path / "wd")
+  idx = jnp.asarray(_tokens(FORK, seed=2))
+  full = jax.jit(lambda p, t: model.apply({"params": p}, t)[0])(params, idx)
+  cache = jax.eval_shape(
+    lambda: model.init(jax.random.PRNGKey(0), jnp.zeros((2, LENGTH), jnp.int32), decode=True)
+  )["cache"]
+  cache = jax.tree_util.tree_map(lambda a: jnp.zeros(a.shape, a.dtype), cache)
+  step = jax.jit(
+    lambda p, c, t: model.apply({"params": p, "cache": c}, t, decode=True, mutable=["cache"])
+  )
+  parts = []
+  for a, b in [(0, 150), (150, 151), (151, LENGTH)]:
+    (logits, _), mutated = step(params, cache, idx[:, a:b])
+    cache = mutated["cache"]
+    parts.append(logits)
+  err = np.abs(np.concatenate(parts, 1) - np.asarray(full)).max()
+  assert err <= 1e-5 * np.abs(np.asarray(full)).max()
+
+
+def test_fork_round_trip_is_bitwise_and_writes_the_fork_s_model_config(tmp_path):
+  sd = fork_state_dict(FORK, seed=5)
+  for name in ("transformer.wte.weight", "value_embeds.1.weight", "value_embeds.3.weight"):
+    sd[name] = sd[name].bfloat16()  # the fork keeps them in bfloat16
+  src = write_checkpoint(tmp_path / "ckpt", FORK, sd)
+  from_fork(src, tmp_path / "wd")
+  nanochat.convert_to_nanochat(str(tmp_path / "wd"), str(tmp_path / "back"))
+  back = torch.load(tmp_path / "back" / "model_000000.pt", weights_only=True)
+  assert sorted(back) == sorted(sd)
+  for name, t in sd.items():
+    assert back[name].dtype == t.dtype and torch.equal(back[name], t), name
+  with open(tmp_path / "back" / "meta_000000.json") as f:
+    assert json.load(f)["model_config"] == FORK
+
+
+def test_fork_init_is_the_fork_s(tmp_path):
+  """The fork's init_weights: scalars at their formulas, gates in U(0, 0.02),
+  matrices uniform with the fork's bounds, output projections zero."""
+  c = load("gpt_d20")
+  m = c.model
+  m.width, m.depth, m.num_heads, m.mlp_dim, m.max_length = 64, 4, 4, 256, 512
+  m.num_laplacian_heads = 1
+  from laplax.config import defaults
+
+  defaults.nanochat_fork_model(c)
+  spec = spec_lib.from_config(m)
+  init = jax.jit(lambda k: GPT(spec, 100).init(k, jnp.zeros((1, 8), jnp.int32)))
+  params = init(jax.random.PRNGKey(0))["params"]
+  i = np.arange(4) / 3
+  np.testing.assert_allclose(params["resid_lambdas"], 1.15 - 0.10 * i, rtol=1e-6)
+  np.testing.assert_allclose(params["x0_lambdas"], 0.20 - 0.15 * i, rtol=1e-6)
+  assert float(params["smear_lambda"][0]) == 0.0 and float(
+    params["backout_lambda"][0]
+  ) == np.float32(0.2)
+  s = (3 / 64) ** 0.5
+  q = np.asarray(params["block0"]["attention"]["query"]["kernel"])
+  fc = np.asarray(params["block0"]["mlp"]["fc1"]["kernel"])
+  assert 0.9 * s < np.abs(q).max() <= s and 0.9 * 0.4 * s < np.abs(fc).max() <= 0.4 * s
+  assert not np.any(params["block0"]["attention"]["out"]["kernel"])
+  assert not np.any(params["block0"]["mlp"]["fc2"]["kernel"])
+  gate = np.asarray(params["block1"]["attention"]["ve_gate"]["kernel"])
+  assert gate.min() >= 0 and gate.max() <= 0.02 and "ve_gate" not in params["block0"]["attention"]
+  assert params["token_embedding"]["embedding"].shape == (128, 64)
+  assert abs(float(np.std(params["token_embedding"]["embedding"])) - 0.8) < 0.05
+  assert abs(float(np.std(params["lm_head"]["kernel"])) - 0.001) < 1e-4
+
+
+def test_a_window_refuses_splash_in_one_line():
+  from laplax.attention import MultiHeadAttention
+
+  mha = MultiHeadAttention(num_heads=2, window=4, implementation="splash")
+  x = jnp.zeros((1, 16, 8))
+  with pytest.raises(ValueError, match="sliding window .* needs causal attention") as e:
+    mha.init(jax.random.PRNGKey(0), x, is_causal=True)
+  assert "\n" not in str(e.value)
