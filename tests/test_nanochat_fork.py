@@ -267,3 +267,28 @@ def test_a_window_refuses_splash_in_one_line():
   with pytest.raises(ValueError, match="sliding window .* needs causal attention") as e:
     mha.init(jax.random.PRNGKey(0), x, is_causal=True)
   assert "\n" not in str(e.value)
+
+
+def test_recipe_nanochat_fork_is_the_fork_s_d20_and_its_horizon():
+  """d20 of the fork: 896,533,746 parameters (the fork's num_scaling_params
+  total, NANOCHAT-fork's shapes), 4,980 updates of 2^20 tokens, SSSL windows of 512."""
+  c = load("gpt_d20", "recipe=nanochat-fork,laplacian=2")
+  spec = spec_lib.from_config(c.model)
+  assert (spec.width, spec.num_heads, spec.depth, c.data.vocab_size) == (1280, 10, 20, 32768)
+  assert spec.windows() == tuple(None if i % 4 == 3 else 512 for i in range(20))
+  assert c.total_steps == 4980 and c.batch_size * spec.max_length == 2**20
+  shapes = jax.eval_shape(
+    lambda: GPT(spec, c.data.vocab_size).init(jax.random.PRNGKey(0), jnp.zeros((1, 8), jnp.int32))
+  )["params"]
+  total = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(shapes))
+  # wte + lm_head + 10 value embeddings (32768 x 1280 each), 20 x 12 x 1280^2 in the
+  # blocks, 10 gates of 12 x 10, 20 + 20 lambdas, the smear gate (24), 3 scalars
+  want = 12 * 32768 * 1280 + 20 * 12 * 1280**2 + 10 * 120 + 40 + 24 + 2
+  assert total == want == 896_533_746
+  assert abs(c.optim.muon_lr - 0.02 * 2**0.5) < 1e-12
+  assert (
+    abs(c.optim.embedding_lr - 0.32863) < 1e-5 and abs(c.optim.unembedding_lr - 0.008764) < 1e-6
+  )
+  assert spec_lib.from_config(load("gpt_d20", "recipe=nanochat-fork,depth=12").model).width == 768
+  with pytest.raises(ValueError, match="recipe="):
+    load("gpt_d20", "recipe=other")

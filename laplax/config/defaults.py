@@ -8,6 +8,7 @@ its experiment changes.
 from __future__ import annotations
 
 import ast
+import math
 
 import ml_collections
 from ml_collections import config_dict
@@ -449,6 +450,83 @@ def nanochat_fork_model(
   m.smear = smear
   m.backout = backout
   m.window_pattern = window_pattern
+
+
+def nanochat_fork_size(depth: int) -> tuple[int, int]:
+  """``(width, num_heads)`` of the fork's depth-``depth`` GPT: ``ceil(64 depth /
+  128) * 128`` and heads of 128 (yuchongzhang/nanochat 1f70b557,
+  scripts/base_train.py, aspect ratio 64, head_dim 128). d20: (1280, 10)."""
+  width = -(-depth * 64 // 128) * 128
+  return width, width // 128
+
+
+def nanochat_fork_scaling_params(depth: int, vocab_size: int = 32768) -> int:
+  """The fork's horizon parameters of its default d``depth``: every block
+  parameter (``12 d^2`` per layer, plus ``ve_gate`` ``12 x heads`` on the
+  value-embedding layers) and ``lm_head`` (``Vpad x d``), its
+  ``transformer_matrices + lm_head`` (nanochat/gpt.py ``num_scaling_params``).
+  d12: 110,100,912; d20: 435,160,240."""
+  width, heads = nanochat_fork_size(depth)
+  ve_layers = sum(1 for i in range(depth) if i % 2 == (depth - 1) % 2)
+  vpad = -(-vocab_size // 64) * 64
+  return 12 * depth * width * width + ve_layers * 12 * heads + vpad * width
+
+
+def nanochat_fork_horizon(depth: int, vocab_size: int = 32768, ratio: float = 12) -> dict:
+  """The fork's compute-optimal run of d``depth`` (scripts/base_train.py at
+  yuchongzhang/nanochat 1f70b557): ``tokens = int(ratio * N)`` for the
+  :func:`nanochat_fork_scaling_params` ``N``; the batch ``B = 2^round(log2(2^19
+  (tokens / D_ref)^0.383))`` tokens with ``D_ref`` = 12 x d12's ``N``; updates
+  ``tokens // B``; the learning rates times ``sqrt(B / 2^19)``; Muon's weight
+  decay ``0.28 sqrt(B / 2^19) D_ref / tokens``. d20: B = 2^20, 4,980 updates,
+  decay 0.1002.
+
+  Returns ``{"batch_tokens", "steps", "lr_scale", "weight_decay"}``.
+  """
+  tokens = int(ratio * nanochat_fork_scaling_params(depth, vocab_size))
+  d_ref = 12 * nanochat_fork_scaling_params(12, vocab_size)
+  b_ref = 2**19
+  batch = 2 ** round(math.log2(b_ref * (tokens / d_ref) ** 0.383))
+  scale = (batch / b_ref) ** 0.5
+  return {
+    "batch_tokens": batch,
+    "steps": tokens // batch,
+    "lr_scale": scale,
+    "weight_decay": 0.28 * scale * d_ref / tokens,
+  }
+
+
+def nanochat_fork_training(c: ml_collections.ConfigDict, depth: int) -> None:
+  """The fork's schedule and learning rates for d``depth`` in ``c`` (after
+  :func:`nanochat_fork_model`): :func:`nanochat_fork_horizon`'s batch
+  (``c.batch_size`` sequences of ``c.model.max_length``) and updates; the
+  rate multiplier with a 40-step warm-up and the warm-down over the last 65%
+  to 0.05 (:func:`laplax.optim.nanochat.warmdown_schedule`); base_train's
+  rates times ``sqrt(B / 2^19)``: Muon 0.02, embedding 0.3 s, ``lm_head``
+  0.008 s with ``s = (width / 768)^-1/2``; Muon momentum 0.85 -> 0.97 over
+  400 steps; no clipping. What laplax's ``optim.optimizer="nanochat"`` does
+  not have of the fork's ``MuonAdamW`` (docs/language-models.md): its
+  Polar-Express/NorMuon Muon with cautious weight decay, the momentum's
+  decline to 0.90 in the warm-down, the cosine of Muon's weight decay, the
+  per-group betas and decays and the scalars' own rates; those parameters
+  take ``optim.lr``.
+  """
+  h = nanochat_fork_horizon(depth, c.data.vocab_size)
+  m, o = c.model, c.optim
+  c.batch_size = h["batch_tokens"] // m.max_length
+  c.total_steps = h["steps"]
+  s, dscale = h["lr_scale"], (m.width / 768) ** -0.5
+  o.muon_lr = 0.02 * s
+  o.embedding_lr = 0.3 * s * dscale
+  o.unembedding_lr = 0.008 * s * dscale
+  o.lr = 0.5 * s * 0.01  # the fork's resid_lambdas group; the other scalars differ
+  o.muon_momentum_start = 0.85
+  o.muon_momentum = 0.97
+  o.muon_momentum_ramp_steps = 400
+  o.warmup_steps = 40
+  o.warmdown_ratio = 0.65
+  o.min_lr_ratio = 0.05
+  o.grad_clip = 0.0
 
 
 def dino_base_config() -> ml_collections.ConfigDict:

@@ -621,7 +621,7 @@ def convert_to_nanochat(workdir: str, out_dir: str) -> None:
   _refuse_options(spec)
   heads = laplacian_counts(spec)
   flat = common.flat(params)
-  vocab_size = int(config.data.get("vocab_size") or np.shape(flat["token_embedding/embedding"])[0])
+  vocab_size = int(config.data.vocab_size)
   mc = {
     "sequence_len": spec.max_length,
     "vocab_size": vocab_size,
