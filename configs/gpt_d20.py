@@ -1,4 +1,4 @@
-"""nanochat's d20 (560,988,160 parameters), the GPT of the Laplacian-heads paper.
+"""nanochat's d20 (560,988,160 parameters) with Laplacian heads, or the authors' fork's GPT.
 
     python train.py --config configs/gpt_d20.py:laplacian=5 --workdir runs/d20_5l
 
@@ -72,7 +72,12 @@ from laplax.data.text import fineweb
 
 
 def get_config(arg=None):
-  """GPT d20 (560,988,160 parameters) with nanochat's architecture and optimiser."""
+  """GPT d20 (560,988,160 parameters) with nanochat's architecture and optimiser
+  (``recipe=nanochat-fork``: the fork's d``depth``, its horizon and rates).
+
+  Raises:
+    ValueError: an unknown ``recipe``, or ``depth`` without the fork's recipe.
+  """
   a = parse_arg(arg, laplacian=5, spectral=False, recipe="default", depth=20)
   if a.recipe not in ("default", "nanochat-fork"):
     raise ValueError(f"recipe={a.recipe!r} is unknown; use default or nanochat-fork")

@@ -566,11 +566,9 @@ class GPTSpec(TransformerSpec):
       and the MLP output zeros, token embedding N(0, 0.8), ``lm_head`` N(0,
       0.001), value embeddings as ``W_V``, gates U(0, 0.02), the scalars below
       at the fork's values).
-
-  The options of the Laplacian authors' nanochat fork (yuchongzhang/nanochat
-  1f70b557, nanochat/gpt.py), each off by default:
-
-  Attributes:
+    value_embeds, resid_lambdas, x0_lambdas, smear, backout, window_pattern,
+      vocab_multiple: the options of the Laplacian authors' nanochat fork
+      (yuchongzhang/nanochat 1f70b557, nanochat/gpt.py), each off by default:
     value_embeds: a value embedding table ``[vocab, width]`` on alternating
       layers, the last one included (layer ``i`` iff ``i % 2 == (depth - 1) %
       2``), added to the values as ``v + 3 sigmoid(ve_gate(x[..., :12])) ve``
