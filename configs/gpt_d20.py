@@ -50,8 +50,9 @@ multiple of 64), value embeddings with their gates, ``resid_lambdas`` and
 1.2, rotary base 100,000 and the fork's initialisation; and its
 compute-optimal schedule (:func:`~laplax.config.defaults.nanochat_fork_training`:
 d20 trains 4,980 updates of 2^20 tokens, 40 warm-up steps, warm-down over
-the last 65% to 0.05). Its ``MuonAdamW`` is not laplax's: the optimiser is
-nanochat's first one at the fork's rates (what differs is listed there). The
+the last 65% to 0.05) with its optimiser, ``MuonAdamW``
+(:mod:`laplax.optim.nanochat_fork`: seven AdamW and Muon groups, Polar
+Express, NorMuon, cautious weight decay, the momentum and decay schedules). The
 fork's tokenizer has 32,768 tokens: give it with ``data.tokenizer_dir``.
 ``default`` (the default) is nanochat's first release as above.
 

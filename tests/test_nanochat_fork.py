@@ -19,6 +19,7 @@ keeps it on a GPU (COMPUTE_DTYPE).
 
 import importlib.util
 import json
+import math
 import os
 
 import jax
@@ -27,6 +28,7 @@ import numpy as np
 import pytest
 from test_configs import load
 
+from laplax import utils
 from laplax.convert import common, nanochat
 from laplax.models import spec as spec_lib
 from laplax.models.gpt import GPT
@@ -292,3 +294,205 @@ def test_recipe_nanochat_fork_is_the_fork_s_d20_and_its_horizon():
   assert spec_lib.from_config(load("gpt_d20", "recipe=nanochat-fork,depth=12").model).width == 768
   with pytest.raises(ValueError, match="recipe="):
     load("gpt_d20", "recipe=other")
+
+
+# --------------------------------------------------------------------------- MuonAdamW
+
+POLAR = [
+  (8.156554524902461, -22.48329292557795, 15.878769915207462),
+  (4.042929935166739, -2.808917465908714, 0.5000178451051316),
+  (3.8916678022926607, -2.772484153217685, 0.5060648178503393),
+  (3.285753657755655, -2.3681294933425376, 0.46449024233003106),
+  (2.3465413258596377, -1.7097828382687081, 0.42323551169305323),
+]
+
+
+def torch_adamw(p, grad, state, lr, b1, b2, eps, wd):
+  """optim.py's adamw_step_fused (float32)."""
+  state["step"] = state.get("step", 0) + 1
+  m, v = state.setdefault("m", torch.zeros_like(p)), state.setdefault("v", torch.zeros_like(p))
+  p.mul_(1 - lr * wd)
+  m.lerp_(grad, 1 - b1)
+  v.lerp_(grad.square(), 1 - b2)
+  bias1, bias2 = 1 - b1 ** state["step"], 1 - b2 ** state["step"]
+  p.add_(m / ((v / bias2).sqrt() + eps), alpha=-lr / bias1)
+
+
+def torch_muon(p, grad, state, momentum, lr, wd, beta2=0.9):
+  """optim.py's muon_step_fused for one [out, in] matrix, COMPUTE_DTYPE float32."""
+  buf = state.setdefault("buf", torch.zeros_like(p))
+  red = -1 if p.size(-2) >= p.size(-1) else -2
+  shape = (p.size(0), 1) if red == -1 else (1, p.size(1))
+  buf2 = state.setdefault("buf2", torch.zeros(shape))
+  buf.lerp_(grad, 1 - momentum)
+  g = grad.clone().lerp_(buf, momentum)
+  x = g
+  target = x.norm(dim=(-2, -1), keepdim=True) / (x.size(-2) ** 0.5)
+  x = x * (target / x.norm(dim=-1, keepdim=True).clamp_min(1e-6))
+  x = x / (x.norm(dim=(-2, -1), keepdim=True) * 1.01 + 1e-6)
+  for a, b, c in POLAR:
+    if g.size(-2) > g.size(-1):
+      A = x.mT @ x
+      x = a * x + x @ (b * A + c * (A @ A))
+    else:
+      A = x @ x.mT
+      x = a * x + (b * A + c * (A @ A)) @ x
+  g = x * (min(g.size(-2), g.size(-1)) ** 0.5 / x.norm(dim=(-2, -1), keepdim=True).clamp_min(1e-6))
+  v_mean = g.square().mean(dim=red, keepdim=True)
+  size = g.size(red)
+  v_norm = (v_mean.sum(dim=(-2, -1), keepdim=True) * size).sqrt()
+  buf2.lerp_(v_mean, 1 - beta2)
+  step = buf2.clamp_min(1e-10).rsqrt()
+  v_norm_new = ((v_mean * size) * step.square()).sum(dim=(-2, -1), keepdim=True).sqrt()
+  g = g * (step * (v_norm / v_norm_new.clamp_min(1e-10)))
+  lr = lr * max(1.0, p.size(-2) / p.size(-1)) ** 0.5
+  p.sub_(lr * g + lr * wd * p * ((g * p) >= 0))
+
+
+def fork_momentum_transcribed(it, total, ratio):
+  """base_train.py's get_muon_momentum."""
+  warmdown = round(ratio * total)
+  start = total - warmdown
+  if it < 400:
+    return (1 - it / 400) * 0.85 + it / 400 * 0.97
+  if it >= start:
+    progress = (it - start) / warmdown
+    return 0.97 * (1 - progress) + 0.90 * progress
+  return 0.97
+
+
+def test_muon_momentum_schedule_is_base_train_s():
+  from laplax.optim import nanochat_fork
+
+  for it in (0, 1, 399, 400, 1000, 1749, 1750, 1751, 4979):
+    got = float(nanochat_fork.fork_momentum(it, 4980, 0.65))
+    assert abs(got - fork_momentum_transcribed(it, 4980, 0.65)) < 1e-6, it
+
+
+def test_muon_adamw_steps_equal_a_pytorch_transcription_of_optim_py():
+  """Seven updates across the warm-up and into the warm-down (N = 10): every
+  group of the fork's setup_optimizer, base_train's rate, momentum and decay
+  schedules; float32 Muon (the fork's COMPUTE_DTYPE off a GPU)."""
+  import ml_collections
+
+  from laplax.optim import nanochat_fork
+
+  rng = np.random.default_rng(0)
+  r = lambda *s: rng.standard_normal(s).astype(np.float32)
+  params = {
+    "block0": {"attention": {"query": {"kernel": r(8, 16)}, "ve_gate": {"kernel": r(12, 2)}}},
+    "block1": {"mlp": {"fc1": {"kernel": r(8, 32)}}},
+    "token_embedding": {"embedding": r(20, 8)},
+    "value_embed1": {"embedding": r(20, 8)},
+    "lm_head": {"kernel": r(8, 20)},
+    "resid_lambdas": r(2),
+    "x0_lambdas": r(2),
+    "smear_gate": {"kernel": r(24, 1)},
+    "smear_lambda": r(1),
+    "backout_lambda": r(1),
+  }
+  o = ml_collections.ConfigDict(
+    dict(
+      muon_lr=0.03,
+      embedding_lr=0.3,
+      unembedding_lr=0.008,
+      lr=0.7,
+      muon_weight_decay=0.1,
+      warmup_steps=2,
+      warmdown_ratio=0.5,
+      min_lr_ratio=0.05,
+    )
+  )
+  total = 10
+  tx = nanochat_fork.nanochat_fork(o, total, muon_dtype=jnp.float32)
+  grads = [jax.tree_util.tree_map(lambda p: r(*p.shape), params) for _ in range(7)]
+  state, ours = tx.init(params), params
+  for g in grads:
+    upd, state = tx.update(g, state, ours)
+    ours = jax.tree_util.tree_map(lambda p, u: p + u, ours, upd)
+  # the oracle: PyTorch [out, in] weights, the fork's groups
+  flat = lambda t: {
+    "/".join(map(str, utils.path_keys(k))): v for k, v in jax.tree_util.tree_leaves_with_path(t)
+  }
+  kernel = lambda name: name.endswith("kernel")
+  tp = {n: torch.tensor(v.T.copy() if kernel(n) else v) for n, v in flat(params).items()}
+  groups = {
+    "lm_head/kernel": ("adamw", 0.008, 0.8, 0.96, 0.01),
+    "token_embedding/embedding": ("adamw", 0.3, 0.8, 0.995, 0.001),
+    "value_embed1/embedding": ("adamw", 0.15, 0.8, 0.995, 0.01),
+    "resid_lambdas": ("adamw", 0.007, 0.8, 0.95, 0.05),
+    "x0_lambdas": ("adamw", 0.7, 0.96, 0.95, 0.0),
+    "smear_gate/kernel": ("adamw", 0.2, 0.8, 0.95, 0.0),
+    "smear_lambda": ("adamw", 0.2, 0.8, 0.95, 0.0),
+    "backout_lambda": ("adamw", 0.2, 0.8, 0.95, 0.0),
+  }
+  states = {n: {} for n in tp}
+  warmdown = round(0.5 * total)
+  for it, g in enumerate(grads):
+    lrm = (
+      (it + 1) / 2
+      if it < 2
+      else 1.0
+      if it <= total - warmdown
+      else ((total - it) / warmdown + (1 - (total - it) / warmdown) * 0.05)
+    )
+    mom = fork_momentum_transcribed(it, total, 0.5)
+    wd = 0.1 * 0.5 * (1 + math.cos(math.pi * it / total))
+    for n, gv in flat(g).items():
+      grad = torch.tensor(gv.T.copy() if kernel(n) else gv)
+      if n in groups:
+        _, lr, b1, b2, decay = groups[n]
+        torch_adamw(tp[n], grad, states[n], lr * lrm, b1, b2, 1e-10, decay)
+      else:
+        torch_muon(tp[n], grad, states[n], mom, 0.03 * lrm, wd)
+  for n, v in flat(ours).items():
+    want = tp[n].numpy()
+    want = want.T if kernel(n) else want
+    np.testing.assert_allclose(np.asarray(v), want, rtol=2e-5, atol=2e-6, err_msg=n)
+  assert not np.allclose(
+    np.asarray(ours["block0"]["attention"]["query"]["kernel"]),
+    params["block0"]["attention"]["query"]["kernel"],
+  )
+
+
+@pytest.mark.slow
+def test_recipe_trains_with_the_fork_s_optimiser():
+  """The fork recipe at depth 2 (width 128, one head of 128) learns a repeated
+  sequence with make_optimizer's MuonAdamW: every parameter gets a group."""
+  import optax
+
+  from laplax import optim
+
+  c = load("gpt_d20", "recipe=nanochat-fork,depth=2,laplacian=1")
+  c.model.max_length, c.model.dtype, c.model.embedding_dtype = 64, "float32", "float32"
+  c.data.vocab_size, c.total_steps = 50, 30
+  spec = spec_lib.from_config(c.model)
+  model = GPT(spec, c.data.vocab_size)
+  tokens = jnp.asarray(np.tile(np.random.default_rng(0).integers(0, 50, 16), 5)[None, :65])
+  params = jax.jit(model.init)(jax.random.PRNGKey(0), tokens[:, :-1])["params"]
+  tx = optim.make_optimizer(c)
+  assert set(jax.tree_util.tree_leaves(optim.nanochat_fork_optim.fork_labels(params))) == {
+    "muon",
+    "wte",
+    "value_embeds",
+    "lm_head",
+    "resid",
+    "x0",
+    "smear",
+  }
+
+  def loss_fn(p):
+    logits, _ = model.apply({"params": p}, tokens[:, :-1])
+    return optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean()
+
+  @jax.jit
+  def step(p, s):
+    loss, g = jax.value_and_grad(loss_fn)(p)
+    u, s = tx.update(g, s, p)
+    return optax.apply_updates(p, u), s, loss
+
+  state, losses = tx.init(params), []
+  for _ in range(30):
+    params, state, loss = step(params, state)
+    losses.append(float(loss))
+  assert losses[0] > 3.5 and losses[-1] < 0.5 * losses[0], losses

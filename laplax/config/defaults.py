@@ -504,12 +504,10 @@ def nanochat_fork_training(c: ml_collections.ConfigDict, depth: int) -> None:
   to 0.05 (:func:`laplax.optim.nanochat.warmdown_schedule`); base_train's
   rates times ``sqrt(B / 2^19)``: Muon 0.02, embedding 0.3 s, ``lm_head``
   0.008 s with ``s = (width / 768)^-1/2``; Muon momentum 0.85 -> 0.97 over
-  400 steps; no clipping. What laplax's ``optim.optimizer="nanochat"`` does
-  not have of the fork's ``MuonAdamW`` (docs/language-models.md): its
-  Polar-Express/NorMuon Muon with cautious weight decay, the momentum's
-  decline to 0.90 in the warm-down, the cosine of Muon's weight decay, the
-  per-group betas and decays and the scalars' own rates; those parameters
-  take ``optim.lr``.
+  400 steps; no clipping; ``optim.optimizer="nanochat-fork"`` (the fork's
+  ``MuonAdamW``, :mod:`laplax.optim.nanochat_fork`) with the scalars' rate
+  ``optim.lr = 0.5 sqrt(B / 2^19)`` and Muon's decay
+  ``0.28 sqrt(B / 2^19) D_ref / tokens``.
   """
   h = nanochat_fork_horizon(depth, c.data.vocab_size)
   m, o = c.model, c.optim
@@ -519,7 +517,10 @@ def nanochat_fork_training(c: ml_collections.ConfigDict, depth: int) -> None:
   o.muon_lr = 0.02 * s
   o.embedding_lr = 0.3 * s * dscale
   o.unembedding_lr = 0.008 * s * dscale
-  o.lr = 0.5 * s * 0.01  # the fork's resid_lambdas group; the other scalars differ
+  o.optimizer = "nanochat-fork"
+  o.lr = 0.5 * s  # the fork's scalar_lr
+  o.muon_weight_decay = h["weight_decay"]
+  o.weight_decay = 0.0
   o.muon_momentum_start = 0.85
   o.muon_momentum = 0.97
   o.muon_momentum_ramp_steps = 400
