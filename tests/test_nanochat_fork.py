@@ -496,3 +496,21 @@ def test_recipe_trains_with_the_fork_s_optimiser():
     params, state, loss = step(params, state)
     losses.append(float(loss))
   assert losses[0] > 3.5 and losses[-1] < 0.5 * losses[0], losses
+
+
+def test_the_laplacian_sweep_grid_plans_and_validates(tmp_path):
+  """runs/laplacian_sweep.sh's grid as a laplax.sweep: depth 12/16/20 x
+  Laplacian heads 0/1/2/4 x seeds 1-3, each at its compute-optimal horizon."""
+  from laplax import sweep
+
+  grid = sweep.parse_grid([":depth=12,16,20", ":laplacian=0,1,2,4"])
+  runs = sweep.plan(
+    "configs/gpt_d20.py:recipe=nanochat-fork", grid, [1, 2, 3], [], str(tmp_path / "sweep")
+  )
+  assert len(runs) == 36 and runs[0].name == "depth=12,laplacian=0,seed=1"
+  configs = sweep.check_runs([r for r in runs if r.seed == 1 and r.cell[1][1] == "4"])
+  steps = {name.split(",")[0]: c.total_steps for name, c in configs.items()}
+  from laplax.config import defaults
+
+  assert steps == {f"depth={d}": defaults.nanochat_fork_horizon(d)["steps"] for d in (12, 16, 20)}
+  assert steps["depth=12"] == 2520 and steps["depth=20"] == 4980

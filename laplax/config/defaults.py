@@ -527,7 +527,7 @@ def nanochat_fork_training(c: ml_collections.ConfigDict, depth: int) -> None:
   o.warmup_steps = 40
   o.warmdown_ratio = 0.65
   o.min_lr_ratio = 0.05
-  o.grad_clip = 0.0
+  o.grad_clip = None
 
 
 def dino_base_config() -> ml_collections.ConfigDict:
