@@ -48,6 +48,14 @@ QK_NORM_TYPES = ("layernorm", "rmsnorm")
 # The learned mix starts at alpha = sigmoid(+-4): 0.982 on the heads the
 # config marks Laplacian, 0.018 on the others.
 LAPLACIAN_MIX_INIT = 4.0
+# The channels of the block input the fork's value-embedding gate reads.
+VE_GATE_CHANNELS = 12
+
+
+def window_mask(q_positions, kv_length: int, window: int) -> jax.Array:
+  """Bool ``[q, kv_length]``: query at position ``p`` sees key ``j`` iff ``p - j <= window``
+  (with the causal mask: a sliding window of ``window + 1`` keys)."""
+  return (jnp.asarray(q_positions)[:, None] - jnp.arange(kv_length)[None, :]) <= window
 
 
 def laplacian_heads(
@@ -594,6 +602,10 @@ class MultiHeadAttention(nn.Module):
       values (:func:`laplax.kernels.nystrom.depthwise_conv`, parameter
       ``nystrom_conv [k, num_heads]``) added to every head's output, Laplacian
       or not (a skip branch beside ``P~ V``); ``None``: none.
+    window: a causal sliding window: query ``i`` sees key ``j`` iff ``0 <= i
+      - j <= window`` (the fork's ``window_size=(window, 0)``, nanochat's
+      flash_attention.py), as a mask through :func:`attend`; ``None``: full.
+      ``implementation="splash"`` and ``"nystrom"`` refuse it.
   """
 
   num_heads: int
@@ -622,6 +634,7 @@ class MultiHeadAttention(nn.Module):
   pinv_init: str = "original"
   nystrom_padding: str = "keys"
   conv_kernel_size: int | None = None
+  window: int | None = None
 
   @nn.compact
   def __call__(
@@ -634,6 +647,7 @@ class MultiHeadAttention(nn.Module):
     decode: bool = False,
     laplacian: jax.Array | None = None,
     bias: jax.Array | None = None,
+    value_embed: jax.Array | None = None,
   ):
     """Applies attention; ``mask`` broadcasts to ``[batch, heads, length, length]``.
 
@@ -641,6 +655,11 @@ class MultiHeadAttention(nn.Module):
     per-layer input) overrides ``num_laplacian_heads`` / ``laplacian_mask``.
     ``bias`` (float, broadcastable to ``[batch, heads, length, length]``) is
     added to the logits (:func:`attend`; not with ``decode``).
+    ``value_embed`` ``[batch, length, num_heads * head_dim]`` (the fork's
+    value embedding of the tokens) is added to the values as ``v + 3
+    sigmoid(ve_gate(x[..., :12])) ve``, one gate per head (parameter
+    ``ve_gate/kernel [12, num_heads]``, U(0, 0.02); yuchongzhang/nanochat
+    1f70b557, nanochat/gpt.py ``CausalSelfAttention``), before the rotary.
     """
     if bias is not None and decode:
       raise ValueError("an additive attention bias is not supported with decode=True")
@@ -651,6 +670,19 @@ class MultiHeadAttention(nn.Module):
       laplacian = laplacian_heads(self.num_heads, self.num_laplacian_heads, self.laplacian_mask)
     dtype = self.dtype or x.dtype
     q, k, v = _project_qkv(self, x, head_dim, dtype)
+    if value_embed is not None:
+      gate = nn.Dense(
+        self.num_heads,
+        use_bias=False,
+        dtype=dtype,
+        kernel_init=sharding.logical_init(
+          lambda key, shape, dt=jnp.float32: jax.random.uniform(key, shape, dt, 0.0, 0.02),
+          (None, "heads"),
+        ),
+        name="ve_gate",
+      )(x[..., :VE_GATE_CHANNELS].astype(dtype))
+      ve = value_embed.astype(v.dtype).reshape(v.shape)
+      v = v + (3.0 * jax.nn.sigmoid(gate))[..., None].astype(v.dtype) * ve
     length = x.shape[1]
     start = 0
     if decode:
@@ -706,6 +738,8 @@ class MultiHeadAttention(nn.Module):
       cached_v.value = jax.lax.dynamic_update_slice(cached_v.value, v, (0, start, 0, 0))
       index.value = start + length
       visible = positions[:, None] >= jnp.arange(max_length)[None, :]
+      if self.window is not None:
+        visible = jnp.logical_and(visible, window_mask(positions, max_length, self.window))
       mask = visible[None, None] if mask is None else jnp.logical_and(mask, visible)
       y = attend(
         q,
@@ -720,6 +754,15 @@ class MultiHeadAttention(nn.Module):
         mix=mix,
       )
     else:
+      if self.window is not None and self.window < k.shape[1] - 1:
+        if not is_causal or self.implementation in ("splash", "nystrom"):
+          raise ValueError(
+            f"a sliding window (model.window_pattern) needs causal attention with "
+            f"implementation 'xla', 'cudnn', 'reference' or None, not "
+            f"{self.implementation!r}; set model.implementation='xla'"
+          )
+        local = window_mask(np.arange(length), k.shape[1], self.window)[None, None]
+        mask = local if mask is None else jnp.logical_and(mask, local)
       y = attend(
         q,
         k,

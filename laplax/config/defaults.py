@@ -8,6 +8,7 @@ its experiment changes.
 from __future__ import annotations
 
 import ast
+import math
 
 import ml_collections
 from ml_collections import config_dict
@@ -413,6 +414,120 @@ def nanochat_options(c: ml_collections.ConfigDict) -> None:
   o.min_lr_ratio = 0.0
   o.warmup_steps = 0
   o.grad_clip = 1.0
+
+
+def nanochat_fork_model(
+  c: ml_collections.ConfigDict,
+  *,
+  value_embeds: bool = True,
+  resid_lambdas: bool = True,
+  x0_lambdas: bool = True,
+  smear: bool = True,
+  backout: bool = True,
+  window_pattern: str | None = "SSSL",
+) -> None:
+  """The model of the Laplacian authors' nanochat fork on the sizes in ``c``.
+
+  Source: ``yuchongzhang/nanochat`` 1f70b557, ``nanochat/gpt.py`` (its
+  ``GPTConfig`` defaults: every component on, ``window_pattern="SSSL"``; the
+  keyword arguments are its ablation switches ``use_ve``,
+  ``use_resid_lambdas``, ``use_x0``, ``use_smear``, ``use_backout``).
+  :func:`nanochat_options`' forward with ``q, k`` x 1.2 after the qk-norm,
+  rotary base 100,000, the fork's initialisation (``kernel_init=
+  "nanochat-fork"``), the vocabulary padded to a multiple of 64, and the
+  options of :class:`~laplax.models.spec.GPTSpec` the switches name.
+  The optimiser is :func:`nanochat_options`' unless the caller sets another.
+  """
+  nanochat_options(c)
+  m = c.model
+  m.rope_theta = 100_000.0
+  m.qk_scale = 1.2
+  m.kernel_init = "nanochat-fork"
+  m.vocab_multiple = 64
+  m.value_embeds = value_embeds
+  m.resid_lambdas = resid_lambdas
+  m.x0_lambdas = x0_lambdas
+  m.smear = smear
+  m.backout = backout
+  m.window_pattern = window_pattern
+
+
+def nanochat_fork_size(depth: int) -> tuple[int, int]:
+  """``(width, num_heads)`` of the fork's depth-``depth`` GPT: ``ceil(64 depth /
+  128) * 128`` and heads of 128 (yuchongzhang/nanochat 1f70b557,
+  scripts/base_train.py, aspect ratio 64, head_dim 128). d20: (1280, 10)."""
+  width = -(-depth * 64 // 128) * 128
+  return width, width // 128
+
+
+def nanochat_fork_scaling_params(depth: int, vocab_size: int = 32768) -> int:
+  """The fork's horizon parameters of its default d``depth``: every block
+  parameter (``12 d^2`` per layer, plus ``ve_gate`` ``12 x heads`` on the
+  value-embedding layers) and ``lm_head`` (``Vpad x d``), its
+  ``transformer_matrices + lm_head`` (nanochat/gpt.py ``num_scaling_params``).
+  d12: 110,100,912; d20: 435,160,240."""
+  width, heads = nanochat_fork_size(depth)
+  ve_layers = sum(1 for i in range(depth) if i % 2 == (depth - 1) % 2)
+  vpad = -(-vocab_size // 64) * 64
+  return 12 * depth * width * width + ve_layers * 12 * heads + vpad * width
+
+
+def nanochat_fork_horizon(depth: int, vocab_size: int = 32768, ratio: float = 12) -> dict:
+  """The fork's compute-optimal run of d``depth`` (scripts/base_train.py at
+  yuchongzhang/nanochat 1f70b557): ``tokens = int(ratio * N)`` for the
+  :func:`nanochat_fork_scaling_params` ``N``; the batch ``B = 2^round(log2(2^19
+  (tokens / D_ref)^0.383))`` tokens with ``D_ref`` = 12 x d12's ``N``; updates
+  ``tokens // B``; the learning rates times ``sqrt(B / 2^19)``; Muon's weight
+  decay ``0.28 sqrt(B / 2^19) D_ref / tokens``. d20: B = 2^20, 4,980 updates,
+  decay 0.1002.
+
+  Returns ``{"batch_tokens", "steps", "lr_scale", "weight_decay"}``.
+  """
+  tokens = int(ratio * nanochat_fork_scaling_params(depth, vocab_size))
+  d_ref = 12 * nanochat_fork_scaling_params(12, vocab_size)
+  b_ref = 2**19
+  batch = 2 ** round(math.log2(b_ref * (tokens / d_ref) ** 0.383))
+  scale = (batch / b_ref) ** 0.5
+  return {
+    "batch_tokens": batch,
+    "steps": tokens // batch,
+    "lr_scale": scale,
+    "weight_decay": 0.28 * scale * d_ref / tokens,
+  }
+
+
+def nanochat_fork_training(c: ml_collections.ConfigDict, depth: int) -> None:
+  """The fork's schedule and learning rates for d``depth`` in ``c`` (after
+  :func:`nanochat_fork_model`): :func:`nanochat_fork_horizon`'s batch
+  (``c.batch_size`` sequences of ``c.model.max_length``) and updates; the
+  rate multiplier with a 40-step warm-up and the warm-down over the last 65%
+  to 0.05 (:func:`laplax.optim.nanochat.warmdown_schedule`); base_train's
+  rates times ``sqrt(B / 2^19)``: Muon 0.02, embedding 0.3 s, ``lm_head``
+  0.008 s with ``s = (width / 768)^-1/2``; Muon momentum 0.85 -> 0.97 over
+  400 steps; no clipping; ``optim.optimizer="nanochat-fork"`` (the fork's
+  ``MuonAdamW``, :mod:`laplax.optim.nanochat_fork`) with the scalars' rate
+  ``optim.lr = 0.5 sqrt(B / 2^19)`` and Muon's decay
+  ``0.28 sqrt(B / 2^19) D_ref / tokens``.
+  """
+  h = nanochat_fork_horizon(depth, c.data.vocab_size)
+  m, o = c.model, c.optim
+  c.batch_size = h["batch_tokens"] // m.max_length
+  c.total_steps = h["steps"]
+  s, dscale = h["lr_scale"], (m.width / 768) ** -0.5
+  o.muon_lr = 0.02 * s
+  o.embedding_lr = 0.3 * s * dscale
+  o.unembedding_lr = 0.008 * s * dscale
+  o.optimizer = "nanochat-fork"
+  o.lr = 0.5 * s  # the fork's scalar_lr
+  o.muon_weight_decay = h["weight_decay"]
+  o.weight_decay = 0.0
+  o.muon_momentum_start = 0.85
+  o.muon_momentum = 0.97
+  o.muon_momentum_ramp_steps = 400
+  o.warmup_steps = 40
+  o.warmdown_ratio = 0.65
+  o.min_lr_ratio = 0.05
+  o.grad_clip = None
 
 
 def dino_base_config() -> ml_collections.ConfigDict:

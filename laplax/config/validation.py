@@ -306,8 +306,9 @@ def _validate_muon(config):
   (``None`` where a number is optional)."""
   name = config.optim.optimizer
   require(
-    name in ("adamw", "muon", "nanochat"),
-    f"config.optim.optimizer={name!r} is unknown; use 'adamw', 'muon' or 'nanochat'",
+    name in ("adamw", "muon", "nanochat", "nanochat-fork"),
+    f"config.optim.optimizer={name!r} is unknown; use 'adamw', 'muon', 'nanochat' or "
+    f"'nanochat-fork'",
   )
   schedule = config.optim.schedule
   require(

@@ -10,6 +10,13 @@ initialisation, ``model.kernel_init="nanochat"``), an optional logit soft-cap
 causal form ``v_t - sum_{j<=t} p_tj v_j`` (token 0's output is exactly 0) and
 spectral conditioning applies to every layer's ``W_Q, W_K, W_V``.
 
+The options of the Laplacian authors' nanochat fork (yuchongzhang/nanochat
+1f70b557, nanochat/gpt.py; the fields of :class:`~laplax.models.spec.GPTSpec`,
+off by default) run the fork's trunk (:func:`fork_trunk`): the previous-token
+smear, per-layer ``resid_lambdas`` and ``x0_lambdas``, value embeddings on
+alternating layers, per-layer sliding windows and the mid-layer backout; the
+vocabulary may be padded (``vocab_multiple``, logits cut back).
+
 Incremental decoding: ``init`` with ``decode=True`` on a ``[batch,
 max_length]`` input creates the KV cache (``"cache"`` collection); then
 ``apply(..., decode=True, mutable=["cache"])`` on successive chunks returns
@@ -23,8 +30,99 @@ import jax
 import jax.numpy as jnp
 
 from laplax import sharding
-from laplax.models.layers import EMBED_AXES, norm_layer, transformer_blocks
+from laplax.models.layers import EMBED_AXES, REMAT_POLICIES, Block, norm_layer, transformer_blocks
 from laplax.models.spec import GPTSpec
+
+# The channels of the normed embedding the fork's smear gate reads.
+SMEAR_GATE_CHANNELS = 24
+
+
+def _uniform(low: float, high: float):
+  return lambda key, shape, dtype=jnp.float32: jax.random.uniform(key, shape, dtype, low, high)
+
+
+def has_value_embed(spec: GPTSpec, i: int) -> bool:
+  """Whether layer ``i`` has a value embedding: alternating layers, the last
+  one included (the fork's ``has_ve``)."""
+  return spec.value_embeds and i % 2 == (spec.depth - 1) % 2
+
+
+def fork_trunk(module: nn.Module, x, tokens, spec: GPTSpec, vocab: int, call: dict, start):
+  """The fork's trunk, called from :class:`GPT`'s compact ``__call__`` (its
+  parameters are the GPT's): smear, then per block ``x = resid_lambdas[i] x +
+  x0_lambdas[i] x0`` and the block (value embedding, window), the backout
+  before the final norm (yuchongzhang/nanochat 1f70b557, nanochat/gpt.py
+  ``GPT.forward``). ``x`` ``[batch, length, width]`` is the normed embedding,
+  ``tokens`` its ids, ``vocab`` the padded vocabulary, ``start`` the position
+  of the chunk (decoding). Returns ``(x, {"block{i}": intermediates})``.
+  """
+  depth, dtype = spec.depth, x.dtype
+  fork_init = spec.kernel_init == "nanochat-fork"
+  if spec.smear:
+    lam = module.param("smear_lambda", nn.initializers.zeros, (1,), jnp.float32)
+    gate = nn.Dense(
+      1,
+      use_bias=False,
+      dtype=dtype,
+      kernel_init=sharding.logical_init(_uniform(0.0, 0.02), (None, None)),
+      name="smear_gate",
+    )(x[..., :SMEAR_GATE_CHANNELS])
+    before = jnp.zeros_like(x[:, :1])
+    if call.get("decode"):
+      is_init = not module.has_variable("cache", "previous_embedding")
+      prev = module.variable("cache", "previous_embedding", jnp.zeros, x[:, :1].shape, dtype)
+      if not is_init:
+        before = jnp.where(start > 0, prev.value, before)
+        prev.value = x[:, -1:]
+    shifted = jnp.concatenate([before, x[:, :-1]], axis=1)
+    x = x + (lam.astype(dtype) * jax.nn.sigmoid(gate)).astype(dtype) * shifted
+  x0 = x
+  layers = jnp.arange(depth, dtype=jnp.float32) / max(depth - 1, 1)
+  resid = x0_lam = None
+  if spec.resid_lambdas:
+    init = (lambda k, s, d=jnp.float32: (1.15 - 0.10 * layers).astype(d)) if fork_init else None
+    resid = module.param("resid_lambdas", init or nn.initializers.ones, (depth,), jnp.float32)
+  if spec.x0_lambdas:
+    init = (lambda k, s, d=jnp.float32: (0.20 - 0.15 * layers).astype(d)) if fork_init else None
+    x0_lam = module.param("x0_lambdas", init or nn.initializers.zeros, (depth,), jnp.float32)
+  ve_bound = (3.0 / spec.width) ** 0.5
+  ve_init = _uniform(-ve_bound, ve_bound) if fork_init else nn.initializers.normal(0.02)
+  heads, windows, rates = spec.laplacian_array, spec.windows(), spec.drop_path_rates()
+
+  def body(block, y, ve):
+    return block(y, **call, value_embed=ve)
+
+  if spec.remat != "none":
+    body = nn.remat(body, policy=REMAT_POLICIES[spec.remat])
+  outs, cached = {}, None
+  for i in range(depth):
+    if resid is not None:
+      x = resid[i].astype(dtype) * x
+    if x0_lam is not None:
+      x = x + x0_lam[i].astype(dtype) * x0
+    ve = None
+    if has_value_embed(spec, i):
+      ve = nn.Embed(
+        vocab,
+        spec.width,
+        name=f"value_embed{i}",
+        param_dtype=jnp.dtype(spec.embedding_dtype),
+        embedding_init=sharding.logical_init(ve_init, ("vocab", "embed")),
+      )(tokens).astype(dtype)
+    blk = Block(
+      spec,
+      laplacian_mask=tuple(bool(h) for h in heads[i]),
+      drop_path=rates[i],
+      window=windows[i],
+      name=f"block{i}",
+    )
+    x, outs[f"block{i}"] = body(blk, x, ve)
+    if spec.backout and i == depth // 2:
+      cached = x
+  if cached is not None:
+    lam = module.param("backout_lambda", nn.initializers.constant(0.2), (1,), jnp.float32)
+    x = x - lam.astype(dtype) * cached
+  return x, outs
 
 
 class GPT(nn.Module):
@@ -58,14 +156,15 @@ class GPT(nn.Module):
       raise ValueError(f"sequence length {length} exceeds max_length={spec.max_length}")
     init = nn.initializers.normal(0.02)
     nanochat = spec.kernel_init == "nanochat"  # nanochat/gpt.py's init_weights
+    fork = spec.kernel_init == "nanochat-fork"  # the fork's init_weights
+    vocab = spec.padded_vocab(self.vocab_size)
+    embed_init = nn.initializers.normal(1.0 if nanochat else 0.8) if nanochat or fork else init
     embed = nn.Embed(
-      self.vocab_size,
+      vocab,
       spec.width,
       name="token_embedding",
       param_dtype=jnp.dtype(spec.embedding_dtype),
-      embedding_init=sharding.logical_init(
-        nn.initializers.normal(1.0) if nanochat else init, ("vocab", "embed")
-      ),
+      embedding_init=sharding.logical_init(embed_init, ("vocab", "embed")),
     )
     x = embed(tokens).astype(spec.compute_dtype() or jnp.float32)
     start = 0
@@ -88,9 +187,11 @@ class GPT(nn.Module):
     x = nn.Dropout(spec.dropout)(x, deterministic=not train)
     x = nn.with_logical_constraint(x, EMBED_AXES)
 
-    x, blocks = transformer_blocks(
-      x, spec, call=dict(is_causal=True, deterministic=not train, decode=decode)
-    )
+    call = dict(is_causal=True, deterministic=not train, decode=decode)
+    if spec.fork_trunk:
+      x, blocks = fork_trunk(self, x, tokens, spec, vocab, call, start)
+    else:
+      x, blocks = transformer_blocks(x, spec, call=call)
     out.update(blocks)
     x = norm_layer(spec, "final_norm")(x)
     out["encoded"] = x
@@ -98,13 +199,17 @@ class GPT(nn.Module):
       logits = embed.attend(x.astype(jnp.float32))
     else:
       head_init = nn.initializers.zeros if nanochat else init
+      if fork:
+        head_init = nn.initializers.normal(0.001)
       logits = nn.Dense(
-        self.vocab_size,
+        vocab,
         use_bias=False,
         dtype=jnp.float32,
         kernel_init=sharding.logical_init(head_init, ("embed", "vocab")),
         name="lm_head",
       )(x)
+    if vocab != self.vocab_size:  # the fork's padding, cut back
+      logits = logits[..., : self.vocab_size]
     if spec.logit_softcap is not None:  # nanochat/gpt.py: 15 tanh(logits / 15)
       cap = spec.logit_softcap
       logits = cap * jnp.tanh(logits.astype(jnp.float32) / cap)

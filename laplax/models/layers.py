@@ -260,11 +260,14 @@ class Block(nn.Module):
     laplacian_mask: this layer's Laplacian heads, a tuple of ``num_heads``
       booleans (``None``: given per call, e.g. scanned).
     drop_path: this block's stochastic-depth rate.
+    window: this layer's causal sliding window
+      (:attr:`laplax.attention.MultiHeadAttention.window`; ``None``: full).
   """
 
   spec: TransformerSpec
   laplacian_mask: tuple | None = None
   drop_path: float = 0.0
+  window: int | None = None
 
   @nn.compact
   def __call__(
@@ -277,6 +280,7 @@ class Block(nn.Module):
     decode: bool = False,
     laplacian: jax.Array | None = None,
     drop_path: jax.Array | None = None,
+    value_embed: jax.Array | None = None,
   ):
     """Applies the block; ``mask`` as in :func:`laplax.attention.attend`,
     ``decode`` as in :class:`laplax.attention.MultiHeadAttention`.
@@ -284,6 +288,7 @@ class Block(nn.Module):
     ``laplacian`` (bool ``[num_heads]``) and ``drop_path`` (float32 scalar)
     override the attributes with per-layer values that may be traced (the
     scanned inputs of :func:`transformer_blocks` with ``scan_layers``).
+    ``value_embed`` goes to the attention (the fork's value embedding).
     """
     spec = self.spec
     kernel_init, out_init = spec.inits()
@@ -294,13 +299,15 @@ class Block(nn.Module):
     out["input"] = x
     post = getattr(spec, "post_norm", False)  # a field of BERTSpec only
     y = x if post else norm_layer(spec, "norm1")(x).astype(x.dtype)
-    y = attention_module(spec, self.laplacian_mask, name="attention")(
+    extra = {} if self.window is None else {"window": self.window}
+    y = attention_module(spec, self.laplacian_mask, name="attention", **extra)(
       y,
       mask=mask,
       is_causal=is_causal,
       deterministic=deterministic,
       decode=decode,
       laplacian=laplacian,
+      **({} if value_embed is None else {"value_embed": value_embed}),
     )
     if layerscale is not None:
       y = LayerScale(layerscale, name="ls1")(y)
@@ -316,7 +323,7 @@ class Block(nn.Module):
       dropout=spec.dropout,
       use_bias=spec.use_bias,
       dtype=dtype,
-      kernel_init=kernel_init,
+      kernel_init=spec.mlp_init(),
       out_init=out_init,
       name="mlp",
     )(y, deterministic)

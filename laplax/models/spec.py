@@ -59,7 +59,9 @@ REMAT_POLICIES = {
 # "nanochat" is nanochat/gpt.py's ``init_weights`` (:func:`nanochat_normal`).
 # "normal": normal 0.02 for every matrix (BERT, Devlin et al. 2019; cramming's
 # ``init.type: normal``).
-KERNEL_INITS = ("xavier_uniform", "gpt2", "nanochat", "normal")
+# "nanochat-fork" is the Laplacian authors' nanochat fork's (yuchongzhang/nanochat
+# 1f70b557, nanochat/gpt.py ``init_weights``: :func:`nanochat_uniform`).
+KERNEL_INITS = ("xavier_uniform", "gpt2", "nanochat", "normal", "nanochat-fork")
 # ``model.norm``: the blocks' and final norms. "rmsnorm" is parameter-free
 # (nanochat/gpt.py's ``norm``); "layernorm" is Flax's learnable LayerNorm.
 NORMS = ("layernorm", "rmsnorm")
@@ -87,6 +89,38 @@ def nanochat_normal(key, shape, dtype=np.float32):
   fan_in, fan_out = shape[-2], shape[-1]
   std = min(1.0, (fan_out / fan_in) ** 0.5) / fan_in**0.5
   return std * jax.random.normal(key, shape, dtype)
+
+
+def nanochat_uniform(scale: float = 1.0):
+  """The fork's block initialiser (yuchongzhang/nanochat 1f70b557, nanochat/gpt.py
+  ``init_weights``): uniform on ``+-scale * sqrt(3 / fan_in)`` (the std of
+  ``N(0, 1 / fan_in)``; ``scale`` 0.4 for the MLP's first layer).
+
+  Returns an initialiser of a Flax kernel ``[..., fan_in, fan_out]`` (dtype as asked).
+  """
+
+  def init(key, shape, dtype=np.float32):
+    bound = scale * (3.0 / shape[-2]) ** 0.5
+    return jax.random.uniform(key, shape, dtype, -bound, bound)
+
+  return init
+
+
+def window_sizes(pattern: str | None, depth: int, max_length: int) -> tuple[int | None, ...]:
+  """Per-layer sliding windows of the fork's ``window_pattern`` (its
+  ``_compute_window_sizes``, nanochat/gpt.py at yuchongzhang/nanochat 1f70b557).
+
+  The pattern of ``S`` and ``L`` is tiled over the ``depth`` layers and the
+  last layer is ``L``. ``L`` is the full context (``None``); ``S`` is
+  ``ceil(max_length / 4 / 128) * 128`` tokens back (512 at 2048): query ``i``
+  sees key ``j`` iff ``0 <= i - j <= window``. ``pattern`` ``None``: all full.
+  """
+  if pattern is None:
+    return (None,) * depth
+  short = -(-max_length // 4 // 128) * 128
+  out = [None if pattern[i % len(pattern)] == "L" else short for i in range(depth)]
+  out[-1] = None
+  return tuple(out)
 
 
 class SpecError(UserError, ValueError):
@@ -143,6 +177,12 @@ def _check_value(key: str, value: Any, meta: Mapping) -> None:
       raise SpecError(
         f"model.{key}={value!r} must be a non-empty tuple of integers >= {meta.get('min', 1)}, "
         f"e.g. (2, 2, 6, 2)"
+      )
+  elif check == "pattern":
+    if not (isinstance(value, str) and value and set(value) <= {"S", "L"}):
+      raise SpecError(
+        f"model.{key}={value!r} must be a string of the letters S (short window) and "
+        f"L (full context), e.g. 'SSSL', or None"
       )
   elif check == "choice":
     choices = meta["choices"]
@@ -227,13 +267,15 @@ class AttentionSpec(_Checked):
     convert={"nanochat": ("rmsnorm",)},
     active="qk_norm",
   )
-  qk_scale: float = _field(1.0, "float", open_min=True)
+  qk_scale: float = _field(1.0, "float", open_min=True, convert={"nanochat": ANY})
   attention_dropout: float = _field(0.0, "float", max=0.99, convert=everywhere(*EXPORTS))
   implementation: str | None = _field(
     None, "choice", choices=attention.IMPLEMENTATIONS, convert=everywhere()
   )
   rope: bool = dataclasses.field(default=False, metadata={"derived": "posemb"})
-  rope_theta: float = _field(10_000.0, "float", open_min=True, active="rope")
+  rope_theta: float = _field(
+    10_000.0, "float", open_min=True, active="rope", convert={"nanochat": ANY}
+  )
   rope_style: str = _field(
     "roformer",
     "choice",
@@ -519,9 +561,18 @@ class TransformerSpec(_Checked):
       kernel_init = out_init = nanochat_normal
     elif self.kernel_init == "normal":
       kernel_init = out_init = nn.initializers.normal(0.02)
+    elif self.kernel_init == "nanochat-fork":  # its c_proj are zeros whatever zero_init_out
+      return nanochat_uniform(1.0), nn.initializers.zeros
     else:
       kernel_init = out_init = nn.initializers.xavier_uniform()
     return kernel_init, nn.initializers.zeros if self.zero_init_out else out_init
+
+  def mlp_init(self):
+    """The initialiser of the MLP's first layer: :meth:`inits`' first, but
+    ``nanochat_uniform(0.4)`` with ``kernel_init="nanochat-fork"`` (the fork's c_fc)."""
+    if self.kernel_init == "nanochat-fork":
+      return nanochat_uniform(0.4)
+    return self.inits()[0]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -640,7 +691,34 @@ class GPTSpec(TransformerSpec):
       projections ``0.02 / sqrt(2 depth)``, token embedding normal 0.02) or
       ``"nanochat"`` (nanochat/gpt.py's ``init_weights``: every matrix
       :func:`nanochat_normal`, the token embedding N(0, 1), ``lm_head``
-      zeros; ``zero_init_out`` zeroes ``W_O`` and the MLP output as there).
+      zeros; ``zero_init_out`` zeroes ``W_O`` and the MLP output as there) or
+      ``"nanochat-fork"`` (the fork's: ``W_Q, W_K, W_V`` uniform
+      ``+-sqrt(3 / width)``, the MLP's first layer 0.4 times that, ``W_O``
+      and the MLP output zeros, token embedding N(0, 0.8), ``lm_head`` N(0,
+      0.001), value embeddings as ``W_V``, gates U(0, 0.02), the scalars below
+      at the fork's values).
+    value_embeds, resid_lambdas, x0_lambdas, smear, backout, window_pattern,
+      vocab_multiple: the options of the Laplacian authors' nanochat fork
+      (yuchongzhang/nanochat 1f70b557, nanochat/gpt.py), each off by default:
+    value_embeds: a value embedding table ``[vocab, width]`` on alternating
+      layers, the last one included (layer ``i`` iff ``i % 2 == (depth - 1) %
+      2``), added to the values as ``v + 3 sigmoid(ve_gate(x[..., :12])) ve``
+      with one gate per head (``ve_gate`` ``[12, num_heads]``, on the block's
+      normed input).
+    resid_lambdas: a learned scalar per layer multiplying the residual stream
+      before the block (initialised ``1.15 - 0.10 i / (depth - 1)``).
+    x0_lambdas: a learned scalar per layer times the (normed, smeared)
+      embedding ``x0`` added before the block (``0.20 - 0.15 i / (depth - 1)``).
+    smear: ``x[t] += smear_lambda sigmoid(smear_gate(x[t, :24])) x[t - 1]`` on
+      the normed embedding (``smear_lambda`` 0, ``smear_gate [24, 1]`` U(0, 0.02)).
+    backout: ``x -= backout_lambda h`` before the final norm, ``h`` the
+      residual stream after block ``depth // 2`` (``backout_lambda`` 0.2).
+    window_pattern: per-layer causal sliding windows from a pattern of ``S``
+      and ``L`` (:func:`window_sizes`; the fork's ``"SSSL"``); ``None``: full
+      causal attention everywhere.
+    vocab_multiple: the token embedding, ``lm_head`` and value embeddings have
+      ``vocab_size`` rounded up to a multiple of this (the fork pads to 64);
+      the logits are cut back to ``vocab_size``.
   """
 
   max_length: int = _field(128, "int", min=1, convert=everywhere())
@@ -656,10 +734,43 @@ class GPTSpec(TransformerSpec):
   )
   embedding_dtype: str = _field("float32", "choice", choices=DTYPES, convert={"nanochat": ANY})
   kernel_init: str = _field("gpt2", "choice", choices=KERNEL_INITS, convert=everywhere())
+  value_embeds: bool = _field(False, "bool", convert={"nanochat": ANY})
+  resid_lambdas: bool = _field(False, "bool", convert={"nanochat": ANY})
+  x0_lambdas: bool = _field(False, "bool", convert={"nanochat": ANY})
+  smear: bool = _field(False, "bool", convert={"nanochat": ANY})
+  backout: bool = _field(False, "bool", convert={"nanochat": ANY})
+  window_pattern: str | None = _field(None, "pattern", optional=True, convert={"nanochat": ANY})
+  vocab_multiple: int = _field(1, "int", min=1, convert={"nanochat": ANY})
 
   def __post_init__(self):
     super().__post_init__()
     check_splash_lengths(self, (self.max_length,))
+    if self.scan_layers and self.fork_trunk:
+      raise SpecError(
+        "model.scan_layers=True is not built for the nanochat fork's per-layer options "
+        "(value_embeds, resid/x0_lambdas, smear, backout, window_pattern); set "
+        "model.scan_layers=False"
+      )
+
+  @property
+  def fork_trunk(self) -> bool:
+    """Whether any option of the fork's trunk is on (the GPT then runs its own loop)."""
+    return bool(
+      self.value_embeds
+      or self.resid_lambdas
+      or self.x0_lambdas
+      or self.smear
+      or self.backout
+      or self.window_pattern is not None
+    )
+
+  def windows(self) -> tuple[int | None, ...]:
+    """Each layer's sliding window (:func:`window_sizes`; ``None`` = full)."""
+    return window_sizes(self.window_pattern, self.depth, self.max_length)
+
+  def padded_vocab(self, vocab_size: int) -> int:
+    """``vocab_size`` rounded up to a multiple of ``vocab_multiple``."""
+    return -(-vocab_size // self.vocab_multiple) * self.vocab_multiple
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -15,8 +15,9 @@ import optax
 from laplax import utils
 from laplax.models import layers
 from laplax.optim import nanochat as nanochat_optim
+from laplax.optim import nanochat_fork as nanochat_fork_optim
 
-OPTIMIZERS = ("adamw", "muon", "nanochat")
+OPTIMIZERS = ("adamw", "muon", "nanochat", "nanochat-fork")
 # ``optim.schedule``: warm-up + cosine, or nanochat's constant + warm-down.
 SCHEDULES = ("cosine", "warmdown", "triangle")
 # Labels of optimizer.param_labels (optim.optimizer="muon").
@@ -204,13 +205,16 @@ def _muon_partition(
 def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
   """``clip_by_global_norm(optim.grad_clip)`` then AdamW with the schedule above,
   or with ``optim.optimizer="muon"`` the partition of :func:`_muon_partition`,
-  or with ``"nanochat"`` :func:`laplax.optim.nanochat.nanochat_partition`.
+  or with ``"nanochat"`` :func:`laplax.optim.nanochat.nanochat_partition`, or
+  with ``"nanochat-fork"`` :func:`laplax.optim.nanochat_fork.nanochat_fork`.
 
   Keys read: ``optim.{optimizer, lr, b1, b2, weight_decay,
   weight_decay_end (optional), warmup_steps, min_lr_ratio, grad_clip,
   weight_decay_exclude}``, the Muon keys, and ``total_steps``.
   """
   o = config.optim
+  if o.optimizer == "nanochat-fork":  # the fork's MuonAdamW and schedules (no clipping)
+    return nanochat_fork_optim.nanochat_fork(o, config.total_steps)
   if o.optimizer == "nanochat":
     return nanochat_optim.nanochat_partition(
       o, param_labels, lambda peak: learning_rate_schedule(o, config.total_steps, peak)
