@@ -462,6 +462,13 @@ class GPTSpec(TransformerSpec):
       ``"nanochat"`` (nanochat/gpt.py's ``init_weights``: every matrix
       :func:`nanochat_normal`, the token embedding N(0, 1), ``lm_head``
       zeros; ``zero_init_out`` zeroes ``W_O`` and the MLP output as there).
+    loss_chunk: the training and evaluation loss takes the logits, soft-cap
+      and cross-entropy this many positions at a time
+      (:func:`laplax.models.gpt.token_losses`: the float32 ``[batch, length,
+      vocab]`` logits never formed); must divide ``max_length`` (a chunk of
+      ``max_length`` or more: all positions at once). The same
+      loss, the ``lm_head`` gradient summed in another order (float32
+      rounding); memory only. ``None``: all positions at once.
   """
 
   max_length: int = _field(128, "int", min=1, convert=everywhere())
@@ -477,10 +484,17 @@ class GPTSpec(TransformerSpec):
   )
   embedding_dtype: str = _field("float32", "choice", choices=DTYPES, convert={"nanochat": ANY})
   kernel_init: str = _field("gpt2", "choice", choices=KERNEL_INITS, convert=everywhere())
+  loss_chunk: int | None = _field(None, "int", optional=True, min=1, convert=everywhere())
 
   def __post_init__(self):
     super().__post_init__()
     check_splash_lengths(self, (self.max_length,))
+    chunk = self.loss_chunk
+    if chunk is not None and chunk < self.max_length and self.max_length % chunk:
+      raise SpecError(
+        f"model.loss_chunk={self.loss_chunk} must divide model.max_length={self.max_length}; "
+        f"use a divisor (e.g. {math.gcd(self.max_length, self.loss_chunk)}) or None"
+      )
 
 
 def patch_grid(height: int, width: int, patch_size: int) -> tuple[int, int]:
