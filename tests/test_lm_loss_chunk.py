@@ -10,6 +10,7 @@ than one such array fewer bytes of temporaries. Tiny models on the CPU.
 """
 
 import jax
+import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -98,7 +99,7 @@ def test_token_losses_refuses_a_chunk_that_does_not_divide_the_length():
 
 
 def lm_task(loss_chunk, **model):
-  config = load("gpt_shakespeare.py")
+  config = load("gpt_shakespeare")
   config.model.max_length = LENGTH
   config.model.width, config.model.depth, config.model.num_heads = 16, 1, 2
   config.model.mlp_dim = 32
@@ -125,8 +126,10 @@ def test_the_task_loss_with_chunks_is_the_loss_without_on_sft_targets():
   for b in (batch, {"tokens": tokens}):
     (l0, g0), (l1, g1) = loss_and_grads(whole, b), loss_and_grads(chunked, b)
     np.testing.assert_allclose(l1, l0, rtol=1e-6)
+    # Tolerance: of the largest gradient (some norm gains' are rounding noise, ~1e-9).
+    scale = max(float(np.abs(e).max()) for e in jax.tree_util.tree_leaves(g0))
     for a, e in zip(jax.tree_util.tree_leaves(g1), jax.tree_util.tree_leaves(g0)):
-      np.testing.assert_allclose(a, e, rtol=1e-5, atol=1e-5 * float(np.abs(e).max()))
+      np.testing.assert_allclose(a, e, rtol=1e-5, atol=1e-6 * scale)
   mask = jnp.ones((BATCH, LENGTH)).at[:, :5].set(0.0)
   sums0 = jax.jit(whole.eval_sums)(params, {"tokens": tokens, "mask": mask})
   sums1 = jax.jit(chunked.eval_sums)(params, {"tokens": tokens, "mask": mask})
@@ -138,8 +141,8 @@ def shapes_in(jaxpr):
   """Every (shape, dtype) a jaxpr and its sub-jaxprs (scan, checkpoint) produce."""
   for eqn in jaxpr.eqns:
     for v in eqn.outvars:
-      yield tuple(v.aval.shape), v.aval.dtype
-    for sub in jax.core.jaxprs_in_params(eqn.params):
+      yield tuple(v.aval.shape), str(v.aval.dtype)
+    for sub in jax.extend.core.jaxprs_in_params(eqn.params):
       yield from shapes_in(sub)
 
 
@@ -150,7 +153,7 @@ def test_no_float32_logits_of_the_whole_batch_when_chunked():
   full = (batch, length, vocab)
   temps = {}
   for chunk in (None, 16):
-    config = load("gpt_shakespeare.py")
+    config = load("gpt_shakespeare")
     config.model.num_heads = 2
     config.model.logit_softcap = 15.0
     config.model.loss_chunk = chunk
@@ -162,9 +165,10 @@ def test_no_float32_logits_of_the_whole_batch_when_chunked():
       lambda p, task=task: task.loss(p, {"tokens": tokens}, jax.random.PRNGKey(0))[0]
     )
     jaxpr = jax.make_jaxpr(step)(params).jaxpr
-    found = {(s, d) for s, d in shapes_in(jaxpr) if s[-1:] == (vocab,) and d == jnp.float32}
+    f32 = "float32"
+    found = {(s, d) for s, d in shapes_in(jaxpr) if s[-1:] == (vocab,) and d == f32}
     if chunk is None:
-      assert (full, jnp.float32) in found
+      assert (full, f32) in found
     else:
       assert all(np.prod(s) <= batch * chunk * vocab for s, _ in found), found
     temps[chunk] = jax.jit(step).lower(params).compile().memory_analysis().temp_size_in_bytes
