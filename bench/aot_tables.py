@@ -79,7 +79,7 @@ ROWS = (
     "v5e:4x4",
     "--topology v5e:4x4 --config configs/gpt_d20_sft.py --set model.remat=full "
     "--set optim.grad_accum_steps=1",
-    "SFT's 32 conversations in one step (its 8 micro-batches of 4 do not split over 16 chips)",
+    "SFT's 32 conversations in one step: its 8 micro-batches of 4 do not split over 16 chips",
   ),
   (
     "v5e:4x4",
