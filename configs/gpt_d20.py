@@ -103,6 +103,10 @@ def get_config(arg=None):
   nanochat_options(c)
   m.dtype = "bfloat16"
   m.embedding_dtype = "bfloat16"
+  # lm_head, soft-cap and cross-entropy 256 positions at a time: the float32
+  # logits of 16 sequences x 2048 x 65,536 (8 GiB a chip of a v5e:4x4 slice,
+  # two such arrays in the step) never formed (docs/scale-out.md).
+  m.loss_chunk = 256
   m.num_laplacian_heads = a.laplacian
   m.spectral.enabled = a.spectral
   if a.recipe == "nanochat-fork":

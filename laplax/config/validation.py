@@ -52,7 +52,7 @@ ARCHITECTURE_KEYS = (
   "dino.head_layers",
 )
 # Keys under ARCHITECTURE_KEYS that leave the parameter tree as it is.
-NOT_ARCHITECTURE_KEYS = ("model.remat",)
+NOT_ARCHITECTURE_KEYS = ("model.remat", "model.loss_chunk")
 
 
 class ConfigError(UserError, ValueError):
@@ -616,7 +616,7 @@ def check_image_size(config: ml_collections.ConfigDict, image_shape) -> None:
 def architecture_diff(saved: dict, config: ml_collections.ConfigDict) -> list[str]:
   """Dotted keys under :data:`ARCHITECTURE_KEYS` where ``saved`` and ``config`` differ.
 
-  Keys in :data:`NOT_ARCHITECTURE_KEYS` (``model.remat``) are ignored, and so
+  Keys in :data:`NOT_ARCHITECTURE_KEYS` (``model.remat``, ``model.loss_chunk``) are ignored, and so
   are ``model.spectral.*`` when spectral conditioning is off on both sides
   (the layout of a correction that is not applied changes nothing). A model
   key missing on one side has the model spec's default

@@ -719,6 +719,13 @@ class GPTSpec(TransformerSpec):
     vocab_multiple: the token embedding, ``lm_head`` and value embeddings have
       ``vocab_size`` rounded up to a multiple of this (the fork pads to 64);
       the logits are cut back to ``vocab_size``.
+    loss_chunk: the training and evaluation loss takes the logits, soft-cap
+      and cross-entropy this many positions at a time
+      (:func:`laplax.models.gpt.token_losses`: the float32 ``[batch, length,
+      vocab]`` logits never formed); must divide ``max_length`` (a chunk of
+      ``max_length`` or more: all positions at once). The same
+      loss, the ``lm_head`` gradient summed in another order (float32
+      rounding); memory only. ``None``: all positions at once.
   """
 
   max_length: int = _field(128, "int", min=1, convert=everywhere())
@@ -741,6 +748,7 @@ class GPTSpec(TransformerSpec):
   backout: bool = _field(False, "bool", convert={"nanochat": ANY})
   window_pattern: str | None = _field(None, "pattern", optional=True, convert={"nanochat": ANY})
   vocab_multiple: int = _field(1, "int", min=1, convert={"nanochat": ANY})
+  loss_chunk: int | None = _field(None, "int", optional=True, min=1, convert=everywhere())
 
   def __post_init__(self):
     super().__post_init__()
@@ -750,6 +758,13 @@ class GPTSpec(TransformerSpec):
         "model.scan_layers=True is not built for the nanochat fork's per-layer options "
         "(value_embeds, resid/x0_lambdas, smear, backout, window_pattern); set "
         "model.scan_layers=False"
+      )
+
+    chunk = self.loss_chunk
+    if chunk is not None and chunk < self.max_length and self.max_length % chunk:
+      raise SpecError(
+        f"model.loss_chunk={self.loss_chunk} must divide model.max_length={self.max_length}; "
+        f"use a divisor (e.g. {math.gcd(self.max_length, self.loss_chunk)}) or None"
       )
 
   @property
