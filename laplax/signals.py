@@ -44,6 +44,7 @@ place inside :func:`critical`, which a hard exit waits for.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import re
 import select
@@ -53,6 +54,9 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from typing import TypeVar
+
+T = TypeVar("T")
 
 #: Seconds the step in flight (or, outside the loop, the main thread) has to
 #: reach Python after the first signal before the process exits at once; the
@@ -181,6 +185,10 @@ class Guard:
     self._count = 0
     self._in_loop = False
     self._raised = False
+    self._interruptible = False
+    self._evaluating = False
+    self._collective = False
+    self._forward: Callable[[int], None] | None = None
     self._deadline: float | None = None
     self._closing = False
     self._exit_lock = threading.Lock()
@@ -229,24 +237,66 @@ class Guard:
     signal raises :class:`Signalled`; the watcher counts and times."""
     if self.signum is None:
       self.signum = int(signum)
+    if self._interruptible:
+      self._interruptible = False
+      raise Signalled(signum)
     if not self._in_loop and not self._raised:
       self._raised = True
       raise Signalled(signum)
 
   @contextlib.contextmanager
-  def graceful(self) -> Iterator[Guard]:
+  def graceful(self, collective: bool = False) -> Iterator[Guard]:
     """The training loop: a first signal only sets :attr:`signum`; the loop
-    saves and stops after the step in flight (and calls :meth:`reached`)."""
+    saves and stops after the step in flight (and calls :meth:`reached`).
+
+    ``collective``: several processes train together (``jax.distributed``).
+    Their stop is agreed by JAX's preemption sync point, which
+    ``jax.distributed.initialize`` (after ``__enter__``) arms by installing its
+    preemption notifier's own C-level SIGTERM handler: the guard takes both
+    signals back (so that the bound and a second signal still work) and hands
+    the first one on to that handler (:func:`_c_signal_handler`), as if the
+    notifier had received the SIGTERM itself.
+    """
     self._in_loop = True
+    self._collective = bool(collective)
     if self._active:
-      # jax.distributed.initialize (after __enter__) installs its preemption
-      # notifier's own SIGTERM handler: take the signals back for the loop.
+      if collective:
+        self._forward = _c_signal_handler(signal.SIGTERM)
       for s in SIGNALS:
         signal.signal(s, self._handle)
     try:
       yield self
     finally:
       self._in_loop = False
+
+  def evaluate(self, fn: Callable[[], T]) -> T | None:
+    """``fn()`` (an evaluation inside the training loop), or ``None`` if a
+    signal came before or during it.
+
+    One process: a signal ends ``fn`` at once (:class:`Signalled` raised in
+    it, caught here); the loop then saves the step it evaluated and stops.
+    Several processes (``graceful(collective=True)``): ``fn`` holds collective
+    operations that every process must finish, so it runs to its end, and the
+    bound's deadline does not run out while it does (it starts again when
+    ``fn`` returns).
+    """
+    if self._collective:
+      self._evaluating = True
+      try:
+        return fn()
+      finally:
+        self._evaluating = False
+        self.progress()
+    if self.signum is not None:
+      return None
+    try:
+      self._interruptible = True
+      try:
+        return fn()
+      finally:
+        self._interruptible = False
+    except Signalled:
+      return None
 
   def progress(self) -> None:
     """The loop goes on towards a stop that several processes must agree on
@@ -273,6 +323,9 @@ class Guard:
         return
       if not ready:
         if self._deadline is not None and time.monotonic() >= self._deadline:
+          if self._evaluating:  # a collective evaluation: wait for its end
+            self._deadline = time.monotonic() + self._armed
+            continue
           self.hard_exit(self.signum or signal.SIGTERM, late=True)
         continue
       try:
@@ -294,6 +347,8 @@ class Guard:
       return
     self._armed = max(self.bound, 2 * self.step_seconds) if self._in_loop else self.bound
     self._deadline = time.monotonic() + self._armed
+    if self._in_loop and self._forward is not None:
+      self._forward(signal.SIGTERM)  # to JAX's preemption notifier: all processes stop
     if self._in_loop:
       _write(
         f"{describe_signal(signum)}: stopping after the step in flight, with a "
@@ -329,6 +384,43 @@ class Guard:
       os._exit(exit_code(signum))
 
 
+class _Sigaction(ctypes.Structure):
+  """glibc's ``struct sigaction`` on Linux (x86-64, AArch64): the handler
+  first, then the 1024-bit mask, the flags and the restorer."""
+
+  _fields_ = [
+    ("sa_handler", ctypes.c_void_p),
+    ("sa_mask", ctypes.c_ulong * 16),
+    ("sa_flags", ctypes.c_int),
+    ("sa_restorer", ctypes.c_void_p),
+  ]
+
+
+def _c_signal_handler(signum: int) -> Callable[[int], None] | None:
+  """The C function installed for ``signum`` by native code (JAX's
+  preemption notifier), as a callable, or ``None`` when the handler is the
+  default, ignored, Python's own, or cannot be read (not Linux/glibc).
+
+  Python reports such a handler as ``None`` (:func:`signal.getsignal`) and
+  cannot call it; ``sigaction(2)`` reads its address. Calling it from the
+  watcher thread does what the signal would have done: the notifier's
+  handler only sets a flag that its own thread polls.
+  """
+  if not sys.platform.startswith("linux") or signal.getsignal(signum) is not None:
+    return None
+  try:
+    libc = ctypes.CDLL(None, use_errno=True)
+    old = _Sigaction()
+    if libc.sigaction(int(signum), None, ctypes.byref(old)) != 0:
+      return None
+  except (OSError, AttributeError):
+    return None
+  if old.sa_handler in (None, 0, 1) or old.sa_flags & 4:  # SIG_DFL, SIG_IGN, SA_SIGINFO
+    return None
+  fn = ctypes.CFUNCTYPE(None, ctypes.c_int)(old.sa_handler)
+  return lambda s: fn(int(s))
+
+
 def _write(line: str) -> None:
   """``line`` on stderr with one system call (no Python-level stream lock)."""
   with contextlib.suppress(OSError):
@@ -350,12 +442,12 @@ def _flush_python_streams(timeout: float = 0.5) -> None:
 
 
 @contextlib.contextmanager
-def graceful() -> Iterator[Guard]:
+def graceful(collective: bool = False) -> Iterator[Guard]:
   """:meth:`Guard.graceful` of the installed guard; without one (the loop
   called from Python, not a CLI) a guard is installed for the loop."""
   if _current is not None:
-    with _current.graceful() as guard:
+    with _current.graceful(collective) as guard:
       yield guard
     return
-  with Guard("train_and_evaluate", bound_from_env()) as guard, guard.graceful():
+  with Guard("train_and_evaluate", bound_from_env()) as guard, guard.graceful(collective):
     yield guard

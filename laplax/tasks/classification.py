@@ -21,7 +21,7 @@ from laplax.config import validation as config_lib
 from laplax.data.vision import images
 from laplax.models import spec as spec_lib
 from laplax.models.vit import ViT
-from laplax.tasks.base import TaskBase
+from laplax.tasks.base import TaskBase, counted
 
 
 def mixup_cutmix(
@@ -200,7 +200,7 @@ class ClassificationTask(TaskBase):
   @staticmethod
   def summarize(sums: dict) -> dict:
     """Eval sums -> ``{"accuracy", "loss", "num_examples"}``."""
-    count = float(sums["count"])
+    count = counted(sums, what="image")
     return {
       "accuracy": float(sums["correct"]) / count,
       "loss": float(sums["loss"]) / count,
