@@ -64,6 +64,9 @@ T = TypeVar("T")
 BOUND_S = 5.0
 BOUND_ENV = "LAPLAX_STOP_BOUND_S"
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
+#: The exit status of a process that stops because another process of its
+#: multi-process run ended without it (Guard.peer_lost).
+PEER_LOST_EXIT = 1
 _CHECKPOINTS = "checkpoints"  # laplax.workdir.files.CHECKPOINT_DIR (not imported: no JAX here)
 _INCOMPLETE = re.compile(r"^(\d+)\.orbax-checkpoint-tmp")
 
@@ -189,6 +192,7 @@ class Guard:
     self._evaluating = False
     self._collective = False
     self._forward: Callable[[int], None] | None = None
+    self._own_c_handler: int | None = None
     self._deadline: float | None = None
     self._closing = False
     self._exit_lock = threading.Lock()
@@ -209,6 +213,7 @@ class Guard:
     self._wsock.setblocking(False)
     for s in SIGNALS:
       self._old_handlers[s] = signal.signal(s, self._handle)
+    self._own_c_handler = _sigaction_handler(signal.SIGTERM)
     self._old_wakeup = signal.set_wakeup_fd(self._wsock.fileno(), warn_on_full_buffer=False)
     self._thread = threading.Thread(target=self._watch, name="laplax-signals", daemon=True)
     self._thread.start()
@@ -261,7 +266,7 @@ class Guard:
     self._collective = bool(collective)
     if self._active:
       if collective:
-        self._forward = _c_signal_handler(signal.SIGTERM)
+        self._forward = _c_signal_handler(signal.SIGTERM, self._own_c_handler)
       for s in SIGNALS:
         signal.signal(s, self._handle)
     try:
@@ -359,6 +364,32 @@ class Guard:
   def hard_exit(self, signum: int, late: bool, reason: str | None = None) -> None:
     """Runs the clean-ups, prints the exit line and ends the process with
     :func:`exit_code` ``(signum)``; never returns (a second caller waits)."""
+
+    def line(saved: str) -> str:
+      why = reason
+      if why is None:
+        if late:
+          why = (
+            f"no step ended within {self._armed:.3g} s"
+            if self._in_loop
+            else f"{self.command} was still busy {self._armed:.3g} s later"
+          )
+        else:
+          why = "a second signal"
+      return f"stopped by {describe_signal(signum)}, {why}: {saved}; run the same command to go on"
+
+    self._exit(line, exit_code(signum))
+
+  def peer_lost(self, what: str) -> None:
+    """Another process of the run ended without stopping with this one
+    (``what`` names it; :class:`laplax.train.preemption.Peers`): the
+    clean-ups, one line, exit :data:`PEER_LOST_EXIT`; never returns."""
+    self._exit(
+      lambda saved: f"stopped: {what}: {saved}; run the same command on every process to go on",
+      PEER_LOST_EXIT,
+    )
+
+  def _exit(self, line: Callable[[str], str], code: int) -> None:
     if not self._exit_lock.acquire(blocking=False):
       while True:  # another thread is exiting
         time.sleep(1.0)
@@ -367,21 +398,10 @@ class Guard:
         fn = _cleanups.pop(key, None)
         with contextlib.suppress(Exception):
           fn()
-      if reason is None:
-        if late:
-          reason = (
-            f"no step ended within {self._armed:.3g} s"
-            if self._in_loop
-            else f"{self.command} was still busy {self._armed:.3g} s later"
-          )
-        else:
-          reason = "a second signal"
       saved = checkpoint_status(self.workdir) if self.workdir else self.nothing_saved
       _flush_python_streams()
-      _write(
-        f"stopped by {describe_signal(signum)}, {reason}: {saved}; run the same command to go on"
-      )
-      os._exit(exit_code(signum))
+      _write(line(saved))
+      os._exit(code)
 
 
 class _Sigaction(ctypes.Structure):
@@ -396,17 +416,11 @@ class _Sigaction(ctypes.Structure):
   ]
 
 
-def _c_signal_handler(signum: int) -> Callable[[int], None] | None:
-  """The C function installed for ``signum`` by native code (JAX's
-  preemption notifier), as a callable, or ``None`` when the handler is the
-  default, ignored, Python's own, or cannot be read (not Linux/glibc).
-
-  Python reports such a handler as ``None`` (:func:`signal.getsignal`) and
-  cannot call it; ``sigaction(2)`` reads its address. Calling it from the
-  watcher thread does what the signal would have done: the notifier's
-  handler only sets a flag that its own thread polls.
-  """
-  if not sys.platform.startswith("linux") or signal.getsignal(signum) is not None:
+def _sigaction_handler(signum: int) -> int | None:
+  """The address of the C handler installed for ``signum`` (0: SIG_DFL, 1:
+  SIG_IGN), from ``sigaction(2)``; ``None`` off Linux or when it takes
+  ``siginfo`` (``SA_SIGINFO``) or cannot be read."""
+  if not sys.platform.startswith("linux"):
     return None
   try:
     libc = ctypes.CDLL(None, use_errno=True)
@@ -415,9 +429,26 @@ def _c_signal_handler(signum: int) -> Callable[[int], None] | None:
       return None
   except (OSError, AttributeError):
     return None
-  if old.sa_handler in (None, 0, 1) or old.sa_flags & 4:  # SIG_DFL, SIG_IGN, SA_SIGINFO
+  if old.sa_flags & 4:  # SA_SIGINFO: a three-argument handler
     return None
-  fn = ctypes.CFUNCTYPE(None, ctypes.c_int)(old.sa_handler)
+  return int(old.sa_handler or 0)
+
+
+def _c_signal_handler(signum: int, own: int | None) -> Callable[[int], None] | None:
+  """The C function native code (JAX's preemption notifier) installed for
+  ``signum`` after the guard's own (``own``, the address of Python's C-level
+  handler), as a callable; ``None`` when it is the default, ignored or
+  Python's own, or cannot be read (not Linux/glibc).
+
+  Python does not see such a handler (:func:`signal.getsignal` still names
+  the guard's) and cannot call it; ``sigaction(2)`` reads its address.
+  Calling it from the watcher thread does what the signal would have done:
+  the notifier's handler only sets a flag that its own thread polls.
+  """
+  address = _sigaction_handler(signum)
+  if address in (None, 0, 1) or address == own:
+    return None
+  fn = ctypes.CFUNCTYPE(None, ctypes.c_int)(address)
   return lambda s: fn(int(s))
 
 

@@ -39,7 +39,7 @@ from laplax.errors import UserError
 from laplax.evaluators import registry
 from laplax.state import TrainState, abstract_and_shardings, create_state, sharded_abstract_state
 from laplax.tasks.base import Task
-from laplax.train import finetune, fit
+from laplax.train import finetune, fit, preemption
 from laplax.train.profiler import Profiler
 from laplax.train.timing import LogInterval
 from laplax.workdir import checkpoint as ckpt_lib
@@ -585,6 +585,7 @@ def _train(
 
   with (
     signals.graceful(jax.process_count() > 1) as stop,
+    preemption.watched(stop),
     _on_error(writer, profiler, checkpointer, bar),
   ):
     previous = state.step  # the output of the step before (here: the restored state)
