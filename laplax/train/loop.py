@@ -591,24 +591,27 @@ def _train(
     previous = state.step  # the output of the step before (here: the restored state)
     saved = start  # the last step saved (or restored)
     for step in range(start + 1, config.total_steps + 1):
+      # A stop is decided before the next batch is read, so that the data
+      # position saved with the step is the one after it.
+      if _stop_reached(stop, step - 1):
+        jax.block_until_ready(previous)
+        check_finite()  # never save a state past a non-finite step
+        stop.reached()
+        if step - 1 > saved:
+          checkpointer.save(state, train_iter.get_state())
+        checkpointer.wait()
+        bar.close()
+        say(_stopped_line(stop, step - 1, checkpointer))
+        summary = {}
+        break
       with profiler.step(step):
         batch = interval.wait_for(
           lambda: sharding.global_batch(next(train_iter), batch_sharding, global_batch)
         )
         # At most one step runs ahead of the host: the step before has finished
         # (while this batch was read) before this one is dispatched, so a signal
-        # is acted on within one step (laplax.signals, the stop bound).
+        # waits for two steps at most (laplax.signals, the stop bound).
         jax.block_until_ready(previous)
-        if _stop_reached(stop, step - 1):
-          check_finite()  # never save a state past a non-finite step
-          stop.reached()
-          if step - 1 > saved:
-            checkpointer.save(state, train_iter.get_state())
-          checkpointer.wait()
-          bar.close()
-          say(_stopped_line(stop, step - 1, checkpointer))
-          summary = {}
-          break
         state, metrics = train_step(state, batch)
       previous = metrics
       profiler.after(step, state, say)
