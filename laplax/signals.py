@@ -15,7 +15,13 @@ signals to its child, see :mod:`laplax.sweep`):
 
 - In the training loop (:meth:`Guard.graceful`) the first signal asks for a
   graceful stop: the step in flight finishes, a checkpoint is saved and the
-  run exits 0 (:mod:`laplax.train.loop`). If that step has not finished
+  run exits 0 (:mod:`laplax.train.loop`, which lets at most one step run
+  ahead of the host, so that the stop waits for two steps at most). An
+  evaluation inside the loop (:meth:`Guard.evaluate`) is ended by the
+  signal, and the evaluated step saved; with several processes
+  (``graceful(collective=True)``) the first signal also goes to JAX's
+  preemption notifier, and the processes stop together at JAX's preemption
+  sync point. If that step has not finished
   :data:`BOUND_S` seconds after the signal (or twice the longest time per
   step the loop has logged, when that is longer: :attr:`Guard.step_seconds`),
   or a second signal arrives, the process exits at once

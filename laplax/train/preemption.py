@@ -137,14 +137,19 @@ def watched(guard) -> Iterator[Peers | None]:
   """:class:`Peers` for the block when the run has several processes (else
   ``None``): a process that ends meanwhile stops this one
   (``guard.peer_lost``). The block's normal end says ``bye``; an exception
-  does not, so that the others stop too when this process ends."""
+  does not (and stops the watch), so that the others stop too when this
+  process ends, and this one ends with its own error."""
   import jax
 
   if jax.process_count() == 1:
     yield None
     return
   peers = Peers(jax.process_index(), jax.process_count(), guard.peer_lost)
-  yield peers
+  try:
+    yield peers
+  except BaseException:
+    peers._closing = True  # this process's own error line, not another's
+    raise
   peers.close()
 
 
