@@ -19,6 +19,7 @@
   is not.
 """
 
+import math
 import os
 import random
 import re
@@ -330,3 +331,19 @@ def test_peers_name_a_process_that_ends_abruptly_and_not_one_that_says_bye():
     made[i].close()
   assert not got.wait(1.0)
   assert lost == {0: [], 1: [], 2: []}
+
+
+def test_an_evaluation_that_counts_nothing_is_a_data_error_not_a_division_by_zero():
+  from laplax.data.errors import DataError
+  from laplax.tasks.classification import ClassificationTask
+  from laplax.tasks.language_model import LanguageModelTask
+
+  with pytest.raises(DataError, match="counted no target token"):
+    LanguageModelTask.summarize({"loss": 0.0, "count": 0.0, "bytes": 0.0})
+  with pytest.raises(DataError, match="counted no image"):
+    ClassificationTask.summarize({"loss": 0.0, "correct": 0.0, "count": 0.0})
+  got = LanguageModelTask.summarize({"loss": 6.0, "count": 3.0, "bytes": 4.0})
+  assert got["loss"] == 2.0 and got["num_tokens"] == 3
+  assert got["bits_per_byte"] == pytest.approx(6.0 / math.log(2) / 4.0, rel=1e-12)
+  got = ClassificationTask.summarize({"loss": 3.0, "correct": 1.0, "count": 4.0})
+  assert got == {"accuracy": 0.25, "loss": 0.75, "num_examples": 4}
