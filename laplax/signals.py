@@ -15,7 +15,13 @@ signals to its child, see :mod:`laplax.sweep`):
 
 - In the training loop (:meth:`Guard.graceful`) the first signal asks for a
   graceful stop: the step in flight finishes, a checkpoint is saved and the
-  run exits 0 (:mod:`laplax.train.loop`). If that step has not finished
+  run exits 0 (:mod:`laplax.train.loop`, which lets at most one step run
+  ahead of the host, so that the stop waits for two steps at most). An
+  evaluation inside the loop (:meth:`Guard.evaluate`) is ended by the
+  signal, and the evaluated step saved; with several processes
+  (``graceful(collective=True)``) the first signal also goes to JAX's
+  preemption notifier, and the processes stop together at JAX's preemption
+  sync point. If that step has not finished
   :data:`BOUND_S` seconds after the signal (or twice the longest time per
   step the loop has logged, when that is longer: :attr:`Guard.step_seconds`),
   or a second signal arrives, the process exits at once
@@ -44,6 +50,7 @@ place inside :func:`critical`, which a hard exit waits for.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import re
 import select
@@ -53,6 +60,9 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from typing import TypeVar
+
+T = TypeVar("T")
 
 #: Seconds the step in flight (or, outside the loop, the main thread) has to
 #: reach Python after the first signal before the process exits at once; the
@@ -60,6 +70,9 @@ from collections.abc import Callable, Iterator
 BOUND_S = 5.0
 BOUND_ENV = "LAPLAX_STOP_BOUND_S"
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
+#: The exit status of a process that stops because another process of its
+#: multi-process run ended without it (Guard.peer_lost).
+PEER_LOST_EXIT = 1
 _CHECKPOINTS = "checkpoints"  # laplax.workdir.files.CHECKPOINT_DIR (not imported: no JAX here)
 _INCOMPLETE = re.compile(r"^(\d+)\.orbax-checkpoint-tmp")
 
@@ -181,6 +194,11 @@ class Guard:
     self._count = 0
     self._in_loop = False
     self._raised = False
+    self._interruptible = False
+    self._evaluating = False
+    self._collective = False
+    self._forward: Callable[[int], None] | None = None
+    self._own_c_handler: int | None = None
     self._deadline: float | None = None
     self._closing = False
     self._exit_lock = threading.Lock()
@@ -201,6 +219,7 @@ class Guard:
     self._wsock.setblocking(False)
     for s in SIGNALS:
       self._old_handlers[s] = signal.signal(s, self._handle)
+    self._own_c_handler = _sigaction_handler(signal.SIGTERM)
     self._old_wakeup = signal.set_wakeup_fd(self._wsock.fileno(), warn_on_full_buffer=False)
     self._thread = threading.Thread(target=self._watch, name="laplax-signals", daemon=True)
     self._thread.start()
@@ -229,24 +248,66 @@ class Guard:
     signal raises :class:`Signalled`; the watcher counts and times."""
     if self.signum is None:
       self.signum = int(signum)
+    if self._interruptible:
+      self._interruptible = False
+      raise Signalled(signum)
     if not self._in_loop and not self._raised:
       self._raised = True
       raise Signalled(signum)
 
   @contextlib.contextmanager
-  def graceful(self) -> Iterator[Guard]:
+  def graceful(self, collective: bool = False) -> Iterator[Guard]:
     """The training loop: a first signal only sets :attr:`signum`; the loop
-    saves and stops after the step in flight (and calls :meth:`reached`)."""
+    saves and stops after the step in flight (and calls :meth:`reached`).
+
+    ``collective``: several processes train together (``jax.distributed``).
+    Their stop is agreed by JAX's preemption sync point, which
+    ``jax.distributed.initialize`` (after ``__enter__``) arms by installing its
+    preemption notifier's own C-level SIGTERM handler: the guard takes both
+    signals back (so that the bound and a second signal still work) and hands
+    the first one on to that handler (:func:`_c_signal_handler`), as if the
+    notifier had received the SIGTERM itself.
+    """
     self._in_loop = True
+    self._collective = bool(collective)
     if self._active:
-      # jax.distributed.initialize (after __enter__) installs its preemption
-      # notifier's own SIGTERM handler: take the signals back for the loop.
+      if collective:
+        self._forward = _c_signal_handler(signal.SIGTERM, self._own_c_handler)
       for s in SIGNALS:
         signal.signal(s, self._handle)
     try:
       yield self
     finally:
       self._in_loop = False
+
+  def evaluate(self, fn: Callable[[], T]) -> T | None:
+    """``fn()`` (an evaluation inside the training loop), or ``None`` if a
+    signal came before or during it.
+
+    One process: a signal ends ``fn`` at once (:class:`Signalled` raised in
+    it, caught here); the loop then saves the step it evaluated and stops.
+    Several processes (``graceful(collective=True)``): ``fn`` holds collective
+    operations that every process must finish, so it runs to its end, and the
+    bound's deadline does not run out while it does (it starts again when
+    ``fn`` returns).
+    """
+    if self._collective:
+      self._evaluating = True
+      try:
+        return fn()
+      finally:
+        self._evaluating = False
+        self.progress()
+    if self.signum is not None:
+      return None
+    try:
+      self._interruptible = True
+      try:
+        return fn()
+      finally:
+        self._interruptible = False
+    except Signalled:
+      return None
 
   def progress(self) -> None:
     """The loop goes on towards a stop that several processes must agree on
@@ -273,6 +334,9 @@ class Guard:
         return
       if not ready:
         if self._deadline is not None and time.monotonic() >= self._deadline:
+          if self._evaluating:  # a collective evaluation: wait for its end
+            self._deadline = time.monotonic() + self._armed
+            continue
           self.hard_exit(self.signum or signal.SIGTERM, late=True)
         continue
       try:
@@ -294,6 +358,8 @@ class Guard:
       return
     self._armed = max(self.bound, 2 * self.step_seconds) if self._in_loop else self.bound
     self._deadline = time.monotonic() + self._armed
+    if self._in_loop and self._forward is not None:
+      self._forward(signal.SIGTERM)  # to JAX's preemption notifier: all processes stop
     if self._in_loop:
       _write(
         f"{describe_signal(signum)}: stopping after the step in flight, with a "
@@ -304,6 +370,32 @@ class Guard:
   def hard_exit(self, signum: int, late: bool, reason: str | None = None) -> None:
     """Runs the clean-ups, prints the exit line and ends the process with
     :func:`exit_code` ``(signum)``; never returns (a second caller waits)."""
+
+    def line(saved: str) -> str:
+      why = reason
+      if why is None:
+        if late:
+          why = (
+            f"no step ended within {self._armed:.3g} s"
+            if self._in_loop
+            else f"{self.command} was still busy {self._armed:.3g} s later"
+          )
+        else:
+          why = "a second signal"
+      return f"stopped by {describe_signal(signum)}, {why}: {saved}; run the same command to go on"
+
+    self._exit(line, exit_code(signum))
+
+  def peer_lost(self, what: str) -> None:
+    """Another process of the run ended without stopping with this one
+    (``what`` names it; :class:`laplax.train.preemption.Peers`): the
+    clean-ups, one line, exit :data:`PEER_LOST_EXIT`; never returns."""
+    self._exit(
+      lambda saved: f"stopped: {what}: {saved}; run the same command on every process to go on",
+      PEER_LOST_EXIT,
+    )
+
+  def _exit(self, line: Callable[[str], str], code: int) -> None:
     if not self._exit_lock.acquire(blocking=False):
       while True:  # another thread is exiting
         time.sleep(1.0)
@@ -312,21 +404,58 @@ class Guard:
         fn = _cleanups.pop(key, None)
         with contextlib.suppress(Exception):
           fn()
-      if reason is None:
-        if late:
-          reason = (
-            f"no step ended within {self._armed:.3g} s"
-            if self._in_loop
-            else f"{self.command} was still busy {self._armed:.3g} s later"
-          )
-        else:
-          reason = "a second signal"
       saved = checkpoint_status(self.workdir) if self.workdir else self.nothing_saved
       _flush_python_streams()
-      _write(
-        f"stopped by {describe_signal(signum)}, {reason}: {saved}; run the same command to go on"
-      )
-      os._exit(exit_code(signum))
+      _write(line(saved))
+      os._exit(code)
+
+
+class _Sigaction(ctypes.Structure):
+  """glibc's ``struct sigaction`` on Linux (x86-64, AArch64): the handler
+  first, then the 1024-bit mask, the flags and the restorer."""
+
+  _fields_ = [
+    ("sa_handler", ctypes.c_void_p),
+    ("sa_mask", ctypes.c_ulong * 16),
+    ("sa_flags", ctypes.c_int),
+    ("sa_restorer", ctypes.c_void_p),
+  ]
+
+
+def _sigaction_handler(signum: int) -> int | None:
+  """The address of the C handler installed for ``signum`` (0: SIG_DFL, 1:
+  SIG_IGN), from ``sigaction(2)``; ``None`` off Linux or when it takes
+  ``siginfo`` (``SA_SIGINFO``) or cannot be read."""
+  if not sys.platform.startswith("linux"):
+    return None
+  try:
+    libc = ctypes.CDLL(None, use_errno=True)
+    old = _Sigaction()
+    if libc.sigaction(int(signum), None, ctypes.byref(old)) != 0:
+      return None
+  except (OSError, AttributeError):
+    return None
+  if old.sa_flags & 4:  # SA_SIGINFO: a three-argument handler
+    return None
+  return int(old.sa_handler or 0)
+
+
+def _c_signal_handler(signum: int, own: int | None) -> Callable[[int], None] | None:
+  """The C function native code (JAX's preemption notifier) installed for
+  ``signum`` after the guard's own (``own``, the address of Python's C-level
+  handler), as a callable; ``None`` when it is the default, ignored or
+  Python's own, or cannot be read (not Linux/glibc).
+
+  Python does not see such a handler (:func:`signal.getsignal` still names
+  the guard's) and cannot call it; ``sigaction(2)`` reads its address.
+  Calling it from the watcher thread does what the signal would have done:
+  the notifier's handler only sets a flag that its own thread polls.
+  """
+  address = _sigaction_handler(signum)
+  if address in (None, 0, 1) or address == own:
+    return None
+  fn = ctypes.CFUNCTYPE(None, ctypes.c_int)(address)
+  return lambda s: fn(int(s))
 
 
 def _write(line: str) -> None:
@@ -350,12 +479,12 @@ def _flush_python_streams(timeout: float = 0.5) -> None:
 
 
 @contextlib.contextmanager
-def graceful() -> Iterator[Guard]:
+def graceful(collective: bool = False) -> Iterator[Guard]:
   """:meth:`Guard.graceful` of the installed guard; without one (the loop
   called from Python, not a CLI) a guard is installed for the loop."""
   if _current is not None:
-    with _current.graceful() as guard:
+    with _current.graceful(collective) as guard:
       yield guard
     return
-  with Guard("train_and_evaluate", bound_from_env()) as guard, guard.graceful():
+  with Guard("train_and_evaluate", bound_from_env()) as guard, guard.graceful(collective):
     yield guard

@@ -24,6 +24,7 @@ import numpy as np
 from laplax import utils
 from laplax.config import defaults
 from laplax.config import validation as config_lib
+from laplax.data.errors import DataError
 
 
 class Task(Protocol):
@@ -258,6 +259,24 @@ class TaskBase:
       out = jax.device_get(self._eval_step(state.params, batch))
       sums = out if sums is None else {k: sums[k] + np.float64(out[k]) for k in sums}
     return self.summarize(sums)
+
+
+def counted(sums: dict | None, key: str = "count", what: str = "example") -> float:
+  """``sums[key]``, the number of counted eval targets, when it is positive.
+
+  Raises:
+    DataError: the evaluation counted nothing (no eval batch, or every
+      target masked out, e.g. SFT conversations cut before their assistant
+      tokens): one line, instead of a division by zero.
+  """
+  count = 0.0 if sums is None else float(sums[key])
+  if not count > 0:
+    raise DataError(
+      f"The evaluation counted no {what} (every eval {what} is masked out or the eval "
+      f"split is empty), so it has no mean; check config.data.eval_split and the limits "
+      f"that cut the eval data (e.g. config.data.max_conversation_tokens)."
+    )
+  return count
 
 
 class NaNAtStep:

@@ -22,7 +22,7 @@ from laplax.data.vision import images
 from laplax.models import spec as spec_lib
 from laplax.models.swin import Swin
 from laplax.models.vit import ViT
-from laplax.tasks.base import TaskBase
+from laplax.tasks.base import TaskBase, counted
 
 #: ``config.model.name`` -> the classifier it builds.
 MODELS = {"vit": ViT, "swin": Swin}
@@ -208,7 +208,7 @@ class ClassificationTask(TaskBase):
   @staticmethod
   def summarize(sums: dict) -> dict:
     """Eval sums -> ``{"accuracy", "loss", "num_examples"}``."""
-    count = float(sums["count"])
+    count = counted(sums, what="image")
     return {
       "accuracy": float(sums["correct"]) / count,
       "loss": float(sums["loss"]) / count,

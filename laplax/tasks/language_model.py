@@ -21,7 +21,7 @@ from laplax.config import defaults
 from laplax.data import lm_input
 from laplax.models import spec as spec_lib
 from laplax.models.gpt import GPT
-from laplax.tasks.base import TaskBase
+from laplax.tasks.base import TaskBase, counted
 
 
 class LanguageModelTask(TaskBase):
@@ -113,7 +113,7 @@ class LanguageModelTask(TaskBase):
     if lm_input.is_chat(self.config):  # every conversation read (and checked) before training
       from laplax.data.chat import mixture as chat_mixture
 
-      chat_mixture.check(self.config.data, self.tokenizer)
+      chat_mixture.check(self.config.data, self.tokenizer, int(self.config.model.max_length))
       return []
     from laplax.data.text import corpus as text
 
@@ -228,13 +228,14 @@ class LanguageModelTask(TaskBase):
     """Eval sums -> ``{"loss", "perplexity", "bits_per_byte", "num_tokens"}``;
     ``bits_per_byte`` as nanochat's ``loss_eval.py`` (0-byte targets count
     neither loss nor bytes; without such tokens ``byte_loss`` is not summed)."""
-    loss = float(sums["loss"]) / float(sums["count"])
+    count = counted(sums, what="target token")
+    loss = float(sums["loss"]) / count
     byte_loss = float(sums.get("byte_loss", sums["loss"]))
     return {
       "loss": loss,
       "perplexity": math.exp(min(loss, 700.0)),
       "bits_per_byte": byte_loss / math.log(2) / float(sums["bytes"]),
-      "num_tokens": int(sums["count"]),
+      "num_tokens": int(count),
     }
 
 

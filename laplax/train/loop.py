@@ -16,6 +16,7 @@ on request a profiler trace (``profile/``,
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import math
 import os
@@ -38,7 +39,7 @@ from laplax.errors import UserError
 from laplax.evaluators import registry
 from laplax.state import TrainState, abstract_and_shardings, create_state, sharded_abstract_state
 from laplax.tasks.base import Task
-from laplax.train import finetune, fit
+from laplax.train import finetune, fit, preemption
 from laplax.train.profiler import Profiler
 from laplax.train.timing import LogInterval
 from laplax.workdir import checkpoint as ckpt_lib
@@ -440,19 +441,22 @@ def _fetch_finite(pending: list, checkpointer, bar) -> list:
   return pending
 
 
-def _stop_agreed(stop: signals.Guard, step: int, config) -> bool:
-  """Whether to stop after ``step`` on a signal. With several processes a
-  signal may reach only some of them; they agree at log steps (one small
-  all-gather), so all save the same step together and stop."""
+def _stop_reached(stop: signals.Guard, step: int) -> bool:
+  """Whether to stop after ``step`` (finished) on a signal.
+
+  One process: whether a signal came. Several: JAX's preemption sync point
+  (:func:`jax.experimental.multihost_utils.reached_preemption_sync_point`,
+  called by every process at every step): a signal to any process is
+  forwarded to JAX's preemption notifier (:meth:`laplax.signals.Guard.graceful`),
+  the coordination service tells the others, and all of them return True at
+  the same step, so that they save the same checkpoint together.
+  """
   if jax.process_count() == 1:
     return stop.signum is not None
-  stop.progress()  # a step was dispatched: waiting for the agreement is no hang
-  if step % config.log_every and step != config.total_steps:
-    return False
   from jax.experimental import multihost_utils
 
-  flags = multihost_utils.process_allgather(np.int32(stop.signum is not None))
-  return bool(np.any(flags))
+  stop.progress()  # a step ended: the deadline of a signal starts again
+  return bool(multihost_utils.reached_preemption_sync_point(step))
 
 
 def _log(
@@ -584,13 +588,37 @@ def _train(
   profiler = Profiler(config, workdir)
   profiler.check(start, say)
 
-  with signals.graceful() as stop, _on_error(writer, profiler, checkpointer, bar):
+  with (
+    signals.graceful(jax.process_count() > 1) as stop,
+    preemption.watched(stop),
+    _on_error(writer, profiler, checkpointer, bar),
+  ):
+    previous = state.step  # the output of the step before (here: the restored state)
+    saved = start  # the last step saved (or restored)
     for step in range(start + 1, config.total_steps + 1):
+      # A stop is decided before the next batch is read, so that the data
+      # position saved with the step is the one after it.
+      if _stop_reached(stop, step - 1):
+        jax.block_until_ready(previous)
+        check_finite()  # never save a state past a non-finite step
+        stop.reached()
+        if step - 1 > saved:
+          checkpointer.save(state, train_iter.get_state())
+        checkpointer.wait()
+        bar.close()
+        say(_stopped_line(stop, step - 1, checkpointer))
+        summary = {}
+        break
       with profiler.step(step):
         batch = interval.wait_for(
           lambda: sharding.global_batch(next(train_iter), batch_sharding, global_batch)
         )
+        # At most one step runs ahead of the host: the step before has finished
+        # (while this batch was read) before this one is dispatched, so a signal
+        # waits for two steps at most (laplax.signals, the stop bound).
+        jax.block_until_ready(previous)
         state, metrics = train_step(state, batch)
+      previous = metrics
       profiler.after(step, state, say)
       pending.append((step, metrics))
       bar.update(1)
@@ -600,26 +628,29 @@ def _train(
         check_finite()
         _log(step, pending, interval, stop, writer, task, say, bar)
         pending = []
-      # The signal flag is read after the step's metrics are logged, so a signal
-      # that came before that line was written stops the run at this step.
-      stopping = _stop_agreed(stop, step, config)
-      save = step % config.checkpoint_every == 0 or last or stopping
-      if not logged and (save or step % config.eval_every == 0):
+      save = step % config.checkpoint_every == 0 or last
+      evaluate = step % config.eval_every == 0 or last
+      if not logged and (save or evaluate):
         check_finite()  # never save or evaluate a state past a non-finite step
-      if stopping:  # the step has finished (its metrics are on the host)
-        stop.reached()
       if save:
         checkpointer.save(state, train_iter.get_state())
-      if step % config.eval_every == 0 or last:
-        summary, texts = registry.run(evaluators, state, registry.Context(place=place, say=say))
-        writer.write_eval(step, summary, texts)
-        say(eval_line(step, summary))
-      if stopping:
-        checkpointer.wait()
-        bar.close()
-        say(_stopped_line(stop, step, checkpointer))
-        summary = {}
-        break
+        saved = step
+      if evaluate:
+        # A signal during the evaluation ends it (one process: at once; several:
+        # at its end) and the run stops at the next step's check, this step saved.
+        ran = stop.evaluate(
+          functools.partial(registry.run, evaluators, state, registry.Context(place=place, say=say))
+        )
+        if ran is not None:
+          summary, texts = ran
+          writer.write_eval(step, summary, texts)
+          say(eval_line(step, summary))
+        else:
+          summary = {}
+          if last:  # no next step checks: stop here, this step saved
+            checkpointer.wait()
+            bar.close()
+            say(_stopped_line(stop, step, checkpointer))
     checkpointer.close()
   profiler.stop(state)
   bar.close()

@@ -14,6 +14,7 @@ raised as one line (:class:`~laplax.workdir.saving.SaveError`).
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import re
@@ -100,6 +101,21 @@ def _retry_vanished(fn, attempts: int = 5):
       if attempt == attempts - 1:
         raise
   return None
+
+
+def _remove_tree(path: str) -> None:
+  """Removes ``path`` and everything under it (nothing writes there any
+  more); a file that vanished meanwhile is no error.
+
+  Raises:
+    OSError: the tree cannot be removed (permissions).
+  """
+  while os.path.lexists(path):
+    try:
+      shutil.rmtree(path)
+    except OSError as e:
+      if e.errno not in (errno.ENOENT, errno.ENOTEMPTY):
+        raise
 
 
 class CheckpointError(UserError, ValueError):
@@ -289,17 +305,12 @@ class Checkpointer:
         raise
       with _orbax_errors_silenced(), contextlib.suppress(Exception):
         self.manager.close()
+      self._drain()
       if jax.process_index() == 0:
-        # A writer thread of orbax may still add files while the tree goes
-        # (seen in loaded test runs, once after 1 s): retry until nothing is
-        # left, for up to 10 s.
-        for _ in range(500):
-          leftover = list(self.incomplete_steps().values())
-          if not leftover:
-            break
-          for path in leftover:
-            shutil.rmtree(path, ignore_errors=True)
-          time.sleep(0.02)
+        # Every writer of the failed save has ended (_drain): what is removed
+        # now stays removed, however slow the machine.
+        for path in self.incomplete_steps().values():
+          _remove_tree(path)
       last = self.last_complete()
       self._failure = saving.SaveError(
         saving.message(
@@ -311,6 +322,22 @@ class Checkpointer:
         )
       )
       raise self._failure from None
+
+  def _drain(self) -> None:
+    """Waits for every write of the last save to end, failed or not.
+
+    orbax's background thread stops waiting at the first failed commit
+    future (a full disk) while the others (the other items, the directory
+    creation) still write into ``N.orbax-checkpoint-tmp``; a clean-up done
+    before they end can be undone by them (the space freed lets a pending
+    write succeed). The futures are those of orbax's async manager
+    (``AsyncCheckpointer._async_manager._commit_futures``, orbax 0.12).
+    """
+    checkpointer = getattr(self.manager, "_checkpointer", None)
+    manager = getattr(checkpointer, "_async_manager", None)
+    for f in list(getattr(manager, "_commit_futures", None) or ()):
+      with contextlib.suppress(BaseException):
+        f.result()
 
   def save(self, state: TrainState, data_state: dict | None) -> bool:
     """Starts an asynchronous save of ``state`` at ``state.step``, after the

@@ -382,6 +382,7 @@ def _bad_data(root, data, how):
     ("column", "has no column 'answerKey'"),
     ("tokenizer", "no chat special tokens"),
     ("width", "model.* keys"),
+    ("no_target", "config.data.max_conversation_tokens=8"),
   ],
 )
 def test_bad_input_is_one_line_exit_2_nothing_written(chain, data, tmp_path, capfd, case, fragment):
@@ -398,11 +399,46 @@ def test_bad_input_is_one_line_exit_2_nothing_written(chain, data, tmp_path, cap
     (init / "nanochat_tokenizer.json").unlink()
   if case == "width":
     extra = ["--config.model.width=64"]
+  if case == "no_target":  # nanochat PR #834: every assistant token cut off
+    extra = ["--config.data.max_conversation_tokens=8"]
   workdir = tmp_path / "new_run"
   name = "mid" if case == "jsonl" else "sft"
   r = run_in_process(stage(name, workdir, init, source, "--config.total_steps=2", *extra), capfd)
   assert fragment in one_line_error(r)
   assert not workdir.exists()
+
+
+def test_no_target_is_refused_before_training_and_names_its_keys(data):
+  """An SFT split whose rendered conversations keep no assistant target: the
+  check refuses it, naming both limits; one that keeps targets passes."""
+  c = data_config("chat_sft", data, max_conversation_tokens=8)
+  with pytest.raises(DataError, match=r"SFT training split .* first 8 tokens") as e:
+    chat_mixture.check(c, TOK, seq_len=32)
+  assert "config.data.max_conversation_tokens=8" in str(e.value)
+  assert "config.model.max_length + 1=33" in str(e.value)
+  # The same limit reached through the context: T + 1 = 8 tokens.
+  with pytest.raises(DataError, match=r"first 8 tokens"):
+    chat_mixture.check(data_config("chat_sft", data), TOK, seq_len=7)
+  chat_mixture.check(data_config("chat_sft", data), TOK, seq_len=2047)  # targets: passes
+  # Every conversation starts <|bos|><|user_start|>: with 8 tokens no
+  # assistant token is reached, checked from the rendering itself.
+  items = chat_mixture.mixture(c, "train")
+  assert not any(chat.render_conversation(TOK, x, 8)[1][1:].any() for x in items)
+  assert any(chat.render_conversation(TOK, x, 2048)[1][1:].any() for x in items)
+
+
+def test_eval_py_on_a_run_whose_eval_counts_no_target_is_one_line(chain, data, tmp_path, capfd):
+  """eval.py on an SFT workdir whose validation conversations keep no
+  assistant target: one line and exit 2 instead of a ZeroDivisionError."""
+  _, _, _, sft = chain
+  run = tmp_path / "sft"
+  shutil.copytree(sft, run)
+  config = json.loads((run / "config.json").read_text())
+  config["data"]["max_conversation_tokens"] = 8
+  (run / "config.json").write_text(json.dumps(config))
+  r = run_in_process(["eval.py", "--workdir", str(run)], capfd)
+  assert "counted no target token" in one_line_error(r)
+  assert not (run / "eval.json").exists()
 
 
 def test_bad_mixture_errors_name_the_expected_path(tmp_path):

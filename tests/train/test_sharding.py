@@ -196,8 +196,9 @@ def test_two_processes_match_one(helper, tmp_path):
 @pytest.mark.slow
 @pytest.mark.subprocess
 def test_sigterm_to_one_of_two_processes_stops_both_at_the_same_step(helper, tmp_path):
-  """SIGTERM reaches only process 1: the two processes agree at the next log
-  step, save that step together and both exit 0; the same commands resume."""
+  """SIGTERM reaches only process 1: the two processes agree on a step (JAX's
+  preemption sync point, any step, not only a log step), save that step
+  together and both exit 0."""
   paths = helper[1]
   workdir = tmp_path / "two"
   common = (
@@ -244,7 +245,8 @@ def test_sigterm_to_one_of_two_processes_stops_both_at_the_same_step(helper, tmp
   stopped = re.search(r"stopped by a signal to another process at step (\d+)", outs[0][0])
   assert stopped, outs[0][0][-2000:]
   step = int(stopped.group(1))
-  assert step % 2 == 0 and step < 400
+  assert 0 < step < 400
+  assert max(r["step"] for r in read_metrics(workdir) if r["split"] == "train") <= step
   assert sorted(int(s) for s in os.listdir(workdir / "checkpoints") if s.isdigit()) == [0, step]
 
 

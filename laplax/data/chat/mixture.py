@@ -248,16 +248,39 @@ def prepare(data_config, workdir: str | None, *, batch_size: int | None = None):
   return tokenizer
 
 
-def check(data_config, tokenizer) -> None:
+def check(data_config, tokenizer, seq_len: int | None = None) -> None:
   """Reads (and caches) both splits' conversations, so that bad files stop
-  ``train.py`` before it writes anything.
+  ``train.py`` before it writes anything; for SFT with ``seq_len`` (``T``,
+  ``model.max_length``) also checks that each split has a trainable target.
+
+  A conversation trains on the assistant tokens that survive the render
+  limit (:func:`render_limit`); when no training conversation keeps one the
+  run would train nothing (loss and gradient 0 at every step), and when none
+  of the evaluated validation conversations (``data.max_eval_conversations``)
+  keeps one the evaluation counts no target. Each split's conversations are
+  rendered in order until one has a target (all of them only to refuse).
 
   Raises:
-    DataError: see :func:`mixture`.
+    DataError: see :func:`mixture`; an SFT split without a trainable target
+      (naming the keys that limit the rendered conversations).
   """
-  del tokenizer
   for split in ("train", "validation"):
-    mixture(data_config, split)
+    items = mixture(data_config, split)
+    if data_config.name != SFT or seq_len is None:
+      continue
+    if split == "validation" and data_config.max_eval_conversations is not None:
+      items = items[: data_config.max_eval_conversations]
+    limit = render_limit(data_config, seq_len)
+    if not any(np.any(render_conversation(tokenizer, c, limit)[1][1:] == 1) for c in items):
+      what = "training" if split == "train" else "evaluated validation"
+      raise DataError(
+        f"No conversation of the SFT {what} split ({len(items)}) keeps an assistant "
+        f"token to train on within its first {limit} tokens "
+        f"(min(config.data.max_conversation_tokens={data_config.max_conversation_tokens}, "
+        f"config.model.max_length + 1={seq_len + 1})): the run would train "
+        f"nothing; raise config.data.max_conversation_tokens (nanochat: {MAX_TOKENS}) "
+        f"or config.model.max_length."
+      )
 
 
 def render_limit(data_config, seq_len: int) -> int:
