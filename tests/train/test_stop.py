@@ -31,7 +31,10 @@ import threading
 import time
 
 import pytest
-from test_resume import (
+
+from laplax.train import preemption
+
+from helpers.resume import (
   GPT_CONFIG,
   GPT_TINY,
   assert_bitwise_equal,
@@ -40,10 +43,8 @@ from test_resume import (
   start,
   wait_for_step,
 )
-from test_train import CONFIG, ROOT, read_metrics, run_in_process, xla_env
-from test_train import TINY as VIT_TINY
-
-from laplax.train import preemption
+from helpers.runs import CONFIG, ROOT, read_metrics, run_in_process, xla_env
+from helpers.runs import TINY as VIT_TINY
 
 HANG_GUARD_S = 240
 CHAIN = VIT_TINY + [
