@@ -115,7 +115,15 @@ def test_timm_davit_logits_and_bitwise_round_trip(torch, timm_davit_model):
 
 
 @needs_timm
-@pytest.mark.parametrize("mode", ["full", "per_head", "fused", "svd"])
+@pytest.mark.parametrize(
+  "mode",
+  [
+    "full",
+    "fused",
+    pytest.param("per_head", marks=pytest.mark.slow),
+    pytest.param("svd", marks=pytest.mark.slow),
+  ],
+)
 def test_spectral_davit_equals_timm_with_the_correction_added(torch, timm_davit_model, mode):
   """laplax's DaViT with spectral conditioning = timm's DaViT whose qkv
   weights carry ``W + C`` (every spatial and channel block), in logits and
@@ -212,7 +220,7 @@ def test_laplacian_heads_and_groups_equal_the_definition(torch, timm_davit_model
   for blk, fwd in zip(blocks, forwards):
     if type(blk).__name__ == "SpatialBlock":
       blk.attn.forward = fwd
-  mask = [[False, True] if i < 2 else [False, False, False, i % 2 == 1] for i in range(6)]
+  mask = [[False, i == 1] if i < 2 else [False, False, False, i % 2 == 1] for i in range(6)]
   want = torch_logits(torch, tm, x)
   err = relative_diff(laplax_logits(params, arch, x, laplacian_mask=mask), want)
   assert err <= TOL

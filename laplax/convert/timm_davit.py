@@ -9,7 +9,7 @@ attention block's number over all stages):
 =============================================  ==================================
 timm ``state_dict``                            laplax parameters
 =============================================  ==================================
-``stem.conv``, ``stem.norm``                   ``stem`` (OIHW -> HWIO), ``stem_norm``
+``stem.conv``, ``stem.norm``                   ``embedding`` (OIHW -> HWIO), ``embedding_norm``
 ``stages.s.downsample.norm``, ``.conv``        ``downsample{s}_norm``, ``downsample{s}``
 ``stages.s.blocks.j.t.cpe1.proj``, ``cpe2``    ``block{i}/cpe1/proj``, ``cpe2/proj``
 ``stages.s.blocks.j.t.norm1``, ``norm2``       ``block{i}/norm1``, ``norm2``
@@ -163,8 +163,8 @@ def timm_to_laplax(state: Mapping[str, np.ndarray], arch: Mapping) -> dict:
 
   d0, c = arch["embed_dim"], arch["in_chans"]
   out = {}
-  conv("stem.conv", "stem", (d0, c, 7, 7))
-  norm("stem.norm", "stem_norm", d0)
+  conv("stem.conv", "embedding", (d0, c, 7, 7))
+  norm("stem.norm", "embedding_norm", d0)
   for s in range(1, len(arch["stage_depths"])):
     d = d0 * 2**s
     norm(f"stages.{s}.downsample.norm", f"downsample{s}_norm", d // 2)
@@ -221,8 +221,8 @@ def laplax_to_timm(params: Mapping, spec, config=None) -> tuple[dict, dict]:
   def linear(src, dst):
     sd[f"{dst}.weight"], sd[f"{dst}.bias"] = _t(f[f"{src}/kernel"]), f[f"{src}/bias"]
 
-  conv("stem", "stem.conv")
-  norm("stem_norm", "stem.norm")
+  conv("embedding", "stem.conv")
+  norm("embedding_norm", "stem.norm")
   blocks = _block_names(spec.stage_depths)
   for s, b, o in blocks:
     if s and f"stages.{s}.downsample.norm.weight" not in sd:
@@ -247,7 +247,7 @@ def laplax_to_timm(params: Mapping, spec, config=None) -> tuple[dict, dict]:
   sd = {k: np.ascontiguousarray(np.asarray(v, np.float32)) for k, v in sd.items()}
   stages = range(len(spec.stage_depths))
   model_args = dict(
-    in_chans=int(np.shape(f["stem/kernel"])[2]),
+    in_chans=int(np.shape(f["embedding/kernel"])[2]),
     num_classes=num_classes,
     depths=list(spec.stage_depths),
     embed_dims=[spec.width * 2**s for s in stages],

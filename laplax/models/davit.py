@@ -8,7 +8,8 @@ padded with zeros after the norm, no position bias) and a channel block
 convolutional position encoding ``x + dwconv3x3(x)``; stages after the first
 start with a LayerNorm and a 2 x 2 convolution of stride 2. The last stage's
 tokens are averaged, normalised, and a linear head classifies (timm's
-``NormMlpClassifierHead``).
+``NormMlpClassifierHead``). The stem's parameters are ``embedding`` and
+``embedding_norm`` (the ViT's and Swin's names, which ``laplax.load`` reads).
 
 Channel group attention (timm's ``ChannelAttention``): the channels are
 split into ``num_heads`` groups of ``d = width / heads``; in each group the
@@ -262,8 +263,8 @@ class DaViT(nn.Module):
     x = images.astype(dtype or images.dtype)
     p = spec.patch_size
     x = jnp.pad(x, ((0, 0), (0, (-x.shape[1]) % p), (0, (-x.shape[2]) % p), (0, 0)))
-    x = _conv(spec.width, 7, p, ((3, 3), (3, 3)), dtype, "stem")(x)
-    x = norm_layer(spec, "stem_norm")(x).astype(x.dtype)
+    x = _conv(spec.width, 7, p, ((3, 3), (3, 3)), dtype, "embedding")(x)
+    x = norm_layer(spec, "embedding_norm")(x).astype(x.dtype)
     x = nn.Dropout(spec.dropout)(x, deterministic=not train)
     rates = spec.drop_path_rates()
     block_cls = DaViTBlock
