@@ -51,6 +51,7 @@ _PUBLIC = {
   "condition_number": ("laplax.spectral", "condition_number"),
   "ViT": ("laplax.models.vit", "ViT"),
   "Swin": ("laplax.models.swin", "Swin"),
+  "DaViT": ("laplax.models.davit", "DaViT"),
   "GPT": ("laplax.models.gpt", "GPT"),
   "DINO": ("laplax.models.dino", "DINO"),
   "DINOHead": ("laplax.models.dino", "DINOHead"),

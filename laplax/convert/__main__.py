@@ -22,7 +22,7 @@ checkpoint): ``eval.py --workdir`` evaluates it, ``train.py
 --config.init_from=WORKDIR`` fine-tunes from it (Laplacian heads and
 spectral settings may differ). The config gives the data and training
 settings (default: ``configs/deit3_imagenet.py`` for timm, ``configs/swin_imagenet.py``
-for a timm ``swin_*`` model,
+for a timm ``swin_*`` model, ``configs/davit_imagenet.py`` for a ``davit_*`` one,
 ``configs/gpt2_124m.py`` for GPT-2, ``configs/bert_cramming.py`` for BERT and
 the Nystromformer (``NystromformerForMaskedLM``,
 :mod:`laplax.convert.hf_nystromformer`; ``--from`` only),
@@ -109,6 +109,7 @@ DEFAULT_CONFIGS = {
   "nanochat": "gpt_d20.py",
 }
 SWIN_CONFIG = "swin_imagenet.py"  # the default of a timm swin_* model
+DAVIT_CONFIG = "davit_imagenet.py"  # the default of a timm davit_* model
 
 
 def _config(source: str):
@@ -127,11 +128,15 @@ def _config(source: str):
 def _with_default_config(argv: list[str]) -> list[str]:
   """``argv`` with ``--config`` set to the source's default config file when
   ``--from`` is given without one (so ``--config.key=value`` overrides parse):
-  ``configs/swin_imagenet.py`` for a timm ``swin_*`` model."""
+  ``configs/swin_imagenet.py`` for a timm ``swin_*`` model, ``configs/davit_imagenet.py``
+  for a ``davit_*`` one."""
   source = cli.flag_value(argv, "from")
   name = DEFAULT_CONFIGS.get(source, "")
-  if source == "timm" and (cli.flag_value(argv, "model") or "").startswith("swin"):
+  model = cli.flag_value(argv, "model") or ""
+  if source == "timm" and model.startswith("swin"):
     name = SWIN_CONFIG
+  elif source == "timm" and model.startswith("davit"):
+    name = DAVIT_CONFIG
   path = os.path.join(REPO_CONFIGS, name)
   if source in DEFAULT_CONFIGS and cli.flag_value(argv, "config") is None and os.path.isfile(path):
     return argv[:1] + [f"--config={path}"] + argv[1:]

@@ -148,7 +148,7 @@ def architecture(model) -> dict:
   if type(model).__name__ != "VisionTransformer":
     raise ConvertError(
       f"{type(model).__name__} is not a timm VisionTransformer; "
-      f"laplax converts timm ViT / DeiT-3 and Swin (SwinTransformer) models"
+      f"laplax converts timm ViT / DeiT-3, Swin (SwinTransformer) and DaViT (DaVit) models"
     )
   block = model.blocks[0]
   if type(block).__name__ != "Block":
@@ -456,9 +456,12 @@ def family_of(model):
   """The converter module of a timm model: :mod:`laplax.convert.timm_swin` for a
   ``SwinTransformer``, else this module (whose :func:`architecture` refuses
   what is not a ``VisionTransformer``)."""
-  from laplax.convert import timm_swin
+  from laplax.convert import timm_davit, timm_swin
 
-  return timm_swin if type(model).__name__ == timm_swin.TIMM_CLASS else _this()
+  for family in (timm_swin, timm_davit):
+    if type(model).__name__ == family.TIMM_CLASS:
+      return family
+  return _this()
 
 
 def _this():
@@ -468,7 +471,7 @@ def _this():
 
 
 #: laplax model families (``config.model.name``) -> their timm converter module name.
-FAMILY_MODULES = {"vit": "timm_vit", "swin": "timm_swin"}
+FAMILY_MODULES = {"vit": "timm_vit", "swin": "timm_swin", "davit": "timm_davit"}
 
 
 def _is_classification(config) -> bool:
@@ -562,7 +565,7 @@ def convert_to_timm(workdir: str, out_dir: str, force: bool) -> str | None:
   if not _is_classification(config) or config.model.name not in FAMILY_MODULES:
     raise ConvertError(
       f"{workdir} is a {config.task} run of a {config.model.name}; --to timm converts "
-      f"ViT and Swin classifiers (a DINO backbone is not a timm classifier)"
+      f"ViT, Swin and DaViT classifiers (a DINO backbone is not a timm classifier)"
     )
   import importlib
 
@@ -601,12 +604,17 @@ def timm_from_dir(out_dir: str) -> Any:
   (needs timm and torch)."""
   import torch
   from safetensors.torch import load_file
+  from timm.models.davit import DaVit
   from timm.models.swin_transformer import SwinTransformer
   from timm.models.vision_transformer import VisionTransformer
 
   with open(os.path.join(out_dir, TIMM_CONFIG)) as f:
     saved = json.load(f)
-  classes = {"VisionTransformer": VisionTransformer, "SwinTransformer": SwinTransformer}
+  classes = {
+    "VisionTransformer": VisionTransformer,
+    "SwinTransformer": SwinTransformer,
+    "DaVit": DaVit,
+  }
   model = classes[saved.get("timm_class", "VisionTransformer")](**saved["model_args"])
   model.load_state_dict(load_file(os.path.join(out_dir, WEIGHTS)), strict=True)
   del torch

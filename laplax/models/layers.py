@@ -215,9 +215,13 @@ class DropPath(nn.Module):
 
 
 def attention_module(
-  spec: TransformerSpec, laplacian_mask: tuple | None = None, **overrides
+  spec: TransformerSpec,
+  laplacian_mask: tuple | None = None,
+  module: type = MultiHeadAttention,
+  **overrides,
 ) -> MultiHeadAttention:
-  """The :class:`~laplax.attention.MultiHeadAttention` of a block of ``spec``.
+  """The :class:`~laplax.attention.MultiHeadAttention` of a block of ``spec``
+  (or of the subclass ``module``: DaViT's channel attention).
 
   The one place where a model spec becomes attention attributes:
   ``spec.attention`` (heads, qk-norm, attention dropout, kernel, rotary,
@@ -237,7 +241,7 @@ def attention_module(
     out_init=out_init,
   )
   kwargs.update(overrides)
-  return MultiHeadAttention(**kwargs)
+  return module(**kwargs)
 
 
 class Block(nn.Module):

@@ -290,6 +290,7 @@ class AttentionSpec(_Checked):
     convert={
       "timm": FORCE,
       "timm-swin": FORCE,
+      "timm-davit": FORCE,
       "hf-gpt2": FORCE,
       "hf-bert": FORCE,
       "hf-nystromformer": FORCE,
@@ -305,6 +306,7 @@ class AttentionSpec(_Checked):
       "convert": {
         "timm": FORCE,
         "timm-swin": FORCE,
+        "timm-davit": FORCE,
         "hf-gpt2": FORCE,
         "hf-bert": FORCE,
         "hf-nystromformer": FORCE,
@@ -413,7 +415,9 @@ class TransformerSpec(_Checked):
     "int",
     min=1,
     convert=dict(
-      everywhere("timm", "timm-swin", "hf-gpt2", "hf-bert", "hf-nystromformer", "peer"),
+      everywhere(
+        "timm", "timm-swin", "timm-davit", "hf-gpt2", "hf-bert", "hf-nystromformer", "peer"
+      ),
       nanochat=Rule(lambda v, spec: v == 4 * spec.width, "4 * width"),
     ),
   )
@@ -430,6 +434,7 @@ class TransformerSpec(_Checked):
       "convert": {
         "timm": FORCE,
         "timm-swin": FORCE,
+        "timm-davit": FORCE,
         "hf-gpt2": FORCE,
         "hf-bert": FORCE,
         "hf-nystromformer": FORCE,
@@ -671,6 +676,80 @@ class SwinSpec(TransformerSpec):
   def drop_path_rates(self) -> tuple[float, ...]:
     """``drop_path * i / (depth - 1)`` for block ``i`` (timm's linspace over all blocks)."""
     return tuple(self.drop_path * i / max(self.depth - 1, 1) for i in range(self.depth))
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DaViTSpec(TransformerSpec):
+  """A DaViT (Ding et al. 2022, arXiv 2204.03645; timm's ``DaVit``).
+
+  Stage ``s`` (0-based) has ``stage_depths[s]`` dual blocks of width
+  ``width * 2^s``, ``num_heads * 2^s`` heads (and channel groups) and MLP size
+  ``mlp_dim * 2^s``; a dual block is a spatial block (window attention) then a
+  channel block (channel group attention). ``depth`` counts the attention
+  blocks, ``2 * sum(stage_depths)``: block ``2 j`` is the spatial and ``2 j +
+  1`` the channel block of dual block ``j``, and the Laplacian heads are one
+  row per attention block (``num_laplacian_heads=k``: the last ``k`` heads, or
+  groups, of every block). The stem is timm's (a 7 x 7 convolution of stride
+  4 and a LayerNorm); stages after the first start with a LayerNorm and a 2 x
+  2 convolution of stride 2.
+
+  Attributes:
+    patch_size: the stem's stride in pixels (timm's ``Stem`` supports 4 only).
+    stage_depths: dual blocks per stage.
+    window_size: side of the spatial attention windows in tokens (a grid
+      that is not a multiple is padded with zeros, as timm).
+    drop_path: the deepest dual block's stochastic-depth rate (linear over
+      dual blocks, the two blocks of one sharing it: timm's ``stagewise``).
+  """
+
+  patch_size: int = _field(4, "int", min=4, max=4, convert=everywhere())
+  stage_depths: tuple = _field((1, 1), "ints", convert=everywhere())
+  window_size: int = _field(7, "int", min=1, convert=everywhere())
+  drop_path: float = _field(0.0, "float", max=0.99, convert={"timm-davit": ANY})
+  # timm's DaViT: no LayerScale, the exact GELU, LayerNorms of eps 1e-5.
+  layerscale_init: float | None = _field(None, "float", optional=True)
+  mlp_activation: str = _field(
+    "gelu_exact",
+    "choice",
+    choices=MLP_ACTIVATIONS,
+    convert={"timm-davit": ("gelu_exact",), "hf-gpt2": ANY, "peer": ANY},
+  )
+  norm_eps: float = _field(
+    1e-5, "float", open_min=True, max=1.0, convert=everywhere("hf-gpt2", "nanochat", "peer")
+  )
+
+  def __post_init__(self):
+    _check_value("stage_depths", self.stage_depths, {"check": "ints"})
+    object.__setattr__(self, "stage_depths", tuple(int(d) for d in self.stage_depths))
+    if self.depth != 2 * sum(self.stage_depths):
+      raise SpecError(
+        f"model.depth={self.depth} must be the number of DaViT attention blocks, "
+        f"2 * sum(model.stage_depths={self.stage_depths})={2 * sum(self.stage_depths)}; set it so"
+      )
+    super().__post_init__()
+    if self.scan_layers:
+      raise SpecError(
+        "model.scan_layers=True: a DaViT's stages differ in width; use model.scan_layers=False"
+      )
+
+  def layer_heads(self) -> tuple[int, ...]:
+    """Heads (channel groups) of each attention block: ``num_heads * 2^s`` in stage ``s``."""
+    return tuple(
+      self.attention.num_heads * 2**s for s, d in enumerate(self.stage_depths) for _ in range(2 * d)
+    )
+
+  def stages(self) -> tuple[tuple[int, int, int, int], ...]:
+    """``(first attention block, attention blocks, width, mlp_dim)`` of every stage."""
+    out, first = [], 0
+    for s, d in enumerate(self.stage_depths):
+      out.append((first, 2 * d, self.width * 2**s, self.mlp_dim * 2**s))
+      first += 2 * d
+    return tuple(out)
+
+  def drop_path_rates(self) -> tuple[float, ...]:
+    """``drop_path * j / (dual blocks - 1)`` for both blocks of dual block ``j``."""
+    n = sum(self.stage_depths)
+    return tuple(self.drop_path * (i // 2) / max(n - 1, 1) for i in range(self.depth))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -951,6 +1030,7 @@ FAMILIES = {
   "encoder": EncoderSpec,
   "bert": BERTSpec,
   "swin": SwinSpec,
+  "davit": DaViTSpec,
 }
 # Config keys of the model section that are conveniences resolved here, not fields.
 LAPLACIAN_KEYS = ("num_laplacian_heads", "laplacian_mask")

@@ -20,12 +20,13 @@ from laplax.config import defaults
 from laplax.config import validation as config_lib
 from laplax.data.vision import images
 from laplax.models import spec as spec_lib
+from laplax.models.davit import DaViT
 from laplax.models.swin import Swin
 from laplax.models.vit import ViT
 from laplax.tasks.base import TaskBase, counted
 
 #: ``config.model.name`` -> the classifier it builds.
-MODELS = {"vit": ViT, "swin": Swin}
+MODELS = {"vit": ViT, "swin": Swin, "davit": DaViT}
 
 
 def mixup_cutmix(

@@ -1,0 +1,261 @@
+"""timm DaViTs <-> laplax DaViTs (``timm.models.davit``).
+
+The same weights give the same logits: a timm ``DaVit`` (Ding et al. 2022)
+and the laplax :class:`~laplax.models.davit.DaViT` built from
+:func:`model_keys` compute the same function. What maps to what (``s`` a
+stage, ``j`` a dual block of it, ``t`` 0 (spatial) or 1 (channel), ``i`` the
+attention block's number over all stages):
+
+=============================================  ==================================
+timm ``state_dict``                            laplax parameters
+=============================================  ==================================
+``stem.conv``, ``stem.norm``                   ``embedding`` (OIHW -> HWIO), ``embedding_norm``
+``stages.s.downsample.norm``, ``.conv``        ``downsample{s}_norm``, ``downsample{s}``
+``stages.s.blocks.j.t.cpe1.proj``, ``cpe2``    ``block{i}/cpe1/proj``, ``cpe2/proj``
+``stages.s.blocks.j.t.norm1``, ``norm2``       ``block{i}/norm1``, ``norm2``
+``...attn.qkv``                                ``block{i}/attention/{query,key,value}``
+``...attn.proj``                               ``block{i}/attention/out``
+``...mlp.fc1``, ``fc2``                        ``block{i}/mlp/fc1``, ``fc2``
+``head.norm``, ``head.fc``                     ``encoder_norm``, ``head``
+=============================================  ==================================
+
+PyTorch ``Linear`` weights are ``[out, in]``, laplax kernels ``[in, out]``;
+convolutions OIHW -> HWIO (the depthwise ones ``[C, 1, 3, 3] -> [3, 3, 1, C]``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from laplax.convert import common
+from laplax.convert.common import ConvertError
+
+#: The converter target of the spec fields' ``convert`` metadata.
+TARGET = "timm-davit"
+#: How refusals name the target.
+NAME = "timm's DaVit"
+#: The class ``--to timm`` writes (``timm_config.json``'s ``timm_class``).
+TIMM_CLASS = "DaVit"
+
+
+def _t(x: np.ndarray) -> np.ndarray:
+  return np.ascontiguousarray(np.asarray(x).T)
+
+
+def architecture(model) -> dict:
+  """The sizes of a timm ``DaVit`` that laplax's DaViT can express.
+
+  Raises:
+    ConvertError: not a ``DaVit``, or a feature laplax's DaViT lacks (widths
+      or heads that do not double per stage, MLP ratios that differ, the
+      ``ChannelAttentionV2`` of Florence-2, an activation in the position
+      encodings, attention types other than (spatial, channel), no FFN, a
+      downsampling kernel other than 2, the head's norm first, ...), named.
+  """
+  if type(model).__name__ != TIMM_CLASS:
+    raise ConvertError(f"{type(model).__name__} is not a timm DaVit")
+  stages = list(model.stages)
+  blocks = [b for st in stages for dual in st.blocks for b in dual]
+  kinds = [type(b).__name__ for dual in stages[0].blocks for b in dual][:2]
+  dims = [st.blocks[0][0].dim for st in stages]
+  heads = [st.blocks[0][0].num_heads for st in stages]
+  mlp = [st.blocks[0][0].mlp.fc1.out_features for st in stages]
+  acts = {type(b.mlp.act).__name__ + getattr(b.mlp.act, "approximate", "") for b in blocks}
+  cpe = [m for b in blocks for m in (b.cpe1, b.cpe2)]
+  downs = [st.downsample for st in stages[1:]]
+  eps = {float(m.eps) for m in model.modules() if "LayerNorm" in type(m).__name__}
+  checks = [
+    (kinds == ["SpatialBlock", "ChannelBlock"], f"attention types {kinds}"),
+    (all(type(b.attn).__name__ != "ChannelAttentionV2" for b in blocks), "ChannelAttentionV2"),
+    (all(h == heads[0] * 2**s for s, h in enumerate(heads)), f"heads {heads} not doubling"),
+    (all(d == dims[0] * 2**s for s, d in enumerate(dims)), f"widths {dims} not doubling"),
+    (all(m == mlp[0] * 2**s for s, m in enumerate(mlp)), f"MLP sizes {mlp} not doubling"),
+    (all(b.attn.qkv.bias is not None for b in blocks), "qkv_bias=False"),
+    (acts == {"GELUnone"}, f"the activations {sorted(acts)}"),
+    (all(type(m.act).__name__ == "Identity" for m in cpe), "cpe_act=True"),
+    (all(d.conv.kernel_size == (2, 2) for d in downs), "a down_kernel_size other than 2"),
+    (type(model.norm_pre).__name__ == "Identity", "head_norm_first=True"),
+    (model.head.global_pool.pool_type == "avg", "a pooling other than the mean"),
+    (type(model.head.pre_logits).__name__ == "Identity", "a head MLP (head_hidden_size)"),
+    (len(eps) == 1, "LayerNorms of different eps"),
+  ]
+  for ok, what in checks:
+    if not ok:
+      raise ConvertError(f"this timm DaVit has {what}, which laplax's DaViT has not")
+  window = blocks[0].window_size
+  if window[0] != window[1]:
+    raise ConvertError(f"window {window} is not square; laplax's DaViT windows are square")
+  return dict(
+    embed_dim=dims[0],
+    stage_depths=tuple(len(st.blocks) for st in stages),
+    num_heads=heads[0],
+    mlp_dim=mlp[0],
+    window_size=int(window[0]),
+    in_chans=model.stem.conv.in_channels,
+    num_classes=model.num_classes,
+    norm_eps=next(iter(eps)),
+    img_size=(224, 224),  # any size runs; --from timm keeps the config's
+  )
+
+
+def model_keys(arch: Mapping) -> dict:
+  """The laplax ``config.model`` keys of a timm DaViT :func:`architecture`."""
+  return dict(
+    name="davit",
+    width=arch["embed_dim"],
+    depth=2 * sum(arch["stage_depths"]),
+    stage_depths=tuple(arch["stage_depths"]),
+    num_heads=arch["num_heads"],
+    mlp_dim=arch["mlp_dim"],
+    window_size=arch["window_size"],
+    qk_norm=False,
+    layerscale_init=None,
+    use_bias=True,
+    mlp_activation="gelu_exact",
+    norm="layernorm",
+    norm_eps=arch["norm_eps"],
+  )
+
+
+def _block_names(stage_depths):
+  """``(timm prefix, laplax block name)`` of every attention block."""
+  out, i = [], 0
+  for s, depth in enumerate(stage_depths):
+    for j in range(depth):
+      for t in range(2):
+        out.append((s, f"stages.{s}.blocks.{j}.{t}", f"block{i}"))
+        i += 1
+  return out
+
+
+def timm_to_laplax(state: Mapping[str, np.ndarray], arch: Mapping) -> dict:
+  """A timm DaViT ``state_dict`` (NumPy) -> laplax parameters.
+
+  Raises:
+    ConvertError: a tensor missing or of the wrong shape, or one left over (named).
+  """
+  state = {k: np.asarray(v, np.float32) for k, v in state.items()}
+  used = set()
+
+  def take(name, shape):
+    if name not in state:
+      raise ConvertError(f"the timm weights lack tensor {name}")
+    used.add(name)
+    value = state[name]
+    if tuple(value.shape) != tuple(shape):
+      raise ConvertError(
+        f"timm tensor {name} has shape {tuple(value.shape)}; this architecture needs {tuple(shape)}"
+      )
+    return value
+
+  def norm(src, dst, d):
+    out[f"{dst}/scale"], out[f"{dst}/bias"] = take(f"{src}.weight", (d,)), take(f"{src}.bias", (d,))
+
+  def linear(src, dst, n_in, n_out):
+    out[f"{dst}/kernel"] = _t(take(f"{src}.weight", (n_out, n_in)))
+    out[f"{dst}/bias"] = take(f"{src}.bias", (n_out,))
+
+  def conv(src, dst, shape):
+    out[f"{dst}/kernel"] = np.ascontiguousarray(take(f"{src}.weight", shape).transpose(2, 3, 1, 0))
+    out[f"{dst}/bias"] = take(f"{src}.bias", (shape[0],))
+
+  d0, c = arch["embed_dim"], arch["in_chans"]
+  out = {}
+  conv("stem.conv", "embedding", (d0, c, 7, 7))
+  norm("stem.norm", "embedding_norm", d0)
+  for s in range(1, len(arch["stage_depths"])):
+    d = d0 * 2**s
+    norm(f"stages.{s}.downsample.norm", f"downsample{s}_norm", d // 2)
+    conv(f"stages.{s}.downsample.conv", f"downsample{s}", (d, d // 2, 2, 2))
+  for s, b, o in _block_names(arch["stage_depths"]):
+    d, hidden = d0 * 2**s, arch["mlp_dim"] * 2**s
+    for n in ("cpe1", "cpe2"):
+      conv(f"{b}.{n}.proj", f"{o}/{n}/proj", (d, 1, 3, 3))
+    norm(f"{b}.norm1", f"{o}/norm1", d)
+    norm(f"{b}.norm2", f"{o}/norm2", d)
+    w = _t(take(f"{b}.attn.qkv.weight", (3 * d, d)))
+    bias = take(f"{b}.attn.qkv.bias", (3 * d,))
+    for k, name in enumerate(("query", "key", "value")):
+      out[f"{o}/attention/{name}/kernel"] = np.ascontiguousarray(w[:, k * d : (k + 1) * d])
+      out[f"{o}/attention/{name}/bias"] = bias[k * d : (k + 1) * d]
+    linear(f"{b}.attn.proj", f"{o}/attention/out", d, d)
+    linear(f"{b}.mlp.fc1", f"{o}/mlp/fc1", d, hidden)
+    linear(f"{b}.mlp.fc2", f"{o}/mlp/fc2", hidden, d)
+  d = d0 * 2 ** (len(arch["stage_depths"]) - 1)
+  norm("head.norm", "encoder_norm", d)
+  if arch["num_classes"]:
+    linear("head.fc", "head", d, arch["num_classes"])
+  left = sorted(set(state) - used)
+  if left:
+    raise ConvertError(
+      f"the timm weights have tensor {left[0]}, which this "
+      f"architecture has not" + (f" ({len(left)} such)" if len(left) > 1 else "")
+    )
+  return common.nested(out)
+
+
+def laplax_to_timm(params: Mapping, spec, config=None) -> tuple[dict, dict]:
+  """laplax DaViT parameters -> ``(state_dict, model_args)``: a timm
+  ``DaVit(**model_args)`` loads ``state_dict`` (NumPy float32, PyTorch names
+  and layouts) with ``strict=True``.
+
+  Raises:
+    ConvertError: a laplax option timm's DaVit lacks (every spec field whose
+      ``convert`` metadata does not admit its value for ``"timm-davit"``:
+      LayerScale, qk-norm, another GELU, ...).
+  """
+  del config  # DaViT runs at any image size
+  common.refuse_unsupported(spec, TARGET, NAME, "this workdir cannot be written as timm")
+  f = common.flat(params)
+  sd = {}
+
+  def conv(src, dst):
+    sd[f"{dst}.weight"] = np.asarray(f[f"{src}/kernel"]).transpose(3, 2, 0, 1)
+    sd[f"{dst}.bias"] = f[f"{src}/bias"]
+
+  def norm(src, dst):
+    sd[f"{dst}.weight"], sd[f"{dst}.bias"] = f[f"{src}/scale"], f[f"{src}/bias"]
+
+  def linear(src, dst):
+    sd[f"{dst}.weight"], sd[f"{dst}.bias"] = _t(f[f"{src}/kernel"]), f[f"{src}/bias"]
+
+  conv("embedding", "stem.conv")
+  norm("embedding_norm", "stem.norm")
+  blocks = _block_names(spec.stage_depths)
+  for s, b, o in blocks:
+    if s and f"stages.{s}.downsample.norm.weight" not in sd:
+      norm(f"downsample{s}_norm", f"stages.{s}.downsample.norm")
+      conv(f"downsample{s}", f"stages.{s}.downsample.conv")
+    for n in ("cpe1", "cpe2"):
+      conv(f"{o}/{n}/proj", f"{b}.{n}.proj")
+    norm(f"{o}/norm1", f"{b}.norm1")
+    a = f"{o}/attention"
+    names = ("query", "key", "value")
+    sd[f"{b}.attn.qkv.weight"] = np.concatenate([_t(f[f"{a}/{n}/kernel"]) for n in names], 0)
+    sd[f"{b}.attn.qkv.bias"] = np.concatenate([f[f"{a}/{n}/bias"] for n in names])
+    linear(f"{a}/out", f"{b}.attn.proj")
+    norm(f"{o}/norm2", f"{b}.norm2")
+    linear(f"{o}/mlp/fc1", f"{b}.mlp.fc1")
+    linear(f"{o}/mlp/fc2", f"{b}.mlp.fc2")
+  norm("encoder_norm", "head.norm")
+  num_classes = 0
+  if "head/kernel" in f:
+    linear("head", "head.fc")
+    num_classes = int(np.shape(f["head/kernel"])[1])
+  sd = {k: np.ascontiguousarray(np.asarray(v, np.float32)) for k, v in sd.items()}
+  stages = range(len(spec.stage_depths))
+  model_args = dict(
+    in_chans=int(np.shape(f["embedding/kernel"])[2]),
+    num_classes=num_classes,
+    depths=list(spec.stage_depths),
+    embed_dims=[spec.width * 2**s for s in stages],
+    num_heads=[spec.num_heads * 2**s for s in stages],
+    window_size=spec.window_size,
+    mlp_ratio=spec.mlp_dim / spec.width,
+    qkv_bias=True,
+    norm_eps=spec.norm_eps,
+    drop_path_rate=0.0,
+  )
+  return sd, model_args

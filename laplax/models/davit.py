@@ -1,0 +1,302 @@
+"""DaViT (Ding et al. 2022, arXiv 2204.03645), as timm's ``DaVit``.
+
+A stem (a 7 x 7 convolution of stride 4 on the image padded to a multiple of
+4, and a LayerNorm), stages of dual blocks, each a spatial block (attention
+within non-overlapping ``window_size x window_size`` windows, the grid
+padded with zeros after the norm, no position bias) and a channel block
+(channel group attention), each block preceded and followed by a
+convolutional position encoding ``x + dwconv3x3(x)``; stages after the first
+start with a LayerNorm and a 2 x 2 convolution of stride 2. The last stage's
+tokens are averaged, normalised, and a linear head classifies (timm's
+``NormMlpClassifierHead``). The stem's parameters are ``embedding`` and
+``embedding_norm`` (the ViT's and Swin's names, which ``laplax.load`` reads).
+
+Channel group attention (timm's ``ChannelAttention``): the channels are
+split into ``num_heads`` groups of ``d = width / heads``; in each group the
+``d`` channels are the tokens and the ``N = H W`` positions their features.
+With ``q, k, v = x W_Q, x W_K, x W_V`` (``[N, d]`` per group), timm computes
+``P = softmax(scale k^T v)`` (``[d, d]``, ``scale = d^-1/2``, softmax over
+the last axis) and outputs ``(P q^T)^T``: in attention terms the queries are
+``k^T``, the keys ``v^T`` and the values ``q^T``. A Laplacian group outputs
+``(q^T - P q^T)^T``, i.e. ``q (I - P)^T``: ``I - P`` over the channel axis,
+each channel minus the ``P``-weighted mean of its group's channels.
+:func:`laplax.attention.attend` computes it with ``[batch, d, heads, N]``
+operands, always on the XLA kernel (or the reference one; the fused kernels
+do not take features of ``N`` dimensions).
+
+Every attention is a :class:`laplax.attention.MultiHeadAttention` (the
+channel one its subclass :class:`ChannelAttention`), so both of laplax's
+methods apply to all of them: Laplacian heads (``num_laplacian_heads``, the
+last ``k`` heads or groups of every block) and ``spectral`` on ``W_Q, W_K,
+W_V`` (the parameters named as timm's fused ``qkv`` rows, whatever role the
+channel attention gives them).
+
+Reference code: ``timm/models/davit.py`` (``Stem``, ``Downsample``,
+``ConvPosEnc``, ``SpatialBlock``, ``ChannelBlock``, ``ChannelAttention``,
+``WindowAttention``); :mod:`laplax.convert.timm_davit` maps its weights.
+"""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from laplax import attention as attention_lib
+from laplax import sharding
+from laplax.models.layers import MLP, DropPath, LayerScale, attention_module, norm_layer
+from laplax.models.spec import REMAT_POLICIES, DaViTSpec
+from laplax.models.swin import window_partition, window_reverse
+
+
+class ChannelAttention(attention_lib.MultiHeadAttention):
+  """Channel group attention (timm's ``ChannelAttention``) with Laplacian groups.
+
+  ``x [batch, length, model_dim] -> [batch, length, model_dim]``: the
+  attributes, parameters (``query``, ``key``, ``value``, ``out``) and spectral
+  conditioning are :class:`~laplax.attention.MultiHeadAttention`'s; the
+  attention runs over each group's ``d = model_dim / num_heads`` channels
+  (module docstring): ``P = softmax(d^-1/2 k^T v)``, output ``(P q^T)^T``,
+  or ``(q^T - P q^T)^T`` on a Laplacian group. ``laplacian_mix="learned"``
+  mixes as there. qk-norm, rotary, sliding windows, Nystrom and the KV cache
+  are refused (ValueError).
+  """
+
+  @nn.compact
+  def __call__(self, x: jax.Array, *, deterministic: bool = True, **unused):  # noqa: D417
+    """Applies channel attention (``x`` float ``[batch, length, model_dim]``)."""
+    if self.qk_norm or self.rope or self.window is not None or self.implementation == "nystrom":
+      raise ValueError(
+        "DaViT's channel attention takes no qk-norm, rotary, sliding window or Nystrom "
+        "kernel; turn them off"
+      )
+    attention_lib._check_settings(self, x.shape[-1])
+    b, n, c = x.shape
+    d = c // self.num_heads
+    laplacian = attention_lib.laplacian_heads(
+      self.num_heads, self.num_laplacian_heads, self.laplacian_mask
+    )
+    dtype = self.dtype or x.dtype
+    q, k, v = attention_lib._project_qkv(self, x, d, dtype)  # [b, n, heads, d]
+    q, k, v = q.astype(dtype), k.astype(dtype), v.astype(dtype)
+    channels = lambda y: y.transpose(0, 3, 2, 1)  # [b, d, heads, n]: channels as tokens
+    mix = None
+    if self.laplacian_mix == "learned":
+      pattern = jnp.asarray(laplacian, jnp.float32)
+      logits = self.param(
+        "laplacian_mix",
+        sharding.logical_init(
+          lambda rng, shape: attention_lib.LAPLACIAN_MIX_INIT * (2.0 * pattern - 1.0), ("heads",)
+        ),
+        (self.num_heads,),
+      )
+      mix = jax.nn.sigmoid(logits)
+    dropout_rng = None
+    if not deterministic and self.attention_dropout > 0.0:
+      dropout_rng = self.make_rng("dropout")
+    y = attention_lib.attend(
+      channels(k),
+      channels(v),
+      channels(q),
+      laplacian=laplacian,
+      implementation="reference" if self.implementation == "reference" else "xla",
+      scale=d**-0.5,
+      dropout_rate=self.attention_dropout,
+      dropout_rng=dropout_rng,
+      mix=mix,
+    )
+    y = channels(y).reshape(b, n, c)
+    y = attention_lib.ProjectionDense(
+      c,
+      dtype=self.dtype,
+      kernel_init=self.out_init,
+      use_bias=self.use_bias,
+      axes=("heads", "embed"),
+      name="out",
+    )(y)
+    return nn.Dropout(self.dropout)(y, deterministic=deterministic)
+
+
+class ConvPosEnc(nn.Module):
+  """``x + dwconv(x)``: a depthwise 3 x 3 convolution with bias, zero-padded
+  (timm's ``ConvPosEnc``, ``act=False``); ``x [batch, H, W, C]``."""
+
+  dtype: object = None
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    """Encodes ``x``."""
+    c = x.shape[-1]
+    y = nn.Conv(
+      c,
+      (3, 3),
+      padding=((1, 1), (1, 1)),
+      feature_group_count=c,
+      dtype=self.dtype,
+      name="proj",
+      kernel_init=sharding.logical_init(
+        nn.initializers.lecun_normal(), (None, None, None, "embed")
+      ),
+      bias_init=sharding.logical_init(nn.initializers.zeros, ("embed",)),
+    )(x)
+    return x + y.astype(x.dtype)
+
+
+class DaViTBlock(nn.Module):
+  """A spatial (``kind="spatial"``) or channel block of DaViT.
+
+  ``x [batch, H, W, dim] -> (x, out)``: ``x = cpe1(x)``, ``x = x +
+  attn(norm1(x))`` (window attention over ``window``-sized windows of the
+  zero-padded grid, or channel attention), ``x = cpe2(x)``, ``x = x +
+  mlp(norm2(x))``; ``out`` as :class:`laplax.models.layers.Block`'s
+  (``"input"``, ``"sa"``, ``"+sa"``, ``"mlp"``, ``"+mlp"``, tokens
+  flattened to ``[batch, H * W, dim]``; ``"input"`` after ``cpe1``).
+
+  Attributes:
+    spec: the model's :class:`~laplax.models.spec.DaViTSpec`.
+    kind: ``"spatial"`` or ``"channel"``.
+    num_heads: this stage's heads (channel groups).
+    mlp_dim: this stage's MLP size.
+    laplacian_mask: this block's Laplacian heads (``num_heads`` booleans).
+    drop_path: this block's stochastic-depth rate.
+  """
+
+  spec: DaViTSpec
+  kind: str
+  num_heads: int
+  mlp_dim: int
+  laplacian_mask: tuple
+  drop_path: float = 0.0
+
+  @nn.compact
+  def __call__(self, x: jax.Array, deterministic: bool = True):
+    """Applies the block."""
+    spec = self.spec
+    dtype = spec.compute_dtype()
+    x = ConvPosEnc(dtype, name="cpe1")(x)
+    b, h, w, c = x.shape
+    out = {"input": x.reshape(b, h * w, c)}
+    y = norm_layer(spec, "norm1")(x).astype(x.dtype)
+    if self.kind == "spatial":
+      ws = spec.window_size
+      pad_h, pad_w = (-h) % ws, (-w) % ws
+      y = jnp.pad(y, ((0, 0), (0, pad_h), (0, pad_w), (0, 0)))
+      windows = window_partition(y, (ws, ws))
+      y = attention_module(spec, self.laplacian_mask, num_heads=self.num_heads, name="attention")(
+        windows, deterministic=deterministic
+      )
+      y = window_reverse(y, (ws, ws), h + pad_h, w + pad_w)[:, :h, :w]
+    else:
+      y = attention_module(
+        spec,
+        self.laplacian_mask,
+        module=ChannelAttention,
+        num_heads=self.num_heads,
+        name="attention",
+      )(y.reshape(b, h * w, c), deterministic=deterministic)
+      y = y.reshape(b, h, w, c)
+    if spec.layerscale_init is not None:
+      y = LayerScale(spec.layerscale_init, name="ls1")(y)
+    out["sa"] = y.reshape(b, h * w, c)
+    x = x + DropPath(self.drop_path)(y, deterministic)
+    out["+sa"] = x.reshape(b, h * w, c)
+    x = ConvPosEnc(dtype, name="cpe2")(x)
+    kernel_init, out_init = spec.inits()
+    y = norm_layer(spec, "norm2")(x).astype(x.dtype)
+    y = MLP(
+      self.mlp_dim,
+      activation=spec.mlp_activation,
+      dropout=spec.dropout,
+      use_bias=spec.use_bias,
+      dtype=dtype,
+      kernel_init=kernel_init,
+      out_init=out_init,
+      name="mlp",
+    )(y, deterministic)
+    if spec.layerscale_init is not None:
+      y = LayerScale(spec.layerscale_init, name="ls2")(y)
+    out["mlp"] = y.reshape(b, h * w, c)
+    x = x + DropPath(self.drop_path)(y, deterministic)
+    out["+mlp"] = x.reshape(b, h * w, c)
+    return x, out
+
+
+def _conv(features, kernel, stride, padding, dtype, name):
+  return nn.Conv(
+    features,
+    (kernel, kernel),
+    strides=stride,
+    padding=padding,
+    dtype=dtype,
+    name=name,
+    kernel_init=sharding.logical_init(nn.initializers.lecun_normal(), (None, None, None, "embed")),
+    bias_init=sharding.logical_init(nn.initializers.zeros, ("embed",)),
+  )
+
+
+class DaViT(nn.Module):
+  """DaViT classifier with Laplacian heads and spectral conditioning.
+
+  ``images`` float ``[batch, height, width, channels]`` (any size: the stem
+  and the downsamplings pad to their strides) -> ``(logits [batch,
+  num_classes] float32, out)``, ``out`` with ``out["block{i}"]`` (see
+  :class:`DaViTBlock`), ``out["encoded"]`` (the last stage's tokens
+  ``[batch, tokens, width * 2^(stages-1)]``) and ``out["pre_logits"]``
+  (their mean, normalised).
+
+  Attributes:
+    spec: the :class:`~laplax.models.spec.DaViTSpec`.
+    num_classes: classifier outputs (0: the pooled features are returned).
+    head_init_zero: zero-initialised classifier; else Xavier uniform.
+  """
+
+  spec: DaViTSpec
+  num_classes: int = 0
+  head_init_zero: bool = True
+
+  @nn.compact
+  def __call__(self, images: jax.Array, *, train: bool = False):
+    """Classifies ``images``; ``train`` enables dropout and drop-path."""
+    spec = self.spec
+    out = {}
+    dtype = spec.compute_dtype()
+    x = images.astype(dtype or images.dtype)
+    p = spec.patch_size
+    x = jnp.pad(x, ((0, 0), (0, (-x.shape[1]) % p), (0, (-x.shape[2]) % p), (0, 0)))
+    x = _conv(spec.width, 7, p, ((3, 3), (3, 3)), dtype, "embedding")(x)
+    x = norm_layer(spec, "embedding_norm")(x).astype(x.dtype)
+    x = nn.Dropout(spec.dropout)(x, deterministic=not train)
+    rates = spec.drop_path_rates()
+    block_cls = DaViTBlock
+    if spec.remat != "none":
+      block_cls = nn.remat(DaViTBlock, policy=REMAT_POLICIES[spec.remat], static_argnums=(2,))
+    for s, (first, depth, width, mlp_dim) in enumerate(spec.stages()):
+      if s:
+        x = norm_layer(spec, f"downsample{s}_norm")(x).astype(x.dtype)
+        x = jnp.pad(x, ((0, 0), (0, x.shape[1] % 2), (0, x.shape[2] % 2), (0, 0)))
+        x = _conv(width, 2, 2, "VALID", dtype, f"downsample{s}")(x)
+      for j in range(depth):
+        i = first + j
+        x, out[f"block{i}"] = block_cls(
+          spec,
+          kind="spatial" if j % 2 == 0 else "channel",
+          num_heads=spec.layer_heads()[i],
+          mlp_dim=mlp_dim,
+          laplacian_mask=spec.laplacian[i],
+          drop_path=rates[i],
+          name=f"block{i}",
+        )(x, not train)
+    out["encoded"] = x.reshape(x.shape[0], -1, x.shape[-1])
+    x = norm_layer(spec, "encoder_norm")(x.mean(axis=(1, 2)))
+    out["pre_logits"] = x
+    if self.num_classes:
+      init = nn.initializers.zeros if self.head_init_zero else nn.initializers.xavier_uniform()
+      x = nn.Dense(
+        self.num_classes,
+        dtype=jnp.float32,
+        name="head",
+        kernel_init=sharding.logical_init(init, ("embed", "classes")),
+        bias_init=sharding.logical_init(nn.initializers.zeros, ("classes",)),
+      )(x)
+    out["logits"] = x
+    return x, out
