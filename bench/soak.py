@@ -19,6 +19,11 @@ time; an interval right after a save step (the save's synchronous part and any
 wait for the previous asynchronous write fall into it) gives the checkpoint
 stall, its time minus the median step time times its steps.
 
+Also samples the child's CPU time (user + system, ``/proc/PID/stat``) with the
+last logged step, so that the CPU time per step, which other jobs on the machine
+do not move as they move the wall clock, is compared between the first window
+after warm-up and the last.
+
 Prints, per window of ``--window_s`` seconds, the RSS and median step time,
 then the growth ratios the soak checks: RSS at the end over RSS at
 ``--warmup_s`` seconds (5 minutes), and the median step time of the last
@@ -51,6 +56,22 @@ def _rss_bytes(pid: int) -> int | None:
   except OSError:
     return None
   return None
+
+
+def _cpu_seconds(pid: int) -> float | None:
+  """User + system CPU time of ``pid`` in seconds (``/proc/PID/stat``), ``None`` once gone."""
+  try:
+    with open(f"/proc/{pid}/stat") as f:
+      fields = f.read().rsplit(")", 1)[1].split()
+  except OSError:
+    return None
+  return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _last_step(workdir: str) -> int | None:
+  """The step of the last ``train`` record of ``metrics.jsonl`` (``None``: none yet)."""
+  records = _train_records(workdir)
+  return records[-1]["step"] if records else None
 
 
 def _train_records(workdir: str) -> list[dict]:
@@ -112,11 +133,12 @@ def main(argv=None) -> int:
   with open(log_path, "w") as log:
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=log)
     t0 = time.monotonic()
-    samples: list[tuple[float, int]] = []
+    samples: list[tuple] = []  # (seconds, RSS bytes, CPU seconds, last logged step)
     while proc.poll() is None and time.monotonic() - t0 < 60 * args.minutes:
-      rss = _rss_bytes(proc.pid)
-      if rss is not None:
-        samples.append((time.monotonic() - t0, rss))
+      rss, cpu = _rss_bytes(proc.pid), _cpu_seconds(proc.pid)
+      if rss is not None and cpu is not None:
+        step = _last_step(os.path.join(ROOT, workdir))
+        samples.append((time.monotonic() - t0, rss, cpu, step))
       time.sleep(args.sample_s)
     if proc.poll() is None:
       proc.send_signal(signal.SIGINT)
@@ -158,13 +180,13 @@ def _analyze(args, workdir: str, samples: list, wall: float, code: int) -> int:
   print(f"{'window (s)':>14} {'RSS (MiB)':>10} {'median step (ms)':>17}")
   edges = list(range(0, int(wall) + int(window), int(window)))
   for lo, hi in zip(edges, edges[1:]):
-    rss = [r for t_, r in samples if lo <= t_ < hi]
+    rss = [r for t_, r, *_ in samples if lo <= t_ < hi]
     st = [s for e, s in step_s if lo <= e < hi]
     print(
       f"{lo:>6}-{hi:<7} {(max(rss) / 2**20 if rss else float('nan')):>10.1f} "
       f"{_median(st) * 1e3:>17.1f}"
     )
-  rss_warm = [r for t_, r in samples if t_ >= warm]
+  rss_warm = [r for t_, r, *_ in samples if t_ >= warm]
   steps_warm = [s for e, s in step_s if e >= warm]
   if len(rss_warm) < 2 or len(steps_warm) < 4:
     print(f"error: the run was too short for a warm-up of {args.warmup_s:g} s", file=sys.stderr)
@@ -192,7 +214,30 @@ def _analyze(args, workdir: str, samples: list, wall: float, code: int) -> int:
     f"checkpoint stall (extra time of the interval after a save, {len(stalls)} saves): "
     f"median {_median(stalls) * 1e3:.0f} ms = {_median(stalls) / median_step:.2f} steps"
   )
+  _cpu_drift(samples, warm, window)
   return 0 if code == 0 else 1
+
+
+def _cpu_drift(samples: list, warm: float, window: float) -> None:
+  """CPU seconds per step (the process's user + system time over the steps
+  logged) in the first window after warm-up and in the last window: a
+  slowdown of the run itself shows here even when other jobs share the
+  machine, which moves the wall-clock step time."""
+  rows = [r for r in samples if len(r) == 4 and r[3] is not None and r[0] >= warm]
+  if len(rows) < 4:
+    return
+
+  def per_step(part):
+    (_, _, c0, s0), (_, _, c1, s1) = part[0], part[-1]
+    return (c1 - c0) / (s1 - s0) if s1 > s0 else float("nan")
+
+  first = [r for r in rows if r[0] < warm + window]
+  last = [r for r in rows if r[0] >= rows[-1][0] - window]
+  a, b = per_step(first), per_step(last)
+  print(
+    f"CPU time per step: {a * 1e3:.1f} ms (first {window:g} s after warm-up) -> "
+    f"{b * 1e3:.1f} ms (last {window:g} s): drift {b / a:.3f}x"
+  )
 
 
 if __name__ == "__main__":

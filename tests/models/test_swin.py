@@ -25,6 +25,7 @@ from laplax.models import spec as spec_lib
 from laplax.models.swin import Swin
 
 from helpers.runs import read_metrics, run_in_process
+from helpers.timm_models import corrected_qkv, relative_diff
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SWIN_CONFIG = os.path.join(ROOT, "configs", "swin_imagenet.py")
@@ -45,12 +46,6 @@ ARGS = dict(
   window_size=4,
 )
 MODEL_ARGS = "img_size=28,in_chans=1,num_classes=10,patch_size=2,embed_dim=16,depths=(2,2),num_heads=(2,4),window_size=4"  # noqa: E501
-
-
-def relative_diff(got, want):
-  got, want = np.asarray(got), np.asarray(want)
-  assert got.shape == want.shape
-  return float(np.abs(got - want).max() / np.abs(want).max())
 
 
 @pytest.fixture(scope="module")
@@ -141,27 +136,6 @@ def test_timm_swin_logits_and_bitwise_round_trip(torch, timm_swin_model):
   np.testing.assert_array_equal(torch_logits(torch, back.eval(), x), torch_logits(torch, tm, x))
 
 
-def _corrected_qkv(weight, mode, lam, heads):
-  """timm's ``qkv.weight [3D, D]`` plus the correction of ``mode``, in PyTorch's
-  layout (the transpose of laplax's ``[D, 3D]`` kernel), from the definitions."""
-  d = weight.shape[1]
-  hd = d // heads
-  out = weight.copy()
-  for j in range(3):  # Q, K, V rows
-    rows = slice(j * d, (j + 1) * d)
-    if mode == "full":  # lam * eye(D, D) on each projection
-      out[rows] += lam * np.eye(d, dtype=np.float32)
-    elif mode == "per_head":  # lam * eye(D, d) on each head's block
-      for h in range(heads):
-        out[j * d + h * hd : j * d + (h + 1) * hd] += lam * np.eye(hd, d, dtype=np.float32)
-    elif mode == "svd":  # sigma_max U V^T of each projection (Theorem 3.5)
-      u, s, vt = np.linalg.svd(weight[rows].astype(np.float64), full_matrices=False)
-      out[rows] += (s[0] * u @ vt).astype(np.float32)
-  if mode == "fused":  # lam * eye on the [D, 3D] kernel: eye(3D, D) here
-    out += lam * np.eye(3 * d, d, dtype=np.float32)
-  return out
-
-
 @needs_timm
 @pytest.mark.parametrize("mode", ["full", "per_head", "fused", "svd"])
 def test_spectral_swin_equals_timm_with_the_correction_added(torch, timm_swin_model, mode):
@@ -180,7 +154,7 @@ def test_spectral_swin_equals_timm_with_the_correction_added(torch, timm_swin_mo
     for st in tm.layers:
       for blk in st.blocks:
         w = blk.attn.qkv.weight
-        w.copy_(torch.from_numpy(_corrected_qkv(w.numpy(), mode, lam, blk.attn.num_heads)))
+        w.copy_(torch.from_numpy(corrected_qkv(w.numpy(), mode, lam, blk.attn.num_heads)))
   x = images()
   keys = dict(spectral={"enabled": True, "lam": lam, "mode": mode})
   err = relative_diff(laplax_logits(params, arch, x, **keys), torch_logits(torch, tm, x))

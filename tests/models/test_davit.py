@@ -20,14 +20,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from test_swin import _corrected_qkv, relative_diff
-from test_train import read_metrics, run_in_process
 
 from laplax.convert import common, timm_davit, timm_vit
 from laplax.models import spec as spec_lib
 from laplax.models.davit import DaViT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from helpers.runs import read_metrics, run_in_process
+from helpers.timm_models import corrected_qkv, relative_diff
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DAVIT_CONFIG = os.path.join(ROOT, "configs", "davit_imagenet.py")
 HAVE_TIMM = all(importlib.util.find_spec(m) for m in ("torch", "timm"))
 needs_timm = pytest.mark.skipif(not HAVE_TIMM, reason="pip install -r requirements-test.txt")
@@ -135,7 +136,7 @@ def test_spectral_davit_equals_timm_with_the_correction_added(torch, timm_davit_
   with torch.no_grad():
     for blk in all_blocks(tm):
       w = blk.attn.qkv.weight
-      w.copy_(torch.from_numpy(_corrected_qkv(w.numpy(), mode, lam, blk.attn.num_heads)))
+      w.copy_(torch.from_numpy(corrected_qkv(w.numpy(), mode, lam, blk.attn.num_heads)))
   x = images()
   keys = dict(spectral={"enabled": True, "lam": lam, "mode": mode})
   err = relative_diff(laplax_logits(params, arch, x, **keys), torch_logits(torch, tm, x))
