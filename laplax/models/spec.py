@@ -520,8 +520,6 @@ def check_splash_lengths(spec: TransformerSpec, lengths) -> None:
 
 #: Model family (``config.model.name``) -> its spec class.
 FAMILIES = {"vit": ViTSpec, "gpt": GPTSpec}
-# Config keys of the model section that are conveniences resolved here, not fields.
-LAPLACIAN_KEYS = ("num_laplacian_heads", "laplacian_mask")
 
 
 def laplacian_mask(

@@ -16,13 +16,6 @@ from laplax import utils
 from laplax.models import layers
 from laplax.optim import nanochat as nanochat_optim
 
-OPTIMIZERS = ("adamw", "muon", "nanochat")
-# ``optim.schedule``: warm-up + cosine, or nanochat's constant + warm-down.
-SCHEDULES = ("cosine", "warmdown")
-# Labels of optimizer.param_labels (optim.optimizer="muon").
-MUON_LABELS = ("muon", "embedding", "unembedding", "adamw")
-
-
 def learning_rate_schedule(
   optim: ml_collections.ConfigDict, total_steps: int, peak: float | None = None
 ) -> optax.Schedule:
