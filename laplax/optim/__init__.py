@@ -16,6 +16,7 @@ from laplax import utils
 from laplax.models import layers
 from laplax.optim import nanochat as nanochat_optim
 
+
 def learning_rate_schedule(
   optim: ml_collections.ConfigDict, total_steps: int, peak: float | None = None
 ) -> optax.Schedule:

@@ -1,0 +1,51 @@
+"""What every attention kernel shares: the mask value, the causal mask, the GQA head repeat.
+
+The conventions of :func:`laplax.attention.attend` and all its kernels: a
+boolean mask is True where a query may attend; causal queries are the *last*
+``q_length`` of the ``kv_length`` keys (a KV cache's chunk), unless a start
+position is given; grouped-query attention (Ainslie et al. 2023) repeats each
+key/value head for the query heads that share it.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+
+# Masked logits get this value rather than -inf, so that fully masked rows and
+# bfloat16 never produce NaN (the softmax is taken in float32).
+MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
+
+
+def causal_mask(q_length: int, kv_length: int, start=None):
+  """Bool ``[q_length, kv_length]``: query ``i`` (at position ``start + i``)
+  may attend to keys ``0..start + i``.
+
+  ``start`` defaults to ``kv_length - q_length`` (the queries are the last
+  keys) and the mask is then a NumPy constant; a traced ``start`` (a KV
+  cache's write position) gives a traced ``jnp`` array.
+  """
+  if start is None:
+    start = kv_length - q_length
+    return np.arange(q_length)[:, None] + start >= np.arange(kv_length)[None, :]
+  return start + np.arange(q_length)[:, None] >= jnp.arange(kv_length)[None, :]
+
+
+def combine_masks(mask, is_causal: bool, q_length: int, kv_length: int):
+  """``mask`` (bool broadcastable to ``[batch, heads, q_length, kv_length]``,
+  or ``None``) and, with ``is_causal``, the causal mask ``[1, 1, q_length,
+  kv_length]``: their conjunction, or ``None`` when there is neither."""
+  if is_causal:
+    causal = causal_mask(q_length, kv_length)[None, None]
+    mask = causal if mask is None else jnp.logical_and(mask, causal)
+  return mask
+
+
+def repeat_kv(x, heads: int, axis: int = -2):
+  """Grouped-query heads: ``x`` with each of its ``x.shape[axis]`` heads
+  repeated ``heads // x.shape[axis]`` times along ``axis`` (head ``h`` of the
+  result is ``x``'s head ``h // group``); ``x`` itself when it already has
+  ``heads`` heads."""
+  if x.shape[axis] == heads:
+    return x
+  return jnp.repeat(x, heads // x.shape[axis], axis=axis)
