@@ -117,19 +117,18 @@ class _Fake(Exception):
 
 
 def test_out_of_memory_line_only_for_device_memory():
-  fit.remember(vit_task()[0])
-  line = fit.out_of_memory(
-    _Fake(
-      "jaxlib.xla_extension.XlaRuntimeError: RESOURCE_EXHAUSTED: Out of memory while "
-      "trying to allocate 68719476736 bytes.\nBufferAssignment OOM Debugging."
-    )
+  oom = _Fake(
+    "jaxlib.xla_extension.XlaRuntimeError: RESOURCE_EXHAUSTED: Out of memory while "
+    "trying to allocate 68719476736 bytes.\nBufferAssignment OOM Debugging."
   )
+  line = fit.out_of_memory(oom, vit_task()[0])
   assert line.startswith(
     "out of device memory (jaxlib.xla_extension.XlaRuntimeError: "
     "RESOURCE_EXHAUSTED: Out of memory while trying to allocate"
   )
   assert "\n" not in line and "config.batch_size (now 8)" in line
   assert "config.model.remat=full" in line
+  assert "(now" not in fit.out_of_memory(oom)  # no config: the levers without values
   disk = (
     "RESOURCE_EXHAUSTED: Error writing local file: [os_error_code='28', "
     "os_error='No space left on device']"
