@@ -17,26 +17,29 @@ import numpy as np
 MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
 
 
-def causal_mask(q_length: int, kv_length: int, start=None):
+def causal_mask(q_length: int, kv_length: int, start=None, *, xp=np):
   """Bool ``[q_length, kv_length]``: query ``i`` (at position ``start + i``)
   may attend to keys ``0..start + i``.
 
   ``start`` defaults to ``kv_length - q_length`` (the queries are the last
-  keys) and the mask is then a NumPy constant; a traced ``start`` (a KV
-  cache's write position) gives a traced ``jnp`` array.
+  keys); ``xp`` is then the array module that builds the mask: NumPy (a
+  constant of the compiled program) or ``jax.numpy`` (ops in it). The values
+  are the same, but XLA compiles the two differently, so the last bits of a
+  gradient can differ: each kernel keeps the form it was written with. A
+  traced ``start`` (a KV cache's write position) gives a traced mask.
   """
   if start is None:
-    start = kv_length - q_length
-    return np.arange(q_length)[:, None] + start >= np.arange(kv_length)[None, :]
-  return start + np.arange(q_length)[:, None] >= jnp.arange(kv_length)[None, :]
+    return xp.arange(q_length)[:, None] + (kv_length - q_length) >= xp.arange(kv_length)[None, :]
+  return (start + np.arange(q_length))[:, None] >= jnp.arange(kv_length)[None, :]
 
 
-def combine_masks(mask, is_causal: bool, q_length: int, kv_length: int):
+def combine_masks(mask, is_causal: bool, q_length: int, kv_length: int, *, xp=np):
   """``mask`` (bool broadcastable to ``[batch, heads, q_length, kv_length]``,
   or ``None``) and, with ``is_causal``, the causal mask ``[1, 1, q_length,
-  kv_length]``: their conjunction, or ``None`` when there is neither."""
+  kv_length]`` (:func:`causal_mask` built with ``xp``): their conjunction,
+  or ``None`` when there is neither."""
   if is_causal:
-    causal = causal_mask(q_length, kv_length)[None, None]
+    causal = causal_mask(q_length, kv_length, xp=xp)[None, None]
     mask = causal if mask is None else jnp.logical_and(mask, causal)
   return mask
 

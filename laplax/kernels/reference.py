@@ -37,7 +37,7 @@ def reference_attention(
   key, value = repeat_kv(key, query.shape[-2]), repeat_kv(value, query.shape[-2])
   scale = query.shape[-1] ** -0.5 if scale is None else scale
   logits = jnp.einsum("bqhd,bkhd->bhqk", query.astype(jnp.float32), key.astype(jnp.float32)) * scale
-  mask = combine_masks(mask, is_causal, query.shape[1], key.shape[1])
+  mask = combine_masks(mask, is_causal, query.shape[1], key.shape[1], xp=jnp)
   if mask is not None:
     logits = jnp.where(mask, logits, MASK_VALUE)
   probs = jax.nn.softmax(logits, axis=-1)
