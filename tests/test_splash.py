@@ -196,6 +196,15 @@ def test_xla_kernel_recomputing_p_gives_the_same_gradients():
   size = lambda f: sum(x.size for x in jax.tree_util.tree_leaves(f))
   assert size(residuals()) == size(residuals(True))
   assert size(residuals()) - size(residuals(False)) == 1 * 2 * 16 * 16  # P [batch, heads, q, kv]
+  # The model passes its xla_keep_probs (config model.xla_keep_probs) down to the kernel.
+  x = jnp.ones((1, 16, 32))
+
+  def module_residuals(keep):
+    mha = attention.MultiHeadAttention(num_heads=2, xla_keep_probs=keep, implementation="xla")
+    params = mha.init(jax.random.key(0), x)
+    return size(jax.vjp(lambda p: mha.apply(p, x, is_causal=True), params)[1])
+
+  assert module_residuals(None) - module_residuals(False) == 1 * 2 * 16 * 16
 
 
 def _train_step(model, x, y_fn):
