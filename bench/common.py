@@ -110,6 +110,8 @@ def analytic_flops(config, task, params, remat: bool) -> tuple[float, float]:
   import jax
 
   m = config.model
+  if m.name == "swin":
+    return _swin_flops(config, task, params, remat)
   per_token, per_example = 0, 0
   for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
     name = "/".join(str(getattr(k, "key", k)) for k in path)
@@ -132,3 +134,40 @@ def analytic_flops(config, task, params, remat: bool) -> tuple[float, float]:
   w, a = (8, 16) if remat else (6, 12)
   flops = w * per_token * tokens + w * per_example * batch + a * m.depth * length * m.width * tokens
   return per_token + per_example, float(flops)
+
+
+def _swin_flops(config, task, params, remat: bool) -> tuple[int, float]:
+  """:func:`analytic_flops` of a Swin: each weight matmul on the tokens of its
+  stage (``(grid / 2^s)^2`` per image; a patch merging on its output grid, the
+  patch embedding on the first), and per block ``Q K^T`` and ``P V`` over
+  windows of ``N`` tokens: ``12 N width_s`` per token (16 with remat)."""
+  import jax
+
+  from laplax.models import spec as spec_lib
+  from laplax.models.swin import stage_window
+
+  spec = spec_lib.from_config(config.model)
+  grids, grid = [], task.image_shape[0] // spec.patch_size
+  for s in range(len(spec.stage_depths)):
+    grid = grid if s == 0 else (grid + 1) // 2
+    grids.append(grid)
+  stage_of = {}
+  for s, (first, depth, _, _) in enumerate(spec.stages()):
+    for i in range(first, first + depth):
+      stage_of[f"block{i}"] = s
+    stage_of[f"merge{s}"] = s
+  stage_of["embedding"] = 0
+  w, a = (8, 16) if remat else (6, 12)
+  count, per_image = 0, 0.0
+  for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
+    name = "/".join(str(getattr(k, "key", k)) for k in path)
+    if leaf.ndim < 2 or "relative_position_bias" in name:
+      continue
+    count += leaf.size
+    top = name.split("/")[0]
+    tokens = 1 if top == "head" else grids[stage_of[top]] ** 2
+    per_image += w * leaf.size * tokens
+  for s, (_, depth, width, _) in enumerate(spec.stages()):
+    window = stage_window((grids[s], grids[s]), spec.window_size)[0]
+    per_image += depth * a * window[0] * window[1] * width * grids[s] ** 2
+  return count, float(per_image * config.batch_size)

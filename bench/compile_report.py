@@ -27,6 +27,12 @@ The attention kernel the config gets on those devices is printed with them
 count allows it, see ``laplax.kernels``); a Pallas kernel is a custom call
 whose FLOPs ``cost_analysis()`` may leave out.
 
+``--json`` prints one JSON object per config instead (JSON Lines on
+stdout; ``bench/aot_tables.py`` builds the docs' table from them): the keys
+of :data:`JSON_KEYS`, bytes and FLOPs as numbers, ``fits`` false with the
+compiler's ``error`` line when the step does not fit the devices (the memory
+and FLOP keys are then ``null``).
+
 ``--segmentation-eval`` compiles a DINO config's segmentation evaluation
 instead (``bench/segmentation_compile.py``; default config
 ``configs/dino_vits16_imagenet.py``).
@@ -38,6 +44,8 @@ fit the devices or the batch, print one line and exit 2.
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
+import json
 import os
 import re
 import sys
@@ -50,6 +58,38 @@ from bench.common import analytic_flops, apply_override, fail, load_config, size
 from bench.common import make_task as task_from_shapes
 
 DEFAULT_CONFIGS = ("configs/deit3_imagenet.py", "configs/gpt_d20.py")
+# The keys of each ``--json`` record (bytes are per device; FLOPs per step).
+JSON_KEYS = (
+  "config",
+  "overrides",
+  "platform",
+  "device_kind",
+  "num_devices",
+  "topology",
+  "mesh",
+  "batch_size",
+  "dtype",
+  "remat",
+  "grad_accum_steps",
+  "loss_chunk",
+  "attention_kernel",
+  "parameters",
+  "fits",
+  "error",
+  "argument_bytes",
+  "output_bytes",
+  "alias_bytes",
+  "temp_bytes",
+  "peak_bytes",
+  "flops_per_device",
+  "flops_total",
+  "analytic_flops",
+  "while_loops",
+  "lower_s",
+  "compile_s",
+  "jax_version",
+  "libtpu_version",
+)
 
 
 def parse_args(argv=None):
@@ -99,7 +139,19 @@ def parse_args(argv=None):
     "pass on any platform (as on a CPU), to measure what that costs "
     "(the same as --set model.xla_keep_probs=True)",
   )
+  p.add_argument(
+    "--json",
+    action="store_true",
+    help="one JSON object per config on stdout (the keys of JSON_KEYS) instead of the text",
+  )
   return p.parse_args(argv)
+
+
+def _version(package: str) -> str | None:
+  try:
+    return importlib.metadata.version(package)
+  except importlib.metadata.PackageNotFoundError:
+    return None
 
 
 IMAGENET_CLASSES = 1000
@@ -170,17 +222,44 @@ def report(spec: str, devices, args) -> None:
     step = loop.jit_train_step(task, tx, schedule, state_sharding, batch_sharding)
     lowered = step.lower(state, batch)
   t1 = time.time()
+  n = len(devices)
+  record = dict.fromkeys(JSON_KEYS)
+  record.update(
+    config=spec,
+    overrides=list(args.set) + ([f"batch_size={args.batch}"] if args.batch else []),
+    platform=devices[0].platform,
+    device_kind=devices[0].device_kind,
+    num_devices=n,
+    topology=args.topology,
+    mesh=list(mesh.shape.values()),
+    batch_size=int(config.batch_size),
+    dtype=str(config.model.dtype),
+    remat=str(config.model.get("remat", "none")),
+    grad_accum_steps=int(config.optim.get("grad_accum_steps", 1)),
+    loss_chunk=config.model.get("loss_chunk", None),
+    attention_kernel=str(kernel),
+    parameters=int(sum(x.size for x in jax.tree_util.tree_leaves(state.params))),
+    lower_s=round(t1 - t0, 1),
+    jax_version=jax.__version__,
+    libtpu_version=_version("libtpu"),
+  )
   try:
     compiled = lowered.compile()
   except jax.errors.JaxRuntimeError as e:
     if "RESOURCE_EXHAUSTED" not in str(e):
       raise
+    record.update(
+      fits=False, error=str(e).splitlines()[0][:300], compile_s=round(time.time() - t1, 1)
+    )
+    if args.json:
+      print(json.dumps(record), flush=True)
+      return
     print(
-      f"\n== {spec}  ({devices[0].device_kind} x {len(devices)}, mesh (data, fsdp, "
+      f"\n== {spec}  ({devices[0].device_kind} x {n}, mesh (data, fsdp, "
       f"tensor) = {tuple(mesh.shape.values())}, batch {config.batch_size}, remat "
       f"{config.model.get('remat', 'none')}, grad_accum_steps "
       f"{config.optim.get('grad_accum_steps', 1)}, attention {kernel})\n   does not fit: "
-      f"{str(e).splitlines()[0][:300]}"
+      f"{record['error']}"
     )
     return
   t2 = time.time()
@@ -189,16 +268,32 @@ def report(spec: str, devices, args) -> None:
   cost = compiled.cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost
   flops_device = float(cost.get("flops", float("nan")))
-  n = len(devices)
   remat = config.model.get("remat", "none") not in (None, "none")
   num_matmul, analytic = analytic_flops(config, task, state.params, remat)
-  num_params = sum(x.size for x in jax.tree_util.tree_leaves(state.params))
+  num_params = record["parameters"]
   peak = (
     mem.argument_size_in_bytes
     + mem.output_size_in_bytes
     - mem.alias_size_in_bytes
     + mem.temp_size_in_bytes
   )
+  loops = len(re.findall(r"\swhile\(", compiled.as_text() or ""))
+  record.update(
+    fits=True,
+    argument_bytes=int(mem.argument_size_in_bytes),
+    output_bytes=int(mem.output_size_in_bytes),
+    alias_bytes=int(mem.alias_size_in_bytes),
+    temp_bytes=int(mem.temp_size_in_bytes),
+    peak_bytes=int(peak),
+    flops_per_device=flops_device,
+    flops_total=flops_device * n,
+    analytic_flops=float(analytic),
+    while_loops=loops,
+    compile_s=round(t2 - t1, 1),
+  )
+  if args.json:
+    print(json.dumps(record), flush=True)
+    return
   print(
     f"\n== {spec}  ({devices[0].device_kind} x {n}, mesh (data, fsdp, tensor) = "
     f"{tuple(mesh.shape.values())})"
@@ -207,7 +302,8 @@ def report(spec: str, devices, args) -> None:
     f"   parameters {num_params:,} ({num_matmul / 1e6:.1f}M in matmuls); "
     f"batch {config.batch_size}; dtype {config.model.dtype}; remat "
     f"{config.model.get('remat', 'none')}; scan_layers {config.model.get('scan_layers', False)}; "
-    f"grad_accum_steps {config.optim.get('grad_accum_steps', 1)}; attention kernel {kernel}"
+    f"grad_accum_steps {config.optim.get('grad_accum_steps', 1)}; loss_chunk "
+    f"{config.model.get('loss_chunk', None)}; attention kernel {kernel}"
   )
   print(f"   lower {t1 - t0:.1f} s, compile {t2 - t1:.1f} s")
   print(
@@ -220,7 +316,6 @@ def report(spec: str, devices, args) -> None:
     f"   FLOPs per step: {flops_device:.3e} per device, {flops_device * n:.3e} in all; "
     f"analytic {analytic:.3e}; ratio compiled/analytic {flops_device * n / analytic:.3f}"
   )
-  loops = len(re.findall(r"\swhile\(", compiled.as_text() or ""))
   if loops:
     print(
       f"   the compiled program has {loops} while loop(s); cost_analysis() counts "
@@ -259,6 +354,8 @@ def main(argv=None) -> None:
   else:
     devices = jax.devices()
   if args.segmentation_eval:
+    if args.json:
+      fail("--json reports train steps; drop it with --segmentation-eval")
     from bench import segmentation_compile
 
     for spec in args.config or ["configs/dino_vits16_imagenet.py"]:

@@ -1,4 +1,4 @@
-"""nanochat's d20 (560,988,160 parameters), the GPT of the Laplacian-heads paper.
+"""nanochat's d20 (560,988,160 parameters) with Laplacian heads, or the authors' fork's GPT.
 
     python train.py --config configs/gpt_d20.py:laplacian=5 --workdir runs/d20_5l
 
@@ -39,14 +39,31 @@ What still differs from nanochat, and why:
   of 32 on one), so the mean gradient is the same but not its per-GPU parts.
 * evaluation: validation loss / bits per byte on the config's schedule
   (nanochat: every 250 steps on 20 x 524,288 tokens, CORE every 2000).
-* later nanochat releases and the authors' fork differ more (value
-  embeddings, sliding windows, ``q, k`` x 1.2, rotary base 100,000, other
-  schedules); of those only ``model.qk_scale`` and ``model.rope_theta`` are
-  options here, off.
+* later nanochat releases and the authors' fork differ more: see below.
+
+``recipe=nanochat-fork`` (with ``depth=``, default 20) is instead the GPT of
+the Laplacian authors' nanochat fork (``yuchongzhang/nanochat`` 1f70b557,
+:func:`laplax.config.defaults.nanochat_fork_model`): width ``ceil(64 depth /
+128) * 128`` with heads of 128, context 2048, vocabulary 32,768 (padded to a
+multiple of 64), value embeddings with their gates, ``resid_lambdas`` and
+``x0_lambdas``, the smear, the backout, ``SSSL`` sliding windows, ``q, k`` x
+1.2, rotary base 100,000 and the fork's initialisation; and its
+compute-optimal schedule (:func:`~laplax.config.defaults.nanochat_fork_training`:
+d20 trains 4,980 updates of 2^20 tokens, 40 warm-up steps, warm-down over
+the last 65% to 0.05) with its optimiser, ``MuonAdamW``
+(:mod:`laplax.optim.nanochat_fork`: seven AdamW and Muon groups, Polar
+Express, NorMuon, cautious weight decay, the momentum and decay schedules). The
+fork's tokenizer has 32,768 tokens: give it with ``data.tokenizer_dir``.
+``default`` (the default) is nanochat's first release as above.
+
+    python train.py --config configs/gpt_d20.py:recipe=nanochat-fork,depth=12,laplacian=2
 """
 
 from laplax.config.defaults import (
   gpt_base_config,
+  nanochat_fork_model,
+  nanochat_fork_size,
+  nanochat_fork_training,
   nanochat_num_params,
   nanochat_options,
   nanochat_steps,
@@ -56,8 +73,17 @@ from laplax.data.text import fineweb
 
 
 def get_config(arg=None):
-  """GPT d20 (560,988,160 parameters) with nanochat's architecture and optimiser."""
-  a = parse_arg(arg, laplacian=5, spectral=False)
+  """GPT d20 (560,988,160 parameters) with nanochat's architecture and optimiser
+  (``recipe=nanochat-fork``: the fork's d``depth``, its horizon and rates).
+
+  Raises:
+    ValueError: an unknown ``recipe``, or ``depth`` without the fork's recipe.
+  """
+  a = parse_arg(arg, laplacian=5, spectral=False, recipe="default", depth=20)
+  if a.recipe not in ("default", "nanochat-fork"):
+    raise ValueError(f"recipe={a.recipe!r} is unknown; use default or nanochat-fork")
+  if a.recipe == "default" and a.depth != 20:
+    raise ValueError("depth= needs recipe=nanochat-fork (the default recipe is d20)")
   c = gpt_base_config()
   c.batch_size = 256
   c.eval_batch_size = 32
@@ -77,8 +103,20 @@ def get_config(arg=None):
   nanochat_options(c)
   m.dtype = "bfloat16"
   m.embedding_dtype = "bfloat16"
+  # lm_head, soft-cap and cross-entropy 256 positions at a time: the float32
+  # logits of 16 sequences x 2048 x 65,536 (8 GiB a chip of a v5e:4x4 slice,
+  # two such arrays in the step) never formed (docs/scale-out.md).
+  m.loss_chunk = 256
   m.num_laplacian_heads = a.laplacian
   m.spectral.enabled = a.spectral
+  if a.recipe == "nanochat-fork":
+    m.depth = a.depth
+    m.width, m.num_heads = nanochat_fork_size(a.depth)
+    m.mlp_dim = 4 * m.width
+    c.data.vocab_size = 32768
+    nanochat_fork_model(c)
+    nanochat_fork_training(c, a.depth)
+    return c
   c.total_steps = nanochat_steps(
     nanochat_num_params(m.width, m.depth, c.data.vocab_size), c.batch_size * m.max_length
   )

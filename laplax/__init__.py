@@ -10,7 +10,7 @@ imports neither JAX nor the trainer; ``help(laplax.NAME)`` documents it):
 * Spectral conditioning (:mod:`laplax.spectral`): ``correction`` (the fixed
   ``lambda * I_k`` or SVD correction ``C`` added to ``W_Q, W_K, W_V``),
   ``condition_number``.
-* Models (:mod:`laplax.models`): ``ViT``, ``GPT``, ``DINO``, ``DINOHead``;
+* Models (:mod:`laplax.models`): ``ViT``, ``Swin``, ``GPT``, ``DINO``, ``DINOHead``;
   ``build_spec("vit", width=..., depth=..., ...)`` and ``spec_from_config(
   config.model)`` build the model spec every model takes.
 * Trained runs: ``load(workdir, step=None)`` restores the model and
@@ -50,6 +50,7 @@ _PUBLIC = {
   "correction": ("laplax.spectral", "correction"),
   "condition_number": ("laplax.spectral", "condition_number"),
   "ViT": ("laplax.models.vit", "ViT"),
+  "Swin": ("laplax.models.swin", "Swin"),
   "GPT": ("laplax.models.gpt", "GPT"),
   "DINO": ("laplax.models.dino", "DINO"),
   "DINOHead": ("laplax.models.dino", "DINOHead"),

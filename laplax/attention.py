@@ -31,7 +31,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from laplax import kernels, sharding, spectral
-from laplax.kernels import IMPLEMENTATIONS, causal_mask, reference_attention, repeat_kv
+from laplax.kernels import (
+  IMPLEMENTATIONS,
+  causal_mask,
+  nystrom,
+  reference_attention,
+  repeat_kv,
+  window_mask,
+)
 from laplax.rotary import STYLES as ROPE_STYLES  # noqa: F401  (re-exported)
 from laplax.rotary import rotary, rotary_table  # noqa: F401  (rotary_table re-exported)
 
@@ -44,6 +51,8 @@ QK_NORM_TYPES = ("layernorm", "rmsnorm")
 # The learned mix starts at alpha = sigmoid(+-4): 0.982 on the heads the
 # config marks Laplacian, 0.018 on the others.
 LAPLACIAN_MIX_INIT = 4.0
+# The channels of the block input the fork's value-embedding gate reads.
+VE_GATE_CHANNELS = 12
 
 
 def laplacian_heads(
@@ -93,6 +102,8 @@ def attend(
   return_weights: bool = False,
   mix: jax.Array | None = None,
   keep_probs: bool | None = None,
+  kernel_options: dict | None = None,
+  bias: jax.Array | None = None,
 ):
   """Multi-head attention where some heads are Laplacian (``V - P V``).
 
@@ -134,6 +145,16 @@ def attend(
       "learned"``); ``laplacian`` is then only checked for its shape.
     keep_probs: whether the XLA kernel keeps the float32 ``P`` for its
       backward pass (``None``: on a CPU only; :func:`laplax.kernels.attention`).
+    kernel_options: keyword arguments of the kernel; for ``"nystrom"``
+      (:func:`laplax.kernels.nystrom.nystrom_attention`, ``P~ V`` in place of
+      ``P V``, so a Laplacian head is ``V - P~ V``; no attention dropout, no
+      causal mask, key-padding masks only) ``num_landmarks`` and its options.
+    bias: optional float additive bias of the logits, broadcastable to
+      ``[batch, num_heads, q_length, kv_length]``: ``P = softmax(scale Q K^T
+      + bias + mask)`` (Swin's learned relative position bias plus its
+      shifted-window mask of -100, Liu et al. 2021, eq. 4). Differentiable.
+      The reference and XLA kernels take it; ``None`` runs XLA, ``"cudnn"``
+      and ``"splash"`` refuse it.
 
   Returns:
     ``[batch, q_length, num_heads, head_dim]`` in ``value.dtype``; with
@@ -149,7 +170,7 @@ def attend(
   if implementation not in IMPLEMENTATIONS:
     raise ValueError(
       f"attention implementation {implementation!r} is unknown; use one of "
-      f"'xla', 'cudnn', 'splash', 'reference' or None"
+      f"'xla', 'cudnn', 'splash', 'reference', 'nystrom' or None"
     )
   num_heads = query.shape[-2]
   try:
@@ -173,6 +194,8 @@ def attend(
     dropout_rng=dropout_rng,
     return_weights=return_weights,
     keep_probs=keep_probs,
+    bias=bias,
+    kernel_options=kernel_options,
   )
   out = _laplacian_outputs(pv, laplacian, laplacian_np, residual_value, value, query.shape[1], mix)
   return (out, weights) if return_weights else out
@@ -385,6 +408,41 @@ def _project_qkv(mha: MultiHeadAttention, x: jax.Array, head_dim: int, dtype: An
   return q, k, v
 
 
+def _nystrom_options(mha: MultiHeadAttention) -> dict:
+  """The ``kernel_options`` of ``implementation="nystrom"``."""
+  return dict(
+    num_landmarks=mha.num_landmarks,
+    pinv_iterations=mha.pinv_iterations,
+    pinv_init=mha.pinv_init,
+    padding=mha.nystrom_padding,
+  )
+
+
+def _nystrom_conv(mha: MultiHeadAttention, v: jax.Array, mask: jax.Array | None) -> jax.Array:
+  """The depthwise convolution skip of the values (a plain function called
+  from the compact ``__call__``: its parameter ``nystrom_conv [k, heads]`` is
+  the module's), PyTorch's ``Conv2d`` initialisation ``U(+-1/sqrt(k))``.
+  With ``nystrom_padding="zero"`` the padded values are zeroed first (the
+  authors' LRA code)."""
+  k = mha.conv_kernel_size
+  if k % 2 == 0:
+    raise ValueError(f"conv_kernel_size={k} must be odd (a 'same' convolution); use {k + 1}")
+  bound = k**-0.5
+  weight = mha.param(
+    "nystrom_conv",
+    sharding.logical_init(
+      lambda rng, shape: jax.random.uniform(rng, shape, jnp.float32, -bound, bound),
+      (None, "heads"),
+    ),
+    (k, mha.num_heads),
+  )
+  v = repeat_kv(v, mha.num_heads)
+  keys_ok = nystrom.key_padding(mask, v.shape[0], v.shape[1])
+  if keys_ok is not None and mha.nystrom_padding == "zero":
+    v = v * keys_ok[:, :, None, None].astype(v.dtype)
+  return nystrom.depthwise_conv(v, weight)
+
+
 class MultiHeadAttention(nn.Module):
   """Self-attention with Laplacian heads and spectrally conditioned projections.
 
@@ -453,6 +511,17 @@ class MultiHeadAttention(nn.Module):
     dtype: compute dtype of the matmuls (parameters stay float32).
     kernel_init: initialiser of ``W_Q, W_K, W_V``.
     out_init: initialiser of ``W_O`` (GPT uses a depth-scaled normal).
+    num_landmarks, pinv_iterations, pinv_init, nystrom_padding: the options of
+      ``implementation="nystrom"`` (:func:`laplax.kernels.nystrom.nystrom_attention`;
+      ``nystrom_padding`` is its ``padding``).
+    conv_kernel_size: with ``"nystrom"``, the depthwise convolution of the
+      values (:func:`laplax.kernels.nystrom.depthwise_conv`, parameter
+      ``nystrom_conv [k, num_heads]``) added to every head's output, Laplacian
+      or not (a skip branch beside ``P~ V``); ``None``: none.
+    window: a causal sliding window: query ``i`` sees key ``j`` iff ``0 <= i
+      - j <= window`` (the fork's ``window_size=(window, 0)``, nanochat's
+      flash_attention.py), as a mask through :func:`attend`; ``None``: full.
+      ``implementation="splash"`` and ``"nystrom"`` refuse it.
   """
 
   num_heads: int
@@ -477,6 +546,12 @@ class MultiHeadAttention(nn.Module):
   dtype: Any = None
   kernel_init: Callable = nn.initializers.xavier_uniform()
   out_init: Callable = nn.initializers.xavier_uniform()
+  num_landmarks: int = 64
+  pinv_iterations: int = 6
+  pinv_init: str = "original"
+  nystrom_padding: str = "keys"
+  conv_kernel_size: int | None = None
+  window: int | None = None
 
   @nn.compact
   def __call__(
@@ -488,12 +563,23 @@ class MultiHeadAttention(nn.Module):
     deterministic: bool = True,
     decode: bool = False,
     laplacian: jax.Array | None = None,
+    bias: jax.Array | None = None,
+    value_embed: jax.Array | None = None,
   ):
     """Applies attention; ``mask`` broadcasts to ``[batch, heads, length, length]``.
 
     ``laplacian`` (bool ``[num_heads]``, may be traced, e.g. a scanned
     per-layer input) overrides ``num_laplacian_heads`` / ``laplacian_mask``.
+    ``bias`` (float, broadcastable to ``[batch, heads, length, length]``) is
+    added to the logits (:func:`attend`; not with ``decode``).
+    ``value_embed`` ``[batch, length, num_heads * head_dim]`` (the fork's
+    value embedding of the tokens) is added to the values as ``v + 3
+    sigmoid(ve_gate(x[..., :12])) ve``, one gate per head (parameter
+    ``ve_gate/kernel [12, num_heads]``, U(0, 0.02); yuchongzhang/nanochat
+    1f70b557, nanochat/gpt.py ``CausalSelfAttention``), before the rotary.
     """
+    if bias is not None and decode:
+      raise ValueError("an additive attention bias is not supported with decode=True")
     _check_settings(self, x.shape[-1])
     head_dim = self.head_dim or x.shape[-1] // self.num_heads
     if laplacian is None:
@@ -501,6 +587,7 @@ class MultiHeadAttention(nn.Module):
     dtype = self.dtype or x.dtype
     # Project (spectrally conditioned W_Q, W_K, W_V), then norm and rotate.
     q, k, v = _project_qkv(self, x, head_dim, dtype)
+    v = self._value_embed(x, v, value_embed, dtype)
     cache = self._cache(k, v, dtype) if decode else None
     start = 0 if cache is None or cache["init"] else cache["index"].value
     max_length = None if cache is None else cache["key"].value.shape[1]
@@ -514,7 +601,7 @@ class MultiHeadAttention(nn.Module):
     if cache is not None and not cache["init"]:
       y = self._attend_cached(q, k, v, cache, start, mask, **heads)
     else:
-      y = self._attend(q, k, v, mask, is_causal, **heads)
+      y = self._attend(q, k, v, mask, is_causal, bias, **heads)
     # Combine the heads: W_O, then dropout.
     y = nn.with_logical_constraint(y, HEADS_AXES)
     y = y.reshape(*x.shape[:-1], self.num_heads * head_dim)
@@ -527,6 +614,25 @@ class MultiHeadAttention(nn.Module):
       name="out",
     )(y)
     return nn.Dropout(self.dropout)(y, deterministic=deterministic)
+
+  def _value_embed(self, x, v, value_embed, dtype):
+    """``v`` plus the fork's gated value embedding ``3 sigmoid(ve_gate(x[...,
+    :12])) value_embed`` (one gate per head, parameter ``ve_gate/kernel [12,
+    num_heads]``, U(0, 0.02)); ``v`` itself when ``value_embed`` is ``None``."""
+    if value_embed is None:
+      return v
+    gate = nn.Dense(
+      self.num_heads,
+      use_bias=False,
+      dtype=dtype,
+      kernel_init=sharding.logical_init(
+        lambda key, shape, dt=jnp.float32: jax.random.uniform(key, shape, dt, 0.0, 0.02),
+        (None, "heads"),
+      ),
+      name="ve_gate",
+    )(x[..., :VE_GATE_CHANNELS].astype(dtype))
+    ve = value_embed.astype(v.dtype).reshape(v.shape)
+    return v + (3.0 * jax.nn.sigmoid(gate))[..., None].astype(v.dtype) * ve
 
   def _cache(self, k, v, dtype) -> dict:
     """The KV cache's variables ``key``, ``value`` (``[batch, max_length,
@@ -586,9 +692,25 @@ class MultiHeadAttention(nn.Module):
     )
     return jax.nn.sigmoid(logits)
 
-  def _attend(self, q, k, v, mask, is_causal, *, laplacian, mix, dropout_rng):
-    """:func:`attend` on the chunk itself; for analysis (a mutable
-    ``"intermediates"``) also sows ``P`` and the heads' outputs."""
+  def _attend(self, q, k, v, mask, is_causal, bias, *, laplacian, mix, dropout_rng):
+    """:func:`attend` on the chunk itself (with the sliding ``window`` as a
+    mask, the additive ``bias``, Nystrom's options and its convolution skip);
+    for analysis (a mutable ``"intermediates"``) also sows ``P`` and the
+    heads' outputs.
+
+    Raises:
+      ValueError: a sliding window without causal attention or with
+        ``"splash"`` / ``"nystrom"``.
+    """
+    if self.window is not None and self.window < k.shape[1] - 1:
+      if not is_causal or self.implementation in ("splash", "nystrom"):
+        raise ValueError(
+          f"a sliding window (model.window_pattern) needs causal attention with "
+          f"implementation 'xla', 'cudnn', 'reference' or None, not "
+          f"{self.implementation!r}; set model.implementation='xla'"
+        )
+      local = window_mask(np.arange(q.shape[1]), k.shape[1], self.window)[None, None]
+      mask = local if mask is None else jnp.logical_and(mask, local)
     y = attend(
       q,
       k,
@@ -601,22 +723,31 @@ class MultiHeadAttention(nn.Module):
       dropout_rng=dropout_rng,
       mix=mix,
       keep_probs=self.xla_keep_probs,
+      kernel_options=_nystrom_options(self) if self.implementation == "nystrom" else None,
+      bias=bias,
     )
+    if self.implementation == "nystrom" and self.conv_kernel_size:
+      y = y + _nystrom_conv(self, v, mask)
     if self.is_mutable_collection("intermediates"):  # analysis only
-      _, weights = reference_attention(q, k, v, mask=mask, is_causal=is_causal)
+      _, weights = reference_attention(q, k, v, mask=mask, is_causal=is_causal, bias=bias)
       self.sow("intermediates", "attention_weights", weights)
       self.sow("intermediates", "head_outputs", y)
     return y
 
   def _attend_cached(self, q, k, v, cache, start, mask, *, laplacian, mix, dropout_rng):
     """Writes the chunk's ``k, v`` into the KV ``cache`` at ``start`` and
-    attends to everything cached so far (causally, the chunk's own values for
-    the Laplacian heads; XLA's kernel where splash was asked for)."""
+    attends to everything cached so far (causally, within the sliding
+    ``window`` if set, the chunk's own values for the Laplacian heads; XLA's
+    kernel where splash was asked for)."""
     length, max_length = q.shape[1], cache["key"].value.shape[1]
     cache["key"].value = jax.lax.dynamic_update_slice(cache["key"].value, k, (0, start, 0, 0))
     cache["value"].value = jax.lax.dynamic_update_slice(cache["value"].value, v, (0, start, 0, 0))
     cache["index"].value = start + length
-    visible = causal_mask(length, max_length, start)[None, None]
+    visible = causal_mask(length, max_length, start)
+    if self.window is not None:
+      positions = start + np.arange(length)
+      visible = jnp.logical_and(visible, window_mask(positions, max_length, self.window))
+    visible = visible[None, None]
     return attend(
       q,
       cache["key"].value,

@@ -4,25 +4,11 @@
     run = laplax.load("runs/vit")                     # the newest readable step
     logits, _ = run.model.apply({"params": run.params}, images, train=False)
 
-:func:`load` reads the config a run saved in its workdir (``config.json``,
-written by ``train.py`` or ``python -m laplax.convert``), builds the model
-from its spec (``config.model``, :func:`laplax.models.spec.from_config`) at
-the sizes the checkpoint holds (classes, vocabulary, image channels and
-grid: :meth:`~laplax.tasks.base.TaskBase.from_shapes`) and restores the parameters (and DINO's teacher)
-of a checkpoint onto one device, whatever mesh the run was trained on. No
-data is prepared and no optimizer is built: a run loads on a machine without
-its dataset. The task with its data (:attr:`Loaded.task`: eval batches, a
-language model's tokenizer) is built when first asked for, and the whole
-training state (:attr:`Loaded.state`: optimizer state, RNG) is read when
-first asked for; ``eval.py`` restores through :func:`load` too. Every
-problem with the workdir is a :class:`LoadError` with a one-line message.
-
-A workdir may be read while ``train.py`` writes it: the checkpoints are read
-without its lock and without writing anything; orbax renames a step into
-place only when it is complete (its checksum manifest with it), and a step
-that ``train.py`` deletes while it is read is replaced by its newest one.
-With ``checkpoint_verify`` in the run's config (the default) every file of
-the restored step is checked against its manifest first.
+The user guide is docs/evaluation.md, "Python API". No data is prepared and no
+optimizer built until :attr:`Loaded.task` / :attr:`Loaded.state` are first read. A
+workdir may be read while ``train.py`` writes it: nothing is written or locked,
+orbax renames a step into place only when complete, and a step deleted while read
+is replaced by the newest one.
 """
 
 from __future__ import annotations
@@ -60,26 +46,21 @@ class Loaded:
   """A restored run, on one device, ready for ``model.apply``.
 
   Attributes:
-    model: the run's network built from the saved spec (``ViT`` for
-      classification, ``GPT`` for language models, the DINO student
-      ``DINO(backbone, head)`` for DINO); ``model.apply({"params": params},
-      x, train=False)`` returns ``(output, aux)``: logits float32 ``[B,
-      num_classes]`` for images float32 ``[B, H, W, C]`` (normalised as
-      ``task.eval_batches()`` gives them), or float32 ``[B, T, vocab_size]``
-      for token ids int32 ``[B, T]`` with ``T <= config.model.max_length``.
-    params: the trained parameters of ``model`` (float32 pytree of
-      ``jax.Array`` on ``jax.local_devices()[0]``).
-    config: the run's config (``config.json``), locked (no new keys).
-    step: the restored step (number of updates applied; 0 = initialisation).
-    latest_step: the newest saved step; it differs from ``step`` when an
-      older ``step`` was asked for or the newest checkpoint is unreadable.
-    teacher: DINO's teacher parameters (``{"backbone", "head"}``, for
-      ``task.teacher``; its backbone is what DINO evaluates), else ``None``.
-    task_state: the task's restored state (DINO: ``{"teacher", "center"}``),
-      else ``None``.
+    model: the network built from the saved spec (``ViT``, ``GPT``, or the DINO
+      student ``DINO(backbone, head)``); ``model.apply({"params": params}, x,
+      train=False)`` returns ``(output, aux)``: logits float32 ``[B, num_classes]``
+      for images float32 ``[B, H, W, C]`` (normalised as ``task.eval_batches()``), or
+      float32 ``[B, T, vocab_size]`` for token ids int32 ``[B, T]``, ``T <=
+      config.model.max_length``.
+    params: float32 pytree of ``jax.Array`` on ``jax.local_devices()[0]``.
+    config: the run's ``config.json``, locked.
+    step: the restored step (updates applied; 0 = initialisation).
+    latest_step: the newest saved step (differs when an older or readable one was used).
+    teacher: DINO's teacher ``{"backbone", "head"}``, else ``None``.
+    task_state: the task's restored state (DINO: ``{"teacher", "center"}``) or ``None``.
     workdir: the loaded directory.
-    shapes_task: the task object built without data at the checkpoint's
-      sizes (:meth:`~laplax.tasks.base.TaskBase.from_shapes`; its ``model`` is :attr:`model`).
+    shapes_task: the task built without data at the checkpoint's sizes
+      (:meth:`~laplax.tasks.base.TaskBase.from_shapes`).
   """
 
   model: nn.Module
@@ -94,24 +75,20 @@ class Loaded:
 
   @functools.cached_property
   def task(self):
-    """The task object (:mod:`laplax.tasks`) with its data prepared, as
-    ``eval.py`` needs it: ``task.eval_batches()``, ``task.tokenizer``
-    (language models); :meth:`evaluate` runs its evaluators. Built on first access (its
-    ``model`` equals :attr:`model`; nothing is written into the workdir
-    except a language model's tokenizer when it is missing).
+    """The task (:mod:`laplax.tasks`) with its data prepared, built on first access.
+
+    Writes nothing but a language model's missing tokenizer.
 
     Raises:
-      ConfigError, DataError: the config's data cannot be prepared (e.g. the
-        dataset is not in ``config.data.data_dir`` on this machine).
+      ConfigError, DataError: the config's data cannot be prepared here.
     """
     return loop.setup(self.config, self.workdir, check=False)
 
   def evaluate(self, evals: str | None = None) -> dict:
-    """The numbers ``eval.py`` writes for this step (no figures, nothing
-    written): the evaluators of ``config.evals`` meant for ``eval.py``, or
-    those named in ``evals`` (comma-separated, e.g. ``"knn,linear_probe"``;
-    :mod:`laplax.evaluators.registry`), on :attr:`eval_state`. Prepares
-    :attr:`task` first.
+    """The numbers ``eval.py`` writes for this step, without figures or writing anything.
+
+    The evaluators of ``config.evals`` meant for ``eval.py``, or those of ``evals``
+    (comma-separated, e.g. ``"knn,linear_probe"``), on :attr:`eval_state`.
 
     Raises:
       ConfigError: ``evals`` names an evaluator this run's task lacks, or none.
@@ -134,9 +111,7 @@ class Loaded:
 
   @property
   def eval_state(self) -> TrainState:
-    """A :class:`~laplax.state.TrainState` of what evaluation
-    reads (``step``, ``params``, ``task_state``; ``opt_state`` and ``rng``
-    ``None``), for the evaluators and the analysis."""
+    """A :class:`~laplax.state.TrainState` of ``step``, ``params``, ``task_state`` (the rest ``None``)."""
     return TrainState(
       step=jnp.asarray(self.step, jnp.int32),
       params=self.params,
@@ -147,10 +122,7 @@ class Loaded:
 
   @functools.cached_property
   def state(self) -> TrainState:
-    """The whole restored ``TrainState`` of :attr:`step` (parameters,
-    optimizer state, RNG key, task state) on the same device, read from the
-    checkpoint on first access (the config's optimizer is built for its
-    tree; no data is needed).
+    """The whole restored ``TrainState`` of :attr:`step`, read on first access (no data needed).
 
     Raises:
       LoadError: the step has become unreadable since it was loaded.
@@ -167,8 +139,8 @@ def saved_config(workdir: str) -> ml_collections.ConfigDict:
   """The config a laplax run saved in ``workdir/config.json``.
 
   Raises:
-    LoadError: ``workdir`` does not exist or is not a directory, it has no
-      ``config.json``, or that file is unreadable or not a laplax config.
+    LoadError: ``workdir`` missing or not a directory, no ``config.json``, or that file
+      unreadable or not a laplax config.
   """
   if not os.path.exists(workdir):
     raise LoadError(
@@ -217,14 +189,12 @@ def _only(flat: Mapping[str, Any], suffix: str, workdir: str):
 def checkpoint_sizes(
   config: ml_collections.ConfigDict, params: Mapping, workdir: str = "the workdir"
 ) -> dict:
-  """The sizes a task takes from its data, read from a saved parameter tree
-  (``jax.ShapeDtypeStruct`` or array leaves, :func:`~laplax.workdir.checkpoint.saved_shapes`):
-  ``num_classes`` (the ``head`` kernel's ``[width, classes]``; 0 without a
-  head), ``image_shape`` ``(H, W, C)`` (C from the patch embedding's kernel
-  ``[p, p, C, width]``; a learned position embedding ``[1, N, width]`` gives
-  the square grid ``sqrt(N)``, else ``config.data.image_size``; DINO: the
-  global crops' size) and ``vocab_size`` (the token embedding's ``[V,
-  width]``).
+  """The sizes a task takes from its data, read from a saved parameter tree.
+
+  ``num_classes`` (the ``head`` kernel ``[width, classes]``; 0 without), ``image_shape``
+  ``(H, W, C)`` (C from the patch kernel ``[p, p, C, width]``; the square grid of a
+  learned position embedding ``[1, N, width]``, else ``config.data.image_size``; DINO:
+  the global crops' size) and ``vocab_size`` (the token embedding ``[V, width]``).
 
   Raises:
     LoadError: a tree without the parameters the config's model has.
@@ -233,13 +203,17 @@ def checkpoint_sizes(
     "/".join(str(getattr(k, "key", k)) for k in path): leaf
     for path, leaf in jax.tree_util.tree_flatten_with_path(dict(params))[0]
   }
-  if tasks.is_language_model(config):
+  if tasks.is_language_model(config) or tasks.task_class(config).family == "bert":
     embedding = _only(flat, "token_embedding/embedding", workdir)
     if embedding is None:
       raise LoadError(
-        f"the checkpoint in {workdir} has no token embedding; it is not the GPT of its config.json"
+        f"the checkpoint in {workdir} has no token embedding; it is not the "
+        f"{config.model.name.upper()} of its config.json"
       )
     return {"vocab_size": int(embedding[0])}
+  if tasks.task_class(config).family == "encoder":  # sequence classification
+    head = flat.get("head/kernel")
+    return {"num_classes": int(head.shape[1]) if head is not None else 0}
   kernel = _only(flat, "embedding/kernel", workdir)
   if kernel is None or len(kernel) != 4:
     raise LoadError(
@@ -263,9 +237,7 @@ def checkpoint_sizes(
 
 
 def abstract_weights(task) -> dict:
-  """``{"step", "params", "task_state"}`` of a run of ``task`` as
-  ``jax.ShapeDtypeStruct`` leaves (``jax.eval_shape`` of its ``init``: no
-  array is computed)."""
+  """``{"step", "params", "task_state"}`` of ``task`` as ``jax.ShapeDtypeStruct`` leaves."""
 
   def init():
     params = sharding.unbox(task.init(jax.random.PRNGKey(0)))
@@ -305,10 +277,11 @@ def _read(checkpointer: ckpt_lib.Checkpointer, target, step: int | None, partial
 
 
 def first_difference(saved: Any, expected: Any) -> str | None:
-  """The first parameter whose presence or shape differs between two trees
-  of ``jax.ShapeDtypeStruct`` leaves (a checkpoint's, the config's model's),
-  as ``"NAME: saved SHAPE, the config's model SHAPE"`` (``None`` when
-  every name and shape agree; dtypes are not compared)."""
+  """``"NAME: saved SHAPE, the config's model SHAPE"`` of the first parameter that differs.
+
+  Between two trees of ``jax.ShapeDtypeStruct`` leaves; ``None`` when names and
+  shapes agree (dtypes are not compared).
+  """
 
   def flat(tree):
     leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
@@ -329,35 +302,19 @@ def first_difference(saved: Any, expected: Any) -> str | None:
 def load(workdir: str, step: int | None = None) -> Loaded:
   """Restores a laplax run (a ``train.py`` or ``laplax.convert`` workdir) onto one device.
 
-  Reads ``workdir/config.json``, builds the model from its spec at the sizes
-  of the saved parameters (:func:`checkpoint_sizes`, :meth:`~laplax.tasks.base.TaskBase.from_shapes`; no
-  data is prepared, no optimizer built, nothing written) and restores the
-  parameters and the task state (DINO's teacher) of ``step`` against the
-  model's initial shapes (:func:`abstract_weights`), checked against the
-  step's checksums first (``checkpoint_verify``). A checkpoint saved sharded
-  on any mesh is restored whole onto ``jax.local_devices()[0]``
-  (``jax.devices()[0]`` in a single process). When ``step`` is ``None`` and
-  the newest checkpoint is unreadable (or, with the run's
-  ``checkpoint_verify``, fails its checksums), the newest readable one is
-  used with a logged warning (``Loaded.step`` is then below
-  ``Loaded.latest_step``). ``Loaded.task`` (the data) and ``Loaded.state``
-  (the optimizer state) are built when first asked for.
-
-  Args:
-    workdir: the directory ``train.py --workdir`` wrote.
-    step: the saved step to restore (default: the newest).
+  Builds the model at the saved parameters' sizes (:func:`checkpoint_sizes`) and
+  restores the parameters and task state of ``step``, checked against its checksums
+  first (``checkpoint_verify``), whatever mesh it was saved on, onto
+  ``jax.local_devices()[0]``. With ``step=None`` and an unreadable newest checkpoint,
+  the newest readable one is used with a logged warning.
 
   Returns:
-    A :class:`Loaded`: ``model``, ``params``, ``config``, ``step``,
-    ``latest_step``, ``teacher`` (DINO), ``task_state``; ``task`` and the
-    whole ``state`` on first access.
+    A :class:`Loaded`.
 
   Raises:
-    LoadError: ``workdir`` missing, no ``config.json`` or not a laplax config,
-      no checkpoint, ``step`` not saved (the message lists the saved steps),
-      or no readable checkpoint (``step``'s, or any, when ``step`` is None),
-      or a checkpoint whose parameters are not the config's model (the
-      message names the first parameter that differs, :func:`first_difference`).
+    LoadError: ``workdir`` missing, no laplax ``config.json``, no checkpoint, ``step``
+      not saved (the saved steps listed), no readable checkpoint, or parameters that
+      are not the config's model (:func:`first_difference`).
     ConfigError, SpecError: the saved config does not validate.
   """
   config = saved_config(workdir)

@@ -1,25 +1,10 @@
 """Rotary position embedding (Su et al. 2021, RoFormer eq. 34) in its two conventions.
 
-Both rotate the half-split channel pairs ``(x_i, x_{i + head_dim/2})`` of a
-token at position ``t`` by the angle ``t * theta^(-2i/head_dim)``, so a
-rotated query and key meet through ``t_q - t_k`` only. They differ in
-direction and in the table:
-
-* ``"roformer"`` (laplax's default): turned by ``+angle``
-  (``y1 = x1 cos - x2 sin``, ``y2 = x2 cos + x1 sin``); the table computed in
-  float64 and rounded once to float32.
-* ``"nanochat"`` (nanochat/gpt.py, ``apply_rotary_emb`` and
-  ``_precompute_rotary_embeddings``): turned by ``-angle``
-  (``y1 = x1 cos + x2 sin``, ``y2 = -x1 sin + x2 cos``); the table made as
-  PyTorch makes it in float32 (``1 / base ** (arange(0, d, 2) / d)``, its
-  outer product with the positions) and stored in bfloat16. The two
-  conventions are one parametrisation up to a sign flip of the second half
-  of every ``W_Q`` and ``W_K`` head, so weights only transfer with the
-  convention they were trained in.
-
-:func:`rotary` applies either; the attention
-(:class:`laplax.attention.MultiHeadAttention`) picks the convention with
-``rope_style`` and the base with ``rope_theta``.
+Half-split pairs ``(x_i, x_{i + head_dim/2})`` at position ``t`` turn by ``t *
+theta^(-2i/head_dim)``: ``"roformer"`` by ``+angle`` with a float64 table rounded to
+float32; ``"nanochat"`` (nanochat/gpt.py, ``apply_rotary_emb``) by ``-angle`` with
+PyTorch's float32 table stored in bfloat16. The two differ by a sign flip of the
+second half of every ``W_Q``, ``W_K`` head, so weights transfer only within one.
 """
 
 from __future__ import annotations
@@ -37,13 +22,9 @@ STYLES = ("roformer", "nanochat")
 def rotary_table(
   length: int, head_dim: int, theta: float = 10_000.0
 ) -> tuple[np.ndarray, np.ndarray]:
-  """Sines and cosines of the rotary angles, ``(sin, cos)``, each float32
-  ``[length, head_dim // 2]``.
+  """``(sin, cos)`` of ``t * theta^(-2i/head_dim)``, each float32 ``[length, head_dim // 2]``.
 
-  Row ``t`` holds ``t * theta^(-2i/head_dim)`` for ``i < head_dim / 2``
-  (RoFormer eq. 34), computed in float64 with NumPy and rounded once, so a
-  jitted model gets them as constants instead of evaluating ``sin``/``cos``
-  in every fusion that reads them.
+  Computed in float64 with NumPy and rounded once: jitted models get constants.
   """
   half = head_dim // 2
   freq = theta ** (-np.arange(half, dtype=np.float64) / half)
@@ -54,17 +35,12 @@ def rotary_table(
 def nanochat_table(
   length: int, head_dim: int, theta: float = 10_000.0
 ) -> tuple[np.ndarray, np.ndarray]:
-  """nanochat's rotary table ``(sin, cos)``: bfloat16 values, returned as
-  float32 ``[length, head_dim // 2]`` (exactly representable).
+  """nanochat's rotary ``(sin, cos)``: bfloat16 values as float32 ``[length, head_dim // 2]``.
 
-  As nanochat/gpt.py's ``_precompute_rotary_embeddings`` computes it in
-  float32: ``inv_freq = 1 / theta ** (arange(0, head_dim, 2) / head_dim)``
-  (the power rounded to float32, then a float32 division: PyTorch's values
-  bit for bit), ``angle = outer(t, inv_freq)`` in float32, then ``cos`` and
-  ``sin`` rounded to bfloat16. The cosines and sines are evaluated in float64
-  and rounded to float32 first; on d20's 20,480 x 64 table 4 of the 2.6M
-  entries then differ from PyTorch's float32 ``cos``/``sin`` by one bfloat16
-  step (a double rounding), tests/test_nanochat_exact.py.
+  As ``_precompute_rotary_embeddings`` of nanochat/gpt.py: ``inv_freq = 1 / theta **
+  (arange(0, head_dim, 2) / head_dim)`` in float32, ``outer(t, inv_freq)``, then
+  ``cos``/``sin`` rounded to bfloat16 (via float64 -> float32: 4 of d20's 2.6M entries
+  differ from PyTorch's by one bfloat16 step).
   """
   channels = np.arange(0, head_dim, 2, dtype=np.float32)
   power = np.float64(theta) ** (channels / np.float32(head_dim)).astype(np.float64)
@@ -82,26 +58,15 @@ def rotary(
   max_length: int | None = None,
   style: str = "roformer",
 ) -> jax.Array:
-  """Rotary position embedding, half-split form, in the convention ``style``.
+  """Rotary position embedding, half-split form, in the convention ``style`` (:data:`STYLES`).
 
-  Channel pairs ``(x_i, x_{i + head_dim/2})`` of a token at position ``t``
-  are rotated by ``t * theta^(-2i/head_dim)`` (:data:`STYLES`: ``+`` that
-  angle with :func:`rotary_table`, or ``-`` it with :func:`nanochat_table`),
-  so the dot product of a rotated query and key depends on their positions
-  only through ``t_q - t_k``. The rotation is computed in float32 and rounded
-  once to ``x.dtype`` (nanochat under bfloat16 autocast rounds each product
-  to bfloat16).
+  Computed in float32, rounded once to ``x.dtype``.
 
   Args:
     x: ``[batch, length, heads, head_dim]`` (``head_dim`` even).
-    positions: int ``[batch, length]`` or ``[length]`` absolute positions,
-      ``>= 0``. Concrete positions (NumPy, Python) index the table in NumPy;
-      traced ones (a KV cache's offset) gather from a table of
-      ``max_length`` rows.
-    theta: base of the frequencies ``theta^(-2i/head_dim)``.
-    max_length: rows of the table for traced ``positions`` (every position
-      must be below it; the gather clamps the others).
-    style: ``"roformer"`` or ``"nanochat"``.
+    positions: int ``[batch, length]`` or ``[length]``, ``>= 0``; concrete ones index
+      the table in NumPy, traced ones gather from ``max_length`` rows (clamped).
+    theta: base of the frequencies; style: ``"roformer"`` or ``"nanochat"``.
 
   Returns:
     ``x`` rotated, same shape and dtype.

@@ -1,25 +1,14 @@
 """Sharding: the device mesh, logical axis names and the shardings of a run.
 
-The mesh has three axes (``config.mesh_shape``, default ``(-1, 1, 1)``, one
-``-1`` entry takes the remaining devices):
-
-* ``data``: data parallelism, the batch is split over it;
-* ``fsdp``: fully sharded data parallelism (Rajbhandari et al. 2020, ZeRO-3):
-  the batch is split over it too, and every parameter, with its optimizer
-  state, is split along its largest dimension that the axis size divides;
-* ``tensor``: tensor parallelism (Shoeybi et al. 2019, Megatron-LM) over the
-  attention heads and the MLP hidden dimension.
-
-Models name the axes of their parameters and activations logically
-(``"batch"``, ``"length"``, ``"embed"``, ``"heads"``, ``"head_dim"``,
-``"mlp"``, ``"vocab"``, ``"classes"``, and ``"layers"`` for scanned blocks)
-with Flax's own machinery:
-:func:`logical_init` wraps an initializer in ``nn.with_logical_partitioning``
-and activations go through ``nn.with_logical_constraint``. Rules
-(``config.sharding_rules``, :data:`DEFAULT_RULES`) map logical names to mesh
-axes. Outside :func:`context` (unit tests, evaluation, sampling) the names are
-inert: ``init`` returns plain arrays and the constraints do nothing, so
-parameter trees look exactly as without sharding.
+Mesh axes (``config.mesh_shape``, default ``(-1, 1, 1)``; docs/scale-out.md):
+``data`` (the batch), ``fsdp`` (the batch, and every parameter with its optimizer
+state along its largest divisible dimension; ZeRO-3, Rajbhandari et al. 2020) and
+``tensor`` (heads and MLP hidden dimension; Megatron-LM, Shoeybi et al. 2019).
+Models name axes logically (``"batch"``, ``"length"``, ``"embed"``, ``"heads"``,
+``"head_dim"``, ``"mlp"``, ``"vocab"``, ``"classes"``, ``"layers"``) with Flax's
+``with_logical_partitioning`` / ``with_logical_constraint``; rules
+(:data:`DEFAULT_RULES`) map them to mesh axes. Outside :func:`context` the names
+are inert and parameter trees are plain arrays.
 """
 
 from __future__ import annotations
@@ -180,9 +169,7 @@ def axis_size(mesh_shape: Sequence[int], rules: Sequence, name: str) -> int:
 def context(mesh: jax.sharding.Mesh, rules: Sequence):
   """Makes ``mesh`` current (``jax.set_mesh``) and activates the logical ``rules``.
 
-  Inside it, models ``init`` boxed parameters (see :func:`logical_init`) and
-  their activation constraints take effect; jitted functions must be traced
-  inside it.
+  Jitted functions must be traced inside it for the boxes and constraints to apply.
   """
   with jax.set_mesh(mesh), nn.logical_axis_rules(tuple(rules)):
     yield
@@ -191,10 +178,8 @@ def context(mesh: jax.sharding.Mesh, rules: Sequence):
 def logical_init(init: Callable, names: Sequence[str | None]) -> Callable:
   """``init`` whose values carry the logical axis ``names`` under :func:`context`.
 
-  Inside :func:`context` (logical axis rules active) it is
-  ``nn.with_logical_partitioning(init, names)``: ``model.init`` then returns
-  ``nn.LogicallyPartitioned`` boxes, from which :func:`param_specs` reads the
-  names. Elsewhere it is ``init`` itself, so ``model.init`` gives plain arrays.
+  There ``nn.with_logical_partitioning(init, names)`` (read by :func:`param_specs`);
+  elsewhere ``init`` itself.
   """
   boxed = nn.with_logical_partitioning(init, tuple(names))
 
@@ -213,11 +198,7 @@ def layer_norm_inits(name: str = "embed") -> dict:
 
 
 def unbox(tree: Any) -> Any:
-  """Plain arrays from a tree that may hold ``nn.LogicallyPartitioned`` boxes.
-
-  No sharding constraint is applied here: the jitted init's ``out_shardings``
-  place the values.
-  """
+  """Plain arrays from a tree that may hold ``nn.LogicallyPartitioned`` boxes (no constraint applied)."""
   is_box = lambda x: isinstance(x, nn.meta.AxisMetadata)
   return jax.tree_util.tree_map(
     lambda x: x.unbox(apply_constraint=False) if is_box(x) else x, tree, is_leaf=is_box
@@ -235,11 +216,9 @@ def _fit(spec: Sequence, shape: Sequence[int], mesh: jax.sharding.Mesh) -> list:
 
 
 def fsdp_spec(spec: Sequence, shape: Sequence[int], fsdp_size: int) -> list:
-  """Adds ``"fsdp"`` to the largest unsharded dimension that ``fsdp_size`` divides.
+  """Adds ``"fsdp"`` to the largest unsharded dimension that ``fsdp_size`` divides (first on ties).
 
-  Ties go to the first such dimension; ``spec`` is returned unchanged when
-  ``fsdp_size`` is 1, when it already uses ``"fsdp"``, or when no free
-  dimension is divisible.
+  ``spec`` unchanged when ``fsdp_size`` is 1, ``"fsdp"`` is used, or nothing divides.
   """
   spec = list(spec)
   used = {a for e in spec if e is not None for a in ((e,) if isinstance(e, str) else e)}
@@ -252,17 +231,10 @@ def fsdp_spec(spec: Sequence, shape: Sequence[int], fsdp_size: int) -> list:
 
 
 def param_specs(boxed_params: Any, mesh: jax.sharding.Mesh, rules: Sequence) -> Any:
-  """``PartitionSpec`` of every parameter, from the boxed abstract init tree.
+  """``PartitionSpec`` of every parameter, from ``jax.eval_shape`` of ``init`` inside :func:`context`.
 
-  ``boxed_params`` is ``jax.eval_shape`` of the task's ``init`` inside
-  :func:`context`: leaves are ``nn.LogicallyPartitioned`` boxes of
-  ``jax.ShapeDtypeStruct`` (parameters without logical names are plain
-  ``ShapeDtypeStruct``). Logical names go to mesh axes by ``rules``, an axis
-  that does not divide its dimension is dropped, then ``fsdp`` is added
-  (:func:`fsdp_spec`).
-
-  Returns:
-    The unboxed tree's structure with ``PartitionSpec`` leaves.
+  Logical names go to mesh axes by ``rules``, non-dividing axes are dropped, then
+  :func:`fsdp_spec`. Returns the unboxed tree with ``PartitionSpec`` leaves.
   """
   logical = nn.get_partition_spec(boxed_params)
   shapes = unbox(boxed_params)
@@ -278,11 +250,9 @@ def param_specs(boxed_params: Any, mesh: jax.sharding.Mesh, rules: Sequence) -> 
 def state_shardings(abstract_state: Any, specs: Any, mesh: jax.sharding.Mesh) -> Any:
   """``NamedSharding`` of every leaf of a TrainState.
 
-  ``state.params`` get ``specs`` (from :func:`param_specs`). Every other leaf
-  that mirrors a parameter -- same shape, and its path ends with the
-  parameter's path (optimizer moments ``opt_state...mu/<param path>``, DINO's
-  ``task_state["teacher"]/<param path>``) -- gets that parameter's sharding;
-  the rest (step, RNG key, counts, DINO's centre) is replicated.
+  ``state.params`` get ``specs``; a leaf of the same shape whose path ends with a
+  parameter's path (optimizer moments, DINO's teacher) gets its sharding; the rest
+  is replicated.
   """
   flat_specs = jax.tree_util.tree_flatten_with_path(specs, is_leaf=lambda x: isinstance(x, P))[0]
   flat_shapes = jax.tree_util.tree_leaves(abstract_state.params)
@@ -309,15 +279,13 @@ def logical_shardings(names: Any, mesh: jax.sharding.Mesh, rules: Sequence) -> A
 
 
 def global_batch(batch: Any, shardings: Any, global_shapes: Any = None) -> Any:
-  """Global ``jax.Array`` batch from this process's share of it.
+  """Global ``jax.Array`` batch from this process's rows of it.
 
   Args:
-    batch: tree of numpy arrays, this process's rows (all of them with one process).
+    batch: tree of numpy arrays.
     shardings: a ``NamedSharding`` per leaf (or one for all).
-    global_shapes: tree of global shapes (tuples) or ``jax.ShapeDtypeStruct``;
-      ``None`` lets JAX infer them (each process holds its own rows). A
-      leaf whose global shape equals its local shape must be the same on every
-      process (e.g. an evaluation batch that every process reads whole).
+    global_shapes: tree of shapes or ``jax.ShapeDtypeStruct`` (``None``: inferred). A
+      leaf whose global shape is its local one must be equal on every process.
   """
   if isinstance(shardings, jax.sharding.Sharding):
     shardings = jax.tree_util.tree_map(lambda _: shardings, batch)
@@ -337,10 +305,9 @@ def global_batch(batch: Any, shardings: Any, global_shapes: Any = None) -> Any:
 
 
 def whole_batch(batch: Any, mesh: jax.sharding.Mesh, rules: Sequence) -> Any:
-  """Global arrays from a batch that every process holds whole (evaluation).
+  """Global arrays from a batch every process holds whole (evaluation).
 
-  A leading axis that the data-parallel size divides is split over the batch
-  mesh axes; other arrays are replicated.
+  A leading axis the data-parallel size divides is split; other arrays replicated.
   """
   axes = mesh_axes(rules, "batch")
   size = int(np.prod([mesh.shape[a] for a in axes]))
@@ -355,13 +322,9 @@ def whole_batch(batch: Any, mesh: jax.sharding.Mesh, rules: Sequence) -> Any:
 
 
 def replicated(tree: Any) -> Any:
-  """``tree`` with every array sharded over a mesh replicated over that mesh
-  (whole on every device; arrays on one device stay as they are).
+  """``tree``'s mesh-sharded arrays replicated over their mesh (one copy per device).
 
-  A collective: with several processes every process must call it at the
-  same point (as the training loop's evaluations do). For work that does not
-  split over the mesh inside it, e.g. token-by-token sampling of one sequence
-  during training; it costs one copy of ``tree`` per device.
+  A collective: every process must call it at the same point.
   """
   leaves = jax.tree_util.tree_leaves(tree)
   meshes = {
@@ -379,13 +342,10 @@ def initialize_distributed(dist: ml_collections.ConfigDict) -> bool:
   """Starts JAX's multi-process runtime if ``config.distributed`` asks for it.
 
   ``coordinator_address`` set: ``jax.distributed.initialize(coordinator_address,
-  num_processes, process_id)``; else ``enabled`` (or ``JAX_COORDINATOR_ADDRESS``
-  in the environment): ``jax.distributed.initialize()``, which reads SLURM, Open
-  MPI, Kubernetes, Cloud TPU or the ``JAX_*`` variables. CPU collectives use
-  gloo. Must run before anything starts JAX's backend; a second call is a no-op.
-
-  Returns:
-    Whether the runtime is (now) initialized.
+  num_processes, process_id)``; ``enabled`` or ``JAX_COORDINATOR_ADDRESS``:
+  ``jax.distributed.initialize()`` (SLURM, Open MPI, Kubernetes, Cloud TPU). CPU
+  collectives use gloo. Call before JAX's backend starts; a second call is a no-op.
+  Returns whether the runtime is initialized.
   """
   address = dist.coordinator_address
   wanted = address or dist.enabled or os.environ.get("JAX_COORDINATOR_ADDRESS")

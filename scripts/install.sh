@@ -7,7 +7,8 @@
 # virtual environment .venv with the pinned Python packages.
 #   bash scripts/install.sh          # what train.py / eval.py need
 #   bash scripts/install.sh --test   # plus pytest, hypothesis and the test oracles
-#                                    # of laplax.convert: torch, timm, transformers
+#                                    # of laplax.convert: torch, timm, transformers;
+#                                    # Debian chromium and chromium-driver (the chat page)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 sudo=""
@@ -16,6 +17,11 @@ if [ ! -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ] \
     || ! command -v bwrap >/dev/null; then
   $sudo apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq dataset-fashion-mnist bubblewrap
+fi
+# --test: Chromium and its WebDriver, for the chat page's browser test (tests/test_chat.py).
+if [ "${1:-}" = "--test" ] && ! { command -v chromium && command -v chromedriver; } >/dev/null; then
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq chromium chromium-driver
 fi
 python=${PYTHON:-python3.11}
 command -v "$python" >/dev/null || python=python3

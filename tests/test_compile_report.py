@@ -6,10 +6,17 @@ per-device memory and FLOPs; the compiled FLOPs must agree with the analytic
 line and exit code 2.
 """
 
+import json
 import os
 import re
+import sys
 
+import jax
+import pytest
 from test_train import ROOT, run
+
+sys.path.insert(0, ROOT)
+from bench import compile_report  # noqa: E402
 
 REPORT = os.path.join(ROOT, "bench", "compile_report.py")
 # Width 256 so that matmuls dominate as at paper scale (at width 64 the
@@ -94,3 +101,30 @@ def test_compile_report_takes_the_sft_config():
   assert proc.returncode == 0, proc.stderr[-2000:]
   assert "batch 32" in proc.stdout and "grad_accum_steps 8" in proc.stdout
   assert re.search(r"per-device memory: arguments \S+ \w+B", proc.stdout)
+
+
+@pytest.mark.subprocess
+def test_compile_report_json_reports_every_field_on_fake_devices():
+  # --json: one JSON object per config (bench/aot_tables.py builds the docs'
+  # table from them); the peak is arguments + outputs - donated + temporaries.
+  proc = run(
+    [REPORT, "--cpu-devices", "2", "--mesh", "(1,2,1)", "--json"]
+    + SMALL_GPT
+    + ["--set", "optim.grad_accum_steps=1", "--set", "model.loss_chunk=16"]
+  )
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  lines = proc.stdout.strip().splitlines()
+  assert len(lines) == 1, proc.stdout
+  record = json.loads(lines[0])
+  assert tuple(record) == compile_report.JSON_KEYS
+  assert record["config"] == "configs/gpt_shakespeare.py" and record["fits"] is True
+  assert record["platform"] == "cpu" and record["num_devices"] == 2 and record["mesh"] == [1, 2, 1]
+  assert record["loss_chunk"] == 16 and record["topology"] is None and record["error"] is None
+  assert record["overrides"][-1] == "model.loss_chunk=16"
+  expected = (
+    record["argument_bytes"] + record["output_bytes"] - record["alias_bytes"] + record["temp_bytes"]
+  )
+  assert record["peak_bytes"] == expected > 0
+  assert record["flops_total"] == 2 * record["flops_per_device"] > 0
+  assert 0.9 <= record["flops_total"] / record["analytic_flops"] <= 1.1
+  assert record["jax_version"] == jax.__version__ and record["compile_s"] >= 0

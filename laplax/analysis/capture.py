@@ -1,18 +1,10 @@
 """What the analysis reads from a laplax model, without a second forward path.
 
-* Token representations per layer: the block outputs ``out["block{i}"]["+mlp"]``
-  that :class:`~laplax.models.vit.ViT` and :class:`~laplax.models.gpt.GPT`
-  already return (the big_vision convention); under ``jit`` the training step
-  ignores them, so they cost nothing there.
-* Attention matrices ``P``: sown by :class:`laplax.attention.MultiHeadAttention`
-  as ``"attention_weights"`` only when the ``"intermediates"`` collection is
-  mutable, i.e. only in :func:`analysis_apply`.
-* Each attention block's input (the output of the block's ``norm1``) and
-  output, by Flax's ``capture_intermediates`` filtered to those modules.
-
-Layers are stored as ``block{i}`` submodules, or stacked along a leading axis
-under :data:`~laplax.models.layers.SCANNED_BLOCKS` with ``scan_layers``; the
-helpers here read both layouts.
+Block outputs ``out["block{i}"]["+mlp"]`` (returned by ViT and GPT anyway), the
+attention matrices sown by :class:`laplax.attention.MultiHeadAttention` when
+``"intermediates"`` is mutable (only in :func:`analysis_apply`), and each attention
+block's input and output (``capture_intermediates``). Looped ``block{i}`` and
+scanned (:data:`~laplax.models.layers.SCANNED_BLOCKS`) layouts are both read.
 """
 
 from __future__ import annotations
@@ -57,18 +49,9 @@ def attention_params(params: dict, layer: int) -> dict:
 
 
 def projection_kernels(params: dict, layer: int) -> dict:
-  """The raw ``W_Q, W_K, W_V`` of one layer.
+  """The raw ``W_Q, W_K, W_V`` of one layer (the forward pass uses ``W + C``).
 
-  These are the trained parameters; the forward pass multiplies by ``W + C``
-  when spectral conditioning is on (Saratchandran & Lucey, Theorem 3.8; see
-  :class:`laplax.attention.ProjectionDense`).
-
-  Args:
-    params: the model's parameters (looped or scanned layout).
-    layer: block index.
-
-  Returns:
-    ``{"query", "key", "value"}``: float32 NumPy ``[D, heads * d_head]``.
+  Returns ``{"query", "key", "value"}``: float32 NumPy ``[D, heads * d_head]``.
 
   Raises:
     KeyError: no such layer.
@@ -78,22 +61,16 @@ def projection_kernels(params: dict, layer: int) -> dict:
 
 
 def is_causal(model: nn.Module) -> bool:
-  """Whether ``model``'s attention is causal (a GPT's spec) or bidirectional (a ViT).
-
-  Args:
-    model: a laplax ViT or GPT (bound or not), read through ``model.spec``.
-  """
+  """Whether ``model``'s attention is causal (a GPT's spec) or bidirectional (a ViT)."""
   return isinstance(model.spec, GPTSpec)
 
 
 def attention_module(model: nn.Module, layer: int):
   """Layer ``layer``'s attention block as a standalone module and its call kwargs.
 
-  Built from ``model.spec`` by :func:`laplax.models.layers.attention_module`
-  (the constructor the model's blocks use) with the reference kernel and
-  float32 compute, so that ``module.apply({"params": attention_params(params,
-  layer)}, y, **kwargs)`` maps the block's normalised input ``y [batch, T, D]``
-  to its attention branch, as in the model.
+  Built by :func:`laplax.models.layers.attention_module` with the reference kernel in
+  float32: ``module.apply({"params": attention_params(params, layer)}, y, **kwargs)``
+  maps the normalised input ``y [batch, T, D]`` to the attention branch.
 
   Returns:
     ``(MultiHeadAttention, {"is_causal": bool, "laplacian": bool [heads]})``.
@@ -115,16 +92,13 @@ def analysis_apply(
   """The model's eval forward pass with the attention matrices (and block I/O) recorded.
 
   Args:
-    model: a ViT (also a DINO backbone) or GPT.
-    params: its parameters.
+    model: a ViT (also a DINO backbone) or GPT; params: its parameters.
     inputs: images ``[B, H, W, C]`` or tokens ``[B, T]``.
-    capture_blocks: also record each attention block's input (``norm1``
-      output) and output (``capture_intermediates``).
+    capture_blocks: also record each attention block's input and output.
 
   Returns:
-    ``(out, intermediates)``: the model's intermediates dict (``"block{i}"``,
-    ``"encoded"``, ...) and the ``"intermediates"`` collection (read it with
-    :func:`attention_weights` and :func:`block_io`).
+    ``(out, intermediates)``: the model's intermediates dict and the
+    ``"intermediates"`` collection (:func:`attention_weights`, :func:`block_io`).
   """
   (_, out), state = model.apply(
     {"params": params},
@@ -137,14 +111,7 @@ def analysis_apply(
 
 
 def attention_weights(intermediates: dict, layer: int) -> jax.Array:
-  """Layer ``layer``'s attention matrices ``P`` as sown by ``MultiHeadAttention``.
-
-  Args:
-    intermediates: the ``"intermediates"`` collection of :func:`analysis_apply`.
-    layer: block index.
-
-  Returns:
-    float32 ``[B, heads, T, T]``, rows summing to 1 (Zhang & Papyan's ``P_i``).
+  """Layer ``layer``'s attention matrices ``P``, float32 ``[B, heads, T, T]`` (rows sum to 1).
 
   Raises:
     KeyError: no such layer.
@@ -153,15 +120,9 @@ def attention_weights(intermediates: dict, layer: int) -> jax.Array:
 
 
 def block_io(intermediates: dict, layer: int) -> tuple[jax.Array, jax.Array]:
-  """The input and output of layer ``layer``'s attention block.
+  """``(norm1 output, attention branch)`` of layer ``layer``, each ``[B, T, D]``.
 
-  Args:
-    intermediates: from ``analysis_apply(..., capture_blocks=True)``.
-    layer: block index.
-
-  Returns:
-    ``(norm1 output [B, T, D], attention branch [B, T, D])`` in the model's
-    compute dtype (the branch before LayerScale and drop-path).
+  In the compute dtype; the branch before LayerScale and drop-path.
 
   Raises:
     KeyError: no such layer, or the blocks were not captured.
@@ -181,11 +142,9 @@ def head_outputs(intermediates: dict, layer: int) -> jax.Array:
 
 
 def head_out_kernels(params: dict, layer: int, num_heads: int) -> jax.Array:
-  """``W_O``'s rows per head, times LayerScale's ``gamma`` when the block has one.
+  """``W_O``'s rows per head times LayerScale's ``gamma``, float32 ``[heads, head_dim, D]``.
 
-  Returns:
-    float32 ``[heads, head_dim, D]``: head ``h``'s output ``o_h [head_dim]``
-    adds ``o_h @ result[h]`` to the residual stream (besides ``W_O``'s bias).
+  Head ``h`` adds ``o_h @ result[h]`` to the residual stream (besides the bias).
 
   Raises:
     KeyError: no such layer.
@@ -199,15 +158,9 @@ def head_out_kernels(params: dict, layer: int, num_heads: int) -> jax.Array:
 
 
 def block_outputs(out: dict, layers: Sequence[int]) -> dict:
-  """Token representations after each chosen block (the residual stream).
+  """``{layer: out["block{layer}"]["+mlp"]}``, each ``[B, T, D]`` in the compute dtype.
 
-  Args:
-    out: the intermediates dict a ViT or GPT returns.
-    layers: block indices.
-
-  Returns:
-    ``{layer: out["block{layer}"]["+mlp"]}``, each ``[B, T, D]`` in the
-    model's compute dtype (ViT: class token first when ``pool == "tok"``).
+  ViT: class token first when ``pool == "tok"``.
 
   Raises:
     KeyError: a layer the model does not have.

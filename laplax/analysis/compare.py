@@ -2,13 +2,8 @@
 
     python -m laplax.analysis.compare runs/vit0 runs/vit4 --out compare.png
 
-Reads ``analysis.json`` (written by ``eval.py --workdir RUN --analysis``) from
-each workdir, draws one panel per main quantity with one per-layer curve per
-run (:func:`laplax.analysis.plots.plot_compare`) and prints, for each
-quantity of :data:`laplax.analysis.summary.QUANTITIES` that some run has, a
-markdown table with a row per layer and a column per run (``-`` where a run
-lacks it). Bad input -- a directory without ``analysis.json``, an unreadable
-file, no run -- prints one line and exits with code 2.
+Bad input (no ``analysis.json``, an unreadable file, no run) prints one line and
+exits with code 2.
 """
 
 from __future__ import annotations
@@ -44,15 +39,7 @@ def names_for(workdirs: Sequence[str]) -> list[str]:
 
 
 def markdown_tables(analyses: dict) -> str:
-  """Markdown: per quantity, a table of layers (rows) by runs (columns).
-
-  Args:
-    analyses: ``{run name: analysis dict}``.
-
-  Returns:
-    The tables, each under a ``### label`` heading; quantities no run has
-    are left out.
-  """
+  """Markdown: per quantity a ``### label`` table of layers by runs (absent ones left out)."""
   summaries = {n: summary.summary(a) for n, a in analyses.items()}
   names = list(summaries)
   layers = sorted({l for s in summaries.values() for l in s["layer"]})

@@ -1,59 +1,11 @@
 """Conditioning of attention: projection kernels, the attention Jacobian, Theorem 3.4.
 
 The measurements of Saratchandran & Lucey ("Spectral Conditioning of Attention
-Improves Transformer Performance", NeurIPS 2025, arXiv 2603.07162; the layouts are in
-:mod:`laplax.spectral`):
-
-* :func:`kernel_conditioning`: the condition number ``kappa(W) = sigma_max /
-  sigma_min`` and the smallest singular value of a projection kernel ``W``
-  (``W_Q``, ``W_K`` or ``W_V``, ``[D, H * d_head]``), without and with the
-  correction ``C`` of :func:`laplax.spectral.correction` -- ``W + C`` is the
-  *effective* kernel the forward pass multiplies by when spectral conditioning
-  is on (:class:`laplax.attention.ProjectionDense`). Both the whole kernel
-  and each head's ``[D, d_head]`` column block are measured: with the
-  ``"per_head"`` correction only the blocks are conditioned (the whole kernel
-  ``W + C`` has ``C`` of rank ``d_head``), with ``"full"`` both, and one
-  head's attention depends only on its blocks.
-* :func:`jacobian_condition`: the condition number of the Jacobian of a map
-  ``X [T, D] -> Y [T, D']`` at one input, from ``jax.jacfwd`` flattened to the
-  ``[T D', T D]`` matrix (row-major), its singular values in float64. The
-  analysis applies it to the attention block and to each head *with respect
-  to the input* ``X`` (the ``input`` Jacobian): a quantity of interest of its
-  own, but not the one Theorem 3.4 bounds.
-* :func:`weight_jacobian_matrix` / :func:`weight_jacobian_condition`: the
-  Jacobian of one head's output ``softmax(X W_Q W_K^T X^T) X W_V`` *with
-  respect to the weights* ``(W_Q, W_K, W_V)`` at one input, in closed form
-  in float64 -- the object of Theorem 3.4 (the ``kappa(X)^3`` factor comes
-  from the three ``X`` factors of ``dA / dW_Q``).
-* :func:`theorem_3_4_bound`: the right-hand side of Theorem 3.4 for one head,
-  ``kappa(X)^3 kappa(L) kappa(W_V) (kappa(W_Q) + kappa(W_K)) + kappa(X)
-  kappa(softmax)``; :func:`head_conditioning` puts it beside the measured
-  weight Jacobian, with the paper's unscaled logits and with laplax's
-  ``1/sqrt(d)``. How the terms are read here (the statement leaves the two
-  softmax terms implicit): ``kappa(X)`` over the ``min(T, D)`` singular values
-  of the input; ``kappa(softmax)`` the condition number of the attention
-  matrix ``P`` ``[T, T]``; ``kappa(L)`` the condition number of the softmax
-  Jacobian ``L = blockdiag_t(Diag(p_t) - p_t p_t^T)`` on its range (largest
-  over smallest *nonzero* eigenvalue: ``L 1 = 0`` always, so the plain
-  condition number is infinite). Measured on random heads
-  (``tests/test_conditioning_theorem.py``): with ``T <= D`` tokens and a
-  weight Jacobian of full numerical rank the bound was never below the
-  measured value. It can be below it (a) with ``T > D``, where ``P X`` has
-  rank ``D < T`` and the Jacobian is often rank-deficient while every term of
-  the bound stays finite (the theorem needs ``X`` of full row rank), and (b)
-  on saturated heads, where a row of ``P`` is one-hot in floating point, the
-  ``W_Q, W_K`` directions vanish, and ``kappa(L)`` read on the numerical
-  range no longer sees the vanishing eigenvalues.
-* :func:`attention_entropy`: the entropy ``-sum_j p_tj log p_tj`` (nats) of
-  each query's attention distribution, per head -- measured at step 0 of
-  spectrally conditioned runs, whose logits may start saturated.
-* :func:`attention_self_weight` and :func:`attention_head_similarity`: two
-  more signs of that saturation -- the weight ``p_tt`` a query puts on its
-  own token (``W_Q, W_K`` near ``lam I`` make ``x_t^T W_Q W_K^T x_t`` the
-  largest logit of row ``t``) and the cosine similarity of the heads' rows
-  (heads all conditioned towards the same identity attend alike).
-
-Condition numbers are ``inf`` where the smallest singular value is 0.
+Improves Transformer Performance", NeurIPS 2025, arXiv 2603.07162); the correction
+``C`` is :func:`laplax.spectral.correction`. Definitions, how Theorem 3.4's terms are
+read and when its bound fails (``T > D``, saturated heads): docs/methods.md,
+"The theorem laplax measures" and "Conditioning and saturation". Condition numbers
+are ``inf`` where the smallest singular value is 0.
 """
 
 from __future__ import annotations
@@ -66,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from laplax import spectral
+from laplax.kernels import causal_mask
 
 # Eigenvalues of the softmax Jacobian below this fraction of the largest count as 0.
 NULL_RTOL = 1e-12
@@ -92,26 +45,26 @@ def kernel_conditioning(
 ) -> dict:
   """Condition numbers and extreme singular values of ``W`` and of ``W + C``.
 
+  Whole kernel and each head's ``[D, d_head]`` block: ``"per_head"`` conditions only
+  the blocks, ``"full"`` both.
+
   Args:
     kernel: float ``[D, num_heads * d_head]`` projection kernel ``W``.
-    num_heads: column blocks (heads), for the per-head numbers and the
-      ``"per_head"`` correction.
-    lam: ``lambda`` of the ``lambda * I_k`` correction (Theorem 3.8); with
-      ``None`` and a mode other than ``"svd"`` only ``raw`` is returned.
-    mode: one of :data:`laplax.spectral.MODES` (``"svd"``: Theorem 3.5,
-      ``kappa(W + C) <= 2``), as in :func:`laplax.spectral.correction`.
+    num_heads: column blocks (heads).
+    lam: ``lambda`` of the ``lambda * I_k`` correction (Theorem 3.8); with ``None``
+      and a mode other than ``"svd"`` only ``raw`` is returned.
+    mode: one of :data:`laplax.spectral.MODES`, as in :func:`laplax.spectral.correction`.
     target: which projection ``kernel`` is (``"q"``, ``"k"``, ``"v"``).
     targets: the projections the correction applies to; outside them ``C = 0``.
 
   Returns:
-    ``{"raw": stats of W, "corrected": stats of W + C}``, each ``{
-    "condition_number", "min_singular_value", "max_singular_value",
-    "head_condition_number": [H], "head_min_singular_value": [H]}`` (Python
-    floats; dimensionless / units of the kernel).
+    ``{"raw", "corrected"}``, each ``{"condition_number", "min_singular_value",
+    "max_singular_value", "head_condition_number": [H], "head_min_singular_value":
+    [H]}`` (Python floats).
 
   Raises:
-    ValueError: a kernel that is not 2-D, ``num_heads`` not dividing its
-      columns, or an unknown mode.
+    ValueError: a kernel that is not 2-D, ``num_heads`` not dividing its columns, or
+      an unknown mode.
   """
   if mode not in spectral.MODES:
     raise ValueError(f"spectral mode {mode!r} is unknown; use one of {', '.join(spectral.MODES)}")
@@ -150,17 +103,10 @@ def kernel_conditioning(
 
 
 def jacobian_matrix(fn: Callable[..., jax.Array], x, *args) -> np.ndarray:
-  """The Jacobian of ``fn`` in its first argument at ``x``, a float64 matrix.
+  """The Jacobian ``d vec(fn(x, *args)) / d vec(x)``, float64 ``[out.size, x.size]``.
 
-  Args:
-    fn: a JAX-traceable ``fn(x, *args)`` (compiled once per function and
-      shapes; pass weights in ``args`` rather than closing over them).
-    x: float input (any shape).
-    *args: further arguments of ``fn``, held fixed.
-
-  Returns:
-    ``d vec(fn(x, *args)) / d vec(x)`` ``[out.size, x.size]`` with row-major
-    ``vec``, from ``jax.jacfwd``.
+  Row-major ``vec``, from ``jax.jacfwd`` (compiled once per function and shapes: pass
+  weights in ``args`` rather than closing over them).
   """
   x = jnp.asarray(x, jnp.float32)
   jac = _jacfwd(fn)(x, *args)
@@ -175,20 +121,12 @@ def _jacfwd(fn):
 def jacobian_condition(fn: Callable[..., jax.Array], x, *args) -> dict:
   """Condition number of the Jacobian of ``fn`` in its first argument at ``x``.
 
-  Args:
-    fn: a JAX-traceable map ``fn(x, *args)``, e.g. one attention block
-      ``[T, D] -> [T, D]``.
-    x: float input.
-    *args: further arguments of ``fn``, held fixed.
-
   Returns:
-    ``{"condition_number", "sigma_max", "sigma_min", "numerical_rank",
-    "shape": [rows, cols]}`` over the ``min(rows, cols)`` singular values of
-    :func:`jacobian_matrix`. The Jacobian is computed in float32, so singular
-    values below ``max(shape) * eps_float32 * sigma_max`` are not resolved:
-    ``numerical_rank`` counts those above it, and a condition number beyond
-    about ``1e7`` means "numerically singular" (e.g. a causal Laplacian head,
-    whose output at token 0 is exactly 0).
+    ``{"condition_number", "sigma_max", "sigma_min", "numerical_rank", "shape"}``
+    over the ``min(rows, cols)`` singular values of :func:`jacobian_matrix`. It is
+    computed in float32: ``numerical_rank`` counts singular values above
+    ``max(shape) * eps_float32 * sigma_max``; beyond about ``1e7`` the Jacobian is
+    numerically singular (e.g. a causal Laplacian head at token 0).
   """
   return _matrix_condition(jacobian_matrix(fn, x, *args), float(np.finfo(np.float32).eps))
 
@@ -196,15 +134,14 @@ def jacobian_condition(fn: Callable[..., jax.Array], x, *args) -> dict:
 def attention_probs(x, wq, wk, *, causal: bool = False, scale: float | None = None):
   """``P = softmax(X W_Q (X W_K)^T * scale + causal mask)``, float32 ``[T, T]``.
 
-  Args:
-    x: float ``[T, D]``; wq, wk: float ``[D, d]``; ``scale`` default ``1/sqrt(d)``.
+  ``x`` float ``[T, D]``; ``wq, wk`` ``[D, d]``; ``scale`` default ``1/sqrt(d)``.
   """
   x = jnp.asarray(x, jnp.float32)
   scale = wq.shape[-1] ** -0.5 if scale is None else scale
   logits = (x @ wq) @ (x @ wk).T * scale
   if causal:
     t = x.shape[0]
-    logits = jnp.where(jnp.tril(jnp.ones((t, t), bool)), logits, -jnp.inf)
+    logits = jnp.where(causal_mask(t, t, xp=jnp), logits, -jnp.inf)
   return jax.nn.softmax(logits, axis=-1)
 
 
@@ -213,33 +150,19 @@ def single_head_attention(
 ) -> jax.Array:
   """One head of ``SpecA(X) = softmax(X W_Q W_K^T X^T / sqrt(d)) X W_V`` (Saratchandran & Lucey 2025, Sec. 2).
 
-  The object of Theorem 3.4 (no bias, no normalisation, no output projection);
-  pass effective kernels ``W + C`` to get the spectrally conditioned head.
-
-  Args:
-    x: float ``[T, D]``; wq, wk: float ``[D, d]``; wv: float ``[D, d_v]``.
-    causal: mask keys after each query.
-    scale: logit scale, default ``1 / sqrt(d)``.
-
-  Returns:
-    float32 ``[T, d_v]``.
+  Theorem 3.4's object (no bias, norm or output projection); pass ``W + C`` for the
+  conditioned head. ``x`` float ``[T, D]``; ``wq, wk`` ``[D, d]``; ``wv`` ``[D, d_v]``;
+  ``scale`` default ``1 / sqrt(d)``. Returns float32 ``[T, d_v]``.
   """
   return attention_probs(x, wq, wk, causal=causal, scale=scale) @ (jnp.asarray(x, jnp.float32) @ wv)
 
 
 def softmax_jacobian_condition(probs) -> float:
-  """``kappa(L)`` of the row-wise softmax Jacobian ``blockdiag_t(Diag(p_t) - p_t p_t^T)``.
+  """``kappa(L)`` of ``L = blockdiag_t(Diag(p_t) - p_t p_t^T)`` on its range.
 
-  Largest eigenvalue over the smallest nonzero one (relative threshold
-  :data:`NULL_RTOL`), over all rows ``p_t`` of ``probs``; ``L`` is symmetric
-  positive semi-definite with ``L 1 = 0``, so this is its condition number
-  on its range.
-
-  Args:
-    probs: float ``[T, T]`` row-stochastic attention matrix.
-
-  Returns:
-    float (``inf`` if every eigenvalue is 0, e.g. one-hot rows).
+  Largest over smallest nonzero eigenvalue (relative threshold :data:`NULL_RTOL`)
+  of ``probs`` float ``[T, T]`` (rows sum to 1); ``L 1 = 0``. Returns a float
+  (``inf`` if every eigenvalue is 0, e.g. one-hot rows).
   """
   p = np.asarray(probs, np.float64)
   eig = np.concatenate([np.linalg.eigvalsh(np.diag(r) - np.outer(r, r)) for r in p])
@@ -251,20 +174,11 @@ def softmax_jacobian_condition(probs) -> float:
 def theorem_3_4_bound(x, wq, wk, wv, *, causal: bool = False, scale: float | None = None) -> dict:
   """Theorem 3.4's upper bound on ``kappa`` of one head's weight Jacobian.
 
-  The Jacobian is :func:`weight_jacobian_matrix` (with respect to ``(W_Q,
-  W_K, W_V)``); the bound is ``kappa(X)^3 kappa(L) kappa(W_V) (kappa(W_Q) + kappa(W_K)) + kappa(X)
-  kappa(softmax)`` (Saratchandran & Lucey 2025, Theorem 3.4),
-  with the terms read as in the module docstring and ``P`` from
-  :func:`attention_probs`.
-
-  Args:
-    x: float ``[T, D]`` input tokens; wq, wk: ``[D, d]``; wv: ``[D, d_v]``
-      (effective kernels of one head).
-    causal, scale: as in :func:`single_head_attention`.
-
-  Returns:
-    dict of Python floats: ``bound`` and its terms ``kappa_x``, ``kappa_l``,
-    ``kappa_softmax``, ``kappa_wq``, ``kappa_wk``, ``kappa_wv``.
+  ``kappa(X)^3 kappa(L) kappa(W_V) (kappa(W_Q) + kappa(W_K)) + kappa(X) kappa(softmax)``
+  (Saratchandran & Lucey 2025), ``P`` from :func:`attention_probs`. Arguments as in
+  :func:`single_head_attention` (effective kernels of one head). Returns Python
+  floats: ``bound``, ``kappa_x``, ``kappa_l``, ``kappa_softmax``, ``kappa_wq``,
+  ``kappa_wk``, ``kappa_wv``.
   """
   x, wq, wk, wv = (np.asarray(a, np.float64) for a in (x, wq, wk, wv))
   scale = wq.shape[-1] ** -0.5 if scale is None else scale
@@ -291,27 +205,18 @@ def theorem_3_4_bound(x, wq, wk, wv, *, causal: bool = False, scale: float | Non
 def weight_jacobian_matrix(
   x, wq, wk, wv, *, causal: bool = False, scale: float | None = None
 ) -> np.ndarray:
-  """The Jacobian of one head's output with respect to its weights, in float64.
+  """The Jacobian of ``A = P X W_V`` with respect to ``(W_Q, W_K, W_V)``, float64.
 
-  The object of Theorem 3.4 (Saratchandran & Lucey 2025): ``A = P X W_V``
-  with ``P = softmax(scale * X W_Q W_K^T X^T)`` (row-wise, causal mask
-  optional), differentiated with respect to ``(W_Q, W_K, W_V)`` at the fixed
-  input ``X``. Closed form, with ``Q, K, V = X W_Q, X W_K, X W_V`` and the
-  softmax Jacobian ``L_t = Diag(p_t) - p_t p_t^T`` of row ``t``::
+  Theorem 3.4's object, ``P = softmax(scale * X W_Q W_K^T X^T)`` (causal mask
+  optional), closed form with ``L_t = Diag(p_t) - p_t p_t^T``::
 
       dA_tc / dW_V[a, b] = (P X)_ta delta_cb
       dA_tc / dW_Q[a, b] = scale X_ta (V^T L_t K)_cb
       dA_tc / dW_K[a, b] = scale Q_tb (V^T L_t X)_ca
 
-  Args:
-    x: float ``[T, D]`` input tokens; wq, wk: ``[D, d]``; wv: ``[D, d_v]``.
-    causal: mask keys after each query.
-    scale: logit scale, default ``1 / sqrt(d)`` (laplax's attention); the
-      paper's statement has ``1``.
-
-  Returns:
-    float64 ``[T * d_v, D * d + D * d + D * d_v]``: rows ``vec(A)``, columns
-    ``[vec(W_Q) | vec(W_K) | vec(W_V)]`` (row-major ``vec``).
+  ``x`` float ``[T, D]``; ``wq, wk`` ``[D, d]``; ``wv`` ``[D, d_v]``; ``scale``
+  default ``1 / sqrt(d)`` (the paper has 1). Returns float64 ``[T * d_v, 2 D d + D
+  d_v]``: rows ``vec(A)``, columns ``[vec(W_Q) | vec(W_K) | vec(W_V)]`` (row-major).
   """
   x, wq, wk, wv = (np.asarray(a, np.float64) for a in (x, wq, wk, wv))
   t, dim = x.shape
@@ -345,14 +250,9 @@ def weight_jacobian_condition(
 ) -> dict:
   """Condition number of :func:`weight_jacobian_matrix` (Theorem 3.4's quantity).
 
-  Args:
-    x, wq, wk, wv, causal, scale: as in :func:`weight_jacobian_matrix`.
-
-  Returns:
-    ``{"condition_number", "sigma_max", "sigma_min", "numerical_rank",
-    "shape"}`` over the ``min(rows, cols)`` singular values (float64; a
-    ``numerical_rank`` below ``min(shape)`` means numerically singular, e.g.
-    ``T > D``, where ``P X`` has rank ``D < T``).
+  Returns ``{"condition_number", "sigma_max", "sigma_min", "numerical_rank",
+  "shape"}`` (float64; ``numerical_rank < min(shape)`` means numerically singular,
+  e.g. ``T > D``).
   """
   return _matrix_condition(
     weight_jacobian_matrix(x, wq, wk, wv, causal=causal, scale=scale),
@@ -363,33 +263,20 @@ def weight_jacobian_condition(
 def _softmax_rows(x, wq, wk, causal, scale):
   logits = (x @ wq) @ (x @ wk).T * scale
   if causal:
-    logits = np.where(np.tri(len(x), dtype=bool), logits, -np.inf)
+    logits = np.where(causal_mask(len(x), len(x)), logits, -np.inf)
   p = np.exp(logits - logits.max(1, keepdims=True))
   return p / p.sum(1, keepdims=True)
 
 
 def head_conditioning(x, wq, wk, wv, *, causal: bool = False) -> dict:
-  """Theorem 3.4 for one head, measured as stated and beside laplax's head.
+  """Theorem 3.4 for one head, as stated (unscaled logits) and with laplax's ``1/sqrt(d)``.
 
-  Args:
-    x: float ``[T, D]`` input tokens of the head; wq, wk: ``[D, d]``; wv:
-      ``[D, d_v]`` (effective kernels ``W + C``).
-    causal: mask keys after each query.
-
-  Returns:
-    dict of Python floats: ``weight_condition_number`` (the Jacobian with
-    respect to ``(W_Q, W_K, W_V)`` of laplax's head, logits scaled by
-    ``1/sqrt(d)``), ``weight_condition_number_unscaled`` (the paper's head,
-    unscaled logits), ``theorem_3_4`` (:func:`theorem_3_4_bound` with unscaled
-    logits: the bound on ``weight_condition_number_unscaled``), ``bound_holds``,
-    ``theorem_3_4_scaled_logits`` (the same terms with laplax's ``P``), and
-    ``weight_numerical_rank`` / ``weight_jacobian_shape``.
-
-    How the ``1/sqrt(d)`` scale enters: laplax's head at ``W_Q`` is the paper's
-    head at ``W_Q / sqrt(d)``, which has the same ``kappa(W_Q)``, so the bound
-    with laplax's ``P`` bounds the paper's head there; laplax's Jacobian is that
-    head's with its ``W_Q`` columns multiplied by ``1/sqrt(d)``, which can
-    raise the condition number by at most a factor ``sqrt(d)``.
+  ``x`` float ``[T, D]``; ``wq, wk`` ``[D, d]``; ``wv`` ``[D, d_v]`` (``W + C``).
+  Returns Python floats: ``weight_condition_number`` (laplax's head),
+  ``weight_condition_number_unscaled``, ``theorem_3_4`` (its bound),
+  ``bound_holds``, ``theorem_3_4_scaled_logits``, ``weight_numerical_rank``,
+  ``weight_jacobian_shape``. The scale moves the condition number by at most
+  ``sqrt(d)`` (docs/methods.md).
   """
   d = np.shape(wq)[1]
   scaled = weight_jacobian_condition(x, wq, wk, wv, causal=causal)
@@ -413,16 +300,14 @@ def attention_entropy(
   """Per-head sums of attention entropies, jittable (divide by ``count``).
 
   Args:
-    weights: float ``[batch, heads, T_q, T_k]`` attention matrices ``P`` (rows
-      sum to 1).
+    weights: float ``[batch, heads, T_q, T_k]`` attention matrices (rows sum to 1).
     query_mask: optional ``[batch, T_q]``; nonzero = count this query.
-    causal: the keys visible to query ``t`` are ``0..t`` (for ``uniform``).
+    causal: query ``t`` sees keys ``0..t`` (for ``uniform``).
 
   Returns:
-    ``(entropy [heads], uniform, count)`` float32: ``entropy`` the sum over
-    counted queries of ``-sum_j p_j log p_j`` (nats), ``uniform`` the same sum
-    for uniform attention over the visible keys (``log`` of their number, the
-    largest possible entropy), ``count`` the number of counted queries.
+    ``(entropy [heads], uniform, count)`` float32: summed ``-sum_j p_j log p_j``
+    (nats), the same for uniform attention over the visible keys (the maximum),
+    and the number of counted queries.
   """
   p = weights.astype(jnp.float32)
   ent = -jnp.sum(jnp.where(p > 0, p * jnp.log(jnp.where(p > 0, p, 1.0)), 0.0), -1)
@@ -451,28 +336,21 @@ def _query_mask(query_mask, batch: int, queries: int) -> jax.Array:
 
 
 def attention_self_weight(weights: jax.Array, query_mask: jax.Array | None = None):
-  """Per-head sums of the weight each query puts on its own token, jittable.
+  """Per-head sums of ``p_tt``, the weight a query puts on its own token, jittable.
 
-  For query ``t`` the self-weight is the diagonal entry ``p_tt`` of ``P``
-  (with ``T_q < T_k``, e.g. queries that are the last ``T_q`` of the keys, the
-  entry ``p_{t, t + T_k - T_q}``). Causal attention has the same diagonal, so
-  no ``causal`` flag is needed. One-hot rows on the diagonal give 1 (the
-  saturated start of spectrally conditioned attention with ``W + lam I``),
-  uniform rows over ``T_k`` keys give ``1 / T_k``.
+  With ``T_q < T_k`` the queries are the last ``T_q`` keys (``p_{t, t + T_k - T_q}``).
+  One-hot diagonal rows give 1 (saturated ``W + lam I``), uniform rows ``1 / T_k``.
 
   Args:
-    weights: float ``[batch, heads, T_q, T_k]`` attention matrices ``P`` (rows
-      sum to 1), ``T_q <= T_k``.
+    weights: float ``[batch, heads, T_q, T_k]``, ``T_q <= T_k``.
     query_mask: optional ``[batch, T_q]``; nonzero = count this query.
 
   Returns:
-    ``(self_weight [heads], count)`` float32: the sum over counted queries of
-    ``p_tt`` (a probability, dimensionless) and the number of counted queries;
-    divide the first by the second for the mean.
+    ``(self_weight [heads], count)`` float32 (divide for the mean).
 
   Raises:
-    ValueError: ``weights`` not 4-D, ``T_q > T_k``, or a ``query_mask`` of
-      another shape than ``[batch, T_q]``.
+    ValueError: ``weights`` not 4-D, ``T_q > T_k``, or a ``query_mask`` not
+      ``[batch, T_q]``.
   """
   p = jnp.asarray(weights).astype(jnp.float32)
   if p.ndim != 4 or p.shape[2] > p.shape[3]:
@@ -486,28 +364,20 @@ def attention_self_weight(weights: jax.Array, query_mask: jax.Array | None = Non
 
 
 def attention_head_similarity(weights: jax.Array, query_mask: jax.Array | None = None):
-  """Sums of the cosine similarity between heads' attention rows, jittable.
+  """Sums of ``cos(p^a_t, p^b_t)`` between heads' attention rows, jittable.
 
-  For every counted query ``t`` and heads ``a, b``: ``cos(p^a_t, p^b_t) =
-  <p^a_t, p^b_t> / (||p^a_t|| ||p^b_t||)`` over the keys. Rows of ``P`` are
-  non-negative, so it lies in ``[0, 1]``: 1 for heads with equal rows (rows
-  that sum to 1 are parallel only when equal), 0 for heads attending to
-  disjoint keys (e.g. one-hot rows on different keys). A row of zeros
-  (not a softmax row) has similarity 0 with every head, itself included.
+  In ``[0, 1]``: 1 for equal rows, 0 for disjoint keys; a zero row has similarity 0
+  with every head, itself included.
 
   Args:
-    weights: float ``[batch, heads, T_q, T_k]`` attention matrices ``P``.
+    weights: float ``[batch, heads, T_q, T_k]``.
     query_mask: optional ``[batch, T_q]``; nonzero = count this query.
 
   Returns:
-    ``(similarity [heads, heads], count)`` float32: the sum over counted
-    queries of the cosine similarity of each pair of heads (dimensionless;
-    symmetric, diagonal ``count`` for softmax rows) and the number of counted
-    queries; divide the first by the second for the mean.
+    ``(similarity [heads, heads], count)`` float32 (symmetric; divide for the mean).
 
   Raises:
-    ValueError: ``weights`` not 4-D, or a ``query_mask`` of another shape
-      than ``[batch, T_q]``.
+    ValueError: ``weights`` not 4-D, or a ``query_mask`` not ``[batch, T_q]``.
   """
   p = jnp.asarray(weights).astype(jnp.float32)
   if p.ndim != 4:

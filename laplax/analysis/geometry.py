@@ -1,81 +1,31 @@
 """Token geometry of one layer from streamed sufficient statistics.
 
-The geometry measurements of the Laplacian-heads paper (Zhang & Papyan,
-arXiv 2602.09297) for token representations ``h[s, t]``
-(sequence ``s``, token ``t``) of one layer:
+The measurements of Zhang & Papyan (arXiv 2602.09297) on token representations
+``h[s, t]`` (sequence ``s``, token ``t``), defined in docs/methods.md, "Token
+geometry" (the tests' NumPy references transcribe them):
 
-* ANOVA of the token covariance (traces, i.e. variances summed over the ``D``
-  dimensions, each normalised by the number of tokens ``N``)::
+* ANOVA of the token covariance, traces per token (``N`` tokens; ``mu_s``, ``mu_G``,
+  ``m_c`` the sequence, global and class means)::
 
-    total            = 1/N sum_{s,t} ||h[s,t] - mu_G||^2
-                     = within_sequence + between_sequence
+    total            = 1/N sum_{s,t} ||h[s,t] - mu_G||^2 = within_seq. + between_seq.
     within_sequence  = 1/N sum_{s,t} ||h[s,t] - mu_s||^2
-    between_sequence = 1/N sum_s n_s ||mu_s - mu_G||^2
-                     = within_class + between_class
+    between_sequence = 1/N sum_s n_s ||mu_s - mu_G||^2 = within_class + between_class
     within_class     = 1/N sum_s n_s ||mu_s - m_c(s)||^2
     between_class    = 1/N sum_c N_c ||m_c - mu_G||^2
 
-  with ``mu_s`` the mean of sequence ``s`` (``n_s`` tokens), ``mu_G`` the mean
-  of all tokens and ``m_c`` the mean of the tokens of the sequences of class
-  ``c`` (``N_c`` tokens). Tokens are the unit (a token-weighted ANOVA), so
-  the parts add up exactly even with masked, unequal-length sequences.
-* Neural collapse (Papyan, Han & Donoho, PNAS 2020, eqs. in sec. 3) on
-  per-example vectors ``x_i`` of class ``y_i`` -- sequence means ``mu_s`` by
-  sequence label, or tokens by next-token id for a language model (Wu &
-  Papyan, "Linguistic Collapse", NeurIPS 2024): class means ``M_c``, global
-  mean ``M_G`` (of all examples), ``Sigma_W = 1/n sum_i (x_i - M_yi)(x_i -
-  M_yi)^T``, ``Sigma_B = 1/C sum_c (M_c - M_G)(M_c - M_G)^T`` over the ``C``
-  classes present;
+* Neural collapse ``nc1``, ``equinorm``, ``equiangularity``, ``max_angle``, ``nc3``
+  (Papyan, Han & Donoho, PNAS 2020, sec. 3) and ``cdnv`` (Galanti, Gyorgy & Hutter,
+  ICLR 2022) of sequence means by label, or of tokens by next-token id (Wu & Papyan,
+  NeurIPS 2024). Population stds; the pairwise quantities use the
+  ``max_pairwise_classes`` most frequent classes.
+* Spectral decay: singular values of the centred ``[N, D]`` token matrix,
+  ``components_99`` (one PCA of all tokens) and ``components_99_per_sequence``
+  (mean over sequences with variance of each one's own count).
+* :func:`smoothing_cosine_sums`: per head, the cosine between its contribution to
+  the residual stream and the token's deviation from its sequence mean.
 
-  - ``nc1 = 1/C tr(Sigma_W Sigma_B^+)`` (the pseudo-inverse keeps the at most
-    ``C - 1`` largest eigenvalues above ``1e-10`` of the largest, as Papyan et
-    al.'s code does with a rank ``C - 1`` SVD);
-  - ``equinorm = std_c / mean_c of ||M_c - M_G||``;
-  - ``equiangularity = std_{c != c'} cos(M_c - M_G, M_c' - M_G)``;
-  - ``max_angle = mean_{c != c'} |cos(M_c - M_G, M_c' - M_G) + 1/(C-1)|``;
-  - ``nc3 = || M / ||M|| - W / ||W|| ||^2`` (Frobenius norms) with ``M`` the
-    ``[C, D]`` centred class means and ``W`` the ``[C, D]`` classifier rows
-    of those classes (self-duality);
-  - ``cdnv``: the mean over pairs ``c < c'`` of ``CDNV(c, c') = ((s_c^2 +
-    s_c'^2) / 2) / ||M_c - M_c'||^2`` with ``s_c^2`` the mean squared distance
-    of class ``c``'s examples to ``M_c`` (Galanti, Gyorgy & Hutter, ICLR
-    2022, "class-distance normalised variance"; lower = more separable), over
-    classes with at least two examples.
-
-  Stds are population stds (``ddof = 0``). The pairwise quantities (cosines,
-  CDNV) use the ``max_pairwise_classes`` most frequent classes when more are
-  present (a 50,257-token vocabulary would need 1.3e9 pairs); ``nc1`` and
-  ``equinorm`` always use every class present.
-* Spectral decay: the singular values of the centred token matrix ``H - 1
-  mu_G^T`` (``N x D``), i.e. the square roots of the eigenvalues of the
-  token scatter matrix, and ``components_99``: the number of principal
-  components whose cumulative explained variance first reaches 99%
-  (all tokens in one PCA). Beside it ``components_99_per_sequence``: the
-  same count for each sequence on its own (the PCA of ``h[s, :] - mu_s``,
-  its counted tokens centred by its own mean), averaged over the sequences
-  with non-zero variance (at least two distinct tokens). The paper's
-  "number of principal components for 99% of token variance" (547.7 and
-  430.4 for its GPT) is not an integer, so an average of this kind.
-
-Everything is computed from sufficient statistics that
-:class:`GeometryAccumulator` streams over batches in float64: a 50,000-image
-analysis never holds the tokens in memory, and the result equals the
-all-at-once formula up to float64 rounding. Memory per accumulator (float64
-words): ``D^2`` (token scatter) ``+ 2 D`` always; ``+ D^2 + C (2 D + 3)``
-with ``C`` sequence classes; ``+ V (D + 2)`` with ``V`` token classes. So
-ViT-B (``D = 768``) with 1000 classes needs 22 MB per layer; a GPT with a
-50,257-token vocabulary 314 MB per layer with next-token classes (choose the
-layers).
-
-* Smoothing by a head (:func:`smoothing_cosine_sums`): per head ``h`` and
-  token, the cosine between the head's contribution to the residual stream
-  ``c_h[s,t]`` (its output through its rows of ``W_O``, times LayerScale's
-  ``gamma`` when the block has one; ``W_O``'s bias belongs to no head) and the
-  token's deviation from its sequence mean at the block input, ``x[s,t] -
-  mu_s``. The paper's within-sequence variance shrinks where heads pull
-  tokens towards their sequence means (a negative cosine, "smoothing") and
-  grows where they push them away (positive); an exact negative deviation
-  gives -1. Computed in the analysis forward pass (jax), streamed as sums.
+:class:`GeometryAccumulator` streams float64 statistics, so the tokens are never
+held in memory and the result equals the all-at-once formula up to rounding.
 """
 
 from __future__ import annotations
@@ -101,30 +51,19 @@ def _scatter_add(target: np.ndarray, index: np.ndarray, values: np.ndarray) -> N
 
 
 def singular_values(scatter: np.ndarray) -> np.ndarray:
-  """Singular values of a centred data matrix from its scatter matrix.
+  """Singular values of a centred matrix ``X_c`` from its scatter ``X_c^T X_c``.
 
-  Args:
-    scatter: float ``[D, D]``, ``X_c^T X_c`` of the centred ``N x D`` matrix
-      ``X_c`` (symmetric positive semi-definite).
-
-  Returns:
-    float64 ``[D]``, descending: ``sqrt`` of the eigenvalues (negative
-    rounding noise clipped to 0).
+  ``scatter`` float ``[D, D]`` (PSD). Returns float64 ``[D]``, descending (negative
+  rounding noise clipped to 0).
   """
   eig = np.linalg.eigvalsh(np.asarray(scatter, np.float64))[::-1]
   return np.sqrt(np.clip(eig, 0.0, None))
 
 
 def components_for(singular: np.ndarray, threshold: float = 0.99) -> int:
-  """Number of principal components whose cumulative explained variance reaches ``threshold``.
+  """The smallest ``k`` with ``sum_{i<k} s_i^2 / sum_i s_i^2 >= threshold``.
 
-  Args:
-    singular: float ``[D]`` singular values, descending.
-    threshold: fraction of the variance in ``(0, 1]``.
-
-  Returns:
-    The smallest ``k`` with ``sum_{i<k} s_i^2 / sum_i s_i^2 >= threshold``;
-    0 when all singular values are 0.
+  ``singular`` float ``[D]`` descending; 0 when all are 0.
 
   Raises:
     ValueError: ``threshold`` outside ``(0, 1]``.
@@ -140,17 +79,10 @@ def components_for(singular: np.ndarray, threshold: float = 0.99) -> int:
 
 
 def sequence_components(tokens: np.ndarray, threshold: float = 0.99) -> int | None:
-  """``components_for`` of one sequence's own PCA.
+  """:func:`components_for` of one sequence's own PCA, ``tokens`` float ``[n, D]``.
 
-  Args:
-    tokens: float ``[n, D]``, the sequence's counted tokens.
-    threshold: explained-variance fraction.
-
-  Returns:
-    The number of components of ``tokens - tokens.mean(0)`` for
-    ``threshold`` of its variance; None when that variance is 0 (one token,
-    or all equal). The eigenvalues come from the smaller of the two Gram
-    matrices (``[n, n]`` or ``[D, D]``; the same non-zero spectrum).
+  None when ``tokens - tokens.mean(0)`` has no variance; eigenvalues from the smaller
+  Gram matrix (``[n, n]`` or ``[D, D]``).
   """
   x = np.asarray(tokens, np.float64)
   x = x - x.mean(0)
@@ -180,29 +112,23 @@ def class_statistics(
 ) -> dict:
   """Neural-collapse quantities and CDNV from per-class sufficient statistics.
 
-  The examples ``x_i`` (``n`` of them, class ``y_i``) are summarised by
-  per-class counts, sums and sums of squared norms, and by ``sum_i x_i
-  x_i^T``. Any common shift of all ``x_i`` leaves every output unchanged.
-  Definitions: see the module docstring (Papyan et al. 2020; Galanti et al.
-  2022).
+  Definitions in the module docstring; any common shift of the ``x_i`` leaves every
+  output unchanged.
 
   Args:
     count: int ``[C]`` examples per class (classes with 0 are absent).
     sums: float ``[C, D]`` ``sum_{i: y_i = c} x_i``.
     sq_norms: float ``[C]`` ``sum_{i: y_i = c} ||x_i||^2``.
-    second_moment: float ``[D, D]`` ``sum_i x_i x_i^T`` over all examples.
-    classifier: optional float ``[C, D]`` classifier rows (``logits = x W^T``)
-      for ``nc3``.
-    max_pairwise_classes: the pairwise quantities use at most this many of the
-      most frequent classes (ties: lower class id first).
+    second_moment: float ``[D, D]`` ``sum_i x_i x_i^T``.
+    classifier: optional float ``[C, D]`` rows (``logits = x W^T``) for ``nc3``.
+    max_pairwise_classes: most frequent classes the pairwise quantities use (ties:
+      lower id first).
 
   Returns:
-    dict of Python floats/ints: ``num_classes`` (present), ``num_examples``,
-    ``nc1``, ``equinorm``, ``equiangularity``, ``max_angle``, ``cdnv``,
-    ``pairwise_classes`` (how many the pairwise quantities used),
-    ``cdnv_classes`` (how many had >= 2 examples), ``nc3`` (with
-    ``classifier``), ``sigma_w_trace``, ``sigma_b_trace``. A quantity that
-    needs two classes is ``nan`` with fewer.
+    Python numbers: ``num_classes``, ``num_examples``, ``nc1``, ``equinorm``,
+    ``equiangularity``, ``max_angle``, ``cdnv``, ``pairwise_classes``,
+    ``cdnv_classes``, ``nc3`` (with ``classifier``), ``sigma_w_trace``,
+    ``sigma_b_trace``; ``nan`` where two classes are needed and absent.
 
   Raises:
     ValueError: inconsistent shapes or ``max_pairwise_classes < 2``.
@@ -297,25 +223,16 @@ def class_statistics(
 class GeometryAccumulator:
   """Streams token representations of one layer into float64 sufficient statistics.
 
-  Feed batches with :meth:`update`; :meth:`finalize` returns the ANOVA
-  traces, the spectrum, ``components_99`` and the class statistics of the
-  module docstring. The statistics are of ``h - shift`` where ``shift`` is
-  the mean token of the first batch (every output is shift-invariant; the
-  shift keeps float64 sums of large, nearly equal vectors accurate).
-
-  Memory (float64 words), independent of the number of tokens: ``D^2 + 2 D``;
-  plus ``D^2 + C (2 D + 3)`` with ``num_classes = C``; plus ``V (D + 2)``
-  with ``num_token_classes = V``. There is no per-class covariance: the
-  within-class covariance is the total second moment minus the class means'
-  part.
+  Statistics are of ``h - shift`` (the first batch's mean token) to keep the sums
+  accurate. Memory in float64 words: ``D^2 + 2 D``, plus ``D^2 + C (2 D + 3)`` with
+  ``num_classes = C``, plus ``V (D + 2)`` with ``num_token_classes = V`` (ViT-B with
+  1000 classes: 22 MB per layer; a GPT with next-token classes: 314 MB).
 
   Args:
     dim: ``D``, the representation width.
-    num_classes: number of sequence classes (0 = no sequence labels).
-    num_token_classes: number of token classes, e.g. the vocabulary for
-      next-token ids (0 = none).
-    threshold: explained-variance fraction of the per-sequence counts,
-      computed in :meth:`update` (one int per sequence is kept).
+    num_classes: sequence classes (0 = no sequence labels).
+    num_token_classes: token classes, e.g. the vocabulary (0 = none).
+    threshold: explained-variance fraction of the per-sequence counts.
 
   Raises:
     ValueError: ``dim < 1`` or negative class counts.
@@ -354,19 +271,15 @@ class GeometryAccumulator:
     """Adds one batch.
 
     Args:
-      tokens: float ``[batch, length, D]`` token representations (NumPy or
-        JAX, any float dtype; converted to float64).
-      mask: optional ``[batch]`` (whole sequences) or ``[batch, length]``
-        (tokens); nonzero = use. Sequences without tokens are skipped.
-      labels: int ``[batch]`` sequence classes in ``[0, num_classes)``;
-        required iff ``num_classes > 0``.
-      token_labels: int ``[batch, length]`` token classes in ``[0,
-        num_token_classes)`` (read only where ``mask`` is set); required iff
+      tokens: float ``[batch, length, D]`` (NumPy or JAX; converted to float64).
+      mask: optional ``[batch]`` or ``[batch, length]``; nonzero = use.
+      labels: int ``[batch]`` in ``[0, num_classes)``; required iff ``num_classes > 0``.
+      token_labels: int ``[batch, length]`` in ``[0, num_token_classes)``; required iff
         ``num_token_classes > 0``.
 
     Raises:
-      ValueError: wrong shapes, missing or unexpected labels, labels out of
-        range, or non-finite tokens.
+      ValueError: wrong shapes, missing, unexpected or out-of-range labels, or
+        non-finite tokens.
     """
     x = np.asarray(tokens, np.float64)
     if x.ndim != 3 or x.shape[-1] != self.dim:
@@ -450,28 +363,17 @@ class GeometryAccumulator:
     """The geometry of everything added so far.
 
     Args:
-      classifier: optional float ``[num_classes, D]`` classifier rows for NC3
-        on sequence means (only meaningful for the representation the
-        classifier reads).
-      token_classifier: optional float ``[num_token_classes, D]`` (e.g. the
-        unembedding) for NC3 on tokens by token class.
-      threshold: explained-variance fraction of ``components_99`` (the
-        per-sequence counts use the accumulator's ``threshold``).
+      classifier: optional float ``[num_classes, D]`` rows for NC3 on sequence means.
+      token_classifier: optional float ``[num_token_classes, D]`` (e.g. the unembedding).
+      threshold: explained-variance fraction of ``components_99``.
       max_pairwise_classes: see :func:`class_statistics`.
 
     Returns:
-      dict (Python numbers and lists): ``num_tokens``, ``num_sequences``,
-      ``anova`` (``total``, ``within_sequence``, ``between_sequence``, and
-      with classes ``within_class``, ``between_class``: traces, in squared
-      units of the representation, per token), ``singular_values`` (``[D]``,
-      descending, of the centred token matrix), ``components_99`` (one PCA
-      of all tokens), ``components_99_per_sequence`` (float: the mean over
-      sequences of each sequence's own count; None when no sequence has
-      variance) and ``sequences_with_variance`` (how many it averages),
-      ``fractions`` (each ``anova`` term divided by ``total``: within- and
-      between-sequence add up to 1, as the paper reads the geometry), and with
-      classes ``classes`` / with token classes ``token_classes``: the output
-      of :func:`class_statistics`.
+      Python numbers and lists: ``num_tokens``, ``num_sequences``, ``anova`` (traces in
+      squared units of the representation, per token), ``singular_values`` ``[D]``,
+      ``components_99``, ``components_99_per_sequence`` (None without variance),
+      ``sequences_with_variance``, ``fractions`` (``anova / total``), and
+      ``classes`` / ``token_classes`` (:func:`class_statistics`).
 
     Raises:
       ValueError: nothing was added.
@@ -532,26 +434,20 @@ class GeometryAccumulator:
 def smoothing_cosine_sums(
   head_outputs: jax.Array, out_kernel: jax.Array, residual: jax.Array, mask: jax.Array
 ):
-  """Per-head sums of ``cos(c_h[s,t], x[s,t] - mu_s)``, jittable (see the module docstring).
+  """Per-head sums of ``cos(c_h[s,t], x[s,t] - mu_s)``, jittable.
 
-  With ``W_h = out_kernel[h]`` the contribution of head ``h`` is ``c_h = o_h
-  W_h``; the cosine is computed without forming ``c_h`` (``<c_h, d> = <o_h,
-  d W_h^T>``, ``||c_h||^2 = o_h W_h W_h^T o_h^T``), in float32. ``mu_s`` is
-  the mean of sequence ``s``'s counted tokens. A token whose contribution or
-  deviation is zero (e.g. a causal Laplacian head at token 0, ``V - PV = 0``)
-  is not counted for that head.
+  ``c_h = o_h W_h`` is not formed (``<c_h, d> = <o_h, d W_h^T>``); float32. Tokens
+  where either vector is zero are not counted for that head.
 
   Args:
-    head_outputs: float ``[batch, T, heads, head_dim]``, each head's output
-      before ``W_O`` (``MultiHeadAttention``'s sown ``"head_outputs"``).
-    out_kernel: float ``[heads, head_dim, D]``, ``W_O``'s rows per head, times
-      LayerScale's ``gamma [D]`` if the block has one.
+    head_outputs: float ``[batch, T, heads, head_dim]`` (sown ``"head_outputs"``).
+    out_kernel: float ``[heads, head_dim, D]``, ``W_O``'s rows times LayerScale's
+      ``gamma``.
     residual: float ``[batch, T, D]``, the block input ``x``.
     mask: ``[batch, T]``; nonzero = a real token.
 
   Returns:
-    ``(cosine_sum [heads], count [heads])`` float32; divide for the mean
-    (dimensionless, in [-1, 1]).
+    ``(cosine_sum [heads], count [heads])`` float32 (mean in ``[-1, 1]``).
 
   Raises:
     ValueError: shapes that do not fit together.

@@ -1,21 +1,8 @@
 """PNG plots of an analysis (``analysis.json``) and of several runs side by side.
 
-* :func:`plot_variance`: per-layer ANOVA traces (within-/between-sequence,
-  within-/between-class), log scale.
-* :func:`plot_spectra`: the spectral decay of each layer, the explained
-  variance ``s_i^2 / sum_j s_j^2`` of the centred token matrix against ``i``,
-  with the 99% component count in the legend.
-* :func:`plot_conditioning`: per layer, ``kappa`` of the effective ``W_Q,
-  W_K, W_V`` (worst head; dashed: without the correction), the attention
-  Jacobian's condition number and Theorem 3.4's bound (worst head), and the
-  attention entropy against its uniform maximum.
-* :func:`plot_collapse`: NC1, CDNV and the 99% component count per layer.
-* :func:`plot_compare`: one panel per main quantity
-  (:data:`laplax.analysis.summary.QUANTITIES`), one curve per run.
-
-Quantities are those of :mod:`laplax.analysis.geometry` and
-:mod:`laplax.analysis.conditioning`; missing ones (``None``) are skipped.
-Uses matplotlib's non-interactive Agg backend.
+Each ``plot_*`` takes the dict of :func:`laplax.analysis.report.run_analysis`, the PNG
+path (parents created) and a title, and returns the path; missing quantities
+(``None``) are skipped. matplotlib's Agg backend.
 """
 
 from __future__ import annotations
@@ -65,19 +52,7 @@ def _layer_axis(ax, layers):
 
 
 def plot_variance(analysis: dict, path: str, title: str = "") -> str:
-  """Per-layer ANOVA traces of the token covariance (squared representation units).
-
-  The decomposition of Zhang & Papyan 2026: within-sequence,
-  between-sequence, within-class and between-class variance, log scale.
-
-  Args:
-    analysis: the dict of :func:`laplax.analysis.report.run_analysis`.
-    path: PNG file to write (parent directories are created).
-    title: figure title.
-
-  Returns:
-    ``path``.
-  """
+  """Per-layer ANOVA traces (Zhang & Papyan 2026), squared representation units, log scale."""
   plt = _pyplot()
   s = summary.summary(analysis)
   fig, ax = plt.subplots(figsize=(6, 4))
@@ -99,18 +74,9 @@ def plot_variance(analysis: dict, path: str, title: str = "") -> str:
 
 
 def plot_spectra(analysis: dict, path: str, title: str = "") -> str:
-  """Explained variance per principal component of each layer's centred tokens.
+  """Explained variance ``s_i^2 / sum_j s_j^2`` per component of each layer, log-log.
 
-  ``s_i^2 / sum_j s_j^2`` of the singular values of the paper's spectral
-  decay, log-log, one curve per layer, the 99% component count in the legend.
-
-  Args:
-    analysis: the dict of :func:`laplax.analysis.report.run_analysis`.
-    path: PNG file to write (parent directories are created).
-    title: figure title.
-
-  Returns:
-    ``path``.
+  The 99% component count is in the legend.
   """
   plt = _pyplot()
   fig, ax = plt.subplots(figsize=(6, 4))
@@ -134,20 +100,9 @@ def plot_spectra(analysis: dict, path: str, title: str = "") -> str:
 
 
 def plot_conditioning(analysis: dict, path: str, title: str = "") -> str:
-  """Condition numbers per layer (left) and the attention entropy per head (right).
-
-  Left: ``kappa`` of the effective ``W_Q, W_K, W_V`` (worst head; dashed:
-  ``W``, solid: ``W + C``), the attention Jacobian and Theorem 3.4's bound
-  (Saratchandran & Lucey 2025), log scale. Right: entropy in nats per head
-  and its uniform maximum.
-
-  Args:
-    analysis: the dict of :func:`laplax.analysis.report.run_analysis`.
-    path: PNG file to write (parent directories are created).
-    title: figure title.
-
-  Returns:
-    ``path``.
+  """``kappa`` of ``W_Q, W_K, W_V`` (worst head; dashed ``W``, solid ``W + C``), the
+  Jacobian and Theorem 3.4's bound per layer (left); entropy per head in nats and its
+  uniform maximum (right).
   """
   plt = _pyplot()
   s = summary.summary(analysis)
@@ -206,16 +161,7 @@ def plot_conditioning(analysis: dict, path: str, title: str = "") -> str:
 
 
 def plot_collapse(analysis: dict, path: str, title: str = "") -> str:
-  """NC1 (Papyan et al. 2020), CDNV (Galanti et al. 2022) and the 99% component count per layer.
-
-  Args:
-    analysis: the dict of :func:`laplax.analysis.report.run_analysis`.
-    path: PNG file to write (parent directories are created).
-    title: figure title.
-
-  Returns:
-    ``path``.
-  """
+  """NC1 (Papyan et al. 2020), CDNV (Galanti et al. 2022) and the 99% component count per layer."""
   plt = _pyplot()
   s = summary.summary(analysis)
   fig, axes = plt.subplots(1, 3, figsize=(12, 3.5))
@@ -238,10 +184,7 @@ def plot_collapse(analysis: dict, path: str, title: str = "") -> str:
 
 
 def save_all(analysis: dict, workdir: str, title: str = "") -> list[str]:
-  """Writes the four figures of :data:`FIGURES` into ``workdir``.
-
-  Returns:
-    Their paths.
+  """Writes the figures of :data:`FIGURES` into ``workdir`` and returns their paths.
 
   Raises:
     OSError: a file cannot be written.
@@ -260,14 +203,9 @@ def save_all(analysis: dict, workdir: str, title: str = "") -> list[str]:
 def plot_compare(analyses: dict, path: str, keys: Sequence[str] | None = None) -> str:
   """One panel per quantity, one per-layer curve per run.
 
-  Args:
-    analyses: ``{run name: analysis dict}`` (insertion order = legend order).
-    path: PNG file to write.
-    keys: :data:`~laplax.analysis.summary.QUANTITIES` keys to show (default:
-      those any run has).
-
-  Returns:
-    ``path``.
+  ``analyses`` is ``{run name: analysis dict}`` (legend order); ``keys`` the
+  :data:`~laplax.analysis.summary.QUANTITIES` to show (default: those any run has).
+  Returns ``path``.
   """
   plt = _pyplot()
   summaries = {name: summary.summary(a) for name, a in analyses.items()}

@@ -1,20 +1,10 @@
 """The token-geometry and conditioning analysis of a trained model, streamed over a split.
 
-:func:`run_analysis` feeds the eval split once through the model's eval
-forward pass (:func:`laplax.analysis.capture.analysis_apply`), streams every
-chosen layer's block outputs into a
-:class:`~laplax.analysis.geometry.GeometryAccumulator`, sums the attention
-entropies, self-weights and head similarities, and then measures the
-projection kernels, the attention Jacobian and (given the training loss) the
-per-head gradient norms of ``W_Q, W_K`` of each chosen layer
-(:mod:`laplax.analysis.conditioning`). The
-result is a JSON-ready dict (``eval.py --analysis`` writes it as
-``analysis.json``); :func:`laplax.analysis.summary.summary` reads its main per-layer quantities, which
-the plots and ``python -m laplax.analysis.compare`` show.
-
-Memory: the accumulators' (see :mod:`laplax.analysis.geometry`) plus one
-chunk of ``batch_size`` sequences of token representations per chosen layer,
-whatever the size of the split.
+:func:`run_analysis` feeds the eval split once through the eval forward pass, streams
+each chosen layer into a :class:`~laplax.analysis.geometry.GeometryAccumulator`, sums
+the attention statistics, then measures kernels, Jacobians and gradient norms
+(:mod:`laplax.analysis.conditioning`). Memory: the accumulators plus one chunk of
+``batch_size`` sequences per chosen layer, whatever the size of the split.
 """
 
 from __future__ import annotations
@@ -48,26 +38,18 @@ class Target:
   """What to analyse.
 
   Attributes:
-    model: a ViT (classifier or DINO backbone) or a GPT.
-    params: its parameters.
+    model: a ViT (classifier or DINO backbone) or a GPT; params: its parameters.
     kind: ``"image"`` (batches ``{"image", "label", "mask" [B]}``) or ``"lm"``
-      (batches ``{"tokens" [B, T + 1], "mask" [B, T]}``; next-token classes).
-    num_classes: sequence classes for the class statistics (0 = none).
-    vocab_size: token classes of an LM (next-token ids; 0 = none).
-    classifier: optional float ``[num_classes, D]`` rows of the classifier
-      reading the ``features`` (NC3).
-    token_classifier: optional float ``[vocab_size, D]`` unembedding (NC3 on
-      the LM's final hidden states).
-    spectral: ``{"enabled", "lam", "mode", "targets"}`` of the run (the
-      correction is measured as a counterfactual when disabled).
-    loss_fn: optional ``loss_fn(params, batch) -> float32 scalar``, the
-      training loss at ``params`` (the tree of ``params`` above) on a batch in
-      the training layout (``kind="image"``: ``{"image" [B, H, W, C], "label"
-      int32 [B]}``; ``"lm"``: ``{"tokens" int32 [B, T + 1]}``), traceable by
-      ``jax.grad``; it should be deterministic (fixed dropout/augmentation
-      key). ``None`` skips the gradient norms.
-    no_loss_reason: why there is no ``loss_fn`` (written beside
-      ``gradient_norms: null``).
+      (``{"tokens" [B, T + 1], "mask" [B, T]}``; next-token classes).
+    num_classes: sequence classes (0 = none); vocab_size: token classes of an LM.
+    classifier: optional float ``[num_classes, D]`` rows reading ``features`` (NC3).
+    token_classifier: optional float ``[vocab_size, D]`` unembedding (NC3).
+    spectral: ``{"enabled", "lam", "mode", "targets"}`` of the run (measured as a
+      counterfactual when disabled).
+    loss_fn: optional deterministic ``loss_fn(params, batch) -> float32 scalar`` on a
+      training-layout batch (``{"image" [B, H, W, C], "label" int32 [B]}`` or
+      ``{"tokens" int32 [B, T + 1]}``), traceable by ``jax.grad``; ``None`` skips the
+      gradient norms, and ``no_loss_reason`` says why.
   """
 
   model: nn.Module
@@ -156,10 +138,8 @@ def _split_batch(batch: dict, kind: str) -> dict:
 def _gradient_batch(chunk: dict, kind: str) -> tuple[dict | None, str | None]:
   """The real sequences of a chunk in the training layout, or ``(None, reason)``.
 
-  Images: those with a nonzero mask (``{"image", "label"}``). Language
-  models: the windows whose every target is real (``{"tokens" [n, T + 1]}``,
-  rebuilt from the inputs and the next-token labels), since the training loss
-  has no mask.
+  Language models keep the windows whose every target is real: the training loss has
+  no mask.
   """
   mask = chunk["mask"]
   if kind == "lm":
@@ -175,25 +155,17 @@ def _gradient_batch(chunk: dict, kind: str) -> tuple[dict | None, str | None]:
 
 
 def gradient_norms(grads: Any, layer: int, num_heads: int) -> dict:
-  """Per-head L2 norms of the gradient of the ``W_Q`` and ``W_K`` kernels of a layer.
+  """Per-head Frobenius norms of the gradient of a layer's ``W_Q`` and ``W_K``.
 
-  Head ``h`` owns columns ``h * d_head : (h + 1) * d_head`` of a kernel
-  ``[D, num_heads * d_head]`` (the reshape of
-  :class:`laplax.attention.MultiHeadAttention`), so its norm is the Frobenius norm of that block.
-
-  Args:
-    grads: a gradient with the tree of the model's parameters (looped or
-      scanned layout), e.g. ``jax.grad(loss)(params)``.
-    layer: block index.
-    num_heads: heads of the layer.
+  Head ``h`` owns columns ``h * d_head : (h + 1) * d_head`` of ``[D, num_heads *
+  d_head]`` (:class:`laplax.attention.MultiHeadAttention`'s reshape). ``grads`` has the
+  tree of the parameters (looped or scanned).
 
   Returns:
-    ``{"query": [heads], "key": [heads]}`` of Python floats, in units of the
-    loss per unit of kernel entry.
+    ``{"query": [heads], "key": [heads]}`` Python floats (loss units per kernel unit).
 
   Raises:
-    KeyError: no such layer. ValueError: ``num_heads`` does not divide the
-      kernels' columns.
+    KeyError: no such layer. ValueError: ``num_heads`` does not divide the columns.
   """
   attn = capture.attention_params(grads, layer)
   out = {}
@@ -398,9 +370,8 @@ def _stream(
   batch_size: int,
   progress: Callable[[int], None] | None,
 ) -> _Streamed:
-  """One pass of ``batches`` through the eval forward: the layers' accumulators
-  and attention sums, the features' accumulator, the first real example
-  (``first``, for the Jacobian) and the gradient batch (or why there is none).
+  """One pass of ``batches``: accumulators, attention sums, the first real example and
+  the gradient batch (or why there is none).
 
   Raises:
     AnalysisError: no real example in ``batches``.
@@ -463,59 +434,43 @@ def run_analysis(
 ) -> dict:
   """Streams ``batches`` through ``target`` and measures geometry and conditioning.
 
-  Sources: the token geometry of Zhang & Papyan 2026 (Laplacian heads) and the
-  conditioning of Saratchandran & Lucey 2025 (spectrally conditioned
-  attention); definitions in :mod:`laplax.analysis.geometry` and
-  :mod:`laplax.analysis.conditioning`.
+  Zhang & Papyan 2026 (token geometry) and Saratchandran & Lucey 2025 (conditioning);
+  each quantity is defined in docs/methods.md, "What the analysis measures".
 
   Args:
-    target: the model, its parameters and what the data has (:class:`Target`).
-    batches: eval batches (see :class:`Target` for their fields); read once.
-    layers: block indices to analyse.
-    max_examples: stop after this many sequences (0 = all of ``batches``).
-    batch_size: sequences per forward pass (host batches are cut/padded to it).
-    jacobian_dim: the attention Jacobian is taken on the first ``jacobian_dim
-      // D`` tokens (at least 1) of the first example; 0 skips it.
+    target: :class:`Target`; batches: eval batches, read once.
+    layers: block indices; max_examples: at most this many sequences (0 = all).
+    batch_size: sequences per forward pass (host batches cut/padded to it).
+    jacobian_dim: Jacobians on the first ``jacobian_dim // D`` tokens (at least 1)
+      of the first example; 0 skips them.
     progress: called with the number of sequences done after each chunk.
 
-  The gradient norms use one batch: the real sequences of the first chunk
-  (at most ``batch_size``; language models: its windows without padding),
-  in the training layout, through ``target.loss_fn``.
-
   Returns:
-    JSON-ready dict: ``kind``, ``num_sequences``, ``num_tokens``, ``spectral``,
-    ``gradient_batch`` (``{"loss", "num_sequences"}`` of the gradient's batch,
-    or ``None`` without one), ``layers`` (one dict per chosen layer:
-    ``layer``, the
+    JSON-ready dict (non-finite numbers as ``None``): ``kind``, ``num_sequences``,
+    ``num_tokens``, ``spectral``, ``gradient_batch`` (``{"loss", "num_sequences"}``
+    of the first chunk's real sequences, or ``None``), ``features`` (geometry of what
+    the head reads) and ``layers``: per layer the
     :meth:`~laplax.analysis.geometry.GeometryAccumulator.finalize` output,
-    ``attention_entropy`` [heads] and ``attention_entropy_uniform`` (nats per
-    query), ``attention_self_weight`` [heads] (mean diagonal weight ``p_tt``,
-    a probability), ``attention_head_similarity`` [heads, heads] (mean
-    cosine similarity of two heads' rows of ``P``) and
-    ``attention_head_similarity_mean`` (over head pairs ``a < b``; ``None``
-    with one head) -- all means over the counted queries --,
-    ``head_smoothing_cosine`` [heads] (the mean cosine between each head's
-    contribution after ``W_O`` and the token's deviation from its sequence
-    mean; negative = the head smooths;
-    :func:`~laplax.analysis.geometry.smoothing_cosine_sums`) and its means
-    ``laplacian_smoothing_cosine`` / ``standard_smoothing_cosine`` over the
-    Laplacian / standard heads of the spec (``None`` without such heads),
-    ``gradient_norms`` (``{"query": [heads], "key": [heads]}``: L2 norms of
-    the training loss's gradient in each head's ``[D, d_head]`` column block
-    of ``W_Q``, ``W_K``; see :func:`gradient_norms`) or ``None`` with
-    ``gradient_norms_reason``, ``laplacian_alpha`` [heads] (with
-    ``model.laplacian_mix="learned"``: the learned ``alpha`` of ``alpha V +
-    (1 - 2 alpha) P V``), ``weights`` (per projection,
-    :func:`~laplax.analysis.conditioning.kernel_conditioning` plus
-    ``effective``), ``jacobian``), and ``features`` (the geometry of the
-    representation the head reads: ViT ``pre_logits`` by class with NC3, GPT
-    final hidden states by next token). Non-finite numbers become ``None``.
+    ``attention_entropy`` [heads] and ``attention_entropy_uniform`` (nats per query),
+    ``attention_self_weight`` [heads], ``attention_head_similarity`` [heads, heads],
+    ``attention_head_similarity_mean`` (means over counted queries),
+    ``head_smoothing_cosine`` [heads] with ``laplacian_smoothing_cosine`` /
+    ``standard_smoothing_cosine``, ``gradient_norms`` (:func:`gradient_norms`, or
+    ``None`` with ``gradient_norms_reason``), ``laplacian_alpha`` [heads] (learned
+    mix), ``weights`` (:func:`~laplax.analysis.conditioning.kernel_conditioning`
+    plus ``effective``) and ``jacobian``.
 
   Raises:
     AnalysisError: ``batches`` without a real example, layers the model does
-      not have, or ``batch_size < 1``. Errors of ``target.loss_fn`` propagate.
+      not have, ``batch_size < 1``, or a model whose layers differ in heads
+      (a Swin: not analysed). Errors of ``target.loss_fn`` propagate.
   """
   model = target.model
+  if len(set(model.spec.layer_heads())) > 1:
+    raise AnalysisError(
+      f"the analysis takes models with the same heads in every layer; this "
+      f"{type(model).__name__}'s layers have {sorted(set(model.spec.layer_heads()))} heads"
+    )
   if batch_size < 1:
     raise AnalysisError(f"batch_size must be >= 1, got {batch_size}")
   depth = model.spec.depth
@@ -563,14 +518,9 @@ def run_analysis(
 
 
 def sanitize(tree: Any) -> Any:
-  """A JSON-ready copy of ``tree``.
+  """A JSON-ready copy of nested dicts/lists of numbers and arrays.
 
-  Args:
-    tree: nested dicts/lists/tuples of numbers, NumPy scalars and arrays.
-
-  Returns:
-    The same structure with Python numbers and lists, dict keys as strings,
-    and ``nan``/``inf`` as ``None`` (strict JSON has neither).
+  Python numbers and lists, string keys, ``nan``/``inf`` as ``None``.
   """
   if isinstance(tree, dict):
     return {str(k): sanitize(v) for k, v in tree.items()}
@@ -588,15 +538,12 @@ def sanitize(tree: Any) -> Any:
 
 
 def write(analysis: dict, workdir: str, path: str | None = None) -> str:
-  """Writes ``analysis`` as ``workdir/analysis.json`` (or as ``path``, when
-  given: ``eval.py --analysis --out FILE``), strict JSON, indented.
+  """Writes ``analysis`` as strict JSON to ``workdir/analysis.json`` (or ``path``).
 
-  Returns:
-    The path written.
+  Returns the path.
 
   Raises:
-    OSError: the file cannot be written. ValueError: a non-finite number
-      (pass the dict through :func:`sanitize` first).
+    OSError: cannot be written. ValueError: a non-finite number (use :func:`sanitize`).
   """
   path = path or os.path.join(workdir, ANALYSIS_FILE)
   text = json.dumps(analysis, indent=1, allow_nan=False)
@@ -615,14 +562,12 @@ def read(workdir: str) -> dict:
 
 
 def parse_layers(text: str | None, depth: int) -> list[int]:
-  """Block indices from ``"0,3"`` (``None`` or empty: all ``depth`` layers).
+  """Sorted unique block indices from ``"0,3"`` (``None`` or empty: all ``depth``).
 
-  Negative indices count from the end (``-1`` = the last block). The result
-  is sorted, without repeats.
+  Negative indices count from the end.
 
   Raises:
-    ValueError: a part that is not an integer, or an index outside
-      ``-depth..depth-1``.
+    ValueError: a part that is not an integer, or outside ``-depth..depth-1``.
   """
   if text is None or not str(text).strip():
     return list(range(depth))

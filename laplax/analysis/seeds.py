@@ -1,15 +1,7 @@
 """Results over seeds: the final metrics of a set of runs, mean +- std per grid cell.
 
-:func:`run_results` reads what one finished run left in its workdir (the
-``eval.json`` of ``eval.py``, the last training record of ``metrics.jsonl``
-and, when present, the per-layer quantities of ``analysis.json`` through
-:func:`laplax.analysis.summary.summary`); :func:`aggregate` reduces the runs
-of each cell to mean, standard deviation and count; :func:`markdown` prints
-that as tables and :func:`plot_curves` draws the training curves with the
-seeds as a band. ``python -m laplax.sweep`` writes all three.
-
-The standard deviation is the sample one (``ddof=1``, ``None`` for one
-seed), in the metric's own unit.
+Read by ``python -m laplax.sweep``. The std is the sample one (``ddof=1``, ``None``
+for one seed), in the metric's own unit.
 """
 
 from __future__ import annotations
@@ -56,17 +48,15 @@ def read_jsonl(path: str) -> list[dict]:
 
 
 def run_results(workdir: str) -> dict:
-  """The final results of one run.
+  """The final results of one run's workdir.
 
   Returns:
-    ``{"metrics": {name: value}, "layers": {quantity: [value per layer]}}``:
-    every number of ``eval.json`` but the counts (:data:`NOT_METRICS`), the
-    last training record's numbers as ``train_NAME`` (timings left out), and
-    the per-layer quantities of ``analysis.json`` (``{}`` without one;
-    ``None`` where a layer lacks one).
+    ``{"metrics": {name: value}, "layers": {quantity: [value per layer]}}``: the
+    numbers of ``eval.json`` but :data:`NOT_METRICS`, the last training record's as
+    ``train_NAME`` (no timings), and ``analysis.json``'s per-layer quantities.
 
   Raises:
-    ValueError: ``workdir`` has no readable ``eval.json``.
+    ValueError: no readable ``eval.json``.
   """
   try:
     with open(os.path.join(workdir, "eval.json")) as f:
@@ -107,13 +97,9 @@ def mean_std(values: Sequence[float | None]) -> dict:
 def aggregate(cells: Sequence[dict]) -> list[dict]:
   """Mean +- std over seeds, per cell.
 
-  Args:
-    cells: ``[{"grid": {key: value}, "runs": {seed: run_results(...)}}]``.
-
-  Returns:
-    One dict per cell: ``grid``, ``seeds`` (sorted), ``metrics`` (``{name:
-    mean_std}`` over the seeds that have the metric) and ``layers``
-    (``{quantity: [mean_std per layer]}``).
+  ``cells`` is ``[{"grid": {key: value}, "runs": {seed: run_results(...)}}]``; returns
+  per cell ``grid``, ``seeds`` (sorted), ``metrics`` ``{name: mean_std}`` and ``layers``
+  ``{quantity: [mean_std per layer]}``.
   """
   out = []
   for cell in cells:
@@ -152,9 +138,7 @@ def cell_name(grid: dict) -> str:
 
 
 def markdown(aggregated: Sequence[dict]) -> str:
-  """The cells as markdown: one table of the final metrics (rows: cells), then
-  one table per per-layer quantity (rows: cells, columns: layers). Entries
-  are ``mean ± std`` over the seeds (sample std)."""
+  """The cells as markdown tables of ``mean ± std`` (final metrics, then one per quantity)."""
   if not aggregated:
     return "(no finished runs)\n"
   metrics = sorted({k for c in aggregated for k in c["metrics"]})
@@ -194,15 +178,9 @@ def _band(series: Sequence[dict[int, float]]):
 def plot_curves(cells: Sequence[dict], path: str, title: str = "") -> str | None:
   """Training curves, one colour per cell, the seeds' mean +- std as a band.
 
-  Args:
-    cells: ``[{"grid": {...}, "workdirs": [run workdir per seed]}]``.
-    path: the PNG to write.
-    title: the figure's title.
-
-  Returns:
-    ``path``, or ``None`` when no run has a training record. Panels: the
-    training loss, then each metric of the eval records (``split`` ``eval``)
-    of ``metrics.jsonl``, against the step.
+  ``cells`` is ``[{"grid": {...}, "workdirs": [...]}]``. Panels: the training loss,
+  then each eval metric of ``metrics.jsonl``, against the step. Returns ``path``, or
+  ``None`` when no run has a training record.
   """
   records = [[read_jsonl(os.path.join(w, "metrics.jsonl")) for w in c["workdirs"]] for c in cells]
   eval_keys = sorted(

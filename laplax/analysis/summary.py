@@ -1,10 +1,4 @@
-"""The main per-layer quantities of an analysis, read from its dict.
-
-:func:`summary` turns the dict of :func:`laplax.analysis.report.run_analysis`
-(or a saved ``analysis.json``) into aligned per-layer lists, one per entry of
-:data:`QUANTITIES`; ``eval.py --analysis``, :mod:`laplax.analysis.plots` and
-``python -m laplax.analysis.compare`` show them.
-"""
+"""The main per-layer quantities of an analysis (:data:`QUANTITIES`), read from its dict."""
 
 from __future__ import annotations
 
@@ -149,16 +143,10 @@ QUANTITIES = (
 
 
 def summary(analysis: dict) -> dict:
-  """The main per-layer quantities of an analysis, as aligned lists.
+  """``{"layer": [...], key: [value per layer or None]}`` for every key of :data:`QUANTITIES`.
 
-  Args:
-    analysis: the dict of :func:`run_analysis` (or read from ``analysis.json``).
-
-  Returns:
-    ``{"layer": [layer indices], key: [value per layer, None where missing]}``
-    for every key of :data:`QUANTITIES` (variances in squared representation
-    units, entropies in nats, gradient norms in loss units per kernel unit,
-    the rest dimensionless).
+  Variances in squared representation units, entropies in nats, gradient norms in
+  loss units per kernel unit, the rest dimensionless.
   """
   entries = analysis.get("layers", [])
   out = {"layer": [e["layer"] for e in entries]}

@@ -163,13 +163,11 @@ EVAL_FILE = "eval.json"
 
 
 def _out_path(workdir: str) -> str | None:
-  """``--out`` as an absolute path, checked before anything is evaluated
-  (``None`` without ``--out``; the workdir must then be writable, unless
-  ``--sample`` only prints).
+  """``--out`` as an absolute path (``None`` without), checked before anything is evaluated.
 
   Raises:
-    cli.UsageError: ``--out`` an existing directory or under a file or an
-      unwritable directory; without ``--out``, a workdir that is not writable.
+    cli.UsageError: ``--out`` a directory, under a file or unwritable; without it, an
+      unwritable workdir (unless ``--sample`` only prints).
   """
   from laplax.workdir.files import existing_ancestor
 
@@ -207,9 +205,8 @@ _EVAL_OVERRIDE = re.compile(r"--config\.(eval\.\w+|evals)=(.*)", re.S)
 
 
 def split_overrides(argv: list[str]) -> tuple[list[str], list[tuple[str, str]]]:
-  """``argv`` without its ``--config.eval.KEY=VALUE`` and ``--config.evals=NAMES``
-  overrides, and those as ``(KEY, VALUE)`` pairs in order (``KEY``
-  ``"eval.NAME"`` or ``"evals"``).
+  """``argv`` without its ``--config.eval.KEY=VALUE`` / ``--config.evals=NAMES``, and those
+  as ordered ``(KEY, VALUE)`` pairs (``"eval.NAME"`` or ``"evals"``).
 
   Raises:
     cli.UsageError: a ``--config...`` argument of another form or section.
@@ -244,9 +241,7 @@ def _typed(key: str, raw: str, like):
 
 
 def apply_overrides(config, overrides: list[tuple[str, str]]) -> None:
-  """Sets the ``(KEY, VALUE)`` overrides (``config.eval``'s keys and
-  ``config.evals``) of a saved, complete config
-  (:func:`laplax.tasks.schema.complete`) and validates it.
+  """Sets the ``(KEY, VALUE)`` overrides of a saved, complete config and validates it.
 
   Raises:
     cli.UsageError: an unknown key or a value of the wrong type.
@@ -310,12 +305,11 @@ def _check_flags() -> None:
 
 
 def main(guard: signals.Guard) -> int:
-  """Parses ``sys.argv``, evaluates (or samples, or analyses) and writes the
-  results; returns 0.
+  """Parses ``sys.argv``, evaluates (or samples, or analyses) and writes the results; returns 0.
 
   Raises:
-    cli.UsageError, LoadError, ChoicesError, ConfigError, DataError: the
-      user errors :func:`run_cli` prints as one line.
+    cli.UsageError, LoadError, ChoicesError, ConfigError, DataError: the user errors
+      :func:`run_cli` prints as one line.
   """
   argv, overrides = split_overrides(sys.argv)
   cli.parse_flags(argv, FLAGS, help_module=sys.modules[__name__])
@@ -382,10 +376,9 @@ def main(guard: signals.Guard) -> int:
 
 
 def _evaluate(task, state, out_dir: str, items: list[dict] | None) -> tuple[dict, list[str]]:
-  """The evaluators of ``config.evals`` that run in ``eval.py``, then
-  ``multiple_choice`` on ``items`` (``--choices``): ``(summary, figures written
-  in out_dir)`` (:mod:`laplax.evaluators.registry`; their data is read before
-  any of them computes).
+  """``(summary, figures)`` of ``config.evals``' ``eval.py`` evaluators, then ``--choices``.
+
+  Every evaluator's data is read before any computes.
 
   Raises:
     DataError, ConfigError: an evaluator's data cannot be used.
@@ -457,10 +450,7 @@ def _check_chat_flags() -> None:
 
 
 def _chat_overrides(config, workdir: str) -> list[tuple[str, str]]:
-  """``--chat_tasks`` and its options as the overrides they alias:
-  ``evals`` the tasks (the chat benchmark evaluators of
-  :mod:`laplax.evaluators.chat`), ``eval.chat_*`` the options; none without
-  ``--chat_tasks``.
+  """``--chat_tasks`` and its options as the ``evals`` / ``eval.chat_*`` overrides they alias.
 
   Raises:
     cli.UsageError: not a language-model workdir.
@@ -496,9 +486,8 @@ def _analysis_options(config) -> dict:
   """The checked ``--analysis_*`` options, before any data is read.
 
   Raises:
-    cli.UsageError: a layer that does not exist, class statistics asked of a
-      task without labels, bad numbers, or ``--analysis`` with ``--sample`` /
-      ``--choices``.
+    cli.UsageError: a missing layer, class statistics without labels, bad numbers,
+      or ``--analysis`` with ``--sample`` / ``--choices``.
   """
   from laplax.analysis import report
 
@@ -534,9 +523,7 @@ def _analysis_options(config) -> dict:
 
 
 def _training_loss(task, state):
-  """``loss_fn(params, batch)``: the task's training loss (as train.py's step
-  computes it) at ``state``'s step and task state, with the fixed key
-  ``PRNGKey(0)`` for dropout and augmentation, so the gradient is reproducible."""
+  """``loss_fn(params, batch)``: the task's training loss at ``state``, key ``PRNGKey(0)`` (reproducible)."""
   import jax
 
   rng = jax.random.PRNGKey(0)

@@ -8,6 +8,7 @@ its experiment changes.
 from __future__ import annotations
 
 import ast
+import math
 
 import ml_collections
 from ml_collections import config_dict
@@ -40,16 +41,12 @@ def parse_arg(arg: str | None, **defaults) -> ml_collections.ConfigDict:
 
 
 def model_config(name: str) -> ml_collections.ConfigDict:
-  """The ``config.model`` section of family ``name`` (``"vit"``, ``"gpt"``), with
-  every key and default taken from the model spec
-  (:func:`laplax.models.spec.config_defaults`).
+  """The ``config.model`` section of family ``name`` (``"vit"``, ``"gpt"``) from the model spec.
 
-  ``None`` defaults become typed placeholders so that ``--config.model.KEY=``
-  overrides type-check: ``num_laplacian_heads`` takes an int (the last k heads
-  of every layer) or a per-layer list, ``laplacian_mask`` per-layer tuples of
-  booleans. ``remat`` and ``scan_layers`` change memory and compile time, not
-  the values (``scan_layers`` stacks the parameters under ``blocks``: another
-  checkpoint layout).
+  Keys and defaults are :func:`laplax.models.spec.config_defaults`'; ``None`` defaults
+  become typed placeholders so ``--config.model.KEY=`` type-checks
+  (``num_laplacian_heads``: an int, the last k heads of every layer, or a per-layer
+  list; ``laplacian_mask``: per-layer tuples of booleans).
   """
 
   def section(values: dict) -> ml_collections.ConfigDict:
@@ -213,10 +210,9 @@ def deit3_recipe(
 ) -> ml_collections.ConfigDict:
   """Applies the DeiT-3 recipe of the Laplacian-heads paper (Zhang & Papyan 2026) to ``c``.
 
-  400 epochs, AdamW lr 2e-3, weight decay 0.05, cosine with 5 warm-up epochs,
-  grad-clip 1.0, Mixup 0.8, CutMix 1.0, label smoothing 0.1, binary
-  cross-entropy, bfloat16, drop-path 0.2, LayerScale 1e-6, qk-norm, on the
-  ViT ``variant`` (e.g. ``"B/16"``).
+  400 epochs, AdamW lr 2e-3, wd 0.05, cosine with 5 warm-up epochs, grad-clip 1.0,
+  Mixup 0.8, CutMix 1.0, label smoothing 0.1, BCE, bfloat16, drop-path 0.2,
+  LayerScale 1e-6, qk-norm, on ViT ``variant`` (e.g. ``"B/16"``).
   """
   from laplax.models.vit import decode_variant
 
@@ -277,6 +273,63 @@ def gpt_base_config() -> ml_collections.ConfigDict:
   return c
 
 
+def bert_base_config() -> ml_collections.ConfigDict:
+  """:func:`base_config` turned into masked-LM pre-training (``task="mlm"``,
+  :mod:`laplax.tasks.mlm`) of a small crammed BERT on the Shakespeare plays,
+  with cramming's recipe (``JonasGeiping/cramming``, ``train/bert-o4.yaml``,
+  ``train/optim/adam.yaml``): AdamW betas (0.9, 0.98), eps 1e-12, weight
+  decay 0.01 (not on biases, norms and embeddings), gradient clipping 0.5,
+  the one-cycle ``triangle`` schedule, 25% masking with cramming's
+  fixed-count 80/10/10 rule and sparse prediction, 128-token windows."""
+  c = base_config()
+  c.task = "mlm"
+  c.batch_size = 32
+  c.eval_batch_size = 32
+  from laplax.data.text import corpus as text
+
+  c.data = text.default_config()
+  c.data.tokenizer = "wordpiece"
+  c.data.vocab_size = 2048
+
+  c.model = model_config("bert")
+  c.model.update(
+    max_length=128,
+    width=128,
+    depth=4,
+    num_heads=4,
+    mlp_dim=512,
+    post_norm=False,
+    use_bias=False,
+    mlp_activation="gelu_glu",
+    posemb="scaled_sinusoidal",
+    type_vocab_size=0,
+    final_norm=True,
+    mlm_transform=False,
+    decoder_bias=False,
+    pooler="mean",
+  )
+  c.optim.lr = 1e-3
+  c.optim.b1 = 0.9
+  c.optim.b2 = 0.98
+  c.optim.eps = 1e-12
+  c.optim.weight_decay = 0.01
+  c.optim.grad_clip = 0.5
+  c.optim.schedule = "triangle"
+  c.optim.warmup_steps = 0
+  c.optim.weight_decay_exclude = ("pos_embedding", "token_embedding", "type_embedding", "pos_scale")
+  del c.loss
+  # Masking (laplax.tasks.mlm.mask_tokens): "cramming" masks round(probability
+  # * length) tokens of every sequence (first 80% of them [MASK], next 10% a
+  # random token, the rest kept) and predicts only those (sparse prediction);
+  # "bert" masks each token with the probability (Devlin et al. 2019).
+  c.mlm = ml_collections.ConfigDict()
+  c.mlm.rule = "cramming"
+  c.mlm.probability = 0.25
+  c.eval = ml_collections.ConfigDict()
+  c.evals = "mlm_loss"
+  return c
+
+
 # ``recipe=`` of the CPU configs: the plain laplax model, or the options the
 # Laplacian authors' code runs with.
 RECIPES = {"vit": ("plain", "deit3"), "gpt": ("plain", "nanochat")}
@@ -315,27 +368,17 @@ def nanochat_steps(num_params: int, tokens_per_step: int, ratio: int = 20) -> in
 
 
 def nanochat_options(c: ml_collections.ConfigDict) -> None:
-  """The architecture and optimiser of nanochat's first release
-  (``karpathy/nanochat`` 3a5e0bc, ``nanochat/gpt.py``, ``scripts/base_train.py``)
-  on the model and optimiser sizes already in ``c``.
+  """The architecture and optimiser of nanochat's first release on the sizes in ``c``.
 
-  Model: rotary positions in nanochat's convention (``-angle``, base
-  10,000, bfloat16 table, before the qk-norm; :mod:`laplax.rotary`),
-  parameter-free RMSNorm (eps ``2^-23``) everywhere and after the token
-  embedding, qk-norm as that RMSNorm with no scale, ReLU^2 MLP, no biases,
-  untied embeddings, the logit soft-cap ``15 tanh(logits / 15)``, nanochat's
-  initialisation (``kernel_init="nanochat"``: ``wte`` N(0, 1), ``lm_head``
-  and the output projections zero, the other matrices
-  ``N(0, min(1, sqrt(out/in)) / sqrt(in))``).
-
-  Optimiser (``optim.optimizer="nanochat"``, :mod:`laplax.optim.nanochat`):
-  Muon at 0.02 on the block matrices (momentum 0.85 -> 0.95 over 300 steps);
-  AdamW (0.8, 0.95), eps 1e-10, no weight decay, at ``0.2 s`` on the token
-  embedding and ``0.004 s`` on ``lm_head``, ``s = (width / 768)^-1/2``;
-  no warm-up, a constant rate then a linear warm-down to 0 over the last
-  20% of the steps; gradients clipped to global norm 1.0. The config's
-  ``dtype`` and ``embedding_dtype`` stay its own (bfloat16 in
-  ``configs/gpt_d20.py``, float32 on the CPU).
+  Source: ``karpathy/nanochat`` 3a5e0bc, ``nanochat/gpt.py`` and
+  ``scripts/base_train.py``; the table of docs/language-models.md lists them
+  (the initialisation too). Model: nanochat's rotary (:mod:`laplax.rotary`),
+  parameter-free RMSNorm (eps ``2^-23``), qk-norm without scale, ReLU^2, no biases,
+  untied embeddings, soft-cap ``15 tanh(logits / 15)``, ``kernel_init="nanochat"``.
+  Optimiser (:mod:`laplax.optim.nanochat`): Muon 0.02 (momentum 0.85 -> 0.95 over
+  300 steps); AdamW (0.8, 0.95), eps 1e-10, no decay, ``0.2 s`` on the embedding and
+  ``0.004 s`` on ``lm_head``, ``s = (width / 768)^-1/2``; constant rate, linear
+  warm-down over the last 20%; clip 1.0. ``dtype`` and ``embedding_dtype`` stay ``c``'s.
   """
   m, o = c.model, c.optim
   m.posemb = "rope"
@@ -373,16 +416,128 @@ def nanochat_options(c: ml_collections.ConfigDict) -> None:
   o.grad_clip = 1.0
 
 
+def nanochat_fork_model(
+  c: ml_collections.ConfigDict,
+  *,
+  value_embeds: bool = True,
+  resid_lambdas: bool = True,
+  x0_lambdas: bool = True,
+  smear: bool = True,
+  backout: bool = True,
+  window_pattern: str | None = "SSSL",
+) -> None:
+  """The model of the Laplacian authors' nanochat fork on the sizes in ``c``.
+
+  Source: ``yuchongzhang/nanochat`` 1f70b557, ``nanochat/gpt.py`` (its
+  ``GPTConfig`` defaults: every component on, ``window_pattern="SSSL"``; the
+  keyword arguments are its ablation switches ``use_ve``,
+  ``use_resid_lambdas``, ``use_x0``, ``use_smear``, ``use_backout``).
+  :func:`nanochat_options`' forward with ``q, k`` x 1.2 after the qk-norm,
+  rotary base 100,000, the fork's initialisation (``kernel_init=
+  "nanochat-fork"``), the vocabulary padded to a multiple of 64, and the
+  options of :class:`~laplax.models.spec.GPTSpec` the switches name.
+  The optimiser is :func:`nanochat_options`' unless the caller sets another.
+  """
+  nanochat_options(c)
+  m = c.model
+  m.rope_theta = 100_000.0
+  m.qk_scale = 1.2
+  m.kernel_init = "nanochat-fork"
+  m.vocab_multiple = 64
+  m.value_embeds = value_embeds
+  m.resid_lambdas = resid_lambdas
+  m.x0_lambdas = x0_lambdas
+  m.smear = smear
+  m.backout = backout
+  m.window_pattern = window_pattern
+
+
+def nanochat_fork_size(depth: int) -> tuple[int, int]:
+  """``(width, num_heads)`` of the fork's depth-``depth`` GPT: ``ceil(64 depth /
+  128) * 128`` and heads of 128 (yuchongzhang/nanochat 1f70b557,
+  scripts/base_train.py, aspect ratio 64, head_dim 128). d20: (1280, 10)."""
+  width = -(-depth * 64 // 128) * 128
+  return width, width // 128
+
+
+def nanochat_fork_scaling_params(depth: int, vocab_size: int = 32768) -> int:
+  """The fork's horizon parameters of its default d``depth``: every block
+  parameter (``12 d^2`` per layer, plus ``ve_gate`` ``12 x heads`` on the
+  value-embedding layers) and ``lm_head`` (``Vpad x d``), its
+  ``transformer_matrices + lm_head`` (nanochat/gpt.py ``num_scaling_params``).
+  d12: 110,100,912; d20: 435,160,240."""
+  width, heads = nanochat_fork_size(depth)
+  ve_layers = sum(1 for i in range(depth) if i % 2 == (depth - 1) % 2)
+  vpad = -(-vocab_size // 64) * 64
+  return 12 * depth * width * width + ve_layers * 12 * heads + vpad * width
+
+
+def nanochat_fork_horizon(depth: int, vocab_size: int = 32768, ratio: float = 12) -> dict:
+  """The fork's compute-optimal run of d``depth`` (scripts/base_train.py at
+  yuchongzhang/nanochat 1f70b557): ``tokens = int(ratio * N)`` for the
+  :func:`nanochat_fork_scaling_params` ``N``; the batch ``B = 2^round(log2(2^19
+  (tokens / D_ref)^0.383))`` tokens with ``D_ref`` = 12 x d12's ``N``; updates
+  ``tokens // B``; the learning rates times ``sqrt(B / 2^19)``; Muon's weight
+  decay ``0.28 sqrt(B / 2^19) D_ref / tokens``. d20: B = 2^20, 4,980 updates,
+  decay 0.1002.
+
+  Returns ``{"batch_tokens", "steps", "lr_scale", "weight_decay"}``.
+  """
+  tokens = int(ratio * nanochat_fork_scaling_params(depth, vocab_size))
+  d_ref = 12 * nanochat_fork_scaling_params(12, vocab_size)
+  b_ref = 2**19
+  batch = 2 ** round(math.log2(b_ref * (tokens / d_ref) ** 0.383))
+  scale = (batch / b_ref) ** 0.5
+  return {
+    "batch_tokens": batch,
+    "steps": tokens // batch,
+    "lr_scale": scale,
+    "weight_decay": 0.28 * scale * d_ref / tokens,
+  }
+
+
+def nanochat_fork_training(c: ml_collections.ConfigDict, depth: int) -> None:
+  """The fork's schedule and learning rates for d``depth`` in ``c`` (after
+  :func:`nanochat_fork_model`): :func:`nanochat_fork_horizon`'s batch
+  (``c.batch_size`` sequences of ``c.model.max_length``) and updates; the
+  rate multiplier with a 40-step warm-up and the warm-down over the last 65%
+  to 0.05 (:func:`laplax.optim.nanochat.warmdown_schedule`); base_train's
+  rates times ``sqrt(B / 2^19)``: Muon 0.02, embedding 0.3 s, ``lm_head``
+  0.008 s with ``s = (width / 768)^-1/2``; Muon momentum 0.85 -> 0.97 over
+  400 steps; no clipping; ``optim.optimizer="nanochat-fork"`` (the fork's
+  ``MuonAdamW``, :mod:`laplax.optim.nanochat_fork`) with the scalars' rate
+  ``optim.lr = 0.5 sqrt(B / 2^19)`` and Muon's decay
+  ``0.28 sqrt(B / 2^19) D_ref / tokens``.
+  """
+  h = nanochat_fork_horizon(depth, c.data.vocab_size)
+  m, o = c.model, c.optim
+  c.batch_size = h["batch_tokens"] // m.max_length
+  c.total_steps = h["steps"]
+  s, dscale = h["lr_scale"], (m.width / 768) ** -0.5
+  o.muon_lr = 0.02 * s
+  o.embedding_lr = 0.3 * s * dscale
+  o.unembedding_lr = 0.008 * s * dscale
+  o.optimizer = "nanochat-fork"
+  o.lr = 0.5 * s  # the fork's scalar_lr
+  o.muon_weight_decay = h["weight_decay"]
+  o.weight_decay = 0.0
+  o.muon_momentum_start = 0.85
+  o.muon_momentum = 0.97
+  o.muon_momentum_ramp_steps = 400
+  o.warmup_steps = 40
+  o.warmdown_ratio = 0.65
+  o.min_lr_ratio = 0.05
+  o.grad_clip = None
+
+
 def dino_base_config() -> ml_collections.ConfigDict:
   """:func:`base_config` turned into DINO self-supervised training (no labels).
 
   Keys follow the DINO reference code (Caron et al. 2021): ``dino.out_dim``,
   ``momentum_teacher``, ``warmup_teacher_temp`` -> ``teacher_temp`` over
   ``warmup_teacher_temp_steps``, ``student_temp``, ``center_momentum``,
-  ``freeze_last_layer_steps``; the optimizer's weight decay follows a cosine
-  from ``optim.weight_decay`` to ``optim.weight_decay_end``. Multi-crop
-  settings are ``data.multicrop`` (see ``images.default_multicrop_config``);
-  ``eval`` holds the evaluators' settings (labels are used only there).
+  ``freeze_last_layer_steps``; weight decay cosine from ``optim.weight_decay`` to
+  ``optim.weight_decay_end``; ``data.multicrop`` the views.
   """
   from laplax.data.vision import images
 

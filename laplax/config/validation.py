@@ -17,6 +17,7 @@ import ml_collections
 from laplax import sharding, utils
 from laplax.errors import UserError
 from laplax.models import spec as spec_lib
+from laplax.models import swin
 
 # Keys every config has (the documented contract of train.py).
 REQUIRED = (
@@ -51,7 +52,7 @@ ARCHITECTURE_KEYS = (
   "dino.head_layers",
 )
 # Keys under ARCHITECTURE_KEYS that leave the parameter tree as it is.
-NOT_ARCHITECTURE_KEYS = ("model.remat",)
+NOT_ARCHITECTURE_KEYS = ("model.remat", "model.loss_chunk")
 
 
 class ConfigError(UserError, ValueError):
@@ -186,11 +187,11 @@ def validate(
       f"{config.task} config; check its spelling against "
       f"laplax/config/defaults.py" + (f" ({len(extra)} such keys)" if len(extra) > 1 else ""),
     )
-  family = task_class.family
+  families = getattr(task_class, "families", (task_class.family,))
   require(
-    get(config, "model.name") == family,
+    get(config, "model.name") in families,
     f"config.model.name={get(config, 'model.name')!r} does not fit "
-    f"task {config.task!r}; use model.name={family!r}",
+    f"task {config.task!r}; use model.name=" + " or ".join(repr(f) for f in families),
   )
   for key in ("data.data_dir", "data.source_dir"):
     value = get(config, key)
@@ -305,14 +306,18 @@ def _validate_muon(config):
   (``None`` where a number is optional)."""
   name = config.optim.optimizer
   require(
-    name in ("adamw", "muon", "nanochat"),
-    f"config.optim.optimizer={name!r} is unknown; use 'adamw', 'muon' or 'nanochat'",
+    name in ("adamw", "muon", "nanochat", "nanochat-fork"),
+    f"config.optim.optimizer={name!r} is unknown; use 'adamw', 'muon', 'nanochat' or "
+    f"'nanochat-fork'",
   )
   schedule = config.optim.schedule
   require(
-    schedule in ("cosine", "warmdown", "progress"),
-    f"config.optim.schedule={schedule!r} is unknown; use 'cosine', 'warmdown' or 'progress'",
+    schedule in ("cosine", "warmdown", "progress", "triangle"),
+    f"config.optim.schedule={schedule!r} is unknown; use 'cosine', 'warmdown', 'progress' "
+    f"or 'triangle'",
   )
+  if get(config, "optim.eps", None) is not None:
+    check_float(config, "optim.eps", 0.0, open_min=True)
   if get(config, "optim.schedule_steps") is not None:
     check_int(config, "optim.schedule_steps", 1)
   if get(config, "optim.warmdown_ratio") is not None:
@@ -503,7 +508,7 @@ def _validate_model(config):
       f"on {jax.default_backend()!r}; use 'xla'",
     )
   image_size = get(config, "data.image_size", None)  # optional: an image data set's key
-  if m.name == "vit" and image_size is not None:
+  if m.name in ("vit", "swin") and image_size is not None:
     check_int(config, "data.image_size", 1)
     check_patches(
       config, image_size, image_size, f"config.data.image_size={image_size}", "change one of them"
@@ -530,8 +535,19 @@ def attention_lengths(
   global and local crops come first). Counts that depend on an unknown image
   size are left out."""
   m = config.model
-  if m.name == "gpt":
+  if m.name in ("gpt", "bert"):
     return (int(m.max_length),)
+  if m.name == "swin":  # tokens of a window (a stage's grid when it is smaller)
+    side = get(config, "data.image_size", None) or image_side
+    if not side:
+      return ()
+    grid, out = int(side) // m.patch_size, []
+    for s in range(len(m.stage_depths)):
+      if s:
+        grid = (grid + 1) // 2
+      window = swin.stage_window((grid, grid), m.window_size)[0]
+      out.append(window[0] * window[1])
+    return tuple(dict.fromkeys(out))
   patches = lambda side: (int(side) // m.patch_size) ** 2 + (m.pool == "tok")
   sides = list(crop_sides) + [
     get(config, "data.image_size", None)  # images only
@@ -556,6 +572,7 @@ def attention_kernel(config: ml_collections.ConfigDict, task: Any = None, say: A
     task.attention_lengths(config, side),
     head_dim=spec.head_dim,
     dtype=spec.dtype,
+    bias=config.model.name == "swin",  # its relative position bias: XLA
   )
   if say is not None:
     say(line)
@@ -599,7 +616,7 @@ def check_image_size(config: ml_collections.ConfigDict, image_shape) -> None:
 def architecture_diff(saved: dict, config: ml_collections.ConfigDict) -> list[str]:
   """Dotted keys under :data:`ARCHITECTURE_KEYS` where ``saved`` and ``config`` differ.
 
-  Keys in :data:`NOT_ARCHITECTURE_KEYS` (``model.remat``) are ignored, and so
+  Keys in :data:`NOT_ARCHITECTURE_KEYS` (``model.remat``, ``model.loss_chunk``) are ignored, and so
   are ``model.spectral.*`` when spectral conditioning is off on both sides
   (the layout of a correction that is not applied changes nothing). A model
   key missing on one side has the model spec's default

@@ -6,18 +6,27 @@ r"""Convert weights between laplax and timm / Hugging Face ``transformers``.
         [--config configs/deit3_imagenet.py] [--config.key=value ...]
     python -m laplax.convert --from hf-gpt2 --model HF_DIR --workdir runs/gpt2 \
         [--config configs/gpt2_124m.py] [--config.key=value ...]
+    python -m laplax.convert --from hf-bert --model HF_DIR --workdir runs/bert \
+        [--config configs/bert_cramming.py] [--config.key=value ...]
+    python -m laplax.convert --from hf-nystromformer --model HF_DIR --workdir runs/nf \
+        [--config configs/bert_cramming.py] [--config.key=value ...]
     python -m laplax.convert --from nanochat --model CHECKPOINT_DIR [--step N] \
         [--tokenizer tokenizer.pkl|DIR] --workdir runs/d20 [--config configs/gpt_d20.py]
     python -m laplax.convert --to timm --workdir runs/vit --out OUT_DIR [--force]
     python -m laplax.convert --to hf-gpt2 --workdir runs/gpt --out OUT_DIR [--force]
+    python -m laplax.convert --to hf-bert --workdir runs/bert --out OUT_DIR [--force]
     python -m laplax.convert --to nanochat --workdir runs/d20 --out OUT_DIR
 
 ``--from`` writes a new laplax workdir (``config.json`` and a step-0
 checkpoint): ``eval.py --workdir`` evaluates it, ``train.py
 --config.init_from=WORKDIR`` fine-tunes from it (Laplacian heads and
 spectral settings may differ). The config gives the data and training
-settings (default: ``configs/deit3_imagenet.py`` for timm,
-``configs/gpt2_124m.py`` for GPT-2, ``configs/gpt_d20.py`` for nanochat); the
+settings (default: ``configs/deit3_imagenet.py`` for timm, ``configs/swin_imagenet.py``
+for a timm ``swin_*`` model,
+``configs/gpt2_124m.py`` for GPT-2, ``configs/bert_cramming.py`` for BERT and
+the Nystromformer (``NystromformerForMaskedLM``,
+:mod:`laplax.convert.hf_nystromformer`; ``--from`` only),
+``configs/gpt_d20.py`` for nanochat); the
 model keys come from the source (nanochat: ``meta_<step>.json``, its
 Laplacian heads included; :mod:`laplax.convert.nanochat`).
 ``--to`` writes ``OUT_DIR`` for timm (``model.safetensors`` and
@@ -46,8 +55,15 @@ from ml_collections import config_flags
 from laplax import signals
 from laplax.cli import common as cli
 
-_FROM = flags.DEFINE_enum("from", None, ["timm", "hf-gpt2", "nanochat"], "Source of the weights.")
-_TO = flags.DEFINE_enum("to", None, ["timm", "hf-gpt2", "nanochat"], "Target of the weights.")
+_FROM = flags.DEFINE_enum(
+  "from",
+  None,
+  ["timm", "hf-gpt2", "hf-bert", "hf-nystromformer", "nanochat"],
+  "Source of the weights.",
+)
+_TO = flags.DEFINE_enum(
+  "to", None, ["timm", "hf-gpt2", "hf-bert", "nanochat"], "Target of the weights."
+)
 _MODEL = flags.DEFINE_string(
   "model",
   None,
@@ -86,7 +102,14 @@ _CONFIG = config_flags.DEFINE_config_file(
 REPO_CONFIGS = os.path.join(
   os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "configs"
 )
-DEFAULT_CONFIGS = {"timm": "deit3_imagenet.py", "hf-gpt2": "gpt2_124m.py", "nanochat": "gpt_d20.py"}
+DEFAULT_CONFIGS = {
+  "timm": "deit3_imagenet.py",
+  "hf-gpt2": "gpt2_124m.py",
+  "hf-bert": "bert_cramming.py",
+  "hf-nystromformer": "bert_cramming.py",
+  "nanochat": "gpt_d20.py",
+}
+SWIN_CONFIG = "swin_imagenet.py"  # the default of a timm swin_* model
 
 
 def _config(source: str):
@@ -104,9 +127,13 @@ def _config(source: str):
 
 def _with_default_config(argv: list[str]) -> list[str]:
   """``argv`` with ``--config`` set to the source's default config file when
-  ``--from`` is given without one (so ``--config.key=value`` overrides parse)."""
+  ``--from`` is given without one (so ``--config.key=value`` overrides parse):
+  ``configs/swin_imagenet.py`` for a timm ``swin_*`` model."""
   source = cli.flag_value(argv, "from")
-  path = os.path.join(REPO_CONFIGS, DEFAULT_CONFIGS.get(source, ""))
+  name = DEFAULT_CONFIGS.get(source, "")
+  if source == "timm" and (cli.flag_value(argv, "model") or "").startswith("swin"):
+    name = SWIN_CONFIG
+  path = os.path.join(REPO_CONFIGS, name)
   if source in DEFAULT_CONFIGS and cli.flag_value(argv, "config") is None and os.path.isfile(path):
     return argv[:1] + [f"--config={path}"] + argv[1:]
   return argv
@@ -119,12 +146,13 @@ def main(guard: signals.Guard) -> int:
   source, target = flags.FLAGS["from"].value, _TO.value
   if (source is None) == (target is None):
     raise cli.UsageError(
-      "give exactly one of --from timm|hf-gpt2|nanochat and --to timm|hf-gpt2|nanochat"
+      "give exactly one of --from timm|hf-gpt2|hf-bert|hf-nystromformer|nanochat and "
+      "--to timm|hf-gpt2|hf-bert|nanochat"
     )
   if not _WORKDIR.value:
     raise cli.UsageError("--workdir is required (the laplax run directory)")
   cli.quiet()
-  from laplax.convert import common, hf_gpt2, nanochat, timm_vit
+  from laplax.convert import common, hf_bert, hf_gpt2, hf_nystromformer, nanochat, timm_vit
 
   # A signal's exit line: the output is renamed into place in whole.
   guard.nothing_saved = "nothing was written (the output appears only complete)"
@@ -160,7 +188,12 @@ def main(guard: signals.Guard) -> int:
           "--weights and --model_args are for --from timm; the "
           "Hugging Face directory holds the weights and config"
         )
-      hf_gpt2.convert_from_hf(_MODEL.value, config, _WORKDIR.value)
+      convert = {
+        "hf-bert": hf_bert.convert_from_hf,
+        "hf-gpt2": hf_gpt2.convert_from_hf,
+        "hf-nystromformer": hf_nystromformer.convert_from_hf,
+      }[source]
+      convert(_MODEL.value, config, _WORKDIR.value)
     print(
       f"wrote {_WORKDIR.value} (step 0): evaluate it with eval.py --workdir "
       f"{_WORKDIR.value}, fine-tune with train.py --config.init_from={_WORKDIR.value}"
@@ -172,7 +205,11 @@ def main(guard: signals.Guard) -> int:
       nanochat.convert_to_nanochat(_WORKDIR.value, _OUT.value)
       note = None
     else:
-      convert = timm_vit.convert_to_timm if target == "timm" else hf_gpt2.convert_to_hf
+      convert = {
+        "timm": timm_vit.convert_to_timm,
+        "hf-gpt2": hf_gpt2.convert_to_hf,
+        "hf-bert": hf_bert.convert_to_hf,
+      }[target]
       note = convert(_WORKDIR.value, _OUT.value, _FORCE.value)
     print(f"wrote {_OUT.value}" + (f"; --force: {note}" if note else ""))
   return 0

@@ -26,6 +26,23 @@ forward nanochat computes); the Laplacian heads are the authors'
 a layer), written back the same way (an int when every layer has the same
 count; omitted when there are none, so nanochat's first release loads it).
 
+The Laplacian authors' fork (``yuchongzhang/nanochat`` 1f70b557) writes the
+same two files with more ``model_config`` keys (``use_ve``,
+``use_resid_lambdas``, ``use_x0``, ``use_smear``, ``use_backout``,
+``window_pattern``, ``laplacian_heads`` as a list; a checkpoint that lacks
+some gets the fork's patch for older files, ``window_pattern="L"`` and every
+``use_*`` True) and more tensors (its nanochat/gpt.py): the vocabulary padded
+to a multiple of 64 in ``wte``, ``lm_head`` and ``value_embeds.{i}.weight
+[Vpad, d]`` (layers with a value embedding), ``transformer.h.{i}.attn.
+ve_gate.weight [n_head, 12]``, ``resid_lambdas [L]``, ``x0_lambdas [L]``,
+``smear_gate.weight [1, 24]``, ``smear_lambda [1]``, ``backout_lambda [1]``.
+They map to :func:`laplax.config.defaults.nanochat_fork_model` with the
+switches of ``model_config`` (``value_embed{i}/embedding``,
+``block{i}/attention/ve_gate/kernel [12, n_head]``, ``smear_gate/kernel [24,
+1]``, the scalars by their names), values unchanged; ``--to nanochat`` of
+such a model writes the fork's files (all 13 ``model_config`` keys).
+Grouped-query attention (``n_kv_head < n_head``) is refused.
+
 Files from elsewhere are untrusted: the state dict is read with
 ``torch.load(weights_only=True)``, and ``tokenizer.pkl`` with
 :func:`laplax.data.text.nanochat_tokenizer.read_tokenizer_pkl`, an unpickler that
@@ -62,6 +79,26 @@ PREFIX = "transformer."
 # What torch.compile prepends to the names of a compiled model's state dict.
 COMPILED_PREFIX = "_orig_mod."
 MODEL_CONFIG_KEYS = ("sequence_len", "vocab_size", "n_layer", "n_head", "n_kv_head", "n_embd")
+# The fork's model_config switches -> laplax model keys, and what the fork
+# patches into a checkpoint that lacks them (checkpoint_manager.py).
+FORK_SWITCHES = {
+  "use_ve": "value_embeds",
+  "use_resid_lambdas": "resid_lambdas",
+  "use_x0": "x0_lambdas",
+  "use_smear": "smear",
+  "use_backout": "backout",
+}
+FORK_KEYS = (*FORK_SWITCHES, "window_pattern")
+FORK_DEFAULTS = {**{k: True for k in FORK_SWITCHES}, "window_pattern": "L"}
+# The fork pads the vocabulary of wte, lm_head and the value embeddings to this.
+FORK_VOCAB_MULTIPLE = 64
+# The fork's per-model scalars: laplax name -> state-dict name.
+FORK_SCALARS = {
+  "resid_lambdas": "resid_lambdas",
+  "x0_lambdas": "x0_lambdas",
+  "smear_lambda": "smear_lambda",
+  "backout_lambda": "backout_lambda",
+}
 # laplax names of one block's kernels -> nanochat's ``transformer.h.{i}.`` names.
 BLOCK_TENSORS = {
   "attention/query": "attn.c_q",
@@ -127,16 +164,44 @@ def read_tokenizer(path: str, vocab_size: int | None = None) -> NanochatTokenize
 # --------------------------------------------------------------------------- weights
 
 
-def nanochat_shapes(mc: Mapping) -> dict[str, tuple[int, int]]:
-  """``{state_dict name: shape}`` of nanochat's GPT with ``model_config`` ``mc``."""
-  d, v = mc["n_embd"], mc["vocab_size"]
+def is_fork(mc: Mapping) -> bool:
+  """Whether ``model_config`` is the fork's (it has one of :data:`FORK_KEYS`)."""
+  return any(k in mc for k in FORK_KEYS)
+
+
+def has_value_embed(mc: Mapping, i: int) -> bool:
+  """The fork's ``has_ve``: alternating layers, the last one included."""
+  return bool(mc.get("use_ve")) and i % 2 == (mc["n_layer"] - 1) % 2
+
+
+def nanochat_shapes(mc: Mapping) -> dict[str, tuple[int, ...]]:
+  """``{state_dict name: shape}`` of nanochat's GPT with ``model_config`` ``mc``
+  (the fork's, padded vocabulary and extra tensors, when :func:`is_fork`)."""
+  d, v, depth = mc["n_embd"], mc["vocab_size"], mc["n_layer"]
+  fork = is_fork(mc)
+  if fork:
+    v = -(-v // FORK_VOCAB_MULTIPLE) * FORK_VOCAB_MULTIPLE
   out = {PREFIX + "wte.weight": (v, d)}
-  for i in range(mc["n_layer"]):
+  for i in range(depth):
     h = f"{PREFIX}h.{i}."
     for name in ("attn.c_q", "attn.c_k", "attn.c_v", "attn.c_proj"):
       out[f"{h}{name}.weight"] = (d, d)
+    if has_value_embed(mc, i):
+      out[f"{h}attn.ve_gate.weight"] = (mc["n_head"], 12)
     out[f"{h}mlp.c_fc.weight"], out[f"{h}mlp.c_proj.weight"] = (4 * d, d), (d, 4 * d)
   out["lm_head.weight"] = (v, d)
+  if fork:
+    for i in range(depth):
+      if has_value_embed(mc, i):
+        out[f"value_embeds.{i}.weight"] = (v, d)
+    if mc.get("use_resid_lambdas"):
+      out["resid_lambdas"] = (depth,)
+    if mc.get("use_x0"):
+      out["x0_lambdas"] = (depth,)
+    if mc.get("use_smear"):
+      out["smear_gate.weight"], out["smear_lambda"] = (1, 24), (1,)
+    if mc.get("use_backout"):
+      out["backout_lambda"] = (1,)
   return out
 
 
@@ -152,6 +217,15 @@ def nanochat_to_laplax(tensors: Mapping[str, np.ndarray], depth: int) -> dict[st
   for i in range(depth):
     for ours, theirs in BLOCK_TENSORS.items():
       out[f"block{i}/{ours}/kernel"] = t(f"{PREFIX}h.{i}.{theirs}.weight")
+    if f"{PREFIX}h.{i}.attn.ve_gate.weight" in tensors:
+      out[f"block{i}/attention/ve_gate/kernel"] = t(f"{PREFIX}h.{i}.attn.ve_gate.weight")
+    if f"value_embeds.{i}.weight" in tensors:
+      out[f"value_embed{i}/embedding"] = np.ascontiguousarray(tensors[f"value_embeds.{i}.weight"])
+  for ours, theirs in FORK_SCALARS.items():
+    if theirs in tensors:
+      out[ours] = np.ascontiguousarray(tensors[theirs])
+  if "smear_gate.weight" in tensors:
+    out["smear_gate/kernel"] = t("smear_gate.weight")
   return out
 
 
@@ -165,6 +239,15 @@ def laplax_to_nanochat(flat: Mapping[str, np.ndarray], depth: int) -> dict[str, 
   for i in range(depth):
     for ours, theirs in BLOCK_TENSORS.items():
       out[f"{PREFIX}h.{i}.{theirs}.weight"] = t(f"block{i}/{ours}/kernel")
+    if f"block{i}/attention/ve_gate/kernel" in flat:
+      out[f"{PREFIX}h.{i}.attn.ve_gate.weight"] = t(f"block{i}/attention/ve_gate/kernel")
+    if f"value_embed{i}/embedding" in flat:
+      out[f"value_embeds.{i}.weight"] = np.ascontiguousarray(flat[f"value_embed{i}/embedding"])
+  for ours, theirs in FORK_SCALARS.items():
+    if ours in flat:
+      out[theirs] = np.ascontiguousarray(flat[ours])
+  if "smear_gate/kernel" in flat:
+    out["smear_gate.weight"] = t("smear_gate/kernel")
   return out
 
 
@@ -230,13 +313,24 @@ def read_meta(path: str) -> dict:
   for key in MODEL_CONFIG_KEYS:
     if not _positive_int(mc.get(key)):
       raise ConvertError(f"{path}: model_config {key}={mc.get(key)!r} must be a positive integer")
-  extra = sorted(set(mc) - set(MODEL_CONFIG_KEYS) - {"laplacian_heads"})
+  extra = sorted(set(mc) - set(MODEL_CONFIG_KEYS) - {"laplacian_heads"} - set(FORK_KEYS))
   if extra:
     raise ConvertError(
       f"{path}: model_config has {', '.join(extra)}, options of a later "
-      f"nanochat that laplax has not; only nanochat's first GPT (with the "
-      f"authors' laplacian_heads) converts"
+      f"nanochat that laplax has not; nanochat's first GPT and the authors' "
+      f"fork (yuchongzhang/nanochat 1f70b557) convert"
     )
+  if is_fork(mc):
+    mc = {**FORK_DEFAULTS, **mc}  # the fork's patch of older checkpoints
+    for key in FORK_SWITCHES:
+      if not isinstance(mc[key], bool):
+        raise ConvertError(f"{path}: model_config {key}={mc[key]!r} must be true or false")
+    pattern = mc["window_pattern"]
+    if not (isinstance(pattern, str) and pattern and set(pattern.upper()) <= {"S", "L"}):
+      raise ConvertError(
+        f"{path}: model_config window_pattern={pattern!r} must be letters S and L, e.g. 'SSSL'"
+      )
+    mc["window_pattern"] = pattern.upper()
   if mc["n_kv_head"] != mc["n_head"]:
     raise ConvertError(
       f"{path}: n_kv_head={mc['n_kv_head']} differs from n_head="
@@ -340,6 +434,12 @@ def laplax_config(
       m.laplacian_mask = None
     if not is_given("embedding_dtype"):
       m.embedding_dtype = embedding_dtype
+    if is_fork(mc):
+      defaults.nanochat_fork_model(
+        config,
+        **{ours: mc[theirs] for theirs, ours in FORK_SWITCHES.items()},
+        window_pattern=mc["window_pattern"],
+      )
     config.data.vocab_size = mc["vocab_size"]
     config.data.tokenizer = "nanochat"
   try:
@@ -469,6 +569,26 @@ def _refuse_options(spec) -> None:
   )
 
 
+def _fork_model(spec, vocab_size: int) -> bool:
+  """Whether ``spec`` is the fork's model (written in the fork's format) or
+  nanochat's first (3a5e0bc); either must be exactly that model.
+
+  Raises:
+    ConvertError: a rotary base, q/k scale or vocabulary padding of neither.
+  """
+  padded = -(-vocab_size // FORK_VOCAB_MULTIPLE) * FORK_VOCAB_MULTIPLE
+  fork = spec.fork_trunk or spec.attention.qk_scale != 1.0 or spec.vocab_multiple != 1
+  want = (1.2, 100_000.0, padded) if fork else (1.0, 10_000.0, vocab_size)
+  have = (spec.attention.qk_scale, spec.attention.rope_theta, spec.padded_vocab(vocab_size))
+  if have != want:
+    which = "the authors' fork" if fork else "nanochat's first release"
+    raise ConvertError(
+      f"model.qk_scale, rope_theta and the padded vocabulary are {have}; {which} has "
+      f"{want}; this workdir cannot be written as nanochat"
+    )
+  return fork
+
+
 def convert_to_nanochat(workdir: str, out_dir: str) -> None:
   """Writes a laplax GPT workdir as nanochat's checkpoint directory.
 
@@ -501,7 +621,7 @@ def convert_to_nanochat(workdir: str, out_dir: str) -> None:
   _refuse_options(spec)
   heads = laplacian_counts(spec)
   flat = common.flat(params)
-  vocab_size = int(np.shape(flat["token_embedding/embedding"])[0])
+  vocab_size = int(config.data.vocab_size)
   mc = {
     "sequence_len": spec.max_length,
     "vocab_size": vocab_size,
@@ -510,7 +630,11 @@ def convert_to_nanochat(workdir: str, out_dir: str) -> None:
     "n_kv_head": spec.num_heads,
     "n_embd": spec.width,
   }
-  if heads:
+  if _fork_model(spec, vocab_size):
+    mc.update({theirs: bool(getattr(spec, ours)) for theirs, ours in FORK_SWITCHES.items()})
+    mc["window_pattern"] = spec.window_pattern or "L"
+    mc["laplacian_heads"] = heads if isinstance(heads, list) else [heads] * spec.depth
+  elif heads:
     mc["laplacian_heads"] = heads
   tensors = laplax_to_nanochat(flat, spec.depth)
   tokenizer = os.path.join(os.path.expanduser(workdir), TOKENIZER_FILE)

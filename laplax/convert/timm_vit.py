@@ -45,21 +45,43 @@ TIMM_CONFIG = "timm_config.json"  # --to timm: the VisionTransformer arguments
 WEIGHTS = "model.safetensors"
 
 
+def _split_items(text: str) -> list[str]:
+  """``text`` split at the commas outside parentheses and brackets."""
+  items, depth, start = [], 0, 0
+  for i, ch in enumerate(text):
+    depth += 1 if ch in "([" else -1 if ch in ")]" else 0
+    if ch == "," and depth == 0:
+      items.append(text[start:i])
+      start = i + 1
+  return items + [text[start:]]
+
+
 def parse_model_args(text: str) -> dict:
-  """``"img_size=28,in_chans=1,qk_norm=True"`` -> keyword arguments (ints,
-  floats, ``True``/``False``/``None``, else strings).
+  """``"img_size=28,in_chans=1,qk_norm=True,depths=(2,2)"`` -> keyword
+  arguments (ints, floats, ``True``/``False``/``None``, tuples of those in
+  parentheses, else strings).
 
   Raises:
-    ConvertError: an item without ``=``.
+    ConvertError: an item without ``=``, or a tuple that is not a literal.
   """
+  import ast
+
   out = {}
-  for item in filter(None, (t.strip() for t in (text or "").split(","))):
+  for item in filter(None, (t.strip() for t in _split_items(text or ""))):
     key, sep, value = item.partition("=")
     if not sep or not key.strip():
       raise ConvertError(
         f"--model_args item {item!r} is not key=value; e.g. --model_args img_size=28,in_chans=1"
       )
     value = value.strip()
+    if value[:1] in "([" and value:
+      try:
+        out[key.strip()] = tuple(ast.literal_eval(value))
+      except (ValueError, SyntaxError, TypeError):
+        raise ConvertError(
+          f"--model_args item {item!r} is not a tuple of literals; e.g. depths=(2,2,6,2)"
+        ) from None
+      continue
     literal = {"True": True, "False": False, "None": None}
     if value in literal:
       out[key.strip()] = literal[value]
@@ -126,7 +148,7 @@ def architecture(model) -> dict:
   if type(model).__name__ != "VisionTransformer":
     raise ConvertError(
       f"{type(model).__name__} is not a timm VisionTransformer; "
-      f"laplax converts timm ViT / DeiT-3 models"
+      f"laplax converts timm ViT / DeiT-3 and Swin (SwinTransformer) models"
     )
   block = model.blocks[0]
   if type(block).__name__ != "Block":
@@ -423,6 +445,32 @@ def load_weights(path: str) -> dict[str, np.ndarray]:
   return {k: v.detach().float().numpy() for k, v in state.items() if hasattr(v, "numpy")}
 
 
+#: The converter target of the spec fields' ``convert`` metadata, the name
+#: refusals give it and the class ``--to timm`` writes (as :mod:`laplax.convert.timm_swin`).
+TARGET = "timm"
+NAME = "timm's VisionTransformer"
+TIMM_CLASS = "VisionTransformer"
+
+
+def family_of(model):
+  """The converter module of a timm model: :mod:`laplax.convert.timm_swin` for a
+  ``SwinTransformer``, else this module (whose :func:`architecture` refuses
+  what is not a ``VisionTransformer``)."""
+  from laplax.convert import timm_swin
+
+  return timm_swin if type(model).__name__ == timm_swin.TIMM_CLASS else _this()
+
+
+def _this():
+  import sys
+
+  return sys.modules[__name__]
+
+
+#: laplax model families (``config.model.name``) -> their timm converter module name.
+FAMILY_MODULES = {"vit": "timm_vit", "swin": "timm_swin"}
+
+
 def _is_classification(config) -> bool:
   """Whether ``config``'s task is :class:`~laplax.tasks.classification.ClassificationTask`
   (or a subclass): timm's ViTs are classifiers."""
@@ -452,14 +500,24 @@ def convert_from_timm(
       f"a classification config (e.g. configs/deit3_imagenet.py)"
     )
   model = timm_model(name, parse_model_args(model_args))
-  arch = architecture(model)
+  family = family_of(model)
+  arch = family.architecture(model)
   state = (
     load_weights(weights)
     if weights
     else {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
   )
-  params = timm_to_laplax(state, arch)
-  for key, value in model_keys(arch).items():
+  params = family.timm_to_laplax(state, arch)
+  keys = family.model_keys(arch)
+  if keys["name"] != config.model.get("name"):  # another family: its model section,
+    from laplax.config import defaults  # with the config's values of the keys both have
+
+    old = config.model
+    config.model = defaults.model_config(keys["name"])
+    for key in old:
+      if key in config.model and key != "name":
+        config.model[key] = old[key]
+  for key, value in keys.items():
     config.model[key] = value
   if "image_size" in config.data and arch["img_size"][0] == arch["img_size"][1]:
     config.data.image_size = int(arch["img_size"][0])
@@ -473,8 +531,8 @@ def convert_from_timm(
     raise ConvertError(str(e)) from None
   common.refuse_unsupported(
     spec,
-    "timm",
-    "timm's VisionTransformer",
+    family.TARGET,
+    family.NAME,
     "the converted model would not compute timm's logits; set it there",
     skip_source=True,
   )
@@ -501,14 +559,17 @@ def convert_to_timm(workdir: str, out_dir: str, force: bool) -> str | None:
   if os.path.exists(out_dir):
     raise ConvertError(f"--out {out_dir} exists; give a new directory (nothing was written)")
   config, spec, params, step = common.read_workdir(workdir)
-  if not _is_classification(config) or config.model.name != "vit":
+  if not _is_classification(config) or config.model.name not in FAMILY_MODULES:
     raise ConvertError(
-      f"{workdir} is a {config.task} run; --to timm converts ViT "
-      f"classifiers (a DINO backbone is not a timm classifier)"
+      f"{workdir} is a {config.task} run of a {config.model.name}; --to timm converts "
+      f"ViT and Swin classifiers (a DINO backbone is not a timm classifier)"
     )
+  import importlib
+
+  family = importlib.import_module(f"laplax.convert.{FAMILY_MODULES[config.model.name]}")
   note = common.refuse_laplax_only(spec, "timm", force)
   params = {k: v for k, v in common.flat(params).items() if not k.endswith("laplacian_mix")}
-  state, model_args = laplax_to_timm(common.nested(params), spec, config)
+  state, model_args = family.laplax_to_timm(common.nested(params), spec, config)
   from safetensors.numpy import save_file
 
   parent = os.path.dirname(os.path.abspath(out_dir))
@@ -518,7 +579,14 @@ def convert_to_timm(workdir: str, out_dir: str, force: bool) -> str | None:
     save_file(state, os.path.join(tmp, WEIGHTS))
     with open(os.path.join(tmp, TIMM_CONFIG), "w") as f:
       json.dump(
-        {"model_args": model_args, "laplax_step": step, "laplax_changes": note}, f, indent=2
+        {
+          "timm_class": family.TIMM_CLASS,
+          "model_args": model_args,
+          "laplax_step": step,
+          "laplax_changes": note,
+        },
+        f,
+        indent=2,
       )
     common.commit_directory(tmp, out_dir)
   except BaseException:
@@ -528,15 +596,18 @@ def convert_to_timm(workdir: str, out_dir: str, force: bool) -> str | None:
 
 
 def timm_from_dir(out_dir: str) -> Any:
-  """The timm model a ``--to timm`` directory describes, its weights loaded
-  with ``strict=True`` (needs timm and torch)."""
+  """The timm model a ``--to timm`` directory describes (its ``timm_class``,
+  ``VisionTransformer`` when absent), its weights loaded with ``strict=True``
+  (needs timm and torch)."""
   import torch
   from safetensors.torch import load_file
+  from timm.models.swin_transformer import SwinTransformer
   from timm.models.vision_transformer import VisionTransformer
 
   with open(os.path.join(out_dir, TIMM_CONFIG)) as f:
-    model_args = json.load(f)["model_args"]
-  model = VisionTransformer(**model_args)
+    saved = json.load(f)
+  classes = {"VisionTransformer": VisionTransformer, "SwinTransformer": SwinTransformer}
+  model = classes[saved.get("timm_class", "VisionTransformer")](**saved["model_args"])
   model.load_state_dict(load_file(os.path.join(out_dir, WEIGHTS)), strict=True)
   del torch
   return model.eval()

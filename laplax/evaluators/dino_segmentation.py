@@ -1,31 +1,13 @@
-"""The linear segmentation evaluation of a DINO run: the ``segmentation``
-evaluator (:class:`Segmentation`), which ``eval.py`` runs when
-``config.evals`` names it.
+"""The ``segmentation`` evaluator of a DINO run: DINOv2's linear probe on the teacher.
 
-DINOv2's linear protocol (Oquab et al. 2023, arXiv 2304.07193, section 7.4;
-its released mmsegmentation heads ``BNHead``): the frozen teacher backbone's
-patch tokens, the last ``eval.segmentation_layers`` blocks' outputs each
-through the final norm and concatenated along the channels (1: the
-final-norm tokens, DINOv2's "linear"; 4: the four last blocks, as its "+ms"
-head, without its multi-scale testing), standardised with the train
-patches' statistics (the head's BatchNorm) and mapped by a linear layer to
-class logits, upsampled bilinearly to the labels, trained with the
-pixel-wise cross-entropy (:func:`laplax.evaluators.linear_segmentation.linear_segmentation_probe`).
-
-The settings are ``config.eval.segmentation*`` (:data:`DEFAULTS`,
-:func:`settings`; a run saved before a key existed gets its default,
-:func:`laplax.evaluators.registry.complete`): ``segmentation_dataset`` and ``segmentation_dir`` (the data,
-:mod:`laplax.data.vision.segmentation`), ``segmentation_image_size`` (side ``S`` of
-the images and labels; 0: the backbone's input size), ``segmentation_train_images``
-/ ``segmentation_test_images`` (the first images of the train and test
-splits), ``segmentation_steps``, ``segmentation_batch_size``,
-``segmentation_lr`` (AdamW), ``segmentation_layers`` and
-``segmentation_figure_images``.
-
-With a ``mesh`` the backbone's parameters are replicated over it and every
-batch (images, patch features, labels) is split over its data axes
-(:func:`laplax.sharding.whole_batch`), as the trainer's evaluations are.
-Memory: the train features stay on the host, ``N (S/p)^2 D L`` float32.
+Oquab et al. 2023, arXiv 2304.07193, section 7.4 (the ``BNHead`` of its
+mmsegmentation configs): the last ``eval.segmentation_layers`` blocks' patch tokens,
+each through the final norm, concatenated (1: "linear"; 4: "+ms" without
+multi-scale testing), then
+:func:`laplax.evaluators.linear_segmentation.linear_segmentation_probe`. Settings
+``config.eval.segmentation*`` (:data:`DEFAULTS`; docs/dino.md). With a ``mesh``
+batches are split over its data axes (:func:`laplax.sharding.whole_batch`). Memory:
+the train features on the host, ``N (S/p)^2 D L`` float32.
 """
 
 from __future__ import annotations
@@ -76,19 +58,16 @@ SEGMENTATION_FIGURE = "segmentation.png"
 
 
 def settings(config) -> dict:
-  """The ``eval.segmentation*`` settings of ``config`` (complete:
-  :func:`laplax.tasks.schema.complete` gave a run saved before a key existed
-  its default); keys without the ``eval.`` prefix."""
+  """The ``eval.segmentation*`` settings of ``config``, keys without ``eval.``."""
   given = config.eval if "eval" in config else {}
   return {k: given[k] if k in given else v for k, v in DEFAULTS.items()}
 
 
 def image_size(config, image_shape) -> int:
-  """The side ``S`` of the segmentation images: ``eval.segmentation_image_size``,
-  or the backbone's input size (``image_shape[0]``) when it is 0.
+  """``eval.segmentation_image_size``, or the backbone's input side when it is 0.
 
   Raises:
-    ConfigError: ``S`` not divisible by ``model.patch_size``.
+    ConfigError: not divisible by ``model.patch_size``.
   """
   size = int(settings(config)["segmentation_image_size"] or image_shape[0])
   config_lib.check_patches(
@@ -102,16 +81,12 @@ def image_size(config, image_shape) -> int:
 
 
 def load_data(config, image_shape):
-  """The segmentation train/test images and masks of a run, or ``None``.
+  """The segmentation data of a run (:func:`laplax.data.vision.segmentation.resolve`), or ``None``.
 
-  Which data (``eval.segmentation_dataset``, :func:`laplax.data.vision.segmentation.resolve`):
-  the run's own masks, Fashion-MNIST canvases, ``scene_parse150`` or
-  ``ade20k`` (from ``eval.segmentation_dir``), at :func:`image_size`. ``None``
-  when ``"auto"`` finds nothing to evaluate on.
+  ``None`` when ``"auto"`` finds nothing to evaluate on.
 
   Raises:
-    DataError: the data is not prepared, unreadable, malformed or does not
-      fit the backbone.
+    DataError: not prepared, unreadable, malformed or not fitting the backbone.
     ConfigError: the image size is not divisible by the patch size.
   """
   from laplax.data.vision import segmentation
@@ -143,9 +118,10 @@ def _final_norm(spec, norm_params, x):
 
 
 def feature_fn(backbone: nn.Module, num_layers: int):
-  """A jitted ``(params, images [B, S, S, C]) -> float32 [B, S/p, S/p, D L]``:
-  the patch tokens (class token dropped) of the last ``num_layers`` blocks,
-  each through the final norm, concatenated from the earliest block on."""
+  """A jitted ``(params, images [B, S, S, C]) -> float32 [B, S/p, S/p, D L]``.
+
+  Patch tokens of the last ``num_layers`` blocks through the final norm, earliest first.
+  """
   spec = backbone.spec
 
   def features(params, images):
@@ -177,9 +153,7 @@ def patch_features(
   progress: bool = False,
   desc: str = "features",
 ) -> np.ndarray:
-  """``fn`` (:func:`feature_fn`) over ``images [N, S, S, C]`` in zero-padded
-  batches of ``batch_size`` (one compiled program), placed by ``place``;
-  float32 ``[N, h, w, F]`` on the host."""
+  """:func:`feature_fn` over ``images [N, S, S, C]`` in padded batches: float32 ``[N, h, w, F]`` on the host."""
   import tqdm
 
   out = []
@@ -214,15 +188,13 @@ def evaluate(
     config: the run's config (``eval.segmentation*``, ``eval_batch_size``, ``seed``).
     backbone, params: the frozen teacher backbone and its parameters.
     seg: a :class:`laplax.data.vision.segmentation.SegmentationData`.
-    mesh: a device mesh to split the batches over (default: one device).
-    figure: a PNG path for the first ``eval.segmentation_figure_images`` test
-      images with their true and predicted masks (not written if None or 0).
-    progress: progress bars for the features, the probe's steps and its test.
+    mesh: a device mesh for the batches (default: one device).
+    figure: PNG path for the first ``eval.segmentation_figure_images`` test images.
+    progress: progress bars.
 
   Returns:
-    ``{"segmentation_miou", "segmentation_pixel_accuracy",
-    "segmentation_iou" (per class, ``None`` where neither labels nor
-    predictions have it), "segmentation_dataset", "segmentation_num_classes",
+    ``{"segmentation_miou", "segmentation_pixel_accuracy", "segmentation_iou" (per
+    class, ``None`` where absent), "segmentation_dataset", "segmentation_num_classes",
     "segmentation_image_size", "segmentation_train_images",
     "segmentation_test_images", "segmentation_layers"}``.
   """
@@ -346,11 +318,11 @@ def validate(config: ml_collections.ConfigDict) -> None:
 
 
 class Segmentation(Evaluator):
-  """``segmentation``: DINOv2's linear segmentation probe on the teacher's
-  patch tokens (:func:`evaluate`; the data and sizes are the settings of
-  :data:`DEFAULTS`), its batches split over ``ctx.mesh``; the test masks are
-  drawn to :data:`SEGMENTATION_FIGURE` in ``ctx.out_dir``. Nothing when the
-  run has no masks to use ("auto")."""
+  """``segmentation``: :func:`evaluate` on the run's masks, split over ``ctx.mesh``.
+
+  Draws :data:`SEGMENTATION_FIGURE` in ``ctx.out_dir``; nothing when "auto" finds no
+  masks.
+  """
 
   name = "segmentation"
   stages = (EVAL,)
@@ -366,8 +338,7 @@ class Segmentation(Evaluator):
     """Reads the segmentation images and masks (:func:`load_data`).
 
     Raises:
-      DataError: the data is not prepared, unreadable or does not fit the backbone.
-      ConfigError: the image size is not divisible by the patch size.
+      DataError, ConfigError: as :func:`load_data`.
     """
     self.data = load_data(self.config, self.task.image_shape)
 

@@ -23,7 +23,7 @@ class Classification(EvalSums):
   """``classification``: top-1 accuracy and cross-entropy on the eval split."""
 
   name = "classification"
-  tasks = ("classification",)
+  tasks = ("classification", "sequence_classification")
 
 
 class BitsPerByte(EvalSums):
@@ -32,3 +32,19 @@ class BitsPerByte(EvalSums):
 
   name = "bits_per_byte"
   tasks = ("lm",)
+
+
+class MaskedLMLoss(EvalSums):
+  """``mlm_loss``: the masked-LM loss (nats per masked token), its
+  perplexity and accuracy on the validation split (:mod:`laplax.tasks.mlm`)."""
+
+  name = "mlm_loss"
+  tasks = ("mlm",)
+
+
+class GLUEScores(EvalSums):
+  """``glue``: the official metric of the GLUE task (:func:`laplax.tasks.glue.scores`)
+  on its validation split(s), the mean loss and ``num_examples``."""
+
+  name = "glue"
+  tasks = ("glue",)

@@ -1,26 +1,9 @@
 """Linear semantic segmentation on frozen patch features.
 
-The dense evaluation of self-supervised ViTs that the Laplacian-heads paper
-reports for DINO (ADE20K linear mIoU) follows DINOv2's "linear" protocol
-(Oquab et al. 2023, arXiv 2304.07193, section 7.4): a linear layer on the
-frozen patch tokens predicts class logits per patch, the logits are
-bilinearly upsampled to the label resolution, and the layer is trained with
-pixel-wise softmax cross-entropy; the score is the mean intersection over
-union (mIoU).
-
-* :func:`confusion` / :func:`miou`: the confusion matrix over pixels and
-  ``IoU_c = TP_c / (TP_c + FP_c + FN_c)``, averaged over the classes whose
-  union is not empty (as mmsegmentation's ``nanmean``); pixels labelled
-  below 0 are ignored.
-* :func:`linear_segmentation_probe`: that linear probe (features
-  standardised with the train patches' mean and std, DINOv2's BatchNorm with
-  frozen statistics; AdamW, cosine decay, minibatches of images drawn with
-  replacement; one compiled step per batch, which ``place`` may split over a
-  device mesh; a progress bar).
-* the offline proxy for a segmentation dataset, Fashion-MNIST canvases, is
-  :func:`laplax.data.vision.canvases.fashion_canvases`.
-* :func:`save_segmentation_figure`: test images, their true and predicted
-  masks, as a PNG (``eval.py`` writes ``segmentation.png`` for DINO runs).
+DINOv2's "linear" protocol (Oquab et al. 2023, arXiv 2304.07193, section 7.4): a
+linear layer on frozen patch tokens, logits upsampled bilinearly to the labels,
+pixel-wise softmax cross-entropy; scored by mIoU. Pixels labelled below 0 are
+ignored throughout.
 """
 
 from __future__ import annotations
@@ -38,10 +21,7 @@ import optax
 def confusion(predicted, target, num_classes: int) -> np.ndarray:
   """The ``[num_classes, num_classes]`` int64 confusion matrix (rows: target).
 
-  Args:
-    predicted: int ``[...]`` class ids in ``[0, num_classes)``.
-    target: int, the same shape; values below 0 are ignored.
-    num_classes: number of classes, ``>= 1``.
+  ``predicted`` int ``[...]`` in ``[0, num_classes)``; ``target`` int, same shape.
 
   Raises:
     ValueError: different shapes, or ids outside ``[0, num_classes)``.
@@ -61,12 +41,10 @@ def confusion(predicted, target, num_classes: int) -> np.ndarray:
 
 
 def miou(matrix: np.ndarray) -> dict:
-  """Mean IoU of a confusion matrix (rows: target, columns: prediction).
+  """Mean IoU ``TP / (TP + FP + FN)`` of a confusion matrix (rows: target).
 
-  Returns:
-    A dict: ``miou`` (float, the mean over the classes with a non-empty
-    union; ``nan`` if none), ``iou`` (a list with one float per class,
-    ``None`` where the union is empty) and ``pixel_accuracy`` (float).
+  Returns ``{"miou": mean over classes with a non-empty union (mmsegmentation's
+  nanmean; nan if none), "iou": [float or None per class], "pixel_accuracy"}``.
   """
   m = np.asarray(matrix, np.float64)
   tp = np.diag(m)
@@ -82,15 +60,10 @@ def miou(matrix: np.ndarray) -> dict:
 
 
 def standardisation(x, chunk: int = 64) -> tuple[np.ndarray, np.ndarray]:
-  """Per-channel mean and std of ``x [N, h, w, D]`` over all its patches (float64
-  sums over ``chunk`` images at a time; a constant channel gets std 1).
+  """Per-channel float32 ``(mean [D], std [D])`` of ``x [N, h, w, D]`` over all patches.
 
-  This is DINOv2's BatchNorm before the linear layer, with the statistics of
-  the whole train set frozen (its affine part is absorbed by the linear
-  layer that follows).
-
-  Returns:
-    float32 ``(mean [D], std [D])``.
+  DINOv2's BatchNorm with the train set's statistics frozen (float64 sums over
+  ``chunk`` images; a constant channel gets std 1).
   """
   d = x.shape[-1]
   count = float(np.prod(x.shape[:-1]))
@@ -107,11 +80,10 @@ def standardisation(x, chunk: int = 64) -> tuple[np.ndarray, np.ndarray]:
 
 
 def upsampled_logits(params, patches, mean, std, size):
-  """Class logits of the linear head, bilinearly resized to the label grid.
+  """``patches [B, h, w, D]`` -> float32 logits ``[B, H, W, C]``, ``(H, W) = size``.
 
-  ``patches [B, h, w, D]`` -> float32 ``[B, H, W, C]`` with ``(H, W) = size``:
-  ``((patches - mean) / std) W + b`` per patch, then ``jax.image.resize``
-  (bilinear, half-pixel centres, as PyTorch's ``align_corners=False``).
+  ``((patches - mean) / std) W + b``, then ``jax.image.resize`` (bilinear, half-pixel
+  centres, as PyTorch's ``align_corners=False``).
   """
   logits = ((patches - mean) / std) @ params["w"] + params["b"]
   return jax.image.resize(
@@ -208,42 +180,27 @@ def linear_segmentation_probe(
 ) -> dict:
   """DINOv2's linear segmentation protocol on frozen patch features.
 
-  A linear layer on the standardised patch features (:func:`standardisation`
-  of the train patches: DINOv2's "BNHead", a BatchNorm and a 1x1 convolution)
-  predicts class logits per patch; they are upsampled bilinearly to the label
-  resolution (:func:`upsampled_logits`) and the layer is trained with the
-  pixel-wise softmax cross-entropy, labels below 0 ignored (Oquab et al.
-  2023, arXiv 2304.07193, section 7.4, "linear"). Training: AdamW, cosine
-  decay from ``lr``, ``steps`` batches of ``batch_size`` images drawn with
-  replacement (step ``t``: ``jax.random.randint`` under
-  ``fold_in(key(seed), t)``), ``W`` and ``b`` from zero; one compiled step
-  per batch. The test images are scored in batches of ``batch_size`` (the
-  last one padded with ignored pixels); the score is
-  :func:`miou` of the summed confusion matrix.
+  :func:`standardisation` (DINOv2's BNHead), a linear layer from zero,
+  :func:`upsampled_logits`, pixel-wise cross-entropy; AdamW with cosine decay from
+  ``lr``, ``steps`` batches of ``batch_size`` images drawn with replacement under
+  ``fold_in(key(seed), t)``. Test images in padded batches; :func:`miou` of the
+  summed confusion matrix.
 
   Args:
-    train_patches: float ``[N, h, w, D]`` patch features (a grid of ``h x w``
-      patches per image), ``N >= 1``; NumPy (kept on the host).
-    train_masks: int ``[N, H, W]`` pixel labels in ``[0, num_classes)`` (below
-      0: ignored).
-    test_patches: float ``[M, h, w, D]``.
-    test_masks: int ``[M, H, W]``.
-    num_classes: ``>= 2``.
-    steps, lr, weight_decay, batch_size, seed: the AdamW run.
-    place: maps a batch ``{"x", "y"}`` of NumPy arrays to device arrays, e.g.
-      ``laplax.sharding.whole_batch`` over a mesh (the batch split over its
-      data axes; the head's parameters follow); default: the default device.
-    progress: show a tqdm progress bar of the steps and the test batches.
-    keep_predictions: return the predictions of the first this many test
-      images (default: all).
+    train_patches: float ``[N, h, w, D]`` NumPy (kept on the host), ``N >= 1``.
+    train_masks: int ``[N, H, W]`` in ``[0, num_classes)``.
+    test_patches: float ``[M, h, w, D]``; test_masks: int ``[M, H, W]``.
+    num_classes: ``>= 2``; steps, lr, weight_decay, batch_size, seed: the AdamW run.
+    place: maps a batch ``{"x", "y"}`` to device arrays (e.g.
+      ``laplax.sharding.whole_batch``); default: the default device.
+    progress: tqdm bars; keep_predictions: first test images returned (default all).
 
   Returns:
-    :func:`miou` of the test predictions (argmax of the upsampled logits)
-    plus ``"predictions"``: int32 ``[min(M, keep_predictions), H, W]``.
+    :func:`miou` plus ``"predictions"``: int32 ``[min(M, keep_predictions), H, W]``.
 
   Raises:
-    ValueError: shapes that do not fit, non-finite features, labels outside
-      ``[0, num_classes)``, or bad optimiser settings.
+    ValueError: shapes that do not fit, non-finite features, labels out of range, or
+      bad optimiser settings.
   """
   import tqdm
 
@@ -316,18 +273,12 @@ def save_segmentation_figure(
 ) -> str:
   """Writes a PNG of ``B`` columns: an image, its true mask, the predicted mask.
 
-  Each image is min-max scaled on its own (grey images in grey); class ``c``
-  gets the same colour in both masks (matplotlib's ``tab20`` for up to 20
-  classes, else ``nipy_spectral``), ignored pixels (below 0) are white.
-  Masks are drawn at their own resolution, stretched over the image's area.
+  Images min-max scaled each; one colour per class (``tab20`` up to 20 classes, else
+  ``nipy_spectral``), ignored pixels white. Parent directories are created.
 
   Args:
-    path: file name of the PNG (parent directories are created).
-    images: float ``[B, H, W, C]`` with ``C`` 1 or 3, any range.
-    masks: int ``[B, h, w]`` true classes (below 0: ignored).
-    predictions: int ``[B, h, w]`` predicted classes.
-    num_classes: number of classes, ``>= 1`` (fixes the colours).
-    title: figure title.
+    images: float ``[B, H, W, C]``, ``C`` 1 or 3; masks, predictions: int ``[B, h, w]``.
+    num_classes: ``>= 1`` (fixes the colours); title: figure title.
 
   Returns:
     ``path``.

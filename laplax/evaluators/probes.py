@@ -1,29 +1,10 @@
-"""Frozen-feature evaluations of self-supervised (DINO) models: the
-evaluators ``knn``, ``linear_probe``, ``raw_pixel_knn`` and ``patch_pca``
-(:class:`KNN`, :class:`LinearProbe`, :class:`RawPixelKNN`, :class:`PatchPCA`)
-and their mathematics.
+"""Frozen-feature evaluations of self-supervised (DINO) models: the evaluators ``knn``,
+``linear_probe``, ``raw_pixel_knn`` and ``patch_pca`` and their mathematics.
 
-The encoder is frozen and only its output features are used:
-
-* :func:`knn_predict` / :func:`knn_accuracy`: the weighted k-NN classifier of
-  DINO (Caron et al., "Emerging Properties in Self-Supervised Vision
-  Transformers", ICCV 2021, arXiv 2104.14294, section 4.1), which follows the
-  non-parametric classifier of Wu et al. ("Unsupervised Feature Learning via
-  Non-Parametric Instance Discrimination", CVPR 2018). Features are L2
-  normalised; each of the ``k`` train features most cosine-similar to a test
-  feature votes for its label with weight ``exp(sim / T)``; the prediction is the
-  class with the largest summed vote. DINO uses ``k = 20``, ``T = 0.07``.
-* :func:`linear_probe`: a multinomial logistic regression (a linear layer and
-  softmax cross-entropy) trained on standardised frozen features, the "linear
-  evaluation" protocol of the self-supervised literature (DINO section 4.1).
-* :func:`patch_pca_rgb` / :func:`save_pca_figure`: DINO's qualitative figure of
-  patch features (e.g. DINOv2, Oquab et al. 2023, arXiv 2304.07193, figure 1):
-  a PCA of all patch tokens, whose first three components are shown as the
-  red, green and blue channels of each patch. DINOv2 additionally thresholds
-  the first component to remove the background and redoes the PCA on the
-  foreground; that second stage is not done here.
-
-The functions take NumPy or JAX arrays and return NumPy values.
+Sources: DINO's weighted k-NN and linear evaluation (Caron et al., ICCV 2021,
+arXiv 2104.14294, section 4.1; the k-NN of Wu et al., CVPR 2018) and the patch-PCA
+figure of DINOv2 (Oquab et al. 2023, arXiv 2304.07193, figure 1; its second,
+foreground-only PCA is not done). NumPy or JAX arrays in, NumPy values out.
 """
 
 from __future__ import annotations
@@ -128,32 +109,26 @@ def knn_predict(
 ) -> np.ndarray:
   """Weighted k-NN classification of frozen features (DINO, Caron et al. 2021).
 
-  Following Wu et al. (2018) as used in DINO: all features are L2 normalised;
-  for each test feature the ``k`` train features of highest cosine similarity
-  ``s_j`` vote, neighbour ``j`` adding ``exp(s_j / temperature)`` to the score
-  of its label; the prediction is the label with the largest score (the
-  smallest label on an exact tie). Runs in one jitted JAX call that walks the
-  test features in chunks of ``chunk_size`` rows, so memory is
-  ``O(chunk_size * N)``; the last chunk is padded.
+  L2-normalised features; the ``k`` train features of highest cosine similarity
+  ``s_j`` each add ``exp(s_j / temperature)`` to their label's score; the largest
+  score wins (smallest label on a tie). One jitted call over chunks of
+  ``chunk_size`` test rows: memory ``O(chunk_size * N)``.
 
   Args:
-    train_features: float ``[N, D]`` features of the labelled (train) set.
-    train_labels: int ``[N]`` labels in ``[0, num_classes)``.
-    test_features: float ``[M, D]`` features to classify.
+    train_features: float ``[N, D]``; train_labels: int ``[N]`` in ``[0, num_classes)``.
+    test_features: float ``[M, D]``.
     num_classes: number of classes (keyword only).
-    k: number of neighbours, ``1 <= k <= N`` (DINO: 20).
-    temperature: ``T > 0`` of the vote weights ``exp(s / T)`` (DINO: 0.07).
-      ``T -> 0`` gives the majority label among the (tied) nearest neighbours,
-      ``T -> inf`` the plain majority vote of the ``k`` neighbours.
+    k: neighbours, ``1 <= k <= N`` (DINO: 20).
+    temperature: ``T > 0`` (DINO: 0.07); ``T -> inf`` is the plain majority vote.
     chunk_size: test rows per chunk, ``>= 1``.
 
   Returns:
     int32 ``[M]`` predicted labels.
 
   Raises:
-    ValueError: features that are not 2-D, not finite or of different dims;
-      labels of the wrong shape, not integer or outside ``[0, num_classes)``;
-      ``k`` outside ``[1, N]``; ``temperature <= 0``; ``chunk_size < 1``.
+    ValueError: features not 2-D, not finite or of different dims; labels of the wrong
+      shape, type or range; ``k`` outside ``[1, N]``; ``temperature <= 0``;
+      ``chunk_size < 1``.
   """
   num_classes = _check_num_classes(num_classes, 1)
   train = _features(train_features, "train_features")
@@ -190,17 +165,11 @@ def knn_predict(
 def knn_accuracy(train_features, train_labels, test_features, test_labels, **kw) -> float:
   """Top-1 accuracy of :func:`knn_predict` on ``test_labels`` (int ``[M]``).
 
-  Args:
-    train_features, train_labels, test_features: as :func:`knn_predict`.
-    test_labels: int ``[M]`` true labels in ``[0, num_classes)``.
-    **kw: keyword arguments of :func:`knn_predict` (``num_classes`` required).
-
-  Returns:
-    Python float in ``[0, 1]``; ``nan`` for an empty test set.
+  ``**kw`` go to :func:`knn_predict` (``num_classes`` required). Returns a Python
+  float in ``[0, 1]`` (``nan`` for an empty test set).
 
   Raises:
-    ValueError: as :func:`knn_predict`, or ``test_labels`` of the wrong shape or
-      range.
+    ValueError: as :func:`knn_predict`, or ``test_labels`` of the wrong shape or range.
   """
   if "num_classes" not in kw:
     raise ValueError("knn_accuracy needs the keyword argument num_classes")
@@ -272,44 +241,27 @@ def linear_probe(
   batch_size: int = 1024,
   seed: int = 0,
 ) -> dict:
-  """Linear evaluation: multinomial logistic regression on frozen features.
+  """Linear evaluation: multinomial logistic regression on frozen features (DINO, sec. 4.1).
 
-  The linear-probe protocol of self-supervised learning (e.g. DINO, Caron et al.
-  2021, section 4.1), here as a plain multinomial logistic regression: each
-  feature is standardised with the mean and standard deviation of the *train*
-  features (a constant feature gets std 1), then ``logits = x W + b`` is fitted
-  by minimising the mean softmax cross-entropy with AdamW (decoupled weight
-  decay on ``W`` only) and a cosine learning-rate decay from ``lr`` to 0 over
-  ``steps`` minibatches of ``batch_size`` rows drawn with replacement. ``W`` and
-  ``b`` start at zero, so the run depends on ``seed`` only through the
-  minibatch draws and is deterministic under ``seed``. The whole run is one
-  jitted call (compiled once per shape and static argument).
-
-  The defaults (1000 steps of 1024 rows, ``lr = 0.02``) converge on 60,000 x 128
-  features in about 1.3 s on two CPU cores, plus about 2.5 s of compilation.
+  Features standardised with the train mean and std (a constant feature gets std 1);
+  ``logits = x W + b`` from zero, mean softmax cross-entropy, AdamW (decay on ``W``
+  only) with cosine decay from ``lr`` to 0 over ``steps`` minibatches of
+  ``batch_size`` rows drawn with replacement. Deterministic under ``seed``; one
+  jitted call.
 
   Args:
-    train_features: float ``[N, D]`` train features.
-    train_labels: int ``[N]`` labels in ``[0, num_classes)``.
-    test_features: float ``[M, D]`` test features.
-    test_labels: int ``[M]`` labels in ``[0, num_classes)``.
-    num_classes: number of classes, ``>= 2``.
-    steps: number of optimiser steps, ``>= 1``.
-    lr: peak learning rate, ``> 0``.
-    weight_decay: AdamW decoupled weight decay on ``W``, ``>= 0``.
-    batch_size: rows per step, ``>= 1`` (capped at ``N``).
-    seed: seed of the minibatch draws.
+    train_features: float ``[N, D]``; train_labels: int ``[N]``.
+    test_features: float ``[M, D]``; test_labels: int ``[M]``.
+    num_classes: ``>= 2``; steps: ``>= 1``; lr: ``> 0``; weight_decay: ``>= 0``.
+    batch_size: rows per step, ``>= 1`` (capped at ``N``); seed: minibatch draws.
 
   Returns:
-    A dict of Python floats: ``accuracy`` (test accuracy, ``nan`` for
-    ``M = 0``), ``train_accuracy`` and ``loss`` (the mean train cross-entropy
-    of the final parameters, without weight decay).
+    Python floats: ``accuracy`` (``nan`` for ``M = 0``), ``train_accuracy``, ``loss``
+    (final mean train cross-entropy, without weight decay).
 
   Raises:
-    ValueError: features that are not 2-D, not finite, of different dims or an
-      empty train set; labels of the wrong shape, not integer or outside
-      ``[0, num_classes)``; ``num_classes < 2``; ``steps < 1``;
-      ``batch_size < 1``; ``lr <= 0``; ``weight_decay < 0``.
+    ValueError: features not 2-D, not finite, of different dims or an empty train set;
+      labels of the wrong shape, type or range; or a setting out of range.
   """
   num_classes = _check_num_classes(num_classes, 2)
   x = _features(train_features, "train_features")
@@ -357,24 +309,20 @@ def linear_probe(
 def patch_pca_rgb(patch_tokens, grid: Sequence[int]) -> np.ndarray:
   """Patch tokens to an RGB map by PCA (DINO's qualitative figure).
 
-  All ``B * gh * gw`` patch vectors are pooled and centred, and projected on
-  the first three principal components (eigenvectors of their covariance, in
-  float64, by decreasing variance). Each component's sign is fixed so that its
-  loading of largest magnitude is positive. Each projection is min-max scaled
-  to ``0..255`` over all patches of all images (a constant projection maps to
-  0), and components 1, 2, 3 become R, G, B.
+  The pooled, centred patch vectors projected on the first three principal
+  components (float64; each sign makes its largest loading positive), min-max scaled
+  to ``0..255`` over all patches (a constant projection maps to 0) as R, G, B.
 
   Args:
-    patch_tokens: float ``[B, gh * gw, D]`` patch tokens (without the class
-      token), row-major over the patch grid.
-    grid: ``(gh, gw)`` the patch grid.
+    patch_tokens: float ``[B, gh * gw, D]`` without the class token, row-major.
+    grid: ``(gh, gw)``.
 
   Returns:
     uint8 ``[B, gh, gw, 3]``.
 
   Raises:
-    ValueError: tokens that are not 3-D or not finite, ``D < 3``, a grid that
-      is not two positive integers, or ``gh * gw`` not the number of tokens.
+    ValueError: tokens not 3-D or not finite, ``D < 3``, or a grid that is not two
+      positive integers matching the number of tokens.
   """
   tokens = np.asarray(patch_tokens)
   if tokens.ndim != 3:
@@ -422,25 +370,17 @@ def _to_uint8_image(image: np.ndarray) -> np.ndarray:
 def save_pca_figure(path, images, rgb, *, margin: int = 4, min_tile: int = 112) -> None:
   """Writes a PNG: the images on top, their PCA maps (:func:`patch_pca_rgb`) below.
 
-  Each image is min-max scaled to ``0..255`` on its own (grey images are shown
-  as grey RGB). Each PCA map is upsampled with nearest neighbour to the image
-  size ``H x W``. Tiles are then enlarged by the integer factor
-  ``s = ceil(min_tile / min(H, W))`` (1 for images already that large), and
-  laid out in two rows of ``B`` tiles with ``margin`` white pixels between and
-  around them, so the PNG is ``B * W * s + (B + 1) * margin`` wide and
-  ``2 * H * s + 3 * margin`` high. Missing parent directories are created.
+  Images min-max scaled each; maps upsampled by nearest neighbour; tiles enlarged by
+  ``s = ceil(min_tile / min(H, W))``; the PNG is ``B W s + (B + 1) margin`` by
+  ``2 H s + 3 margin`` pixels. Parent directories are created.
 
   Args:
-    path: file name of the PNG.
-    images: float ``[B, H, W, C]`` input images of any range, ``C`` 1 or 3.
-    rgb: uint8 ``[B, gh, gw, 3]`` PCA maps.
-    margin: white pixels between tiles, ``>= 0``.
-    min_tile: smallest tile side to enlarge small images to, ``>= 1``.
+    path: the PNG; images: float ``[B, H, W, C]``, ``C`` 1 or 3, any range.
+    rgb: uint8 ``[B, gh, gw, 3]``; margin: white pixels, ``>= 0``; min_tile: ``>= 1``.
 
   Raises:
     ValueError: images not ``[B, H, W, 1 or 3]`` or not finite, ``rgb`` not
-      ``[B, gh, gw, 3]``, different batch sizes, ``B = 0``, a negative margin
-      or ``min_tile < 1``.
+      ``[B, gh, gw, 3]``, different batch sizes, ``B = 0``, or a bad margin/tile.
   """
   images = np.asarray(images)
   rgb = np.asarray(rgb)
@@ -481,10 +421,11 @@ KNN_DEFAULTS = {"knn_k": 20, "knn_temperature": 0.07}
 
 
 def teacher_features(task: Task, state: Any, ctx: Context, split: str):
-  """The DINO teacher's class-token features of ``split``
-  (:meth:`laplax.tasks.dino.DINOTask.features`; the eval split's with the patch
-  tokens of its first ``ctx.tokens`` images), computed once per round and kept
-  in ``ctx.cache``."""
+  """The DINO teacher's class-token features of ``split``, once per round in ``ctx.cache``.
+
+  :meth:`laplax.tasks.dino.DINOTask.features`; the eval split's carry the patch tokens
+  of its first ``ctx.tokens`` images.
+  """
   key = ("teacher_features", split)
   if key not in ctx.cache:
     _, params = task.backbone(state)
@@ -507,10 +448,11 @@ class _KNNSettings(Evaluator):
 
 
 class KNN(_KNNSettings):
-  """``knn``: DINO's weighted k-NN classifier (Wu et al. 2018) on the teacher's
-  class-token features, fitted on the train split and scored on the eval
-  split (``eval.knn_k``, ``eval.knn_temperature``); ``knn_accuracy`` in
-  [0, 1] and ``num_examples`` (the eval split's size). Labels are used only here."""
+  """``knn``: DINO's weighted k-NN on the teacher's class-token features (train -> eval split).
+
+  Settings ``eval.knn_k``, ``eval.knn_temperature``; writes ``knn_accuracy`` in [0, 1]
+  and ``num_examples``.
+  """
 
   name = "knn"
 
@@ -531,10 +473,10 @@ class KNN(_KNNSettings):
 
 
 class LinearProbe(Evaluator):
-  """``linear_probe``: a multinomial logistic regression on the teacher's
-  class-token features (:func:`linear_probe`, seeded with ``config.seed``),
-  fitted on the train split and scored on the eval split;
-  ``linear_probe_accuracy`` in [0, 1]."""
+  """``linear_probe``: :func:`linear_probe` on the teacher's class-token features.
+
+  Seeded with ``config.seed``; writes ``linear_probe_accuracy`` in [0, 1].
+  """
 
   name = "linear_probe"
   tasks = ("dino",)
@@ -550,8 +492,7 @@ class LinearProbe(Evaluator):
 
 
 class RawPixelKNN(_KNNSettings):
-  """``raw_pixel_knn``: the same k-NN as ``knn`` on the normalised pixels (a
-  reference that needs no network); ``raw_pixel_knn_accuracy`` in [0, 1]."""
+  """``raw_pixel_knn``: ``knn`` on the normalised pixels; ``raw_pixel_knn_accuracy`` in [0, 1]."""
 
   name = "raw_pixel_knn"
   stages = (EVAL,)
@@ -580,10 +521,10 @@ class RawPixelKNN(_KNNSettings):
 
 
 class PatchPCA(Evaluator):
-  """``patch_pca``: the first three principal components of the teacher's
-  final-norm patch features of the first ``eval.pca_images`` eval images, as
-  RGB beside the images (DINO's Fig. 1-style picture; :func:`patch_pca_rgb`),
-  written to :data:`PCA_FIGURE` in ``ctx.out_dir``. No numbers."""
+  """``patch_pca``: :func:`patch_pca_rgb` of the first ``eval.pca_images`` eval images.
+
+  Written to :data:`PCA_FIGURE` in ``ctx.out_dir``; no numbers.
+  """
 
   name = "patch_pca"
   stages = (EVAL,)

@@ -3,61 +3,25 @@ from a checker the program cannot reach.
 
     python -m laplax.evaluators.sandbox FILE [--timeout S] [--memory-mb M] [--unsafe_no_sandbox]
 
-prints one JSON line, ``{"passed": bool, "status": str, "seconds": float,
-"isolation": {...}}``, and exits with 0 when the program ran to its end, 1
-when it did not, 2 on bad input or when no sandbox can be made (one line on
-standard error, nothing run). :func:`run_program` is the same from Python;
-:func:`run_test` is what :mod:`laplax.evaluators.humaneval` calls.
+prints one JSON line ``{"passed", "status", "seconds", "isolation"}`` and exits 0
+(the program ran to its end), 1 (it did not) or 2 (bad input or no sandbox: one
+line on standard error, nothing run).
 
-**Isolation** (``bwrap``, Debian's ``bubblewrap``; the kernel enforces all
-of it): each program runs as uid and gid 65534 in a new user namespace, in
-new PID (a fresh ``/proc``), network (no interface but a down loopback),
-IPC, UTS, mount and cgroup namespaces, with all capabilities dropped,
-``no_new_privs``, ``--new-session`` (no terminal) and ``--die-with-parent``.
-Its root is an empty read-only tmpfs holding ``/usr`` and the interpreter's
-installation (read-only), a minimal ``/dev``, the runner and its input files
-(read-only) and ``/work``, a private tmpfs of :data:`WORK_MB` MiB, its
-working directory, ``HOME`` and ``TMPDIR``; nothing else of the machine
-(no ``/tmp``, ``/run``, ``/home``, ``/root``, ``/etc`` or checkout). A
-seccomp filter (x86-64) refuses new namespaces, ``mount``, ``ptrace``,
-``bpf``, System V IPC, ``io_uring``, keyrings and ``perf_event_open``.
-As root the user namespace is made by ``unshare`` and maps uid 65534 to
-the machine's uid 65534 (``nobody``), so the program is unprivileged
-outside too and ``RLIMIT_NPROC`` binds; a non-root caller's program is uid
-65534 inside, the caller outside. Limits per process: ``RLIMIT_AS``,
-``RLIMIT_DATA`` of ``memory_mb`` (default 256), a 64 MiB stack, files of at
-most :data:`WORK_MB` MiB, :data:`NOFILE` descriptors, no core files;
-``RLIMIT_NPROC`` :data:`NPROC` counts the tasks (processes and threads) of
-uid 65534 in this user namespace, i.e. of this sandbox alone. The whole
-tree's memory is thus at most ``NPROC * memory_mb`` plus the work tmpfs
-(8 x 256 MiB + 64 MiB by default) and kernel buffers of 64 descriptors per
-task; no cgroup is used. After ``timeout`` seconds (from the interpreter
-being ready), and at every end, the caller sends ``SIGKILL`` to the PID
-namespace's first process and waits for its exit, which the kernel completes
-only after killing and reaping every process of the namespace, whatever
-signals they block.
+Isolation (``bwrap``; all kernel-enforced, the full list in docs/evaluation.md,
+"Running generated code"): uid/gid 65534 in new user, PID, network, IPC, UTS, mount
+and cgroup namespaces, no capabilities, ``no_new_privs``; a read-only root with
+``/usr``, the interpreter, the runner and a private :data:`WORK_MB` MiB ``/work``
+tmpfs; a seccomp filter (x86-64); per-process rlimits (``memory_mb`` MiB address
+space, :data:`NOFILE` descriptors, :data:`NPROC` tasks per sandbox). At the deadline
+(``timeout`` seconds) and at every end, ``SIGKILL`` to the PID namespace's first
+process kills the whole tree. It fails closed (:class:`SandboxUnavailable`);
+``unsafe=True`` runs plain processes with the limits only.
 
-**Fail closed**: without ``bwrap``, user namespaces, or (as root) a Python
-that uid 65534 can read, :func:`check_available` raises
-:class:`SandboxUnavailable` (one line saying how to fix it) and nothing
-runs. ``unsafe=True`` (``--unsafe_no_sandbox``) runs the same runners as
-plain processes of the caller's user, in a temporary directory, with the
-limits above and nanochat's reliability guard only: no isolation at all.
-
-**Verdicts**: a whole program (:func:`run_program`) reports its own end;
-that is its word (it can always claim to have finished). HumanEval
-(:func:`run_test`) runs two sandboxes: one runs the program and answers
-calls of its function, the other (the checker) runs the problem's prompt
-and test, which call the function through the caller: arguments and
-answers cross as plain data (``laplax.evaluators.sandbox_child.encode``), the
-checker rebuilds builtin values only, and its ``check`` decides. The program
-never touches the checker, its descriptors or its interpreter: no forged
-line, exit code, signal, trace function, monkeypatch or ``__eq__`` reaches
-the verdict; it can only return values.
-
-The caller reads at most :data:`MAX_MESSAGE` bytes per line (a longer line
-ends the run as failed), never waits without a deadline, and its cleanup
-cannot raise.
+Verdicts: :func:`run_program`'s ``passed`` is the program's own word;
+:func:`run_test` runs the problem's test in a second sandbox that calls the
+program's function through the caller as plain data, so only returned values reach
+the verdict. The caller reads at most :data:`MAX_MESSAGE` bytes per line, never
+waits without a deadline, and its cleanup cannot raise.
 """
 
 from __future__ import annotations
@@ -145,13 +109,11 @@ _CLONE_NAMESPACES = 0x7E020000
 
 
 class SandboxError(UserError, ValueError):
-  """Bad arguments to the sandbox (a limit that is not positive, an
-  unreadable program file); the message is one line."""
+  """Bad arguments to the sandbox (a limit not positive, an unreadable program); one line."""
 
 
 class SandboxUnavailable(UserError, RuntimeError):
-  """No sandbox can be made on this machine; the message says why and how
-  to fix it (or to pass ``--unsafe_no_sandbox``)."""
+  """No sandbox can be made here; the one-line message says how to fix it."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,13 +121,11 @@ class Result:
   """The outcome of one run.
 
   Attributes:
-    passed: HumanEval (:func:`run_test`): the checker's ``check`` returned.
-      A whole program (:func:`run_program`): it reported running to its end.
-    status: ``"passed"``; ``"timeout"`` (killed at the time limit);
-      ``"memory"`` (``MemoryError``); ``"error: TYPE: MESSAGE"`` (an
-      exception, at most 300 characters); ``"crashed: ..."`` (the program
-      ended without an answer); ``"sandbox: ..."`` (the sandbox could not
-      run it).
+    passed: :func:`run_test`: the checker's ``check`` returned; :func:`run_program`:
+      the program reported running to its end.
+    status: ``"passed"``, ``"timeout"``, ``"memory"`` (``MemoryError``), ``"error:
+      TYPE: MESSAGE"`` (at most 300 characters), ``"crashed: ..."`` (no answer) or
+      ``"sandbox: ..."`` (could not run it).
     seconds: wall-clock seconds from the interpreters being ready to the end.
     isolation: what held (written by the caller, not the sandbox).
   """
@@ -205,13 +165,11 @@ def check_limits(timeout: float, memory_mb: int) -> None:
 
 
 def check_available() -> dict:
-  """Makes sure programs can be sandboxed here; returns the isolation that
-  holds (a dict for reports).
+  """Makes sure programs can be sandboxed here; returns the isolation that holds (a dict).
 
   Raises:
-    SandboxUnavailable: no ``bwrap`` on ``PATH``, no ``unshare`` (as root), no
-      Python whose installation uid 65534 can read (as root), or a trial
-      sandbox that fails (user namespaces turned off); one line with the fix.
+    SandboxUnavailable: no ``bwrap`` on ``PATH``, no ``unshare`` or no Python uid
+      65534 can read (as root), or a failing trial sandbox; one line with the fix.
   """
   return dict(_setup(BWRAP, UNSHARE).isolation)
 
@@ -274,10 +232,11 @@ def _setup(bwrap_name: str, unshare_name: str) -> _Setup:
 
 
 def _interpreter(root: bool) -> tuple[str, str]:
-  """``(python, its installation prefix)`` for the sandbox: this interpreter
-  (its real file, outside any virtual environment), or, as root when uid
-  65534 cannot read that one, ``/usr/bin/python3``. The program sees the
-  standard library only (``-I -S``)."""
+  """``(python, its installation prefix)`` for the sandbox, run with ``-I -S``.
+
+  This interpreter's real file, or ``/usr/bin/python3`` as root when uid 65534
+  cannot read it.
+  """
   candidates = [os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)]
   if root:
     candidates.append(os.path.realpath("/usr/bin/python3"))
@@ -309,9 +268,8 @@ def run_program(
 ) -> Result:
   """Runs ``source`` (a whole Python program) in a sandbox and waits for it.
 
-  ``passed`` is the program's own report that it ran to its end (see the
-  module docstring: a program can claim it); use :func:`run_test` for a
-  verdict the program cannot write.
+  ``passed`` is the program's own report; use :func:`run_test` for a verdict the
+  program cannot write.
 
   Raises:
     SandboxError: ``timeout`` or ``memory_mb`` not positive.
@@ -331,10 +289,10 @@ def run_test(
   memory_mb: int = MEMORY_MB,
   unsafe: bool = False,
 ) -> Result:
-  """HumanEval's verdict on ``program``: ``prompt`` and ``test`` (the
-  problem's own code, with its ``check``) run in a checker sandbox, the
-  program in another; ``check(candidate)`` calls the program's
-  ``entry_point`` through the caller, as plain data.
+  """HumanEval's verdict on ``program``: ``prompt`` and ``test`` run in a checker sandbox.
+
+  ``check(candidate)`` calls the program's ``entry_point`` (another sandbox) through
+  the caller, as plain data.
 
   Raises:
     SandboxError: ``timeout`` or ``memory_mb`` not positive.
@@ -495,12 +453,11 @@ class _Proc:
     return cls(role, popen, req_w, rep_r, base, info_r)
 
   def close(self) -> None:
-    """Kills the sandbox and returns once every process of it is gone:
-    ``SIGKILL`` to its PID namespace's first process (by a pidfd, checked
-    to be ``bwrap``'s child), whose exit the kernel completes only after
-    killing and reaping the rest of the namespace, then to ``bwrap``'s
-    process group; reaps ``bwrap``, closes the channels, removes the files.
-    Never raises."""
+    """Kills the sandbox and returns once every process of it is gone; never raises.
+
+    ``SIGKILL`` by pidfd to the PID namespace's first process (the kernel reaps the
+    rest), then to ``bwrap``'s process group; closes the channels, removes the files.
+    """
     try:
       self._kill_namespace()
     except BaseException:
@@ -790,10 +747,11 @@ def _runner_source() -> str:
 
 @functools.cache
 def _seccomp_filter() -> bytes:
-  """The classic-BPF seccomp program (``struct sock_filter[]``): kill any
-  other architecture and the x32 ABI; ``EPERM`` for :data:`_DENIED` and for
-  ``clone`` with a new-namespace flag; ``ENOSYS`` for ``clone3`` (whose
-  flags a filter cannot read; the C library falls back to ``clone``)."""
+  """The classic-BPF seccomp program (``struct sock_filter[]``).
+
+  Kills other architectures and x32; ``EPERM`` for :data:`_DENIED` and ``clone`` with
+  a namespace flag; ``ENOSYS`` for ``clone3`` (libc falls back to ``clone``).
+  """
   ld, jeq, jge, jset, ret = 0x20, 0x15, 0x35, 0x45, 0x06
   allow, kill = 0x7FFF0000, 0x80000000
   eperm, enosys = 0x00050000 | 1, 0x00050000 | 38
@@ -835,10 +793,10 @@ def _close(fd: int) -> None:
 
 
 def _remove_tree(path: str | None) -> None:
-  """Removes ``path`` and all beneath it, however deep: an iterative walk by
-  directory descriptors (one open at a time, names kept on a list), so 5000
-  nested directories neither recurse nor exceed ``PATH_MAX``; directories
-  the program made unreadable are opened up first. Never raises."""
+  """Removes ``path`` however deep (an iterative walk by directory descriptors); never raises.
+
+  Directories the program made unreadable are opened up first.
+  """
   if path is None:
     return
   flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
@@ -893,13 +851,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def main(argv: list[str] | None = None) -> int:
-  """``python -m laplax.evaluators.sandbox FILE [--timeout S] [--memory-mb M]
-  [--unsafe_no_sandbox]``.
-
-  Prints the :class:`Result` as one JSON line. Returns 0 (the program ran to
-  its end), 1 (it did not) or 2 (bad input, or no sandbox here: one line on
-  standard error, nothing run).
-  """
+  """``python -m laplax.evaluators.sandbox FILE``: prints the :class:`Result`; exit 0, 1 or 2."""
   parser = _Parser(
     prog="python -m laplax.evaluators.sandbox",
     description="Run a Python program in laplax's sandbox.",

@@ -1,35 +1,19 @@
 """The trusted runner inside each sandbox of :mod:`laplax.evaluators.sandbox`.
 
-:mod:`laplax.evaluators.sandbox` hands this file to the sandboxed interpreter
-(``python -I -S -B RUNNER SETTINGS``, SETTINGS a JSON object) as a read-only
-file; it uses only the standard library and never imports laplax (the
-checkout is not inside the sandbox). It has two roles:
+Run as ``python -I -S -B RUNNER SETTINGS`` (a JSON object), standard library only.
+Roles:
 
-* ``"program"``: runs the untrusted program (``exec(source, {})``, as
-  nanochat does), then serves calls to its functions: each request on the
-  ``in`` descriptor is one JSON line ``{"name", "args", "kwargs"}`` of plain
-  data (:func:`encode`), each answer one line ``{"value": ...}`` or
-  ``{"raise": TYPE, "message": ...}``. Everything this role writes is the
-  program's word: the program shares this interpreter and can replace any of
-  it, so the caller only relays these lines, as data, to the checker.
-* ``"check"``: the trusted side of a HumanEval test: runs the problem's
-  prompt and test (dataset code, never the program's) and
-  ``check(candidate)``, where ``candidate`` sends each call to the program
-  and rebuilds its answer with :func:`decode`, which yields builtin values
-  only (``None``, ``bool``, ``int``, ``float``, ``complex``, ``str``,
-  ``bytes``, and ``list``/``tuple``/``dict``/``set``/``frozenset`` of them).
-  The verdict is this process's last line, ``{"status": "passed"}`` or
-  ``{"status": "error: TYPE: MESSAGE"}``.
+* ``"program"``: ``exec(source, {})`` (as nanochat), then answers JSON-line calls
+  ``{"name", "args", "kwargs"}`` with ``{"value"}`` or ``{"raise", "message"}``;
+  all of it is the program's word, relayed as data.
+* ``"check"``: runs the problem's prompt and test and ``check(candidate)``, the
+  candidate calling the program and rebuilding builtin values with :func:`decode`;
+  the last line is ``{"status": "passed"}`` or ``{"status": "error: TYPE: MESSAGE"}``.
 
-Both roles first set the resource limits (address space, data, stack, file
-size, open files, no core files, ``RLIMIT_NPROC``), close every descriptor
-but their two channels and point standard input, output and error at
-``/dev/null``; the program role also applies nanochat's reliability guard
-(``reliability_guard`` of ``nanochat/execution.py``, from OpenAI's
-``human_eval/execution.py``) so that programs behave as they do there. The
-guard is no security boundary (the kernel's namespaces are, see
-:mod:`laplax.evaluators.sandbox`); it keeps scoring the same with and
-without ``--unsafe_no_sandbox``.
+Both set the resource limits, keep only their two channels and point 0, 1, 2 at
+``/dev/null``. The program role applies nanochat's ``reliability_guard``
+(``nanochat/execution.py``, from OpenAI's ``human_eval/execution.py``): no security
+boundary, it keeps scores equal with and without ``--unsafe_no_sandbox``.
 """
 
 from __future__ import annotations
@@ -115,8 +99,7 @@ _PLAIN = (type(None), bool, int, float, str)
 
 
 class SandboxRefused(TypeError):
-  """A call the guard disables (a ``TypeError``, like calling the ``None``
-  that nanochat's ``reliability_guard`` leaves in its place)."""
+  """A call the guard disables (a ``TypeError``, like nanochat's ``None`` stand-ins)."""
 
 
 class NotPlainData(TypeError):
@@ -124,13 +107,13 @@ class NotPlainData(TypeError):
 
 
 def encode(value, depth: int = 0):
-  """``value`` as JSON-ready data: ``None``, ``bool``, ``int``, ``float``,
-  ``str`` and ``list`` as themselves, the other builtin containers and
-  scalars tagged (``{"tuple": [...]}``, ``{"set": [...]}``,
-  ``{"frozenset": [...]}``, ``{"dict": [[key, value], ...]}``,
-  ``{"bytes": HEX}``, ``{"complex": [re, im]}``). Exact types only: a
-  subclass (an ``int`` whose ``__eq__`` is always true) raises
-  :class:`NotPlainData`, as does nesting deeper than :data:`MAX_DEPTH`."""
+  """``value`` as JSON-ready data.
+
+  ``None``, ``bool``, ``int``, ``float``, ``str``, ``list`` as themselves; tagged
+  ``{"tuple"}``, ``{"set"}``, ``{"frozenset"}``, ``{"dict": [[k, v], ...]}``,
+  ``{"bytes": HEX}``, ``{"complex": [re, im]}``. Exact types only: a subclass or
+  nesting deeper than :data:`MAX_DEPTH` raises :class:`NotPlainData`.
+  """
   kind = type(value)
   if depth > MAX_DEPTH:
     raise NotPlainData(f"a value nested deeper than {MAX_DEPTH}")
@@ -153,9 +136,10 @@ def encode(value, depth: int = 0):
 
 
 def decode(data, depth: int = 0):
-  """The builtin value that :func:`encode` made ``data`` from; anything else
-  (an unknown tag, a malformed container) raises :class:`NotPlainData`. The
-  result holds builtin objects only, whatever ``data`` is."""
+  """The builtin value :func:`encode` made ``data`` from (builtin objects only).
+
+  Raises :class:`NotPlainData` for an unknown tag or a malformed container.
+  """
   kind = type(data)
   if depth > MAX_DEPTH:
     raise NotPlainData(f"a value nested deeper than {MAX_DEPTH}")
@@ -364,11 +348,11 @@ class _NoInput:
 
 
 def _refused(name: str, original=None):
-  """A stand-in for a disabled call: raises :class:`SandboxRefused`, except
-  that ``original`` (if given) still serves calls made while a module is
-  being imported (``numpy`` calls ``os.putenv`` and ``multiprocessing``
-  ``os.getcwd`` on import; nanochat's forked child had them imported before
-  its guard)."""
+  """A stand-in for a disabled call: raises :class:`SandboxRefused`.
+
+  ``original`` still serves calls made during an ``import`` (numpy calls
+  ``os.putenv``, multiprocessing ``os.getcwd``).
+  """
 
   def refused(*args, **kwargs):
     if original is not None and _importing():
@@ -391,8 +375,7 @@ def _importing() -> bool:
 
 
 def _guard(work: str) -> None:
-  """Disables the destructive calls (nanochat's ``reliability_guard`` and the
-  additions listed in the module docstring) and confines writes to ``work``."""
+  """Disables the destructive calls (nanochat's ``reliability_guard`` and more); writes only in ``work``."""
   import _posixsubprocess
   import builtins
   import faulthandler

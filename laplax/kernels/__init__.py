@@ -11,6 +11,9 @@
 * :func:`~laplax.kernels.reference.reference_attention` (``"reference"``):
   the definition, materialising ``P``; it alone returns ``P`` and takes
   attention dropout, so those requests run it.
+* :func:`~laplax.kernels.nystrom.nystrom_attention` (``"nystrom"``): the
+  Nystrom approximation ``P~ V``, linear in length; only when requested
+  (no causal mask, no bias, key-padding masks only).
 
 :func:`attention` is the one dispatch: :func:`choose` names the kernel, it
 runs it. ``implementation=None`` follows the platform compiled for
@@ -31,8 +34,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from laplax.kernels import splash
-from laplax.kernels.common import MASK_VALUE, causal_mask, combine_masks, repeat_kv
+from laplax.kernels import nystrom, splash
+from laplax.kernels.common import MASK_VALUE, causal_mask, combine_masks, repeat_kv, window_mask
 from laplax.kernels.reference import reference_attention
 from laplax.kernels.splash import splash_attention
 from laplax.kernels.xla import xla_attention
@@ -49,11 +52,12 @@ __all__ = [
   "repeat_kv",
   "splash_attention",
   "target_platform",
+  "window_mask",
   "xla_attention",
 ]
 
 #: The values of ``implementation`` (``None``: by platform and shape).
-IMPLEMENTATIONS = (None, "xla", "cudnn", "splash", "reference")
+IMPLEMENTATIONS = (None, "xla", "cudnn", "splash", "reference", "nystrom")
 # cuDNN's fused attention (through jax.nn.dot_product_attention): the dtypes
 # and largest head dimension laplax sends it by default.
 CUDNN_DTYPES = ("bfloat16", "float16")
@@ -93,13 +97,15 @@ def choose(
   platform: str | None = None,
   dropout: float = 0.0,
   return_weights: bool = False,
+  bias: bool = False,
 ) -> tuple[str, str | None]:
   """The kernel that runs, and why the default fell back to XLA (or ``None``).
 
   Args:
     implementation: the requested kernel; a name other than ``None`` is
       returned as it is (its own checks raise), except that attention
-      dropout and ``return_weights`` run ``"reference"``.
+      dropout and ``return_weights`` run ``"reference"`` (``"nystrom"``
+      ignores dropout and refuses ``return_weights``).
     q_length, kv_length, head_dim: the attention's shape.
     dtype: the dtype of the queries.
     mask_shape: the shape of a boolean mask, or ``None`` (splash takes only
@@ -107,16 +113,22 @@ def choose(
     platform: default :func:`target_platform`.
     dropout: the attention dropout rate in force (0: none).
     return_weights: ``P`` is wanted (only the reference kernel forms it).
+    bias: the logits get an additive bias (Swin's relative position bias),
+      which only the XLA and reference kernels take.
 
   Returns:
     ``(kernel, reason)``: ``kernel`` one of ``"xla"``, ``"splash"``,
-    ``"cudnn"``, ``"reference"``; ``reason`` a phrase when ``None`` chose
+    ``"cudnn"``, ``"reference"``, ``"nystrom"``; ``reason`` a phrase when ``None`` chose
     ``"xla"`` on a platform that has a fused kernel.
 
   Raises:
     ValueError: ``return_weights`` with a fused or XLA implementation, or
       ``"splash"`` with dropout (one line with the fix).
   """
+  if implementation == "nystrom":
+    if return_weights:
+      raise ValueError("implementation='nystrom' has no return_weights; use 'reference'")
+    return "nystrom", None
   if (
     implementation == "reference" or return_weights or (dropout > 0 and implementation != "splash")
   ):
@@ -129,6 +141,8 @@ def choose(
     return implementation, None
   platform = platform or target_platform()
   reason = None
+  if bias and platform in ("tpu", "gpu"):
+    return "xla", "the fused kernels take no additive attention bias (a relative position bias)"
   if platform == "tpu":
     reason = splash.unsupported(q_length, kv_length)
     if (
@@ -153,6 +167,7 @@ def describe(
   head_dim: int,
   dtype: Any,
   platform: str | None = None,
+  bias: bool = False,
 ) -> tuple[str, str]:
   """``(name, line)``: the kernel of a model whose attention sees token counts
   ``lengths`` (self-attention), and one line saying which kernel runs and why.
@@ -161,12 +176,19 @@ def describe(
   choose differently (DINO's global and local crops). Example line:
   ``"attention kernel: xla on tpu (the default falls back: splash attention
   needs lengths that are multiples of 128, got 17 queries and 17 keys)"``.
+  ``bias``: the attention has an additive bias (a Swin's), see :func:`choose`.
   """
   platform = platform or target_platform()
   chosen = {}
   for n in dict.fromkeys(lengths):
     chosen[n] = choose(
-      implementation, q_length=n, kv_length=n, head_dim=head_dim, dtype=dtype, platform=platform
+      implementation,
+      q_length=n,
+      kv_length=n,
+      head_dim=head_dim,
+      dtype=dtype,
+      platform=platform,
+      bias=bias,
     )
   names = list(dict.fromkeys(kernel for kernel, _ in chosen.values())) or ["xla"]
   how = "requested" if implementation is not None else "the default"
@@ -208,6 +230,8 @@ def attention(
   dropout_rng=None,
   return_weights: bool = False,
   keep_probs: bool | None = None,
+  bias=None,
+  kernel_options: dict | None = None,
 ):
   """``(P V, P or None)`` by the kernel :func:`choose` picks: the one seam
   where :func:`laplax.attention.attend` meets the kernels.
@@ -223,12 +247,20 @@ def attention(
     scale: logit scale, default ``1 / sqrt(head_dim)``.
     implementation: one of :data:`IMPLEMENTATIONS`.
     dropout_rate, dropout_rng: attention dropout on ``P``, active when both
-      are set (runs the reference kernel; splash refuses it).
+      are set (runs the reference kernel; splash refuses it, Nystrom ignores
+      it).
     return_weights: also return ``P`` (runs the reference kernel).
     keep_probs: whether the XLA kernel keeps the float32 ``P`` for its
       backward pass; ``None``: on a CPU only (the fastest there; elsewhere
       ``P`` is computed again instead of kept, ``bench/compile_report.py
       --xla-keeps-p`` measures the difference).
+    bias: an additive float bias of the logits broadcastable to ``[batch,
+      heads, q_length, kv_length]`` (Swin's relative position bias), or
+      ``None``. The XLA and reference kernels take one: ``None`` then runs
+      XLA (or the reference kernel where dropout or ``P`` is asked for).
+    kernel_options: keyword arguments of the kernel; for ``"nystrom"``
+      (:func:`laplax.kernels.nystrom.nystrom_attention`) ``num_landmarks``
+      and its options.
 
   Returns:
     ``(pv, weights)``: ``pv`` ``[batch, q_length, heads, head_dim]`` in
@@ -237,9 +269,24 @@ def attention(
 
   Raises:
     ValueError: what :func:`choose` refuses; splash with lengths that are not
-      multiples of 128 or a mask other than a key-padding mask (one line with
-      the fix).
+      multiples of 128 or a mask other than a key-padding mask; a ``bias``
+      with ``"cudnn"`` or ``"splash"``; ``"nystrom"`` with a causal mask, a
+      bias or ``return_weights`` (one line with the fix).
   """
+  if bias is not None and implementation in ("cudnn", "splash"):
+    raise ValueError(
+      f"implementation={implementation!r} takes no additive attention bias (a relative "
+      f"position bias); use implementation='xla' or None"
+    )
+  if implementation == "nystrom":
+    if is_causal or return_weights or bias is not None:
+      raise ValueError(
+        "implementation='nystrom' has no causal mask, no additive bias and no return_weights"
+      )
+    pv = nystrom.nystrom_attention(
+      query, key, value, mask=mask, scale=scale, **(kernel_options or {})
+    )
+    return pv, None
   use_dropout = dropout_rate > 0.0 and dropout_rng is not None
   mask_shape = None
   if mask is not None:
@@ -255,6 +302,7 @@ def attention(
     platform=platform,
     dropout=dropout_rate if use_dropout else 0.0,
     return_weights=return_weights,
+    bias=bias is not None,
   )
   if kernel == "reference":
     return reference_attention(
@@ -266,6 +314,7 @@ def attention(
       scale=scale,
       dropout_rate=dropout_rate if use_dropout else 0.0,
       dropout_rng=dropout_rng,
+      bias=bias,
     )
   mask = None if mask is None else jnp.asarray(mask, bool)
   is_causal = bool(is_causal)
@@ -277,6 +326,13 @@ def attention(
   heads = query.shape[-2]
   keep = platform == "cpu" if keep_probs is None else bool(keep_probs)
   pv = xla_attention(
-    query, repeat_kv(key, heads), repeat_kv(value, heads), mask, is_causal, scale, keep
+    query,
+    repeat_kv(key, heads),
+    repeat_kv(value, heads),
+    mask,
+    is_causal,
+    scale,
+    keep_probs=keep,
+    bias=bias,
   )
   return pv, None

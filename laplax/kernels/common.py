@@ -1,4 +1,5 @@
-"""What every attention kernel shares: the mask value, the causal mask, the GQA head repeat.
+"""What every attention kernel shares: the mask value, the causal and window masks, the GQA head
+repeat.
 
 The conventions of :func:`laplax.attention.attend` and all its kernels: a
 boolean mask is True where a query may attend; causal queries are the *last*
@@ -9,6 +10,7 @@ key/value head for the query heads that share it.
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -31,6 +33,14 @@ def causal_mask(q_length: int, kv_length: int, start=None, *, xp=np):
   if start is None:
     return xp.arange(q_length)[:, None] + (kv_length - q_length) >= xp.arange(kv_length)[None, :]
   return (start + np.arange(q_length))[:, None] >= jnp.arange(kv_length)[None, :]
+
+
+def window_mask(q_positions, kv_length: int, window: int) -> jax.Array:
+  """Bool ``[q, kv_length]``: the query at position ``p`` (``q_positions [q]``,
+  int, may be traced) sees key ``j`` iff ``p - j <= window``; with the causal
+  mask a sliding window of ``window + 1`` keys (nanochat's
+  ``window_size=(window, 0)``, nanochat/flash_attention.py)."""
+  return (jnp.asarray(q_positions)[:, None] - jnp.arange(kv_length)[None, :]) <= window
 
 
 def combine_masks(mask, is_causal: bool, q_length: int, kv_length: int, *, xp=np):

@@ -15,7 +15,16 @@ from laplax.kernels.common import MASK_VALUE, combine_masks, repeat_kv
 
 
 def reference_attention(
-  query, key, value, *, mask=None, is_causal=False, scale=None, dropout_rate=0.0, dropout_rng=None
+  query,
+  key,
+  value,
+  *,
+  mask=None,
+  is_causal=False,
+  scale=None,
+  dropout_rate=0.0,
+  dropout_rng=None,
+  bias=None,
 ):
   """Dense softmax attention that materialises ``P``.
 
@@ -28,6 +37,8 @@ def reference_attention(
     is_causal: add the causal mask (queries aligned to the last keys).
     scale: logit scale, default ``1 / sqrt(head_dim)``.
     dropout_rate, dropout_rng: attention dropout on ``P`` (inverted scaling).
+    bias: float, broadcastable to ``[batch, num_heads, q_length, kv_length]``,
+      added to the scaled logits (``None``: none).
 
   Returns:
     ``(PV, P)``: ``PV`` ``[batch, q_length, num_heads, head_dim]`` in
@@ -37,6 +48,8 @@ def reference_attention(
   key, value = repeat_kv(key, query.shape[-2]), repeat_kv(value, query.shape[-2])
   scale = query.shape[-1] ** -0.5 if scale is None else scale
   logits = jnp.einsum("bqhd,bkhd->bhqk", query.astype(jnp.float32), key.astype(jnp.float32)) * scale
+  if bias is not None:
+    logits = logits + jnp.asarray(bias, jnp.float32)
   mask = combine_masks(mask, is_causal, query.shape[1], key.shape[1], xp=jnp)
   if mask is not None:
     logits = jnp.where(mask, logits, MASK_VALUE)

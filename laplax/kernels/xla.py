@@ -27,9 +27,10 @@ import jax.numpy as jnp
 from laplax.kernels.common import MASK_VALUE, causal_mask
 
 
-def _softmax(q, k, mask, is_causal, scale):
+def _softmax(q, k, mask, is_causal, scale, bias=None):
   """``P``, float32 ``[batch, heads, q, kv]``, of heads-major ``[batch, heads,
-  length, head_dim]`` queries and keys."""
+  length, head_dim]`` queries and keys; ``bias`` (float32, broadcastable to
+  ``[batch, heads, q, kv]``, or ``None``) is added to the scaled logits."""
   q_len, kv_len = q.shape[2], k.shape[2]
   if q.dtype == jnp.float32:  # scale the [L, d] queries, not the [L, L] logits
     logits = jnp.einsum("bhqd,bhkd->bhqk", q * jnp.float32(scale), k)
@@ -37,6 +38,8 @@ def _softmax(q, k, mask, is_causal, scale):
     logits = jnp.einsum("bhqd,bhkd->bhqk", q, k, preferred_element_type=jnp.float32) * jnp.float32(
       scale
     )
+  if bias is not None:
+    logits = logits + bias.astype(jnp.float32)
   if is_causal:
     logits = jnp.where(causal_mask(q_len, kv_len), logits, jnp.float32(MASK_VALUE))
   if mask is not None:
@@ -46,31 +49,31 @@ def _softmax(q, k, mask, is_causal, scale):
   return unnormalised / jnp.sum(unnormalised, axis=-1, keepdims=True)
 
 
-def _softmax_pv(q, k, v, mask, is_causal, scale):
+def _softmax_pv(q, k, v, mask, is_causal, scale, bias=None):
   """Forward of :func:`xla_attention` on heads-major ``[batch, heads, length,
   head_dim]`` arrays: ``(P V, P)``, ``P`` float32 ``[batch, heads, q, kv]``."""
-  probs = _softmax(q, k, mask, is_causal, scale)
+  probs = _softmax(q, k, mask, is_causal, scale, bias)
   pv = jnp.einsum("bhqk,bhkd->bhqd", probs.astype(v.dtype), v, preferred_element_type=jnp.float32)
   return pv.astype(v.dtype), probs
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
-def _heads_major_attention(q, k, v, mask, is_causal, scale, keep_probs):
-  return _softmax_pv(q, k, v, mask, is_causal, scale)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7))
+def _heads_major_attention(q, k, v, mask, bias, is_causal, scale, keep_probs):
+  return _softmax_pv(q, k, v, mask, is_causal, scale, bias)[0]
 
 
-def _heads_major_attention_fwd(q, k, v, mask, is_causal, scale, keep_probs):
-  pv, probs = _softmax_pv(q, k, v, mask, is_causal, scale)
-  return pv, (q, k, v, mask, probs if keep_probs else None)
+def _heads_major_attention_fwd(q, k, v, mask, bias, is_causal, scale, keep_probs):
+  pv, probs = _softmax_pv(q, k, v, mask, is_causal, scale, bias)
+  return pv, (q, k, v, mask, bias, probs if keep_probs else None)
 
 
 def _heads_major_attention_bwd(is_causal, scale, keep_probs, residuals, d_pv):
-  q, k, v, mask, probs = residuals
+  q, k, v, mask, bias, probs = residuals
   if not keep_probs:  # recomputed: the same ops as the forward pass, behind a
     # barrier so that XLA cannot merge them with the forward's (CSE would keep
     # the forward's P alive until here, as jax.checkpoint's barriers prevent).
     q_again, k_again = jax.lax.optimization_barrier((q, k))
-    probs = _softmax(q_again, k_again, mask, is_causal, scale)
+    probs = _softmax(q_again, k_again, mask, is_causal, scale, bias)
   f32 = jnp.float32
   d_pv32 = d_pv.astype(f32)
   d_v = jnp.einsum("bhqk,bhqd->bhkd", probs, d_pv32)
@@ -80,7 +83,8 @@ def _heads_major_attention_bwd(is_causal, scale, keep_probs, residuals, d_pv):
   # output, so its rounding moves with the fusion, and the cancellation in
   # dP - rowsum amplified that in the gradients of rematerialised blocks.)
   delta = jnp.sum(d_probs * probs, axis=-1, keepdims=True)
-  d_logits = probs * (d_probs - delta) * f32(scale)
+  d_scores = probs * (d_probs - delta)  # d(scaled logits + bias)
+  d_logits = d_scores * f32(scale)
   # Masked logits are constants (MASK_VALUE): no gradient reaches q or k
   # through them. P is exactly 0 there already, except in a row whose keys
   # are all masked, where it is uniform: only a mask (or more queries than
@@ -93,18 +97,30 @@ def _heads_major_attention_bwd(is_causal, scale, keep_probs, residuals, d_pv):
     d_logits = jnp.where(allowed, d_logits, 0.0)
   d_q = jnp.einsum("bhqk,bhkd->bhqd", d_logits, k.astype(f32))
   d_k = jnp.einsum("bhqk,bhqd->bhkd", d_logits, q.astype(f32))
-  return d_q.astype(q.dtype), d_k.astype(k.dtype), d_v.astype(v.dtype), None
+  d_bias = None
+  if bias is not None:  # summed over the axes the bias was broadcast along
+    if allowed is not None:
+      d_scores = jnp.where(allowed, d_scores, 0.0)
+    lead = d_scores.ndim - bias.ndim
+    d_bias = d_scores.sum(axis=tuple(range(lead))) if lead else d_scores
+    axes = tuple(i for i, n in enumerate(bias.shape) if n == 1 and d_bias.shape[i] != 1)
+    d_bias = d_bias.sum(axis=axes, keepdims=True).astype(bias.dtype)
+  return d_q.astype(q.dtype), d_k.astype(k.dtype), d_v.astype(v.dtype), None, d_bias
 
 
 _heads_major_attention.defvjp(_heads_major_attention_fwd, _heads_major_attention_bwd)
 
 
-def xla_attention(query, key, value, mask, is_causal, scale, keep_probs=True):
+def xla_attention(query, key, value, mask, is_causal, scale, keep_probs=True, bias=None):
   """``P V`` of softmax attention, composed of XLA ops with a hand-written VJP.
 
   ``query [batch, q_length, heads, head_dim]``, ``key``/``value [batch,
   kv_length, heads, head_dim]`` (as many heads), ``mask`` bool broadcastable
-  to ``[batch, heads, q_length, kv_length]`` or ``None``; ``is_causal`` and
+  to ``[batch, heads, q_length, kv_length]`` or ``None``; ``bias`` an
+  additive float bias of the logits, broadcastable to ``[batch, heads,
+  q_length, kv_length]``, or ``None`` (``softmax(scale q k^T + bias)``: Swin's
+  relative position bias and shifted-window mask; it is differentiated, its
+  gradient summed over the broadcast axes); ``is_causal`` and
   ``scale`` are Python values; ``keep_probs`` (a Python bool): the backward
   pass reuses the forward pass's float32 ``P`` (True) or computes it again
   from ``q`` and ``k`` (False: one more ``Q K^T`` and softmax per layer, no
@@ -120,7 +136,9 @@ def xla_attention(query, key, value, mask, is_causal, scale, keep_probs=True):
   Raises nothing itself; a mask that does not broadcast fails in ``jnp.where``.
   """
   to_heads = lambda x: jnp.swapaxes(x, 1, 2)
+  if bias is not None:
+    bias = jnp.asarray(bias)
   out = _heads_major_attention(
-    to_heads(query), to_heads(key), to_heads(value), mask, is_causal, scale, bool(keep_probs)
+    to_heads(query), to_heads(key), to_heads(value), mask, bias, is_causal, scale, bool(keep_probs)
   )
   return to_heads(out)

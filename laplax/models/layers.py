@@ -73,9 +73,18 @@ def gelu_exact(x: jax.Array) -> jax.Array:
   return nn.gelu(x, approximate=False)
 
 
+def gelu_glu(x: jax.Array) -> jax.Array:
+  """Gated GELU (Shazeer 2020, "GLU Variants Improve Transformer"), cramming's
+  ``GELUglu``: ``x [..., 2n]`` split into halves ``(value, gate)``, returns
+  ``gelu_exact(gate) * value`` ``[..., n]`` (the order of cramming's ``GLU``:
+  ``x, gate = inputs.chunk(2, dim=-1)``). Same dtype as ``x``."""
+  value, gate = jnp.split(x, 2, axis=-1)
+  return gelu_exact(gate) * value
+
+
 # ``model.mlp_activation`` -> function. "gelu" is :func:`gelu`, ``nn.gelu``'s default, the
 # tanh approximation (what laplax's MLP has always used; GPT-2's ``gelu_new``).
-ACTIVATIONS = {"gelu": gelu, "gelu_exact": gelu_exact, "relu2": relu2}
+ACTIVATIONS = {"gelu": gelu, "gelu_exact": gelu_exact, "relu2": relu2, "gelu_glu": gelu_glu}
 
 
 class RMSNorm(nn.Module):
@@ -113,7 +122,8 @@ class MLP(nn.Module):
   ``x [..., dim] -> [..., dim]``; matmuls in ``dtype``, parameters float32.
   Kernels have the logical axes ``("embed", "mlp")`` and ``("mlp", "embed")``.
   ``activation`` is a key of :data:`ACTIVATIONS` (``"gelu"``: tanh
-  approximation; ``"relu2"``: ReLU squared, nanochat/gpt.py).
+  approximation; ``"relu2"``: ReLU squared, nanochat/gpt.py; ``"gelu_glu"``:
+  gated, so the second layer reads ``mlp_dim // 2``).
   """
 
   mlp_dim: int
@@ -233,6 +243,11 @@ def attention_module(
 class Block(nn.Module):
   """Pre-LN Transformer block with Laplacian heads and spectral conditioning.
 
+  With a spec whose ``post_norm`` is True (:class:`~laplax.models.spec.BERTSpec`)
+  it is BERT's post-LN block (Devlin et al. 2019; Hugging Face ``BertLayer``):
+  ``x = norm1(x + attention(x))``, ``x = norm2(x + mlp(x))``; ``"+sa"`` and
+  ``"+mlp"`` are then the normalised residuals.
+
   ``x [batch, length, dim] -> (x, out)`` where ``out`` holds the named
   intermediates ``"input"`` (the block input, the residual stream), ``"sa"``
   (attention branch), ``"+sa"`` (residual after it),
@@ -245,11 +260,14 @@ class Block(nn.Module):
     laplacian_mask: this layer's Laplacian heads, a tuple of ``num_heads``
       booleans (``None``: given per call, e.g. scanned).
     drop_path: this block's stochastic-depth rate.
+    window: this layer's causal sliding window
+      (:attr:`laplax.attention.MultiHeadAttention.window`; ``None``: full).
   """
 
   spec: TransformerSpec
   laplacian_mask: tuple | None = None
   drop_path: float = 0.0
+  window: int | None = None
 
   @nn.compact
   def __call__(
@@ -262,6 +280,7 @@ class Block(nn.Module):
     decode: bool = False,
     laplacian: jax.Array | None = None,
     drop_path: jax.Array | None = None,
+    value_embed: jax.Array | None = None,
   ):
     """Applies the block; ``mask`` as in :func:`laplax.attention.attend`,
     ``decode`` as in :class:`laplax.attention.MultiHeadAttention`.
@@ -269,6 +288,7 @@ class Block(nn.Module):
     ``laplacian`` (bool ``[num_heads]``) and ``drop_path`` (float32 scalar)
     override the attributes with per-layer values that may be traced (the
     scanned inputs of :func:`transformer_blocks` with ``scan_layers``).
+    ``value_embed`` goes to the attention (the fork's value embedding).
     """
     spec = self.spec
     kernel_init, out_init = spec.inits()
@@ -277,28 +297,33 @@ class Block(nn.Module):
     out = {}
     x = nn.with_logical_constraint(x, EMBED_AXES)
     out["input"] = x
-    y = norm_layer(spec, "norm1")(x).astype(x.dtype)
-    y = attention_module(spec, self.laplacian_mask, name="attention")(
+    post = getattr(spec, "post_norm", False)  # a field of BERTSpec only
+    y = x if post else norm_layer(spec, "norm1")(x).astype(x.dtype)
+    extra = {} if self.window is None else {"window": self.window}
+    y = attention_module(spec, self.laplacian_mask, name="attention", **extra)(
       y,
       mask=mask,
       is_causal=is_causal,
       deterministic=deterministic,
       decode=decode,
       laplacian=laplacian,
+      **({} if value_embed is None else {"value_embed": value_embed}),
     )
     if layerscale is not None:
       y = LayerScale(layerscale, name="ls1")(y)
     out["sa"] = y
     x = x + DropPath(self.drop_path)(y, deterministic, drop_path)
+    if post:
+      x = norm_layer(spec, "norm1")(x).astype(x.dtype)
     out["+sa"] = x
-    y = norm_layer(spec, "norm2")(x).astype(x.dtype)
+    y = x if post else norm_layer(spec, "norm2")(x).astype(x.dtype)
     y = MLP(
       spec.mlp_dim,
       activation=spec.mlp_activation,
       dropout=spec.dropout,
       use_bias=spec.use_bias,
       dtype=dtype,
-      kernel_init=kernel_init,
+      kernel_init=spec.mlp_init(),
       out_init=out_init,
       name="mlp",
     )(y, deterministic)
@@ -306,6 +331,8 @@ class Block(nn.Module):
       y = LayerScale(layerscale, name="ls2")(y)
     out["mlp"] = y
     x = x + DropPath(self.drop_path)(y, deterministic, drop_path)
+    if post:
+      x = norm_layer(spec, "norm2")(x).astype(x.dtype)
     x = nn.with_logical_constraint(x, EMBED_AXES)
     out["+mlp"] = x
     return x, out

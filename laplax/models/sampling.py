@@ -1,15 +1,29 @@
 """Generation with the KV cache, and log-likelihoods, for :class:`~laplax.models.gpt.GPT`.
 
-:func:`generate` continues one prompt; :func:`generate_batch` continues a
-batch of prompts of different lengths at once (with stop tokens and forced
-tokens, e.g. a tool's output); :func:`continuation_logprob` and
-:func:`continuation_logprobs` score continuations.
+One sampler serves every caller (``eval.py --sample``, the generation
+evaluators, the chat of :mod:`laplax.chat`): :func:`stream` yields one
+prompt's new tokens as they are decoded (with stop tokens and forced tokens,
+e.g. a tool's output), :func:`generate` collects them, :func:`generate_batch`
+continues a batch of prompts of different lengths at once;
+:func:`continuation_logprob` and :func:`continuation_logprobs` score
+continuations.
+
+Compilation is bounded: a decoding step is jitted once per model
+(:func:`decode_step`, an LRU cache of :data:`CACHED_MODELS` models) with the
+temperature and top-k as traced arguments, and is compiled once per input
+shape. A prompt is right-padded to a power-of-two bucket (at most
+``spec.max_length``), so prompts of any length compile at most
+``log2(max_length) + 1`` prefill shapes, and each token after it is one
+``[rows, 1]`` step. The KV cache holds ``spec.max_length`` positions; the
+padded positions it is filled with are rewritten before any query can see
+them (the cache mask hides positions after the query's own).
 """
 
 from __future__ import annotations
 
 import collections
-from collections.abc import Callable, Sequence
+import functools
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import jax
@@ -17,6 +31,171 @@ import jax.numpy as jnp
 import numpy as np
 
 from laplax.models.gpt import GPT
+
+#: Models whose jitted functions are kept (least recently used dropped first).
+CACHED_MODELS = 4
+
+# Names of the KV cache's position counters (laplax.attention and laplax.models.gpt).
+_COUNTERS = ("cache_index", "position")
+
+
+def bucket(length: int, max_length: int) -> int:
+  """The padded prefill width of a prompt of ``length`` tokens: the next
+  power of two, at most ``max_length``."""
+  return min(max_length, 1 << max(0, int(length) - 1).bit_length())
+
+
+@functools.lru_cache(maxsize=CACHED_MODELS)
+def _cache_shapes(model: GPT, rows: int) -> Any:
+  """Shapes of the model's KV cache for ``rows`` sequences (``jax.eval_shape``
+  of ``init``: no parameters are initialised)."""
+  return jax.eval_shape(
+    lambda: model.init(
+      jax.random.PRNGKey(0), jnp.zeros((rows, model.spec.max_length), jnp.int32), decode=True
+    )["cache"]
+  )
+
+
+def empty_cache(model: GPT, rows: int = 1) -> Any:
+  """The model's empty KV cache (``"cache"`` collection, all zeros) for
+  ``rows`` sequences of ``spec.max_length`` positions."""
+  return jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), _cache_shapes(model, rows))
+
+
+def sample_logits(logits, rng, temperature, top_k):
+  """The next token of each row of float ``logits [rows, vocab]``.
+
+  ``temperature`` (float scalar, may be traced) 0 takes the argmax, else a
+  sample of ``softmax(logits / temperature)`` restricted to the ``top_k``
+  (int scalar, may be traced; ``vocab`` = all) largest logits, with ``rng``.
+  Returns int32 ``[rows]``.
+  """
+  vocab = logits.shape[-1]
+  k = jnp.clip(top_k, 1, vocab)
+  kth = jnp.take(jnp.sort(logits, axis=-1), vocab - k, axis=-1)
+  kept = jnp.where(logits < kth[:, None], -jnp.inf, logits)
+  greedy = jnp.argmax(logits, axis=-1)
+  drawn = jax.random.categorical(rng, kept / jnp.where(temperature > 0, temperature, 1.0))
+  return jnp.where(temperature > 0, drawn, greedy).astype(jnp.int32)
+
+
+@functools.lru_cache(maxsize=CACHED_MODELS)
+def decode_step(model: GPT):
+  """The one jitted decoding step of ``model``:
+
+  ``(params, cache, tokens int32 [rows, n], used, rng, salt, temperature,
+  top_k) -> (cache, next int32 [rows])``: feeds ``tokens`` at the cache's
+  position, of which the first ``used`` are real (the rest is bucket padding:
+  the cache's counters advance by ``used`` only), and samples each row's next
+  token after its token ``used - 1`` (:func:`sample_logits`, key
+  ``fold_in(rng, salt)``). Compiled once per ``(rows, n)``.
+  """
+
+  def step(params, cache, tokens, used, rng, salt, temperature, top_k):
+    (logits, _), updated = model.apply(
+      {"params": params, "cache": cache}, tokens, decode=True, mutable=["cache"]
+    )
+    pad = tokens.shape[1] - used
+
+    def rewind(path, leaf):
+      name = getattr(path[-1], "key", None)
+      return leaf - pad if name in _COUNTERS else leaf
+
+    cache = jax.tree_util.tree_map_with_path(rewind, updated["cache"])
+    last = jax.lax.dynamic_index_in_dim(logits, used - 1, axis=1, keepdims=False)
+    rng = jax.random.fold_in(rng, salt)
+    return cache, sample_logits(last, rng, temperature, top_k)
+
+  return jax.jit(step)
+
+
+def _options(model: GPT, temperature: float, top_k: int | None):
+  vocab = model.vocab_size
+  k = vocab if top_k is None or top_k <= 0 else min(int(top_k), vocab)
+  return np.float32(temperature), np.int32(k)
+
+
+def stream(
+  model: GPT,
+  params: Any,
+  prompt: np.ndarray,
+  *,
+  max_new_tokens: int,
+  temperature: float = 1.0,
+  top_k: int | None = None,
+  rng: jax.Array | None = None,
+  stop_tokens: Sequence[int] = (),
+  tool: Callable[[int], Sequence[int]] | None = None,
+  slide: bool = True,
+) -> Iterator[int]:
+  """Yields the new tokens of ``prompt`` one by one as they are decoded.
+
+  The prompt is fed in one call (padded to :func:`bucket`), then one token
+  per call. After each new token, ``tool(token)`` returns tokens to feed next
+  in place of samples (nanochat's calculator; they are yielded too and count
+  towards ``max_new_tokens``). Token ``i`` is sampled with the key
+  ``fold_in(rng, i)``. When prompt plus continuation fill
+  ``model.spec.max_length``, ``slide=True`` goes on in a sliding window (a
+  fresh cache is filled with the last ``spec.max_length // 2`` tokens: each
+  token still sees at least half a context); ``slide=False`` stops there.
+
+  Args:
+    model, params: the GPT and its parameters.
+    prompt: int ``[length]`` token ids (at least one, at most ``max_length``).
+    max_new_tokens: most tokens to yield.
+    temperature: softmax temperature (0 = greedy).
+    top_k: sample among the ``k`` most likely tokens (``None`` or 0 = all).
+    rng: PRNG key (default ``PRNGKey(0)``).
+    stop_tokens: stop at the first of these (not yielded).
+    tool: the forced-token hook above (``None``: nothing forced).
+    slide: what happens at a full context (above).
+
+  Yields:
+    int token ids.
+
+  Raises:
+    ValueError: an empty prompt or one longer than ``model.spec.max_length``.
+  """
+  prompt = np.asarray(prompt, np.int32).reshape(-1)
+  max_length = model.spec.max_length
+  if prompt.size == 0:
+    raise ValueError("the prompt is empty; give at least one token")
+  if prompt.size > max_length:
+    raise ValueError(
+      f"the prompt has {prompt.size} tokens but the model's context is "
+      f"{max_length}; shorten the prompt"
+    )
+  rng = jax.random.PRNGKey(0) if rng is None else rng
+  step = decode_step(model)
+  temperature, top_k = _options(model, temperature, top_k)
+  stops = set(int(t) for t in stop_tokens)
+
+  def prefill(tokens):
+    padded = np.zeros((1, bucket(tokens.size, max_length)), np.int32)
+    padded[0, : tokens.size] = tokens
+    return padded, tokens.size
+
+  seq = list(prompt)
+  forced: collections.deque = collections.deque()
+  cache = empty_cache(model)
+  feed, used = prefill(prompt)
+  filled = prompt.size  # tokens in the cache once ``feed`` is in
+  for i in range(max_new_tokens):
+    cache, nxt = step(params, cache, feed, np.int32(used), rng, np.int32(i), temperature, top_k)
+    token = forced.popleft() if forced else int(np.asarray(nxt)[0])  # one transfer a token
+    if token in stops:
+      return
+    yield token
+    seq.append(token)
+    if tool is not None:
+      forced.extend(int(t) for t in tool(token))
+    if filled >= max_length:  # no room for the token: the window slides, or decoding ends
+      if not slide:
+        return
+      keep = np.asarray(seq[-(max_length // 2) :], np.int32)
+      cache, (feed, used), filled = empty_cache(model), prefill(keep), keep.size
+    else:
+      feed, used, filled = np.asarray([[token]], np.int32), 1, filled + 1
 
 
 def generate(
@@ -29,12 +208,8 @@ def generate(
   top_k: int | None = None,
   rng: jax.Array | None = None,
 ) -> np.ndarray:
-  """Samples a continuation of ``prompt`` token by token with the KV cache.
-
-  When prompt plus continuation reach ``model.spec.max_length``, decoding goes on
-  in a sliding window: a fresh cache is filled with the last ``spec.max_length //
-  2`` tokens and sampling continues from there (each token still sees at least
-  half a context).
+  """Samples a continuation of ``prompt`` token by token with the KV cache
+  (:func:`stream` collected, sliding past a full context).
 
   Args:
     model: the GPT.
@@ -51,31 +226,16 @@ def generate(
   Raises:
     ValueError: an empty prompt or one longer than ``model.spec.max_length``.
   """
-  prompt = np.asarray(prompt, np.int32)
-  if prompt.size == 0:
-    raise ValueError("the prompt is empty; give at least one token")
-  if prompt.size > model.spec.max_length:
-    raise ValueError(
-      f"the prompt has {prompt.size} tokens but the model's context is "
-      f"{model.spec.max_length}; shorten the prompt"
-    )
-  rng = jax.random.PRNGKey(0) if rng is None else rng
-  empty_cache = _empty_cache(model)
-  step = _decode_step(model, float(temperature), top_k)
-
-  seq = list(prompt)
-  out = []
-  cache, tokens, filled = empty_cache, prompt[None], prompt.size
-  for i in range(max_new_tokens):
-    if filled > model.spec.max_length:  # the cache is full: restart on the last half
-      keep = seq[-(model.spec.max_length // 2) :]
-      cache, tokens, filled = empty_cache, np.asarray(keep, np.int32)[None], len(keep)
-    cache, tokens = step(params, cache, tokens, rng, np.int32(i))
-    nxt = np.asarray(tokens).item()  # one transfer per token
-    out.append(nxt)
-    seq.append(nxt)
-    filled += 1
-  return np.asarray(out, np.int32)
+  tokens = stream(
+    model,
+    params,
+    prompt,
+    max_new_tokens=max_new_tokens,
+    temperature=temperature,
+    top_k=top_k,
+    rng=rng,
+  )
+  return np.fromiter(tokens, np.int32, count=max_new_tokens)
 
 
 def continuation_logprob(
@@ -172,12 +332,12 @@ def generate_batch(
     raise ValueError(f"rows={rows} is below the {n} prompts")
   prompts = prompts + [prompts[0]] * (rows - n)
   rng = jax.random.PRNGKey(0) if rng is None else rng
-  step = _batch_step(model, float(temperature), top_k)
+  step = decode_step(model)
+  options = _options(model, temperature, top_k)
   start = 1 << (int(min(p.size for p in prompts[:n])).bit_length() - 1)
-  cache = _empty_cache(model, rows)
-  cache, sampled = step(
-    params, cache, np.stack([p[:start] for p in prompts]), rng, np.int32(start - 1)
-  )
+  cache = empty_cache(model, rows)
+  first = np.stack([p[:start] for p in prompts])
+  cache, sampled = step(params, cache, first, np.int32(start), rng, np.int32(start - 1), *options)
   stops = set(int(t) for t in stop_tokens)
   out = [[] for _ in range(rows)]
   forced = [collections.deque() for _ in range(rows)]
@@ -203,7 +363,7 @@ def generate_batch(
       done[i] = len(out[i]) >= max_new_tokens
     if all(done) or pos == max_length - 1:
       break
-    cache, sampled = step(params, cache, column[:, None], rng, np.int32(pos))
+    cache, sampled = step(params, cache, column[:, None], np.int32(1), rng, np.int32(pos), *options)
     pos += 1
   return [np.asarray(row, np.int32) for row in out[:n]]
 
@@ -261,94 +421,20 @@ def continuation_logprobs(
   return results
 
 
-_BATCH_CACHE: dict = {}
-_SCORE_CACHE: dict = {}
-
-
-def _batch_step(model: GPT, temperature: float, top_k: int | None):
-  """``(params, cache, tokens [rows, n], rng, pos) -> (cache, next [rows])``:
-  the next token after each row's last input, with the key ``fold_in(rng,
-  pos)``; jitted once per ``(model, temperature, top_k)``."""
-  key = (model, temperature, top_k)
-  if key not in _BATCH_CACHE:
-
-    def step(params, cache, tokens, rng, pos):
-      (logits, _), updated = model.apply(
-        {"params": params, "cache": cache}, tokens, decode=True, mutable=["cache"]
-      )
-      logits = logits[:, -1]
-      if top_k is not None:
-        kth = jnp.sort(logits, axis=-1)[:, -min(top_k, logits.shape[-1])]
-        logits = jnp.where(logits < kth[:, None], -jnp.inf, logits)
-      if temperature == 0:
-        nxt = jnp.argmax(logits, axis=-1)
-      else:
-        nxt = jax.random.categorical(jax.random.fold_in(rng, pos), logits / temperature)
-      return updated["cache"], nxt.astype(jnp.int32)
-
-    _BATCH_CACHE[key] = jax.jit(step)
-  return _BATCH_CACHE[key]
-
-
+@functools.lru_cache(maxsize=CACHED_MODELS)
 def _scores(model: GPT):
   """``(params, inputs, targets) -> (log p(target) [b, n], target == argmax [b, n])``, jitted."""
-  if model not in _SCORE_CACHE:
 
-    def scores(params, inputs, targets):
-      logits, _ = model.apply({"params": params}, inputs)
-      logp = jax.nn.log_softmax(logits, axis=-1)
-      picked = jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
-      return picked, jnp.argmax(logits, axis=-1) == targets
+  def scores(params, inputs, targets):
+    logits, _ = model.apply({"params": params}, inputs)
+    logp = jax.nn.log_softmax(logits, axis=-1)
+    picked = jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
+    return picked, jnp.argmax(logits, axis=-1) == targets
 
-    _SCORE_CACHE[model] = jax.jit(scores)
-  return _SCORE_CACHE[model]
+  return jax.jit(scores)
 
 
-_FORWARD_CACHE: dict = {}
-_DECODE_CACHE: dict = {}
-
-
-def _empty_cache(model: GPT, batch: int = 1) -> Any:
-  """The model's empty KV cache for ``batch`` sequences (every entry of the
-  ``"cache"`` collection starts at zero), built from shapes alone: no
-  parameters are initialised."""
-  shapes = jax.eval_shape(
-    lambda: model.init(
-      jax.random.PRNGKey(0), jnp.zeros((batch, model.spec.max_length), jnp.int32), decode=True
-    )["cache"]
-  )
-  return jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
-
-
-def _decode_step(model: GPT, temperature: float, top_k: int | None):
-  """``(params, cache, tokens [1, n], rng, i) -> (cache, next token [1, 1])``
-  with the key ``fold_in(rng, i)``, jitted once per ``(model, temperature,
-  top_k)``: the parameters are an argument, so sampling again (each
-  evaluation of a training run) compiles nothing new for prompts of a length
-  seen before."""
-  key = (model, temperature, top_k)
-  if key not in _DECODE_CACHE:
-
-    def step(params, cache, tokens, rng, i):
-      rng = jax.random.fold_in(rng, i)
-      (logits, _), updated = model.apply(
-        {"params": params, "cache": cache}, tokens, decode=True, mutable=["cache"]
-      )
-      logits = logits[0, -1]
-      if top_k is not None:
-        kth = jnp.sort(logits)[-min(top_k, logits.shape[-1])]
-        logits = jnp.where(logits < kth, -jnp.inf, logits)
-      if temperature == 0:
-        nxt = jnp.argmax(logits)
-      else:
-        nxt = jax.random.categorical(rng, logits / temperature)
-      return updated["cache"], nxt.astype(jnp.int32)[None, None]
-
-    _DECODE_CACHE[key] = jax.jit(step)
-  return _DECODE_CACHE[key]
-
-
+@functools.lru_cache(maxsize=CACHED_MODELS)
 def _forward(model: GPT):
-  if model not in _FORWARD_CACHE:
-    _FORWARD_CACHE[model] = jax.jit(lambda p, t: model.apply({"params": p}, t))
-  return _FORWARD_CACHE[model]
+  """``(params, tokens) -> model.apply(...)``, jitted."""
+  return jax.jit(lambda p, t: model.apply({"params": p}, t))

@@ -41,7 +41,7 @@ import numpy as np
 
 from laplax import attention, spectral
 from laplax.errors import UserError
-from laplax.kernels import splash
+from laplax.kernels import nystrom, splash
 from laplax.models.support import ANY, EXPORTS, FORCE, Rule, everywhere
 
 DTYPES = ("float32", "bfloat16")
@@ -57,14 +57,23 @@ REMAT_POLICIES = {
 }
 # Initialisers (``TransformerSpec.inits``; a GPT's ``model.kernel_init``):
 # "nanochat" is nanochat/gpt.py's ``init_weights`` (:func:`nanochat_normal`).
-KERNEL_INITS = ("xavier_uniform", "gpt2", "nanochat")
+# "normal": normal 0.02 for every matrix (BERT, Devlin et al. 2019; cramming's
+# ``init.type: normal``).
+# "nanochat-fork" is the Laplacian authors' nanochat fork's (yuchongzhang/nanochat
+# 1f70b557, nanochat/gpt.py ``init_weights``: :func:`nanochat_uniform`).
+KERNEL_INITS = ("xavier_uniform", "gpt2", "nanochat", "normal", "nanochat-fork")
 # ``model.norm``: the blocks' and final norms. "rmsnorm" is parameter-free
 # (nanochat/gpt.py's ``norm``); "layernorm" is Flax's learnable LayerNorm.
 NORMS = ("layernorm", "rmsnorm")
 # ``model.mlp_activation``: "gelu" (Flax's default tanh approximation, GPT-2's
 # ``gelu_new``), "gelu_exact" (the erf form, PyTorch's ``nn.GELU()`` that timm's
-# ViTs use) or "relu2" (ReLU squared, nanochat/gpt.py's MLP).
-MLP_ACTIVATIONS = ("gelu", "gelu_exact", "relu2")
+# ViTs use), "relu2" (ReLU squared, nanochat/gpt.py's MLP) or "gelu_glu" (the
+# gated GELU of cramming's ``nonlin: GELUglu``: the first layer's output split
+# in halves ``x, gate``, ``gelu_exact(gate) * x``, so the second layer reads
+# ``mlp_dim // 2``).
+MLP_ACTIVATIONS = ("gelu", "gelu_exact", "relu2", "gelu_glu")
+# The activations every GPT/ViT converter target expresses (no gated one).
+_PLAIN_ACTIVATIONS = ("gelu", "gelu_exact", "relu2")
 # ``model.qk_norm_type``: the qk-norm's kind when ``model.qk_norm`` is on.
 QK_NORM_TYPES = attention.QK_NORM_TYPES
 
@@ -80,6 +89,38 @@ def nanochat_normal(key, shape, dtype=np.float32):
   fan_in, fan_out = shape[-2], shape[-1]
   std = min(1.0, (fan_out / fan_in) ** 0.5) / fan_in**0.5
   return std * jax.random.normal(key, shape, dtype)
+
+
+def nanochat_uniform(scale: float = 1.0):
+  """The fork's block initialiser (yuchongzhang/nanochat 1f70b557, nanochat/gpt.py
+  ``init_weights``): uniform on ``+-scale * sqrt(3 / fan_in)`` (the std of
+  ``N(0, 1 / fan_in)``; ``scale`` 0.4 for the MLP's first layer).
+
+  Returns an initialiser of a Flax kernel ``[..., fan_in, fan_out]`` (dtype as asked).
+  """
+
+  def init(key, shape, dtype=np.float32):
+    bound = scale * (3.0 / shape[-2]) ** 0.5
+    return jax.random.uniform(key, shape, dtype, -bound, bound)
+
+  return init
+
+
+def window_sizes(pattern: str | None, depth: int, max_length: int) -> tuple[int | None, ...]:
+  """Per-layer sliding windows of the fork's ``window_pattern`` (its
+  ``_compute_window_sizes``, nanochat/gpt.py at yuchongzhang/nanochat 1f70b557).
+
+  The pattern of ``S`` and ``L`` is tiled over the ``depth`` layers and the
+  last layer is ``L``. ``L`` is the full context (``None``); ``S`` is
+  ``ceil(max_length / 4 / 128) * 128`` tokens back (512 at 2048): query ``i``
+  sees key ``j`` iff ``0 <= i - j <= window``. ``pattern`` ``None``: all full.
+  """
+  if pattern is None:
+    return (None,) * depth
+  short = -(-max_length // 4 // 128) * 128
+  out = [None if pattern[i % len(pattern)] == "L" else short for i in range(depth)]
+  out[-1] = None
+  return tuple(out)
 
 
 class SpecError(UserError, ValueError):
@@ -130,6 +171,19 @@ def _check_value(key: str, value: Any, meta: Mapping) -> None:
       raise SpecError(
         f"model.{key}={value!r} must be distinct letters of 'qkv' (e.g. 'qkv', 'q', 'qk', 'v')"
       ) from None
+  elif check == "ints":
+    ok = isinstance(value, (list, tuple)) and len(value) > 0
+    if not (ok and all(_is_int(v) and v >= meta.get("min", 1) for v in value)):
+      raise SpecError(
+        f"model.{key}={value!r} must be a non-empty tuple of integers >= {meta.get('min', 1)}, "
+        f"e.g. (2, 2, 6, 2)"
+      )
+  elif check == "pattern":
+    if not (isinstance(value, str) and value and set(value) <= {"S", "L"}):
+      raise SpecError(
+        f"model.{key}={value!r} must be a string of the letters S (short window) and "
+        f"L (full context), e.g. 'SSSL', or None"
+      )
   elif check == "choice":
     choices = meta["choices"]
     if not (value is None or isinstance(value, str)) or value not in choices:
@@ -200,6 +254,11 @@ class AttentionSpec(_Checked):
       ``"learned"`` (a learned ``alpha`` per head and layer, initialised at
       that pattern; see :class:`~laplax.attention.MultiHeadAttention`).
     spectral: the conditioning of ``W_Q, W_K, W_V`` (``None`` = off).
+    num_landmarks, pinv_iterations, pinv_init, nystrom_padding,
+      conv_kernel_size: ``implementation="nystrom"``'s options
+      (:func:`laplax.kernels.nystrom.nystrom_attention`; the convolution skip
+      of the values, ``None`` = none); no attention dropout there (neither
+      Hugging Face's Nystromformer nor the authors' code has one).
   """
 
   num_heads: int = _field(4, "int", min=1, convert=everywhere())
@@ -211,14 +270,16 @@ class AttentionSpec(_Checked):
     convert={"nanochat": ("rmsnorm",)},
     active="qk_norm",
   )
-  qk_scale: float = _field(1.0, "float", open_min=True)
+  qk_scale: float = _field(1.0, "float", open_min=True, convert={"nanochat": ANY})
   attention_dropout: float = _field(0.0, "float", max=0.99, convert=everywhere(*EXPORTS))
   implementation: str | None = _field(
     None, "choice", choices=attention.IMPLEMENTATIONS, convert=everywhere()
   )
   xla_keep_probs: bool | None = _field(None, "bool", optional=True, convert=everywhere())
   rope: bool = dataclasses.field(default=False, metadata={"derived": "posemb"})
-  rope_theta: float = _field(10_000.0, "float", open_min=True, active="rope")
+  rope_theta: float = _field(
+    10_000.0, "float", open_min=True, active="rope", convert={"nanochat": ANY}
+  )
   rope_style: str = _field(
     "roformer",
     "choice",
@@ -230,7 +291,13 @@ class AttentionSpec(_Checked):
     "fixed",
     "choice",
     choices=attention.LAPLACIAN_MIXES,
-    convert={"timm": FORCE, "hf-gpt2": FORCE},
+    convert={
+      "timm": FORCE,
+      "timm-swin": FORCE,
+      "hf-gpt2": FORCE,
+      "hf-bert": FORCE,
+      "hf-nystromformer": FORCE,
+    },
     source=True,
   )
   spectral: SpectralSpec | None = dataclasses.field(
@@ -239,12 +306,51 @@ class AttentionSpec(_Checked):
       "key": "spectral.enabled",
       "source": {"spectral.enabled": False},
       "show": lambda v: repr(v is not None),
-      "convert": {"timm": FORCE, "hf-gpt2": FORCE},
+      "convert": {
+        "timm": FORCE,
+        "timm-swin": FORCE,
+        "hf-gpt2": FORCE,
+        "hf-bert": FORCE,
+        "hf-nystromformer": FORCE,
+      },
     },
+  )
+
+  num_landmarks: int = _field(
+    64, "int", min=1, active="implementation", convert={"hf-nystromformer": ANY}
+  )
+  pinv_iterations: int = _field(
+    6, "int", min=0, active="implementation", convert={"hf-nystromformer": (6,)}
+  )
+  pinv_init: str = _field(
+    "original",
+    "choice",
+    choices=nystrom.PINV_INITS,
+    active="implementation",
+    convert={"hf-nystromformer": ("original",)},
+  )
+  nystrom_padding: str = _field(
+    "keys",
+    "choice",
+    choices=nystrom.PADDINGS,
+    active="implementation",
+    convert={"hf-nystromformer": ("keys",)},
+  )
+  conv_kernel_size: int | None = _field(
+    None, "int", min=1, optional=True, active="implementation", convert={"hf-nystromformer": ANY}
   )
 
   def __post_init__(self):
     super().__post_init__()
+    if self.implementation == "nystrom" and self.attention_dropout > 0:
+      raise SpecError(
+        f"model.implementation='nystrom' has no attention dropout "
+        f"(model.attention_dropout={self.attention_dropout}); set model.attention_dropout=0"
+      )
+    if self.conv_kernel_size is not None and self.conv_kernel_size % 2 == 0:
+      raise SpecError(
+        f"model.conv_kernel_size={self.conv_kernel_size} must be odd (a 'same' convolution)"
+      )
     if self.implementation == "splash" and self.attention_dropout > 0:
       raise SpecError(
         f"model.implementation='splash' has no attention dropout "
@@ -294,8 +400,9 @@ class TransformerSpec(_Checked):
       (``W_O`` and the MLP's second layer), as in the Laplacian authors'
       nanochat: each block starts as the identity, so Laplacian heads are a
       no-op at initialisation; the gradient still reaches ``W_O``.
-    kernel_init: ``"xavier_uniform"`` (ViT) or ``"gpt2"`` (normal 0.02, output
-      projections ``0.02 / sqrt(2 depth)``, Radford et al. 2019).
+    kernel_init: ``"xavier_uniform"`` (ViT), ``"gpt2"`` (normal 0.02, output
+      projections ``0.02 / sqrt(2 depth)``, Radford et al. 2019) or
+      ``"normal"`` (normal 0.02 everywhere: BERT, cramming).
     norm: the blocks' and the final norm, :data:`NORMS` (``"rmsnorm"`` has
       no parameters: nanochat/gpt.py).
     mlp_activation: the MLP's nonlinearity, :data:`MLP_ACTIVATIONS`.
@@ -310,7 +417,7 @@ class TransformerSpec(_Checked):
     "int",
     min=1,
     convert=dict(
-      everywhere("timm", "hf-gpt2", "peer"),
+      everywhere("timm", "timm-swin", "hf-gpt2", "hf-bert", "hf-nystromformer", "peer"),
       nanochat=Rule(lambda v, spec: v == 4 * spec.width, "4 * width"),
     ),
   )
@@ -326,7 +433,10 @@ class TransformerSpec(_Checked):
       "show": lambda v: repr([list(row) for row in v]),
       "convert": {
         "timm": FORCE,
+        "timm-swin": FORCE,
         "hf-gpt2": FORCE,
+        "hf-bert": FORCE,
+        "hf-nystromformer": FORCE,
         "nanochat": ANY,
         "peer": Rule(_same_last_heads, "the same last k heads in every layer"),
       },
@@ -334,7 +444,11 @@ class TransformerSpec(_Checked):
   )
   dropout: float = _field(0.0, "float", max=0.99, convert=everywhere(*EXPORTS))
   layerscale_init: float | None = _field(None, "float", optional=True, convert={"timm": ANY})
-  use_bias: bool = _field(True, "bool", convert={"nanochat": (False,), "peer": ANY})
+  use_bias: bool = _field(
+    True,
+    "bool",
+    convert={"nanochat": (False,), "peer": ANY, "hf-bert": (True,), "hf-nystromformer": (True,)},
+  )
   dtype: str = _field(
     "float32", "choice", choices=DTYPES, source=True, convert=everywhere(*EXPORTS)
   )
@@ -347,10 +461,21 @@ class TransformerSpec(_Checked):
     "gelu",
     "choice",
     choices=MLP_ACTIVATIONS,
-    convert={"timm": ("gelu", "gelu_exact"), "hf-gpt2": ANY, "nanochat": ("relu2",), "peer": ANY},
+    convert={
+      "timm": ("gelu", "gelu_exact"),
+      "hf-gpt2": _PLAIN_ACTIVATIONS,
+      "hf-bert": ("gelu", "gelu_exact"),
+      "hf-nystromformer": ("gelu", "gelu_exact"),
+      "nanochat": ("relu2",),
+      "peer": _PLAIN_ACTIVATIONS,
+    },
   )
   norm_eps: float = _field(
-    1e-6, "float", open_min=True, max=1.0, convert=everywhere("hf-gpt2", "nanochat", "peer")
+    1e-6,
+    "float",
+    open_min=True,
+    max=1.0,
+    convert=everywhere("hf-gpt2", "hf-bert", "hf-nystromformer", "nanochat", "peer"),
   )
 
   def __post_init__(self):
@@ -361,20 +486,31 @@ class TransformerSpec(_Checked):
         f"model.width={self.width} is not divisible by model.num_heads={heads}; "
         f"choose num_heads dividing the width"
       )
+    layer_heads = self.layer_heads()
     if not self.laplacian:
-      object.__setattr__(self, "laplacian", ((False,) * heads,) * self.depth)
-    shape = np.shape(self.laplacian)
-    if shape != (self.depth, heads):
-      raise SpecError(
-        f"model laplacian heads have shape {shape}; expected "
+      object.__setattr__(self, "laplacian", tuple((False,) * h for h in layer_heads))
+    try:
+      rows = [len(row) for row in self.laplacian]
+    except TypeError:  # not a sequence of rows
+      rows = []
+    if rows != list(layer_heads):
+      want = (
         f"(depth, num_heads)=({self.depth}, {heads})"
+        if len(set(layer_heads)) == 1
+        else f"one row per layer of its heads {list(layer_heads)}"
       )
+      raise SpecError(f"model laplacian heads have rows of {rows} heads; expected {want}")
     object.__setattr__(
       self, "laplacian", tuple(tuple(bool(h) for h in row) for row in self.laplacian)
     )
     if self.kernel_init not in KERNEL_INITS:
       raise SpecError(
         f"kernel_init={self.kernel_init!r} is unknown; use one of {', '.join(KERNEL_INITS)}"
+      )
+    if self.mlp_activation == "gelu_glu" and self.mlp_dim % 2:
+      raise SpecError(
+        f"model.mlp_dim={self.mlp_dim} must be even with model.mlp_activation='gelu_glu' "
+        f"(its halves are the value and the gate); choose an even mlp_dim"
       )
     if self.attention.rope and self.head_dim % 2:
       raise SpecError(
@@ -392,10 +528,19 @@ class TransformerSpec(_Checked):
     """``width // num_heads``."""
     return self.width // self.attention.num_heads
 
+  def layer_heads(self) -> tuple[int, ...]:
+    """Heads of each layer (``num_heads`` in every one here; Swin's stages differ)."""
+    return (self.attention.num_heads,) * self.depth
+
   @property
   def laplacian_array(self) -> np.ndarray:
-    """The Laplacian heads, bool ``[depth, num_heads]``."""
-    return np.asarray(self.laplacian, dtype=bool).reshape(self.depth, self.num_heads)
+    """The Laplacian heads, bool ``[depth, max heads]`` (a layer with fewer
+    heads, a later Swin stage's first, is padded with False)."""
+    width = max(self.layer_heads())
+    out = np.zeros((self.depth, width), bool)
+    for i, row in enumerate(self.laplacian):
+      out[i, : len(row)] = row
+    return out
 
   def compute_dtype(self):
     """The jnp dtype of the matmuls (``None`` for float32: the input's dtype)."""
@@ -418,9 +563,20 @@ class TransformerSpec(_Checked):
       out_init = nn.initializers.normal(0.02 / (2 * self.depth) ** 0.5)
     elif self.kernel_init == "nanochat":
       kernel_init = out_init = nanochat_normal
+    elif self.kernel_init == "normal":
+      kernel_init = out_init = nn.initializers.normal(0.02)
+    elif self.kernel_init == "nanochat-fork":  # its c_proj are zeros whatever zero_init_out
+      return nanochat_uniform(1.0), nn.initializers.zeros
     else:
       kernel_init = out_init = nn.initializers.xavier_uniform()
     return kernel_init, nn.initializers.zeros if self.zero_init_out else out_init
+
+  def mlp_init(self):
+    """The initialiser of the MLP's first layer: :meth:`inits`' first, but
+    ``nanochat_uniform(0.4)`` with ``kernel_init="nanochat-fork"`` (the fork's c_fc)."""
+    if self.kernel_init == "nanochat-fork":
+      return nanochat_uniform(0.4)
+    return self.inits()[0]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -448,6 +604,80 @@ class ViTSpec(TransformerSpec):
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+class SwinSpec(TransformerSpec):
+  """A Swin Transformer v1 (Liu et al. 2021; timm's ``SwinTransformer``).
+
+  Stage ``s`` (0-based) has ``stage_depths[s]`` blocks of width ``width *
+  2^s``, ``num_heads * 2^s`` heads and MLP size ``mlp_dim * 2^s`` (every
+  Swin of the paper and of timm doubles both); stages after the first start
+  with a patch merging (2x2 neighbours concatenated, LayerNorm, a linear
+  map to twice the width without bias). ``depth`` is the number of blocks,
+  ``sum(stage_depths)``. The Laplacian heads are one row per block of that
+  block's heads (``num_laplacian_heads=k``: the last ``k`` of every block).
+
+  Attributes:
+    patch_size: square patch side in pixels (the patch embedding's stride).
+    stage_depths: blocks per stage.
+    window_size: side of the attention windows in tokens (a stage whose grid
+      is not larger than it attends over its whole grid, unshifted, as timm).
+    drop_path: the deepest block's stochastic-depth rate (linear over blocks).
+  """
+
+  patch_size: int = _field(4, "int", min=1, convert=everywhere())
+  stage_depths: tuple = _field((2, 2), "ints", convert=everywhere())
+  window_size: int = _field(7, "int", min=1, convert=everywhere())
+  drop_path: float = _field(0.0, "float", max=0.99, convert={"timm-swin": ANY})
+  # timm's Swin: no LayerScale, the exact GELU, nn.LayerNorm's eps 1e-5.
+  layerscale_init: float | None = _field(None, "float", optional=True)
+  mlp_activation: str = _field(
+    "gelu_exact",
+    "choice",
+    choices=MLP_ACTIVATIONS,
+    convert={"timm-swin": ("gelu_exact",), "hf-gpt2": ANY, "peer": ANY},
+  )
+  norm_eps: float = _field(
+    1e-5, "float", open_min=True, max=1.0, convert=everywhere("hf-gpt2", "nanochat", "peer")
+  )
+
+  def __post_init__(self):
+    _check_value("stage_depths", self.stage_depths, {"check": "ints"})
+    object.__setattr__(self, "stage_depths", tuple(int(d) for d in self.stage_depths))
+    if self.depth != sum(self.stage_depths):
+      raise SpecError(
+        f"model.depth={self.depth} must be the number of Swin blocks, "
+        f"sum(model.stage_depths={self.stage_depths})={sum(self.stage_depths)}; set it so"
+      )
+    super().__post_init__()
+    if self.scan_layers:
+      raise SpecError(
+        "model.scan_layers=True: a Swin's stages differ in width; use model.scan_layers=False"
+      )
+    if self.attention.implementation in ("cudnn", "splash"):
+      raise SpecError(
+        f"model.implementation={self.attention.implementation!r}: a Swin's attention has a "
+        f"relative position bias, which only the XLA kernel takes; use 'xla' or None"
+      )
+
+  def layer_heads(self) -> tuple[int, ...]:
+    """Heads of each block: ``num_heads * 2^s`` in stage ``s``."""
+    return tuple(
+      self.attention.num_heads * 2**s for s, d in enumerate(self.stage_depths) for _ in range(d)
+    )
+
+  def stages(self) -> tuple[tuple[int, int, int, int], ...]:
+    """``(first block, blocks, width, mlp_dim)`` of every stage."""
+    out, first = [], 0
+    for s, d in enumerate(self.stage_depths):
+      out.append((first, d, self.width * 2**s, self.mlp_dim * 2**s))
+      first += d
+    return tuple(out)
+
+  def drop_path_rates(self) -> tuple[float, ...]:
+    """``drop_path * i / (depth - 1)`` for block ``i`` (timm's linspace over all blocks)."""
+    return tuple(self.drop_path * i / max(self.depth - 1, 1) for i in range(self.depth))
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class GPTSpec(TransformerSpec):
   """A causal LM (GPT-2 form): context, position encoding, tied embeddings.
 
@@ -465,7 +695,41 @@ class GPTSpec(TransformerSpec):
       projections ``0.02 / sqrt(2 depth)``, token embedding normal 0.02) or
       ``"nanochat"`` (nanochat/gpt.py's ``init_weights``: every matrix
       :func:`nanochat_normal`, the token embedding N(0, 1), ``lm_head``
-      zeros; ``zero_init_out`` zeroes ``W_O`` and the MLP output as there).
+      zeros; ``zero_init_out`` zeroes ``W_O`` and the MLP output as there) or
+      ``"nanochat-fork"`` (the fork's: ``W_Q, W_K, W_V`` uniform
+      ``+-sqrt(3 / width)``, the MLP's first layer 0.4 times that, ``W_O``
+      and the MLP output zeros, token embedding N(0, 0.8), ``lm_head`` N(0,
+      0.001), value embeddings as ``W_V``, gates U(0, 0.02), the scalars below
+      at the fork's values).
+    value_embeds, resid_lambdas, x0_lambdas, smear, backout, window_pattern,
+      vocab_multiple: the options of the Laplacian authors' nanochat fork
+      (yuchongzhang/nanochat 1f70b557, nanochat/gpt.py), each off by default:
+    value_embeds: a value embedding table ``[vocab, width]`` on alternating
+      layers, the last one included (layer ``i`` iff ``i % 2 == (depth - 1) %
+      2``), added to the values as ``v + 3 sigmoid(ve_gate(x[..., :12])) ve``
+      with one gate per head (``ve_gate`` ``[12, num_heads]``, on the block's
+      normed input).
+    resid_lambdas: a learned scalar per layer multiplying the residual stream
+      before the block (initialised ``1.15 - 0.10 i / (depth - 1)``).
+    x0_lambdas: a learned scalar per layer times the (normed, smeared)
+      embedding ``x0`` added before the block (``0.20 - 0.15 i / (depth - 1)``).
+    smear: ``x[t] += smear_lambda sigmoid(smear_gate(x[t, :24])) x[t - 1]`` on
+      the normed embedding (``smear_lambda`` 0, ``smear_gate [24, 1]`` U(0, 0.02)).
+    backout: ``x -= backout_lambda h`` before the final norm, ``h`` the
+      residual stream after block ``depth // 2`` (``backout_lambda`` 0.2).
+    window_pattern: per-layer causal sliding windows from a pattern of ``S``
+      and ``L`` (:func:`window_sizes`; the fork's ``"SSSL"``); ``None``: full
+      causal attention everywhere.
+    vocab_multiple: the token embedding, ``lm_head`` and value embeddings have
+      ``vocab_size`` rounded up to a multiple of this (the fork pads to 64);
+      the logits are cut back to ``vocab_size``.
+    loss_chunk: the training and evaluation loss takes the logits, soft-cap
+      and cross-entropy this many positions at a time
+      (:func:`laplax.models.gpt.token_losses`: the float32 ``[batch, length,
+      vocab]`` logits never formed); must divide ``max_length`` (a chunk of
+      ``max_length`` or more: all positions at once). The same
+      loss, the ``lm_head`` gradient summed in another order (float32
+      rounding); memory only. ``None``: all positions at once.
   """
 
   max_length: int = _field(128, "int", min=1, convert=everywhere())
@@ -481,10 +745,81 @@ class GPTSpec(TransformerSpec):
   )
   embedding_dtype: str = _field("float32", "choice", choices=DTYPES, convert={"nanochat": ANY})
   kernel_init: str = _field("gpt2", "choice", choices=KERNEL_INITS, convert=everywhere())
+  value_embeds: bool = _field(False, "bool", convert={"nanochat": ANY})
+  resid_lambdas: bool = _field(False, "bool", convert={"nanochat": ANY})
+  x0_lambdas: bool = _field(False, "bool", convert={"nanochat": ANY})
+  smear: bool = _field(False, "bool", convert={"nanochat": ANY})
+  backout: bool = _field(False, "bool", convert={"nanochat": ANY})
+  window_pattern: str | None = _field(None, "pattern", optional=True, convert={"nanochat": ANY})
+  vocab_multiple: int = _field(1, "int", min=1, convert={"nanochat": ANY})
+  loss_chunk: int | None = _field(None, "int", optional=True, min=1, convert=everywhere())
 
   def __post_init__(self):
     super().__post_init__()
     check_splash_lengths(self, (self.max_length,))
+    if self.scan_layers and self.fork_trunk:
+      raise SpecError(
+        "model.scan_layers=True is not built for the nanochat fork's per-layer options "
+        "(value_embeds, resid/x0_lambdas, smear, backout, window_pattern); set "
+        "model.scan_layers=False"
+      )
+
+    chunk = self.loss_chunk
+    if chunk is not None and chunk < self.max_length and self.max_length % chunk:
+      raise SpecError(
+        f"model.loss_chunk={self.loss_chunk} must divide model.max_length={self.max_length}; "
+        f"use a divisor (e.g. {math.gcd(self.max_length, self.loss_chunk)}) or None"
+      )
+
+  @property
+  def fork_trunk(self) -> bool:
+    """Whether any option of the fork's trunk is on (the GPT then runs its own loop)."""
+    return bool(
+      self.value_embeds
+      or self.resid_lambdas
+      or self.x0_lambdas
+      or self.smear
+      or self.backout
+      or self.window_pattern is not None
+    )
+
+  def windows(self) -> tuple[int | None, ...]:
+    """Each layer's sliding window (:func:`window_sizes`; ``None`` = full)."""
+    return window_sizes(self.window_pattern, self.depth, self.max_length)
+
+  def padded_vocab(self, vocab_size: int) -> int:
+    """``vocab_size`` rounded up to a multiple of ``vocab_multiple``."""
+    return -(-vocab_size // self.vocab_multiple) * self.vocab_multiple
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EncoderSpec(TransformerSpec):
+  """A sequence classifier (the Long Range Arena models of Tay et al. 2021 and
+  of the Nystromformer authors' ``LRA/code/model.py``): token or patch
+  embedding, positions, pre-LN blocks, a final norm, pooling, an MLP head.
+
+  Attributes:
+    inputs: ``"tokens"`` (int ids ``[batch, length]``) or ``"patches"``
+      (images ``[batch, H, W, C]``, ``patch_size`` square patches).
+    vocab_size: token ids (``"tokens"``).
+    max_length: the longest sequence (the learned position table's size).
+    patch_size: patch side (``"patches"``).
+    posemb: ``"learn"`` (normal 0.02) or ``"sincos"`` (Vaswani et al. 2017,
+      the authors' ``fixed_pos_emb``: sin and cos interleaved).
+    pool: ``"mean"`` (the final-norm tokens, padded ones zeroed, averaged over
+      the whole length, as the authors' ``pooling``) or ``"cls"`` (a learned
+      class token first).
+    classifier_hidden: the head's hidden layer (``Dense -> ReLU -> Dense``, the
+      authors' ``SCHead``); 0: one linear layer.
+  """
+
+  inputs: str = _field("tokens", "choice", choices=("tokens", "patches"))
+  vocab_size: int = _field(32, "int", min=1)
+  max_length: int = _field(2000, "int", min=1)
+  patch_size: int = _field(1, "int", min=1)
+  posemb: str = _field("learn", "choice", choices=("learn", "sincos"))
+  pool: str = _field("mean", "choice", choices=("mean", "cls"))
+  classifier_hidden: int = _field(128, "int", min=0)
 
 
 def patch_grid(height: int, width: int, patch_size: int) -> tuple[int, int]:
@@ -522,8 +857,105 @@ def check_splash_lengths(spec: TransformerSpec, lengths) -> None:
       )
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class BERTSpec(TransformerSpec):
+  """A bidirectional encoder with a masked-LM head (:class:`laplax.models.bert.BERT`).
+
+  The defaults are the original BERT (Devlin et al. 2019; Hugging Face
+  ``BertForMaskedLM``): post-norm blocks, learned positions, token types,
+  LayerNorm after the embeddings (eps 1e-12), biases, exact GELU, the MLM
+  head's transform (dense, GELU, LayerNorm) and a decoder bias, tied to the
+  token embedding. The cramming architecture (Geiping & Goldstein 2023,
+  ``JonasGeiping/cramming``, ``arch/crammed-bert.yaml``) is ``post_norm=False``,
+  ``use_bias=False``, ``mlp_activation="gelu_glu"``,
+  ``posemb="scaled_sinusoidal"``, ``type_vocab_size=0``, ``final_norm=True``,
+  ``mlm_transform=False``, ``decoder_bias=False``, ``pooler="mean"``
+  (``configs/bert_cramming.py``).
+
+  Attributes:
+    max_length: positions of the position embedding (tokens).
+    posemb: ``"learn"`` (BERT) or ``"scaled_sinusoidal"`` (cramming's
+      ``ScaledSinosoidal``: the fixed sin/cos table times one learned scalar,
+      initialised ``1 / sqrt(width)``).
+    type_vocab_size: token-type (segment) ids; 0: no token-type embedding.
+    post_norm: post-norm blocks ``x = norm(x + f(x))`` (BERT) instead of pre-norm.
+    embed_norm: a LayerNorm after the summed embeddings (both BERT and cramming).
+    final_norm: a norm after the last block (cramming's ``final_norm``).
+    mlm_transform: the MLM head's dense + activation + LayerNorm before the
+      decoder (BERT's ``cls.predictions.transform``; cramming skips it).
+    decoder_bias: a bias ``[vocab_size]`` on the tied decoder.
+    pooler: the classifier's pooling: ``"cls"`` (BERT: token 0, dense, tanh)
+      or ``"mean"`` (cramming's ``pooler: avg``: the mean over the real
+      tokens, dense, tanh).
+    pooler_dim: the pooler's dense width (``None``: ``width``; cramming 1024).
+  """
+
+  max_length: int = _field(128, "int", min=1, convert=everywhere())
+  posemb: str = _field(
+    "learn",
+    "choice",
+    choices=("learn", "scaled_sinusoidal"),
+    convert={"hf-bert": ("learn",), "hf-nystromformer": ("learn",)},
+  )
+  type_vocab_size: int = _field(
+    2,
+    "int",
+    min=0,
+    convert={
+      "hf-bert": Rule(lambda v, spec: v >= 1, "type_vocab_size >= 1"),
+      "hf-nystromformer": Rule(lambda v, spec: v >= 1, "type_vocab_size >= 1"),
+    },
+  )
+  post_norm: bool = _field(True, "bool", convert={"hf-bert": (True,), "hf-nystromformer": (True,)})
+  embed_norm: bool = _field(True, "bool", convert={"hf-bert": (True,), "hf-nystromformer": (True,)})
+  final_norm: bool = _field(
+    False, "bool", convert={"hf-bert": (False,), "hf-nystromformer": (False,)}
+  )
+  mlm_transform: bool = _field(
+    True, "bool", convert={"hf-bert": (True,), "hf-nystromformer": (True,)}
+  )
+  decoder_bias: bool = _field(
+    True, "bool", convert={"hf-bert": (True,), "hf-nystromformer": (True,)}
+  )
+  pooler: str = _field("cls", "choice", choices=("cls", "mean"), convert=everywhere())
+  pooler_dim: int | None = _field(None, "int", min=1, optional=True, convert=everywhere())
+  kernel_init: str = _field("normal", "choice", choices=KERNEL_INITS, convert=everywhere())
+  norm_eps: float = _field(
+    1e-12,
+    "float",
+    open_min=True,
+    max=1.0,
+    convert=everywhere("hf-bert", "hf-nystromformer", "peer"),
+  )
+  mlp_activation: str = _field(
+    "gelu_exact",
+    "choice",
+    choices=MLP_ACTIVATIONS,
+    convert={
+      "hf-bert": ("gelu", "gelu_exact"),
+      "hf-nystromformer": ("gelu", "gelu_exact"),
+      "peer": _PLAIN_ACTIVATIONS,
+    },
+  )
+
+  def __post_init__(self):
+    super().__post_init__()
+    if self.posemb == "scaled_sinusoidal" and self.width % 2:
+      raise SpecError(
+        f"model.posemb='scaled_sinusoidal' needs an even model.width, got {self.width}; "
+        f"change the width or use posemb='learn'"
+      )
+    check_splash_lengths(self, (self.max_length,))
+
+
 #: Model family (``config.model.name``) -> its spec class.
-FAMILIES = {"vit": ViTSpec, "gpt": GPTSpec}
+FAMILIES = {
+  "vit": ViTSpec,
+  "gpt": GPTSpec,
+  "encoder": EncoderSpec,
+  "bert": BERTSpec,
+  "swin": SwinSpec,
+}
 
 
 def laplacian_mask(
@@ -579,6 +1011,54 @@ def laplacian_mask(
   return np.stack([attention.laplacian_heads(num_heads, int(k)) for k in counts])
 
 
+def layer_laplacian(
+  layer_heads: Sequence[int], num_laplacian_heads: Any = 0, mask: Sequence | None = None
+) -> tuple[tuple[bool, ...], ...]:
+  """:func:`laplacian_mask` for layers with different head counts (Swin's
+  stages): the last ``k`` heads of every layer (``k`` at most the fewest
+  heads of a layer), one count per layer, or a mask of one row per layer of
+  that layer's heads.
+
+  Raises:
+    SpecError: as :func:`laplacian_mask`, naming the layer's heads.
+  """
+  depth = len(layer_heads)
+  counts = (
+    list(num_laplacian_heads)
+    if isinstance(num_laplacian_heads, (list, tuple))
+    else [num_laplacian_heads] * depth
+  )
+  if len(counts) != depth:
+    raise SpecError(
+      f"model.num_laplacian_heads has {len(counts)} entries but the model has {depth} "
+      f"layers; give one count per layer or a single int"
+    )
+  for k, h in zip(counts, layer_heads):
+    if not (_is_int(k) and 0 <= k <= h):
+      raise SpecError(
+        f"model.num_laplacian_heads={num_laplacian_heads!r} must be in 0..{min(layer_heads)} "
+        f"(the heads of the layer with fewest; the last k heads of a layer are Laplacian)"
+      )
+  if mask is not None:
+    ok = isinstance(mask, (list, tuple)) and len(mask) == depth
+    ok = ok and all(
+      isinstance(row, (list, tuple))
+      and len(row) == h
+      and all(isinstance(v, (bool, np.bool_)) for v in row)
+      for row, h in zip(mask, layer_heads)
+    )
+    if not ok:
+      raise SpecError(
+        f"model.laplacian_mask must be one list per layer of that layer's heads "
+        f"{list(layer_heads)}, booleans True/False"
+      )
+    return tuple(tuple(bool(v) for v in row) for row in mask)
+  return tuple(
+    tuple(bool(v) for v in attention.laplacian_heads(h, int(k)))
+    for h, k in zip(layer_heads, counts)
+  )
+
+
 def _spec_fields(cls) -> dict:
   """``{config key: (owner class, field)}`` of a spec class and its nested specs."""
   out = {}
@@ -589,7 +1069,7 @@ def _spec_fields(cls) -> dict:
   return out
 
 
-def from_config(model: Mapping) -> ViTSpec | GPTSpec:
+def from_config(model: Mapping) -> ViTSpec | GPTSpec | BERTSpec:
   """The spec of a ``config.model`` section (a ConfigDict or a plain dict).
 
   Keys the section lacks take the fields' defaults (configs of runs saved
@@ -628,19 +1108,22 @@ def from_config(model: Mapping) -> ViTSpec | GPTSpec:
     for f in dataclasses.fields(AttentionSpec)
     if "check" in f.metadata
   }
-  posemb = values["posemb"]
-  attn["rope"] = posemb == "rope"
+  attn["rope"] = values.get("posemb") == "rope"
   _check_value("num_heads", attn["num_heads"], {"check": "int", "min": 1})
   for key in ("width", "depth"):
     _check_value(key, values[key], {"check": "int", "min": 1})
   attention_spec = AttentionSpec(**attn, spectral=spectral_spec if enabled else None)
-  heads = laplacian_mask(
-    attn["num_heads"], values["depth"], get("num_laplacian_heads", 0), get("laplacian_mask", None)
-  )
-  return cls(attention=attention_spec, laplacian=tuple(map(tuple, heads)), **values)
+  plain = cls(attention=attention_spec, **values)
+  layer_heads = plain.layer_heads()
+  counts, mask = get("num_laplacian_heads", 0), get("laplacian_mask", None)
+  if len(set(layer_heads)) == 1:
+    heads = laplacian_mask(attn["num_heads"], values["depth"], counts, mask)
+  else:
+    heads = layer_laplacian(layer_heads, counts, mask)
+  return dataclasses.replace(plain, laplacian=tuple(map(tuple, heads)))
 
 
-def build(name: str = "vit", **model_keys) -> ViTSpec | GPTSpec:
+def build(name: str = "vit", **model_keys) -> ViTSpec | GPTSpec | BERTSpec:
   """:func:`from_config` of ``{"name": name, **model_keys}``, for notebooks and tests.
 
   Example: ``build("vit", width=64, depth=2, num_heads=2, num_laplacian_heads=1)``.

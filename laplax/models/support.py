@@ -26,10 +26,20 @@ import dataclasses
 from typing import Any
 
 #: The converter targets whose support every field's ``convert`` metadata
-#: declares: ``python -m laplax.convert --from/--to`` ``"timm"``,
-#: ``"hf-gpt2"`` and ``"nanochat"``, and ``"peer"``, the PyTorch models of
-#: ``bench/peer_torch.py``.
-CONVERT_TARGETS = ("timm", "hf-gpt2", "nanochat", "peer")
+#: declares: ``python -m laplax.convert --from/--to`` ``"timm"`` (timm's
+#: ``VisionTransformer``), ``"timm-swin"`` (timm's ``SwinTransformer``: the
+#: same command, another model family), ``"hf-gpt2"``, ``"hf-bert"``,
+#: ``"hf-nystromformer"`` and ``"nanochat"``, and ``"peer"``, the PyTorch
+#: models of ``bench/peer_torch.py``.
+CONVERT_TARGETS = (
+  "timm",
+  "timm-swin",
+  "hf-gpt2",
+  "hf-bert",
+  "hf-nystromformer",
+  "nanochat",
+  "peer",
+)
 #: ``convert`` support: the target expresses every value of the field.
 ANY = "any"
 #: ``convert`` support: a laplax addition the target lacks (Laplacian heads,
@@ -38,7 +48,7 @@ ANY = "any"
 FORCE = "force"
 #: The targets that export trained weights for inference: training-only
 #: settings (dropout, drop-path) and initialisers change nothing they compute.
-EXPORTS = ("timm", "hf-gpt2", "nanochat")
+EXPORTS = ("timm", "timm-swin", "hf-gpt2", "hf-bert", "hf-nystromformer", "nanochat")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -15,6 +15,7 @@ import optax
 from laplax import utils
 from laplax.models import layers
 from laplax.optim import nanochat as nanochat_optim
+from laplax.optim import nanochat_fork as nanochat_fork_optim
 
 
 def learning_rate_schedule(
@@ -41,6 +42,8 @@ def learning_rate_schedule(
     return lambda count: (
       peak * jnp.minimum(1.0, (jnp.asarray(count, jnp.float32) + 1.0) / total_steps)
     )
+  if optim.schedule == "triangle":
+    return triangle_schedule(peak, total_steps)
   if optim.schedule == "warmdown":
     return nanochat_optim.warmdown_schedule(
       peak, total_steps, optim.warmdown_ratio, optim.min_lr_ratio, optim.warmup_steps
@@ -53,6 +56,26 @@ def learning_rate_schedule(
     decay_steps=max(total_steps, warmup + 1),
     end_value=peak * optim.min_lr_ratio,
   )
+
+
+def triangle_schedule(
+  peak: float, total_steps: int, base: float = 0.25, falloff: float = 0.25
+) -> optax.Schedule:
+  """cramming's one-cycle ``triangle2`` (``JonasGeiping/cramming``,
+  ``backend/optimizers/schedulers.py``, ``get_triangle`` with
+  ``base_percentage=0.25, falloff=0.25``; by steps, where its
+  ``budget-triangle2`` maps wall time to steps): ``peak * min(base + s (1 -
+  base) / (1 - falloff) / N, 1 / falloff - s / (N falloff))`` at update ``s``
+  of ``N``: a linear rise from ``base * peak`` to ``peak`` at ``(1 -
+  falloff) N``, then linear to 0 at ``N``."""
+  n = float(max(total_steps, 1))
+
+  def schedule(count):
+    s = jnp.asarray(count, jnp.float32)
+    rise = base + s * (1.0 - base) / (1.0 - falloff) / n
+    return peak * jnp.maximum(jnp.minimum(rise, 1.0 / falloff - s / (n * falloff)), 0.0)
+
+  return schedule
 
 
 def cosine_ramp(start: float, end: float, steps: int) -> optax.Schedule:
@@ -176,13 +199,16 @@ def _muon_partition(
 def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
   """``clip_by_global_norm(optim.grad_clip)`` then AdamW with the schedule above,
   or with ``optim.optimizer="muon"`` the partition of :func:`_muon_partition`,
-  or with ``"nanochat"`` :func:`laplax.optim.nanochat.nanochat_partition`.
+  or with ``"nanochat"`` :func:`laplax.optim.nanochat.nanochat_partition`, or
+  with ``"nanochat-fork"`` :func:`laplax.optim.nanochat_fork.nanochat_fork`.
 
   Keys read: ``optim.{optimizer, lr, b1, b2, weight_decay,
   weight_decay_end (optional), warmup_steps, min_lr_ratio, grad_clip,
   weight_decay_exclude}``, the Muon keys, and ``total_steps``.
   """
   o = config.optim
+  if o.optimizer == "nanochat-fork":  # the fork's MuonAdamW and schedules (no clipping)
+    return nanochat_fork_optim.nanochat_fork(o, config.total_steps)
   if o.optimizer == "nanochat":
     return nanochat_optim.nanochat_partition(
       o, param_labels, lambda peak: learning_rate_schedule(o, config.total_steps, peak)
@@ -192,6 +218,7 @@ def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransform
     learning_rate_schedule(o, config.total_steps),
     b1=o.b1,
     b2=o.b2,
+    eps=o.get("eps", 1e-8),  # optional: configs saved before the key
     weight_decay=weight_decay_schedule(o, config.total_steps),
     mask=lambda p: decay_mask(p, exclude),
   )

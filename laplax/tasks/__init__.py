@@ -16,10 +16,20 @@ from laplax.config import validation as config_lib
 from laplax.tasks.base import Task, with_debug_faults
 from laplax.tasks.classification import ClassificationTask
 from laplax.tasks.dino import DINOTask
+from laplax.tasks.glue import GLUETask
 from laplax.tasks.language_model import LanguageModelTask
+from laplax.tasks.mlm import MaskedLMTask
+from laplax.tasks.sequence_classification import SequenceClassificationTask
 
 #: ``config.task`` -> the task class that builds its model, loss and evaluation.
-TASKS = {"classification": ClassificationTask, "lm": LanguageModelTask, "dino": DINOTask}
+TASKS = {
+  "classification": ClassificationTask,
+  "lm": LanguageModelTask,
+  "dino": DINOTask,
+  "sequence_classification": SequenceClassificationTask,
+  "mlm": MaskedLMTask,
+  "glue": GLUETask,
+}
 
 
 def make_task(config: ml_collections.ConfigDict, workdir: str | None) -> Task:

@@ -22,6 +22,7 @@ import ml_collections
 import numpy as np
 
 from laplax import utils
+from laplax.config import defaults
 from laplax.config import validation as config_lib
 
 
@@ -142,11 +143,18 @@ class TaskBase:
   @classmethod
   def known_keys(cls, config: ml_collections.ConfigDict) -> set[str]:
     """The dotted keys a config of this task may have: those of
-    :meth:`base_config` (with empty sections), of :meth:`data_defaults`
+    :meth:`base_config` (with empty sections; its model section that of
+    ``config.model.name`` when the task trains several families), of :meth:`data_defaults`
     (the pipeline of ``config.data.name``) and the ``eval`` keys ``config``
     has (the settings of the evaluators, which
     :func:`laplax.evaluators.registry.validate` checks)."""
     known = utils.flatten_dotted(cls.base_config().to_dict(), keep_empty=True)
+    model_section = config.get("model")
+    family = model_section.get("name") if hasattr(model_section, "get") else None
+    if family in getattr(cls, "families", ()) and family != cls.family:  # e.g. a Swin
+      known = {k: v for k, v in known.items() if not k.startswith("model.")}
+      model = defaults.model_config(family).to_dict()
+      known.update(utils.flatten_dotted({"model": model}, keep_empty=True))
     if isinstance(config.get("eval"), ml_collections.ConfigDict):
       known.update({f"eval.{k}": None for k in config.eval.keys()})
     known.update(

@@ -20,8 +20,12 @@ from laplax.config import defaults
 from laplax.config import validation as config_lib
 from laplax.data.vision import images
 from laplax.models import spec as spec_lib
+from laplax.models.swin import Swin
 from laplax.models.vit import ViT
 from laplax.tasks.base import TaskBase
+
+#: ``config.model.name`` -> the classifier it builds.
+MODELS = {"vit": ViT, "swin": Swin}
 
 
 def mixup_cutmix(
@@ -76,6 +80,8 @@ class ClassificationTask(TaskBase):
   """
 
   family = "vit"
+  #: The model families it trains (``config.model.name``; :data:`MODELS`).
+  families = tuple(MODELS)
   base_config = staticmethod(defaults.base_config)
 
   @classmethod
@@ -106,7 +112,9 @@ class ClassificationTask(TaskBase):
     self.config = config
     self.num_classes = num_classes
     self.image_shape = tuple(image_shape)
-    self.model = ViT(spec_lib.from_config(config.model), num_classes=num_classes)
+    self.model = MODELS[config.model.name](
+      spec_lib.from_config(config.model), num_classes=num_classes
+    )
 
   @classmethod
   def from_data(cls, config: ml_collections.ConfigDict, workdir: str | None):
@@ -210,10 +218,11 @@ class ClassificationTask(TaskBase):
 
 def patch_tokens(config: ml_collections.ConfigDict, image_shape) -> int:
   """A ViT's tokens for one image of ``image_shape`` ``(H, W, ...)``: its
-  ``model.patch_size`` patches, plus the class token with ``model.pool='tok'``."""
+  ``model.patch_size`` patches, plus the class token with ``model.pool='tok'``
+  (a Swin: its first stage's patches)."""
   m = config.model
   h, w = image_shape[:2]
-  return int((h // m.patch_size) * (w // m.patch_size) + (m.pool == "tok"))
+  return int((h // m.patch_size) * (w // m.patch_size) + (m.get("pool") == "tok"))
 
 
 def image_split_limits(config: ml_collections.ConfigDict) -> list[tuple]:

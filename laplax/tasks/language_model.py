@@ -170,18 +170,40 @@ class LanguageModelTask(TaskBase):
     """
     del task_state, step
     tokens = batch["tokens"]
-    logits, _ = self.model.apply(
-      {"params": params}, tokens[:, :-1], train=True, rngs={"dropout": rng}
-    )
     if "targets" in batch:
       valid = batch["targets"] >= 0
-      losses = optax.softmax_cross_entropy_with_integer_labels(
-        logits, jnp.where(valid, batch["targets"], 0)
+      losses = self.token_losses(
+        params, tokens[:, :-1], jnp.where(valid, batch["targets"], 0), train=True, rng=rng
       )
       loss = jnp.sum(jnp.where(valid, losses, 0.0)) / jnp.maximum(valid.sum(), 1)
       return loss, ({"loss": loss}, None)
-    loss = optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean()
+    loss = self.token_losses(params, tokens[:, :-1], tokens[:, 1:], train=True, rng=rng).mean()
     return loss, ({"loss": loss}, None)
+
+  def token_losses(
+    self,
+    params: Any,
+    inputs: jax.Array,
+    targets: jax.Array,
+    *,
+    train: bool,
+    rng: jax.Array | None = None,
+  ) -> jax.Array:
+    """Next-token cross-entropy float32 ``[B, L]`` (nats) of ``inputs`` int
+    ``[B, L]`` against ``targets`` int ``[B, L]`` (each in ``[0, vocab)``).
+
+    With ``model.loss_chunk`` set the model computes it chunk by chunk
+    (:func:`laplax.models.gpt.token_losses`, no ``[B, L, vocab]`` logits);
+    unset, from the whole logits, as before that option existed.
+    """
+    rngs = {"dropout": rng} if rng is not None else {}
+    if self.model.spec.loss_chunk is None:
+      logits, _ = self.model.apply({"params": params}, inputs, train=train, rngs=rngs)
+      return optax.softmax_cross_entropy_with_integer_labels(logits, targets)
+    losses, _ = self.model.apply(
+      {"params": params}, inputs, train=train, rngs=rngs, targets=targets
+    )
+    return losses
 
   def readout(self, state: Any) -> np.ndarray:
     """The unembedding ``[vocab_size, width]`` (float32): the token embedding
@@ -193,9 +215,8 @@ class LanguageModelTask(TaskBase):
   def eval_sums(self, params: Any, batch: dict) -> dict:
     """Masked sums: ``loss`` (nats), ``count`` (tokens), ``bytes`` (UTF-8 bytes)."""
     tokens, mask = batch["tokens"], batch["mask"]
-    logits, _ = self.model.apply({"params": params}, tokens[:, :-1], train=False)
     targets = tokens[:, 1:]
-    loss = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
+    loss = self.token_losses(params, tokens[:, :-1], targets, train=False)
     num_bytes = self.token_bytes[targets] * mask
     sums = {"loss": (loss * mask).sum(), "count": mask.sum(), "bytes": num_bytes.sum()}
     if self.zero_byte_tokens:  # left out of bits per byte (nanochat's special tokens)

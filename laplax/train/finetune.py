@@ -40,7 +40,9 @@ class InitFromError(config_lib.ConfigError):
   """``config.init_from`` does not fit the new run (one line, the parameter named)."""
 
 
-def initial_params(init_from: str, abstract_params: Any) -> Any:
+def initial_params(
+  init_from: str, abstract_params: Any, fresh: tuple[str, ...] = (), dropped: tuple[str, ...] = ()
+) -> Any:
   """The parameters of the newest checkpoint of the workdir ``init_from``
   for a new run whose parameters are ``abstract_params`` (``config.init_from``).
 
@@ -49,7 +51,10 @@ def initial_params(init_from: str, abstract_params: Any) -> Any:
   is left to the new run's initialisation (leaf ``None`` in the result), as
   fine-tuning on a new label set does; so is a learned Laplacian mix
   (``laplacian_mix``) the saved run has not (one it has and this run has not
-  is dropped).
+  is dropped). So are, for a task with a new head (GLUE on a masked-LM run:
+  :attr:`laplax.tasks.glue.GLUETask.init_fresh` and ``init_dropped``), the
+  top-level parameters named in ``fresh`` the saved run lacks or has in
+  another shape, and the saved run's parameters named in ``dropped``.
 
   Raises:
     ConfigError: no readable checkpoint, or a parameter missing, extra, or of
@@ -64,7 +69,8 @@ def initial_params(init_from: str, abstract_params: Any) -> Any:
   flat_new, treedef = jax.tree_util.tree_flatten_with_path(abstract_params)
   names = [utils.path_str(p) for p, _ in flat_new]
   mix = lambda name: name.endswith("/laplacian_mix")
-  extra = sorted(n for n in set(flat_saved) - set(names) if not mix(n))
+  top = lambda name: name.split("/")[0]
+  extra = sorted(n for n in set(flat_saved) - set(names) if not (mix(n) or top(n) in dropped))
   if extra:
     raise InitFromError(
       f"config.init_from={init_from} has parameter {extra[0]} that this model has "
@@ -72,7 +78,7 @@ def initial_params(init_from: str, abstract_params: Any) -> Any:
     )
   leaves = []
   for name, (_, x) in zip(names, flat_new):
-    if name not in flat_saved and mix(name):
+    if name not in flat_saved and (mix(name) or top(name) in fresh):
       leaves.append(None)
       continue
     if name not in flat_saved:
@@ -82,7 +88,7 @@ def initial_params(init_from: str, abstract_params: Any) -> Any:
       )
     value = np.asarray(flat_saved[name])
     if value.shape != tuple(x.shape):
-      if name.split("/")[0] == "head":
+      if top(name) == "head" or top(name) in fresh:
         logging.info(
           "init_from: %s %s -> %s, left at its initialisation", name, value.shape, tuple(x.shape)
         )

@@ -390,7 +390,12 @@ def _restore_or_start(
     return state
   init = None
   if config.init_from:  # checked before anything is written
-    init = finetune.initial_params(config.init_from, abstract.params)
+    init = finetune.initial_params(
+      config.init_from,
+      abstract.params,
+      fresh=getattr(task, "init_fresh", ()),
+      dropped=getattr(task, "init_dropped", ()),
+    )
   if jax.process_index() == 0:
     write_config(config, workdir)
   checkpointer.warn_incomplete(delete=True)

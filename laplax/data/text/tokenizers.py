@@ -31,7 +31,9 @@ from laplax.data.text.nanochat_tokenizer import NanochatTokenizer
 from laplax.data.text.nanochat_tokenizer import tokenizer_path as nanochat_tokenizer_path
 from laplax.utils import atomic_write, first_line
 
-TOKENIZERS = ("byte", "bpe", "nanochat")
+TOKENIZERS = ("byte", "bpe", "nanochat", "wordpiece")
+#: The special tokens of the WordPiece tokenizer (BERT's), ids 0..4 in this order.
+WORDPIECE_SPECIAL = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 TOKENIZER_FILE = "tokenizer.json"  # the BPE tokenizer, in the workdir
 
 _BYTE_TOKEN_BYTES = np.ones(256, np.int32)
@@ -157,7 +159,68 @@ class BPETokenizer:
     return self._tokenizer.decode(np.asarray(ids).reshape(-1).tolist())
 
 
-Tokenizer = ByteTokenizer | BPETokenizer | NanochatTokenizer
+class WordPieceTokenizer(BPETokenizer):
+  """BERT's WordPiece (HuggingFace ``tokenizers``: ``BertNormalizer`` without
+  lower-casing, ``BertPreTokenizer``, ``WordPieceTrainer``), for masked-LM
+  pre-training (:mod:`laplax.tasks.mlm`). Ids 0..4 are
+  :data:`WORDPIECE_SPECIAL` (``[PAD] [UNK] [CLS] [SEP] [MASK]``); saved as
+  ``WORKDIR/tokenizer.json``, the file ``BertForMaskedLM`` directories carry.
+  ``decode`` joins the word pieces (whitespace is not kept exactly). Training
+  is not reproducible where pair counts tie (``tokenizers`` breaks ties in
+  hash-map order): a run keeps its trained file, so it resumes exactly.
+
+  Attributes:
+    name: ``"wordpiece"``.
+    vocab_size: number of pieces.
+    fingerprint: a hash of the vocabulary, for the token cache key.
+    token_bytes: int32 [vocab_size], the UTF-8 length of each piece without
+      its ``##`` prefix; 0 for the special tokens.
+    mask_id: 4, the id of ``[MASK]`` (``[PAD] [UNK] [CLS] [SEP]`` are 0..3).
+  """
+
+  name = "wordpiece"
+  pad_id, unk_id, cls_id, sep_id, mask_id = range(len(WORDPIECE_SPECIAL))
+
+  def __init__(self, tokenizer: tokenizers.Tokenizer):
+    super().__init__(tokenizer)
+    for i, token in enumerate(WORDPIECE_SPECIAL):
+      if tokenizer.token_to_id(token) != i:
+        raise DataError(
+          f"the WordPiece tokenizer has {token} at id {tokenizer.token_to_id(token)}, not {i}; "
+          "delete its tokenizer.json to retrain it"
+        )
+    pieces = [tokenizer.id_to_token(i) for i in range(self.vocab_size)]
+    self.token_bytes = np.array(
+      [0 if p in WORDPIECE_SPECIAL else len(p.removeprefix("##").encode()) for p in pieces],
+      np.int32,
+    )
+    self.token_bytes.setflags(write=False)
+    self.fingerprint = "wordpiece-" + self.fingerprint.split("-", 1)[1]
+
+  @classmethod
+  def train(cls, texts: Sequence[str], vocab_size: int) -> WordPieceTokenizer:
+    """Learns a WordPiece vocabulary of ``vocab_size`` on ``texts``.
+
+    Raises:
+      DataError: the texts support fewer than ``vocab_size`` pieces.
+    """
+    tokenizer = tokenizers.Tokenizer(tokenizers.models.WordPiece(unk_token="[UNK]"))
+    tokenizer.normalizer = tokenizers.normalizers.BertNormalizer(lowercase=False)
+    tokenizer.pre_tokenizer = tokenizers.pre_tokenizers.BertPreTokenizer()
+    tokenizer.decoder = tokenizers.decoders.WordPiece()
+    trainer = tokenizers.trainers.WordPieceTrainer(
+      vocab_size=vocab_size, special_tokens=list(WORDPIECE_SPECIAL), show_progress=False
+    )
+    tokenizer.train_from_iterator(texts, trainer=trainer)
+    if tokenizer.get_vocab_size() != vocab_size:
+      raise DataError(
+        f"WordPiece learned only {tokenizer.get_vocab_size()} pieces from the train split but "
+        f"--config.data.vocab_size={vocab_size}; lower it or use a larger corpus."
+      )
+    return cls(tokenizer)
+
+
+Tokenizer = ByteTokenizer | BPETokenizer | NanochatTokenizer | WordPieceTokenizer
 
 
 def tokenizer_kind(data_config: ml_collections.ConfigDict) -> str:
@@ -185,11 +248,12 @@ def _tokenizer_name(data_config) -> str:
 
 def _bpe_vocab_size(data_config) -> int:
   size, kind = data_config.vocab_size, data_config.tokenizer
-  least = 265 if kind == "nanochat" else 256
+  least = {"nanochat": 265, "wordpiece": 16}.get(kind, 256)
   if isinstance(size, bool) or not isinstance(size, int) or size < least:
-    what = (
-      "256 bytes, 9 special tokens" if kind == "nanochat" else "the 256 bytes plus learned merges"
-    )
+    what = {
+      "nanochat": "256 bytes, 9 special tokens",
+      "wordpiece": "5 special tokens, the characters and learned pieces",
+    }.get(kind, "the 256 bytes plus learned merges")
     raise DataError(
       f"--config.data.vocab_size={size!r} must be an integer >= {least} for the {kind} "
       f"tokenizer ({what})."
@@ -225,6 +289,8 @@ def make_tokenizer(data_config: ml_collections.ConfigDict, texts: Sequence[str])
     return ByteTokenizer()
   if kind == "nanochat":
     return NanochatTokenizer.train(texts, _bpe_vocab_size(data_config))
+  if kind == "wordpiece":
+    return WordPieceTokenizer.train(texts, _bpe_vocab_size(data_config))
   return BPETokenizer.train(texts, _bpe_vocab_size(data_config))
 
 
@@ -259,6 +325,13 @@ def load_tokenizer(data_config: ml_collections.ConfigDict, workdir: str | None) 
     )
   if kind == "nanochat":
     tokenizer = NanochatTokenizer.from_path(path)
+  elif kind == "wordpiece":
+    try:
+      tokenizer = WordPieceTokenizer(tokenizers.Tokenizer.from_file(path))
+    except DataError:
+      raise
+    except Exception as e:  # tokenizers raises plain Exception for bad JSON.
+      raise DataError(f"Cannot load the WordPiece tokenizer {path} ({first_line(e)}).") from None
   else:
     tokenizer = BPETokenizer.load(path)
   if tokenizer.vocab_size != vocab_size:

@@ -1,33 +1,17 @@
 """ADE20K's scene-parsing benchmark (ADEChallengeData2016) read as published.
 
-The release of the MIT Scene Parsing Benchmark (Zhou et al., "Scene Parsing
-through ADE20K Dataset", CVPR 2017; the file ``ADEChallengeData2016.zip`` of
-the MIT CSAIL scene-parsing site), unpacked in a local directory ``DIR``::
+Zhou et al., "Scene Parsing through ADE20K Dataset", CVPR 2017; the release
+``ADEChallengeData2016.zip`` unpacked in ``DIR``::
 
-    DIR/images/training/ADE_train_00000001.jpg       20,210 images
-    DIR/images/validation/ADE_val_00000001.jpg       2,000 images
-    DIR/annotations/training/ADE_train_00000001.png  one per image, same name
-    DIR/annotations/validation/ADE_val_00000001.png
+    DIR/images/{training,validation}/ADE_*.jpg       20,210 / 2,000 images
+    DIR/annotations/{training,validation}/ADE_*.png  one per image, same name
 
-Each annotation is a single-channel 8-bit PNG of the image's size whose pixel
-value is the class, 1..150 (``objectInfo150``), or 0 for "other" (not scored).
-This is the 150-class benchmark that segmentation papers report as "ADE20K
-mIoU", unlike TFDS's ``scene_parse150`` (see :mod:`laplax.data.vision.segmentation`).
-
-Protocol of :func:`read_split` (the images a split gives the probe): the
-split's files sorted by name, the first ``num`` of them; each image decoded
-with Pillow (converted to RGB, or to Pillow's ``L`` luma, ITU-R 601-2, for a
-one-channel backbone), its central square (side = the shorter side) resized
-to ``S x S`` bilinearly (:func:`laplax.data.vision.augment.center_crops`) and rounded
-to uint8; the annotation's central square resized to ``S x S`` by nearest
-neighbour at the same pixel centres
-(:func:`laplax.data.vision.augment.square_nearest`); class ``c`` in 1..150
-becomes ``c - 1`` and 0 becomes -1, ignored by the loss and the score
-(mmsegmentation's ``reduce_zero_label``, ignore index 255 there).
-
-Everything is decoded without TensorFlow; nothing is downloaded. Every
-problem with the release raises :class:`~laplax.data.errors.DataError` with
-one line naming the file and the fix.
+An annotation is an 8-bit single-channel PNG: class 1..150 (``objectInfo150``) or 0
+("other", not scored). Decoded with Pillow, without TensorFlow; nothing is
+downloaded. The protocol (central square, bilinear image / nearest mask, ``c - 1``
+with 0 ignored as mmsegmentation's ``reduce_zero_label``) is in docs/dino.md,
+"ADE20K's 150 classes". Every problem raises one-line
+:class:`~laplax.data.errors.DataError` naming the file and the fix.
 """
 
 from __future__ import annotations
@@ -65,18 +49,14 @@ def _folder(root: str, kind: str, split: str) -> str:
 
 
 def split_files(root: str, split: str) -> list[tuple[str, str]]:
-  """The ``(image, annotation)`` paths of ``split``, sorted by file name.
+  """The ``(image, annotation)`` absolute path pairs of ``split``, sorted by file name.
 
-  Args:
-    root: the release's directory (``images/`` and ``annotations/`` in it).
-    split: ``"training"`` or ``"validation"``.
-
-  Returns:
-    A list of absolute path pairs, one per ``.jpg`` of ``images/split``.
+  ``split`` is ``"training"`` or ``"validation"``; one pair per ``.jpg`` of
+  ``root/images/split``.
 
   Raises:
-    DataError: ``root`` missing or of another layout, no images in the split,
-      or an image without its annotation.
+    DataError: ``root`` missing or of another layout, no images, or an image
+      without its annotation.
   """
   root = os.path.abspath(os.path.expanduser(root)) if root else ""
   if not root or not os.path.isdir(root):
@@ -103,18 +83,10 @@ def split_files(root: str, split: str) -> list[tuple[str, str]]:
 
 
 def class_mask(annotation: np.ndarray, path: str = "annotation") -> np.ndarray:
-  """An ADEChallengeData2016 annotation -> int32 classes: ``c`` in 1..150 -> ``c - 1``,
-  0 -> -1 (ignored).
-
-  Args:
-    annotation: uint8 ``[h, w]`` pixel values 0..150.
-    path: the file's name, for the error message.
-
-  Returns:
-    int32 ``[h, w]`` in ``[-1, 150)``.
+  """uint8 ``[h, w]`` annotation 0..150 -> int32 ``[h, w]`` in ``[-1, 150)`` (``c - 1``, 0 -> -1).
 
   Raises:
-    DataError: not 2-D, or a value above 150.
+    DataError: not 2-D, or a value above 150 (``path`` names the file).
   """
   a = np.asarray(annotation)
   if a.ndim != 2:
@@ -160,21 +132,16 @@ def _decode(path: str, mode: str | None) -> np.ndarray:
 def read_split(root: str, split: str, num: int, size: int, channels: int = 3):
   """The first ``num`` images of ``split`` and their class masks at ``size x size``.
 
-  Args:
-    root: the release's directory.
-    split: ``"training"`` or ``"validation"``.
-    num: how many images (fewer if the split is smaller).
-    size: side ``S`` of the square output, ``>= 1``.
-    channels: 3 (RGB) or 1 (Pillow's ``L`` luma, for a grey backbone).
+  ``channels`` 3 (RGB) or 1 (Pillow's ``L`` luma, ITU-R 601-2). Images: the central
+  square resized bilinearly (:func:`laplax.data.vision.augment.center_crops`), rounded;
+  masks: :func:`laplax.data.vision.augment.square_nearest` and :func:`class_mask`.
 
   Returns:
-    ``(images, masks)``: uint8 ``[N, S, S, channels]`` and int32 ``[N, S, S]``
-    in ``[-1, 150)`` (see the module docstring for the protocol).
+    ``(images uint8 [N, S, S, channels], masks int32 [N, S, S])`` in ``[-1, 150)``.
 
   Raises:
-    DataError: a malformed release (:func:`split_files`), an undecodable
-      file, an annotation that is not a class map, a value above 150, or an
-      annotation whose size differs from its image's.
+    DataError: a malformed release, an undecodable file, an annotation that is not a
+      class map or not its image's size, or a value above 150.
   """
   if channels not in (1, 3):
     raise DataError(f"ADE20K images are RGB; a backbone of {channels} channels cannot take them")

@@ -1,22 +1,10 @@
 """Image augmentation ops (numpy only): crops, resizes, flips and colour operations.
 
-Geometric ops: :func:`random_crop` (a window of the zero-padded image),
-:func:`random_flip`, and the one crop-and-resize of laplax's pipelines,
-:func:`resized_crops` (bilinear, half-pixel centres, no antialiasing) of
-continuous boxes in pixel-edge coordinates. It serves every crop: random-resized
-crops (boxes of :func:`sample_boxes`), central crops (:func:`center_boxes`)
-and whole images (resizing); :func:`random_resized_crops` and
-:func:`center_crops` apply it to a list of images. :func:`square_nearest`
-resizes a segmentation mask as :func:`center_crops` resizes its image
-(nearest neighbour at the same pixel centres).
-
-Photometric ops (:func:`adjust_brightness`, :func:`adjust_contrast`,
-:func:`adjust_saturation`, :func:`shift_hue`, :func:`grey`, :func:`blur`,
-:func:`solarize`) work on float32 pixel values in [0, 255], channels first
-[N, C, H, W]; :mod:`laplax.data.vision.multicrop` composes them into DINO's views.
-
-Randomness comes from the caller's ``np.random.Generator`` (grain's per-batch
-generator in the pipelines of :mod:`laplax.data.vision.images`).
+:func:`resized_crops` (bilinear, half-pixel centres, no antialiasing, boxes in
+pixel-edge coordinates) is the one crop-and-resize of laplax's pipelines: random
+resized crops, central crops and whole-image resizes. Photometric ops work on
+float32 ``[N, C, H, W]`` in [0, 255]. Randomness is the caller's
+``np.random.Generator`` (grain's per-batch generator).
 """
 
 from __future__ import annotations
@@ -53,25 +41,18 @@ def random_flip(images: np.ndarray, rng) -> np.ndarray:
 def sample_boxes(rng, height, width, scale, ratio=RRC_RATIO, attempts: int = 10) -> np.ndarray:
   """Random-resized-crop boxes, as torchvision's RandomResizedCrop but not rounded.
 
-  Each box has an area fraction uniform in ``scale`` and an aspect ratio
-  (width / height) log-uniform in ``ratio``; of ``attempts`` draws the first
-  that fits in the image is placed uniformly at random. If none fits (only
-  possible for images with an aspect ratio far from 1, or ``scale`` reaching
-  above ``1 / ratio[1]``), the box is the central crop of the whole height or
-  width with the aspect ratio clipped into ``ratio``. Boxes are continuous, in
-  pixel-edge coordinates: pixel i covers [i, i + 1].
+  Area fraction uniform in ``scale``, aspect ratio (w / h) log-uniform in ``ratio``;
+  the first of ``attempts`` draws that fits is placed uniformly, else the central
+  crop of the whole height or width with the ratio clipped into ``ratio``.
 
   Args:
     rng: np.random.Generator.
-    height: image heights in pixels, int or float array of any shape [...].
-    width: image widths, broadcastable with ``height``.
-    scale: (min, max) area fraction.
-    ratio: (min, max) aspect ratio.
+    height, width: image sizes in pixels, broadcastable arrays of shape [...].
+    scale, ratio: (min, max) area fraction and aspect ratio.
     attempts: draws before the central fallback.
 
   Returns:
-    float64 [..., 4]: (top, left, box height, box width) per image, with
-    0 <= top, top + box height <= height and likewise for left and width.
+    float64 [..., 4]: (top, left, box height, box width) inside the image.
   """
   height, width = np.broadcast_arrays(np.asarray(height, np.float64), np.asarray(width, np.float64))
   shape = height.shape + (attempts,)
@@ -96,14 +77,10 @@ def sample_boxes(rng, height, width, scale, ratio=RRC_RATIO, attempts: int = 10)
 
 
 def _box_taps(start: np.ndarray, length: np.ndarray, n_in: int, n_out: int):
-  """Bilinear taps sampling [start, start + length] of an axis of n_in pixels at n_out points.
+  """Bilinear taps of [start, start + length] of an axis of n_in pixels at n_out points.
 
-  Sample j is at pixel-centre coordinate ``start + (j + 0.5) length / n_out -
-  0.5`` (half-pixel centres), clipped to [0, n_in - 1].
-
-  Returns:
-    (lo, hi, frac): int [N, n_out] neighbour indices and float32 [N, n_out]
-    weights of ``hi``, for start, length float [N].
+  Sample j is at ``start + (j + 0.5) length / n_out - 0.5``, clipped to [0, n_in - 1].
+  Returns (lo, hi, frac): int [N, n_out] indices and float32 [N, n_out] weights of ``hi``.
   """
   x = start[:, None] + (np.arange(n_out) + 0.5) * (length[:, None] / n_out) - 0.5
   x = np.clip(x, 0, n_in - 1)
@@ -114,22 +91,18 @@ def _box_taps(start: np.ndarray, length: np.ndarray, n_in: int, n_out: int):
 def resized_crops(images: np.ndarray, boxes: np.ndarray, flips: np.ndarray, size: int):
   """Bilinear crop-and-resize of several boxes per image, optionally mirrored.
 
-  The one crop-and-resize of laplax's image pipelines. No antialiasing:
-  boxes much larger than ``size`` alias. A box of the whole image resizes it;
-  at the image's own size that is the identity. A flip reverses the sampled
-  columns, which equals flipping the resized crop. Both passes gather whole
-  contiguous rows (rows of the image first, then columns of the transposed
-  result), several times faster in numpy than gathering single pixels.
+  No antialiasing (boxes much larger than ``size`` alias); a whole-image box at its own
+  size is the identity. Both passes gather whole rows, several times faster in numpy
+  than single pixels.
 
   Args:
     images: uint8 or float [B, H, W, C].
-    boxes: float [V, B, 4] (top, left, height, width), see ``sample_boxes``.
+    boxes: float [V, B, 4] (top, left, height, width), see :func:`sample_boxes`.
     flips: bool [V, B], mirror left-right.
     size: side of the square output.
 
   Returns:
-    float32 [V, B, C, size, size], channels first: view v of image b in
-    [v, b], values within the range of the image's values.
+    float32 [V, B, C, size, size], channels first, within the images' value range.
   """
   views, batch = flips.shape
   channels = images.shape[-1]
@@ -151,15 +124,9 @@ def resized_crops(images: np.ndarray, boxes: np.ndarray, flips: np.ndarray, size
 
 
 def center_boxes(height, width, fraction: float) -> np.ndarray:
-  """Central square boxes of side ``fraction * min(height, width)``, not rounded.
+  """Central square boxes of side ``fraction * min(height, width)``, ``fraction`` in (0, 1].
 
-  Args:
-    height: image heights in pixels, int or float array of any shape [...].
-    width: image widths, broadcastable with ``height``.
-    fraction: side of the square as a fraction of the short side, in (0, 1].
-
-  Returns:
-    float64 [..., 4]: (top, left, box height, box width), as ``sample_boxes``.
+  Returns float64 [..., 4] as :func:`sample_boxes`.
   """
   height, width = np.broadcast_arrays(np.asarray(height, np.float64), np.asarray(width, np.float64))
   side = fraction * np.minimum(height, width)
@@ -167,19 +134,10 @@ def center_boxes(height, width, fraction: float) -> np.ndarray:
 
 
 def crop_batch(images, boxes: np.ndarray, flips: np.ndarray, size: int, *, fixed_size: bool):
-  """``resized_crops`` of a list of B images, vectorised when they share one shape.
+  """:func:`resized_crops` of a list of B [h, w, C] images.
 
-  Args:
-    images: list of B uint8 or float [h, w, C] images, all of one shape if
-      ``fixed_size``.
-    boxes: float [V, B, 4] (top, left, height, width) in each image's pixels.
-    flips: bool [V, B], mirror left-right.
-    size: side of the square output.
-    fixed_size: crop the stacked images in one pass; else one image at a time
-      (the same values up to float rounding).
-
-  Returns:
-    float32 [V, B, C, size, size], channels first, as ``resized_crops``.
+  ``fixed_size``: all of one shape, cropped in one pass (else one at a time; the same
+  values up to rounding). Returns float32 [V, B, C, size, size].
   """
   if fixed_size:
     return resized_crops(np.stack(images), boxes, flips, size)
@@ -198,18 +156,10 @@ def _channels_last(crops: np.ndarray) -> np.ndarray:
 
 
 def random_resized_crops(images, rng, size: int, *, fixed_size: bool, flip: bool = False):
-  """Inception random-resized crops (``sample_boxes`` with ``RRC_SCALE``), one per image.
+  """Inception random-resized crops (:func:`sample_boxes` with ``RRC_SCALE``), one per image.
 
-  Args:
-    images: list of B uint8 or float [h, w, C] images, all of one shape if
-      ``fixed_size``.
-    rng: np.random.Generator.
-    size: side of the square output.
-    fixed_size: see ``crop_batch``.
-    flip: mirror each crop left-right with probability 0.5.
-
-  Returns:
-    float32 [B, size, size, C], values within the range of each image's values.
+  ``images``: list of B [h, w, C]; ``flip``: mirror with probability 0.5. Returns
+  float32 [B, size, size, C].
   """
   heights = np.array([x.shape[0] for x in images])[None]
   widths = np.array([x.shape[1] for x in images])[None]
@@ -219,19 +169,9 @@ def random_resized_crops(images, rng, size: int, *, fixed_size: bool, flip: bool
 
 
 def center_crops(images, size: int, fraction: float, *, fixed_size: bool) -> np.ndarray:
-  """The central square of side ``fraction * min(h, w)`` of each image, resized.
+  """The central square of side ``fraction * min(h, w)`` of each [h, w, C] image, resized.
 
-  With ``fraction`` 1 and square images this resizes the whole image.
-
-  Args:
-    images: list of B uint8 or float [h, w, C] images, all of one shape if
-      ``fixed_size``.
-    size: side of the square output.
-    fraction: see ``center_boxes``.
-    fixed_size: see ``crop_batch``.
-
-  Returns:
-    float32 [B, size, size, C].
+  Returns float32 [B, size, size, C].
   """
   heights = np.array([x.shape[0] for x in images])[None]
   widths = np.array([x.shape[1] for x in images])[None]
@@ -278,14 +218,9 @@ def adjust_brightness(x: np.ndarray, factor: np.ndarray) -> np.ndarray:
 
 
 def adjust_contrast(x: np.ndarray, factor: np.ndarray) -> np.ndarray:
-  """Blends toward each image's mean grey level m: clip(f x + (1 - f) m, 0, 255).
+  """Blends float32 [N, C, H, W] toward each image's mean grey m: clip(f x + (1 - f) m, 0, 255).
 
-  Args:
-    x: float32 [N, C, H, W] in [0, 255].
-    factor: [N] blend factors f (1: unchanged, 0: uniform grey m).
-
-  Returns:
-    float32 [N, C, H, W].
+  ``factor`` [N] (1: unchanged, 0: uniform grey).
   """
   f = _per_image(factor)
   mean = grey(x).mean(axis=(1, 2, 3), keepdims=True, dtype=np.float64).astype(np.float32)
@@ -301,12 +236,8 @@ def adjust_saturation(x: np.ndarray, factor: np.ndarray) -> np.ndarray:
 def shift_hue(x: np.ndarray, shift: np.ndarray) -> np.ndarray:
   """Rotates the HSV hue of RGB float32 [N, 3, H, W] by ``shift`` [N] turns.
 
-  Keeps each pixel's HSV value (largest channel) and chroma (largest minus
-  smallest channel), so the result stays within the pixel's channel range;
+  Keeps HSV value and chroma, so the result stays within the pixel's channel range;
   grey pixels are unchanged.
-
-  Returns:
-    float32 [N, 3, H, W].
   """
   r, g, b = x[:, 0], x[:, 1], x[:, 2]
   high = np.maximum(np.maximum(r, g), b)
@@ -328,10 +259,7 @@ def shift_hue(x: np.ndarray, shift: np.ndarray) -> np.ndarray:
 
 
 def _gaussian_kernels(sigma: np.ndarray, radius: int) -> np.ndarray:
-  """float32 [N, 2 radius + 1]: Gaussian weights at -radius..radius for sigma [N], summing to 1.
-
-  Sigma 0 (allowed in ``blur_sigma``) gives the identity kernel [.., 0, 1, 0, ..].
-  """
+  """float32 [N, 2 radius + 1] Gaussian weights for sigma [N], summing to 1 (sigma 0: identity)."""
   t = np.arange(-radius, radius + 1, dtype=np.float64)
   sigma = np.maximum(np.asarray(sigma, np.float64), 1e-3)  # sigma 0: the identity
   k = np.exp(-0.5 * (t[None, :] / sigma[:, None]) ** 2)
@@ -360,15 +288,9 @@ def _reflect_pad(x: np.ndarray, axis: int, radius: int) -> np.ndarray:
 
 
 def blur(x: np.ndarray, sigma: np.ndarray, radius: int) -> np.ndarray:
-  """Separable Gaussian blur with per-image sigma, truncated at ``radius``, reflect padding.
+  """Separable Gaussian blur of float32 [N, C, H, W], per-image ``sigma`` [N] pixels, reflect padding.
 
-  Args:
-    x: float32 [N, C, H, W].
-    sigma: [N] standard deviations in pixels.
-    radius: kernel half width in pixels (3 times the largest sigma suffices).
-
-  Returns:
-    float32 [N, C, H, W].
+  Truncated at ``radius`` pixels (3 times the largest sigma suffices).
   """
   kernels = _gaussian_kernels(sigma, radius)[:, :, None, None, None]
   taps = range(2 * radius + 1)

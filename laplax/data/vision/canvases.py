@@ -1,12 +1,7 @@
 """Fashion-MNIST canvases: an offline proxy for a segmentation dataset.
 
-:func:`fashion_canvases` pastes 2-4 Fashion-MNIST garments at random
-positions on a canvas and labels each pixel with its garment's class + 1 (a
-later garment covers an earlier one where its pixels are on) or
-:data:`BACKGROUND` (11 classes). Deterministic under the seed. The TFDS
-dataset ``fashion_mosaic`` (:mod:`laplax.data.builders.fashion_mosaic`)
-stores such canvases, and the DINO segmentation probe builds them from a
-run's own Fashion-MNIST images (:mod:`laplax.data.vision.segmentation`).
+Stored by the TFDS dataset ``fashion_mosaic`` and built from a run's own images by
+the DINO segmentation probe.
 """
 
 from __future__ import annotations
@@ -29,24 +24,19 @@ def fashion_canvases(
   max_items: int = 4,
   seed: int = 0,
 ):
-  """Canvases of pasted Fashion-MNIST garments with per-pixel labels.
+  """Canvases of 2-4 pasted Fashion-MNIST garments with per-pixel labels.
 
-  Each canvas draws ``k`` in ``[min_items, max_items]`` garments (with
-  replacement) from ``images`` and pastes each at a uniformly random top-left
-  corner; a garment's pixels above :data:`GARMENT_THRESHOLD` overwrite the
-  canvas and take its label + 1, the rest stays background (0).
+  Each canvas draws ``k`` in ``[min_items, max_items]`` garments (with replacement),
+  pasted at uniform top-left corners; pixels above :data:`GARMENT_THRESHOLD` overwrite
+  the canvas with label + 1. Deterministic: ``numpy.random.default_rng(seed)``.
 
   Args:
-    images: uint8 ``[N, 28, 28]`` (or ``[N, 28, 28, 1]``).
-    labels: int ``[N]`` in ``[0, 10)``.
-    num_canvases: how many to build.
-    canvas_size: side in pixels, ``>= 28``.
-    min_items, max_items: garments per canvas, ``1 <= min_items <= max_items``.
-    seed: everything random comes from ``numpy.random.default_rng(seed)``.
+    images: uint8 ``[N, 28, 28]`` (or ``[N, 28, 28, 1]``); labels: int ``[N]`` in ``[0, 10)``.
+    num_canvases: how many; canvas_size: side in pixels, ``>= 28``.
+    min_items, max_items: ``1 <= min_items <= max_items``.
 
   Returns:
-    ``(canvases uint8 [M, S, S, 1], masks int32 [M, S, S])`` with 11 classes
-    (0 background, ``c + 1`` garment class ``c``).
+    ``(canvases uint8 [M, S, S, 1], masks int32 [M, S, S])``, 11 classes (0 background).
 
   Raises:
     ValueError: bad shapes or settings.

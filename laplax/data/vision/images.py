@@ -8,20 +8,11 @@ Typical use::
   batch = next(it)                         # {"image": f32[B,H,W,C], "label": i32[B]}
   state = it.get_state()                   # checkpoint with the model; it.set_state(state)
   for batch in images.eval_batches(cfg.data, batch_size=500): ...  # + "mask"
-  mc = images.default_multicrop_config(cfg.data.name)  # DINO multi-crop views, no labels:
-  views = next(iter(images.multicrop_train_dataset(cfg.data, mc, batch_size=128, seed=0)))
-  # {"global": f32[2,B,28,28,C], "local": f32[6,B,14,14,C]} for Fashion-MNIST
 
-Reading is batched: the pipelines shuffle and batch example *indices* and fetch
-each batch with one ``__getitems__`` call on the TFDS data source. Per-example
-reads through ``grain.MapDataset.source(...)`` cost ~25x more per example in
-array_record (a fixed ~200 us per read call), which made the per-example
-pipeline ~6x slower. Augmentation is vectorised over the batch where the images
-have a fixed size and uses the per-batch ``np.random.Generator`` that grain's
-``random_map`` derives from the seed, so the stream is deterministic under the
-seed and resumable with ``get_state()``/``set_state()``. The augmentation ops
-are in :mod:`laplax.data.vision.augment`, the multi-crop views in
-:mod:`laplax.data.vision.multicrop`; this module reads, batches and normalises.
+The pipelines shuffle and batch example indices and fetch each batch with one
+``__getitems__`` call (per-example array_record reads cost ~25x more). Augmentation
+uses grain's per-batch ``np.random.Generator``, so the stream is deterministic under
+the seed and resumable with ``get_state()``/``set_state()``.
 """
 
 from __future__ import annotations
@@ -78,16 +69,12 @@ class ImageInfo(NamedTuple):
 
 
 def default_config(name: str = fmnist.FashionMnistIdx.name) -> ml_collections.ConfigDict:
-  """Returns a data config with every key this module reads, for dataset ``name``.
+  """A data config with every key this module reads, for dataset ``name``.
 
-  Keys: ``name`` (TFDS name), ``data_dir`` (TFDS data dir), ``source_dir``
-  (the Fashion-MNIST IDX files), ``train_split``/``eval_split``,
-  ``image_size`` (int, or None: the stored size), ``crop_padding`` (random
-  crop padding of fixed-size images), ``flip``, ``mean``/``std`` (tuples of 1 or
-  C numbers, None: 0.5), ``num_threads`` and ``prefetch`` (grain). This is
-  the ``data`` section of the trainer's image configs
-  (``laplax.config.defaults``); ``mean``, ``std`` and (but for ImageNet)
-  ``image_size`` are typed placeholders, so command-line flags may set them.
+  Keys: ``name``, ``data_dir``, ``source_dir`` (Fashion-MNIST IDX files),
+  ``train_split``/``eval_split``, ``image_size`` (None: the stored size),
+  ``crop_padding`` (pixels), ``flip``, ``mean``/``std`` (1 or C numbers; None: 0.5),
+  ``num_threads``, ``prefetch``. The ``data`` section of the image configs.
   """
   imagenet = name.startswith("imagenet")
   return ml_collections.ConfigDict(
@@ -115,16 +102,13 @@ def default_config(name: str = fmnist.FashionMnistIdx.name) -> ml_collections.Co
 def prepare(data_config: ml_collections.ConfigDict) -> None:
   """Makes sure the dataset is prepared in ``data_config.data_dir``.
 
-  For ``fashion_mnist_idx`` (array_record, ~70 MB, some seconds) and
-  ``fashion_mosaic`` (Fashion-MNIST canvases with masks, ~27 MB, about 15 s;
-  ``fashion_mosaic/small`` ~3 MB), builds it from the IDX files in
-  ``data_config.source_dir`` unless already prepared. For any other TFDS name
-  (cifar10, imagenet2012, ...) only checks that both splits are readable,
-  since preparing those needs the internet.
+  Builds ``fashion_mnist_idx`` (~70 MB) and ``fashion_mosaic`` (~27 MB, about 15 s)
+  from the IDX files in ``source_dir`` unless prepared; for other TFDS names only
+  checks that both splits are readable.
 
   Raises:
-    DataError: Fashion-MNIST source files missing or corrupt (checked before
-    anything is written to data_dir), or the dataset is not prepared.
+    DataError: Fashion-MNIST source files missing or corrupt (checked before anything
+      is written), or the dataset is not prepared.
   """
   if data_config.name.split("/")[0] not in LOCAL_BUILDERS:
     _open(data_config, data_config.train_split)
@@ -277,23 +261,13 @@ CACHE_MAX_BYTES = 2 << 30
 
 
 class DecodedCache:
-  """The decoded images and labels of one split of fixed-size images, each
-  kept in memory after its first read.
+  """The decoded images and labels of one split of fixed-size images, kept after the first read.
 
-  TFDS decodes every example in Python (its ``tf.train.Example`` parser in
-  NumPy mode), and a random batch of 256 Fashion-MNIST examples takes about
-  20 ms to read and decode on a 2-core CPU, holding the GIL; paid again every
-  epoch without a cache. Keeping the decoded ``uint8`` pixels (47 MB for
-  Fashion-MNIST's 60,000 training images; the array is allocated zeroed, so
-  only pages of read examples take memory) removes that cost after the
-  first read. :meth:`start_fill` decodes a set of examples in index order on
-  a background thread (the whole training split of Fashion-MNIST in about
-  2 s, against the first epoch's 235 batches otherwise decoded one by one
-  while the train step waits). The values read are the source's, so batches
-  are bit-equal with and without the cache and the fill. Safe with grain's
-  read threads and the fill thread: an example two threads decode at once is
-  written twice with the same bytes, and is marked present only after its
-  bytes are written.
+  TFDS decodes every example in Python holding the GIL (~20 ms per 256 Fashion-MNIST
+  examples on a 2-core CPU, every epoch); the cache keeps the uint8 pixels (47 MB for
+  Fashion-MNIST's training split, pages allocated as read). Batches are bit-equal with
+  and without it. Thread-safe: an example decoded twice is written with the same
+  bytes and marked present only after.
   """
 
   # Examples one background read decodes (in index order: array_record reads
@@ -329,11 +303,11 @@ class DecodedCache:
       self._have[missing] = True
 
   def start_fill(self, indices: np.ndarray) -> threading.Thread:
-    """Decodes the examples ``indices`` (int [n]) on a daemon thread, in
-    ascending order, :data:`FILL_CHUNK` at a time; reads meanwhile decode
-    what is still missing themselves. Once per cache: later calls return the
-    first call's thread. At interpreter exit the thread stops after its
-    current chunk."""
+    """Decodes ``indices`` (int [n]) on a daemon thread, ascending, :data:`FILL_CHUNK` at a time.
+
+    Once per cache (later calls return the first thread); reads decode what is still
+    missing themselves; at exit the thread stops after its chunk.
+    """
     if self._fill is None:
       order = np.unique(np.asarray(indices, np.int64))
       stop = threading.Event()
@@ -463,30 +437,17 @@ def train_dataset(
 ) -> grain.IterDataset:
   """Infinite, shuffled, augmented training batches of this process's shard.
 
-  Process ``process_index`` reads examples ``process_index::process_count`` of
-  ``data_config.train_split``, reshuffled every epoch. Augmentation: for
-  fixed-size images (``image_size`` None or equal to the stored size), a random
-  crop of the image zero-padded by ``crop_padding`` pixels; otherwise
-  (``crop_padding`` unused) an Inception random-resized crop to ``image_size``
-  (``augment.random_resized_crops``: area fraction uniform in
-  ``augment.RRC_SCALE``, aspect ratio log-uniform in ``augment.RRC_RATIO``,
-  bilinear, no antialiasing). Then, if ``flip``, a horizontal flip with
-  probability 0.5. The stream is a deterministic
-  function of (dataset, shard, batch_size, seed, preprocessing settings) and
-  independent of ``num_threads``/``prefetch``.
-
-  Args:
-    data_config: data config (see ``default_config``).
-    batch_size: examples per batch on this process.
-    seed: non-negative int seeding shuffling and augmentation.
-    process_index: index of this process, in [0, process_count).
-    process_count: number of processes sharing the data.
+  Process ``process_index`` reads examples ``process_index::process_count``,
+  reshuffled every epoch. Fixed-size images: random crop of the image zero-padded by
+  ``crop_padding``; otherwise an Inception random-resized crop to ``image_size``
+  (:func:`laplax.data.vision.augment.random_resized_crops`); then a flip with
+  probability 0.5 if ``flip``. Deterministic in (dataset, shard, batch_size, seed,
+  settings), independent of ``num_threads``/``prefetch``.
 
   Returns:
-    A ``grain.IterDataset``; ``iter()`` on it gives a ``grain.DatasetIterator``
-    (supports ``get_state()``/``set_state()``) yielding dicts with
-    "image": float32 [batch_size, H, W, C], normalised ``(x/255 - mean)/std``,
-    and "label": int32 [batch_size].
+    A ``grain.IterDataset`` whose iterator (``get_state()``/``set_state()``) yields
+    ``{"image": float32 [batch_size, H, W, C] as (x/255 - mean)/std, "label": int32
+    [batch_size]}``.
 
   Raises:
     DataError: the dataset is not prepared/readable or misconfigured.
@@ -512,22 +473,15 @@ def eval_batches(
 ) -> Iterator[dict[str, np.ndarray]]:
   """Every example of the eval split exactly once, in order, without augmentation.
 
-  Images are normalised and, if ``image_size`` differs from the stored size,
-  resized to it (``augment.center_crops``, bilinear): stored images of one
-  fixed size whole (their central square if not square); variable-size ones
-  (ImageNet) after cropping their central square of side ``EVAL_CROP_FRACTION``
-  times the short side.
-
-  Args:
-    data_config: data config (see ``default_config``).
-    batch_size: examples per batch.
-    split: TFDS split, default ``data_config.eval_split``.
+  Resized to ``image_size`` when it differs from the stored size
+  (:func:`laplax.data.vision.augment.center_crops`): whole fixed-size images (their
+  central square), variable-size ones after a central crop of
+  ``EVAL_CROP_FRACTION`` of the short side.
 
   Returns:
-    An iterator of dicts: "image" float32 [batch_size, H, W, C], "label"
-    int32 [batch_size] and "mask" float32 [batch_size] (1 real, 0 padding).
-    The last batch is zero-padded to batch_size; a ``batch_size`` above the
-    split's size is cut to it (the batch would only hold padding).
+    An iterator of dicts, ``"image"`` float32 [batch_size, H, W, C], ``"label"``
+    int32 [batch_size] and ``"mask"`` float32 [batch_size] (1 real, 0 padding); the
+    last batch is zero-padded, and ``batch_size`` is cut to the split's size.
 
   Raises:
     DataError: the dataset is not prepared/readable or misconfigured.
@@ -568,50 +522,24 @@ def multicrop_train_dataset(
 ) -> grain.IterDataset:
   """Infinite, shuffled DINO multi-crop views of this process's shard, without labels.
 
-  Examples are sharded, shuffled per epoch and batched exactly as in
-  ``train_dataset``. Each image gives ``num_global`` global and ``num_local``
-  local views (Caron et al. 2021, arXiv:2104.14294; photometric recipe of
-  BYOL, Grill et al. 2020, arXiv:2006.07733): a random-resized crop (area
-  fraction uniform in ``global_scale``/``local_scale``, aspect ratio
-  log-uniform in ``augment.RRC_RATIO``, bilinear, no antialiasing) -> horizontal flip
-  with probability 0.5 if ``flip`` -> colour jitter with probability
-  ``jitter_prob``, in the fixed order brightness (multiply by a factor uniform
-  in [1 - b, 1 + b]), contrast (blend toward the image's mean grey level),
-  saturation (blend with the grey image) and hue (HSV hue shift), each clipped
-  to [0, 255] -> grey with probability ``grayscale_prob`` -> Gaussian blur
-  (sigma uniform in ``blur_sigma`` pixels of the view, reflect padding) with
-  probability ``blur_prob[0]`` for the first global view, ``blur_prob[1]`` for
-  the second and ``blur_prob[2]`` for local views -> solarisation of the second
-  global view with probability ``solarize_prob`` -> ``(x / 255 - mean) /
-  std`` with the data config's mean/std. Saturation, hue and grey are skipped
-  for 1-channel images. With more than two global views, views 2, 4, ...
-  follow the first view's recipe and views 3, 5, ... the second's.
-
-  Fixed-size images (Fashion-MNIST, CIFAR) are cropped vectorised over the
-  batch; variable-size ones (ImageNet) one image at a time. The data config's
-  ``image_size``, ``crop_padding`` and ``flip`` are not used. The stream is a
-  deterministic function of (dataset, shard, batch_size, seed, settings),
-  independent of ``num_threads``/``prefetch``.
+  Sharded, shuffled and batched as :func:`train_dataset`. The views and their recipe
+  (Caron et al. 2021, arXiv:2104.14294; BYOL's photometric recipe, arXiv:2006.07733)
+  are :mod:`laplax.data.vision.multicrop`'s; the data config's ``image_size``,
+  ``crop_padding`` and ``flip`` are not used. Deterministic as :func:`train_dataset`.
 
   Args:
-    data_config: data config (see ``default_config``).
-    multicrop: multi-crop config (see ``default_multicrop_config``), checked
-      by ``laplax.data.vision.multicrop.check_multicrop``.
-    batch_size: images per batch on this process.
-    seed: non-negative int seeding shuffling and augmentation.
-    process_index: index of this process, in [0, process_count).
-    process_count: number of processes sharing the data.
+    data_config: data config; multicrop: see ``default_multicrop_config``.
+    batch_size: images per batch on this process; seed: non-negative int.
+    process_index, process_count: this process among those sharing the data.
 
   Returns:
-    A ``grain.IterDataset``; ``iter()`` on it gives a ``grain.DatasetIterator``
-    (supports ``get_state()``/``set_state()``) yielding dicts with "global":
-    float32 [num_global, batch_size, global_size, global_size, C] and "local":
-    float32 [num_local, batch_size, local_size, local_size, C] (zero-size if
-    num_local is 0); view v of image b is at [v, b].
+    A ``grain.IterDataset`` yielding dicts, ``"global"`` float32 [num_global,
+    batch_size, global_size, global_size, C] and ``"local"`` float32 [num_local,
+    batch_size, local_size, local_size, C] (zero-size without local views); view v
+    of image b at [v, b].
 
   Raises:
-    DataError: the dataset is not prepared/readable, or the data or
-    multi-crop config is invalid.
+    DataError: the dataset is not prepared/readable, or a config is invalid.
   """
   source = cached(_open(data_config, data_config.train_split))
   height, width, channels = source.dataset_info.features["image"].shape

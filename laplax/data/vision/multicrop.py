@@ -1,16 +1,9 @@
 """DINO multi-crop views: the config, its one check, and the views of a batch of images.
 
-Caron et al. 2021, "Emerging Properties in Self-Supervised Vision
-Transformers" (arXiv:2104.14294), section 3.1 and appendix; the photometric
-recipe is BYOL's (Grill et al. 2020, arXiv:2006.07733, appendix B). Crops
-(:func:`laplax.data.vision.augment.resized_crops` of :func:`~laplax.data.vision.augment.sample_boxes`
-boxes) and colour operations are vectorised over all views of one size in a
-batch; only the crop of variable-size images (ImageNet) runs per image.
-
-:func:`check_multicrop` is the one validation of the ``data.multicrop`` keys:
-the pipeline (``laplax.data.vision.images.multicrop_train_dataset``) runs it through
-:func:`multicrop_settings`, and the trainer's config check calls it with the
-model's patch size.
+Caron et al. 2021, "Emerging Properties in Self-Supervised Vision Transformers"
+(arXiv:2104.14294), section 3.1 and appendix; photometric recipe of BYOL (Grill et
+al. 2020, arXiv:2006.07733, appendix B). Vectorised over all views of one size;
+only variable-size images (ImageNet) are cropped one at a time.
 """
 
 from __future__ import annotations
@@ -30,27 +23,23 @@ _CHUNK_PIXELS = 1 << 16  # pixels per augmentation pass: each f32 plane stays in
 
 
 def default_multicrop_config(name: str = _FASHION_MNIST) -> ml_collections.ConfigDict:
-  """Returns the DINO multi-crop augmentation config for dataset ``name``.
+  """The DINO multi-crop augmentation config for dataset ``name``.
 
-  ImageNet names (``imagenet*``) get DINO's ImageNet settings (2 global 224 px
-  and 10 local 96 px crops, blur sigma up to 2 px); any other name gets the
-  small-image settings chosen for Fashion-MNIST (2 global 28 px and 6 local
-  14 px crops, blur sigma up to 1 px). Keys:
+  ``imagenet*``: DINO's (2 global 224 px, 10 local 96 px, blur sigma up to 2 px);
+  otherwise Fashion-MNIST's (2 global 28 px, 6 local 14 px, sigma up to 1 px). Keys:
 
-  * ``num_global``, ``num_local``: number of global and local views (>= 1, >= 0).
-  * ``global_size``, ``local_size``: side in pixels of the square views.
-  * ``global_scale``, ``local_scale``: (min, max) area fraction of the
-    random-resized crops; the aspect ratio is log-uniform in ``augment.RRC_RATIO``.
-  * ``flip``: horizontal flip with probability 0.5.
-  * ``jitter_prob``: probability of colour jitter with strengths ``brightness``,
-    ``contrast``, ``saturation`` (factor uniform in [1 - s, 1 + s]) and ``hue``
-    (shift uniform in [-hue, hue] turns); saturation and hue only for RGB.
-  * ``grayscale_prob``: probability of converting to grey (RGB only).
-  * ``blur_prob``: Gaussian blur probability of (the first global view, the
-    second global view, every local view); ``blur_sigma``: (min, max) of its
-    uniform standard deviation, in pixels of the view.
-  * ``solarize_prob``: solarisation probability of the second global view;
-    ``solarize_threshold``: pixels >= it (0..255 units) become 255 - pixel.
+  * ``num_global`` (>= 1), ``num_local`` (>= 0); ``global_size``, ``local_size`` (px).
+  * ``global_scale``, ``local_scale``: (min, max) area fraction; aspect ratio
+    log-uniform in ``augment.RRC_RATIO``. ``flip``: probability 0.5.
+  * ``jitter_prob`` with ``brightness``, ``contrast``, ``saturation`` (factor uniform
+    in [1 - s, 1 + s]) and ``hue`` (shift in [-hue, hue] turns; with saturation RGB
+    only); ``grayscale_prob`` (RGB only).
+  * ``blur_prob``: (first global, second global, every local); ``blur_sigma``: (min,
+    max) pixels of the view.
+  * ``solarize_prob`` (second global view), ``solarize_threshold`` (0..255 units).
+
+  Jitter runs brightness, contrast, saturation, hue in that fixed order, each clipped
+  to [0, 255]; views 3, 5, ... follow the second view's recipe.
   """
   imagenet = name.startswith("imagenet")
   return ml_collections.ConfigDict(
@@ -118,15 +107,10 @@ def _pair(multicrop, key: str, minimum: float, maximum: float) -> tuple[float, f
 
 
 def check_multicrop(multicrop: ml_collections.ConfigDict, patch_size: int = 1) -> None:
-  """Checks every key of a multi-crop config (see ``default_multicrop_config``).
+  """Checks every key of a multi-crop config; view sides must be multiples of ``patch_size``.
 
-  The one check of these settings: the multi-crop pipeline runs it with
-  ``patch_size`` 1, the trainer's config check (``laplax.config.validation``) with
-  the model's patch size, turning the error into its ``ConfigError``.
-
-  Args:
-    multicrop: the multi-crop config (a ConfigDict or dict).
-    patch_size: the model's patch size; view sides must be multiples of it.
+  The one check: the pipeline runs it with ``patch_size`` 1, the config check
+  (``laplax.config.validation``) with the model's.
 
   Raises:
     DataError: the first key missing or out of range, one line naming it
@@ -214,15 +198,12 @@ class MultiCrop:
 def multicrop_settings(
   multicrop: ml_collections.ConfigDict, scale: np.ndarray, offset: np.ndarray
 ) -> MultiCrop:
-  """Checks ``multicrop`` (``check_multicrop``) and returns its settings.
+  """Checks ``multicrop`` (:func:`check_multicrop`) and returns its settings.
 
-  Args:
-    multicrop: the multi-crop config.
-    scale: float32 [C], 1 / (255 std) of the data config.
-    offset: float32 [C], mean / std of the data config.
+  ``scale``, ``offset``: float32 [C], ``1 / (255 std)`` and ``mean / std``.
 
   Raises:
-    DataError: a key is missing or a value is out of range (one line naming it).
+    DataError: a key is missing or out of range (one line naming it).
   """
   check_multicrop(multicrop)
   m = multicrop
@@ -282,22 +263,15 @@ def multicrop_views(images, rng, m: MultiCrop, fixed_size: bool, local: bool) ->
 def _augment_views(x: np.ndarray, rng, m: MultiCrop, blur_prob, solarize_prob) -> np.ndarray:
   """The photometric part of the DINO recipe on N crops, then normalisation.
 
-  In this fixed order: colour jitter with probability ``m.jitter_prob``
-  (brightness, contrast, then for RGB saturation and hue, each clipped to
-  [0, 255]; torchvision's ColorJitter picks a random order instead); for RGB
-  grey with probability ``m.grayscale_prob``; Gaussian blur with probability
-  ``blur_prob``; solarisation with probability ``solarize_prob``; ``(x / 255 -
-  mean) / std``. The same random numbers are drawn whatever the probabilities
-  and strengths, so changing a probability changes only which crops get that
-  operation. Works through the crops in chunks of about ``_CHUNK_PIXELS``
-  pixels, which keeps the temporaries in cache (about 2x faster).
+  Jitter (fixed order, unlike torchvision's random one), grey, blur, solarise,
+  ``(x / 255 - mean) / std``. The same random numbers are drawn whatever the
+  probabilities, so changing one changes only which crops get that op. Chunks of about
+  ``_CHUNK_PIXELS`` pixels stay in cache (about 2x faster).
 
   Args:
-    x: float32 [N, C, S, S] crops in [0, 255], channels first; overwritten.
-    rng: np.random.Generator.
-    m: settings.
-    blur_prob: [N] blur probability of each crop.
-    solarize_prob: [N] solarisation probability of each crop.
+    x: float32 [N, C, S, S] in [0, 255]; overwritten.
+    rng, m: generator and settings.
+    blur_prob, solarize_prob: [N] probabilities per crop.
 
   Returns:
     float32 [N, S, S, C], normalised, channels last.

@@ -1,51 +1,24 @@
 """Images with per-pixel class masks, for the linear segmentation probe of DINO runs.
 
-:func:`load` gives the train and test images (normalised as the run's images)
-and their masks, both at the backbone's input size ``S`` (the size of the
-run's eval images, or ``config.eval.segmentation_image_size``; a multiple of
-the patch size): each image's central square resized to ``S x S`` (bilinear,
-as the eval images are), each mask's with nearest neighbour at the same pixel
-centres. The data comes from one of four sources
-(``config.eval.segmentation_dataset``):
+Images and masks at the backbone's input size ``S``: the central square resized
+bilinearly, the mask by nearest neighbour at the same pixel centres. Sources
+(``config.eval.segmentation_dataset``; docs/dino.md):
 
-* the run's own dataset, when it has a ``mask`` feature (``fashion_mosaic``,
-  :mod:`laplax.data.builders.fashion_mosaic`): the first images of
-  ``data.train_split`` and ``data.eval_split``; mask values are classes
-  (0 background), ``label.num_classes + 1`` of them.
-* ``fashion_canvases``, for a run on Fashion-MNIST: canvases of 2-4 garments
+* the run's own dataset when it has a ``mask`` feature (``fashion_mosaic``);
+  ``label.num_classes + 1`` classes, 0 background;
+* ``fashion_canvases``: canvases of the run's Fashion-MNIST images
   (:func:`laplax.data.vision.canvases.fashion_canvases`, seeds
-  ``fashion_mosaic.SEEDS``) whose garments come from the first
-  ``CANVAS_POOL * n`` images of the run's own ``data.train_split`` /
-  ``data.eval_split``; 11 classes. The canvases are built at 56 px, twice the
-  garment size (at 28 px a garment would fill the canvas), then resized to
-  ``S`` (28 px for ``configs/dino_fashion_mnist.py``: the garments at half
-  their training scale).
-* ``ade20k``: the 150-class scene-parsing benchmark as published
-  (ADEChallengeData2016) in the local directory
-  ``config.eval.segmentation_dir``, read by :mod:`laplax.data.vision.ade20k`: the
-  first images of ``training`` and ``validation``; 150 classes, 0 ignored.
-  This is the benchmark of the "ADE20K linear mIoU" of the DINO/DINOv2
-  literature and of the Laplacian-heads paper.
-* ``scene_parse150``: TFDS's MIT Scene Parsing data (ADE20K images) prepared
-  in ``data.data_dir`` (``tfds build scene_parse150 --data_dir=DIR
-  --file_format=array_record`` on a machine with internet), splits ``train``
-  and ``test`` (ADE20K's validation images). ``tfds.data_source`` decodes its
-  ``Image`` features (JPEG image, PNG annotation) with OpenCV or, without it,
-  PIL; TensorFlow is needed only to *encode* images from arrays (preparing a
-  dataset from arrays, or ``tfds.testing.mock_data`` with ``decoders``). The
-  class of a pixel is the annotation's first (red) channel: ``c`` in 1..150
-  becomes class ``c - 1``; 0 (unlabelled) and values above 150 are ignored
-  (-1), as in the usual ADE20K protocol (mmsegmentation's
-  ``reduce_zero_label``); 150 classes. TFDS 4.9's builder takes its
-  annotations from the Places Challenge 2017 *instance* masks
-  (``annotations_instance.tar``), whose red channel holds the 100 object
-  categories of the instance task (``instanceInfo100``), not the 150-class
-  scene-parsing masks of ADEChallengeData2016: with it the score is over
-  those object categories and the rest of each scene is ignored, so its
-  score is not the ADE20K benchmark's (use ``ade20k`` for that).
+  ``fashion_mosaic.SEEDS``, from the first ``CANVAS_POOL * n`` images), built at
+  56 px and resized to ``S``; 11 classes;
+* ``ade20k``: ADEChallengeData2016 in ``config.eval.segmentation_dir``
+  (:mod:`laplax.data.vision.ade20k`); 150 classes, 0 ignored;
+* ``scene_parse150``: TFDS's data in ``data.data_dir``, splits ``train``/``test``;
+  red channel ``c`` in 1..150 -> ``c - 1``, else ignored. TFDS 4.9 builds it from
+  the Places Challenge 2017 instance masks (100 categories), so it is not the
+  ADE20K benchmark.
 
-Raises :class:`~laplax.data.errors.DataError` (one line) for a dataset that
-is not prepared, unreadable, or whose channels do not fit the backbone.
+Raises :class:`~laplax.data.errors.DataError` (one line) for a dataset that is not
+prepared, unreadable, or whose channels do not fit the backbone.
 """
 
 from __future__ import annotations
@@ -80,11 +53,9 @@ class SegmentationData(NamedTuple):
   Attributes:
     train_images: float32 ``[N, S, S, C]``, normalised as the run's images.
     train_masks: int32 ``[N, S, S]`` in ``[0, num_classes)``, -1 ignored.
-    test_images: float32 ``[M, S, S, C]``.
-    test_masks: int32 ``[M, S, S]``.
-    num_classes: number of classes (background included where it is one).
-    name: where the data came from: the dataset's name, ``fashion_canvases``,
-      ``scene_parse150`` or ``ade20k``.
+    test_images: float32 ``[M, S, S, C]``; test_masks: int32 ``[M, S, S]``.
+    num_classes: background included where it is one.
+    name: the dataset's name, ``fashion_canvases``, ``scene_parse150`` or ``ade20k``.
   """
 
   train_images: np.ndarray
@@ -113,11 +84,8 @@ def has_masks(data_config: ml_collections.ConfigDict) -> bool:
 def resolve(data_config: ml_collections.ConfigDict, dataset: str) -> str | None:
   """Which source ``dataset`` (a value of :data:`DATASETS`) means for this run.
 
-  Returns:
-    ``"masks"`` (the run's own dataset), ``"fashion_canvases"``,
-    ``"scene_parse150"``, ``"ade20k"``, or ``None`` for ``"auto"`` on a
-    dataset that has no masks and is not Fashion-MNIST (nothing to evaluate
-    on).
+  ``"masks"``, ``"fashion_canvases"``, ``"scene_parse150"``, ``"ade20k"``, or ``None``
+  for ``"auto"`` when there is nothing to evaluate on.
 
   Raises:
     DataError: the run's dataset is unreadable.
@@ -171,15 +139,9 @@ def _canvas_split(data_config, split: str, num: int, seed: int):
 
 
 def scene_parse150_mask(annotation: np.ndarray) -> np.ndarray:
-  """An ADE20K annotation -> int32 class ids: red channel ``c`` in 1..150 -> ``c - 1``,
-  else -1 (ignored).
+  """uint8 ``[h, w, 3]`` (or ``[h, w, 1]`` / ``[h, w]``) annotation -> int32 ``[h, w]``.
 
-  Args:
-    annotation: uint8 ``[h, w, 3]`` (or ``[h, w, 1]`` / ``[h, w]``) as TFDS
-      decodes ``scene_parse150``'s ``annotation``.
-
-  Returns:
-    int32 ``[h, w]``.
+  Red channel ``c`` in 1..150 -> ``c - 1``, else -1 (ignored).
   """
   a = np.asarray(annotation)
   category = (a[..., 0] if a.ndim == 3 else a).astype(np.int32)
@@ -190,16 +152,8 @@ def scene_parse150_mask(annotation: np.ndarray) -> np.ndarray:
 def read_scene_parse150(data_dir: str, split: str, num_images: int, image_size: int):
   """The first ``num_images`` of ``split`` of TFDS ``scene_parse150``, without TensorFlow.
 
-  Args:
-    data_dir: TFDS data directory holding the prepared ``scene_parse150``.
-    split: ``"train"`` or ``"test"`` (a TFDS split string works too).
-    num_images: how many (fewer if the split is smaller).
-    image_size: side ``S`` of the square output.
-
   Returns:
-    ``(images, masks)``: uint8 ``[N, S, S, 3]`` (the central square of each
-    image, bilinear, rounded) and int32 ``[N, S, S]`` (:func:`scene_parse150_mask`
-    of the annotation, :func:`~laplax.data.vision.augment.square_nearest`).
+    ``(images uint8 [N, S, S, 3], masks int32 [N, S, S])``, ``S = image_size``.
 
   Raises:
     DataError: not prepared in ``data_dir``, unreadable, or no image decoder.
@@ -230,22 +184,20 @@ def load(
   channels: int,
   directory: str = "",
 ) -> SegmentationData:
-  """The segmentation train and test data of a run (see the module docstring).
+  """The segmentation train and test data of a run.
 
   Args:
-    data_config: the run's data config (its normalisation, splits, data_dir).
+    data_config: the run's data config (normalisation, splits, data_dir).
     source: a value :func:`resolve` returned (not ``None``).
     num_train, num_test: images per split (fewer if a split is smaller).
-    image_size: the backbone's input side ``S``.
-    channels: the backbone's input channels.
+    image_size, channels: the backbone's input side ``S`` and channels.
     directory: the ADEChallengeData2016 directory (``ade20k`` only).
 
   Returns:
     A :class:`SegmentationData`.
 
   Raises:
-    DataError: a dataset not prepared or unreadable, too few images, or
-      images whose channels are not ``channels``.
+    DataError: not prepared or unreadable, too few images, or other channels.
   """
   if source == ADE20K:  # a grey backbone gets the luma (see laplax.data.vision.ade20k)
     parts = [

@@ -1,0 +1,290 @@
+"""Swin Transformer v1 (Liu et al. 2021, arXiv 2103.14030), as timm's ``SwinTransformer``.
+
+A patch embedding (a strided convolution and a LayerNorm), stages of blocks
+whose attention is restricted to non-overlapping windows of
+``window_size x window_size`` tokens, with every second block's windows
+shifted by half a window (``jnp.roll``) and the tokens that the roll brought
+together from far apart masked off; each window's logits get a learned
+relative position bias ``B[h, i, j] = table[index(i - j), h]`` (Liu et al.,
+eq. 4). Stages after the first start with a patch merging. The last stage's
+tokens are normalised and averaged; a linear head classifies.
+
+Every attention is :class:`laplax.attention.MultiHeadAttention` on the
+windows (a window is a batch element), with the relative position bias and
+the shift mask passed to :func:`laplax.attention.attend` as one additive bias
+(``-100`` on masked pairs, as timm), so both of laplax's methods apply as in
+the ViT: Laplacian heads output ``V - P V`` within each window
+(``num_laplacian_heads``, the last ``k`` heads of every block) and
+``spectral`` corrects ``W_Q, W_K, W_V`` of every block. The attention runs
+on the XLA kernel (the fused kernels take no additive bias).
+
+Reference code: ``timm/models/swin_transformer.py`` (``WindowAttention``,
+``SwinTransformerBlock``, ``PatchMerging``, ``get_relative_position_index``,
+``get_attn_mask``); :mod:`laplax.convert.timm_swin` maps its weights.
+"""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from laplax import sharding
+from laplax.models import spec as spec_lib
+from laplax.models.layers import MLP, DropPath, LayerScale, attention_module, norm_layer
+from laplax.models.spec import REMAT_POLICIES, SwinSpec
+
+#: timm's value of the masked logits of shifted windows (added, not -inf).
+SHIFT_MASK_VALUE = -100.0
+
+
+def window_partition(x: jax.Array, window: tuple[int, int]) -> jax.Array:
+  """``[B, H, W, C] -> [B * windows, wh * ww, C]`` (JAX or NumPy; windows row-major per image;
+  ``H``, ``W`` divisible by the window)."""
+  b, h, w, c = x.shape
+  wh, ww = window
+  x = x.reshape(b, h // wh, wh, w // ww, ww, c).transpose(0, 1, 3, 2, 4, 5)
+  return x.reshape(-1, wh * ww, c)
+
+
+def window_reverse(windows: jax.Array, window: tuple[int, int], h: int, w: int) -> jax.Array:
+  """The inverse of :func:`window_partition`: ``[B * windows, wh * ww, C] -> [B, H, W, C]``."""
+  wh, ww = window
+  c = windows.shape[-1]
+  x = windows.reshape(-1, h // wh, w // ww, wh, ww, c).transpose(0, 1, 3, 2, 4, 5)
+  return x.reshape(-1, h, w, c)
+
+
+def relative_position_index(window: tuple[int, int]) -> np.ndarray:
+  """int ``[N, N]``, ``N = wh * ww``: the row of the bias table of each pair of
+  a window's tokens, ``(dy + wh - 1) * (2 ww - 1) + dx + ww - 1`` for the
+  offset ``(dy, dx)`` of token ``i`` from token ``j`` (timm's
+  ``get_relative_position_index``)."""
+  wh, ww = window
+  coords = np.stack(np.meshgrid(np.arange(wh), np.arange(ww), indexing="ij")).reshape(2, -1)
+  rel = (coords[:, :, None] - coords[:, None, :]).transpose(1, 2, 0)
+  return (rel[..., 0] + wh - 1) * (2 * ww - 1) + rel[..., 1] + ww - 1
+
+
+def shift_mask(
+  height: int, width: int, window: tuple[int, int], shift: tuple[int, int]
+) -> np.ndarray:
+  """float32 ``[windows, N, N]``: 0 where two tokens of a shifted window come
+  from the same region of the (padded) ``height x width`` grid, else
+  :data:`SHIFT_MASK_VALUE` (timm's ``get_attn_mask``: the grid cut into 3 x 3
+  regions at ``-window`` and ``-shift``)."""
+  img = np.zeros((1, height, width, 1), np.float32)
+  cnt = 0
+  for hs in (slice(0, -window[0]), slice(-window[0], -shift[0]), slice(-shift[0], None)):
+    for ws in (slice(0, -window[1]), slice(-window[1], -shift[1]), slice(-shift[1], None)):
+      img[:, hs, ws, :] = cnt
+      cnt += 1
+  regions = window_partition(img, window)[..., 0]  # NumPy in, NumPy out
+  diff = regions[:, None, :] - regions[:, :, None]
+  return np.where(diff != 0, SHIFT_MASK_VALUE, 0.0).astype(np.float32)
+
+
+def stage_window(grid: tuple[int, int], window_size: int) -> tuple[tuple, tuple]:
+  """``(window, shift)`` of a stage with token grid ``grid``: a side not
+  larger than ``window_size`` is one window, unshifted (timm's
+  ``_calc_window_shift``); else ``window_size`` and half of it."""
+  window = tuple(g if g <= window_size else window_size for g in grid)
+  shift = tuple(0 if g <= window_size else window_size // 2 for g in grid)
+  return window, shift
+
+
+class SwinBlock(nn.Module):
+  """One Swin block: ``x + attn(norm1(x))`` over (shifted) windows, then the MLP.
+
+  ``x [batch, height, width, dim] -> (x, out)``, ``out`` as
+  :class:`laplax.models.layers.Block`'s (``"input"``, ``"sa"``, ``"+sa"``,
+  ``"mlp"``, ``"+mlp"``, tokens flattened to ``[batch, height * width, dim]``).
+
+  Attributes:
+    spec: the model's :class:`~laplax.models.spec.SwinSpec`.
+    num_heads: this stage's heads.
+    mlp_dim: this stage's MLP size.
+    window, shift: ``(rows, cols)`` of the windows and of the shift (0: none).
+    laplacian_mask: this block's Laplacian heads (``num_heads`` booleans).
+    drop_path: this block's stochastic-depth rate.
+  """
+
+  spec: SwinSpec
+  num_heads: int
+  mlp_dim: int
+  window: tuple[int, int]
+  shift: tuple[int, int]
+  laplacian_mask: tuple
+  drop_path: float = 0.0
+
+  @nn.compact
+  def __call__(self, x: jax.Array, deterministic: bool = True):
+    """Applies the block."""
+    spec = self.spec
+    b, h, w, c = x.shape
+    wh, ww = self.window
+    shifted = any(self.shift)
+    out = {"input": x.reshape(b, h * w, c)}
+    y = norm_layer(spec, "norm1")(x).astype(x.dtype)
+    if shifted:
+      y = jnp.roll(y, (-self.shift[0], -self.shift[1]), axis=(1, 2))
+    pad_h, pad_w = (-h) % wh, (-w) % ww
+    if pad_h or pad_w:  # timm pads after the norm: the padding tokens are zeros
+      y = jnp.pad(y, ((0, 0), (0, pad_h), (0, pad_w), (0, 0)))
+    hp, wp = h + pad_h, w + pad_w
+    windows = window_partition(y, self.window)
+    n = wh * ww
+    table = self.param(
+      "relative_position_bias",
+      sharding.logical_init(nn.initializers.normal(0.02), (None, "heads")),
+      ((2 * wh - 1) * (2 * ww - 1), self.num_heads),
+      jnp.float32,
+    )
+    index = relative_position_index(self.window).reshape(-1)
+    bias = table[index].reshape(n, n, self.num_heads).transpose(2, 0, 1)[None]
+    if shifted:
+      mask = jnp.asarray(shift_mask(hp, wp, self.window, self.shift))
+      num_windows = mask.shape[0]
+      bias = bias[:, None] + mask[None, :, None]  # [1, windows, heads, N, N]
+      bias = jnp.broadcast_to(bias, (b, num_windows, self.num_heads, n, n))
+      bias = bias.reshape(b * num_windows, self.num_heads, n, n)
+    y = attention_module(spec, self.laplacian_mask, num_heads=self.num_heads, name="attention")(
+      windows, bias=bias, deterministic=deterministic
+    )
+    y = window_reverse(y, self.window, hp, wp)[:, :h, :w]
+    if shifted:
+      y = jnp.roll(y, self.shift, axis=(1, 2))
+    if spec.layerscale_init is not None:
+      y = LayerScale(spec.layerscale_init, name="ls1")(y)
+    out["sa"] = y.reshape(b, h * w, c)
+    x = x + DropPath(self.drop_path)(y, deterministic)
+    out["+sa"] = x.reshape(b, h * w, c)
+    kernel_init, out_init = spec.inits()
+    y = norm_layer(spec, "norm2")(x).astype(x.dtype)
+    y = MLP(
+      self.mlp_dim,
+      activation=spec.mlp_activation,
+      dropout=spec.dropout,
+      use_bias=spec.use_bias,
+      dtype=spec.compute_dtype(),
+      kernel_init=kernel_init,
+      out_init=out_init,
+      name="mlp",
+    )(y, deterministic)
+    if spec.layerscale_init is not None:
+      y = LayerScale(spec.layerscale_init, name="ls2")(y)
+    out["mlp"] = y.reshape(b, h * w, c)
+    x = x + DropPath(self.drop_path)(y, deterministic)
+    out["+mlp"] = x.reshape(b, h * w, c)
+    return x, out
+
+
+class PatchMerging(nn.Module):
+  """2x2 neighbouring tokens concatenated (timm's order), LayerNorm, linear map.
+
+  ``[batch, H, W, C] -> [batch, ceil(H/2), ceil(W/2), features]`` (odd sides
+  padded with zeros); the map has no bias (timm's ``PatchMerging``).
+  """
+
+  spec: SwinSpec
+  features: int
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    """Merges ``x``."""
+    b, h, w, c = x.shape
+    x = jnp.pad(x, ((0, 0), (0, h % 2), (0, w % 2), (0, 0)))
+    h, w = x.shape[1], x.shape[2]
+    x = x.reshape(b, h // 2, 2, w // 2, 2, c).transpose(0, 1, 3, 4, 2, 5)
+    x = x.reshape(b, h // 2, w // 2, 4 * c)
+    x = norm_layer(self.spec, "norm")(x).astype(x.dtype)
+    kernel_init, _ = self.spec.inits()
+    return nn.Dense(
+      self.features,
+      use_bias=False,
+      dtype=self.spec.compute_dtype(),
+      kernel_init=sharding.logical_init(kernel_init, (None, "embed")),
+      name="reduction",
+    )(x)
+
+
+class Swin(nn.Module):
+  """Swin classifier with Laplacian heads and spectral conditioning.
+
+  ``images`` float ``[batch, height, width, channels]`` -> ``(logits [batch,
+  num_classes] float32, out)``, ``out`` with ``out["block{i}"]`` (see
+  :class:`SwinBlock`), ``out["encoded"]`` (the last stage's normalised
+  tokens ``[batch, tokens, width * 2^(stages-1)]``) and
+  ``out["pre_logits"]`` (their mean).
+
+  Attributes:
+    spec: the :class:`~laplax.models.spec.SwinSpec`.
+    num_classes: classifier outputs (0: the pooled features are returned).
+    head_init_zero: zero-initialised classifier; else Xavier uniform.
+  """
+
+  spec: SwinSpec
+  num_classes: int = 0
+  head_init_zero: bool = True
+
+  @nn.compact
+  def __call__(self, images: jax.Array, *, train: bool = False):
+    """Classifies ``images``; ``train`` enables dropout and drop-path.
+
+    Raises:
+      SpecError: an image size not divisible by the patch size.
+    """
+    spec = self.spec
+    out = {}
+    p, dtype = spec.patch_size, spec.compute_dtype()
+    spec_lib.patch_grid(images.shape[1], images.shape[2], p)
+    x = nn.Conv(
+      spec.width,
+      (p, p),
+      strides=p,
+      padding="VALID",
+      dtype=dtype,
+      name="embedding",
+      kernel_init=sharding.logical_init(
+        nn.initializers.lecun_normal(), (None, None, None, "embed")
+      ),
+      bias_init=sharding.logical_init(nn.initializers.zeros, ("embed",)),
+    )(images.astype(dtype or images.dtype))
+    x = norm_layer(spec, "embedding_norm")(x).astype(x.dtype)
+    x = nn.Dropout(spec.dropout)(x, deterministic=not train)
+    rates = spec.drop_path_rates()
+    block_cls = SwinBlock
+    if spec.remat != "none":
+      block_cls = nn.remat(SwinBlock, policy=REMAT_POLICIES[spec.remat], static_argnums=(2,))
+    for s, (first, depth, width, mlp_dim) in enumerate(spec.stages()):
+      if s:
+        x = PatchMerging(spec, width, name=f"merge{s}")(x)
+      window, shift = stage_window(x.shape[1:3], spec.window_size)
+      for j in range(depth):
+        i = first + j
+        x, out[f"block{i}"] = block_cls(
+          spec,
+          num_heads=spec.layer_heads()[i],
+          mlp_dim=mlp_dim,
+          window=window,
+          shift=shift if j % 2 else (0, 0),
+          laplacian_mask=spec.laplacian[i],
+          drop_path=rates[i],
+          name=f"block{i}",
+        )(x, not train)
+    x = norm_layer(spec, "encoder_norm")(x)
+    out["encoded"] = x.reshape(x.shape[0], -1, x.shape[-1])
+    x = x.mean(axis=(1, 2))
+    out["pre_logits"] = x
+    if self.num_classes:
+      init = nn.initializers.zeros if self.head_init_zero else nn.initializers.xavier_uniform()
+      x = nn.Dense(
+        self.num_classes,
+        dtype=jnp.float32,
+        name="head",
+        kernel_init=sharding.logical_init(init, ("embed", "classes")),
+        bias_init=sharding.logical_init(nn.initializers.zeros, ("classes",)),
+      )(x)
+    out["logits"] = x
+    return x, out

@@ -1,0 +1,180 @@
+"""The CORE metric (laplax.evaluators.core) against a transcription of nanochat's
+core_eval.py: its jinja templates, its token spans and its PyTorch scoring,
+on a tiny eval bundle in DCLM's layout that the test writes (one task of
+each kind), a byte tokenizer and a fixed random bigram model."""
+
+import importlib.util
+import json
+import math
+import random
+
+import numpy as np
+import pytest
+
+from laplax.data.errors import DataError
+from laplax.evaluators import core
+
+pytestmark = pytest.mark.skipif(
+  not (importlib.util.find_spec("torch") and importlib.util.find_spec("jinja2")),
+  reason="the oracle: pip install -r requirements-test.txt",
+)
+BOS, VOCAB = 256, 257
+MC = """
+{%- for example in fewshot_examples -%}
+{{ example.query }}{{ continuation_delimiter }}{{ example.choices[example.gold] }}
+
+{% endfor -%}
+{{ item.query }}{{ continuation_delimiter }}{{ choice }}""".strip()
+SCHEMA = """
+{%- for example in fewshot_examples -%}
+{{ example.context_options[example.gold] }}{{ continuation_delimiter }}{{ example.continuation }}
+
+{% endfor -%}
+{{ context }}{{ continuation_delimiter }}{{ item.continuation }}""".strip()
+LM = """
+{%- for example in fewshot_examples -%}
+{{ example.context | trim }}{{ continuation_delimiter }}{{ example.continuation }}
+
+{% endfor -%}
+{{ item.context | trim }}{{ continuation_delimiter }}{% if include_continuation %}{{ item.continuation }}{% endif %}""".strip()
+
+
+def encode(text):
+  return list(text.encode("utf-8"))
+
+
+TABLE = np.random.default_rng(0).normal(0, 2, (VOCAB, VOCAB)).astype(np.float32)
+for a, b in zip(b"e ca", b" cat"):
+  TABLE[a, b] += 20.0  # so that " cat" is the greedy continuation
+
+
+def bigram_logits(ids):
+  return TABLE[np.asarray(ids)]
+
+
+def _items(rng):
+  words = ["the cat sat", "a dog ran", "he cat sat.", "birds fly", "fish swim", "the end"]
+  mc = [
+    dict(
+      query=f"Q{i}: {rng.choice(words)}?", choices=[rng.choice(words) for _ in range(3)], gold=i % 3
+    )
+    for i in range(7)
+  ]
+  schema = [
+    dict(
+      context_options=[rng.choice(words) + " " for _ in range(2)],
+      continuation=rng.choice(words),
+      gold=i % 2,
+    )
+    for i in range(6)
+  ]
+  lm = [dict(context=f"  {rng.choice(words)} ", continuation=rng.choice(words)) for i in range(6)]
+  lm.append(dict(context="the", continuation="cat"))
+  return mc, schema, lm
+
+
+def write_bundle(root, tasks):
+  import yaml
+
+  (root / "eval_data").mkdir(parents=True)
+  icl = []
+  for label, kind, shots, delim, _, data in tasks:
+    with open(root / "eval_data" / f"{label}.jsonl", "w") as f:
+      f.writelines(json.dumps(x) + "\n" for x in data)
+    icl.append(
+      dict(
+        label=label,
+        icl_task_type=kind,
+        dataset_uri=f"{label}.jsonl",
+        num_fewshot=[shots],
+        **({} if delim == " " else {"continuation_delimiter": delim}),
+      )
+    )
+  (root / "core.yaml").write_text(yaml.safe_dump({"icl_tasks": icl}))
+  rows = "Eval Task,Random baseline\n" + "".join(f"{t[0]},{t[4]}\n" for t in tasks)
+  (root / "eval_meta_data.csv").write_text(rows)
+  return str(root)
+
+
+def oracle_task(data, kind, shots, delim):
+  """core_eval.py's evaluate_task, transcribed (torch cross-entropy, jinja templates)."""
+  import torch
+  from jinja2 import Template
+
+  data = list(data)
+  random.Random(1337).shuffle(data)
+  right = 0
+  for idx, item in enumerate(data):
+    few = []
+    if shots > 0:
+      avail = [i for i in range(len(data)) if i != idx]
+      few = [data[i] for i in random.Random(1234 + idx).sample(avail, shots)]
+    ctx = dict(fewshot_examples=few, continuation_delimiter=delim, item=item)
+    if kind == "multiple_choice":
+      prompts = [Template(MC).render(choice=c, **ctx) for c in item["choices"]]
+    elif kind == "schema":
+      prompts = [Template(SCHEMA).render(context=c, **ctx) for c in item["context_options"]]
+    else:
+      prompts = [
+        Template(LM).render(include_continuation=False, **ctx).strip(),
+        Template(LM).render(include_continuation=True, **ctx),
+      ]
+    toks = [[BOS, *encode(p)] for p in prompts]
+    if kind == "multiple_choice":
+      n = min(map(len, toks))
+      s = next((i for i in range(n) if len({t[i] for t in toks}) > 1), n)
+      starts, ends = [s] * len(toks), [len(t) for t in toks]
+    elif kind == "schema":
+      n = min(map(len, toks))
+      k = next((i for i, j in enumerate(range(-1, -n - 1, -1)) if len({t[j] for t in toks}) > 1), n)
+      ends = [len(t) for t in toks]
+      starts = [e - k for e in ends]
+    else:
+      starts, ends, toks = [len(toks[0])], [len(toks[1])], [toks[1]]
+    width = max(map(len, toks))
+    ids = torch.full((len(toks), width), BOS, dtype=torch.long)
+    for i, t in enumerate(toks):
+      ids[i, : len(t)] = torch.tensor(t)
+    out = torch.from_numpy(bigram_logits(ids.numpy()))
+    target = torch.roll(ids, -1, 1)
+    losses = torch.nn.functional.cross_entropy(
+      out.view(-1, VOCAB), target.view(-1), reduction="none"
+    )
+    losses = losses.view(len(toks), width)
+    losses[:, -1] = float("nan")
+    if kind == "language_modeling":
+      s, e = starts[0], ends[0]
+      right += bool(torch.all(out.argmax(-1)[0, s - 1 : e - 1] == ids[0, s:e]))
+    else:
+      means = [losses[i, s - 1 : e - 1].mean().item() for i, (s, e) in enumerate(zip(starts, ends))]
+      right += means.index(min(means)) == item["gold"]
+  return right / len(data)
+
+
+def test_core_equals_core_eval_py_on_each_task_kind(tmp_path):
+  mc, schema, lm = _items(random.Random(5))
+  tasks = [
+    ("mc_task", "multiple_choice", 2, " ", 25.0, mc),
+    ("schema_task", "schema", 1, " ", 50.0, schema),
+    ("lm_task", "language_modeling", 0, " ", 0.0, lm),
+    ("lm_shots", "language_modeling", 2, ": ", 0.0, lm),
+  ]
+  bundle = core.read_bundle(write_bundle(tmp_path, tasks))
+  assert [(t["label"], t["kind"], t["shots"], t["delim"]) for t in bundle] == [t[:4] for t in tasks]
+  got = core.core_metric(bundle, bigram_logits, encode, BOS)
+  want = {t[0]: oracle_task(t[5], t[1], t[2], t[3]) for t in tasks}
+  assert got["results"] == pytest.approx(want, abs=0)
+  centred = {t[0]: (want[t[0]] - t[4] / 100) / (1 - t[4] / 100) for t in tasks}
+  assert got["centered_results"] == pytest.approx(centred)
+  assert got["core_metric"] == pytest.approx(np.mean(list(centred.values())))
+  assert 0 < want["lm_task"] < 1 and 0 < want["mc_task"] < 1, want  # not trivial
+  assert math.isfinite(got["core_metric"])
+
+
+def test_a_bundle_without_its_files_is_refused_in_one_line(tmp_path):
+  with pytest.raises(DataError, match="core.yaml is missing"):
+    core.read_bundle(str(tmp_path))
+  write_bundle(tmp_path / "b", [("t", "schema", 0, " ", 50.0, [])])
+  (tmp_path / "b" / "eval_meta_data.csv").write_text("Eval Task,Random baseline\n")
+  with pytest.raises(DataError, match="no 'Random baseline' for CORE task 't'"):
+    core.read_bundle(str(tmp_path / "b"))
