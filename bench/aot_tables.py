@@ -20,7 +20,7 @@ stamp changed one of :data:`DEPENDS` (the model, attention, kernels,
 optimisers, sharding, the task, the train step, the configs, the
 requirements) or
 when its commit is not in the history; it prints the command that measures
-it again and exits 1 (``tests/test_aot_tables.py`` runs it).
+it again and exits 1 (``tests/bench/test_aot_tables.py`` runs it).
 
 Errors: an unknown row, a dirty tree or a failed compile print one line and
 exit 2.

@@ -3,7 +3,7 @@
 #
 #   bash bench/gpu_check.sh [OUTDIR [TRAIN_FLAGS...]]
 #
-# 0. tests/test_cudnn.py: the fused cuDNN attention (bf16, forward and
+# 0. tests/attention/test_cudnn.py: the fused cuDNN attention (bf16, forward and
 #    gradients, masks, a tiny GPT) against the reference; skipped by the test
 #    suite on machines without a GPU. A failure is reported, and the timing
 #    steps still run.
@@ -38,10 +38,10 @@ if [ -n "${SOURCE_DIR:-}" ]; then SRC=(--config.data.source_dir="$SOURCE_DIR"); 
 
 $PY -c "import jax, flax, optax, orbax.checkpoint as o; print('jax', jax.__version__, 'flax', flax.__version__, 'optax', optax.__version__, 'orbax', o.__version__); print(jax.devices())"
 
-if $PY -m pytest -q -p no:randomly tests/test_cudnn.py -rs > "$OUT/test_cudnn.log" 2>&1; then
-  echo "tests/test_cudnn.py: $(tail -n 1 "$OUT/test_cudnn.log")"
+if $PY -m pytest -q -p no:randomly tests/attention/test_cudnn.py -rs > "$OUT/test_cudnn.log" 2>&1; then
+  echo "tests/attention/test_cudnn.py: $(tail -n 1 "$OUT/test_cudnn.log")"
 else
-  echo "tests/test_cudnn.py FAILED (rc $?), see $OUT/test_cudnn.log:"; tail -n 15 "$OUT/test_cudnn.log"
+  echo "tests/attention/test_cudnn.py FAILED (rc $?), see $OUT/test_cudnn.log:"; tail -n 15 "$OUT/test_cudnn.log"
 fi
 
 start=$(date +%s)

@@ -40,7 +40,7 @@ first, and with ``grad_accum_steps = n`` (``bench/step_time.py
 --peer-grad-accum``; default 1, the whole batch, whatever the config's
 ``optim.grad_accum_steps``) accumulates over ``n`` micro-batches as laplax
 does. :func:`load_laplax_params` copies a laplax parameter tree into a peer
-(the evidence, in ``tests/test_peer_torch.py``, that both compute the same
+(the evidence, in ``tests/bench/test_peer_torch.py``, that both compute the same
 loss). PyTorch is a benchmark-only dependency (``requirements-bench.txt``);
 the library never imports this module nor torch.
 """

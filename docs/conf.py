@@ -1,12 +1,12 @@
 """Sphinx configuration of laplax's documentation site.
 
-Build (the README's docs command; ``tests/test_docs.py`` runs it in CI):
+Build (the README's docs command; ``tests/repo/test_docs.py`` runs it in CI):
 
     .venv/bin/python -m sphinx -W -b html docs docs/_build/html
 
 Pages are MyST Markdown; the demo notebook (``notebooks/laplax_demo.ipynb``,
 linked as ``docs/demo.ipynb``) is rendered by myst-nb without executing it
-(``tests/test_notebook.py`` executes it); the API reference is generated from
+(``tests/repo/test_notebook.py`` executes it); the API reference is generated from
 the docstrings by autodoc/autosummary. With ``-W`` any warning fails the
 build: a broken cross-reference or internal link, a docstring that is not
 valid reStructuredText, or a public name without a docstring
@@ -47,7 +47,7 @@ exclude_patterns = ["_build"]
 myst_enable_extensions = ["dollarmath", "colon_fence"]
 myst_heading_anchors = 3  # [text](page.md#a-heading) links
 myst_fence_as_directive = ["math"]  # ```math blocks (as GitHub renders them) are equations
-nb_execution_mode = "off"  # CI executes the notebook in tests/test_notebook.py
+nb_execution_mode = "off"  # CI executes the notebook in tests/repo/test_notebook.py
 
 autosummary_generate = True
 # autosummary writes a page per module but never deletes one: pages of modules

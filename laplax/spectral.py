@@ -181,7 +181,7 @@ def project(
   if mode == "svd" or jnp.dtype(dtype) == jnp.float32:
     # float32 holds W's entries beside lam (spacing 1e-6 near 10): one kernel.
     # (The slice form below also mis-partitioned on a (2, 2, 2) data/fsdp/
-    # tensor CPU mesh in the "full" layout -- tests/test_sharding.py -- while
+    # tensor CPU mesh in the "full" layout -- tests/train/test_sharding.py -- while
     # this form is exact there; the low-precision path is not yet checked on
     # tensor-parallel meshes.)
     kernel = conditioned(kernel, lam=lam, mode=mode, num_heads=num_heads, target=target)

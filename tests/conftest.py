@@ -19,7 +19,7 @@ session (xdist workers and every subprocess inherit the environment):
   MLIR fusion emitters (the older LLVM emitters), which compile a small
   program in about 29 instead of 50 ms. The
   suite compiles thousands of them (every new shape of an op run outside
-  ``jit`` is one): ``tests/test_gpt.py`` alone 70 -> 55 s. Subprocesses that
+  ``jit`` is one): ``tests/models/test_gpt.py`` alone 70 -> 55 s. Subprocesses that
   set their own device count append to these (``test_train.xla_env``).
 
 A value the user has set for any of these is left as it is.
@@ -34,6 +34,8 @@ import shutil
 import tempfile
 
 import pytest
+
+from helpers.lm import SENTENCE
 
 FMNIST_SOURCE = "/usr/share/datasets/fashion-mnist"
 _CACHE_OWNER = "LAPLAX_TEST_CACHE_OWNER"
@@ -90,3 +92,12 @@ def fmnist_data_dir(tmp_path_factory):
   config.source_dir = FMNIST_SOURCE
   images.prepare(config)
   return data_dir
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+  """Three documents of one repeated sentence (the last one is validation)."""
+  d = tmp_path_factory.mktemp("corpus")
+  for name in ("a", "b", "c"):
+    (d / f"{name}.txt").write_text(SENTENCE * 150)
+  return d

@@ -473,7 +473,7 @@ def convert_from_nanochat(
   read by :func:`read_tokenizer`), the file ``train.py`` and ``eval.py``
   read (``config.data.tokenizer="nanochat"``).
   At float32 compute (``model.dtype``, set by the CLI unless given) the
-  laplax model computes nanochat's logits (tests/test_nanochat_exact.py).
+  laplax model computes nanochat's logits (tests/models/test_nanochat_exact.py).
 
   Args:
     model_dir: nanochat's ``base_checkpoints/<tag>`` directory.

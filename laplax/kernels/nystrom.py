@@ -9,7 +9,7 @@ and of the keys (``Q~``, ``K~``, ``[m, head_dim]``)::
 
 with ``pinv`` the iterative Moore-Penrose pseudo-inverse of the paper's
 eq. 12 (:func:`iterative_pinv`). Nothing of size ``[n, n]`` is formed in the
-forward pass or in its autodiff backward pass (``tests/test_nystrom.py``
+forward pass or in its autodiff backward pass (``tests/attention/test_nystrom.py``
 reads the jaxpr of both). The definitions follow Hugging Face's
 ``NystromformerSelfAttention`` (``transformers/models/nystromformer``) and
 the authors' ``LRA/code/attention_nystrom.py`` (``mlpen/Nystromformer``):

@@ -6,7 +6,7 @@ fused kernel does not suit the shape; see :mod:`laplax.kernels`): the softmax
 attention of Vaswani et al. (2017, eq. 1), computed heads-major with a custom
 VJP. Its values are those of the materialising
 :func:`laplax.kernels.reference.reference_attention`; its gradients are checked
-against autodiff of it in ``tests/test_attention.py``.
+against autodiff of it in ``tests/attention/test_attention.py``.
 
 What the backward pass keeps: on a CPU the float32 ``P`` (the fastest there,
 docs/benchmarks.md, "Where the step's time goes"); on an accelerator nothing of size

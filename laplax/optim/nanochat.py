@@ -104,7 +104,7 @@ def newton_schulz(g: jax.Array, steps: int = NS_STEPS) -> jax.Array:
   that order, each rounded to bfloat16 as PyTorch rounds them), transposed back.
   Leading axes (scanned layers) are a batch. Returns bfloat16, ``g``'s shape.
   Run op by op this is PyTorch's result bit for bit (CPU,
-  tests/test_nanochat_exact.py); compiled, XLA may keep some products in
+  tests/models/test_nanochat_exact.py); compiled, XLA may keep some products in
   float32 (its default ``xla_allow_excess_precision``), a more precise result.
   """
   a, b, c = NS_COEFFS

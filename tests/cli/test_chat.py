@@ -1,0 +1,490 @@
+"""laplax.chat: the terminal conversation (through a pseudo-terminal), the
+JSON API (a real uvicorn server on a loopback port), the page in Chromium,
+on tiny GPT workdirs trained here (a base model and its SFT); answers are
+checked against eval.py --sample's greedy decoding (laplax.models.sampling)."""
+
+import argparse
+import json
+import os
+import pty
+import re
+import select
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import jax
+import numpy as np
+import pytest
+
+pytest.importorskip("pyarrow")
+
+from laplax.chat import cli as chat_cli  # noqa: E402
+from laplax.chat import web  # noqa: E402
+from laplax.chat.engine import ChatEngine  # noqa: E402
+from laplax.data.chat import fixtures as chat_fixtures  # noqa: E402
+from laplax.models import sampling  # noqa: E402
+
+from helpers.runs import ROOT, run_in_process
+
+TINY = [
+  "--config.model.width=32",
+  "--config.model.depth=1",
+  "--config.model.num_heads=2",
+  "--config.model.mlp_dim=64",
+  "--config.model.max_length=256",
+  "--config.batch_size=4",
+  "--config.eval_batch_size=4",
+  "--config.eval.sample_tokens=0",
+]
+STEPS = ["--config.total_steps=2", "--config.eval_every=2", "--config.checkpoint_every=2"]
+QUESTIONS = ["Which is hot?", "And 2+2?", "Thanks. Why?"]
+
+
+@pytest.fixture(scope="module")
+def workdirs(tmp_path_factory):
+  """A base GPT (nanochat's tokenizer, 2 steps) and its SFT (2 steps)."""
+  root = tmp_path_factory.mktemp("chat_runs")
+  data, corpus = root / "data", root / "corpus"
+  chat_fixtures.write(str(data), scale=0.05)
+  corpus.mkdir()
+  for name in "abc":
+    (corpus / f"{name}.txt").write_text("Which is hot? The sun is hot. 2+2=4. " * 40)
+  base, sft = root / "base", root / "sft"
+  argv = [
+    "train.py",
+    "--config",
+    os.path.join(ROOT, "configs", "gpt_shakespeare.py"),
+    "--workdir",
+    str(base),
+    f"--config.data.source_dir={corpus}",
+    f"--config.data.data_dir={root / 'tfds'}",
+    "--config.data.tokenizer=nanochat",
+    "--config.data.vocab_size=270",
+  ]
+  assert run_in_process(argv + TINY + STEPS).returncode == 0
+  argv = [
+    "train.py",
+    "--config",
+    os.path.join(ROOT, "configs", "gpt_tiny_sft.py"),
+    "--workdir",
+    str(sft),
+    f"--config.init_from={base}",
+    f"--config.data.source_dir={data}",
+    "--config.data.max_eval_conversations=4",
+  ]
+  assert run_in_process(argv + TINY[5:] + STEPS).returncode == 0
+  return base, sft
+
+
+@pytest.fixture(scope="module")
+def engine(workdirs):
+  return ChatEngine.load(str(workdirs[1]))
+
+
+def greedy_answer(engine, prompt, max_tokens):
+  """eval.py --sample's greedy decoding (sampling.generate) of ``prompt``,
+  cut at the first stop token and where the context is full."""
+  room = min(max_tokens, engine.context - len(prompt) + 1)  # the last from a full cache
+  out = sampling.generate(
+    engine.model, engine.params, np.asarray(prompt), max_new_tokens=room, temperature=0.0
+  ).tolist()
+  stops = [i for i, t in enumerate(out) if t in engine.stops]
+  return out[: stops[0]] if stops else out
+
+
+@pytest.mark.subprocess
+def test_engine_modes_and_three_turns_equal_greedy_decoding(workdirs, engine):
+  assert engine.chat and "chat mode" in engine.mode_line
+  base = ChatEngine.load(str(workdirs[0]))
+  assert not base.chat and base.mode_line.startswith("plain completion mode")
+  history = engine.start()
+  for question in QUESTIONS:
+    prompt = history + engine.user_turn(question)
+    got = list(engine.tokens(prompt, max_tokens=24, temperature=0.0))
+    assert got == greedy_answer(engine, prompt, 24)
+    history = prompt + got + [engine.special["<|assistant_end|>"]]
+  # nanochat's message shape renders to the same tokens as the kept conversation.
+  first = engine.prompt([{"role": "user", "content": QUESTIONS[0]}])
+  assert first.tolist() == engine.start() + engine.user_turn(QUESTIONS[0])
+
+
+# --------------------------------------------------------------------------
+# The terminal, through a pseudo-terminal.
+
+
+class Terminal:
+  """``python -m laplax.chat ARGS`` on a pseudo-terminal: what it prints, keys typed."""
+
+  def __init__(self, *args):
+    master, slave = pty.openpty()
+    env = dict(os.environ, PYTHONUNBUFFERED="1", JAX_PLATFORMS="cpu")
+    self.proc = subprocess.Popen(
+      [sys.executable, "-m", "laplax.chat", *args],
+      stdin=slave,
+      stdout=slave,
+      stderr=slave,
+      cwd=ROOT,
+      env=env,
+      start_new_session=True,  # its own session: the pty is its controlling terminal
+      preexec_fn=lambda: __import__("fcntl").ioctl(0, __import__("termios").TIOCSCTTY, 0),
+    )
+    os.close(slave)
+    self.fd, self.text = master, ""
+
+  def expect(self, pattern, timeout=120):
+    """Reads until ``pattern`` (a regex) appears after what was read; returns the text before it."""
+    deadline = time.monotonic() + timeout
+    while True:
+      m = re.search(pattern, self.text)
+      if m:
+        before, self.text = self.text[: m.start()], self.text[m.end() :]
+        return before
+      left = deadline - time.monotonic()
+      assert left > 0, f"no {pattern!r} in {self.text!r}"
+      ready, _, _ = select.select([self.fd], [], [], left)
+      if ready:
+        try:
+          chunk = os.read(self.fd, 4096)
+        except OSError:
+          chunk = b""
+        assert chunk, f"the chat ended before {pattern!r}: {self.text!r}"
+        self.text += chunk.decode("utf-8", "replace").replace("\r\n", "\n")
+
+  def type(self, keys):
+    os.write(self.fd, keys.encode())
+
+  def close(self):
+    try:
+      return self.proc.wait(timeout=30)
+    finally:
+      os.close(self.fd)
+
+
+def shown(engine, tokens):
+  return engine.tokenizer.decode(np.asarray(tokens, np.int32))
+
+
+@pytest.mark.subprocess
+@pytest.mark.slow
+def test_terminal_three_turns_clear_and_ctrl_c(workdirs, engine):
+  term = Terminal("--workdir", str(workdirs[1]), "--temperature", "0", "--max_tokens", "24")
+  assert "chat mode" in term.expect(r"User: ")
+  history = engine.start()
+  for question in QUESTIONS:
+    term.type(question + "\n")
+    term.expect(r"Assistant: ")
+    prompt = history + engine.user_turn(question)
+    expected = greedy_answer(engine, prompt, 24)
+    assert term.expect(r"\nUser: ").rstrip("\n") == shown(engine, expected).replace("\r\n", "\n")
+    history = prompt + expected + [engine.special["<|assistant_end|>"]]
+  term.type("/clear\n")
+  assert "new conversation" in term.expect(r"User: ")
+  term.type(QUESTIONS[0] + "\n")
+  term.expect(r"Assistant: ")
+  first = greedy_answer(engine, engine.start() + engine.user_turn(QUESTIONS[0]), 24)
+  assert term.expect(r"\nUser: ").rstrip("\n") == shown(engine, first)
+  term.type("/quit\n")
+  assert term.close() == 0
+
+  # Ctrl-C stops an answer (of up to 240 tokens), not the program.
+  long = engine.start() + engine.user_turn(QUESTIONS[1])
+  assert len(greedy_answer(engine, long, 240)) > 200  # far longer than a key press takes
+  term = Terminal("--workdir", str(workdirs[1]), "--temperature", "0", "--max_tokens", "240")
+  term.expect(r"User: ")
+  term.type(QUESTIONS[1] + "\n")
+  term.expect(r"Assistant: ")
+  term.type("\x03")
+  assert "[stopped]" in term.expect(r"\nUser: ")
+  term.type(QUESTIONS[0] + "\n")  # it still answers
+  term.expect(r"Assistant: ")
+  term.expect(r"\nUser: ")
+  term.type("\x04")  # Ctrl-D ends it
+  assert term.close() == 0
+
+
+@pytest.mark.subprocess
+def test_one_prompt_and_plain_completion_equal_eval_sample(workdirs, capfd):
+  base, sft = map(str, workdirs)
+  engine = ChatEngine.load(sft)
+  assert chat_cli.main(["--workdir", sft, "-p", QUESTIONS[1], "--temperature", "0"]) == 0
+  out = capfd.readouterr()
+  expected = greedy_answer(engine, engine.start() + engine.user_turn(QUESTIONS[1]), 256)
+  assert out.out == shown(engine, expected) + "\n" and "chat mode" in out.err
+  # A base model continues the text exactly as eval.py --sample does.
+  argv = ["--workdir", base, "-p", "The sun", "--temperature", "0", "--max_tokens", "20"]
+  assert chat_cli.main(argv) == 0
+  out = capfd.readouterr()
+  assert "plain completion mode" in out.err
+  sample = run_in_process(
+    [
+      "eval.py",
+      "--workdir",
+      base,
+      "--sample",
+      "The sun",
+      "--temperature",
+      "0",
+      "--max_new_tokens",
+      "20",
+    ],
+    capfd,
+  )
+  assert sample.returncode == 0
+  assert sample.out.splitlines()[-1] == "The sun" + out.out.rstrip("\n")
+
+
+@pytest.mark.parametrize(
+  "args, fragment",
+  [
+    ([], "--workdir"),
+    (["--workdir", "WD", "--temperature", "5"], "--temperature=5.0 must be in [0, 2]"),
+    (["--workdir", "WD", "--max_tokens", "0"], "--max_tokens=0 must be >= 1"),
+    (["--workdir", "WD", "--web", "-p", "hi"], "cannot be combined with --web"),
+    (["--workdir", "WD", "--bogus"], "unrecognized arguments: --bogus"),
+    (["--workdir", "/nonexistent/run"], "is not a directory"),
+    (["--workdir", "EMPTY"], "config.json"),
+  ],
+)
+def test_bad_flags_are_one_line_exit_2(workdirs, tmp_path, monkeypatch, capsys, args, fragment):
+  args = [str(workdirs[1]) if a == "WD" else str(tmp_path) if a == "EMPTY" else a for a in args]
+  monkeypatch.setattr(sys, "argv", ["laplax-chat", *args])
+  with pytest.raises(SystemExit) as e:
+    chat_cli.run_cli()
+  err = capsys.readouterr().err
+  assert e.value.code == 2 and fragment in err and len(err.strip().splitlines()) == 1, err
+
+
+# --------------------------------------------------------------------------
+# The API and the page, on a real uvicorn server on a loopback port.
+
+
+class Server:
+  """uvicorn serving ``make_app(engine)`` in a thread, on a free loopback port."""
+
+  def __init__(self, engine, limits=web.Limits(), **defaults):
+    import uvicorn
+
+    defaults = argparse.Namespace(
+      **{"temperature": 0.0, "top_k": 50, "max_tokens": 24, "no_calculator": False, **defaults}
+    )
+    self.app = web.make_app(engine, limits, defaults)
+    self.sock = socket.socket()
+    self.sock.bind(("127.0.0.1", 0))
+    self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+    self.server = uvicorn.Server(uvicorn.Config(self.app, log_level="warning"))
+    self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]})
+
+  def __enter__(self):
+    self.thread.start()
+    for _ in range(200):
+      if self.server.started:
+        return self
+      time.sleep(0.05)
+    raise AssertionError("uvicorn did not start")
+
+  def __exit__(self, *exc):
+    self.server.should_exit = True
+    self.thread.join(timeout=30)
+    self.sock.close()
+
+
+def events(response):
+  """The SSE ``data:`` objects of a streamed response."""
+  return [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: ")]
+
+
+def ask(client, messages, **kw):
+  with client.stream("POST", "/chat/completions", json={"messages": messages, **kw}) as r:
+    assert r.status_code == 200, r.read()
+    got = events(r)
+  assert got[-1] == {"done": True}
+  return "".join(e["token"] for e in got[:-1])
+
+
+@pytest.mark.subprocess
+def test_api_three_turns_bad_requests_concurrency_and_stop(engine):
+  with Server(engine) as server, httpx.Client(base_url=server.url, timeout=60) as client:
+    messages = []
+    for question in QUESTIONS:
+      messages.append({"role": "user", "content": question})
+      answer = ask(client, messages, temperature=0.0, max_tokens=24)
+      expected = greedy_answer(engine, engine.prompt(messages), 24)
+      assert answer == shown(engine, expected)
+      messages.append({"role": "assistant", "content": answer})
+    assert client.get("/health").json()["mode"] == "chat"
+    page = client.get("/")
+    assert page.status_code == 200 and 'id="stop"' in page.text and "chat mode" in page.text
+
+    user = {"role": "user", "content": "hi"}
+    bad = [
+      (b"{not json", 400, "not JSON"),
+      (json.dumps({"messages": "hi"}), 422, "messages"),
+      (json.dumps({"messages": [{"role": "robot", "content": "x"}]}), 422, "role"),
+      (json.dumps({"messages": [user], "extra": 1}), 422, "extra"),
+      (json.dumps({"messages": []}), 400, "at least one"),
+      (json.dumps({"messages": [user, {"role": "assistant", "content": "a"}]}), 400, "last"),
+      (json.dumps({"messages": [user, user]}), 400, "alternate"),
+      (json.dumps({"messages": [user], "max_tokens": 10**6}), 400, "max_tokens"),
+      (json.dumps({"messages": [user], "temperature": -1}), 400, "temperature"),
+      (json.dumps({"messages": [{"role": "user", "content": "x" * 8001}]}), 400, "8000"),
+      (json.dumps({"messages": [{"role": "user", "content": "word " * 1500}]}), 400, "context"),
+      (b"x" * (300 * 1024), 413, "bytes"),
+    ]
+    for body, status, fragment in bad:
+      r = client.post("/chat/completions", content=body)
+      assert r.status_code == status and fragment in r.json()["error"], (body[:40], r.text)
+      assert "\n" not in r.json()["error"] and "Traceback" not in r.text
+
+    # Concurrent requests queue on the one model; each gets its own answer.
+    results = [None] * 4
+    questions = [QUESTIONS[i % 3] for i in range(4)]
+
+    def one(i):
+      with httpx.Client(base_url=server.url, timeout=60) as c:
+        results[i] = ask(c, [{"role": "user", "content": questions[i]}], temperature=0.0)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(4)]
+    for t in threads:
+      t.start()
+    for t in threads:
+      t.join()
+    for q, got in zip(questions, results):
+      prompt = engine.prompt([{"role": "user", "content": q}])
+      assert got == shown(engine, greedy_answer(engine, prompt, 24))
+
+    # A client that goes away mid-answer: the server is free for the next one.
+    with client.stream(
+      "POST", "/chat/completions", json={"messages": [user], "max_tokens": 200, "temperature": 1}
+    ) as r:
+      next(r.iter_lines())
+    assert ask(client, [{"role": "user", "content": QUESTIONS[0]}], temperature=0.0)
+    health = client.get("/health").json()
+    assert health["waiting"] == 0 and not health["busy"]
+
+
+def scripted_step(script):
+  """A stand-in for sampling.decode_step whose samples are ``script`` in order."""
+
+  def factory(model):
+    def step(params, cache, tokens, used, rng, salt, temperature, top_k):
+      return cache, np.asarray([script[int(salt) % len(script)]], np.int32)
+
+    return step
+
+  return factory
+
+
+def test_calculator_answers_a_scripted_tool_call(engine, monkeypatch):
+  s, tok = engine.special, engine.tokenizer
+  script = [s["<|python_start|>"], *tok.encode("12*7").tolist(), s["<|python_end|>"]]
+  script += [0] * 5 + tok.encode(" so 84.").tolist() + [s["<|assistant_end|>"]]
+  monkeypatch.setattr(sampling, "decode_step", scripted_step(script))
+  expected = "<|python_start|>12*7<|python_end|><|output_start|>84<|output_end|>"
+  with Server(engine) as server, httpx.Client(base_url=server.url, timeout=60) as client:
+    answer = ask(client, [{"role": "user", "content": "What is 12*7?"}])
+  assert answer.startswith(expected) and answer.endswith(" so 84."), answer
+  prompt = engine.prompt([{"role": "user", "content": "What is 12*7?"}])
+  plain = shown(engine, list(engine.tokens(prompt, max_tokens=40, calculator=False)))
+  assert "<|output_start|>" not in plain
+
+
+def rss_bytes():
+  with open("/proc/self/statm") as f:
+    return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@pytest.mark.slow
+def test_memory_flat_and_no_recompilation_over_200_requests(engine):
+  step = sampling.decode_step(engine.model)
+  lengths = ["hi", "Which is hot? " * 3, "The sun is hot. " * 9, "2+2=4. " * 30]
+  with Server(engine) as server, httpx.Client(base_url=server.url, timeout=60) as client:
+    for i in range(200):
+      text = lengths[i % len(lengths)]
+      ask(client, [{"role": "user", "content": text}], max_tokens=4, temperature=1.0, seed=i)
+      if i == 9:
+        compiled, live, rss = step._cache_size(), len(jax.live_arrays()), rss_bytes()
+  assert step._cache_size() == compiled  # nothing compiled after warm-up
+  assert len(jax.live_arrays()) <= live  # no array kept per request
+  assert rss_bytes() <= 1.1 * rss
+  assert sampling.decode_step.cache_info().currsize <= sampling.CACHED_MODELS
+
+
+def chromium():
+  """(chromium, chromedriver) paths, or None."""
+  found = [shutil.which(n) for n in ("chromium", "chromedriver")]
+  return found if all(found) else None
+
+
+@pytest.mark.skipif(
+  chromium() is None,
+  reason="Debian chromium and chromium-driver are not installed (scripts/install.sh --test)",
+)
+@pytest.mark.slow
+def test_page_in_chromium_streams_stops_and_holds_three_turns(engine, monkeypatch):
+  webdriver = pytest.importorskip("selenium.webdriver")
+  from selenium.webdriver.common.by import By
+  from selenium.webdriver.support.ui import WebDriverWait
+
+  pace = {"delay": 0.0, "made": 0, "closed": 0}
+  tokens = engine.tokens
+
+  def paced(*args, **kw):  # the real answer, token by token at a pace the browser can catch
+    it = tokens(*args, **kw)
+    try:
+      for token in it:
+        time.sleep(pace["delay"])
+        pace["made"] += 1
+        yield token
+    finally:
+      pace["closed"] += 1
+
+  monkeypatch.setattr(engine, "tokens", paced)
+  options = webdriver.ChromeOptions()
+  for flag in (
+    "--headless=new",
+    "--no-sandbox",
+    "--disable-dev-shm-usage",
+    "--window-size=900,700",
+  ):
+    options.add_argument(flag)
+  options.binary_location = chromium()[0]
+  service = webdriver.ChromeService(executable_path=chromium()[1])
+  with Server(engine, max_tokens=24) as server:
+    driver = webdriver.Chrome(options=options, service=service)
+    try:
+      wait = WebDriverWait(driver, 60, poll_frequency=0.05)
+      driver.get(server.url)
+      assert "chat mode" in driver.find_element(By.ID, "mode").text
+      answers = lambda: driver.find_elements(By.CSS_SELECTOR, ".message.assistant")
+      # Stop: the answer streams in, Stop ends it, the server stops decoding.
+      pace["delay"] = 0.05
+      driver.find_element(By.ID, "input").send_keys(QUESTIONS[1] + "\n")  # 24 tokens, 1.2 s
+      wait.until(lambda d: len(answers()) == 1 and len(answers()[0].text) > 0)
+      driver.find_element(By.ID, "stop").click()
+      wait.until(lambda d: answers()[0].get_attribute("data-state") == "stopped")
+      wait.until(lambda d: pace["closed"] == 1)
+      assert 0 < pace["made"] < 24
+      assert driver.find_element(By.ID, "send").is_displayed()
+      driver.find_element(By.ID, "new-chat").click()
+      assert answers() == []
+      # Three turns, each the greedy answer to the conversation so far.
+      pace["delay"] = 0.0
+      messages = []
+      for k, question in enumerate(QUESTIONS):
+        driver.find_element(By.ID, "input").send_keys(question + "\n")
+        wait.until(lambda d, k=k: len(answers()) == k + 1)
+        wait.until(lambda d, k=k: answers()[k].get_attribute("data-state") == "done")
+        messages.append({"role": "user", "content": question})
+        expected = shown(engine, greedy_answer(engine, engine.prompt(messages), 24))
+        got = driver.execute_script("return arguments[0].textContent", answers()[k])
+        assert got == expected
+        messages.append({"role": "assistant", "content": got})
+      if os.environ.get("LAPLAX_CHAT_SCREENSHOT"):
+        driver.save_screenshot(os.environ["LAPLAX_CHAT_SCREENSHOT"])
+    finally:
+      driver.quit()

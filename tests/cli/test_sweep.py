@@ -1,0 +1,246 @@
+"""``python -m laplax.sweep``: the grid, the one-line errors, the summary over
+seeds, and a sweep killed with SIGKILL in its third run that the same command
+finishes (the finished runs untouched, the killed one resumed, the summary that
+of an uninterrupted sweep).
+
+The killed sweep is 2 cells x 2 seeds by default (4 runs, to keep the suite
+short); ``LAPLAX_SWEEP_FULL=1`` makes it the 2 x 2 grid x 2 seeds of issue
+16's acceptance (8 runs, about 2 minutes more).
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import warnings
+
+import numpy as np
+import pytest
+
+from laplax import sweep
+from laplax.analysis import seeds
+
+from helpers.runs import CONFIG, ROOT, TINY, run, run_in_process
+
+SWEEP_TINY = [
+  a for a in TINY if not a.startswith(("--config.model.num_laplacian_heads", "--config.log_every"))
+] + [
+  "--config.total_steps=4",
+  "--config.log_every=1",
+  "--config.checkpoint_every=2",
+  "--config.eval_every=1000",
+  "--config.eval_batch_size=250",
+  "--config.data.eval_split=test[:500]",
+]
+GRID = ["--grid", "model.num_laplacian_heads=0,1"] + (
+  ["--grid", ":spectral=False,True"] if os.environ.get("LAPLAX_SWEEP_FULL") else []
+)
+
+
+def test_split_values_keeps_brackets_and_quotes():
+  assert sweep.split_values("0,4") == ["0", "4"]
+  assert sweep.split_values("(0.05,0.4),(0.1,0.5)") == ["(0.05,0.4)", "(0.1,0.5)"]
+  assert sweep.split_values("'a,b',c") == ["'a,b'", "c"]
+  for bad in ("(0,1", "1,,2", "'a"):
+    with pytest.raises(sweep.SweepError):
+      sweep.split_values(bad)
+
+
+def test_plan_names_order_and_file_arguments():
+  runs = sweep.plan(
+    "configs/vit_fashion_mnist.py:laplacian=2",
+    sweep.parse_grid(["optim.lr=1e-3,2e-3", ":recipe=plain,deit3"]),
+    [0, 1],
+    ["--config.total_steps=5"],
+    "out",
+  )
+  assert [r.name for r in runs[:3]] == [
+    "lr=1e-3,recipe=plain,seed=0",
+    "lr=1e-3,recipe=plain,seed=1",
+    "lr=1e-3,recipe=deit3,seed=0",
+  ]
+  assert len(runs) == 8 and runs[-1].name == "lr=2e-3,recipe=deit3,seed=1"
+  assert runs[2].config == "configs/vit_fashion_mnist.py:laplacian=2,recipe=deit3"
+  assert runs[2].overrides == (
+    "--config.total_steps=5",
+    "--config.optim.lr=1e-3",
+    "--config.seed=0",
+  )
+  assert runs[2].workdir == os.path.join("out", runs[2].name)
+  # Keys whose last parts clash keep their whole name.
+  clash = sweep.plan(
+    CONFIG, sweep.parse_grid(["model.dropout=0,0.1", "data.dropout=0"]), [0], [], "o"
+  )
+  assert clash[0].name == "model.dropout=0,data.dropout=0,seed=0"
+
+
+@pytest.mark.parametrize(
+  "extra,fragment",
+  [
+    (["--grid", "model.nope=1,2"], "unknown config key 'model.nope'"),
+    (["--grid", "model.num_laplacian_heads=x"], "model.num_laplacian_heads"),
+    (["--grid", "model.num_laplacian_heads=1,9"], "num_laplacian_heads=9"),
+    (["--grid", "model.num_laplacian_heads"], "give KEY=V1,V2"),
+    (["--grid", "seed=1,2"], "the seeds come from --seeds"),
+    (["--grid", "optim.lr=1e-3", "--grid", "optim.lr=2e-3"], "given twice"),
+    (["--seeds", "0,x"], "--seeds 0,x"),
+    (["--seeds", "1,1"], "--seeds 1,1"),
+    (["--config.model.nope=1"], "unknown config key 'model.nope'"),
+    (["--frobnicate"], "unknown argument --frobnicate"),
+    (["--grid", ":recipe=plain,bogus"], "recipe"),
+    # The override sets the key the :laplacian axis changes: both cells equal.
+    (["--grid", ":laplacian=0,2", "--config.model.num_laplacian_heads=1"], "have the same config"),
+    (["--workdir", " "], "--workdir is empty"),
+  ],
+)
+def test_bad_sweep_is_one_line_exit_2_nothing_written(
+  extra, fragment, tmp_path, capsys, fmnist_data_dir
+):
+  out = tmp_path / "sweep"
+  code = sweep.main(
+    ["--config", CONFIG, "--workdir", str(out), f"--config.data.data_dir={fmnist_data_dir}"] + extra
+  )
+  err = capsys.readouterr().err.strip().splitlines()
+  assert code == 2 and len(err) == 1 and err[0].startswith("error: "), err
+  assert fragment in err[0], err
+  assert not out.exists()
+
+
+def test_mean_std_and_markdown_against_numpy(tmp_path):
+  values = [0.81, 0.83, 0.86]
+  stat = seeds.mean_std(values + [None])
+  assert stat["n"] == 3 and stat["mean"] == pytest.approx(np.mean(values))
+  assert stat["std"] == pytest.approx(np.std(values, ddof=1))
+  assert seeds.mean_std([0.5]) == {"mean": 0.5, "std": None, "n": 1}
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")  # no overflow in the squares
+    huge = seeds.mean_std([1e200, 3e200])
+  np.testing.assert_allclose([huge["mean"], huge["std"]], [2e200, np.sqrt(2) * 1e200], rtol=1e-12)
+  for seed, acc in enumerate(values):
+    w = tmp_path / f"r{seed}"
+    w.mkdir()
+    (w / "eval.json").write_text(
+      json.dumps({"accuracy": acc, "loss": 1 - acc, "num_examples": 100, "step": 4})
+    )
+    (w / "metrics.jsonl").write_text(
+      json.dumps({"step": 4, "split": "train", "loss": 2.0 + seed, "steps_per_sec": 9.0})
+      + "\n"
+      + '{"step": 5, "spl'
+    )  # a killed writer's last line
+  cells = [
+    {
+      "grid": {"model.num_laplacian_heads": "4"},
+      "runs": {s: seeds.run_results(str(tmp_path / f"r{s}")) for s in range(3)},
+    }
+  ]
+  agg = seeds.aggregate(cells)[0]
+  assert set(agg["metrics"]) == {"accuracy", "loss", "train_loss"}
+  assert agg["metrics"]["train_loss"]["mean"] == pytest.approx(3.0)
+  table = seeds.markdown([agg])
+  assert f"{np.mean(values):.4g} ± {np.std(values, ddof=1):.2g}" in table
+  assert "| model.num_laplacian_heads=4 | 3 |" in table
+
+
+def _snapshot(path):
+  return {
+    os.path.join(d, f): (
+      os.stat(os.path.join(d, f)).st_mtime_ns,
+      open(os.path.join(d, f), "rb").read(),
+    )
+    for d, _, files in os.walk(path)
+    for f in files
+  }
+
+
+def _sweep_argv(workdir, data_dir):
+  return (
+    [
+      "-m",
+      "laplax.sweep",
+      "--config",
+      CONFIG,
+      "--workdir",
+      str(workdir),
+      "--seeds",
+      "0,1",
+      f"--config.data.data_dir={data_dir}",
+    ]
+    + GRID
+    + SWEEP_TINY
+  )
+
+
+@pytest.mark.slow
+@pytest.mark.subprocess
+def test_sigkill_in_the_third_run_then_the_same_command_finishes(tmp_path, fmnist_data_dir, capfd):
+  out = tmp_path / "sweep"
+  argv = _sweep_argv(out, fmnist_data_dir)
+  log = open(tmp_path / "first.log", "w")
+  proc = subprocess.Popen(
+    [sys.executable] + argv,
+    cwd=ROOT,
+    stdout=log,
+    stderr=subprocess.STDOUT,
+    env=dict(os.environ, PYTHONUNBUFFERED="1"),
+  )
+  names = [r.name for r in sweep.plan(CONFIG, sweep.parse_grid(GRID[1::2]), [0, 1], [], str(out))]
+  third = out / names[2]
+  deadline = time.time() + 240
+  while time.time() < deadline and proc.poll() is None:
+    if (third / "metrics.jsonl").exists() and '"step": 1,' in (third / "metrics.jsonl").read_text():
+      break
+    time.sleep(0.005)
+  proc.send_signal(signal.SIGKILL)
+  proc.wait()
+  log.close()
+  assert not (third / "eval.json").exists(), "the kill came too late"
+  assert not (out / names[3]).exists()
+  time.sleep(1.0)  # the killed train.py dies with the sweep (PR_SET_PDEATHSIG)
+  before = {n: _snapshot(out / n) for n in names[:2]}
+  r = run(argv)
+  assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+  lines = r.stdout.splitlines()
+  n = len(names)
+  assert lines[0] == f"[1/{n}] {names[0]}: finished before, skipped"
+  assert lines[1] == f"[2/{n}] {names[1]}: finished before, skipped"
+  assert lines[2] == f"[3/{n}] {names[2]}: train + eval ..."
+  assert {n: _snapshot(out / n) for n in names[:2]} == before
+  assert (third / "train.log").read_text().count("$ train.py") == 2
+  assert [
+    m["step"] for m in seeds.read_jsonl(str(third / "metrics.jsonl")) if m["split"] == "train"
+  ] == [1, 2, 3, 4]
+  # The killed run equals the same run uninterrupted, so the summary is the
+  # uninterrupted sweep's (the other runs ran once, untouched).
+  ref = tmp_path / "reference"
+  cfg = sweep.plan(
+    CONFIG,
+    sweep.parse_grid(GRID[1::2]),
+    [0, 1],
+    [f"--config.data.data_dir={fmnist_data_dir}"] + SWEEP_TINY,
+    str(ref),
+  )[2]
+  assert run_in_process(["train.py"] + cfg.train_args(), capfd).returncode == 0
+  assert run_in_process(["eval.py", "--workdir", cfg.workdir], capfd).returncode == 0
+  results = {n: seeds.run_results(str(out / n)) for n in names}
+  assert results[names[2]] == seeds.run_results(cfg.workdir)
+  summary = json.loads((out / "summary.json").read_text())
+  assert summary["unfinished"] == [] and set(summary["runs"]) == set(names)
+  expected = seeds.aggregate(
+    [
+      {"grid": dict(r.cell), "runs": {s.seed: results[s.name] for s in runs_of_cell}}
+      for r, runs_of_cell in _cells(out)
+    ]
+  )
+  assert summary["cells"] == json.loads(json.dumps(expected))
+  assert (out / "curves.png").stat().st_size > 0
+  assert "± " in (out / "summary.md").read_text()
+
+
+def _cells(out):
+  runs = sweep.plan(CONFIG, sweep.parse_grid(GRID[1::2]), [0, 1], [], str(out))
+  cells = {}
+  for r in runs:
+    cells.setdefault(r.cell, []).append(r)
+  return [(rs[0], rs) for rs in cells.values()]

@@ -1,0 +1,1 @@
+"""Code shared by the test files (fixtures are in tests/conftest.py)."""
