@@ -136,7 +136,8 @@ def parse_args(argv=None):
     "--xla-keeps-p",
     action="store_true",
     help="laplax's XLA attention kernel keeps the float32 P for the backward "
-    "pass on any platform (as on a CPU), to measure what that costs",
+    "pass on any platform (as on a CPU), to measure what that costs "
+    "(the same as --set model.xla_keep_probs=True)",
   )
   p.add_argument(
     "--json",
@@ -176,7 +177,6 @@ def report(spec: str, devices, args) -> None:
   import jax
 
   from laplax import (
-    kernels,
     optim,
     sharding,
     tasks,
@@ -185,8 +185,9 @@ def report(spec: str, devices, args) -> None:
   from laplax.config import validation as config_lib
   from laplax.train import loop
 
-  kernels.XLA_KEEPS_P = True if args.xla_keeps_p else None
   config = load_config(spec)
+  if args.xla_keeps_p:
+    config.model.xla_keep_probs = True
   for item in args.set:
     apply_override(config, item)
   if args.batch:

@@ -10,11 +10,11 @@ so its output before the output projection is ``V_i - P_i V_i``. It is taken
 from the same ``P V`` a standard head computes, so any fused kernel serves both
 kinds of head and no ``[length, length]`` tensor is formed.
 
-:func:`attend` is the seam where the kernel is chosen (``"xla"``, which is
-:func:`laplax.kernels.xla.xla_attention`, ``"cudnn"``, ``"splash"``, or the
-materialising ``"reference"``; ``None`` chooses by platform, see
-:mod:`laplax.kernels`); :class:`MultiHeadAttention` holds the
-projections, qk-norm, dropout and the spectral conditioning of
+:func:`attend` takes the heads' outputs from the ``P V`` of
+:func:`laplax.kernels.attention`, the one seam where the kernel is chosen
+(``"xla"``, ``"cudnn"``, ``"splash"``, the materialising ``"reference"``;
+``None`` chooses by platform); :class:`MultiHeadAttention` holds the
+projections, qk-norm, rotary, dropout and the spectral conditioning of
 :mod:`laplax.spectral`.
 
 See docs/methods.md for both methods, their config keys and laplax's choices.
@@ -31,16 +31,19 @@ import jax.numpy as jnp
 import numpy as np
 
 from laplax import kernels, sharding, spectral
-from laplax.kernels import nystrom
+from laplax.kernels import (
+  IMPLEMENTATIONS,
+  causal_mask,
+  nystrom,
+  reference_attention,
+  repeat_kv,
+  window_mask,
+)
 from laplax.rotary import STYLES as ROPE_STYLES  # noqa: F401  (re-exported)
 from laplax.rotary import rotary, rotary_table  # noqa: F401  (rotary_table re-exported)
 
-IMPLEMENTATIONS = (None, "xla", "cudnn", "splash", "reference", "nystrom")
 # Logical axes of queries, keys, values and head outputs (laplax.sharding).
 HEADS_AXES = ("batch", "length", "heads", "head_dim")
-# Masked logits get this value rather than -inf, so that fully masked rows and
-# bfloat16 never produce NaN (the softmax is taken in float32).
-MASK_VALUE = kernels.MASK_VALUE
 LAPLACIAN_MIXES = ("fixed", "learned")
 # Kinds of qk-norm: Flax's learnable LayerNorm (DeiT-3) or the parameter-free
 # RMSNorm of nanochat/gpt.py (:func:`rms_norm`).
@@ -50,12 +53,6 @@ QK_NORM_TYPES = ("layernorm", "rmsnorm")
 LAPLACIAN_MIX_INIT = 4.0
 # The channels of the block input the fork's value-embedding gate reads.
 VE_GATE_CHANNELS = 12
-
-
-def window_mask(q_positions, kv_length: int, window: int) -> jax.Array:
-  """Bool ``[q, kv_length]``: query at position ``p`` sees key ``j`` iff ``p - j <= window``
-  (with the causal mask: a sliding window of ``window + 1`` keys)."""
-  return (jnp.asarray(q_positions)[:, None] - jnp.arange(kv_length)[None, :]) <= window
 
 
 def laplacian_heads(
@@ -89,66 +86,6 @@ def laplacian_heads(
   return np.arange(num_heads) >= num_heads - k
 
 
-def _combine_masks(mask, is_causal, q_len, kv_len):
-  if is_causal:
-    # Queries are the last q_len positions of the kv_len keys (KV-cache style).
-    causal = (jnp.arange(q_len)[:, None] + (kv_len - q_len) >= jnp.arange(kv_len)[None, :])[
-      None, None
-    ]
-    mask = causal if mask is None else jnp.logical_and(mask, causal)
-  return mask
-
-
-def reference_attention(
-  query,
-  key,
-  value,
-  *,
-  mask=None,
-  is_causal=False,
-  scale=None,
-  dropout_rate=0.0,
-  dropout_rng=None,
-  bias=None,
-):
-  """Dense softmax attention that materialises ``P``.
-
-  Args:
-    query: ``[batch, q_length, num_heads, head_dim]``.
-    key, value: ``[batch, kv_length, num_kv_heads, head_dim]``; ``num_kv_heads``
-      divides ``num_heads`` (grouped-query attention repeats them).
-    mask: bool, broadcastable to ``[batch, num_heads, q_length, kv_length]``,
-      True = attend.
-    is_causal: add the causal mask (queries aligned to the last keys).
-    scale: logit scale, default ``1 / sqrt(head_dim)``.
-    dropout_rate, dropout_rng: attention dropout on ``P`` (inverted scaling).
-    bias: float, broadcastable to ``[batch, num_heads, q_length, kv_length]``,
-      added to the scaled logits (``None``: none).
-
-  Returns:
-    ``(PV, P)``: ``PV`` ``[batch, q_length, num_heads, head_dim]`` in
-    ``value.dtype`` and ``P`` float32 ``[batch, num_heads, q_length, kv_length]``
-    (after dropout). Logits and softmax are computed in float32.
-  """
-  num_heads, num_kv = query.shape[-2], key.shape[-2]
-  if num_heads != num_kv:
-    key = jnp.repeat(key, num_heads // num_kv, axis=-2)
-    value = jnp.repeat(value, num_heads // num_kv, axis=-2)
-  scale = query.shape[-1] ** -0.5 if scale is None else scale
-  logits = jnp.einsum("bqhd,bkhd->bhqk", query.astype(jnp.float32), key.astype(jnp.float32)) * scale
-  if bias is not None:
-    logits = logits + jnp.asarray(bias, jnp.float32)
-  mask = _combine_masks(mask, is_causal, query.shape[1], key.shape[1])
-  if mask is not None:
-    logits = jnp.where(mask, logits, MASK_VALUE)
-  probs = jax.nn.softmax(logits, axis=-1)
-  if dropout_rate > 0.0 and dropout_rng is not None:
-    keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, probs.shape)
-    probs = jnp.where(keep, probs / (1.0 - dropout_rate), 0.0)
-  pv = jnp.einsum("bhqk,bkhd->bqhd", probs, value.astype(jnp.float32))
-  return pv.astype(value.dtype), probs
-
-
 def attend(
   query: jax.Array,
   key: jax.Array,
@@ -164,6 +101,7 @@ def attend(
   residual_value: jax.Array | None = None,
   return_weights: bool = False,
   mix: jax.Array | None = None,
+  keep_probs: bool | None = None,
   kernel_options: dict | None = None,
   bias: jax.Array | None = None,
 ):
@@ -205,6 +143,8 @@ def attend(
       0`` is a standard head and ``alpha = 1`` a Laplacian head exactly (the
       learned mix, :class:`MultiHeadAttention` with ``laplacian_mix=
       "learned"``); ``laplacian`` is then only checked for its shape.
+    keep_probs: whether the XLA kernel keeps the float32 ``P`` for its
+      backward pass (``None``: on a CPU only; :func:`laplax.kernels.attention`).
     kernel_options: keyword arguments of the kernel; for ``"nystrom"``
       (:func:`laplax.kernels.nystrom.nystrom_attention`, ``P~ V`` in place of
       ``P V``, so a Laplacian head is ``V - P~ V``; no attention dropout, no
@@ -242,76 +182,51 @@ def attend(
       f"laplacian has shape {np.shape(laplacian)}; expected ({num_heads},), "
       f"one boolean per query head"
     )
-  use_dropout = dropout_rate > 0.0 and dropout_rng is not None
-  weights = None
-  if implementation == "nystrom":
-    if is_causal or return_weights or bias is not None:
-      raise ValueError(
-        "implementation='nystrom' has no causal mask, no additive bias and no return_weights"
-      )
-    pv = nystrom.nystrom_attention(
-      query, key, value, mask=mask, scale=scale, **(kernel_options or {})
-    )
-  elif (
-    implementation == "reference"
-    or (use_dropout and implementation != "splash")
-    or (return_weights)
-  ):
-    if return_weights and implementation not in (None, "reference"):
-      raise ValueError("return_weights needs implementation='reference'")
-    pv, weights = reference_attention(
-      query,
-      key,
-      value,
-      mask=mask,
-      is_causal=is_causal,
-      scale=scale,
-      dropout_rate=dropout_rate if use_dropout else 0.0,
-      dropout_rng=dropout_rng,
-      bias=bias,
-    )
-  else:
-    if implementation == "splash" and use_dropout:
-      raise ValueError(
-        kernels.splash.unsupported(query.shape[1], key.shape[1], dropout=dropout_rate)
-        or "no dropout"
-      )
-    pv = kernels.attention(
-      query,
-      key,
-      value,
-      mask=mask,
-      is_causal=bool(is_causal),
-      scale=query.shape[-1] ** -0.5 if scale is None else float(scale),
-      implementation=implementation,
-      bias=bias,
-    )
-
-  if mix is None and laplacian_np is not None and not laplacian_np.any():
-    out = pv
-  else:
-    if residual_value is None:
-      if query.shape[1] != value.shape[1]:
-        raise ValueError(
-          "Laplacian heads need the values at the query positions: pass "
-          "residual_value when q_length != kv_length (e.g. with a KV cache)"
-        )
-      residual_value = value
-    if residual_value.shape[-2] != num_heads:  # grouped-query attention
-      residual_value = jnp.repeat(residual_value, num_heads // residual_value.shape[-2], axis=-2)
-    if mix is not None:
-      alpha = jnp.asarray(mix, jnp.float32)[:, None]
-      out = (
-        alpha * residual_value.astype(jnp.float32) + (1.0 - 2.0 * alpha) * pv.astype(jnp.float32)
-      ).astype(pv.dtype)
-      return (out, weights) if return_weights else out
-    lap_out = (residual_value - pv).astype(pv.dtype)
-    if laplacian_np is not None and laplacian_np.all():
-      out = lap_out
-    else:
-      sel = jnp.asarray(laplacian, dtype=bool)[:, None]
-      out = jnp.where(sel, lap_out, pv)
+  pv, weights = kernels.attention(
+    query,
+    key,
+    value,
+    mask=mask,
+    is_causal=is_causal,
+    scale=scale,
+    implementation=implementation,
+    dropout_rate=dropout_rate,
+    dropout_rng=dropout_rng,
+    return_weights=return_weights,
+    keep_probs=keep_probs,
+    bias=bias,
+    kernel_options=kernel_options,
+  )
+  out = _laplacian_outputs(pv, laplacian, laplacian_np, residual_value, value, query.shape[1], mix)
   return (out, weights) if return_weights else out
+
+
+def _laplacian_outputs(pv, laplacian, laplacian_np, residual_value, value, q_length, mix):
+  """The heads' outputs of :func:`attend` from ``pv [batch, q_length, heads,
+  head_dim]``: ``P V`` (standard heads), ``V - P V`` (Laplacian heads, where
+  ``laplacian``; ``laplacian_np`` is its NumPy value or ``None`` when
+  traced), or ``alpha V + (1 - 2 alpha) P V`` with ``alpha = mix``. ``V`` is
+  ``residual_value``, default ``value``; its grouped heads are repeated."""
+  num_heads = pv.shape[-2]
+  if mix is None and laplacian_np is not None and not laplacian_np.any():
+    return pv
+  if residual_value is None:
+    if q_length != value.shape[1]:
+      raise ValueError(
+        "Laplacian heads need the values at the query positions: pass "
+        "residual_value when q_length != kv_length (e.g. with a KV cache)"
+      )
+    residual_value = value
+  residual_value = repeat_kv(residual_value, num_heads)
+  if mix is not None:
+    alpha = jnp.asarray(mix, jnp.float32)[:, None]
+    return (
+      alpha * residual_value.astype(jnp.float32) + (1.0 - 2.0 * alpha) * pv.astype(jnp.float32)
+    ).astype(pv.dtype)
+  lap_out = (residual_value - pv).astype(pv.dtype)
+  if laplacian_np is not None and laplacian_np.all():
+    return lap_out
+  return jnp.where(jnp.asarray(laplacian, dtype=bool)[:, None], lap_out, pv)
 
 
 class ProjectionDense(nn.Module):
@@ -521,8 +436,7 @@ def _nystrom_conv(mha: MultiHeadAttention, v: jax.Array, mask: jax.Array | None)
     ),
     (k, mha.num_heads),
   )
-  if mha.num_heads != v.shape[-2]:
-    v = jnp.repeat(v, mha.num_heads // v.shape[-2], axis=-2)
+  v = repeat_kv(v, mha.num_heads)
   keys_ok = nystrom.key_padding(mask, v.shape[0], v.shape[1])
   if keys_ok is not None and mha.nystrom_padding == "zero":
     v = v * keys_ok[:, :, None, None].astype(v.dtype)
@@ -578,6 +492,8 @@ class MultiHeadAttention(nn.Module):
       and the attention kernel in ``dtype``.
     implementation: kernel for :func:`attend` (decoding with the KV cache
       runs XLA's instead of splash).
+    xla_keep_probs: whether the XLA kernel keeps the float32 ``P`` for the
+      backward pass (``None``: on a CPU only; memory, never values).
     laplacian_mix: ``"fixed"`` (the heads marked Laplacian output ``V - P V``,
       the others ``P V``) or ``"learned"``: head ``i`` outputs ``alpha_i V +
       (1 - 2 alpha_i) P V`` with ``alpha_i = sigmoid(a_i)`` and ``a`` a
@@ -621,6 +537,7 @@ class MultiHeadAttention(nn.Module):
   spectral_mode: str = spectral.DEFAULT_MODE
   spectral_targets: str = spectral.TARGETS
   implementation: str | None = None
+  xla_keep_probs: bool | None = None
   laplacian_mix: str = "fixed"
   use_bias: bool = True
   rope: bool = False
@@ -664,41 +581,78 @@ class MultiHeadAttention(nn.Module):
     if bias is not None and decode:
       raise ValueError("an additive attention bias is not supported with decode=True")
     _check_settings(self, x.shape[-1])
-    model_dim = x.shape[-1]
-    head_dim = self.head_dim or model_dim // self.num_heads
+    head_dim = self.head_dim or x.shape[-1] // self.num_heads
     if laplacian is None:
       laplacian = laplacian_heads(self.num_heads, self.num_laplacian_heads, self.laplacian_mask)
     dtype = self.dtype or x.dtype
+    # Project (spectrally conditioned W_Q, W_K, W_V), then norm and rotate.
     q, k, v = _project_qkv(self, x, head_dim, dtype)
-    if value_embed is not None:
-      gate = nn.Dense(
-        self.num_heads,
-        use_bias=False,
-        dtype=dtype,
-        kernel_init=sharding.logical_init(
-          lambda key, shape, dt=jnp.float32: jax.random.uniform(key, shape, dt, 0.0, 0.02),
-          (None, "heads"),
-        ),
-        name="ve_gate",
-      )(x[..., :VE_GATE_CHANNELS].astype(dtype))
-      ve = value_embed.astype(v.dtype).reshape(v.shape)
-      v = v + (3.0 * jax.nn.sigmoid(gate))[..., None].astype(v.dtype) * ve
-    length = x.shape[1]
-    start = 0
-    if decode:
-      is_init = not self.has_variable("cache", "cached_key")
-      cached_k = self.variable("cache", "cached_key", jnp.zeros, k.shape, dtype)
-      cached_v = self.variable("cache", "cached_value", jnp.zeros, v.shape, dtype)
-      index = self.variable("cache", "cache_index", lambda: jnp.zeros((), jnp.int32))
-      if not is_init:
-        start = index.value
-    positions = start + np.arange(length)  # traced when decoding
+    v = self._value_embed(x, v, value_embed, dtype)
+    cache = self._cache(k, v, dtype) if decode else None
+    start = 0 if cache is None or cache["init"] else cache["index"].value
+    max_length = None if cache is None else cache["key"].value.shape[1]
+    q, k = self._norm_and_rotate(q, k, start + np.arange(x.shape[1]), max_length)
+    q, k, v = q.astype(dtype), k.astype(dtype), v.astype(dtype)
+    # Attend: P V by the kernel, V - P V on the Laplacian heads (or the mix).
+    dropout_rng = None
+    if not deterministic and self.attention_dropout > 0.0:
+      dropout_rng = self.make_rng("dropout")
+    heads = dict(laplacian=laplacian, mix=self._mix(laplacian), dropout_rng=dropout_rng)
+    if cache is not None and not cache["init"]:
+      y = self._attend_cached(q, k, v, cache, start, mask, **heads)
+    else:
+      y = self._attend(q, k, v, mask, is_causal, bias, **heads)
+    # Combine the heads: W_O, then dropout.
+    y = nn.with_logical_constraint(y, HEADS_AXES)
+    y = y.reshape(*x.shape[:-1], self.num_heads * head_dim)
+    y = ProjectionDense(
+      x.shape[-1],
+      dtype=self.dtype,
+      kernel_init=self.out_init,
+      use_bias=self.use_bias,
+      axes=("heads", "embed"),
+      name="out",
+    )(y)
+    return nn.Dropout(self.dropout)(y, deterministic=deterministic)
+
+  def _value_embed(self, x, v, value_embed, dtype):
+    """``v`` plus the fork's gated value embedding ``3 sigmoid(ve_gate(x[...,
+    :12])) value_embed`` (one gate per head, parameter ``ve_gate/kernel [12,
+    num_heads]``, U(0, 0.02)); ``v`` itself when ``value_embed`` is ``None``."""
+    if value_embed is None:
+      return v
+    gate = nn.Dense(
+      self.num_heads,
+      use_bias=False,
+      dtype=dtype,
+      kernel_init=sharding.logical_init(
+        lambda key, shape, dt=jnp.float32: jax.random.uniform(key, shape, dt, 0.0, 0.02),
+        (None, "heads"),
+      ),
+      name="ve_gate",
+    )(x[..., :VE_GATE_CHANNELS].astype(dtype))
+    ve = value_embed.astype(v.dtype).reshape(v.shape)
+    return v + (3.0 * jax.nn.sigmoid(gate))[..., None].astype(v.dtype) * ve
+
+  def _cache(self, k, v, dtype) -> dict:
+    """The KV cache's variables ``key``, ``value`` (``[batch, max_length,
+    heads, head_dim]``) and ``index`` (int32, the next position), and
+    ``init``: whether this call creates them (an ``init``, which writes
+    nothing)."""
+    init = not self.has_variable("cache", "cached_key")
+    return dict(
+      init=init,
+      key=self.variable("cache", "cached_key", jnp.zeros, k.shape, dtype),
+      value=self.variable("cache", "cached_value", jnp.zeros, v.shape, dtype),
+      index=self.variable("cache", "cache_index", lambda: jnp.zeros((), jnp.int32)),
+    )
+
+  def _norm_and_rotate(self, q, k, positions, max_length):
+    """``q, k`` after the qk-norm, ``qk_scale`` and rotary at ``positions``
+    (int ``[length]``, traced when decoding), in the order of ``rope_style``:
+    nanochat rotates first, roformer after the norm."""
     rotate = lambda y: rotary(
-      y,
-      positions,
-      self.rope_theta,
-      max_length=(cached_k.value.shape[1] if decode else None),
-      style=self.rope_style,
+      y, positions, self.rope_theta, max_length=max_length, style=self.rope_style
     )
     rope_first = self.rope and self.rope_style == "nanochat"
     if rope_first:  # nanochat/gpt.py: rotary, then the qk-norm
@@ -713,84 +667,97 @@ class MultiHeadAttention(nn.Module):
       q, k = q * self.qk_scale, k * self.qk_scale
     if self.rope and not rope_first:
       q, k = rotate(q), rotate(k)
-    q, k, v = q.astype(dtype), k.astype(dtype), v.astype(dtype)
-    dropout_rng = None
-    if not deterministic and self.attention_dropout > 0.0:
-      dropout_rng = self.make_rng("dropout")
-    mix = None
-    if self.laplacian_mix == "learned":
-      pattern = jnp.asarray(laplacian, jnp.float32)
-      logits = self.param(
-        "laplacian_mix",
-        sharding.logical_init(
-          lambda rng, shape: LAPLACIAN_MIX_INIT * (2.0 * pattern - 1.0), ("heads",)
-        ),
-        (self.num_heads,),
-      )
-      mix = jax.nn.sigmoid(logits)
-    elif self.laplacian_mix != "fixed":
+    return q, k
+
+  def _mix(self, laplacian):
+    """``alpha`` float32 ``[num_heads]`` of the learned mix (the parameter
+    ``laplacian_mix`` through a sigmoid), or ``None`` for the fixed heads.
+
+    Raises:
+      ValueError: an unknown ``laplacian_mix``.
+    """
+    if self.laplacian_mix == "fixed":
+      return None
+    if self.laplacian_mix != "learned":
       raise ValueError(
         f"laplacian_mix={self.laplacian_mix!r} is unknown; use one of {', '.join(LAPLACIAN_MIXES)}"
       )
-    if decode and not is_init:
-      max_length = cached_k.value.shape[1]
-      cached_k.value = jax.lax.dynamic_update_slice(cached_k.value, k, (0, start, 0, 0))
-      cached_v.value = jax.lax.dynamic_update_slice(cached_v.value, v, (0, start, 0, 0))
-      index.value = start + length
-      visible = positions[:, None] >= jnp.arange(max_length)[None, :]
-      if self.window is not None:
-        visible = jnp.logical_and(visible, window_mask(positions, max_length, self.window))
-      mask = visible[None, None] if mask is None else jnp.logical_and(mask, visible)
-      y = attend(
-        q,
-        cached_k.value,
-        cached_v.value,
-        laplacian=laplacian,
-        mask=mask,
-        implementation="xla" if self.implementation == "splash" else self.implementation,
-        residual_value=v,
-        dropout_rate=self.attention_dropout,
-        dropout_rng=dropout_rng,
-        mix=mix,
-      )
-    else:
-      if self.window is not None and self.window < k.shape[1] - 1:
-        if not is_causal or self.implementation in ("splash", "nystrom"):
-          raise ValueError(
-            f"a sliding window (model.window_pattern) needs causal attention with "
-            f"implementation 'xla', 'cudnn', 'reference' or None, not "
-            f"{self.implementation!r}; set model.implementation='xla'"
-          )
-        local = window_mask(np.arange(length), k.shape[1], self.window)[None, None]
-        mask = local if mask is None else jnp.logical_and(mask, local)
-      y = attend(
-        q,
-        k,
-        v,
-        laplacian=laplacian,
-        mask=mask,
-        is_causal=is_causal,
-        implementation=self.implementation,
-        dropout_rate=self.attention_dropout,
-        dropout_rng=dropout_rng,
-        mix=mix,
-        kernel_options=_nystrom_options(self) if self.implementation == "nystrom" else None,
-        bias=bias,
-      )
-      if self.implementation == "nystrom" and self.conv_kernel_size:
-        y = y + _nystrom_conv(self, v, mask)
-      if self.is_mutable_collection("intermediates"):  # analysis only
-        _, weights = reference_attention(q, k, v, mask=mask, is_causal=is_causal, bias=bias)
-        self.sow("intermediates", "attention_weights", weights)
-        self.sow("intermediates", "head_outputs", y)
-    y = nn.with_logical_constraint(y, HEADS_AXES)
-    y = y.reshape(*x.shape[:-1], self.num_heads * head_dim)
-    y = ProjectionDense(
-      model_dim,
-      dtype=self.dtype,
-      kernel_init=self.out_init,
-      use_bias=self.use_bias,
-      axes=("heads", "embed"),
-      name="out",
-    )(y)
-    return nn.Dropout(self.dropout)(y, deterministic=deterministic)
+    pattern = jnp.asarray(laplacian, jnp.float32)
+    logits = self.param(
+      "laplacian_mix",
+      sharding.logical_init(
+        lambda rng, shape: LAPLACIAN_MIX_INIT * (2.0 * pattern - 1.0), ("heads",)
+      ),
+      (self.num_heads,),
+    )
+    return jax.nn.sigmoid(logits)
+
+  def _attend(self, q, k, v, mask, is_causal, bias, *, laplacian, mix, dropout_rng):
+    """:func:`attend` on the chunk itself (with the sliding ``window`` as a
+    mask, the additive ``bias``, Nystrom's options and its convolution skip);
+    for analysis (a mutable ``"intermediates"``) also sows ``P`` and the
+    heads' outputs.
+
+    Raises:
+      ValueError: a sliding window without causal attention or with
+        ``"splash"`` / ``"nystrom"``.
+    """
+    if self.window is not None and self.window < k.shape[1] - 1:
+      if not is_causal or self.implementation in ("splash", "nystrom"):
+        raise ValueError(
+          f"a sliding window (model.window_pattern) needs causal attention with "
+          f"implementation 'xla', 'cudnn', 'reference' or None, not "
+          f"{self.implementation!r}; set model.implementation='xla'"
+        )
+      local = window_mask(np.arange(q.shape[1]), k.shape[1], self.window)[None, None]
+      mask = local if mask is None else jnp.logical_and(mask, local)
+    y = attend(
+      q,
+      k,
+      v,
+      laplacian=laplacian,
+      mask=mask,
+      is_causal=is_causal,
+      implementation=self.implementation,
+      dropout_rate=self.attention_dropout,
+      dropout_rng=dropout_rng,
+      mix=mix,
+      keep_probs=self.xla_keep_probs,
+      kernel_options=_nystrom_options(self) if self.implementation == "nystrom" else None,
+      bias=bias,
+    )
+    if self.implementation == "nystrom" and self.conv_kernel_size:
+      y = y + _nystrom_conv(self, v, mask)
+    if self.is_mutable_collection("intermediates"):  # analysis only
+      _, weights = reference_attention(q, k, v, mask=mask, is_causal=is_causal, bias=bias)
+      self.sow("intermediates", "attention_weights", weights)
+      self.sow("intermediates", "head_outputs", y)
+    return y
+
+  def _attend_cached(self, q, k, v, cache, start, mask, *, laplacian, mix, dropout_rng):
+    """Writes the chunk's ``k, v`` into the KV ``cache`` at ``start`` and
+    attends to everything cached so far (causally, within the sliding
+    ``window`` if set, the chunk's own values for the Laplacian heads; XLA's
+    kernel where splash was asked for)."""
+    length, max_length = q.shape[1], cache["key"].value.shape[1]
+    cache["key"].value = jax.lax.dynamic_update_slice(cache["key"].value, k, (0, start, 0, 0))
+    cache["value"].value = jax.lax.dynamic_update_slice(cache["value"].value, v, (0, start, 0, 0))
+    cache["index"].value = start + length
+    visible = causal_mask(length, max_length, start)
+    if self.window is not None:
+      positions = start + np.arange(length)
+      visible = jnp.logical_and(visible, window_mask(positions, max_length, self.window))
+    visible = visible[None, None]
+    return attend(
+      q,
+      cache["key"].value,
+      cache["value"].value,
+      laplacian=laplacian,
+      mask=visible if mask is None else jnp.logical_and(mask, visible),
+      implementation="xla" if self.implementation == "splash" else self.implementation,
+      residual_value=v,
+      dropout_rate=self.attention_dropout,
+      dropout_rng=dropout_rng,
+      mix=mix,
+      keep_probs=self.xla_keep_probs,
+    )

@@ -1,15 +1,17 @@
 """Small helpers every laplax package uses (it imports nothing of laplax).
 
-One-line error text, atomic file writes, pytree paths as strings and dotted
-keys of nested dicts: each was written several times across the packages
+One-line error text, atomic file writes, JSON-lines files, pytree paths as
+strings and dotted keys of nested dicts: each was written several times across the packages
 before; this is the one copy.
 """
 
 from __future__ import annotations
 
+import gzip
 import importlib.util
+import json
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 
@@ -47,6 +49,34 @@ def atomic_write(path: str, data: str | bytes | Callable[[Any], None]) -> None:
     if os.path.exists(tmp):
       os.remove(tmp)
     raise
+
+
+def json_lines(path: str, error_cls: type[Exception]) -> Iterator[tuple[str, Any]]:
+  """``(where, row)`` for each non-blank line of the JSON-lines file ``path``
+  (``.gz``: gzip-compressed), ``where`` being ``"FILE:LINE"`` (1-based) for the
+  caller's own messages about the row, ``row`` the parsed JSON value (any
+  type: the caller checks it).
+
+  Raises:
+    error_cls: one line, ``"FILE:LINE: not valid JSON (reason); each line must
+      be one JSON object"``, or ``"cannot read FILE (reason)"`` (no such file,
+      not UTF-8, a truncated gzip stream).
+  """
+  opener = gzip.open if path.endswith(".gz") else open
+  try:
+    with opener(path, "rt", encoding="utf-8") as f:
+      for number, line in enumerate(f, 1):
+        if not line.strip():
+          continue
+        try:
+          row = json.loads(line)
+        except json.JSONDecodeError as e:
+          raise error_cls(
+            f"{path}:{number}: not valid JSON ({e.msg}); each line must be one JSON object"
+          ) from None
+        yield f"{path}:{number}", row
+  except (OSError, UnicodeDecodeError, EOFError) as e:
+    raise error_cls(f"cannot read {path} ({getattr(e, 'strerror', None) or e})") from None
 
 
 def path_keys(path: tuple) -> tuple[str, ...]:

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from laplax import spectral
+from laplax.kernels import causal_mask
 
 # Eigenvalues of the softmax Jacobian below this fraction of the largest count as 0.
 NULL_RTOL = 1e-12
@@ -140,7 +141,7 @@ def attention_probs(x, wq, wk, *, causal: bool = False, scale: float | None = No
   logits = (x @ wq) @ (x @ wk).T * scale
   if causal:
     t = x.shape[0]
-    logits = jnp.where(jnp.tril(jnp.ones((t, t), bool)), logits, -jnp.inf)
+    logits = jnp.where(causal_mask(t, t, xp=jnp), logits, -jnp.inf)
   return jax.nn.softmax(logits, axis=-1)
 
 
@@ -262,7 +263,7 @@ def weight_jacobian_condition(
 def _softmax_rows(x, wq, wk, causal, scale):
   logits = (x @ wq) @ (x @ wk).T * scale
   if causal:
-    logits = np.where(np.tri(len(x), dtype=bool), logits, -np.inf)
+    logits = np.where(causal_mask(len(x), len(x)), logits, -np.inf)
   p = np.exp(logits - logits.max(1, keepdims=True))
   return p / p.sum(1, keepdims=True)
 

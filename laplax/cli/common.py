@@ -18,6 +18,7 @@ import sys
 import types
 import warnings
 from collections.abc import Callable
+from typing import Any
 
 import ml_collections
 from absl import flags
@@ -391,8 +392,8 @@ def model_from_init(config: ml_collections.ConfigDict, argv: list[str]) -> None:
       ) from None
 
 
-def run(main: Callable[[], int | None], command: str | None = None) -> None:
-  """Runs ``main`` and maps user errors to one stderr line and exit code 2:
+def run(main: Callable[[Any], int | None], command: str | None = None) -> None:
+  """Runs ``main(guard)`` and maps user errors to one stderr line and exit code 2:
   every :class:`~laplax.errors.UserError` (a bad flag or config, missing
   data, a locked workdir, a file that cannot be written, ...) and a step
   that ran out of device memory (:func:`laplax.train.fit.out_of_memory`).
@@ -406,7 +407,10 @@ def run(main: Callable[[], int | None], command: str | None = None) -> None:
   or at a second signal, the
   process prints one line saying what is saved and exits with 130 (SIGINT)
   or 143 (SIGTERM); nothing is half-written (datasets, caches, configs and
-  checkpoints are written under a temporary name and renamed).
+  checkpoints are written under a temporary name and renamed). ``main``
+  gets the :class:`~laplax.signals.Guard` to say what that line reports:
+  its ``workdir`` (``train.py``: the last complete checkpoint there) or its
+  ``nothing_saved`` phrase.
   """
   from laplax import signals
 
@@ -418,7 +422,7 @@ def run(main: Callable[[], int | None], command: str | None = None) -> None:
     sys.exit(USAGE_EXIT)
   with signals.Guard(command, bound) as guard:
     try:
-      code = _run_main(main)
+      code = _run_main(lambda: main(guard))
     except KeyboardInterrupt as e:
       signum = e.signum if isinstance(e, signals.Signalled) else signal.SIGINT
       # No interpreter teardown: threads of the data pipeline or of a checkpoint

@@ -31,7 +31,7 @@ import tempfile
 
 from absl import flags
 
-from laplax import utils
+from laplax import signals, utils
 from laplax.cli import common as cli
 from laplax.workdir import saving
 
@@ -304,7 +304,7 @@ def _check_flags() -> None:
       raise cli.UsageError(f"--top_k={_TOP_K.value} must be >= 0 (0 = all tokens)")
 
 
-def main() -> int:
+def main(guard: signals.Guard) -> int:
   """Parses ``sys.argv``, evaluates (or samples, or analyses) and writes the results; returns 0.
 
   Raises:
@@ -315,12 +315,7 @@ def main() -> int:
   cli.parse_flags(argv, FLAGS, help_module=sys.modules[__name__])
   _check_flags()
   workdir = _WORKDIR.value
-  from laplax import signals
-
-  if signals.current() is not None:  # what a signal's exit line says
-    signals.current().nothing_saved = (
-      "nothing was written (eval.py writes its results when it ends)"
-    )
+  guard.nothing_saved = "nothing was written (eval.py writes its results when it ends)"
   cli.quiet()
   from laplax import loading as restore
   from laplax import tasks

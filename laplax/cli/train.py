@@ -28,6 +28,7 @@ import sys
 from absl import flags
 from ml_collections import config_flags
 
+from laplax import signals
 from laplax.cli import common as cli
 
 # In absl's global FLAGS (``eval_cli`` keeps its own, so both can be parsed in
@@ -44,8 +45,10 @@ _FORCE_UNLOCK = flags.DEFINE_bool(
 )
 
 
-def main() -> int:
+def main(guard: signals.Guard) -> int:
   """Parses ``sys.argv``, trains (or resumes) and prints the final eval; returns 0.
+  ``guard`` (:func:`laplax.cli.common.run`'s) is told the workdir, whose last
+  checkpoint a signal's exit line names.
 
   Raises:
     cli.UsageError, ConfigError, DataError, CheckpointError, NonFiniteError,
@@ -59,16 +62,19 @@ def main() -> int:
   from laplax.workdir import lock
 
   lock.check_single_process(config, _WORKDIR.value, _FORCE_UNLOCK.value)  # in seconds
-  from laplax import signals
   from laplax.train import fit
 
-  if signals.current() is not None:  # a signal's exit line names the last checkpoint
-    signals.current().workdir = _WORKDIR.value
+  guard.workdir = _WORKDIR.value
   cli.quiet()
   from laplax.train import loop
 
-  fit.remember(config)  # the levers of an out-of-memory line
-  summary = loop.train_and_evaluate(config, _WORKDIR.value, force_unlock=_FORCE_UNLOCK.value)
+  try:
+    summary = loop.train_and_evaluate(config, _WORKDIR.value, force_unlock=_FORCE_UNLOCK.value)
+  except Exception as e:  # a step out of device memory: one line with this config's levers
+    message = fit.out_of_memory(e, config)
+    if message is None:
+      raise
+    raise fit.FitError(message) from None
   if summary and loop.jax.process_index() == 0:
     print("final eval: " + ", ".join(f"{k}={v}" for k, v in summary.items()))
   return 0

@@ -52,6 +52,7 @@ import sys
 from absl import flags
 from ml_collections import config_flags
 
+from laplax import signals
 from laplax.cli import common as cli
 
 _FROM = flags.DEFINE_enum(
@@ -143,7 +144,7 @@ def _with_default_config(argv: list[str]) -> list[str]:
   return argv
 
 
-def main() -> int:
+def main(guard: signals.Guard) -> int:
   """Runs the conversion the flags ask for."""
   sys.argv = _with_default_config(sys.argv)
   cli.parse_flags(sys.argv)
@@ -156,11 +157,10 @@ def main() -> int:
   if not _WORKDIR.value:
     raise cli.UsageError("--workdir is required (the laplax run directory)")
   cli.quiet()
-  from laplax import signals
   from laplax.convert import common, hf_bert, hf_gpt2, hf_nystromformer, nanochat, timm_vit
 
-  if signals.current() is not None:  # a signal's exit line; the output is renamed in whole
-    signals.current().nothing_saved = "nothing was written (the output appears only complete)"
+  # A signal's exit line: the output is renamed into place in whole.
+  guard.nothing_saved = "nothing was written (the output appears only complete)"
   if source is not None:
     if not _MODEL.value:
       raise cli.UsageError(

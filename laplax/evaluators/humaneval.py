@@ -37,7 +37,6 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import glob
-import gzip
 import importlib.resources
 import json
 import os
@@ -47,6 +46,7 @@ from collections.abc import Sequence
 
 import tqdm
 
+from laplax import utils
 from laplax.errors import UserError
 from laplax.evaluators import sandbox
 
@@ -144,21 +144,7 @@ def _rows(name: str):
       raise HumanEvalError(f"cannot read the parquet file {name} ({e})") from None
     yield from ((f"{name} row {i}", row) for i, row in enumerate(rows, 1))
     return
-  opener = gzip.open if name.endswith(".gz") else open
-  try:
-    with opener(name, "rt", encoding="utf-8") as f:
-      for number, line in enumerate(f, 1):
-        if not line.strip():
-          continue
-        try:
-          row = json.loads(line)
-        except ValueError as e:
-          raise HumanEvalError(
-            f"{name}:{number}: not JSON ({e}); each line must be one problem object"
-          ) from None
-        yield f"{name}:{number}", row
-  except (OSError, UnicodeDecodeError, EOFError) as e:
-    raise HumanEvalError(f"cannot read {name} ({e})") from None
+  yield from utils.json_lines(name, HumanEvalError)
 
 
 def _check_problem(row, where: str, seen: set) -> None:

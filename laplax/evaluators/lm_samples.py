@@ -14,13 +14,12 @@ space.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import flax.linen as nn
 import numpy as np
 
-from laplax import sharding
+from laplax import sharding, utils
 from laplax.config import validation as config_lib
 from laplax.errors import UserError
 from laplax.evaluators.base import EVAL, TRAIN, Context, Evaluator
@@ -41,20 +40,8 @@ def read_choices(path: str) -> list[dict]:
     ChoicesError: unreadable file, bad JSON, missing or mistyped fields, an
       answer index out of range (the message names the line number).
   """
-  try:
-    with open(path) as f:
-      lines = f.readlines()
-  except OSError as e:
-    raise ChoicesError(f"cannot read choices file {path}: {e.strerror}") from None
   items = []
-  for n, line in enumerate(lines, 1):
-    if not line.strip():
-      continue
-    where = f"{path} line {n}"
-    try:
-      item = json.loads(line)
-    except json.JSONDecodeError as e:
-      raise ChoicesError(f"{where}: not valid JSON ({e.msg})") from None
+  for where, item in utils.json_lines(path, ChoicesError):
     if not isinstance(item, dict):
       raise ChoicesError(f"{where}: expected a JSON object with question, choices, answer")
     q, choices, answer = item.get("question"), item.get("choices"), item.get("answer")

@@ -8,8 +8,15 @@
   of 128.
 * ``"cudnn"``: cuDNN's fused flash kernel through
   ``jax.nn.dot_product_attention`` (NVIDIA GPUs, bfloat16 or float16).
+* :func:`~laplax.kernels.reference.reference_attention` (``"reference"``):
+  the definition, materialising ``P``; it alone returns ``P`` and takes
+  attention dropout, so those requests run it.
+* :func:`~laplax.kernels.nystrom.nystrom_attention` (``"nystrom"``): the
+  Nystrom approximation ``P~ V``, linear in length; only when requested
+  (no causal mask, no bias, key-padding masks only).
 
-``implementation=None`` follows the platform compiled for
+:func:`attention` is the one dispatch: :func:`choose` names the kernel, it
+runs it. ``implementation=None`` follows the platform compiled for
 (:func:`target_platform`) through :func:`choose`: splash on a TPU, cuDNN on
 an NVIDIA GPU for bfloat16/float16 inputs, the XLA kernel on a CPU (and on
 a GPU in float32). Where the fused kernel does not suit the shape (the
@@ -25,25 +32,32 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-from laplax.kernels import splash, xla
+from laplax.kernels import nystrom, splash
+from laplax.kernels.common import MASK_VALUE, causal_mask, combine_masks, repeat_kv, window_mask
+from laplax.kernels.reference import reference_attention
 from laplax.kernels.splash import splash_attention
-from laplax.kernels.xla import MASK_VALUE, xla_attention
+from laplax.kernels.xla import xla_attention
 
 __all__ = [
+  "IMPLEMENTATIONS",
   "MASK_VALUE",
-  "xla_attention",
+  "attention",
+  "causal_mask",
+  "choose",
+  "combine_masks",
+  "describe",
+  "reference_attention",
+  "repeat_kv",
   "splash_attention",
   "target_platform",
-  "choose",
-  "describe",
+  "window_mask",
+  "xla_attention",
 ]
 
-# Whether the XLA kernel keeps the float32 P for its backward pass: None keeps
-# it on a CPU only (the fastest there; off the CPU P is computed again);
-# True or False forces it everywhere (bench/compile_report.py --xla-keeps-p
-# measures what keeping it would cost on a TPU slice).
-XLA_KEEPS_P: bool | None = None
+#: The values of ``implementation`` (``None``: by platform and shape).
+IMPLEMENTATIONS = (None, "xla", "cudnn", "splash", "reference", "nystrom")
 # cuDNN's fused attention (through jax.nn.dot_product_attention): the dtypes
 # and largest head dimension laplax sends it by default.
 CUDNN_DTYPES = ("bfloat16", "float16")
@@ -81,26 +95,48 @@ def choose(
   dtype: Any,
   mask_shape: Sequence[int] | None = None,
   platform: str | None = None,
+  dropout: float = 0.0,
+  return_weights: bool = False,
   bias: bool = False,
 ) -> tuple[str, str | None]:
   """The kernel that runs, and why the default fell back to XLA (or ``None``).
 
   Args:
     implementation: the requested kernel; a name other than ``None`` is
-      returned as it is (its own checks raise).
+      returned as it is (its own checks raise), except that attention
+      dropout and ``return_weights`` run ``"reference"`` (``"nystrom"``
+      ignores dropout and refuses ``return_weights``).
     q_length, kv_length, head_dim: the attention's shape.
     dtype: the dtype of the queries.
     mask_shape: the shape of a boolean mask, or ``None`` (splash takes only
       key-padding masks ``[batch, 1, 1, kv_length]``).
     platform: default :func:`target_platform`.
+    dropout: the attention dropout rate in force (0: none).
+    return_weights: ``P`` is wanted (only the reference kernel forms it).
     bias: the logits get an additive bias (Swin's relative position bias),
-      which only the XLA kernel takes.
+      which only the XLA and reference kernels take.
 
   Returns:
     ``(kernel, reason)``: ``kernel`` one of ``"xla"``, ``"splash"``,
-    ``"cudnn"``, ``"reference"``; ``reason`` a phrase when ``None`` chose
+    ``"cudnn"``, ``"reference"``, ``"nystrom"``; ``reason`` a phrase when ``None`` chose
     ``"xla"`` on a platform that has a fused kernel.
+
+  Raises:
+    ValueError: ``return_weights`` with a fused or XLA implementation, or
+      ``"splash"`` with dropout (one line with the fix).
   """
+  if implementation == "nystrom":
+    if return_weights:
+      raise ValueError("implementation='nystrom' has no return_weights; use 'reference'")
+    return "nystrom", None
+  if (
+    implementation == "reference" or return_weights or (dropout > 0 and implementation != "splash")
+  ):
+    if return_weights and implementation not in (None, "reference"):
+      raise ValueError("return_weights needs implementation='reference'")
+    return "reference", None
+  if implementation == "splash" and dropout > 0:
+    raise ValueError(splash.unsupported(q_length, kv_length, dropout=dropout) or "no dropout")
   if implementation is not None:
     return implementation, None
   platform = platform or target_platform()
@@ -175,9 +211,7 @@ def _cudnn(query, key, value, mask, is_causal: bool, scale: float):
   if mask is not None:
     mask = jnp.broadcast_to(mask, (query.shape[0], heads, q_length, kv_length))
   if is_causal and q_length != kv_length:
-    causal = jnp.asarray(xla._causal(q_length, kv_length))[None, None]
-    mask = causal if mask is None else jnp.logical_and(mask, causal)
-    is_causal = False
+    mask, is_causal = jnp.asarray(combine_masks(mask, True, q_length, kv_length)), False
   return jax.nn.dot_product_attention(
     query, key, value, mask=mask, scale=scale, is_causal=is_causal, implementation="cudnn"
   )
@@ -188,48 +222,76 @@ def attention(
   key,
   value,
   *,
-  mask,
-  is_causal: bool,
-  scale: float,
-  implementation: str | None,
+  mask=None,
+  is_causal: bool = False,
+  scale: float | None = None,
+  implementation: str | None = None,
+  dropout_rate: float = 0.0,
+  dropout_rng=None,
+  return_weights: bool = False,
+  keep_probs: bool | None = None,
   bias=None,
+  kernel_options: dict | None = None,
 ):
-  """``P V`` by the kernel :func:`choose` picks (``"reference"`` excepted:
-  :func:`laplax.attention.attend` runs that one).
+  """``(P V, P or None)`` by the kernel :func:`choose` picks: the one seam
+  where :func:`laplax.attention.attend` meets the kernels.
 
   Args:
     query: ``[batch, q_length, heads, head_dim]``.
     key, value: ``[batch, kv_length, kv_heads, head_dim]``, ``kv_heads``
-      dividing ``heads``.
+      dividing ``heads`` (grouped-query attention: :func:`repeat_kv`, or the
+      kernel's own grouping).
     mask: bool broadcastable to ``[batch, heads, q_length, kv_length]`` or
       ``None`` (True = attend).
-    is_causal, scale: causal attention (queries aligned to the last keys),
-      logit scale; Python values.
-    implementation: ``None``, ``"xla"``, ``"cudnn"`` or ``"splash"``.
+    is_causal: causal attention (queries aligned to the last keys).
+    scale: logit scale, default ``1 / sqrt(head_dim)``.
+    implementation: one of :data:`IMPLEMENTATIONS`.
+    dropout_rate, dropout_rng: attention dropout on ``P``, active when both
+      are set (runs the reference kernel; splash refuses it, Nystrom ignores
+      it).
+    return_weights: also return ``P`` (runs the reference kernel).
+    keep_probs: whether the XLA kernel keeps the float32 ``P`` for its
+      backward pass; ``None``: on a CPU only (the fastest there; elsewhere
+      ``P`` is computed again instead of kept, ``bench/compile_report.py
+      --xla-keeps-p`` measures the difference).
     bias: an additive float bias of the logits broadcastable to ``[batch,
       heads, q_length, kv_length]`` (Swin's relative position bias), or
-      ``None``. Only the XLA kernel takes one: ``None`` then runs XLA.
+      ``None``. The XLA and reference kernels take one: ``None`` then runs
+      XLA (or the reference kernel where dropout or ``P`` is asked for).
+    kernel_options: keyword arguments of the kernel; for ``"nystrom"``
+      (:func:`laplax.kernels.nystrom.nystrom_attention`) ``num_landmarks``
+      and its options.
 
   Returns:
-    ``[batch, q_length, heads, head_dim]`` in ``value.dtype``.
+    ``(pv, weights)``: ``pv`` ``[batch, q_length, heads, head_dim]`` in
+    ``value.dtype``; ``weights`` float32 ``[batch, heads, q_length,
+    kv_length]`` from the reference kernel, else ``None``.
 
   Raises:
-    ValueError: splash with lengths that are not multiples of 128 or a mask
-      other than a key-padding mask, or a ``bias`` with ``"cudnn"`` or
-      ``"splash"`` (one line with the fix).
+    ValueError: what :func:`choose` refuses; splash with lengths that are not
+      multiples of 128 or a mask other than a key-padding mask; a ``bias``
+      with ``"cudnn"`` or ``"splash"``; ``"nystrom"`` with a causal mask, a
+      bias or ``return_weights`` (one line with the fix).
   """
   if bias is not None and implementation in ("cudnn", "splash"):
     raise ValueError(
       f"implementation={implementation!r} takes no additive attention bias (a relative "
       f"position bias); use implementation='xla' or None"
     )
+  if implementation == "nystrom":
+    if is_causal or return_weights or bias is not None:
+      raise ValueError(
+        "implementation='nystrom' has no causal mask, no additive bias and no return_weights"
+      )
+    pv = nystrom.nystrom_attention(
+      query, key, value, mask=mask, scale=scale, **(kernel_options or {})
+    )
+    return pv, None
+  use_dropout = dropout_rate > 0.0 and dropout_rng is not None
   mask_shape = None
   if mask is not None:
-    mask = jnp.asarray(mask, bool)
-    mask_shape = (1,) * (4 - mask.ndim) + tuple(mask.shape)
+    mask_shape = (1,) * (4 - np.ndim(mask)) + tuple(np.shape(mask))
   platform = target_platform()
-  if bias is not None:  # the fused kernels take none: XLA
-    implementation = "xla"
   kernel, _ = choose(
     implementation,
     q_length=query.shape[1],
@@ -238,16 +300,39 @@ def attention(
     dtype=query.dtype,
     mask_shape=mask_shape,
     platform=platform,
+    dropout=dropout_rate if use_dropout else 0.0,
+    return_weights=return_weights,
+    bias=bias is not None,
   )
+  if kernel == "reference":
+    return reference_attention(
+      query,
+      key,
+      value,
+      mask=mask,
+      is_causal=is_causal,
+      scale=scale,
+      dropout_rate=dropout_rate if use_dropout else 0.0,
+      dropout_rng=dropout_rng,
+      bias=bias,
+    )
+  mask = None if mask is None else jnp.asarray(mask, bool)
+  is_causal = bool(is_causal)
+  scale = query.shape[-1] ** -0.5 if scale is None else float(scale)
   if kernel == "cudnn":
-    return _cudnn(query, key, value, mask, is_causal, scale)
+    return _cudnn(query, key, value, mask, is_causal, scale), None
   if kernel == "splash":
-    return splash_attention(query, key, value, mask, is_causal, scale, platform)
+    return splash_attention(query, key, value, mask, is_causal, scale, platform), None
   heads = query.shape[-2]
-  if key.shape[-2] != heads:  # grouped-query attention
-    key = jnp.repeat(key, heads // key.shape[-2], axis=-2)
-    value = jnp.repeat(value, heads // value.shape[-2], axis=-2)
-  # On a CPU the backward pass reuses the saved float32 P (fastest there); on
-  # an accelerator it computes P again instead of keeping [batch, heads, q, kv].
-  keep = platform == "cpu" if XLA_KEEPS_P is None else XLA_KEEPS_P
-  return xla_attention(query, key, value, mask, is_causal, scale, keep_probs=keep, bias=bias)
+  keep = platform == "cpu" if keep_probs is None else bool(keep_probs)
+  pv = xla_attention(
+    query,
+    repeat_kv(key, heads),
+    repeat_kv(value, heads),
+    mask,
+    is_causal,
+    scale,
+    keep_probs=keep,
+    bias=bias,
+  )
+  return pv, None

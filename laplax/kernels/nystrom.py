@@ -35,7 +35,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from laplax.kernels.xla import MASK_VALUE
+from laplax.kernels.common import MASK_VALUE, repeat_kv
 
 #: Initialisations of :func:`iterative_pinv`'s ``Z_0 = K^T / c``: "original"
 #: (``c`` the largest column sum over the whole batch and all heads, what both
@@ -189,9 +189,7 @@ def nystrom_attention(
     )
   if padding not in PADDINGS:
     raise ValueError(f"padding={padding!r} is unknown; use one of {', '.join(PADDINGS)}")
-  if key.shape[-2] != heads:  # grouped-query attention
-    key = jnp.repeat(key, heads // key.shape[-2], axis=-2)
-    value = jnp.repeat(value, heads // value.shape[-2], axis=-2)
+  key, value = repeat_kv(key, heads), repeat_kv(value, heads)  # grouped-query attention
   keys_ok = key_padding(mask, b, n)
   scale = d**-0.5 if scale is None else scale
   f32 = jnp.float32

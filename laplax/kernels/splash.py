@@ -43,6 +43,7 @@ from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_ma
 from jax.sharding import PartitionSpec as P
 
 from laplax import sharding
+from laplax.kernels.common import repeat_kv
 
 # The kernel's key blocks are multiples of the TPU's 128 lanes; laplax uses
 # the same granule for the query blocks.
@@ -202,8 +203,7 @@ def splash_attention(query, key, value, mask, is_causal: bool, scale: float, pla
     and _mesh_split(mesh, k.shape[1], sharding.mesh_axes(rules, "heads")) is None
   ):
     # Grouped heads that the tensor axis does not divide: one per query head.
-    k = jnp.repeat(k, heads // k.shape[1], axis=1)
-    v = jnp.repeat(v, heads // v.shape[1], axis=1)
+    k, v = repeat_kv(k, heads, axis=1), repeat_kv(v, heads, axis=1)
   spec, id_spec = P(rows, cols, None, None), P(rows, None)
   if mask is None:
     run = lambda q, k, v: local(q, k, v, None, None)

@@ -5,7 +5,7 @@ uses for ``"xla"`` (and for ``implementation=None`` on a CPU, or where a
 fused kernel does not suit the shape; see :mod:`laplax.kernels`): the softmax
 attention of Vaswani et al. (2017, eq. 1), computed heads-major with a custom
 VJP. Its values are those of the materialising
-:func:`laplax.attention.reference_attention`; its gradients are checked
+:func:`laplax.kernels.reference.reference_attention`; its gradients are checked
 against autodiff of it in ``tests/attention/test_attention.py``.
 
 What the backward pass keeps: on a CPU the float32 ``P`` (the fastest there,
@@ -23,17 +23,8 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-# Masked logits get this value rather than -inf, so that fully masked rows and
-# bfloat16 never produce NaN (the softmax is taken in float32).
-MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
-
-
-def _causal(q_len: int, kv_len: int) -> np.ndarray:
-  """Bool ``[q_len, kv_len]``, a constant: the queries are the last ``q_len``
-  of the ``kv_len`` keys."""
-  return np.arange(q_len)[:, None] + (kv_len - q_len) >= np.arange(kv_len)[None, :]
+from laplax.kernels.common import MASK_VALUE, causal_mask
 
 
 def _softmax(q, k, mask, is_causal, scale, bias=None):
@@ -50,7 +41,7 @@ def _softmax(q, k, mask, is_causal, scale, bias=None):
   if bias is not None:
     logits = logits + bias.astype(jnp.float32)
   if is_causal:
-    logits = jnp.where(_causal(q_len, kv_len), logits, jnp.float32(MASK_VALUE))
+    logits = jnp.where(causal_mask(q_len, kv_len), logits, jnp.float32(MASK_VALUE))
   if mask is not None:
     logits = jnp.where(mask, logits, jnp.float32(MASK_VALUE))
   logits = logits - jnp.max(logits, axis=-1, keepdims=True)
@@ -100,7 +91,7 @@ def _heads_major_attention_bwd(is_causal, scale, keep_probs, residuals, d_pv):
   # keys) can empty a row, so the causal-only step skips this select.
   allowed = mask
   if is_causal and (mask is not None or q.shape[2] > k.shape[2]):
-    causal = _causal(q.shape[2], k.shape[2])
+    causal = causal_mask(q.shape[2], k.shape[2])
     allowed = causal if mask is None else jnp.logical_and(mask, causal)
   if allowed is not None:
     d_logits = jnp.where(allowed, d_logits, 0.0)

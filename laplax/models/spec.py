@@ -242,6 +242,9 @@ class AttentionSpec(_Checked):
       chosen by platform and shape, :mod:`laplax.kernels`; ``"splash"``
       refuses attention dropout here and lengths that are not multiples of
       128 where the length is known: :func:`check_splash_lengths`).
+    xla_keep_probs: whether the XLA kernel keeps the float32 ``P`` for its
+      backward pass (``None``: on a CPU only; True or False everywhere, e.g.
+      ``bench/compile_report.py --xla-keeps-p``); memory and time, never values.
     rope: rotary position embedding on queries and keys.
     rope_theta: the rotary base (10,000 as nanochat's first release; a later
       nanochat uses 100,000).
@@ -272,6 +275,7 @@ class AttentionSpec(_Checked):
   implementation: str | None = _field(
     None, "choice", choices=attention.IMPLEMENTATIONS, convert=everywhere()
   )
+  xla_keep_probs: bool | None = _field(None, "bool", optional=True, convert=everywhere())
   rope: bool = dataclasses.field(default=False, metadata={"derived": "posemb"})
   rope_theta: float = _field(
     10_000.0, "float", open_min=True, active="rope", convert={"nanochat": ANY}
@@ -1032,8 +1036,6 @@ FAMILIES = {
   "swin": SwinSpec,
   "davit": DaViTSpec,
 }
-# Config keys of the model section that are conveniences resolved here, not fields.
-LAPLACIAN_KEYS = ("num_laplacian_heads", "laplacian_mask")
 
 
 def laplacian_mask(

@@ -17,12 +17,6 @@ from laplax.models import layers
 from laplax.optim import nanochat as nanochat_optim
 from laplax.optim import nanochat_fork as nanochat_fork_optim
 
-OPTIMIZERS = ("adamw", "muon", "nanochat", "nanochat-fork")
-# ``optim.schedule``: warm-up + cosine, or nanochat's constant + warm-down.
-SCHEDULES = ("cosine", "warmdown", "triangle")
-# Labels of optimizer.param_labels (optim.optimizer="muon").
-MUON_LABELS = ("muon", "embedding", "unembedding", "adamw")
-
 
 def learning_rate_schedule(
   optim: ml_collections.ConfigDict, total_steps: int, peak: float | None = None

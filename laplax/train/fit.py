@@ -261,7 +261,7 @@ def check_memory(
   try:
     compiled = train_step.lower(state, batch).compile()
   except Exception as e:
-    message = out_of_memory(e)
+    message = out_of_memory(e, config)
     if message is None:
       raise
     raise FitError(message) from None
@@ -285,14 +285,16 @@ def check_memory(
     )
 
 
-def out_of_memory(error: BaseException) -> str | None:
+def out_of_memory(
+  error: BaseException, config: ml_collections.ConfigDict | None = None
+) -> str | None:
   """The one-line message for an XLA ``RESOURCE_EXHAUSTED`` (device memory;
-  not a full disk, which tensorstore also reports so), else ``None``."""
+  not a full disk, which tensorstore also reports so), else ``None``; with
+  the run's ``config`` the levers name its values (:func:`levers`)."""
   text = str(error)
   if "RESOURCE_EXHAUSTED" not in text or "os_error" in text:
     return None
   first = next((l.strip() for l in text.splitlines() if "RESOURCE_EXHAUSTED" in l), "")
-  config = _CONFIG.get("config")
   how = (
     levers(config)
     if config is not None
@@ -302,11 +304,3 @@ def out_of_memory(error: BaseException) -> str | None:
     )
   )
   return f"out of device memory ({first[:200]}); {how}"
-
-
-_CONFIG: dict = {}
-
-
-def remember(config: ml_collections.ConfigDict) -> None:
-  """Keeps ``config`` for :func:`out_of_memory`'s levers."""
-  _CONFIG["config"] = config

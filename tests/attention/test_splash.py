@@ -185,20 +185,26 @@ def test_xla_kernel_recomputing_p_gives_the_same_gradients():
     return jax.jit(jax.grad(f, (0, 1, 2)))(q, k, v)
 
   assert_close(grads(False), grads(True), 1e-6)
-  # The default keeps P on a CPU only; XLA_KEEPS_P forces it (compile_report --xla-keeps-p).
-  residuals = lambda: jax.vjp(
+  # The default keeps P on a CPU only; keep_probs forces it (model.xla_keep_probs,
+  # compile_report --xla-keeps-p).
+  residuals = lambda keep=None: jax.vjp(
     lambda q: kernels.attention(
-      q, k, v, mask=None, is_causal=True, scale=0.2, implementation="xla"
-    ),
+      q, k, v, mask=None, is_causal=True, scale=0.2, implementation="xla", keep_probs=keep
+    )[0],
     q,
   )[1]
   size = lambda f: sum(x.size for x in jax.tree_util.tree_leaves(f))
-  kept = size(residuals())
-  try:
-    kernels.XLA_KEEPS_P = False
-    assert kept - size(residuals()) == 1 * 2 * 16 * 16  # P [batch, heads, q, kv]
-  finally:
-    kernels.XLA_KEEPS_P = None
+  assert size(residuals()) == size(residuals(True))
+  assert size(residuals()) - size(residuals(False)) == 1 * 2 * 16 * 16  # P [batch, heads, q, kv]
+  # The model passes its xla_keep_probs (config model.xla_keep_probs) down to the kernel.
+  x = jnp.ones((1, 16, 32))
+
+  def module_residuals(keep):
+    mha = attention.MultiHeadAttention(num_heads=2, xla_keep_probs=keep, implementation="xla")
+    params = mha.init(jax.random.key(0), x)
+    return size(jax.vjp(lambda p: mha.apply(p, x, is_causal=True), params)[1])
+
+  assert module_residuals(None) - module_residuals(False) == 1 * 2 * 16 * 16
 
 
 def _train_step(model, x, y_fn):

@@ -89,9 +89,9 @@ def test_malformed_choices_names_the_line(trained, tmp_path, capfd):
   line = one_line_error(
     run_in_process(["eval.py", "--workdir", str(trained), "--choices", str(path)], capfd)
   )
-  assert "line 2" in line
+  assert f"{path}:2: not valid JSON" in line
   path.write_text('{"question": "q", "choices": ["a", "b"], "answer": 5}\n')
-  assert "line 1" in one_line_error(
+  assert f"{path}:1: 'answer' must be an index" in one_line_error(
     run_in_process(["eval.py", "--workdir", str(trained), "--choices", str(path)], capfd)
   )
   after = (trained / "eval.json").read_bytes() if (trained / "eval.json").exists() else None

@@ -119,7 +119,7 @@ def _check_cli(config_dict, capsys):
   """(exit code, stderr lines) of the CLI's handling of validating ``config_dict``."""
   config = ml_collections.ConfigDict(config_dict)
   with pytest.raises(SystemExit) as exit_info:
-    cli.run(lambda: tasks.validate(config, num_devices=1))
+    cli.run(lambda guard: tasks.validate(config, num_devices=1))
   err = capsys.readouterr().err
   return exit_info.value.code, [l for l in err.splitlines() if l.strip()]
 

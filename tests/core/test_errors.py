@@ -108,7 +108,7 @@ def test_cli_run_prints_any_user_error_as_one_line_exit_2(capsys):
   from laplax.cli import common as cli
   from laplax.workdir import integrity
 
-  def main():
+  def main(guard):
     raise integrity.ChecksumError("checksum mismatch in step_6/params; delete step_6")
 
   with pytest.raises(SystemExit) as exit_info:
@@ -122,7 +122,7 @@ def test_cli_run_lets_a_bug_through():
   """A ValueError that is not a UserError is a bug: it is not swallowed."""
   from laplax.cli import common as cli
 
-  def main():
+  def main(guard):
     raise ValueError("a bug")
 
   with pytest.raises(ValueError, match="a bug"):

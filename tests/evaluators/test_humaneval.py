@@ -134,7 +134,7 @@ def test_problem_files_in_the_published_formats(tmp_path):
 @pytest.mark.parametrize(
   "content, message",
   [
-    ('{"task_id": "a"', "he.jsonl:1: not JSON"),
+    ('{"task_id": "a"', "he.jsonl:1: not valid JSON"),
     ("[1, 2]", "he.jsonl:1: a problem must be a JSON object"),
     (
       json.dumps({k: v for k, v in TRUNCATE.items() if k != "test"}),

@@ -119,19 +119,18 @@ class _Fake(Exception):
 
 
 def test_out_of_memory_line_only_for_device_memory():
-  fit.remember(vit_task()[0])
-  line = fit.out_of_memory(
-    _Fake(
-      "jaxlib.xla_extension.XlaRuntimeError: RESOURCE_EXHAUSTED: Out of memory while "
-      "trying to allocate 68719476736 bytes.\nBufferAssignment OOM Debugging."
-    )
+  oom = _Fake(
+    "jaxlib.xla_extension.XlaRuntimeError: RESOURCE_EXHAUSTED: Out of memory while "
+    "trying to allocate 68719476736 bytes.\nBufferAssignment OOM Debugging."
   )
+  line = fit.out_of_memory(oom, vit_task()[0])
   assert line.startswith(
     "out of device memory (jaxlib.xla_extension.XlaRuntimeError: "
     "RESOURCE_EXHAUSTED: Out of memory while trying to allocate"
   )
   assert "\n" not in line and "config.batch_size (now 8)" in line
   assert "config.model.remat=full" in line
+  assert "(now" not in fit.out_of_memory(oom)  # no config: the levers without values
   disk = (
     "RESOURCE_EXHAUSTED: Error writing local file: [os_error_code='28', "
     "os_error='No space left on device']"
@@ -139,3 +138,26 @@ def test_out_of_memory_line_only_for_device_memory():
   assert fit.out_of_memory(_Fake(disk)) is None
   assert fit.out_of_memory(ValueError("shapes do not match")) is None
   assert np.isfinite(fit.GIB)
+
+
+def test_train_cli_out_of_memory_names_the_run_config(
+  tmp_path, fmnist_data_dir, capfd, monkeypatch
+):
+  """A step out of device memory under train.py: one line with this run's
+  values (the config given to fit.out_of_memory explicitly), exit 2."""
+  from test_train import run_in_process, train_args
+
+  seen = []
+
+  def exhausted(config, workdir, **kwargs):
+    seen.append(config)
+    raise _Fake("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 1 bytes.")
+
+  monkeypatch.setattr(loop, "train_and_evaluate", exhausted)
+  r = run_in_process(train_args(tmp_path / "run", fmnist_data_dir, "--config.batch_size=24"), capfd)
+  assert r.returncode == 2, r.stderr[-2000:]
+  assert [l for l in r.stderr.splitlines() if l.startswith("error: ")] == [
+    "error: out of device memory (RESOURCE_EXHAUSTED: Out of memory while trying to allocate "
+    "1 bytes.); " + fit.levers(seen[0])
+  ]
+  assert "config.batch_size (now 24)" in fit.levers(seen[0])

@@ -255,7 +255,7 @@ def test_sweep_two_sigints_end_its_stalled_child_at_once(tmp_path, fmnist_data_d
 @pytest.mark.subprocess
 def test_a_bad_stop_bound_is_one_line_exit_2():
   r = subprocess.run(
-    [sys.executable, "-c", "from laplax.cli import common as cli; cli.run(lambda: 0)"],
+    [sys.executable, "-c", "from laplax.cli import common as cli; cli.run(lambda guard: 0)"],
     cwd=ROOT,
     capture_output=True,
     text=True,

@@ -28,14 +28,13 @@ expected column, a row whose fields have the wrong types.
 from __future__ import annotations
 
 import glob
-import gzip
-import json
 import os
 import re
 from collections.abc import Sequence
 
 import numpy as np
 
+from laplax import utils
 from laplax.data.chat.render import check_conversation
 from laplax.data.errors import DataError
 
@@ -108,22 +107,8 @@ def read_rows(path: str | Sequence[str], columns: Sequence[str]) -> list[tuple[s
     if name.endswith(".parquet"):
       rows += _parquet_rows(name, columns)
       continue
-    opener = gzip.open if name.endswith(".gz") else open
-    try:
-      with opener(name, "rt", encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
-          if not line.strip():
-            continue
-          where = f"{name}:{number}"
-          try:
-            row = json.loads(line)
-          except ValueError as e:
-            raise DataError(
-              f"{where}: not valid JSON ({e}); each line must be one JSON object."
-            ) from None
-          rows.append((where, _check_fields(_unnest(row), columns, where)))
-    except (OSError, UnicodeDecodeError, EOFError) as e:
-      raise DataError(f"Cannot read {name} ({e}).") from None
+    for where, row in utils.json_lines(name, DataError):
+      rows.append((where, _check_fields(_unnest(row), columns, where)))
   return rows
 
 
