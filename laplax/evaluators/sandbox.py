@@ -484,8 +484,12 @@ class _Proc:
     --info-fd`` (``{"child-pid": N}``)."""
     if self.info is None:
       return
-    text, deadline = b"", time.monotonic() + 1.0
-    while True:  # bwrap writes it once the namespace exists; wait for the number
+    # bwrap writes the number once the namespace exists, or closes the fd if it
+    # dies first; a short deadline would let a loaded machine skip the kill
+    # (bwrap's SIGKILL then reached the namespace only through --die-with-parent,
+    # asynchronously, after this returned).
+    text, deadline = b"", time.monotonic() + KILL_WAIT_S
+    while True:
       match = re.search(rb'"child-pid"\s*:\s*(\d+)\s*[,}\n]', text)
       if match or len(text) > 4096 or time.monotonic() > deadline:
         break

@@ -235,7 +235,7 @@ def test_one_prompt_and_plain_completion_equal_eval_sample(workdirs, capfd):
     capfd,
   )
   assert sample.returncode == 0
-  assert sample.out.splitlines()[-1] == "The sun" + out.out.rstrip("\n")
+  assert sample.stdout.splitlines()[-1] == "The sun" + out.out.rstrip("\n")
 
 
 @pytest.mark.parametrize(
