@@ -16,10 +16,10 @@ A compile is refused when a file the rows depend on (:data:`DEPENDS`) differs
 from ``HEAD`` (commit first: the stamp must name the code measured).
 
 ``--check`` reads git history only: a row is stale when a commit after its
-stamp changed one of :data:`DEPENDS` (the model, attention, kernels,
-optimisers, sharding, the task, the train step, the configs, the
-requirements) or
-when its commit is not in the history; it prints the command that measures
+stamp changed one of its files (:func:`row_depends`: the model, attention,
+kernels, optimisers, sharding, the task, the train step, the config code, the
+requirements, and the row's own config files) or when its commit is not in
+the history; it prints the command that measures
 it again and exits 1 (``tests/bench/test_aot_tables.py`` runs it).
 
 Errors: an unknown row, a dirty tree or a failed compile print one line and
@@ -39,11 +39,12 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOC = os.path.join("docs", "scale-out.md")
 BEGIN, END = "<!-- aot-table begin -->", "<!-- aot-table end -->"
-# What the compiled train step is made of: a commit that changes one of these
-# after a row's stamp makes the row stale. (bench/compile_report.py builds the
-# step from these and prints it; a change to how it lowers the step needs the
-# rows measured again by hand.)
-DEPENDS = (
+# What the compiled train step is made of, whatever the row's config: a
+# commit that changes one of these after a row's stamp makes the row stale.
+# (bench/compile_report.py builds the step from these and prints it; a change
+# to how it lowers the step needs the rows measured again by hand.) A row
+# depends on its own config files besides (:func:`row_depends`).
+COMMON = (
   "laplax/models",
   "laplax/attention.py",
   "laplax/kernels",
@@ -55,10 +56,10 @@ DEPENDS = (
   "laplax/tasks",
   "laplax/train",
   "laplax/config",
-  "configs",
   "requirements.txt",
   "requirements-tpu.txt",
 )
+DEPENDS = (*COMMON, "configs")  # every row's files: a compile is refused while one is dirty
 HBM = {"TPU v5 lite": 15.75 * 2**30}  # what the compiler allows a chip (its RESOURCE_EXHAUSTED)
 D20 = "configs/gpt_d20.py"
 # (slice, compile_report arguments, note): the table's rows, numbered from 1.
@@ -100,6 +101,11 @@ ROWS = (
     "v5e:2x2 (4 chips)",
     "--topology v5e:2x2 --config configs/gpt_d20_sft.py",
     "SFT as configured: 8 micro-batches of 4, docs/language-models.md",
+  ),
+  (
+    "v5e:4x4",
+    f"--topology v5e:4x4 --config {D20}:recipe=nanochat-fork --set model.remat=full",
+    "the authors' nanochat fork's d20: SSSL sliding windows, value embeddings, its batch",
   ),
 )
 HEADER = (
@@ -172,6 +178,33 @@ def stamp_of(line: str) -> str:
   return line.rstrip(" |").rsplit("|", 1)[-1].split(",")[0].strip()
 
 
+def row_depends(options: str, root: str = ROOT) -> tuple[str, ...]:
+  """The paths a row's compile depends on: :data:`COMMON`, the config file its
+  ``options`` name (``--config configs/X.py[:ARGS]``) and every file of
+  ``configs/`` that file names in its text, followed (``gpt_d20_sft.py`` builds
+  on ``"gpt_d20.py"``); all of ``configs`` for a row without ``--config``
+  (compile_report's default configs).
+  """
+  found = re.search(r"--config (\S+)", options)
+  if not found:
+    return DEPENDS
+  todo, seen = [found.group(1).split(":")[0]], []
+  while todo:
+    path = todo.pop()
+    if path in seen:
+      continue
+    seen.append(path)
+    try:
+      with open(os.path.join(root, path)) as f:
+        text = f.read()
+    except OSError:
+      continue  # a config a later commit removed: its log still names the commit
+    for name in re.findall(r"\b(\w+\.py)\b", text):
+      if os.path.isfile(os.path.join(root, "configs", name)):
+        todo.append(f"configs/{name}")
+  return (*COMMON, *seen)
+
+
 def stale_rows(root: str = ROOT) -> list[str]:
   """One message per stale row of the table in ``root``'s docs (git history only)."""
   with open(os.path.join(root, DOC)) as f:
@@ -186,9 +219,10 @@ def stale_rows(root: str = ROOT) -> list[str]:
     except subprocess.CalledProcessError:
       messages.append(f"row {number}: commit {commit!r} is not in this branch's history; {rerun}")
       continue
-    changed = git("log", "--format=%h", f"{commit}..HEAD", "--", *DEPENDS, cwd=root).split()
+    depends = row_depends(ROWS[number - 1][1], root) if number <= len(ROWS) else DEPENDS
+    changed = git("log", "--format=%h", f"{commit}..HEAD", "--", *depends, cwd=root).split()
     if changed:
-      files = git("diff", "--name-only", commit, "HEAD", "--", *DEPENDS, cwd=root).split()
+      files = git("diff", "--name-only", commit, "HEAD", "--", *depends, cwd=root).split()
       messages.append(
         f"row {number}: measured at {commit}, but {len(changed)} later commit(s) "
         f"({', '.join(changed[:3])}) changed {', '.join(files[:4])}; {rerun}"

@@ -70,6 +70,11 @@ def test_a_row_is_stale_once_a_compiled_file_changes_after_its_commit(tmp_path):
   git(root, "commit", "-qm", "docs")
   assert aot_tables.stale_rows(root) == []
 
+  write(root, "configs/bert_cramming.py", "B = 1\n")  # a config row 1 does not compile
+  git(root, "add", "-A")
+  git(root, "commit", "-qm", "another model's config")
+  assert aot_tables.stale_rows(root) == []
+
   write(root, "laplax/models/gpt.py", "A = 2\n")
   git(root, "commit", "-qam", "change the model")
   (message,) = aot_tables.stale_rows(root)
@@ -80,6 +85,17 @@ def test_a_row_is_stale_once_a_compiled_file_changes_after_its_commit(tmp_path):
   write(root, aot_tables.DOC, table("0123abc"))  # a commit this history does not have
   (message,) = aot_tables.stale_rows(root)
   assert "'0123abc' is not in this branch's history" in message
+
+
+def test_a_row_depends_on_its_config_and_the_configs_it_builds_on(tmp_path):
+  root = str(tmp_path)
+  write(root, "configs/gpt_d20.py", "BASE = 1\n")
+  write(root, "configs/gpt_d20_sft.py", 'sibling_config(__file__, "gpt_d20.py")\n')
+  write(root, "configs/bert_cramming.py", "B = 1\n")
+  sft = aot_tables.row_depends("--topology v5e:4x4 --config configs/gpt_d20_sft.py:x=1", root)
+  assert sft[: len(aot_tables.COMMON)] == aot_tables.COMMON
+  assert set(sft[len(aot_tables.COMMON) :]) == {"configs/gpt_d20_sft.py", "configs/gpt_d20.py"}
+  assert aot_tables.row_depends("--topology v5e:4x4", root) == aot_tables.DEPENDS
 
 
 def test_cells_state_the_margin_and_what_does_not_fit():
