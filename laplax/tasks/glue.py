@@ -46,7 +46,7 @@ from laplax.config import validation as config_lib
 from laplax.data.errors import DataError
 from laplax.models import spec as spec_lib
 from laplax.models.bert import BERT
-from laplax.tasks.base import TaskBase
+from laplax.tasks.base import TaskBase, counted
 
 #: glue.task -> (TFDS text features, number of labels (1: regression),
 #: eval splits by score suffix, cramming's target metrics in its average).
@@ -483,7 +483,8 @@ class GLUETask(TaskBase):
 
   def evaluate(self, state: Any, place=None) -> dict:
     """The task's :func:`scores` on each eval split (MNLI mismatched with the
-    suffix ``_mm``), the mean ``loss`` and ``num_examples``."""
+    suffix ``_mm``), the mean ``loss`` and ``num_examples``; a
+    :class:`DataError` for an eval split with no example."""
     out = {}
     for suffix, split in self.eval_splits.items():
       labels, outputs, losses = [], [], []
@@ -493,6 +494,7 @@ class GLUETask(TaskBase):
         labels.append(batch["label"][keep])
         outputs.append(np.asarray(got["output"])[keep])
         losses.append(np.asarray(got["loss"])[keep])
+      counted({"count": sum(len(x) for x in labels)}, what=f"example of {split}")
       labels, outputs = np.concatenate(labels), np.concatenate(outputs)
       if self.num_labels > 1:
         labels, outputs = labels.astype(np.int64), outputs.astype(np.int64)

@@ -227,14 +227,16 @@ class LanguageModelTask(TaskBase):
   def summarize(sums: dict) -> dict:
     """Eval sums -> ``{"loss", "perplexity", "bits_per_byte", "num_tokens"}``;
     ``bits_per_byte`` as nanochat's ``loss_eval.py`` (0-byte targets count
-    neither loss nor bytes; without such tokens ``byte_loss`` is not summed)."""
+    neither loss nor bytes; without such tokens ``byte_loss`` is not summed).
+    A :class:`DataError` when no target token, or no byte of one, was counted."""
     count = counted(sums, what="target token")
+    num_bytes = counted(sums, key="bytes", what="target byte")
     loss = float(sums["loss"]) / count
     byte_loss = float(sums.get("byte_loss", sums["loss"]))
     return {
       "loss": loss,
       "perplexity": math.exp(min(loss, 700.0)),
-      "bits_per_byte": byte_loss / math.log(2) / float(sums["bytes"]),
+      "bits_per_byte": byte_loss / math.log(2) / num_bytes,
       "num_tokens": int(count),
     }
 

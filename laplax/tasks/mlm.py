@@ -41,7 +41,7 @@ from laplax.config import validation as config_lib
 from laplax.data import lm_input
 from laplax.models import spec as spec_lib
 from laplax.models.bert import BERT
-from laplax.tasks.base import TaskBase
+from laplax.tasks.base import TaskBase, counted
 
 RULES = ("cramming", "bert")
 #: Token ids the masking never chooses ([PAD] [UNK] [CLS] [SEP] [MASK] of
@@ -267,12 +267,14 @@ class MaskedLMTask(TaskBase):
 
   @staticmethod
   def summarize(sums: dict) -> dict:
-    """Eval sums -> ``{"loss", "perplexity", "accuracy", "num_masked"}``."""
-    count = max(float(sums["count"]), 1.0)
+    """Eval sums -> ``{"loss", "perplexity", "accuracy", "num_masked"}``; a
+    :class:`DataError` when no token of the eval split was masked
+    (:func:`laplax.tasks.base.counted`), not a mean over nothing."""
+    count = counted(sums, what="masked token")
     loss = float(sums["loss"]) / count
     return {
       "loss": loss,
       "perplexity": math.exp(min(loss, 700.0)),
       "accuracy": float(sums["correct"]) / count,
-      "num_masked": int(sums["count"]),
+      "num_masked": int(count),
     }

@@ -40,7 +40,7 @@ from laplax.config import validation as config_lib
 from laplax.data.lra import image, listops, text
 from laplax.models import spec as spec_lib
 from laplax.models.encoder import DualEncoder, Encoder
-from laplax.tasks.base import TaskBase
+from laplax.tasks.base import TaskBase, counted
 
 DATASETS = ("listops", "text", "retrieval", "image", "pathfinder")
 NUM_CLASSES = {"listops": 10, "text": 2, "retrieval": 2, "image": 10, "pathfinder": 2}
@@ -291,8 +291,9 @@ class SequenceClassificationTask(TaskBase):
 
   @staticmethod
   def summarize(sums: dict) -> dict:
-    """``{"accuracy", "loss", "num_examples"}``."""
-    count = float(sums["count"])
+    """``{"accuracy", "loss", "num_examples"}``; a :class:`DataError` when the
+    eval split counted no example (:func:`laplax.tasks.base.counted`)."""
+    count = counted(sums, what="example")
     return {
       "accuracy": float(sums["correct"]) / count,
       "loss": float(sums["loss"]) / count,
