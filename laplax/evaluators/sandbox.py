@@ -32,7 +32,6 @@ import functools
 import json
 import os
 import platform
-import re
 import select
 import shutil
 import signal
@@ -481,18 +480,32 @@ class _Proc:
 
   def _kill_namespace(self) -> None:
     """``SIGKILL`` to the namespace's first process, named by ``bwrap
-    --info-fd`` (``{"child-pid": N}``)."""
+    --info-fd`` (``{"child-pid": N, "pid-namespace": INODE, ...}``), and a wait
+    until the kernel has killed and reaped every process of the namespace."""
     if self.info is None:
       return
-    # bwrap writes the number once the namespace exists, or closes the fd if it
-    # dies first; a short deadline would let a loaded machine skip the kill
-    # (bwrap's SIGKILL then reached the namespace only through --die-with-parent,
-    # asynchronously, after this returned).
+    info = self._read_info()
+    if "child-pid" not in info:
+      return
+    pid = int(info["child-pid"])
+    pidfd = os.pidfd_open(pid)
+    try:
+      if self._is_namespace_init(pid, info.get("pid-namespace")):
+        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+        # Readable once it has exited, which is after the kernel killed and
+        # reaped the rest of its namespace.
+        select.select([pidfd], [], [], KILL_WAIT_S)
+    finally:
+      os.close(pidfd)
+
+  def _read_info(self) -> dict:
+    """bwrap's ``--info-fd`` JSON; ``{}`` if bwrap closed it first (it died
+    before making the namespace) or wrote nothing parsable in time."""
+    # bwrap writes it once the namespace exists; a short deadline would let a
+    # loaded machine skip the kill (bwrap's SIGKILL then reached the namespace
+    # only through --die-with-parent, asynchronously, after this returned).
     text, deadline = b"", time.monotonic() + KILL_WAIT_S
-    while True:
-      match = re.search(rb'"child-pid"\s*:\s*(\d+)\s*[,}\n]', text)
-      if match or len(text) > 4096 or time.monotonic() > deadline:
-        break
+    while len(text) <= 4096 and time.monotonic() < deadline:
       if not select.select([self.info], [], [], max(deadline - time.monotonic(), 0))[0]:
         break
       try:
@@ -502,20 +515,31 @@ class _Proc:
       if not chunk:
         break
       text += chunk
-    if not match:
-      return
-    pid = int(match.group(1))
-    pidfd = os.pidfd_open(pid)
+      try:
+        return json.loads(text)
+      except ValueError:
+        continue  # not all of it yet
+    return {}
+
+  def _is_namespace_init(self, pid: int, namespace) -> bool:
+    """Whether ``pid`` is still the sandbox's first process, not a reused pid.
+
+    bwrap itself may have exited already (it exits with the program, while
+    the namespace's first process waits for the program's orphans), so the
+    first process's parent is then no longer bwrap: it is recognised by its
+    PID namespace, which bwrap named.
+    """
+    try:
+      if namespace is not None and os.stat(f"/proc/{pid}/ns/pid").st_ino == int(namespace):
+        return True
+    except (OSError, ValueError):
+      pass
     try:
       with open(f"/proc/{pid}/stat", encoding="ascii") as f:
         parent = int(f.read().rsplit(")", 1)[1].split()[1])
-      if parent == self.popen.pid:  # not a reused pid
-        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
-        # Readable once it has exited, which is after the kernel killed and
-        # reaped the rest of its namespace.
-        select.select([pidfd], [], [], KILL_WAIT_S)
-    finally:
-      os.close(pidfd)
+    except (OSError, ValueError, IndexError):
+      return False
+    return parent == self.popen.pid
 
   def read(self) -> None:
     """Reads what the child wrote (non-blocking) into ``inbox``."""

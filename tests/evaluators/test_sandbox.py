@@ -14,6 +14,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import time
 import tracemalloc
 import uuid
 
@@ -266,13 +267,52 @@ def test_no_process_outlives_the_run_and_forks_are_capped():
   result = run(program)
   made = int(result.status.split("RuntimeError: ", 1)[1])
   assert 1 <= made < sandbox.NPROC, result
+  assert marker not in process_names()
+
+
+def process_names():
+  """The names (``/proc/PID/comm``) of the machine's processes."""
   names = []
   for pid in filter(str.isdigit, os.listdir("/proc")):
     try:
-      names.append(open(f"/proc/{pid}/comm").read().strip())
+      with open(f"/proc/{pid}/comm") as f:
+        names.append(f.read().strip())
     except OSError:
       pass
-  assert marker not in names
+  return names
+
+
+@pytest.mark.subprocess
+@needs_bwrap
+def test_orphans_die_when_bwrap_exited_before_the_cleanup(monkeypatch):
+  """The timing a loaded machine makes: the program exits (so bwrap exits)
+  while its forked children live on under the namespace's first process,
+  before the caller cleans up. The first process, now the machine init's
+  child, is still found (by its PID namespace) and killed with them."""
+  marker = "lx" + uuid.uuid4().hex[:10]
+  close = sandbox._Proc.close
+
+  def late_close(self):
+    deadline = time.monotonic() + 30
+    while self.popen.poll() is None and time.monotonic() < deadline:
+      time.sleep(0.01)
+    assert self.popen.poll() is not None, "bwrap did not exit with its program"
+    close(self)
+
+  monkeypatch.setattr(sandbox._Proc, "close", late_close)
+  result = run(
+    f"""
+      import ctypes, time
+      libc = ctypes.CDLL(None, use_errno=True)
+      if libc.fork() == 0:
+          libc.prctl(15, {marker.encode()!r}, 0, 0, 0)  # PR_SET_NAME
+          time.sleep(60)
+          libc._exit(0)
+      raise RuntimeError("the program ends, its child does not")
+    """
+  )
+  assert "RuntimeError" in result.status, result
+  assert marker not in process_names()
 
 
 @pytest.mark.subprocess

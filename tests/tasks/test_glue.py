@@ -175,8 +175,11 @@ def test_evaluate_scores_the_models_predictions(task, tmp_path, workdir):
       y, p = np.concatenate(labels), np.concatenate(outputs)
       if task != "stsb":
         y = y.astype(int)
+      # The evaluator's outputs come from the jitted step, these from eager ops:
+      # float32 rounding apart (~1e-7 of each STS-B output), which a correlation
+      # near 0 of 11 outputs turns into up to ~1e-6 absolute (seen: 1.6e-6).
       for k, v in glue.scores(task, y, p).items():
-        np.testing.assert_allclose(got[k + suffix], v, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(got[k + suffix], v, rtol=1e-5, atol=1e-5)
       assert got["num_examples" + suffix] == 11
   assert np.isfinite(float(loss))
 

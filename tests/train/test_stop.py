@@ -3,8 +3,10 @@
 - SIGINTs at moments of a seeded schedule, each to a run of the tiny
   quick-start ViT that the same command then resumes (a chain of
   processes, one per SIGINT): each exits 0 with a checkpoint of the step it
-  stopped at (its last logged step), never by the bound, and the last
-  command ends bitwise where an uninterrupted run ends.
+  stopped at, never by the bound, and the last command ends bitwise where an
+  uninterrupted run ends. Metrics are logged every 10 steps, so most signals
+  land between log steps, where the host used to run ahead of the device
+  (the stop bound then waited for every step dispatched since the last log).
   ``LAPLAX_STOP_SEED`` sets the schedule (default 42) and
   ``LAPLAX_STOP_SIGINTS`` the number of SIGINTs (default 4, to keep the
   suite short; 10 for the acceptance run).
@@ -49,7 +51,7 @@ from helpers.runs import TINY as VIT_TINY
 HANG_GUARD_S = 240
 CHAIN = VIT_TINY + [
   "--config.model.dropout=0.1",
-  "--config.log_every=1",
+  "--config.log_every=10",
   "--config.checkpoint_every=7",
   "--config.eval_every=1000",
   "--config.total_steps=120",
@@ -110,8 +112,8 @@ def test_sigints_at_random_moments_each_save_and_the_chain_resumes_bitwise(
     assert m, f"{context}: {out[-3000:]}"
     step = int(m.group(1))
     assert target <= step < 120, context
-    # The step it stopped at: logged, saved and the newest; nothing trained past it.
-    assert last_train_step(workdir) == step, context
+    # The step it stopped at: saved and the newest; nothing logged past it.
+    assert step - 10 < last_train_step(workdir) <= step, context
     assert _newest_checkpoint(workdir) == step, context
     saved_step, state = saved_state(workdir, step)
     assert saved_step == step and int(state["step"]) == step, context
@@ -121,7 +123,7 @@ def test_sigints_at_random_moments_each_save_and_the_chain_resumes_bitwise(
   assert f"resumed from step {stopped_at}" in r.stderr + r.stdout
   assert_bitwise_equal(saved_state(reference)[1], saved_state(workdir)[1], f"seed {seed}")
   train = [m["step"] for m in read_metrics(workdir) if m["split"] == "train"]
-  assert train == list(range(1, 121))
+  assert train == list(range(10, 121, 10))
 
 
 @pytest.mark.slow
