@@ -58,6 +58,8 @@ COMMON = (
   "laplax/config",
   "requirements.txt",
   "requirements-tpu.txt",
+  # Decoding (the chat, eval.py --sample) is not part of the train step.
+  ":(exclude)laplax/models/sampling.py",
 )
 DEPENDS = (*COMMON, "configs")  # every row's files: a compile is refused while one is dirty
 HBM = {"TPU v5 lite": 15.75 * 2**30}  # what the compiler allows a chip (its RESOURCE_EXHAUSTED)

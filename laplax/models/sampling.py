@@ -62,6 +62,12 @@ def empty_cache(model: GPT, rows: int = 1) -> Any:
   return jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), _cache_shapes(model, rows))
 
 
+@functools.cache
+def _default_key() -> jax.Array:
+  """``jax.random.PRNGKey(0)``, made once (a dispatch less per prompt)."""
+  return jax.random.PRNGKey(0)
+
+
 def sample_logits(logits, rng, temperature, top_k):
   """The next token of each row of float ``logits [rows, vocab]``.
 
@@ -88,10 +94,15 @@ def decode_step(model: GPT):
   position, of which the first ``used`` are real (the rest is bucket padding:
   the cache's counters advance by ``used`` only), and samples each row's next
   token after its token ``used - 1`` (:func:`sample_logits`, key
-  ``fold_in(rng, salt)``). Compiled once per ``(rows, n)``.
+  ``fold_in(rng, salt)``). ``cache=None`` starts from the empty cache
+  (:func:`empty_cache`), made inside the compiled step: a prompt's prefill
+  is one dispatch. Compiled once per ``(rows, n)`` and cache or ``None``.
   """
 
   def step(params, cache, tokens, used, rng, salt, temperature, top_k):
+    if cache is None:
+      shapes = _cache_shapes(model, tokens.shape[0])
+      cache = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
     (logits, _), updated = model.apply(
       {"params": params, "cache": cache}, tokens, decode=True, mutable=["cache"]
     )
@@ -165,7 +176,7 @@ def stream(
       f"the prompt has {prompt.size} tokens but the model's context is "
       f"{max_length}; shorten the prompt"
     )
-  rng = jax.random.PRNGKey(0) if rng is None else rng
+  rng = _default_key() if rng is None else rng
   step = decode_step(model)
   temperature, top_k = _options(model, temperature, top_k)
   stops = set(int(t) for t in stop_tokens)
@@ -177,7 +188,7 @@ def stream(
 
   seq = list(prompt)
   forced: collections.deque = collections.deque()
-  cache = empty_cache(model)
+  cache = None  # the step makes the empty cache (decode_step)
   feed, used = prefill(prompt)
   filled = prompt.size  # tokens in the cache once ``feed`` is in
   for i in range(max_new_tokens):
@@ -193,7 +204,7 @@ def stream(
       if not slide:
         return
       keep = np.asarray(seq[-(max_length // 2) :], np.int32)
-      cache, (feed, used), filled = empty_cache(model), prefill(keep), keep.size
+      cache, (feed, used), filled = None, prefill(keep), keep.size
     else:
       feed, used, filled = np.asarray([[token]], np.int32), 1, filled + 1
 
@@ -331,7 +342,7 @@ def generate_batch(
   if rows < n:
     raise ValueError(f"rows={rows} is below the {n} prompts")
   prompts = prompts + [prompts[0]] * (rows - n)
-  rng = jax.random.PRNGKey(0) if rng is None else rng
+  rng = _default_key() if rng is None else rng
   step = decode_step(model)
   options = _options(model, temperature, top_k)
   start = 1 << (int(min(p.size for p in prompts[:n])).bit_length() - 1)

@@ -75,6 +75,11 @@ def test_a_row_is_stale_once_a_compiled_file_changes_after_its_commit(tmp_path):
   git(root, "commit", "-qm", "another model's config")
   assert aot_tables.stale_rows(root) == []
 
+  write(root, "laplax/models/sampling.py", "S = 1\n")  # decoding, not the train step
+  git(root, "add", "-A")
+  git(root, "commit", "-qm", "decoding")
+  assert aot_tables.stale_rows(root) == []
+
   write(root, "laplax/models/gpt.py", "A = 2\n")
   git(root, "commit", "-qam", "change the model")
   (message,) = aot_tables.stale_rows(root)
