@@ -266,13 +266,21 @@ class Guard:
     preemption notifier's own C-level SIGTERM handler: the guard takes both
     signals back (so that the bound and a second signal still work) and hands
     the first one on to that handler (:func:`_c_signal_handler`), as if the
-    notifier had received the SIGTERM itself.
+    notifier had received the SIGTERM itself. Where no such handler is found
+    (``jax.distributed`` not initialised, or not on Linux), no stop can be
+    agreed: one warning line says so, and a signal ends the run by the bound.
     """
     self._in_loop = True
     self._collective = bool(collective)
     if self._active:
       if collective:
         self._forward = _c_signal_handler(signal.SIGTERM, self._own_c_handler)
+        if self._forward is None:
+          _write(
+            "warning: JAX's preemption notifier has no SIGTERM handler here, so the "
+            "processes cannot agree on a stop: a signal ends this run by the bound "
+            f"({self.bound:g} s) at the last complete checkpoint"
+          )
       for s in SIGNALS:
         signal.signal(s, self._handle)
     try:
@@ -311,8 +319,10 @@ class Guard:
 
   def progress(self) -> None:
     """The loop goes on towards a stop that several processes must agree on
-    (at their next log step): the deadline starts again from now."""
-    if self._deadline is not None:
+    (JAX's preemption sync point): the deadline starts again from now; not
+    when the signal could not be handed on to JAX (nothing would ever stop
+    the loop then but the bound)."""
+    if self._deadline is not None and not (self._collective and self._forward is None):
       self._deadline = time.monotonic() + self._armed
 
   def reached(self) -> None:

@@ -51,6 +51,12 @@ with signals.Guard("demo", bound=float(sys.argv[3])) as guard:
       print("ready", flush=True)
       while True:
         libc.sleep(100)
+  if mode == "collective":  # several processes, but no JAX notifier: steps go on ending
+    with guard.graceful(collective=True):
+      print("ready", flush=True)
+      while True:
+        guard.progress()
+        time.sleep(0.02)
   main = threading.main_thread().ident
 
   def ready():  # once the main thread is at the C call (and a moment after)
@@ -89,6 +95,15 @@ def _guard(tmp_path, mode, bound, signals_to_send, step_seconds=0.0):
     proc.send_signal(signum)
   _, err = proc.communicate(timeout=HANG_GUARD_S)
   return proc.returncode, [l for l in err.splitlines() if l.strip()], marker.exists()
+
+
+def test_collective_stop_without_jax_notifier_ends_by_the_bound(tmp_path):
+  """graceful(collective=True) without jax.distributed: no stop can be agreed,
+  so steps that keep ending do not hold the bound off; one warning line."""
+  code, lines, cleaned = _guard(tmp_path, "collective", 1, [signal.SIGTERM])
+  assert code == 143, lines
+  assert any("cannot agree on a stop" in line for line in lines), lines
+  assert cleaned
 
 
 @pytest.mark.parametrize("step_seconds,waited", [(0.0, 1), (1.5, 3)])
