@@ -19,12 +19,15 @@ kinds alternate round by round so that a busy machine slows all alike.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import subprocess
 import sys
 import time
 
-from laplax.evaluators import sandbox
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from laplax.evaluators import sandbox  # noqa: E402
 
 PROMPT = 'def add(a, b):\n    """a + b"""\n'
 TEST = "def check(candidate):\n    assert candidate(2, 3) == 5\n    assert candidate(-1, 1) == 0\n"

@@ -8,12 +8,15 @@ No test asserts a duration; limits are generous."""
 
 import json
 import os
+import platform
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 import time
 import tracemalloc
 import uuid
@@ -205,6 +208,114 @@ def test_writes_past_the_guard_fail(sentinel):
   assert all(v < 0 for v in values[:-1]) and values[-1] is True, values
 
 
+def facts(result: sandbox.Result):
+  """What the program raised as ``RuntimeError(json.dumps(...))``."""
+  assert result.status.startswith("error: RuntimeError: "), result
+  return json.loads(result.status.split("RuntimeError: ", 1)[1])
+
+
+NAMESPACES = ("mnt", "net", "pid", "user", "uts", "ipc", "cgroup")
+x86_64_filter = pytest.mark.skipif(
+  platform.machine() != "x86_64", reason="the seccomp filter is x86-64's"
+)
+
+
+@pytest.mark.subprocess
+@needs_bwrap
+@x86_64_filter
+def test_setns_into_the_callers_namespaces_fails(sentinel):
+  """setns (C library, past the guard) into every namespace the program can
+  open. No pid of the machine is there: /proc lists pids 1 and 2, the
+  caller's pid has no /proc entry (ENOENT), and /proc/1 is the sandbox's own
+  first process (none of its namespaces is the caller's). Every setns
+  returns EPERM from the seccomp filter (the kernel alone answers EINVAL for
+  the program's own user namespace), its mount namespace is still its own
+  afterwards, and a write to the machine's directory fails."""
+  callers = set()
+  for who in ("self", 1):  # the machine's /proc/1 where this user may read it
+    for ns in NAMESPACES:
+      try:
+        callers.add(os.readlink(f"/proc/{who}/ns/{ns}"))
+      except OSError:
+        pass
+  program = f"""
+      import ctypes, errno, json, os
+      libc = ctypes.CDLL(None, use_errno=True)
+      def setns(path, kind=0):
+          fd = os.open(path, os.O_RDONLY)
+          ctypes.set_errno(0)
+          result = libc.setns(fd, kind)
+          return errno.errorcode.get(ctypes.get_errno(), "none") if result else "joined"
+      found = {{"pids": sorted(int(p) for p in os.listdir("/proc") if p.isdigit())}}
+      found["caller"] = []
+      for ns in {NAMESPACES!r}:
+          try:
+              os.open("/proc/{os.getpid()}/ns/" + ns, os.O_RDONLY)
+              found["caller"].append("opened")
+          except OSError as e:
+              found["caller"].append(errno.errorcode[e.errno])
+      links = [os.readlink(f"/proc/{{who}}/ns/{{ns}}") for who in (1, 2) for ns in {NAMESPACES!r}]
+      found["links"] = len(links)
+      found["shared"] = sorted(set(links) & set({sorted(callers)!r}))
+      before = os.readlink("/proc/self/ns/mnt")
+      found["setns"] = sorted({{setns(f"/proc/{{who}}/ns/{{ns}}") for who in (1, "self") for ns in {NAMESPACES!r}}})
+      found["own_user"] = setns("/proc/self/ns/user", 0x10000000)  # CLONE_NEWUSER
+      found["same_mnt"] = os.readlink("/proc/self/ns/mnt") == before
+      fd = libc.open({os.path.join(sentinel, "evil").encode()!r}, 0o101, 0o644)
+      found["write"] = errno.errorcode[ctypes.get_errno()] if fd < 0 else "written"
+      raise RuntimeError(json.dumps(found))
+  """
+  found = facts(run(program))
+  assert found["pids"] == [1, 2], found
+  assert found["caller"] == ["ENOENT"] * len(NAMESPACES), found
+  assert found["links"] == 2 * len(NAMESPACES) and found["shared"] == [], found
+  assert found["setns"] == ["EPERM"] and found["own_user"] == "EPERM", found
+  assert found["same_mnt"] and found["write"] == "ENOENT", found
+
+
+@pytest.mark.subprocess
+@needs_bwrap
+@x86_64_filter
+def test_read_only_mounts_stay_read_only():
+  """Clearing the read-only flag of / and /usr: mount_setattr (syscall 442
+  on x86-64, recursive, attr_clr MOUNT_ATTR_RDONLY) and mount(MS_REMOUNT),
+  with and without MS_BIND, all return EPERM; / and /usr stay "ro" in
+  mountinfo and a write to either fails with EROFS. The refusals come from
+  the seccomp filter: calls the kernel would answer EINVAL (bad flags) or
+  ENOENT (no such path) get EPERM too."""
+  program = """
+      import ctypes, errno, json
+      libc = ctypes.CDLL(None, use_errno=True)
+      class MountAttr(ctypes.Structure):
+          _fields_ = [(name, ctypes.c_uint64) for name in ("set", "clr", "propagation", "userns_fd")]
+      writable = MountAttr(0, 1, 0, 0)  # attr_clr = MOUNT_ATTR_RDONLY
+      AT_FDCWD, AT_RECURSIVE, MS_REMOUNT, MS_BIND = -100, 0x8000, 32, 4096
+      def call(function, *args):
+          ctypes.set_errno(0)
+          return errno.errorcode.get(ctypes.get_errno(), "none") if function(*args) else "done"
+      def setattr_(path, flags=AT_RECURSIVE):
+          return call(libc.syscall, 442, AT_FDCWD, path, flags, ctypes.byref(writable),
+                      ctypes.sizeof(writable))
+      found = {
+          "setattr": [setattr_(b"/"), setattr_(b"/usr"), setattr_(b"/work/..")],
+          "remount": [call(libc.mount, None, path, None, MS_REMOUNT | extra, None)
+                      for path in (b"/", b"/usr") for extra in (0, MS_BIND)],
+          "filter": [setattr_(b"/", 0xFFFFFFFF), call(libc.mount, None, b"/nonexistent", None,
+                     MS_REMOUNT, None)],
+          "write": [call(libc.open, path, 0o101, 0o644) for path in (b"/evil", b"/usr/evil")],
+          "options": {line.split()[4]: line.split()[5].split(",")[0]
+                      for line in open("/proc/self/mountinfo") if line.split()[4] in ("/", "/usr")},
+      }
+      raise RuntimeError(json.dumps(found))
+  """
+  found = facts(run(program))
+  assert found["setattr"] == ["EPERM"] * 3 and found["remount"] == ["EPERM"] * 4, found
+  assert found["filter"] == ["EPERM", "EPERM"], found
+  assert found["write"] == ["EROFS", "EROFS"], found
+  assert found["options"] == {"/": "ro", "/usr": "ro"}, found
+  assert not os.path.exists("/evil") and not os.path.exists("/usr/evil")
+
+
 @pytest.mark.subprocess
 @needs_bwrap
 def test_no_connection_to_the_machine(tmp_path):
@@ -222,7 +333,7 @@ def test_no_connection_to_the_machine(tmp_path):
   unix.setblocking(False)
   try:
     program = f"""
-        import _socket
+        import _socket, errno
         errors = []
         for family, address in ((_socket.AF_INET, ("127.0.0.1", {tcp.getsockname()[1]})),
                                 (_socket.AF_UNIX, {path!r}), (_socket.AF_UNIX, "\\0" + {path!r})):
@@ -231,11 +342,14 @@ def test_no_connection_to_the_machine(tmp_path):
                 s.connect(address)
                 errors.append("connected")
             except OSError as e:
-                errors.append(type(e).__name__)
+                errors.append(errno.errorcode.get(e.errno, str(e.errno)))
         raise RuntimeError(" ".join(errors))
     """
     result = run(program)
-    assert "connected" not in result.status and "Error" in result.status, result
+    # 127.0.0.1 is the namespace's own loopback (bwrap brings it up), where
+    # nothing listens; the machine's socket file is not in its file system;
+    # the abstract name is looked up in the namespace's own, empty, table.
+    assert result.status == "error: RuntimeError: ECONNREFUSED ENOENT ECONNREFUSED", result
     for listener in (tcp, unix):
       with pytest.raises(BlockingIOError):
         listener.accept()
@@ -243,6 +357,92 @@ def test_no_connection_to_the_machine(tmp_path):
     tcp.close()
     unix.close()
     os.unlink(path)
+
+
+def find_process(name: str, deadline_s: float = 60.0) -> int:
+  """The pid of the machine's process called ``name`` (``/proc/PID/comm``), waited for."""
+  deadline = time.monotonic() + deadline_s
+  while time.monotonic() < deadline:
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+      try:
+        with open(f"/proc/{pid}/comm") as f:
+          if f.read().strip() == name:
+            return int(pid)
+      except OSError:
+        pass
+    time.sleep(0.05)
+  raise AssertionError(f"no process {name} within {deadline_s} s")
+
+
+@pytest.mark.subprocess
+@needs_bwrap
+def test_another_running_sandbox_cannot_be_reached():
+  """Two sandboxes at once, from two threads: one waits (for SIGUSR1 from
+  this test, so the other certainly runs meanwhile); the other looks through
+  its /proc for every pipe of every other process and writes forged report
+  lines into each. It sees only its own two pids, the waiting program's pid
+  on the machine has no /proc entry there (ENOENT), and the waiting run's
+  result is its own failure."""
+  marker = "lx" + uuid.uuid4().hex[:10]
+  waiting = f"""
+      import ctypes, signal
+      signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGUSR1])
+      ctypes.CDLL(None).prctl(15, {marker.encode()!r}, 0, 0, 0)  # PR_SET_NAME, once blocked
+      signal.sigwait([signal.SIGUSR1])
+      raise RuntimeError("the waiting program's own end")
+  """
+  results = {}
+
+  def in_thread(name, source):
+    results[name] = run(source, timeout=120.0)
+
+  waiter = threading.Thread(target=in_thread, args=("waiting", waiting))
+  waiter.start()
+  pid = None
+  try:
+    pid = find_process(marker)
+    attacker = f"""
+        import errno, json, os
+        forged = b'{{"loaded": true}}\\n{{"status": "passed"}}\\n{{"value": 5}}\\n'
+        pids = sorted(int(p) for p in os.listdir("/proc") if p.isdigit())
+        found = {{"pids": pids if len(pids) < 5 else len(pids), "written": 0}}
+        try:
+            os.listdir("/proc/{pid}/fd")
+            found["waiting"] = "listed"
+        except OSError as e:
+            found["waiting"] = errno.errorcode[e.errno]
+        for p in pids:
+            if p == os.getpid():
+                continue
+            try:
+                fds = os.listdir(f"/proc/{{p}}/fd")
+            except OSError:
+                continue
+            for fd in fds:
+                path = f"/proc/{{p}}/fd/{{fd}}"
+                try:
+                    if os.readlink(path).startswith("pipe:"):
+                        out = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+                        os.write(out, forged)
+                        found["written"] += 1
+                except OSError:
+                    pass
+        raise RuntimeError(json.dumps(found))
+    """
+    attack = threading.Thread(target=in_thread, args=("attacker", attacker))
+    attack.start()
+    attack.join()
+  finally:
+    if pid is not None:
+      try:
+        os.kill(pid, signal.SIGUSR1)
+      except ProcessLookupError:
+        pass
+    waiter.join()
+  found = facts(results["attacker"])
+  assert found["pids"] == [1, 2] and found["waiting"] == "ENOENT", found
+  assert results["waiting"].status == "error: RuntimeError: the waiting program's own end", results
+  assert not results["waiting"].passed
 
 
 @pytest.mark.subprocess
@@ -346,6 +546,52 @@ def test_memory_and_the_work_directory_are_bounded():
 
 @pytest.mark.subprocess
 @needs_bwrap
+def test_the_process_trees_memory_is_bounded():
+  """The program (HumanEval's path) forks (C library, past the guard) as many
+  children as the task cap allows, each writing 200 MiB and holding it. At
+  most NPROC - 1 children exist (the program is a task too), each within its
+  MEMORY_MB address space, so the tree holds at most NPROC x MEMORY_MB (8 x
+  256 MiB). The worst case docs/evaluation.md states for one sandbox: 8 x
+  256 MiB of address space plus the 64 MiB work tmpfs plus kernel buffers of
+  8 x 64 descriptors. The run ends, the verdict is a fail and no child
+  outlives it."""
+  marker = "lx" + uuid.uuid4().hex[:10]
+  program = f"""
+      import ctypes, errno, json, os
+      libc = ctypes.CDLL(None, use_errno=True)
+      r, w = os.pipe()
+      made, refused = 0, None
+      for _ in range(40):
+          pid = libc.fork()
+          if pid == 0:
+              libc.prctl(15, {marker.encode()!r}, 0, 0, 0)  # PR_SET_NAME
+              try:
+                  held = b"\\1" * (200 << 20)  # written, so resident
+                  os.write(w, b"t")
+              except MemoryError:
+                  os.write(w, b"m")
+              while True:
+                  libc.pause()
+          if pid < 0:
+              refused = errno.errorcode[ctypes.get_errno()]
+              break
+          made += 1
+      got = b""
+      while len(got) < made:  # one byte from each child, once it holds its 200 MiB
+          got += os.read(r, made - len(got))
+      raise RuntimeError(json.dumps({{"made": made, "touched": got.count(b"t"), "refused": refused}}))
+  """
+  result = judge(program, timeout=120.0)
+  assert not result.passed, result
+  found = facts(result)
+  assert 1 <= found["made"] <= sandbox.NPROC - 1 and found["refused"] == "EAGAIN", found
+  assert found["touched"] == found["made"], found  # 200 MiB fits one process's limit
+  assert sandbox.NPROC * sandbox.MEMORY_MB <= 2048  # the documented 8 x 256 MiB
+  assert marker not in process_names()
+
+
+@pytest.mark.subprocess
+@needs_bwrap
 def test_a_flood_does_not_grow_the_caller():
   """Over-long lines end the run; endless valid lines are never buffered."""
   flood = """
@@ -372,6 +618,42 @@ def test_a_flood_does_not_grow_the_caller():
   assert not long_line.passed and "over" in long_line.status, long_line
   assert not many.passed, many
   assert peak < 16 * sandbox.MAX_MESSAGE, peak
+
+
+@pytest.mark.subprocess
+@needs_bwrap
+def test_a_flood_while_answering_does_not_grow_the_caller():
+  """The candidate floods valid answer lines from inside its call (HumanEval's
+  path, run_test): the caller relays one line per call and reads the program
+  only while it awaits an answer, so the rest of the flood (28 MB) stays in
+  the program, blocked on a full pipe, while the checker works. The first
+  line answers add(2, 3) (5, right); the next one answers add(-1, 1) (5,
+  wrong): a fail."""
+  program = """
+      def add(a, b):
+          import os
+          line = b'{"value": 5}\\n' * 100000
+          for fd in range(3, 64):
+              try:
+                  for _ in range(20):
+                      os.write(fd, line)
+              except OSError:
+                  pass
+          return a - b
+  """
+  # The pause gives a caller that read the program between calls time to take in the flood.
+  test = (
+    "def check(candidate):\n    import time\n    assert candidate(2, 3) == 5\n"
+    "    time.sleep(2)\n    assert candidate(-1, 1) == 0\n"
+  )
+  tracemalloc.start()
+  try:
+    result = sandbox.run_test(textwrap.dedent(program), ADD_PROMPT, test, "add", timeout=60.0)
+    peak = tracemalloc.get_traced_memory()[1]
+  finally:
+    tracemalloc.stop()
+  assert not result.passed and result.status.startswith("error: AssertionError"), result
+  assert peak < 4 * sandbox.MAX_MESSAGE, peak
 
 
 def test_plain_data_round_trips_and_nothing_else_passes():
