@@ -554,6 +554,20 @@ def test_calculator_answers_a_scripted_tool_call(engine, monkeypatch):
     answer = ask(client, [{"role": "user", "content": "What is 12*7?"}])
   assert answer.startswith(expected) and answer.endswith(" so 84."), answer
   prompt = engine.prompt([{"role": "user", "content": "What is 12*7?"}])
+  # The next turn's prompt from the answer's text is the one the terminal keeps
+  # (its tokens): the tool blocks are their special tokens again, not text.
+  tokens = list(engine.tokens(prompt, max_tokens=40))
+  assert shown(engine, tokens) == answer
+  messages = [
+    {"role": "user", "content": "What is 12*7?"},
+    {"role": "assistant", "content": answer},
+    {"role": "user", "content": "Thanks."},
+  ]
+  kept = prompt.tolist() + tokens + [s["<|assistant_end|>"]] + engine.user_turn("Thanks.")
+  assert engine.prompt(messages).tolist() == kept
+  cut = dict(messages[1], content="So <|python_start|>12*")  # an answer cut inside a block
+  plain = engine.prompt([messages[0], cut, messages[2]]).tolist()
+  assert s["<|python_start|>"] not in plain and shown(engine, plain).count("<|python_start|>") == 1
   plain = shown(engine, list(engine.tokens(prompt, max_tokens=40, calculator=False)))
   assert "<|output_start|>" not in plain
 
