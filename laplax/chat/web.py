@@ -3,9 +3,9 @@
 ``GET /`` is one HTML page (the conversation, the answer streamed as it is
 decoded, a Stop button, New chat). ``POST /chat/completions`` takes
 nanochat's request ``{"messages": [{"role": "user" | "assistant", "content":
-str}, ...], "temperature": float?, "top_k": int?, "max_tokens": int?}`` and
-answers with server-sent events, one ``data: {"token": TEXT}`` per decoded
-piece of text and ``data: {"done": true}`` at the end (``data: {"error": LINE}``
+str}, ...], "temperature": float?, "top_k": int?, "max_tokens": int?}`` (and
+``"seed": int?``) and answers with server-sent events, one ``data: {"token":
+TEXT}`` per decoded piece of text and ``data: {"done": true}`` at the end (``data: {"error": LINE}``
 if decoding fails). ``GET /health`` says the mode and the queue.
 
 Bounds (:class:`Limits`): the request body, the number and length of the
@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import dataclasses
+import errno
 import json
 import random
 import socket
@@ -41,9 +42,8 @@ class ServeError(UserError, OSError):
   """The server cannot start (its address is taken); one line."""
 
 
-MAX_SEED = (
-  2**32 - 1
-)  # jax.random.PRNGKey's distinct seeds without x64 (larger ones wrap or overflow)
+# The seeds jax.random.PRNGKey tells apart without x64 (larger ones wrap or overflow).
+MAX_SEED = 2**32 - 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -266,9 +266,8 @@ def bind(host: str = "127.0.0.1", port: int = 8000) -> socket.socket:
     sock.listen(128)
   except OSError as e:
     sock.close()
-    raise ServeError(
-      f"cannot listen on {host}:{port} ({e.strerror}); pick another --port"
-    ) from None
+    fix = "pick another --port" if e.errno == errno.EADDRINUSE else "check --host and --port"
+    raise ServeError(f"cannot listen on {host}:{port} ({e.strerror}); {fix}") from None
   return sock
 
 
