@@ -28,6 +28,7 @@ from laplax.errors import UserError
 USAGE_EXIT = 2
 CLEAR = ("/clear", "clear")
 QUIT = ("/quit", "quit", "exit")
+MAX_SEED = 2**32 - 1  # jax.random.PRNGKey's distinct seeds (laplax.chat.web.MAX_SEED)
 
 
 class UsageError(UserError, ValueError):
@@ -72,6 +73,8 @@ def check(args: argparse.Namespace) -> None:
     raise UsageError(f"--top_k={args.top_k} must be >= 0 (0 = all tokens)")
   if args.max_tokens < 1:
     raise UsageError(f"--max_tokens={args.max_tokens} must be >= 1")
+  if not 0 <= args.seed <= MAX_SEED:
+    raise UsageError(f"--seed={args.seed} must be in [0, {MAX_SEED}]")
   if not 0 <= args.port <= 65535:
     raise UsageError(f"--port={args.port} must be in [0, 65535]")
   if args.web and args.prompt is not None:
@@ -146,7 +149,7 @@ def converse(engine, args, read=input, write=None) -> int:
     tokens: list[int] = []
     try:  # Ctrl-C anywhere in the turn stops the answer; what was said stays
       show("\nAssistant: ")
-      answer(engine, prompt, args, args.seed + turn, write, tokens)
+      answer(engine, prompt, args, (args.seed + turn) % (MAX_SEED + 1), write, tokens)
       show("\n")
     except KeyboardInterrupt:
       show(" [stopped]\n")
@@ -166,14 +169,22 @@ def main(argv: list[str] | None = None) -> int:
   args = parser().parse_args(sys.argv[1:] if argv is None else argv)
   check(args)
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-  from laplax.chat.engine import ChatEngine
-
-  engine = ChatEngine.load(args.workdir, args.step)
-  print(engine.mode_line, file=sys.stderr, flush=True)
-  if args.web:
+  sock = None
+  if args.web:  # a taken port fails at once, before the model loads
     from laplax.chat import web
 
-    web.serve(engine, host=args.host, port=args.port, defaults=args)
+    sock = web.bind(args.host, args.port)
+  from laplax.chat.engine import ChatEngine
+
+  try:
+    engine = ChatEngine.load(args.workdir, args.step)
+  except BaseException:
+    if sock is not None:
+      sock.close()
+    raise
+  print(engine.mode_line, file=sys.stderr, flush=True)
+  if sock is not None:
+    web.serve(engine, defaults=args, sock=sock)
     return 0
   if args.prompt is not None:
     if engine.chat:

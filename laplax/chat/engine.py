@@ -18,6 +18,7 @@ same prompt tokens.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
@@ -32,6 +33,47 @@ from laplax.evaluators.generation import Calculator
 from laplax.models import sampling
 
 CHAT_DATA = ("chat_mid", "chat_sft")  # data names of the chat stages
+# An answer's tool blocks as its text shows them (the special tokens' names).
+_TOOL_MARKER = re.compile(
+  r"(<\|python_start\|>|<\|python_end\|>|<\|output_start\|>|<\|output_end\|>)"
+)
+_TOOL_BLOCKS = {
+  "<|python_start|>": ("python", "<|python_end|>"),
+  "<|output_start|>": ("python_output", "<|output_end|>"),
+}
+
+
+def answer_parts(content: str) -> str | list[dict]:
+  """An assistant message's text as the answer's tokens had it: each
+  well-formed ``<|python_start|>`` code ``<|python_end|>`` and
+  ``<|output_start|>`` result ``<|output_end|>`` (the calculator's blocks,
+  streamed as the special tokens' names) a ``python`` or ``python_output``
+  part (:mod:`laplax.data.chat.render`, which renders them with their
+  special tokens, as SFT trains on them); the rest ``text`` parts. A
+  content without markers, or whose markers do not pair up (an answer cut
+  inside a block), is returned as it is (rendered as plain text)."""
+  pieces = _TOOL_MARKER.split(content)
+  if len(pieces) == 1:
+    return content
+  parts: list[dict] = []
+  kind, closing, text = "text", None, ""
+  for i, piece in enumerate(pieces):
+    if i % 2 == 0:
+      text += piece
+    elif closing is None and piece in _TOOL_BLOCKS:
+      if text:
+        parts.append({"type": "text", "text": text})
+      (kind, closing), text = _TOOL_BLOCKS[piece], ""
+    elif piece == closing:
+      parts.append({"type": kind, "text": text})
+      kind, closing, text = "text", None, ""
+    else:
+      return content
+  if closing is not None:
+    return content
+  if text:
+    parts.append({"type": "text", "text": text})
+  return parts
 
 
 class ChatError(UserError, ValueError):
@@ -109,6 +151,9 @@ class ChatEngine:
     """The prompt of the answer to ``messages`` (``{"role", "content"}`` dicts,
     user and assistant alternating, the last the user's; an optional system
     message first): int32 ``[n]``. In completion mode, the last message's text.
+    An assistant message's calculator blocks, as its streamed text shows
+    them, are rendered with their special tokens (:func:`answer_parts`):
+    the prompt is the one the terminal keeps for the same conversation.
 
     Raises:
       ChatError: a malformed conversation, or one that leaves no room for an
@@ -117,6 +162,14 @@ class ChatEngine:
     if not self.chat:
       ids = self.tokenizer.encode(str(messages[-1].get("content", "")))
     else:
+      messages = [
+        dict(m, content=answer_parts(m["content"]))
+        if isinstance(m, dict)
+        and m.get("role") == "assistant"
+        and isinstance(m.get("content"), str)
+        else m
+        for m in messages
+      ]
       conversation = {"messages": [*messages, {"role": "assistant", "content": ""}]}
       try:
         ids = render_for_completion(self.tokenizer, conversation, 1 << 30)

@@ -3,9 +3,9 @@
 ``GET /`` is one HTML page (the conversation, the answer streamed as it is
 decoded, a Stop button, New chat). ``POST /chat/completions`` takes
 nanochat's request ``{"messages": [{"role": "user" | "assistant", "content":
-str}, ...], "temperature": float?, "top_k": int?, "max_tokens": int?}`` and
-answers with server-sent events, one ``data: {"token": TEXT}`` per decoded
-piece of text and ``data: {"done": true}`` at the end (``data: {"error": LINE}``
+str}, ...], "temperature": float?, "top_k": int?, "max_tokens": int?}`` (and
+``"seed": int?``) and answers with server-sent events, one ``data: {"token":
+TEXT}`` per decoded piece of text and ``data: {"done": true}`` at the end (``data: {"error": LINE}``
 if decoding fails). ``GET /health`` says the mode and the queue.
 
 Bounds (:class:`Limits`): the request body, the number and length of the
@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import dataclasses
+import errno
 import json
 import random
 import socket
@@ -39,6 +40,10 @@ from laplax.errors import UserError
 
 class ServeError(UserError, OSError):
   """The server cannot start (its address is taken); one line."""
+
+
+# The seeds jax.random.PRNGKey tells apart without x64 (larger ones wrap or overflow).
+MAX_SEED = 2**32 - 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,6 +111,8 @@ def check_request(body: ChatRequest, limits: Limits) -> str | None:
     return f"top_k={body.top_k} must be in [0, 200] (0 = all tokens)"
   if body.max_tokens is not None and not 1 <= body.max_tokens <= limits.max_tokens:
     return f"max_tokens={body.max_tokens} must be in [1, {limits.max_tokens}]"
+  if body.seed is not None and not 0 <= body.seed <= MAX_SEED:
+    return f"seed={body.seed} must be in [0, {MAX_SEED}]"
   return None
 
 
@@ -178,13 +185,22 @@ def make_app(engine: ChatEngine, limits: Limits = Limits(), defaults: Any = None
     pieces = engine.texts(tokens)
     queue["waiting"] += 1
     loop = asyncio.get_running_loop()
+    ticket = {"waiting": True, "closed": False}
+
+    def release():  # once, however the request ends (also before its stream began)
+      if ticket["waiting"]:
+        ticket["waiting"] = False
+        queue["waiting"] -= 1
+      if not ticket["closed"]:
+        ticket["closed"] = True
+        worker.submit(pieces.close)  # after the token in flight, on the decoding thread
 
     async def events():
-      waiting = True
       try:
         async with lock:
-          queue["waiting"] -= 1
-          waiting = False
+          if ticket["waiting"]:
+            ticket["waiting"] = False
+            queue["waiting"] -= 1
           while True:
             if await request.is_disconnected():
               break
@@ -197,17 +213,62 @@ def make_app(engine: ChatEngine, limits: Limits = Limits(), defaults: Any = None
       except Exception as e:  # decoding failed: one line to the client, the server goes on
         yield _event({"error": utils.first_line(e)})
       finally:
-        if waiting:
-          queue["waiting"] -= 1
-        worker.submit(pieces.close)  # after the token in flight, on the decoding thread
+        release()
 
-    return StreamingResponse(events(), media_type="text/event-stream")
+    return _Answer(events(), release)
 
   return app
 
 
+class _Answer(StreamingResponse):
+  """The answer's event stream; ``release`` runs however it ends. A client
+  that goes away before the stream begins cancels it before ``events()``
+  runs at all (its ``finally`` never would): this ``__call__`` closes the
+  generator and releases the request's place in the queue."""
+
+  def __init__(self, content, release):
+    super().__init__(content, media_type="text/event-stream")
+    self._release = release
+
+  async def __call__(self, scope, receive, send):
+    try:
+      await super().__call__(scope, receive, send)
+    finally:
+      try:
+        await self.body_iterator.aclose()  # leaves the lock if it stopped at a yield
+      except RuntimeError:  # still running elsewhere: its own finally releases
+        pass
+      self._release()
+
+
 def _event(data: dict) -> str:
   return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
+
+
+def bind(host: str = "127.0.0.1", port: int = 8000) -> socket.socket:
+  """A socket listening on ``host:port`` (0: a free port); uvicorn serves it
+  later (a connection made before waits in the backlog). Listening at once
+  holds the port: a second server fails here, not after its model loads.
+
+  Raises:
+    ServeError: the address cannot be bound (taken, or not this machine's).
+  """
+  try:
+    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+  except (OSError, UnicodeError) as e:
+    raise ServeError(
+      f"cannot listen on {host}:{port} ({utils.first_line(e)}); check --host"
+    ) from None
+  sock = socket.socket(family, socket.SOCK_STREAM)
+  sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+  try:
+    sock.bind((host, port))
+    sock.listen(128)
+  except OSError as e:
+    sock.close()
+    fix = "pick another --port" if e.errno == errno.EADDRINUSE else "check --host and --port"
+    raise ServeError(f"cannot listen on {host}:{port} ({e.strerror}); {fix}") from None
+  return sock
 
 
 def serve(
@@ -216,28 +277,25 @@ def serve(
   port: int = 8000,
   defaults: Any = None,
   limits: Limits = Limits(),
+  sock: socket.socket | None = None,
 ) -> None:
-  """Serves :func:`make_app` with uvicorn until Ctrl-C (or SIGTERM), which
-  stops it cleanly (answers in flight end, the port is released).
+  """Serves :func:`make_app` with uvicorn on ``sock`` (default
+  ``bind(host, port)``) until Ctrl-C (or SIGTERM), which stops it cleanly
+  (answers in flight end, the port is released; uvicorn then raises the
+  signal again: Ctrl-C reaches the caller as KeyboardInterrupt).
 
   Raises:
     ServeError: the address cannot be bound.
   """
-  sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
-  sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-  try:
-    sock.bind((host, port))
-  except OSError as e:
-    sock.close()
-    raise ServeError(
-      f"cannot listen on {host}:{port} ({e.strerror}); pick another --port"
-    ) from None
+  sock = sock or bind(host, port)
+  host = sock.getsockname()[0]
   app = make_app(engine, limits, defaults)
   config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2)
   server = uvicorn.Server(config)
   bound = sock.getsockname()[1]
+  shown = f"[{host}]" if ":" in host else host
   print(
-    f"laplax-chat: open http://{host}:{bound} (API: POST /chat/completions); Ctrl-C stops",
+    f"laplax-chat: open http://{shown}:{bound} (API: POST /chat/completions); Ctrl-C stops",
     file=sys.stderr,
     flush=True,
   )

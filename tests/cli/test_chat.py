@@ -10,6 +10,7 @@ import pty
 import re
 import select
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -244,6 +245,7 @@ def test_one_prompt_and_plain_completion_equal_eval_sample(workdirs, capfd):
     ([], "--workdir"),
     (["--workdir", "WD", "--temperature", "5"], "--temperature=5.0 must be in [0, 2]"),
     (["--workdir", "WD", "--max_tokens", "0"], "--max_tokens=0 must be >= 1"),
+    (["--workdir", "WD", "--seed", str(10**30)], "--seed=1000000000000000000000000000000 must"),
     (["--workdir", "WD", "--web", "-p", "hi"], "cannot be combined with --web"),
     (["--workdir", "WD", "--bogus"], "unrecognized arguments: --bogus"),
     (["--workdir", "/nonexistent/run"], "is not a directory"),
@@ -331,6 +333,9 @@ def test_api_three_turns_bad_requests_concurrency_and_stop(engine):
       (json.dumps({"messages": [user, user]}), 400, "alternate"),
       (json.dumps({"messages": [user], "max_tokens": 10**6}), 400, "max_tokens"),
       (json.dumps({"messages": [user], "temperature": -1}), 400, "temperature"),
+      (json.dumps({"messages": [user], "top_k": 10**30}), 400, "top_k"),
+      (json.dumps({"messages": [user], "seed": 10**30}), 400, "seed=10000"),
+      (json.dumps({"messages": [user], "seed": -1}), 400, "seed=-1 must be in [0, 4294967295]"),
       (json.dumps({"messages": [{"role": "user", "content": "x" * 8001}]}), 400, "8000"),
       (json.dumps({"messages": [{"role": "user", "content": "word " * 1500}]}), 400, "context"),
       (b"x" * (300 * 1024), 413, "bytes"),
@@ -367,6 +372,166 @@ def test_api_three_turns_bad_requests_concurrency_and_stop(engine):
     assert health["waiting"] == 0 and not health["busy"]
 
 
+def asgi_call(app, body, disconnect_at_once):
+  """One ASGI request to ``app`` with ``body``: its messages to the server, and
+  ``http.disconnect`` either right after the body (a client gone before its
+  stream begins: sending the response's start waits once, as uvicorn's send
+  does while the connection's write buffer drains, and the disconnect is
+  seen then) or only once the response is complete."""
+  import asyncio
+
+  async def run():
+    pending = [{"type": "http.request", "body": body, "more_body": False}]
+    sent, done = [], asyncio.Event()
+
+    async def receive():
+      if pending:
+        return pending.pop(0)
+      if not disconnect_at_once:
+        await done.wait()
+      return {"type": "http.disconnect"}
+
+    async def send(message):
+      sent.append(message)
+      if disconnect_at_once and message["type"] == "http.response.start":
+        await asyncio.sleep(0)
+      if message["type"] == "http.response.body" and not message.get("more_body"):
+        done.set()
+
+    scope = {
+      "type": "http",
+      "asgi": {"version": "3.0", "spec_version": "2.3"},  # as uvicorn says
+      "http_version": "1.1",
+      "method": "POST",
+      "scheme": "http",
+      "path": "/chat/completions",
+      "raw_path": b"/chat/completions",
+      "query_string": b"",
+      "root_path": "",
+      "headers": [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))],
+      "client": ("127.0.0.1", 1),
+      "server": ("127.0.0.1", 80),
+    }
+    await app(scope, receive, send)
+    return b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+
+  return asyncio.run(run())
+
+
+@pytest.mark.subprocess
+def test_client_gone_before_its_stream_begins_leaves_no_place_in_the_queue(engine):
+  body = json.dumps({"messages": [{"role": "user", "content": QUESTIONS[0]}], "temperature": 0})
+  app = web.make_app(engine)
+  try:
+    assert asgi_call(app, body.encode(), disconnect_at_once=True) == b""  # no answer was decoded
+    assert app.state.queue == {"waiting": 0, "served": 0}  # it never reached the lock
+    answer = asgi_call(app, body.encode(), disconnect_at_once=False).decode()
+    got = [json.loads(line[6:]) for line in answer.split("\n\n") if line.startswith("data: ")]
+    assert got[-1] == {"done": True} and app.state.queue == {"waiting": 0, "served": 1}
+    prompt = engine.prompt([{"role": "user", "content": QUESTIONS[0]}])
+    expected = shown(engine, greedy_answer(engine, prompt, 256))
+    assert "".join(e["token"] for e in got[:-1]) == expected
+  finally:
+    app.state.worker.shutdown(wait=True)
+  # The same on a real server: a client that sends its request and hangs up at once.
+  with Server(engine) as server, httpx.Client(base_url=server.url, timeout=60) as client:
+    request = (
+      f"POST /chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+      f"Content-Length: {len(body)}\r\n\r\n{body}"
+    ).encode()
+    for _ in range(3):
+      with socket.create_connection(("127.0.0.1", int(server.url.rsplit(":", 1)[1]))) as sock:
+        sock.sendall(request)
+    assert ask(client, [{"role": "user", "content": QUESTIONS[0]}], temperature=0.0)
+    deadline = time.monotonic() + 60  # the hung-up requests end on the server's own time
+    while (health := client.get("/health").json())["waiting"] or health["busy"]:
+      assert time.monotonic() < deadline, health
+      time.sleep(0.05)
+
+
+def listening(pid):
+  """The (address, port) pairs process ``pid``'s TCP sockets listen on."""
+  inodes = set()
+  for fd in os.listdir(f"/proc/{pid}/fd"):
+    try:
+      link = os.readlink(f"/proc/{pid}/fd/{fd}")
+    except OSError:
+      continue
+    if link.startswith("socket:["):
+      inodes.add(link[8:-1])
+  found = []
+  for table in ("tcp", "tcp6"):
+    with open(f"/proc/{pid}/net/{table}") as f:
+      for row in f.read().splitlines()[1:]:
+        cols = row.split()
+        if cols[3] == "0A" and cols[9] in inodes:  # LISTEN
+          address, port = cols[1].split(":")
+          raw = bytes.fromhex(address)
+          if table == "tcp":
+            host = socket.inet_ntop(socket.AF_INET, raw[::-1])
+          else:  # four little-endian 32-bit words
+            words = b"".join(raw[i : i + 4][::-1] for i in range(0, 16, 4))
+            host = socket.inet_ntop(socket.AF_INET6, words)
+          found.append((host, int(port, 16)))
+  return found
+
+
+@pytest.mark.subprocess
+@pytest.mark.slow
+def test_serve_binds_loopback_answers_and_stops_on_sigint(workdirs, engine):
+  sft = str(workdirs[1])
+  env = dict(os.environ, PYTHONUNBUFFERED="1", JAX_PLATFORMS="cpu")
+  argv = [sys.executable, "-m", "laplax.chat", "--workdir", sft, "--web", "--temperature", "0"]
+  proc = subprocess.Popen(
+    argv + ["--port", "0", "--max_tokens", "24"],
+    stdout=subprocess.PIPE,
+    stderr=subprocess.PIPE,
+    text=True,
+    cwd=ROOT,
+    env=env,
+  )
+  lines = []
+  reader = threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True)
+  reader.start()
+  try:
+    deadline = time.monotonic() + 300
+    while not any("laplax-chat: open" in line for line in lines):
+      assert proc.poll() is None and time.monotonic() < deadline, lines
+      time.sleep(0.1)
+    opened = next(line for line in lines if "laplax-chat: open" in line)
+    host, port = re.search(r"http://([\d.]+):(\d+) ", opened).groups()
+    port = int(port)
+    assert listening(proc.pid) == [("127.0.0.1", port)] and host == "127.0.0.1"  # loopback only
+
+    with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120) as client:
+      messages = [{"role": "user", "content": QUESTIONS[0]}]
+      expected = shown(engine, greedy_answer(engine, engine.prompt(messages), 24))
+      assert ask(client, messages) == expected
+
+    # A second server on the same port: one line, exit 2, before loading a model.
+    second = subprocess.run(
+      argv + ["--port", str(port)], capture_output=True, text=True, cwd=ROOT, env=env, timeout=300
+    )
+    assert second.returncode == 2, second.stderr
+    assert second.stderr.strip().splitlines() == [
+      f"error: cannot listen on 127.0.0.1:{port} (Address already in use); pick another --port"
+    ]
+
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=120) == 130  # run_cli's Ctrl-C code, after uvicorn's clean stop
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+      proc.wait()
+  reader.join(timeout=30)
+  err = "".join(lines)
+  assert "Traceback" not in err and "Error" not in err, err
+  assert proc.stdout.read() == ""
+  with socket.socket() as sock:  # the port is free again
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", port))
+
+
 def scripted_step(script):
   """A stand-in for sampling.decode_step whose samples are ``script`` in order."""
 
@@ -389,6 +554,20 @@ def test_calculator_answers_a_scripted_tool_call(engine, monkeypatch):
     answer = ask(client, [{"role": "user", "content": "What is 12*7?"}])
   assert answer.startswith(expected) and answer.endswith(" so 84."), answer
   prompt = engine.prompt([{"role": "user", "content": "What is 12*7?"}])
+  # The next turn's prompt from the answer's text is the one the terminal keeps
+  # (its tokens): the tool blocks are their special tokens again, not text.
+  tokens = list(engine.tokens(prompt, max_tokens=40))
+  assert shown(engine, tokens) == answer
+  messages = [
+    {"role": "user", "content": "What is 12*7?"},
+    {"role": "assistant", "content": answer},
+    {"role": "user", "content": "Thanks."},
+  ]
+  kept = prompt.tolist() + tokens + [s["<|assistant_end|>"]] + engine.user_turn("Thanks.")
+  assert engine.prompt(messages).tolist() == kept
+  cut = dict(messages[1], content="So <|python_start|>12*")  # an answer cut inside a block
+  plain = engine.prompt([messages[0], cut, messages[2]]).tolist()
+  assert s["<|python_start|>"] not in plain and shown(engine, plain).count("<|python_start|>") == 1
   plain = shown(engine, list(engine.tokens(prompt, max_tokens=40, calculator=False)))
   assert "<|output_start|>" not in plain
 
