@@ -104,6 +104,7 @@ def attend(
   keep_probs: bool | None = None,
   kernel_options: dict | None = None,
   bias: jax.Array | None = None,
+  window: int | None = None,
 ):
   """Multi-head attention where some heads are Laplacian (``V - P V``).
 
@@ -155,6 +156,9 @@ def attend(
       shifted-window mask of -100, Liu et al. 2021, eq. 4). Differentiable.
       The reference and XLA kernels take it; ``None`` runs XLA, ``"cudnn"``
       and ``"splash"`` refuse it.
+    window: a causal sliding window (``is_causal`` only): query ``p`` sees
+      key ``j`` iff ``0 <= p - j <= window`` (:func:`laplax.kernels.attention`;
+      splash skips the blocks outside it).
 
   Returns:
     ``[batch, q_length, num_heads, head_dim]`` in ``value.dtype``; with
@@ -196,6 +200,7 @@ def attend(
     keep_probs=keep_probs,
     bias=bias,
     kernel_options=kernel_options,
+    window=window,
   )
   out = _laplacian_outputs(pv, laplacian, laplacian_np, residual_value, value, query.shape[1], mix)
   return (out, weights) if return_weights else out
@@ -700,17 +705,9 @@ class MultiHeadAttention(nn.Module):
 
     Raises:
       ValueError: a sliding window without causal attention or with
-        ``"splash"`` / ``"nystrom"``.
+        ``"nystrom"``.
     """
-    if self.window is not None and self.window < k.shape[1] - 1:
-      if not is_causal or self.implementation in ("splash", "nystrom"):
-        raise ValueError(
-          f"a sliding window (model.window_pattern) needs causal attention with "
-          f"implementation 'xla', 'cudnn', 'reference' or None, not "
-          f"{self.implementation!r}; set model.implementation='xla'"
-        )
-      local = window_mask(np.arange(q.shape[1]), k.shape[1], self.window)[None, None]
-      mask = local if mask is None else jnp.logical_and(mask, local)
+    window = self.window if self.window is not None and self.window < k.shape[1] - 1 else None
     y = attend(
       q,
       k,
@@ -725,10 +722,14 @@ class MultiHeadAttention(nn.Module):
       keep_probs=self.xla_keep_probs,
       kernel_options=_nystrom_options(self) if self.implementation == "nystrom" else None,
       bias=bias,
+      window=window,
     )
     if self.implementation == "nystrom" and self.conv_kernel_size:
       y = y + _nystrom_conv(self, v, mask)
     if self.is_mutable_collection("intermediates"):  # analysis only
+      if window is not None:
+        local = window_mask(np.arange(q.shape[1]), k.shape[1], window)[None, None]
+        mask = local if mask is None else jnp.logical_and(mask, local)
       _, weights = reference_attention(q, k, v, mask=mask, is_causal=is_causal, bias=bias)
       self.sow("intermediates", "attention_weights", weights)
       self.sow("intermediates", "head_outputs", y)

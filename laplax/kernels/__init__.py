@@ -232,6 +232,7 @@ def attention(
   keep_probs: bool | None = None,
   bias=None,
   kernel_options: dict | None = None,
+  window: int | None = None,
 ):
   """``(P V, P or None)`` by the kernel :func:`choose` picks: the one seam
   where :func:`laplax.attention.attend` meets the kernels.
@@ -261,6 +262,11 @@ def attention(
     kernel_options: keyword arguments of the kernel; for ``"nystrom"``
       (:func:`laplax.kernels.nystrom.nystrom_attention`) ``num_landmarks``
       and its options.
+    window: a causal sliding window, or ``None``: the query at position
+      ``p`` (aligned to the last keys) sees key ``j`` iff ``0 <= p - j <=
+      window`` (nanochat's ``window_size=(window, 0)``). Splash takes it as
+      its own ``LocalMask`` (no ``[q_length, kv_length]`` array); the other
+      kernels as a mask (:func:`window_mask`).
 
   Returns:
     ``(pv, weights)``: ``pv`` ``[batch, q_length, heads, head_dim]`` in
@@ -271,8 +277,17 @@ def attention(
     ValueError: what :func:`choose` refuses; splash with lengths that are not
       multiples of 128 or a mask other than a key-padding mask; a ``bias``
       with ``"cudnn"`` or ``"splash"``; ``"nystrom"`` with a causal mask, a
-      bias or ``return_weights`` (one line with the fix).
+      bias or ``return_weights``; a ``window`` without ``is_causal`` (one line
+      with the fix).
   """
+  if window is not None and window >= key.shape[1] - 1:
+    window = None  # every earlier key is in the window
+  if window is not None and (not is_causal or implementation == "nystrom"):
+    raise ValueError(
+      f"a sliding window (model.window_pattern) needs causal attention with "
+      f"implementation 'xla', 'cudnn', 'splash', 'reference' or None, not "
+      f"{implementation!r} (is_causal={is_causal})"
+    )
   if bias is not None and implementation in ("cudnn", "splash"):
     raise ValueError(
       f"implementation={implementation!r} takes no additive attention bias (a relative "
@@ -304,6 +319,11 @@ def attention(
     return_weights=return_weights,
     bias=bias is not None,
   )
+  if window is not None and kernel != "splash":
+    q_length, kv_length = query.shape[1], key.shape[1]
+    positions = np.arange(kv_length - q_length, kv_length)  # causal: the last keys
+    local = window_mask(positions, kv_length, window)[None, None]
+    mask = local if mask is None else jnp.logical_and(mask, local)
   if kernel == "reference":
     return reference_attention(
       query,
@@ -322,7 +342,7 @@ def attention(
   if kernel == "cudnn":
     return _cudnn(query, key, value, mask, is_causal, scale), None
   if kernel == "splash":
-    return splash_attention(query, key, value, mask, is_causal, scale, platform), None
+    return splash_attention(query, key, value, mask, is_causal, scale, platform, window), None
   heads = query.shape[-2]
   keep = platform == "cpu" if keep_probs is None else bool(keep_probs)
   pv = xla_attention(

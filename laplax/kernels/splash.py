@@ -15,6 +15,7 @@ What it does around the kernel:
 * the logit scale is applied to the queries (the kernel has none), in
   float32, then rounded to the input dtype;
 * causal attention is a ``CausalMask`` (queries aligned to the last keys),
+  a causal sliding window a ``LocalMask`` with ``window_size=(window, 0)``,
   full attention a ``FullMask``; a key-padding mask becomes segment ids;
 * grouped-query heads go to the kernel as they are (it maps each query head
   to its key/value head);
@@ -98,13 +99,23 @@ def block_sizes(q_length: int, kv_length: int) -> sk.BlockSizes:
   )
 
 
-def _kernel(heads: int, q_length: int, kv_length: int, is_causal: bool, interpret: bool):
+def _kernel(
+  heads: int, q_length: int, kv_length: int, is_causal: bool, window: int | None, interpret: bool
+):
   """The splash kernel of one example: ``q [heads, q_length, head_dim]``,
   ``k, v [kv_heads, kv_length, head_dim]``, made while tracing (its block
   maps become constants of the traced function; the kernel library caches
-  the NumPy work per mask)."""
+  the NumPy work per mask). ``window`` (causal only): query ``i`` sees key
+  ``j`` iff ``0 <= i + kv_length - q_length - j <= window``; the blocks
+  wholly outside it are skipped."""
   shape = (q_length, kv_length)
-  mask = sm.CausalMask(shape, offset=kv_length - q_length) if is_causal else sm.FullMask(shape)
+  offset = kv_length - q_length
+  if window is not None:
+    mask = sm.LocalMask(shape, window_size=(window, 0), offset=offset)
+  elif is_causal:
+    mask = sm.CausalMask(shape, offset=offset)
+  else:
+    mask = sm.FullMask(shape)
   return sk.make_splash_mha(
     sm.MultiHeadMask([mask] * heads),
     block_sizes=block_sizes(q_length, kv_length),
@@ -137,11 +148,11 @@ def segment_ids(mask, batch: int, q_length: int, kv_length: int):
   return jnp.ones((batch, q_length), jnp.int32), kv
 
 
-def _local(q, k, v, q_ids, kv_ids, *, is_causal: bool, interpret: bool):
+def _local(q, k, v, q_ids, kv_ids, *, is_causal: bool, window: int | None, interpret: bool):
   """The kernel on one device's share: heads-major ``q [batch, heads, q, d]``,
   ``k, v [batch, kv_heads, kv, d]``, optional segment ids ``[batch, q]``,
   ``[batch, kv]``; returns ``[batch, heads, q, d]``."""
-  kernel = _kernel(q.shape[1], q.shape[2], k.shape[2], is_causal, interpret)
+  kernel = _kernel(q.shape[1], q.shape[2], k.shape[2], is_causal, window, interpret)
   if q_ids is None:
     return jax.vmap(kernel)(q, k, v)
   return jax.vmap(lambda q, k, v, a, b: kernel(q, k, v, segment_ids=sk.SegmentIds(a, b)))(
@@ -160,7 +171,16 @@ def _mesh_split(mesh, size: int, axes: tuple[str, ...]):
   return axes[0] if len(axes) == 1 else axes
 
 
-def splash_attention(query, key, value, mask, is_causal: bool, scale: float, platform: str):
+def splash_attention(
+  query,
+  key,
+  value,
+  mask,
+  is_causal: bool,
+  scale: float,
+  platform: str,
+  window: int | None = None,
+):
   """``P V`` of softmax attention by the splash kernel.
 
   Args:
@@ -173,6 +193,9 @@ def splash_attention(query, key, value, mask, is_causal: bool, scale: float, pla
     scale: logit scale (Python float).
     platform: the platform compiled for (``"tpu"`` runs the Mosaic kernel,
       anything else Pallas's interpret mode).
+    window: with ``is_causal``, a sliding window: query ``i`` sees the keys
+      ``j`` with ``0 <= i + kv_length - q_length - j <= window``
+      (``LocalMask``); ``None``: every earlier key.
 
   Returns:
     ``[batch, q_length, heads, head_dim]`` in ``value.dtype``.
@@ -190,7 +213,14 @@ def splash_attention(query, key, value, mask, is_causal: bool, scale: float, pla
   q = (query.astype(jnp.float32) * jnp.float32(scale)).astype(query.dtype)
   to_heads = lambda x: jnp.swapaxes(x, 1, 2)
   q, k, v = to_heads(q), to_heads(key), to_heads(value.astype(query.dtype))
-  local = functools.partial(_local, is_causal=bool(is_causal), interpret=platform != "tpu")
+  if window is not None and not is_causal:
+    raise ValueError("splash attention takes a sliding window with causal attention only")
+  local = functools.partial(
+    _local,
+    is_causal=bool(is_causal),
+    window=None if window is None else int(window),
+    interpret=platform != "tpu",
+  )
   mesh = jax.sharding.get_abstract_mesh()
   if mesh.empty or mesh.size == 1:
     return to_heads(local(q, k, v, *ids)).astype(value.dtype)

@@ -72,6 +72,27 @@ def test_grouped_heads_learned_mix_and_scale():
   )
 
 
+@pytest.mark.parametrize("window", [0, 100, 200])
+def test_sliding_window_is_splash_s_local_mask(window):
+  """The fork's causal sliding window: splash (its LocalMask, blocks outside
+  skipped) equals the reference kernel with the window as a mask, values and
+  gradients, with a Laplacian head and grouped heads; and the window is
+  real: the last token's output does not change when the keys outside its
+  window do."""
+  q, k, v = qkv(length=256, kv_heads=1, seed=3)
+  kw = dict(laplacian=LAP, is_causal=True, window=window)
+  got = value_and_grads("splash", q, k, v, **kw)
+  assert_close(got, value_and_grads("reference", q, k, v, **kw), 1e-5)
+  assert_close(got, value_and_grads("xla", q, k, v, **kw), 1e-5)
+  outside = 255 - window  # keys 0 .. outside-1 are out of the last query's window
+  k2, v2 = k.at[:, :outside].set(7.0), v.at[:, :outside].set(-3.0)
+  moved = attention.attend(q, k2, v2, implementation="splash", **kw)
+  np.testing.assert_allclose(moved[:, -1], got[0][:, -1], atol=1e-5, rtol=1e-5)
+  if window < 255:  # and a window that is not a causal mask changes the answer
+    full = attention.attend(q, k, v, implementation="splash", laplacian=LAP, is_causal=True)
+    assert not np.allclose(full[:, -1], got[0][:, -1], atol=1e-4)
+
+
 def test_key_padding_mask_and_bfloat16():
   q, k, v = qkv(batch=2, seed=2)
   mask = (jnp.arange(L) < jnp.array([[70], [128]]))[:, None, None, :]  # [2, 1, 1, L]
