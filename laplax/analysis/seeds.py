@@ -34,11 +34,16 @@ def _numbers(record: dict, skip: Sequence[str]) -> dict:
 
 def read_jsonl(path: str) -> list[dict]:
   """The records of a JSON-lines file (``[]`` if it does not exist); a
-  truncated last line (a killed writer) is left out."""
+  truncated last line (a killed writer) is left out.
+
+  Not :func:`laplax.utils.json_lines`, which refuses the first line that is not
+  JSON: a sweep reads the metrics of runs that are still training or were
+  killed mid-write, and reports what they have.
+  """
   if not os.path.exists(path):
     return []
   records = []
-  with open(path) as f:
+  with open(path, encoding="utf-8") as f:
     for line in f:
       try:
         records.append(json.loads(line))

@@ -1,1 +1,17 @@
-"""Input pipelines: :mod:`laplax.data.vision.images` (TFDS + grain) and TFDS builders."""
+"""Input pipelines, by modality.
+
+* :mod:`laplax.data.vision`: image classification (TFDS array_record -> grain),
+  augmentation, DINO multi-crop views, segmentation masks (ADE20K, the
+  Fashion-MNIST canvases).
+* :mod:`laplax.data.text`: language-model corpora (a TFDS text corpus,
+  FineWeb-Edu's parquet shards) and their tokenizers.
+* :mod:`laplax.data.chat`: nanochat's mid-training and SFT mixtures, their
+  sources and chat rendering.
+* :mod:`laplax.data.lra`: Long Range Arena (ListOps, Text, Retrieval, Image,
+  Pathfinder).
+* :mod:`laplax.data.builders`: the TFDS builders (Fashion-MNIST from IDX files,
+  Fashion-Mosaic, text corpora).
+* :mod:`laplax.data.lm_input`: a language-model config's input, picked by
+  ``config.data.name``; :mod:`laplax.data.common`: what the pipelines share;
+  :mod:`laplax.data.errors`: :class:`~laplax.data.errors.DataError`.
+"""

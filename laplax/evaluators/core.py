@@ -30,13 +30,13 @@ Sequences longer than the model's context keep their last tokens (as nanochat).
 from __future__ import annotations
 
 import csv
-import json
 import os
 import random
 from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from laplax import utils
 from laplax.data.errors import DataError
 
 TASK_TYPES = ("multiple_choice", "schema", "language_modeling")
@@ -151,7 +151,8 @@ def read_bundle(bundle_dir: str) -> list[dict]:
   baseline, data}]`` in ``core.yaml``'s order.
 
   Raises:
-    DataError: a missing file, a task without a baseline, or PyYAML missing.
+    DataError: a missing file, a task without a baseline, a task's data line
+      that is not JSON (``FILE:LINE``), or PyYAML missing.
   """
   try:
     import yaml
@@ -173,8 +174,7 @@ def read_bundle(bundle_dir: str) -> list[dict]:
     path = os.path.join(bundle_dir, "eval_data", t["dataset_uri"])
     if not os.path.isfile(path):
       raise DataError(f"{path} is missing (dataset_uri of CORE task {label!r})")
-    with open(path, encoding="utf-8") as f:
-      data = [json.loads(line) for line in f if line.strip()]
+    data = [row for _, row in utils.json_lines(path, DataError)]
     out.append(
       dict(
         label=label,

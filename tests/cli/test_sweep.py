@@ -108,6 +108,13 @@ def test_bad_sweep_is_one_line_exit_2_nothing_written(
   assert not out.exists()
 
 
+def test_read_jsonl_keeps_what_a_killed_writer_left(tmp_path):
+  assert seeds.read_jsonl(str(tmp_path / "none.jsonl")) == []
+  path = tmp_path / "metrics.jsonl"
+  path.write_text('{"step": 1}\n\n{"step": 2}\n{"step": 3, "lo')
+  assert seeds.read_jsonl(str(path)) == [{"step": 1}, {"step": 2}]
+
+
 def test_mean_std_and_markdown_against_numpy(tmp_path):
   values = [0.81, 0.83, 0.86]
   stat = seeds.mean_std(values + [None])

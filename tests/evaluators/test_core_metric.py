@@ -178,3 +178,11 @@ def test_a_bundle_without_its_files_is_refused_in_one_line(tmp_path):
   (tmp_path / "b" / "eval_meta_data.csv").write_text("Eval Task,Random baseline\n")
   with pytest.raises(DataError, match="no 'Random baseline' for CORE task 't'"):
     core.read_bundle(str(tmp_path / "b"))
+
+
+def test_a_task_line_that_is_not_json_is_refused_with_its_file_and_line(tmp_path):
+  root = write_bundle(tmp_path, [("t", "schema", 0, " ", 50.0, [{"gold": 0}])])
+  with open(tmp_path / "eval_data" / "t.jsonl", "a") as f:
+    f.write("\n{not json\n")
+  with pytest.raises(DataError, match=r"t\.jsonl:3: not valid JSON"):
+    core.read_bundle(root)
