@@ -251,8 +251,13 @@ def state_shardings(abstract_state: Any, specs: Any, mesh: jax.sharding.Mesh) ->
   """``NamedSharding`` of every leaf of a TrainState.
 
   ``state.params`` get ``specs``; a leaf of the same shape whose path ends with a
-  parameter's path (optimizer moments, DINO's teacher) gets its sharding; the rest
-  is replicated.
+  parameter's path (optimizer moments, DINO's teacher) gets its sharding. Any
+  other leaf of two or more dimensions (an optimizer's buffer in another
+  layout: the fork's Muon momentum, stored transposed as PyTorch's
+  ``[out, in]``, and its factored second moment) is split over ``"fsdp"``
+  along its largest dimension that the axis divides (:func:`fsdp_spec`)
+  instead of being replicated on every device; scalars and vectors are
+  replicated.
   """
   flat_specs = jax.tree_util.tree_flatten_with_path(specs, is_leaf=lambda x: isinstance(x, P))[0]
   flat_shapes = jax.tree_util.tree_leaves(abstract_state.params)
@@ -267,6 +272,8 @@ def state_shardings(abstract_state: Any, specs: Any, mesh: jax.sharding.Mesh) ->
       hit = by_path.get(keys[i:])
       if hit is not None and tuple(hit[1]) == tuple(x.shape):
         return NamedSharding(mesh, hit[0])
+    if len(x.shape) >= 2:
+      return NamedSharding(mesh, P(*fsdp_spec([None] * len(x.shape), x.shape, mesh.shape["fsdp"])))
     return replicated
 
   return jax.tree_util.tree_map_with_path(leaf, abstract_state)

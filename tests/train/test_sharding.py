@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import time
+import typing
 
 import jax
 import numpy as np
@@ -417,3 +418,37 @@ def test_validate_sharding_keys(key, value, fragment):
   with pytest.raises(config_lib.ConfigError, match=fragment) as e:
     tasks.validate(c)
   assert "\n" not in str(e.value)
+
+
+class _State(typing.NamedTuple):
+  params: dict
+  mu: dict
+  momentum: dict
+  second: dict
+  count: jax.ShapeDtypeStruct
+  scale: jax.ShapeDtypeStruct
+
+
+def test_optimizer_buffers_in_another_layout_are_split_not_replicated():
+  """A state leaf that mirrors a parameter keeps the parameter's spec; a matrix
+  in another layout (the fork's Muon momentum, stored transposed, and its
+  factored second moment) is split over fsdp along its largest dimension;
+  scalars and vectors are replicated."""
+  from jax.sharding import PartitionSpec as P
+
+  mesh = jax.sharding.AbstractMesh((1, 4, 1), ("data", "fsdp", "tensor"))
+  leaf = lambda *shape: {"mlp": {"kernel": jax.ShapeDtypeStruct(shape, np.float32)}}
+  state = _State(
+    params=leaf(8, 32),
+    mu=leaf(8, 32),
+    momentum=leaf(32, 8),
+    second=leaf(32, 1),
+    count=jax.ShapeDtypeStruct((), np.int32),
+    scale=jax.ShapeDtypeStruct((6,), np.float32),
+  )
+  got = sharding.state_shardings(state, {"mlp": {"kernel": P(None, "fsdp")}}, mesh)
+  assert got.params["mlp"]["kernel"].spec == P(None, "fsdp")
+  assert got.mu["mlp"]["kernel"].spec == P(None, "fsdp")
+  assert got.momentum["mlp"]["kernel"].spec == P("fsdp", None)
+  assert got.second["mlp"]["kernel"].spec == P("fsdp", None)
+  assert got.count.spec == P() and got.scale.spec == P()
