@@ -145,6 +145,14 @@ def cells(record: dict) -> tuple[str, str, str, str]:
     return record["attention_kernel"], f"does not fit: {what}", "-", took
   peak = record["peak_bytes"]
   limit = HBM.get(record["device_kind"])
+  if limit and peak > limit:  # the compiler checks the temporaries alone
+    return (
+      record["attention_kernel"],
+      f"does not fit: {gib(peak)} per chip (arguments {gib(record['argument_bytes'])}, "
+      f"temporaries {gib(record['temp_bytes'])}), above the {gib(limit)} allowed",
+      "-",
+      took,
+    )
   margin = f", {gib(limit - peak)} below the {gib(limit)} allowed" if limit else ""
   peak_cell = (
     f"**{gib(peak)}: fits** (arguments {gib(record['argument_bytes'])}, temporaries "

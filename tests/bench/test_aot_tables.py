@@ -121,6 +121,13 @@ def test_cells_state_the_margin_and_what_does_not_fit():
     "3.75 GiB below the 15.75 GiB allowed)"
   )
   assert flops == "3.000e+15 (compiled / analytic 1.500)"
+  # The compiler accepts temporaries below the limit; with the arguments the chip holds more.
+  over = dict(fits, argument_bytes=3.65 * 2**30, temp_bytes=12.45 * 2**30, peak_bytes=16.1 * 2**30)
+  assert aot_tables.cells(over)[1:3] == (
+    "does not fit: 16.10 GiB per chip (arguments 3.65 GiB, temporaries 12.45 GiB), "
+    "above the 15.75 GiB allowed",
+    "-",
+  )
   error = "RESOURCE_EXHAUSTED: ... HLO temporaries (18.41G) exceeds available HBM (15.75G)."
   assert aot_tables.cells(dict(base, fits=False, error=error))[1:] == (
     "does not fit: 18.41 GiB of temporaries",
