@@ -87,20 +87,23 @@ def test_canonical_solutions_pass_and_wrong_ones_fail(problems):
   canonical = [humaneval.canonical_completion(p) for p in chosen]
   wrong = "```python\ndef truncate_number(number):\n    return round(number, 1)\n```"
   loops = "def truncate_number(number):\n    while True:\n        pass"
+  # A generous time limit for the answers that end (a loaded machine must not
+  # time them out); the endless loop is scored apart, with a short one.
   scores = humaneval.score_completions(
     chosen,
-    [[canonical[0]], [canonical[1], wrong, loops], canonical[2], [wrong]],
-    timeout=2.0,
+    [[canonical[0]], [canonical[1], wrong], canonical[2], [wrong]],
+    timeout=60.0,
     progress=False,
   )
-  # Per problem: 1, 1/3, 1, 0 of the samples pass.
-  assert scores["pass@1"] == pytest.approx((1 + 1 / 3 + 1 + 0) / 4)
-  assert (scores["passed"], scores["samples"], scores["problems"]) == (3, 6, 4)
+  # Per problem: 1, 1/2, 1, 0 of the samples pass.
+  assert scores["pass@1"] == pytest.approx((1 + 1 / 2 + 1 + 0) / 4)
+  assert (scores["passed"], scores["samples"], scores["problems"]) == (3, 5, 4)
   truncate = scores["results"][1]
   assert truncate["task_id"] == "HumanEval/2"
-  assert truncate["passed"] == [True, False, False]  # the samples' order
+  assert truncate["passed"] == [True, False]  # the samples' order
   assert truncate["status"][1].startswith("error: AssertionError")
-  assert truncate["status"][2] == "timeout"
+  looped = humaneval.score_completions([chosen[1]], [[loops]], timeout=1.0, progress=False)
+  assert looped["pass@1"] == 0.0 and looped["results"][0]["status"] == ["timeout"]
   assert scores["results"][3]["status"] == [
     "error: NameError: name 'generate_integers' is not defined"
   ]
