@@ -32,6 +32,7 @@ import functools
 import json
 import os
 import platform
+import secrets
 import select
 import shutil
 import signal
@@ -609,7 +610,7 @@ def _drive(procs: list, timeout: float, isolation: dict) -> Result:
   checker = procs[1] if len(procs) > 1 else None
   start = time.monotonic()
   deadline, ready_at = start + STARTUP_S, None
-  ready, loaded, awaiting, pending = set(), None, False, None
+  ready, loaded, awaiting, pending, nonce = set(), None, False, None, b""
 
   def result(passed: bool, status: str) -> Result:
     seconds = time.monotonic() - (ready_at or start)
@@ -647,7 +648,12 @@ def _drive(procs: list, timeout: float, isolation: dict) -> Result:
         if message is None:
           break
         if awaiting:  # an answer: relayed to the checker as bytes, never parsed here
-          checker.outbox += message + b"\n"
+          # It must open with the call's nonce, which the program learnt from
+          # the call: a line written before the call (answers made up in
+          # advance, left in the pipe) answers no call.
+          if not message.startswith(nonce):
+            return result(False, "error: the program sent a line that answers no call")
+          checker.outbox += b"{" + message[len(nonce) :] + b"\n"
           awaiting = False
         elif program not in ready:
           ready.add(program)
@@ -668,14 +674,16 @@ def _drive(procs: list, timeout: float, isolation: dict) -> Result:
           status = str(message["status"])
           return result(status == "passed", status)
         else:
-          pending = json.dumps(message).encode() + b"\n"
+          pending = message
     except _Flood as e:
       return result(False, f"error: the {e.args[0]} sent a line over {MAX_MESSAGE} bytes")
     if ready_at is None and len(ready) == len(procs):
       ready_at = time.monotonic()
       deadline = ready_at + timeout
     if pending is not None and loaded and not awaiting:
-      program.outbox += pending
+      token = secrets.token_hex(16)
+      nonce = b'{"nonce": "' + token.encode() + b'", '  # how the answer opens
+      program.outbox += json.dumps({"nonce": token, **pending}).encode() + b"\n"
       pending, awaiting = None, True
     if program.eof and (loaded is None or awaiting) and not program.inbox:
       return result(

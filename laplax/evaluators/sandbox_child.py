@@ -4,7 +4,8 @@ Run as ``python -I -S -B RUNNER SETTINGS`` (a JSON object), standard library onl
 Roles:
 
 * ``"program"``: ``exec(source, {})`` (as nanochat), then answers JSON-line calls
-  ``{"name", "args", "kwargs"}`` with ``{"value"}`` or ``{"raise", "message"}``;
+  ``{"nonce", "name", "args", "kwargs"}`` with ``{"nonce", "value"}`` or
+  ``{"nonce", "raise", "message"}``, the call's nonce first;
   all of it is the program's word, relayed as data.
 * ``"check"``: runs the problem's prompt and test and ``check(candidate)``, the
   candidate calling the program and rebuilding builtin values with :func:`decode`;
@@ -245,8 +246,10 @@ def program_role(settings: dict) -> None:
   send({"loaded": True})
   reader = os.fdopen(in_fd, "rb", buffering=1 << 16, closefd=False)
   for line in reader:
+    nonce = None
     try:
       request = loads(line)
+      nonce = request.get("nonce")
       if request["name"] not in namespace:  # what nanochat's check(entry_point) raises
         raise NameError(f"name {request['name']!r} is not defined")
       function = namespace[request["name"]]
@@ -256,7 +259,7 @@ def program_role(settings: dict) -> None:
     except BaseException as e:
       name, message = _one_line(e)
       reply = {"raise": name, "message": message}
-    send(reply)
+    send({"nonce": nonce, **reply})  # the caller's nonce first: this line answers that call
   exit_now(0)
 
 

@@ -517,6 +517,30 @@ def test_orphans_die_when_bwrap_exited_before_the_cleanup(monkeypatch):
 
 @pytest.mark.subprocess
 @needs_bwrap
+def test_answers_written_before_the_calls_answer_nothing():
+  """A program that claims to have loaded and writes the right answers for
+  add's checks (5, 0) before any call, then exits. Waiting first lets the
+  checker be ready, so the lines stay in the caller's buffer until the calls
+  come (the timing a loaded machine made, which once passed this wrong
+  program): no line carries the call's nonce, so none answers a call."""
+  result = judge(
+    """
+      import os, time
+      time.sleep(1.5)
+      for fd in map(int, os.listdir("/proc/self/fd")):
+          try:
+              os.write(fd, b'{"loaded": true}\\n{"value": 5}\\n{"value": 0}\\n')
+          except OSError:
+              pass
+      os._exit(0)
+    """
+  )
+  assert not result.passed, result
+  assert result.status == "error: the program sent a line that answers no call", result
+
+
+@pytest.mark.subprocess
+@needs_bwrap
 def test_time_limit_holds_with_signals_blocked():
   result = run(
     """
@@ -625,14 +649,16 @@ def test_a_flood_does_not_grow_the_caller():
 def test_a_flood_while_answering_does_not_grow_the_caller():
   """The candidate floods valid answer lines from inside its call (HumanEval's
   path, run_test): the caller relays one line per call and reads the program
-  only while it awaits an answer, so the rest of the flood (28 MB) stays in
-  the program, blocked on a full pipe, while the checker works. The first
-  line answers add(2, 3) (5, right); the next one answers add(-1, 1) (5,
-  wrong): a fail."""
+  only while it awaits an answer, so the rest of the flood (31 MB) stays in
+  the program, blocked on a full pipe, while the checker works. The lines
+  carry the first call's nonce (read from the runner's frame): the first
+  answers add(2, 3) (5, right); the next, read at the second call, answers
+  no call: a fail."""
   program = """
       def add(a, b):
-          import os
-          line = b'{"value": 5}\\n' * 100000
+          import os, sys
+          nonce = sys._getframe(1).f_locals["nonce"]
+          line = ('{"nonce": "%s", "value": 5}\\n' % nonce).encode() * 100000
           for fd in range(3, 64):
               try:
                   for _ in range(20):
@@ -652,7 +678,8 @@ def test_a_flood_while_answering_does_not_grow_the_caller():
     peak = tracemalloc.get_traced_memory()[1]
   finally:
     tracemalloc.stop()
-  assert not result.passed and result.status.startswith("error: AssertionError"), result
+  assert not result.passed, result
+  assert result.status == "error: the program sent a line that answers no call", result
   assert peak < 4 * sandbox.MAX_MESSAGE, peak
 
 
