@@ -584,6 +584,7 @@ def test_head_contributions_add_up_to_the_attention_branch():
   ]
 
 
+@pytest.mark.slow
 def test_run_analysis_gpt_next_token_classes():
   model = make_gpt(
     vocab_size=11,
@@ -716,6 +717,7 @@ def test_eval_analysis_writes_json_and_plots_then_compare(trained, tmp_path, cap
   assert len(err) == 1 and "has no analysis.json" in err[0]
 
 
+@pytest.mark.slow
 def test_eval_analysis_bad_input_one_line_exit_2(trained, tmp_path, capfd):
   # A layer index that does not exist (the tiny model has depth 1).
   r = run_in_process(

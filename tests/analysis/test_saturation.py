@@ -133,6 +133,7 @@ def column_block_norms(kernel_grad, heads):
   return [float(np.sqrt(np.sum(g[:, h * d : (h + 1) * d] ** 2))) for h in range(heads)]
 
 
+@pytest.mark.slow
 def test_run_analysis_vit_gradient_norms_and_attention_statistics():
   # Scanned layers (the harder layout); a random head, else the backbone's
   # gradient is exactly 0 (zero-initialised classifier).

@@ -80,6 +80,7 @@ def test_learned_frozen_at_0_1_equals_fixed_vit(scan):
   assert np.abs(np.asarray(y_init - y_fixed)).max() > 1e-6
 
 
+@pytest.mark.slow
 def test_learned_frozen_equals_fixed_gpt_with_kv_cache():
   kw = dict(max_length=8, width=16, depth=2, num_heads=2, num_laplacian_heads=(1, 2), posemb="rope")
   learned, fixed = make_gpt(20, laplacian_mix="learned", **kw), make_gpt(20, **kw)

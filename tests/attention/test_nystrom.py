@@ -86,6 +86,7 @@ def _laplax_params(module, out, conv):
     (32, 32, 3, True, "original"),  # landmarks = tokens: both take the exact softmax
   ],
 )
+@pytest.mark.slow
 def test_matches_hf_self_attention(n, m, conv, padded, init):
   import torch
 

@@ -271,6 +271,7 @@ def test_model_train_step_equals_the_xla_kernel(family):
   assert_close(run("splash"), run("xla"), 1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.subprocess
 def test_shard_mapped_kernel_on_a_2x2x2_mesh_equals_one_device(tmp_path):
   out = tmp_path / "mesh.npz"

@@ -34,6 +34,7 @@ TINY = [
 ]
 
 
+@pytest.mark.slow
 def test_rows_per_micro_batch_count_with_equal_losses(monkeypatch, capsys):
   monkeypatch.setattr(sys, "argv", ["cache_blocking.py", "--accum", "1,2,3", "--sizes", "1"] + TINY)
   cache_blocking.main()

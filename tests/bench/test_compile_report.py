@@ -34,6 +34,7 @@ SMALL_GPT = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.subprocess
 def test_compile_report_flops_match_analytic_count_on_fake_devices():
   # One micro-batch: cost_analysis() counts a while loop's body once (the
@@ -75,6 +76,7 @@ def test_compile_report_bad_mesh_is_one_line_exit_2():
   assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.subprocess
 def test_compile_report_takes_the_sft_config():
   # configs/gpt_d20_sft.py at a small width: its batch carries SFT's "targets"
@@ -107,6 +109,7 @@ def test_compile_report_takes_the_sft_config():
   assert re.search(r"per-device memory: arguments \S+ \w+B", proc.stdout)
 
 
+@pytest.mark.slow
 @pytest.mark.subprocess
 def test_compile_report_json_reports_every_field_on_fake_devices():
   # --json: one JSON object per config (bench/aot_tables.py builds the docs'

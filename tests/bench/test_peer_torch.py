@@ -159,6 +159,7 @@ def test_unsupported_setting_is_refused():
     peer_torch.from_config(config)
 
 
+@pytest.mark.slow
 @pytest.mark.subprocess
 def test_laplax_training_stack_imports_without_torch():
   code = (

@@ -98,6 +98,7 @@ def greedy_answer(engine, prompt, max_tokens):
   return out[: stops[0]] if stops else out
 
 
+@pytest.mark.slow
 @pytest.mark.subprocess
 def test_engine_modes_and_three_turns_equal_greedy_decoding(workdirs, engine):
   assert engine.chat and "chat mode" in engine.mode_line

@@ -32,6 +32,7 @@ def trained(tmp_path_factory, corpus):
   return workdir
 
 
+@pytest.mark.slow
 def test_eval_reports_loss_perplexity_bits_per_byte(trained, capfd):
   r = run_in_process(["eval.py", "--workdir", str(trained)], capfd)
   assert r.returncode == 0, r.stderr[-3000:]

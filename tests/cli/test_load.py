@@ -215,6 +215,7 @@ def test_vit_reproduces_eval_accuracy_and_loads_older_steps(runs):
     older.step = 6
 
 
+@pytest.mark.slow
 def test_gpt_reproduces_eval_bits_per_byte(runs):
   import jax
   import optax
@@ -243,6 +244,7 @@ def test_gpt_reproduces_eval_bits_per_byte(runs):
   _assert_equal_to_saved(run.params, saved_state(runs["gpt"])[1], "params")
 
 
+@pytest.mark.slow
 def test_dino_loads_student_and_teacher_and_reproduces_knn(runs):
   import jax
 
@@ -333,6 +335,7 @@ def test_config_json_that_is_not_the_checkpoints_model_is_named(runs, tmp_path):
   assert width in old and 2 * width in new and len(old) == len(new), msg
 
 
+@pytest.mark.slow
 @pytest.mark.subprocess
 def test_unreadable_checkpoints(runs, tmp_path):
   """The newest unreadable: the previous step is loaded (``latest_step``
@@ -470,6 +473,7 @@ def test_not_writable_refusals_as_root(runs, tmp_path, capfd, fmnist_data_dir):
   assert _snapshot(source) == before and not (source / "new").exists()
 
 
+@pytest.mark.slow
 def test_eval_step_and_out_only_read_the_workdir(runs, tmp_path, capfd):
   """``eval.py --step N --out FILE`` on a read-only workdir: the results of
   step N in FILE (the analysis' pictures next to it), the workdir unchanged

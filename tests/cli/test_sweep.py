@@ -95,6 +95,7 @@ def test_plan_names_order_and_file_arguments():
     (["--workdir", " "], "--workdir is empty"),
   ],
 )
+@pytest.mark.slow
 def test_bad_sweep_is_one_line_exit_2_nothing_written(
   extra, fragment, tmp_path, capsys, fmnist_data_dir
 ):

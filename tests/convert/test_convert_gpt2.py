@@ -266,6 +266,7 @@ def _perturbed(params, seed=0):
   )
 
 
+@pytest.mark.slow
 def test_laplax_workdir_to_hf_loads_strictly_and_round_trips_bitwise(
   small, tmp_path, record_property
 ):

@@ -417,6 +417,7 @@ def test_cli_bad_inputs_one_line_exit_2_nothing_written(tmp_path):
   assert os.listdir(exists) == []
 
 
+@pytest.mark.slow
 @pytest.mark.subprocess
 def test_library_imports_no_pytorch(tmp_path):
   """With PyTorch installed, training, evaluation, analysis and the converter

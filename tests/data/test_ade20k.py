@@ -179,6 +179,7 @@ print("same")
 """
 
 
+@pytest.mark.slow
 @pytest.mark.subprocess
 def test_probe_split_over_a_two_device_mesh_gives_the_same_score():
   from helpers.runs import ROOT, xla_env
@@ -383,6 +384,7 @@ def test_reader_errors_name_the_file(tmp_path):
     ade20k.class_mask(np.zeros((2, 2, 3), np.uint8), "x.png")
 
 
+@pytest.mark.slow
 @pytest.mark.subprocess
 def test_compile_report_segmentation_eval_on_fake_devices():
   """bench/compile_report.py --segmentation-eval compiles the three programs

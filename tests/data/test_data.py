@@ -332,6 +332,7 @@ def test_random_crop_flip_takes_windows_of_the_padded_image():
   assert any(not np.array_equal(out[i], batch[i]) for i in range(16))
 
 
+@pytest.mark.slow
 @needs_source
 def test_eval_batches_cover_every_example_once_in_order(fm_config, idx):
   x, y = idx["test"]

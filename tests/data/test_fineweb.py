@@ -425,6 +425,7 @@ def _tiny_task(config_data, tokenizer):
   return LanguageModelTask(ml_collections.ConfigDict(c), tokenizer)
 
 
+@pytest.mark.slow
 def test_bits_per_byte_is_nanochats_definition(shards, tok):
   import jax
 
@@ -469,6 +470,7 @@ def test_byte_tokenizer_bits_per_byte_is_unchanged():
   assert task.summarize(sums)["bits_per_byte"] == float(sums["loss"]) / math.log(2) / 32.0
 
 
+@pytest.mark.slow
 def test_gpt_d20_trains_on_parquet_shards(shards, tmp_path):
   from helpers.runs import ROOT, run_in_process
 

@@ -136,6 +136,7 @@ def listops_dir(tmp_path_factory):
     pytest.param("size=cpu,attention=softmax,laplacian=2", marks=pytest.mark.slow),
   ],
 )
+@pytest.mark.slow
 def test_config_trains_and_evaluates(arg, listops_dir, tmp_path, capfd):
   workdir = tmp_path / "run"
   tiny = [

@@ -123,6 +123,7 @@ def test_pathfinder_reader(tmp_path):
     image.load_pathfinder(str(tmp_path), "train", "curv_contour_length_9")
 
 
+@pytest.mark.slow
 def test_dual_encoder_is_the_tower_twice_and_an_nli_head():
   spec = spec_lib.build(
     "encoder",

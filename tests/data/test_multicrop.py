@@ -192,6 +192,7 @@ def test_solarisation_only_on_second_global_view(fm_config, geometric_only):
   assert pixels(solarised["global"][1]).max() < 128 < pixels(plain["global"][1]).max()
 
 
+@pytest.mark.slow
 def test_blur_probability_per_view(fm_config, geometric_only):
   geometric_only.blur_sigma = (0.5, 1.0)  # Sigma 0.1 leaves images unchanged in float32.
 

@@ -241,6 +241,7 @@ def test_bpe_tokenizer(bpe_tok, bpe_cfg, bpe_workdir, plays):
   assert text.prepare(bpe_cfg, bpe_workdir, seq_len=SEQ_LEN).fingerprint == bpe_tok.fingerprint
 
 
+@pytest.mark.slow
 @needs_tarball
 def test_bpe_is_trained_on_train_split_only(bpe_tok, bpe_cfg):
   train_texts = [t + SEP for _, t in read_split(bpe_cfg, "train")]

@@ -125,6 +125,7 @@ def test_timm_davit_logits_and_bitwise_round_trip(torch, timm_davit_model):
     pytest.param("svd", marks=pytest.mark.slow),
   ],
 )
+@pytest.mark.slow
 def test_spectral_davit_equals_timm_with_the_correction_added(torch, timm_davit_model, mode):
   """laplax's DaViT with spectral conditioning = timm's DaViT whose qkv
   weights carry ``W + C`` (every spatial and channel block), in logits and

@@ -136,6 +136,7 @@ def test_timm_swin_logits_and_bitwise_round_trip(torch, timm_swin_model):
   np.testing.assert_array_equal(torch_logits(torch, back.eval(), x), torch_logits(torch, tm, x))
 
 
+@pytest.mark.slow
 @needs_timm
 @pytest.mark.parametrize("mode", ["full", "per_head", "fused", "svd"])
 def test_spectral_swin_equals_timm_with_the_correction_added(torch, timm_swin_model, mode):

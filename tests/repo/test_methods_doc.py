@@ -17,6 +17,7 @@ import os
 import re
 
 import ml_collections
+import pytest
 
 from laplax import tasks
 from laplax.config import validation as config_lib
@@ -187,6 +188,7 @@ def repo_text_files():
       yield os.path.relpath(path, ROOT), data.decode("utf-8", errors="replace")
 
 
+@pytest.mark.slow
 def test_no_file_names_a_methods_document_other_than_docs_methods_md():
   refs, bad = {}, []
   for rel, text in repo_text_files():

@@ -156,6 +156,7 @@ def test_notebook_outputs_are_cleared():
   assert all(not c.outputs and c.execution_count is None for c in code)
 
 
+@pytest.mark.slow
 def test_notebook_executes(tmp_path, monkeypatch, fmnist_data_dir):
   """Every cell runs without error; the figures are real PNGs; both runs trained."""
   work = tmp_path / "tmp"

@@ -120,6 +120,7 @@ def test_schedules_follow_their_closed_forms():
     np.testing.assert_allclose(updates["kernel"], -float(lr(t)) * float(wd(t)), rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_posemb_is_resized_for_smaller_crops():
   vit = make_vit(
     num_classes=0, patch_size=7, width=16, depth=1, mlp_dim=16, num_heads=2, posemb_grid=(4, 4)
@@ -357,6 +358,7 @@ def tensorboard_images(workdir):
   }
 
 
+@pytest.mark.slow
 def test_collapse_is_flagged_with_a_uniform_teacher(tmp_path, fmnist_data_dir, capfd):
   workdir = tmp_path / "hot"
   r = run_in_process(
@@ -393,6 +395,7 @@ def test_bad_dino_input_one_line_exit_2(tmp_path, fragment, flag, capfd):
   assert not workdir.exists()
 
 
+@pytest.mark.slow
 def test_dino_vits16_imagenet_builds_and_lowers_one_step():
   c = load("dino_vits16_imagenet")
   tasks.validate(c)

@@ -149,6 +149,7 @@ def test_every_task_reads_its_mock_builder(task, tmp_path, workdir):
     assert set(np.unique(batch["label"])) <= set(range(t.num_labels))
 
 
+@pytest.mark.slow
 @pytest.mark.subprocess
 @pytest.mark.parametrize("task", ["cola", "stsb", "mnli"])
 def test_evaluate_scores_the_models_predictions(task, tmp_path, workdir):

@@ -335,6 +335,7 @@ def test_each_stage_starts_from_the_previous(chain):
   assert moments and not any(np.any(v) for v in moments)
 
 
+@pytest.mark.slow
 def test_sft_resumes_bitwise(chain, data, tmp_path):
   _, _, mid, sft = chain
   run = tmp_path / "sft"

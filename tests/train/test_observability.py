@@ -165,6 +165,7 @@ def test_tensorboard_has_the_scalars_config_hparams_and_samples(gpt_run):
     assert texts[("sample/text_summary", step)] == "    " + text
 
 
+@pytest.mark.slow
 def test_train_records_have_the_input_wait_fraction(gpt_run):
   train = [r for r in read_metrics(gpt_run) if r["split"] == "train"]
   assert [r["step"] for r in train] == [2, 4]

@@ -106,6 +106,7 @@ def test_sharded_steps_equal_single_device(helper, kind):
   assert after < before - 100 * TOL, trained["same_batch_loss"]
 
 
+@pytest.mark.slow
 def test_parameters_and_optimizer_state_are_sharded(helper):
   """Heads and MLP over tensor, the other dimension over fsdp; the Adam
   moments follow their parameters; the step counter is replicated."""
@@ -307,6 +308,7 @@ def test_bad_mesh_one_line_exit_2_nothing_written(tmp_path):
     assert not workdir.exists(), name
 
 
+@pytest.mark.slow
 @pytest.mark.subprocess
 def test_mesh_of_more_devices_than_the_machine(tmp_path):
   r = run(

@@ -326,6 +326,7 @@ def _flip(path):
   return original
 
 
+@pytest.mark.slow
 def test_flipped_byte_detected_previous_step_used(tmp_path, reference, fmnist_data_dir, capfd):
   workdir = tmp_path / "run"
   shutil.copytree(reference, workdir)
