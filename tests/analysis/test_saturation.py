@@ -192,6 +192,7 @@ def test_run_analysis_vit_gradient_norms_and_attention_statistics():
   assert s["grad_k"][1] == pytest.approx(np.mean(a["layers"][1]["gradient_norms"]["key"]))
 
 
+@pytest.mark.slow
 def test_run_analysis_gpt_gradient_uses_unpadded_windows_one_head():
   model = make_gpt(
     vocab_size=11,

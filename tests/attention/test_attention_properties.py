@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -71,6 +72,7 @@ def _attend(x, impl, laplacian=None, q=None, k=None, v=None):
   )
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(attention_inputs())
 def test_attend_finite_and_equal_to_formula(x):

@@ -65,6 +65,7 @@ def test_learned_starts_at_the_fixed_pattern_without_weight_decay():
   assert mask["block0"]["attention"]["query"]["kernel"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scan", [False, True])
 def test_learned_frozen_at_0_1_equals_fixed_vit(scan):
   learned = make_vit(
@@ -100,6 +101,7 @@ def test_learned_frozen_equals_fixed_gpt_with_kv_cache():
   np.testing.assert_allclose(jnp.concatenate([first, rest], 1), full, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_gradients_reach_the_mix_logits():
   model = make_vit(num_classes=3, laplacian_mix="learned", **VIT)
   params = model.init(KEY(0), IMAGES)["params"]

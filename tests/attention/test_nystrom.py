@@ -215,6 +215,7 @@ def laplacian_errors(landmarks, n=128, iterations=6, seed=0):
   return [float(e) for e in errors(q, k, v, lap)]
 
 
+@pytest.mark.slow
 def test_laplacian_error_shrinks_with_landmarks():
   landmarks = (1, 2, 4, 8, 16, 32, 64, 128)
   errors = laplacian_errors(landmarks)

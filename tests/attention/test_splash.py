@@ -52,6 +52,7 @@ def assert_close(got, want, tol):
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("causal", [False, True])
 def test_values_and_gradients_match_the_softmax_definition(causal):
   q, k, v = qkv()

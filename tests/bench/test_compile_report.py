@@ -67,6 +67,7 @@ def test_compile_report_flops_match_analytic_count_on_fake_devices():
   assert re.search(r"per-device memory: arguments \S+ \w+B", out)
 
 
+@pytest.mark.slow
 @pytest.mark.subprocess
 def test_compile_report_bad_mesh_is_one_line_exit_2():
   proc = run([REPORT, "--cpu-devices", "8", "--mesh", "(3,1,1)"] + SMALL_GPT)

@@ -77,6 +77,7 @@ def _laplax_and_peer(config):
   ],
   ids=["gpt-rope-2L", "gpt-learn-3L", "vit-gap-4L", "vit-tok-1L"],
 )
+@pytest.mark.slow
 def test_peer_computes_laplax_loss_and_gradients(path, model):
   config = _tiny(path, **model)
   loss, grads, peer_loss, peer, batch = _laplax_and_peer(config)

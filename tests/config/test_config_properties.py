@@ -129,6 +129,7 @@ def _check_cli(config_dict, capsys):
   deadline=None,
   suppress_health_check=[hypothesis.HealthCheck.function_scoped_fixture],
 )
+@pytest.mark.slow
 @hypothesis.given(name=st.sampled_from(CONFIGS), data=st.data())
 def test_every_bad_value_is_one_line_exit_2(name, data, capsys):
   key, strategy = data.draw(st.sampled_from(BAD), label="key")

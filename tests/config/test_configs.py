@@ -185,6 +185,7 @@ def test_weight_decay_applied_exactly_where_masked():
   np.testing.assert_array_equal(updates["block0"]["norm1"]["scale"], 0.0)
 
 
+@pytest.mark.slow
 def test_mixup_cutmix_targets_are_mixtures():
   rng = jax.random.PRNGKey(3)
   images = jnp.arange(4 * 8 * 8 * 1, dtype=jnp.float32).reshape(4, 8, 8, 1)

@@ -345,6 +345,7 @@ def test_laplax_workdir_to_hf_loads_strictly_and_round_trips_bitwise(
   )
 
 
+@pytest.mark.slow
 def test_untied_exact_gelu_logits_and_round_trip(tmp_path, record_property):
   """``tie_word_embeddings=False`` and ``activation_function="gelu"`` (erf):
   laplax's ``lm_head`` and ``gelu_exact``; the HF file comes back bit for bit."""

@@ -373,6 +373,7 @@ def tiny_vit(**kw):
   )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", MODES)
 def test_vit_spectral(mode):
   images = jnp.asarray(np.random.default_rng(12).normal(size=(2, 8, 8, 3)), jnp.float32)

@@ -302,6 +302,7 @@ def _rgb_annotation(root):
     (None, "give --config.eval.segmentation_dir=DIR"),
   ],
 )
+@pytest.mark.slow
 def test_malformed_release_is_one_line_exit_2(tmp_path, dino_workdir, capfd, break_it, fragment):
   root = write_release(tmp_path / "release")
   if break_it is not None:

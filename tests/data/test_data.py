@@ -158,6 +158,7 @@ def test_train_batches_shapes_dtypes_and_range(fm_config):
   assert 0 <= batch["label"].min() and batch["label"].max() < 10
 
 
+@pytest.mark.slow
 @needs_source
 def test_train_is_deterministic_under_seed(fm_config):
   def batches(seed, num_threads):
@@ -170,6 +171,7 @@ def test_train_is_deterministic_under_seed(fm_config):
   assert not np.array_equal(first[0]["image"], other[0]["image"])
 
 
+@pytest.mark.slow
 @needs_source
 def test_train_resumes_exactly_from_state(fm_config):
   dataset = images.train_dataset(fm_config, batch_size=32, seed=3)
@@ -292,6 +294,7 @@ def test_train_and_multicrop_batches_equal_with_and_without_the_cache(fm_config,
   )
 
 
+@pytest.mark.slow
 @needs_source
 def test_without_augmentation_train_yields_shuffled_shard_of_source(fm_config, idx):
   x, y = idx["train"]

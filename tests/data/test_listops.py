@@ -92,6 +92,7 @@ def test_cli_round_trip_and_malformed_files(tmp_path, capsys):
     listops.read_tsv(str(bad))
 
 
+@pytest.mark.slow
 def test_encoder_sincos_and_padding():
   pe = posemb_sincos_1d(5, 4)[0]
   assert np.allclose(pe[3], [np.sin(3), np.cos(3), np.sin(3e-2), np.cos(3e-2)], atol=1e-6)

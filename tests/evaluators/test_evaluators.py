@@ -122,6 +122,7 @@ def dino_run(fmnist_data_dir):
   return task, state_lib.init_state(task, optim.make_optimizer(c), c.seed)
 
 
+@pytest.mark.slow
 def test_each_stage_runs_its_part_of_the_list_in_order(dino_run):
   task, _ = dino_run
   assert [e.name for e in registry.build(task, registry.TRAIN)] == ["knn", "linear_probe"]

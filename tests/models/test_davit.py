@@ -260,6 +260,7 @@ def test_timm_davit_features_laplax_lacks_are_refused(torch):
     assert "\n" not in str(e.value)
 
 
+@pytest.mark.slow
 @needs_timm
 def test_converted_davit_loads_without_data_and_goes_back(tmp_path, torch, timm_davit_model):
   """``--from timm --weights`` into a workdir (the Fashion-MNIST DaViT config,

@@ -431,6 +431,7 @@ def _cli(*args):
   )
 
 
+@pytest.mark.slow
 def test_cli_converts_with_the_tokenizer_and_refuses_a_hostile_pickle(tmp_path):
   """A hostile ``tokenizer.pkl`` through the CLI is one line, exit 2, nothing
   written and nothing run; ``--from nanochat`` finds the tokenizer in

@@ -370,6 +370,7 @@ def test_muon_momentum_schedule_is_base_train_s():
     assert abs(got - fork_momentum_transcribed(it, 4980, 0.65)) < 1e-6, it
 
 
+@pytest.mark.slow
 def test_muon_adamw_steps_equal_a_pytorch_transcription_of_optim_py():
   """Seven updates across the warm-up and into the warm-down (N = 10): every
   group of the fork's setup_optimizer, base_train's rate, momentum and decay

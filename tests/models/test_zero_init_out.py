@@ -4,6 +4,7 @@ import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from helpers.models import make_gpt, make_vit
 
@@ -42,6 +43,7 @@ def test_blocks_start_as_identity_so_laplacian_heads_are_a_no_op():
   )
 
 
+@pytest.mark.slow
 def test_gradient_reaches_the_zero_output_projection_gpt():
   model = make_gpt(
     20, max_length=8, width=16, depth=2, num_heads=2, num_laplacian_heads=1, zero_init_out=True

@@ -67,6 +67,7 @@ def reference_losses(hidden, unembedding, targets, softcap):
   return lse - picked
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tie,softcap", [(False, 15.0), (True, None), (True, 2.0)])
 def test_chunked_losses_equal_the_definition_and_the_unchunked_model(tie, softcap):
   whole = tiny(tie_embeddings=tie, logit_softcap=softcap)
@@ -111,6 +112,7 @@ def lm_task(loss_chunk, **model):
   return tasks.task_class(config).from_shapes(config, vocab_size=VOCAB)
 
 
+@pytest.mark.slow
 def test_the_task_loss_with_chunks_is_the_loss_without_on_sft_targets():
   # SFT's targets: -1 where the assistant is not trained (left out of the mean).
   whole, chunked = lm_task(None), lm_task(8)
