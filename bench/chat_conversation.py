@@ -44,10 +44,12 @@ import select
 import signal
 import subprocess
 import sys
-import threading
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402  (bench/common.py)
+
 sys.path.insert(0, ROOT)
 QUESTIONS = [
   "Hello! Who are you?",
@@ -185,24 +187,10 @@ def main(argv=None) -> int:
       turn["eval_equal"] = turn["eval"] == mine
 
   # 3. The page's API.
-  server = subprocess.Popen(
-    [sys.executable, "-m", "laplax.chat", "--workdir", args.workdir, "--web", "--port", "0"]
-    + ["--temperature", "0", "--max_tokens", n],
-    cwd=ROOT,
-    env=env,
-    stdout=subprocess.DEVNULL,
-    stderr=subprocess.PIPE,
-    text=True,
+  server, url = common.start_chat_server(
+    ["--workdir", args.workdir, "--temperature", "0", "--max_tokens", n], ROOT
   )
-  lines: list[str] = []
-  threading.Thread(target=lambda: lines.extend(server.stderr), daemon=True).start()
   try:
-    deadline = time.monotonic() + 600
-    while not any("laplax-chat: open" in line for line in lines):
-      if server.poll() is not None or time.monotonic() > deadline:
-        raise SystemExit(f"the server did not start: {''.join(lines)}")
-      time.sleep(0.1)
-    url = re.search(r"(http://\S+)", next(x for x in lines if "laplax-chat: open" in x)).group(1)
     print("web:", url)
     messages = []
     with httpx.Client(base_url=url, timeout=600) as client:

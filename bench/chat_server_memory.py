@@ -19,14 +19,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import signal
 import subprocess
 import sys
-import threading
-import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402  (bench/common.py)
+
 PROMPTS = ["hi", "Which is hot? " * 3, "The sun is hot. " * 9, "2+2=4. " * 30]
 
 
@@ -50,21 +50,9 @@ def main(argv=None) -> int:
     p.error("--warmup must be in [1, --requests)")
   import httpx
 
-  env = dict(os.environ, PYTHONUNBUFFERED="1")
-  command = [sys.executable, "-m", "laplax.chat", "--workdir", args.workdir, "--web"]
-  command += ["--port", "0", "--max_tokens", str(args.max_tokens)]
-  server = subprocess.Popen(
-    command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
-  )
-  lines: list[str] = []
-  threading.Thread(target=lambda: lines.extend(server.stderr), daemon=True).start()
+  chat_args = ["--workdir", args.workdir, "--max_tokens", str(args.max_tokens)]
+  server, url = common.start_chat_server(chat_args, ROOT)
   try:
-    deadline = time.monotonic() + 600
-    while not any("laplax-chat: open" in line for line in lines):
-      if server.poll() is not None or time.monotonic() > deadline:
-        raise SystemExit(f"the server did not start: {''.join(lines)}")
-      time.sleep(0.1)
-    url = re.search(r"(http://\S+)", next(x for x in lines if "laplax-chat: open" in x)).group(1)
     figures = {}
     with httpx.Client(base_url=url, timeout=600) as client:
       for i in range(args.requests):
@@ -91,7 +79,7 @@ def main(argv=None) -> int:
         server.kill()
         server.wait()
   first, last = figures[args.warmup], figures[args.requests]
-  print(f"command: {' '.join(command)}")
+  print(f"command: python -m laplax.chat {' '.join(chat_args)} --web --port 0")
   print(f"server RSS after request {args.warmup}: {first / 1024:.1f} MiB")
   print(f"server RSS after request {args.requests}: {last / 1024:.1f} MiB")
   print(f"ratio (request {args.requests} / request {args.warmup}): {last / first:.3f}")

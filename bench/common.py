@@ -171,3 +171,36 @@ def _swin_flops(config, task, params, remat: bool) -> tuple[int, float]:
     window = stage_window((grids[s], grids[s]), spec.window_size)[0]
     per_image += depth * a * window[0] * window[1] * width * grids[s] ** 2
   return count, float(per_image * config.batch_size)
+
+
+def start_chat_server(args: list[str], root: str):
+  """Starts ``python -m laplax.chat ARGS --web --port 0`` in ``root`` and
+  waits (at most 600 s) for its ``laplax-chat: open URL`` line.
+
+  Returns ``(process, url)``; the caller stops the process (SIGINT).
+  Raises ``SystemExit`` with the server's output if it ends or never opens.
+  """
+  import re
+  import subprocess
+  import threading
+  import time
+
+  env = dict(os.environ, PYTHONUNBUFFERED="1")
+  server = subprocess.Popen(
+    [sys.executable, "-m", "laplax.chat", *args, "--web", "--port", "0"],
+    cwd=root,
+    env=env,
+    stdout=subprocess.DEVNULL,
+    stderr=subprocess.PIPE,
+    text=True,
+  )
+  lines: list[str] = []
+  threading.Thread(target=lambda: lines.extend(server.stderr), daemon=True).start()
+  deadline = time.monotonic() + 600
+  while not any("laplax-chat: open" in line for line in lines):
+    if server.poll() is not None or time.monotonic() > deadline:
+      server.kill()
+      raise SystemExit(f"the server did not start: {''.join(lines)}")
+    time.sleep(0.1)
+  url = re.search(r"(http://\S+)", next(x for x in lines if "laplax-chat: open" in x)).group(1)
+  return server, url
