@@ -106,18 +106,29 @@ def torch_logits(torch, model, x):
 @needs_timm
 def test_timm_xcit_logits_and_bitwise_round_trip(torch, timm_xcit_model):
   """Patch 16 (tokens_norm) on 64 x 64 and 57 x 50 images and patch 8 (one
-  class-attention block, no tokens_norm): timm's logits; ``laplax_to_timm``
-  gives back timm's state dict bitwise (the BatchNorm counters included) and
-  a timm ``Xcit`` loads it strictly."""
+  class-attention block, no tokens_norm): timm's logits, and every block's
+  output tokens (``out["block{i}"]["+mlp"]``, which the final LayerNorm would
+  hide a scaling of); ``laplax_to_timm`` gives back timm's state dict bitwise
+  (the BatchNorm counters included) and a timm ``Xcit`` loads it strictly."""
   p8 = perturbed(torch, MODEL_P8, ARGS_P8, seed=5)
   cases = [(timm_xcit_model, (64, 64)), (timm_xcit_model, (57, 50)), (p8, (32, 32))]
   for tm, size in cases:
     arch = timm_xcit.architecture(tm)
     params = timm_xcit.timm_to_laplax(state_of(tm), arch)
     x = images(size=size)
-    err = relative_diff(laplax_logits(params, arch, x), torch_logits(torch, tm, x))
+    blocks = []
+    keep = lambda module, args, output, into=blocks: into.append(output.detach().numpy())
+    hooks = [blk.register_forward_hook(keep) for blk in list(tm.blocks) + list(tm.cls_attn_blocks)]
+    want = torch_logits(torch, tm, x)
+    for h in hooks:
+      h.remove()
+    model = laplax_model(arch)
+    logits, out = jax.jit(model.apply)({"params": params}, x.transpose(0, 2, 3, 1))
+    err = relative_diff(logits, want)
     print(f"\nxcit patch {arch['patch_size']} at {size}: max|logit diff|/max|logit| = {err:.2e}")
     assert err <= TOL
+    for i, tokens in enumerate(blocks):
+      assert relative_diff(out[f"block{i}"]["+mlp"], tokens) <= TOL, i
   for tm in (timm_xcit_model, p8):
     arch = timm_xcit.architecture(tm)
     params = timm_xcit.timm_to_laplax(state_of(tm), arch)
