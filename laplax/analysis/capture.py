@@ -76,9 +76,10 @@ def attention_module(model: nn.Module, layer: int):
   class token's ``[batch, 1, D]``).
 
   Returns:
-    ``(MultiHeadAttention, {"is_causal": bool, "laplacian": bool [heads],
-    "heads_reason": None or why the per-head Theorem 3.4 section does not
-    apply})``.
+    ``(module, kwargs)``, a :class:`MultiHeadAttention` and the dict of
+    ``"is_causal"`` (bool), ``"laplacian"`` (bool ``[heads]``) and
+    ``"heads_reason"`` (``None``, or why the per-head Theorem 3.4 section
+    does not apply).
   """
   laplacian = model.spec.laplacian_array[layer]
   if isinstance(model.spec, XCiTSpec):

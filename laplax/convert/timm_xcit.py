@@ -6,24 +6,24 @@ built from :func:`model_keys` compute the same function. What maps to what
 (``i`` an XCA block, ``j`` a class-attention block, ``L`` the XCA blocks,
 ``e`` a convolution of the patch embedding at ``patch_embed.proj.{2e}``):
 
-=============================================  ==================================
-timm ``state_dict``                            laplax parameters
-=============================================  ==================================
-``patch_embed.proj.{2e}.0``                    ``embedding{e}`` (``embedding`` for e = 0; OIHW -> HWIO)
-``patch_embed.proj.{2e}.1``                    ``embedding{e}_bn`` (``scale``, ``bias``, ``mean``, ``var``)
-``pos_embed.token_projection``                 ``pos_embedding`` (a 1 x 1 convolution: a Dense)
-``blocks.i.norm1``, ``norm3``, ``norm2``       ``block{i}/norm1``, ``norm3``, ``norm2``
-``blocks.i.attn.qkv``                          ``block{i}/attention/{query,key,value}``
-``blocks.i.attn.temperature [h, 1, 1]``        ``block{i}/attention/temperature [h]``
-``blocks.i.attn.proj``                         ``block{i}/attention/out``
+==============================================  ================================================
+timm ``state_dict``                             laplax parameters
+==============================================  ================================================
+``patch_embed.proj.{2e}.0``                     ``embedding{e}`` (``embedding`` for e = 0)
+``patch_embed.proj.{2e}.1``                     ``embedding{e}_bn`` (``scale, bias, mean, var``)
+``pos_embed.token_projection``                  ``pos_embedding`` (a 1 x 1 conv: a Dense)
+``blocks.i.norm1``, ``norm3``, ``norm2``        ``block{i}/norm1``, ``norm3``, ``norm2``
+``blocks.i.attn.qkv``                           ``block{i}/attention/{query,key,value}``
+``blocks.i.attn.temperature [h, 1, 1]``         ``block{i}/attention/temperature [h]``
+``blocks.i.attn.proj``                          ``block{i}/attention/out``
 ``blocks.i.local_mp.conv1``, ``bn``, ``conv2``  ``block{i}/lpi/conv1``, ``bn``, ``conv2``
-``blocks.i.gamma1``, ``gamma3``, ``gamma2``    ``block{i}/ls1``, ``ls3``, ``ls2`` ``scale``
-``blocks.i.mlp.fc1``, ``fc2``                  ``block{i}/mlp/fc1``, ``fc2``
-``cls_token``                                  ``cls``
-``cls_attn_blocks.j.attn.q``, ``k``, ``v``     ``block{L+j}/attention/query``, ``key``, ``value``
-``cls_attn_blocks.j.*`` (the rest)             ``block{L+j}/*`` as an XCA block's
-``norm``, ``head``                             ``encoder_norm``, ``head``
-=============================================  ==================================
+``blocks.i.gamma1``, ``gamma3``, ``gamma2``     ``block{i}/ls1``, ``ls3``, ``ls2`` ``scale``
+``blocks.i.mlp.fc1``, ``fc2``                   ``block{i}/mlp/fc1``, ``fc2``
+``cls_token``                                   ``cls``
+``cls_attn_blocks.j.attn.q``, ``k``, ``v``      ``block{L+j}/attention/{query,key,value}``
+``cls_attn_blocks.j.*`` (the rest)              ``block{L+j}/*`` as an XCA block's
+``norm``, ``head``                              ``encoder_norm``, ``head``
+==============================================  ================================================
 
 PyTorch ``Linear`` weights are ``[out, in]``, laplax kernels ``[in, out]``;
 convolutions OIHW -> HWIO (the depthwise ones ``[C, 1, 3, 3] -> [3, 3, 1,

@@ -421,16 +421,7 @@ class TransformerSpec(_Checked):
     "int",
     min=1,
     convert=dict(
-      everywhere(
-        "timm",
-        "timm-swin",
-        "timm-davit",
-        "timm-xcit",
-        "hf-gpt2",
-        "hf-bert",
-        "hf-nystromformer",
-        "peer",
-      ),
+      everywhere(*(t for t in EXPORTS if t != "nanochat"), "peer"),
       nanochat=Rule(lambda v, spec: v == 4 * spec.width, "4 * width"),
     ),
   )
@@ -816,38 +807,23 @@ class XCiTSpec(TransformerSpec):
 
   def __post_init__(self):
     super().__post_init__()
-    p = self.patch_size
-    if p & (p - 1):
+    p, implementation = self.patch_size, self.attention.implementation
+    if p & (p - 1) or self.width % (p // 2):
       raise SpecError(
-        f"model.patch_size={p} must be a power of two (the patch embedding is "
-        f"log2(patch_size) convolutions of stride 2; timm has 8 and 16)"
-      )
-    first = self.patch_widths()[0]
-    if first * 2 ** (len(self.patch_widths()) - 1) != self.width:
-      raise SpecError(
-        f"model.width={self.width} must be a multiple of patch_size / 2 = {p // 2} "
-        f"(the patch embedding's first convolution has width * 2 / patch_size channels)"
+        f"model.patch_size={p} must be a power of two (timm: 8, 16) whose half divides model.width"
       )
     if self.depth <= self.cls_attn_layers:
       raise SpecError(
-        f"model.depth={self.depth} must count the XCA and the class-attention blocks, "
-        f"more than model.cls_attn_layers={self.cls_attn_layers}; e.g. depth="
-        f"{12 + self.cls_attn_layers} for 12 XCA blocks"
+        f"model.depth={self.depth} counts the XCA and the class-attention blocks: more than "
+        f"model.cls_attn_layers={self.cls_attn_layers}"
       )
     if self.scan_layers:
-      raise SpecError(
-        "model.scan_layers=True: an XCiT's XCA and class-attention blocks differ; "
-        "use model.scan_layers=False"
-      )
+      raise SpecError("model.scan_layers=True: XCiT's blocks differ; use model.scan_layers=False")
     if self.attention.qk_norm:
+      raise SpecError("model.qk_norm=True: XCiT's attentions have none; use model.qk_norm=False")
+    if implementation in ("cudnn", "splash", "nystrom"):
       raise SpecError(
-        "model.qk_norm=True: XCiT's attentions have no qk-norm (XCA normalises q and k "
-        "over the tokens itself); use model.qk_norm=False"
-      )
-    if self.attention.implementation in ("cudnn", "splash", "nystrom"):
-      raise SpecError(
-        f"model.implementation={self.attention.implementation!r}: XCiT's attentions (over "
-        f"channels, and of one class query) run the XLA kernel; use 'xla', 'reference' or None"
+        f"model.implementation={implementation!r}: XCiT's attentions run XLA; use 'xla' or None"
       )
 
   @property

@@ -320,14 +320,17 @@ def test_laplacian_heads_equal_the_definition_in_values_and_gradients(torch, tim
 def test_xcit_spec_refusals_are_one_line():
   base = dict(width=32, depth=4, cls_attn_layers=2, num_heads=4, patch_size=16)
   cases = [
-    (dict(base, depth=2), "model.depth=2 must count the XCA and the class-attention blocks"),
+    (dict(base, depth=2), "model.depth=2 counts the XCA and the class-attention blocks"),
     (dict(base, patch_size=12), "model.patch_size=12 must be a power of two"),
-    (dict(base, width=36, num_heads=4), "model.width=36 must be a multiple of patch_size / 2"),
+    (
+      dict(base, width=36, num_heads=4),
+      "model.patch_size=16 must be a power of two .* whose half divides model.width",
+    ),
     (dict(base, cls_attn_layers=0), "model.cls_attn_layers=0 must be an integer >= 1"),
     (dict(base, num_laplacian_heads=5), "must be in 0..num_heads=4"),
-    (dict(base, scan_layers=True), "XCA and class-attention blocks differ"),
-    (dict(base, qk_norm=True), "XCiT's attentions have no qk-norm"),
-    (dict(base, implementation="splash"), "run the XLA kernel"),
+    (dict(base, scan_layers=True), "XCiT's blocks differ"),
+    (dict(base, qk_norm=True), "XCiT's attentions have none"),
+    (dict(base, implementation="splash"), "XCiT's attentions run XLA"),
   ]
   for keys, message in cases:
     with pytest.raises(spec_lib.SpecError, match=message.replace("(", r"\(").replace(")", r"\)")):
