@@ -103,18 +103,15 @@ def torch_logits(torch, model, x):
     return model(torch.from_numpy(x)).numpy()
 
 
-@needs_timm
-def test_timm_xcit_logits_and_bitwise_round_trip(torch, timm_xcit_model):
-  """Patch 16 (tokens_norm) on 64 x 64 and 57 x 50 images and patch 8 (one
-  class-attention block, no tokens_norm): timm's logits, and every block's
-  output tokens (``out["block{i}"]["+mlp"]``, which the final LayerNorm would
-  hide a scaling of); ``laplax_to_timm`` gives back timm's state dict bitwise
-  (the BatchNorm counters included) and a timm ``Xcit`` loads it strictly."""
-  p8 = perturbed(torch, MODEL_P8, ARGS_P8, seed=5)
-  cases = [(timm_xcit_model, (64, 64)), (timm_xcit_model, (57, 50)), (p8, (32, 32))]
-  for tm, size in cases:
-    arch = timm_xcit.architecture(tm)
-    params = timm_xcit.timm_to_laplax(state_of(tm), arch)
+def _check_logits_and_round_trip(torch, tm, sizes):
+  """timm ``tm``'s logits and every block's output tokens (``out["block{i}"]
+  ["+mlp"]``, which the final LayerNorm would hide a scaling of) at each of
+  ``sizes``; ``laplax_to_timm`` gives back its state dict bitwise (the
+  BatchNorm counters included) and a timm ``Xcit`` loads it strictly."""
+  arch = timm_xcit.architecture(tm)
+  params = timm_xcit.timm_to_laplax(state_of(tm), arch)
+  apply = jax.jit(laplax_model(arch).apply)
+  for size in sizes:
     x = images(size=size)
     blocks = []
     keep = lambda module, args, output, into=blocks: into.append(output.detach().numpy())
@@ -122,26 +119,38 @@ def test_timm_xcit_logits_and_bitwise_round_trip(torch, timm_xcit_model):
     want = torch_logits(torch, tm, x)
     for h in hooks:
       h.remove()
-    model = laplax_model(arch)
-    logits, out = jax.jit(model.apply)({"params": params}, x.transpose(0, 2, 3, 1))
+    logits, out = apply({"params": params}, x.transpose(0, 2, 3, 1))
     err = relative_diff(logits, want)
     print(f"\nxcit patch {arch['patch_size']} at {size}: max|logit diff|/max|logit| = {err:.2e}")
     assert err <= TOL
     for i, tokens in enumerate(blocks):
       assert relative_diff(out[f"block{i}"]["+mlp"], tokens) <= TOL, i
-  for tm in (timm_xcit_model, p8):
-    arch = timm_xcit.architecture(tm)
-    params = timm_xcit.timm_to_laplax(state_of(tm), arch)
-    spec = spec_lib.from_config(timm_xcit.model_keys(arch))
-    state, model_args = timm_xcit.laplax_to_timm(params, spec)
-    back = timm.models.xcit.Xcit(**model_args)
-    back.load_state_dict({k: torch.from_numpy(v) for k, v in state.items()}, strict=True)
-    original = state_of(tm)
-    assert sorted(state) == sorted(original)
-    for k in state:
-      np.testing.assert_array_equal(state[k], original[k], err_msg=k)
-    x = images(size=arch["img_size"])
-    np.testing.assert_array_equal(torch_logits(torch, back.eval(), x), torch_logits(torch, tm, x))
+  spec = spec_lib.from_config(timm_xcit.model_keys(arch))
+  state, model_args = timm_xcit.laplax_to_timm(params, spec)
+  back = timm.models.xcit.Xcit(**model_args)
+  back.load_state_dict({k: torch.from_numpy(v) for k, v in state.items()}, strict=True)
+  original = state_of(tm)
+  assert sorted(state) == sorted(original)
+  for k in state:
+    np.testing.assert_array_equal(state[k], original[k], err_msg=k)
+  x = images(size=arch["img_size"])
+  np.testing.assert_array_equal(torch_logits(torch, back.eval(), x), torch_logits(torch, tm, x))
+
+
+@needs_timm
+def test_timm_xcit_logits_and_bitwise_round_trip(torch, timm_xcit_model):
+  """Patch 16 with tokens_norm on 64 x 64 images (:func:`_check_logits_and_round_trip`)."""
+  _check_logits_and_round_trip(torch, timm_xcit_model, [(64, 64)])
+
+
+@pytest.mark.slow
+@needs_timm
+def test_timm_xcit_other_image_sizes_and_patch_8(torch, timm_xcit_model):
+  """Patch 16 on 57 x 50 images (each convolution rounds up), and patch 8
+  (three convolutions) with one class-attention block and no tokens_norm on
+  32 x 32 (:func:`_check_logits_and_round_trip`)."""
+  _check_logits_and_round_trip(torch, timm_xcit_model, [(57, 50)])
+  _check_logits_and_round_trip(torch, perturbed(torch, MODEL_P8, ARGS_P8, seed=5), [(32, 32)])
 
 
 def test_fourier_features_are_timms():
@@ -170,7 +179,7 @@ def _ca_weight(attn):
 @pytest.mark.parametrize(
   "mode",
   [
-    pytest.param("full", marks=pytest.mark.slow),
+    "full",
     "fused",
     pytest.param("per_head", marks=pytest.mark.slow),
     "svd",
@@ -204,7 +213,7 @@ def test_spectral_xcit_equals_timm_with_the_correction_added(torch, timm_xcit_mo
     return
   model = laplax_model(arch, **keys)
   loss = lambda p: jnp.sum(jnp.sin(model.apply({"params": p}, x.transpose(0, 2, 3, 1))[0]))
-  grads = jax.grad(loss)(params)
+  grads = jax.jit(jax.grad(loss))(params)
   tm.zero_grad()
   torch.sin(tm(torch.from_numpy(x))).sum().backward()
   kernels = lambda a: np.concatenate(
@@ -287,17 +296,18 @@ def test_laplacian_heads_equal_the_definition_in_values_and_gradients(torch, tim
     [[False, False, False, True]] * 4,
     [[True, False, False, False], [False] * 4, [False] * 4, [False, True, True, False]],
   ]
+  plain_logits = laplax_logits(params, arch, x)
   for mask in masks:
     _use_references(tm, mask)
     want = torch_logits(torch, tm, x)
     err = relative_diff(laplax_logits(params, arch, x, laplacian_mask=mask), want)
-    plain = relative_diff(laplax_logits(params, arch, x), want)
+    plain = relative_diff(plain_logits, want)
     print(f"\nxcit Laplacian heads {mask}: {err:.2e} (plain {plain:.2e})")
     assert err <= TOL and plain > 1e-3
   # Gradients, the last mask (an XCA and a class attention with Laplacian heads).
   model = laplax_model(arch, laplacian_mask=masks[-1])
   loss = lambda p: jnp.sum(jnp.sin(model.apply({"params": p}, x.transpose(0, 2, 3, 1))[0]))
-  grads = jax.grad(loss)(params)
+  grads = jax.jit(jax.grad(loss))(params)
   tm.zero_grad()
   torch.sin(tm(torch.from_numpy(x))).sum().backward()
   xca, ca = tm.blocks[0].attn, tm.cls_attn_blocks[1].attn
