@@ -52,6 +52,7 @@ _PUBLIC = {
   "ViT": ("laplax.models.vit", "ViT"),
   "Swin": ("laplax.models.swin", "Swin"),
   "DaViT": ("laplax.models.davit", "DaViT"),
+  "XCiT": ("laplax.models.xcit", "XCiT"),
   "GPT": ("laplax.models.gpt", "GPT"),
   "DINO": ("laplax.models.dino", "DINO"),
   "DINOHead": ("laplax.models.dino", "DINOHead"),

@@ -86,18 +86,25 @@ def _attention_sums(weights, qmask, causal) -> dict:
 
 
 def _forward(model, layers, causal, params, inputs, mask):
-  """Block outputs, attention sums per chosen layer, and the features."""
+  """Block outputs, attention sums per chosen layer, and the features.
+
+  A per-example ``mask [B]`` (images) counts every query of a layer's
+  attention, whatever its queries are (an XCiT's: channels, or the class
+  token); a per-token ``mask [B, T]`` (sequences) is the queries' own."""
   out, inter = capture.analysis_apply(model, params, inputs)
   reps = capture.block_outputs(out, layers)
-  length = next(iter(reps.values())).shape[1] if reps else out["encoded"].shape[1]
-  qmask = mask if mask.ndim == 2 else jnp.broadcast_to(mask[:, None], (mask.shape[0], length))
-  attn = {i: _attention_sums(capture.attention_weights(inter, i), qmask, causal) for i in layers}
+  qmask = lambda n: mask if mask.ndim == 2 else jnp.broadcast_to(mask[:, None], (len(mask), n))
+  attn = {}
   for i in layers:
+    weights = capture.attention_weights(inter, i)
+    attn[i] = _attention_sums(weights, qmask(weights.shape[2]), causal)
+  for i in layers:
+    heads = capture.head_outputs(inter, i)
     cos, count = geometry.smoothing_cosine_sums(
-      capture.head_outputs(inter, i),
+      heads,
       capture.head_out_kernels(params, i, model.spec.num_heads),
       out[f"block{i}"]["input"],
-      qmask,
+      qmask(heads.shape[1]),
     )
     attn[i].update(smoothing_sum=cos, smoothing_count=count)
   feats = out["pre_logits"][:, None] if "pre_logits" in out else out["encoded"]
@@ -246,6 +253,10 @@ def _jacobian_section(
     ref = np.asarray(attn_out[:tokens], np.float32)
     diff = np.abs(np.asarray(_jit(apply)(jnp.asarray(y), params)) - ref).max()
     section["block_check"] = float(diff / max(float(np.abs(ref).max()), 1e-30))
+  if kwargs["heads_reason"]:  # not token self-attention (an XCiT's)
+    section["heads"] = None
+    section["heads_reason"] = kwargs["heads_reason"]
+    return section
   kernels = capture.projection_kernels(target.params, layer)
   heads, sp = model.spec.num_heads, model.spec.attention.spectral
   eff = {}

@@ -539,6 +539,8 @@ def attention_lengths(
     return (int(m.max_length),)
   if m.name == "davit":  # its windows, padded to full size (the channel attention runs XLA)
     return (int(m.window_size) ** 2,)
+  if m.name == "xcit":  # over channels and of one class query: XLA always (the spec says so)
+    return ()
   if m.name == "swin":  # tokens of a window (a stage's grid when it is smaller)
     side = get(config, "data.image_size", None) or image_side
     if not side:

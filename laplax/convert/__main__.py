@@ -23,6 +23,7 @@ checkpoint): ``eval.py --workdir`` evaluates it, ``train.py
 spectral settings may differ). The config gives the data and training
 settings (default: ``configs/deit3_imagenet.py`` for timm, ``configs/swin_imagenet.py``
 for a timm ``swin_*`` model, ``configs/davit_imagenet.py`` for a ``davit_*`` one,
+``configs/xcit_imagenet.py`` for an ``xcit_*`` one,
 ``configs/gpt2_124m.py`` for GPT-2, ``configs/bert_cramming.py`` for BERT and
 the Nystromformer (``NystromformerForMaskedLM``,
 :mod:`laplax.convert.hf_nystromformer`; ``--from`` only),
@@ -111,6 +112,7 @@ DEFAULT_CONFIGS = {
 }
 SWIN_CONFIG = "swin_imagenet.py"  # the default of a timm swin_* model
 DAVIT_CONFIG = "davit_imagenet.py"  # the default of a timm davit_* model
+XCIT_CONFIG = "xcit_imagenet.py"  # the default of a timm xcit_* model
 
 
 def _config(source: str):
@@ -130,7 +132,7 @@ def _with_default_config(argv: list[str]) -> list[str]:
   """``argv`` with ``--config`` set to the source's default config file when
   ``--from`` is given without one (so ``--config.key=value`` overrides parse):
   ``configs/swin_imagenet.py`` for a timm ``swin_*`` model, ``configs/davit_imagenet.py``
-  for a ``davit_*`` one."""
+  for a ``davit_*`` one, ``configs/xcit_imagenet.py`` for an ``xcit_*`` one."""
   source = cli.flag_value(argv, "from")
   name = DEFAULT_CONFIGS.get(source, "")
   model = cli.flag_value(argv, "model") or ""
@@ -138,6 +140,8 @@ def _with_default_config(argv: list[str]) -> list[str]:
     name = SWIN_CONFIG
   elif source == "timm" and model.startswith("davit"):
     name = DAVIT_CONFIG
+  elif source == "timm" and model.startswith("xcit"):
+    name = XCIT_CONFIG
   path = os.path.join(REPO_CONFIGS, name)
   if source in DEFAULT_CONFIGS and cli.flag_value(argv, "config") is None and os.path.isfile(path):
     return argv[:1] + [f"--config={path}"] + argv[1:]

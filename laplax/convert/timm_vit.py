@@ -148,7 +148,8 @@ def architecture(model) -> dict:
   if type(model).__name__ != "VisionTransformer":
     raise ConvertError(
       f"{type(model).__name__} is not a timm VisionTransformer; "
-      f"laplax converts timm ViT / DeiT-3, Swin (SwinTransformer) and DaViT (DaVit) models"
+      f"laplax converts timm ViT / DeiT-3, Swin (SwinTransformer), DaViT (DaVit) and "
+      f"XCiT (Xcit) models"
     )
   block = model.blocks[0]
   if type(block).__name__ != "Block":
@@ -454,11 +455,12 @@ TIMM_CLASS = "VisionTransformer"
 
 def family_of(model):
   """The converter module of a timm model: :mod:`laplax.convert.timm_swin` for a
-  ``SwinTransformer``, else this module (whose :func:`architecture` refuses
-  what is not a ``VisionTransformer``)."""
-  from laplax.convert import timm_davit, timm_swin
+  ``SwinTransformer``, :mod:`~laplax.convert.timm_davit` for a ``DaVit``,
+  :mod:`~laplax.convert.timm_xcit` for an ``Xcit``, else this module (whose
+  :func:`architecture` refuses what is not a ``VisionTransformer``)."""
+  from laplax.convert import timm_davit, timm_swin, timm_xcit
 
-  for family in (timm_swin, timm_davit):
+  for family in (timm_swin, timm_davit, timm_xcit):
     if type(model).__name__ == family.TIMM_CLASS:
       return family
   return _this()
@@ -471,7 +473,12 @@ def _this():
 
 
 #: laplax model families (``config.model.name``) -> their timm converter module name.
-FAMILY_MODULES = {"vit": "timm_vit", "swin": "timm_swin", "davit": "timm_davit"}
+FAMILY_MODULES = {
+  "vit": "timm_vit",
+  "swin": "timm_swin",
+  "davit": "timm_davit",
+  "xcit": "timm_xcit",
+}
 
 
 def _is_classification(config) -> bool:
@@ -565,7 +572,7 @@ def convert_to_timm(workdir: str, out_dir: str, force: bool) -> str | None:
   if not _is_classification(config) or config.model.name not in FAMILY_MODULES:
     raise ConvertError(
       f"{workdir} is a {config.task} run of a {config.model.name}; --to timm converts "
-      f"ViT, Swin and DaViT classifiers (a DINO backbone is not a timm classifier)"
+      f"ViT, Swin, DaViT and XCiT classifiers (a DINO backbone is not a timm classifier)"
     )
   import importlib
 
@@ -607,6 +614,7 @@ def timm_from_dir(out_dir: str) -> Any:
   from timm.models.davit import DaVit
   from timm.models.swin_transformer import SwinTransformer
   from timm.models.vision_transformer import VisionTransformer
+  from timm.models.xcit import Xcit
 
   with open(os.path.join(out_dir, TIMM_CONFIG)) as f:
     saved = json.load(f)
@@ -614,6 +622,7 @@ def timm_from_dir(out_dir: str) -> Any:
     "VisionTransformer": VisionTransformer,
     "SwinTransformer": SwinTransformer,
     "DaVit": DaVit,
+    "Xcit": Xcit,
   }
   model = classes[saved.get("timm_class", "VisionTransformer")](**saved["model_args"])
   model.load_state_dict(load_file(os.path.join(out_dir, WEIGHTS)), strict=True)

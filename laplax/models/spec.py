@@ -295,6 +295,7 @@ class AttentionSpec(_Checked):
       "timm": FORCE,
       "timm-swin": FORCE,
       "timm-davit": FORCE,
+      "timm-xcit": FORCE,
       "hf-gpt2": FORCE,
       "hf-bert": FORCE,
       "hf-nystromformer": FORCE,
@@ -311,6 +312,7 @@ class AttentionSpec(_Checked):
         "timm": FORCE,
         "timm-swin": FORCE,
         "timm-davit": FORCE,
+        "timm-xcit": FORCE,
         "hf-gpt2": FORCE,
         "hf-bert": FORCE,
         "hf-nystromformer": FORCE,
@@ -419,9 +421,7 @@ class TransformerSpec(_Checked):
     "int",
     min=1,
     convert=dict(
-      everywhere(
-        "timm", "timm-swin", "timm-davit", "hf-gpt2", "hf-bert", "hf-nystromformer", "peer"
-      ),
+      everywhere(*(t for t in EXPORTS if t != "nanochat"), "peer"),
       nanochat=Rule(lambda v, spec: v == 4 * spec.width, "4 * width"),
     ),
   )
@@ -439,6 +439,7 @@ class TransformerSpec(_Checked):
         "timm": FORCE,
         "timm-swin": FORCE,
         "timm-davit": FORCE,
+        "timm-xcit": FORCE,
         "hf-gpt2": FORCE,
         "hf-bert": FORCE,
         "hf-nystromformer": FORCE,
@@ -757,6 +758,91 @@ class DaViTSpec(TransformerSpec):
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+class XCiTSpec(TransformerSpec):
+  """An XCiT (El-Nouby et al. 2021, arXiv 2106.09681; timm's ``Xcit``).
+
+  A convolutional patch embedding (``log2(patch_size)`` 3 x 3 convolutions of
+  stride 2, each followed by a BatchNorm, GELUs between them), the Fourier
+  position encoding, ``depth - cls_attn_layers`` XCA blocks (cross-covariance
+  attention over each head's channels, a local patch interaction, an MLP),
+  then ``cls_attn_layers`` class-attention blocks (only the class token
+  queries), a final LayerNorm and a linear head on the class token.
+  ``depth`` counts every attention block, the class-attention ones
+  included (as DaViT's counts its spatial and channel blocks): blocks
+  ``0 .. depth - cls_attn_layers - 1`` are XCA blocks and the last
+  ``cls_attn_layers`` class-attention blocks, and the Laplacian heads are one
+  row per block (``num_laplacian_heads=k``: the last ``k`` heads of every
+  one). timm's XCiT-M24 is ``depth=26, cls_attn_layers=2``.
+
+  Attributes:
+    patch_size: the patch embedding's total stride, a power of two (timm's
+      ``ConvPatchEmbed`` has 16, four convolutions of widths ``width / 8,
+      width / 4, width / 2, width``, and 8, three; 4 and 2 continue the
+      scheme with two and one).
+    cls_attn_layers: the class-attention blocks (at least 1).
+    tokens_norm: the class-attention blocks normalise every token before
+      their MLP (timm's ``tokens_norm``), not only the class token.
+    use_pos_embed: add the Fourier position encoding (timm's ``use_pos_embed``).
+    drop_path: the XCA blocks' stochastic-depth rate, the same in every one
+      (timm's XCiT is not linear in depth; its class-attention blocks have none).
+    layerscale_init: ``eta``, the initial value of the blocks' LayerScales
+      (``gamma1``, ``gamma3``, ``gamma2``; always present in an XCiT).
+  """
+
+  patch_size: int = _field(16, "int", min=2, convert=dict(everywhere(), **{"timm-xcit": (8, 16)}))
+  cls_attn_layers: int = _field(2, "int", min=1, convert={"timm-xcit": ANY})
+  tokens_norm: bool = _field(False, "bool", convert={"timm-xcit": ANY})
+  use_pos_embed: bool = _field(True, "bool", convert={"timm-xcit": ANY})
+  drop_path: float = _field(0.0, "float", max=0.99, convert={"timm-xcit": ANY})
+  # timm's XCiT: LayerScale (eta) in every block, the exact GELU, LayerNorms
+  # of eps 1e-6, Linear weights initialised normal 0.02 (truncated there).
+  layerscale_init: float = _field(1.0, "float", convert={"timm-xcit": ANY})
+  mlp_activation: str = _field(
+    "gelu_exact",
+    "choice",
+    choices=MLP_ACTIVATIONS,
+    convert={"timm-xcit": ("gelu_exact",), "hf-gpt2": ANY, "peer": ANY},
+  )
+  kernel_init: str = dataclasses.field(default="normal", metadata={"convert": everywhere()})
+
+  def __post_init__(self):
+    super().__post_init__()
+    p, implementation = self.patch_size, self.attention.implementation
+    if p & (p - 1) or self.width % (p // 2):
+      raise SpecError(
+        f"model.patch_size={p} must be a power of two (timm: 8, 16) whose half divides model.width"
+      )
+    if self.depth <= self.cls_attn_layers:
+      raise SpecError(
+        f"model.depth={self.depth} counts the XCA and the class-attention blocks: more than "
+        f"model.cls_attn_layers={self.cls_attn_layers}"
+      )
+    if self.scan_layers:
+      raise SpecError("model.scan_layers=True: XCiT's blocks differ; use model.scan_layers=False")
+    if self.attention.qk_norm:
+      raise SpecError("model.qk_norm=True: XCiT's attentions have none; use model.qk_norm=False")
+    if implementation in ("cudnn", "splash", "nystrom"):
+      raise SpecError(
+        f"model.implementation={implementation!r}: XCiT's attentions run XLA; use 'xla' or None"
+      )
+
+  @property
+  def xca_depth(self) -> int:
+    """The XCA blocks, ``depth - cls_attn_layers``."""
+    return self.depth - self.cls_attn_layers
+
+  def patch_widths(self) -> tuple[int, ...]:
+    """Output channels of the patch embedding's convolutions: ``width / 2^j``
+    for ``j = log2(patch_size) - 1 .. 0``."""
+    n = max(self.patch_size.bit_length() - 1, 1)
+    return tuple(self.width // 2**j for j in range(n - 1, -1, -1))
+
+  def drop_path_rates(self) -> tuple[float, ...]:
+    """``drop_path`` for every XCA block, 0 for the class-attention blocks (timm)."""
+    return (self.drop_path,) * self.xca_depth + (0.0,) * self.cls_attn_layers
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class GPTSpec(TransformerSpec):
   """A causal LM (GPT-2 form): context, position encoding, tied embeddings.
 
@@ -1035,6 +1121,7 @@ FAMILIES = {
   "bert": BERTSpec,
   "swin": SwinSpec,
   "davit": DaViTSpec,
+  "xcit": XCiTSpec,
 }
 
 

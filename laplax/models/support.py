@@ -28,13 +28,15 @@ from typing import Any
 #: The converter targets whose support every field's ``convert`` metadata
 #: declares: ``python -m laplax.convert --from/--to`` ``"timm"`` (timm's
 #: ``VisionTransformer``), ``"timm-swin"`` (timm's ``SwinTransformer``: the
-#: same command, another model family), ``"timm-davit"`` (timm's ``DaVit``), ``"hf-gpt2"``, ``"hf-bert"``,
+#: same command, another model family), ``"timm-davit"`` (timm's ``DaVit``),
+#: ``"timm-xcit"`` (timm's ``Xcit``), ``"hf-gpt2"``, ``"hf-bert"``,
 #: ``"hf-nystromformer"`` and ``"nanochat"``, and ``"peer"``, the PyTorch
 #: models of ``bench/peer_torch.py``.
 CONVERT_TARGETS = (
   "timm",
   "timm-swin",
   "timm-davit",
+  "timm-xcit",
   "hf-gpt2",
   "hf-bert",
   "hf-nystromformer",
@@ -49,7 +51,16 @@ ANY = "any"
 FORCE = "force"
 #: The targets that export trained weights for inference: training-only
 #: settings (dropout, drop-path) and initialisers change nothing they compute.
-EXPORTS = ("timm", "timm-swin", "timm-davit", "hf-gpt2", "hf-bert", "hf-nystromformer", "nanochat")
+EXPORTS = (
+  "timm",
+  "timm-swin",
+  "timm-davit",
+  "timm-xcit",
+  "hf-gpt2",
+  "hf-bert",
+  "hf-nystromformer",
+  "nanochat",
+)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -23,10 +23,11 @@ from laplax.models import spec as spec_lib
 from laplax.models.davit import DaViT
 from laplax.models.swin import Swin
 from laplax.models.vit import ViT
+from laplax.models.xcit import XCiT
 from laplax.tasks.base import TaskBase, counted
 
 #: ``config.model.name`` -> the classifier it builds.
-MODELS = {"vit": ViT, "swin": Swin, "davit": DaViT}
+MODELS = {"vit": ViT, "swin": Swin, "davit": DaViT, "xcit": XCiT}
 
 
 def mixup_cutmix(
