@@ -112,6 +112,26 @@ ROWS = (
     "of 512 x 2048 in 4 micro-batches of 8 sequences per chip; in 2 (16 per chip, the fork's "
     "device batch at d20) it needs 16.08 GiB, in 1 (32 per chip) 26.04 GiB of temporaries",
   ),
+  (
+    "v5e:4x4",
+    "--topology v5e:4x4 --config configs/swin_imagenet.py --set model.remat=full",
+    "Swin-B, batch 1024 (64 images per chip), windows of 49 tokens",
+  ),
+  (
+    "v5e:4x4",
+    "--topology v5e:4x4 --config configs/davit_imagenet.py --set model.remat=full",
+    "DaViT-B, batch 2048 (128 images per chip), windows of 49 tokens and channel attention",
+  ),
+  (
+    "v5e:4x4",
+    "--topology v5e:4x4 --config configs/xcit_imagenet.py --set model.remat=full",
+    "XCiT-M24/16, batch 1024 (64 images per chip), attention over channels",
+  ),
+  (
+    "v5e:4x4",
+    "--topology v5e:4x4 --config configs/bert_cramming.py:size=paper --set model.remat=full",
+    "crammed BERT, batch 8192 x 128 tokens (512 sequences per chip)",
+  ),
 )
 HEADER = (
   "| # | slice | `bench/compile_report.py` options | attention kernel | per-chip peak "
