@@ -76,11 +76,11 @@ COMMANDS = {"train.py": "laplax.cli.train", "eval.py": "laplax.cli.eval"}
 SWEEP_FILE = "sweep.json"
 SUMMARY_JSON, SUMMARY_MD, CURVES = "summary.json", "summary.md", "curves.png"
 RESULTS_CSV = "results.csv"
-# eval.json's metrics under the names of the fork's runs/laplacian_sweep.sh
-# (its results.csv): validation bits per byte and the CORE score.
+#: eval.json's metrics under the names of the fork's ``runs/laplacian_sweep.sh``
+#: (its ``results.csv``): validation bits per byte and the CORE score.
 NANOCHAT_METRICS = (("bits_per_byte", "val_bpb"), ("core_metric", "core_score"))
-# The columns of the fork's results.csv that a laplax language-model run has,
-# in its order (it also has flops_budget and the parameters by group).
+#: The columns of the fork's ``results.csv`` that a laplax language-model run
+#: has, in its order (it also has ``flops_budget`` and the parameters by group).
 RESULT_COLUMNS = (
   "depth",
   "laplacian_heads",
@@ -541,7 +541,7 @@ def result_rows(runs: Sequence[Run], configs: dict, results: dict) -> list[dict]
     if r.name not in results:
       continue
     c, metrics = configs[r.name], results[r.name]["metrics"]
-    heads = c.model.get("num_laplacian_heads", 0)
+    heads = c.model.num_laplacian_heads
     params, seconds = _train_log(r.workdir)
     values = (
       c.model.depth,

