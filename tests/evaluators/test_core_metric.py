@@ -4,7 +4,6 @@ on a tiny eval bundle in DCLM's layout that the test writes (one task of
 each kind), a byte tokenizer and a fixed random bigram model."""
 
 import importlib.util
-import json
 import math
 import random
 
@@ -13,6 +12,8 @@ import pytest
 
 from laplax.data.errors import DataError
 from laplax.evaluators import core
+
+from helpers.core_bundle import write_bundle
 
 pytestmark = pytest.mark.skipif(
   not (importlib.util.find_spec("torch") and importlib.util.find_spec("jinja2")),
@@ -71,29 +72,6 @@ def _items(rng):
   lm = [dict(context=f"  {rng.choice(words)} ", continuation=rng.choice(words)) for i in range(6)]
   lm.append(dict(context="the", continuation="cat"))
   return mc, schema, lm
-
-
-def write_bundle(root, tasks):
-  import yaml
-
-  (root / "eval_data").mkdir(parents=True)
-  icl = []
-  for label, kind, shots, delim, _, data in tasks:
-    with open(root / "eval_data" / f"{label}.jsonl", "w") as f:
-      f.writelines(json.dumps(x) + "\n" for x in data)
-    icl.append(
-      dict(
-        label=label,
-        icl_task_type=kind,
-        dataset_uri=f"{label}.jsonl",
-        num_fewshot=[shots],
-        **({} if delim == " " else {"continuation_delimiter": delim}),
-      )
-    )
-  (root / "core.yaml").write_text(yaml.safe_dump({"icl_tasks": icl}))
-  rows = "Eval Task,Random baseline\n" + "".join(f"{t[0]},{t[4]}\n" for t in tasks)
-  (root / "eval_meta_data.csv").write_text(rows)
-  return str(root)
 
 
 def oracle_task(data, kind, shots, delim):
@@ -161,7 +139,7 @@ def test_core_equals_core_eval_py_on_each_task_kind(tmp_path):
   ]
   bundle = core.read_bundle(write_bundle(tmp_path, tasks))
   assert [(t["label"], t["kind"], t["shots"], t["delim"]) for t in bundle] == [t[:4] for t in tasks]
-  got = core.core_metric(bundle, bigram_logits, encode, BOS)
+  got = core.core_metric(bundle, core.forward_from_logits(bigram_logits), encode, BOS)
   want = {t[0]: oracle_task(t[5], t[1], t[2], t[3]) for t in tasks}
   assert got["results"] == pytest.approx(want, abs=0)
   centred = {t[0]: (want[t[0]] - t[4] / 100) / (1 - t[4] / 100) for t in tasks}
@@ -181,7 +159,8 @@ def test_a_bundle_without_its_files_is_refused_in_one_line(tmp_path):
 
 
 def test_a_task_line_that_is_not_json_is_refused_with_its_file_and_line(tmp_path):
-  root = write_bundle(tmp_path, [("t", "schema", 0, " ", 50.0, [{"gold": 0}])])
+  item = {"context_options": ["a", "b"], "continuation": "c", "gold": 0}
+  root = write_bundle(tmp_path, [("t", "schema", 0, " ", 50.0, [item])])
   with open(tmp_path / "eval_data" / "t.jsonl", "a") as f:
     f.write("\n{not json\n")
   with pytest.raises(DataError, match=r"t\.jsonl:3: not valid JSON"):

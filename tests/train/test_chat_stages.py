@@ -447,3 +447,24 @@ def test_bad_mixture_errors_name_the_expected_path(tmp_path):
   with pytest.raises(DataError, match=r"ai2_arc/ARC-Easy/train-00000-of-00001.parquet") as e:
     chat_mixture.mixture(c, "train")
   assert "\n" not in str(e.value)
+
+
+def test_the_fork_s_sft_mixture_repeats_mmlu_and_gsm8k(data):
+  """data.sft_mixture=nanochat-fork: SmolTalk + MMLU auxiliary_train x 3 +
+  GSM8K x 4 in the fork's TaskMixture order; validation mid-training's."""
+  c = data_config("chat_sft", data, sft_mixture="nanochat-fork")
+  read = {
+    s: chat_mixture.SOURCES[s].reader(chat_mixture.split_files(c, s, "train"))
+    for s in ("smoltalk", "mmlu_auxiliary", "gsm8k")
+  }
+  read = {s: [x[i] for i in np.random.default_rng(42).permutation(len(x))] for s, x in read.items()}
+  sets = [read["smoltalk"]] + [read["mmlu_auxiliary"]] * 3 + [read["gsm8k"]] * 4
+  pairs = [(t, i) for t, x in enumerate(sets) for i in range(len(x))]
+  random.Random(42).shuffle(pairs)
+  assert chat_mixture.mixture(c, "train") == [sets[t][i] for t, i in pairs]
+  mid = data_config("chat_mid", data)
+  assert chat_mixture.mixture(c, "validation") == chat_mixture.mixture(mid, "validation")
+  with pytest.raises(DataError, match="sft_mixture='fork' is unknown"):
+    chat_mixture.mixture(data_config("chat_sft", data, sft_mixture="fork"), "train")
+  with pytest.raises(DataError, match="is for SFT"):
+    chat_mixture.prepare(data_config("chat_mid", data, sft_mixture="nanochat-fork"), None)

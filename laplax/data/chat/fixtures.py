@@ -23,7 +23,10 @@ The files (Hugging Face's parquet, one file per split;
 * ``gsm8k/main/{train,test}-...``: ``question``, ``answer`` (with
   ``<<expr=result>>`` calculator marks and a final ``#### N``);
 * ``ai2_arc/ARC-{Easy,Challenge}/{train,test}-...``: ``id``, ``question``,
-  ``choices`` (``{"text", "label"}``), ``answerKey``.
+  ``choices`` (``{"text", "label"}``), ``answerKey``;
+* ``words_alpha.txt``: SpellingBee's word list (one lower-case word a line,
+  as dwyl english-words' file; :data:`WORDS`, a few hundred common words,
+  not its 370K).
 """
 
 from __future__ import annotations
@@ -55,6 +58,29 @@ PATHS = {
   "arc_easy": "ai2_arc/ARC-Easy",
   "arc_challenge": "ai2_arc/ARC-Challenge",
 }
+
+#: SpellingBee's stand-in word list (``words_alpha.txt``).
+WORDS = tuple(
+  """able about above accept across act add afraid after again against age ago agree air
+  all allow almost alone along already also always among amount and angle angry animal
+  answer any apple appear area arm army around arrive art ask attack aunt autumn away baby
+  back bad bag ball bank base basket bath bear beat beauty bed bee before begin behind bell
+  belong below bench berry better between bird birth black blood blue board boat body bone
+  book border bottle bottom bowl box brain branch bread break bridge bright bring brother
+  brown brush build burn busy butter button cake call camera candle captain card care carry
+  castle cat cattle cause center chair chalk chance change cheese cherry chicken child
+  church circle city class clean clock cloud coast coffee cold color comb common copper
+  corn cotton country cousin cover cream crowd cup curtain cushion dance danger daughter
+  desert dinner doctor dollar donkey door dragon dream dress drink earth edge egg elephant
+  engine evening example eye face family farm father feather fence field finger fire fish
+  flower forest fruit garden giraffe glass glove goat gold grass guitar hammer happy hat
+  heart honey horse house island jacket jelly kettle kitchen kitten ladder lemon letter
+  library lion market mirror mississippi monkey morning mountain needle number ocean onion
+  orange paper parrot pencil pepper piano pillow planet pocket potato puzzle queen rabbit
+  rhythm river rocket saddle school scissors sheep silver sister spoon square strawberry
+  street summer sunset table teacher thunder tiger tomato tooth tree turtle umbrella
+  village violin wagon water window winter wizard yellow zebra""".split()
+)
 
 _NAMES = ("Ada", "Ben", "Cleo", "Dan", "Eve", "Finn", "Gus", "Hana")
 _THINGS = ("apples", "books", "coins", "pens", "shells", "stamps")
@@ -159,7 +185,10 @@ def write(directory: str, scale: float = 1.0, seed: int = 0) -> list[str]:
     os.makedirs(os.path.dirname(path), exist_ok=True)
     pq.write_table(pa.Table.from_pylist(rows), path)
     written.append(path)
-  return written
+  path = os.path.join(directory, "words_alpha.txt")
+  with open(path, "w", encoding="utf-8") as f:
+    f.writelines(f"{w}\n" for w in WORDS)
+  return written + [path]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -177,7 +206,9 @@ def main(argv: list[str] | None = None) -> int:
   except OSError as e:
     print(f"Cannot write under {args.directory}: {e.strerror or e}.", file=sys.stderr)
     return 2
-  print(f"wrote {len(files)} synthetic parquet files under {args.directory}")
+  print(
+    f"wrote {len(files) - 1} synthetic parquet files and words_alpha.txt under {args.directory}"
+  )
   return 0
 
 

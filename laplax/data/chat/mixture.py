@@ -15,7 +15,14 @@ Karpathy's nanochat (first release, ``scripts/mid_train.py``,
   GSM8K main train; validation SmolTalk test + MMLU ``all`` test[:5200] +
   GSM8K test[:420]. SFT (``"chat_sft"``): ARC-Easy train + ARC-Challenge
   train + GSM8K train + SmolTalk train[:10,000] (``data.smoltalk_stop``);
-  validation SmolTalk test.
+  validation SmolTalk test. With ``data.sft_mixture="nanochat-fork"``, SFT's
+  is instead the Laplacian authors' fork's (``yuchongzhang/nanochat``
+  1f70b557, ``scripts/chat_sft.py``): SmolTalk train + MMLU
+  ``auxiliary_train`` x 3 + GSM8K main train x 4 (each repeat one more set
+  in the list, as its ``TaskMixture``), validation mid-training's (SmolTalk
+  test + MMLU test[:5200] + GSM8K test[:420]). Only the mixture: the fork's
+  best-fit packing of several conversations per row is not laplax's
+  one-conversation rows.
 * **mid-training batches** (:func:`train_dataset`): packed as pretraining
   packs documents, with **no loss mask**. Stream ``s`` of ``W``
   (``data.streams``, nanochat's ranks) renders the mixture's conversations
@@ -83,6 +90,9 @@ from laplax.data.text import fineweb
 from laplax.data.text.tokenizers import load_tokenizer, tokenizer_kind
 
 MID, SFT = "chat_mid", "chat_sft"
+#: ``data.sft_mixture``: nanochat's first release, or the Laplacian authors' fork.
+SFT_MIXTURES = ("nanochat", "nanochat-fork")
+_FORK_SFT = "chat_sft:nanochat-fork"
 #: ``data.name`` of the two chat stages.
 NAMES = (MID, SFT)
 MIXTURE_SEED = 42  # nanochat's TaskMixture: random.Random(42).shuffle
@@ -137,6 +147,16 @@ MIXTURES = {
     ("smoltalk", "train", "smoltalk_stop"),
   ),
   (SFT, "validation"): (("smoltalk", "test", None),),
+  (_FORK_SFT, "train"): (
+    ("smoltalk", "train", None),
+    *[("mmlu_auxiliary", "train", None)] * 3,
+    *[("gsm8k", "train", None)] * 4,
+  ),
+  (_FORK_SFT, "validation"): (
+    ("smoltalk", "test", None),
+    ("mmlu", "test", 5200),
+    ("gsm8k", "test", 420),
+  ),
 }
 
 
@@ -150,7 +170,8 @@ def default_config(name: str = MID) -> ml_collections.ConfigDict:
   ``pop_rows`` (mid-training, as FineWeb-Edu's), ``max_eval_tokens``
   (mid-training; None: the validation mixture once),
   ``max_eval_conversations`` (SFT; None: all), ``smoltalk_stop`` (SFT's
-  SmolTalk train[:10,000]).
+  SmolTalk train[:10,000]), ``sft_mixture`` (SFT: ``"nanochat"``, or
+  ``"nanochat-fork"``: the fork's mixture, see the module).
   """
   return ml_collections.ConfigDict(
     {
@@ -165,8 +186,30 @@ def default_config(name: str = MID) -> ml_collections.ConfigDict:
       "max_eval_tokens": config_dict.placeholder(int),
       "max_eval_conversations": config_dict.placeholder(int),
       "smoltalk_stop": 10_000,
+      "sft_mixture": "nanochat",
     }
   )
+
+
+def mixture_key(data_config, split: str) -> tuple[str, str]:
+  """The :data:`MIXTURES` key of ``data.name``'s ``split`` (``data.sft_mixture``
+  chooses SFT's).
+
+  Raises:
+    DataError: an unknown ``sft_mixture``, or another than nanochat's for
+      mid-training (which has one).
+  """
+  choice = data_config.sft_mixture
+  if choice not in SFT_MIXTURES:
+    raise DataError(
+      f"config.data.sft_mixture={choice!r} is unknown; use {' or '.join(SFT_MIXTURES)}"
+    )
+  if choice != "nanochat" and data_config.name != SFT:
+    raise DataError(
+      f"config.data.sft_mixture={choice!r} is for SFT (data.name={SFT!r}); "
+      f"{data_config.name} has nanochat's mixture only"
+    )
+  return (_FORK_SFT if choice == "nanochat-fork" else data_config.name, split)
 
 
 def split_files(data_config, source: str, split: str) -> list[str]:
@@ -198,17 +241,20 @@ def mixture(data_config, split: str) -> list[dict]:
       :mod:`~laplax.data.chat.sources`; an empty mixture.
   """
   parts = []
-  for source, part, stop in MIXTURES[(data_config.name, split)]:
+  for source, part, stop in MIXTURES[mixture_key(data_config, split)]:
     if isinstance(stop, str):
       stop = data_config[stop]
     files = split_files(data_config, source, part)
     parts.append((source, tuple((f, os.path.getsize(f), os.path.getmtime(f)) for f in files), stop))
   key = tuple(parts)
   if key not in _CACHE:
-    sets = []
-    for source, files, stop in parts:
-      items = chat_sources.shuffled(SOURCES[source].reader([f for f, _, _ in files]))
-      sets.append(items if stop is None else items[:stop])
+    sets, read = [], {}
+    for part in parts:  # a set repeated (the fork's epochs) is read once
+      source, files, stop = part
+      if part not in read:
+        items = chat_sources.shuffled(SOURCES[source].reader([f for f, _, _ in files]))
+        read[part] = items if stop is None else items[:stop]
+      sets.append(read[part])
     index = [(t, i) for t, items in enumerate(sets) for i in range(len(items))]
     random.Random(MIXTURE_SEED).shuffle(index)
     if not index:
@@ -235,6 +281,7 @@ def prepare(data_config, workdir: str | None, *, batch_size: int | None = None):
     raise DataError(
       f"config.data.name={data_config.name!r} is not a chat stage ({', '.join(NAMES)})."
     )
+  mixture_key(data_config, "train")
   if tokenizer_kind(data_config) != "nanochat":
     raise DataError(
       f"The tokenizer ({data_config.tokenizer}) has no chat special tokens; "
