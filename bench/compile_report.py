@@ -243,6 +243,9 @@ def report(spec: str, devices, args) -> None:
     jax_version=jax.__version__,
     libtpu_version=_version("libtpu"),
   )
+  remat = config.model.get("remat", "none") not in (None, "none")
+  # before the compile, so that a config the formula cannot count fails in seconds
+  num_matmul, analytic = analytic_flops(config, task, state.params, remat)
   try:
     compiled = lowered.compile()
   except jax.errors.JaxRuntimeError as e:
@@ -268,8 +271,6 @@ def report(spec: str, devices, args) -> None:
   cost = compiled.cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost
   flops_device = float(cost.get("flops", float("nan")))
-  remat = config.model.get("remat", "none") not in (None, "none")
-  num_matmul, analytic = analytic_flops(config, task, state.params, remat)
   num_params = record["parameters"]
   peak = (
     mem.argument_size_in_bytes

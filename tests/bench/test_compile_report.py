@@ -136,3 +136,61 @@ def test_compile_report_json_reports_every_field_on_fake_devices():
   assert record["flops_total"] == 2 * record["flops_per_device"] > 0
   assert 0.9 <= record["flops_total"] / record["analytic_flops"] <= 1.1
   assert record["jax_version"] == jax.__version__ and record["compile_s"] >= 0
+
+
+def _analytic(config_arg, remat=False):
+  from bench.common import analytic_flops, load_config
+
+  config = load_config(config_arg)
+  config.batch_size = 1
+  task = compile_report.make_task(config)
+  params = jax.eval_shape(lambda: task.init(jax.random.key(0)))
+  return analytic_flops(config, task, params, remat)
+
+
+@pytest.mark.parametrize(
+  "config_arg, published_gmacs",
+  [
+    # The papers' forward cost at 224 px (multiply-adds, which they call FLOPs):
+    # Swin-T 4.5G (Liu et al. 2021, Table 1), DaViT-Tiny 4.5G (Ding et al.
+    # 2022, Table 1), XCiT-S12/16 4.8G (El-Nouby et al. 2021, Table 1).
+    ("configs/swin_imagenet.py:size=T", 4.5),
+    ("configs/davit_imagenet.py:size=T", 4.5),
+    ("configs/xcit_imagenet.py:size=small12", 4.8),
+  ],
+)
+def test_analytic_flops_of_the_vision_families_match_their_papers(config_arg, published_gmacs):
+  _, train_flops = _analytic(config_arg)
+  gmacs = train_flops / 6 / 1e9  # 3 forwards (forward + backward) of 2 FLOPs a multiply-add
+  assert abs(gmacs - published_gmacs) <= 0.03 * published_gmacs, gmacs  # 0.1G rounding: 1%
+
+
+def test_analytic_flops_of_a_masked_lm_count_the_head_on_the_predicted_tokens_only():
+  count, flops = _analytic("configs/bert_cramming.py")
+  from bench.common import load_config
+
+  config = load_config("configs/bert_cramming.py")
+  m = config.model
+  length, width, depth = m.max_length, m.width, m.depth
+  predicted = round(config.mlm.probability * length)  # cramming's rule: 19 of 128
+  vocab = config.data.vocab_size
+  blocks = count - vocab * width  # every kernel but the tied table
+  expected = 6 * blocks * length + 6 * vocab * width * predicted
+  expected += 12 * depth * length * length * width
+  assert predicted < length and abs(flops - expected) <= 1e-9 * expected
+
+
+def test_analytic_flops_of_xcit_count_the_attention_over_channels():
+  # Halving the heads doubles d: only the XCA term 12 d width N per token changes.
+  from bench.common import analytic_flops, load_config
+
+  def count(heads):
+    config = load_config("configs/xcit_imagenet.py:size=small12")
+    config.batch_size, config.model.num_heads = 1, heads
+    task = compile_report.make_task(config)
+    params = jax.eval_shape(lambda: task.init(jax.random.key(0)))
+    return analytic_flops(config, task, params, False)[1]
+
+  width, blocks, tokens = 384, 12, (224 // 16) ** 2
+  expected = 12 * blocks * (width // 4 - width // 8) * width * tokens
+  assert abs(count(4) - count(8) - expected) <= 1e-9 * expected
