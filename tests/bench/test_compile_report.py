@@ -172,7 +172,7 @@ def test_analytic_flops_of_a_masked_lm_count_the_head_on_the_predicted_tokens_on
   config = load_config("configs/bert_cramming.py")
   m = config.model
   length, width, depth = m.max_length, m.width, m.depth
-  predicted = round(config.mlm.probability * length)  # cramming's rule: 19 of 128
+  predicted = round(config.mlm.probability * length)  # cramming's rule: 32 of 128
   vocab = config.data.vocab_size
   blocks = count - vocab * width  # every kernel but the tied table
   expected = 6 * blocks * length + 6 * vocab * width * predicted
