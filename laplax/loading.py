@@ -103,7 +103,7 @@ class Loaded:
     evaluators = [
       registry.get(n)(task)
       for n in wanted
-      if evals is not None or registry.EVAL in registry.get(n).stages
+      if evals is not None or registry.get(n).runs_at(registry.EVAL, self.config)
     ]
     for evaluator in evaluators:
       evaluator.prepare()

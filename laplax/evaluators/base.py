@@ -47,6 +47,8 @@ class Context:
       split's features (:func:`laplax.evaluators.registry.run` sets it:
       ``patch_pca``'s :meth:`Evaluator.tokens_wanted`), so one pass gives all
       of them.
+    step: the training step of a round of the training loop; ``None`` in
+      ``eval.py``.
   """
 
   place: Callable | None = None
@@ -56,6 +58,7 @@ class Context:
   figures: list[str] = dataclasses.field(default_factory=list)
   cache: dict = dataclasses.field(default_factory=dict)
   tokens: int = 0
+  step: int | None = None
 
 
 class Evaluator:
@@ -93,6 +96,13 @@ class Evaluator:
     """Its :attr:`defaults` with the values ``config.eval`` gives them."""
     given = self.config.eval if "eval" in self.config else {}
     return {k: given[k] if k in given else v for k, v in self.defaults.items()}
+
+  @classmethod
+  def runs_at(cls, stage: str, config: ml_collections.ConfigDict) -> bool:
+    """Whether it runs at ``stage`` for ``config``: ``stage`` in :attr:`stages`
+    (an evaluator whose settings choose override this)."""
+    del config
+    return stage in cls.stages
 
   @classmethod
   def validate(cls, config: ml_collections.ConfigDict) -> None:

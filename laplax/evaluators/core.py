@@ -47,7 +47,7 @@ import numpy as np
 
 from laplax import utils
 from laplax.data.errors import DataError
-from laplax.evaluators.base import EVAL, Context, Evaluator
+from laplax.evaluators.base import EVAL, TRAIN, Context, Evaluator
 
 TASK_TYPES = ("multiple_choice", "schema", "language_modeling")
 #: The fields of an example of each task type (``gold`` indexes the list field).
@@ -428,14 +428,24 @@ class Core(Evaluator):
 
   Reports ``core_metric`` (the mean centred accuracy), ``core_centered`` and
   ``core_accuracy`` (by task label) and ``core_examples`` (examples scored
-  per task). ``eval.py`` only: the fork's sweep scores CORE once, at the end
-  of training.
+  per task). ``eval.core_every`` (steps; 0, the default: ``eval.py`` only, as
+  the fork's sweep scores CORE once, at the end of training) also scores it
+  in the training loop at the evaluations whose step is a multiple of it and
+  at the last step, as nanochat's ``base_train.py`` does with
+  ``--core-metric-every`` (2000 there, with 500 examples per task); it must
+  be a multiple of ``eval_every``.
   """
 
   name = "core"
-  stages = (EVAL,)
+  stages = (TRAIN, EVAL)
   tasks = ("lm",)
-  defaults = {"core_bundle": "", "core_max_per_task": 500}
+  defaults = {"core_bundle": "", "core_max_per_task": 500, "core_every": 0}
+
+  @classmethod
+  def runs_at(cls, stage: str, config) -> bool:
+    """``eval.py`` always; the training loop when ``eval.core_every`` > 0."""
+    every = config.eval.get("core_every", 0) if "eval" in config else 0
+    return stage == EVAL or (stage == TRAIN and every > 0)
 
   @classmethod
   def validate(cls, config) -> None:
@@ -460,6 +470,13 @@ class Core(Evaluator):
       f"--config.eval.core_bundle={bundle} is not a directory",
     )
     config_lib.check_int(config, "eval.core_max_per_task", 0)
+    config_lib.check_int(config, "eval.core_every", 0)
+    every = config.eval.core_every
+    config_lib.require(
+      every == 0 or every % config.eval_every == 0,
+      f"--config.eval.core_every={every} is not a multiple of eval_every="
+      f"{config.eval_every}: CORE runs at evaluations only; use a multiple, or 0 (eval.py only)",
+    )
     read_index(bundle)  # its small files, so a bad bundle fails before training
 
   def prepare(self) -> None:
@@ -477,7 +494,9 @@ class Core(Evaluator):
     ]
 
   def run(self, state: Any, ctx: Context) -> dict:
-    del ctx
+    every = self.settings["core_every"]
+    if ctx.step is not None and ctx.step % every and ctx.step != self.config.total_steps:
+      return {}  # a training evaluation between two CORE steps
     import tqdm
 
     forward = device_forward(self.task.model, state.params, self.bos)

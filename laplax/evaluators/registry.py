@@ -193,7 +193,7 @@ def build(task: Task, stage: str, **extra: Evaluator) -> list[Evaluator]:
   Raises:
     DataError, ConfigError: an evaluator's data cannot be used.
   """
-  out = [get(n)(task) for n in names(task.config) if stage in get(n).stages]
+  out = [get(n)(task) for n in names(task.config) if get(n).runs_at(stage, task.config)]
   out += [e for e in extra.values() if e is not None]
   for evaluator in out:
     evaluator.prepare()

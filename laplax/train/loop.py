@@ -639,7 +639,9 @@ def _train(
         # A signal during the evaluation ends it (one process: at once; several:
         # at its end) and the run stops at the next step's check, this step saved.
         ran = stop.evaluate(
-          functools.partial(registry.run, evaluators, state, registry.Context(place=place, say=say))
+          functools.partial(
+            registry.run, evaluators, state, registry.Context(place=place, say=say, step=step)
+          )
         )
         if ran is not None:
           summary, texts = ran

@@ -60,9 +60,15 @@ def trained(tmp_path_factory, corpus):
     f"--config.data.source_dir={corpus}",
     f"--config.data.data_dir={root / 'tfds'}",
     "--config.total_steps=60",
-    "--config.eval_every=60",
+    "--config.eval_every=20",
     "--config.checkpoint_every=60",
     "--config.eval.sample_tokens=0",
+    # CORE during training (nanochat's --core-metric-every): at step 40 and
+    # at the last step, not at step 20.
+    "--config.evals=bits_per_byte,core",
+    f"--config.eval.core_bundle={write_bundle(root / 'bundle', TASKS)}",
+    "--config.eval.core_every=40",
+    "--config.eval.core_max_per_task=5",
   ] + TINY
   r = run_in_process(argv)
   assert r.returncode == 0, r.stderr[-3000:]
@@ -158,6 +164,13 @@ def test_core_in_eval_json_equals_a_numpy_transcription(trained, tmp_path, capfd
   assert result["core_centered"] == pytest.approx(centred, abs=1e-12)
   assert result["core_metric"] == pytest.approx(np.mean(list(centred.values())), abs=1e-12)
   assert "bits_per_byte" in result and result["step"] == 60
+  # The training loop scored the same CORE at its last step, and at step 40
+  # (core_every), but not at step 20.
+  records = [json.loads(line) for line in (trained / "metrics.jsonl").read_text().splitlines()]
+  core_at = {r["step"]: r for r in records if r.get("split") == "eval" and "core_metric" in r}
+  bpb_at = [r["step"] for r in records if r.get("split") == "eval" and "bits_per_byte" in r]
+  assert sorted(core_at) == [40, 60] and bpb_at == [20, 40, 60], (sorted(core_at), bpb_at)
+  assert core_at[60]["core_accuracy"] == want
   # Not trivial: some right and some wrong.
   assert 0 < np.mean(list(want.values())) < 1, want
 
@@ -262,3 +275,24 @@ def test_more_shots_than_examples_is_refused_before_scoring(tmp_path):
   task["shots"] = 2
   examples = core.task_examples(task, lambda s: list(s.encode()), 0)
   assert [len(tokens) for tokens, _, _, _ in examples] == [1, 1, 1]  # one row per LM example
+
+
+def test_core_every_off_the_evaluation_steps_is_one_line_and_exit_2(tmp_path, corpus, capfd):
+  r = run_in_process(
+    [
+      "train.py",
+      "--config",
+      GPT_CONFIG,
+      "--workdir",
+      str(tmp_path / "run"),
+      f"--config.data.source_dir={corpus}",
+      "--config.eval_every=20",
+      "--config.evals=core",
+      f"--config.eval.core_bundle={write_bundle(tmp_path / 'bundle', TASKS[:1])}",
+      "--config.eval.core_every=30",
+    ]
+    + TINY,
+    capfd,
+  )
+  assert "--config.eval.core_every=30 is not a multiple of eval_every=20" in one_line_error(r)
+  assert not (tmp_path / "run").exists()
