@@ -42,7 +42,7 @@ import numpy as np
 from laplax import attention, spectral
 from laplax.errors import UserError
 from laplax.kernels import nystrom, splash
-from laplax.models.support import ANY, EXPORTS, FORCE, Rule, everywhere
+from laplax.models.support import ANY, CONVERT_TARGETS, EXPORTS, FORCE, Rule, everywhere
 
 DTYPES = ("float32", "bfloat16")
 # Rematerialisation of each block (``model.remat``): name -> jax.checkpoint
@@ -372,6 +372,11 @@ class AttentionSpec(_Checked):
     return out
 
 
+# ``convert`` support of ``num_kv_heads`` where the target has no grouped-query
+# attention: one key/value head per query head, however written.
+_ONE_KV_PER_HEAD = Rule(lambda v, spec: spec.kv_heads == spec.num_heads, "num_heads (or None)")
+
+
 def _same_last_heads(laplacian, spec) -> bool:
   """Whether every layer's Laplacian heads are its last ``k``, one ``k`` for all
   (the Laplacian authors' code, and so the PyTorch peer)."""
@@ -533,6 +538,11 @@ class TransformerSpec(_Checked):
   def head_dim(self) -> int:
     """``width // num_heads``."""
     return self.width // self.attention.num_heads
+
+  @property
+  def kv_heads(self) -> int:
+    """Key/value heads per layer: ``num_heads`` (a GPT's ``num_kv_heads`` may be fewer)."""
+    return self.attention.num_heads
 
   def layer_heads(self) -> tuple[int, ...]:
     """Heads of each layer (``num_heads`` in every one here; Swin's stages differ)."""
@@ -848,6 +858,12 @@ class GPTSpec(TransformerSpec):
 
   Attributes:
     max_length: context length in tokens.
+    num_kv_heads: key/value heads, a divisor of ``num_heads``: grouped-query
+      attention (Ainslie et al. 2023; nanochat/gpt.py's ``n_kv_head``, its
+      ``c_k, c_v`` of ``kv_heads * head_dim`` columns), query head ``h``
+      using key/value head ``h // (num_heads / num_kv_heads)``, a Laplacian
+      head that head's values; ``None``: ``num_heads`` (one per query head).
+      :attr:`kv_heads` is the number.
     posemb: ``"learn"`` (GPT-2) or ``"rope"`` (rotary on queries and keys).
     tie_embeddings: the output layer is the transposed token embedding.
     embed_norm: a ``norm`` of the token embedding before the first block
@@ -872,8 +888,8 @@ class GPTSpec(TransformerSpec):
     value_embeds: a value embedding table ``[vocab, width]`` on alternating
       layers, the last one included (layer ``i`` iff ``i % 2 == (depth - 1) %
       2``), added to the values as ``v + 3 sigmoid(ve_gate(x[..., :12])) ve``
-      with one gate per head (``ve_gate`` ``[12, num_heads]``, on the block's
-      normed input).
+      with one gate per key/value head (``ve_gate`` ``[12, kv_heads]``, on
+      the block's normed input); the table is ``[vocab, kv_heads * head_dim]``.
     resid_lambdas: a learned scalar per layer multiplying the residual stream
       before the block (initialised ``1.15 - 0.10 i / (depth - 1)``).
     x0_lambdas: a learned scalar per layer times the (normed, smeared)
@@ -898,6 +914,13 @@ class GPTSpec(TransformerSpec):
   """
 
   max_length: int = _field(128, "int", min=1, convert=everywhere())
+  num_kv_heads: int | None = _field(
+    None,
+    "int",
+    optional=True,
+    min=1,
+    convert=dict({t: _ONE_KV_PER_HEAD for t in CONVERT_TARGETS}, nanochat=ANY),
+  )
   posemb: str = _field(
     "learn", "choice", choices=("learn", "rope"), convert={"nanochat": ("rope",), "peer": ANY}
   )
@@ -921,6 +944,14 @@ class GPTSpec(TransformerSpec):
 
   def __post_init__(self):
     super().__post_init__()
+    kv = self.num_kv_heads
+    if kv is not None and self.num_heads % kv:
+      divisors = [d for d in range(1, self.num_heads + 1) if self.num_heads % d == 0]
+      raise SpecError(
+        f"model.num_kv_heads={kv} must divide model.num_heads={self.num_heads} (each "
+        f"key/value head serves num_heads / num_kv_heads query heads); use one of "
+        f"{', '.join(map(str, divisors))} or None"
+      )
     check_splash_lengths(self, (self.max_length,))
     if self.scan_layers and self.fork_trunk:
       raise SpecError(
@@ -935,6 +966,11 @@ class GPTSpec(TransformerSpec):
         f"model.loss_chunk={self.loss_chunk} must divide model.max_length={self.max_length}; "
         f"use a divisor (e.g. {math.gcd(self.max_length, self.loss_chunk)}) or None"
       )
+
+  @property
+  def kv_heads(self) -> int:
+    """Key/value heads per layer: ``num_kv_heads``, or ``num_heads`` when it is ``None``."""
+    return self.num_heads if self.num_kv_heads is None else self.num_kv_heads
 
   @property
   def fork_trunk(self) -> bool:
