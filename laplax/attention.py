@@ -494,7 +494,7 @@ class MultiHeadAttention(nn.Module):
   Grouped-query attention (Ainslie et al. 2023; nanochat/gpt.py's
   ``n_kv_head``): query head ``h`` attends with key/value head ``h //
   (num_heads / kv_heads)``, and a Laplacian head subtracts that head's ``v``
-  (the repeat of :func:`laplax.kernels.repeat_kv`, nanochat's
+  (the repeat of :func:`laplax.kernels.common.repeat_kv`, nanochat's
   ``repeat_interleave``).
 
   With ``decode=True`` the keys and values are appended to a KV cache (the
@@ -686,9 +686,9 @@ class MultiHeadAttention(nn.Module):
 
   def _cache(self, k, v, dtype) -> dict:
     """The KV cache's variables ``key``, ``value`` (``[batch, max_length,
-    kv_heads, head_dim]``: the key/value heads only) and ``index`` (int32, the next position), and
-    ``init``: whether this call creates them (an ``init``, which writes
-    nothing)."""
+    kv_heads, head_dim]``: the key/value heads only) and ``index`` (int32,
+    the next position), and ``init``: whether this call creates them (an
+    ``init``, which writes nothing)."""
     init = not self.has_variable("cache", "cached_key")
     return dict(
       init=init,

@@ -225,6 +225,11 @@ class SpectralSpec(_Checked):
     object.__setattr__(self, "targets", spectral.check_targets(self.targets))
 
 
+# ``convert`` support of the laplax methods (Laplacian heads, their mix, spectral
+# conditioning) in the exports other than nanochat: written only with --force.
+_LAPLAX_ONLY = {t: FORCE for t in EXPORTS if t != "nanochat"}
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class AttentionSpec(_Checked):
   """Settings every layer's :class:`~laplax.attention.MultiHeadAttention` shares.
@@ -291,15 +296,7 @@ class AttentionSpec(_Checked):
     "fixed",
     "choice",
     choices=attention.LAPLACIAN_MIXES,
-    convert={
-      "timm": FORCE,
-      "timm-swin": FORCE,
-      "timm-davit": FORCE,
-      "timm-xcit": FORCE,
-      "hf-gpt2": FORCE,
-      "hf-bert": FORCE,
-      "hf-nystromformer": FORCE,
-    },
+    convert=_LAPLAX_ONLY,
     source=True,
   )
   spectral: SpectralSpec | None = dataclasses.field(
@@ -308,15 +305,7 @@ class AttentionSpec(_Checked):
       "key": "spectral.enabled",
       "source": {"spectral.enabled": False},
       "show": lambda v: repr(v is not None),
-      "convert": {
-        "timm": FORCE,
-        "timm-swin": FORCE,
-        "timm-davit": FORCE,
-        "timm-xcit": FORCE,
-        "hf-gpt2": FORCE,
-        "hf-bert": FORCE,
-        "hf-nystromformer": FORCE,
-      },
+      "convert": _LAPLAX_ONLY,
     },
   )
 
@@ -372,9 +361,10 @@ class AttentionSpec(_Checked):
     return out
 
 
-# ``convert`` support of ``num_kv_heads`` where the target has no grouped-query
-# attention: one key/value head per query head, however written.
+# ``convert`` support of ``num_kv_heads``: nanochat has grouped-query attention,
+# the other targets one key/value head per query head, however written.
 _ONE_KV_PER_HEAD = Rule(lambda v, spec: spec.kv_heads == spec.num_heads, "num_heads (or None)")
+_KV_HEADS_SUPPORT = dict(dict.fromkeys(CONVERT_TARGETS, _ONE_KV_PER_HEAD), nanochat=ANY)
 
 
 def _same_last_heads(laplacian, spec) -> bool:
@@ -441,13 +431,7 @@ class TransformerSpec(_Checked):
       "source": {"num_laplacian_heads": 0, "laplacian_mask": None},
       "show": lambda v: repr([list(row) for row in v]),
       "convert": {
-        "timm": FORCE,
-        "timm-swin": FORCE,
-        "timm-davit": FORCE,
-        "timm-xcit": FORCE,
-        "hf-gpt2": FORCE,
-        "hf-bert": FORCE,
-        "hf-nystromformer": FORCE,
+        **_LAPLAX_ONLY,
         "nanochat": ANY,
         "peer": Rule(_same_last_heads, "the same last k heads in every layer"),
       },
@@ -541,8 +525,8 @@ class TransformerSpec(_Checked):
 
   @property
   def kv_heads(self) -> int:
-    """Key/value heads per layer: ``num_heads`` (a GPT's ``num_kv_heads`` may be fewer)."""
-    return self.attention.num_heads
+    """Key/value heads per layer: a GPT's ``num_kv_heads`` unless ``None``, else ``num_heads``."""
+    return getattr(self, "num_kv_heads", None) or self.attention.num_heads
 
   def layer_heads(self) -> tuple[int, ...]:
     """Heads of each layer (``num_heads`` in every one here; Swin's stages differ)."""
@@ -914,13 +898,7 @@ class GPTSpec(TransformerSpec):
   """
 
   max_length: int = _field(128, "int", min=1, convert=everywhere())
-  num_kv_heads: int | None = _field(
-    None,
-    "int",
-    optional=True,
-    min=1,
-    convert=dict({t: _ONE_KV_PER_HEAD for t in CONVERT_TARGETS}, nanochat=ANY),
-  )
+  num_kv_heads: int | None = _field(None, "int", optional=True, min=1, convert=_KV_HEADS_SUPPORT)
   posemb: str = _field(
     "learn", "choice", choices=("learn", "rope"), convert={"nanochat": ("rope",), "peer": ANY}
   )
@@ -944,13 +922,11 @@ class GPTSpec(TransformerSpec):
 
   def __post_init__(self):
     super().__post_init__()
-    kv = self.num_kv_heads
-    if kv is not None and self.num_heads % kv:
-      divisors = [d for d in range(1, self.num_heads + 1) if self.num_heads % d == 0]
+    if self.num_heads % self.kv_heads:
+      divisors = ", ".join(str(d) for d in range(1, self.num_heads + 1) if self.num_heads % d == 0)
       raise SpecError(
-        f"model.num_kv_heads={kv} must divide model.num_heads={self.num_heads} (each "
-        f"key/value head serves num_heads / num_kv_heads query heads); use one of "
-        f"{', '.join(map(str, divisors))} or None"
+        f"model.num_kv_heads={self.num_kv_heads} must divide model.num_heads={self.num_heads} "
+        f"(key/value heads shared by the heads); use one of {divisors} or None"
       )
     check_splash_lengths(self, (self.max_length,))
     if self.scan_layers and self.fork_trunk:
@@ -966,11 +942,6 @@ class GPTSpec(TransformerSpec):
         f"model.loss_chunk={self.loss_chunk} must divide model.max_length={self.max_length}; "
         f"use a divisor (e.g. {math.gcd(self.max_length, self.loss_chunk)}) or None"
       )
-
-  @property
-  def kv_heads(self) -> int:
-    """Key/value heads per layer: ``num_kv_heads``, or ``num_heads`` when it is ``None``."""
-    return self.num_heads if self.num_kv_heads is None else self.num_kv_heads
 
   @property
   def fork_trunk(self) -> bool:
