@@ -8,7 +8,10 @@ Depth 20, width 1280 (64 x depth), 10 heads of 128, context 2048, vocabulary
 position embeddings). 21,400 steps of 256 x 2048 = 524,288 tokens, nanochat's
 ``20 N // 524288``. Arguments: ``laplacian`` (the last k heads of every
 layer are Laplacian, ``V - P V``; default 5 of 10, the paper's best run; a
-per-layer list goes in ``--config.model.num_laplacian_heads``), ``spectral``.
+per-layer list goes in ``--config.model.num_laplacian_heads``), ``spectral``,
+``kv_heads`` (``model.num_kv_heads``: grouped-query attention with that many
+key/value heads, a divisor of the heads; default one per head, as nanochat
+trains).
 
 This is the model and optimiser of nanochat's first release
 (``karpathy/nanochat`` 3a5e0bc; :func:`laplax.config.defaults.nanochat_options`
@@ -79,7 +82,7 @@ def get_config(arg=None):
   Raises:
     ValueError: an unknown ``recipe``, or ``depth`` without the fork's recipe.
   """
-  a = parse_arg(arg, laplacian=5, spectral=False, recipe="default", depth=20)
+  a = parse_arg(arg, laplacian=5, spectral=False, recipe="default", depth=20, kv_heads=None)
   if a.recipe not in ("default", "nanochat-fork"):
     raise ValueError(f"recipe={a.recipe!r} is unknown; use default or nanochat-fork")
   if a.recipe == "default" and a.depth != 20:
@@ -108,6 +111,7 @@ def get_config(arg=None):
   # two such arrays in the step) never formed (docs/scale-out.md).
   m.loss_chunk = 256
   m.num_laplacian_heads = a.laplacian
+  m.num_kv_heads = a.kv_heads
   m.spectral.enabled = a.spectral
   if a.recipe == "nanochat-fork":
     m.depth = a.depth

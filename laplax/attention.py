@@ -246,11 +246,15 @@ class ProjectionDense(nn.Module):
 
   Attributes:
     features: output dimension (``num_heads * head_dim``).
-    num_heads: column blocks for the ``"per_head"`` correction.
+    num_heads: column blocks for the ``"per_head"`` correction (the
+      key/value heads for ``W_K, W_V``).
     spectral_lam: ``lambda``; ``None`` disables the correction.
     spectral_mode: one of :data:`laplax.spectral.MODES`.
     spectral_target: ``"q"``, ``"k"`` or ``"v"``: which projection this is
       (the slice of the ``"fused"`` identity it gets).
+    query_columns: the columns of ``W_Q`` where they differ from
+      ``features`` (grouped-query ``W_K, W_V``; the ``"fused"`` offset,
+      :func:`laplax.spectral.correction`); ``None``: ``features``.
     axes: logical axis names of the kernel ``(in, out)`` (the bias has the
       second); see :mod:`laplax.sharding`.
   """
@@ -261,6 +265,7 @@ class ProjectionDense(nn.Module):
   spectral_lam: float | None = None
   spectral_mode: str = spectral.DEFAULT_MODE
   spectral_target: str = "q"
+  query_columns: int | None = None
   dtype: Any = None
   kernel_init: Callable = nn.initializers.xavier_uniform()
   axes: tuple[str | None, str | None] = ("embed", "heads")
@@ -299,6 +304,7 @@ class ProjectionDense(nn.Module):
         mode=self.spectral_mode,
         num_heads=self.num_heads,
         target=self.spectral_target,
+        query_columns=self.query_columns,
         dtype=dtype,
       )
     else:
@@ -333,12 +339,19 @@ def _check_settings(mha: MultiHeadAttention, model_dim: int) -> None:
   would refuse, checked for direct use (a plain function: Flax wraps methods).
 
   Raises:
-    ValueError: ``num_heads`` < 1, ``spectral_targets`` (with spectral
-      conditioning on) not distinct letters of ``"qkv"``, an unknown ``qk_norm_type``, or ``rope`` with an odd
-      head dimension; the message names the setting and the fix.
+    ValueError: ``num_heads`` < 1, ``num_kv_heads`` not dividing it,
+      ``spectral_targets`` (with spectral conditioning on) not distinct letters
+      of ``"qkv"``, an unknown ``qk_norm_type``, or ``rope`` with an odd head
+      dimension; the message names the setting and the fix.
   """
   if mha.num_heads < 1:
     raise ValueError(f"num_heads={mha.num_heads!r} must be an integer >= 1")
+  kv = mha.num_kv_heads
+  if kv is not None and not (isinstance(kv, int) and kv >= 1 and mha.num_heads % kv == 0):
+    raise ValueError(
+      f"num_kv_heads={kv!r} must divide num_heads={mha.num_heads} (each key/value head "
+      f"serves num_heads / num_kv_heads query heads); use a divisor or None"
+    )
   targets = mha.spectral_targets
   if mha.spectral_lam and (
     not targets
@@ -363,27 +376,30 @@ def _check_settings(mha: MultiHeadAttention, model_dim: int) -> None:
 
 
 def _project_qkv(mha: MultiHeadAttention, x: jax.Array, head_dim: int, dtype: Any):
-  """q, k, v ``[batch, length, num_heads, head_dim]`` of :class:`MultiHeadAttention`
-  ``mha`` (a plain function called from its compact ``__call__``, so the
-  three ``ProjectionDense`` are its submodules ``query``, ``key``, ``value``)."""
+  """q ``[batch, length, num_heads, head_dim]``, k and v ``[batch, length,
+  num_kv_heads, head_dim]`` of :class:`MultiHeadAttention` ``mha`` (a plain
+  function called from its compact ``__call__``, so the three
+  ``ProjectionDense`` are its submodules ``query``, ``key``, ``value``)."""
   model_dim = x.shape[-1]
+  heads_of = {"q": mha.num_heads, "k": mha.kv_heads, "v": mha.kv_heads}
 
   def projection(name, target):
     lam = mha.spectral_lam if target in mha.spectral_targets else None
     return ProjectionDense(
-      mha.num_heads * head_dim,
-      num_heads=mha.num_heads,
+      heads_of[target] * head_dim,
+      num_heads=heads_of[target],
       use_bias=mha.use_bias,
       spectral_lam=lam,
       spectral_mode=mha.spectral_mode,
       spectral_target=target,
+      query_columns=mha.num_heads * head_dim,
       dtype=mha.dtype,
       kernel_init=mha.kernel_init,
       name=name,
     )
 
-  def heads(y):
-    y = y.reshape(*x.shape[:-1], mha.num_heads, head_dim)
+  def heads(y, target):
+    y = y.reshape(*x.shape[:-1], heads_of[target], head_dim)
     return nn.with_logical_constraint(y, HEADS_AXES)
 
   names = (("query", "q"), ("key", "k"), ("value", "v"))
@@ -393,23 +409,35 @@ def _project_qkv(mha: MultiHeadAttention, x: jax.Array, head_dim: int, dtype: An
     # (a new axis, so a "heads"-sharded kernel stays sharded), the same
     # parameters and products as three ProjectionDense calls (in float32 a
     # corrected one multiplies by W + C, spectral.project's float32 form).
-    weights = [projection(n, t).weights(model_dim) for n, t in names]
+    # With grouped-query attention k and v are narrower than q: q alone, then
+    # k and v stacked.
+    layers = {t: projection(n, t) for n, t in names}
+    weights = {t: layers[t].weights(model_dim) for _, t in names}
+    groups = ["qkv"] if mha.kv_heads == mha.num_heads else ["q", "kv"]
+    out = {}
     with jax.named_scope("qkv"):  # the ops' name in profiles (bench/profile_step.py)
-      kernels = [
-        spectral.conditioned(
-          w, lam=mha.spectral_lam, mode=mha.spectral_mode, num_heads=mha.num_heads, target=t
-        )
-        if mha.spectral_lam is not None and t in mha.spectral_targets
-        else w
-        for (w, _), (_, t) in zip(weights, names)
-      ]
-      kernel = jnp.stack(kernels, axis=1).astype(dtype)
-      y = jnp.einsum("...i,itf->...tf", x.astype(dtype), kernel)
-      if mha.use_bias:
-        y = y + jnp.stack([b for _, b in weights]).astype(dtype)
-      q, k, v = (heads(y[..., i, :]) for i in range(3))
+      for group in groups:
+        kernels = [
+          spectral.conditioned(
+            weights[t][0],
+            lam=mha.spectral_lam,
+            mode=mha.spectral_mode,
+            num_heads=heads_of[t],
+            target=t,
+            query_columns=layers[t].query_columns,
+          )
+          if mha.spectral_lam is not None and t in mha.spectral_targets
+          else weights[t][0]
+          for t in group
+        ]
+        kernel = jnp.stack(kernels, axis=1).astype(dtype)
+        y = jnp.einsum("...i,itf->...tf", x.astype(dtype), kernel)
+        if mha.use_bias:
+          y = y + jnp.stack([weights[t][1] for t in group]).astype(dtype)
+        out.update({t: heads(y[..., i, :], t) for i, t in enumerate(group)})
+    q, k, v = out["q"], out["k"], out["v"]
   else:
-    q, k, v = (heads(projection(n, t)(x)) for n, t in names)
+    q, k, v = (heads(projection(n, t)(x), t) for n, t in names)
   return q, k, v
 
 
@@ -452,18 +480,25 @@ class MultiHeadAttention(nn.Module):
   """Self-attention with Laplacian heads and spectrally conditioned projections.
 
   Input ``x [batch, length, model_dim]`` -> output ``[batch, length, model_dim]``.
-  ``W_Q, W_K, W_V`` are ``[model_dim, num_heads * head_dim]`` (plus the fixed
-  correction ``C`` when ``spectral_lam`` is set), ``W_O`` is
-  ``[num_heads * head_dim, model_dim]`` and is never corrected. q, k and v
-  come from one matmul with the three (effective) kernels stacked
-  (``[model_dim, 3, num_heads * head_dim]``), the parameters staying three
-  ``ProjectionDense`` trees; spectral conditioning below float32 runs them
-  apart (each adds its ``x C`` in float32), and so does analysis (a mutable
-  ``"intermediates"`` collection), so that ``capture_intermediates`` records
-  each projection's output.
+  ``W_Q`` is ``[model_dim, num_heads * head_dim]``, ``W_K, W_V`` ``[model_dim,
+  kv_heads * head_dim]`` (plus the fixed correction ``C`` when
+  ``spectral_lam`` is set), ``W_O`` is ``[num_heads * head_dim, model_dim]``
+  and is never corrected. q, k and v come from one matmul with the three
+  (effective) kernels stacked (``[model_dim, 3, num_heads * head_dim]``; under
+  grouped-query attention q alone and k, v stacked), the parameters staying
+  three ``ProjectionDense`` trees; spectral conditioning below float32 runs
+  them apart (each adds its ``x C`` in float32), and so does analysis (a
+  mutable ``"intermediates"`` collection), so that ``capture_intermediates``
+  records each projection's output.
+
+  Grouped-query attention (Ainslie et al. 2023; nanochat/gpt.py's
+  ``n_kv_head``): query head ``h`` attends with key/value head ``h //
+  (num_heads / kv_heads)``, and a Laplacian head subtracts that head's ``v``
+  (the repeat of :func:`laplax.kernels.common.repeat_kv`, nanochat's
+  ``repeat_interleave``).
 
   With ``decode=True`` the keys and values are appended to a KV cache (the
-  ``"cache"`` collection, ``[batch, max_length, heads, head_dim]``, created by
+  ``"cache"`` collection, ``[batch, max_length, kv_heads, head_dim]``, created by
   an ``init`` with ``decode=True`` on a ``[batch, max_length, model_dim]``
   input); the chunk attends causally to everything cached so far and the
   Laplacian heads use the chunk's own values, so the result equals the full
@@ -478,7 +513,9 @@ class MultiHeadAttention(nn.Module):
   training and evaluation are unchanged.
 
   Attributes:
-    num_heads: attention heads.
+    num_heads: attention (query) heads.
+    num_kv_heads: key/value heads, a divisor of ``num_heads`` (grouped-query
+      attention); ``None``: ``num_heads``. :attr:`kv_heads` is the number.
     head_dim: per-head dimension; default ``model_dim // num_heads``.
     num_laplacian_heads: the last ``k`` heads use ``I - P``.
     laplacian_mask: explicit per-head booleans (overrides the count).
@@ -530,6 +567,7 @@ class MultiHeadAttention(nn.Module):
   """
 
   num_heads: int
+  num_kv_heads: int | None = None
   head_dim: int | None = None
   num_laplacian_heads: int = 0
   laplacian_mask: Sequence[bool] | None = None
@@ -558,6 +596,11 @@ class MultiHeadAttention(nn.Module):
   conv_kernel_size: int | None = None
   window: int | None = None
 
+  @property
+  def kv_heads(self) -> int:
+    """Key/value heads: ``num_kv_heads``, or ``num_heads`` when it is ``None``."""
+    return self.num_heads if self.num_kv_heads is None else self.num_kv_heads
+
   @nn.compact
   def __call__(
     self,
@@ -577,11 +620,12 @@ class MultiHeadAttention(nn.Module):
     per-layer input) overrides ``num_laplacian_heads`` / ``laplacian_mask``.
     ``bias`` (float, broadcastable to ``[batch, heads, length, length]``) is
     added to the logits (:func:`attend`; not with ``decode``).
-    ``value_embed`` ``[batch, length, num_heads * head_dim]`` (the fork's
+    ``value_embed`` ``[batch, length, kv_heads * head_dim]`` (the fork's
     value embedding of the tokens) is added to the values as ``v + 3
-    sigmoid(ve_gate(x[..., :12])) ve``, one gate per head (parameter
-    ``ve_gate/kernel [12, num_heads]``, U(0, 0.02); yuchongzhang/nanochat
-    1f70b557, nanochat/gpt.py ``CausalSelfAttention``), before the rotary.
+    sigmoid(ve_gate(x[..., :12])) ve``, one gate per key/value head
+    (parameter ``ve_gate/kernel [12, kv_heads]``, U(0, 0.02);
+    yuchongzhang/nanochat 1f70b557, nanochat/gpt.py ``CausalSelfAttention``),
+    before the rotary.
     """
     if bias is not None and decode:
       raise ValueError("an additive attention bias is not supported with decode=True")
@@ -621,13 +665,14 @@ class MultiHeadAttention(nn.Module):
     return nn.Dropout(self.dropout)(y, deterministic=deterministic)
 
   def _value_embed(self, x, v, value_embed, dtype):
-    """``v`` plus the fork's gated value embedding ``3 sigmoid(ve_gate(x[...,
-    :12])) value_embed`` (one gate per head, parameter ``ve_gate/kernel [12,
-    num_heads]``, U(0, 0.02)); ``v`` itself when ``value_embed`` is ``None``."""
+    """``v`` ``[batch, length, kv_heads, head_dim]`` plus the fork's gated value
+    embedding ``3 sigmoid(ve_gate(x[..., :12])) value_embed`` (one gate per
+    key/value head, parameter ``ve_gate/kernel [12, kv_heads]``, U(0, 0.02));
+    ``v`` itself when ``value_embed`` is ``None``."""
     if value_embed is None:
       return v
     gate = nn.Dense(
-      self.num_heads,
+      self.kv_heads,
       use_bias=False,
       dtype=dtype,
       kernel_init=sharding.logical_init(
@@ -641,9 +686,9 @@ class MultiHeadAttention(nn.Module):
 
   def _cache(self, k, v, dtype) -> dict:
     """The KV cache's variables ``key``, ``value`` (``[batch, max_length,
-    heads, head_dim]``) and ``index`` (int32, the next position), and
-    ``init``: whether this call creates them (an ``init``, which writes
-    nothing)."""
+    kv_heads, head_dim]``: the key/value heads only) and ``index`` (int32,
+    the next position), and ``init``: whether this call creates them (an
+    ``init``, which writes nothing)."""
     init = not self.has_variable("cache", "cached_key")
     return dict(
       init=init,

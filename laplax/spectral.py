@@ -6,7 +6,9 @@ The query, key and value projections compute ``x (W + C)`` with ``W [D, H * d]``
 * Theorem 3.8: ``C = lam * I_k`` (``lam = 10`` in the paper), laid out by ``mode``:
   ``"full"`` (default) ``lam * eye(D, H*d)``; ``"per_head"`` ``lam * eye(D, d)`` per
   head block; ``"fused"`` ``lam * eye(D, 3*H*d)`` on ``[W_Q | W_K | W_V]`` (timm's
-  fused ``qkv``; an inference, no code was released).
+  fused ``qkv``; an inference, no code was released). With grouped-query attention
+  ``W_K, W_V`` are ``[D, KV * d]`` and ``"fused"`` is ``lam * eye(D, (H + 2 KV) d)``
+  on the same concatenation (``query_columns``).
 * Theorem 3.5: ``"svd"``, ``C = sigma_max(W) U V^T`` from ``W = U S V^T``, so
   ``kappa(W + C) <= 2``; recomputed every forward pass under ``stop_gradient``.
 
@@ -71,18 +73,20 @@ def _shape(shape: Sequence[int], mode: str, num_heads: int, target: str) -> tupl
 
 
 def _identity_layout(
-  rows: int, cols: int, mode: str, num_heads: int, target: str
+  rows: int, cols: int, mode: str, num_heads: int, target: str, query_columns: int | None
 ) -> tuple[int, int, int]:
   """``(offset, width, repeats)`` of an identity correction.
 
   Column ``c`` of each of ``repeats`` groups of ``width`` has ``lam`` at row ``offset +
-  (c mod width)`` when it exists (``"fused"``: offset ``j * cols`` for the ``j``-th of
-  ``q, k, v``).
+  (c mod width)`` when it exists (``"fused"``: the columns of ``[W_Q | W_K | W_V]``
+  before ``target``'s, ``0``, ``Fq`` or ``Fq + cols`` with ``Fq = query_columns``,
+  default ``cols``).
   """
   if mode == "per_head":
     return 0, cols // num_heads, num_heads
   if mode == "fused":
-    return TARGETS.index(target) * cols, cols, 1
+    fq = cols if query_columns is None else query_columns
+    return {"q": 0, "k": fq, "v": fq + cols}[target], cols, 1
   return 0, cols, 1
 
 
@@ -94,18 +98,25 @@ def correction(
   num_heads: int = 1,
   kernel: jax.Array | None = None,
   target: str = "q",
+  query_columns: int | None = None,
 ) -> jax.Array:
   """The fixed correction ``C`` added to one projection kernel.
 
   With ``W [D, F]``, ``F = num_heads * d``: ``"full"`` ``lam * eye(D, F)``;
   ``"per_head"`` ``lam * [eye(D, d)] * num_heads``; ``"fused"`` columns ``j*F ..
   j*F + F - 1`` of ``lam * eye(D, 3F)`` for the ``j``-th of ``target``; ``"svd"``
-  ``sigma_max(W) U V^T`` (``lam`` ignored; ``kernel`` required).
+  ``sigma_max(W) U V^T`` (``lam`` ignored; ``kernel`` required). Under
+  grouped-query attention (``W_K, W_V`` of ``F`` columns, ``W_Q`` of ``Fq``)
+  ``"fused"`` is ``target``'s columns of ``lam * eye(D, Fq + 2F)`` on ``[W_Q |
+  W_K | W_V]``: from ``Fq`` for ``"k"``, from ``Fq + F`` for ``"v"``.
 
   Args:
     shape: ``(D, num_heads * head_dim)``; lam: ``lambda`` (Theorem 3.8).
-    mode: one of :data:`MODES`; num_heads: column blocks for ``"per_head"``.
+    mode: one of :data:`MODES`; num_heads: column blocks for ``"per_head"``
+      (the key/value heads for ``W_K, W_V`` under grouped-query attention).
     kernel: ``W`` (``"svd"`` only); target: ``"q"``, ``"k"`` or ``"v"`` (``"fused"`` only).
+    query_columns: ``Fq``, the columns of ``W_Q`` when they differ from this
+      kernel's (``"fused"`` only; ``None``: ``F``).
 
   Returns:
     float32 array of ``shape``, with no gradient path to ``kernel``.
@@ -121,7 +132,7 @@ def correction(
     w = jax.lax.stop_gradient(jnp.asarray(kernel, jnp.float32))
     u, s, vt = jnp.linalg.svd(w, full_matrices=False)
     return (s[0] * u) @ vt
-  offset, width, repeats = _identity_layout(rows, cols, mode, num_heads, target)
+  offset, width, repeats = _identity_layout(rows, cols, mode, num_heads, target, query_columns)
   block = np.eye(rows, width, k=-offset, dtype=np.float32)
   return jnp.asarray(lam * np.tile(block, (1, repeats)))
 
@@ -134,6 +145,7 @@ def identity_product(
   mode: str = DEFAULT_MODE,
   num_heads: int = 1,
   target: str = "q",
+  query_columns: int | None = None,
 ) -> jax.Array:
   """``x C`` of an identity correction without a matmul: ``lam`` times a padded slice of ``x``.
 
@@ -148,7 +160,7 @@ def identity_product(
     raise ValueError("identity_product needs an identity mode, not 'svd'")
   if x.shape[-1] != rows:
     raise ValueError(f"x has {x.shape[-1]} features but the kernel has {rows} rows")
-  offset, width, repeats = _identity_layout(rows, cols, mode, num_heads, target)
+  offset, width, repeats = _identity_layout(rows, cols, mode, num_heads, target, query_columns)
   part = x[..., offset : min(rows, offset + width)].astype(jnp.float32)
   pad = width - part.shape[-1]
   if pad:
@@ -166,6 +178,7 @@ def project(
   mode: str = DEFAULT_MODE,
   num_heads: int = 1,
   target: str = "q",
+  query_columns: int | None = None,
   dtype: Any = None,
 ) -> jax.Array:
   """``x (W + C)``, exact at every compute dtype (``x W + x C`` below float32).
@@ -184,17 +197,36 @@ def project(
     # tensor CPU mesh in the "full" layout -- tests/train/test_sharding.py -- while
     # this form is exact there; the low-precision path is not yet checked on
     # tensor-parallel meshes.)
-    kernel = conditioned(kernel, lam=lam, mode=mode, num_heads=num_heads, target=target)
+    kernel = conditioned(
+      kernel,
+      lam=lam,
+      mode=mode,
+      num_heads=num_heads,
+      target=target,
+      query_columns=query_columns,
+    )
     y = jnp.dot(x.astype(dtype), kernel.astype(dtype))
     return y.astype(jnp.float32)
   y = jnp.dot(x.astype(dtype), kernel.astype(dtype), preferred_element_type=jnp.float32)
   return y + identity_product(
-    x, kernel.shape, lam=lam, mode=mode, num_heads=num_heads, target=target
+    x,
+    kernel.shape,
+    lam=lam,
+    mode=mode,
+    num_heads=num_heads,
+    target=target,
+    query_columns=query_columns,
   )
 
 
 def conditioned(
-  kernel: jax.Array, *, lam: float, mode: str = DEFAULT_MODE, num_heads: int = 1, target: str = "q"
+  kernel: jax.Array,
+  *,
+  lam: float,
+  mode: str = DEFAULT_MODE,
+  num_heads: int = 1,
+  target: str = "q",
+  query_columns: int | None = None,
 ) -> jax.Array:
   """The effective kernel ``W + C`` (shape and dtype of ``kernel``), for analysis and tests.
 
@@ -208,6 +240,7 @@ def conditioned(
     num_heads=num_heads,
     kernel=kernel if mode == "svd" else None,
     target=target,
+    query_columns=query_columns,
   )
   return (kernel + c.astype(kernel.dtype)).astype(kernel.dtype)
 

@@ -473,14 +473,22 @@ def run_analysis(
 
   Raises:
     AnalysisError: ``batches`` without a real example, layers the model does
-      not have, ``batch_size < 1``, or a model whose layers differ in heads
-      (a Swin: not analysed). Errors of ``target.loss_fn`` propagate.
+      not have, ``batch_size < 1``, a model whose layers differ in heads
+      (a Swin: not analysed), or grouped-query attention (fewer key/value
+      heads than heads: the per-head sections cut ``W_K, W_V`` into query
+      heads). Errors of ``target.loss_fn`` propagate.
   """
   model = target.model
   if len(set(model.spec.layer_heads())) > 1:
     raise AnalysisError(
       f"the analysis takes models with the same heads in every layer; this "
       f"{type(model).__name__}'s layers have {sorted(set(model.spec.layer_heads()))} heads"
+    )
+  if model.spec.kv_heads != model.spec.num_heads:
+    raise AnalysisError(
+      f"the analysis takes one key/value head per head; this model has "
+      f"model.num_kv_heads={model.spec.kv_heads} for {model.spec.num_heads} heads "
+      f"(grouped-query attention is not analysed)"
     )
   if batch_size < 1:
     raise AnalysisError(f"batch_size must be >= 1, got {batch_size}")

@@ -11,7 +11,8 @@ the same base directory (a pickled ``tiktoken.Encoding``). The state dict
 ``nn.Linear`` weights without biases::
 
     transformer.wte.weight            [V, d]   (bfloat16)
-    transformer.h.{i}.attn.c_q.weight [d, d]   (c_k, c_v, c_proj alike)
+    transformer.h.{i}.attn.c_q.weight [d, d]   (c_proj alike)
+    transformer.h.{i}.attn.c_k.weight [n_kv_head * hd, d]   (c_v alike)
     transformer.h.{i}.mlp.c_fc.weight [4d, d]
     transformer.h.{i}.mlp.c_proj.weight [d, 4d]
     lm_head.weight                    [V, d]
@@ -19,7 +20,10 @@ the same base directory (a pickled ``tiktoken.Encoding``). The state dict
 Each maps to the transposed laplax kernel (``block{i}/attention/query/kernel
 [d, d]``, ``mlp/fc1``, ``mlp/fc2``, ``attention/out``, ``lm_head/kernel [d,
 V]``) and ``wte`` to ``token_embedding/embedding`` as it is: no value changes,
-so laplax -> nanochat -> laplax is bitwise. The model keys come from
+so laplax -> nanochat -> laplax is bitwise. ``hd = d / n_head``; fewer
+key/value heads than query heads (``n_kv_head`` dividing ``n_head``,
+grouped-query attention, nanochat's ``repeat_kv``) become the GPT's
+``model.num_kv_heads``. The model keys come from
 ``model_config`` plus :func:`laplax.config.defaults.nanochat_options` (the
 forward nanochat computes); the Laplacian heads are the authors'
 ``laplacian_heads`` (an int, or one count per layer: the last ``k`` heads of
@@ -33,15 +37,14 @@ same two files with more ``model_config`` keys (``use_ve``,
 some gets the fork's patch for older files, ``window_pattern="L"`` and every
 ``use_*`` True) and more tensors (its nanochat/gpt.py): the vocabulary padded
 to a multiple of 64 in ``wte``, ``lm_head`` and ``value_embeds.{i}.weight
-[Vpad, d]`` (layers with a value embedding), ``transformer.h.{i}.attn.
-ve_gate.weight [n_head, 12]``, ``resid_lambdas [L]``, ``x0_lambdas [L]``,
+[Vpad, n_kv_head * hd]`` (layers with a value embedding), ``transformer.h.{i}.attn.
+ve_gate.weight [n_kv_head, 12]``, ``resid_lambdas [L]``, ``x0_lambdas [L]``,
 ``smear_gate.weight [1, 24]``, ``smear_lambda [1]``, ``backout_lambda [1]``.
 They map to :func:`laplax.config.defaults.nanochat_fork_model` with the
 switches of ``model_config`` (``value_embed{i}/embedding``,
-``block{i}/attention/ve_gate/kernel [12, n_head]``, ``smear_gate/kernel [24,
+``block{i}/attention/ve_gate/kernel [12, n_kv_head]``, ``smear_gate/kernel [24,
 1]``, the scalars by their names), values unchanged; ``--to nanochat`` of
 such a model writes the fork's files (all 13 ``model_config`` keys).
-Grouped-query attention (``n_kv_head < n_head``) is refused.
 
 Files from elsewhere are untrusted: the state dict is read with
 ``torch.load(weights_only=True)``, and ``tokenizer.pkl`` with
@@ -178,22 +181,23 @@ def nanochat_shapes(mc: Mapping) -> dict[str, tuple[int, ...]]:
   """``{state_dict name: shape}`` of nanochat's GPT with ``model_config`` ``mc``
   (the fork's, padded vocabulary and extra tensors, when :func:`is_fork`)."""
   d, v, depth = mc["n_embd"], mc["vocab_size"], mc["n_layer"]
+  kv = mc["n_kv_head"] * (d // mc["n_head"])  # the key/value heads' columns
   fork = is_fork(mc)
   if fork:
     v = -(-v // FORK_VOCAB_MULTIPLE) * FORK_VOCAB_MULTIPLE
   out = {PREFIX + "wte.weight": (v, d)}
   for i in range(depth):
     h = f"{PREFIX}h.{i}."
-    for name in ("attn.c_q", "attn.c_k", "attn.c_v", "attn.c_proj"):
-      out[f"{h}{name}.weight"] = (d, d)
+    for name, rows in (("c_q", d), ("c_k", kv), ("c_v", kv), ("c_proj", d)):
+      out[f"{h}attn.{name}.weight"] = (rows, d)
     if has_value_embed(mc, i):
-      out[f"{h}attn.ve_gate.weight"] = (mc["n_head"], 12)
+      out[f"{h}attn.ve_gate.weight"] = (mc["n_kv_head"], 12)
     out[f"{h}mlp.c_fc.weight"], out[f"{h}mlp.c_proj.weight"] = (4 * d, d), (d, 4 * d)
   out["lm_head.weight"] = (v, d)
   if fork:
     for i in range(depth):
       if has_value_embed(mc, i):
-        out[f"value_embeds.{i}.weight"] = (v, d)
+        out[f"value_embeds.{i}.weight"] = (v, kv)
     if mc.get("use_resid_lambdas"):
       out["resid_lambdas"] = (depth,)
     if mc.get("use_x0"):
@@ -295,7 +299,7 @@ def read_meta(path: str) -> dict:
 
   Raises:
     ConvertError: missing or not JSON, a size that is not a positive integer,
-      grouped-query attention (``n_kv_head != n_head``), a width that is not
+      ``n_kv_head`` that does not divide ``n_head``, a width that is not
       a multiple of the heads with an even head size, bad ``laplacian_heads``,
       or a key of a later nanochat that laplax has not (value embeddings,
       windows, ...).
@@ -331,10 +335,10 @@ def read_meta(path: str) -> dict:
         f"{path}: model_config window_pattern={pattern!r} must be letters S and L, e.g. 'SSSL'"
       )
     mc["window_pattern"] = pattern.upper()
-  if mc["n_kv_head"] != mc["n_head"]:
+  if mc["n_head"] % mc["n_kv_head"]:
     raise ConvertError(
-      f"{path}: n_kv_head={mc['n_kv_head']} differs from n_head="
-      f"{mc['n_head']}; laplax's GPT has no grouped-query attention"
+      f"{path}: n_kv_head={mc['n_kv_head']} must divide n_head={mc['n_head']} "
+      f"(grouped-query attention shares each key/value head among n_head / n_kv_head heads)"
     )
   if mc["n_embd"] % mc["n_head"] or (mc["n_embd"] // mc["n_head"]) % 2:
     raise ConvertError(
@@ -401,7 +405,8 @@ def laplax_config(
 ) -> ml_collections.ConfigDict:
   """A copy of ``config`` (an lm config) with nanochat's model of ``mc``:
   :func:`~laplax.config.defaults.nanochat_options`, the sizes, context
-  ``sequence_len``, ``data.vocab_size``, the Laplacian heads of
+  ``sequence_len``, the key/value heads ``n_kv_head`` (``model.num_kv_heads``,
+  ``None`` when it is ``n_head``), ``data.vocab_size``, the Laplacian heads of
   ``laplacian_heads`` and ``embedding_dtype`` (the file's ``wte`` dtype)
   unless the command line sets them (``given``). ``data.tokenizer`` becomes
   ``"nanochat"``: ``train.py`` and ``eval.py`` then read the workdir's
@@ -427,6 +432,7 @@ def laplax_config(
     m.name = "gpt"
     m.width, m.depth, m.num_heads = mc["n_embd"], mc["n_layer"], mc["n_head"]
     m.mlp_dim, m.max_length = 4 * mc["n_embd"], mc["sequence_len"]
+    m.num_kv_heads = None if mc["n_kv_head"] == mc["n_head"] else mc["n_kv_head"]
     m.layerscale_init = None
     defaults.nanochat_options(config)
     if not (is_given("num_laplacian_heads") or is_given("laplacian_mask")):
@@ -627,7 +633,7 @@ def convert_to_nanochat(workdir: str, out_dir: str) -> None:
     "vocab_size": vocab_size,
     "n_layer": spec.depth,
     "n_head": spec.num_heads,
-    "n_kv_head": spec.num_heads,
+    "n_kv_head": spec.kv_heads,
     "n_embd": spec.width,
   }
   if _fork_model(spec, vocab_size):

@@ -5,8 +5,9 @@ GELU (or ReLU^2) MLP, LayerNorm (or parameter-free RMSNorm, optionally also
 after the token embedding: the options of the Laplacian authors' nanochat,
 ``configs/gpt_d20.py``), optional qk-norm and weight tying, residual output projections
 initialised with std ``0.02 / sqrt(2 * num_layers)`` (or nanochat's
-initialisation, ``model.kernel_init="nanochat"``), an optional logit soft-cap
-``c tanh(logits / c)``; with ``targets`` the model returns the per-token
+initialisation, ``model.kernel_init="nanochat"``), optional grouped-query
+attention (``model.num_kv_heads`` key/value heads shared by the query heads,
+nanochat's ``n_kv_head``), an optional logit soft-cap ``c tanh(logits / c)``; with ``targets`` the model returns the per-token
 cross-entropy instead of the logits, computed ``model.loss_chunk`` positions at
 a time when that is set (:func:`token_losses`). Laplacian heads take the
 causal form ``v_t - sum_{j<=t} p_tj v_j`` (token 0's output is exactly 0) and
@@ -22,7 +23,8 @@ vocabulary may be padded (``vocab_multiple``, logits cut back).
 Incremental decoding: ``init`` with ``decode=True`` on a ``[batch,
 max_length]`` input creates the KV cache (``"cache"`` collection); then
 ``apply(..., decode=True, mutable=["cache"])`` on successive chunks returns
-the same logits as the full forward pass.
+the same logits as the full forward pass; the cache holds the key/value
+heads only (``[batch, max_length, kv_heads, head_dim]`` per layer).
 """
 
 from __future__ import annotations
@@ -107,7 +109,7 @@ def fork_trunk(module: nn.Module, x, tokens, spec: GPTSpec, vocab: int, call: di
     if has_value_embed(spec, i):
       ve = nn.Embed(
         vocab,
-        spec.width,
+        spec.kv_heads * spec.head_dim,
         name=f"value_embed{i}",
         param_dtype=jnp.dtype(spec.embedding_dtype),
         embedding_init=sharding.logical_init(ve_init, ("vocab", "embed")),

@@ -225,8 +225,9 @@ def attention_module(
 
   The one place where a model spec becomes attention attributes:
   ``spec.attention`` (heads, qk-norm, attention dropout, kernel, rotary,
-  Laplacian mix, spectral conditioning) plus the model-level dropout, biases,
-  compute dtype and initialisers. ``overrides`` replace attributes (the
+  Laplacian mix, spectral conditioning) plus the model-level key/value heads
+  (a GPT's ``num_kv_heads``; ``None`` where there is one per head), dropout,
+  biases, compute dtype and initialisers. ``overrides`` replace attributes (the
   analysis rebuilds a block with ``implementation="reference"`` and float32
   compute); ``laplacian_mask`` is the layer's tuple of ``num_heads`` booleans.
   """
@@ -234,6 +235,7 @@ def attention_module(
   kwargs = dict(
     spec.attention.module_kwargs(),
     laplacian_mask=laplacian_mask,
+    num_kv_heads=None if spec.kv_heads == spec.num_heads else spec.kv_heads,
     dropout=spec.dropout,
     use_bias=spec.use_bias,
     dtype=spec.compute_dtype(),

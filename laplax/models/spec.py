@@ -42,7 +42,7 @@ import numpy as np
 from laplax import attention, spectral
 from laplax.errors import UserError
 from laplax.kernels import nystrom, splash
-from laplax.models.support import ANY, EXPORTS, FORCE, Rule, everywhere
+from laplax.models.support import ANY, CONVERT_TARGETS, EXPORTS, FORCE, Rule, everywhere
 
 DTYPES = ("float32", "bfloat16")
 # Rematerialisation of each block (``model.remat``): name -> jax.checkpoint
@@ -225,6 +225,11 @@ class SpectralSpec(_Checked):
     object.__setattr__(self, "targets", spectral.check_targets(self.targets))
 
 
+# ``convert`` support of the laplax methods (Laplacian heads, their mix, spectral
+# conditioning) in the exports other than nanochat: written only with --force.
+_LAPLAX_ONLY = {t: FORCE for t in EXPORTS if t != "nanochat"}
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class AttentionSpec(_Checked):
   """Settings every layer's :class:`~laplax.attention.MultiHeadAttention` shares.
@@ -291,15 +296,7 @@ class AttentionSpec(_Checked):
     "fixed",
     "choice",
     choices=attention.LAPLACIAN_MIXES,
-    convert={
-      "timm": FORCE,
-      "timm-swin": FORCE,
-      "timm-davit": FORCE,
-      "timm-xcit": FORCE,
-      "hf-gpt2": FORCE,
-      "hf-bert": FORCE,
-      "hf-nystromformer": FORCE,
-    },
+    convert=_LAPLAX_ONLY,
     source=True,
   )
   spectral: SpectralSpec | None = dataclasses.field(
@@ -308,15 +305,7 @@ class AttentionSpec(_Checked):
       "key": "spectral.enabled",
       "source": {"spectral.enabled": False},
       "show": lambda v: repr(v is not None),
-      "convert": {
-        "timm": FORCE,
-        "timm-swin": FORCE,
-        "timm-davit": FORCE,
-        "timm-xcit": FORCE,
-        "hf-gpt2": FORCE,
-        "hf-bert": FORCE,
-        "hf-nystromformer": FORCE,
-      },
+      "convert": _LAPLAX_ONLY,
     },
   )
 
@@ -370,6 +359,12 @@ class AttentionSpec(_Checked):
       out["spectral_mode"] = self.spectral.mode
       out["spectral_targets"] = self.spectral.targets
     return out
+
+
+# ``convert`` support of ``num_kv_heads``: nanochat has grouped-query attention,
+# the other targets one key/value head per query head, however written.
+_ONE_KV_PER_HEAD = Rule(lambda v, spec: spec.kv_heads == spec.num_heads, "num_heads (or None)")
+_KV_HEADS_SUPPORT = dict(dict.fromkeys(CONVERT_TARGETS, _ONE_KV_PER_HEAD), nanochat=ANY)
 
 
 def _same_last_heads(laplacian, spec) -> bool:
@@ -436,13 +431,7 @@ class TransformerSpec(_Checked):
       "source": {"num_laplacian_heads": 0, "laplacian_mask": None},
       "show": lambda v: repr([list(row) for row in v]),
       "convert": {
-        "timm": FORCE,
-        "timm-swin": FORCE,
-        "timm-davit": FORCE,
-        "timm-xcit": FORCE,
-        "hf-gpt2": FORCE,
-        "hf-bert": FORCE,
-        "hf-nystromformer": FORCE,
+        **_LAPLAX_ONLY,
         "nanochat": ANY,
         "peer": Rule(_same_last_heads, "the same last k heads in every layer"),
       },
@@ -533,6 +522,11 @@ class TransformerSpec(_Checked):
   def head_dim(self) -> int:
     """``width // num_heads``."""
     return self.width // self.attention.num_heads
+
+  @property
+  def kv_heads(self) -> int:
+    """Key/value heads per layer: a GPT's ``num_kv_heads`` unless ``None``, else ``num_heads``."""
+    return getattr(self, "num_kv_heads", None) or self.attention.num_heads
 
   def layer_heads(self) -> tuple[int, ...]:
     """Heads of each layer (``num_heads`` in every one here; Swin's stages differ)."""
@@ -848,6 +842,12 @@ class GPTSpec(TransformerSpec):
 
   Attributes:
     max_length: context length in tokens.
+    num_kv_heads: key/value heads, a divisor of ``num_heads``: grouped-query
+      attention (Ainslie et al. 2023; nanochat/gpt.py's ``n_kv_head``, its
+      ``c_k, c_v`` of ``kv_heads * head_dim`` columns), query head ``h``
+      using key/value head ``h // (num_heads / num_kv_heads)``, a Laplacian
+      head that head's values; ``None``: ``num_heads`` (one per query head).
+      :attr:`kv_heads` is the number.
     posemb: ``"learn"`` (GPT-2) or ``"rope"`` (rotary on queries and keys).
     tie_embeddings: the output layer is the transposed token embedding.
     embed_norm: a ``norm`` of the token embedding before the first block
@@ -872,8 +872,8 @@ class GPTSpec(TransformerSpec):
     value_embeds: a value embedding table ``[vocab, width]`` on alternating
       layers, the last one included (layer ``i`` iff ``i % 2 == (depth - 1) %
       2``), added to the values as ``v + 3 sigmoid(ve_gate(x[..., :12])) ve``
-      with one gate per head (``ve_gate`` ``[12, num_heads]``, on the block's
-      normed input).
+      with one gate per key/value head (``ve_gate`` ``[12, kv_heads]``, on
+      the block's normed input); the table is ``[vocab, kv_heads * head_dim]``.
     resid_lambdas: a learned scalar per layer multiplying the residual stream
       before the block (initialised ``1.15 - 0.10 i / (depth - 1)``).
     x0_lambdas: a learned scalar per layer times the (normed, smeared)
@@ -898,6 +898,7 @@ class GPTSpec(TransformerSpec):
   """
 
   max_length: int = _field(128, "int", min=1, convert=everywhere())
+  num_kv_heads: int | None = _field(None, "int", optional=True, min=1, convert=_KV_HEADS_SUPPORT)
   posemb: str = _field(
     "learn", "choice", choices=("learn", "rope"), convert={"nanochat": ("rope",), "peer": ANY}
   )
@@ -921,6 +922,12 @@ class GPTSpec(TransformerSpec):
 
   def __post_init__(self):
     super().__post_init__()
+    if self.num_heads % self.kv_heads:
+      divisors = ", ".join(str(d) for d in range(1, self.num_heads + 1) if self.num_heads % d == 0)
+      raise SpecError(
+        f"model.num_kv_heads={self.num_kv_heads} must divide model.num_heads={self.num_heads} "
+        f"(key/value heads shared by the heads); use one of {divisors} or None"
+      )
     check_splash_lengths(self, (self.max_length,))
     if self.scan_layers and self.fork_trunk:
       raise SpecError(

@@ -623,6 +623,16 @@ def test_run_analysis_gpt_next_token_classes():
   assert summary.summary(a)["grad_q"] == [None]
 
 
+def test_grouped_query_attention_is_refused_in_one_line():
+  """The per-head sections would cut ``W_K, W_V`` into query heads: a GPT with
+  2 key/value heads for 4 heads is refused before anything runs."""
+  model = make_gpt(vocab_size=11, max_length=8, width=16, depth=1, num_heads=4, num_kv_heads=2)
+  target = report.Target(model, {}, "lm", vocab_size=11)
+  with pytest.raises(report.AnalysisError) as e:
+    report.run_analysis(target, [], layers=[0])
+  assert "model.num_kv_heads=2 for 4 heads" in str(e.value) and "\n" not in str(e.value)
+
+
 def test_parse_layers():
   assert report.parse_layers(None, 4) == [0, 1, 2, 3]
   assert report.parse_layers("3, 0,-1", 4) == [0, 3]

@@ -430,15 +430,21 @@ def test_laplacian_heads_wrong_mask_length(mask):
 # ----------------------------------------------------------- MultiHeadAttention
 
 
-def _np_mha(params, x, lap, *, causal=False, head_dim, num_heads):
+def _np_mha(
+  params, x, lap, *, causal=False, head_dim, num_heads, num_kv_heads=None, corrections=None
+):
+  """The layer in float64: ``x (W + C) + b`` per projection (``corrections``:
+  projection name -> ``C``, default none), ``num_kv_heads`` key/value heads."""
   p = jax.tree.map(lambda a: np.asarray(a, np.float64), params["params"])
   x = np.asarray(x, np.float64)
+  kv = num_heads if num_kv_heads is None else num_kv_heads
 
-  def proj(name):
-    y = x @ p[name]["kernel"] + p[name]["bias"]
-    return y.reshape(*x.shape[:-1], num_heads, head_dim)
+  def proj(name, heads):
+    y = x @ (p[name]["kernel"] + (corrections or {}).get(name, 0.0)) + p[name]["bias"]
+    return y.reshape(*x.shape[:-1], heads, head_dim)
 
-  y = np_attention(proj("query"), proj("key"), proj("value"), lap, causal=causal)
+  q, k, v = proj("query", num_heads), proj("key", kv), proj("value", kv)
+  y = np_attention(q, k, v, lap, causal=causal)
   y = y.reshape(*x.shape[:-1], num_heads * head_dim)
   return y @ p["out"]["kernel"] + p["out"]["bias"]
 
@@ -470,6 +476,63 @@ def test_multi_head_attention_matches_numpy(num_laplacian_heads, causal):
   lap = laplacian_heads(heads, num_laplacian_heads)
   want = _np_mha(params, x, lap, causal=causal, head_dim=head_dim, num_heads=heads)
   np.testing.assert_allclose(np.asarray(out), want, atol=1e-4, rtol=1e-5)
+
+
+def _np_identity(rows, cols, lam, mode, heads, offset):
+  """``lam I_k`` on a ``[rows, cols]`` kernel of ``heads`` column blocks, as
+  laplax.spectral defines the layouts: ``full`` ``lam eye(rows, cols)``;
+  ``per_head`` ``lam eye(rows, cols / heads)`` in each block; ``fused`` the
+  columns from ``offset`` of ``lam eye(rows, offset + cols)`` (the kernel's
+  place in ``[W_Q | W_K | W_V]``)."""
+  if mode == "full":
+    return lam * np.eye(rows, cols)
+  if mode == "per_head":
+    return np.tile(lam * np.eye(rows, cols // heads), (1, heads))
+  return (lam * np.eye(rows, offset + cols))[:, offset:]
+
+
+@pytest.mark.parametrize("mode", [None, "full", "per_head", "fused"])
+def test_grouped_query_attention_layer_with_spectral_conditioning_matches_numpy(mode):
+  """4 query heads of 4 over 2 key/value heads (``num_kv_heads=2``), model dim
+  32: ``W_K, W_V`` are ``[32, 8]``; conditioned, each projection is ``x (W +
+  C)`` with ``C`` of its own shape (``full``: ``lam eye(32, 8)`` for ``W_K,
+  W_V``; ``per_head``: one ``lam eye(32, 4)`` per key/value head; ``fused``:
+  ``W_K``'s columns 16-23 and ``W_V``'s 24-31 of ``lam eye(32, 32)``); query
+  head ``h`` attends with key/value head ``h // 2`` and a Laplacian head
+  subtracts its values. Float32 (q, then k and v stacked in one matmul) and
+  the analysis' separate projections (a mutable ``"intermediates"``) alike."""
+  dim, heads, kv, hd, lam = 32, 4, 2, 4, 0.7
+  lap = (False, True, True, False)  # one of each kind on each key/value head
+  mha = MultiHeadAttention(
+    num_heads=heads,
+    num_kv_heads=kv,
+    head_dim=hd,
+    laplacian_mask=lap,
+    spectral_lam=lam if mode else None,
+    spectral_mode=mode or "full",
+  )
+  x = jnp.asarray(np.random.default_rng(30).normal(size=(B, T, dim)), jnp.float32)
+  params = _random_params(mha, x, 31)
+  chex.assert_shape(params["params"]["key"]["kernel"], (dim, kv * hd))
+  corrections = {}
+  if mode:
+    fq, f = heads * hd, kv * hd
+    for name, n, offset in (("query", heads, 0), ("key", kv, fq), ("value", kv, fq + f)):
+      corrections[name] = _np_identity(dim, n * hd, lam, mode, n, offset)
+  want = _np_mha(
+    params,
+    x,
+    np.array(lap),
+    causal=True,
+    head_dim=hd,
+    num_heads=heads,
+    num_kv_heads=kv,
+    corrections=corrections,
+  )
+  out = mha.apply(params, x, is_causal=True)
+  apart, _ = mha.apply(params, x, is_causal=True, mutable=["intermediates"])
+  for got in (out, apart):
+    np.testing.assert_allclose(np.asarray(got), want, atol=1e-4, rtol=1e-5)
 
 
 def test_multi_head_attention_laplacian_mask_equals_count():
@@ -533,6 +596,7 @@ class AttendVariants(chex.TestCase):
     (dict(num_heads=4, spectral_lam=10.0, spectral_targets=""), "distinct letters of 'qkv'"),
     (dict(num_heads=4, qk_norm=True, qk_norm_type="bogus"), "qk_norm_type='bogus' is unknown"),
     (dict(num_heads=4, rope=True), "rope needs an even head dimension, got 15"),
+    (dict(num_heads=4, num_kv_heads=3), "num_kv_heads=3 must divide num_heads=4"),
   ],
 )
 def test_direct_use_refuses_settings_a_spec_would_refuse(settings, message):

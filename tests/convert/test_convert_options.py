@@ -149,6 +149,7 @@ CASES = [
   ("gpt", dict(embed_norm=True), "hf-gpt2", "embed_norm"),
   ("gpt", dict(layerscale_init=0.1), "hf-gpt2", "layerscale_init"),
   ("gpt", dict(logit_softcap=15.0), "hf-gpt2", "logit_softcap"),
+  ("gpt", dict(num_kv_heads=1), "hf-gpt2", "num_kv_heads"),
   (
     "gpt",
     dict(
@@ -158,6 +159,7 @@ CASES = [
       dropout=0.1,
       attention_dropout=0.1,
       num_laplacian_heads=2,
+      num_kv_heads=2,
     ),
     "hf-gpt2",
     None,
@@ -170,6 +172,7 @@ CASES = [
   ("vit", dict(laplacian_mask=[[True, False], [False, True]]), "peer", "laplacian_mask"),
   ("gpt", dict(logit_softcap=15.0), "peer", "logit_softcap"),
   ("gpt", dict(rope_style="nanochat", posemb="rope"), "peer", "rope_style"),
+  ("gpt", dict(num_kv_heads=1), "peer", "num_kv_heads"),
   (
     "gpt",
     dict(

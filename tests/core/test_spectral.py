@@ -438,6 +438,31 @@ def test_fused_is_a_third_of_the_fused_identity(rows, heads, head_dim, target):
   assert nonzero == {"q": True, "k": rows > cols, "v": rows > 2 * cols}
 
 
+@pytest.mark.parametrize("rows", [8, 20, 40])
+def test_fused_under_grouped_query_attention_is_the_concatenation_s_identity(rows):
+  """``W_Q`` of 16 columns, ``W_K, W_V`` of 8 (4 query heads, 2 key/value
+  heads of 4): the three ``"fused"`` corrections side by side are ``lam *
+  eye(D, 32)`` on ``[W_Q | W_K | W_V]`` (``W_K``'s from column 16, ``W_V``'s
+  from 24), and :func:`identity_product` is ``x C`` for each."""
+  fq, f = 16, 8
+  parts = [
+    np.asarray(
+      spectral.correction(
+        (rows, fq if t == "q" else f), lam=LAM, mode="fused", target=t, query_columns=fq
+      )
+    )
+    for t in "qkv"
+  ]
+  np.testing.assert_array_equal(np.concatenate(parts, 1), LAM * np.eye(rows, fq + 2 * f))
+  x = np.random.default_rng(43).normal(size=(2, 3, rows)).astype(np.float32)
+  for t, c in zip("qkv", parts):
+    got = spectral.identity_product(
+      jnp.asarray(x), c.shape, lam=LAM, mode="fused", target=t, query_columns=fq
+    )
+    np.testing.assert_allclose(np.asarray(got), x @ c, rtol=1e-6, atol=1e-6)
+  assert [bool(p.any()) for p in parts] == [True, rows > fq, rows > fq + f]
+
+
 def test_full_conditions_every_head_block_and_the_kernel():
   """``"full"``: each head block is lam times a row-permuted rectangular identity
   (so ``lam * I`` with distinct input rows per head); ``"per_head"`` puts every

@@ -8,6 +8,7 @@ import pytest
 
 from laplax import optim, tasks
 from laplax import state as state_lib
+from laplax.attention import MultiHeadAttention
 from laplax.models import sampling
 from laplax.models import spec as spec_lib
 from laplax.models.gpt import GPT
@@ -72,6 +73,75 @@ def test_causality(mix, spectral):
       oa[f"block{i}"]["sa"][:, : t + 1], ob[f"block{i}"]["sa"][:, : t + 1]
     )
   assert np.abs(la[:, t + 1 :] - lb[:, t + 1 :]).max() > 0
+
+
+# --------------------------------------------------- grouped-query attention
+
+
+def random_params(module, *args, seed=0, **kw):
+  """Parameters of ``module.init(key, *args, **kw)`` filled with NumPy normals
+  (std 0.5), shapes from ``eval_shape`` so that no initialiser is compiled."""
+  shapes = jax.eval_shape(lambda: module.init(jax.random.PRNGKey(0), *args, **kw))
+  rng = np.random.default_rng(seed)
+  return jax.tree_util.tree_map(
+    lambda s: jnp.asarray(0.5 * rng.normal(size=s.shape), s.dtype), shapes
+  )
+
+
+def test_one_key_value_head_per_head_is_the_model_without_num_kv_heads():
+  """``num_kv_heads == num_heads`` (Laplacian heads, rotary, spectral
+  conditioning): the same parameters and bitwise the same logits as the GPT
+  without the key, and so for the attention layer given it directly."""
+  kw = dict(posemb="rope", spectral_lam=10.0)
+  a, b = tiny(HEAD_MIXES["mixed"], **kw), tiny(HEAD_MIXES["mixed"], num_kv_heads=4, **kw)
+  tokens = jax.random.randint(jax.random.PRNGKey(4), (2, 10), 0, 40)
+  params = random_params(a, tokens)
+  chex.assert_trees_all_equal_shapes(params, random_params(b, tokens))
+  logits = lambda m: jax.jit(lambda p, t: m.apply(p, t)[0])(params, tokens)
+  chex.assert_trees_all_equal(logits(a), logits(b))
+  mha = MultiHeadAttention(num_heads=4, num_laplacian_heads=2, spectral_lam=10.0)
+  x = jax.random.normal(jax.random.PRNGKey(5), (2, 10, 16))
+  p = random_params(mha, x)
+  chex.assert_trees_all_equal_shapes(p, random_params(mha.clone(num_kv_heads=4), x))
+  out = lambda m: jax.jit(lambda p, x: m.apply(p, x, is_causal=True))(p, x)
+  chex.assert_trees_all_equal(out(mha), out(mha.clone(num_kv_heads=4)))
+
+
+@pytest.mark.parametrize("kv", [2, 1])
+def test_grouped_query_gpt_is_the_gpt_with_repeated_key_value_heads(kv):
+  """A GPT with ``kv`` key/value heads for 4 query heads (the fork's value
+  embeddings and gates, mixed Laplacian heads, rotary) computes what the GPT
+  with one per head computes when query head ``h``'s columns of ``W_K, W_V``
+  (biases, value-embedding table, gate) are those of key/value head ``h //
+  (4 / kv)`` (nanochat's ``repeat_interleave``); its KV cache holds ``kv``
+  heads."""
+  kw = dict(posemb="rope", value_embeds=True, use_bias=True)
+  gqa, mha = tiny((1, 3), num_kv_heads=kv, **kw), tiny((1, 3), **kw)
+  tokens = jax.random.randint(jax.random.PRNGKey(7), (2, 10), 0, 40)
+  params = random_params(gqa, tokens, seed=kv)
+  group = 4 // kv
+
+  def repeat(a):  # [..., kv * hd] -> [..., 4 * hd], head h from h // group
+    a = np.asarray(a)
+    if a.shape[-1] == kv:  # a gate: one column per key/value head
+      return np.repeat(a, group, axis=-1)
+    heads = a.reshape(*a.shape[:-1], kv, -1)
+    return np.repeat(heads, group, axis=-2).reshape(*a.shape[:-1], -1)
+
+  grouped = lambda path: any(
+    str(getattr(k, "key", "")) in ("key", "value", "ve_gate")
+    or str(getattr(k, "key", "")).startswith("value_embed")
+    for k in path
+  )
+  expanded = jax.tree_util.tree_map_with_path(
+    lambda path, a: repeat(a) if grouped(path) else a, params
+  )
+  chex.assert_trees_all_equal_shapes(expanded, random_params(mha, tokens))
+  got = jax.jit(lambda p, t: gqa.apply(p, t)[0])(params, tokens)
+  want = jax.jit(lambda p, t: mha.apply(p, t)[0])(expanded, tokens)
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * float(jnp.abs(want).max()))
+  cache = jax.eval_shape(lambda: gqa.init(jax.random.PRNGKey(0), tokens, decode=True))["cache"]
+  assert cache["block0"]["attention"]["cached_key"].shape == (2, 10, kv, 4)
 
 
 def test_laplacian_layer_output_at_token_zero_is_bias_only():

@@ -159,7 +159,7 @@ def test_defaults_unchanged_by_the_new_keys():
   )
   c = load("gpt_shakespeare")
   saved = c.to_dict()
-  for key in ("norm", "mlp_activation", "qk_norm_type", "qk_scale", "embed_norm"):
+  for key in ("norm", "mlp_activation", "qk_norm_type", "qk_scale", "embed_norm", "num_kv_heads"):
     del saved["model"][key]
   for key in ("optimizer", "muon_lr", "embedding_lr"):
     del saved["optim"][key]
@@ -173,6 +173,7 @@ def test_defaults_unchanged_by_the_new_keys():
     ("model.mlp_activation", "swish", "model.mlp_activation='swish'"),
     ("model.qk_norm_type", "l2", "model.qk_norm_type='l2'"),
     ("model.qk_scale", 0.0, "model.qk_scale=0.0"),
+    ("model.num_kv_heads", 3, "model.num_kv_heads=3 must divide model.num_heads=10"),
     ("optim.optimizer", "sgd", "optim.optimizer='sgd'"),
     ("optim.muon_lr", -1.0, "optim.muon_lr=-1.0"),
   ],

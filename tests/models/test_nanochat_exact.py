@@ -2,7 +2,9 @@
 
 The oracle is a PyTorch transcription of nanochat's forward written here from
 its definition (nanochat/gpt.py of the first release; the authors' Laplacian
-heads: the last ``k`` heads of a layer output ``v - A v``): RMSNorm with
+heads: the last ``k`` heads of a layer output ``v - A v``; ``n_kv_head``
+key/value heads repeated to the query heads by ``repeat_kv``, i.e.
+``repeat_interleave``, before both): RMSNorm with
 PyTorch's default eps, the embedding normalised, rotary by ``-theta`` with
 the float32-then-bfloat16 table and before the qk-norm, ReLU^2, the soft-cap
 ``15 tanh(logits / 15)``. A checkpoint directory (``model_<step>.pt``,
@@ -69,7 +71,7 @@ def _rotary_torch(length, head_dim, base=10_000):
 
 def torch_forward(sd, mc, idx):
   """nanochat's GPT forward (inference, no KV cache), float32, from ``sd``."""
-  d, heads, depth = mc["n_embd"], mc["n_head"], mc["n_layer"]
+  d, heads, depth, kv = mc["n_embd"], mc["n_head"], mc["n_layer"], mc["n_kv_head"]
   hd, (batch, length) = d // heads, idx.shape
   lap = mc.get("laplacian_heads", 0)
   counts = lap if isinstance(lap, list) else [lap] * depth
@@ -85,11 +87,11 @@ def torch_forward(sd, mc, idx):
   for i in range(depth):
     h = f"transformer.h.{i}."
     y = norm(x)
-    q, k, v = (
-      F.linear(y, w(f"{h}attn.c_{n}.weight")).view(batch, length, heads, hd) for n in "qkv"
-    )
+    q = F.linear(y, w(f"{h}attn.c_q.weight")).view(batch, length, heads, hd)
+    k, v = (F.linear(y, w(f"{h}attn.c_{n}.weight")).view(batch, length, kv, hd) for n in "kv")
     q, k = norm(rotate(q)), norm(rotate(k))
     q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    k, v = k.repeat_interleave(heads // kv, dim=1), v.repeat_interleave(heads // kv, dim=1)
     a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
     if counts[i]:  # the last k heads are Laplacian: v - A v
       split = heads - counts[i]
@@ -137,11 +139,18 @@ def _tokens(mc, seed=1):
   return np.random.default_rng(seed).integers(0, mc["vocab_size"], (2, mc["sequence_len"]))
 
 
-@pytest.mark.parametrize("laplacian_heads", [0, 2, [1, 3]])
+@pytest.mark.parametrize(
+  "laplacian_heads,n_kv_head",
+  [(0, 4), (2, 4), ([1, 3], 4), ([1, 3], 2)],
+  ids=["0", "2", "1-3", "1-3-gqa"],
+)
 def test_logits_equal_a_pytorch_nanochat_through_from_nanochat(
-  tmp_path, laplacian_heads, record_property
+  tmp_path, laplacian_heads, n_kv_head, record_property
 ):
-  mc = dict(SMALL, laplacian_heads=laplacian_heads) if laplacian_heads else dict(SMALL)
+  """``n_kv_head=2``: grouped-query attention, 2 key/value heads for 4 heads."""
+  mc = dict(SMALL, n_kv_head=n_kv_head)
+  if laplacian_heads:
+    mc["laplacian_heads"] = laplacian_heads
   sd = _state_dict(mc)
   model, params, spec, config = _from_nanochat(
     _checkpoint(tmp_path / "ckpt", mc, sd), tmp_path / "w"

@@ -4,11 +4,13 @@ The oracle is a PyTorch transcription of the fork's ``GPT.forward``
 (nanochat/gpt.py at that commit, inference without a KV cache): the
 embedding normed, the previous-token smear, per block ``resid_lambdas[i] x +
 x0_lambdas[i] x0``, value embeddings on alternating layers (the last
-included) added to ``v`` through ``3 sigmoid(ve_gate(x[..., :12]))``, rotary
-(base 100,000, ``-theta``, before the qk-norm), ``q, k`` x 1.2, causal
-attention with the sliding window of the layer (``SSSL``: query ``i`` sees
-key ``j`` iff ``0 <= i - j <= window``, nanochat's flash_attention.py
-fallback), the last ``k`` heads Laplacian (``v - A v``), ReLU^2, the backout
+included) added to ``v`` through ``3 sigmoid(ve_gate(x[..., :12]))`` (one
+gate per key/value head), rotary (base 100,000, ``-theta``, before the
+qk-norm), ``q, k`` x 1.2, grouped-query attention (``n_kv_head`` key/value
+heads ``repeat_interleave``'d to the query heads), causal attention with the
+sliding window of the layer (``SSSL``: query ``i`` sees key ``j`` iff ``0 <=
+i - j <= window``, nanochat's flash_attention.py fallback), the last ``k``
+heads Laplacian (``v - A v``, ``v`` the repeated values), ReLU^2, the backout
 of block ``n_layer // 2`` before the final norm, ``lm_head`` over the padded
 vocabulary cut back, the soft-cap 15. Every scalar, gate and table is random
 (none at its initial value), the windows are shorter than the sequence, and
@@ -71,7 +73,7 @@ def _torch():
 def fork_forward(sd, mc, idx):
   """The fork's GPT forward (no KV cache), float32, from its state dict ``sd``."""
   d, heads, depth, vocab = mc["n_embd"], mc["n_head"], mc["n_layer"], mc["vocab_size"]
-  hd, (batch, length) = d // heads, idx.shape
+  hd, (batch, length), kv = d // heads, idx.shape, mc["n_kv_head"]
   channels = torch.arange(0, hd, 2, dtype=torch.float32)
   angle = torch.outer(torch.arange(length, dtype=torch.float32), 1.0 / (100000 ** (channels / hd)))
   cos, sin = (t.bfloat16()[None, :, None, :] for t in (angle.cos(), angle.sin()))
@@ -99,15 +101,16 @@ def fork_forward(sd, mc, idx):
       x = x + w("x0_lambdas")[i] * x0
     h = f"transformer.h.{i}."
     y = norm(x)
-    q, k, v = (
-      F.linear(y, w(f"{h}attn.c_{n}.weight")).view(batch, length, heads, hd) for n in "qkv"
-    )
+    q = F.linear(y, w(f"{h}attn.c_q.weight")).view(batch, length, heads, hd)
+    k, v = (F.linear(y, w(f"{h}attn.c_{n}.weight")).view(batch, length, kv, hd) for n in "kv")
     if f"value_embeds.{i}.weight" in sd:
-      ve = F.embedding(idx, w(f"value_embeds.{i}.weight")).view(batch, length, heads, hd)
+      ve = F.embedding(idx, w(f"value_embeds.{i}.weight")).view(batch, length, kv, hd)
       gate = 3 * torch.sigmoid(F.linear(y[..., :12], w(f"{h}attn.ve_gate.weight")))
       v = v + gate.unsqueeze(-1) * ve
     q, k = norm(rotate(q)) * 1.2, norm(rotate(k)) * 1.2
     q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    # grouped-query attention: query head h uses key/value head h // (heads / kv)
+    k, v = k.repeat_interleave(heads // kv, dim=1), v.repeat_interleave(heads // kv, dim=1)
     diff = pos[:, None] - pos[None, :]
     a = F.scaled_dot_product_attention(q, k, v, attn_mask=(diff >= 0) & (diff <= windows[i]))
     n = mc["laplacian_heads"][i]
@@ -171,14 +174,18 @@ def _tokens(mc, seed=1):
     {},
     dict(use_ve=False, use_smear=False),
     dict(use_resid_lambdas=False, use_x0=False, use_backout=False),
+    dict(n_kv_head=2),
   ],
-  ids=["all", "no-ve-no-smear", "no-lambdas-no-backout"],
+  ids=["all", "no-ve-no-smear", "no-lambdas-no-backout", "gqa"],
 )
 def test_fork_logits_equal_a_pytorch_transcription_through_from_nanochat(tmp_path, switches):
+  """``gqa``: 2 key/value heads for the 4 query heads (narrower ``c_k``,
+  ``c_v``, value embeddings and gates), everything else as ``all``."""
   mc = {**FORK, **switches}
   sd = fork_state_dict(mc)
   model, params, spec = from_fork(write_checkpoint(tmp_path / "ckpt", mc, sd), tmp_path / "wd")
   assert spec.windows() == (128, 128, 128, None) and spec.attention.qk_scale == 1.2
+  assert spec.kv_heads == mc["n_kv_head"]
   assert spec.padded_vocab(mc["vocab_size"]) == 128
   idx = _tokens(mc)
   with torch.no_grad():
@@ -194,14 +201,18 @@ def test_fork_logits_equal_a_pytorch_transcription_through_from_nanochat(tmp_pat
 
 
 @pytest.mark.slow
-def test_fork_decoding_with_the_kv_cache_equals_the_full_forward(tmp_path):
-  sd = fork_state_dict(FORK, seed=3)
-  model, params, _ = from_fork(write_checkpoint(tmp_path / "ckpt", FORK, sd), tmp_path / "wd")
-  idx = jnp.asarray(_tokens(FORK, seed=2))
+@pytest.mark.parametrize("n_kv_head", [4, 2])
+def test_fork_decoding_with_the_kv_cache_equals_the_full_forward(tmp_path, n_kv_head):
+  """The cache holds the key/value heads only (``[batch, length, n_kv_head, hd]``)."""
+  mc = dict(FORK, n_kv_head=n_kv_head)
+  sd = fork_state_dict(mc, seed=3)
+  model, params, _ = from_fork(write_checkpoint(tmp_path / "ckpt", mc, sd), tmp_path / "wd")
+  idx = jnp.asarray(_tokens(mc, seed=2))
   full = jax.jit(lambda p, t: model.apply({"params": p}, t)[0])(params, idx)
   cache = jax.eval_shape(
     lambda: model.init(jax.random.PRNGKey(0), jnp.zeros((2, LENGTH), jnp.int32), decode=True)
   )["cache"]
+  assert cache["block0"]["attention"]["cached_key"].shape == (2, LENGTH, n_kv_head, 16)
   cache = jax.tree_util.tree_map(lambda a: jnp.zeros(a.shape, a.dtype), cache)
   step = jax.jit(
     lambda p, c, t: model.apply({"params": p, "cache": c}, t, decode=True, mutable=["cache"])
@@ -215,19 +226,34 @@ def test_fork_decoding_with_the_kv_cache_equals_the_full_forward(tmp_path):
   assert err <= 1e-5 * np.abs(np.asarray(full)).max()
 
 
-def test_fork_round_trip_is_bitwise_and_writes_the_fork_s_model_config(tmp_path):
-  sd = fork_state_dict(FORK, seed=5)
+@pytest.mark.parametrize("n_kv_head", [4, 1])
+def test_fork_round_trip_is_bitwise_and_writes_the_fork_s_model_config(tmp_path, n_kv_head):
+  mc = dict(FORK, n_kv_head=n_kv_head)
+  sd = fork_state_dict(mc, seed=5)
   for name in ("transformer.wte.weight", "value_embeds.1.weight", "value_embeds.3.weight"):
     sd[name] = sd[name].bfloat16()  # the fork keeps them in bfloat16
-  src = write_checkpoint(tmp_path / "ckpt", FORK, sd)
-  from_fork(src, tmp_path / "wd")
+  src = write_checkpoint(tmp_path / "ckpt", mc, sd)
+  _, _, spec = from_fork(src, tmp_path / "wd")
+  assert spec.kv_heads == n_kv_head
   nanochat.convert_to_nanochat(str(tmp_path / "wd"), str(tmp_path / "back"))
   back = torch.load(tmp_path / "back" / "model_000000.pt", weights_only=True)
   assert sorted(back) == sorted(sd)
   for name, t in sd.items():
     assert back[name].dtype == t.dtype and torch.equal(back[name], t), name
   with open(tmp_path / "back" / "meta_000000.json") as f:
-    assert json.load(f)["model_config"] == FORK
+    assert json.load(f)["model_config"] == mc
+
+
+def test_n_kv_head_that_does_not_divide_n_head_is_refused_in_one_line(tmp_path):
+  mc = dict(FORK, n_kv_head=3)
+  os.makedirs(tmp_path / "ckpt")
+  (tmp_path / "ckpt" / "model_000007.pt").write_bytes(b"")
+  with open(tmp_path / "ckpt" / "meta_000007.json", "w") as f:
+    json.dump({"step": 7, "model_config": mc}, f)
+  with pytest.raises(common.ConvertError) as e:
+    from_fork(tmp_path / "ckpt", tmp_path / "wd")
+  assert "n_kv_head=3 must divide n_head=4" in str(e.value) and "\n" not in str(e.value)
+  assert not (tmp_path / "wd").exists()
 
 
 def test_fork_init_is_the_fork_s(tmp_path):
