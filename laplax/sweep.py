@@ -407,14 +407,21 @@ def _json_step(path: str) -> int | None:
 
 
 def _steps_left(run: Run, config, analysis: bool) -> list[str]:
-  """What ``run`` still needs: any of ``train``, ``eval``, ``analysis``."""
+  """What ``run`` still needs: any of ``train``, ``eval``, ``analysis``. A run
+  whose wall-time budget is spent (``optim.budget_hours``) is trained at its
+  last checkpoint."""
   from laplax import loading as restore
+  from laplax.train import budget
+  from laplax.workdir.files import CHECKPOINT_DIR
 
   total = int(config.total_steps)
-  need = []
-  if total not in restore.saved_steps(run.workdir) and not (
-    total == 0 and restore.saved_steps(run.workdir)
+  saved = restore.saved_steps(run.workdir)
+  if saved and budget.spent_at(
+    os.path.join(run.workdir, CHECKPOINT_DIR, str(saved[-1])), config.optim.budget_hours
   ):
+    total = saved[-1]
+  need = []
+  if total not in saved and not (total == 0 and saved):
     need.append("train")
   if "train" in need or _json_step(os.path.join(run.workdir, "eval.json")) != total:
     need.append("eval")
