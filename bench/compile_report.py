@@ -183,7 +183,7 @@ def report(spec: str, devices, args) -> None:
   )
   from laplax import state as state_lib
   from laplax.config import validation as config_lib
-  from laplax.train import loop
+  from laplax.train import budget, loop
 
   config = load_config(spec)
   if args.xla_keeps_p:
@@ -220,7 +220,7 @@ def report(spec: str, devices, args) -> None:
       for k, v in task.batch_spec(config.batch_size).items()
     }
     step = loop.jit_train_step(task, tx, schedule, state_sharding, batch_sharding)
-    lowered = step.lower(state, batch)
+    lowered = step.lower(state, batch, *budget.controls_spec(config))
   t1 = time.time()
   n = len(devices)
   record = dict.fromkeys(JSON_KEYS)

@@ -24,7 +24,7 @@ import jax
 from bench.common import load_config, make_task
 from laplax import optim
 from laplax import state as state_lib
-from laplax.train import loop
+from laplax.train import budget, loop
 
 
 def compile_seconds(config, scan: bool, image_shape, num_classes) -> tuple[float, float]:
@@ -40,7 +40,7 @@ def compile_seconds(config, scan: bool, image_shape, num_classes) -> tuple[float
   state = state_lib.abstract_state(task, tx, c.seed)
   batch = task.batch_spec(c.batch_size)
   t0 = time.perf_counter()
-  lowered = step.lower(state, batch)
+  lowered = step.lower(state, batch, *budget.controls_spec(c))
   t1 = time.perf_counter()
   lowered.compile()
   return t1 - t0, time.perf_counter() - t1

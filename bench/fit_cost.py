@@ -42,7 +42,7 @@ def measure(spec: str, data_dir: str) -> None:
   )
   from laplax import state as state_lib
   from laplax.cli import common as cli
-  from laplax.train import fit, loop
+  from laplax.train import budget, fit, loop
 
   config = cli._load_config_file(spec)
   config.data.data_dir = data_dir
@@ -69,7 +69,7 @@ def measure(spec: str, data_dir: str) -> None:
       k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=batch_sharding[k])
       for k, v in spec_.items()
     }
-    mem = step.lower(state, batch).compile().memory_analysis()
+    mem = step.lower(state, batch, *budget.controls_spec(config)).compile().memory_analysis()
     t2 = time.perf_counter()
     real = state_lib.create_state(task, tx, config.seed, shardings)
     data = iter(task.train_dataset())

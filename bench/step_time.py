@@ -87,6 +87,9 @@ def build(
   ``spectral`` is a ``model.spectral.mode`` or ``None`` (off);
   ``compiler_options``: XLA compile options of the step (default XLA's)."""
   c = config.copy_and_resolve_references()
+  # The speed of the whole batch's step, by steps (no batch-size ramp, no
+  # wall-time budget: the step then takes no controls).
+  c.optim.batch_size_ramp, c.optim.budget_hours = 0.0, None
   c.model.num_laplacian_heads = laplacian
   c.model.spectral.enabled = spectral is not None
   if spectral is not None:

@@ -60,9 +60,23 @@ fork's tokenizer has 32,768 tokens: give it with ``data.tokenizer_dir``.
 ``default`` (the default) is nanochat's first release as above.
 
     python train.py --config configs/gpt_d20.py:recipe=nanochat-fork,depth=12,laplacian=2
+
+``target_flops`` (either recipe; ``--config.target_flops=`` is the same) is
+a FLOPs budget, nanochat's ``--target-flops``: the run trains
+``round(F / (FLOPs per token x tokens per step))`` updates instead of the
+parameter-data ratio's horizon, the FLOPs per token of
+:func:`laplax.config.defaults.gpt_flops_per_token` (the fork's
+``estimate_flops``: d20 2.886e9), on the batch the recipe chose (the fork
+keeps its batch size rule). ``--config.total_steps=`` on the command line
+still wins (nanochat's ``--num-iterations``), and the count is taken on the
+config after every ``--config`` override
+(:func:`~laplax.config.defaults.apply_target_flops`).
+
+    python train.py --config configs/gpt_d20.py:recipe=nanochat-fork,depth=12,target_flops=1e18
 """
 
 from laplax.config.defaults import (
+  apply_target_flops,
   gpt_base_config,
   nanochat_fork_model,
   nanochat_fork_size,
@@ -77,12 +91,15 @@ from laplax.data.text import fineweb
 
 def get_config(arg=None):
   """GPT d20 (560,988,160 parameters) with nanochat's architecture and optimiser
-  (``recipe=nanochat-fork``: the fork's d``depth``, its horizon and rates).
+  (``recipe=nanochat-fork``: the fork's d``depth``, its horizon and rates);
+  ``target_flops``: the updates of that FLOPs budget instead of the horizon.
 
   Raises:
     ValueError: an unknown ``recipe``, or ``depth`` without the fork's recipe.
   """
-  a = parse_arg(arg, laplacian=5, spectral=False, recipe="default", depth=20, kv_heads=None)
+  a = parse_arg(
+    arg, laplacian=5, spectral=False, recipe="default", depth=20, kv_heads=None, target_flops=None
+  )
   if a.recipe not in ("default", "nanochat-fork"):
     raise ValueError(f"recipe={a.recipe!r} is unknown; use default or nanochat-fork")
   if a.recipe == "default" and a.depth != 20:
@@ -120,8 +137,10 @@ def get_config(arg=None):
     c.data.vocab_size = 32768
     nanochat_fork_model(c)
     nanochat_fork_training(c, a.depth)
-    return c
-  c.total_steps = nanochat_steps(
-    nanochat_num_params(m.width, m.depth, c.data.vocab_size), c.batch_size * m.max_length
-  )
+  else:
+    c.total_steps = nanochat_steps(
+      nanochat_num_params(m.width, m.depth, c.data.vocab_size), c.batch_size * m.max_length
+    )
+  c.target_flops = a.target_flops
+  apply_target_flops(c)
   return c

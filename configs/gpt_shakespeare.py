@@ -7,11 +7,19 @@ Arguments: ``laplacian`` (Laplacian heads per layer, the last k of 4; default
 2 = half), ``spectral`` (lambda * I_k conditioning), ``tokenizer`` (``byte``
 or ``bpe``), ``recipe`` (``plain``, or ``nanochat``: the model and
 optimiser of nanochat's first release at this size, in float32,
-:func:`laplax.config.defaults.nanochat_options`). Validation is 4 held-out works, every 10th by name: henry_v, macbeth,
+:func:`laplax.config.defaults.nanochat_options`), ``target_flops`` (a FLOPs
+budget: ``round(F / (FLOPs per token x tokens per step))`` updates instead of
+4200, :func:`laplax.config.defaults.apply_target_flops`). Validation is 4 held-out works, every 10th by name: henry_v, macbeth,
 rape_of_lucrece (a poem), twelfth_night.
 """
 
-from laplax.config.defaults import check_recipe, gpt_base_config, nanochat_options, parse_arg
+from laplax.config.defaults import (
+  apply_target_flops,
+  check_recipe,
+  gpt_base_config,
+  nanochat_options,
+  parse_arg,
+)
 
 
 def get_config(arg=None):
@@ -22,7 +30,9 @@ def get_config(arg=None):
   positions learned much faster than learned ones here (2.82 against 3.26
   bits per byte after 300 steps).
   """
-  a = parse_arg(arg, laplacian=2, spectral=False, tokenizer="byte", recipe="plain")
+  a = parse_arg(
+    arg, laplacian=2, spectral=False, tokenizer="byte", recipe="plain", target_flops=None
+  )
   check_recipe("gpt", a.recipe)
   c = gpt_base_config()
   c.batch_size = 32
@@ -43,4 +53,6 @@ def get_config(arg=None):
   c.model.spectral.enabled = a.spectral
   if a.recipe == "nanochat":
     nanochat_options(c)
+  c.target_flops = a.target_flops
+  apply_target_flops(c)
   return c

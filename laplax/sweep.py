@@ -32,7 +32,12 @@ last step, as the fork's ``runs/laplacian_sweep.sh``). A language-model
 sweep's ``summary.md`` starts with the fork's two columns, ``val_bpb``
 (``bits_per_byte``) and ``core_score`` (``core_metric``), per cell, and
 ``WORKDIR/results.csv`` has a row per finished run with the columns of the
-fork's ``results.csv`` that laplax has (:data:`RESULT_COLUMNS`).
+fork's ``results.csv`` (:data:`RESULT_COLUMNS`). A FLOPs budget per cell is a
+grid of ``target_flops`` (``--grid :target_flops=1e18,4e18`` of
+``configs/gpt_d20.py``, as the fork's ``FLOPS_BUDGETS``): each run then
+trains ``round(F / (FLOPs per token x tokens per step))`` updates
+(:func:`laplax.config.defaults.apply_target_flops`) instead of its
+compute-optimal horizon, and ``results.csv``'s ``flops_budget`` says which.
 
 Every run's config is checked before the first one starts: a bad flag, grid
 key or value prints one line and exits with code 2, with nothing written. A
@@ -52,6 +57,7 @@ import argparse
 import dataclasses
 import itertools
 import json
+import math
 import os
 import re
 import signal
@@ -79,14 +85,22 @@ RESULTS_CSV = "results.csv"
 #: eval.json's metrics under the names of the fork's ``runs/laplacian_sweep.sh``
 #: (its ``results.csv``): validation bits per byte and the CORE score.
 NANOCHAT_METRICS = (("bits_per_byte", "val_bpb"), ("core_metric", "core_score"))
-#: The columns of the fork's ``results.csv`` that a laplax language-model run
-#: has, in its order (it also has ``flops_budget`` and the parameters by group).
+#: The columns of the fork's ``results.csv``, in its order: the FLOPs budget
+#: (``config.target_flops``, ``optimal`` without one: the compute-optimal
+#: horizon), the grid cell and seed, the parameters by group
+#: (:func:`param_groups`), the horizon and the results.
 RESULT_COLUMNS = (
+  "flops_budget",
   "depth",
   "laplacian_heads",
   "seed",
   "model_tag",
   "model_dim",
+  "params_wte",
+  "params_value_embeds",
+  "params_lm_head",
+  "params_transformer",
+  "params_scalars",
   "params_total",
   "num_iterations",
   "tokens_trained",
@@ -94,6 +108,15 @@ RESULT_COLUMNS = (
   "core_score",
   "train_time_sec",
 )
+#: The fork's parameter groups (nanochat/gpt.py ``num_scaling_params``) by
+#: the first part of a laplax GPT's parameter names.
+PARAM_GROUPS = {
+  "wte": ("token_embedding",),
+  "value_embeds": ("value_embed",),
+  "lm_head": ("lm_head",),
+  "transformer": ("block", "blocks"),
+  "scalars": ("resid_lambdas", "x0_lambdas", "smear_gate", "smear_lambda", "backout_lambda"),
+}
 # The flags a re-run must repeat: they decide what every run is.
 _SAME_ON_RERUN = ("config", "overrides", "analysis", "analysis_examples")
 
@@ -280,6 +303,7 @@ def check_runs(runs: Sequence[Run]) -> dict:
       cli.parse_flags(argv, values, jax_config=False)
       config = cli.load_config_flag("config", values, argv)
       cli.model_from_init(config, argv)
+      cli.apply_target_flops(config, argv)
       tasks.validate(config, jax.device_count())
       registry.validate(config)
       workdir_lib.check_wandb(config)
@@ -383,14 +407,21 @@ def _json_step(path: str) -> int | None:
 
 
 def _steps_left(run: Run, config, analysis: bool) -> list[str]:
-  """What ``run`` still needs: any of ``train``, ``eval``, ``analysis``."""
+  """What ``run`` still needs: any of ``train``, ``eval``, ``analysis``. A run
+  whose wall-time budget is spent (``optim.budget_hours``) is trained at its
+  last checkpoint."""
   from laplax import loading as restore
+  from laplax.train import budget
+  from laplax.workdir.files import CHECKPOINT_DIR
 
   total = int(config.total_steps)
-  need = []
-  if total not in restore.saved_steps(run.workdir) and not (
-    total == 0 and restore.saved_steps(run.workdir)
+  saved = restore.saved_steps(run.workdir)
+  if saved and budget.spent_at(
+    os.path.join(run.workdir, CHECKPOINT_DIR, str(saved[-1])), config.optim.budget_hours
   ):
+    total = saved[-1]
+  need = []
+  if total not in saved and not (total == 0 and saved):
     need.append("train")
   if "train" in need or _json_step(os.path.join(run.workdir, "eval.json")) != total:
     need.append("eval")
@@ -530,12 +561,48 @@ def _train_log(workdir: str) -> tuple[int | None, float | None]:
   return params, (seconds if last else None)
 
 
+def param_groups(params) -> dict:
+  """The parameter count of each group of :data:`PARAM_GROUPS` (the fork's
+  ``num_scaling_params``: ``wte``, ``value_embeds``, ``lm_head``, the blocks'
+  parameters as ``transformer``, the scalars and gates of its trunk) in a tree
+  of arrays or ``jax.ShapeDtypeStruct`` (``{name: {...}}``); a parameter of
+  none (a final norm, learned positions) counts in no group."""
+  import jax
+
+  out = dict.fromkeys(PARAM_GROUPS, 0)
+  for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
+    top = str(getattr(path[0], "key", path[0]))
+    for group, names in PARAM_GROUPS.items():
+      if any(top == n or (top.startswith(n) and top[len(n) :].isdigit()) for n in names):
+        out[group] += math.prod(leaf.shape)
+  return out
+
+
+def _saved_groups(workdir: str) -> dict:
+  """:func:`param_groups` of the newest checkpoint of ``workdir``, from its
+  saved shapes (no array is read); ``{}`` if it has none readable."""
+  from laplax import loading
+  from laplax.workdir import checkpoint as ckpt_lib
+  from laplax.workdir.files import CHECKPOINT_DIR
+
+  steps = loading.saved_steps(workdir)
+  if not steps:
+    return {}
+  state = os.path.join(workdir, CHECKPOINT_DIR, str(steps[-1]), "state")
+  try:
+    return param_groups(ckpt_lib.saved_shapes(state)["params"])
+  except Exception:  # an unreadable checkpoint leaves the columns blank
+    return {}
+
+
 def result_rows(runs: Sequence[Run], configs: dict, results: dict) -> list[dict]:
   """A row of :data:`RESULT_COLUMNS` per finished run (``results``: run name ->
   :func:`laplax.analysis.seeds.run_results`), as the fork's ``results.csv``
-  has them: the run's name as ``model_tag``, ``tokens_trained`` = steps x
-  batch x context, a per-layer Laplacian count as ``1x2x0`` (the fork's tag),
-  ``None`` where eval.json has no CORE."""
+  has them: ``flops_budget`` the run's ``config.target_flops`` (``optimal``
+  without one), the run's name as ``model_tag``, the parameters by group from
+  its newest checkpoint's shapes (:func:`param_groups`; blank without one),
+  ``tokens_trained`` = steps x batch x context, a per-layer Laplacian count as
+  ``1x2x0`` (the fork's tag), ``None`` where eval.json has no CORE."""
   rows = []
   for r in runs:
     if r.name not in results:
@@ -543,12 +610,16 @@ def result_rows(runs: Sequence[Run], configs: dict, results: dict) -> list[dict]
     c, metrics = configs[r.name], results[r.name]["metrics"]
     heads = c.model.num_laplacian_heads
     params, seconds = _train_log(r.workdir)
+    groups = _saved_groups(r.workdir)
+    budget = c.target_flops if "target_flops" in c else None
     values = (
+      "optimal" if budget is None else f"{budget:g}",
       c.model.depth,
       "x".join(map(str, heads)) if isinstance(heads, (list, tuple)) else heads,
       r.seed,
       r.name,
       c.model.width,
+      *(groups.get(g) for g in PARAM_GROUPS),
       params,
       c.total_steps,
       c.total_steps * c.batch_size * c.model.max_length,

@@ -392,6 +392,17 @@ def model_from_init(config: ml_collections.ConfigDict, argv: list[str]) -> None:
       ) from None
 
 
+def apply_target_flops(config: ml_collections.ConfigDict, argv: list[str]) -> None:
+  """``config.total_steps`` from a FLOPs budget ``config.target_flops``, on the
+  final config (after the overrides and :func:`model_from_init`), unless
+  ``argv`` sets ``--config.total_steps`` (it wins, as nanochat's
+  ``--num-iterations``): :func:`laplax.config.defaults.apply_target_flops`."""
+  from laplax.config import defaults
+
+  explicit = flag_value(argv, "config.total_steps") is not None
+  defaults.apply_target_flops(config, explicit_steps=explicit)
+
+
 def run(main: Callable[[Any], int | None], command: str | None = None) -> None:
   """Runs ``main(guard)`` and maps user errors to one stderr line and exit code 2:
   every :class:`~laplax.errors.UserError` (a bad flag or config, missing

@@ -57,6 +57,7 @@ def main(guard: signals.Guard) -> int:
   cli.parse_flags(sys.argv, help_module=sys.modules[__name__])
   config = cli.load_config_flag()
   cli.model_from_init(config, sys.argv)
+  cli.apply_target_flops(config, sys.argv)
   if not _WORKDIR.value:
     raise cli.UsageError("--workdir is required, e.g. --workdir runs/vit")
   from laplax.workdir import lock

@@ -109,6 +109,19 @@ def _optim_config() -> ml_collections.ConfigDict:
   # Unroll the micro-batch loop in the compiled step (same values; faster on a
   # CPU when a micro-batch's activations fit the cache, longer compile).
   o.grad_accum_unroll = False
+  # cramming's wall-time budget (its budget-*, e.g. budget-triangle2), in
+  # hours: the schedule's progress is the elapsed training time over the
+  # budget (total_steps then only an upper limit) and the run stops once the
+  # budget is spent; the elapsed time is saved with each checkpoint
+  # (laplax.train.budget). Not reproducible across machines, unlike a run
+  # bounded by total_steps. None: the schedule runs by steps. AdamW only.
+  o.budget_hours = config_dict.placeholder(float)
+  # cramming's batch-size ramp: the batch grows from one micro-batch
+  # (batch_size / grad_accum_steps) to batch_size, one micro-batch more each
+  # (ramp x budget) / grad_accum_steps, over the first batch_size_ramp of the
+  # budget (budget_hours, else total_steps); the micro-batches are
+  # accumulated. 0: off, every update the whole batch.
+  o.batch_size_ramp = 0.0
   # A non-finite loss or gradient norm stops the run (False) or, with True,
   # leaves that step's update out (parameters, optimizer and task state keep
   # their values) and counts it in the metrics as skipped_updates.
@@ -265,6 +278,11 @@ def gpt_base_config() -> ml_collections.ConfigDict:
   c.optim.b2 = 0.99
   c.optim.weight_decay_exclude = ("pos_embedding", "token_embedding")
   del c.loss
+  # A FLOPs budget (nanochat's --target-flops): when set, total_steps is
+  # round(target_flops / (FLOPs per token x batch_size x max_length))
+  # (apply_target_flops, on the final config: train.py and the sweep apply it
+  # after the --config overrides), unless --config.total_steps is given.
+  c.target_flops = config_dict.placeholder(float)
 
   # The evaluators' settings (eval.sample_tokens, ...: laplax.evaluators.
   # lm_samples, chat) are added with their defaults by the registry.
@@ -460,22 +478,32 @@ def nanochat_fork_size(depth: int) -> tuple[int, int]:
   return width, width // 128
 
 
-def nanochat_fork_scaling_params(depth: int, vocab_size: int = 32768) -> int:
-  """The fork's horizon parameters of its default d``depth``: every block
-  parameter (``12 d^2`` per layer, plus ``ve_gate`` ``12 x heads`` on the
-  value-embedding layers) and ``lm_head`` (``Vpad x d``), its
-  ``transformer_matrices + lm_head`` (nanochat/gpt.py ``num_scaling_params``).
-  d12: 110,100,912; d20: 435,160,240."""
+def nanochat_fork_scaling_params(
+  depth: int, vocab_size: int = 32768, kv_heads: int | None = None
+) -> int:
+  """The fork's horizon parameters of its d``depth`` with ``kv_heads`` key and
+  value heads (``None``: one per head, the fork's default): every block
+  parameter (``10 d^2 + 2 d kv_heads head_dim`` per layer, ``12 d^2``
+  without grouping, plus ``ve_gate`` ``12 x kv_heads`` on the value-embedding
+  layers) and ``lm_head`` (``Vpad x d``), its ``transformer_matrices +
+  lm_head`` (nanochat/gpt.py ``num_scaling_params``). d12: 110,100,912; d20:
+  435,160,240."""
   width, heads = nanochat_fork_size(depth)
+  kv = heads if kv_heads is None else kv_heads
+  kv_width = kv * (width // heads)
   ve_layers = sum(1 for i in range(depth) if i % 2 == (depth - 1) % 2)
   vpad = -(-vocab_size // 64) * 64
-  return 12 * depth * width * width + ve_layers * 12 * heads + vpad * width
+  block = 10 * width * width + 2 * width * kv_width
+  return depth * block + ve_layers * 12 * kv + vpad * width
 
 
-def nanochat_fork_horizon(depth: int, vocab_size: int = 32768, ratio: float = 12) -> dict:
+def nanochat_fork_horizon(
+  depth: int, vocab_size: int = 32768, ratio: float = 12, kv_heads: int | None = None
+) -> dict:
   """The fork's compute-optimal run of d``depth`` (scripts/base_train.py at
   yuchongzhang/nanochat 1f70b557): ``tokens = int(ratio * N)`` for the
-  :func:`nanochat_fork_scaling_params` ``N``; the batch ``B = 2^round(log2(2^19
+  :func:`nanochat_fork_scaling_params` ``N`` of the model (its ``kv_heads``;
+  ``D_ref`` is always the default d12's); the batch ``B = 2^round(log2(2^19
   (tokens / D_ref)^0.383))`` tokens with ``D_ref`` = 12 x d12's ``N``; updates
   ``tokens // B``; the learning rates times ``sqrt(B / 2^19)``; Muon's weight
   decay ``0.28 sqrt(B / 2^19) D_ref / tokens``. d20: B = 2^20, 4,980 updates,
@@ -483,7 +511,7 @@ def nanochat_fork_horizon(depth: int, vocab_size: int = 32768, ratio: float = 12
 
   Returns ``{"batch_tokens", "steps", "lr_scale", "weight_decay"}``.
   """
-  tokens = int(ratio * nanochat_fork_scaling_params(depth, vocab_size))
+  tokens = int(ratio * nanochat_fork_scaling_params(depth, vocab_size, kv_heads))
   d_ref = 12 * nanochat_fork_scaling_params(12, vocab_size)
   b_ref = 2**19
   batch = 2 ** round(math.log2(b_ref * (tokens / d_ref) ** 0.383))
@@ -494,6 +522,73 @@ def nanochat_fork_horizon(depth: int, vocab_size: int = 32768, ratio: float = 12
     "lr_scale": scale,
     "weight_decay": 0.28 * scale * d_ref / tokens,
   }
+
+
+def gpt_vocab_size(c: ml_collections.ConfigDict) -> int:
+  """The GPT's vocabulary of config ``c``: 256 for the byte tokenizer, else
+  ``data.vocab_size`` (as the language-model task's ``from_shapes``), rounded
+  up to a multiple of ``model.vocab_multiple``."""
+  vocab = 256 if c.data.tokenizer == "byte" else int(c.data.vocab_size)
+  return spec_lib.from_config(c.model).padded_vocab(vocab)
+
+
+def gpt_flops_per_token(c: ml_collections.ConfigDict) -> int:
+  """Training FLOPs per token of the GPT of config ``c``, nanochat's estimate.
+
+  ``6 x`` the weights that multiply the token stream (``W_Q, W_O`` ``d x d``,
+  ``W_K, W_V`` ``d x kv_heads head_dim`` and the MLP of every block, the
+  value-embedding gates ``12 x kv_heads`` and
+  the smear gate ``24``, ``lm_head`` ``[V, d]`` with ``V`` of
+  :func:`gpt_vocab_size`; not the token or value embeddings, which are
+  lookups, nor biases, norms and scalars) plus ``12 x heads x head_dim x
+  min(window, T)`` per layer for ``Q K^T`` and ``P V`` (``T`` =
+  ``model.max_length``, the window of :func:`laplax.models.spec.window_sizes`).
+  Source: ``estimate_flops`` of nanochat/gpt.py, yuchongzhang/nanochat
+  1f70b557 (L387-417, with sliding windows); at 3a5e0bc (no windows, no gates)
+  its ``6 (N - N_wte) + 12 l h q t`` (L225) is the same count. The fork's d20
+  at 2048 tokens (``SSSL``, vocabulary 32,768): 2,886,212,784.
+  """
+  s = spec_lib.from_config(c.model)
+  d, kv, mlp = s.width, s.kv_heads, s.mlp_dim
+  # A gated MLP's first layer has mlp_dim outputs, halved by the gate.
+  mlp_weights = d * mlp + (mlp // 2 if s.mlp_activation == "gelu_glu" else mlp) * d
+  ve_layers = sum(1 for i in range(s.depth) if i % 2 == (s.depth - 1) % 2) if s.value_embeds else 0
+  matmul = (
+    s.depth * (2 * d * d + 2 * d * kv * s.head_dim + mlp_weights)
+    + ve_layers * 12 * kv
+    + (24 if s.smear else 0)
+    + gpt_vocab_size(c) * d
+  )
+  t = s.max_length
+  attention = sum(12 * s.num_heads * s.head_dim * min(w or t, t) for w in s.windows())
+  return 6 * matmul + attention
+
+
+def target_flops_steps(c: ml_collections.ConfigDict) -> int:
+  """The updates of config ``c``'s FLOPs budget ``c.target_flops``: nanochat's
+  ``round(F / (flops_per_token x B))`` (scripts/base_train.py at
+  yuchongzhang/nanochat 1f70b557, L370-384) with :func:`gpt_flops_per_token`
+  and ``B = batch_size x model.max_length`` tokens a step; Python's
+  ``round`` (half to even), as there."""
+  tokens = c.batch_size * c.model.max_length
+  return round(float(c.target_flops) / (gpt_flops_per_token(c) * tokens))
+
+
+def apply_target_flops(c: ml_collections.ConfigDict, explicit_steps: bool = False) -> None:
+  """Sets ``c.total_steps`` from ``c.target_flops`` (:func:`target_flops_steps`)
+  when the budget is set, in nanochat's precedence: an explicit number of
+  steps (``explicit_steps``: ``--config.total_steps`` on the command line, its
+  ``--num-iterations``) first, then the FLOPs budget, then the horizon the
+  config file computed (the parameter-data ratio). A config without the key
+  (not a language model) or with ``None`` is left as it is; a budget that
+  cannot be counted (a bad model section) is left for the validation to
+  report."""
+  if "target_flops" not in c or c.target_flops is None or explicit_steps:
+    return
+  try:
+    c.total_steps = target_flops_steps(c)
+  except (ValueError, TypeError, ZeroDivisionError):
+    pass  # validation names the bad key
 
 
 def nanochat_fork_training(c: ml_collections.ConfigDict, depth: int) -> None:
@@ -509,7 +604,7 @@ def nanochat_fork_training(c: ml_collections.ConfigDict, depth: int) -> None:
   ``optim.lr = 0.5 sqrt(B / 2^19)`` and Muon's decay
   ``0.28 sqrt(B / 2^19) D_ref / tokens``.
   """
-  h = nanochat_fork_horizon(depth, c.data.vocab_size)
+  h = nanochat_fork_horizon(depth, c.data.vocab_size, kv_heads=c.model.get("num_kv_heads"))
   m, o = c.model, c.optim
   c.batch_size = h["batch_tokens"] // m.max_length
   c.total_steps = h["steps"]

@@ -15,6 +15,7 @@ import jax
 import ml_collections
 
 from laplax import sharding, utils
+from laplax.config import defaults
 from laplax.errors import UserError
 from laplax.models import spec as spec_lib
 from laplax.models import swin
@@ -252,6 +253,7 @@ def validate(
     check_float(config, "optim.weight_decay_end", 0.0)
   _validate_muon(config)
   _validate_memory(config)
+  _validate_budgets(config)
   _validate_sharding(config)
   _validate_observability(config)
   if num_devices is not None:
@@ -359,6 +361,41 @@ def _validate_memory(config):
     f"config.optim.grad_accum_steps={accum} (the global batch is cut into "
     f"that many micro-batches); use a multiple of {accum} or set "
     f"--config.optim.grad_accum_steps=1",
+  )
+
+
+def _validate_budgets(config):
+  """How long a run trains and on how big a batch: ``target_flops`` (language
+  models), ``optim.budget_hours`` and ``optim.batch_size_ramp``."""
+  if "target_flops" in config and config.target_flops is not None:
+    flops = check_float(config, "target_flops", 0.0, open_min=True)
+    if config.total_steps == 0:
+      per_step = defaults.gpt_flops_per_token(config) * config.batch_size * config.model.max_length
+      raise ConfigError(
+        f"config.target_flops={flops:g} is less than half a step of {per_step:.4g} FLOPs "
+        f"(batch_size x max_length tokens x {defaults.gpt_flops_per_token(config):,} FLOPs "
+        f"a token), so the run would train 0 updates; raise it or lower config.batch_size"
+      )
+  o = config.optim
+  if o.budget_hours is not None:
+    check_float(config, "optim.budget_hours", 0.0, open_min=True)
+    require(
+      o.optimizer == "adamw",
+      f"config.optim.budget_hours={o.budget_hours} schedules by wall time only "
+      f"optim.optimizer='adamw' (now {o.optimizer!r}); use adamw or leave "
+      f"budget_hours unset and bound the run by total_steps",
+    )
+  ramp = check_float(config, "optim.batch_size_ramp", 0.0, 1.0)
+  require(
+    ramp < 1.0,
+    "config.optim.batch_size_ramp=1.0 must be below 1: the fraction of the budget "
+    "over which the batch grows to batch_size (cramming's bert-o4: 0.6); 0 is off",
+  )
+  require(
+    ramp == 0.0 or (o.grad_accum_steps or 1) > 1,
+    f"config.optim.batch_size_ramp={ramp} grows the batch by accumulating "
+    f"micro-batches of batch_size / optim.grad_accum_steps examples; set "
+    f"config.optim.grad_accum_steps above 1 (the micro-batches of the full batch)",
   )
 
 

@@ -78,6 +78,21 @@ def triangle_schedule(
   return schedule
 
 
+def budget_step(elapsed_seconds: float, budget_hours: float, total_steps: int, step: int) -> int:
+  """The step at which a wall-time budget reads its schedule: cramming's
+  ``_get_fake_step`` (``JonasGeiping/cramming``,
+  ``backend/optimizers/schedulers.py``), ``int(elapsed / budget x
+  total_steps)`` with the elapsed training time and the budget in the same
+  unit (here seconds and hours), and 0 at the first update (``step`` 0).
+  Its ``budget-triangle2`` is :func:`triangle_schedule` at this step: the
+  schedule's progress is the fraction of the budget spent. Python ints and
+  floats (the training loop's host side); ``total_steps`` is the horizon the
+  step form of the schedule has."""
+  if step == 0:
+    return 0
+  return int(elapsed_seconds / 60 / 60 / budget_hours * total_steps)  # its order of operations
+
+
 def cosine_ramp(start: float, end: float, steps: int) -> optax.Schedule:
   """Half-cosine from ``start`` at step 0 to ``end`` at ``steps`` (then ``end``).
 
@@ -202,9 +217,13 @@ def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransform
   or with ``"nanochat"`` :func:`laplax.optim.nanochat.nanochat_partition`, or
   with ``"nanochat-fork"`` :func:`laplax.optim.nanochat_fork.nanochat_fork`.
 
+  With ``optim.budget_hours`` (AdamW only) the AdamW's learning rate is 1:
+  the train step multiplies its update by the schedule at the step of the
+  elapsed time (:func:`budget_step`), the same product as the schedule's own.
+
   Keys read: ``optim.{optimizer, lr, b1, b2, weight_decay,
   weight_decay_end (optional), warmup_steps, min_lr_ratio, grad_clip,
-  weight_decay_exclude}``, the Muon keys, and ``total_steps``.
+  weight_decay_exclude, budget_hours}``, the Muon keys, and ``total_steps``.
   """
   o = config.optim
   if o.optimizer == "nanochat-fork":  # the fork's MuonAdamW and schedules (no clipping)
@@ -215,7 +234,9 @@ def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransform
     )
   exclude = tuple(o.weight_decay_exclude or ())
   adamw = optax.adamw(
-    learning_rate_schedule(o, config.total_steps),
+    # A wall-time budget: the step scales the update by the schedule at the
+    # elapsed time (laplax.train.loop.make_train_step), -1 here.
+    1.0 if o.budget_hours is not None else learning_rate_schedule(o, config.total_steps),
     b1=o.b1,
     b2=o.b2,
     eps=o.get("eps", 1e-8),  # optional: configs saved before the key

@@ -42,6 +42,7 @@ import ml_collections
 import numpy as np
 
 from laplax.config.validation import ConfigError
+from laplax.train import budget
 
 GIB = 2.0**30
 SKIP = "--config.check_memory=False skips this check"
@@ -228,7 +229,8 @@ def check_memory(
   batch_sharding: dict,
 ) -> None:
   """Refuses a train step that cannot fit the device (see the module
-  docstring); compiles ``train_step`` (a jitted ``(state, batch)`` function)
+  docstring); compiles ``train_step`` (a jitted ``(state, batch)`` function,
+  or ``(state, batch, controls)``: :func:`laplax.train.budget.controls_spec`)
   for the abstract state and batch. Nothing when ``config.check_memory`` is
   False.
 
@@ -259,7 +261,7 @@ def check_memory(
     k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=batch_sharding[k]) for k, v in spec.items()
   }
   try:
-    compiled = train_step.lower(state, batch).compile()
+    compiled = train_step.lower(state, batch, *budget.controls_spec(config)).compile()
   except Exception as e:
     message = out_of_memory(e, config)
     if message is None:

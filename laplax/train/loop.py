@@ -21,6 +21,8 @@ import logging
 import math
 import os
 import shutil
+import time
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -39,6 +41,7 @@ from laplax.errors import UserError
 from laplax.evaluators import registry
 from laplax.state import TrainState, abstract_and_shardings, create_state, sharded_abstract_state
 from laplax.tasks.base import Task
+from laplax.train import budget as budget_lib
 from laplax.train import finetune, fit, preemption
 from laplax.train.profiler import Profiler
 from laplax.train.timing import LogInterval
@@ -82,14 +85,18 @@ def jit_train_step(
 
   ``(state, batch) -> (state, metrics)``: the state keeps ``state_sharding``,
   the batch is a global array with ``batch_sharding``, the metrics are
-  replicated scalars. Trace it (first call) inside
-  :func:`laplax.sharding.context`.
+  replicated scalars; with a wall-time budget or a batch-size ramp
+  (:func:`laplax.train.budget.uses_controls`) ``(state, batch, controls)``,
+  the controls replicated (:func:`laplax.train.budget.controls_spec`). Trace
+  it (first call) inside :func:`laplax.sharding.context`.
   """
   mesh = jax.tree_util.tree_leaves(state_sharding)[0].mesh
+  replicated = NamedSharding(mesh, P())
+  extra = (replicated,) if budget_lib.uses_controls(task.config) else ()
   return jax.jit(
     make_train_step(task, tx, schedule),
-    in_shardings=(state_sharding, batch_sharding),
-    out_shardings=(state_sharding, NamedSharding(mesh, P())),
+    in_shardings=(state_sharding, batch_sharding, *extra),
+    out_shardings=(state_sharding, replicated),
     donate_argnums=0,
   )
 
@@ -193,6 +200,18 @@ def make_train_step(
   averaged too, so the task's ``update_task_state`` must use only its mean
   over examples (DINO's centre: the mean teacher logit).
 
+  Budgets (:mod:`laplax.train.budget`): with ``config.optim.budget_hours``
+  or ``config.optim.batch_size_ramp`` the step is ``(state, batch, controls)``,
+  ``controls = {"schedule_step", "micro_batches"}`` int32 scalars. With a
+  wall-time budget the update of the optimizer (AdamW at rate 1,
+  :func:`laplax.optim.make_optimizer`) is multiplied by
+  ``schedule(schedule_step)``, the schedule at the elapsed time's step,
+  instead of ``schedule(state.step)``: the same product. With a ramp only the
+  first ``micro_batches`` of the ``n`` micro-batches count (the others are
+  not computed: ``jax.lax.cond``; their examples are dropped) and the means
+  are over those; at ``micro_batches = n`` the step is the accumulated one
+  above.
+
   Non-finite guard: with ``config.optim.skip_nonfinite`` a step whose loss or
   gradient norm is not finite changes nothing but ``step`` (parameters,
   optimizer and task state keep their values; the metric ``skipped_updates``
@@ -204,6 +223,9 @@ def make_train_step(
   skip_nonfinite = bool(o.skip_nonfinite)
   unroll = bool(o.grad_accum_unroll)
   axis = task.batch_axis
+  by_time = o.budget_hours is not None
+  ramp = bool(o.batch_size_ramp)
+  batch_size = task.config.batch_size
 
   def gradients(params, batch, rng, task_state, step):
     """(grads, metrics, aux) of one (micro-)batch."""
@@ -211,8 +233,9 @@ def make_train_step(
     (_, (metrics, aux)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
     return grads, metrics, aux
 
-  def accumulated(params, batch, rng, task_state, step):
-    """(grads, metrics, aux) averaged over ``n`` micro-batches."""
+  def accumulated(params, batch, rng, task_state, step, count=None):
+    """(grads, metrics, aux) averaged over ``n`` micro-batches (over the
+    first ``count`` of them, a traced int32, when given)."""
     micro = micro_batches(batch, n, axis)
     one = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), micro)
     shapes = jax.eval_shape(gradients, params, one, rng, task_state, step)
@@ -222,23 +245,38 @@ def make_train_step(
 
     def add(sums, xs):
       k, mb = xs
-      out = gradients(params, mb, jax.random.fold_in(rng, k), task_state, step)
-      return jax.tree_util.tree_map(lambda a, b: a + b.astype(a.dtype), sums, out), None
+
+      def plus():
+        out = gradients(params, mb, jax.random.fold_in(rng, k), task_state, step)
+        return jax.tree_util.tree_map(lambda a, b: a + b.astype(a.dtype), sums, out)
+
+      if count is None:
+        return plus(), None
+      return jax.lax.cond(k < count, plus, lambda: sums), None
 
     sums, _ = jax.lax.scan(add, zeros, (jnp.arange(n), micro), unroll=unroll)
-    return jax.tree_util.tree_map(lambda a: a / n, sums)
+    denominator = n if count is None else count.astype(jnp.float32)
+    return jax.tree_util.tree_map(lambda a: a / denominator, sums)
 
-  def train_step(state, batch):
+  def train_step(state, batch, controls=None):
     rng = jax.random.fold_in(state.rng, state.step)
-    grads, metrics, aux = (gradients if n == 1 else accumulated)(
-      state.params, batch, rng, state.task_state, state.step
+    count = controls["micro_batches"] if ramp else None
+    grads, metrics, aux = (
+      gradients(state.params, batch, rng, state.task_state, state.step)
+      if n == 1
+      else accumulated(state.params, batch, rng, state.task_state, state.step, count)
     )
     grad_norm = optax.tree.norm(grads)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    lr = schedule(controls["schedule_step"] if by_time else state.step)
+    if by_time:  # the optimizer's rate is 1: the schedule at the elapsed time's step
+      updates = jax.tree_util.tree_map(lambda u: u * jnp.asarray(lr, u.dtype), updates)
     updates = task.mask_updates(updates, state.step)
     params = optax.apply_updates(state.params, updates)
     task_state = task.update_task_state(state.task_state, params, aux, state.step)
-    metrics = dict(metrics, grad_norm=grad_norm, lr=schedule(state.step))
+    metrics = dict(metrics, grad_norm=grad_norm, lr=lr)
+    if ramp:
+      metrics["batch_size"] = (count * (batch_size // n)).astype(jnp.float32)
     new_state = state.replace(
       step=state.step + 1, params=params, opt_state=opt_state, task_state=task_state
     )
@@ -279,7 +317,10 @@ def log_record(rows: list[tuple[int, dict]]) -> dict:
 
 
 def train_and_evaluate(
-  config: ml_collections.ConfigDict, workdir: str, force_unlock: bool = False
+  config: ml_collections.ConfigDict,
+  workdir: str,
+  force_unlock: bool = False,
+  clock: Callable[[], float] = time.monotonic,
 ) -> dict:
   """Trains ``config`` in ``workdir`` (resuming if it has a checkpoint).
 
@@ -295,6 +336,11 @@ def train_and_evaluate(
   TensorBoard; with ``config.wandb.project`` the same go to W&B; with
   ``config.profile.num_steps`` the chosen steps are traced
   (:class:`~laplax.train.profiler.Profiler`).
+
+  With ``config.optim.budget_hours`` the run stops after the step that
+  spends the budget of training time (``clock``, in seconds: the wall time;
+  tests inject a fake one), or at ``total_steps``
+  (:mod:`laplax.train.budget`).
 
   One run writes a workdir at a time: process 0 holds its lock
   (:mod:`laplax.workdir.lock`; ``force_unlock`` takes over another host's)
@@ -325,7 +371,7 @@ def train_and_evaluate(
   try:
     task = setup(config, workdir)
     with lock_lib.hold(workdir, force_unlock):
-      return _train_in(config, workdir, task)
+      return _train_in(config, workdir, task, clock)
   except (finetune.InitFromError, fit.FitError):
     _remove_new(workdir, before)  # what this start wrote: nothing is left
     raise
@@ -351,13 +397,13 @@ def _remove_new(workdir: str, before: set | None) -> None:
       os.remove(path)
 
 
-def _train_in(config, workdir: str, task: Task) -> dict:
+def _train_in(config, workdir: str, task: Task, clock=time.monotonic) -> dict:
   """:func:`_train` on the config's mesh, under its logical axis rules."""
   # Mesh and logical axis rules; everything below is traced inside them.
   mesh = sharding.make_mesh(config.mesh_shape)
   rules = sharding.rules_from_config(config)
   with sharding.context(mesh, rules):
-    return _train(config, workdir, task, mesh, rules)
+    return _train(config, workdir, task, mesh, rules, budget_lib.Budget(config, clock))
 
 
 def _open_workdir(config, workdir: str) -> ckpt_lib.Checkpointer:
@@ -370,10 +416,11 @@ def _open_workdir(config, workdir: str) -> ckpt_lib.Checkpointer:
 
 
 def _restore_or_start(
-  config, workdir: str, task: Task, tx, checkpointer, train_iter, state_sharding, abstract
+  config, workdir: str, task: Task, tx, checkpointer, train_iter, state_sharding, abstract, budget
 ):
   """The restored state (onto this mesh; the data position set) or the initial
-  one (created sharded, saved as step 0).
+  one (created sharded, saved as step 0). ``budget`` takes the elapsed time
+  saved with the data state (:class:`laplax.train.budget.Budget`).
 
   ``config.json`` is written on a fresh start before the first checkpoint
   (checkpoints without it are refused), on resume only once the state is
@@ -384,7 +431,7 @@ def _restore_or_start(
       sharded_abstract_state(task, tx, config.seed, state_sharding, abstract),
       discard_unreadable=True,
     )
-    train_iter.set_state(data_state)
+    train_iter.set_state(budget.restore(data_state))  # the elapsed time to the budget
     logging.info("resumed from step %d", int(state.step))
     if jax.process_index() == 0:
       write_config(config, workdir, last_step=checkpointer.latest_step())
@@ -415,7 +462,7 @@ def _restore_or_start(
       opt_state=opt_state,
       task_state=jax.jit(task.init_task_state, out_shardings=state_sharding.task_state)(params),
     )
-  checkpointer.save(state, train_iter.get_state())
+  checkpointer.save(state, budget.saved(train_iter.get_state()))
   return state
 
 
@@ -542,9 +589,16 @@ def _open_writer(config, workdir: str, checkpointer, state, task) -> tuple[Metri
 
 
 def _train(
-  config: ml_collections.ConfigDict, workdir: str, task: Task, mesh: jax.sharding.Mesh, rules
+  config: ml_collections.ConfigDict,
+  workdir: str,
+  task: Task,
+  mesh: jax.sharding.Mesh,
+  rules,
+  budget: budget_lib.Budget,
 ) -> dict:
-  """The body of :func:`train_and_evaluate`, inside the mesh and rules."""
+  """The body of :func:`train_and_evaluate`, inside the mesh and rules;
+  ``budget`` gives the steps' controls, the wall-time stop and the elapsed
+  time saved with each checkpoint."""
   # Workdir, optimizer, checkpoints.
   checkpointer = _open_workdir(config, workdir)
   tx = optim.make_optimizer(config)
@@ -563,7 +617,7 @@ def _train(
     fit.check_memory(config, task, train_step, abstract, state_sharding, batch_sharding)
   resumed = checkpointer.latest_step() is not None
   state = _restore_or_start(
-    config, workdir, task, tx, checkpointer, train_iter, state_sharding, abstract
+    config, workdir, task, tx, checkpointer, train_iter, state_sharding, abstract, budget
   )
   writer, start = _open_writer(config, workdir, checkpointer, state, task)
 
@@ -595,7 +649,9 @@ def _train(
   ):
     previous = state.step  # the output of the step before (here: the restored state)
     saved = start  # the last step saved (or restored)
-    for step in range(start + 1, config.total_steps + 1):
+    end = start if budget.spent_before() else config.total_steps
+    budget.start()
+    for step in range(start + 1, end + 1):
       # A stop is decided before the next batch is read, so that the data
       # position saved with the step is the one after it.
       if _stop_reached(stop, step - 1):
@@ -603,7 +659,7 @@ def _train(
         check_finite()  # never save a state past a non-finite step
         stop.reached()
         if step - 1 > saved:
-          checkpointer.save(state, train_iter.get_state())
+          checkpointer.save(state, budget.saved(train_iter.get_state()))
         checkpointer.wait()
         bar.close()
         say(_stopped_line(stop, step - 1, checkpointer))
@@ -617,12 +673,13 @@ def _train(
         # (while this batch was read) before this one is dispatched, so a signal
         # waits for two steps at most (laplax.signals, the stop bound).
         jax.block_until_ready(previous)
-        state, metrics = train_step(state, batch)
+        state, metrics = train_step(state, batch, *budget.controls(step - 1))
       previous = metrics
       profiler.after(step, state, say)
       pending.append((step, metrics))
       bar.update(1)
-      last = step == config.total_steps
+      spent = budget.spent()  # the wall-time budget (cramming's deadline)
+      last = step == config.total_steps or spent
       logged = step % config.log_every == 0 or last
       if logged:
         check_finite()
@@ -633,16 +690,17 @@ def _train(
       if not logged and (save or evaluate):
         check_finite()  # never save or evaluate a state past a non-finite step
       if save:
-        checkpointer.save(state, train_iter.get_state())
+        checkpointer.save(state, budget.saved(train_iter.get_state()))
         saved = step
       if evaluate:
         # A signal during the evaluation ends it (one process: at once; several:
         # at its end) and the run stops at the next step's check, this step saved.
-        ran = stop.evaluate(
-          functools.partial(
-            registry.run, evaluators, state, registry.Context(place=place, say=say, step=step)
+        with budget.paused():  # evaluations are not training time
+          ran = stop.evaluate(
+            functools.partial(
+              registry.run, evaluators, state, registry.Context(place=place, say=say, step=step)
+            )
           )
-        )
         if ran is not None:
           summary, texts = ran
           writer.write_eval(step, summary, texts)
@@ -653,10 +711,16 @@ def _train(
             checkpointer.wait()
             bar.close()
             say(_stopped_line(stop, step, checkpointer))
+      if spent:
+        say(
+          f"the budget of {config.optim.budget_hours} h of training is spent at step "
+          f"{step} ({budget.elapsed / 3600:.4g} h); checkpoint saved in {checkpointer.directory}"
+        )
+        break
     checkpointer.close()
   profiler.stop(state)
   bar.close()
-  if start >= config.total_steps and start > 0:
+  if (start >= config.total_steps or budget.spent_before()) and start > 0:
     summary, _ = registry.run(evaluators, state, registry.Context(place=place, say=say))
   writer.close()
   return summary

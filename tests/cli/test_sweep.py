@@ -301,11 +301,17 @@ def test_results_csv_rows_have_the_fork_s_columns(tmp_path):
   rows = sweep.result_rows(runs, configs, results)
   assert list(rows[0]) == list(sweep.RESULT_COLUMNS)
   assert rows[0] == {
+    "flops_budget": "optimal",
     "depth": 2,
     "laplacian_heads": 2,
     "seed": 1,
     "model_tag": runs[0].name,
     "model_dim": 64,
+    "params_wte": None,  # no checkpoint: the groups are blank
+    "params_value_embeds": None,
+    "params_lm_head": None,
+    "params_transformer": None,
+    "params_scalars": None,
     "params_total": 1234,
     "num_iterations": 40,
     "tokens_trained": 40 * 8 * 32,
@@ -315,8 +321,8 @@ def test_results_csv_rows_have_the_fork_s_columns(tmp_path):
   }
   assert rows[1]["laplacian_heads"] == "0x1" and rows[1]["core_score"] is None
   text = list(csv.reader(io.StringIO(sweep._csv(rows))))
-  assert text[0] == list(sweep.RESULT_COLUMNS) and text[1][3] == runs[0].name
-  assert text[1][9] == "0.25" and text[2][9] == ""
+  assert text[0] == list(sweep.RESULT_COLUMNS) and text[1][4] == runs[0].name
+  assert text[1][15] == "0.25" and text[2][15] == ""
   agg = seeds.aggregate([{"grid": {"h": "0"}, "runs": {1: results[runs[0].name]}}])
   table = seeds.metrics_table(agg, sweep.NANOCHAT_METRICS)
   assert (
@@ -378,10 +384,15 @@ def test_a_language_model_sweep_with_core_writes_the_fork_s_table(tmp_path, corp
   rows = list(csv.reader(io.StringIO((out / "results.csv").read_text())))
   assert rows[0] == list(sweep.RESULT_COLUMNS) and len(rows) == 3
   for row, heads in zip(rows[1:], ("0", "1")):
-    evaluated = json.loads((out / row[3] / "eval.json").read_text())
-    assert row[1] == heads and row[2] == "3" and row[6] == "20"
-    assert float(row[8]) == evaluated["bits_per_byte"]
-    assert float(row[9]) == evaluated["core_metric"] and set(evaluated["core_centered"]) == {
+    evaluated = json.loads((out / row[4] / "eval.json").read_text())
+    assert row[0] == "optimal" and row[2] == heads and row[3] == "3"
+    assert row[12] == "20"
+    # The groups from the checkpoint's shapes: the tied byte table (256 x 32)
+    # and the blocks; no lm_head, value embeddings or scalars.
+    assert (int(row[6]), row[7:9], row[10]) == (256 * 32, ["0", "0"], "0")
+    assert 0 < int(row[9]) < int(row[11]) - 256 * 32
+    assert float(row[14]) == evaluated["bits_per_byte"]
+    assert float(row[15]) == evaluated["core_metric"] and set(evaluated["core_centered"]) == {
       "lm",
       "mc",
     }
