@@ -17,10 +17,14 @@ cd "$(dirname "$0")/.."
 runs=${1:-runs/fork_cpu_sweep}
 py=.venv/bin/python
 steps=${STEPS:-100}
+# (the arguments of a run without budgets are those of earlier versions, so an
+# existing sweep directory resumes)
 if [ -n "${FLOPS_BUDGETS:-}" ]; then  # the budget's updates; eval and save at the last
-  horizon=(--grid ":target_flops=$FLOPS_BUDGETS")
+  budgets=(--grid ":target_flops=$FLOPS_BUDGETS")
+  horizon=()
   every=1000000
 else
+  budgets=()
   horizon=(--config.total_steps="$steps")
   every=$steps
 fi
@@ -28,14 +32,14 @@ stamp() { echo "[$(date -u +%H:%M:%S)] $*"; }
 stamp "shards and CORE bundle"
 $py -m laplax.data.text.shakespeare_shards "$runs/data"
 stamp "sweep"
-$py -m laplax.sweep --config configs/gpt_d20.py:recipe=nanochat-fork "${horizon[@]}" \
+$py -m laplax.sweep --config configs/gpt_d20.py:recipe=nanochat-fork "${budgets[@]}" \
   --grid :depth=${DEPTHS:-1,2} --grid :laplacian=${LAPLACIAN_HEADS:-0,1} --seeds ${SEEDS:-1,2} \
   --workdir "$runs/sweep" \
   --config.data.source_dir="$runs/data/shards" --config.data.vocab_size=2048 \
   --config.data.streams=1 --config.data.max_eval_tokens=16384 \
   --config.model.max_length=64 --config.model.dtype=float32 \
   --config.model.embedding_dtype=float32 \
-  --config.batch_size=16 --config.eval_batch_size=16 \
+  --config.batch_size=16 --config.eval_batch_size=16 "${horizon[@]}" \
   --config.eval_every="$every" --config.checkpoint_every="$every" --config.log_every=25 \
   --config.eval.sample_tokens=0 --config.evals=bits_per_byte,core \
   --config.eval.core_bundle="$runs/data/core_bundle" --config.eval.core_max_per_task=0
