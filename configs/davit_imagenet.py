@@ -23,7 +23,7 @@ erasing (the pipeline does a random-resized crop and a flip). ImageNet must
 be prepared by TFDS in ``data.data_dir``.
 """
 
-from laplax.config.defaults import base_config, model_config, parse_arg
+from laplax.config.defaults import base_config, model_config, parse_arg, tiny_fashion_mnist
 
 NUM_TRAIN = 1_281_167
 # timm's davit_tiny / _small / _base: embed dim, dual blocks per stage, heads of the first stage.
@@ -63,17 +63,7 @@ def get_config(arg=None):
   c.model = model_config("davit")  # the davit family's model section, from its spec
   davit_model(c, a.size, laplacian=a.laplacian, spectral=a.spectral, lam=a.lam, mode=a.mode)
   if a.size == "tiny":
-    c.batch_size = 128
-    c.eval_batch_size = 1000
-    c.total_steps = 1200
-    c.log_every = 50
-    c.eval_every = 600
-    c.checkpoint_every = 300
-    c.data.image_size = 28  # the stored size: no resize
-    c.data.crop_padding = 0
-    c.optim.lr = 2e-3
-    c.optim.warmup_steps = 100
-    return c
+    return tiny_fashion_mnist(c)
 
   c.batch_size = 2048
   c.eval_batch_size = 1024

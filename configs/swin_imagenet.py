@@ -24,7 +24,7 @@ The saturated logits of ``lambda = 10`` on both Q and K (docs/methods.md)
 apply here as in the ViT: Swin has no qk-norm.
 """
 
-from laplax.config.defaults import base_config, model_config, parse_arg
+from laplax.config.defaults import base_config, model_config, parse_arg, tiny_fashion_mnist
 
 NUM_TRAIN = 1_281_167
 # Liu et al. 2021, Table 1: embed dim, blocks per stage, heads of the first stage.
@@ -67,17 +67,7 @@ def get_config(arg=None):
   swin_model(c, a.size, laplacian=a.laplacian, spectral=a.spectral, lam=a.lam, mode=a.mode)
   c.optim.weight_decay_exclude = ("relative_position_bias",)
   if a.size == "tiny":
-    c.batch_size = 128
-    c.eval_batch_size = 1000
-    c.total_steps = 1200
-    c.log_every = 50
-    c.eval_every = 600
-    c.checkpoint_every = 300
-    c.data.image_size = 28  # the stored size: no resize, and --to timm's img_size
-    c.data.crop_padding = 0
-    c.optim.lr = 2e-3
-    c.optim.warmup_steps = 100
-    return c
+    return tiny_fashion_mnist(c)
 
   c.batch_size = 1024
   c.eval_batch_size = 1024

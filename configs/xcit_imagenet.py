@@ -38,7 +38,7 @@ training-mode BatchNorm (laplax's BatchNorms keep their statistics:
 flip. ImageNet must be prepared by TFDS in ``data.data_dir``.
 """
 
-from laplax.config.defaults import base_config, model_config, parse_arg
+from laplax.config.defaults import base_config, model_config, parse_arg, tiny_fashion_mnist
 
 NUM_TRAIN = 1_281_167
 # timm's xcit_*_p16_224 model functions: embed dim, XCA blocks, heads, eta,
@@ -98,17 +98,7 @@ def get_config(arg=None):
     mode=a.mode,
   )
   if a.size == "tiny":
-    c.batch_size = 128
-    c.eval_batch_size = 1000
-    c.total_steps = 1200
-    c.log_every = 50
-    c.eval_every = 600
-    c.checkpoint_every = 300
-    c.data.image_size = 28  # the stored size: no resize
-    c.data.crop_padding = 0
-    c.optim.lr = 2e-3
-    c.optim.warmup_steps = 100
-    return c
+    return tiny_fashion_mnist(c)
 
   c.batch_size = 1024
   c.eval_batch_size = 1024

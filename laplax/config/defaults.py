@@ -250,6 +250,27 @@ def deit3_recipe(
   return c
 
 
+def tiny_fashion_mnist(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """Sets the CPU-sized Fashion-MNIST run of the hierarchical vision configs'
+  ``size=tiny`` (``configs/swin_imagenet.py``, ``davit_imagenet.py``,
+  ``xcit_imagenet.py``) on ``c``, whose data is :func:`base_config`'s
+  Fashion-MNIST: batch 128 (evaluation 1000), 1200 steps, a log every 50, an
+  evaluation every 600 and a checkpoint every 300 steps, the stored 28 px
+  images (no resize, no crop padding; ``--to timm``'s ``img_size``), AdamW lr
+  2e-3 with 100 warm-up steps. Returns ``c``."""
+  c.batch_size = 128
+  c.eval_batch_size = 1000
+  c.total_steps = 1200
+  c.log_every = 50
+  c.eval_every = 600
+  c.checkpoint_every = 300
+  c.data.image_size = 28
+  c.data.crop_padding = 0
+  c.optim.lr = 2e-3
+  c.optim.warmup_steps = 100
+  return c
+
+
 def gpt_base_config() -> ml_collections.ConfigDict:
   """:func:`base_config` turned into a causal LM on the Shakespeare plays."""
   c = base_config()

@@ -22,20 +22,20 @@ Errors are :class:`~laplax.convert.common.ConvertError` with one line.
 from __future__ import annotations
 
 import copy
-import json
 import os
-import shutil
 from collections.abc import Mapping
 
 import ml_collections
 import numpy as np
 
-from laplax.convert import common, hf_gpt2
+from laplax.convert import common
 
-CONFIG_FILE = "config.json"
-SAFETENSORS_FILE = "model.safetensors"
-TORCH_FILE = "pytorch_model.bin"
-TOKENIZER_FILE = "tokenizer.json"
+CONFIG_FILE = common.HF_CONFIG_FILE
+SAFETENSORS_FILE = common.HF_SAFETENSORS_FILE
+TORCH_FILE = common.HF_TORCH_FILE
+TOKENIZER_FILE = common.HF_TOKENIZER_FILE
+#: What the refusals ask for.
+DIRECTORY = "a BertForMaskedLM.save_pretrained directory"
 TARGET = "Hugging Face BERT"
 # HF ``hidden_act`` -> laplax ``model.mlp_activation`` (HF's "gelu" is the erf form).
 ACTIVATIONS_FROM_HF = {"gelu": "gelu_exact", "gelu_new": "gelu", "gelu_pytorch_tanh": "gelu"}
@@ -133,17 +133,7 @@ def read_hf_config(model_dir: str) -> dict:
       ``"bert"``, a missing size, an activation laplax lacks, relative
       position embeddings or a decoder / cross-attention configuration.
   """
-  path = os.path.join(model_dir, CONFIG_FILE)
-  if not os.path.isfile(path):
-    raise ConvertError(
-      f"--model {model_dir} has no {CONFIG_FILE}; give a BertForMaskedLM.save_pretrained directory"
-    )
-  try:
-    with open(path, encoding="utf-8") as f:
-      hf = json.load(f)
-  except (OSError, ValueError) as e:
-    raise ConvertError(f"cannot read {path}: {type(e).__name__}") from None
-  return read_hf_config_dict(hf, path)
+  return read_hf_config_dict(*common.read_hf_config_json(model_dir, DIRECTORY))
 
 
 def read_hf_config_dict(hf, path: str) -> dict:
@@ -152,9 +142,10 @@ def read_hf_config_dict(hf, path: str) -> dict:
   Raises:
     ConvertError: as :func:`read_hf_config`.
   """
-  if not isinstance(hf, dict) or hf.get("model_type") != "bert":
-    got = hf.get("model_type") if isinstance(hf, dict) else None
-    raise ConvertError(f"{path}: model_type={got!r}; only 'bert' (BertForMaskedLM) converts")
+  if hf.get("model_type") != "bert":
+    raise ConvertError(
+      f"{path}: model_type={hf.get('model_type')!r}; only 'bert' (BertForMaskedLM) converts"
+    )
   for key in (
     "vocab_size",
     "hidden_size",
@@ -224,8 +215,6 @@ def laplax_config(hf: Mapping, config: ml_collections.ConfigDict) -> ml_collecti
   Raises:
     ConvertError: not an ``mlm`` config, or the result does not validate.
   """
-  from laplax import tasks
-  from laplax.config import validation as config_lib
 
   if config.get("task") != "mlm":
     raise ConvertError(
@@ -258,11 +247,7 @@ def laplax_config(hf: Mapping, config: ml_collections.ConfigDict) -> ml_collecti
       layerscale_init=None,
     )
     config.data.vocab_size = hf["vocab_size"]
-  try:
-    tasks.validate(config)
-  except config_lib.ConfigError as e:
-    raise ConvertError(f"the converted config does not validate: {e}") from None
-  return config
+  return common.validate_converted(config)
 
 
 def convert_from_hf(model_dir: str, config: ml_collections.ConfigDict, workdir: str) -> None:
@@ -278,34 +263,16 @@ def convert_from_hf(model_dir: str, config: ml_collections.ConfigDict, workdir: 
   """
   from laplax.models import spec as spec_lib
 
-  if os.path.exists(os.path.abspath(os.path.expanduser(workdir))):
-    raise ConvertError(f"--workdir {workdir} exists; give a new directory (nothing was written)")
-  if not os.path.isdir(model_dir):
-    raise ConvertError(
-      f"--model {model_dir} is not a directory; give a BertForMaskedLM.save_pretrained directory"
-    )
+  common.new_path(workdir, "--workdir")
   hf = read_hf_config(model_dir)
   config = laplax_config(hf, config)
   spec = spec_lib.from_config(config.model)
   common.refuse_unsupported(
     spec, "hf-bert", TARGET, "the converted model would not compute BERT's logits", skip_source=True
   )
-  if not any(os.path.isfile(os.path.join(model_dir, f)) for f in (SAFETENSORS_FILE, TORCH_FILE)):
-    raise ConvertError(
-      f"{model_dir} has no {SAFETENSORS_FILE} or {TORCH_FILE}; give a "
-      f"BertForMaskedLM.save_pretrained directory"
-    )
-  tensors, source = hf_gpt2.read_hf_tensors(model_dir)
+  tensors, source = common.read_hf_tensors(model_dir, DIRECTORY)
   flat = hf_to_laplax(check_hf_tensors(tensors, hf, source), spec.depth)
-  files = {}
-  tokenizer = os.path.join(model_dir, TOKENIZER_FILE)
-  if os.path.isfile(tokenizer):
-    hf_gpt2._check_tokenizer(tokenizer, hf["vocab_size"])
-    files[TOKENIZER_FILE] = tokenizer
-  params = common.to_layout(common.nested(flat), spec)
-  common.write_workdir(
-    workdir, config, params, vocab_size=hf["vocab_size"], files=files, source=source
-  )
+  common.write_hf_workdir(workdir, config, spec, flat, model_dir, hf["vocab_size"], source)
 
 
 def hf_config(spec, vocab_size: int) -> dict:
@@ -346,11 +313,7 @@ def convert_to_hf(workdir: str, out_dir: str, force: bool = False) -> str | None
       cramming architecture's), a Laplacian / spectral model without
       ``force``, or an existing ``out_dir``.
   """
-  from safetensors.numpy import save_file
-
-  out_abs = os.path.abspath(os.path.expanduser(out_dir))
-  if os.path.exists(out_abs):
-    raise ConvertError(f"--out {out_abs} exists; give a new directory (nothing was written)")
+  out_abs = common.new_path(out_dir, "--out")
   config, spec, params, _ = common.read_workdir(workdir)
   if config.model.get("name") != "bert":
     raise ConvertError(
@@ -365,18 +328,6 @@ def convert_to_hf(workdir: str, out_dir: str, force: bool = False) -> str | None
   tensors = laplax_to_hf(flat, spec.depth)
   vocab_size = int(np.shape(flat["token_embedding/embedding"])[0])
   tokenizer = os.path.join(os.path.expanduser(workdir), TOKENIZER_FILE)
-  parent = os.path.dirname(out_abs)
-  os.makedirs(parent, exist_ok=True)
-  tmp = common.new_directory(parent)
-  try:
-    with open(os.path.join(tmp, CONFIG_FILE), "w", encoding="utf-8") as f:
-      json.dump(hf_config(spec, vocab_size), f, indent=2)
-      f.write("\n")
-    save_file(tensors, os.path.join(tmp, SAFETENSORS_FILE), metadata={"format": "pt"})
-    if os.path.isfile(tokenizer):
-      shutil.copyfile(tokenizer, os.path.join(tmp, TOKENIZER_FILE))
-    common.commit_directory(tmp, out_abs)
-  except BaseException:
-    shutil.rmtree(tmp, ignore_errors=True)
-    raise
+  files = {TOKENIZER_FILE: tokenizer} if os.path.isfile(tokenizer) else {}
+  common.write_hf_directory(out_abs, hf_config(spec, vocab_size), tensors, files)
   return note

@@ -31,9 +31,7 @@ the key, tensor or file; nothing is written then.
 from __future__ import annotations
 
 import copy
-import json
 import os
-import shutil
 from collections.abc import Mapping
 
 import ml_collections
@@ -41,11 +39,13 @@ import numpy as np
 
 from laplax.convert import common
 
-CONFIG_FILE = "config.json"
-SAFETENSORS_FILE = "model.safetensors"
-SAFETENSORS_INDEX = "model.safetensors.index.json"
-TORCH_FILE = "pytorch_model.bin"
-TOKENIZER_FILE = "tokenizer.json"
+CONFIG_FILE = common.HF_CONFIG_FILE
+SAFETENSORS_FILE = common.HF_SAFETENSORS_FILE
+SAFETENSORS_INDEX = common.HF_SAFETENSORS_INDEX
+TORCH_FILE = common.HF_TORCH_FILE
+TOKENIZER_FILE = common.HF_TOKENIZER_FILE
+#: What the refusals ask for.
+DIRECTORY = "a GPT2LMHeadModel.save_pretrained directory"
 TARGET = "Hugging Face GPT-2"
 PREFIX = "transformer."
 # HF ``activation_function`` -> laplax ``model.mlp_activation``; the inverse
@@ -134,11 +134,9 @@ def hf_to_laplax(
     h, b = f"h.{i}.", f"block{i}/"
     out[b + "norm1/scale"], out[b + "norm1/bias"] = t[h + "ln_1.weight"], t[h + "ln_1.bias"]
     out[b + "norm2/scale"], out[b + "norm2/bias"] = t[h + "ln_2.weight"], t[h + "ln_2.bias"]
-    kernels = np.split(t[h + "attn.c_attn.weight"], 3, axis=1)
-    biases = np.split(t[h + "attn.c_attn.bias"], 3)
-    for name, kernel, bias in zip(("query", "key", "value"), kernels, biases):
-      out[f"{b}attention/{name}/kernel"] = np.ascontiguousarray(kernel)
-      out[f"{b}attention/{name}/bias"] = bias
+    out.update(
+      common.split_qkv(t[h + "attn.c_attn.weight"], t[h + "attn.c_attn.bias"], b + "attention")
+    )
     for laplax_name, hf_name in (
       ("attention/out", "attn.c_proj"),
       ("mlp/fc1", "mlp.c_fc"),
@@ -168,12 +166,7 @@ def laplax_to_hf(
     h, b = f"h.{i}.", f"block{i}/"
     out[h + "ln_1.weight"], out[h + "ln_1.bias"] = p[b + "norm1/scale"], p[b + "norm1/bias"]
     out[h + "ln_2.weight"], out[h + "ln_2.bias"] = p[b + "norm2/scale"], p[b + "norm2/bias"]
-    out[h + "attn.c_attn.weight"] = np.concatenate(
-      [p[f"{b}attention/{n}/kernel"] for n in ("query", "key", "value")], axis=1
-    )
-    out[h + "attn.c_attn.bias"] = np.concatenate(
-      [p[f"{b}attention/{n}/bias"] for n in ("query", "key", "value")]
-    )
+    out[h + "attn.c_attn.weight"], out[h + "attn.c_attn.bias"] = common.fuse_qkv(p, b + "attention")
     for laplax_name, hf_name in (
       ("attention/out", "attn.c_proj"),
       ("mlp/fc1", "mlp.c_fc"),
@@ -197,24 +190,7 @@ def read_hf_config(model_dir: str) -> dict:
       ``"gpt2"``, a missing or non-integer size, an ``activation_function``
       laplax lacks, or a key of :data:`_REFUSED` at a value laplax cannot run.
   """
-  if not os.path.isdir(model_dir):
-    raise ConvertError(
-      f"--model {model_dir} is not a directory; give a GPT2LMHeadModel.save_pretrained directory"
-    )
-  path = os.path.join(model_dir, CONFIG_FILE)
-  if not os.path.isfile(path):
-    raise ConvertError(
-      f"{model_dir} has no {CONFIG_FILE}; give a GPT2LMHeadModel.save_pretrained directory"
-    )
-  try:
-    with open(path, encoding="utf-8") as f:
-      hf = json.load(f)
-  except (OSError, ValueError) as e:
-    raise ConvertError(
-      f"cannot read {path}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-    ) from None
-  if not isinstance(hf, dict):
-    raise ConvertError(f"{path} is not a JSON object (a GPT2Config)")
+  hf, path = common.read_hf_config_json(model_dir, DIRECTORY)
   if hf.get("model_type") != "gpt2":
     raise ConvertError(
       f"{path}: model_type={hf.get('model_type')!r}; only 'gpt2' (GPT2LMHeadModel) converts"
@@ -239,61 +215,6 @@ def read_hf_config(model_dir: str) -> dict:
         f"{path}: {key}={hf[key]!r} cannot be converted ({why}); only {key}={value} can"
       )
   return hf
-
-
-def _load_safetensors(path: str) -> dict[str, np.ndarray]:
-  """The tensors of one ``.safetensors`` file (``safetensors.numpy.load_file``;
-  bfloat16 tensors come as ``ml_dtypes.bfloat16``, which importing it
-  registers with NumPy)."""
-  import ml_dtypes  # noqa: F401  (registers bfloat16 with NumPy)
-  from safetensors.numpy import load_file
-
-  try:
-    return load_file(path)
-  except Exception as e:  # safetensors' own errors
-    raise ConvertError(
-      f"cannot read {path}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-    ) from None
-
-
-def _load_torch(path: str) -> dict[str, np.ndarray]:
-  """A ``pytorch_model.bin`` state dict as NumPy (torch imported here only,
-  ``weights_only=True``)."""
-  _, state = common.torch_state_dict(path, "install torch or give a model.safetensors")
-  return {
-    k: v.detach().float().numpy() if v.is_floating_point() else v.numpy() for k, v in state.items()
-  }
-
-
-def read_hf_tensors(model_dir: str) -> tuple[dict[str, np.ndarray], str]:
-  """``({name: array}, file)`` of the weights in ``model_dir``:
-  ``model.safetensors``, else the shards of ``model.safetensors.index.json``,
-  else ``pytorch_model.bin``.
-
-  Raises:
-    ConvertError: none of those files, or one that cannot be read.
-  """
-  path = os.path.join(model_dir, SAFETENSORS_FILE)
-  if os.path.isfile(path):
-    return _load_safetensors(path), path
-  index = os.path.join(model_dir, SAFETENSORS_INDEX)
-  if os.path.isfile(index):
-    try:
-      with open(index, encoding="utf-8") as f:
-        shards = sorted(set(json.load(f)["weight_map"].values()))
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-      raise ConvertError(f"cannot read {index}: {type(e).__name__}") from None
-    tensors = {}
-    for shard in shards:
-      tensors.update(_load_safetensors(os.path.join(model_dir, shard)))
-    return tensors, index
-  path = os.path.join(model_dir, TORCH_FILE)
-  if os.path.isfile(path):
-    return _load_torch(path), path
-  raise ConvertError(
-    f"{model_dir} has no {SAFETENSORS_FILE} (nor {SAFETENSORS_INDEX} "
-    f"or {TORCH_FILE}); give a GPT2LMHeadModel.save_pretrained directory"
-  )
 
 
 def check_hf_tensors(
@@ -375,7 +296,6 @@ def laplax_config(hf: Mapping, config: ml_collections.ConfigDict) -> ml_collecti
       does not validate (e.g. more Laplacian heads than ``n_head``).
   """
   from laplax import tasks
-  from laplax.config import validation as config_lib
 
   if not tasks.is_language_model(config):
     raise ConvertError(
@@ -401,31 +321,7 @@ def laplax_config(hf: Mapping, config: ml_collections.ConfigDict) -> ml_collecti
     m.layerscale_init = None
     config.data.tokenizer = "bpe"
     config.data.vocab_size = hf["vocab_size"]
-  try:
-    tasks.validate(config)
-  except config_lib.ConfigError as e:
-    raise ConvertError(f"the converted config does not validate: {e}") from None
-  return config
-
-
-def _check_tokenizer(path: str, vocab_size: int) -> None:
-  """Raises :class:`ConvertError` unless ``path`` is a ``tokenizers`` file of
-  ``vocab_size`` tokens (what laplax's BPE tokenizer then requires)."""
-  import tokenizers
-
-  try:
-    size = tokenizers.Tokenizer.from_file(path).get_vocab_size()
-  except Exception as e:  # tokenizers raises Exception
-    raise ConvertError(
-      f"cannot read {path} as a tokenizers file: "
-      f"{str(e).splitlines()[0] if str(e) else type(e).__name__}"
-    ) from None
-  if size != vocab_size:
-    raise ConvertError(
-      f"{path} has {size} tokens but the model's vocab_size is "
-      f"{vocab_size}; laplax needs them equal (remove {TOKENIZER_FILE} "
-      f"to convert the weights alone)"
-    )
+  return common.validate_converted(config)
 
 
 # --------------------------------------------------------------------------- API
@@ -461,11 +357,7 @@ def convert_from_hf(model_dir: str, config: ml_collections.ConfigDict, workdir: 
   from laplax import attention
   from laplax.models import spec as spec_lib
 
-  workdir_abs = os.path.abspath(os.path.expanduser(workdir))
-  if os.path.exists(workdir_abs):
-    raise ConvertError(
-      f"--workdir {workdir_abs} exists; give a new directory (nothing was written)"
-    )
+  common.new_path(workdir, "--workdir")
   hf = read_hf_config(model_dir)
   config = laplax_config(hf, config)
   spec = spec_lib.from_config(config.model)
@@ -476,7 +368,7 @@ def convert_from_hf(model_dir: str, config: ml_collections.ConfigDict, workdir: 
     "the converted model would not compute GPT-2's logits; set it there",
     skip_source=True,
   )
-  tensors, source = read_hf_tensors(model_dir)
+  tensors, source = common.read_hf_tensors(model_dir, DIRECTORY)
   tensors = check_hf_tensors(tensors, hf, source)
   flat = hf_to_laplax(tensors, spec.depth, spec.tie_embeddings)
   if spec.attention.laplacian_mix == "learned":
@@ -484,15 +376,7 @@ def convert_from_hf(model_dir: str, config: ml_collections.ConfigDict, workdir: 
       flat[f"block{i}/attention/laplacian_mix"] = attention.LAPLACIAN_MIX_INIT * (
         2.0 * row.astype(np.float32) - 1.0
       )
-  files = {}
-  tokenizer = os.path.join(model_dir, TOKENIZER_FILE)
-  if os.path.isfile(tokenizer):
-    _check_tokenizer(tokenizer, hf["vocab_size"])
-    files[TOKENIZER_FILE] = tokenizer
-  params = common.to_layout(common.nested(flat), spec)
-  common.write_workdir(
-    workdir, config, params, vocab_size=hf["vocab_size"], files=files, source=source
-  )
+  common.write_hf_workdir(workdir, config, spec, flat, model_dir, hf["vocab_size"], source)
 
 
 def hf_config(spec, vocab_size: int, eos_token_id: int | None = None) -> dict:
@@ -580,11 +464,7 @@ def convert_to_hf(workdir: str, out_dir: str, force: bool = False) -> str | None
       embedding norm, LayerScale), a Laplacian / spectral model without
       ``force``, or an existing ``out_dir``.
   """
-  from safetensors.numpy import save_file
-
-  out_abs = os.path.abspath(os.path.expanduser(out_dir))
-  if os.path.exists(out_abs):
-    raise ConvertError(f"--out {out_abs} exists; give a new directory (nothing was written)")
+  out_abs = common.new_path(out_dir, "--out")
   config, spec, params, _ = common.read_workdir(workdir)
   from laplax import tasks
 
@@ -614,25 +494,12 @@ def convert_to_hf(workdir: str, out_dir: str, force: bool = False) -> str | None
   tokenizer = os.path.join(os.path.expanduser(workdir), TOKENIZER_FILE)
   tokenizer = tokenizer if os.path.isfile(tokenizer) else None
   hf = hf_config(spec, vocab_size, _eos_token_id(tokenizer))
-  parent = os.path.dirname(out_abs)
-  os.makedirs(parent, exist_ok=True)
-  tmp = common.new_directory(parent)
-  try:
-    with open(os.path.join(tmp, CONFIG_FILE), "w", encoding="utf-8") as f:
-      json.dump(hf, f, indent=2)
-      f.write("\n")
-    save_file(tensors, os.path.join(tmp, SAFETENSORS_FILE), metadata={"format": "pt"})
-    if tokenizer is not None:
-      shutil.copyfile(tokenizer, os.path.join(tmp, TOKENIZER_FILE))
-      with open(os.path.join(tmp, "tokenizer_config.json"), "w", encoding="utf-8") as f:
-        json.dump(
-          {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": spec.max_length},
-          f,
-          indent=2,
-        )
-        f.write("\n")
-    common.commit_directory(tmp, out_abs)
-  except BaseException:
-    shutil.rmtree(tmp, ignore_errors=True)
-    raise
+  files, json_files = {}, {}
+  if tokenizer is not None:
+    files[TOKENIZER_FILE] = tokenizer
+    json_files["tokenizer_config.json"] = {
+      "tokenizer_class": "PreTrainedTokenizerFast",
+      "model_max_length": spec.max_length,
+    }
+  common.write_hf_directory(out_abs, hf, tensors, files, json_files)
   return note

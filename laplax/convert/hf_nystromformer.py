@@ -28,13 +28,10 @@ Errors are :class:`~laplax.convert.common.ConvertError` with one line.
 
 from __future__ import annotations
 
-import json
-import os
-
 import ml_collections
 import numpy as np
 
-from laplax.convert import common, hf_bert, hf_gpt2
+from laplax.convert import common, hf_bert
 
 TARGET = "Hugging Face Nystromformer"
 PREFIX = "nystromformer."
@@ -43,6 +40,8 @@ _BUFFERS = ("nystromformer.embeddings.position_ids", "nystromformer.embeddings.t
 _POSITIONS = "bert.embeddings.position_embeddings.weight"
 POSITION_OFFSET = 2
 ConvertError = common.ConvertError
+#: What the refusals ask for.
+DIRECTORY = "a NystromformerForMaskedLM.save_pretrained directory"
 
 
 def read_hf_config(model_dir: str) -> dict:
@@ -54,18 +53,8 @@ def read_hf_config(model_dir: str) -> dict:
       ``segment_means_seq_len``, an even or non-positive ``conv_kernel_size``,
       ``inv_coeff_init_option`` set, or what :func:`hf_bert.read_hf_config` refuses.
   """
-  path = os.path.join(model_dir, hf_bert.CONFIG_FILE)
-  if not os.path.isfile(path):
-    raise ConvertError(
-      f"--model {model_dir} has no {hf_bert.CONFIG_FILE}; give a "
-      f"NystromformerForMaskedLM.save_pretrained directory"
-    )
-  try:
-    with open(path, encoding="utf-8") as f:
-      hf = json.load(f)
-  except (OSError, ValueError) as e:
-    raise ConvertError(f"cannot read {path}: {type(e).__name__}") from None
-  got = hf.get("model_type") if isinstance(hf, dict) else None
+  hf, path = common.read_hf_config_json(model_dir, DIRECTORY)
+  got = hf.get("model_type")
   if got != "nystromformer":
     raise ConvertError(
       f"{path}: model_type={got!r}; only 'nystromformer' (NystromformerForMaskedLM) converts here"
@@ -132,9 +121,6 @@ def to_bert_tensors(tensors: dict, hf: dict, source: str) -> tuple[dict, dict]:
 
 def laplax_config(hf: dict, config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """:func:`hf_bert.laplax_config` with Nystrom attention as the HF config sets it."""
-  from laplax import tasks
-  from laplax.config import validation as config_lib
-
   config = hf_bert.laplax_config(hf, config)
   with config.unlocked():
     config.model.update(
@@ -146,11 +132,7 @@ def laplax_config(hf: dict, config: ml_collections.ConfigDict) -> ml_collections
       conv_kernel_size=hf.get("conv_kernel_size"),
       attention_dropout=0.0,
     )
-  try:
-    tasks.validate(config)
-  except config_lib.ConfigError as e:
-    raise ConvertError(f"the converted config does not validate: {e}") from None
-  return config
+  return common.validate_converted(config)
 
 
 def convert_from_hf(model_dir: str, config: ml_collections.ConfigDict, workdir: str) -> None:
@@ -165,13 +147,7 @@ def convert_from_hf(model_dir: str, config: ml_collections.ConfigDict, workdir: 
   """
   from laplax.models import spec as spec_lib
 
-  if os.path.exists(os.path.abspath(os.path.expanduser(workdir))):
-    raise ConvertError(f"--workdir {workdir} exists; give a new directory (nothing was written)")
-  if not os.path.isdir(model_dir):
-    raise ConvertError(
-      f"--model {model_dir} is not a directory; give a "
-      f"NystromformerForMaskedLM.save_pretrained directory"
-    )
+  common.new_path(workdir, "--workdir")
   hf = read_hf_config(model_dir)
   config = laplax_config(hf, config)
   spec = spec_lib.from_config(config.model)
@@ -182,25 +158,11 @@ def convert_from_hf(model_dir: str, config: ml_collections.ConfigDict, workdir: 
     "the converted model would not compute the Nystromformer's logits",
     skip_source=True,
   )
-  files = (hf_bert.SAFETENSORS_FILE, hf_bert.TORCH_FILE)
-  if not any(os.path.isfile(os.path.join(model_dir, f)) for f in files):
-    raise ConvertError(
-      f"{model_dir} has no {' or '.join(files)}; give a "
-      f"NystromformerForMaskedLM.save_pretrained directory"
-    )
-  tensors, source = hf_gpt2.read_hf_tensors(model_dir)
+  tensors, source = common.read_hf_tensors(model_dir, DIRECTORY)
   bert_tensors, conv = to_bert_tensors(dict(tensors), hf, source)
   flat = hf_bert.hf_to_laplax(hf_bert.check_hf_tensors(bert_tensors, hf, source), spec.depth)
   for i, weight in conv.items():
     flat[f"block{i}/attention/nystrom_conv"] = np.ascontiguousarray(
       np.asarray(weight, np.float32)[:, 0, :, 0].T
     )
-  extra = {}
-  tokenizer = os.path.join(model_dir, hf_bert.TOKENIZER_FILE)
-  if os.path.isfile(tokenizer):
-    hf_gpt2._check_tokenizer(tokenizer, hf["vocab_size"])
-    extra[hf_bert.TOKENIZER_FILE] = tokenizer
-  params = common.to_layout(common.nested(flat), spec)
-  common.write_workdir(
-    workdir, config, params, vocab_size=hf["vocab_size"], files=extra, source=source
-  )
+  common.write_hf_workdir(workdir, config, spec, flat, model_dir, hf["vocab_size"], source)

@@ -40,10 +40,6 @@ NAME = "timm's DaVit"
 TIMM_CLASS = "DaVit"
 
 
-def _t(x: np.ndarray) -> np.ndarray:
-  return np.ascontiguousarray(np.asarray(x).T)
-
-
 def architecture(model) -> dict:
   """The sizes of a timm ``DaVit`` that laplax's DaViT can express.
 
@@ -136,64 +132,29 @@ def timm_to_laplax(state: Mapping[str, np.ndarray], arch: Mapping) -> dict:
   Raises:
     ConvertError: a tensor missing or of the wrong shape, or one left over (named).
   """
-  state = {k: np.asarray(v, np.float32) for k, v in state.items()}
-  used = set()
-
-  def take(name, shape):
-    if name not in state:
-      raise ConvertError(f"the timm weights lack tensor {name}")
-    used.add(name)
-    value = state[name]
-    if tuple(value.shape) != tuple(shape):
-      raise ConvertError(
-        f"timm tensor {name} has shape {tuple(value.shape)}; this architecture needs {tuple(shape)}"
-      )
-    return value
-
-  def norm(src, dst, d):
-    out[f"{dst}/scale"], out[f"{dst}/bias"] = take(f"{src}.weight", (d,)), take(f"{src}.bias", (d,))
-
-  def linear(src, dst, n_in, n_out):
-    out[f"{dst}/kernel"] = _t(take(f"{src}.weight", (n_out, n_in)))
-    out[f"{dst}/bias"] = take(f"{src}.bias", (n_out,))
-
-  def conv(src, dst, shape):
-    out[f"{dst}/kernel"] = np.ascontiguousarray(take(f"{src}.weight", shape).transpose(2, 3, 1, 0))
-    out[f"{dst}/bias"] = take(f"{src}.bias", (shape[0],))
-
+  r = common.TimmReader(state)
   d0, c = arch["embed_dim"], arch["in_chans"]
-  out = {}
-  conv("stem.conv", "embedding", (d0, c, 7, 7))
-  norm("stem.norm", "embedding_norm", d0)
+  r.conv("stem.conv", "embedding", (d0, c, 7, 7))
+  r.norm("stem.norm", "embedding_norm", d0)
   for s in range(1, len(arch["stage_depths"])):
     d = d0 * 2**s
-    norm(f"stages.{s}.downsample.norm", f"downsample{s}_norm", d // 2)
-    conv(f"stages.{s}.downsample.conv", f"downsample{s}", (d, d // 2, 2, 2))
+    r.norm(f"stages.{s}.downsample.norm", f"downsample{s}_norm", d // 2)
+    r.conv(f"stages.{s}.downsample.conv", f"downsample{s}", (d, d // 2, 2, 2))
   for s, b, o in _block_names(arch["stage_depths"]):
     d, hidden = d0 * 2**s, arch["mlp_dim"] * 2**s
     for n in ("cpe1", "cpe2"):
-      conv(f"{b}.{n}.proj", f"{o}/{n}/proj", (d, 1, 3, 3))
-    norm(f"{b}.norm1", f"{o}/norm1", d)
-    norm(f"{b}.norm2", f"{o}/norm2", d)
-    w = _t(take(f"{b}.attn.qkv.weight", (3 * d, d)))
-    bias = take(f"{b}.attn.qkv.bias", (3 * d,))
-    for k, name in enumerate(("query", "key", "value")):
-      out[f"{o}/attention/{name}/kernel"] = np.ascontiguousarray(w[:, k * d : (k + 1) * d])
-      out[f"{o}/attention/{name}/bias"] = bias[k * d : (k + 1) * d]
-    linear(f"{b}.attn.proj", f"{o}/attention/out", d, d)
-    linear(f"{b}.mlp.fc1", f"{o}/mlp/fc1", d, hidden)
-    linear(f"{b}.mlp.fc2", f"{o}/mlp/fc2", hidden, d)
+      r.conv(f"{b}.{n}.proj", f"{o}/{n}/proj", (d, 1, 3, 3))
+    r.norm(f"{b}.norm1", f"{o}/norm1", d)
+    r.norm(f"{b}.norm2", f"{o}/norm2", d)
+    r.qkv(f"{b}.attn.qkv", f"{o}/attention", d)
+    r.linear(f"{b}.attn.proj", f"{o}/attention/out", d, d)
+    r.linear(f"{b}.mlp.fc1", f"{o}/mlp/fc1", d, hidden)
+    r.linear(f"{b}.mlp.fc2", f"{o}/mlp/fc2", hidden, d)
   d = d0 * 2 ** (len(arch["stage_depths"]) - 1)
-  norm("head.norm", "encoder_norm", d)
+  r.norm("head.norm", "encoder_norm", d)
   if arch["num_classes"]:
-    linear("head.fc", "head", d, arch["num_classes"])
-  left = sorted(set(state) - used)
-  if left:
-    raise ConvertError(
-      f"the timm weights have tensor {left[0]}, which this "
-      f"architecture has not" + (f" ({len(left)} such)" if len(left) > 1 else "")
-    )
-  return common.nested(out)
+    r.linear("head.fc", "head", d, arch["num_classes"])
+  return r.params()
 
 
 def laplax_to_timm(params: Mapping, spec, config=None) -> tuple[dict, dict]:
@@ -208,43 +169,27 @@ def laplax_to_timm(params: Mapping, spec, config=None) -> tuple[dict, dict]:
   """
   del config  # DaViT runs at any image size
   common.refuse_unsupported(spec, TARGET, NAME, "this workdir cannot be written as timm")
-  f = common.flat(params)
-  sd = {}
-
-  def conv(src, dst):
-    sd[f"{dst}.weight"] = np.asarray(f[f"{src}/kernel"]).transpose(3, 2, 0, 1)
-    sd[f"{dst}.bias"] = f[f"{src}/bias"]
-
-  def norm(src, dst):
-    sd[f"{dst}.weight"], sd[f"{dst}.bias"] = f[f"{src}/scale"], f[f"{src}/bias"]
-
-  def linear(src, dst):
-    sd[f"{dst}.weight"], sd[f"{dst}.bias"] = _t(f[f"{src}/kernel"]), f[f"{src}/bias"]
-
-  conv("embedding", "stem.conv")
-  norm("embedding_norm", "stem.norm")
-  blocks = _block_names(spec.stage_depths)
-  for s, b, o in blocks:
-    if s and f"stages.{s}.downsample.norm.weight" not in sd:
-      norm(f"downsample{s}_norm", f"stages.{s}.downsample.norm")
-      conv(f"downsample{s}", f"stages.{s}.downsample.conv")
+  w = common.TimmWriter(params)
+  w.conv("embedding", "stem.conv")
+  w.norm("embedding_norm", "stem.norm")
+  for s, b, o in _block_names(spec.stage_depths):
+    if s and f"stages.{s}.downsample.norm.weight" not in w.sd:
+      w.norm(f"downsample{s}_norm", f"stages.{s}.downsample.norm")
+      w.conv(f"downsample{s}", f"stages.{s}.downsample.conv")
     for n in ("cpe1", "cpe2"):
-      conv(f"{o}/{n}/proj", f"{b}.{n}.proj")
-    norm(f"{o}/norm1", f"{b}.norm1")
-    a = f"{o}/attention"
-    names = ("query", "key", "value")
-    sd[f"{b}.attn.qkv.weight"] = np.concatenate([_t(f[f"{a}/{n}/kernel"]) for n in names], 0)
-    sd[f"{b}.attn.qkv.bias"] = np.concatenate([f[f"{a}/{n}/bias"] for n in names])
-    linear(f"{a}/out", f"{b}.attn.proj")
-    norm(f"{o}/norm2", f"{b}.norm2")
-    linear(f"{o}/mlp/fc1", f"{b}.mlp.fc1")
-    linear(f"{o}/mlp/fc2", f"{b}.mlp.fc2")
-  norm("encoder_norm", "head.norm")
+      w.conv(f"{o}/{n}/proj", f"{b}.{n}.proj")
+    w.norm(f"{o}/norm1", f"{b}.norm1")
+    w.qkv(f"{o}/attention", f"{b}.attn.qkv")
+    w.linear(f"{o}/attention/out", f"{b}.attn.proj")
+    w.norm(f"{o}/norm2", f"{b}.norm2")
+    w.linear(f"{o}/mlp/fc1", f"{b}.mlp.fc1")
+    w.linear(f"{o}/mlp/fc2", f"{b}.mlp.fc2")
+  w.norm("encoder_norm", "head.norm")
   num_classes = 0
-  if "head/kernel" in f:
-    linear("head", "head.fc")
-    num_classes = int(np.shape(f["head/kernel"])[1])
-  sd = {k: np.ascontiguousarray(np.asarray(v, np.float32)) for k, v in sd.items()}
+  if "head/kernel" in w.f:
+    w.linear("head", "head.fc")
+    num_classes = int(np.shape(w.f["head/kernel"])[1])
+  sd, f = w.state_dict(), w.f
   stages = range(len(spec.stage_depths))
   model_args = dict(
     in_chans=int(np.shape(f["embedding/kernel"])[2]),

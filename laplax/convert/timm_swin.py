@@ -43,10 +43,6 @@ NAME = "timm's SwinTransformer"
 TIMM_CLASS = "SwinTransformer"
 
 
-def _t(x: np.ndarray) -> np.ndarray:
-  return np.ascontiguousarray(np.asarray(x).T)
-
-
 def architecture(model) -> dict:
   """The sizes of a timm ``SwinTransformer`` that laplax's Swin can express.
 
@@ -150,70 +146,37 @@ def timm_to_laplax(state: Mapping[str, np.ndarray], arch: Mapping) -> dict:
   Raises:
     ConvertError: a tensor missing or of the wrong shape, or one left over (named).
   """
-  state = {k: np.asarray(v, np.float32) for k, v in state.items()}
-  used = set()
-
-  def take(name, shape):
-    if name not in state:
-      raise ConvertError(f"the timm weights lack tensor {name}")
-    used.add(name)
-    value = state[name]
-    if tuple(value.shape) != tuple(shape):
-      raise ConvertError(
-        f"timm tensor {name} has shape {tuple(value.shape)}; this architecture needs {tuple(shape)}"
-      )
-    return value
-
-  def norm(src, dst, d):
-    out[f"{dst}/scale"], out[f"{dst}/bias"] = take(f"{src}.weight", (d,)), take(f"{src}.bias", (d,))
-
-  def linear(src, dst, n_in, n_out):
-    out[f"{dst}/kernel"] = _t(take(f"{src}.weight", (n_out, n_in)))
-    out[f"{dst}/bias"] = take(f"{src}.bias", (n_out,))
-
+  r = common.TimmReader(state)
   d0, c, p = arch["embed_dim"], arch["in_chans"], arch["patch_size"]
   grid = (arch["img_size"][0] // p, arch["img_size"][1] // p)
   windows = _stage_windows(arch["stage_depths"], arch["window_size"], grid)
-  out = {
-    "embedding/kernel": take("patch_embed.proj.weight", (d0, c, p, p)).transpose(2, 3, 1, 0),
-    "embedding/bias": take("patch_embed.proj.bias", (d0,)),
-  }
-  norm("patch_embed.norm", "embedding_norm", d0)
+  r.conv("patch_embed.proj", "embedding", (d0, c, p, p))
+  r.norm("patch_embed.norm", "embedding_norm", d0)
   i = 0
   for s, depth in enumerate(arch["stage_depths"]):
     d, heads, hidden = d0 * 2**s, arch["num_heads"] * 2**s, arch["mlp_dim"] * 2**s
     wh, ww = windows[s]
     if s:
-      norm(f"layers.{s}.downsample.norm", f"merge{s}/norm", 2 * d)
-      out[f"merge{s}/reduction/kernel"] = _t(
-        take(f"layers.{s}.downsample.reduction.weight", (d, 2 * d))
+      r.norm(f"layers.{s}.downsample.norm", f"merge{s}/norm", 2 * d)
+      r.out[f"merge{s}/reduction/kernel"] = common.transpose(
+        r.take(f"layers.{s}.downsample.reduction.weight", (d, 2 * d))
       )
     for j in range(depth):
       b, o = f"layers.{s}.blocks.{j}", f"block{i}"
-      norm(f"{b}.norm1", f"{o}/norm1", d)
-      norm(f"{b}.norm2", f"{o}/norm2", d)
-      out[f"{o}/relative_position_bias"] = take(
+      r.norm(f"{b}.norm1", f"{o}/norm1", d)
+      r.norm(f"{b}.norm2", f"{o}/norm2", d)
+      r.out[f"{o}/relative_position_bias"] = r.take(
         f"{b}.attn.relative_position_bias_table", ((2 * wh - 1) * (2 * ww - 1), heads)
       )
-      w = _t(take(f"{b}.attn.qkv.weight", (3 * d, d)))
-      bias = take(f"{b}.attn.qkv.bias", (3 * d,))
-      for k, name in enumerate(("query", "key", "value")):
-        out[f"{o}/attention/{name}/kernel"] = np.ascontiguousarray(w[:, k * d : (k + 1) * d])
-        out[f"{o}/attention/{name}/bias"] = bias[k * d : (k + 1) * d]
-      linear(f"{b}.attn.proj", f"{o}/attention/out", d, d)
-      linear(f"{b}.mlp.fc1", f"{o}/mlp/fc1", d, hidden)
-      linear(f"{b}.mlp.fc2", f"{o}/mlp/fc2", hidden, d)
+      r.qkv(f"{b}.attn.qkv", f"{o}/attention", d)
+      r.linear(f"{b}.attn.proj", f"{o}/attention/out", d, d)
+      r.linear(f"{b}.mlp.fc1", f"{o}/mlp/fc1", d, hidden)
+      r.linear(f"{b}.mlp.fc2", f"{o}/mlp/fc2", hidden, d)
       i += 1
-  norm("norm", "encoder_norm", d)
+  r.norm("norm", "encoder_norm", d)
   if arch["num_classes"]:
-    linear("head.fc", "head", d, arch["num_classes"])
-  left = sorted(set(state) - used)
-  if left:
-    raise ConvertError(
-      f"the timm weights have tensor {left[0]}, which this "
-      f"architecture has not" + (f" ({len(left)} such)" if len(left) > 1 else "")
-    )
-  return common.nested(out)
+    r.linear("head.fc", "head", d, arch["num_classes"])
+  return r.params()
 
 
 def laplax_to_timm(params: Mapping, spec, config=None) -> tuple[dict, dict]:
@@ -233,41 +196,31 @@ def laplax_to_timm(params: Mapping, spec, config=None) -> tuple[dict, dict]:
     raise ConvertError(
       "a Swin's timm img_size is config.data.image_size, which this run's config lacks; set it"
     )
-  f = common.flat(params)
-  kernel = np.asarray(f["embedding/kernel"])
-  sd = {
-    "patch_embed.proj.weight": kernel.transpose(3, 2, 0, 1),
-    "patch_embed.proj.bias": f["embedding/bias"],
-    "patch_embed.norm.weight": f["embedding_norm/scale"],
-    "patch_embed.norm.bias": f["embedding_norm/bias"],
-  }
+  w = common.TimmWriter(params)
+  kernel = np.asarray(w.f["embedding/kernel"])
+  w.conv("embedding", "patch_embed.proj")
+  w.norm("embedding_norm", "patch_embed.norm")
   for s, (first, depth, _, _) in enumerate(spec.stages()):
     if s:
-      sd[f"layers.{s}.downsample.norm.weight"] = f[f"merge{s}/norm/scale"]
-      sd[f"layers.{s}.downsample.norm.bias"] = f[f"merge{s}/norm/bias"]
-      sd[f"layers.{s}.downsample.reduction.weight"] = _t(f[f"merge{s}/reduction/kernel"])
+      w.norm(f"merge{s}/norm", f"layers.{s}.downsample.norm")
+      w.sd[f"layers.{s}.downsample.reduction.weight"] = common.transpose(
+        w.f[f"merge{s}/reduction/kernel"]
+      )
     for j in range(depth):
       b, o = f"layers.{s}.blocks.{j}", f"block{first + j}"
-      for n in ("norm1", "norm2"):
-        sd[f"{b}.{n}.weight"], sd[f"{b}.{n}.bias"] = f[f"{o}/{n}/scale"], f[f"{o}/{n}/bias"]
-      sd[f"{b}.attn.relative_position_bias_table"] = f[f"{o}/relative_position_bias"]
-      a = f"{o}/attention"
-      names = ("query", "key", "value")
-      sd[f"{b}.attn.qkv.weight"] = np.concatenate([_t(f[f"{a}/{n}/kernel"]) for n in names], 0)
-      sd[f"{b}.attn.qkv.bias"] = np.concatenate([f[f"{a}/{n}/bias"] for n in names])
-      sd[f"{b}.attn.proj.weight"], sd[f"{b}.attn.proj.bias"] = (
-        _t(f[f"{a}/out/kernel"]),
-        f[f"{a}/out/bias"],
-      )
-      for n in ("fc1", "fc2"):
-        sd[f"{b}.mlp.{n}.weight"] = _t(f[f"{o}/mlp/{n}/kernel"])
-        sd[f"{b}.mlp.{n}.bias"] = f[f"{o}/mlp/{n}/bias"]
-  sd["norm.weight"], sd["norm.bias"] = f["encoder_norm/scale"], f["encoder_norm/bias"]
+      w.norm(f"{o}/norm1", f"{b}.norm1")
+      w.norm(f"{o}/norm2", f"{b}.norm2")
+      w.sd[f"{b}.attn.relative_position_bias_table"] = w.f[f"{o}/relative_position_bias"]
+      w.qkv(f"{o}/attention", f"{b}.attn.qkv")
+      w.linear(f"{o}/attention/out", f"{b}.attn.proj")
+      w.linear(f"{o}/mlp/fc1", f"{b}.mlp.fc1")
+      w.linear(f"{o}/mlp/fc2", f"{b}.mlp.fc2")
+  w.norm("encoder_norm", "norm")
   num_classes = 0
-  if "head/kernel" in f:
-    sd["head.fc.weight"], sd["head.fc.bias"] = _t(f["head/kernel"]), f["head/bias"]
-    num_classes = int(np.shape(f["head/kernel"])[1])
-  sd = {k: np.ascontiguousarray(np.asarray(v, np.float32)) for k, v in sd.items()}
+  if "head/kernel" in w.f:
+    w.linear("head", "head.fc")
+    num_classes = int(np.shape(w.f["head/kernel"])[1])
+  sd = w.state_dict()
   model_args = dict(
     img_size=int(size),
     patch_size=spec.patch_size,

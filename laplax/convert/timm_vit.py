@@ -238,82 +238,41 @@ def model_keys(arch: Mapping) -> dict:
   )
 
 
-def _t(x: np.ndarray) -> np.ndarray:
-  return np.ascontiguousarray(np.asarray(x).T)
-
-
 def timm_to_laplax(state: Mapping[str, np.ndarray], arch: Mapping) -> dict:
   """A timm ViT ``state_dict`` (NumPy) -> laplax parameters (``block{i}`` layout).
 
   Raises:
     ConvertError: a tensor missing or of the wrong shape, or one left over (named).
   """
-  state = {k: np.asarray(v, np.float32) for k, v in state.items()}
-  used = set()
-
-  def take(name, shape=None):
-    if name not in state:
-      raise ConvertError(f"the timm weights lack tensor {name}")
-    used.add(name)
-    value = state[name]
-    if shape is not None and tuple(value.shape) != tuple(shape):
-      raise ConvertError(
-        f"timm tensor {name} has shape {tuple(value.shape)}; this architecture needs {tuple(shape)}"
-      )
-    return value
-
+  r = common.TimmReader(state)
   d, hidden, c = arch["embed_dim"], arch["mlp_dim"], arch["in_chans"]
   p = arch["patch_size"]
   grid = (arch["img_size"][0] // p) * (arch["img_size"][1] // p)
   prefix = 1 if arch["class_token"] and not arch["no_embed_class"] else 0
-  out = {
-    "embedding/kernel": take("patch_embed.proj.weight", (d, c, p, p)).transpose(2, 3, 1, 0),
-    "embedding/bias": take("patch_embed.proj.bias", (d,)),
-  }
-  pos = take("pos_embed", (1, prefix + grid, d))
-  out["pos_embedding"] = np.ascontiguousarray(pos[:, prefix:])
+  r.conv("patch_embed.proj", "embedding", (d, c, p, p))
+  pos = r.take("pos_embed", (1, prefix + grid, d))
+  r.out["pos_embedding"] = np.ascontiguousarray(pos[:, prefix:])
   if arch["class_token"]:
-    out["cls"] = take("cls_token", (1, 1, d)) + (pos[:, :1] if prefix else 0.0)
-  lin = lambda name, n_in, n_out: (
-    _t(take(f"{name}.weight", (n_out, n_in))),
-    take(f"{name}.bias", (n_out,)),
-  )
+    r.out["cls"] = r.take("cls_token", (1, 1, d)) + (pos[:, :1] if prefix else 0.0)
   for i in range(arch["depth"]):
     b, o = f"blocks.{i}", f"block{i}"
-    for t, l in (("norm1", "norm1"), ("norm2", "norm2")):
-      out[f"{o}/{l}/scale"], out[f"{o}/{l}/bias"] = (
-        take(f"{b}.{t}.weight", (d,)),
-        take(f"{b}.{t}.bias", (d,)),
-      )
-    w, bias = lin(f"{b}.attn.qkv", d, 3 * d)
-    for j, name in enumerate(("query", "key", "value")):
-      out[f"{o}/attention/{name}/kernel"] = np.ascontiguousarray(w[:, j * d : (j + 1) * d])
-      out[f"{o}/attention/{name}/bias"] = bias[j * d : (j + 1) * d]
+    r.norm(f"{b}.norm1", f"{o}/norm1", d)
+    r.norm(f"{b}.norm2", f"{o}/norm2", d)
+    r.qkv(f"{b}.attn.qkv", f"{o}/attention", d)
     if arch["qk_norm"]:
       hd = d // arch["num_heads"]
       for t, l in (("q_norm", "query_norm"), ("k_norm", "key_norm")):
-        out[f"{o}/attention/{l}/scale"] = take(f"{b}.attn.{t}.weight", (hd,))
-        out[f"{o}/attention/{l}/bias"] = take(f"{b}.attn.{t}.bias", (hd,))
-    out[f"{o}/attention/out/kernel"], out[f"{o}/attention/out/bias"] = lin(f"{b}.attn.proj", d, d)
+        r.norm(f"{b}.attn.{t}", f"{o}/attention/{l}", hd)
+    r.linear(f"{b}.attn.proj", f"{o}/attention/out", d, d)
     if arch["layerscale"]:
-      out[f"{o}/ls1/scale"] = take(f"{b}.ls1.gamma", (d,))
-      out[f"{o}/ls2/scale"] = take(f"{b}.ls2.gamma", (d,))
-    out[f"{o}/mlp/fc1/kernel"], out[f"{o}/mlp/fc1/bias"] = lin(f"{b}.mlp.fc1", d, hidden)
-    out[f"{o}/mlp/fc2/kernel"], out[f"{o}/mlp/fc2/bias"] = lin(f"{b}.mlp.fc2", hidden, d)
-  norm = "fc_norm" if arch["fc_norm"] else "norm"
-  out["encoder_norm/scale"], out["encoder_norm/bias"] = (
-    take(f"{norm}.weight", (d,)),
-    take(f"{norm}.bias", (d,)),
-  )
+      r.out[f"{o}/ls1/scale"] = r.take(f"{b}.ls1.gamma", (d,))
+      r.out[f"{o}/ls2/scale"] = r.take(f"{b}.ls2.gamma", (d,))
+    r.linear(f"{b}.mlp.fc1", f"{o}/mlp/fc1", d, hidden)
+    r.linear(f"{b}.mlp.fc2", f"{o}/mlp/fc2", hidden, d)
+  r.norm("fc_norm" if arch["fc_norm"] else "norm", "encoder_norm", d)
   if arch["num_classes"]:
-    out["head/kernel"], out["head/bias"] = lin("head", d, arch["num_classes"])
-  left = sorted(set(state) - used)
-  if left:
-    raise ConvertError(
-      f"the timm weights have tensor {left[0]}, which this "
-      f"architecture has not" + (f" ({len(left)} such)" if len(left) > 1 else "")
-    )
-  return common.nested(out)
+    r.linear("head", "head", d, arch["num_classes"])
+  return r.params()
 
 
 def laplax_to_timm(params: Mapping, spec, config=None) -> tuple[dict, dict]:
@@ -355,48 +314,30 @@ def laplax_to_timm(params: Mapping, spec, config=None) -> tuple[dict, dict]:
 
     side = int(size) // p
     pos = posemb_sincos_2d(side, side, d)
-  sd = {
-    "patch_embed.proj.weight": kernel.transpose(3, 2, 0, 1),
-    "patch_embed.proj.bias": f["embedding/bias"],
-    "pos_embed": pos,
-  }
+  w = common.TimmWriter(params)
+  w.conv("embedding", "patch_embed.proj")
+  w.sd["pos_embed"] = pos
   if spec.pool == "tok":
-    sd["cls_token"] = f["cls"]
+    w.sd["cls_token"] = f["cls"]
   for i in range(spec.depth):
-    b, o = f"blocks.{i}", f"block{i}"
-    for n in ("norm1", "norm2"):
-      sd[f"{b}.{n}.weight"], sd[f"{b}.{n}.bias"] = f[f"{o}/{n}/scale"], f[f"{o}/{n}/bias"]
-    a = f"{o}/attention"
-    sd[f"{b}.attn.qkv.weight"] = np.concatenate(
-      [_t(f[f"{a}/{n}/kernel"]) for n in ("query", "key", "value")], 0
-    )
-    sd[f"{b}.attn.qkv.bias"] = np.concatenate(
-      [f[f"{a}/{n}/bias"] for n in ("query", "key", "value")]
-    )
+    b, o, a = f"blocks.{i}", f"block{i}", f"block{i}/attention"
+    w.norm(f"{o}/norm1", f"{b}.norm1")
+    w.norm(f"{o}/norm2", f"{b}.norm2")
+    w.qkv(a, f"{b}.attn.qkv")
     if spec.attention.qk_norm:
       for t, l in (("q_norm", "query_norm"), ("k_norm", "key_norm")):
-        sd[f"{b}.attn.{t}.weight"], sd[f"{b}.attn.{t}.bias"] = (
-          f[f"{a}/{l}/scale"],
-          f[f"{a}/{l}/bias"],
-        )
-    sd[f"{b}.attn.proj.weight"], sd[f"{b}.attn.proj.bias"] = (
-      _t(f[f"{a}/out/kernel"]),
-      f[f"{a}/out/bias"],
-    )
+        w.norm(f"{a}/{l}", f"{b}.attn.{t}")
+    w.linear(f"{a}/out", f"{b}.attn.proj")
     if spec.layerscale_init is not None:
-      sd[f"{b}.ls1.gamma"], sd[f"{b}.ls2.gamma"] = f[f"{o}/ls1/scale"], f[f"{o}/ls2/scale"]
-    for n in ("fc1", "fc2"):
-      sd[f"{b}.mlp.{n}.weight"], sd[f"{b}.mlp.{n}.bias"] = (
-        _t(f[f"{o}/mlp/{n}/kernel"]),
-        f[f"{o}/mlp/{n}/bias"],
-      )
-  norm = "fc_norm" if spec.fc_norm else "norm"
-  sd[f"{norm}.weight"], sd[f"{norm}.bias"] = f["encoder_norm/scale"], f["encoder_norm/bias"]
+      w.sd[f"{b}.ls1.gamma"], w.sd[f"{b}.ls2.gamma"] = f[f"{o}/ls1/scale"], f[f"{o}/ls2/scale"]
+    w.linear(f"{o}/mlp/fc1", f"{b}.mlp.fc1")
+    w.linear(f"{o}/mlp/fc2", f"{b}.mlp.fc2")
+  w.norm("encoder_norm", "fc_norm" if spec.fc_norm else "norm")
   num_classes = 0
   if "head/kernel" in f:
-    sd["head.weight"], sd["head.bias"] = _t(f["head/kernel"]), f["head/bias"]
+    w.linear("head", "head")
     num_classes = int(np.shape(f["head/kernel"])[1])
-  sd = {k: np.ascontiguousarray(np.asarray(v, np.float32)) for k, v in sd.items()}
+  sd = w.state_dict()
   model_args = dict(
     img_size=side * p,
     patch_size=p,

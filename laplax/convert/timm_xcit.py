@@ -52,10 +52,6 @@ TIMM_CLASS = "Xcit"
 BN_NAMES = (("weight", "scale"), ("bias", "bias"), ("running_mean", "mean"), ("running_var", "var"))
 
 
-def _t(x: np.ndarray) -> np.ndarray:
-  return np.ascontiguousarray(np.asarray(x).T)
-
-
 def architecture(model) -> dict:
   """The sizes of a timm ``Xcit`` that laplax's XCiT can express.
 
@@ -148,86 +144,52 @@ def timm_to_laplax(state: Mapping[str, np.ndarray], arch: Mapping) -> dict:
   Raises:
     ConvertError: a tensor missing or of the wrong shape, or one left over (named).
   """
-  state = {k: np.asarray(v, np.float32) for k, v in state.items()}
-  used = {k for k in state if k.endswith(".num_batches_tracked")}
-
-  def take(name, shape):
-    if name not in state:
-      raise ConvertError(f"the timm weights lack tensor {name}")
-    used.add(name)
-    value = state[name]
-    if tuple(value.shape) != tuple(shape):
-      raise ConvertError(
-        f"timm tensor {name} has shape {tuple(value.shape)}; this architecture needs {tuple(shape)}"
-      )
-    return value
-
-  def norm(src, dst, d):
-    out[f"{dst}/scale"], out[f"{dst}/bias"] = take(f"{src}.weight", (d,)), take(f"{src}.bias", (d,))
+  r = common.TimmReader(state, ignored={k for k in state if k.endswith(".num_batches_tracked")})
 
   def batch_norm(src, dst, d):
     for t, l in BN_NAMES:
-      out[f"{dst}/{l}"] = take(f"{src}.{t}", (d,))
-
-  def linear(src, dst, n_in, n_out):
-    out[f"{dst}/kernel"] = _t(take(f"{src}.weight", (n_out, n_in)))
-    out[f"{dst}/bias"] = take(f"{src}.bias", (n_out,))
-
-  def conv(src, dst, shape, bias=True):
-    out[f"{dst}/kernel"] = np.ascontiguousarray(take(f"{src}.weight", shape).transpose(2, 3, 1, 0))
-    if bias:
-      out[f"{dst}/bias"] = take(f"{src}.bias", (shape[0],))
+      r.out[f"{dst}/{l}"] = r.take(f"{src}.{t}", (d,))
 
   d, hidden, heads = arch["embed_dim"], arch["mlp_dim"], arch["num_heads"]
-  out = {}
   c_in = arch["in_chans"]
   for (src, dst), width in zip(_patch_names(len(arch["patch_widths"])), arch["patch_widths"]):
-    conv(f"{src}.0", dst, (width, c_in, 3, 3), bias=False)
+    r.conv(f"{src}.0", dst, (width, c_in, 3, 3), bias=False)
     batch_norm(f"{src}.1", f"{dst}_bn", width)
     c_in = width
   if arch["use_pos_embed"]:
-    w = take("pos_embed.token_projection.weight", (d, 64, 1, 1))
-    out["pos_embedding/kernel"] = _t(w[:, :, 0, 0])
-    out["pos_embedding/bias"] = take("pos_embed.token_projection.bias", (d,))
-  out["cls"] = take("cls_token", (1, 1, d))
+    w = r.take("pos_embed.token_projection.weight", (d, 64, 1, 1))
+    r.out["pos_embedding/kernel"] = common.transpose(w[:, :, 0, 0])
+    r.out["pos_embedding/bias"] = r.take("pos_embed.token_projection.bias", (d,))
+  r.out["cls"] = r.take("cls_token", (1, 1, d))
   for i in range(arch["depth"]):
     b, o = f"blocks.{i}", f"block{i}"
     for n in ("norm1", "norm3", "norm2"):
-      norm(f"{b}.{n}", f"{o}/{n}", d)
-    w = _t(take(f"{b}.attn.qkv.weight", (3 * d, d)))
-    bias = take(f"{b}.attn.qkv.bias", (3 * d,))
-    for k, name in enumerate(("query", "key", "value")):
-      out[f"{o}/attention/{name}/kernel"] = np.ascontiguousarray(w[:, k * d : (k + 1) * d])
-      out[f"{o}/attention/{name}/bias"] = bias[k * d : (k + 1) * d]
-    out[f"{o}/attention/temperature"] = take(f"{b}.attn.temperature", (heads, 1, 1)).reshape(heads)
-    linear(f"{b}.attn.proj", f"{o}/attention/out", d, d)
-    conv(f"{b}.local_mp.conv1", f"{o}/lpi/conv1", (d, 1, 3, 3))
+      r.norm(f"{b}.{n}", f"{o}/{n}", d)
+    r.qkv(f"{b}.attn.qkv", f"{o}/attention", d)
+    temperature = r.take(f"{b}.attn.temperature", (heads, 1, 1))
+    r.out[f"{o}/attention/temperature"] = temperature.reshape(heads)
+    r.linear(f"{b}.attn.proj", f"{o}/attention/out", d, d)
+    r.conv(f"{b}.local_mp.conv1", f"{o}/lpi/conv1", (d, 1, 3, 3))
     batch_norm(f"{b}.local_mp.bn", f"{o}/lpi/bn", d)
-    conv(f"{b}.local_mp.conv2", f"{o}/lpi/conv2", (d, 1, 3, 3))
+    r.conv(f"{b}.local_mp.conv2", f"{o}/lpi/conv2", (d, 1, 3, 3))
     for g, ls in (("gamma1", "ls1"), ("gamma3", "ls3"), ("gamma2", "ls2")):
-      out[f"{o}/{ls}/scale"] = take(f"{b}.{g}", (d,))
-    linear(f"{b}.mlp.fc1", f"{o}/mlp/fc1", d, hidden)
-    linear(f"{b}.mlp.fc2", f"{o}/mlp/fc2", hidden, d)
+      r.out[f"{o}/{ls}/scale"] = r.take(f"{b}.{g}", (d,))
+    r.linear(f"{b}.mlp.fc1", f"{o}/mlp/fc1", d, hidden)
+    r.linear(f"{b}.mlp.fc2", f"{o}/mlp/fc2", hidden, d)
   for j in range(arch["cls_attn_layers"]):
     b, o = f"cls_attn_blocks.{j}", f"block{arch['depth'] + j}"
     for n in ("norm1", "norm2"):
-      norm(f"{b}.{n}", f"{o}/{n}", d)
+      r.norm(f"{b}.{n}", f"{o}/{n}", d)
     for t, name in (("q", "query"), ("k", "key"), ("v", "value"), ("proj", "out")):
-      linear(f"{b}.attn.{t}", f"{o}/attention/{name}", d, d)
+      r.linear(f"{b}.attn.{t}", f"{o}/attention/{name}", d, d)
     for g, ls in (("gamma1", "ls1"), ("gamma2", "ls2")):
-      out[f"{o}/{ls}/scale"] = take(f"{b}.{g}", (d,))
-    linear(f"{b}.mlp.fc1", f"{o}/mlp/fc1", d, hidden)
-    linear(f"{b}.mlp.fc2", f"{o}/mlp/fc2", hidden, d)
-  norm("norm", "encoder_norm", d)
+      r.out[f"{o}/{ls}/scale"] = r.take(f"{b}.{g}", (d,))
+    r.linear(f"{b}.mlp.fc1", f"{o}/mlp/fc1", d, hidden)
+    r.linear(f"{b}.mlp.fc2", f"{o}/mlp/fc2", hidden, d)
+  r.norm("norm", "encoder_norm", d)
   if arch["num_classes"]:
-    linear("head", "head", d, arch["num_classes"])
-  left = sorted(set(state) - used)
-  if left:
-    raise ConvertError(
-      f"the timm weights have tensor {left[0]}, which this "
-      f"architecture has not" + (f" ({len(left)} such)" if len(left) > 1 else "")
-    )
-  return common.nested(out)
+    r.linear("head", "head", d, arch["num_classes"])
+  return r.params()
 
 
 def laplax_to_timm(params: Mapping, spec, config=None) -> tuple[dict, dict]:
@@ -242,65 +204,54 @@ def laplax_to_timm(params: Mapping, spec, config=None) -> tuple[dict, dict]:
       patch size other than 8 or 16, another GELU, another LayerNorm eps, ...).
   """
   common.refuse_unsupported(spec, TARGET, NAME, "this workdir cannot be written as timm")
-  f = common.flat(params)
-  sd = {}
+  w = common.TimmWriter(params)
+  f, sd = w.f, w.sd
   counters = []
-
-  def conv(src, dst, bias=True):
-    sd[f"{dst}.weight"] = np.asarray(f[f"{src}/kernel"]).transpose(3, 2, 0, 1)
-    if bias:
-      sd[f"{dst}.bias"] = f[f"{src}/bias"]
 
   def batch_norm(src, dst):
     for t, l in BN_NAMES:
       sd[f"{dst}.{t}"] = f[f"{src}/{l}"]
     counters.append(f"{dst}.num_batches_tracked")
 
-  def norm(src, dst):
-    sd[f"{dst}.weight"], sd[f"{dst}.bias"] = f[f"{src}/scale"], f[f"{src}/bias"]
-
-  def linear(src, dst):
-    sd[f"{dst}.weight"], sd[f"{dst}.bias"] = _t(f[f"{src}/kernel"]), f[f"{src}/bias"]
-
   for src, dst in _patch_names(len(spec.patch_widths())):
-    conv(dst, f"{src}.0", bias=False)
+    w.conv(dst, f"{src}.0", bias=False)
     batch_norm(f"{dst}_bn", f"{src}.1")
   if spec.use_pos_embed:
-    sd["pos_embed.token_projection.weight"] = _t(f["pos_embedding/kernel"])[:, :, None, None]
+    sd["pos_embed.token_projection.weight"] = common.transpose(f["pos_embedding/kernel"])[
+      :, :, None, None
+    ]
     sd["pos_embed.token_projection.bias"] = f["pos_embedding/bias"]
   sd["cls_token"] = f["cls"]
-  names = ("query", "key", "value")
   for i in range(spec.xca_depth):
     b, o, a = f"blocks.{i}", f"block{i}", f"block{i}/attention"
     for n in ("norm1", "norm3", "norm2"):
-      norm(f"{o}/{n}", f"{b}.{n}")
-    sd[f"{b}.attn.qkv.weight"] = np.concatenate([_t(f[f"{a}/{n}/kernel"]) for n in names], 0)
-    sd[f"{b}.attn.qkv.bias"] = np.concatenate([f[f"{a}/{n}/bias"] for n in names])
+      w.norm(f"{o}/{n}", f"{b}.{n}")
+    w.qkv(a, f"{b}.attn.qkv")
     sd[f"{b}.attn.temperature"] = np.asarray(f[f"{a}/temperature"]).reshape(-1, 1, 1)
-    linear(f"{a}/out", f"{b}.attn.proj")
-    conv(f"{o}/lpi/conv1", f"{b}.local_mp.conv1")
+    w.linear(f"{a}/out", f"{b}.attn.proj")
+    w.conv(f"{o}/lpi/conv1", f"{b}.local_mp.conv1")
     batch_norm(f"{o}/lpi/bn", f"{b}.local_mp.bn")
-    conv(f"{o}/lpi/conv2", f"{b}.local_mp.conv2")
+    w.conv(f"{o}/lpi/conv2", f"{b}.local_mp.conv2")
     for g, ls in (("gamma1", "ls1"), ("gamma3", "ls3"), ("gamma2", "ls2")):
       sd[f"{b}.{g}"] = f[f"{o}/{ls}/scale"]
-    linear(f"{o}/mlp/fc1", f"{b}.mlp.fc1")
-    linear(f"{o}/mlp/fc2", f"{b}.mlp.fc2")
+    w.linear(f"{o}/mlp/fc1", f"{b}.mlp.fc1")
+    w.linear(f"{o}/mlp/fc2", f"{b}.mlp.fc2")
   for j in range(spec.cls_attn_layers):
     b, o = f"cls_attn_blocks.{j}", f"block{spec.xca_depth + j}"
     for n in ("norm1", "norm2"):
-      norm(f"{o}/{n}", f"{b}.{n}")
+      w.norm(f"{o}/{n}", f"{b}.{n}")
     for t, name in (("q", "query"), ("k", "key"), ("v", "value"), ("proj", "out")):
-      linear(f"{o}/attention/{name}", f"{b}.attn.{t}")
+      w.linear(f"{o}/attention/{name}", f"{b}.attn.{t}")
     for g, ls in (("gamma1", "ls1"), ("gamma2", "ls2")):
       sd[f"{b}.{g}"] = f[f"{o}/{ls}/scale"]
-    linear(f"{o}/mlp/fc1", f"{b}.mlp.fc1")
-    linear(f"{o}/mlp/fc2", f"{b}.mlp.fc2")
-  norm("encoder_norm", "norm")
+    w.linear(f"{o}/mlp/fc1", f"{b}.mlp.fc1")
+    w.linear(f"{o}/mlp/fc2", f"{b}.mlp.fc2")
+  w.norm("encoder_norm", "norm")
   num_classes = 0
   if "head/kernel" in f:
-    linear("head", "head")
+    w.linear("head", "head")
     num_classes = int(np.shape(f["head/kernel"])[1])
-  sd = {k: np.ascontiguousarray(np.asarray(v, np.float32)) for k, v in sd.items()}
+  sd = w.state_dict()
   sd.update({k: np.zeros((), np.int64) for k in counters})
   size = config.data.image_size if config is not None and "image_size" in config.data else None
   p = spec.patch_size

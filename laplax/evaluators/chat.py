@@ -226,31 +226,34 @@ def humaneval_evaluate(
   prompt), each program assembled and run by
   :func:`laplax.evaluators.humaneval.score_completions`."""
   from laplax.evaluators import humaneval
-  from laplax.evaluators.generation import generate_answers
+  from laplax.evaluators.generation import generate_and_score
 
-  completions = generate_answers(
+  def score(conversations: Sequence[dict], completions: Sequence[str]) -> dict:
+    result = humaneval.score_completions(
+      [c["problem"] for c in conversations],
+      completions,
+      workers=workers,
+      progress=progress,
+      unsafe=unsafe_no_sandbox,
+    )
+    return {
+      "accuracy": result["pass@1"],
+      "correct": result["passed"],
+      "total": result["problems"],
+      "completions": completions,
+    }
+
+  return generate_and_score(
     model,
     params,
     tokenizer,
     conversations,
+    score,
+    desc="HumanEval",
     max_new_tokens=max_new_tokens,
     batch_size=batch_size,
-    desc="HumanEval",
     progress=progress,
   )
-  result = humaneval.score_completions(
-    [c["problem"] for c in conversations],
-    completions,
-    workers=workers,
-    progress=progress,
-    unsafe=unsafe_no_sandbox,
-  )
-  return {
-    "accuracy": result["pass@1"],
-    "correct": result["passed"],
-    "total": result["problems"],
-    "completions": completions,
-  }
 
 
 def run(

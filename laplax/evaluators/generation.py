@@ -9,6 +9,10 @@ text between ``<|python_start|>`` and ``<|python_end|>`` is a calculator
 call: :func:`use_calculator` evaluates it and, when it gives a result,
 ``<|output_start|>`` + the tokens of ``str(result)`` + ``<|output_end|>`` are
 forced into the row (they count towards ``max_new_tokens``).
+
+:func:`exact_match` scores such answers against the references by their
+extracted final answers (GSM8K's and SpellingBee's ``#### N``), and
+:func:`generate_and_score` generates answers and scores them in one call.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import re
 import signal
 import threading
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -25,6 +29,7 @@ import numpy as np
 import tqdm
 
 from laplax.data.chat.render import chat_tokens, render_for_completion
+from laplax.data.errors import DataError
 from laplax.models import sampling
 
 CALCULATOR_CHARS = frozenset("0123456789*+-/.() ")
@@ -188,3 +193,77 @@ def generate_answers(
         answers[i] = tokenizer.decode(np.asarray(row))
       bar.update(len(chunk))
   return answers
+
+
+def exact_match(
+  conversations: Sequence[dict],
+  completions: Sequence[str],
+  *,
+  extract: Callable[[str], str | None],
+  reference: Callable[[dict], str | None],
+  missing_matches_missing: bool = False,
+) -> dict:
+  """Exact-match accuracy of ``completions`` against the conversations'
+  references, as nanochat's GSM8K and SpellingBee ``evaluate`` score an answer
+  (``tasks/gsm8k.py``, ``tasks/spellingbee.py`` at karpathy/nanochat da32e1d).
+
+  Each completion's answer is ``extract(completion)`` and each reference
+  ``reference(conversation)`` (the task's own extraction, in that order: the
+  references first, so a malformed one is refused before anything else). An
+  answer is right when it equals its reference as a string; an answer of
+  ``None`` (none found) is wrong, unless ``missing_matches_missing`` and the
+  reference is ``None`` too (nanochat's SpellingBee compares the two
+  extractions as they are).
+
+  Returns:
+    A dict: ``accuracy`` (float, ``correct / total``, 0.0 for no problems),
+    ``correct`` and ``total`` (int), and ``answers``, the extracted
+    predictions (``str`` or ``None`` each), in input order.
+
+  Raises:
+    DataError: different lengths; whatever ``reference`` raises for a
+      malformed conversation.
+  """
+  if len(conversations) != len(completions):
+    raise DataError(f"{len(completions)} completions for {len(conversations)} problems.")
+  references = [reference(c) for c in conversations]
+  answers = [extract(c) for c in completions]
+  correct = sum(
+    (a is not None or missing_matches_missing) and a == r for a, r in zip(answers, references)
+  )
+  total = len(conversations)
+  return {
+    "accuracy": correct / total if total else 0.0,
+    "correct": correct,
+    "total": total,
+    "answers": answers,
+  }
+
+
+def generate_and_score(
+  model: Any,
+  params: Any,
+  tokenizer: Any,
+  conversations: Sequence[dict],
+  score: Callable[[Sequence[dict], Sequence[str]], dict],
+  *,
+  desc: str,
+  max_new_tokens: int = 512,
+  batch_size: int = 8,
+  progress: bool = True,
+) -> dict:
+  """``score(conversations, completions)`` of the model's greedy answers with
+  the calculator (:func:`generate_answers`, nanochat's ``chat_eval``
+  settings), for any scorer (:func:`exact_match`, HumanEval's programs);
+  ``desc`` names the progress bar. Raises what those two raise."""
+  completions = generate_answers(
+    model,
+    params,
+    tokenizer,
+    conversations,
+    max_new_tokens=max_new_tokens,
+    batch_size=batch_size,
+    desc=desc,
+    progress=progress,
+  )
+  return score(conversations, completions)

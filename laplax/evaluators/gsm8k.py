@@ -19,7 +19,7 @@ from typing import Any
 
 from laplax.data.chat.sources import GSM8K_ANSWER
 from laplax.data.errors import DataError
-from laplax.evaluators.generation import generate_answers
+from laplax.evaluators.generation import exact_match, generate_and_score
 
 ANSWER = GSM8K_ANSWER
 
@@ -56,8 +56,9 @@ def reference_answer(conversation: dict) -> str:
 
 
 def score(conversations: Sequence[dict], completions: Sequence[str]) -> dict:
-  """Exact-match accuracy of ``completions`` against the references; a
-  completion without an answer is wrong.
+  """Exact-match accuracy of ``completions`` against the references
+  (:func:`laplax.evaluators.generation.exact_match` with :func:`extract_answer`
+  and :func:`reference_answer`); a completion without an answer is wrong.
 
   Raises:
     DataError: different lengths; a reference without an answer.
@@ -66,18 +67,7 @@ def score(conversations: Sequence[dict], completions: Sequence[str]) -> dict:
     A dict: ``accuracy`` (float), ``correct`` and ``total`` (int), and
     ``answers``, the extracted predictions (``str`` or ``None`` each).
   """
-  if len(conversations) != len(completions):
-    raise DataError(f"{len(completions)} completions for {len(conversations)} problems.")
-  references = [reference_answer(c) for c in conversations]
-  answers = [extract_answer(c) for c in completions]
-  correct = sum(a is not None and a == r for a, r in zip(answers, references))
-  total = len(conversations)
-  return {
-    "accuracy": correct / total if total else 0.0,
-    "correct": correct,
-    "total": total,
-    "answers": answers,
-  }
+  return exact_match(conversations, completions, extract=extract_answer, reference=reference_answer)
 
 
 def evaluate(
@@ -90,15 +80,16 @@ def evaluate(
   batch_size: int = 8,
   progress: bool = True,
 ) -> dict:
-  """:func:`score` of the model's greedy answers with the calculator."""
-  completions = generate_answers(
+  """:func:`score` of the model's greedy answers with the calculator
+  (:func:`laplax.evaluators.generation.generate_and_score`)."""
+  return generate_and_score(
     model,
     params,
     tokenizer,
     conversations,
+    score,
+    desc="GSM8K",
     max_new_tokens=max_new_tokens,
     batch_size=batch_size,
-    desc="GSM8K",
     progress=progress,
   )
-  return score(conversations, completions)

@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from laplax.data.errors import DataError
+from laplax.evaluators.generation import exact_match, generate_and_score
 
 #: The alphabet of the 10% of problems whose letter is drawn at random.
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
@@ -183,10 +184,17 @@ def problems(words: Sequence[str], size: int = 256, split: str = "test") -> list
   return [problem(words, i, split) for i in range(size)]
 
 
+def reference_answer(conversation: dict) -> str | None:
+  """:func:`extract_answer` of the last part of the conversation's last
+  message (the reference's ``#### N``), ``None`` without one."""
+  return extract_answer(conversation["messages"][-1]["content"][-1]["text"])
+
+
 def score(conversations: Sequence[dict], completions: Sequence[str]) -> dict:
   """Scores ``completions`` as nanochat's SpellingBee (its ``evaluate``): right
-  when the completion's :func:`extract_answer` equals the reference's (the
-  last part).
+  when the completion's :func:`extract_answer` equals the reference's
+  (:func:`reference_answer`), two missing answers included, as nanochat
+  compares them (:func:`laplax.evaluators.generation.exact_match`).
 
   Returns:
     ``accuracy``, ``correct``, ``total`` and ``answers`` (the extracted
@@ -195,18 +203,13 @@ def score(conversations: Sequence[dict], completions: Sequence[str]) -> dict:
   Raises:
     DataError: different lengths.
   """
-  if len(conversations) != len(completions):
-    raise DataError(f"{len(completions)} completions for {len(conversations)} problems.")
-  references = [extract_answer(c["messages"][-1]["content"][-1]["text"]) for c in conversations]
-  answers = [extract_answer(c) for c in completions]
-  correct = sum(a == r for a, r in zip(answers, references))
-  total = len(conversations)
-  return {
-    "accuracy": correct / total if total else 0.0,
-    "correct": correct,
-    "total": total,
-    "answers": answers,
-  }
+  return exact_match(
+    conversations,
+    completions,
+    extract=extract_answer,
+    reference=reference_answer,
+    missing_matches_missing=True,
+  )
 
 
 def evaluate(
@@ -219,17 +222,16 @@ def evaluate(
   batch_size: int = 8,
   progress: bool = True,
 ) -> dict:
-  """:func:`score` of the model's greedy answers with the calculator."""
-  from laplax.evaluators.generation import generate_answers
-
-  completions = generate_answers(
+  """:func:`score` of the model's greedy answers with the calculator
+  (:func:`laplax.evaluators.generation.generate_and_score`)."""
+  return generate_and_score(
     model,
     params,
     tokenizer,
     conversations,
+    score,
+    desc="SpellingBee",
     max_new_tokens=max_new_tokens,
     batch_size=batch_size,
-    desc="SpellingBee",
     progress=progress,
   )
-  return score(conversations, completions)

@@ -44,7 +44,14 @@ import jax.numpy as jnp
 
 from laplax import attention as attention_lib
 from laplax import sharding
-from laplax.models.layers import MLP, DropPath, LayerScale, attention_module, norm_layer
+from laplax.models.layers import (
+  MLP,
+  DropPath,
+  LayerScale,
+  attention_module,
+  classifier_head,
+  norm_layer,
+)
 from laplax.models.spec import REMAT_POLICIES, DaViTSpec
 from laplax.models.swin import window_partition, window_reverse
 
@@ -289,14 +296,6 @@ class DaViT(nn.Module):
     out["encoded"] = x.reshape(x.shape[0], -1, x.shape[-1])
     x = norm_layer(spec, "encoder_norm")(x.mean(axis=(1, 2)))
     out["pre_logits"] = x
-    if self.num_classes:
-      init = nn.initializers.zeros if self.head_init_zero else nn.initializers.xavier_uniform()
-      x = nn.Dense(
-        self.num_classes,
-        dtype=jnp.float32,
-        name="head",
-        kernel_init=sharding.logical_init(init, ("embed", "classes")),
-        bias_init=sharding.logical_init(nn.initializers.zeros, ("classes",)),
-      )(x)
+    x = classifier_head(x, self.num_classes, self.head_init_zero)
     out["logits"] = x
     return x, out

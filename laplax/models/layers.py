@@ -1,5 +1,5 @@
 """Layers shared by every laplax model: MLP, LayerScale, DropPath, the pre-LN Block,
-and :func:`transformer_blocks`, the stack of blocks (looped or ``nn.scan``-ned,
+the vision models' :func:`classifier_head`, and :func:`transformer_blocks`, the stack of blocks (looped or ``nn.scan``-ned,
 optionally rematerialised) that ViT and GPT share."""
 
 from __future__ import annotations
@@ -114,6 +114,29 @@ def norm_layer(spec: TransformerSpec, name: str) -> Callable[[jax.Array], jax.Ar
   return nn.LayerNorm(
     name=name, dtype=jnp.float32, epsilon=spec.norm_eps, **sharding.layer_norm_inits("embed")
   )
+
+
+def classifier_head(x: jax.Array, num_classes: int, zero_init: bool) -> jax.Array:
+  """The linear classifier of the vision models (timm's ``head``): pooled
+  features ``x [batch, dim]`` -> logits ``[batch, num_classes]`` float32, or
+  ``x`` unchanged when ``num_classes`` is 0.
+
+  Called inside a model's ``nn.compact`` method, the ``nn.Dense`` it creates
+  is that model's submodule ``head`` (parameters ``head/kernel [dim,
+  num_classes]``, logical axes ``("embed", "classes")``, and ``head/bias``,
+  zeros), as the converters and checkpoints name it. The kernel starts at
+  zero when ``zero_init`` (big_vision's ``head_zeroinit``), else Xavier
+  uniform."""
+  if not num_classes:
+    return x
+  init = nn.initializers.zeros if zero_init else nn.initializers.xavier_uniform()
+  return nn.Dense(
+    num_classes,
+    dtype=jnp.float32,
+    name="head",
+    kernel_init=sharding.logical_init(init, ("embed", "classes")),
+    bias_init=sharding.logical_init(nn.initializers.zeros, ("classes",)),
+  )(x)
 
 
 class MLP(nn.Module):

@@ -32,7 +32,14 @@ import numpy as np
 
 from laplax import sharding
 from laplax.models import spec as spec_lib
-from laplax.models.layers import MLP, DropPath, LayerScale, attention_module, norm_layer
+from laplax.models.layers import (
+  MLP,
+  DropPath,
+  LayerScale,
+  attention_module,
+  classifier_head,
+  norm_layer,
+)
 from laplax.models.spec import REMAT_POLICIES, SwinSpec
 
 #: timm's value of the masked logits of shifted windows (added, not -inf).
@@ -277,14 +284,6 @@ class Swin(nn.Module):
     out["encoded"] = x.reshape(x.shape[0], -1, x.shape[-1])
     x = x.mean(axis=(1, 2))
     out["pre_logits"] = x
-    if self.num_classes:
-      init = nn.initializers.zeros if self.head_init_zero else nn.initializers.xavier_uniform()
-      x = nn.Dense(
-        self.num_classes,
-        dtype=jnp.float32,
-        name="head",
-        kernel_init=sharding.logical_init(init, ("embed", "classes")),
-        bias_init=sharding.logical_init(nn.initializers.zeros, ("classes",)),
-      )(x)
+    x = classifier_head(x, self.num_classes, self.head_init_zero)
     out["logits"] = x
     return x, out

@@ -15,7 +15,7 @@ import numpy as np
 
 from laplax import sharding
 from laplax.models import spec as spec_lib
-from laplax.models.layers import EMBED_AXES, norm_layer, transformer_blocks
+from laplax.models.layers import EMBED_AXES, classifier_head, norm_layer, transformer_blocks
 from laplax.models.spec import ViTSpec
 
 # width, depth, mlp_dim, num_heads (ViT / DeiT naming).
@@ -148,14 +148,6 @@ class ViT(nn.Module):
     if spec.fc_norm:
       x = norm_layer(spec, "encoder_norm")(x)
     out["pre_logits"] = x
-    if self.num_classes:
-      init = nn.initializers.zeros if self.head_init_zero else nn.initializers.xavier_uniform()
-      x = nn.Dense(
-        self.num_classes,
-        dtype=jnp.float32,
-        name="head",
-        kernel_init=sharding.logical_init(init, ("embed", "classes")),
-        bias_init=sharding.logical_init(nn.initializers.zeros, ("classes",)),
-      )(x)
+    x = classifier_head(x, self.num_classes, self.head_init_zero)
     out["logits"] = x
     return x, out

@@ -77,6 +77,7 @@ from laplax.models.layers import (
   DropPath,
   LayerScale,
   attention_module,
+  classifier_head,
   gelu_exact,
   norm_layer,
 )
@@ -556,14 +557,6 @@ class XCiT(nn.Module):
     out["encoded"] = x
     x = x[:, 0]
     out["pre_logits"] = x
-    if self.num_classes:
-      init = nn.initializers.zeros if self.head_init_zero else nn.initializers.xavier_uniform()
-      x = nn.Dense(
-        self.num_classes,
-        dtype=jnp.float32,
-        name="head",
-        kernel_init=sharding.logical_init(init, ("embed", "classes")),
-        bias_init=sharding.logical_init(nn.initializers.zeros, ("classes",)),
-      )(x)
+    x = classifier_head(x, self.num_classes, self.head_init_zero)
     out["logits"] = x
     return x, out

@@ -194,3 +194,28 @@ def test_analytic_flops_of_xcit_count_the_attention_over_channels():
   width, blocks, tokens = 384, 12, (224 // 16) ** 2
   expected = 12 * blocks * (width // 4 - width // 8) * width * tokens
   assert abs(count(4) - count(8) - expected) <= 1e-9 * expected
+
+
+def test_analytic_flops_of_davit_count_both_attentions():
+  # size=tiny at 28 px: stride-4 stem, stages of one dual block (a spatial
+  # then a channel block) on grids 7 and 4 of width 32 * 2^s, heads 2 * 2^s.
+  # Doubling the heads halves the channel groups' d = width / heads: only the
+  # channel blocks' 12 d width per position changes. Doubling the window to 14
+  # changes only the spatial blocks' 12 ws^2 width per position of the grid
+  # padded to whole windows (7 -> 14 for both grids). DaViT has no parameter
+  # that depends on either.
+  from bench.common import analytic_flops, load_config
+
+  def count(heads=2, window=7):
+    config = load_config("configs/davit_imagenet.py:size=tiny")
+    config.batch_size, config.model.num_heads, config.model.window_size = 1, heads, window
+    task = compile_report.make_task(config)
+    params = jax.eval_shape(lambda: task.init(jax.random.key(0)))
+    return analytic_flops(config, task, params, False)[1]
+
+  base = count()
+  stages = [(32, 7), (64, 4)]  # (width, grid); d = 16 with 2 * 2^s heads, 8 with 4 * 2^s
+  channel = sum(12 * (16 - 8) * w * g * g for w, g in stages)
+  assert abs(base - count(heads=4) - channel) <= 1e-9 * channel
+  spatial = sum(12 * (14 * 14 * 14**2 - 7 * 7 * 7**2) * w for w, _ in stages)
+  assert abs(count(window=14) - base - spatial) <= 1e-9 * spatial

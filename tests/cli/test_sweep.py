@@ -1,7 +1,9 @@
 """``python -m laplax.sweep``: the grid, the one-line errors, the summary over
 seeds, and a sweep killed with SIGKILL in its third run that the same command
 finishes (the finished runs untouched, the killed one resumed, the summary that
-of an uninterrupted sweep).
+of an uninterrupted sweep). The killed sweep and its runs are subprocesses; the
+sweeps that no signal reaches run in this process, their runs too
+(:class:`InProcessSweep`).
 
 The killed sweep is 2 cells x 2 seeds by default (4 runs, to keep the suite
 short); ``LAPLAX_SWEEP_FULL=1`` makes it the 2 x 2 grid x 2 seeds of issue
@@ -24,7 +26,7 @@ import pytest
 from laplax import sweep
 from laplax.analysis import seeds
 
-from helpers.runs import CONFIG, ROOT, TINY, run, run_in_process
+from helpers.runs import CONFIG, ROOT, TINY, run_in_process
 
 SWEEP_TINY = [
   a for a in TINY if not a.startswith(("--config.model.num_laplacian_heads", "--config.log_every"))
@@ -182,9 +184,50 @@ def _sweep_argv(workdir, data_dir):
   )
 
 
+class InProcessSweep:
+  """``python -m laplax.sweep ARGV`` in this process, its runs' ``train.py``
+  and ``eval.py`` too (a stand-in for ``sweep._call`` that calls
+  :func:`helpers.runs.run_in_process` and appends their output to the run's
+  log as the subprocess would): no interpreter and JAX import per run. The
+  subprocesses themselves, their signals and their death with the sweep are
+  the SIGKILL test's first, killed sweep.
+
+  ``__call__(argv)`` returns ``(exit code, the sweep's own stdout, its stderr)``."""
+
+  def __init__(self, capfd, monkeypatch):
+    self.capfd, self.stdout = capfd, []
+    monkeypatch.setattr(sweep, "_call", self.call)
+    monkeypatch.setattr(sweep._Child, "planning", True)  # what main() changes
+
+  def call(self, script, args, log_path):
+    self.stdout.append(self.capfd.readouterr().out)  # before run_in_process drops it
+    with open(log_path, "a") as log:
+      log.write(f"\n$ {script} {' '.join(args)}\n")
+    r = run_in_process([script, *args], self.capfd)
+    with open(log_path, "a") as log:
+      log.write(r.stdout + r.stderr)
+    return r.returncode or 0
+
+  def __call__(self, argv):
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    self.capfd.readouterr()
+    try:
+      code = sweep.main(argv)
+    finally:
+      for s, handler in handlers.items():
+        signal.signal(s, handler)
+    out, err = self.capfd.readouterr()
+    self.stdout.append(out)
+    return code, "".join(self.stdout), err
+
+
 @pytest.mark.slow
 @pytest.mark.subprocess
-def test_sigkill_in_the_third_run_then_the_same_command_finishes(tmp_path, fmnist_data_dir, capfd):
+def test_sigkill_in_the_third_run_then_the_same_command_finishes(
+  tmp_path, fmnist_data_dir, capfd, monkeypatch
+):
+  """The sweep killed with SIGKILL is a subprocess with its runs'; the same
+  command that finishes it runs in this process (:class:`InProcessSweep`)."""
   out = tmp_path / "sweep"
   argv = _sweep_argv(out, fmnist_data_dir)
   log = open(tmp_path / "first.log", "w")
@@ -209,9 +252,9 @@ def test_sigkill_in_the_third_run_then_the_same_command_finishes(tmp_path, fmnis
   assert not (out / names[3]).exists()
   time.sleep(1.0)  # the killed train.py dies with the sweep (PR_SET_PDEATHSIG)
   before = {n: _snapshot(out / n) for n in names[:2]}
-  r = run(argv)
-  assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-  lines = r.stdout.splitlines()
+  code, stdout, stderr = InProcessSweep(capfd, monkeypatch)(argv[2:])
+  assert code == 0, stdout[-2000:] + stderr[-2000:]
+  lines = stdout.splitlines()
   n = len(names)
   assert lines[0] == f"[1/{n}] {names[0]}: finished before, skipped"
   assert lines[1] == f"[2/{n}] {names[1]}: finished before, skipped"
@@ -331,11 +374,13 @@ def test_results_csv_rows_have_the_fork_s_columns(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.subprocess
-def test_a_language_model_sweep_with_core_writes_the_fork_s_table(tmp_path, corpus):
+def test_a_language_model_sweep_with_core_writes_the_fork_s_table(
+  tmp_path, corpus, capfd, monkeypatch
+):
   """--config.evals=bits_per_byte,core goes into every run's saved config, so
   eval.py scores CORE; summary.md leads with val_bpb and core_score,
-  results.csv has a row per run."""
+  results.csv has a row per run. The sweep runs in this process, and so do
+  its runs (:class:`InProcessSweep`)."""
   from helpers.core_bundle import write_bundle
   from helpers.lm import GPT_CONFIG
   from helpers.lm import TINY as LM_TINY
@@ -355,10 +400,8 @@ def test_a_language_model_sweep_with_core_writes_the_fork_s_table(tmp_path, corp
     ],
   )
   out = tmp_path / "sweep"
-  r = run(
+  code, stdout, stderr = InProcessSweep(capfd, monkeypatch)(
     [
-      "-m",
-      "laplax.sweep",
       "--config",
       GPT_CONFIG,
       "--workdir",
@@ -377,10 +420,10 @@ def test_a_language_model_sweep_with_core_writes_the_fork_s_table(tmp_path, corp
       f"--config.eval.core_bundle={bundle}",
     ]
     + [a for a in LM_TINY if not a.startswith("--config.log_every")]
-    + ["--config.log_every=10"],
-    timeout=600,
+    + ["--config.log_every=10"]
   )
-  assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+  logs = [l.read_text()[-2000:] for l in sorted(out.glob("*/*.log"))]
+  assert code == 0, (stdout[-2000:], stderr[-2000:], *logs)
   rows = list(csv.reader(io.StringIO((out / "results.csv").read_text())))
   assert rows[0] == list(sweep.RESULT_COLUMNS) and len(rows) == 3
   for row, heads in zip(rows[1:], ("0", "1")):

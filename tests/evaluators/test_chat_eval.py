@@ -171,6 +171,24 @@ def test_gsm8k_answers_are_extracted_and_matched(tmp_path):
   assert result["correct"] == 2 and result["accuracy"] == 0.5
 
 
+def test_exact_match_counts_a_missing_answer_only_where_nanochat_does():
+  # GSM8K: a completion without an answer is wrong; SpellingBee compares the
+  # two extractions as nanochat does, so None against None is right.
+  conversations = [{"messages": [{"role": "assistant", "content": [{"text": t}]}]} for t in "ab"]
+  words = {"a": "1", "b": None}
+  kwargs = dict(
+    extract=lambda c: words.get(c),
+    reference=lambda c: words[c["messages"][-1]["content"][-1]["text"]],
+  )
+  strict = generation.exact_match(conversations, ["a", "x"], **kwargs)
+  assert strict == {"accuracy": 0.5, "correct": 1, "total": 2, "answers": ["1", None]}
+  loose = generation.exact_match(conversations, ["a", "x"], missing_matches_missing=True, **kwargs)
+  assert loose["correct"] == 2 and loose["accuracy"] == 1.0
+  assert generation.exact_match([], [], **kwargs)["accuracy"] == 0.0
+  with pytest.raises(DataError, match="1 completions for 2 problems"):
+    generation.exact_match(conversations, ["a"], **kwargs)
+
+
 def test_generated_answers_decode_the_batched_greedy_rows(gpt):
   model, params = gpt
   conversations = mc_conversations()[:3]
