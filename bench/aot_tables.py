@@ -130,7 +130,10 @@ ROWS = (
   (
     "v5e:4x4",
     "--topology v5e:4x4 --config configs/bert_cramming.py:size=paper --set model.remat=full",
-    "crammed BERT, batch 8192 x 128 tokens (512 sequences per chip)",
+    (
+      "crammed BERT, batch 8192 x 128 tokens in 16 micro-batches of 512 (32 sequences per"
+      " chip), cramming's batch-size ramp"
+    ),
   ),
 )
 HEADER = (
