@@ -107,6 +107,37 @@ def _config_spec(argv: list[str]) -> str | None:
   return flag_value(argv, "config")
 
 
+# ml_collections' TypeError when a value of another type overrides a field.
+_BAD_TYPE = re.compile(
+  r"Could not override field '(\w+)' \(reference\)\. (.*) is of original type "
+  r"<class '(\w+)'> and cannot be casted to type <class '(\w+)'>"
+)
+# absl's message for a --config.KEY=VALUE that does not parse as the key's type.
+_BAD_OVERRIDE = re.compile(r"flag --config\.([\w.]+)=")
+
+
+def _override_hint(argv: list[str], message: str) -> str:
+  """``; --config.KEY takes a TYPE (the config's value: V)`` for a bad
+  ``--config.KEY=VALUE`` in ``message``; ``""`` when it cannot be told."""
+  found, spec = _BAD_OVERRIDE.match(message), _config_spec(argv)
+  if not found or spec is None:
+    return ""
+  try:
+    value = _load_config_file(spec)
+    for part in found.group(1).split("."):
+      value = value[part]
+  except (UsageError, KeyError, TypeError):
+    return ""
+  if value is None or isinstance(value, (dict, ml_collections.ConfigDict)):
+    return ""
+  kind = type(value).__name__
+  return f"; --config.{found.group(1)} takes {_article(kind)} {kind} (the config's: {value!r})"
+
+
+def _article(word: str) -> str:
+  return "an" if word[:1] in "aeiou" else "a"
+
+
 def _load_config_file(spec: str):
   """Loads ``FILE.py[:arg]`` the way config_flags does, or raises UsageError."""
   path, _, arg = spec.partition(":")
@@ -120,6 +151,14 @@ def _load_config_file(spec: str):
     module_spec.loader.exec_module(module)
     config = module.get_config(arg) if arg else module.get_config()
   except Exception as e:
+    typed = _BAD_TYPE.search(str(e)) if isinstance(e, TypeError) else None
+    if typed:  # ml_collections' message for a value of the wrong type
+      field, value, given, wanted = typed.groups()
+      raise UsageError(
+        f"could not load config {spec}: {value!r} is {_article(given)} {given} where {field} "
+        f"takes {_article(wanted)} {wanted}; give {_article(wanted)} {wanted} in the argument "
+        "after the colon"
+      ) from None
     raise UsageError(
       f"could not load config {spec}: {type(e).__name__}: "
       f"{utils.first_line(e) if str(e).strip() else ''}"
@@ -269,7 +308,7 @@ def parse_flags(
     spec = _config_spec(argv)
     if spec is not None and "config" in str(e).split(":")[0]:
       _load_config_file(spec)  # raises a UsageError naming the real problem
-    raise UsageError(utils.first_line(e)) from None
+    raise UsageError(utils.first_line(e) + _override_hint(argv, utils.first_line(e))) from None
   except Exception as e:
     spec = _config_spec(argv)
     msg = None

@@ -443,9 +443,9 @@ class Core(Evaluator):
 
   @classmethod
   def runs_at(cls, stage: str, config) -> bool:
-    """``eval.py`` always; the training loop when ``eval.core_every`` > 0."""
-    every = config.eval.get("core_every", 0) if "eval" in config else 0
-    return stage == EVAL or (stage == TRAIN and every > 0)
+    """``eval.py`` always; the training loop when ``eval.core_every`` > 0 (a
+    completed config: :func:`laplax.evaluators.registry.complete`)."""
+    return stage == EVAL or (stage == TRAIN and config.eval.core_every > 0)
 
   @classmethod
   def validate(cls, config) -> None:

@@ -76,7 +76,11 @@ BAD_CONFIGS = {
   "unknown config key": (["--config.model.num_haeds=4"], ["num_haeds"]),
   "unknown nested section": (["--config.optimizer.lr=1"], ["optimizer"]),
   "patch size does not divide the image": (["--config.model.patch_size=5"], ["not divisible by"]),
-  "bad value type": (["--config.model.depth=two"], ["depth"]),
+  "bad value type": (["--config.model.depth=two"], ["depth takes an int (the config's: 4)"]),
+  "config file argument of a bad type": (
+    ["--config", CONFIG + ":laplacian=abc"],
+    ["'abc' is a str where laplacian takes an int; give an int"],
+  ),
   "non-boolean head mask": (["--config.model.laplacian_mask=(('no', 'no'),)"], ["laplacian_mask"]),
   "no checkpoints kept": (["--config.keep_checkpoints=0"], ["keep_checkpoints"]),
   "negative crop padding": (["--config.data.crop_padding=-1"], ["crop_padding"]),
