@@ -73,6 +73,7 @@ def test_grouped_heads_learned_mix_and_scale():
   )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("window", [0, 100, 200])
 def test_sliding_window_is_splash_s_local_mask(window):
   """The fork's causal sliding window: splash (its LocalMask, blocks outside

@@ -209,6 +209,7 @@ def test_terminal_three_turns_clear_and_ctrl_c(workdirs, engine):
   assert term.close() == 0
 
 
+@pytest.mark.slow
 @pytest.mark.subprocess
 def test_one_prompt_and_plain_completion_equal_eval_sample(workdirs, capfd):
   base, sft = map(str, workdirs)

@@ -51,6 +51,7 @@ def test_eval_reports_loss_perplexity_bits_per_byte(trained, capfd):
   assert final["bits_per_byte"] == pytest.approx(result["bits_per_byte"], rel=1e-6)
 
 
+@pytest.mark.slow
 def test_greedy_sample_continues_the_sentence(trained, capfd):
   r = run_in_process(
     [

@@ -286,6 +286,7 @@ def _one_line_load_error(workdir, expected, step=None):
   return msg
 
 
+@pytest.mark.slow
 def test_bad_workdirs_raise_one_line_load_errors(runs, tmp_path):
   vit = runs["vit"]
   _one_line_load_error(tmp_path / "missing", ["does not exist", "no laplax run"])

@@ -194,6 +194,7 @@ def _tokens(vocab, length, seed=1):
   return np.random.default_rng(seed).integers(0, vocab, (1, length)).astype(np.int32)
 
 
+@pytest.mark.slow
 def test_small_gpt2_logits_and_kv_cache_match_hf(small, bpe, record_property):
   model, hf_dir, workdir = small
   gpt, params, spec, config = _laplax(workdir)

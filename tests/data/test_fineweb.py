@@ -457,6 +457,7 @@ def test_bits_per_byte_is_nanochats_definition(shards, tok):
   assert got["loss"] == pytest.approx(nats.sum() / batch["mask"].sum(), rel=1e-5)
 
 
+@pytest.mark.slow
 def test_byte_tokenizer_bits_per_byte_is_unchanged():
   import jax
 

@@ -141,6 +141,7 @@ def test_multicrop_batches_shapes_dtypes_and_range(fm_config):
   assert all(not np.allclose(batch["local"][0, i], batch["local"][1, i]) for i in range(16))
 
 
+@pytest.mark.slow
 def test_multicrop_is_deterministic_under_seed(fm_config):
   multicrop = images.default_multicrop_config()
 
@@ -214,6 +215,7 @@ def test_blur_probability_per_view(fm_config, geometric_only):
         np.testing.assert_array_equal(view, original)
 
 
+@pytest.mark.slow
 def test_rgb_multicrop_through_mock(monkeypatch):
   # As in test_data.py: tfds 4.9.10's mock calls its `_getitems` without `self`.
   monkeypatch.setattr(

@@ -250,6 +250,7 @@ def test_bpe_is_trained_on_train_split_only(bpe_tok, bpe_cfg):
   assert text.make_tokenizer(bpe_cfg, train_texts).fingerprint == bpe_tok.fingerprint
 
 
+@pytest.mark.slow
 @needs_tarball
 def test_bpe_token_streams(bpe_tok, bpe_cfg):
   validation = read_split(bpe_cfg, "validation")

@@ -143,6 +143,7 @@ def test_each_stage_runs_its_part_of_the_list_in_order(dino_run):
       task.config.evals = ALL_DINO
 
 
+@pytest.mark.slow
 @pytest.mark.subprocess
 def test_dino_numbers_are_the_definitions_on_features_computed_once(dino_run, tmp_path):
   """knn and linear_probe equal probes.* on the teacher's features; the
@@ -187,6 +188,7 @@ def test_dino_numbers_are_the_definitions_on_features_computed_once(dino_run, tm
   }
 
 
+@pytest.mark.slow
 def test_the_training_loop_and_eval_py_run_the_configs_evaluators(tmp_path, corpus, capfd):
   """A GPT whose config.evals drops samples writes no sample text at its
   evaluations (test_observability checks the default list writes one per

@@ -82,6 +82,7 @@ def test_imports_and_code_extraction_follow_nanochat(problems):
   assert humaneval.extract_program(with_import) == "import math\ny = math.pi"
 
 
+@pytest.mark.slow
 def test_canonical_solutions_pass_and_wrong_ones_fail(problems):
   chosen = [problems[i] for i in (0, 2, 32, 163)]
   canonical = [humaneval.canonical_completion(p) for p in chosen]

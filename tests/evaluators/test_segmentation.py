@@ -35,6 +35,7 @@ def test_confusion_and_miou_closed_form():
     seg.confusion(np.full((2, 3), 4), target, 4)
 
 
+@pytest.mark.slow
 def test_separable_patches_give_miou_1():
   """One-hot patch features, pixel labels constant on each patch. Bilinear
   upsampling blends a pixel's logits with its neighbour patches' (at a
@@ -154,6 +155,7 @@ def _mosaic_config(data_dir):
   return data
 
 
+@pytest.mark.slow
 def test_fashion_canvases_at_the_backbone_size(fmnist_data_dir):
   """The canvases of a Fashion-MNIST run: built at 56 px from the first
   CANVAS_POOL * n images of the run's split, then at 28 px: the image is the

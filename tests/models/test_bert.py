@@ -63,6 +63,7 @@ def _inputs(seed=0, pad_from=100):
   return tokens, types, mask
 
 
+@pytest.mark.slow
 @needs_torch
 def test_original_bert_matches_transformers():
   import torch
@@ -158,6 +159,7 @@ def test_crammed_bert_matches_a_torch_reference_of_cramming():
   assert rel < 1e-4, rel
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("options", [{}, CRAMMED])
 def test_padding_and_sparse_prediction_with_both_methods(options):
   spec = spec_lib.build(
@@ -229,6 +231,7 @@ def test_bad_specs_are_one_line():
     spec_lib.build("bert", width=33, num_heads=3, posemb="scaled_sinusoidal")
 
 
+@pytest.mark.slow
 @needs_torch
 def test_convert_from_and_to_hf_bert(tmp_path):
   """``--from hf-bert`` writes a workdir whose ``laplax.load`` model gives

@@ -93,6 +93,7 @@ def all_blocks(model):
   return [b for st in model.stages for dual in st.blocks for b in dual]
 
 
+@pytest.mark.slow
 @needs_timm
 def test_timm_davit_logits_and_bitwise_round_trip(torch, timm_davit_model):
   tm = timm_davit_model
@@ -194,6 +195,7 @@ def _numpy_attention(attn, k, channel):
   return forward
 
 
+@pytest.mark.slow
 @needs_timm
 def test_laplacian_heads_and_groups_equal_the_definition(torch, timm_davit_model):
   """``num_laplacian_heads=1``: the last head of every window attention

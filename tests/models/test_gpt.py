@@ -57,6 +57,7 @@ def test_kv_cache_logits_equal_full_forward(mix, posemb):
   chex.assert_trees_all_close(jnp.concatenate(pieces, 1), full, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("spectral", [None, 10.0])
 @pytest.mark.parametrize("mix", sorted(HEAD_MIXES))
 def test_causality(mix, spectral):

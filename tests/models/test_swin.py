@@ -231,6 +231,7 @@ def _torch_laplacian_attention(torch, attn, k):
   return forward
 
 
+@pytest.mark.slow
 @needs_timm
 def test_laplacian_heads_per_window_equal_the_definition(torch, timm_swin_model):
   """``num_laplacian_heads=1``: the last head of every block's window
@@ -299,6 +300,7 @@ def test_swin_spec_refusals_are_one_line():
     assert "\n" not in str(e.value)
 
 
+@pytest.mark.slow
 @needs_timm
 def test_converted_swin_loads_without_data_and_goes_back(tmp_path, torch, timm_swin_model):
   """``--from timm --weights`` into a workdir (the Fashion-MNIST Swin config,

@@ -185,6 +185,7 @@ def _ca_weight(attn):
     "svd",
   ],
 )
+@pytest.mark.slow
 def test_spectral_xcit_equals_timm_with_the_correction_added(torch, timm_xcit_model, mode):
   """laplax's XCiT with spectral conditioning = timm's XCiT whose qkv weights
   carry ``W + C`` (every XCA and class attention), in logits and (``full``)
@@ -277,6 +278,7 @@ def _use_references(tm, mask):
     blk.attn.forward = ref(blk.attn, np.asarray(lap, bool))
 
 
+@pytest.mark.slow
 @needs_timm
 def test_laplacian_heads_equal_the_definition_in_values_and_gradients(torch, timm_xcit_model):
   """The PyTorch references without Laplacian heads are timm's attentions;

@@ -90,6 +90,7 @@ def corpus_dir(tmp_path_factory):
   return d
 
 
+@pytest.mark.slow
 def test_sparse_loss_is_the_numpy_cross_entropy_of_the_masked_tokens(tmp_path, corpus_dir):
   config = _tiny(tmp_path, corpus_dir)
   task = mlm.MaskedLMTask.from_data(config, str(tmp_path))

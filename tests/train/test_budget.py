@@ -188,6 +188,7 @@ def test_an_accumulated_ramp_step_is_one_step_on_its_examples(corpus, tmp_path):
   assert not np.array_equal(_leaves(whole)["0"], _leaves(got)["0"])
 
 
+@pytest.mark.slow
 def test_the_wall_time_update_is_the_schedule_s(corpus, tmp_path):
   """AdamW at rate 1 times the schedule at the elapsed time's step is the
   update AdamW with the schedule makes at that step: bitwise."""

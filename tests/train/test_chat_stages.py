@@ -386,6 +386,7 @@ def _bad_data(root, data, how):
     ("no_target", "config.data.max_conversation_tokens=8"),
   ],
 )
+@pytest.mark.slow
 def test_bad_input_is_one_line_exit_2_nothing_written(chain, data, tmp_path, capfd, case, fragment):
   root, base, mid, _ = chain
   init, extra, source = mid, [], data

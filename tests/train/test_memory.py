@@ -198,6 +198,7 @@ def test_remat_same_loss_gradients_and_parameter_names(family, remat):
   assert_trees_close(g1, g0, 1e-5, scaled=True)
 
 
+@pytest.mark.slow
 def test_scanned_vit_same_logits_with_mixed_heads_and_spectral():
   """Per-layer head mixes (1, 4, 0 of 4) and drop-path rates (0, 0.1, 0.2)
   are scanned inputs."""

@@ -206,6 +206,7 @@ def _flatten(d, prefix=""):
   return out
 
 
+@pytest.mark.slow
 def test_sample_is_the_greedy_continuation_of_the_validation_text(gpt_run):
   """The step-4 sample: the first 12 bytes of the validation document, then
   8 tokens that are each the argmax of the step-4 checkpoint's next-token

@@ -123,6 +123,7 @@ def test_parameters_and_optimizer_state_are_sharded(helper):
   assert helper[0]["equivalence"]["vit"]["(2, 2, 2)"]["specs"] == specs["(2, 2, 2)"]
 
 
+@pytest.mark.slow
 def test_checkpoint_restores_onto_another_mesh(helper):
   """Saved on (2,4,1) after 3 steps; restored onto (8,1,1) and one device,
   3 more steps give the uninterrupted run's losses."""
