@@ -1,0 +1,364 @@
+"""The launchers in scripts/ (tpu_vm.sh, gpu_host.sh, slurm_job.sh, install.sh's
+flags) run as a user runs them, with stand-ins for ``gcloud``, ``srun``,
+``scontrol``, ``git`` and the training command on ``PATH``: small scripts
+that record their arguments and exit with the codes a test queues (a
+preemption's 143, bad input's 2), so that the retry policy is checked
+without a cloud or a cluster."""
+
+import os
+import subprocess
+
+import pytest
+
+from helpers.runs import ROOT
+
+# A stand-in: records its name and arguments, then takes the first line of its
+# queue ("CODE [OUTPUT]", or "usr1"/"term": send SIGUSR1/SIGTERM to the parent
+# and exit 0 at its SIGTERM, as train.py saves and exits; "int": send SIGINT to
+# the parent and exit 130) and exits with CODE (0 if empty).
+STAND_IN = r"""#!/usr/bin/env bash
+name=$(basename "$0")
+printf '%s\x1f' "$name" "$@" >> "$FAKE_DIR/calls"
+printf '\x1e' >> "$FAKE_DIR/calls"
+queue=$FAKE_DIR/queue.$name
+line=""
+if [ -s "$queue" ]; then line=$(head -n 1 "$queue"); sed -i 1d "$queue"; fi
+if [ "$line" = usr1 ] || [ "$line" = term ]; then
+  trap 'echo "stopped by signal 15 at step 7; checkpoint saved in w; run the same command to resume"; exit 0' TERM
+  kill -"${line^^}" "$PPID"
+  for _ in $(seq 100); do sleep 0.1; done
+  exit 9
+fi
+if [ "$line" = int ]; then kill -INT "$PPID"; exit 130; fi
+code=${line%% *}
+[ "$line" = "${line#* }" ] || echo "${line#* }"
+exit "${code:-0}"
+"""
+STANDS_IN_FOR = ("gcloud", "srun", "sbatch", "scontrol", "git", "job")
+STOPPED = (
+  "stopped by signal 15 at step 7; checkpoint saved in gs://b/w; run the same command to resume"
+)
+TPU = ["--name", "lx", "--zone", "z1"]
+CREATE = TPU + ["--type", "v5litepod-16", "--version", "v2-alpha-tpuv5-lite", "--spot"]
+TRAIN = ["python", "train.py", "--workdir", "gs://b/w", "--config.distributed.enabled=True"]
+
+
+class Fakes:
+  """The stand-ins' directory: queue exit codes, run a script, read the calls."""
+
+  def __init__(self, tmp_path):
+    self.dir = tmp_path
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name in STANDS_IN_FOR:
+      (bin_dir / name).write_text(STAND_IN)
+      (bin_dir / name).chmod(0o755)
+    (tmp_path / "calls").write_text("")
+    self.env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", FAKE_DIR=str(tmp_path))
+    for key in [k for k in self.env if k.startswith("SLURM_")]:
+      del self.env[key]
+
+  def queue(self, name: str, *lines: str) -> None:
+    with open(self.dir / f"queue.{name}", "a") as f:
+      f.writelines(line + "\n" for line in lines)
+
+  def run(self, script: str, *args: str, **env) -> subprocess.CompletedProcess:
+    return subprocess.run(
+      ["bash", os.path.join(ROOT, "scripts", script), *args],
+      env={**self.env, **env, "LAPLAX_TPU_POLL_S": "0"},
+      capture_output=True,
+      text=True,
+      timeout=60,
+    )
+
+  def calls(self) -> list[list[str]]:
+    records = (self.dir / "calls").read_text().split("\x1e")[:-1]
+    return [record.split("\x1f")[:-1] for record in records]
+
+
+@pytest.fixture
+def fakes(tmp_path):
+  return Fakes(tmp_path)
+
+
+def _ssh(command: str) -> list[str]:
+  return ["gcloud", "compute", "tpus", "tpu-vm", "ssh", "lx", "--zone=z1", "--worker=all",
+          "--command", command]  # fmt: skip
+
+
+RUN_ON_WORKERS = "cd laplax && python train.py --workdir gs://b/w --config.distributed.enabled=True"
+
+
+@pytest.mark.parametrize(
+  "args,printed",
+  [
+    (
+      ["tpu_vm.sh", "create", *CREATE],
+      "gcloud compute tpus tpu-vm create lx --zone=z1 --accelerator-type=v5litepod-16 "
+      "--version=v2-alpha-tpuv5-lite --spot",
+    ),
+    (
+      ["tpu_vm.sh", "create", *CREATE, "--queued", "--project", "p"],
+      "gcloud compute tpus queued-resources create lx --zone=z1 --project=p --node-id=lx "
+      "--accelerator-type=v5litepod-16 --runtime-version=v2-alpha-tpuv5-lite --spot\n"
+      "gcloud compute tpus queued-resources describe lx --zone=z1 --project=p "
+      "'--format=value(state.state)'",
+    ),
+    (
+      ["tpu_vm.sh", "stage", *TPU, "--data", "gs://b/tfds/cifar100", "--to", "~/tfds"],
+      "gcloud compute tpus tpu-vm ssh lx --zone=z1 --worker=all --command "
+      "'mkdir -p ~/tfds && gcloud storage cp -r gs://b/tfds/cifar100 ~/tfds'",
+    ),
+    (
+      ["tpu_vm.sh", "run", *TPU, "--", *TRAIN, "--config.mesh_shape=(-1,1,1)"],
+      f"gcloud compute tpus tpu-vm ssh lx --zone=z1 --worker=all --command "
+      f"\"{RUN_ON_WORKERS} '--config.mesh_shape=(-1,1,1)'\"",
+    ),
+    (["tpu_vm.sh", "delete", *TPU], "gcloud compute tpus tpu-vm delete lx --zone=z1 --quiet"),
+    (["gpu_host.sh", "--", "job", "a b"], "job 'a b'"),
+    (["slurm_job.sh", "--", "job", "x"], "srun --kill-on-bad-exit=1 job x"),
+  ],
+)
+def test_dry_run_prints_the_commands_and_runs_nothing(fakes, args, printed):
+  script, *rest = args
+  i = rest.index("--") if "--" in rest else len(rest)  # --dry-run before the command
+  r = fakes.run(script, *rest[:i], "--dry-run", *rest[i:])
+  assert (r.returncode, r.stdout, r.stderr) == (0, printed + "\n", "")
+  assert fakes.calls() == []
+
+
+def test_printed_command_reads_back_as_the_same_words(fakes):
+  """The quoting of ``--dry-run``: the worker's shell reads the arguments back."""
+  words = ["job", "it's", 'a"b$c', "(-1,1,1)", "", "x y"]
+  r = fakes.run("tpu_vm.sh", "run", *TPU, "--dry-run", "--", *words)
+  subprocess.run(["bash", "-c", r.stdout], env=fakes.env, check=True)
+  (ssh,) = fakes.calls()
+  subprocess.run(["bash", "-c", ssh[-1].removeprefix("cd laplax && ")], env=fakes.env, check=True)
+  assert fakes.calls()[1] == words
+
+
+def test_install_prints_archive_copy_and_install_on_every_worker(fakes):
+  r = fakes.run("tpu_vm.sh", "install", *TPU, "--dry-run")
+  assert r.stdout.splitlines() == [
+    "git archive --format=tar.gz --output=/tmp/lx-src.tar.gz HEAD",
+    "gcloud compute tpus tpu-vm scp /tmp/lx-src.tar.gz lx:laplax.tar.gz --zone=z1 --worker=all",
+    "gcloud compute tpus tpu-vm ssh lx --zone=z1 --worker=all --command 'mkdir -p laplax && "
+    "tar -xzf laplax.tar.gz -C laplax && cd laplax && bash scripts/install.sh --tpu'",
+  ]
+
+
+def test_gpu_host_runs_the_same_command_again_after_a_preemption(fakes):
+  fakes.queue("job", "143")
+  r = fakes.run("gpu_host.sh", "--", "job", "--workdir", "runs/x")
+  assert r.returncode == 0, r.stderr
+  assert fakes.calls() == [["job", "--workdir", "runs/x"]] * 2
+  assert "retry 1 of 3: the command ended with exit code 143" in r.stderr
+
+
+def test_gpu_host_stops_at_once_on_bad_input(fakes):
+  fakes.queue("job", "2", "0")
+  r = fakes.run("gpu_host.sh", "--", "job")
+  assert r.returncode == 2 and len(fakes.calls()) == 1
+  assert r.stderr.splitlines()[-1] == (
+    "error: the command exited with 2 (bad input, said above); not running it again"
+  )
+
+
+def test_gpu_host_passes_a_signal_on_and_stops_retrying(fakes):
+  """SIGTERM to the script reaches the command (which saves and exits 0) and
+  ends the retries."""
+  fakes.queue("job", "term", "0")
+  r = fakes.run("gpu_host.sh", "--", "job")
+  assert r.returncode == 0 and len(fakes.calls()) == 1, r.stderr
+  assert r.stdout.startswith("stopped by signal 15")
+  assert r.stderr.splitlines()[-1] == "stopped by a signal; not running the command again"
+
+
+def test_gpu_host_gives_up_after_max_retries(fakes):
+  fakes.queue("job", "1", "1", "1", "0")
+  r = fakes.run("gpu_host.sh", "--max-retries", "1", "--", "job")
+  assert r.returncode == 1 and len(fakes.calls()) == 2
+  assert "after 1 retries (--max-retries)" in r.stderr.splitlines()[-1]
+
+
+def test_tpu_run_recreates_a_preempted_slice_and_runs_the_same_command(fakes):
+  """A spot slice preempted mid-run: train.py saved and exited 0 with its
+  "stopped by" line; the slice is PREEMPTED, so it is deleted, created,
+  installed and staged again, and the same command (taking over the lost
+  run's lock) runs to its end."""
+  fakes.queue("gcloud", f"0 {STOPPED}", "0 PREEMPTED", "0", "0", "0", "0", "0", "0")
+  stage = ["--data", "gs://b/tfds/c", "--to", "/mnt/d"]
+  r = fakes.run("tpu_vm.sh", "run", *CREATE, *stage, "--", *TRAIN)
+  assert r.returncode == 0, r.stderr
+  calls = fakes.calls()
+  assert [c[:5] for c in calls] == [
+    ["gcloud", "compute", "tpus", "tpu-vm", "ssh"],
+    ["gcloud", "compute", "tpus", "tpu-vm", "describe"],
+    ["gcloud", "compute", "tpus", "tpu-vm", "delete"],
+    ["gcloud", "compute", "tpus", "tpu-vm", "create"],
+    ["git", "archive", "--format=tar.gz", "--output=/tmp/lx-src.tar.gz", "HEAD"],
+    ["gcloud", "compute", "tpus", "tpu-vm", "scp"],
+    ["gcloud", "compute", "tpus", "tpu-vm", "ssh"],  # install
+    ["gcloud", "compute", "tpus", "tpu-vm", "ssh"],  # stage
+    ["gcloud", "compute", "tpus", "tpu-vm", "ssh"],  # the run again
+  ]
+  assert calls[0] == _ssh(RUN_ON_WORKERS)
+  assert calls[-1] == _ssh(RUN_ON_WORKERS + " --force_unlock")
+  assert calls[-2] == _ssh("mkdir -p /mnt/d && gcloud storage cp -r gs://b/tfds/c /mnt/d")
+  assert "--spot" in calls[3]
+
+
+def test_tpu_run_retries_a_lost_connection_on_the_same_slice(fakes):
+  fakes.queue("gcloud", "255", "0 READY", "0")
+  r = fakes.run("tpu_vm.sh", "run", *TPU, "--", "job")
+  assert r.returncode == 0, r.stderr
+  assert [c[4] for c in fakes.calls()] == ["ssh", "describe", "ssh"]
+  assert fakes.calls()[0] == fakes.calls()[2] == _ssh("cd laplax && job")
+
+
+def test_tpu_run_stops_at_once_on_bad_input(fakes):
+  fakes.queue("gcloud", "2", "0 READY", "0")
+  r = fakes.run("tpu_vm.sh", "run", *CREATE, "--", *TRAIN)
+  assert r.returncode == 2 and fakes.calls() == [_ssh(RUN_ON_WORKERS)]
+
+
+def test_tpu_run_stops_at_a_ctrl_c(fakes):
+  fakes.queue("gcloud", "int", "0 READY", "0")
+  r = fakes.run("tpu_vm.sh", "run", *TPU, "--", *TRAIN)
+  assert r.returncode == 130 and len(fakes.calls()) == 1, r.stderr
+  assert r.stderr.splitlines()[-1] == "stopped by a signal; not running the command again"
+
+
+def test_tpu_run_ends_at_success(fakes):
+  fakes.queue("gcloud", "0 done", "0 READY")
+  r = fakes.run("tpu_vm.sh", "run", *TPU, "--", *TRAIN)
+  assert (r.returncode, r.stdout) == (0, "done\n") and len(fakes.calls()) == 1
+
+
+SLURM = {"SLURM_JOB_ID": "42", "SLURM_GPUS_ON_NODE": "4", "SLURM_NTASKS_PER_NODE": "1"}
+SRUN = ["srun", "--kill-on-bad-exit=1", "env", "JAX_LOCAL_DEVICE_IDS=0,1,2,3"]
+
+
+@pytest.mark.parametrize(
+  "restarts,srun_code,requeued,code",
+  [("0", "143", True, 0), ("0", "1", True, 0), ("0", "2", False, 2), ("3", "143", False, 143)],
+)
+def test_slurm_job_requeues_until_success_bad_input_or_max(
+  fakes, restarts, srun_code, requeued, code
+):
+  fakes.queue("srun", srun_code)
+  r = fakes.run("slurm_job.sh", "--", *TRAIN, SLURM_RESTART_COUNT=restarts, **SLURM)
+  assert r.returncode == code, r.stderr
+  force = ["--force_unlock"] if restarts != "0" else []
+  assert fakes.calls() == [SRUN + TRAIN + force] + [["scontrol", "requeue", "42"]] * requeued
+
+
+def test_slurm_job_done_after_success(fakes):
+  r = fakes.run("slurm_job.sh", "--", "job", SLURM_RESTART_COUNT="1", **SLURM)
+  assert r.returncode == 0 and fakes.calls() == [SRUN + ["job"]]  # not train.py: no --force_unlock
+
+
+def test_slurm_job_stops_the_run_and_requeues_at_the_time_limit_signal(fakes):
+  """SLURM's USR1 (--signal=B:USR1@300) reaches the batch script: it sends
+  SIGTERM to the run, which saves and exits 0, and requeues the job."""
+  fakes.queue("srun", "usr1")
+  r = fakes.run("slurm_job.sh", "--", *TRAIN, **SLURM)
+  assert r.returncode == 0, r.stderr
+  assert "time limit is near" in r.stderr
+  assert fakes.calls() == [SRUN + TRAIN, ["scontrol", "requeue", "42"]]
+
+
+@pytest.mark.parametrize(
+  "args",
+  [
+    ["tpu_vm.sh", "run", *TPU, "--bogus"],
+    ["tpu_vm.sh", "launch", *TPU],
+    ["tpu_vm.sh", "create", *TPU],  # no --type
+    ["tpu_vm.sh", "run", *TPU],  # no command
+    ["tpu_vm.sh", "run", "--name", "Bad_Name", "--zone", "z1", "--", "job"],
+    ["tpu_vm.sh", "stage", *TPU, "--data", "/local", "--to", "/mnt/d"],
+    ["tpu_vm.sh", "run", *TPU, "--max-retries", "-1", "--", "job"],
+    ["gpu_host.sh", "--max-retries", "x", "--", "job"],
+    ["gpu_host.sh", "job"],
+    ["slurm_job.sh", "--bogus", "--", "job"],
+    ["install.sh", "--bogus"],
+    ["install.sh", "--cuda", "--tpu"],
+  ],
+)
+def test_bad_flags_say_one_error_line_and_exit_2(fakes, args):
+  r = fakes.run(*args)
+  assert r.returncode == 2 and r.stdout == ""
+  assert len(r.stderr.splitlines()) == 1 and r.stderr.startswith("error: "), r.stderr
+  assert fakes.calls() == []
+
+
+def test_help_describes_every_command(fakes):
+  r = fakes.run("tpu_vm.sh", "--help")
+  assert r.returncode == 0
+  for word in ("create", "install", "stage", "run", "delete", "--dry-run", "--max-retries"):
+    assert word in r.stdout
+  for script in ("gpu_host.sh", "slurm_job.sh"):
+    r = fakes.run(script, "--help")
+    assert r.returncode == 0 and "--max-retries" in r.stdout and "--dry-run" in r.stdout
+
+
+# A stand-in for srun that starts its command as FAKE_NODES local processes
+# with the variables SLURM gives each task of a one-task-per-node step.
+SRUN_NODES = r"""#!/usr/bin/env bash
+while [[ $1 == --* ]]; do shift; done
+pids=()
+for ((i = 0; i < FAKE_NODES; i++)); do
+  env SLURM_STEP_NODELIST=localhost SLURM_NTASKS="$FAKE_NODES" SLURM_STEP_NUM_NODES="$FAKE_NODES" \
+    SLURM_PROCID=$i SLURM_LOCALID=0 "$@" > "$FAKE_DIR/task$i.out" &
+  pids+=($!)
+done
+rc=0
+for pid in "${pids[@]}"; do wait "$pid" || rc=$?; done
+exit $rc
+"""
+
+# What each task runs: laplax's own start of the multi-process runtime
+# (config.distributed.enabled=True, as train.py does), then what JAX found.
+REPORT = (
+  "import jax, ml_collections; from laplax import sharding; "
+  "d = ml_collections.ConfigDict(dict(enabled=True, coordinator_address=None, "
+  "num_processes=None, process_id=None)); "
+  "assert sharding.initialize_distributed(d); import os; "
+  "print(jax.process_index(), jax.process_count(), jax.local_device_count(), "
+  "jax.device_count(), os.environ['JAX_LOCAL_DEVICE_IDS'])"
+)
+
+
+def _free_slurm_port() -> int:
+  """A job id whose port (JAX's SLURM rule: 61440 + id % 4096) is free now."""
+  import socket
+
+  for job_id in range(os.getpid() % 4096, os.getpid() % 4096 + 4096):
+    with socket.socket() as s:
+      try:
+        s.bind(("127.0.0.1", 61440 + job_id % 4096))
+        return job_id
+      except OSError:
+        continue
+  raise RuntimeError("no free port")
+
+
+@pytest.mark.slow  # two Python processes start JAX: 21 s on the busy 2-core machine
+@pytest.mark.subprocess
+def test_slurm_job_processes_find_each_other_from_slurm_variables(fakes):
+  """Two "nodes" of 2 (fake CPU) devices: laplax's initialize_distributed
+  with no address finds the coordinator, count and index in SLURM's variables
+  (JAX's SlurmCluster), and JAX_LOCAL_DEVICE_IDS keeps every local device."""
+  srun = fakes.dir / "bin" / "srun"
+  srun.write_text(SRUN_NODES)
+  import sys
+
+  job = str(_free_slurm_port())
+  r = fakes.run(
+    "slurm_job.sh", "--", sys.executable, "-c", REPORT,
+    SLURM_JOB_ID=job, SLURM_GPUS_ON_NODE="2", FAKE_NODES="2", PYTHONPATH=ROOT,
+    XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu",
+  )  # fmt: skip
+  assert r.returncode == 0, r.stderr[-3000:]
+  outs = [(fakes.dir / f"task{i}.out").read_text().split() for i in range(2)]
+  assert outs == [["0", "2", "2", "4", "0,1"], ["1", "2", "2", "4", "0,1"]]
