@@ -24,6 +24,7 @@
 # succeeded without being stopped or exited with 2 (bad input); the requeued
 # job runs the same command, which resumes from its last checkpoint (with
 # --force_unlock: the lock of a node the previous run lost is stale).
+# With --ntasks-per-node=G instead (one process per GPU) JAX's choice stays.
 # --dry-run prints the srun command and runs nothing. Submit from the
 # repository's root (the job reads scripts/launch_common.sh there).
 set -euo pipefail
@@ -57,7 +58,7 @@ if [ "$restarts" -gt 0 ] && is_train_command "${command[@]}"; then
   command+=(--force_unlock)
 fi
 srun_args=(srun --kill-on-bad-exit=1)
-gpus=${SLURM_GPUS_ON_NODE:-0}
+gpus=${SLURM_GPUS_ON_NODE:-$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)}
 if [ "${SLURM_NTASKS_PER_NODE:-1}" = 1 ] && [ "$gpus" -gt 1 ]; then
   srun_args+=(env "JAX_LOCAL_DEVICE_IDS=$(seq -s, 0 $((gpus - 1)))")
 fi

@@ -196,8 +196,7 @@ do_run() {
   fi
   log=$(mktemp)
   trap 'rm -f "$log"' EXIT
-  # Ctrl-C reaches gcloud too, which ends the ssh sessions (the workers' processes
-  # get SIGHUP); the run is not started again.
+  # Ctrl-C reaches gcloud too, which ends the ssh sessions; the run is not started again.
   trap 'stopping=1' INT TERM
   while :; do
     attempt=$((attempt + 1))

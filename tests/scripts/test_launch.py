@@ -34,7 +34,7 @@ code=${line%% *}
 [ "$line" = "${line#* }" ] || echo "${line#* }"
 exit "${code:-0}"
 """
-STANDS_IN_FOR = ("gcloud", "srun", "sbatch", "scontrol", "git", "job")
+STANDS_IN_FOR = ("gcloud", "srun", "sbatch", "scontrol", "git", "nvidia-smi", "job")
 STOPPED = (
   "stopped by signal 15 at step 7; checkpoint saved in gs://b/w; run the same command to resume"
 )
@@ -72,8 +72,10 @@ class Fakes:
     )
 
   def calls(self) -> list[list[str]]:
+    """The calls in order, but nvidia-smi's (a query, which --dry-run makes too)."""
     records = (self.dir / "calls").read_text().split("\x1e")[:-1]
-    return [record.split("\x1f")[:-1] for record in records]
+    calls = [record.split("\x1f")[:-1] for record in records]
+    return [call for call in calls if call[0] != "nvidia-smi"]
 
 
 @pytest.fixture
@@ -206,6 +208,27 @@ def test_tpu_run_recreates_a_preempted_slice_and_runs_the_same_command(fakes):
   assert calls[-1] == _ssh(RUN_ON_WORKERS + " --force_unlock")
   assert calls[-2] == _ssh("mkdir -p /mnt/d && gcloud storage cp -r gs://b/tfds/c /mnt/d")
   assert "--spot" in calls[3]
+
+
+def test_tpu_run_recreates_a_suspended_queued_resource(fakes):
+  fakes.queue("gcloud", "143", "0 SUSPENDED", "0", "0", "0 PROVISIONING", "0 ACTIVE", "0", "0")
+  r = fakes.run("tpu_vm.sh", "run", *CREATE, "--queued", "--", *TRAIN)
+  assert r.returncode == 0, r.stderr
+  calls = fakes.calls()
+  assert [c[3:5] if c[0] == "gcloud" else c[:2] for c in calls] == [
+    ["tpu-vm", "ssh"],
+    ["queued-resources", "describe"],
+    ["queued-resources", "delete"],
+    ["queued-resources", "create"],
+    ["queued-resources", "describe"],  # PROVISIONING: looks again
+    ["queued-resources", "describe"],  # ACTIVE
+    ["git", "archive"],
+    ["tpu-vm", "scp"],
+    ["tpu-vm", "ssh"],  # install
+    ["tpu-vm", "ssh"],  # the run again
+  ]
+  assert calls[2][-2:] == ["--force", "--quiet"]
+  assert calls[-1] == _ssh(RUN_ON_WORKERS + " --force_unlock")
 
 
 def test_tpu_run_retries_a_lost_connection_on_the_same_slice(fakes):
