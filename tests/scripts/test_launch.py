@@ -5,8 +5,12 @@ that record their arguments and exit with the codes a test queues (a
 preemption's 143, bad input's 2), so that the retry policy is checked
 without a cloud or a cluster."""
 
+import ast
 import os
+import re
+import socket
 import subprocess
+import sys
 
 import pytest
 
@@ -34,7 +38,7 @@ code=${line%% *}
 [ "$line" = "${line#* }" ] || echo "${line#* }"
 exit "${code:-0}"
 """
-STANDS_IN_FOR = ("gcloud", "srun", "sbatch", "scontrol", "git", "nvidia-smi", "job")
+STANDS_IN_FOR = ("gcloud", "srun", "scontrol", "git", "nvidia-smi", "job")
 STOPPED = (
   "stopped by signal 15 at step 7; checkpoint saved in gs://b/w; run the same command to resume"
 )
@@ -354,8 +358,6 @@ REPORT = (
 
 def _free_slurm_port() -> int:
   """A job id whose port (JAX's SLURM rule: 61440 + id % 4096) is free now."""
-  import socket
-
   for job_id in range(os.getpid() % 4096, os.getpid() % 4096 + 4096):
     with socket.socket() as s:
       try:
@@ -374,8 +376,6 @@ def test_slurm_job_processes_find_each_other_from_slurm_variables(fakes):
   (JAX's SlurmCluster), and JAX_LOCAL_DEVICE_IDS keeps every local device."""
   srun = fakes.dir / "bin" / "srun"
   srun.write_text(SRUN_NODES)
-  import sys
-
   job = str(_free_slurm_port())
   r = fakes.run(
     "slurm_job.sh", "--", sys.executable, "-c", REPORT,
@@ -385,3 +385,34 @@ def test_slurm_job_processes_find_each_other_from_slurm_variables(fakes):
   assert r.returncode == 0, r.stderr[-3000:]
   outs = [(fakes.dir / f"task{i}.out").read_text().split() for i in range(2)]
   assert outs == [["0", "2", "2", "4", "0,1"], ["1", "2", "2", "4", "0,1"]]
+
+
+def test_the_stopped_line_is_the_one_train_py_prints():
+  """scripts/launch_common.sh's STOPPED_LINE ends the line a run stopped by a
+  signal prints (laplax/train/loop.py's _stopped_line, its literal parts)."""
+  with open(os.path.join(ROOT, "scripts", "launch_common.sh")) as f:
+    (stopped,) = re.findall(r'^STOPPED_LINE="(.*)"$', f.read(), re.M)
+  with open(os.path.join(ROOT, "laplax", "train", "loop.py")) as f:
+    tree = ast.parse(f.read())
+  (function,) = [n for n in ast.walk(tree) if getattr(n, "name", "") == "_stopped_line"]
+  (returned,) = [n for n in ast.walk(function) if isinstance(n, ast.Return)]
+  literal = "".join(
+    n.value
+    for n in ast.walk(returned.value)
+    if isinstance(n, ast.Constant) and isinstance(n.value, str)
+  )
+  assert literal.startswith("stopped by ") and literal.endswith(stopped), (literal, stopped)
+
+
+def test_slurm_job_asks_for_requeue_and_the_time_limit_signal():
+  """The #SBATCH lines, which sbatch reads before the script's first other line."""
+  with open(os.path.join(ROOT, "scripts", "slurm_job.sh")) as f:
+    lines = f.read().splitlines()[1:]
+  header = [line.split(None, 1) for line in lines[: lines.index("# A SLURM batch script that runs a training command on every node of the job")]]  # fmt: skip
+  assert {word for word, _ in header} == {"#SBATCH"}
+  assert {flag for _, flag in header} >= {
+    "--ntasks-per-node=1",
+    "--requeue",
+    "--signal=B:USR1@300",
+    "--open-mode=append",
+  }
