@@ -44,6 +44,7 @@ trap on_signal INT TERM
 attempt=0
 while :; do
   attempt=$((attempt + 1))
+  [ "$stopping" = 0 ] || exit 130  # a signal between two runs
   if [ "$DRY_RUN" = 1 ]; then
     run "${command[@]}"
     exit 0
@@ -61,6 +62,5 @@ while :; do
     echo "stopped by a signal; not running the command again" >&2
     exit "$rc"
   fi
-  child=""
   should_retry "$rc" "$attempt" || exit "$STOP_CODE"
 done

@@ -66,6 +66,7 @@ if [ "$DRY_RUN" = 1 ]; then
   run "${srun_args[@]}" "${command[@]}"
   exit 0
 fi
+[ -n "${SLURM_JOB_ID:-}" ] || die "not inside a SLURM job: submit it with sbatch (see --help), or use --dry-run"
 
 child=""
 signalled=0

@@ -8,6 +8,7 @@ without a cloud or a cluster."""
 import ast
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -308,6 +309,7 @@ def test_slurm_job_stops_the_run_and_requeues_at_the_time_limit_signal(fakes):
     ["gpu_host.sh", "--max-retries", "x", "--", "job"],
     ["gpu_host.sh", "job"],
     ["slurm_job.sh", "--bogus", "--", "job"],
+    ["slurm_job.sh", "--", "job"],  # not inside a job
     ["install.sh", "--bogus"],
     ["install.sh", "--cuda", "--tpu"],
   ],
@@ -416,3 +418,15 @@ def test_slurm_job_asks_for_requeue_and_the_time_limit_signal():
     "--signal=B:USR1@300",
     "--open-mode=append",
   }
+
+
+LAUNCHERS = ("launch_common.sh", "tpu_vm.sh", "gpu_host.sh", "slurm_job.sh", "install.sh")
+
+
+@pytest.mark.skipif(not shutil.which("shellcheck"), reason="shellcheck (apt) is not installed")
+def test_launchers_are_shellcheck_clean():
+  r = subprocess.run(
+    ["shellcheck", "-x", *(f"scripts/{name}" for name in LAUNCHERS)],
+    cwd=ROOT, capture_output=True, text=True, timeout=60,
+  )  # fmt: skip
+  assert r.returncode == 0, r.stdout
