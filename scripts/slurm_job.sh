@@ -16,7 +16,8 @@
 # (JAX_LOCAL_DEVICE_IDS=0,...,G-1: JAX's SLURM detection alone would give
 # each process only GPU number SLURM_LOCALID). COMMAND should be train.py with
 # --config.distributed.enabled=True (jax.distributed.initialize() reads the
-# coordinator, process count and index from SLURM's variables) and a
+# coordinator, process count and index from SLURM's variables; a job of
+# several nodes refuses train.py without it) and a
 # --workdir on a file system every node shares. 300 s before the time limit
 # SLURM sends USR1 to this script, which sends SIGTERM to the run (train.py
 # saves a checkpoint and exits). The job is requeued (scontrol requeue, at
@@ -53,6 +54,11 @@ while [ $# -gt 0 ]; do
 done
 [ ${#command[@]} -gt 0 ] || die "no command: put it after --, e.g. -- .venv/bin/python train.py ..."
 
+if [ "${SLURM_JOB_NUM_NODES:-1}" -gt 1 ] && is_train_command "${command[@]}" \
+    && ! printf '%s\n' "${command[@]}" | grep -qix -- '--config.distributed.enabled=true'; then
+  die "a job of $SLURM_JOB_NUM_NODES nodes runs one train.py per node: add" \
+    "--config.distributed.enabled=True, or every node trains alone"
+fi
 restarts=${SLURM_RESTART_COUNT:-0}
 if [ "$restarts" -gt 0 ] && is_train_command "${command[@]}"; then
   command+=(--force_unlock)

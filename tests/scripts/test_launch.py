@@ -281,6 +281,17 @@ def test_slurm_job_requeues_until_success_bad_input_or_max(
   assert fakes.calls() == [SRUN + TRAIN + force] + [["scontrol", "requeue", "42"]] * requeued
 
 
+def test_slurm_job_of_several_nodes_refuses_train_py_without_distributed(fakes):
+  r = fakes.run("slurm_job.sh", "--", "python", "train.py", SLURM_JOB_NUM_NODES="2", **SLURM)
+  assert r.returncode == 2 and fakes.calls() == []
+  assert r.stderr == (
+    "error: a job of 2 nodes runs one train.py per node: add "
+    "--config.distributed.enabled=True, or every node trains alone\n"
+  )
+  r = fakes.run("slurm_job.sh", "--", *TRAIN, SLURM_JOB_NUM_NODES="2", **SLURM)
+  assert r.returncode == 0 and fakes.calls() == [SRUN + TRAIN]
+
+
 def test_slurm_job_done_after_success(fakes):
   r = fakes.run("slurm_job.sh", "--", "job", SLURM_RESTART_COUNT="1", **SLURM)
   assert r.returncode == 0 and fakes.calls() == [SRUN + ["job"]]  # not train.py: no --force_unlock
