@@ -358,14 +358,18 @@ exit $rc
 """
 
 # What each task runs: laplax's own start of the multi-process runtime
-# (config.distributed.enabled=True, as train.py does), then what JAX found.
+# (config.distributed.enabled=True, as train.py does), then what JAX found,
+# and the CUDA devices JAX would use on a GPU node (jax_cuda_visible_devices,
+# which jax.distributed.initialize sets from local_device_ids; CPU devices
+# ignore it).
 REPORT = (
   "import jax, ml_collections; from laplax import sharding; "
+  "from jax._src import xla_bridge; "
   "d = ml_collections.ConfigDict(dict(enabled=True, coordinator_address=None, "
   "num_processes=None, process_id=None)); "
-  "assert sharding.initialize_distributed(d); import os; "
+  "assert sharding.initialize_distributed(d); "
   "print(jax.process_index(), jax.process_count(), jax.local_device_count(), "
-  "jax.device_count(), os.environ['JAX_LOCAL_DEVICE_IDS'])"
+  "jax.device_count(), xla_bridge.CUDA_VISIBLE_DEVICES.value)"
 )
 
 
@@ -386,7 +390,9 @@ def _free_slurm_port() -> int:
 def test_slurm_job_processes_find_each_other_from_slurm_variables(fakes):
   """Two "nodes" of 2 (fake CPU) devices: laplax's initialize_distributed
   with no address finds the coordinator, count and index in SLURM's variables
-  (JAX's SlurmCluster), and JAX_LOCAL_DEVICE_IDS keeps every local device."""
+  (JAX's SlurmCluster), and with slurm_job.sh's JAX_LOCAL_DEVICE_IDS each
+  process would use both GPUs of its node (without it JAX picks GPU
+  SLURM_LOCALID=0 only)."""
   srun = fakes.dir / "bin" / "srun"
   srun.write_text(SRUN_NODES)
   job = str(_free_slurm_port())
