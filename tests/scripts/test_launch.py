@@ -69,13 +69,13 @@ class Fakes:
     with open(self.dir / f"queue.{name}", "a") as f:
       f.writelines(line + "\n" for line in lines)
 
-  def run(self, script: str, *args: str, **env) -> subprocess.CompletedProcess:
+  def run(self, script: str, *args: str, timeout=60, **env) -> subprocess.CompletedProcess:
     return subprocess.run(
       ["bash", os.path.join(ROOT, "scripts", script), *args],
       env={**self.env, **env, "LAPLAX_TPU_POLL_S": "0"},
       capture_output=True,
       text=True,
-      timeout=60,
+      timeout=timeout,
     )
 
   def calls(self) -> list[list[str]]:
@@ -509,3 +509,66 @@ def test_install_installs_the_requirements_its_flags_name(fakes, flags, requirem
 def test_install_brings_python_3_11_where_the_system_python_is_older(fakes):
   r, calls = _install(fakes, "--tpu", old_python=True)
   assert ["apt-get", "install", "-y", "-qq", "python3.11", "python3.11-venv"] in calls
+
+
+# gcloud's stand-in that runs an ssh --command here (one worker: this machine,
+# the directory FAKE_DIR holding laplax as a link to the checkout); the first
+# run is "preempted": once checkpoint 5 is saved, train.py gets SIGTERM.
+GCLOUD_HERE = r"""#!PYTHON
+import os, signal, subprocess, sys, time
+fake = os.environ["FAKE_DIR"]
+args = sys.argv[1:]
+with open(os.path.join(fake, "calls"), "a") as f:
+  f.write("".join(a + "\x1f" for a in ["gcloud", *args]) + "\x1e")
+if args[3] == "describe":
+  print("READY")
+  sys.exit(0)
+proc = subprocess.Popen(["bash", "-c", args[args.index("--command") + 1]], cwd=fake)
+marker = os.path.join(fake, "preempted")
+if not os.path.exists(marker):
+  open(marker, "w").close()
+  checkpoint = os.path.join(os.environ["FAKE_WORKDIR"], "checkpoints", "5")
+  deadline = time.time() + 240
+  while proc.poll() is None and not os.path.isdir(checkpoint) and time.time() < deadline:
+    time.sleep(0.01)
+  for pid in filter(str.isdigit, os.listdir("/proc")):  # python train.py: bash or its child
+    try:
+      with open(f"/proc/{pid}/stat") as f:
+        parent = int(f.read().rsplit(")", 1)[1].split()[1])
+      with open(f"/proc/{pid}/cmdline", "rb") as f:
+        train = b"train.py" in f.read().split(b"\0")
+      if train and proc.pid in (int(pid), parent):
+        os.kill(int(pid), signal.SIGTERM)
+    except OSError:
+      pass
+sys.exit(proc.wait(timeout=240))
+"""
+
+
+@pytest.mark.slow  # two tiny training runs: about a minute on the busy 2-core machine
+@pytest.mark.subprocess
+def test_tpu_run_resumes_a_preempted_train_py_to_its_end(fakes, fmnist_data_dir):
+  """The whole path with the real train.py on one "worker": SIGTERM after
+  checkpoint 5 (train.py saves and exits 0 with its "stopped by" line), the
+  slice is READY, so the same command runs again (with --force_unlock) and
+  resumes to step 20."""
+  from helpers.runs import CONFIG, TINY, read_metrics
+
+  gcloud = fakes.dir / "bin" / "gcloud"
+  gcloud.write_text(GCLOUD_HERE.replace("PYTHON", sys.executable))
+  os.symlink(ROOT, fakes.dir / "laplax")
+  workdir = fakes.dir / "run"
+  train = [
+    sys.executable, "train.py", "--config", CONFIG, "--workdir", str(workdir),
+    f"--config.data.data_dir={fmnist_data_dir}", *TINY, "--config.total_steps=20",
+    "--config.checkpoint_every=5", "--config.eval_every=1000",
+  ]  # fmt: skip
+  r = fakes.run("tpu_vm.sh", "run", *TPU, "--", *train, timeout=600, FAKE_WORKDIR=str(workdir))
+  assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+  assert [c[4] for c in fakes.calls()] == ["ssh", "describe", "ssh"]
+  assert re.search(r"stopped by signal 15 at step (\d+)", r.stdout), r.stdout[-3000:]
+  assert "retry 1 of 3: the command ended with exit code 0" in r.stderr
+  assert re.search(r"resumed from step \d+", r.stdout + r.stderr)
+  assert fakes.calls()[2][-1].endswith(" --force_unlock")
+  train_steps = [m["step"] for m in read_metrics(workdir) if m["split"] == "train"]
+  assert train_steps[-1] == 20
