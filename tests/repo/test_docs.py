@@ -125,3 +125,37 @@ def test_api_page_lists_exactly_the_public_names():
     listed = re.findall(r"^   ~(laplax\.[\w.]+)$", f.read(), flags=re.M)
   expected = [f"{module}.{attribute}" for module, attribute in _public_names().values()]
   assert sorted(listed) == sorted(expected)
+
+
+def _launch_sections() -> str:
+  """scale-out.md's "Run on a TPU pod slice" and "Run on a GPU cluster"."""
+  with open(os.path.join(DOCS, "scale-out.md"), encoding="utf-8") as f:
+    text = f.read()
+  return text.split("\n## Run on a TPU pod slice\n", 1)[1].split("\n## Will it fit?", 1)[0]
+
+
+def test_launch_commands_print_what_the_docs_show(tmp_path):
+  """Each documented ``--dry-run`` command prints exactly the ``text`` block
+  after it (run as written, from the repository's root, with no ``gcloud``,
+  ``srun`` or ``sbatch`` on PATH), and the documented ``sbatch`` submits the
+  job that the SLURM block prints."""
+  blocks = re.findall(r"^```(\w+)\n(.*?)^```$", _launch_sections(), re.S | re.M)
+  pairs = [(code, blocks[i + 1]) for i, (kind, code) in enumerate(blocks) if "--dry-run" in code]
+  assert len(pairs) == 8, [code for code, _ in pairs]
+  env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+  env["PATH"] = f"{tmp_path}:/usr/bin:/bin"  # nothing of a cloud or a cluster to run
+  for code, (kind, printed) in pairs:
+    assert kind == "text", code
+    r = subprocess.run(
+      ["bash", "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=30
+    )
+    assert (r.returncode, r.stderr) == (0, ""), code
+    assert r.stdout == printed, (code, r.stdout)
+  (sbatch,) = [code for _, code in blocks if code.startswith("cd laplax\nsbatch ")]
+  (job,) = [code for code, _ in pairs if "slurm_job.sh" in code]
+
+  def words_after_script(code):
+    words = code.replace("\\\n", " ").split()
+    return [w for w in words[words.index("scripts/slurm_job.sh") + 1 :] if w != "--dry-run"]
+
+  assert words_after_script(sbatch) == words_after_script(job)

@@ -73,6 +73,10 @@ def test_requirements_pins_lie_in_the_pyproject_ranges():
   test_pins = _pins("requirements-test.txt")
   _check_pins_in_ranges(test_pins, _ranges(extras["test"]))
   _check_pins_in_ranges(_pins("requirements-tpu.txt"), _ranges(extras["tpu"]))
+  _check_pins_in_ranges(_pins("requirements-cuda.txt"), _ranges(extras["cuda"]))
+  for accelerator in ("tpu", "cuda"):  # JAX's plugin at the JAX version of requirements.txt
+    (jax,) = _pins(f"requirements-{accelerator}.txt").values()
+    assert jax.name == "jax" and jax.specifier == base["jax"].specifier, jax
   _check_pins_in_ranges(_pins("requirements-bench.txt"), _ranges(extras["bench"]))
   _check_pins_in_ranges(_pins("requirements-docs.txt"), _ranges(extras["docs"]))
   assert _pins("requirements-bench.txt")["torch"] == test_pins["torch"]  # one torch
@@ -84,6 +88,7 @@ def test_requirements_pins_lie_in_the_pyproject_ranges():
   for name in (
     "requirements-test.txt",
     "requirements-tpu.txt",
+    "requirements-cuda.txt",
     "requirements-bench.txt",
     "requirements-docs.txt",
   ):
