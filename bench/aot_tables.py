@@ -318,6 +318,9 @@ def stale_rows(root: str = ROOT, lower=lower_row) -> list[str]:
     since = unchanged_at if in_history(unchanged_at, root) else commit
     rerun = f"rerun: .venv-tpu/bin/python bench/aot_tables.py --rows {number}"
     depends = row_depends(ROWS[number - 1][1], root) if number <= len(ROWS) else DEPENDS
+    if number <= len(ROWS) and f"| `{ROWS[number - 1][1]}`" not in line:
+      messages.append(f"row {number}: its options in ROWS are not the ones measured; {rerun}")
+      continue
     if in_history(since, root):
       files = changed_since(since, depends, root)
       if not files:

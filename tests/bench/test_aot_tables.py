@@ -60,7 +60,8 @@ def test_the_docs_table_was_measured_after_the_last_change_to_what_it_compiles()
 
 def table(commit, rows=(1,)):
   lines = [
-    f"| {n} | v5e:4x4 | `--topology v5e:4x4` | splash | 1 GiB | - | 1 min | {commit}, 2026-12-04 |"
+    f"| {n} | v5e:4x4 | `{aot_tables.ROWS[n - 1][1]}` | splash | 1 GiB | - | 1 min "
+    f"| {commit}, 2026-12-04 |"
     for n in rows
   ]
   body = "\n".join(lines)
@@ -111,6 +112,13 @@ def test_a_row_is_stale_once_a_compiled_file_changes_after_its_commit(tmp_path):
   write(root, aot_tables.DOC, table("0123abc"))  # a commit this history does not have
   (message,) = aot_tables.stale_rows(root)
   assert "'0123abc' is not in this branch's history" in message
+
+  write(root, aot_tables.DOC, table(measured).replace("v5e:4x4 --config", "v6e:4x4 --config"))
+  (message,) = aot_tables.stale_rows(root)  # ROWS names another command than the one measured
+  assert message == (
+    "row 1: its options in ROWS are not the ones measured; "
+    "rerun: .venv-tpu/bin/python bench/aot_tables.py --rows 1"
+  )
 
 
 def test_a_row_depends_on_its_config_and_the_configs_it_builds_on(tmp_path):
