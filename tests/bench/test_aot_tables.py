@@ -243,6 +243,7 @@ def write_rows(root, rows):
   write(root, aot_tables.DOC, aot_tables.write_table(before, rows, after))
 
 
+@pytest.mark.slow  # 9 lowerings and JAX's import: 5-7 s on 2 busy cores
 def test_a_restructure_keeps_rows_current_and_a_program_change_flags_its_rows(tmp_path):
   root, calls = str(tmp_path), []
   lower = lower_tiny(calls)
