@@ -1,9 +1,11 @@
 """Regenerates the ahead-of-time table of docs/scale-out.md, each row stamped
-with the commit and date it was measured at.
+with the commit and date it was measured at and the fingerprint of the
+program it compiled.
 
     .venv-tpu/bin/python bench/aot_tables.py --rows 1          # compile row 1, rewrite it
     .venv-tpu/bin/python bench/aot_tables.py --rows all        # every row of ROWS (hours)
-    python bench/aot_tables.py --check                         # which rows are stale (git only)
+    python bench/aot_tables.py --check                         # which rows are stale
+    python bench/aot_tables.py --fingerprint 1,5               # record "unchanged at HEAD"
     python bench/aot_tables.py --list                          # the rows and their commands
 
 Each row of :data:`ROWS` is one ``bench/compile_report.py --json`` command,
@@ -11,19 +13,29 @@ run one at a time (a compile takes minutes to most of an hour on a 2-core
 machine). Its record becomes a row of the table between the markers
 ``<!-- aot-table begin -->`` and ``<!-- aot-table end -->`` of
 ``docs/scale-out.md``, with the commit (``git rev-parse --short HEAD``) and
-the date (UTC) in its last column; rows not named keep their cells and stamp.
+the date (UTC) in its last column, followed by the fingerprint of the
+program compiled (``program sha256:...``: ``compile_report.py --fingerprint``,
+the hash of the train step's StableHLO lowered for the slice's TPU without
+source locations, ``bench/program_fingerprint.py``; lowering takes seconds
+to a minute, without libtpu); rows not named keep their cells and stamp.
 A compile is refused when a file the rows depend on (:data:`DEPENDS`) differs
 from ``HEAD`` (commit first: the stamp must name the code measured).
 
-``--check`` reads git history only: a row is stale when a commit after its
-stamp changed one of its files (:func:`row_depends`: the model, attention,
-kernels, optimisers, sharding, the task, the train step, the config code, the
-requirements, and the row's own config files) or when its commit is not in
-the history; it prints the command that measures
-it again and exits 1 (``tests/bench/test_aot_tables.py`` runs it).
+``--check`` asks git first: a row whose files (:func:`row_depends`: the model,
+attention, kernels, optimisers, sharding, the task, the train step, the
+config code, the requirements, the AOT scripts, and the row's own config
+files) are the same at ``HEAD`` as at its stamp is current. Otherwise the row
+is lowered again (:func:`lower_row`) and compared with the fingerprint it
+records: a change that leaves the program as it was (a renamed function, a
+moved module) keeps the row current, a change to the program makes it stale;
+a row without a fingerprint is stale by git alone. Each stale row is printed
+with the command that measures it again and the exit status is 1
+(``tests/bench/test_aot_tables.py`` runs it). ``--fingerprint ROWS`` lowers
+the rows and writes ``unchanged at COMMIT`` (``HEAD``) after the fingerprint
+of those whose program is unchanged, so that git alone clears them again.
 
-Errors: an unknown row, a dirty tree or a failed compile print one line and
-exit 2.
+Errors: an unknown row, a dirty tree, a failed compile or lowering, or
+``--fingerprint`` of a row whose program changed print one line and exit 2.
 """
 
 from __future__ import annotations
@@ -41,9 +53,8 @@ DOC = os.path.join("docs", "scale-out.md")
 BEGIN, END = "<!-- aot-table begin -->", "<!-- aot-table end -->"
 # What the compiled train step is made of, whatever the row's config: a
 # commit that changes one of these after a row's stamp makes the row stale.
-# (bench/compile_report.py builds the step from these and prints it; a change
-# to how it lowers the step needs the rows measured again by hand.) A row
-# depends on its own config files besides (:func:`row_depends`).
+# A row depends on its own config files besides (:func:`row_depends`). Such
+# a change is confirmed by lowering the row again (:func:`stale_rows`).
 COMMON = (
   "laplax/models",
   "laplax/attention.py",
@@ -58,6 +69,10 @@ COMMON = (
   "laplax/config",
   "requirements.txt",
   "requirements-tpu.txt",
+  # How the step is built and lowered (the figures and the fingerprints).
+  "bench/common.py",
+  "bench/compile_report.py",
+  "bench/program_fingerprint.py",
   # Decoding (the chat, eval.py --sample) is not part of the train step.
   ":(exclude)laplax/models/sampling.py",
 )
@@ -210,8 +225,19 @@ def write_table(before: str, rows: dict[int, str], after: str) -> str:
 
 
 def stamp_of(line: str) -> str:
-  """The commit in a table line's last cell (``abc1234, 2026-12-04``)."""
-  return line.rstrip(" |").rsplit("|", 1)[-1].split(",")[0].strip()
+  """The commit in a table line's last cell (``abc1234, 2026-12-04, ...``)."""
+  return last_cell(line).split(",")[0].strip()
+
+
+def last_cell(line: str) -> str:
+  return line.rstrip(" |").rsplit("|", 1)[-1]
+
+
+def fingerprint_of(line: str) -> tuple[str | None, str | None]:
+  """(fingerprint, commit) of a table line's last cell: ``program sha256:X``
+  and the ``unchanged at C`` after it, each ``None`` where absent."""
+  found = re.search(r"program (sha256:[0-9a-f]+)(?: unchanged at (\w+))?", last_cell(line))
+  return (found.group(1), found.group(2)) if found else (None, None)
 
 
 def row_depends(options: str, root: str = ROOT) -> tuple[str, ...]:
@@ -241,27 +267,79 @@ def row_depends(options: str, root: str = ROOT) -> tuple[str, ...]:
   return (*COMMON, *seen)
 
 
-def stale_rows(root: str = ROOT) -> list[str]:
-  """One message per stale row of the table in ``root``'s docs (git history only)."""
+def lower_row(number: int, root: str = ROOT) -> str:
+  """The fingerprint of row ``number``'s program at ``root``'s working tree
+  (``compile_report.py --fingerprint`` and the row's options, in a process of
+  its own with JAX's defaults: no ``JAX_*`` or ``XLA_*`` variables; no libtpu
+  needed).
+
+  Raises:
+    RuntimeError: the lowering failed (its last line of errors).
+  """
+  command = [sys.executable, os.path.join("bench", "compile_report.py"), "--fingerprint"]
+  env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "XLA_"))}
+  proc = subprocess.run(
+    command + ROWS[number - 1][1].split(), cwd=root, capture_output=True, text=True, env=env
+  )
+  records = [json.loads(x) for x in proc.stdout.splitlines() if x.startswith("{")]
+  if proc.returncode or len(records) != 1:
+    last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+    raise RuntimeError(f"lowering row {number} failed (exit {proc.returncode}): {last[:300]}")
+  return records[0]["fingerprint"]
+
+
+def in_history(commit: str | None, root: str) -> bool:
+  if not commit:
+    return False
+  try:
+    git("cat-file", "-e", f"{commit}^{{commit}}", cwd=root)
+    git("merge-base", "--is-ancestor", commit, "HEAD", cwd=root)
+  except subprocess.CalledProcessError:
+    return False
+  return True
+
+
+def changed_since(commit: str, depends: tuple[str, ...], root: str) -> list[str]:
+  """The files of ``depends`` that differ between ``commit`` and ``HEAD``."""
+  return git("diff", "--name-only", commit, "HEAD", "--", *depends, cwd=root).split()
+
+
+def stale_rows(root: str = ROOT, lower=lower_row) -> list[str]:
+  """One message per stale row of the table in ``root``'s docs: git first,
+  then ``lower(number, root)`` (a fingerprint) for the rows whose files
+  changed since their stamp (or its ``unchanged at`` commit) and that record
+  a fingerprint. A row whose lowering fails is stale, with the error."""
   with open(os.path.join(root, DOC)) as f:
     _, rows, _ = read_table(f.read())
   messages = []
   for number, line in sorted(rows.items()):
     commit = stamp_of(line)
+    recorded, unchanged_at = fingerprint_of(line)
+    since = unchanged_at if in_history(unchanged_at, root) else commit
     rerun = f"rerun: .venv-tpu/bin/python bench/aot_tables.py --rows {number}"
-    try:
-      git("cat-file", "-e", f"{commit}^{{commit}}", cwd=root)
-      git("merge-base", "--is-ancestor", commit, "HEAD", cwd=root)
-    except subprocess.CalledProcessError:
-      messages.append(f"row {number}: commit {commit!r} is not in this branch's history; {rerun}")
-      continue
     depends = row_depends(ROWS[number - 1][1], root) if number <= len(ROWS) else DEPENDS
-    changed = git("log", "--format=%h", f"{commit}..HEAD", "--", *depends, cwd=root).split()
-    if changed:
-      files = git("diff", "--name-only", commit, "HEAD", "--", *depends, cwd=root).split()
+    if number <= len(ROWS) and f"| `{ROWS[number - 1][1]}`" not in line:
+      messages.append(f"row {number}: its options in ROWS are not the ones measured; {rerun}")
+      continue
+    if in_history(since, root):
+      files = changed_since(since, depends, root)
+      if not files:
+        continue
+      why = f"{len(files)} file(s) changed since {since} ({', '.join(files[:4])})"
+    else:
+      why = f"commit {commit!r} is not in this branch's history"
+    if recorded is None or number > len(ROWS):
+      messages.append(f"row {number}: {why} and the row records no program fingerprint; {rerun}")
+      continue
+    try:
+      now = lower(number, root)
+    except RuntimeError as e:
+      messages.append(f"row {number}: {why}, and {e}; {rerun}")
+      continue
+    if now != recorded:
       messages.append(
-        f"row {number}: measured at {commit}, but {len(changed)} later commit(s) "
-        f"({', '.join(changed[:3])}) changed {', '.join(files[:4])}; {rerun}"
+        f"row {number}: its program changed (measured at {commit}: {recorded}, now {now}); "
+        f"{why}; {rerun}"
       )
   return messages
 
@@ -277,11 +355,59 @@ def measure(number: int) -> str:
   if proc.returncode or len(records) != 1:
     fail(f"row {number} failed (exit {proc.returncode}): {proc.stderr.strip()[-300:]}")
   kernel, peak, flops, took = cells(records[0])
+  try:
+    program = lower_row(number)
+  except RuntimeError as e:
+    fail(str(e))
   commit = git("rev-parse", "--short", "HEAD")
   date = datetime.datetime.now(datetime.UTC).date().isoformat()
   shown = f"`{options}`" + (f" ({note})" if note else "")
-  cols = (str(number), slice_name, shown, kernel, peak, flops, took, f"{commit}, {date}")
+  stamp = f"{commit}, {date}, program {program}"
+  cols = (str(number), slice_name, shown, kernel, peak, flops, took, stamp)
   return "| " + " | ".join(cols) + " |"
+
+
+def record_unchanged(number: int, line: str, root: str = ROOT, lower=lower_row) -> str:
+  """Row ``number``'s table ``line`` with its program's fingerprint recorded:
+  ``unchanged at HEAD`` after its fingerprint once its program lowered at
+  ``HEAD`` is the one it records; ``program sha256:...`` added to a row
+  without one whose files git shows unchanged since its stamp.
+
+  Raises:
+    ValueError: the row's program changed, or it has no fingerprint and its
+      files changed since its stamp (it needs ``--rows``).
+  """
+  recorded, _ = fingerprint_of(line)
+  rerun = f"compile it: .venv-tpu/bin/python bench/aot_tables.py --rows {number}"
+  cell = last_cell(line)
+  start = line.rstrip(" |").rindex(cell)
+  if recorded is None:
+    commit = stamp_of(line)
+    if not in_history(commit, root):
+      raise ValueError(f"row {number}: commit {commit!r} is not in this history; {rerun}")
+    files = changed_since(commit, row_depends(ROWS[number - 1][1], root), root)
+    if files:
+      raise ValueError(f"row {number}: {', '.join(files[:4])} changed since {commit}; {rerun}")
+    return line[:start] + f"{cell.rstrip()}, program {lower(number, root)} |"
+  now = lower(number, root)
+  if now != recorded:
+    raise ValueError(f"row {number}'s program changed ({recorded}, now {now}); {rerun}")
+  head = git("rev-parse", "--short", "HEAD", cwd=root)
+  kept = re.sub(r" unchanged at \w+", "", cell).rstrip()
+  return line[:start] + f"{kept} unchanged at {head} |"
+
+
+def unchanged(number: int, path: str) -> str:
+  """:func:`record_unchanged` of row ``number`` of the table at ``path``; a
+  row not in the table, without a fingerprint or whose program changed fails."""
+  with open(path) as f:
+    rows = read_table(f.read())[1]
+  if number not in rows:
+    fail(f"row {number} is not in the table; compile it: --rows {number}")
+  try:
+    return record_unchanged(number, rows[number])
+  except (ValueError, RuntimeError) as e:
+    fail(str(e))
 
 
 def parse_rows(value: str) -> list[int]:
@@ -300,7 +426,13 @@ def main(argv=None) -> None:
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   what = p.add_mutually_exclusive_group(required=True)
   what.add_argument("--rows", help="'all' or row numbers, e.g. '1,5' (see --list)")
-  what.add_argument("--check", action="store_true", help="list the stale rows (git only)")
+  what.add_argument("--check", action="store_true", help="list the stale rows (git, then lowering)")
+  what.add_argument(
+    "--fingerprint",
+    metavar="ROWS",
+    help="lower rows ('all' or numbers) and record 'unchanged at HEAD' where their "
+    "program is the one measured",
+  )
   what.add_argument("--list", action="store_true", help="print the rows and their options")
   args = p.parse_args(argv)
   if args.list:
@@ -309,15 +441,15 @@ def main(argv=None) -> None:
     return
   if args.check:
     messages = stale_rows()
-    print("\n".join(messages) or "every row was measured at or after the last change")
+    print("\n".join(messages) or "every row's program is the one it measured")
     sys.exit(1 if messages else 0)
-  numbers = parse_rows(args.rows)
+  numbers = parse_rows(args.rows or args.fingerprint)
   dirty = git("status", "--porcelain", "--", *DEPENDS)
   if dirty:
     fail(f"commit first: the files the rows depend on differ from HEAD ({dirty.split()[-1]}, ...)")
   path = os.path.join(ROOT, DOC)
-  for number in numbers:  # one at a time, the table written after each
-    line = measure(number)
+  for number in numbers:  # one at a time, the table read and written after each
+    line = measure(number) if args.rows else unchanged(number, path)
     with open(path) as f:
       before, rows, after = read_table(f.read())
     rows[number] = line

@@ -33,6 +33,13 @@ of :data:`JSON_KEYS`, bytes and FLOPs as numbers, ``fits`` false with the
 compiler's ``error`` line when the step does not fit the devices (the memory
 and FLOP keys are then ``null``).
 
+``--fingerprint`` (with ``--topology``) lowers the train step for the
+slice's TPU without compiling it and without libtpu (an abstract mesh,
+``bench/program_fingerprint.py``) and prints one JSON object per config,
+``{"config", "overrides", "topology", "fingerprint", "lower_s"}``: the hash
+of its StableHLO without source locations, which ``bench/aot_tables.py``
+compares to tell which rows of the docs' table a change recompiles.
+
 ``--segmentation-eval`` compiles a DINO config's segmentation evaluation
 instead (``bench/segmentation_compile.py``; default config
 ``configs/dino_vits16_imagenet.py``).
@@ -44,6 +51,7 @@ fit the devices or the batch, print one line and exit 2.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.metadata
 import json
 import os
@@ -54,6 +62,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from bench import program_fingerprint
 from bench.common import analytic_flops, apply_override, fail, load_config, size
 from bench.common import make_task as task_from_shapes
 
@@ -127,6 +136,12 @@ def parse_args(argv=None):
     help="config override, e.g. model.remat=full (repeatable)",
   )
   p.add_argument(
+    "--fingerprint",
+    action="store_true",
+    help="with --topology: print the fingerprint of the step lowered for that TPU "
+    "(no compile, no libtpu; bench/program_fingerprint.py)",
+  )
+  p.add_argument(
     "--segmentation-eval",
     action="store_true",
     help="compile a DINO config's segmentation evaluation (eval.py's linear "
@@ -172,6 +187,38 @@ def make_task(config):
   return task_from_shapes(config, (size, size, channels), classes)
 
 
+def abstract_mesh(mesh_shape, devices):
+  """A ``jax.sharding.AbstractMesh`` of ``mesh_shape`` over abstract ``devices``
+  (:func:`bench.program_fingerprint.abstract_tpu_devices`), the axes of
+  :func:`laplax.sharding.make_mesh`.
+
+  Raises:
+    ValueError: a shape that does not fit the devices.
+  """
+  import jax
+
+  from laplax import sharding
+
+  shape = sharding.resolve_mesh_shape(mesh_shape, len(devices))
+  return jax.sharding.AbstractMesh(
+    tuple(shape),
+    sharding.AXES,
+    axis_types=(jax.sharding.AxisType.Auto,) * len(sharding.AXES),
+    abstract_device=devices[0],
+  )
+
+
+@contextlib.contextmanager
+def mesh_context(mesh, rules):
+  """:func:`laplax.sharding.context` for an abstract mesh (``jax.set_mesh``
+  takes concrete meshes only)."""
+  import flax.linen as nn
+  import jax
+
+  with jax.sharding.use_abstract_mesh(mesh), nn.logical_axis_rules(tuple(rules)):
+    yield
+
+
 def report(spec: str, devices, args) -> None:
   """Compiles ``spec``'s train step for ``devices`` and prints the figures."""
   import jax
@@ -204,13 +251,15 @@ def report(spec: str, devices, args) -> None:
     tasks.validate(config, len(devices))
   except (config_lib.ConfigError, ValueError) as e:
     fail(str(e).splitlines()[0])
-  mesh = sharding.make_mesh(config.mesh_shape, devices)
+  abstract = isinstance(devices[0], jax.sharding.AbstractDevice)
+  mesh = abstract_mesh(config.mesh_shape, devices) if abstract else None
+  mesh = mesh or sharding.make_mesh(config.mesh_shape, devices)
   rules = sharding.rules_from_config(config)
   task = make_task(config)
   tx = optim.make_optimizer(config)
   schedule = optim.learning_rate_schedule(config.optim, config.total_steps)
   t0 = time.time()
-  with sharding.context(mesh, rules):
+  with mesh_context(mesh, rules) if abstract else sharding.context(mesh, rules):
     kernel = config_lib.attention_kernel(config, task)  # on the slice's platform
     state_sharding = state_lib.abstract_and_shardings(task, tx, config.seed, mesh, rules)[1]
     state = state_lib.sharded_abstract_state(task, tx, config.seed, state_sharding)
@@ -220,8 +269,15 @@ def report(spec: str, devices, args) -> None:
       for k, v in task.batch_spec(config.batch_size).items()
     }
     step = loop.jit_train_step(task, tx, schedule, state_sharding, batch_sharding)
-    lowered = step.lower(state, batch, *budget.controls_spec(config))
+    traced = step.trace(state, batch, *budget.controls_spec(config))
+    lowered = traced.lower(lowering_platforms=("tpu",) if abstract else None)
   t1 = time.time()
+  if args.fingerprint:
+    overrides = list(args.set) + ([f"batch_size={args.batch}"] if args.batch else [])
+    found = dict(config=spec, overrides=overrides, topology=args.topology)
+    found.update(fingerprint=program_fingerprint.fingerprint(lowered), lower_s=round(t1 - t0, 1))
+    print(json.dumps(found), flush=True)
+    return
   n = len(devices)
   record = dict.fromkeys(JSON_KEYS)
   record.update(
@@ -334,9 +390,18 @@ def main(argv=None) -> None:
       os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={count}"
     )
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
+  if args.fingerprint:
+    os.environ["JAX_PLATFORMS"] = "cpu"  # lowered for --topology's TPU without its backend
   import jax
 
-  if args.topology is not None:
+  if args.fingerprint:
+    if args.topology is None or args.segmentation_eval:
+      fail("--fingerprint lowers a train step for a TPU slice: give --topology, e.g. v5e:4x4")
+    try:
+      devices = program_fingerprint.abstract_tpu_devices(args.topology)
+    except ValueError as e:
+      fail(str(e))
+  elif args.topology is not None:
     try:
       import libtpu  # noqa: F401  (only whether it imports)
     except ImportError:
