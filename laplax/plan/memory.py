@@ -85,7 +85,7 @@ def estimate(config, task, state, *, rows: int, fsdp: int, tensor: int) -> Estim
   activations = 0.0
   for depth, per_example, width in _stage_tokens(config, spec, tokens):
     t = rows * per_example
-    if config.model.get("remat", "none") == "full":
+    if spec.remat == "full":
       activations += depth * t * width * value + (BLOCK_VALUES * t * width * value if depth else 0)
     else:
       activations += depth * BLOCK_VALUES * t * width * value
@@ -94,7 +94,7 @@ def estimate(config, task, state, *, rows: int, fsdp: int, tensor: int) -> Estim
   logits = 0.0
   if tasks.is_language_model(config):
     vocab = int(config.data.vocab_size)
-    chunk = config.model.get("loss_chunk", None)
+    chunk = getattr(spec, "loss_chunk", None)
     positions = rows * (min(int(chunk), tokens) if chunk else tokens)
     logits = 2 * 4 * vocab * positions / tensor
   return Estimate(

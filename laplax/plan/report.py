@@ -19,6 +19,7 @@ from laplax import state as state_lib
 from laplax.config import validation
 from laplax.data.errors import DataError
 from laplax.errors import UserError
+from laplax.models import spec as spec_lib
 from laplax.plan import flops as flops_lib
 from laplax.plan import memory as memory_lib
 from laplax.plan import roofline
@@ -43,7 +44,7 @@ def image_shape(config: ml_collections.ConfigDict) -> tuple[int, int, int]:
 
 def num_classes(config: ml_collections.ConfigDict) -> int:
   """The image data set's classes (:data:`CLASSES`; else 10)."""
-  name = str(config.data.get("name", ""))
+  name = str(config.data.name)
   return next((n for part, n in CLASSES if part in name), 10)
 
 
@@ -69,7 +70,7 @@ def refusals(config: ml_collections.ConfigDict, target: Target) -> tuple[tuple |
   except UserError as e:  # a model section the first check refused already
     shape, more = None, [] if problems else [str(e).splitlines()[0]]
   problems += more
-  if config.data.get("name", None) in STREAMED:
+  if config.data.name in STREAMED:
     from laplax.data.text import fineweb
 
     try:
@@ -105,9 +106,13 @@ def suggest(config: ml_collections.ConfigDict, target: Target) -> list[str] | No
 
 def make_plan(config: ml_collections.ConfigDict, target: Target, spec: str = "") -> dict:
   """The plan of ``config`` (from ``spec``, the ``--config`` value) on
-  ``target``, a JSON-ready dict: ``target``, ``mesh``, ``data``, ``refusals``,
-  ``flops_per_step``, ``bound`` and ``memory_estimate`` (see
-  :mod:`laplax.plan`). A config whose task cannot be built (refused) has no
+  ``target``, a JSON-ready dict: ``target`` (chip, devices, hosts), ``mesh``
+  (``None`` when ``mesh_shape`` does not fit the devices), ``data`` (the
+  split), ``refusals`` (one line each), ``suggestion`` (the overrides of
+  :func:`suggest`, or ``None``), ``total_steps``, ``parameters``,
+  ``flops_per_step``, ``bound`` (:mod:`laplax.plan.roofline`, seconds and
+  hours) and ``memory_estimate`` (:mod:`laplax.plan.memory`, bytes) (see
+  :mod:`laplax.plan`). A refused config whose task cannot be built has no
   FLOPs, bound or memory (``None``)."""
   shape, problems = refusals(config, target)
   accum = int(config.optim.grad_accum_steps or 1)
@@ -126,6 +131,7 @@ def make_plan(config: ml_collections.ConfigDict, target: Target, spec: str = "")
     "data": _data_split(config, shape, hosts, accum),
     "refusals": problems,
     "total_steps": int(config.total_steps),
+    "parameters": None,
     "flops_per_step": None,
     "bound": None,
     "memory_estimate": None,
@@ -159,9 +165,7 @@ def _data_split(config, shape, hosts: int, accum: int) -> dict:
     "micro_batches": accum,
     "per_device_micro_batch": (batch / accum / dp) if dp else None,
     "tokens_per_example": None,
-    "streams": config.data.get("streams", None)
-    if config.data.get("name", None) in STREAMED
-    else None,
+    "streams": config.data.streams if config.data.name in STREAMED else None,
   }
   value = split["per_device_micro_batch"]
   if value is not None and float(value).is_integer():
@@ -176,7 +180,7 @@ def _analytic(plan: dict, config, target: Target, shape, accum: int) -> None:
   )
   tx = optim.make_optimizer(config)
   state = state_lib.abstract_state(task, tx, config.seed)
-  remat = config.model.get("remat", "none") not in (None, "none")
+  remat = spec_lib.from_config(config.model).remat != "none"
   _, step_flops = flops_lib.analytic_flops(config, task, state.params, remat)
   plan["data"]["tokens_per_example"] = int(task.tokens_per_example())
   plan["flops_per_step"] = float(step_flops)
