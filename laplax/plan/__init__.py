@@ -2,8 +2,7 @@
 
     python -m laplax.plan --config configs/gpt_d20.py --target v5e:4x4
     python -m laplax.plan --config configs/nystrom_lra.py:task=text --target gpu:8xH100 --json
-    python -m laplax.plan --config configs/gpt_d20_sft.py --target v5e:8x8 \\
-        --config.optim.grad_accum_steps=1 --config.mesh_shape="(32,1,2)"
+    python -m laplax.plan --config configs/bert_glue.py --target v5e:8x8 --config.batch_size=64
 
 ``--config`` and ``--config.KEY=VALUE`` are ``train.py``'s (the same parsing,
 :mod:`laplax.cli.common`); ``--target`` names the machine
