@@ -73,6 +73,7 @@ COMMON = (
   "bench/common.py",
   "bench/compile_report.py",
   "bench/program_fingerprint.py",
+  "laplax/plan/aot.py",
   # Decoding (the chat, eval.py --sample) is not part of the train step.
   ":(exclude)laplax/models/sampling.py",
 )

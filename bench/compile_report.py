@@ -51,7 +51,6 @@ fit the devices or the batch, print one line and exit 2.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib.metadata
 import json
 import os
@@ -64,7 +63,6 @@ sys.path.insert(0, ROOT)
 
 from bench import program_fingerprint
 from bench.common import analytic_flops, apply_override, fail, load_config, size
-from bench.common import make_task as task_from_shapes
 
 DEFAULT_CONFIGS = ("configs/deit3_imagenet.py", "configs/gpt_d20.py")
 # The keys of each ``--json`` record (bytes are per device; FLOPs per step).
@@ -173,64 +171,25 @@ IMAGENET_CLASSES = 1000
 
 
 def make_task(config):
-  """The config's task built from shapes alone (no dataset is opened), its
-  images (if any) of ``data.image_size`` (RGB; else 28 x 28 x 1) and its
-  classes ImageNet's 1000 or 10."""
+  """The config's task built from shapes alone (no dataset is opened):
+  :func:`laplax.plan.aot.task_from_shapes` (images of ``data.image_size``, RGB,
+  else 28 x 28 x 1; DINO its global crops'; ImageNet's 1000 classes,
+  CIFAR-100's 100, else 10; sequence tasks their lengths)."""
   from laplax import tasks
+  from laplax.plan import aot
 
-  task_class = tasks.task_class(config)
-  if task_class is None or issubclass(task_class, tasks.DINOTask):
-    fail(f"task {config.task!r} is not supported here; use a classification or lm config")
-  size = config.data.get("image_size", None) or 28
-  channels = 3 if config.data.get("image_size", None) else 1
-  classes = IMAGENET_CLASSES if "imagenet" in config.data.name else 10
-  return task_from_shapes(config, (size, size, channels), classes)
-
-
-def abstract_mesh(mesh_shape, devices):
-  """A ``jax.sharding.AbstractMesh`` of ``mesh_shape`` over abstract ``devices``
-  (:func:`bench.program_fingerprint.abstract_tpu_devices`), the axes of
-  :func:`laplax.sharding.make_mesh`.
-
-  Raises:
-    ValueError: a shape that does not fit the devices.
-  """
-  import jax
-
-  from laplax import sharding
-
-  shape = sharding.resolve_mesh_shape(mesh_shape, len(devices))
-  return jax.sharding.AbstractMesh(
-    tuple(shape),
-    sharding.AXES,
-    axis_types=(jax.sharding.AxisType.Auto,) * len(sharding.AXES),
-    abstract_device=devices[0],
-  )
-
-
-@contextlib.contextmanager
-def mesh_context(mesh, rules):
-  """:func:`laplax.sharding.context` for an abstract mesh (``jax.set_mesh``
-  takes concrete meshes only)."""
-  import flax.linen as nn
-  import jax
-
-  with jax.sharding.use_abstract_mesh(mesh), nn.logical_axis_rules(tuple(rules)):
-    yield
+  if tasks.task_class(config) is None:
+    fail(f"task {config.task!r} is unknown; use one of {', '.join(tasks.task_names())}")
+  return aot.task_from_shapes(config)
 
 
 def report(spec: str, devices, args) -> None:
   """Compiles ``spec``'s train step for ``devices`` and prints the figures."""
   import jax
 
-  from laplax import (
-    optim,
-    sharding,
-    tasks,
-  )
-  from laplax import state as state_lib
+  from laplax import sharding, tasks
   from laplax.config import validation as config_lib
-  from laplax.train import budget, loop
+  from laplax.plan import aot
 
   config = load_config(spec)
   if args.xla_keeps_p:
@@ -251,26 +210,9 @@ def report(spec: str, devices, args) -> None:
     tasks.validate(config, len(devices))
   except (config_lib.ConfigError, ValueError) as e:
     fail(str(e).splitlines()[0])
-  abstract = isinstance(devices[0], jax.sharding.AbstractDevice)
-  mesh = abstract_mesh(config.mesh_shape, devices) if abstract else None
-  mesh = mesh or sharding.make_mesh(config.mesh_shape, devices)
-  rules = sharding.rules_from_config(config)
-  task = make_task(config)
-  tx = optim.make_optimizer(config)
-  schedule = optim.learning_rate_schedule(config.optim, config.total_steps)
   t0 = time.time()
-  with mesh_context(mesh, rules) if abstract else sharding.context(mesh, rules):
-    kernel = config_lib.attention_kernel(config, task)  # on the slice's platform
-    state_sharding = state_lib.abstract_and_shardings(task, tx, config.seed, mesh, rules)[1]
-    state = state_lib.sharded_abstract_state(task, tx, config.seed, state_sharding)
-    batch_sharding = loop.batch_shardings(task, mesh, rules)
-    batch = {
-      k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=batch_sharding[k])
-      for k, v in task.batch_spec(config.batch_size).items()
-    }
-    step = loop.jit_train_step(task, tx, schedule, state_sharding, batch_sharding)
-    traced = step.trace(state, batch, *budget.controls_spec(config))
-    lowered = traced.lower(lowering_platforms=("tpu",) if abstract else None)
+  lowered, info = aot.lower_train_step(config, devices, make_task(config))
+  mesh, task, state, kernel = info["mesh"], info["task"], info["state"], info["kernel"]
   t1 = time.time()
   if args.fingerprint:
     overrides = list(args.set) + ([f"batch_size={args.batch}"] if args.batch else [])

@@ -150,6 +150,8 @@ def validate(
   strict_keys: bool = True,
   *,
   task_class: Any,
+  num_processes: int | None = None,
+  platform: str | None = None,
 ) -> None:
   """Checks types, ranges and consistency of every key the trainer reads.
 
@@ -164,7 +166,10 @@ def validate(
   and the batch, heads and MLP sizes against the mesh (:func:`validate_mesh`).
   With ``strict_keys`` (training; ``eval.py`` reads the configs of saved runs) a
   key that no config of the task has (:func:`unknown_keys`, e.g. a misspelt
-  key in a config file) is an error.
+  key in a config file) is an error. ``num_processes`` and ``platform``
+  (``"tpu"``, ``"gpu"``, ``"cpu"``) stand for ``jax.process_count()`` and
+  ``jax.default_backend()``: ``python -m laplax.plan`` checks a config for a
+  machine it does not run on.
 
   Raises:
     ConfigError: the first problem found, as one line naming the key and the fix.
@@ -231,7 +236,7 @@ def validate(
   )
 
   _validate_evals(config, task_class)
-  model_spec = _validate_model(config)
+  model_spec = _validate_model(config, platform or jax.default_backend())
   task_class.validate(config)
   _check_splash(config, model_spec, task_class)
 
@@ -257,7 +262,7 @@ def validate(
   _validate_sharding(config)
   _validate_observability(config)
   if num_devices is not None:
-    validate_mesh(config, num_devices)
+    validate_mesh(config, num_devices, num_processes, platform=platform)
 
 
 def _validate_evals(config, task_class):
@@ -464,7 +469,11 @@ def _validate_sharding(config):
 
 
 def validate_mesh(
-  config: ml_collections.ConfigDict, num_devices: int, num_processes: int | None = None
+  config: ml_collections.ConfigDict,
+  num_devices: int,
+  num_processes: int | None = None,
+  *,
+  platform: str | None = None,
 ) -> tuple[int, int, int]:
   """Checks ``config.mesh_shape`` against the devices and the model and batch sizes.
 
@@ -473,7 +482,8 @@ def validate_mesh(
   data-parallel size (the mesh axes of the logical axis ``batch``, by default
   ``data * fsdp``), which must be a multiple of the number of processes (each
   process loads its own rows); ``model.num_heads`` and ``model.mlp_dim`` must be
-  divisible by the tensor-parallel size.
+  divisible by the tensor-parallel size. :func:`mesh_problems` lists every
+  mismatch; this raises the first.
 
   Returns:
     The resolved mesh shape ``(data, fsdp, tensor)``.
@@ -481,16 +491,34 @@ def validate_mesh(
   Raises:
     ConfigError: the first mismatch, as one line with the fix.
   """
-  value = config.mesh_shape
+  shape, problems = mesh_problems(config, num_devices, num_processes, platform=platform)
+  require(not problems, problems[0] if problems else "")
+  return shape
+
+
+def mesh_problems(
+  config: ml_collections.ConfigDict,
+  num_devices: int,
+  num_processes: int | None = None,
+  *,
+  platform: str | None = None,
+) -> tuple[tuple[int, int, int] | None, list[str]]:
+  """``(mesh shape, problems)``: the resolved ``(data, fsdp, tensor)`` of
+  ``config.mesh_shape`` on ``num_devices`` devices (``None`` if it does not
+  resolve) and every rule of :func:`validate_mesh` it breaks, each one line
+  naming the key and the fix. ``num_processes`` defaults to
+  ``jax.process_count()``, ``platform`` to ``jax.default_backend()`` (on a
+  CPU the fix of a mesh that does not fit names the fake CPU devices)."""
   try:
-    shape = sharding.resolve_mesh_shape(value, num_devices)
+    shape = sharding.resolve_mesh_shape(config.mesh_shape, num_devices)
   except ValueError as e:
     hint = (
       "; for N fake CPU devices set XLA_FLAGS=--xla_force_host_platform_device_count=N"
-      if jax.default_backend() == "cpu"
+      if (platform or jax.default_backend()) == "cpu"
       else ""
     )
-    raise ConfigError(f"config.{e}{hint}") from None
+    return None, [f"config.{e}{hint}"]
+  problems = []
   rules = sharding.rules_from_config(config)
   shown = "(" + ",".join(map(str, shape)) + ")"
   dp = sharding.axis_size(shape, rules, "batch")
@@ -501,33 +529,33 @@ def validate_mesh(
     if accum > 1
     else f"config.batch_size={config.batch_size}"
   )
-  require(
-    per_step % dp == 0,
-    f"{what} is not divisible by the data-parallel size {dp} (batch axes "
-    f"{'*'.join(sharding.mesh_axes(rules, 'batch')) or 'none'} of mesh_shape="
-    f"{shown}); choose a batch size that is a multiple of {dp * accum}",
-  )
+  if per_step % dp:
+    problems.append(
+      f"{what} is not divisible by the data-parallel size {dp} (batch axes "
+      f"{'*'.join(sharding.mesh_axes(rules, 'batch')) or 'none'} of mesh_shape="
+      f"{shown}); choose a batch size that is a multiple of {dp * accum}"
+    )
   processes = jax.process_count() if num_processes is None else num_processes
-  require(
-    dp % processes == 0,
-    f"the data-parallel size {dp} of mesh_shape={shown} is not a multiple of "
-    f"the {processes} processes; each process must hold its own rows of the "
-    f"batch",
-  )
+  if dp % processes:
+    problems.append(
+      f"the data-parallel size {dp} of mesh_shape={shown} is not a multiple of "
+      f"the {processes} processes; each process must hold its own rows of the "
+      f"batch"
+    )
   model = spec_lib.from_config(config.model)  # mlp_dim None -> 4 * width
   sizes = {"num_heads": model.attention.num_heads, "mlp_dim": model.mlp_dim}
   for name, key in (("heads", "num_heads"), ("mlp", "mlp_dim")):
     tp = sharding.axis_size(shape, rules, name)
     size = sizes[key]
-    require(
-      size % tp == 0,
-      f"config.model.{key}={size} is not divisible by the tensor-parallel size "
-      f"{tp} of mesh_shape={shown}; choose a mesh whose tensor size divides it",
-    )
-  return shape
+    if size % tp:
+      problems.append(
+        f"config.model.{key}={size} is not divisible by the tensor-parallel size "
+        f"{tp} of mesh_shape={shown}; choose a mesh whose tensor size divides it"
+      )
+  return shape, problems
 
 
-def _validate_model(config):
+def _validate_model(config, platform: str):
   """The model section: every field of the model spec
   (:func:`laplax.models.spec.from_config`: types, ranges, heads vs width,
   Laplacian heads vs heads, qk-norm, spectral, rotary), then what the spec
@@ -540,9 +568,9 @@ def _validate_model(config):
     raise ConfigError(f"config.{e}") from None
   if model_spec.attention.implementation == "cudnn":
     require(
-      jax.default_backend() == "gpu",
+      platform == "gpu",
       f"config.model.implementation='cudnn' needs an NVIDIA GPU but JAX runs "
-      f"on {jax.default_backend()!r}; use 'xla'",
+      f"on {platform!r}; use 'xla'",
     )
   image_size = get(config, "data.image_size", None)  # optional: an image data set's key
   if m.name in ("vit", "swin") and image_size is not None:

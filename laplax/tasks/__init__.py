@@ -63,7 +63,12 @@ def task_names() -> tuple[str, ...]:
 
 
 def validate(
-  config: ml_collections.ConfigDict, num_devices: int | None = None, strict_keys: bool = True
+  config: ml_collections.ConfigDict,
+  num_devices: int | None = None,
+  strict_keys: bool = True,
+  *,
+  num_processes: int | None = None,
+  platform: str | None = None,
 ) -> None:
   """Checks every key the trainer reads: ``config.task`` names a task of
   :data:`TASKS`, then :func:`laplax.config.validation.validate` with that
@@ -71,7 +76,9 @@ def validate(
 
   With ``num_devices`` the mesh is checked against the devices; with
   ``strict_keys`` (training; ``eval.py`` reads saved configs) a key that no
-  config of the task has is an error.
+  config of the task has is an error. ``num_processes`` and ``platform``
+  stand for this machine's (``python -m laplax.plan`` checks a config for
+  another).
 
   Raises:
     ConfigError: the first problem found, as one line naming the key and the fix.
@@ -81,4 +88,11 @@ def validate(
     config.task in TASKS,
     f"config.task={config.task!r} is unknown; use one of {', '.join(task_names())}",
   )
-  config_lib.validate(config, num_devices, strict_keys, task_class=TASKS[config.task])
+  config_lib.validate(
+    config,
+    num_devices,
+    strict_keys,
+    task_class=TASKS[config.task],
+    num_processes=num_processes,
+    platform=platform,
+  )

@@ -343,6 +343,40 @@ def test_processes_read_their_streams_and_save_every_position(shards, tok):
   np.testing.assert_array_equal(next(resumed)["tokens"], next(whole)["tokens"][:4])
 
 
+def test_more_processes_than_streams_share_them_and_keep_the_batch(shards, tok):
+  """8 streams on a 16-host slice, here 2 streams on 4 processes: each
+  process reads the one stream its rows are in and keeps its half of that
+  stream's rows, so the processes' rows, in process order, are the batch of
+  one process; their positions (the same for the two sharing a stream) are
+  the whole run's."""
+  c = _config(shards, streams=2)
+  whole = iter(fineweb.train_dataset(c, tok, batch_size=8, seq_len=8))
+  seen = {}
+
+  def gather(local):
+    seen.update({k: tuple(v) for k, v in local.items()})
+    return [{k: list(v)} for k, v in seen.items()]
+
+  parts = [
+    iter(
+      fineweb.train_dataset(
+        c, tok, batch_size=2, seq_len=8, process_index=p, process_count=4, gather=gather
+      )
+    )
+    for p in range(4)
+  ]
+  for _ in range(5):
+    got = [next(p)["tokens"] for p in parts]
+    assert all(g.shape == (2, 9) for g in got)
+    np.testing.assert_array_equal(np.concatenate(got), next(whole)["tokens"])
+  states = [p.get_state() for p in parts]  # a collective: every process asks
+  assert states[-1] == whole.get_state()
+  assert fineweb.process_streams(2, 8, 1, 4) == (range(0, 1), slice(2, 4))
+  assert fineweb.process_streams(4, 8, 1, 2) == (range(2, 4), slice(0, 4))
+  with pytest.raises(DataError, match="streams=2 must be a multiple or a divisor of the 3"):
+    fineweb.geometry(c, 6, 3)
+
+
 def test_allgather_positions_pass_through_jax(monkeypatch):
   from jax.experimental import multihost_utils
 

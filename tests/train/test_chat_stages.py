@@ -128,6 +128,31 @@ def test_mid_batches_are_packed_streams_without_mask(data):
   np.testing.assert_array_equal(next(again)["tokens"], next(it)["tokens"])
 
 
+def test_mid_batches_on_more_processes_than_streams_are_the_one_process_batches(data):
+  """2 streams on 4 processes (gpt_d20_mid's 8 on a 16-host slice): each
+  process keeps its row of its stream's two, in process order the batch."""
+  c, seq_len = data_config("chat_mid", data, streams=2), 32
+  whole = iter(chat_mixture.train_dataset(c, TOK, batch_size=4, seq_len=seq_len))
+  parts = [
+    iter(
+      chat_mixture.train_dataset(
+        c,
+        TOK,
+        batch_size=1,
+        seq_len=seq_len,
+        process_index=p,
+        process_count=4,
+        gather=lambda local: [local],
+      )
+    )
+    for p in range(4)
+  ]
+  for _ in range(2):
+    np.testing.assert_array_equal(
+      np.concatenate([next(p)["tokens"] for p in parts]), next(whole)["tokens"]
+    )
+
+
 def test_epoch_steps_stay_within_one_pass_of_every_stream(data):
   c, seq_len = data_config("chat_mid", data, streams=2), 32
   items = chat_mixture.mixture(c, "train")

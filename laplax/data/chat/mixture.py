@@ -484,12 +484,12 @@ def train_dataset(
     batch_size * process_count,
     process_count,
   )
-  mine = range(process_index * w // process_count, (process_index + 1) * w // process_count)
+  mine, keep = fineweb.process_streams(w, batch_size * process_count, process_index, process_count)
   pops = batch_size * process_count // w // r
 
   def make():
     streams = {s: ConversationStream(items, tokenizer, s, w, limit) for s in mine}
-    return _MidIterator(streams, w, r, pops, seq_len)
+    return _MidIterator(streams, w, r, pops, seq_len, keep)
 
   if gather is None and process_count > 1:
     gather = fineweb._allgather_positions

@@ -34,8 +34,11 @@ pops of each stream (nanochat's gradient-accumulation micro-steps; with
 ``pop_rows`` None, ``R = B / W``: one pop per stream per step). So with ``W``
 = nanochat's number of GPUs and ``R`` its ``device_batch_size``, step ``s``
 holds exactly the tokens of nanochat's step ``s``. Process ``p`` of ``P``
-reads streams ``p W / P`` to ``(p + 1) W / P - 1`` (``W`` a multiple of
-``P``), and the trainer puts its ``B / P`` rows on its own devices
+holds rows ``p B / P`` to ``(p + 1) B / P - 1``: it reads streams ``p W / P``
+to ``(p + 1) W / P - 1`` when ``W`` is a multiple of ``P``, and with fewer
+streams than processes the one stream those rows are in, keeping its part
+(:func:`process_streams`: the batch does not depend on ``P``); the trainer
+puts its ``B / P`` rows on its own devices
 (``jax.make_array_from_process_local_data``). The stream is a function of the files, the tokenizer,
 ``W``, ``R`` and ``T`` only (no seed: nanochat does not shuffle; the shards
 were shuffled when made).
@@ -184,7 +187,8 @@ class TokenStream:
 
 
 def _geometry(data_config, batch_size: int, process_count: int = 1) -> tuple[int, int]:
-  """``(W, R)``: streams and rows per pop, checked against the batch and processes.
+  """``(W, R)``: streams and rows per pop, checked against the batch and processes
+  (:func:`geometry`).
 
   Raises:
     DataError: ``streams``/``pop_rows`` not positive integers, or not dividing.
@@ -195,10 +199,15 @@ def _geometry(data_config, batch_size: int, process_count: int = 1) -> tuple[int
       f"--config.data.streams={w!r} must be a positive integer dividing the "
       f"batch size {batch_size}."
     )
-  if w % process_count:
+  if w % process_count and process_count % w:
     raise DataError(
-      f"--config.data.streams={w} must be a multiple of the {process_count} "
-      "processes (each process reads whole streams)."
+      f"--config.data.streams={w} must be a multiple or a divisor of the "
+      f"{process_count} processes (each process reads whole streams, or its part of one)."
+    )
+  if batch_size % process_count:
+    raise DataError(
+      f"The batch size {batch_size} must be a multiple of the {process_count} "
+      "processes (each process takes its own rows of every batch)."
     )
   per_stream = batch_size // w
   r = per_stream if r is None else r
@@ -209,6 +218,47 @@ def _geometry(data_config, batch_size: int, process_count: int = 1) -> tuple[int
       f"{w} streams)."
     )
   return w, r
+
+
+def geometry(data_config, batch_size: int, process_count: int = 1) -> tuple[int, int]:
+  """``(W, R)``, ``data.streams`` and the rows each pop of a stream takes, for a
+  global batch of ``batch_size`` rows read by ``process_count`` processes
+  (``python -m laplax.plan`` checks a target with it; mid-training's chat
+  streams follow the same rules).
+
+  Raises:
+    DataError: ``streams`` not a positive integer dividing the batch, nor a
+      multiple or a divisor of the processes, a batch the processes do not
+      divide, or ``pop_rows`` not dividing a stream's rows.
+  """
+  return _geometry(data_config, batch_size, process_count)
+
+
+def process_streams(
+  streams: int, batch_size: int, process_index: int, process_count: int
+) -> tuple[range, slice]:
+  """Which streams process ``process_index`` of ``process_count`` reads, and
+  which of their rows it keeps: ``(streams, rows)``, ``rows`` a slice of the
+  concatenation of those streams' rows of a step (``batch_size / streams``
+  rows each, stream by stream).
+
+  The global batch is the streams' rows in stream order and process ``p``
+  holds rows ``p B / P`` to ``(p + 1) B / P - 1`` of it. With ``W`` a multiple
+  of ``P`` that is ``W / P`` whole streams (the slice keeps everything); with
+  fewer streams than processes (8 streams on a 16-host slice) several
+  processes read the same stream and each keeps its part of its rows, so the
+  batch is the same whatever the number of processes (each stream is then
+  read and tokenised ``P / W`` times, once per process that shares it).
+  :func:`geometry` asks ``W`` to be a multiple or a divisor of ``P``, so every
+  process reads as many streams as every other.
+  """
+  per_stream = batch_size // streams
+  per_process = batch_size // process_count
+  first_row = process_index * per_process
+  first = first_row // per_stream
+  end = -(-(first_row + per_process) // per_stream)
+  start = first_row - first * per_stream
+  return range(first, end), slice(start, start + per_process)
 
 
 def _stream_groups(data_config, split: str, streams: int) -> list[list[tuple[str, int]]]:
@@ -293,11 +343,18 @@ class _TrainIterator(grain.DatasetIterator):
   """The batches of this process's streams; state: their positions (see _GatheredState)."""
 
   def __init__(
-    self, streams: dict[int, TokenStream], num_streams: int, rows: int, pops: int, seq_len: int
+    self,
+    streams: dict[int, TokenStream],
+    num_streams: int,
+    rows: int,
+    pops: int,
+    seq_len: int,
+    keep: slice | None = None,
   ):
     super().__init__()
     self._streams, self._num = streams, num_streams
     self._rows, self._pops, self._seq_len = rows, pops, seq_len
+    self._keep = keep  # of the streams' rows: a stream shared with other processes
 
   def __next__(self) -> dict:
     rows = [
@@ -305,7 +362,10 @@ class _TrainIterator(grain.DatasetIterator):
       for _, s in sorted(self._streams.items())
       for _ in range(self._pops)
     ]
-    return {"tokens": np.concatenate(rows)}
+    tokens = np.concatenate(rows)
+    if self._keep is not None and (self._keep.start, self._keep.stop) != (0, len(tokens)):
+      tokens = tokens[self._keep]
+    return {"tokens": tokens}
 
   def get_state(self) -> dict:
     local = {str(i): list(s.position) for i, s in self._streams.items()}
@@ -409,7 +469,7 @@ def train_dataset(
     )
   w, r = _geometry(data_config, batch_size * process_count, process_count)
   groups = _stream_groups(data_config, "train", w)
-  mine = range(process_index * w // process_count, (process_index + 1) * w // process_count)
+  mine, keep = process_streams(w, batch_size * process_count, process_index, process_count)
   threads = int(data_config.encode_threads)
   if gather is None and process_count > 1:
     gather = _allgather_positions
@@ -417,7 +477,7 @@ def train_dataset(
   def make():
     streams = {s: TokenStream(groups[s], tokenizer, encode_threads=threads) for s in mine}
     pops = batch_size * process_count // w // r
-    return _TrainIterator(streams, w, r, pops, seq_len)
+    return _TrainIterator(streams, w, r, pops, seq_len, keep)
 
   ds = _TrainDataset(make)
   prefetch = int(data_config.prefetch or 0)
