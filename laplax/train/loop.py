@@ -567,14 +567,17 @@ def _on_error(writer: MetricWriter, profiler: Profiler, checkpointer, bar):
 
 
 def _open_writer(config, workdir: str, checkpointer, state, task) -> tuple[MetricWriter, int]:
-  """The metrics writer, with the records after the restored step dropped and the config
-  (and, at step 0, the parameter count and attention kernel) written; and that step."""
+  """The metrics writer, with the records after the restored step dropped (at step 0:
+  all) and the config (and, at step 0, the parameter count and attention kernel)
+  written; and that step."""
   start = int(state.step)
   kernel = config_lib.attention_kernel(
     config, task, say=print if jax.process_index() == 0 else None
   )
   writer = MetricWriter(workdir, config, last_step=checkpointer.last_complete)
-  writer.drop_after(start)
+  # Records after the restored step go; from step 0 (a run ended before its
+  # first checkpoint) all of them, so that the info record below is written once.
+  writer.drop_after(start if start > 0 else -1)
   writer.write_config(config, start)
   if start == 0:
     writer.write(

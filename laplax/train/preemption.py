@@ -17,6 +17,16 @@ process is gone: process 0 tells the others which one, and each process
 stops with one line naming it (:meth:`laplax.signals.Guard.peer_lost`,
 exit :data:`laplax.signals.PEER_LOST_EXIT`). A machine that vanishes
 without its kernel closing the connection is left to the heartbeats.
+
+A process's end also fails a collective in flight in the others' main
+threads (gloo: ``Connection reset by peer``), at about the moment the watch
+sees it; so a ``jax.errors.JaxRuntimeError`` inside :func:`watched` first
+waits up to :data:`GRACE_S` for the watch to name a process that ended
+(whose line then ends this process) before it is raised. When process 0
+ends, the coordination service it hosts ends too, and JAX's client may abort
+a process with its own C++ log before the watch's line: JAX 0.10.2's
+client error callback (``missed_heartbeat_callback``) cannot be a Python
+function (calling it throws ``std::bad_cast``).
 """
 
 from __future__ import annotations
@@ -29,6 +39,7 @@ from collections.abc import Callable, Iterator
 
 _KEY = "laplax/peers/port"
 _TIMEOUT_MS = 120_000  # how long the others wait for process 0's port
+GRACE_S = 10.0  # how long an error that a process's end causes waits for its line
 
 
 def _client():
@@ -65,6 +76,7 @@ class Peers:
   ):
     self.index, self.count, self._on_lost = int(index), int(count), on_lost
     self._closing = False
+    self.lost = threading.Event()  # set once a process is found gone
     self._lock = threading.Lock()
     self._conns: dict[int, socket.socket] = {}
     self._pids: dict[int, int] = {}
@@ -117,7 +129,14 @@ class Peers:
 
   def _lost(self, what: str) -> None:
     if not self._closing:
+      self.lost.set()
       self._on_lost(what)
+
+  def ended_the_run(self, timeout: float | None = None) -> bool:
+    """Whether a process is found gone within ``timeout`` seconds (default
+    :data:`GRACE_S`; ``on_lost`` then ends this process): the likely cause
+    of a failed collective."""
+    return not self._closing and self.lost.wait(GRACE_S if timeout is None else timeout)
 
   def close(self) -> None:
     """This process stops with the others (the end of training, a stop all
@@ -147,7 +166,9 @@ def watched(guard) -> Iterator[Peers | None]:
   peers = Peers(jax.process_index(), jax.process_count(), guard.peer_lost)
   try:
     yield peers
-  except BaseException:
+  except BaseException as e:
+    if isinstance(e, jax.errors.JaxRuntimeError) and peers.ended_the_run():
+      threading.Event().wait()  # the watcher thread is ending the process with its line
     peers._closing = True  # this process's own error line, not another's
     raise
   peers.close()

@@ -350,3 +350,71 @@ def test_an_evaluation_that_counts_nothing_is_a_data_error_not_a_division_by_zer
   assert got["bits_per_byte"] == pytest.approx(6.0 / math.log(2) / 4.0, rel=1e-12)
   got = ClassificationTask.summarize({"loss": 3.0, "correct": 1.0, "count": 4.0})
   assert got == {"accuracy": 0.25, "loss": 0.75, "num_examples": 4}
+
+
+def _watched_pair(monkeypatch):
+  """Process 0's :func:`preemption.watched` in a thread (``jax.process_*`` of
+  a 2-process run, a dict as the key-value store) and process 1's Peers;
+  returns ``(enter, peer, lost)``: ``enter(error)`` raises ``error`` inside the
+  block and returns what left it (``None`` while it has not)."""
+  import functools
+
+  import jax
+
+  store, lost, left = _Store(), [], []
+  monkeypatch.setattr(jax, "process_count", lambda: 2)
+  monkeypatch.setattr(jax, "process_index", lambda: 0)
+  monkeypatch.setattr(
+    preemption, "Peers", functools.partial(preemption.Peers, client=store, host="localhost")
+  )
+  guard = type("Guard", (), {"peer_lost": staticmethod(lost.append)})()
+  ready = threading.Event()
+
+  def process0(error):
+    try:
+      with preemption.watched(guard):
+        ready.set()
+        raise error
+    except BaseException as e:  # noqa: BLE001 - what left the block
+      left.append(e)
+
+  def enter(error):
+    thread = threading.Thread(target=process0, args=(error,), daemon=True)
+    thread.start()
+    return thread
+
+  return enter, store, lost, left, ready
+
+
+def test_a_collective_that_fails_as_a_process_ends_leaves_the_stop_to_the_watch(monkeypatch):
+  """A ``JaxRuntimeError`` in :func:`preemption.watched` (a gloo collective whose
+  peer ended) waits for the watch: when the watch names the process that
+  ended, the watch's line ends the process and the error is never raised;
+  without such a process it is raised after ``GRACE_S``; other errors at once."""
+  import jax
+
+  enter, store, lost, left, ready = _watched_pair(monkeypatch)
+  collective = jax.errors.JaxRuntimeError("UNKNOWN: Gloo collective failed: Connection reset")
+  thread = enter(collective)
+  peer = preemption.Peers(1, 2, lambda what: None, client=store, host="localhost")
+  assert ready.wait(30)
+  peer._closing = True
+  peer._conns[0].shutdown(socket.SHUT_RDWR)  # process 1 ends (as a SIGKILL closes it)
+  peer._conns[0].close()
+  deadline = time.time() + 30
+  while time.time() < deadline and not lost:
+    time.sleep(0.01)
+  assert lost == [f"process 1 of 2 (pid {os.getpid()}) ended without stopping with the others"]
+  thread.join(0.5)
+  assert thread.is_alive() and left == []  # waiting for the watch's exit, the error not raised
+
+  for error, grace in ((collective, 0.3), (ValueError("own error"), 60.0)):
+    enter, store, lost, left, ready = _watched_pair(monkeypatch)
+    monkeypatch.setattr(preemption, "GRACE_S", grace)
+    t0 = time.monotonic()
+    thread = enter(error)
+    peer = preemption.Peers(1, 2, lambda what: None, client=store, host="localhost")
+    thread.join(30)
+    assert left == [error] and lost == []
+    assert time.monotonic() - t0 < 30
+    peer.close()
