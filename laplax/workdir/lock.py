@@ -138,8 +138,6 @@ def _remote_held(workdir: str, record: dict, force: bool) -> str | None:
   if record.get("host") == socket.gethostname() and isinstance(pid, int):
     if not _alive(pid, record.get("proc_start")):
       return None
-    if pid == os.getpid():
-      return None
   if force or lease.expired(record):
     return None
   left = record.get("renewed", 0) + record.get("lease_s", lease.DEFAULT_LEASE_S) - time.time()

@@ -86,11 +86,11 @@ def _gcs():
 @functools.cache
 def _gcs_at(endpoint: str | None):
   try:
-    import gcsfs
+    from gcsfs.core import GCSFileSystem  # the standard one, whatever the switch said at import
   except ImportError:
     raise StoreError("gs:// paths need the gcsfs package; pip install gcsfs") from None
   token = "anon" if endpoint else None
-  return gcsfs.GCSFileSystem(use_listings_cache=False, skip_instance_cache=True, token=token)
+  return GCSFileSystem(use_listings_cache=False, skip_instance_cache=True, token=token)
 
 
 def _key(path: str) -> str:
@@ -127,7 +127,7 @@ def errors(path: str) -> Iterator[None]:
 
 def _no_bucket(path: str) -> StoreError:
   return StoreError(
-    f"bucket gs://{bucket(path)} of {path} does not exist; create it "
+    f"bucket gs://{bucket(path)} does not exist (for {path}); create it "
     f"(gcloud storage buckets create gs://{bucket(path)}) or fix the path"
   )
 
