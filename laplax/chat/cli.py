@@ -79,6 +79,10 @@ def check(args: argparse.Namespace) -> None:
     raise UsageError(f"--port={args.port} must be in [0, 65535]")
   if args.web and args.prompt is not None:
     raise UsageError("-p answers one prompt in the terminal; it cannot be combined with --web")
+  from laplax.workdir import store
+
+  if store.local_only(args.workdir, "--workdir", "laplax-chat"):
+    raise UsageError(store.local_only(args.workdir, "--workdir", "laplax-chat"))
   if not os.path.isdir(args.workdir):
     raise UsageError(f"--workdir {args.workdir} is not a directory; give a train.py workdir")
 

@@ -53,6 +53,17 @@ def check_scheme(path: str, flag: str = "--workdir") -> None:
     )
 
 
+def local_only(path: str, flag: str, command: str) -> str | None:
+  """Why ``command`` cannot take the URL ``path`` (one line with the fix), or ``None``
+  for a local path: for the commands that read and write workdirs on local disk only."""
+  if "://" not in str(path):
+    return None
+  return (
+    f"{flag} {path}: {command} works on local folders; copy the run "
+    f"(gcloud storage cp -r {str(path).rstrip('/')} DIR) and give DIR"
+  )
+
+
 def absolute(path: str) -> str:
   """``path`` made absolute (local, ``~`` expanded) or as given without a trailing ``/`` (gs://)."""
   if is_remote(path):
@@ -283,6 +294,15 @@ def replace(path: str, data: str | bytes, if_generation: int) -> int | None:
   return int(out["generation"])
 
 
+def _forget(path: str) -> None:
+  """Drops what etils.epath's gcsfs instance (orbax's view of gs://) has cached of
+  listings, after this layer changed ``path``: orbax must not see a deleted step."""
+  with contextlib.suppress(Exception):
+    from etils.epath import backend
+
+    backend.fsspec_backend._get_filesystem("gs").invalidate_cache()
+
+
 def remove(path: str) -> None:
   """Removes the file ``path``; a missing one is no error."""
   if not is_remote(path):
@@ -291,6 +311,7 @@ def remove(path: str) -> None:
     return
   with errors(path), contextlib.suppress(FileNotFoundError):
     _gcs().rm_file(_key(path))
+  _forget(path)
 
 
 def rmtree(path: str) -> None:
@@ -300,6 +321,7 @@ def rmtree(path: str) -> None:
     return
   with errors(path), contextlib.suppress(FileNotFoundError):
     _gcs().rm(_key(path), recursive=True)
+  _forget(path)
 
 
 def files_under(path: str) -> dict[str, int]:

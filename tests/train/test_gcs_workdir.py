@@ -232,3 +232,22 @@ def test_sigkill_on_gs_resumes_to_the_local_runs_metrics_and_state_bitwise(
     strict=True,
   ):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def test_local_only_folders_refuse_gs_in_one_line(gcs, tmp_path, capfd):
+  """A gs:// TFDS data_dir (read by grain's array_record source from local
+  disk), and a gs:// workdir of the sweep or the chat: one line naming the
+  copy to make, nothing written."""
+  r = run_in_process(_args(tmp_path / "run", _url(gcs, "tfds")), capfd)
+  assert r.returncode == 2, r.stderr[-2000:]
+  lines = [l for l in r.stderr.splitlines() if l.startswith("error:")]
+  assert len(lines) == 1 and "gcloud storage cp -r gs://" in lines[0], r.stderr[-2000:]
+  assert not (tmp_path / "run").exists() and store.listdir(_url(gcs, "tfds")) == []
+  from laplax import sweep
+  from laplax.chat import cli as chat_cli
+
+  with pytest.raises(sweep.SweepError, match="python -m laplax.sweep works on local folders"):
+    sweep._parse_args(["--config", CONFIG, "--workdir", _url(gcs, "sweep"), "--seeds", "0"])
+  args = chat_cli.parser().parse_args(["--workdir", _url(gcs, "chat")])
+  with pytest.raises(Exception, match="laplax-chat works on local folders"):
+    chat_cli.check(args)
