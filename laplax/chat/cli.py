@@ -81,9 +81,8 @@ def check(args: argparse.Namespace) -> None:
     raise UsageError("-p answers one prompt in the terminal; it cannot be combined with --web")
   from laplax.workdir import store
 
-  if store.local_only(args.workdir, "--workdir", "laplax-chat"):
-    raise UsageError(store.local_only(args.workdir, "--workdir", "laplax-chat"))
-  if not os.path.isdir(args.workdir):
+  store.check_scheme(args.workdir)
+  if not store.isdir(args.workdir):  # gs://: a prefix holding the run's objects
     raise UsageError(f"--workdir {args.workdir} is not a directory; give a train.py workdir")
 
 

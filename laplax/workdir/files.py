@@ -15,6 +15,7 @@ import contextlib
 import json
 import os
 import sys
+import tempfile
 import threading
 from collections.abc import Callable
 
@@ -352,9 +353,7 @@ def _start_wandb(workdir: str, config: ml_collections.ConfigDict):
       entity=w.entity,
       name=w.name or store.name(store.absolute(workdir)),
       mode=w.mode,
-      dir=tb_upload.tempfile.mkdtemp(prefix="laplax-wandb-")
-      if store.is_remote(workdir)
-      else workdir,
+      dir=tempfile.mkdtemp(prefix="laplax-wandb-") if store.is_remote(workdir) else workdir,
       id=run_id,
       resume="allow",
       config=json.loads(config.to_json()),

@@ -341,6 +341,19 @@ def files_under(path: str) -> dict[str, int]:
   }
 
 
+def local_copy(path: str) -> str:
+  """``path`` itself when local; a gs:// object downloaded into a new temporary
+  folder under its own name (for readers that take only a local file name)."""
+  if not is_remote(path):
+    return path
+  import tempfile
+
+  local = os.path.join(tempfile.mkdtemp(prefix="laplax-"), name(path))
+  with open(local, "wb") as f:
+    f.write(read_bytes(path))
+  return local
+
+
 def upload(local: str, path: str) -> None:
   """Copies the local file ``local`` to ``path`` (one upload; local: an atomic copy)."""
   with open(local, "rb") as f:

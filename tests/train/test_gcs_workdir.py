@@ -31,7 +31,7 @@ from helpers.runs import CONFIG, ROOT, TINY, run_in_process  # noqa: E402
 
 # Every step logged, a checkpoint every 3 steps (as tests/train/test_resume.py).
 COMMON = ["--config.log_every=1", "--config.checkpoint_every=3", "--config.eval_every=1000"]
-TOTAL = 12
+TOTAL = 9
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +63,7 @@ def _args(workdir, data_dir, *extra):
     + [f"--config.data.data_dir={data_dir}"]
     + TINY
     + COMMON
-    + [f"--config.total_steps={TOTAL}"]
+    + [f"--config.total_steps={TOTAL}", "--config.data.eval_split=test[:500]"]
     + list(extra)
   )
 
@@ -78,13 +78,14 @@ def _train_records(workdir):
   return out
 
 
-def _saved_state(workdir):
-  """``(step, {path: array})`` of the newest checkpoint, local or gs:// (orbax reads both)."""
+def _saved_state(workdir, step=None):
+  """``(step, {path: array})`` of a checkpoint (default the newest), local or gs://."""
   import jax
   import orbax.checkpoint as ocp
 
   ckpt = store.join(str(workdir), "checkpoints")
-  step = max(int(n) for n in store.listdir(ckpt) if n.isdigit())
+  if step is None:
+    step = max(int(n) for n in store.listdir(ckpt) if n.isdigit())
   tree = ocp.StandardCheckpointer().restore(store.join(ckpt, str(step), "state"))
   name = lambda path: "/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
   flat = {name(p): np.asarray(x) for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
@@ -188,7 +189,8 @@ def test_sigkill_on_gs_resumes_to_the_local_runs_metrics_and_state_bitwise(
 ):
   """A run on gs:// killed with SIGKILL, then the same command: the final state
   and the train records (but their timing fields) equal the uninterrupted local
-  run's bit for bit; eval.py and laplax.load read the gs:// workdir."""
+  run's bit for bit; eval.py, laplax.load and config.init_from read the gs://
+  workdir."""
   local = tmp_path / "local"
   r = run_in_process(_args(local, fmnist_data_dir), capfd)
   assert r.returncode == 0, r.stderr[-3000:]
@@ -197,7 +199,7 @@ def test_sigkill_on_gs_resumes_to_the_local_runs_metrics_and_state_bitwise(
   proc = start(args, tmp_path / "killed.log")
   deadline = time.monotonic() + 240
   while proc.poll() is None and time.monotonic() < deadline:
-    if any(json.loads(l)["step"] >= 7 for l in files.read_metric_lines(w)):
+    if any(json.loads(l)["step"] >= 5 for l in files.read_metric_lines(w)):
       break
     time.sleep(0.05)
   proc.send_signal(signal.SIGKILL)
@@ -222,6 +224,15 @@ def test_sigkill_on_gs_resumes_to_the_local_runs_metrics_and_state_bitwise(
   assert r.returncode == 0, r.stderr[-3000:]
   assert on_gs == json.loads((local / "eval.json").read_text())
 
+  ft = tmp_path / "finetuned"
+  r = run_in_process(
+    _args(ft, fmnist_data_dir, f"--config.init_from={w}", "--config.total_steps=1"), capfd
+  )
+  assert r.returncode == 0, r.stderr[-3000:]
+  initial = _saved_state(ft, 0)[1]
+  params = [k for k in state if k.startswith("params/")]
+  assert params and all(np.array_equal(initial[k], state[k]) for k in params)
+
   import laplax
 
   a, b = laplax.load(w), laplax.load(str(local))
@@ -236,8 +247,8 @@ def test_sigkill_on_gs_resumes_to_the_local_runs_metrics_and_state_bitwise(
 
 def test_local_only_folders_refuse_gs_in_one_line(gcs, tmp_path, capfd):
   """A gs:// TFDS data_dir (read by grain's array_record source from local
-  disk), and a gs:// workdir of the sweep or the chat: one line naming the
-  copy to make, nothing written."""
+  disk), and a gs:// workdir of the sweep: one line naming the copy to make,
+  nothing written. The chat takes a gs:// workdir that exists."""
   r = run_in_process(_args(tmp_path / "run", _url(gcs, "tfds")), capfd)
   assert r.returncode == 2, r.stderr[-2000:]
   lines = [l for l in r.stderr.splitlines() if l.startswith("error:")]
@@ -249,5 +260,7 @@ def test_local_only_folders_refuse_gs_in_one_line(gcs, tmp_path, capfd):
   with pytest.raises(sweep.SweepError, match="python -m laplax.sweep works on local folders"):
     sweep._parse_args(["--config", CONFIG, "--workdir", _url(gcs, "sweep"), "--seeds", "0"])
   args = chat_cli.parser().parse_args(["--workdir", _url(gcs, "chat")])
-  with pytest.raises(Exception, match="laplax-chat works on local folders"):
+  with pytest.raises(Exception, match=f"--workdir {args.workdir} is not a directory"):
     chat_cli.check(args)
+  store.write(store.join(args.workdir, "config.json"), "{}")
+  chat_cli.check(args)
