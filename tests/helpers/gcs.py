@@ -5,7 +5,7 @@ API, in memory) on ``127.0.0.1`` at a free port and returns a
 :class:`Emulator`: its ``env`` (the variables that point gcsfs, tensorstore
 and google-cloud-storage at it) and its ``bucket``. Use it as a context
 manager, or through the pytest fixture ``gcs`` (tests/conftest.py), e.g. for
-several processes::
+several processes (a test module imports ``gcs_fixture`` to use ``gcs``)::
 
     with start_emulator() as emu:
         subprocess.run([...], env={**os.environ, **emu.env})
@@ -29,6 +29,8 @@ import threading
 import time
 import urllib.request
 from dataclasses import dataclass, field
+
+import pytest
 
 
 def free_port() -> int:
@@ -238,3 +240,13 @@ def objects(emulator_url: str, bucket: str, prefix: str = "") -> list[str]:
 def environ_with(env: dict) -> dict:
   """``os.environ`` with ``env`` added (for subprocesses)."""
   return {**os.environ, **env}
+
+
+@pytest.fixture(scope="module", name="gcs")
+def gcs_fixture():
+  """``gcs``: an :class:`Emulator` for the test module, its ``env`` set in this
+  process (and so in the subprocesses it starts) while the module runs."""
+  with start_emulator() as emu, pytest.MonkeyPatch.context() as mp:
+    for k, v in emu.env.items():
+      mp.setenv(k, v)
+    yield emu

@@ -25,22 +25,13 @@ if not all(importlib.util.find_spec(m) for m in ("gcsfs", "gcp_storage_emulator"
 from laplax.workdir import files, lease, store  # noqa: E402
 from laplax.workdir import lock as lock_lib  # noqa: E402
 
-from helpers.gcs import start_emulator  # noqa: E402
+from helpers.gcs import gcs_fixture  # noqa: E402, F401  (the fixture gcs)
 from helpers.resume import assert_bitwise_equal, start  # noqa: E402
 from helpers.runs import CONFIG, ROOT, TINY, run_in_process  # noqa: E402
 
 # Every step logged, a checkpoint every 3 steps (as tests/train/test_resume.py).
 COMMON = ["--config.log_every=1", "--config.checkpoint_every=3", "--config.eval_every=1000"]
 TOTAL = 9
-
-
-@pytest.fixture(scope="module")
-def gcs():
-  """The emulator (one per module) with its variables set in this process."""
-  with start_emulator() as emu, pytest.MonkeyPatch.context() as mp:
-    for k, v in emu.env.items():
-      mp.setenv(k, v)
-    yield emu
 
 
 @pytest.fixture(autouse=True)
