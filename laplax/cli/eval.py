@@ -382,6 +382,10 @@ def main(guard: signals.Guard) -> int:
     workdir_lib.log_figures(workdir, config, int(state.step), figures)
     for figure in figures if remote else ():
       store.upload(figure, store.join(workdir, os.path.basename(figure)))
+  if where is not None:
+    import shutil
+
+    shutil.rmtree(where, ignore_errors=True)
   summary["step"] = int(state.step)
   from laplax.config import validation as config_lib
 
