@@ -34,6 +34,7 @@ from laplax.evaluators import registry
 from laplax.state import TrainState
 from laplax.train import loop
 from laplax.workdir import checkpoint as ckpt_lib
+from laplax.workdir import store
 from laplax.workdir.files import CHECKPOINT_DIR, CONFIG_FILE, load_saved_config
 
 
@@ -142,11 +143,12 @@ def saved_config(workdir: str) -> ml_collections.ConfigDict:
     LoadError: ``workdir`` missing or not a directory, no ``config.json``, or that file
       unreadable or not a laplax config.
   """
-  if not os.path.exists(workdir):
+  store.check_scheme(workdir, "workdir")
+  if not store.exists(workdir):
     raise LoadError(
       f"{workdir} does not exist: no laplax run there; train one with train.py --workdir {workdir}"
     )
-  if not os.path.isdir(workdir):
+  if not store.isdir(workdir):
     raise LoadError(
       f"{workdir} is a file, not a laplax workdir; give the directory train.py --workdir wrote"
     )
@@ -165,7 +167,7 @@ def saved_steps(workdir: str) -> list[int]:
   """The steps of the complete checkpoints in ``workdir``, ascending (``[]``
   if it has none); creates nothing."""
   directory = os.path.join(workdir, CHECKPOINT_DIR)
-  if not os.path.isdir(directory):
+  if not store.isdir(directory):
     return []
   return ckpt_lib.Checkpointer(directory, read_only=True).all_steps()
 

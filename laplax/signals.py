@@ -146,8 +146,10 @@ def checkpoint_status(workdir: str) -> str:
   """What ``workdir/checkpoints`` holds, as a phrase for the exit line."""
   directory = os.path.join(workdir, _CHECKPOINTS)
   try:
-    names = os.listdir(directory)
-  except OSError:
+    from laplax.workdir import store
+
+    names = store.listdir(directory)
+  except Exception:  # an unreachable store: the line says nothing of it
     names = []
   steps = [int(n) for n in names if n.isdigit()]
   partial = sorted(int(m.group(1)) for n in names for m in [_INCOMPLETE.match(n)] if m)

@@ -364,6 +364,10 @@ def _parse_args(argv: Sequence[str]):
       raise SweepError(f"{arg}: the seeds come from --seeds, e.g. --seeds 0,1,2")
   if not args.workdir.strip():
     raise SweepError("--workdir is empty; give the sweep's directory, e.g. --workdir runs/sweep")
+  from laplax.workdir import store
+
+  if store.local_only(args.workdir, "--workdir", "python -m laplax.sweep"):
+    raise SweepError(store.local_only(args.workdir, "--workdir", "python -m laplax.sweep"))
   if args.analysis_examples < 0:
     raise SweepError(f"--analysis_examples={args.analysis_examples} must be >= 0")
   args.overrides = rest

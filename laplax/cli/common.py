@@ -386,10 +386,12 @@ def model_from_init(config: ml_collections.ConfigDict, argv: list[str]) -> None:
   init_from = config.init_from or ""
   if not isinstance(init_from, str) or not init_from:
     return
+  from laplax.workdir import store
   from laplax.workdir.files import load_saved_config
 
+  store.check_scheme(init_from, "config.init_from=")
   path = os.path.expanduser(init_from)
-  saved = load_saved_config(path) if os.path.isdir(path) else None
+  saved = load_saved_config(path) if store.isdir(path) else None
   if saved is None:
     raise ConfigError(
       f"config.init_from={init_from} is not a laplax workdir (no "

@@ -31,7 +31,7 @@ import tempfile
 
 from absl import flags
 
-from laplax import signals, utils
+from laplax import signals
 from laplax.cli import common as cli
 from laplax.workdir import saving
 
@@ -171,9 +171,13 @@ def _out_path(workdir: str) -> str | None:
     cli.UsageError: ``--out`` a directory, under a file or unwritable; without it, an
       unwritable workdir (unless ``--sample`` only prints).
   """
+  from laplax.workdir import store
   from laplax.workdir.files import existing_ancestor
 
+  store.check_scheme(workdir)
   if _OUT.value is None:
+    if store.is_remote(workdir):
+      return None
     if _SAMPLE.value is None and not os.access(workdir, os.W_OK):
       raise cli.UsageError(
         f"{workdir} is not writable; eval.py writes eval.json there; "
@@ -356,21 +360,39 @@ def main(guard: signals.Guard) -> int:
     return _sample(task, state)
   if out:
     os.makedirs(os.path.dirname(out), exist_ok=True)
+  from laplax.workdir import store
+
+  remote = store.is_remote(workdir) and out is None
   if analysis is not None:
+    if remote:
+      raise cli.UsageError(
+        f"--analysis writes its figures beside analysis.json, which {workdir} (an object "
+        f"store) cannot hold yet; give --out FILE, a local path"
+      )
     return _run_analysis(config, task, state, workdir, analysis, out)
 
-  summary, figures = _evaluate(task, state, os.path.dirname(out) if out else workdir, items)
+  # gs://: the figures are drawn locally, then uploaded into the workdir.
+  where = tempfile.mkdtemp(prefix="laplax-figures-") if remote else None
+  summary, figures = _evaluate(
+    task, state, where or (os.path.dirname(out) if out else workdir), items
+  )
   if figures and out is None:  # with --out the workdir is only read
     from laplax.workdir import files as workdir_lib
 
     workdir_lib.log_figures(workdir, config, int(state.step), figures)
+    for figure in figures if remote else ():
+      store.upload(figure, store.join(workdir, os.path.basename(figure)))
+  if where is not None:
+    import shutil
+
+    shutil.rmtree(where, ignore_errors=True)
   summary["step"] = int(state.step)
   from laplax.config import validation as config_lib
 
   summary["attention_kernel"] = config_lib.attention_kernel(config, task)
   path = out or os.path.join(workdir, EVAL_FILE)
   with saving.guard(os.path.basename(path), os.path.dirname(path)):
-    utils.atomic_write(path, json.dumps(summary, indent=2))
+    store.write(path, json.dumps(summary, indent=2))
   if out:
     print(f"wrote {path}")
   print(json.dumps(summary))

@@ -60,8 +60,9 @@ def main(guard: signals.Guard) -> int:
   cli.apply_target_flops(config, sys.argv)
   if not _WORKDIR.value:
     raise cli.UsageError("--workdir is required, e.g. --workdir runs/vit")
-  from laplax.workdir import lock
+  from laplax.workdir import lock, store
 
+  store.check_scheme(_WORKDIR.value)
   lock.check_single_process(config, _WORKDIR.value, _FORCE_UNLOCK.value)  # in seconds
   from laplax.train import fit
 

@@ -217,8 +217,10 @@ def validate(
     f"config.init_from={init_from!r} must be the path of a laplax workdir",
   )
   if init_from:
+    from laplax.workdir import store  # gs:// workdirs too
+
     require(
-      os.path.isdir(os.path.join(os.path.expanduser(init_from), "checkpoints")),
+      store.isdir(os.path.join(os.path.expanduser(init_from), "checkpoints")),
       f"config.init_from={init_from} is not a laplax workdir (no checkpoints/ "
       f"in it); give a train.py or laplax.convert --workdir",
     )

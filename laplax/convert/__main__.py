@@ -160,6 +160,12 @@ def main(guard: signals.Guard) -> int:
     )
   if not _WORKDIR.value:
     raise cli.UsageError("--workdir is required (the laplax run directory)")
+  from laplax.workdir import store
+
+  for flag, value in (("--workdir", _WORKDIR.value), ("--out", _OUT.value or "")):
+    why = store.local_only(value, flag, "python -m laplax.convert")
+    if why:
+      raise cli.UsageError(why)
   cli.quiet()
   from laplax.convert import common, hf_bert, hf_gpt2, hf_nystromformer, nanochat, timm_vit
 

@@ -21,6 +21,7 @@ from laplax import utils
 from laplax.config import validation as config_lib
 from laplax.data.text import tokenizers
 from laplax.workdir import checkpoint as ckpt_lib
+from laplax.workdir import store
 from laplax.workdir.files import CHECKPOINT_DIR
 
 
@@ -31,7 +32,10 @@ def copy_init_tokenizer(config, workdir: str) -> None:
   for kind in ("bpe", "nanochat"):
     source = tokenizers.tokenizer_path(config.init_from, kind)
     target = tokenizers.tokenizer_path(workdir, kind)
-    if os.path.isfile(source) and not os.path.exists(target):  # only language models have one
+    if store.isfile(source) and not store.exists(target):  # only language models have one
+      if store.is_remote(source) or store.is_remote(target):
+        store.write(target, store.read_bytes(source))
+        continue
       os.makedirs(os.path.dirname(target), exist_ok=True)
       shutil.copyfile(source, target)
 

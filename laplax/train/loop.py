@@ -20,7 +20,6 @@ import functools
 import logging
 import math
 import os
-import shutil
 import time
 from collections.abc import Callable
 from typing import Any
@@ -47,6 +46,7 @@ from laplax.train.profiler import Profiler
 from laplax.train.timing import LogInterval
 from laplax.workdir import checkpoint as ckpt_lib
 from laplax.workdir import lock as lock_lib
+from laplax.workdir import store
 from laplax.workdir.files import (
   CHECKPOINT_DIR,
   MetricWriter,
@@ -366,7 +366,7 @@ def train_and_evaluate(
   # The lock (several processes: all agree in lock_lib.hold), checks, data; no write.
   if jax.process_count() == 1:
     lock_lib.check(workdir, force_unlock)
-  before = set(os.listdir(workdir)) if os.path.isdir(workdir) else None
+  before = set(store.listdir(workdir)) if store.isdir(workdir) else None
   task = None
   try:
     task = setup(config, workdir)
@@ -384,17 +384,17 @@ def train_and_evaluate(
 def _remove_new(workdir: str, before: set | None) -> None:
   """Removes what appeared in ``workdir`` since ``before`` (its entries then;
   ``None``: it did not exist), on process 0."""
-  if jax.process_index() != 0 or not os.path.isdir(workdir):
+  if jax.process_index() != 0 or not store.isdir(workdir):
     return
   if before is None:
-    shutil.rmtree(workdir, ignore_errors=True)
+    store.rmtree(workdir)
     return
-  for name in set(os.listdir(workdir)) - before:
+  for name in set(store.listdir(workdir)) - before:
     path = os.path.join(workdir, name)
-    if os.path.isdir(path):
-      shutil.rmtree(path, ignore_errors=True)
+    if store.isdir(path):
+      store.rmtree(path)
     else:
-      os.remove(path)
+      store.remove(path)
 
 
 def _train_in(config, workdir: str, task: Task, clock=time.monotonic) -> dict:

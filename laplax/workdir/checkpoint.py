@@ -9,6 +9,11 @@ carries a checksum manifest of its files, committed by the same rename and
 checked before the step is restored (:mod:`laplax.workdir.integrity`). A save
 that fails on an operating-system error (a full disk) is cleaned up and
 raised as one line (:class:`~laplax.workdir.saving.SaveError`).
+
+In an object store (``gs://``) orbax writes each step in place and marks it
+complete with ``commit_success.txt`` (no rename); a step directory without
+that file is incomplete, and the directory listings here go through
+:mod:`laplax.workdir.store`.
 """
 
 from __future__ import annotations
@@ -29,10 +34,12 @@ import orbax.checkpoint as ocp
 
 from laplax.errors import UserError
 from laplax.state import TrainState
-from laplax.workdir import integrity, saving
+from laplax.workdir import integrity, saving, store
 
-# Orbax writes step N into "N.orbax-checkpoint-tmp..." and renames it when complete.
+# Orbax writes step N into "N.orbax-checkpoint-tmp..." and renames it when complete;
+# in gs:// it writes "N" in place and then "N/commit_success.txt".
 _INCOMPLETE = re.compile(r"^(\d+)\.orbax-checkpoint-tmp")
+_COMMITTED = "commit_success.txt"
 
 
 @contextlib.contextmanager
@@ -110,6 +117,9 @@ def _remove_tree(path: str) -> None:
   Raises:
     OSError: the tree cannot be removed (permissions).
   """
+  if store.is_remote(path):
+    store.rmtree(path)
+    return
   while os.path.lexists(path):
     try:
       shutil.rmtree(path)
@@ -185,7 +195,9 @@ class Checkpointer:
   def __init__(
     self, directory: str, max_to_keep: int | None = 3, verify: bool = True, read_only: bool = False
   ):
-    self.directory = os.path.abspath(directory)
+    self.directory = (
+      store.absolute(directory) if store.is_remote(directory) else os.path.abspath(directory)
+    )
     self.verify = verify
     self.read_only = read_only
     self._saving = None  # the step of the newest save started
@@ -226,7 +238,14 @@ class Checkpointer:
 
   def incomplete_steps(self) -> dict[int, str]:
     """Steps whose write was interrupted (left in orbax's temporary
-    directories), as ``{step: path}``; they are never restored."""
+    directories; gs://: step directories without ``commit_success.txt``), as
+    ``{step: path}``; they are never restored."""
+    if store.is_remote(self.directory):
+      return {
+        int(n): self.step_dir(int(n))
+        for n in store.listdir(self.directory)
+        if n.isdigit() and not store.exists(store.join(self.step_dir(int(n)), _COMMITTED))
+      }
     if not os.path.isdir(self.directory):
       return {}
     found = {}
@@ -246,7 +265,10 @@ class Checkpointer:
         self.directory,
       )
       if delete and jax.process_index() == 0:
-        shutil.rmtree(path, ignore_errors=True)
+        if store.is_remote(path):
+          store.rmtree(path)
+        else:
+          shutil.rmtree(path, ignore_errors=True)
 
   def _write_manifest(self) -> None:
     """orbax's post-finalization callback (process 0, in its save thread):
@@ -279,6 +301,11 @@ class Checkpointer:
 
   def complete_steps(self) -> list[int]:
     """The complete steps as the directory lists them now (not orbax's cache)."""
+    if store.is_remote(self.directory):
+      bad = self.incomplete_steps()
+      return sorted(
+        int(n) for n in store.listdir(self.directory) if n.isdigit() and int(n) not in bad
+      )
     if not os.path.isdir(self.directory):
       return []
     return sorted(
@@ -375,7 +402,7 @@ class Checkpointer:
     """Whether ``step``'s directory is gone; a reader waits up to 0.5 s for
     a deletion in progress (orbax removes a step file by file)."""
     for _ in range(10 if self.read_only else 1):
-      if not os.path.isdir(self.step_dir(step)):
+      if not store.isdir(self.step_dir(step)):
         return True
       if self.read_only:
         time.sleep(0.05)

@@ -2,7 +2,11 @@
 
 The layout is docs/workdir.md. A write that fails on an OS error (a full disk)
 raises a one-line :class:`~laplax.workdir.saving.SaveError` naming the file; a
-half-written ``metrics.jsonl`` record is cut off again.
+half-written ``metrics.jsonl`` record is cut off again. Every file goes through
+:mod:`laplax.workdir.store`, so a workdir may be ``gs://BUCKET/PATH``: its
+metrics are then one object per record (:mod:`laplax.workdir.remote_metrics`)
+and its TensorBoard events are uploaded at each flush
+(:mod:`laplax.workdir.tb_upload`).
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ import contextlib
 import json
 import os
 import sys
+import tempfile
 import threading
 from collections.abc import Callable
 
@@ -20,7 +25,7 @@ import ml_collections
 from laplax import tasks, utils
 from laplax.config import validation as config_lib
 from laplax.tasks import schema
-from laplax.workdir import saving
+from laplax.workdir import remote_metrics, saving, store, tb_upload
 
 CONFIG_FILE = "config.json"
 METRICS_FILE = "metrics.jsonl"
@@ -97,8 +102,12 @@ class MetricWriter:
     last_step: Callable[[], int | None] | None = None,
   ):
     self.active = jax.process_index() == 0
+    self.workdir = workdir
+    self.remote = store.is_remote(workdir)
     self.path = os.path.join(workdir, METRICS_FILE)
     self.tb_dir = os.path.join(workdir, TENSORBOARD_DIR)
+    self._next_record = None  # gs://: the number of the next record object
+    self._upload = None
     self.last_step = last_step
     self.tb = None
     self.wandb = None
@@ -110,7 +119,10 @@ class MetricWriter:
     with self._tb_guard(check=False):
       # A large queue: a writer thread killed by a full disk cannot block a put
       # before the error is seen.
-      self.tb = _summary_writer()(self.tb_dir, max_queue=10000)
+      if self.remote:
+        self._upload = tb_upload.Uploader(self.tb_dir)
+      local = self._upload.local if self._upload else self.tb_dir
+      self.tb = _summary_writer()(local, max_queue=10000)
     self._thread_error.install()
 
   def _metrics_guard(self):
@@ -126,8 +138,17 @@ class MetricWriter:
       if check:
         self._thread_error.reraise()
 
+  def _flush_tb(self) -> None:
+    """Flushes TensorBoard's events (and, gs://, uploads them)."""
+    self.tb.flush()
+    if self._upload is not None:
+      self._upload.sync()
+
   def drop_after(self, step: int) -> None:
     """Removes records newer than ``step`` (left by a run killed after it)."""
+    if self.active and self.remote:
+      remote_metrics.drop_after(self.workdir, step)
+      return
     if not self.active or not os.path.exists(self.path):
       return
     with open(self.path) as f:
@@ -140,6 +161,12 @@ class MetricWriter:
   def _append(self, record: dict) -> None:
     """Appends one line; a failed write cuts the file back to its previous length."""
     data = (json.dumps(record) + "\n").encode()
+    if self.remote:
+      if self._next_record is None:
+        self._next_record = max(remote_metrics.indices(self.workdir), default=-1) + 1
+      remote_metrics.append(self.workdir, self._next_record, data.decode())
+      self._next_record += 1
+      return
     with self._metrics_guard():
       fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
       try:
@@ -162,7 +189,7 @@ class MetricWriter:
     with self._tb_guard():
       for tag, v in numbers.items():
         self.tb.add_scalar(tag, v, step)
-      self.tb.flush()
+      self._flush_tb()
     if self.wandb is not None and numbers:
       self.wandb.log(numbers, step=int(step))
 
@@ -180,7 +207,7 @@ class MetricWriter:
     with self._tb_guard():
       self.tb.add_text("config", _code_block(config.to_json(indent=2)), step)
       self.tb.file_writer.add_summary(session_start, step)
-      self.tb.flush()
+      self._flush_tb()
 
   def write_eval(self, step: int, summary: dict, samples: dict[str, str]) -> None:
     """Writes the ``eval`` record ``summary`` and the text ``samples`` (see
@@ -197,7 +224,7 @@ class MetricWriter:
       with self._tb_guard():
         self.tb.add_text(tag, _code_block(text), step)
     with self._tb_guard():
-      self.tb.flush()
+      self._flush_tb()
     if self.wandb is not None:
       self.wandb.log(dict(texts), step=int(step))
 
@@ -220,7 +247,7 @@ class MetricWriter:
       with self._tb_guard():
         self.tb.file_writer.add_summary(Summary(value=[Summary.Value(tag=tag, image=image)]), step)
     with self._tb_guard():
-      self.tb.flush()
+      self._flush_tb()
     if self.wandb is not None:
       import wandb
 
@@ -238,12 +265,16 @@ class MetricWriter:
         with self._tb_guard(check=not failed):
           try:
             tb.close()
+            if self._upload is not None:
+              self._upload.sync()
           except Exception:
             _abandon(tb)
             if not failed:
               raise
       finally:
         self._thread_error.uninstall()
+        if self._upload is not None:
+          self._upload.cleanup()
     if self.wandb is not None:
       self.wandb.finish(exit_code=1 if failed else 0)
       self.wandb = None
@@ -314,16 +345,15 @@ def _start_wandb(workdir: str, config: ml_collections.ConfigDict):
   w = config.wandb
   id_path = os.path.join(workdir, WANDB_RUN_ID)
   run_id = None
-  if os.path.exists(id_path):
-    with open(id_path) as f:
-      run_id = f.read().strip() or None
+  if store.exists(id_path):
+    run_id = store.read_text(id_path).strip() or None
   try:
     run = wandb.init(
       project=w.project,
       entity=w.entity,
-      name=w.name or os.path.basename(os.path.abspath(workdir)),
+      name=w.name or store.name(store.absolute(workdir)),
       mode=w.mode,
-      dir=workdir,
+      dir=tempfile.mkdtemp(prefix="laplax-wandb-") if store.is_remote(workdir) else workdir,
       id=run_id,
       resume="allow",
       config=json.loads(config.to_json()),
@@ -335,7 +365,7 @@ def _start_wandb(workdir: str, config: ml_collections.ConfigDict):
       f"config.wandb.* and `wandb login`, or use --config.wandb.mode=offline"
     ) from None
   if run_id is None:
-    utils.atomic_write(id_path, run.id + "\n")
+    store.write(id_path, run.id + "\n")
   return run
 
 
@@ -368,11 +398,12 @@ def load_saved_config(workdir: str) -> ml_collections.ConfigDict | None:
     ConfigError: the file is unreadable or not a laplax run's config.
   """
   path = os.path.join(workdir, CONFIG_FILE)
-  if not os.path.exists(path):
+  if not store.exists(path):
     return None
   try:
-    with open(path) as f:
-      saved = json.load(f)
+    saved = json.loads(store.read_bytes(path))
+  except store.StoreError:
+    raise
   except (OSError, ValueError) as e:
     raise config_lib.ConfigError(
       f"{path} is unreadable ({type(e).__name__}); it is not a laplax run's "
@@ -398,7 +429,7 @@ def write_config(
     SaveError: it cannot be written (naming ``last_step``, the newest checkpoint).
   """
   with saving.guard(CONFIG_FILE, workdir, lambda: last_step):
-    utils.atomic_write(os.path.join(workdir, CONFIG_FILE), config.to_json(indent=2))
+    store.write(os.path.join(workdir, CONFIG_FILE), config.to_json(indent=2))
 
 
 def check_workdir(config: ml_collections.ConfigDict, workdir: str) -> None:
@@ -407,17 +438,10 @@ def check_workdir(config: ml_collections.ConfigDict, workdir: str) -> None:
   Raises:
     ConfigError: the saved config differs in a key that decides the parameters.
   """
-  parent = existing_ancestor(workdir)
-  if not os.path.isdir(parent):
-    raise config_lib.ConfigError(
-      f"--workdir {workdir} is a file; give a directory"
-      if parent == os.path.abspath(workdir)
-      else f"--workdir {workdir} cannot be created: {parent} is a file; give a directory"
-    )
-  if not os.access(parent, os.W_OK):
-    raise config_lib.ConfigError(
-      f"--workdir {workdir} is not writable ({parent}); choose a directory you can write to"
-    )
+  if store.is_remote(workdir):
+    store.check_bucket(workdir)
+  else:
+    _check_local_parent(workdir)
   for name, want_dir in (
     (CHECKPOINT_DIR, True),
     (TENSORBOARD_DIR, True),
@@ -425,14 +449,14 @@ def check_workdir(config: ml_collections.ConfigDict, workdir: str) -> None:
     (METRICS_FILE, False),
   ):
     path = os.path.join(workdir, name)
-    if os.path.exists(path) and os.path.isdir(path) != want_dir:
+    if store.exists(path) and store.isdir(path) != want_dir:
       raise config_lib.ConfigError(
         f"{path} should be a {'directory' if want_dir else 'file'}; this workdir "
         f"is not a laplax run's, use another --workdir"
       )
   saved = load_saved_config(workdir)
   ckpt = os.path.join(workdir, CHECKPOINT_DIR)
-  if saved is None and os.path.isdir(ckpt) and any(n.isdigit() for n in os.listdir(ckpt)):
+  if saved is None and any(n.isdigit() for n in store.listdir(ckpt)):
     raise config_lib.ConfigError(
       f"workdir {workdir} has checkpoints but no {CONFIG_FILE}, so its "
       f"architecture is unknown; restore {CONFIG_FILE} or use another --workdir"
@@ -448,6 +472,37 @@ def check_workdir(config: ml_collections.ConfigDict, workdir: str) -> None:
       f"({shown}{' ...' if len(diff) > 6 else ''} differ); use "
       f"another --workdir or the same config"
     )
+
+
+def _check_local_parent(workdir: str) -> None:
+  """Refuses a local workdir that is a file, or below a file, or not writable.
+
+  Raises:
+    ConfigError: one line naming the path.
+  """
+  parent = existing_ancestor(workdir)
+  if not os.path.isdir(parent):
+    raise config_lib.ConfigError(
+      f"--workdir {workdir} is a file; give a directory"
+      if parent == os.path.abspath(workdir)
+      else f"--workdir {workdir} cannot be created: {parent} is a file; give a directory"
+    )
+  if not os.access(parent, os.W_OK):
+    raise config_lib.ConfigError(
+      f"--workdir {workdir} is not writable ({parent}); choose a directory you can write to"
+    )
+
+
+def read_metric_lines(workdir: str) -> list[str]:
+  """The records of ``workdir``'s metrics as JSON lines, in the order written
+  (``metrics.jsonl``, or the record objects of a ``gs://`` workdir)."""
+  if store.is_remote(workdir):
+    return [line for _, line in remote_metrics.lines(workdir)]
+  path = os.path.join(workdir, METRICS_FILE)
+  if not os.path.exists(path):
+    return []
+  with open(path) as f:
+    return [line for line in f if line.strip()]
 
 
 def existing_ancestor(path: str) -> str:

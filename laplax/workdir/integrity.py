@@ -16,6 +16,7 @@ import zlib
 
 from laplax import utils
 from laplax.errors import UserError
+from laplax.workdir import store
 
 MANIFEST = "laplax_checksums.json"
 ALGORITHM = "crc32"
@@ -42,9 +43,19 @@ def file_checksum(path: str) -> tuple[int, int]:
       size += len(chunk)
 
 
+def _checksum(path: str) -> tuple[int, int]:
+  """:func:`file_checksum` of a local file, or of an object (read whole) in gs://."""
+  if not store.is_remote(path):
+    return file_checksum(path)
+  data = store.read_bytes(path)
+  return len(data), zlib.crc32(data)
+
+
 def _item_files(step_dir: str) -> list[str]:
   """Paths (relative, ``/``-separated) of the files in the item directories
   of ``step_dir``, sorted."""
+  if store.is_remote(step_dir):
+    return sorted(rel for rel in store.files_under(step_dir) if "/" in rel)
   out = []
   for entry in sorted(os.listdir(step_dir)):
     top = os.path.join(step_dir, entry)
@@ -65,9 +76,13 @@ def write_manifest(step_dir: str) -> dict:
   Raises:
     OSError: a file cannot be read or the manifest cannot be written.
   """
-  files = {rel: list(file_checksum(os.path.join(step_dir, rel))) for rel in _item_files(step_dir)}
+  files = {rel: list(_checksum(os.path.join(step_dir, rel))) for rel in _item_files(step_dir)}
   manifest = {"algorithm": ALGORITHM, "files": files}
-  utils.atomic_write(os.path.join(step_dir, MANIFEST), json.dumps(manifest, separators=(",", ":")))
+  text = json.dumps(manifest, separators=(",", ":"))
+  if store.is_remote(step_dir):
+    store.write(os.path.join(step_dir, MANIFEST), text)
+  else:
+    utils.atomic_write(os.path.join(step_dir, MANIFEST), text)
   return manifest
 
 
@@ -82,8 +97,7 @@ def verify(step_dir: str) -> bool:
   """
   path = os.path.join(step_dir, MANIFEST)
   try:
-    with open(path) as f:
-      manifest = json.load(f)
+    manifest = json.loads(store.read_bytes(path))
     files = manifest["files"]
     if manifest.get("algorithm") != ALGORITHM or not isinstance(files, dict):
       raise ValueError(manifest.get("algorithm"))
@@ -94,7 +108,7 @@ def verify(step_dir: str) -> bool:
   for rel, (size, crc) in sorted(files.items()):
     full = os.path.join(step_dir, rel)
     try:
-      got_size, got_crc = file_checksum(full)
+      got_size, got_crc = _checksum(full)
     except OSError as e:
       raise ChecksumError(f"{rel} cannot be read ({e.strerror})") from None
     if got_size != size:

@@ -18,6 +18,10 @@ over with a warning (a killed run restarted with the same command, e.g. by
 latter is taken over with ``train.py --force_unlock``. The takeover is done
 under ``flock`` of the workdir directory, so two starts never both take a
 stale lock. Readers (``eval.py``, ``laplax.load``) never take the lock.
+
+In an object store (``gs://``) the lock is an object with a lease, taken by a
+create-if-absent upload and renewed by a heartbeat (:mod:`laplax.workdir.lease`):
+a lock of another host whose lease has run out is taken over too.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ import uuid
 from collections.abc import Iterator
 
 from laplax.errors import UserError
-from laplax.workdir import saving
+from laplax.workdir import lease, saving, store
 
 LOCK_FILE = "train.lock"
 
@@ -84,6 +88,8 @@ def _alive(pid: int, proc_start: int | None) -> bool:
 def read(workdir: str) -> dict | None:
   """The lock record of ``workdir`` (``{}`` if the file is not a lock
   record), or ``None`` if there is none."""
+  if store.is_remote(workdir):
+    return lease.read(store.join(workdir, LOCK_FILE))[0]
   try:
     with open(os.path.join(workdir, LOCK_FILE)) as f:
       record = json.load(f)
@@ -105,6 +111,8 @@ def _held_by_other(workdir: str, record: dict | None, force: bool) -> str | None
   if record is None or not record:
     return None
   path = os.path.join(workdir, LOCK_FILE)
+  if store.is_remote(workdir):
+    return _remote_held(workdir, record, force)
   if record.get("host") != socket.gethostname():
     if force:
       return None
@@ -123,6 +131,23 @@ def _held_by_other(workdir: str, record: dict | None, force: bool) -> str | None
   return None
 
 
+def _remote_held(workdir: str, record: dict, force: bool) -> str | None:
+  """:func:`_held_by_other` in an object store: a live lease refuses (unless
+  ``force``), except one of a process of this host that no longer runs."""
+  pid = record.get("pid")
+  if record.get("host") == socket.gethostname() and isinstance(pid, int):
+    if not _alive(pid, record.get("proc_start")):
+      return None
+  if force or lease.expired(record):
+    return None
+  left = record.get("renewed", 0) + record.get("lease_s", lease.DEFAULT_LEASE_S) - time.time()
+  return (
+    f"workdir {workdir} is locked by train.py {_describe(record)}, whose lease "
+    f"runs {left:.0f} s more; wait for it to finish, or, if that run has ended, run "
+    f"the same command after the lease or with --force_unlock"
+  )
+
+
 def check(workdir: str, force: bool = False) -> None:
   """Refuses, before anything is read or written, a workdir locked by a live
   run (or by another host, without ``force``). Writes nothing.
@@ -130,7 +155,7 @@ def check(workdir: str, force: bool = False) -> None:
   Raises:
     LockError: the lock is held (the message names the host and PID).
   """
-  if os.path.isdir(workdir):
+  if store.is_remote(workdir) or os.path.isdir(workdir):
     why = _held_by_other(workdir, read(workdir), force)
     if why:
       raise LockError(why)
@@ -179,6 +204,8 @@ class WorkdirLock:
     self._unregister = lambda: None
 
   def __enter__(self) -> WorkdirLock:
+    if store.is_remote(self.workdir):
+      return self._enter_remote()
     record = _record()
     tmp = f"{self.path}.tmp{os.getpid()}"
     try:
@@ -195,6 +222,31 @@ class WorkdirLock:
     from laplax import signals
 
     self._unregister = signals.at_exit(self.release)  # also at a signal's hard exit
+    return self
+
+  def _enter_remote(self) -> WorkdirLock:
+    """Takes the lock object (create-if-absent, or a generation-checked
+    takeover of a stale one) and starts its heartbeat."""
+    record = {**_record(), "lease_s": lease.lease_s()}
+    record["renewed"] = record["started"]
+    old, gen = lease.read(self.path)
+    why = _held_by_other(self.workdir, old, self.force)
+    if why:
+      raise LockError(why)
+    new = store.replace(self.path, json.dumps(record), gen or 0)
+    if new is None or (lease.read(self.path)[0] or {}).get("token") != record["token"]:
+      raise LockError(
+        _held_by_other(self.workdir, read(self.workdir), self.force)
+        or f"workdir {self.workdir} was locked meanwhile by another train.py; "
+        f"run the same command again"
+      )
+    if old is not None:
+      _warn_taken_over(self.workdir, old)
+    self.record = record
+    self._heartbeat = lease.Heartbeat(self.path, record, new)
+    from laplax import signals
+
+    self._unregister = signals.at_exit(self.release)
     return self
 
   def _take_over(self, tmp: str) -> None:
@@ -219,21 +271,7 @@ class WorkdirLock:
           ) from None
         return
       os.replace(tmp, self.path)
-    if not old:
-      logging.warning("workdir %s had an unreadable lock file; taking the lock over", self.workdir)
-    elif old.get("host") != socket.gethostname():
-      logging.warning(
-        "workdir %s was locked by train.py %s, another host; taking the lock over (--force_unlock)",
-        self.workdir,
-        _describe(old),
-      )
-    else:
-      logging.warning(
-        "workdir %s was locked by train.py %s, which is no longer running "
-        "(killed?); taking the lock over",
-        self.workdir,
-        _describe(old),
-      )
+    _warn_taken_over(self.workdir, old)
 
   def __exit__(self, *exc) -> None:
     self.release()
@@ -243,6 +281,13 @@ class WorkdirLock:
     if self.record is None:
       return
     self._unregister()
+    if store.is_remote(self.workdir):
+      gen = self._heartbeat.stop()
+      current, now = lease.read(self.path)
+      if current and current.get("token") == self.record["token"] and now == gen:
+        store.remove(self.path)
+      self.record = None
+      return
     current = read(self.workdir)
     if current and current.get("token") == self.record["token"]:
       with contextlib.suppress(FileNotFoundError):
@@ -250,11 +295,35 @@ class WorkdirLock:
     self.record = None
 
 
+def _warn_taken_over(workdir: str, old: dict) -> None:
+  """The warning of a lock taken over: unreadable, another host's, or a dead run's."""
+  if not old:
+    logging.warning("workdir %s had an unreadable lock file; taking the lock over", workdir)
+  elif old.get("host") != socket.gethostname():
+    why = (
+      "whose lease ran out"
+      if store.is_remote(workdir) and lease.expired(old)
+      else "(--force_unlock)"
+    )
+    logging.warning(
+      "workdir %s was locked by train.py %s, another host; taking the lock over %s",
+      workdir,
+      _describe(old),
+      why,
+    )
+  else:
+    logging.warning(
+      "workdir %s was locked by train.py %s, which is no longer running "
+      "(killed?); taking the lock over",
+      workdir,
+      _describe(old),
+    )
+
+
 def _last_checkpoint(workdir: str) -> int | None:
   """The newest complete checkpoint step in ``workdir/checkpoints``, or ``None``."""
   directory = os.path.join(workdir, "checkpoints")
-  steps = [int(n) for n in os.listdir(directory) if n.isdigit()] if os.path.isdir(directory) else []
-  return max(steps, default=None)
+  return max((int(n) for n in store.listdir(directory) if n.isdigit()), default=None)
 
 
 @contextlib.contextmanager
@@ -275,7 +344,8 @@ def hold(workdir: str, force: bool = False) -> Iterator[None]:
   lock, error = None, None
   if jax.process_index() == 0:
     try:
-      os.makedirs(workdir, exist_ok=True)
+      if not store.is_remote(workdir):  # an object store has no directories
+        os.makedirs(workdir, exist_ok=True)
     except OSError as e:
       error = ConfigError(
         f"--workdir {workdir} cannot be created ({e.strerror}); choose another directory"
@@ -284,7 +354,7 @@ def hold(workdir: str, force: bool = False) -> Iterator[None]:
       try:
         with saving.guard(f"the lock file {LOCK_FILE}", workdir, lambda: _last_checkpoint(workdir)):
           lock = WorkdirLock(workdir, force).__enter__()
-      except (LockError, saving.SaveError) as e:
+      except (LockError, saving.SaveError, store.StoreError) as e:
         error = e
   if jax.process_count() > 1:
     import numpy as np

@@ -110,7 +110,12 @@ def tree_size(path: str) -> int:
   """Bytes the file system gives ``path`` and everything under it (0 if it
   does not exist): per file and directory the larger of its length and its
   allocated blocks (``st_blocks * 512``), since a checkpoint of many small
-  files takes more space than its files' lengths add up to."""
+  files takes more space than its files' lengths add up to; gs://: the
+  objects' sizes)."""
+  from laplax.workdir import store
+
+  if store.is_remote(path):
+    return sum(store.files_under(path).values())
   total = 0
   for root, dirs, files in os.walk(path):
     for name in [*dirs, *files, *([""] if root == path else [])]:
@@ -121,7 +126,9 @@ def tree_size(path: str) -> int:
 
 
 def free_bytes(path: str) -> int | None:
-  """Free bytes on the file system of ``path`` for this user, or ``None``."""
+  """Free bytes on the file system of ``path`` for this user, or ``None`` (also gs://)."""
+  if "://" in str(path):
+    return None
   try:
     return shutil.disk_usage(path).free
   except OSError:

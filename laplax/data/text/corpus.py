@@ -309,7 +309,9 @@ def prepare(
     return read[split]
 
   trained = kind != "byte"  # BPE or nanochat: trained once, kept in the workdir
-  saved = trained and workdir is not None and os.path.isfile(tokenizer_path(workdir, kind))
+  from laplax.workdir import store
+
+  saved = trained and workdir is not None and store.isfile(tokenizer_path(workdir, kind))
   if saved:
     tokenizer = load_tokenizer(data_config, workdir)
   else:

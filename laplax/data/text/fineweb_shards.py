@@ -29,8 +29,12 @@ def list_shards(source_dir: str) -> list[str]:
   """The ``*.parquet`` files of ``source_dir``, sorted by name (train, then validation last).
 
   Raises:
-    DataError: the directory is missing or holds fewer than two parquet files.
+    DataError: the directory is missing or holds fewer than two parquet files, or
+      is a ``gs://`` URL.
   """
+  from laplax.data.common import local_only
+
+  local_only(source_dir or DEFAULT_SOURCE_DIR, "source_dir")
   directory = os.path.expanduser(source_dir or DEFAULT_SOURCE_DIR)
   if not os.path.isdir(directory):
     raise DataError(

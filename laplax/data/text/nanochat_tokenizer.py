@@ -217,6 +217,11 @@ class NanochatTokenizer:
       "special_tokens": list(SPECIAL_TOKENS),
       "tokens": [base64.b64encode(t).decode("ascii") for t in self._ranked_tokens()],
     }
+    from laplax.workdir import store
+
+    if store.is_remote(path):  # a gs:// workdir: one upload
+      store.write(path, json.dumps(data, indent=0))
+      return
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     atomic_write(path, json.dumps(data, indent=0))
 

@@ -143,6 +143,11 @@ class BPETokenizer:
 
   def save(self, path: str) -> None:
     """Writes the tokenizer to ``path`` (pretty JSON, as ``tokenizers``' own save), atomically."""
+    from laplax.workdir import store
+
+    if store.is_remote(path):  # a gs:// workdir: one upload
+      store.write(path, self._tokenizer.to_str(pretty=True))
+      return
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     atomic_write(path, self._tokenizer.to_str(pretty=True))
 
@@ -315,14 +320,17 @@ def load_tokenizer(data_config: ml_collections.ConfigDict, workdir: str | None) 
   if kind == "byte":
     return ByteTokenizer()
   vocab_size = _bpe_vocab_size(data_config)
+  from laplax.workdir import store
+
   path = tokenizer_path(workdir, kind) if workdir is not None else None
-  if path is None or not os.path.isfile(path):
+  if path is None or not store.isfile(path):
     where = f"in workdir {workdir}" if workdir is not None else "without a workdir"
     raise DataError(
       f"No {'BPE' if kind == 'bpe' else kind} tokenizer "
       f"{os.path.basename(tokenizer_path('.', kind))} {where}; run "
       "laplax.data.text.corpus.prepare(config.data, workdir) (train.py does) first."
     )
+  path = store.local_copy(path)  # gs://: read from a local copy
   if kind == "nanochat":
     tokenizer = NanochatTokenizer.from_path(path)
   elif kind == "wordpiece":
