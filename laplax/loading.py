@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from laplax import optim, sharding, tasks
+from laplax import optim, sharding, store, tasks
 from laplax import state as state_lib
 from laplax.config import validation as config_lib
 from laplax.errors import UserError
@@ -34,7 +34,6 @@ from laplax.evaluators import registry
 from laplax.state import TrainState
 from laplax.train import loop
 from laplax.workdir import checkpoint as ckpt_lib
-from laplax.workdir import store
 from laplax.workdir.files import CHECKPOINT_DIR, CONFIG_FILE, load_saved_config
 
 

@@ -146,7 +146,7 @@ def checkpoint_status(workdir: str) -> str:
   """What ``workdir/checkpoints`` holds, as a phrase for the exit line."""
   directory = os.path.join(workdir, _CHECKPOINTS)
   try:
-    from laplax.workdir import store
+    from laplax import store
 
     names = store.listdir(directory)
   except Exception:  # an unreachable store: the line says nothing of it

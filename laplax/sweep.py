@@ -364,7 +364,7 @@ def _parse_args(argv: Sequence[str]):
       raise SweepError(f"{arg}: the seeds come from --seeds, e.g. --seeds 0,1,2")
   if not args.workdir.strip():
     raise SweepError("--workdir is empty; give the sweep's directory, e.g. --workdir runs/sweep")
-  from laplax.workdir import store
+  from laplax import store
 
   if store.local_only(args.workdir, "--workdir", "python -m laplax.sweep"):
     raise SweepError(store.local_only(args.workdir, "--workdir", "python -m laplax.sweep"))

@@ -79,7 +79,7 @@ def check(args: argparse.Namespace) -> None:
     raise UsageError(f"--port={args.port} must be in [0, 65535]")
   if args.web and args.prompt is not None:
     raise UsageError("-p answers one prompt in the terminal; it cannot be combined with --web")
-  from laplax.workdir import store
+  from laplax import store
 
   store.check_scheme(args.workdir)
   if not store.isdir(args.workdir):  # gs://: a prefix holding the run's objects

@@ -386,7 +386,7 @@ def model_from_init(config: ml_collections.ConfigDict, argv: list[str]) -> None:
   init_from = config.init_from or ""
   if not isinstance(init_from, str) or not init_from:
     return
-  from laplax.workdir import store
+  from laplax import store
   from laplax.workdir.files import load_saved_config
 
   store.check_scheme(init_from, "config.init_from=")

@@ -171,7 +171,7 @@ def _out_path(workdir: str) -> str | None:
     cli.UsageError: ``--out`` a directory, under a file or unwritable; without it, an
       unwritable workdir (unless ``--sample`` only prints).
   """
-  from laplax.workdir import store
+  from laplax import store
   from laplax.workdir.files import existing_ancestor
 
   store.check_scheme(workdir)
@@ -360,7 +360,7 @@ def main(guard: signals.Guard) -> int:
     return _sample(task, state)
   if out:
     os.makedirs(os.path.dirname(out), exist_ok=True)
-  from laplax.workdir import store
+  from laplax import store
 
   remote = store.is_remote(workdir) and out is None
   if analysis is not None:

@@ -60,7 +60,8 @@ def main(guard: signals.Guard) -> int:
   cli.apply_target_flops(config, sys.argv)
   if not _WORKDIR.value:
     raise cli.UsageError("--workdir is required, e.g. --workdir runs/vit")
-  from laplax.workdir import lock, store
+  from laplax import store
+  from laplax.workdir import lock
 
   store.check_scheme(_WORKDIR.value)
   lock.check_single_process(config, _WORKDIR.value, _FORCE_UNLOCK.value)  # in seconds

@@ -217,7 +217,7 @@ def validate(
     f"config.init_from={init_from!r} must be the path of a laplax workdir",
   )
   if init_from:
-    from laplax.workdir import store  # gs:// workdirs too
+    from laplax import store  # gs:// workdirs too
 
     require(
       store.isdir(os.path.join(os.path.expanduser(init_from), "checkpoints")),

@@ -160,7 +160,7 @@ def main(guard: signals.Guard) -> int:
     )
   if not _WORKDIR.value:
     raise cli.UsageError("--workdir is required (the laplax run directory)")
-  from laplax.workdir import store
+  from laplax import store
 
   for flag, value in (("--workdir", _WORKDIR.value), ("--out", _OUT.value or "")):
     why = store.local_only(value, flag, "python -m laplax.convert")

@@ -17,11 +17,10 @@ from typing import Any
 import jax
 import numpy as np
 
-from laplax import utils
+from laplax import store, utils
 from laplax.config import validation as config_lib
 from laplax.data.text import tokenizers
 from laplax.workdir import checkpoint as ckpt_lib
-from laplax.workdir import store
 from laplax.workdir.files import CHECKPOINT_DIR
 
 

@@ -33,7 +33,7 @@ import tqdm
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from laplax import optim, sharding, signals, tasks
+from laplax import optim, sharding, signals, store, tasks
 from laplax.config import validation as config_lib
 from laplax.data.errors import DataError
 from laplax.errors import UserError
@@ -46,7 +46,6 @@ from laplax.train.profiler import Profiler
 from laplax.train.timing import LogInterval
 from laplax.workdir import checkpoint as ckpt_lib
 from laplax.workdir import lock as lock_lib
-from laplax.workdir import store
 from laplax.workdir.files import (
   CHECKPOINT_DIR,
   MetricWriter,

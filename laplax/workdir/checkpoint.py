@@ -13,7 +13,7 @@ raised as one line (:class:`~laplax.workdir.saving.SaveError`).
 In an object store (``gs://``) orbax writes each step in place and marks it
 complete with ``commit_success.txt`` (no rename); a step directory without
 that file is incomplete, and the directory listings here go through
-:mod:`laplax.workdir.store`.
+:mod:`laplax.store`.
 """
 
 from __future__ import annotations
@@ -32,9 +32,10 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 
+from laplax import store
 from laplax.errors import UserError
 from laplax.state import TrainState
-from laplax.workdir import integrity, saving, store
+from laplax.workdir import integrity, saving
 
 # Orbax writes step N into "N.orbax-checkpoint-tmp..." and renames it when complete;
 # in gs:// it writes "N" in place and then "N/commit_success.txt".

@@ -3,7 +3,7 @@
 The layout is docs/workdir.md. A write that fails on an OS error (a full disk)
 raises a one-line :class:`~laplax.workdir.saving.SaveError` naming the file; a
 half-written ``metrics.jsonl`` record is cut off again. Every file goes through
-:mod:`laplax.workdir.store`, so a workdir may be ``gs://BUCKET/PATH``: its
+:mod:`laplax.store`, so a workdir may be ``gs://BUCKET/PATH``: its
 metrics are then one object per record (:mod:`laplax.workdir.remote_metrics`)
 and its TensorBoard events are uploaded at each flush
 (:mod:`laplax.workdir.tb_upload`).
@@ -22,10 +22,10 @@ from collections.abc import Callable
 import jax
 import ml_collections
 
-from laplax import tasks, utils
+from laplax import store, tasks, utils
 from laplax.config import validation as config_lib
 from laplax.tasks import schema
-from laplax.workdir import remote_metrics, saving, store, tb_upload
+from laplax.workdir import remote_metrics, saving, tb_upload
 
 CONFIG_FILE = "config.json"
 METRICS_FILE = "metrics.jsonl"

@@ -14,9 +14,8 @@ import json
 import os
 import zlib
 
-from laplax import utils
+from laplax import store, utils
 from laplax.errors import UserError
-from laplax.workdir import store
 
 MANIFEST = "laplax_checksums.json"
 ALGORITHM = "crc32"

@@ -30,7 +30,7 @@ import os
 import threading
 import time
 
-from laplax.workdir import store
+from laplax import store
 
 DEFAULT_LEASE_S = 120.0
 

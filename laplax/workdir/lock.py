@@ -37,8 +37,9 @@ import time
 import uuid
 from collections.abc import Iterator
 
+from laplax import store
 from laplax.errors import UserError
-from laplax.workdir import lease, saving, store
+from laplax.workdir import lease, saving
 
 LOCK_FILE = "train.lock"
 

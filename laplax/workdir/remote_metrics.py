@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import sys
 
-from laplax.workdir import store
+from laplax import store
 
 PREFIX = "metrics"
 

@@ -112,7 +112,7 @@ def tree_size(path: str) -> int:
   allocated blocks (``st_blocks * 512``), since a checkpoint of many small
   files takes more space than its files' lengths add up to; gs://: the
   objects' sizes)."""
-  from laplax.workdir import store
+  from laplax import store
 
   if store.is_remote(path):
     return sum(store.files_under(path).values())

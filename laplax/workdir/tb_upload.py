@@ -1,7 +1,7 @@
 """TensorBoard events of an object-store workdir: written locally, uploaded at each flush.
 
 tensorboardX writes ``gs://`` only through google-cloud-storage's own client
-(outside the workdir's one path layer, :mod:`laplax.workdir.store`) and
+(outside the workdir's one path layer, :mod:`laplax.store`) and
 appends by re-uploading anyway. So a ``gs://`` workdir's events are written by
 tensorboardX into a local staging folder (``tempfile``) and every file whose
 size changed is uploaded whole to ``WORKDIR/tensorboard/`` after each flush:
@@ -17,7 +17,7 @@ import os
 import shutil
 import tempfile
 
-from laplax.workdir import store
+from laplax import store
 
 
 class Uploader:

@@ -22,7 +22,8 @@ if not all(importlib.util.find_spec(m) for m in ("gcsfs", "gcp_storage_emulator"
     "needs gcsfs and gcp-storage-emulator (requirements-test.txt)", allow_module_level=True
   )
 
-from laplax.workdir import files, lease, store  # noqa: E402
+from laplax import store  # noqa: E402
+from laplax.workdir import files, lease  # noqa: E402
 from laplax.workdir import lock as lock_lib  # noqa: E402
 
 from helpers.gcs import gcs_fixture  # noqa: E402, F401  (the fixture gcs)

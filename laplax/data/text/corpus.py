@@ -309,7 +309,7 @@ def prepare(
     return read[split]
 
   trained = kind != "byte"  # BPE or nanochat: trained once, kept in the workdir
-  from laplax.workdir import store
+  from laplax import store
 
   saved = trained and workdir is not None and store.isfile(tokenizer_path(workdir, kind))
   if saved:

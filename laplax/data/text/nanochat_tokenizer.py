@@ -217,7 +217,7 @@ class NanochatTokenizer:
       "special_tokens": list(SPECIAL_TOKENS),
       "tokens": [base64.b64encode(t).decode("ascii") for t in self._ranked_tokens()],
     }
-    from laplax.workdir import store
+    from laplax import store
 
     if store.is_remote(path):  # a gs:// workdir: one upload
       store.write(path, json.dumps(data, indent=0))

@@ -143,7 +143,7 @@ class BPETokenizer:
 
   def save(self, path: str) -> None:
     """Writes the tokenizer to ``path`` (pretty JSON, as ``tokenizers``' own save), atomically."""
-    from laplax.workdir import store
+    from laplax import store
 
     if store.is_remote(path):  # a gs:// workdir: one upload
       store.write(path, self._tokenizer.to_str(pretty=True))
@@ -320,7 +320,7 @@ def load_tokenizer(data_config: ml_collections.ConfigDict, workdir: str | None) 
   if kind == "byte":
     return ByteTokenizer()
   vocab_size = _bpe_vocab_size(data_config)
-  from laplax.workdir import store
+  from laplax import store
 
   path = tokenizer_path(workdir, kind) if workdir is not None else None
   if path is None or not store.isfile(path):
