@@ -829,3 +829,118 @@ def test_page_in_chromium_streams_stops_and_holds_three_turns(engine, monkeypatc
         driver.save_screenshot(os.environ["LAPLAX_CHAT_SCREENSHOT"])
     finally:
       driver.quit()
+
+
+ATTACK = """<!doctype html>
+<html><body><iframe name="sink"></iframe><script>
+window.results = {};
+const target = "TARGET/chat/completions";
+const body = JSON.stringify({messages: [{role: "user", content: "Which is hot?"}], temperature: 0});
+async function attack() {
+  try {  // a simple request: no preflight, the answer unreadable but decoded
+    await fetch(target, {method: "POST", mode: "no-cors", headers: {"Content-Type": "text/plain"}, body});
+    results.simple = "sent";
+  } catch (e) { results.simple = "failed"; }
+  try {  // a JSON request: preflighted
+    const r = await fetch(target, {method: "POST", headers: {"Content-Type": "application/json"}, body});
+    results.json = r.status;
+  } catch (e) { results.json = "blocked"; }
+  await new Promise((resolve) => {  // a form whose text/plain body is the JSON
+    const form = document.createElement("form");
+    form.method = "POST"; form.action = target; form.enctype = "text/plain"; form.target = "sink";
+    const field = document.createElement("input");
+    field.name = body.slice(0, -1) + ', "x": "'; field.value = '"}';
+    form.appendChild(field); document.body.appendChild(form);
+    document.querySelector("iframe").onload = resolve;
+    form.submit();
+  });
+  results.form = "sent";
+  results.done = true;
+}
+attack();
+</script></body></html>
+"""
+
+
+def chrome(*flags):
+  """Headless Chromium (selenium)."""
+  webdriver = pytest.importorskip("selenium.webdriver")
+  options = webdriver.ChromeOptions()
+  for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", *flags):
+    options.add_argument(flag)
+  options.binary_location = chromium()[0]
+  service = webdriver.ChromeService(executable_path=chromium()[1])
+  return webdriver.Chrome(options=options, service=service)
+
+
+class PageServer:
+  """Another loopback origin (127.0.0.1, another port) serving one page."""
+
+  def __init__(self, html):
+    import http.server
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+      def do_GET(self):
+        data = html.encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/html; charset=utf-8")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+      def log_message(self, *args):
+        pass
+
+    self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/"
+    self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+  def __enter__(self):
+    self.thread.start()
+    return self
+
+  def __exit__(self, *exc):
+    self.httpd.shutdown()
+    self.httpd.server_close()
+
+
+@pytest.mark.skipif(
+  chromium() is None,
+  reason="Debian chromium and chromium-driver are not installed (scripts/install.sh --test)",
+)
+@pytest.mark.slow
+def test_a_page_of_another_origin_or_a_rebound_name_cannot_make_it_decode(engine):
+  from selenium.webdriver.common.by import By
+  from selenium.webdriver.support.ui import WebDriverWait
+
+  with Server(engine, max_tokens=8) as server, httpx.Client(base_url=server.url) as client:
+    attacker = PageServer(ATTACK.replace("TARGET", server.url))
+    rebound = f"http://evil.example:{server.port}/"  # a name an attacker points at 127.0.0.1
+    driver = chrome("--host-resolver-rules=MAP evil.example 127.0.0.1")
+    try:
+      wait = WebDriverWait(driver, 60, poll_frequency=0.05)
+      with attacker:
+        driver.get(attacker.url)
+        wait.until(lambda d: d.execute_script("return window.results.done === true"))
+        results = driver.execute_script("return window.results")
+      assert results["json"] == "blocked", results  # the preflight is refused
+      assert client.get("/health").json()["served"] == 0  # nothing was decoded
+      driver.get(rebound)
+      assert "is not this server" in driver.find_element(By.TAG_NAME, "body").text
+      assert client.get("/health").json()["served"] == 0
+      # The server's own page still works.
+      driver.get(server.url)
+      driver.find_element(By.ID, "input").send_keys(QUESTIONS[0] + "\n")
+      answers = lambda: driver.find_elements(By.CSS_SELECTOR, ".message.assistant")
+      wait.until(
+        lambda d: len(answers()) == 1 and answers()[0].get_attribute("data-state") == "done"
+      )
+      expected = greedy_answer(
+        engine, engine.prompt([{"role": "user", "content": QUESTIONS[0]}]), 8
+      )
+      assert driver.execute_script("return arguments[0].textContent", answers()[0]) == shown(
+        engine, expected
+      )
+      assert client.get("/health").json()["served"] == 1
+    finally:
+      driver.quit()
