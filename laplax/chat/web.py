@@ -174,6 +174,7 @@ class _Stopping:
         waiter.set_result(None)
 
   async def wait(self) -> None:
+    """Returns once :meth:`set` was called."""
     if self.is_set:
       return
     waiter = asyncio.get_running_loop().create_future()
@@ -402,10 +403,12 @@ class ChatServer(uvicorn.Server):
     self.stopping, self.signals = app.state.stopping, []
 
   async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+    """Ends every answer (the app's ``stopping``), then uvicorn's shutdown."""
     self.stopping.set()
     await super().shutdown(sockets)
 
   def handle_exit(self, sig: int, frame: Any) -> None:
+    """uvicorn's signal handler; the signal is kept in ``signals``."""
     self.signals.append(sig)
     super().handle_exit(sig, frame)
 
