@@ -27,7 +27,7 @@ import ipaddress
 import secrets
 from urllib.parse import parse_qs
 
-from starlette.responses import JSONResponse
+from fastapi.responses import JSONResponse
 
 COOKIE = "laplax_chat_token"
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "[::1]")
