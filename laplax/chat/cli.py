@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import urllib.parse
 
 from laplax import utils
 from laplax.errors import UserError
@@ -58,7 +59,45 @@ def parser() -> argparse.ArgumentParser:
   p.add_argument("--web", action="store_true", help="Serve the chat page and its API.")
   p.add_argument("--host", default="127.0.0.1", help="--web: address to bind (127.0.0.1).")
   p.add_argument("--port", type=int, default=8000, help="--web: port (default 8000).")
+  p.add_argument(
+    "--allow_host",
+    action="append",
+    default=[],
+    metavar="NAME",
+    help="--web: a name the server also answers to in Host (repeatable; it always answers "
+    "to localhost, 127.0.0.1, [::1] and the address it serves).",
+  )
+  p.add_argument(
+    "--allow_origin",
+    action="append",
+    default=[],
+    metavar="ORIGIN",
+    help="--web: a page origin (http://host:port) that may also use the API (repeatable; "
+    "default: the server's own page only).",
+  )
+  p.add_argument(
+    "--token",
+    default=None,
+    help="--web: the token every request must carry (default: none on a loopback --host, "
+    "a new one, printed at start, on any other).",
+  )
   return p
+
+
+def _check_web(args: argparse.Namespace) -> None:
+  for name in args.allow_host:
+    if not name or any(c in name for c in "/:@ ") and not name.startswith("["):
+      raise UsageError(f"--allow_host={name!r} must be a host name, without scheme or port")
+  for origin in args.allow_origin:
+    parts = urllib.parse.urlsplit(origin)
+    if parts.scheme not in ("http", "https") or not parts.netloc or parts.path not in ("", "/"):
+      raise UsageError(
+        f"--allow_origin={origin!r} must be an origin: http(s)://host[:port], no path"
+      )
+  if args.token is not None and (
+    not args.token or not args.token.isprintable() or " " in args.token
+  ):
+    raise UsageError("--token must be a non-empty word (printable, no spaces)")
 
 
 def check(args: argparse.Namespace) -> None:
@@ -77,6 +116,7 @@ def check(args: argparse.Namespace) -> None:
     raise UsageError(f"--seed={args.seed} must be in [0, {MAX_SEED}]")
   if not 0 <= args.port <= 65535:
     raise UsageError(f"--port={args.port} must be in [0, 65535]")
+  _check_web(args)
   if args.web and args.prompt is not None:
     raise UsageError("-p answers one prompt in the terminal; it cannot be combined with --web")
   from laplax import store
@@ -187,7 +227,12 @@ def main(argv: list[str] | None = None) -> int:
     raise
   print(engine.mode_line, file=sys.stderr, flush=True)
   if sock is not None:
-    web.serve(engine, defaults=args, sock=sock)
+    access = web.Access(
+      hosts=tuple(h.lower() for h in args.allow_host),
+      origins=tuple(args.allow_origin),
+      token=args.token,
+    )
+    web.serve(engine, defaults=args, sock=sock, access=access)
     return 0
   if args.prompt is not None:
     if engine.chat:

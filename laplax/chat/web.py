@@ -6,7 +6,11 @@ nanochat's request ``{"messages": [{"role": "user" | "assistant", "content":
 str}, ...], "temperature": float?, "top_k": int?, "max_tokens": int?}`` (and
 ``"seed": int?``) and answers with server-sent events, one ``data: {"token":
 TEXT}`` per decoded piece of text and ``data: {"done": true}`` at the end (``data: {"error": LINE}``
-if decoding fails). ``GET /health`` says the mode and the queue.
+if decoding fails, ``data: {"stopped": LINE}`` if the server shuts down). ``GET /health`` says
+the mode and the queue. Every request passes :class:`laplax.chat.guard.Guard` first (its
+``Host``, the page's ``Origin``, a token when set: a 403 otherwise); a post must be
+``Content-Type: application/json`` (a 415 otherwise), its body parsed within bounds
+(:mod:`laplax.chat.body`).
 
 Bounds (:class:`Limits`): the request body, the number and length of the
 messages, the tokens of an answer (and the model's context), the number of
@@ -20,21 +24,27 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import dataclasses
 import errno
 import json
 import random
+import signal
 import socket
 import sys
+import threading
 from typing import Any, Literal
 
 import uvicorn
 from fastapi import FastAPI, Request
-from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
+from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, ValidationError
+from starlette.requests import ClientDisconnect
 
 from laplax import utils
+from laplax.chat import body as body_lib
 from laplax.chat.engine import ChatEngine, ChatError
+from laplax.chat.guard import Access, Guard, is_loopback, new_token
 from laplax.errors import UserError
 
 
@@ -83,8 +93,38 @@ def _error(status: int, message: str) -> JSONResponse:
 
 def _validation_line(e: ValidationError) -> str:
   err = e.errors()[0]
-  where = ".".join(str(x) for x in err.get("loc", ())) or "body"
-  return f"{where}: {err.get('msg', 'invalid')}"
+  where = ".".join(str(x)[:40] for x in err.get("loc", ())) or "body"  # keys come from the input
+  return f"{where[:120]}: {err.get('msg', 'invalid')}"
+
+
+def _declared_size(request: Request) -> int:
+  """The body's ``Content-Length`` (0 when absent; -1 when it is not a small number)."""
+  value = request.headers.get("content-length") or "0"
+  return int(value) if value.isdigit() and len(value) <= 15 else -1
+
+
+def _is_json(request: Request) -> bool:
+  media = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+  return media == "application/json"
+
+
+async def _read_body(request: Request, limit: int) -> bytes | JSONResponse | None:
+  """The body (at most ``limit`` bytes), a 4xx response, or ``None`` when the
+  client left before sending all of it (nothing to answer, nothing logged)."""
+  size = _declared_size(request)
+  if size < 0:
+    return _error(400, "the Content-Length header is not a number of bytes")
+  if size > limit:
+    return _error(413, f"the body is {size} bytes; at most {limit}")
+  raw = bytearray()
+  try:
+    async for chunk in request.stream():
+      raw += chunk
+      if len(raw) > limit:
+        return _error(413, f"the body is over {limit} bytes")
+  except ClientDisconnect:
+    return None
+  return bytes(raw)
 
 
 def check_request(body: ChatRequest, limits: Limits) -> str | None:
@@ -116,21 +156,84 @@ def check_request(body: ChatRequest, limits: Limits) -> str | None:
   return None
 
 
-def make_app(engine: ChatEngine, limits: Limits = Limits(), defaults: Any = None) -> FastAPI:
-  """The FastAPI app serving ``engine`` (see the module docstring).
+STOPPED = "the server is shutting down"  # the final event of an answer cut by Ctrl-C
+
+
+class _Stopping:
+  """Set once, when the server shuts down; awaitable from any event loop
+  (an ``asyncio.Event`` belongs to the first loop that waits on it)."""
+
+  def __init__(self):
+    self.is_set, self._waiters = False, set()
+
+  def set(self) -> None:
+    """Wakes every waiter; call it on the serving loop."""
+    self.is_set = True
+    for waiter in self._waiters:
+      if not waiter.done():
+        waiter.set_result(None)
+
+  async def wait(self) -> None:
+    """Returns once :meth:`set` was called."""
+    if self.is_set:
+      return
+    waiter = asyncio.get_running_loop().create_future()
+    self._waiters.add(waiter)
+    try:
+      await waiter
+    finally:
+      self._waiters.discard(waiter)
+
+
+async def _before_stop(future: asyncio.Future, stopping: _Stopping) -> bool:
+  """Waits for ``future`` or ``stopping``; whether ``future`` is done."""
+  if not future.done() and not stopping.is_set:
+    stop = asyncio.ensure_future(stopping.wait())
+    try:
+      await asyncio.wait({future, stop}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+      stop.cancel()
+  return future.done()
+
+
+async def _acquire(lock: asyncio.Lock, stopping: _Stopping) -> bool:
+  """Takes ``lock`` unless the server stops first; whether it was taken."""
+  task = asyncio.ensure_future(lock.acquire())
+  taken = False
+  try:
+    taken = await _before_stop(task, stopping)
+    return taken
+  finally:
+    if not task.done():
+      task.cancel()
+    elif not taken and not task.cancelled():
+      lock.release()
+
+
+def make_app(
+  engine: ChatEngine, limits: Limits = Limits(), defaults: Any = None, access: Access = Access()
+) -> FastAPI:
+  """The FastAPI app serving ``engine`` (see the module docstring), behind
+  :class:`laplax.chat.guard.Guard` with ``access`` (default: loopback names
+  and the page's own origin, no token).
 
   ``defaults`` has ``temperature``, ``top_k``, ``max_tokens`` and
   ``no_calculator`` (the command line's; default 0.6, 50, 256, False).
+  ``app.state.stopping.set()`` (:class:`ChatServer` does it when it shuts
+  down) ends every answer at once with ``data: {"stopped": LINE}``.
   """
   temperature = getattr(defaults, "temperature", 0.6)
   top_k = getattr(defaults, "top_k", 50)
   max_tokens = min(getattr(defaults, "max_tokens", 256), limits.max_tokens)
   calculator = not getattr(defaults, "no_calculator", False)
   app = FastAPI(title="laplax chat", docs_url=None, redoc_url=None, openapi_url=None)
+  app.add_middleware(Guard, access=access)
   lock = asyncio.Lock()
   worker = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="laplax-chat")
   queue = {"waiting": 0, "served": 0}
+  stopping = _Stopping()
   app.state.engine, app.state.queue, app.state.worker = engine, queue, worker
+  app.state.stopping = stopping
 
   @app.get("/", response_class=HTMLResponse)
   async def page() -> HTMLResponse:
@@ -149,18 +252,15 @@ def make_app(engine: ChatEngine, limits: Limits = Limits(), defaults: Any = None
 
   @app.post("/chat/completions")
   async def completions(request: Request):
-    size = int(request.headers.get("content-length") or 0)
-    if size > limits.max_body_bytes:
-      return _error(413, f"the body is {size} bytes; at most {limits.max_body_bytes}")
-    raw = bytearray()
-    async for chunk in request.stream():
-      raw += chunk
-      if len(raw) > limits.max_body_bytes:
-        return _error(413, f"the body is over {limits.max_body_bytes} bytes")
+    if not _is_json(request):
+      return _error(415, "the body must be JSON, sent as Content-Type: application/json")
+    raw = await _read_body(request, limits.max_body_bytes)
+    if raw is None or isinstance(raw, JSONResponse):
+      return raw or Response(status_code=400)  # a client gone mid-body reads no answer
     try:
-      body = ChatRequest.model_validate(json.loads(raw))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-      return _error(400, f"the body is not JSON: {utils.first_line(e)}")
+      body = ChatRequest.model_validate(body_lib.parse(raw))
+    except body_lib.BodyError as e:
+      return _error(400, str(e))
     except ValidationError as e:
       return _error(422, _validation_line(e))
     problem = check_request(body, limits)
@@ -195,21 +295,36 @@ def make_app(engine: ChatEngine, limits: Limits = Limits(), defaults: Any = None
         ticket["closed"] = True
         worker.submit(pieces.close)  # after the token in flight, on the decoding thread
 
+    async def next_event() -> tuple[dict, bool]:
+      """The next event and whether it is the last. A shutdown ends the
+      answer at once (the step in flight finishes on the worker, which
+      :func:`serve` waits for)."""
+      if stopping.is_set:
+        return {"stopped": STOPPED}, True
+      step = loop.run_in_executor(worker, next, pieces, None)
+      step.add_done_callback(lambda f: f.cancelled() or f.exception())  # read, even if left
+      if not await _before_stop(step, stopping):
+        return {"stopped": STOPPED}, True
+      piece = step.result()
+      return ({"done": True}, True) if piece is None else ({"token": piece}, False)
+
     async def events():
       try:
-        async with lock:
+        if not await _acquire(lock, stopping):
+          yield _event({"stopped": STOPPED})
+          return
+        try:
           if ticket["waiting"]:
             ticket["waiting"] = False
             queue["waiting"] -= 1
-          while True:
-            if await request.is_disconnected():
+          while not await request.is_disconnected():
+            event, last = await next_event()
+            yield _event(event)
+            if last:
               break
-            piece = await loop.run_in_executor(worker, next, pieces, None)
-            if piece is None:
-              yield _event({"done": True})
-              break
-            yield _event({"token": piece})
           queue["served"] += 1
+        finally:
+          lock.release()
       except Exception as e:  # decoding failed: one line to the client, the server goes on
         yield _event({"error": utils.first_line(e)})
       finally:
@@ -271,6 +386,48 @@ def bind(host: str = "127.0.0.1", port: int = 8000) -> socket.socket:
   return sock
 
 
+GRACE_S = 2.0  # uvicorn's graceful shutdown: time to send every stream's final event
+
+
+class ChatServer(uvicorn.Server):
+  """uvicorn's server for a :func:`make_app` app. Its shutdown first sets the
+  app's ``stopping`` (every answer ends at once with its final event), then
+  does uvicorn's (the connections close within ``grace_s``). The SIGINT or
+  SIGTERM that stopped it is kept in ``signals``, not raised again inside
+  the event loop as uvicorn does (:func:`serve` raises it after the loop).
+  """
+
+  def __init__(self, app: FastAPI, grace_s: float = GRACE_S):
+    config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=grace_s)
+    super().__init__(config)
+    self.stopping, self.signals = app.state.stopping, []
+
+  async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+    """Ends every answer (the app's ``stopping``), then uvicorn's shutdown."""
+    self.stopping.set()
+    await super().shutdown(sockets)
+
+  def handle_exit(self, sig: int, frame: Any) -> None:
+    """uvicorn's signal handler; the signal is kept in ``signals``."""
+    self.signals.append(sig)
+    super().handle_exit(sig, frame)
+
+  @contextlib.contextmanager
+  def capture_signals(self):
+    """uvicorn's, without raising the signals again at the end."""
+    if threading.current_thread() is not threading.main_thread():
+      yield
+      return
+    original = {
+      sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)
+    }
+    try:
+      yield
+    finally:
+      for sig, handler in original.items():
+        signal.signal(sig, handler)
+
+
 def serve(
   engine: ChatEngine,
   host: str = "127.0.0.1",
@@ -278,24 +435,32 @@ def serve(
   defaults: Any = None,
   limits: Limits = Limits(),
   sock: socket.socket | None = None,
+  access: Access = Access(),
 ) -> None:
   """Serves :func:`make_app` with uvicorn on ``sock`` (default
-  ``bind(host, port)``) until Ctrl-C (or SIGTERM), which stops it cleanly
-  (answers in flight end, the port is released; uvicorn then raises the
-  signal again: Ctrl-C reaches the caller as KeyboardInterrupt).
+  ``bind(host, port)``) until Ctrl-C (or SIGTERM), which stops it cleanly:
+  every answer in flight ends at once with ``data: {"stopped": LINE}``, the
+  decoding step in flight finishes, the port is released, and Ctrl-C then
+  reaches the caller as KeyboardInterrupt (SIGTERM is raised again).
+
+  ``access`` (:class:`laplax.chat.guard.Access`) says who may use it; a bind
+  to an address that is not loopback without a token gets a new one. The
+  URL printed at start carries it (``?token=``).
 
   Raises:
     ServeError: the address cannot be bound.
   """
   sock = sock or bind(host, port)
   host = sock.getsockname()[0]
-  app = make_app(engine, limits, defaults)
-  config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2)
-  server = uvicorn.Server(config)
+  if access.token is None and not is_loopback(host):
+    access = dataclasses.replace(access, token=new_token())
+  app = make_app(engine, limits, defaults, access)
+  server = ChatServer(app)
   bound = sock.getsockname()[1]
   shown = f"[{host}]" if ":" in host else host
+  query = f"/?token={access.token}" if access.token else ""
   print(
-    f"laplax-chat: open http://{shown}:{bound} (API: POST /chat/completions); Ctrl-C stops",
+    f"laplax-chat: open http://{shown}:{bound}{query} (API: POST /chat/completions); Ctrl-C stops",
     file=sys.stderr,
     flush=True,
   )
@@ -304,6 +469,10 @@ def serve(
   finally:
     app.state.worker.shutdown(wait=True, cancel_futures=True)
     sock.close()
+  if signal.SIGINT in server.signals:
+    raise KeyboardInterrupt
+  for sig in server.signals:
+    signal.raise_signal(sig)
 
 
 PAGE = """<!doctype html>
@@ -373,7 +542,7 @@ async function ask(text) {
       throw new Error(body.error || response.statusText);
     }
     const reader = response.body.getReader(), decoder = new TextDecoder();
-    let buffer = "";
+    let buffer = "", stopped = null;
     for (;;) {
       const {done, value} = await reader.read();
       if (done) break;
@@ -385,9 +554,11 @@ async function ask(text) {
         const event = JSON.parse(line.slice(6));
         if (event.token) { answer += event.token; out.textContent = answer; }
         if (event.error) throw new Error(event.error);
+        if (event.stopped) stopped = event.stopped;
       }
     }
-    out.dataset.state = "done";
+    out.dataset.state = stopped ? "stopped" : "done";
+    if (stopped) out.textContent = answer + "\\n[" + stopped + "]";
   } catch (e) {
     if (e.name === "AbortError") { out.dataset.state = "stopped"; }
     else { out.dataset.state = "error"; out.classList.add("error"); out.textContent = answer + "\\n[" + e.message + "]"; }

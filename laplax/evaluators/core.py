@@ -24,7 +24,11 @@ Per task: the examples shuffled with ``random.Random(1337)``, the first
 Multiple choice and schema pick the lowest mean cross-entropy over the scored
 tokens. A task's accuracy ``a`` is centred by its random baseline ``b`` (%):
 ``(a - b/100) / (1 - b/100)``; CORE is the mean of the centred accuracies.
-Sequences longer than the model's context keep their last tokens (as nanochat).
+Sequences longer than the model's context keep their last tokens (as nanochat);
+the scored tokens (a choice, a continuation) must fit with at least one token
+of prompt before them: nanochat asserts it, here an example that does not is
+a :class:`DataError` naming the task and the example, found before the model
+runs (``eval.py`` prints it as one line and exits 2).
 
 The model enters through ``forward(ids) -> (losses, predictions)``, nanochat's
 ``forward_model``: for int ``[rows, width]`` ids (rows right-padded with BOS),
@@ -127,9 +131,45 @@ def forward_from_logits(logits_fn: Callable) -> Callable:
   return forward
 
 
+def unfit(tokens: Sequence[Sequence[int]], starts: Sequence[int], max_length: int) -> int:
+  """The most scored tokens of one example's prompts (``tokens[i][starts[i]:]``)
+  when some prompt's do not fit ``max_length`` after at least one token that
+  predicts the first of them; 0 when every prompt's do (nanochat's
+  ``evaluate_example`` asserts the same of its cropped start)."""
+  worst = max(len(t) - s for t, s in zip(tokens, starts))
+  return worst if worst > max_length - 1 else 0
+
+
+def check_fits(label: str, examples: Sequence, max_length: int) -> None:
+  """Every example of :func:`task_examples` fits the model's context (:func:`unfit`).
+
+  Raises:
+    DataError: the first that does not, naming the task and the example.
+  """
+  for idx, (tokens, starts, _, _) in enumerate(examples):
+    n = unfit(tokens, starts, max_length)
+    if n:
+      raise DataError(
+        f"CORE task {label!r}, example {idx} of the shuffle: its scored tokens ({n}) do not "
+        f"fit the model's context of {max_length} tokens after one token of prompt (nanochat "
+        "asserts this too); score a model with a longer context, or leave the task out of "
+        "core.yaml"
+      )
+
+
 def score_example(kind, tokens, starts, ends, gold, forward, bos, max_length=None) -> bool:
-  """Whether the model gets one example right (``forward``: see the module)."""
+  """Whether the model gets one example right (``forward``: see the module);
+  a prompt longer than ``max_length`` keeps its last tokens.
+
+  Raises:
+    DataError: the scored tokens do not fit ``max_length`` (:func:`unfit`).
+  """
   if max_length is not None:
+    if unfit(tokens, starts, max_length):
+      raise DataError(
+        f"a CORE example's scored tokens ({unfit(tokens, starts, max_length)}) do not fit the "
+        f"model's context of {max_length} tokens after one token of prompt"
+      )
     crop = [max(0, len(t) - max_length) for t in tokens]
     tokens = [t[c:] for t, c in zip(tokens, crop)]
     starts = [s - c for s, c in zip(starts, crop)]
@@ -355,6 +395,9 @@ def core_metric(tasks, forward, encode, bos, max_per_task=-1, max_length=None) -
   (``forward``: see the module; :func:`forward_from_logits`). Every task is
   tokenised (and checked) before the model runs."""
   examples = [task_examples(t, encode, bos, max_per_task) for t in tasks]
+  if max_length is not None:
+    for t, ex in zip(tasks, examples):
+      check_fits(t["label"], ex, max_length)
   results, cent = {}, {}
   for t, ex in zip(tasks, examples):
     acc = examples_accuracy(t["kind"], ex, forward, bos, max_length)
@@ -483,7 +526,8 @@ class Core(Evaluator):
     """Reads the bundle and tokenises every task's prompts.
 
     Raises:
-      DataError: see :func:`read_bundle` and :func:`task_examples`.
+      DataError: see :func:`read_bundle`, :func:`task_examples` and
+        :func:`check_fits` (an example that does not fit the model's context).
     """
     e, tok = self.settings, self.task.tokenizer
     self.bos = bos_token(tok)
@@ -492,6 +536,8 @@ class Core(Evaluator):
     self.examples = [
       task_examples(t, encode, self.bos, e["core_max_per_task"]) for t in self.bundle
     ]
+    for t, examples in zip(self.bundle, self.examples):
+      check_fits(t["label"], examples, self.task.model.spec.max_length)
 
   def run(self, state: Any, ctx: Context) -> dict:
     every = self.settings["core_every"]

@@ -61,19 +61,45 @@ def read_choices(path: str) -> list[dict]:
   return items
 
 
+def _check_fits(encoded: list, max_length: int) -> None:
+  """Every choice can be scored: a question of at least one token (the first
+  choice token's condition), a choice of fewer tokens than the context."""
+  for n, (context, choices) in enumerate(encoded, 1):
+    if context.size == 0:
+      raise ChoicesError(
+        f"question {n} is empty: a choice's first token needs a question to follow; "
+        "give the question's text"
+      )
+    for k, choice in enumerate(choices):
+      if choice.size >= max_length:
+        raise ChoicesError(
+          f"question {n}, choice {k}: {choice.size} tokens, but the model's context is "
+          f"{max_length} (a choice may have at most {max_length - 1}); shorten it"
+        )
+
+
 def score_choices(model: Any, params: Any, tokenizer: Any, items: list[dict]) -> dict:
-  """Multiple-choice accuracy by summed log-likelihood.
+  """Multiple-choice accuracy by summed log-likelihood (a question longer
+  than the context keeps its last tokens).
 
   Returns:
     ``{"choices_accuracy": float, "num_questions": int, "predictions": [int]}``.
+
+  Raises:
+    ChoicesError: an empty question, or a choice that does not fit the
+      model's context after one token of question; before anything is scored.
   """
+  encoded = [
+    (
+      np.asarray(tokenizer.encode(item["question"])),
+      [np.asarray(tokenizer.encode(" " + c)) for c in item["choices"]],
+    )
+    for item in items
+  ]
+  _check_fits(encoded, model.spec.max_length)
   predictions = []
-  for item in items:
-    context = tokenizer.encode(item["question"])
-    scores = [
-      sampling.continuation_logprob(model, params, context, tokenizer.encode(" " + c))
-      for c in item["choices"]
-    ]
+  for context, choices in encoded:
+    scores = [sampling.continuation_logprob(model, params, context, c) for c in choices]
     predictions.append(int(np.argmax(scores)))
   correct = sum(p == item["answer"] for p, item in zip(predictions, items))
   return {

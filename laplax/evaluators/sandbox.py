@@ -223,12 +223,45 @@ def _setup(bwrap_name: str, unshare_name: str) -> _Setup:
   trial = _run([("program", {"program.py": "pass\n"})], 30.0, MEMORY_MB, setup)
   if not trial.passed:
     raise SandboxUnavailable(
-      f"{bwrap} cannot make a sandbox here ({trial.status}); "
-      f"enable user namespaces (sysctl "
-      f"kernel.unprivileged_userns_clone=1 or "
-      f"user.max_user_namespaces>0), or pass --unsafe_no_sandbox"
+      f"{bwrap} cannot make a sandbox here: {_why_not(bwrap) or trial.status}; "
+      "or pass --unsafe_no_sandbox"
     )
   return setup
+
+
+def _probe(command: list) -> str:
+  """The first line bubblewrap's ``command`` writes on standard error when it
+  fails, ``""`` when it runs."""
+  try:
+    done = subprocess.run(command, capture_output=True, text=True, timeout=30, check=False)
+  except (OSError, subprocess.TimeoutExpired) as e:
+    return (str(e).splitlines() or [type(e).__name__])[0]
+  if done.returncode == 0:
+    return ""
+  return (done.stderr.strip().splitlines() or [f"exit code {done.returncode}"])[0]
+
+
+def _why_not(bwrap: str) -> str:
+  """Why no sandbox can be made, probed one step at a time: new namespaces
+  (``bwrap --unshare-all``), then a new ``/proc`` in them (``--proc /proc``,
+  which the kernel refuses where this machine's ``/proc`` has masked paths,
+  as containers have); ``""`` when both work (the cause is elsewhere)."""
+  base = [bwrap, "--unshare-user", "--unshare-all", "--die-with-parent", "--ro-bind", "/", "/"]
+  failed = _probe([*base, "true"])
+  if failed:
+    return (
+      f"it cannot create namespaces ({failed}); enable user namespaces (sysctl "
+      "kernel.unprivileged_userns_clone=1 or user.max_user_namespaces>0)"
+    )
+  failed = _probe([*base, "--proc", "/proc", "true"])
+  if failed:
+    return (
+      f"it can create namespaces but cannot mount /proc in them ({failed}): this "
+      "machine's /proc has masked paths (a container's); run where /proc is fully "
+      "visible (docker: --security-opt systempaths=unconfined; podman: --security-opt "
+      "unmask=ALL)"
+    )
+  return ""
 
 
 def _interpreter(root: bool) -> tuple[str, str]:

@@ -119,14 +119,25 @@ def test_engine_modes_and_three_turns_equal_greedy_decoding(workdirs, engine):
 # The terminal, through a pseudo-terminal.
 
 
+HOLD = "import sys; sys.path.insert(0, {tests!r}); from helpers import chat_hold; chat_hold.main()"
+
+
+def laplax_chat(held=False):
+  """The command that runs ``laplax-chat``; ``held``: its answers to
+  "(hold)" never end by themselves (helpers/chat_hold.py)."""
+  if not held:
+    return [sys.executable, "-m", "laplax.chat"]
+  return [sys.executable, "-c", HOLD.format(tests=os.path.join(ROOT, "tests"))]
+
+
 class Terminal:
   """``python -m laplax.chat ARGS`` on a pseudo-terminal: what it prints, keys typed."""
 
-  def __init__(self, *args):
+  def __init__(self, *args, held=False):
     master, slave = pty.openpty()
     env = dict(os.environ, PYTHONUNBUFFERED="1", JAX_PLATFORMS="cpu")
     self.proc = subprocess.Popen(
-      [sys.executable, "-m", "laplax.chat", *args],
+      laplax_chat(held) + list(args),
       stdin=slave,
       stdout=slave,
       stderr=slave,
@@ -193,18 +204,20 @@ def test_terminal_three_turns_clear_and_ctrl_c(workdirs, engine):
   term.type("/quit\n")
   assert term.close() == 0
 
-  # Ctrl-C stops an answer (of up to 240 tokens), not the program.
-  long = engine.start() + engine.user_turn(QUESTIONS[1])
-  assert len(greedy_answer(engine, long, 240)) > 200  # far longer than a key press takes
-  term = Terminal("--workdir", str(workdirs[1]), "--temperature", "0", "--max_tokens", "240")
+  # Ctrl-C stops an answer, not the program. An answer to "(hold)" never ends
+  # by itself (helpers/chat_hold.py), so the key always lands in it.
+  term = Terminal(
+    "--workdir", str(workdirs[1]), "--temperature", "0", "--max_tokens", "24", held=True
+  )
   term.expect(r"User: ")
-  term.type(QUESTIONS[1] + "\n")
+  term.type(QUESTIONS[1] + " (hold)\n")
   term.expect(r"Assistant: ")
+  term.expect(r"\S")  # its first piece is out
   term.type("\x03")
   assert "[stopped]" in term.expect(r"\nUser: ")
-  term.type(QUESTIONS[0] + "\n")  # it still answers
+  term.type(QUESTIONS[0] + "\n")  # it still answers, the real answer
   term.expect(r"Assistant: ")
-  term.expect(r"\nUser: ")
+  term.expect(r"\nUser: ")  # a complete answer, then the prompt
   term.type("\x04")  # Ctrl-D ends it
   assert term.close() == 0
 
@@ -250,6 +263,9 @@ def test_one_prompt_and_plain_completion_equal_eval_sample(workdirs, capfd):
     (["--workdir", "WD", "--seed", str(10**30)], "--seed=1000000000000000000000000000000 must"),
     (["--workdir", "WD", "--web", "-p", "hi"], "cannot be combined with --web"),
     (["--workdir", "WD", "--bogus"], "unrecognized arguments: --bogus"),
+    (["--workdir", "WD", "--web", "--allow_origin", "evil.example"], "must be an origin"),
+    (["--workdir", "WD", "--web", "--allow_host", "a.b:80"], "without scheme or port"),
+    (["--workdir", "WD", "--web", "--token", ""], "--token must be a non-empty word"),
     (["--workdir", "/nonexistent/run"], "is not a directory"),
     (["--workdir", "EMPTY"], "config.json"),
   ],
@@ -270,17 +286,16 @@ def test_bad_flags_are_one_line_exit_2(workdirs, tmp_path, monkeypatch, capsys, 
 class Server:
   """uvicorn serving ``make_app(engine)`` in a thread, on a free loopback port."""
 
-  def __init__(self, engine, limits=web.Limits(), **defaults):
-    import uvicorn
-
+  def __init__(self, engine, limits=web.Limits(), access=web.Access(), **defaults):
     defaults = argparse.Namespace(
       **{"temperature": 0.0, "top_k": 50, "max_tokens": 24, "no_calculator": False, **defaults}
     )
-    self.app = web.make_app(engine, limits, defaults)
+    self.app = web.make_app(engine, limits, defaults, access)
     self.sock = socket.socket()
     self.sock.bind(("127.0.0.1", 0))
-    self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-    self.server = uvicorn.Server(uvicorn.Config(self.app, log_level="warning"))
+    self.port = self.sock.getsockname()[1]
+    self.url = f"http://127.0.0.1:{self.port}"
+    self.server = web.ChatServer(self.app)
     self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]})
 
   def __enter__(self):
@@ -295,6 +310,9 @@ class Server:
     self.server.should_exit = True
     self.thread.join(timeout=30)
     self.sock.close()
+
+
+JSON = {"Content-Type": "application/json"}
 
 
 def events(response):
@@ -343,7 +361,7 @@ def test_api_three_turns_bad_requests_concurrency_and_stop(engine):
       (b"x" * (300 * 1024), 413, "bytes"),
     ]
     for body, status, fragment in bad:
-      r = client.post("/chat/completions", content=body)
+      r = client.post("/chat/completions", content=body, headers=JSON)
       assert r.status_code == status and fragment in r.json()["error"], (body[:40], r.text)
       assert "\n" not in r.json()["error"] and "Traceback" not in r.text
 
@@ -372,6 +390,90 @@ def test_api_three_turns_bad_requests_concurrency_and_stop(engine):
     assert ask(client, [{"role": "user", "content": QUESTIONS[0]}], temperature=0.0)
     health = client.get("/health").json()
     assert health["waiting"] == 0 and not health["busy"]
+
+
+MESSAGE = b'"messages": [{"role": "user", "content": "hi"}]'
+HOSTILE = [  # body, the error's start; each was a 500 and a traceback before
+  (b"[" * 40_000, "the body is nested more than 16 deep"),  # RecursionError in json.loads
+  (b"{" + MESSAGE + b', "max_tokens": ' + b"7" * 5000 + b"}", "the body has an integer of more"),
+  (b"{" + MESSAGE + b', "max_tokens": ' + b"7" * 4300 + b"}", "the body has an integer of more"),
+  (b'{"messages": [{"role": "user", "content": "a\\ud800b"}]}', "the body has a string with a"),
+  (b"{" + MESSAGE + b', "temperature": NaN}', "the body is not JSON (NaN"),
+  (b"\xff\xfe{}", "the body is not UTF-8"),
+]
+
+
+@pytest.mark.subprocess
+def test_hostile_bodies_are_one_short_line_and_leave_no_traceback(engine, capfd):
+  with Server(engine) as server, httpx.Client(base_url=server.url, timeout=60) as client:
+    for body, start in HOSTILE:
+      r = client.post("/chat/completions", content=body, headers=JSON)
+      error = r.json()["error"]
+      assert r.status_code == 400 and error.startswith(start), (body[:40], r.text)
+      assert "\n" not in error and len(error) < 100 and "7777" not in error
+    # Only JSON is taken: a form's or a text/plain body (no CORS preflight) is not.
+    for kind in ("text/plain", "application/x-www-form-urlencoded", None):
+      headers = {"Content-Type": kind} if kind else {}
+      r = client.post("/chat/completions", content=b"{" + MESSAGE + b"}", headers=headers)
+      assert r.status_code == 415 and r.json()["error"].startswith("the body must be JSON")
+    # A client that leaves mid-body (1000 bytes announced, 10 sent).
+    with socket.create_connection(("127.0.0.1", server.port)) as sock:
+      sock.sendall(
+        f"POST /chat/completions HTTP/1.1\r\nHost: 127.0.0.1:{server.port}\r\n"
+        'Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{"messages'.encode()
+      )
+    assert ask(client, [{"role": "user", "content": QUESTIONS[0]}], temperature=0.0)
+    assert client.get("/health").json()["served"] == 1
+  err = capfd.readouterr().err  # the server has stopped: everything it logs is here
+  for word in ("Traceback", "Error", "Exception", "Disconnect"):
+    assert word not in err, err
+
+
+@pytest.mark.subprocess
+def test_foreign_host_and_origin_are_refused_and_the_token_is_checked(engine):
+  access = web.Access(hosts=("chat.lan",), origins=("http://app.example:9000",))
+  user = {"messages": [{"role": "user", "content": QUESTIONS[0]}], "temperature": 0}
+  with Server(engine, access=access) as server, httpx.Client(base_url=server.url) as client:
+    port = server.port
+    refused = [
+      ({"Host": f"evil.example:{port}"}, "Host 'evil.example:"),  # DNS rebinding
+      ({"Host": f"127.0.0.1:{port + 1}"}, "Host '127.0.0.1:"),  # another port
+      ({"Host": "localhost"}, "Host 'localhost'"),  # port 80 only
+      ({"Origin": "http://evil.example"}, "Origin 'http://evil.example' is not this server's"),
+      ({"Origin": f"http://127.0.0.1:{port + 1}"}, "Origin"),  # another loopback origin
+      ({"Origin": "null"}, "Origin 'null'"),  # a sandboxed frame, a file:// page
+      ({"Origin": f"https://127.0.0.1:{port}"}, "Origin"),  # another scheme
+    ]
+    for headers, start in refused:
+      for method, path in (("POST", "/chat/completions"), ("GET", "/"), ("GET", "/health")):
+        r = client.request(method, path, json=user, headers=headers)
+        assert r.status_code == 403 and r.json()["error"].startswith(start), (headers, r.text)
+        assert "\n" not in r.json()["error"]
+    assert client.get("/health").json()["served"] == 0  # none of them reached the model
+    allowed = [
+      {},  # no Origin: not a browser's cross-site request
+      {"Origin": server.url},
+      {"Host": f"localhost:{port}", "Origin": f"http://localhost:{port}"},
+      {"Host": f"[::1]:{port}"},
+      {"Host": f"CHAT.lan:{port}", "Origin": f"http://chat.lan:{port}"},  # --allow_host
+      {"Origin": "http://app.example:9000"},  # --allow_origin
+    ]
+    for headers in allowed:
+      with client.stream("POST", "/chat/completions", json=user, headers=headers) as r:
+        assert r.status_code == 200 and events(r)[-1] == {"done": True}, headers
+    assert client.get("/health").json()["served"] == len(allowed)
+
+  token = web.Access(token="s3cret-t0ken")
+  with Server(engine, access=token) as server, httpx.Client(base_url=server.url) as client:
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Cookie": "laplax_chat_token=x"}):
+      r = client.post("/chat/completions", json=user, headers=headers)
+      assert r.status_code == 403 and "token" in r.json()["error"], headers
+    for how in ({"Authorization": "Bearer s3cret-t0ken"}, {"Authorization": "token s3cret-t0ken"}):
+      assert client.get("/health", headers=how).status_code == 200
+    assert client.get("/health?token=s3cret-t0ken").status_code == 200
+    page = client.get("/?token=s3cret-t0ken")
+    assert page.status_code == 200 and "HttpOnly; SameSite=Strict" in page.headers["set-cookie"]
+    assert client.get("/health").json()["served"] == 0  # the page's cookie lets it in
 
 
 def asgi_call(app, body, disconnect_at_once):
@@ -410,7 +512,11 @@ def asgi_call(app, body, disconnect_at_once):
       "raw_path": b"/chat/completions",
       "query_string": b"",
       "root_path": "",
-      "headers": [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))],
+      "headers": [
+        (b"host", b"127.0.0.1:80"),
+        (b"content-type", b"application/json"),
+        (b"content-length", b"%d" % len(body)),
+      ],
       "client": ("127.0.0.1", 1),
       "server": ("127.0.0.1", 80),
     }
@@ -438,7 +544,8 @@ def test_client_gone_before_its_stream_begins_leaves_no_place_in_the_queue(engin
   # The same on a real server: a client that sends its request and hangs up at once.
   with Server(engine) as server, httpx.Client(base_url=server.url, timeout=60) as client:
     request = (
-      f"POST /chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+      f"POST /chat/completions HTTP/1.1\r\nHost: 127.0.0.1:{server.port}\r\n"
+      "Content-Type: application/json\r\n"
       f"Content-Length: {len(body)}\r\n\r\n{body}"
     ).encode()
     for _ in range(3):
@@ -478,14 +585,14 @@ def listening(pid):
   return found
 
 
-@pytest.mark.subprocess
-@pytest.mark.slow
-def test_serve_binds_loopback_answers_and_stops_on_sigint(workdirs, engine):
-  sft = str(workdirs[1])
+def start_server(sft, *flags):
+  """``laplax-chat --web`` (answers to "(hold)" held) on a free port: the
+  process, its stderr lines (read as they come) and the line that says where it is."""
   env = dict(os.environ, PYTHONUNBUFFERED="1", JAX_PLATFORMS="cpu")
-  argv = [sys.executable, "-m", "laplax.chat", "--workdir", sft, "--web", "--temperature", "0"]
   proc = subprocess.Popen(
-    argv + ["--port", "0", "--max_tokens", "24"],
+    laplax_chat(held=True)
+    + ["--workdir", sft, "--web", "--temperature", "0", "--port", "0"]
+    + list(flags),
     stdout=subprocess.PIPE,
     stderr=subprocess.PIPE,
     text=True,
@@ -495,12 +602,22 @@ def test_serve_binds_loopback_answers_and_stops_on_sigint(workdirs, engine):
   lines = []
   reader = threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True)
   reader.start()
+  deadline = time.monotonic() + 300
+  while not any("laplax-chat: open" in line for line in lines):
+    if proc.poll() is not None or time.monotonic() > deadline:
+      proc.kill()
+      raise AssertionError(lines)
+    time.sleep(0.1)
+  return proc, lines, reader, next(line for line in lines if "laplax-chat: open" in line)
+
+
+@pytest.mark.subprocess
+@pytest.mark.slow
+def test_serve_binds_loopback_answers_and_stops_on_sigint(workdirs, engine):
+  sft = str(workdirs[1])
+  env = dict(os.environ, PYTHONUNBUFFERED="1", JAX_PLATFORMS="cpu")
+  proc, lines, reader, opened = start_server(sft, "--max_tokens", "24")
   try:
-    deadline = time.monotonic() + 300
-    while not any("laplax-chat: open" in line for line in lines):
-      assert proc.poll() is None and time.monotonic() < deadline, lines
-      time.sleep(0.1)
-    opened = next(line for line in lines if "laplax-chat: open" in line)
     host, port = re.search(r"http://([\d.]+):(\d+) ", opened).groups()
     port = int(port)
     assert listening(proc.pid) == [("127.0.0.1", port)] and host == "127.0.0.1"  # loopback only
@@ -509,29 +626,75 @@ def test_serve_binds_loopback_answers_and_stops_on_sigint(workdirs, engine):
       messages = [{"role": "user", "content": QUESTIONS[0]}]
       expected = shown(engine, greedy_answer(engine, engine.prompt(messages), 24))
       assert ask(client, messages) == expected
+      # DNS rebinding: a name that resolves to 127.0.0.1 is not this server's.
+      r = client.post(
+        "/chat/completions", json={"messages": messages}, headers={"Host": f"evil.example:{port}"}
+      )
+      assert r.status_code == 403 and r.json()["error"].startswith("Host 'evil.example:")
+      assert client.get("/health").json()["served"] == 1
 
     # A second server on the same port: one line, exit 2, before loading a model.
-    second = subprocess.run(
-      argv + ["--port", str(port)], capture_output=True, text=True, cwd=ROOT, env=env, timeout=300
-    )
+    argv = [sys.executable, "-m", "laplax.chat", "--workdir", sft, "--web", "--port", str(port)]
+    second = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
     assert second.returncode == 2, second.stderr
     assert second.stderr.strip().splitlines() == [
       f"error: cannot listen on 127.0.0.1:{port} (Address already in use); pick another --port"
     ]
 
-    proc.send_signal(signal.SIGINT)
-    assert proc.wait(timeout=120) == 130  # run_cli's Ctrl-C code, after uvicorn's clean stop
+    # Ctrl-C while an answer streams that would never end by itself: the client
+    # gets the final event, the server exits 130.
+    held = {"messages": [{"role": "user", "content": QUESTIONS[1] + " (hold)"}]}
+    with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120) as client:
+      with client.stream("POST", "/chat/completions", json=held) as r:
+        lines_in = r.iter_lines()
+        first = next(line for line in lines_in if line.startswith("data: "))
+        assert "token" in json.loads(first[6:])
+        proc.send_signal(signal.SIGINT)
+        sent = time.monotonic()
+        rest = [json.loads(line[6:]) for line in lines_in if line.startswith("data: ")]
+    assert rest[-1] == {"stopped": web.STOPPED} and all("token" in e for e in rest[:-1]), rest
+    assert proc.wait(timeout=120) == 130  # run_cli's Ctrl-C code, after a clean stop
+    print(f"SIGINT to exit: {time.monotonic() - sent:.2f} s")
   finally:
     if proc.poll() is None:
       proc.kill()
       proc.wait()
   reader.join(timeout=30)
   err = "".join(lines)
-  assert "Traceback" not in err and "Error" not in err, err
+  for word in ("Traceback", "Error", "Exception", "Cancel"):
+    assert word not in err, err
   assert proc.stdout.read() == ""
   with socket.socket() as sock:  # the port is free again
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", port))
+
+
+@pytest.mark.subprocess
+@pytest.mark.slow
+def test_serve_on_a_non_loopback_address_needs_the_printed_token(workdirs):
+  proc, lines, reader, opened = start_server(str(workdirs[1]), "--host", "0.0.0.0")
+  try:
+    port, token = re.search(r"http://0\.0\.0\.0:(\d+)/\?token=([\w-]+) ", opened).groups()
+    assert len(token) == 32
+    with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120) as client:
+      r = client.get("/health")
+      assert r.status_code == 403 and r.json()["error"].startswith("no token: open the URL")
+      r = client.get("/health", headers={"Authorization": "Bearer " + token[::-1]})
+      assert r.status_code == 403 and r.json()["error"].startswith("a wrong token")
+      assert client.get(f"/?token={token}").status_code == 200  # the page sets its cookie
+      messages = [{"role": "user", "content": QUESTIONS[0]}]
+      assert ask(client, messages, temperature=0.0)  # the cookie is the key
+    with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120) as client:
+      r = client.get("/health", headers={"Authorization": f"Bearer {token}"})
+      assert r.status_code == 200 and r.json()["served"] == 1
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=120) == 130
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+      proc.wait()
+  reader.join(timeout=30)
+  assert "Traceback" not in "".join(lines)
 
 
 def scripted_step(script):
@@ -667,5 +830,120 @@ def test_page_in_chromium_streams_stops_and_holds_three_turns(engine, monkeypatc
         messages.append({"role": "assistant", "content": got})
       if os.environ.get("LAPLAX_CHAT_SCREENSHOT"):
         driver.save_screenshot(os.environ["LAPLAX_CHAT_SCREENSHOT"])
+    finally:
+      driver.quit()
+
+
+ATTACK = """<!doctype html>
+<html><body><iframe name="sink"></iframe><script>
+window.results = {};
+const target = "TARGET/chat/completions";
+const body = JSON.stringify({messages: [{role: "user", content: "Which is hot?"}], temperature: 0});
+async function attack() {
+  try {  // a simple request: no preflight, the answer unreadable but decoded
+    await fetch(target, {method: "POST", mode: "no-cors", headers: {"Content-Type": "text/plain"}, body});
+    results.simple = "sent";
+  } catch (e) { results.simple = "failed"; }
+  try {  // a JSON request: preflighted
+    const r = await fetch(target, {method: "POST", headers: {"Content-Type": "application/json"}, body});
+    results.json = r.status;
+  } catch (e) { results.json = "blocked"; }
+  await new Promise((resolve) => {  // a form whose text/plain body is the JSON
+    const form = document.createElement("form");
+    form.method = "POST"; form.action = target; form.enctype = "text/plain"; form.target = "sink";
+    const field = document.createElement("input");
+    field.name = body.slice(0, -1) + ', "x": "'; field.value = '"}';
+    form.appendChild(field); document.body.appendChild(form);
+    document.querySelector("iframe").onload = resolve;
+    form.submit();
+  });
+  results.form = "sent";
+  results.done = true;
+}
+attack();
+</script></body></html>
+"""
+
+
+def chrome(*flags):
+  """Headless Chromium (selenium)."""
+  webdriver = pytest.importorskip("selenium.webdriver")
+  options = webdriver.ChromeOptions()
+  for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", *flags):
+    options.add_argument(flag)
+  options.binary_location = chromium()[0]
+  service = webdriver.ChromeService(executable_path=chromium()[1])
+  return webdriver.Chrome(options=options, service=service)
+
+
+class PageServer:
+  """Another loopback origin (127.0.0.1, another port) serving one page."""
+
+  def __init__(self, html):
+    import http.server
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+      def do_GET(self):
+        data = html.encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/html; charset=utf-8")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+      def log_message(self, *args):
+        pass
+
+    self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/"
+    self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+  def __enter__(self):
+    self.thread.start()
+    return self
+
+  def __exit__(self, *exc):
+    self.httpd.shutdown()
+    self.httpd.server_close()
+
+
+@pytest.mark.skipif(
+  chromium() is None,
+  reason="Debian chromium and chromium-driver are not installed (scripts/install.sh --test)",
+)
+@pytest.mark.slow
+def test_a_page_of_another_origin_or_a_rebound_name_cannot_make_it_decode(engine):
+  from selenium.webdriver.common.by import By
+  from selenium.webdriver.support.ui import WebDriverWait
+
+  with Server(engine, max_tokens=8) as server, httpx.Client(base_url=server.url) as client:
+    attacker = PageServer(ATTACK.replace("TARGET", server.url))
+    rebound = f"http://evil.example:{server.port}/"  # a name an attacker points at 127.0.0.1
+    driver = chrome("--host-resolver-rules=MAP evil.example 127.0.0.1")
+    try:
+      wait = WebDriverWait(driver, 60, poll_frequency=0.05)
+      with attacker:
+        driver.get(attacker.url)
+        wait.until(lambda d: d.execute_script("return window.results.done === true"))
+        results = driver.execute_script("return window.results")
+      assert results["json"] == "blocked", results  # the preflight is refused
+      assert client.get("/health").json()["served"] == 0  # nothing was decoded
+      driver.get(rebound)
+      assert "is not this server" in driver.find_element(By.TAG_NAME, "body").text
+      assert client.get("/health").json()["served"] == 0
+      # The server's own page still works.
+      driver.get(server.url)
+      driver.find_element(By.ID, "input").send_keys(QUESTIONS[0] + "\n")
+      answers = lambda: driver.find_elements(By.CSS_SELECTOR, ".message.assistant")
+      wait.until(
+        lambda d: len(answers()) == 1 and answers()[0].get_attribute("data-state") == "done"
+      )
+      expected = greedy_answer(
+        engine, engine.prompt([{"role": "user", "content": QUESTIONS[0]}]), 8
+      )
+      assert driver.execute_script("return arguments[0].textContent", answers()[0]) == shown(
+        engine, expected
+      )
+      assert client.get("/health").json()["served"] == 1
     finally:
       driver.quit()

@@ -96,6 +96,16 @@ def test_malformed_choices_names_the_line(trained, tmp_path, capfd):
   assert f"{path}:1: 'answer' must be an index" in one_line_error(
     run_in_process(["eval.py", "--workdir", str(trained), "--choices", str(path)], capfd)
   )
+  # A choice that cannot fit the 32-token context (a ValueError and exit 1 before),
+  # an empty question (its choices' first tokens were silently left unscored).
+  path.write_text(json.dumps({"question": "q", "choices": ["a", "b" * 40], "answer": 0}) + "\n")
+  assert "question 1, choice 1: 41 tokens, but the model's context is 32" in one_line_error(
+    run_in_process(["eval.py", "--workdir", str(trained), "--choices", str(path)], capfd)
+  )
+  path.write_text(json.dumps({"question": "", "choices": ["a", "b"], "answer": 0}) + "\n")
+  assert "question 1 is empty" in one_line_error(
+    run_in_process(["eval.py", "--workdir", str(trained), "--choices", str(path)], capfd)
+  )
   after = (trained / "eval.json").read_bytes() if (trained / "eval.json").exists() else None
   assert before == after
 

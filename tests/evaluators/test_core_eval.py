@@ -192,6 +192,29 @@ def test_core_in_eval_json_equals_a_numpy_transcription(trained, tmp_path, capfd
   assert "none.jsonl holds no examples (CORE task 'none')" in one_line_error(r)
   assert not (tmp_path / "none.json").exists()
 
+  # A continuation longer than the model's 32-token context (nanochat asserts
+  # it fits): one line naming the task and the example, exit 2, nothing written
+  # (a broadcast ValueError and exit 1 before).
+  over = tmp_path / "over"
+  long = LM + [dict(context="the cat", continuation=" ".join(["the cat sat on the mat."] * 8))]
+  write_bundle(over, [("lm", "language_modeling", 0, " ", 0.0, long)])
+  r = run_in_process(
+    [
+      "eval.py",
+      "--workdir",
+      str(trained),
+      "--config.evals=core",
+      f"--config.eval.core_bundle={over}",
+      "--out",
+      str(tmp_path / "over.json"),
+    ],
+    capfd,
+  )
+  assert r.returncode == 2
+  line = one_line_error(r)
+  assert "CORE task 'lm', example" in line and "do not fit the model's context of 32" in line
+  assert not (tmp_path / "over.json").exists()
+
 
 @pytest.fixture
 def config_only(tmp_path):

@@ -165,3 +165,54 @@ def test_a_task_line_that_is_not_json_is_refused_with_its_file_and_line(tmp_path
     f.write("\n{not json\n")
   with pytest.raises(DataError, match=r"t\.jsonl:3: not valid JSON"):
     core.read_bundle(root)
+
+
+def test_an_example_longer_than_the_context_is_cropped_or_refused(tmp_path):
+  """Bytes as tokens, a context of 32: a prompt that overflows keeps its last
+  32 tokens and scores as nanochat scores the cropped rows; an example whose
+  scored tokens need the whole context (no token before them) is refused
+  with one line naming the task and the example (nanochat asserts it; a
+  negative start gave a broadcast ValueError, a start of 0 scored only a tail)."""
+  fits = dict(context="x" * 40, continuation="the cat")  # 1 + 40 + 8 tokens: 17 cropped
+  tokens, starts, ends = core.example_spans(
+    "language_modeling", core.render_lm(fits, " ", []), encode, BOS
+  )
+  assert (len(tokens[0]), starts, ends) == (49, [41], [49])
+  assert core.unfit(tokens, starts, 32) == 0
+  forward = core.forward_from_logits(bigram_logits)
+  cropped = tokens[0][-32:]  # nanochat's cropped row: the continuation at 24..31
+  preds = bigram_logits(np.asarray(cropped)).argmax(-1)
+  want = bool(np.all(preds[23:31] == np.asarray(cropped[24:32])))
+  assert (
+    core.score_example("language_modeling", tokens, starts, ends, None, forward, BOS, 32) == want
+  )
+  # " " + continuation: 32 scored tokens leave no token of prompt before them.
+  for continuation, n in (("c" * 31, 32), ("c" * 39, 40)):
+    item = dict(context="the", continuation=continuation)
+    spans = core.example_spans("language_modeling", core.render_lm(item, " ", []), encode, BOS)
+    assert core.unfit(spans[0], spans[1], 32) == n
+    with pytest.raises(DataError, match=f"scored tokens \\({n}\\) do not fit"):
+      core.score_example("language_modeling", *spans, None, forward, BOS, 32)
+  exact = core.example_spans("language_modeling", ["the ", "the " + "c" * 31], encode, BOS)
+  assert core.unfit(exact[0], exact[1], 32) == 0  # 31 scored tokens and one before: it fits
+  # Before scoring anything: the task and the example's place in the shuffle.
+  long = [dict(context="the", continuation="cat"), dict(context="the", continuation="c" * 39)]
+  bundle = core.read_bundle(
+    write_bundle(tmp_path, [("long", "language_modeling", 0, " ", 0.0, long)])
+  )
+  idx = [i for i, item in enumerate(core.selected(long)) if len(item["continuation"]) == 39][0]
+  calls = []
+  with pytest.raises(DataError) as e:
+    core.core_metric(bundle, lambda ids: calls.append(ids), encode, BOS, max_length=32)
+  assert str(e.value) == (
+    f"CORE task 'long', example {idx} of the shuffle: its scored tokens (40) do not fit the "
+    "model's context of 32 tokens after one token of prompt (nanochat asserts this too); "
+    "score a model with a longer context, or leave the task out of core.yaml"
+  )
+  assert calls == []
+  # Multiple choice: a choice longer than the context is refused the same way.
+  mc = [dict(query="Q?", choices=["a", "b" * 40], gold=0)]
+  tokens, starts, _ = core.example_spans(
+    "multiple_choice", core.render_mc(mc[0], " ", []), encode, BOS
+  )
+  assert core.unfit(tokens, starts, 32) == 40

@@ -726,6 +726,61 @@ def test_without_bubblewrap_nothing_runs(monkeypatch, tmp_path):
   assert unsafe.passed and marker.exists() and unsafe.isolation["sandbox"].startswith("none")
 
 
+CHECK_AVAILABLE = """
+import json
+from laplax.evaluators import sandbox
+try:
+  sandbox.check_available()
+  print(json.dumps({"refused": None}))
+except sandbox.SandboxUnavailable as e:
+  print(json.dumps({"refused": str(e)}))
+"""
+
+
+def _refusal(unshare_args: list, setup: str) -> str:
+  """check_available()'s refusal in a process started by ``unshare
+  UNSHARE_ARGS sh -c SETUP`` (which then runs Python)."""
+  r = subprocess.run(
+    ["unshare", *unshare_args, "sh", "-c", setup + ' && exec "$0" -c "$1"', sys.executable]
+    + [CHECK_AVAILABLE],
+    capture_output=True,
+    text=True,
+    cwd=ROOT,
+    timeout=300,
+  )
+  assert r.returncode == 0, r.stderr[-2000:]
+  refused = json.loads(r.stdout.splitlines()[-1])["refused"]
+  assert refused is not None and "\n" not in refused
+  assert refused.endswith("; or pass --unsafe_no_sandbox"), refused
+  return refused
+
+
+@pytest.mark.skipif(
+  os.geteuid() != 0 or shutil.which("unshare") is None or _available() is not None,
+  reason="needs root, util-linux unshare and a working sandbox (to mask /proc here)",
+)
+def test_a_masked_proc_is_named_as_the_cause():
+  """A container masks paths of /proc (Docker binds /dev/null over /proc/keys):
+  the kernel then refuses a new /proc in a new user namespace. The refusal
+  names the mount (bubblewrap's own line), not user namespaces."""
+  refused = _refusal(["--mount", "--propagation", "private"], "mount --bind /dev/null /proc/keys")
+  assert "can create namespaces but cannot mount /proc in them" in refused, refused
+  assert "Can't mount proc" in refused and "masked" in refused and "sysctl" not in refused
+
+
+@pytest.mark.skipif(
+  shutil.which("unshare") is None or _available() is not None,
+  reason="needs util-linux unshare and a working sandbox",
+)
+def test_namespaces_that_cannot_be_made_are_named_as_the_cause():
+  """In a user namespace whose user.max_user_namespaces is 0 no namespace can
+  be made: the refusal says so and how to enable them."""
+  refused = _refusal(["--user", "--map-root-user"], "echo 0 > /proc/sys/user/max_user_namespaces")
+  assert "cannot create namespaces (bwrap: " in refused and "sysctl" in refused, refused
+  assert "/proc" not in refused.split("(bwrap:")[0]
+  assert sandbox._why_not(shutil.which(sandbox.BWRAP)) == ""  # both steps work here
+
+
 def test_unsafe_cleanup_survives_5000_nested_directories(monkeypatch):
   """The caller removes what the program left, however deep (on a tmpfs when
   there is one: removing 5000 levels on ext4 takes seconds)."""
