@@ -37,6 +37,9 @@ INTERNAL = {
   # ``None``-ed builtins raise one); it is the program's error, recorded in
   # the result, not laplax's.
   "laplax.evaluators.sandbox_child.SandboxRefused",
+  # A chat request's body that is not JSON or breaks a bound; the server
+  # answers it with a 400 of its one line, never the CLI's error line.
+  "laplax.chat.body.BodyError",
 }
 
 
