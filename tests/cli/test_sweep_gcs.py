@@ -1,0 +1,99 @@
+"""``python -m laplax.sweep --workdir gs://BUCKET/PATH`` against a real GCS emulator.
+
+A 2-run sweep (tests/cli/test_sweep.py's tiny ViT, in this process) writes its
+runs' workdirs, logs, ``sweep.json``, the summaries and ``curves.png`` as
+objects; the same command then skips both runs and leaves every run's objects
+as they were. No local folder ``gs:`` is made.
+"""
+
+import importlib.util
+import json
+import os
+
+import pytest
+
+if not all(importlib.util.find_spec(m) for m in ("gcsfs", "gcp_storage_emulator")):
+  pytest.skip(
+    "needs gcsfs and gcp-storage-emulator (requirements-test.txt)", allow_module_level=True
+  )
+
+from laplax import sweep  # noqa: E402
+from laplax.analysis import seeds  # noqa: E402
+from laplax.workdir import store  # noqa: E402
+
+from helpers.gcs import gcs_fixture, objects  # noqa: E402, F401  (the fixture gcs)
+from helpers.runs import CONFIG, ROOT, run_in_process  # noqa: E402
+from test_sweep import SWEEP_TINY  # noqa: E402
+
+
+class InProcessGcsSweep:
+  """``python -m laplax.sweep ARGV`` in this process with its runs
+  (:func:`helpers.runs.run_in_process` in place of ``sweep._call_logged``,
+  so ``sweep._call`` still stages the ``gs://`` logs); ``__call__`` returns
+  ``(exit code, stdout, stderr)``."""
+
+  def __init__(self, capfd, monkeypatch):
+    self.capfd, self.stdout = capfd, []
+    monkeypatch.setattr(sweep, "_call_logged", self.call)
+    monkeypatch.setattr(sweep._Child, "planning", True)  # what main() changes
+
+  def call(self, script, args, log_path):
+    assert not store.is_remote(log_path)  # the local file sweep._call uploads
+    self.stdout.append(self.capfd.readouterr().out)
+    r = run_in_process([script, *args], self.capfd)
+    with open(log_path, "a") as log:
+      log.write(f"\n$ {script} {' '.join(args)}\n" + r.stdout + r.stderr)
+    return r.returncode or 0
+
+  def __call__(self, argv):
+    import signal
+
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    self.capfd.readouterr()
+    try:
+      code = sweep.main(argv)
+    finally:
+      for s, handler in handlers.items():
+        signal.signal(s, handler)
+    out, err = self.capfd.readouterr()
+    self.stdout.append(out)
+    return code, "".join(self.stdout), err
+
+
+@pytest.mark.slow
+def test_two_run_sweep_on_gs_then_the_same_command_skips(gcs, fmnist_data_dir, capfd, monkeypatch):
+  url = f"gs://{gcs.bucket}/sweep"
+  argv = ["--config", CONFIG, "--workdir", url, "--seeds", "0"]
+  argv += ["--grid", "model.num_laplacian_heads=0,1", f"--config.data.data_dir={fmnist_data_dir}"]
+  argv += SWEEP_TINY
+  code, stdout, stderr = InProcessGcsSweep(capfd, monkeypatch)(argv)
+  assert code == 0, stdout[-2000:] + stderr[-2000:]
+  names = [r.name for r in sweep.plan(CONFIG, sweep.parse_grid(argv[7:8]), [0], [], url)]
+  assert names == ["num_laplacian_heads=0,seed=0", "num_laplacian_heads=1,seed=0"]
+  found = set(objects(gcs.url, gcs.bucket, "sweep/"))
+  for name in ("sweep.json", "summary.json", "summary.md", "curves.png"):
+    assert f"sweep/{name}" in found, name
+  for n in names:
+    for name in ("config.json", "eval.json", "train.log", "eval.log", "checkpoints/4/state"):
+      assert any(o.startswith(f"sweep/{n}/{name}") for o in found), (n, name)
+    assert store.read_text(f"{url}/{n}/train.log").count("$ train.py") == 1
+    steps = [r["step"] for r in seeds.read_metrics(f"{url}/{n}") if r["split"] == "train"]
+    assert steps == [1, 2, 3, 4]
+  summary = json.loads(store.read_text(f"{url}/summary.json"))
+  assert summary["unfinished"] == [] and set(summary["runs"]) == set(names)
+  for n in names:  # the summary holds what each run's eval.json says
+    evaluated = json.loads(store.read_text(f"{url}/{n}/eval.json"))
+    assert summary["runs"][n]["metrics"]["accuracy"] == evaluated["accuracy"]
+  # The same command: both runs finished before, their objects untouched.
+  before = {o: store.generation(f"gs://{gcs.bucket}/{o}") for o in found if "=" in o}
+  code, stdout, stderr = InProcessGcsSweep(capfd, monkeypatch)(argv)
+  assert code == 0, stderr[-2000:]
+  assert [l for l in stdout.splitlines() if "finished before, skipped" in l] == [
+    f"[{i}/2] {n}: finished before, skipped" for i, n in enumerate(names, 1)
+  ]
+  after = {o: store.generation(f"gs://{gcs.bucket}/{o}") for o in before}
+  assert after == before
+  # Another command on the same gs:// sweep is refused in one line, nothing written.
+  code, _, stderr = InProcessGcsSweep(capfd, monkeypatch)(argv + ["--analysis"])
+  assert code == 2 and "holds a sweep with analysis=False" in stderr, stderr[-2000:]
+  assert not os.path.exists(os.path.join(ROOT, "gs:")) and not os.path.exists("gs:")
