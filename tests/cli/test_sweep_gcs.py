@@ -22,8 +22,19 @@ from laplax.analysis import seeds  # noqa: E402
 from laplax.workdir import store  # noqa: E402
 
 from helpers.gcs import gcs_fixture, objects  # noqa: E402, F401  (the fixture gcs)
-from helpers.runs import CONFIG, ROOT, run_in_process  # noqa: E402
-from test_sweep import SWEEP_TINY  # noqa: E402
+from helpers.runs import CONFIG, ROOT, TINY, run_in_process  # noqa: E402
+
+# tests/cli/test_sweep.py's runs: 4 steps of the tiny ViT, a checkpoint every 2.
+SWEEP_TINY = [
+  a for a in TINY if not a.startswith(("--config.model.num_laplacian_heads", "--config.log_every"))
+] + [
+  "--config.total_steps=4",
+  "--config.log_every=1",
+  "--config.checkpoint_every=2",
+  "--config.eval_every=1000",
+  "--config.eval_batch_size=250",
+  "--config.data.eval_split=test[:500]",
+]
 
 
 class InProcessGcsSweep:
