@@ -118,6 +118,7 @@ PARAM_GROUPS = {
   "scalars": ("resid_lambdas", "x0_lambdas", "smear_gate", "smear_lambda", "backout_lambda"),
 }
 # The flags a re-run must repeat: they decide what every run is.
+ANALYSIS_FILE = "analysis.json"  # eval.py --analysis's output in a run's workdir
 _SAME_ON_RERUN = ("config", "overrides", "analysis", "analysis_examples")
 
 
@@ -434,7 +435,7 @@ def _steps_left(run: Run, config, analysis: bool) -> list[str]:
   if "train" in need or _json_step(os.path.join(run.workdir, "eval.json")) != total:
     need.append("eval")
   if analysis and (
-    "train" in need or _json_step(os.path.join(run.workdir, "analysis.json")) != total
+    "train" in need or _json_step(os.path.join(run.workdir, ANALYSIS_FILE)) != total
   ):
     need.append("analysis")
   return need
@@ -572,7 +573,10 @@ def run_one(run: Run, need: Sequence[str], args) -> int:
     if what not in need:
       continue
     log_path = _Child.log = os.path.join(run.workdir, log)
-    code = _call(script, script_args, log_path)
+    if what == "analysis" and store.is_remote(run.workdir):
+      code = _remote_analysis(run.workdir, script_args, log_path)
+    else:
+      code = _call(script, script_args, log_path)
     if _Child.stopped:
       return code
     if code != 0:
@@ -581,6 +585,29 @@ def run_one(run: Run, need: Sequence[str], args) -> int:
         f"exited with {code}: {_last_line(log_path)} (log: {log_path})"
       )
   return 0
+
+
+def _remote_analysis(workdir: str, script_args: Sequence[str], log_path: str) -> int:
+  """``eval.py --analysis`` of a ``gs://`` run, whose figures eval.py writes
+  only on local disk: into a temporary folder (``--out``), then uploaded into
+  ``workdir`` after a success, ``analysis.json`` last (the sweep's sign of a
+  finished analysis). Returns the exit code."""
+  import shutil
+  import tempfile
+
+  from laplax.workdir import store
+
+  staged = tempfile.mkdtemp(prefix="laplax-analysis-")
+  try:
+    out = os.path.join(staged, ANALYSIS_FILE)
+    code = _call("eval.py", [*script_args, "--out", out], log_path)
+    if code == 0 and not _Child.stopped:
+      names = sorted(os.listdir(staged), key=lambda n: n == ANALYSIS_FILE)
+      for name in names:
+        store.upload(os.path.join(staged, name), store.join(workdir, name))
+    return code
+  finally:
+    shutil.rmtree(staged, ignore_errors=True)
 
 
 def _train_log(workdir: str) -> tuple[int | None, float | None]:

@@ -1,8 +1,8 @@
 """``python -m laplax.sweep --workdir gs://BUCKET/PATH`` against a real GCS emulator.
 
-A 2-run sweep (tests/cli/test_sweep.py's tiny ViT, in this process) writes its
-runs' workdirs, logs, ``sweep.json``, the summaries and ``curves.png`` as
-objects; the same command then skips both runs and leaves every run's objects
+A 2-run sweep with ``--analysis`` (tests/cli/test_sweep.py's tiny ViT, in
+this process) writes its runs' workdirs, logs, analyses, ``sweep.json``, the
+summaries and ``curves.png`` as objects; the same command then skips both runs and leaves every run's objects
 as they were. No local folder ``gs:`` is made.
 """
 
@@ -76,7 +76,8 @@ def test_two_run_sweep_on_gs_then_the_same_command_skips(gcs, fmnist_data_dir, c
   url = f"gs://{gcs.bucket}/sweep"
   argv = ["--config", CONFIG, "--workdir", url, "--seeds", "0"]
   argv += ["--grid", "model.num_laplacian_heads=0,1", f"--config.data.data_dir={fmnist_data_dir}"]
-  argv += SWEEP_TINY
+  plain = argv + SWEEP_TINY
+  argv = plain + ["--analysis", "--analysis_examples=32"]
   code, stdout, stderr = InProcessGcsSweep(capfd, monkeypatch)(argv)
   assert code == 0, stdout[-2000:] + stderr[-2000:]
   names = [r.name for r in sweep.plan(CONFIG, sweep.parse_grid(argv[7:8]), [0], [], url)]
@@ -85,9 +86,12 @@ def test_two_run_sweep_on_gs_then_the_same_command_skips(gcs, fmnist_data_dir, c
   for name in ("sweep.json", "summary.json", "summary.md", "curves.png"):
     assert f"sweep/{name}" in found, name
   for n in names:
-    for name in ("config.json", "eval.json", "train.log", "eval.log", "checkpoints/4/state"):
+    names_of_run = ("config.json", "eval.json", "analysis.json", "analysis_", "train.log")
+    for name in names_of_run + ("eval.log", "checkpoints/4/state"):
       assert any(o.startswith(f"sweep/{n}/{name}") for o in found), (n, name)
+    assert any(o.startswith(f"sweep/{n}/analysis_") and o.endswith(".png") for o in found)
     assert store.read_text(f"{url}/{n}/train.log").count("$ train.py") == 1
+    assert store.read_text(f"{url}/{n}/eval.log").count("$ eval.py") == 2  # eval, analysis
     steps = [r["step"] for r in seeds.read_metrics(f"{url}/{n}") if r["split"] == "train"]
     assert steps == [1, 2, 3, 4]
   summary = json.loads(store.read_text(f"{url}/summary.json"))
@@ -95,6 +99,7 @@ def test_two_run_sweep_on_gs_then_the_same_command_skips(gcs, fmnist_data_dir, c
   for n in names:  # the summary holds what each run's eval.json says
     evaluated = json.loads(store.read_text(f"{url}/{n}/eval.json"))
     assert summary["runs"][n]["metrics"]["accuracy"] == evaluated["accuracy"]
+    assert summary["runs"][n]["layers"], n  # analysis.json's per-layer quantities
   # The same command: both runs finished before, their objects untouched.
   before = {o: store.generation(f"gs://{gcs.bucket}/{o}") for o in found if "=" in o}
   code, stdout, stderr = InProcessGcsSweep(capfd, monkeypatch)(argv)
@@ -105,6 +110,6 @@ def test_two_run_sweep_on_gs_then_the_same_command_skips(gcs, fmnist_data_dir, c
   after = {o: store.generation(f"gs://{gcs.bucket}/{o}") for o in before}
   assert after == before
   # Another command on the same gs:// sweep is refused in one line, nothing written.
-  code, _, stderr = InProcessGcsSweep(capfd, monkeypatch)(argv + ["--analysis"])
-  assert code == 2 and "holds a sweep with analysis=False" in stderr, stderr[-2000:]
+  code, _, stderr = InProcessGcsSweep(capfd, monkeypatch)(plain)
+  assert code == 2 and "holds a sweep with analysis=True" in stderr, stderr[-2000:]
   assert not os.path.exists(os.path.join(ROOT, "gs:")) and not os.path.exists("gs:")
