@@ -117,8 +117,8 @@ PARAM_GROUPS = {
   "transformer": ("block", "blocks"),
   "scalars": ("resid_lambdas", "x0_lambdas", "smear_gate", "smear_lambda", "backout_lambda"),
 }
-# The flags a re-run must repeat: they decide what every run is.
 ANALYSIS_FILE = "analysis.json"  # eval.py --analysis's output in a run's workdir
+# The flags a re-run must repeat: they decide what every run is.
 _SAME_ON_RERUN = ("config", "overrides", "analysis", "analysis_examples")
 
 
@@ -544,7 +544,11 @@ def _last_line_of(run: Run) -> str:
 def _last_line(path: str) -> str:
   from laplax.workdir import store
 
-  lines = [l.strip() for l in store.read_text(path).splitlines() if l.strip()]
+  if store.is_remote(path):
+    lines = [l.strip() for l in store.read_text(path).split("\n") if l.strip()]
+  else:
+    with open(path) as f:
+      lines = [l.strip() for l in f if l.strip()]
   return lines[-1] if lines else ""
 
 
