@@ -117,6 +117,7 @@ PARAM_GROUPS = {
   "transformer": ("block", "blocks"),
   "scalars": ("resid_lambdas", "x0_lambdas", "smear_gate", "smear_lambda", "backout_lambda"),
 }
+ANALYSIS_FILE = "analysis.json"  # eval.py --analysis's output in a run's workdir
 # The flags a re-run must repeat: they decide what every run is.
 _SAME_ON_RERUN = ("config", "overrides", "analysis", "analysis_examples")
 
@@ -366,8 +367,9 @@ def _parse_args(argv: Sequence[str]):
     raise SweepError("--workdir is empty; give the sweep's directory, e.g. --workdir runs/sweep")
   from laplax import store
 
-  if store.local_only(args.workdir, "--workdir", "python -m laplax.sweep"):
-    raise SweepError(store.local_only(args.workdir, "--workdir", "python -m laplax.sweep"))
+  store.check_scheme(args.workdir)
+  if store.is_remote(args.workdir):
+    args.workdir = store.absolute(args.workdir)
   if args.analysis_examples < 0:
     raise SweepError(f"--analysis_examples={args.analysis_examples} must be >= 0")
   args.overrides = rest
@@ -377,17 +379,19 @@ def _parse_args(argv: Sequence[str]):
 def _check_sweep_file(args) -> None:
   """Refuses a workdir that holds a sweep of another command (its config,
   overrides or analysis flags differ; grid values and seeds may be added)."""
+  from laplax.workdir import store
+
+  store.check_bucket(args.workdir)
   path = os.path.join(args.workdir, SWEEP_FILE)
-  if not os.path.exists(path):
-    if os.path.isdir(args.workdir) and os.listdir(args.workdir):
+  if not store.exists(path):
+    if store.isdir(args.workdir) and store.listdir(args.workdir):
       raise SweepError(
         f"--workdir {args.workdir} is not empty and holds no {SWEEP_FILE}; "
         f"give a new directory for the sweep"
       )
     return
   try:
-    with open(path) as f:
-      saved = json.load(f)
+    saved = json.loads(store.read_text(path))
   except (OSError, json.JSONDecodeError) as e:
     raise SweepError(
       f"{path} is unreadable ({type(e).__name__}); move it away or use another --workdir"
@@ -403,9 +407,10 @@ def _check_sweep_file(args) -> None:
 
 
 def _json_step(path: str) -> int | None:
+  from laplax.workdir import store
+
   try:
-    with open(path) as f:
-      return int(json.load(f)["step"])
+    return int(json.loads(store.read_text(path))["step"])
   except (OSError, ValueError, KeyError, TypeError):
     return None
 
@@ -430,7 +435,7 @@ def _steps_left(run: Run, config, analysis: bool) -> list[str]:
   if "train" in need or _json_step(os.path.join(run.workdir, "eval.json")) != total:
     need.append("eval")
   if analysis and (
-    "train" in need or _json_step(os.path.join(run.workdir, "analysis.json")) != total
+    "train" in need or _json_step(os.path.join(run.workdir, ANALYSIS_FILE)) != total
   ):
     need.append("analysis")
   return need
@@ -446,6 +451,7 @@ class _Child:
   sweep dies."""
 
   proc = None
+  log = None  # the log of the command started last
   stopped = False
   planning = True
   signum = None
@@ -483,7 +489,28 @@ _LAUNCHER = (
 
 def _call(script: str, args: Sequence[str], log_path: str) -> int:
   """``python SCRIPT ARGS`` (as ``python -m`` of its :data:`COMMANDS` module)
-  with its output appended to ``log_path``; its exit code."""
+  with its output appended to ``log_path``; its exit code. A ``gs://`` log
+  (an object store has no append) is written in a local temporary file that
+  starts with the log's old text and is uploaded in whole when the command ends."""
+  from laplax.workdir import store
+
+  if not store.is_remote(log_path):
+    return _call_logged(script, args, log_path)
+  import tempfile
+
+  with tempfile.TemporaryDirectory(prefix="laplax-sweep-") as tmp:
+    local = os.path.join(tmp, store.name(log_path))
+    with open(local, "wb") as f:
+      if store.exists(log_path):
+        f.write(store.read_bytes(log_path))
+    try:
+      return _call_logged(script, args, local)
+    finally:
+      store.upload(local, log_path)
+
+
+def _call_logged(script: str, args: Sequence[str], log_path: str) -> int:
+  """:func:`_call` with the local file ``log_path``."""
   env = dict(os.environ, PYTHONUNBUFFERED="1")
   if PACKAGE_PARENT not in site.getsitepackages():  # a checkout, on sys.path by hand
     env["PYTHONPATH"] = os.pathsep.join(
@@ -505,14 +532,23 @@ def _call(script: str, args: Sequence[str], log_path: str) -> int:
 
 def _last_line_of(run: Run) -> str:
   """The last line of ``run``'s newest log (what its command said last)."""
+  from laplax.workdir import store
+
+  if store.is_remote(run.workdir):  # no mtime to compare: the log written last
+    return _last_line(_Child.log) if _Child.log else ""
   logs = [os.path.join(run.workdir, n) for n in ("train.log", "eval.log")]
   logs = [p for p in logs if os.path.exists(p)]
   return _last_line(max(logs, key=os.path.getmtime)) if logs else ""
 
 
 def _last_line(path: str) -> str:
-  with open(path) as f:
-    lines = [l.strip() for l in f if l.strip()]
+  from laplax.workdir import store
+
+  if store.is_remote(path):
+    lines = [l.strip() for l in store.read_text(path).split("\n") if l.strip()]
+  else:
+    with open(path) as f:
+      lines = [l.strip() for l in f if l.strip()]
   return lines[-1] if lines else ""
 
 
@@ -523,7 +559,10 @@ def run_one(run: Run, need: Sequence[str], args) -> int:
   Raises:
     SweepError: ``train.py`` or ``eval.py`` failed (naming its log).
   """
-  os.makedirs(run.workdir, exist_ok=True)
+  from laplax.workdir import store
+
+  if not store.is_remote(run.workdir):  # an object store has no directories
+    os.makedirs(run.workdir, exist_ok=True)
   steps = [
     ("train", "train.py", run.train_args(), "train.log"),
     ("eval", "eval.py", ["--workdir", run.workdir], "eval.log"),
@@ -537,8 +576,11 @@ def run_one(run: Run, need: Sequence[str], args) -> int:
   for what, script, script_args, log in steps:
     if what not in need:
       continue
-    log_path = os.path.join(run.workdir, log)
-    code = _call(script, script_args, log_path)
+    log_path = _Child.log = os.path.join(run.workdir, log)
+    if what == "analysis" and store.is_remote(run.workdir):
+      code = _remote_analysis(run.workdir, script_args, log_path)
+    else:
+      code = _call(script, script_args, log_path)
     if _Child.stopped:
       return code
     if code != 0:
@@ -549,13 +591,36 @@ def run_one(run: Run, need: Sequence[str], args) -> int:
   return 0
 
 
+def _remote_analysis(workdir: str, script_args: Sequence[str], log_path: str) -> int:
+  """``eval.py --analysis`` of a ``gs://`` run, whose figures eval.py writes
+  only on local disk: into a temporary folder (``--out``), then uploaded into
+  ``workdir`` after a success, ``analysis.json`` last (the sweep's sign of a
+  finished analysis). Returns the exit code."""
+  import shutil
+  import tempfile
+
+  from laplax.workdir import store
+
+  staged = tempfile.mkdtemp(prefix="laplax-analysis-")
+  try:
+    out = os.path.join(staged, ANALYSIS_FILE)
+    code = _call("eval.py", [*script_args, "--out", out], log_path)
+    if code == 0 and not _Child.stopped:
+      names = sorted(os.listdir(staged), key=lambda n: n == ANALYSIS_FILE)
+      for name in names:
+        store.upload(os.path.join(staged, name), store.join(workdir, name))
+    return code
+  finally:
+    shutil.rmtree(staged, ignore_errors=True)
+
+
 def _train_log(workdir: str) -> tuple[int | None, float | None]:
   """``(num_params, seconds)`` of a run's ``metrics.jsonl``: the ``info``
   record's parameter count and the training loop's wall time, the sum over
   its log intervals of steps / ``steps_per_sec`` (evaluations and saves in
   the interval included; a resumed run's repeated steps counted once)."""
   params, seconds, last = None, 0.0, 0
-  for r in seeds_lib.read_jsonl(os.path.join(workdir, "metrics.jsonl")):
+  for r in seeds_lib.read_metrics(workdir):
     if r.get("split") == "info" and isinstance(r.get("num_params"), int):
       params = r["num_params"]
     rate = r.get("steps_per_sec")
@@ -651,6 +716,8 @@ def write_summary(runs: Sequence[Run], configs: dict, args) -> list[str]:
   (and, for language models, ``results.csv``: :func:`result_rows`); the
   paths written. A language-model sweep's ``summary.md`` starts with
   :data:`NANOCHAT_METRICS` per cell."""
+  from laplax.workdir import store
+
   finished = [r for r in runs if not _steps_left(r, configs[r.name], args.analysis)]
   cells = {}
   for r in runs:
@@ -668,7 +735,7 @@ def write_summary(runs: Sequence[Run], configs: dict, args) -> list[str]:
     "unfinished": [r.name for r in runs if r not in finished],
   }
   paths = [os.path.join(args.workdir, SUMMARY_JSON), os.path.join(args.workdir, SUMMARY_MD)]
-  utils.atomic_write(paths[0], json.dumps(result, indent=2))
+  store.write(paths[0], json.dumps(result, indent=2))
   header = (
     f"# Sweep {args.workdir}\n\n`{result['command']}`\n\n{len(finished)} of "
     f"{len(runs)} runs finished; mean ± sample std over seeds.\n\n"
@@ -682,17 +749,31 @@ def write_summary(runs: Sequence[Run], configs: dict, args) -> list[str]:
       + "\n".join(seeds_lib.metrics_table(aggregated, lead))
       + "\n\nEvery metric:\n\n"
     )
-  utils.atomic_write(paths[1], header + seeds_lib.markdown(aggregated))
+  store.write(paths[1], header + seeds_lib.markdown(aggregated))
   if language_models:
     paths.append(os.path.join(args.workdir, RESULTS_CSV))
     rows = result_rows(runs, configs, {r.name: results[r.name] for r in finished})
-    utils.atomic_write(paths[-1], _csv(rows))
-  curves = seeds_lib.plot_curves(
-    done_cells,
-    os.path.join(args.workdir, CURVES),
-    title=os.path.basename(os.path.normpath(args.workdir)),
-  )
+    store.write(paths[-1], _csv(rows))
+  curves = _plot_curves(done_cells, args.workdir)
   return paths + ([curves] if curves else [])
+
+
+def _plot_curves(cells: list[dict], workdir: str) -> str | None:
+  """:func:`laplax.analysis.seeds.plot_curves` into ``workdir/curves.png``
+  (for ``gs://``: drawn in a local temporary folder, then uploaded)."""
+  from laplax.workdir import store
+
+  title = os.path.basename(os.path.normpath(workdir))
+  if not store.is_remote(workdir):
+    return seeds_lib.plot_curves(cells, os.path.join(workdir, CURVES), title=title)
+  import tempfile
+
+  with tempfile.TemporaryDirectory(prefix="laplax-sweep-") as tmp:
+    local = seeds_lib.plot_curves(cells, os.path.join(tmp, CURVES), title=title)
+    if local is None:
+      return None
+    store.upload(local, store.join(workdir, CURVES))
+  return store.join(workdir, CURVES)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -720,7 +801,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     return 128 + int(_Child.signum or signal.SIGINT)
   _Child.planning = False
-  os.makedirs(args.workdir, exist_ok=True)
+  from laplax.workdir import store
+
+  if not store.is_remote(args.workdir):  # an object store has no directories
+    os.makedirs(args.workdir, exist_ok=True)
   record = {
     key: (
       list(getattr(args, key))
@@ -729,7 +813,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     for key in _SAME_ON_RERUN
   }
-  utils.atomic_write(
+  store.write(
     os.path.join(args.workdir, SWEEP_FILE),
     json.dumps(dict(record, grid=grid, seeds=seeds), indent=2),
   )
@@ -761,14 +845,11 @@ def main(argv: Sequence[str] | None = None) -> int:
       print(f"{tag}: stopped by a signal{saved}; run the same command to go on", flush=True)
       write_summary(runs, configs, args)
       return 0 if code == 0 else 128 + int(_Child.signum)
-    with open(os.path.join(run.workdir, "eval.json")) as f:
-      shown = {
-        k: v
-        for k, v in json.load(f).items()
-        if k not in seeds_lib.NOT_METRICS
-        and isinstance(v, (int, float))
-        and not isinstance(v, bool)
-      }
+    shown = {
+      k: v
+      for k, v in json.loads(store.read_text(os.path.join(run.workdir, "eval.json"))).items()
+      if k not in seeds_lib.NOT_METRICS and isinstance(v, (int, float)) and not isinstance(v, bool)
+    }
     print(
       f"{tag}: done in {time.time() - start:.0f} s: "
       + ", ".join(

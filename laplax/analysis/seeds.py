@@ -42,14 +42,29 @@ def read_jsonl(path: str) -> list[dict]:
   """
   if not os.path.exists(path):
     return []
-  records = []
   with open(path, encoding="utf-8") as f:
-    for line in f:
-      try:
-        records.append(json.loads(line))
-      except json.JSONDecodeError:
-        continue
+    return _parsed(f)
+
+
+def _parsed(lines) -> list[dict]:
+  records = []
+  for line in lines:
+    try:
+      records.append(json.loads(line))
+    except json.JSONDecodeError:
+      continue
   return records
+
+
+def read_metrics(workdir: str) -> list[dict]:
+  """The metric records of a run's ``workdir`` as :func:`read_jsonl` reads
+  ``metrics.jsonl``; a ``gs://`` workdir's record objects
+  (:mod:`laplax.workdir.remote_metrics`) in their order."""
+  from laplax.workdir import remote_metrics, store
+
+  if not store.is_remote(workdir):
+    return read_jsonl(os.path.join(workdir, "metrics.jsonl"))
+  return _parsed(line for _, line in remote_metrics.lines(workdir))
 
 
 def run_results(workdir: str) -> dict:
@@ -63,24 +78,22 @@ def run_results(workdir: str) -> dict:
   Raises:
     ValueError: no readable ``eval.json``.
   """
+  from laplax.workdir import store
+
   try:
-    with open(os.path.join(workdir, "eval.json")) as f:
-      evaluated = json.load(f)
+    evaluated = json.loads(store.read_text(os.path.join(workdir, "eval.json")))
   except (OSError, json.JSONDecodeError) as e:
     raise ValueError(
       f"{workdir} has no readable eval.json ({type(e).__name__}); run eval.py --workdir {workdir}"
     ) from None
   metrics = _numbers(evaluated, NOT_METRICS)
-  train = [
-    r for r in read_jsonl(os.path.join(workdir, "metrics.jsonl")) if r.get("split") == "train"
-  ]
+  train = [r for r in read_metrics(workdir) if r.get("split") == "train"]
   if train:
     metrics.update({f"train_{k}": v for k, v in _numbers(train[-1], NOT_TRAIN_METRICS).items()})
   layers = {}
   analysis_path = os.path.join(workdir, "analysis.json")
-  if os.path.exists(analysis_path):
-    with open(analysis_path) as f:
-      per_layer = summary_lib.summary(json.load(f))
+  if store.exists(analysis_path):
+    per_layer = summary_lib.summary(json.loads(store.read_text(analysis_path)))
     layers = {k: v for k, v in per_layer.items() if any(x is not None for x in v)}
   return {"metrics": metrics, "layers": layers}
 
@@ -197,7 +210,7 @@ def plot_curves(cells: Sequence[dict], path: str, title: str = "") -> str | None
   then each eval metric of ``metrics.jsonl``, against the step. Returns ``path``, or
   ``None`` when no run has a training record.
   """
-  records = [[read_jsonl(os.path.join(w, "metrics.jsonl")) for w in c["workdirs"]] for c in cells]
+  records = [[read_metrics(w) for w in c["workdirs"]] for c in cells]
   eval_keys = sorted(
     {
       k

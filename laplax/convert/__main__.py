@@ -41,6 +41,8 @@ what the target declares on the spec's fields (``convert`` metadata,
 :func:`laplax.models.support.unsupported`): an option the target does not
 declare is refused unless at its default, by ``--to`` and ``--from`` alike
 (fail closed: a new spec field is refused until it names the target).
+``--workdir`` may be ``gs://BUCKET/PATH`` for ``--from`` and ``--to`` alike
+(:mod:`laplax.convert.remote`); ``--out`` is a local directory.
 Bad input prints one line and exits with code 2; nothing is written.
 SIGINT or SIGTERM ends it within 5 s with one line and exit code 130 or 143,
 leaving nothing behind (the output is written in a temporary directory,
@@ -162,10 +164,16 @@ def main(guard: signals.Guard) -> int:
     raise cli.UsageError("--workdir is required (the laplax run directory)")
   from laplax import store
 
-  for flag, value in (("--workdir", _WORKDIR.value), ("--out", _OUT.value or "")):
-    why = store.local_only(value, flag, "python -m laplax.convert")
-    if why:
-      raise cli.UsageError(why)
+  try:
+    store.check_scheme(_WORKDIR.value)
+  except store.StoreError as e:
+    raise cli.UsageError(str(e)) from None
+  if "://" in (_OUT.value or ""):
+    out = _OUT.value.rstrip("/")
+    raise cli.UsageError(
+      f"--out {_OUT.value}: --to writes a local directory; give a local DIR, then copy it "
+      f"(gcloud storage cp -r DIR {out})"
+    )
   cli.quiet()
   from laplax.convert import common, hf_bert, hf_gpt2, hf_nystromformer, nanochat, timm_vit
 

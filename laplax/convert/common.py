@@ -281,15 +281,34 @@ def commit_directory(tmp: str, path: str) -> None:
 
 
 def new_path(path: str, flag: str) -> str:
-  """The absolute ``path`` (``~`` expanded) of a directory a converter is about to write.
+  """The absolute ``path`` (``~`` expanded; a ``gs://`` URL as given) of a
+  directory a converter is about to write.
 
   Raises:
-    ConvertError: it exists (``{flag} PATH exists; give a new directory``).
+    ConvertError: it exists (``{flag} PATH exists; give a new directory``;
+      for ``gs://``: any object under it).
+    StoreError: its bucket does not exist or does not answer.
   """
-  path = os.path.abspath(os.path.expanduser(path))
-  if os.path.exists(path):
+  from laplax.workdir import store
+
+  path = store.absolute(path)
+  store.check_bucket(path)
+  if store.exists(path):
     raise ConvertError(f"{flag} {path} exists; give a new directory (nothing was written)")
   return path
+
+
+def workdir_file(workdir: str, name: str) -> str | None:
+  """A local file name of ``workdir/name`` (for readers of local files only:
+  a ``gs://`` object is downloaded to a temporary folder), or ``None`` if the
+  workdir has no such file."""
+  from laplax.workdir import store
+
+  if not store.is_remote(workdir):
+    path = os.path.join(os.path.expanduser(workdir), name)
+    return path if os.path.isfile(path) else None
+  path = store.join(workdir, name)
+  return store.local_copy(path) if store.isfile(path) else None
 
 
 # ------------------------------------------------------- Hugging Face directories
@@ -506,7 +525,8 @@ def write_workdir(
   ``files`` (``{name in workdir: path to copy}``, e.g. ``tokenizer.json``).
 
   Everything is written in a temporary directory beside ``workdir`` and
-  renamed at the end, so a failure leaves nothing.
+  renamed at the end, so a failure leaves nothing; a ``gs://`` workdir is
+  written in place under its lock (:mod:`laplax.convert.remote`).
 
   Args:
     workdir: the new run directory (must not exist).
@@ -519,6 +539,7 @@ def write_workdir(
 
   Raises:
     ConvertError: ``workdir`` exists, or ``params`` does not fit the model.
+    StoreError: a ``gs://`` bucket that does not exist or does not answer.
   """
   from laplax import (
     optim,
@@ -546,6 +567,13 @@ def write_workdir(
     rng=jax.random.fold_in(rng, 1),
     task_state=task.init_task_state(params),
   )
+  from laplax.workdir import store
+
+  if store.is_remote(workdir):
+    from laplax.convert import remote
+
+    remote.write_workdir(workdir, config, state, files or {})
+    return
   parent = os.path.dirname(workdir)
   os.makedirs(parent, exist_ok=True)
   tmp = new_directory(parent)

@@ -22,7 +22,6 @@ Errors are :class:`~laplax.convert.common.ConvertError` with one line.
 from __future__ import annotations
 
 import copy
-import os
 from collections.abc import Mapping
 
 import ml_collections
@@ -327,7 +326,7 @@ def convert_to_hf(workdir: str, out_dir: str, force: bool = False) -> str | None
     raise ConvertError("a learned Laplacian mix has no place in BertForMaskedLM's tensors")
   tensors = laplax_to_hf(flat, spec.depth)
   vocab_size = int(np.shape(flat["token_embedding/embedding"])[0])
-  tokenizer = os.path.join(os.path.expanduser(workdir), TOKENIZER_FILE)
-  files = {TOKENIZER_FILE: tokenizer} if os.path.isfile(tokenizer) else {}
+  tokenizer = common.workdir_file(workdir, TOKENIZER_FILE)
+  files = {TOKENIZER_FILE: tokenizer} if tokenizer else {}
   common.write_hf_directory(out_abs, hf_config(spec, vocab_size), tensors, files)
   return note

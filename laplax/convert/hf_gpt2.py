@@ -31,7 +31,6 @@ the key, tensor or file; nothing is written then.
 from __future__ import annotations
 
 import copy
-import os
 from collections.abc import Mapping
 
 import ml_collections
@@ -491,8 +490,7 @@ def convert_to_hf(workdir: str, out_dir: str, force: bool = False) -> str | None
     note += (
       "; the learned mix logits a (alpha = sigmoid(a)) are transformer.h.{i}.attn.laplacian_mix"
     )
-  tokenizer = os.path.join(os.path.expanduser(workdir), TOKENIZER_FILE)
-  tokenizer = tokenizer if os.path.isfile(tokenizer) else None
+  tokenizer = common.workdir_file(workdir, TOKENIZER_FILE)
   hf = hf_config(spec, vocab_size, _eos_token_id(tokenizer))
   files, json_files = {}, {}
   if tokenizer is not None:

@@ -67,6 +67,7 @@ import json
 import os
 import re
 import shutil
+import tempfile
 from collections.abc import Mapping
 
 import ml_collections
@@ -75,6 +76,7 @@ import numpy as np
 from laplax.convert import common
 from laplax.data.errors import DataError
 from laplax.data.text.nanochat_tokenizer import PICKLE_FILE, TOKENIZER_FILE, NanochatTokenizer
+from laplax.workdir import store
 
 ConvertError = common.ConvertError
 TARGET = "nanochat"
@@ -499,11 +501,7 @@ def convert_from_nanochat(
       a model laplax cannot express; misshapen or unexpected tensors; a
       tokenizer whose size is not ``vocab_size``.
   """
-  workdir_abs = os.path.abspath(os.path.expanduser(workdir))
-  if os.path.exists(workdir_abs):
-    raise ConvertError(
-      f"--workdir {workdir_abs} exists; give a new directory (nothing was written)"
-    )
+  workdir_abs = common.new_path(workdir, "--workdir")
   weights, meta, step = _step_files(model_dir, step)
   mc = read_meta(meta)
   tok_path = find_tokenizer(model_dir, tokenizer)
@@ -525,10 +523,13 @@ def convert_from_nanochat(
     skip_source=True,
   )
   params = common.to_layout(common.nested(nanochat_to_laplax(tensors, spec.depth)), spec)
-  parent = os.path.dirname(workdir_abs)
   files = {}
   if tok is not None:
-    os.makedirs(parent, exist_ok=True)
+    if store.is_remote(workdir_abs):  # staged on local disk, uploaded into the workdir
+      parent = tempfile.gettempdir()
+    else:
+      parent = os.path.dirname(workdir_abs)
+      os.makedirs(parent, exist_ok=True)
     staged = common.new_directory(parent)
     files[TOKENIZER_FILE] = os.path.join(staged, TOKENIZER_FILE)
     tok.save(files[TOKENIZER_FILE])
@@ -643,8 +644,8 @@ def convert_to_nanochat(workdir: str, out_dir: str) -> None:
   elif heads:
     mc["laplacian_heads"] = heads
   tensors = laplax_to_nanochat(flat, spec.depth)
-  tokenizer = os.path.join(os.path.expanduser(workdir), TOKENIZER_FILE)
-  tok = read_tokenizer(tokenizer, vocab_size) if os.path.isfile(tokenizer) else None
+  tokenizer = common.workdir_file(workdir, TOKENIZER_FILE)
+  tok = read_tokenizer(tokenizer, vocab_size) if tokenizer else None
   try:
     import torch
   except ImportError:

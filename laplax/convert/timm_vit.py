@@ -40,6 +40,7 @@ import numpy as np
 
 from laplax.convert import common
 from laplax.convert.common import ConvertError
+from laplax.workdir import store
 
 TIMM_CONFIG = "timm_config.json"  # --to timm: the VisionTransformer arguments
 WEIGHTS = "model.safetensors"
@@ -443,7 +444,9 @@ def convert_from_timm(
     ConvertError: see :func:`timm_model`, :func:`architecture`,
       :func:`timm_to_laplax`, :func:`common.write_workdir`.
   """
-  if os.path.exists(workdir):
+  if store.is_remote(workdir):
+    common.new_path(workdir, "--workdir")
+  elif os.path.exists(workdir):
     raise ConvertError(f"--workdir {workdir} exists; give a new directory (nothing was written)")
   if not _is_classification(config):
     raise ConvertError(

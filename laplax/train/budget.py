@@ -45,9 +45,14 @@ def saved_elapsed(step_dir: str) -> float | None:
   """The elapsed training time (seconds) a checkpoint step directory saved
   with its data state (orbax's JSON item ``data``, file ``metadata``);
   ``None`` without one (no wall-time budget) or when unreadable."""
+  from laplax.workdir import store
+
   try:
-    with open(os.path.join(step_dir, "data", "metadata")) as f:
-      return float(json.load(f)[LOOP_KEY]["elapsed_seconds"])
+    return float(
+      json.loads(store.read_text(os.path.join(step_dir, "data", "metadata")))[LOOP_KEY][
+        "elapsed_seconds"
+      ]
+    )
   except (OSError, ValueError, KeyError, TypeError):
     return None
 

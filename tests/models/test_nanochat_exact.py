@@ -487,3 +487,42 @@ def test_cli_converts_with_the_tokenizer_and_refuses_a_hostile_pickle(tmp_path):
   assert back.encode_ordinary(text) == source.encode_ordinary(text)
   with pytest.raises(common.ConvertError, match="exists"):
     nanochat.convert_to_nanochat(str(tmp_path / "w"), str(tmp_path / "out"))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+  not all(importlib.util.find_spec(m) for m in ("gcsfs", "gcp_storage_emulator")),
+  reason="needs gcsfs and gcp-storage-emulator (requirements-test.txt)",
+)
+def test_gs_workdir_keeps_the_tokenizer_and_goes_back_bitwise(tmp_path, monkeypatch):
+  """--from nanochat onto a gs:// workdir (a GCS emulator) uploads the staged
+  tokenizer with the checkpoint; --to nanochat of it writes the model file
+  and pickle that --to nanochat of the same local conversion writes."""
+  from laplax.workdir import store
+
+  from helpers.gcs import start_emulator
+
+  mc = dict(SMALL, vocab_size=267)
+  src = _checkpoint(tmp_path / "base" / "base_checkpoints" / "d2", mc, _state_dict(mc))
+  _tokenizer().save_nanochat(str(tmp_path / "base" / "tokenizer"))
+  with start_emulator() as emu:
+    for k, v in emu.env.items():
+      monkeypatch.setenv(k, v)
+    url = f"gs://{emu.bucket}/d2"
+    _from_nanochat(src, tmp_path / "local")
+    _from_nanochat(src, url)
+    local_tok = (tmp_path / "local" / nanochat.TOKENIZER_FILE).read_bytes()
+    assert store.read_bytes(f"{url}/{nanochat.TOKENIZER_FILE}") == local_tok
+    nanochat.convert_to_nanochat(url, str(tmp_path / "out_gs"))
+  nanochat.convert_to_nanochat(str(tmp_path / "local"), str(tmp_path / "out_local"))
+  names = sorted(os.listdir(tmp_path / "out_local"))
+  assert names == sorted(os.listdir(tmp_path / "out_gs")) and PICKLE_FILE in names
+  for name in names:
+    if name.endswith(".pt"):  # torch.save's archive holds a per-file record name
+      a, b = (torch.load(tmp_path / d / name) for d in ("out_local", "out_gs"))
+      assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    else:
+      assert (tmp_path / "out_gs" / name).read_bytes() == (
+        tmp_path / "out_local" / name
+      ).read_bytes()
+  assert not os.path.exists(os.path.join(ROOT, "gs:"))

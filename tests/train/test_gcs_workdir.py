@@ -239,8 +239,9 @@ def test_sigkill_on_gs_resumes_to_the_local_runs_metrics_and_state_bitwise(
 
 def test_local_only_folders_refuse_gs_in_one_line(gcs, tmp_path, capfd):
   """A gs:// TFDS data_dir (read by grain's array_record source from local
-  disk), and a gs:// workdir of the sweep: one line naming the copy to make,
-  nothing written. The chat takes a gs:// workdir that exists."""
+  disk): one line naming the copy to make, nothing written. The chat takes a
+  gs:// workdir that exists; the sweep one of a bucket that exists
+  (tests/cli/test_sweep_gcs.py runs one)."""
   r = run_in_process(_args(tmp_path / "run", _url(gcs, "tfds")), capfd)
   assert r.returncode == 2, r.stderr[-2000:]
   lines = [l for l in r.stderr.splitlines() if l.startswith("error:")]
@@ -249,8 +250,12 @@ def test_local_only_folders_refuse_gs_in_one_line(gcs, tmp_path, capfd):
   from laplax import sweep
   from laplax.chat import cli as chat_cli
 
-  with pytest.raises(sweep.SweepError, match="python -m laplax.sweep works on local folders"):
-    sweep._parse_args(["--config", CONFIG, "--workdir", _url(gcs, "sweep"), "--seeds", "0"])
+  args = sweep._parse_args(["--config", CONFIG, "--workdir", _url(gcs, "sweep/"), "--seeds", "0"])
+  assert args.workdir == _url(gcs, "sweep")
+  with pytest.raises(store.StoreError, match="bucket gs://no-such-bucket does not exist"):
+    sweep._check_sweep_file(
+      sweep._parse_args(["--config", CONFIG, "--workdir", "gs://no-such-bucket/s"])
+    )
   args = chat_cli.parser().parse_args(["--workdir", _url(gcs, "chat")])
   with pytest.raises(Exception, match=f"--workdir {args.workdir} is not a directory"):
     chat_cli.check(args)
