@@ -379,7 +379,7 @@ def _parse_args(argv: Sequence[str]):
 def _check_sweep_file(args) -> None:
   """Refuses a workdir that holds a sweep of another command (its config,
   overrides or analysis flags differ; grid values and seeds may be added)."""
-  from laplax.workdir import store
+  from laplax import store
 
   store.check_bucket(args.workdir)
   path = os.path.join(args.workdir, SWEEP_FILE)
@@ -407,7 +407,7 @@ def _check_sweep_file(args) -> None:
 
 
 def _json_step(path: str) -> int | None:
-  from laplax.workdir import store
+  from laplax import store
 
   try:
     return int(json.loads(store.read_text(path))["step"])
@@ -492,7 +492,7 @@ def _call(script: str, args: Sequence[str], log_path: str) -> int:
   with its output appended to ``log_path``; its exit code. A ``gs://`` log
   (an object store has no append) is written in a local temporary file that
   starts with the log's old text and is uploaded in whole when the command ends."""
-  from laplax.workdir import store
+  from laplax import store
 
   if not store.is_remote(log_path):
     return _call_logged(script, args, log_path)
@@ -532,7 +532,7 @@ def _call_logged(script: str, args: Sequence[str], log_path: str) -> int:
 
 def _last_line_of(run: Run) -> str:
   """The last line of ``run``'s newest log (what its command said last)."""
-  from laplax.workdir import store
+  from laplax import store
 
   if store.is_remote(run.workdir):  # no mtime to compare: the log written last
     return _last_line(_Child.log) if _Child.log else ""
@@ -542,7 +542,7 @@ def _last_line_of(run: Run) -> str:
 
 
 def _last_line(path: str) -> str:
-  from laplax.workdir import store
+  from laplax import store
 
   if store.is_remote(path):
     lines = [l.strip() for l in store.read_text(path).split("\n") if l.strip()]
@@ -559,7 +559,7 @@ def run_one(run: Run, need: Sequence[str], args) -> int:
   Raises:
     SweepError: ``train.py`` or ``eval.py`` failed (naming its log).
   """
-  from laplax.workdir import store
+  from laplax import store
 
   if not store.is_remote(run.workdir):  # an object store has no directories
     os.makedirs(run.workdir, exist_ok=True)
@@ -599,7 +599,7 @@ def _remote_analysis(workdir: str, script_args: Sequence[str], log_path: str) ->
   import shutil
   import tempfile
 
-  from laplax.workdir import store
+  from laplax import store
 
   staged = tempfile.mkdtemp(prefix="laplax-analysis-")
   try:
@@ -716,7 +716,7 @@ def write_summary(runs: Sequence[Run], configs: dict, args) -> list[str]:
   (and, for language models, ``results.csv``: :func:`result_rows`); the
   paths written. A language-model sweep's ``summary.md`` starts with
   :data:`NANOCHAT_METRICS` per cell."""
-  from laplax.workdir import store
+  from laplax import store
 
   finished = [r for r in runs if not _steps_left(r, configs[r.name], args.analysis)]
   cells = {}
@@ -761,7 +761,7 @@ def write_summary(runs: Sequence[Run], configs: dict, args) -> list[str]:
 def _plot_curves(cells: list[dict], workdir: str) -> str | None:
   """:func:`laplax.analysis.seeds.plot_curves` into ``workdir/curves.png``
   (for ``gs://``: drawn in a local temporary folder, then uploaded)."""
-  from laplax.workdir import store
+  from laplax import store
 
   title = os.path.basename(os.path.normpath(workdir))
   if not store.is_remote(workdir):
@@ -801,7 +801,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     return 128 + int(_Child.signum or signal.SIGINT)
   _Child.planning = False
-  from laplax.workdir import store
+  from laplax import store
 
   if not store.is_remote(args.workdir):  # an object store has no directories
     os.makedirs(args.workdir, exist_ok=True)

@@ -60,7 +60,8 @@ def read_metrics(workdir: str) -> list[dict]:
   """The metric records of a run's ``workdir`` as :func:`read_jsonl` reads
   ``metrics.jsonl``; a ``gs://`` workdir's record objects
   (:mod:`laplax.workdir.remote_metrics`) in their order."""
-  from laplax.workdir import remote_metrics, store
+  from laplax import store
+  from laplax.workdir import remote_metrics
 
   if not store.is_remote(workdir):
     return read_jsonl(os.path.join(workdir, "metrics.jsonl"))
@@ -78,7 +79,7 @@ def run_results(workdir: str) -> dict:
   Raises:
     ValueError: no readable ``eval.json``.
   """
-  from laplax.workdir import store
+  from laplax import store
 
   try:
     evaluated = json.loads(store.read_text(os.path.join(workdir, "eval.json")))

@@ -289,7 +289,7 @@ def new_path(path: str, flag: str) -> str:
       for ``gs://``: any object under it).
     StoreError: its bucket does not exist or does not answer.
   """
-  from laplax.workdir import store
+  from laplax import store
 
   path = store.absolute(path)
   store.check_bucket(path)
@@ -302,7 +302,7 @@ def workdir_file(workdir: str, name: str) -> str | None:
   """A local file name of ``workdir/name`` (for readers of local files only:
   a ``gs://`` object is downloaded to a temporary folder), or ``None`` if the
   workdir has no such file."""
-  from laplax.workdir import store
+  from laplax import store
 
   if not store.is_remote(workdir):
     path = os.path.join(os.path.expanduser(workdir), name)
@@ -567,7 +567,7 @@ def write_workdir(
     rng=jax.random.fold_in(rng, 1),
     task_state=task.init_task_state(params),
   )
-  from laplax.workdir import store
+  from laplax import store
 
   if store.is_remote(workdir):
     from laplax.convert import remote

@@ -73,10 +73,10 @@ from collections.abc import Mapping
 import ml_collections
 import numpy as np
 
+from laplax import store
 from laplax.convert import common
 from laplax.data.errors import DataError
 from laplax.data.text.nanochat_tokenizer import PICKLE_FILE, TOKENIZER_FILE, NanochatTokenizer
-from laplax.workdir import store
 
 ConvertError = common.ConvertError
 TARGET = "nanochat"

@@ -36,10 +36,10 @@ def write_workdir(
       its lock or wrote there meanwhile (nothing of theirs is touched).
     StoreError: a failed request (no bucket, no permission); what was written is removed.
   """
-  from laplax import signals
+  from laplax import signals, store
   from laplax.convert.common import ConvertError
   from laplax.workdir import checkpoint as ckpt_lib
-  from laplax.workdir import lock, store
+  from laplax.workdir import lock
   from laplax.workdir.files import CHECKPOINT_DIR, write_config
 
   exists = f"--workdir {workdir} exists; give a new directory (nothing was written)"

@@ -38,9 +38,9 @@ from typing import Any
 
 import numpy as np
 
+from laplax import store
 from laplax.convert import common
 from laplax.convert.common import ConvertError
-from laplax.workdir import store
 
 TIMM_CONFIG = "timm_config.json"  # --to timm: the VisionTransformer arguments
 WEIGHTS = "model.safetensors"

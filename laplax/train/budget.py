@@ -45,7 +45,7 @@ def saved_elapsed(step_dir: str) -> float | None:
   """The elapsed training time (seconds) a checkpoint step directory saved
   with its data state (orbax's JSON item ``data``, file ``metadata``);
   ``None`` without one (no wall-time budget) or when unreadable."""
-  from laplax.workdir import store
+  from laplax import store
 
   try:
     return float(

@@ -17,9 +17,11 @@ if not all(importlib.util.find_spec(m) for m in ("gcsfs", "gcp_storage_emulator"
     "needs gcsfs and gcp-storage-emulator (requirements-test.txt)", allow_module_level=True
   )
 
-from laplax import sweep  # noqa: E402
+from laplax import (
+  store,  # noqa: E402
+  sweep,  # noqa: E402
+)
 from laplax.analysis import seeds  # noqa: E402
-from laplax.workdir import store  # noqa: E402
 
 from helpers.gcs import gcs_fixture, objects  # noqa: E402, F401  (the fixture gcs)
 from helpers.runs import CONFIG, ROOT, TINY, run_in_process  # noqa: E402

@@ -20,8 +20,8 @@ if not all(importlib.util.find_spec(m) for m in ("gcsfs", "gcp_storage_emulator"
     allow_module_level=True,
   )
 
+from laplax import store  # noqa: E402
 from laplax.convert import common, timm_vit  # noqa: E402
-from laplax.workdir import store  # noqa: E402
 
 from helpers.gcs import gcs_fixture, objects  # noqa: E402, F401  (the fixture gcs)
 from helpers.runs import CONFIG, ROOT, run, run_in_process  # noqa: E402

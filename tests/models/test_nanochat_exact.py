@@ -498,7 +498,7 @@ def test_gs_workdir_keeps_the_tokenizer_and_goes_back_bitwise(tmp_path, monkeypa
   """--from nanochat onto a gs:// workdir (a GCS emulator) uploads the staged
   tokenizer with the checkpoint; --to nanochat of it writes the model file
   and pickle that --to nanochat of the same local conversion writes."""
-  from laplax.workdir import store
+  from laplax import store
 
   from helpers.gcs import start_emulator
 
