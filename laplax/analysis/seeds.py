@@ -58,14 +58,11 @@ def _parsed(lines) -> list[dict]:
 
 def read_metrics(workdir: str) -> list[dict]:
   """The metric records of a run's ``workdir`` as :func:`read_jsonl` reads
-  ``metrics.jsonl``; a ``gs://`` workdir's record objects
-  (:mod:`laplax.workdir.remote_metrics`) in their order."""
-  from laplax import store
-  from laplax.workdir import remote_metrics
+  them: ``metrics.jsonl``, or a ``gs://`` workdir's record objects in their
+  order (:func:`laplax.records.metric_lines`)."""
+  from laplax import records
 
-  if not store.is_remote(workdir):
-    return read_jsonl(os.path.join(workdir, "metrics.jsonl"))
-  return _parsed(line for _, line in remote_metrics.lines(workdir))
+  return _parsed(records.metric_lines(workdir))
 
 
 def run_results(workdir: str) -> dict:

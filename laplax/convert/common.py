@@ -27,15 +27,10 @@ import numpy as np
 
 from laplax import state as state_lib
 from laplax import utils
-from laplax.errors import UserError
+from laplax.convert.errors import ConvertError
 from laplax.models import spec as spec_lib
 from laplax.models import support
 from laplax.models.layers import SCANNED_BLOCKS
-
-
-class ConvertError(UserError, ValueError):
-  """A conversion that cannot be done; the message is one line naming the
-  tensor, key or file and the fix."""
 
 
 def flat(tree: Mapping) -> dict[str, np.ndarray]:

@@ -37,7 +37,7 @@ def write_workdir(
     StoreError: a failed request (no bucket, no permission); what was written is removed.
   """
   from laplax import signals, store
-  from laplax.convert.common import ConvertError
+  from laplax.convert.errors import ConvertError
   from laplax.workdir import checkpoint as ckpt_lib
   from laplax.workdir import lock
   from laplax.workdir.files import CHECKPOINT_DIR, write_config

@@ -4,7 +4,7 @@ The layout is docs/workdir.md. A write that fails on an OS error (a full disk)
 raises a one-line :class:`~laplax.workdir.saving.SaveError` naming the file; a
 half-written ``metrics.jsonl`` record is cut off again. Every file goes through
 :mod:`laplax.store`, so a workdir may be ``gs://BUCKET/PATH``: its
-metrics are then one object per record (:mod:`laplax.workdir.remote_metrics`)
+metrics are then one object per record (:mod:`laplax.records`)
 and its TensorBoard events are uploaded at each flush
 (:mod:`laplax.workdir.tb_upload`).
 """
@@ -22,13 +22,13 @@ from collections.abc import Callable
 import jax
 import ml_collections
 
-from laplax import store, tasks, utils
+from laplax import records, store, tasks, utils
 from laplax.config import validation as config_lib
 from laplax.tasks import schema
-from laplax.workdir import remote_metrics, saving, tb_upload
+from laplax.workdir import saving, tb_upload
 
 CONFIG_FILE = "config.json"
-METRICS_FILE = "metrics.jsonl"
+METRICS_FILE = records.METRICS_FILE
 CHECKPOINT_DIR = "checkpoints"
 TENSORBOARD_DIR = "tensorboard"
 WANDB_RUN_ID = "wandb_run_id"
@@ -147,7 +147,7 @@ class MetricWriter:
   def drop_after(self, step: int) -> None:
     """Removes records newer than ``step`` (left by a run killed after it)."""
     if self.active and self.remote:
-      remote_metrics.drop_after(self.workdir, step)
+      records.drop_after(self.workdir, step)
       return
     if not self.active or not os.path.exists(self.path):
       return
@@ -163,8 +163,8 @@ class MetricWriter:
     data = (json.dumps(record) + "\n").encode()
     if self.remote:
       if self._next_record is None:
-        self._next_record = max(remote_metrics.indices(self.workdir), default=-1) + 1
-      remote_metrics.append(self.workdir, self._next_record, data.decode())
+        self._next_record = max(records.indices(self.workdir), default=-1) + 1
+      records.append(self.workdir, self._next_record, data.decode())
       self._next_record += 1
       return
     with self._metrics_guard():
@@ -494,15 +494,9 @@ def _check_local_parent(workdir: str) -> None:
 
 
 def read_metric_lines(workdir: str) -> list[str]:
-  """The records of ``workdir``'s metrics as JSON lines, in the order written
-  (``metrics.jsonl``, or the record objects of a ``gs://`` workdir)."""
-  if store.is_remote(workdir):
-    return [line for _, line in remote_metrics.lines(workdir)]
-  path = os.path.join(workdir, METRICS_FILE)
-  if not os.path.exists(path):
-    return []
-  with open(path) as f:
-    return [line for line in f if line.strip()]
+  """The records of ``workdir``'s metrics as JSON lines, in the order written:
+  :func:`laplax.records.metric_lines`."""
+  return records.metric_lines(workdir)
 
 
 def existing_ancestor(path: str) -> str:

@@ -1,4 +1,4 @@
-"""``metrics.jsonl`` in an object store: one object per record under ``metrics/``.
+"""A run's metric records: ``metrics.jsonl`` on a local disk, one object per record under ``metrics/`` in an object store.
 
 An object store has no append and no rename, so a ``gs://`` workdir keeps its
 metrics as ``metrics/0000000000.jsonl``, ``metrics/0000000001.jsonl``, ...:
@@ -11,11 +11,13 @@ mid-upload leaves no partial object. Local workdirs keep ``metrics.jsonl``.
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 from laplax import store
 
 PREFIX = "metrics"
+METRICS_FILE = "metrics.jsonl"  # a local workdir's records
 
 
 def _path(workdir: str, index: int) -> str:
@@ -57,3 +59,16 @@ def drop_after(workdir: str, step: int) -> None:
   for index, line in lines(workdir):
     if _step(line) > step:
       store.remove(_path(workdir, index))
+
+
+def metric_lines(workdir: str) -> list[str]:
+  """The records of ``workdir``'s metrics as JSON lines, in the order written
+  (``metrics.jsonl``, or the record objects of a ``gs://`` workdir); ``[]``
+  when there are none."""
+  if store.is_remote(workdir):
+    return [line for _, line in lines(workdir)]
+  path = os.path.join(workdir, METRICS_FILE)
+  if not os.path.exists(path):
+    return []
+  with open(path, encoding="utf-8") as f:
+    return [line for line in f if line.strip()]
