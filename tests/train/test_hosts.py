@@ -42,9 +42,12 @@ import sys
 import time
 
 import pytest
-from etils import epath
+
+from laplax.workdir import files, store
+from laplax.workdir import lock as lock_lib
 
 from helpers import sharding_run
+from helpers.gcs import gcs_fixture  # noqa: F401  (the fixture gcs)
 from helpers.resume import GPT_CONFIG, GPT_TINY
 from helpers.runs import ROOT, xla_env
 
@@ -63,7 +66,7 @@ GPT = [
   "--config.mesh_shape=(2,2,2)",
   "--config.optim.grad_accum_steps=1",
 ]
-WHERE = ["local"]
+WHERE = ["gs"]
 
 
 @pytest.fixture(scope="module")
@@ -174,15 +177,12 @@ class Hosts:
 
 
 def _metrics(workdir):
-  text = (epath.Path(workdir) / "metrics.jsonl").read_text()
-  records = [json.loads(line) for line in text.splitlines()]
+  records = [json.loads(line) for line in files.read_metric_lines(workdir)]
   return [{k: v for k, v in r.items() if k not in TIMING} for r in records]
 
 
 def _checkpoints(workdir):
-  return sorted(
-    int(p.name) for p in (epath.Path(workdir) / "checkpoints").iterdir() if p.name.isdigit()
-  )
+  return sorted(int(n) for n in store.listdir(store.join(workdir, "checkpoints")) if n.isdigit())
 
 
 def _check_shares(rows, batches):
@@ -248,6 +248,7 @@ def check_hosts(root, env, tmp_path, data):
   kill = Hosts(run, env, data, tmp_path / "kill", hold=(KILLED, HOLD_AT))
   _kill_one(kill, run)
   assert _checkpoints(run) == [0]
+  assert lock_lib.read(run) is None  # process 0, alive, released it as it stopped
   assert ref.wait() == [0] * PROCESSES, ref.outputs()
   rows = [ref.rows(p) for p in range(PROCESSES)]
   _check_shares(rows, data[2])
@@ -264,6 +265,7 @@ def check_hosts(root, env, tmp_path, data):
   assert f"resumed from step {step}" in resume.out(0, "out")
   assert _metrics(run) == _metrics(reference)
   assert _checkpoints(run) == [0, step, STEPS]
+  assert lock_lib.read(run) is None and lock_lib.read(reference) is None
   # Each run read the reference's rows of its steps, each step once.
   for p in range(PROCESSES):
     killed, before, after = kill.rows(p), term.rows(p), resume.rows(p)
@@ -276,6 +278,12 @@ def check_hosts(root, env, tmp_path, data):
 @pytest.mark.slow
 @pytest.mark.subprocess
 @pytest.mark.parametrize("where", WHERE)
-def test_four_hosts_stop_together_resume_bitwise_and_read_their_own_rows(where, tmp_path, data):
-  root = {"local": lambda: str(tmp_path / "workdirs")}[where]()
+def test_four_hosts_stop_together_resume_bitwise_and_read_their_own_rows(
+  where, tmp_path, data, request
+):
+  if where == "gs":
+    gcs = request.getfixturevalue("gcs")
+    root = f"gs://{gcs.bucket}/hosts"
+  else:
+    root = str(tmp_path / "workdirs")
   check_hosts(root, xla_env(DEVICES), tmp_path, data)
