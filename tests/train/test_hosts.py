@@ -4,8 +4,9 @@
 8 devices (``data`` and ``fsdp`` across the processes, ``tensor`` inside
 each), every process started through ``tests/helpers/hosts_run.py``: the
 real ``train.py`` with hooks that record the rows each process feeds and
-hold one process at a step until JAX's preemption sync has every step
-counter, so that a signal's moment is deterministic on a busy machine.
+hold one process at a step until its checkpoint is committed and JAX's
+preemption sync has every step counter, so that a signal's moment is
+deterministic on a busy machine.
 One scenario, :func:`check_hosts`, on a workdir root and an environment:
 
 - an uninterrupted run, the reference, and at the same time a run in
@@ -13,21 +14,25 @@ One scenario, :func:`check_hosts`, on a workdir root and an environment:
   :data:`HOLD_AT` makes the other three exit 1 within :data:`KILL_BOUND_S` with
   one line each naming it (:class:`laplax.train.preemption.Peers`), no
   traceback;
-- the same command restarted (it takes over the killed run's lock and
-  resumes from step 0), SIGTERM to process :data:`SIGNALLED` alone, held
-  after step :data:`HOLD_AT`: all four stop after the same step (the step
+- the same command restarted (process 0, which lived, removed the lock as
+  it stopped; the run resumes from step 0, committed before the kill),
+  SIGTERM to process :data:`SIGNALLED` alone, held after step
+  :data:`HOLD_AT`: all four stop after the same step (the step
   each one's stop check said stop, as recorded), exit 0 and leave exactly one
   checkpoint of it besides step 0;
-- the same command again resumes, and its ``metrics.jsonl`` equals the
+- the same command again resumes, and its metrics equal the
   reference's bitwise (timing keys dropped);
 - what each process read, checked: its rows of every step are rows
   ``p::4`` of the global batch one reader of the same data gives, the
   four shares are disjoint and together the whole batch, and the killed,
   stopped and resumed runs read the reference's rows, each step once.
 
-The workdir is a parameter: a root (a local path today; a ``gs://`` root
-with its emulator's environment can be added to :data:`WHERE`) under which
-each run gets its own workdir; the hooks' records stay local.
+The workdir is a parameter: a root under which each run gets its own
+workdir, ``gs://`` on the module's GCS emulator (``helpers.gcs``, its
+environment set for the processes); the hooks' records stay local.
+:data:`WHERE` holds ``"gs"`` only: the scenario takes minutes, and the local
+multi-process path is tested by tests/train/test_stop.py's two-process
+tests (``"local"`` still runs it on a local folder).
 """
 
 import json
