@@ -75,6 +75,7 @@ SIGNALS = (signal.SIGINT, signal.SIGTERM)
 PEER_LOST_EXIT = 1
 _CHECKPOINTS = "checkpoints"  # laplax.workdir.files.CHECKPOINT_DIR (not imported: no JAX here)
 _INCOMPLETE = re.compile(r"^(\d+)\.orbax-checkpoint-tmp")
+_COMMITTED = "commit_success.txt"  # orbax's commit file of a gs:// step (laplax.workdir.checkpoint)
 
 _cleanups: dict[int, Callable[[], None]] = {}
 _critical = threading.RLock()
@@ -143,16 +144,30 @@ def current() -> Guard | None:
 
 
 def checkpoint_status(workdir: str) -> str:
-  """What ``workdir/checkpoints`` holds, as a phrase for the exit line."""
+  """What ``workdir/checkpoints`` holds, as a phrase for the exit line.
+
+  In an object store (``gs://``) a step directory is complete once orbax has
+  written its ``commit_success.txt`` (there is no rename); one without it is
+  an unfinished write, as orbax's temporary directories are on a local disk.
+  """
   directory = os.path.join(workdir, _CHECKPOINTS)
   try:
     from laplax import store
 
     names = store.listdir(directory)
+    uncommitted = [  # gs://: a step directory without its commit file is unfinished
+      int(n)
+      for n in names
+      if store.is_remote(directory)
+      and n.isdigit()
+      and not store.exists(store.join(directory, n, _COMMITTED))
+    ]
   except Exception:  # an unreachable store: the line says nothing of it
-    names = []
-  steps = [int(n) for n in names if n.isdigit()]
-  partial = sorted(int(m.group(1)) for n in names for m in [_INCOMPLETE.match(n)] if m)
+    names, uncommitted = [], []
+  steps = [int(n) for n in names if n.isdigit() and int(n) not in uncommitted]
+  partial = sorted(
+    [int(m.group(1)) for n in names for m in [_INCOMPLETE.match(n)] if m] + uncommitted
+  )
   text = (
     f"last complete checkpoint: step {max(steps)} in {directory}, later steps not saved"
     if steps

@@ -15,7 +15,10 @@ else changed) with two hooks around the training loop's own functions:
   stopped after the same step, instead of assuming them;
 * a hold that makes a signal's moment deterministic: with
   ``LAPLAX_HOSTS_HOLD=P:K`` process ``P``, at the stop check after step
-  ``K``, creates ``DIR/held{P}`` and waits (at most :data:`HOLD_S`) until
+  ``K``, first waits until the newest checkpoint it started is complete
+  (orbax commits in a background thread, which on a slow object store may
+  take longer than a few steps), then creates ``DIR/held{P}`` and waits
+  (at most :data:`HOLD_S`) until
   every process has posted its step counter for JAX's preemption sync
   (the coordination service's key-value directory
   :data:`PREEMPTION_COUNTERS`, XLA's ``preemption_sync_manager.cc``): the
@@ -36,6 +39,7 @@ import jax  # noqa: E402
 
 from laplax import sharding  # noqa: E402
 from laplax.train import loop  # noqa: E402
+from laplax.workdir.checkpoint import Checkpointer  # noqa: E402
 
 HOLD_S = 120
 PREEMPTION_COUNTERS = "PREEMPTION_CURRENT_COUNTER/"
@@ -47,10 +51,20 @@ def _log(out: str, record: dict) -> None:
     f.write(json.dumps(record) + "\n")
 
 
-def _hold(out: str) -> None:
-  """Marks the hold, then waits until every process has posted its preemption counter."""
+def _committed(checkpointers: list) -> None:
+  """Waits (at most :data:`HOLD_S`) until the newest save of each checkpointer is complete."""
+  deadline = time.monotonic() + HOLD_S
+  for ckpt in checkpointers:
+    while ckpt._saving not in ckpt.complete_steps() and time.monotonic() < deadline:
+      time.sleep(0.05)
+
+
+def _hold(out: str, checkpointers: list) -> None:
+  """Waits for the checkpoints started, marks the hold, then waits until every
+  process has posted its preemption counter."""
   from jax._src import distributed
 
+  _committed(checkpointers)
   open(os.path.join(out, f"held{jax.process_index()}"), "w").close()
   client = distributed.global_state.client
   deadline = time.monotonic() + HOLD_S
@@ -61,14 +75,16 @@ def _hold(out: str) -> None:
 
 
 def install(out: str, hold: str | None) -> None:
-  """Wraps the loop's stop check and ``sharding.global_batch`` (see the module docstring)."""
-  reached, global_batch = loop._stop_reached, sharding.global_batch
+  """Wraps the loop's stop check, ``sharding.global_batch`` and
+  ``Checkpointer.save`` (see the module docstring)."""
+  reached, global_batch, save = loop._stop_reached, sharding.global_batch, Checkpointer.save
+  checkpointers = []
   held = tuple(int(x) for x in hold.split(":")) if hold else None
   current = [0]  # the last step the stop check ran after
 
   def stop_reached(stop, step):
     if (jax.process_index(), step) == held:
-      _hold(out)
+      _hold(out, checkpointers)
     current[0] = step
     if reached(stop, step):
       _log(out, {"stop": step})
@@ -79,7 +95,13 @@ def install(out: str, hold: str | None) -> None:
     _log(out, {"step": current[0] + 1, "rows": batch["tokens"].tolist()})
     return global_batch(batch, *args, **kwargs)
 
+  def saving(self, *args, **kwargs):
+    if self not in checkpointers:
+      checkpointers.append(self)
+    return save(self, *args, **kwargs)
+
   loop._stop_reached = stop_reached
+  Checkpointer.save = saving
   sharding.global_batch = feed
 
 

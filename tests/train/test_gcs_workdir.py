@@ -134,6 +134,29 @@ def test_missing_bucket_and_forbidden_are_one_line_with_nothing_lost(gcs, fmnist
   )
 
 
+def test_exit_line_counts_only_committed_steps(gcs):
+  """The exit line of a hard stop (:func:`laplax.signals.checkpoint_status`) on
+  gs://: a step directory is complete once orbax's ``commit_success.txt`` is
+  in it; one without it (a write cut short, or still being committed) is named
+  as the unfinished write, never as the last complete checkpoint."""
+  from laplax import signals
+
+  w = _url(gcs, "status")
+  ckpt = store.join(w, "checkpoints")
+  store.write(store.join(ckpt, "3", "state", "x"), "x")
+  assert signals.checkpoint_status(w) == (
+    f"no checkpoint saved in {w}; the unfinished write of step 3 is ignored and removed at "
+    f"the next start"
+  )
+  for step in ("0", "3"):
+    store.write(store.join(ckpt, step, "commit_success.txt"), "ok")
+  store.write(store.join(ckpt, "6", "state", "x"), "x")
+  assert signals.checkpoint_status(w) == (
+    f"last complete checkpoint: step 3 in {ckpt}, later steps not saved; the unfinished "
+    f"write of step 6 is ignored and removed at the next start"
+  )
+
+
 def _lock_record(host, pid, renewed, lease_s=60.0):
   return {"host": host, "pid": pid, "started": renewed, "renewed": renewed, "lease_s": lease_s}
 

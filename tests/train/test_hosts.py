@@ -4,8 +4,9 @@
 8 devices (``data`` and ``fsdp`` across the processes, ``tensor`` inside
 each), every process started through ``tests/helpers/hosts_run.py``: the
 real ``train.py`` with hooks that record the rows each process feeds and
-hold one process at a step until JAX's preemption sync has every step
-counter, so that a signal's moment is deterministic on a busy machine.
+hold one process at a step until its checkpoint is committed and JAX's
+preemption sync has every step counter, so that a signal's moment is
+deterministic on a busy machine.
 One scenario, :func:`check_hosts`, on a workdir root and an environment:
 
 - an uninterrupted run, the reference, and at the same time a run in
@@ -13,21 +14,25 @@ One scenario, :func:`check_hosts`, on a workdir root and an environment:
   :data:`HOLD_AT` makes the other three exit 1 within :data:`KILL_BOUND_S` with
   one line each naming it (:class:`laplax.train.preemption.Peers`), no
   traceback;
-- the same command restarted (it takes over the killed run's lock and
-  resumes from step 0), SIGTERM to process :data:`SIGNALLED` alone, held
-  after step :data:`HOLD_AT`: all four stop after the same step (the step
+- the same command restarted (process 0, which lived, removed the lock as
+  it stopped; the run resumes from step 0, committed before the kill),
+  SIGTERM to process :data:`SIGNALLED` alone, held after step
+  :data:`HOLD_AT`: all four stop after the same step (the step
   each one's stop check said stop, as recorded), exit 0 and leave exactly one
   checkpoint of it besides step 0;
-- the same command again resumes, and its ``metrics.jsonl`` equals the
+- the same command again resumes, and its metrics equal the
   reference's bitwise (timing keys dropped);
 - what each process read, checked: its rows of every step are rows
   ``p::4`` of the global batch one reader of the same data gives, the
   four shares are disjoint and together the whole batch, and the killed,
   stopped and resumed runs read the reference's rows, each step once.
 
-The workdir is a parameter: a root (a local path today; a ``gs://`` root
-with its emulator's environment can be added to :data:`WHERE`) under which
-each run gets its own workdir; the hooks' records stay local.
+The workdir is a parameter: a root under which each run gets its own
+workdir, ``gs://`` on the module's GCS emulator (``helpers.gcs``, its
+environment set for the processes); the hooks' records stay local.
+:data:`WHERE` holds ``"gs"`` only: the scenario takes minutes, and the local
+multi-process path is tested by tests/train/test_stop.py's two-process
+tests (``"local"`` still runs it on a local folder).
 """
 
 import json
@@ -42,9 +47,12 @@ import sys
 import time
 
 import pytest
-from etils import epath
+
+from laplax.workdir import files, store
+from laplax.workdir import lock as lock_lib
 
 from helpers import sharding_run
+from helpers.gcs import gcs_fixture  # noqa: F401  (the fixture gcs)
 from helpers.resume import GPT_CONFIG, GPT_TINY
 from helpers.runs import ROOT, xla_env
 
@@ -63,7 +71,7 @@ GPT = [
   "--config.mesh_shape=(2,2,2)",
   "--config.optim.grad_accum_steps=1",
 ]
-WHERE = ["local"]
+WHERE = ["gs"]
 
 
 @pytest.fixture(scope="module")
@@ -174,15 +182,12 @@ class Hosts:
 
 
 def _metrics(workdir):
-  text = (epath.Path(workdir) / "metrics.jsonl").read_text()
-  records = [json.loads(line) for line in text.splitlines()]
+  records = [json.loads(line) for line in files.read_metric_lines(workdir)]
   return [{k: v for k, v in r.items() if k not in TIMING} for r in records]
 
 
 def _checkpoints(workdir):
-  return sorted(
-    int(p.name) for p in (epath.Path(workdir) / "checkpoints").iterdir() if p.name.isdigit()
-  )
+  return sorted(int(n) for n in store.listdir(store.join(workdir, "checkpoints")) if n.isdigit())
 
 
 def _check_shares(rows, batches):
@@ -248,6 +253,7 @@ def check_hosts(root, env, tmp_path, data):
   kill = Hosts(run, env, data, tmp_path / "kill", hold=(KILLED, HOLD_AT))
   _kill_one(kill, run)
   assert _checkpoints(run) == [0]
+  assert lock_lib.read(run) is None  # process 0, alive, released it as it stopped
   assert ref.wait() == [0] * PROCESSES, ref.outputs()
   rows = [ref.rows(p) for p in range(PROCESSES)]
   _check_shares(rows, data[2])
@@ -264,6 +270,7 @@ def check_hosts(root, env, tmp_path, data):
   assert f"resumed from step {step}" in resume.out(0, "out")
   assert _metrics(run) == _metrics(reference)
   assert _checkpoints(run) == [0, step, STEPS]
+  assert lock_lib.read(run) is None and lock_lib.read(reference) is None
   # Each run read the reference's rows of its steps, each step once.
   for p in range(PROCESSES):
     killed, before, after = kill.rows(p), term.rows(p), resume.rows(p)
@@ -276,6 +283,12 @@ def check_hosts(root, env, tmp_path, data):
 @pytest.mark.slow
 @pytest.mark.subprocess
 @pytest.mark.parametrize("where", WHERE)
-def test_four_hosts_stop_together_resume_bitwise_and_read_their_own_rows(where, tmp_path, data):
-  root = {"local": lambda: str(tmp_path / "workdirs")}[where]()
+def test_four_hosts_stop_together_resume_bitwise_and_read_their_own_rows(
+  where, tmp_path, data, request
+):
+  if where == "gs":
+    gcs = request.getfixturevalue("gcs")
+    root = f"gs://{gcs.bucket}/hosts"
+  else:
+    root = str(tmp_path / "workdirs")
   check_hosts(root, xla_env(DEVICES), tmp_path, data)
