@@ -48,7 +48,8 @@ import time
 
 import pytest
 
-from laplax.workdir import files, store
+from laplax import store
+from laplax.workdir import files
 from laplax.workdir import lock as lock_lib
 
 from helpers import sharding_run
