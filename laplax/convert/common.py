@@ -27,10 +27,15 @@ import numpy as np
 
 from laplax import state as state_lib
 from laplax import utils
-from laplax.convert.errors import ConvertError
+from laplax.errors import UserError
 from laplax.models import spec as spec_lib
 from laplax.models import support
 from laplax.models.layers import SCANNED_BLOCKS
+
+
+class ConvertError(UserError, ValueError):
+  """A conversion that cannot be done; the message is one line naming the
+  tensor, key or file and the fix."""
 
 
 def flat(tree: Mapping) -> dict[str, np.ndarray]:
@@ -567,7 +572,7 @@ def write_workdir(
   if store.is_remote(workdir):
     from laplax.convert import remote
 
-    remote.write_workdir(workdir, config, state, files or {})
+    remote.write_workdir(workdir, config, state, files or {}, ConvertError)
     return
   parent = os.path.dirname(workdir)
   os.makedirs(parent, exist_ok=True)

@@ -25,11 +25,13 @@ import ml_collections
 
 
 def write_workdir(
-  workdir: str, config: ml_collections.ConfigDict, state, files: Mapping[str, str]
+  workdir: str, config: ml_collections.ConfigDict, state, files: Mapping[str, str], error
 ) -> None:
   """Writes the new ``gs://`` workdir ``workdir``: the step-0 checkpoint of
   ``state`` (a :class:`laplax.state.TrainState`), ``files`` (``{name: local
-  path}``) and ``config.json`` (``config``), in that order.
+  path}``) and ``config.json`` (``config``), in that order. ``error`` is the
+  converters' error class (``laplax.convert.common.ConvertError``, passed in:
+  common imports this module).
 
   Raises:
     ConvertError: ``workdir`` has objects under it, or another process took
@@ -37,7 +39,6 @@ def write_workdir(
     StoreError: a failed request (no bucket, no permission); what was written is removed.
   """
   from laplax import signals, store
-  from laplax.convert.errors import ConvertError
   from laplax.workdir import checkpoint as ckpt_lib
   from laplax.workdir import lock
   from laplax.workdir.files import CHECKPOINT_DIR, write_config
@@ -45,14 +46,14 @@ def write_workdir(
   exists = f"--workdir {workdir} exists; give a new directory (nothing was written)"
   store.check_bucket(workdir)
   if store.exists(workdir):
-    raise ConvertError(exists)
+    raise error(exists)
   try:
     held = lock.WorkdirLock(workdir).__enter__()
   except lock.LockError:
-    raise ConvertError(exists) from None
+    raise error(exists) from None
   try:
     if set(store.files_under(workdir)) != {lock.LOCK_FILE}:
-      raise ConvertError(exists)
+      raise error(exists)
     undo = signals.at_exit(lambda: store.rmtree(workdir))
     try:
       checkpointer = ckpt_lib.Checkpointer(store.join(workdir, CHECKPOINT_DIR))
