@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import logging
 import os
 import shutil
 from collections.abc import Iterator
@@ -100,6 +101,9 @@ def _gcs_at(endpoint: str | None):
     from gcsfs.core import GCSFileSystem  # the standard one, whatever the switch said at import
   except ImportError:
     raise StoreError("gs:// paths need the gcsfs package; pip install gcsfs") from None
+  gcsfs_log = logging.getLogger("gcsfs")  # laplax words a failed request itself, in one line
+  if gcsfs_log.level == logging.NOTSET:  # unless the user set gcsfs's level
+    gcsfs_log.setLevel(logging.CRITICAL)
   token = "anon" if endpoint else None
   return GCSFileSystem(use_listings_cache=False, skip_instance_cache=True, token=token)
 
@@ -125,6 +129,13 @@ def errors(path: str) -> Iterator[None]:
     raise
   except Exception as e:
     text = utils.first_line(e)
+    if _unreachable(e):
+      host = os.environ.get("STORAGE_EMULATOR_HOST") or "storage.googleapis.com"
+      raise StoreError(
+        f"cannot reach the object store {host} for {path} ({type(e).__name__}: {text}); "
+        f"check this machine's network and DNS (or STORAGE_EMULATOR_HOST for an emulator), "
+        f"then run the same command again"
+      ) from None
     if "Forbidden" in str(e) or "403" in text:
       raise StoreError(
         f"permission denied on {path} (HTTP 403); give this machine's account write "
@@ -134,6 +145,15 @@ def errors(path: str) -> Iterator[None]:
     raise StoreError(
       f"the request on {path} failed ({type(e).__name__}: {text}); run the same command again"
     ) from None
+
+
+def _unreachable(e: BaseException) -> bool:
+  """Whether ``e`` is a failed connection (DNS, refused, reset) rather than an answer."""
+  try:
+    from aiohttp import ClientConnectionError
+  except ImportError:  # gcsfs always brings aiohttp; without either nothing was reached
+    return False
+  return isinstance(e, ClientConnectionError | ConnectionError)
 
 
 def _no_bucket(path: str) -> StoreError:

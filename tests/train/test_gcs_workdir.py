@@ -284,3 +284,35 @@ def test_local_only_folders_refuse_gs_in_one_line(gcs, tmp_path, capfd):
     chat_cli.check(args)
   store.write(store.join(args.workdir, "config.json"), "{}")
   chat_cli.check(args)
+
+
+def test_an_unreachable_store_is_one_line_naming_the_network():
+  """A connection that fails (here: refused by a closed port on 127.0.0.1, as a
+  failed DNS lookup fails) is worded as the network's fault, not the bucket's,
+  and gcsfs's own retry tracebacks are silenced."""
+  import asyncio
+  import logging
+  import socket
+
+  import aiohttp
+
+  with socket.socket() as s:  # a port nothing listens on
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+
+  async def connect():
+    async with aiohttp.ClientSession() as session:
+      await session.get(f"http://127.0.0.1:{port}/b/x")
+
+  try:
+    asyncio.run(connect())
+  except aiohttp.ClientConnectionError as e:
+    refused = e
+  with pytest.raises(store.StoreError) as info:
+    with store.errors("gs://bucket/run/train.lock"):
+      raise refused
+  message = str(info.value)
+  assert message.startswith("cannot reach the object store") and "\n" not in message
+  assert "gs://bucket/run/train.lock" in message and "network" in message
+  store._gcs()
+  assert logging.getLogger("gcsfs").getEffectiveLevel() > logging.ERROR
