@@ -42,7 +42,8 @@ what the target declares on the spec's fields (``convert`` metadata,
 declare is refused unless at its default, by ``--to`` and ``--from`` alike
 (fail closed: a new spec field is refused until it names the target).
 ``--workdir`` may be ``gs://BUCKET/PATH`` for ``--from`` and ``--to`` alike
-(:mod:`laplax.convert.remote`); ``--out`` is a local directory.
+(:mod:`laplax.convert.remote`); ``--out`` is a local directory or a ``gs://``
+folder (written locally, then uploaded: :func:`laplax.convert.remote.write_output`).
 Bad input prints one line and exits with code 2; nothing is written.
 SIGINT or SIGTERM ends it within 5 s with one line and exit code 130 or 143,
 leaving nothing behind (the output is written in a temporary directory,
@@ -168,12 +169,10 @@ def main(guard: signals.Guard) -> int:
     store.check_scheme(_WORKDIR.value)
   except store.StoreError as e:
     raise cli.UsageError(str(e)) from None
-  if "://" in (_OUT.value or ""):
-    out = _OUT.value.rstrip("/")
-    raise cli.UsageError(
-      f"--out {_OUT.value}: --to writes a local directory; give a local DIR, then copy it "
-      f"(gcloud storage cp -r DIR {out})"
-    )
+  try:
+    store.check_scheme(_OUT.value or "", "--out")
+  except store.StoreError as e:
+    raise cli.UsageError(str(e)) from None
   cli.quiet()
   from laplax.convert import common, hf_bert, hf_gpt2, hf_nystromformer, nanochat, timm_vit
 
@@ -225,15 +224,20 @@ def main(guard: signals.Guard) -> int:
     if not _OUT.value:
       raise cli.UsageError(f"--out is required with --to {target} (a new directory)")
     if target == "nanochat":
-      nanochat.convert_to_nanochat(_WORKDIR.value, _OUT.value)
-      note = None
+      write = lambda out: nanochat.convert_to_nanochat(_WORKDIR.value, out)
     else:
       convert = {
         "timm": timm_vit.convert_to_timm,
         "hf-gpt2": hf_gpt2.convert_to_hf,
         "hf-bert": hf_bert.convert_to_hf,
       }[target]
-      note = convert(_WORKDIR.value, _OUT.value, _FORCE.value)
+      write = lambda out: convert(_WORKDIR.value, out, _FORCE.value)
+    if store.is_remote(_OUT.value):
+      from laplax.convert import remote
+
+      note = remote.write_output(_OUT.value.rstrip("/"), write, common.ConvertError)
+    else:
+      note = write(_OUT.value)
     print(f"wrote {_OUT.value}" + (f"; --force: {note}" if note else ""))
   return 0
 

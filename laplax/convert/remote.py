@@ -69,3 +69,42 @@ def write_workdir(
       undo()
   finally:
     held.release()
+
+
+def write_output(out: str, convert, error):
+  """Runs ``convert(local_dir)`` (a ``--to`` converter writing a new local
+  directory) and uploads what it wrote to the ``gs://`` folder ``out``.
+
+  An object store has no rename, so the output is made in a local temporary
+  directory first and uploaded file by file; a failure, SIGINT or SIGTERM
+  during the upload removes what was uploaded. Returns ``convert``'s result.
+
+  Raises:
+    ConvertError (``error``): ``out`` has objects under it (nothing is written).
+    StoreError: a failed request (no bucket, no permission); what was uploaded is removed.
+  """
+  import os
+  import shutil
+  import tempfile
+
+  from laplax import signals, store
+
+  store.check_bucket(out)
+  if store.exists(out):
+    raise error(f"--out {out} exists; give a new folder (nothing was written)")
+  scratch = tempfile.mkdtemp(prefix="laplax-convert-")
+  try:
+    local = os.path.join(scratch, store.name(out))
+    result = convert(local)
+    undo = signals.at_exit(lambda: store.rmtree(out))
+    try:
+      for name in sorted(store.files_under(local)):
+        store.upload(os.path.join(local, name), store.join(out, name))
+    except BaseException:
+      store.rmtree(out)
+      raise
+    finally:
+      undo()
+  finally:
+    shutil.rmtree(scratch, ignore_errors=True)
+  return result

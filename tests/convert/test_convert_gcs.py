@@ -101,9 +101,19 @@ def test_timm_round_trip_through_gs(gcs, tmp_path, fmnist_data_dir, capfd):
   assert r.returncode == 2 and len(errors) == 1 and "exists" in errors[0], r.stderr[-2000:]
   after = {n: store.read_bytes(f"gs://{gcs.bucket}/{n}") for n in objects(gcs.url, gcs.bucket)}
   assert after == before
-  # --out stays local: a gs:// one is one line naming the copy to make.
+  # --out gs://: the same files, uploaded; a second --to onto it is refused, nothing changed.
+  r = run(["-m", "laplax.convert", "--to", "timm", "--workdir", url, "--out", f"{url}-timm/"])
+  assert r.returncode == 0, r.stderr[-2000:]
+  assert store.files_under(f"{url}-timm") == {
+    name: (ref / name).stat().st_size for name in (timm_vit.WEIGHTS, timm_vit.TIMM_CONFIG)
+  }
+  for name in (timm_vit.WEIGHTS, timm_vit.TIMM_CONFIG):
+    assert store.read_bytes(f"{url}-timm/{name}") == (ref / name).read_bytes(), name
+  uploaded = {n: store.read_bytes(f"{url}-timm/{n}") for n in store.files_under(f"{url}-timm")}
   r = run(["-m", "laplax.convert", "--to", "timm", "--workdir", url, "--out", f"{url}-timm"])
-  assert r.returncode == 2 and "gcloud storage cp -r" in r.stderr, r.stderr[-2000:]
+  errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
+  assert r.returncode == 2 and len(errors) == 1 and "exists" in errors[0], r.stderr[-2000:]
+  assert {n: store.read_bytes(f"{url}-timm/{n}") for n in uploaded} == uploaded
   assert not os.path.exists(os.path.join(ROOT, "gs:")) and not os.path.exists("gs:")
 
 
