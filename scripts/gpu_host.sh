@@ -19,19 +19,7 @@ usage() {
   sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'
 }
 
-command=()
-while [ $# -gt 0 ]; do
-  case $1 in
-    -h | --help) usage; exit 0 ;;
-    --dry-run) DRY_RUN=1 ;;
-    --max-retries) set_max_retries "${2:-}"; shift ;;
-    --max-retries=*) set_max_retries "${1#*=}" ;;
-    --) shift; command=("$@"); break ;;
-    *) die "unknown flag '$1' of scripts/gpu_host.sh; see --help (the command goes after --)" ;;
-  esac
-  shift
-done
-[ ${#command[@]} -gt 0 ] || die "no command: put it after --, e.g. -- .venv/bin/python train.py ..."
+parse_retry_args gpu_host.sh "$@"
 
 child=""
 stopping=0

@@ -1,7 +1,8 @@
 # shellcheck shell=bash
 # What scripts/tpu_vm.sh, scripts/gpu_host.sh and scripts/slurm_job.sh share
 # (sourced, not run): the error line, printing and running a command
-# (--dry-run only prints it), and the retry policy of a training command.
+# (--dry-run only prints it), the flags of the retrying scripts and the
+# retry policy of a training command.
 #
 # Retry policy: exit 0 is success, exit 2 is bad input (train.py's error
 # line says what to fix) and 126/127 a command that cannot start, so none is
@@ -53,6 +54,27 @@ run() {
 set_max_retries() {
   [[ ${1:-} =~ ^[0-9]+$ ]] || die "--max-retries takes a whole number >= 0, not '${1:-}'"
   MAX_RETRIES=$1
+}
+
+# The flags of a script that runs one command and retries it (gpu_host.sh,
+# slurm_job.sh): --help (the script's usage()), --dry-run, --max-retries N,
+# then -- COMMAND..., which is left in the array "command".
+parse_retry_args() {
+  local script=$1
+  shift
+  command=()
+  while [ $# -gt 0 ]; do
+    case $1 in
+      -h | --help) usage; exit 0 ;;
+      --dry-run) DRY_RUN=1 ;;
+      --max-retries) set_max_retries "${2:-}"; shift ;;
+      --max-retries=*) set_max_retries "${1#*=}" ;;
+      --) shift; command=("$@"); break ;;
+      *) die "unknown flag '$1' of scripts/$script; see --help (the command goes after --)" ;;
+    esac
+    shift
+  done
+  [ ${#command[@]} -gt 0 ] || die "no command: put it after --, e.g. -- .venv/bin/python train.py ..."
 }
 
 # Whether the command is train.py's (train.py or laplax-train).
