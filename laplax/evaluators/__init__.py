@@ -11,7 +11,7 @@ package (with the mathematics it uses), which
 ``arc_easy``, ``arc_challenge``, ``mmlu``, ``gsm8k``, ``humaneval``:
 :mod:`~laplax.evaluators.chat`, scored by
 :mod:`~laplax.evaluators.multiple_choice`, :mod:`~laplax.evaluators.gsm8k`
-and :mod:`~laplax.evaluators.humaneval` (in :mod:`~laplax.evaluators.sandbox`),
+and :mod:`~laplax.evaluators.humaneval` (in :mod:`~laplax.sandbox`),
 with :mod:`~laplax.evaluators.generation` for the answers.
 :mod:`laplax.cli.lm_harness` is the lm-evaluation-harness adapter (it needs
 ``lm-eval``)."""

@@ -36,10 +36,10 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from laplax import sandbox
 from laplax.config import validation as config_lib
 from laplax.data.chat import sources as chat_sources
 from laplax.data.errors import DataError
-from laplax.evaluators import sandbox
 from laplax.evaluators.base import EVAL, Context, Evaluator
 
 
@@ -444,7 +444,7 @@ class GSM8K(ChatBenchmark):
 
 class HumanEval(ChatBenchmark):
   """``humaneval``: HumanEval pass@1 in the sandbox
-  (:mod:`laplax.evaluators.sandbox`). ``eval.unsafe_no_sandbox`` (False;
+  (:mod:`laplax.sandbox`). ``eval.unsafe_no_sandbox`` (False;
   ``eval.py --unsafe_no_sandbox``) runs the generated programs without
   isolation; the result's ``humaneval_sandbox`` says which."""
 
@@ -458,7 +458,7 @@ class HumanEval(ChatBenchmark):
 
     Raises:
       ConfigError: ``unsafe_no_sandbox`` not a bool.
-      laplax.evaluators.sandbox.SandboxUnavailable: no sandbox on this machine.
+      laplax.sandbox.SandboxUnavailable: no sandbox on this machine.
     """
     super().validate(config)
     unsafe = config.eval.unsafe_no_sandbox

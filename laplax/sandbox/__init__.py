@@ -1,7 +1,7 @@
 """Runs model-generated programs under bubblewrap; HumanEval's verdicts come
 from a checker the program cannot reach.
 
-    python -m laplax.evaluators.sandbox FILE [--timeout S] [--memory-mb M] [--unsafe_no_sandbox]
+    python -m laplax.sandbox FILE [--timeout S] [--memory-mb M] [--unsafe_no_sandbox]
 
 prints one JSON line ``{"passed", "status", "seconds", "isolation"}`` and exits 0
 (the program ran to its end), 1 (it did not) or 2 (bad input or no sandbox: one
@@ -43,8 +43,8 @@ import tempfile
 import time
 
 from laplax.errors import UserError
-from laplax.evaluators import sandbox_child
-from laplax.evaluators.sandbox_child import NotPlainData, SandboxRefused  # noqa: F401  (re-exported)
+from laplax.sandbox import child as sandbox_child
+from laplax.sandbox.child import NotPlainData, SandboxRefused  # noqa: F401  (re-exported)
 
 USAGE_EXIT = 2
 TIMEOUT_S = 5.0  # nanochat's execute_code default
@@ -920,9 +920,9 @@ class _Parser(argparse.ArgumentParser):
 
 
 def main(argv: list[str] | None = None) -> int:
-  """``python -m laplax.evaluators.sandbox FILE``: prints the :class:`Result`; exit 0, 1 or 2."""
+  """``python -m laplax.sandbox FILE``: prints the :class:`Result`; exit 0, 1 or 2."""
   parser = _Parser(
-    prog="python -m laplax.evaluators.sandbox",
+    prog="python -m laplax.sandbox",
     description="Run a Python program in laplax's sandbox.",
   )
   parser.add_argument("file", help="the program to run")
@@ -957,7 +957,3 @@ def main(argv: list[str] | None = None) -> int:
     return USAGE_EXIT
   print(result.to_json(), flush=True)
   return 0 if result.passed else 1
-
-
-if __name__ == "__main__":
-  sys.exit(main())
