@@ -40,7 +40,7 @@ if [ ! -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ] \
   $sudo apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq dataset-fashion-mnist bubblewrap
 fi
-# --test: Chromium and its WebDriver, for the chat page's browser test (tests/cli/test_chat.py).
+# --test: Chromium and its WebDriver, for the chat page's browser test (tests/proj/nanochat/test_chat.py).
 if [ "$test" = 1 ] && ! { command -v chromium && command -v chromedriver; } >/dev/null; then
   $sudo apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq chromium chromium-driver

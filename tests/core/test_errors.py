@@ -39,7 +39,7 @@ INTERNAL = {
   "laplax.sandbox.child.SandboxRefused",
   # A chat request's body that is not JSON or breaks a bound; the server
   # answers it with a 400 of its one line, never the CLI's error line.
-  "laplax.chat.body.BodyError",
+  "laplax.proj.nanochat.chat.body.BodyError",
 }
 
 

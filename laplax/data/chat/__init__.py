@@ -1,1 +1,0 @@
-"""laplax/data/chat"""
