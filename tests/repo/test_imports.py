@@ -260,7 +260,7 @@ FLOORS = (
   ("train",),
   ("loading",),
   ("proj",),
-  ("cli",),
+  ("cli", "chat"),
   ("convert", "sweep", "plan"),
 )
 
