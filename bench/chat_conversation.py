@@ -6,12 +6,12 @@
 
 What it does, all greedy (temperature 0), ``--max_tokens`` tokens at most per answer:
 
-1. The terminal: ``python -m laplax.chat --workdir W --temperature 0
+1. The terminal: ``python -m laplax.proj.nanochat.chat --workdir W --temperature 0
    --max_tokens N`` on a pseudo-terminal; the questions are typed one by one
    and each answer is read as printed. The prompt of turn k is the
    conversation as the terminal keeps it, tokens (``<|bos|>``, each turn
    ``<|user_start|>`` ... ``<|assistant_end|>``); the script rebuilds those
-   tokens with :class:`laplax.chat.engine.ChatEngine` (the terminal's own
+   tokens with :class:`laplax.proj.nanochat.chat.engine.ChatEngine` (the terminal's own
    decoding) and checks that they decode to what was printed.
 2. ``eval.py --sample``: for each turn, ``eval.py --workdir W --sample PROMPT
    --temperature 0 --max_new_tokens N`` in a process of its own (N cut to
@@ -24,7 +24,7 @@ What it does, all greedy (temperature 0), ``--max_tokens`` tokens at most per an
    ``<|assistant_end|>`` or ``<|bos|>``, is compared with the terminal's
    answer (up to ``<|python_end|>`` where the calculator ran: eval.py has no
    calculator).
-3. The page's API: ``python -m laplax.chat --workdir W --web --port 0
+3. The page's API: ``python -m laplax.proj.nanochat.chat --workdir W --web --port 0
    --temperature 0 --max_tokens N``; the same questions are sent to ``POST
    /chat/completions`` with httpx, each request carrying the conversation so
    far as texts (as the page does). Stopped with SIGINT.
@@ -69,12 +69,12 @@ STOPS = ("<|assistant_end|>", "<|bos|>")
 
 
 class Terminal:
-  """``python -m laplax.chat ARGS`` on a pseudo-terminal."""
+  """``python -m laplax.proj.nanochat.chat ARGS`` on a pseudo-terminal."""
 
   def __init__(self, args, env):
     master, slave = pty.openpty()
     self.proc = subprocess.Popen(
-      [sys.executable, "-m", "laplax.chat", *args],
+      [sys.executable, "-m", "laplax.proj.nanochat.chat", *args],
       stdin=slave,
       stdout=slave,
       stderr=slave,
@@ -127,7 +127,7 @@ def main(argv=None) -> int:
   import httpx
   import numpy as np
 
-  from laplax.chat.engine import ChatEngine
+  from laplax.proj.nanochat.chat.engine import ChatEngine
 
   engine = ChatEngine.load(args.workdir)
   if not engine.chat:

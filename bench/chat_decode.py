@@ -5,7 +5,7 @@
 
 The GPT of ``--config`` (random weights, a ``--vocab`` token vocabulary) is
 decoded greedily by :func:`laplax.models.sampling.stream` (what
-``python -m laplax.chat`` and ``eval.py --sample`` run: one compiled step per
+``python -m laplax.proj.nanochat.chat`` and ``eval.py --sample`` run: one compiled step per
 shape bucket) and by a nanochat-style PyTorch decoder with a preallocated KV
 cache (``nanochat/engine.py``'s ``KVCache``: the prompt in one forward, then
 one token per forward) on :mod:`bench.peer_torch`'s GPT with the same weights

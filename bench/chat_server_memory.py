@@ -3,7 +3,7 @@
     python bench/chat_server_memory.py --workdir runs/chat/sft
     python bench/chat_server_memory.py --workdir runs/chat/sft --requests 200 --max_tokens 4
 
-Starts ``python -m laplax.chat --workdir WORKDIR --web --port 0`` as its own
+Starts ``python -m laplax.proj.nanochat.chat --workdir WORKDIR --web --port 0`` as its own
 process (the port it prints is read from its stderr), sends ``--requests``
 short requests one after another with httpx to ``POST /chat/completions``
 (four prompts of 1 to about 60 tokens in turn, ``--max_tokens`` tokens each,
@@ -79,7 +79,7 @@ def main(argv=None) -> int:
         server.kill()
         server.wait()
   first, last = figures[args.warmup], figures[args.requests]
-  print(f"command: python -m laplax.chat {' '.join(chat_args)} --web --port 0")
+  print(f"command: python -m laplax.proj.nanochat.chat {' '.join(chat_args)} --web --port 0")
   print(f"server RSS after request {args.warmup}: {first / 1024:.1f} MiB")
   print(f"server RSS after request {args.requests}: {last / 1024:.1f} MiB")
   print(f"ratio (request {args.requests} / request {args.warmup}): {last / first:.3f}")

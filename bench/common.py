@@ -104,7 +104,7 @@ def analytic_flops(config, task, params, remat: bool) -> tuple[float, float]:
 
 
 def start_chat_server(args: list[str], root: str):
-  """Starts ``python -m laplax.chat ARGS --web --port 0`` in ``root`` and
+  """Starts ``python -m laplax.proj.nanochat.chat ARGS --web --port 0`` in ``root`` and
   waits (at most 600 s) for its ``laplax-chat: open URL`` line.
 
   Returns ``(process, url)``; the caller stops the process (SIGINT).
@@ -117,7 +117,7 @@ def start_chat_server(args: list[str], root: str):
 
   env = dict(os.environ, PYTHONUNBUFFERED="1")
   server = subprocess.Popen(
-    [sys.executable, "-m", "laplax.chat", *args, "--web", "--port", "0"],
+    [sys.executable, "-m", "laplax.proj.nanochat.chat", *args, "--web", "--port", "0"],
     cwd=root,
     env=env,
     stdout=subprocess.DEVNULL,

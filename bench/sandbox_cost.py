@@ -2,11 +2,11 @@
 one at a time, of
 
 * ``python -I -S -c pass`` started bare (the interpreter alone, the floor);
-* :func:`laplax.evaluators.sandbox.run_program` on ``pass`` unsandboxed
+* :func:`laplax.sandbox.run_program` on ``pass`` unsandboxed
   (``unsafe=True``: the runner, its limits and the guard, no isolation);
 * the same under bubblewrap (the user namespace, the other namespaces,
   the read-only root, the seccomp filter, the kill and wait at the end);
-* :func:`~laplax.evaluators.sandbox.run_test` of a right answer to
+* :func:`~laplax.sandbox.run_test` of a right answer to
   ``add(a, b)`` (two sandboxes, the checker's calls relayed), as HumanEval
   runs each completion.
 
@@ -27,7 +27,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from laplax.evaluators import sandbox  # noqa: E402
+from laplax import sandbox  # noqa: E402
 
 PROMPT = 'def add(a, b):\n    """a + b"""\n'
 TEST = "def check(candidate):\n    assert candidate(2, 3) == 5\n    assert candidate(-1, 1) == 0\n"

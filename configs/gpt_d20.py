@@ -18,7 +18,7 @@ This is the model and optimiser of nanochat's first release
 lists them): the same forward (rotary in nanochat's convention, qk-norm after
 it, the logit soft-cap 15, ReLU^2, parameter-free RMSNorm with eps ``2^-23``,
 the bfloat16 token embedding), the same initialisation, and its optimiser step
-for step (:mod:`laplax.optim.nanochat`: Muon 0.02 with the momentum
+for step (:mod:`laplax.proj.nanochat.optim.first_release`: Muon 0.02 with the momentum
 ramp, AdamW 0.2 s / 0.004 s with ``s = (1280/768)^-1/2``, betas (0.8, 0.95),
 eps 1e-10, the constant rate with the linear warm-down over the last 20%,
 clipping at 1.0). ``python -m laplax.convert --from nanochat`` and ``--to
@@ -54,7 +54,7 @@ multiple of 64), value embeddings with their gates, ``resid_lambdas`` and
 compute-optimal schedule (:func:`~laplax.config.defaults.nanochat_fork_training`:
 d20 trains 4,980 updates of 2^20 tokens, 40 warm-up steps, warm-down over
 the last 65% to 0.05) with its optimiser, ``MuonAdamW``
-(:mod:`laplax.optim.nanochat_fork`: seven AdamW and Muon groups, Polar
+(:mod:`laplax.proj.nanochat.optim.fork`: seven AdamW and Muon groups, Polar
 Express, NorMuon, cautious weight decay, the momentum and decay schedules). The
 fork's tokenizer has 32,768 tokens: give it with ``data.tokenizer_dir``.
 ``default`` (the default) is nanochat's first release as above.

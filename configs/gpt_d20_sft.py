@@ -8,13 +8,13 @@ Starts from the mid-training workdir (``init_from``; fresh optimiser). The
 mixture: ARC-Easy and ARC-Challenge train (``ai2_arc/ARC-*/``), GSM8K train
 (``gsm8k/main/``) and the first 10,000 of SmolTalk train
 (``smol-smoltalk/data/``), 20,843 conversations in the published sets
-(:mod:`laplax.data.chat.mixture`). 32 conversations a step, each padded to
+(:mod:`laplax.proj.nanochat.data.mixture`). 32 conversations a step, each padded to
 the context with ``<|assistant_end|>`` and targets -1 where the assistant
 is not trained; the loss is the mean over each micro-batch of 4 (nanochat's
 8 GPUs x 4: ``optim.grad_accum_steps=8``). 650 updates (nanochat: ``20843
 // 32 = 651`` iterations, the last not taken), the rates of gpt_d20 times
 0.02 times ``1 - it / 651``, Muon momentum 0.95, no clipping
-(:mod:`laplax.config.chat_stages`). Validation: the loss on the assistant
+(:mod:`laplax.proj.nanochat.stages`). Validation: the loss on the assistant
 tokens of the first 3,200 SmolTalk test conversations (nanochat: 100 steps of
 8 x 4), every 100 steps.
 
@@ -22,8 +22,8 @@ Arguments: ``laplacian`` and ``spectral`` (for the record only: the model
 keys come from ``init_from``).
 """
 
-from laplax.config.chat_stages import sibling_config, stage_config
 from laplax.config.defaults import parse_arg
+from laplax.proj.nanochat.stages import sibling_config, stage_config
 
 
 def get_config(arg=None):

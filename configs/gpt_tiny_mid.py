@@ -1,20 +1,20 @@
-"""CPU-sized mid-training (nanochat's stage, :mod:`laplax.config.chat_stages`)
+"""CPU-sized mid-training (nanochat's stage, :mod:`laplax.proj.nanochat.stages`)
 of a tiny GPT pretrained with nanochat's tokenizer.
 
-    python -m laplax.data.chat.fixtures data/chat      # synthetic stand-ins
+    python -m laplax.proj.nanochat.data.fixtures data/chat      # synthetic stand-ins
     python train.py --config configs/gpt_tiny_mid.py --workdir runs/chat_mid \\
         --config.init_from=runs/chat_base --config.data.source_dir=data/chat
 
 ``configs/gpt_d20_mid.py`` at the size of ``configs/gpt_shakespeare.py``
 (``:recipe=nanochat``: nanochat's optimiser): 16 rows of the context a
-step, 150 steps (about 8 epochs of ``laplax.data.chat.fixtures``' sets), one
+step, 150 steps (about 8 epochs of ``laplax.proj.nanochat.data.fixtures``' sets), one
 stream; the model (and its context) come from
 ``init_from`` (docs/language-models.md, "Chat stages end to end").
 Arguments: ``schedule`` (``rising`` or ``fixed``, as gpt_d20_mid).
 """
 
-from laplax.config.chat_stages import sibling_config, stage_config
 from laplax.config.defaults import parse_arg
+from laplax.proj.nanochat.stages import sibling_config, stage_config
 
 
 def get_config(arg=None):

@@ -1,4 +1,4 @@
-"""CPU-sized SFT (nanochat's stage, :mod:`laplax.config.chat_stages`) after
+"""CPU-sized SFT (nanochat's stage, :mod:`laplax.proj.nanochat.stages`) after
 ``configs/gpt_tiny_mid.py``.
 
     python train.py --config configs/gpt_tiny_sft.py --workdir runs/chat_sft \\
@@ -11,7 +11,7 @@ targets, as nanochat's per-GPU batches of 4), 100 steps of 0.02 x the base
 rates decaying linearly, no clipping; the model from ``init_from``.
 """
 
-from laplax.config.chat_stages import sibling_config, stage_config
+from laplax.proj.nanochat.stages import sibling_config, stage_config
 
 
 def get_config(arg=None):

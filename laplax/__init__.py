@@ -33,9 +33,10 @@ attention kernels), ``models`` (ViT, GPT, DINO from one spec), ``config``
 pipelines), ``tasks`` (the task registry: model, loss, eval-split sums),
 ``train`` (state, step, loop, optimisers), ``workdir`` (checkpoints,
 metrics, lock, ``load``), ``evaluators`` (the evaluators ``config.evals``
-names, the chat benchmarks, HumanEval, the harness adapter), ``analysis``
-(token geometry), ``cli`` (``train.py``, ``eval.py``), ``sweep`` and
-``convert`` (their ``python -m`` commands).
+names), ``analysis`` (token geometry), ``cli`` (``train.py``, ``eval.py``,
+the harness adapter), ``sweep`` and ``convert`` (their ``python -m``
+commands), ``sandbox`` (generated programs under bubblewrap), ``proj`` (the
+projects on the library: ``proj/nanochat``, found by ``projects``).
 """
 
 import importlib

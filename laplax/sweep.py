@@ -27,7 +27,7 @@ per-layer analysis quantities; :mod:`laplax.analysis.seeds`) and
 
 ``eval.py`` evaluates what the run's saved config names, so
 ``--config.evals=bits_per_byte,core --config.eval.core_bundle=DIR`` (every
-run) adds CORE (:mod:`laplax.evaluators.core`, ``eval.py`` only: once, at the
+run) adds CORE (:mod:`laplax.proj.nanochat.evaluators.core`, ``eval.py`` only: once, at the
 last step, as the fork's ``runs/laplacian_sweep.sh``). A language-model
 sweep's ``summary.md`` starts with the fork's two columns, ``val_bpb``
 (``bits_per_byte``) and ``core_score`` (``core_metric``), per cell, and

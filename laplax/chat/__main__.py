@@ -1,6 +1,7 @@
-"""``python -m laplax.chat``: :func:`laplax.chat.cli.run_cli`."""
+"""``python -m laplax.chat``, kept working: the chat program moved to
+:mod:`laplax.proj.nanochat.chat` (``python -m laplax.proj.nanochat.chat``)."""
 
-from laplax.chat.cli import run_cli
+import runpy
 
 if __name__ == "__main__":
-  run_cli()
+  runpy.run_module("laplax.proj.nanochat.chat", run_name="__main__", alter_sys=True)

@@ -483,7 +483,7 @@ def _chat_overrides(config, workdir: str) -> list[tuple[str, str]]:
   if not _CHAT_TASKS.value:
     return []
   from laplax import tasks
-  from laplax.evaluators import chat
+  from laplax.proj.nanochat.evaluators import chat
 
   if not tasks.is_language_model(config):
     raise cli.UsageError(

@@ -3,6 +3,6 @@ each ``configs/*.py`` starts from), the one place a config is completed with
 the defaults of the keys it lacks (:mod:`laplax.tasks.schema`: on load and in
 ``train.py``), the checks a config passes before anything runs
 (:mod:`laplax.config.validation`, one
-:class:`~laplax.config.validation.ConfigError` line per problem), and the
-settings of nanochat's mid-training and SFT stages
-(:mod:`laplax.config.chat_stages`)."""
+:class:`~laplax.config.validation.ConfigError` line per problem). The
+settings of nanochat's mid-training and SFT stages are the project's
+(:mod:`laplax.proj.nanochat.stages`)."""

@@ -91,7 +91,7 @@ def _optim_config() -> ml_collections.ConfigDict:
   # the rest, the embeddings and the output layer at their own peak learning
   # rates (None: optim.lr), as nanochat's setup_optimizer (laplax.optim);
   # or "nanochat": those groups with nanochat's own Muon, AdamW and clipping
-  # (laplax.optim.nanochat; its keys: nanochat_options).
+  # (laplax.proj.nanochat.optim.first_release; its keys: nanochat_options).
   o.optimizer = "adamw"
   o.muon_lr = 0.02
   o.muon_momentum = 0.95
@@ -414,7 +414,7 @@ def nanochat_options(c: ml_collections.ConfigDict) -> None:
   (the initialisation too). Model: nanochat's rotary (:mod:`laplax.rotary`),
   parameter-free RMSNorm (eps ``2^-23``), qk-norm without scale, ReLU^2, no biases,
   untied embeddings, soft-cap ``15 tanh(logits / 15)``, ``kernel_init="nanochat"``.
-  Optimiser (:mod:`laplax.optim.nanochat`): Muon 0.02 (momentum 0.85 -> 0.95 over
+  Optimiser (:mod:`laplax.proj.nanochat.optim.first_release`): Muon 0.02 (momentum 0.85 -> 0.95 over
   300 steps); AdamW (0.8, 0.95), eps 1e-10, no decay, ``0.2 s`` on the embedding and
   ``0.004 s`` on ``lm_head``, ``s = (width / 768)^-1/2``; constant rate, linear
   warm-down over the last 20%; clip 1.0. ``dtype`` and ``embedding_dtype`` stay ``c``'s.
@@ -617,11 +617,11 @@ def nanochat_fork_training(c: ml_collections.ConfigDict, depth: int) -> None:
   :func:`nanochat_fork_model`): :func:`nanochat_fork_horizon`'s batch
   (``c.batch_size`` sequences of ``c.model.max_length``) and updates; the
   rate multiplier with a 40-step warm-up and the warm-down over the last 65%
-  to 0.05 (:func:`laplax.optim.nanochat.warmdown_schedule`); base_train's
+  to 0.05 (:func:`laplax.optim.warmdown_schedule`); base_train's
   rates times ``sqrt(B / 2^19)``: Muon 0.02, embedding 0.3 s, ``lm_head``
   0.008 s with ``s = (width / 768)^-1/2``; Muon momentum 0.85 -> 0.97 over
   400 steps; no clipping; ``optim.optimizer="nanochat-fork"`` (the fork's
-  ``MuonAdamW``, :mod:`laplax.optim.nanochat_fork`) with the scalars' rate
+  ``MuonAdamW``, :mod:`laplax.proj.nanochat.optim.fork`) with the scalars' rate
   ``optim.lr = 0.5 sqrt(B / 2^19)`` and Muon's decay
   ``0.28 sqrt(B / 2^19) D_ref / tokens``.
   """

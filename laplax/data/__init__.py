@@ -5,8 +5,6 @@
   Fashion-MNIST canvases).
 * :mod:`laplax.data.text`: language-model corpora (a TFDS text corpus,
   FineWeb-Edu's parquet shards) and their tokenizers.
-* :mod:`laplax.data.chat`: nanochat's mid-training and SFT mixtures, their
-  sources and chat rendering.
 * :mod:`laplax.data.lra`: Long Range Arena (ListOps, Text, Retrieval, Image,
   Pathfinder).
 * :mod:`laplax.data.builders`: the TFDS builders (Fashion-MNIST from IDX files,
@@ -14,4 +12,6 @@
 * :mod:`laplax.data.lm_input`: a language-model config's input, picked by
   ``config.data.name``; :mod:`laplax.data.common`: what the pipelines share;
   :mod:`laplax.data.errors`: :class:`~laplax.data.errors.DataError`.
+
+nanochat's chat mixtures are the project's (:mod:`laplax.proj.nanochat.data`).
 """

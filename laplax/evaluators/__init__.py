@@ -7,11 +7,8 @@ package (with the mathematics it uses), which
 ``linear_probe``, ``raw_pixel_knn``, ``patch_pca``:
 :mod:`~laplax.evaluators.probes`; ``segmentation``:
 :mod:`~laplax.evaluators.dino_segmentation` (with
-:mod:`~laplax.evaluators.linear_segmentation`); nanochat's chat benchmarks
-``arc_easy``, ``arc_challenge``, ``mmlu``, ``gsm8k``, ``humaneval``:
-:mod:`~laplax.evaluators.chat`, scored by
-:mod:`~laplax.evaluators.multiple_choice`, :mod:`~laplax.evaluators.gsm8k`
-and :mod:`~laplax.evaluators.humaneval` (in :mod:`~laplax.evaluators.sandbox`),
-with :mod:`~laplax.evaluators.generation` for the answers.
+:mod:`~laplax.evaluators.linear_segmentation`). A project adds its own
+(:func:`laplax.projects.discover`): nanochat's chat benchmarks and CORE are
+in :mod:`laplax.proj.nanochat.evaluators`.
 :mod:`laplax.cli.lm_harness` is the lm-evaluation-harness adapter (it needs
 ``lm-eval``)."""

@@ -11,7 +11,9 @@ and writes their numbers into ``eval.json``. Both build the list with
 
 The registry is the subclasses of :class:`~laplax.evaluators.base.Evaluator`
 that have a ``name``: those of every module of :mod:`laplax.evaluators`
-(imported here) and of any module imported before (a user's, a test's). Each
+and of the projects' ``evaluators`` modules (:func:`laplax.projects.discover`;
+nanochat's chat benchmarks and CORE), imported here, and of any module
+imported before (a user's, a test's). Each
 declares the tasks it evaluates, its settings with their defaults and their
 checks, so a task's list of evaluators, the ``eval`` section of its config
 and the checks of both are derived from them (:func:`accepted`,
@@ -28,6 +30,7 @@ from typing import Any
 import ml_collections
 
 import laplax.evaluators
+from laplax import projects
 from laplax.config import validation as config_lib
 from laplax.evaluators.base import EVAL, TRAIN, Context, Evaluator  # the registry's API
 from laplax.tasks.base import Task
@@ -48,6 +51,9 @@ __all__ = [
   "run",
 ]
 
+# The projects' evaluators first (laplax.projects), then this package's: the
+# order in which the classes are defined is the order of accepted().
+projects.discover("evaluators")
 for _module in pkgutil.iter_modules(laplax.evaluators.__path__):
   importlib.import_module(f"laplax.evaluators.{_module.name}")
 

@@ -1,7 +1,7 @@
 """Generation with the KV cache, and log-likelihoods, for :class:`~laplax.models.gpt.GPT`.
 
 One sampler serves every caller (``eval.py --sample``, the generation
-evaluators, the chat of :mod:`laplax.chat`): :func:`stream` yields one
+evaluators, the chat of :mod:`laplax.proj.nanochat.chat`): :func:`stream` yields one
 prompt's new tokens as they are decoded (with stop tokens and forced tokens,
 e.g. a tool's output), :func:`generate` collects them, :func:`generate_batch`
 continues a batch of prompts of different lengths at once;

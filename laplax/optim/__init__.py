@@ -1,10 +1,11 @@
 """The optax optimiser of a config: AdamW (or Muon for the block matrices, or
-nanochat's exact optimiser, :mod:`laplax.optim.nanochat`), warm-up +
+a project's optimiser that :func:`register_optimizer` names, such as nanochat's), warm-up +
 cosine or nanochat's constant + linear warm-down, clipping, decay mask."""
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -12,10 +13,42 @@ import jax.numpy as jnp
 import ml_collections
 import optax
 
-from laplax import utils
+from laplax import projects, utils
 from laplax.models import layers
-from laplax.optim import nanochat as nanochat_optim
-from laplax.optim import nanochat_fork as nanochat_fork_optim
+
+#: ``optim.optimizer`` -> ``build(config)`` of the optimisers the projects add
+#: (:func:`register_optimizer`); AdamW and Muon are this module's own.
+_PROJECT_OPTIMIZERS: dict[
+  str, Callable[[ml_collections.ConfigDict], optax.GradientTransformation]
+] = {}
+
+
+def warmdown_schedule(
+  peak: float,
+  total_steps: int,
+  warmdown_ratio: float = 0.2,
+  final: float = 0.0,
+  warmup_steps: int = 0,
+) -> optax.Schedule:
+  """``peak`` times nanochat's ``get_lr_multiplier(it)`` at update ``it`` (0-based).
+
+  ``(it + 1) / warmup_steps`` while ``it < warmup_steps``; 1 while ``it <=
+  N - W``; then ``p + (1 - p) final`` with ``p = (N - it) / W``, where ``N =
+  total_steps`` and ``W = round(warmdown_ratio * N)`` (Python's ``round``,
+  as nanochat). For d20, N = 21,400 and W = 4,280: the rate is ``peak`` up
+  to update 17,120 and ``peak / 4280`` at the last, 21,399.
+  """
+  warmdown = round(warmdown_ratio * total_steps)
+
+  def schedule(count):
+    it = jnp.asarray(count, jnp.float32)
+    progress = (total_steps - it) / max(warmdown, 1)
+    mult = jnp.where(it <= total_steps - warmdown, 1.0, progress + (1.0 - progress) * final)
+    if warmup_steps > 0:
+      mult = jnp.where(it < warmup_steps, (it + 1.0) / warmup_steps, mult)
+    return peak * mult
+
+  return schedule
 
 
 def learning_rate_schedule(
@@ -26,13 +59,13 @@ def learning_rate_schedule(
   ``optim.schedule`` ``"cosine"`` (the default; also when the key is
   missing): linear warm-up from 0 over ``optim.warmup_steps``, then cosine
   decay to ``peak * optim.min_lr_ratio`` at ``total_steps``. ``"warmdown"``:
-  nanochat's :func:`~laplax.optim.nanochat.warmdown_schedule`, constant
+  nanochat's :func:`warmdown_schedule`, constant
   then linear to ``peak * optim.min_lr_ratio`` over the last
   ``optim.warmdown_ratio`` of the steps (after ``optim.warmup_steps`` of
   nanochat's ``(it + 1) / warmup`` ramp). ``"progress"``: ``peak * min(1,
   (it + 1) / N)``, nanochat 3a5e0bc's mid-training rate (its multiplier was
   the fraction of the epoch read, rising from 0 to 1;
-  :mod:`laplax.data.chat.mixture`). ``N`` is ``optim.schedule_steps`` when
+  :mod:`laplax.proj.nanochat.data.mixture`). ``N`` is ``optim.schedule_steps`` when
   set (nanochat's SFT: ``(1 - it / 651)`` for 650 updates), else
   ``total_steps``.
   """
@@ -45,7 +78,7 @@ def learning_rate_schedule(
   if optim.schedule == "triangle":
     return triangle_schedule(peak, total_steps)
   if optim.schedule == "warmdown":
-    return nanochat_optim.warmdown_schedule(
+    return warmdown_schedule(
       peak, total_steps, optim.warmdown_ratio, optim.min_lr_ratio, optim.warmup_steps
     )
   warmup = min(optim.warmup_steps, max(total_steps - 1, 0))
@@ -211,11 +244,39 @@ def _muon_partition(
   )
 
 
+def register_optimizer(
+  name: str, build: Callable[[ml_collections.ConfigDict], optax.GradientTransformation]
+) -> None:
+  """Makes ``optim.optimizer=name`` give ``build(config)`` (a project's
+  optimiser, registered when :func:`laplax.projects.discover` imports the
+  project's ``optim`` module).
+
+  Raises:
+    ValueError: ``name`` is AdamW's or Muon's, or another builder has it.
+  """
+  if name in ("adamw", "muon") or _PROJECT_OPTIMIZERS.get(name, build) is not build:
+    raise ValueError(f"optimizer {name!r} is registered already")
+  _PROJECT_OPTIMIZERS[name] = build
+
+
+def project_optimizer(
+  name: str,
+) -> Callable[[ml_collections.ConfigDict], optax.GradientTransformation] | None:
+  """The builder a project registered for ``optim.optimizer=name``, the
+  projects' ``optim`` modules imported first if no builder has the name;
+  ``None`` for AdamW, Muon and an unknown name."""
+  if name in ("adamw", "muon"):
+    return None
+  if name not in _PROJECT_OPTIMIZERS:
+    projects.discover("optim")
+  return _PROJECT_OPTIMIZERS.get(name)
+
+
 def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
   """``clip_by_global_norm(optim.grad_clip)`` then AdamW with the schedule above,
   or with ``optim.optimizer="muon"`` the partition of :func:`_muon_partition`,
-  or with ``"nanochat"`` :func:`laplax.optim.nanochat.nanochat_partition`, or
-  with ``"nanochat-fork"`` :func:`laplax.optim.nanochat_fork.nanochat_fork`.
+  or a project's optimiser of that name (:func:`register_optimizer`; nanochat's
+  ``"nanochat"`` and ``"nanochat-fork"``, :mod:`laplax.proj.nanochat.optim`).
 
   With ``optim.budget_hours`` (AdamW only) the AdamW's learning rate is 1:
   the train step multiplies its update by the schedule at the step of the
@@ -226,12 +287,9 @@ def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransform
   weight_decay_exclude, budget_hours}``, the Muon keys, and ``total_steps``.
   """
   o = config.optim
-  if o.optimizer == "nanochat-fork":  # the fork's MuonAdamW and schedules (no clipping)
-    return nanochat_fork_optim.nanochat_fork(o, config.total_steps)
-  if o.optimizer == "nanochat":
-    return nanochat_optim.nanochat_partition(
-      o, param_labels, lambda peak: learning_rate_schedule(o, config.total_steps, peak)
-    )
+  build = project_optimizer(o.optimizer)
+  if build is not None:
+    return build(config)
   exclude = tuple(o.weight_decay_exclude or ())
   adamw = optax.adamw(
     # A wall-time budget: the step scales the update by the schedule at the

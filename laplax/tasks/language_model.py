@@ -110,10 +110,8 @@ class LanguageModelTask(TaskBase):
     shards)."""
     if lm_input.is_fineweb(self.config):
       return []
-    if lm_input.is_chat(self.config):  # every conversation read (and checked) before training
-      from laplax.data.chat import mixture as chat_mixture
-
-      chat_mixture.check(self.config.data, self.tokenizer, int(self.config.model.max_length))
+    if lm_input.is_project_input(self.config):  # every example read (and checked) before training
+      lm_input.check_project_input(self.config, self.tokenizer)
       return []
     from laplax.data.text import corpus as text
 

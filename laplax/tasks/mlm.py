@@ -153,7 +153,7 @@ class MaskedLMTask(TaskBase):
     )
     config_lib.check_float(config, "mlm.probability", 0.0, 1.0, open_min=True)
     config_lib.require(
-      not (lm_input.is_fineweb(config) or lm_input.is_chat(config)),
+      not (lm_input.is_fineweb(config) or lm_input.is_project_input(config)),
       f"config.data.name={config.data.name!r}: masked-LM pre-training reads a text corpus "
       f"(data.name='text_corpus')",
     )

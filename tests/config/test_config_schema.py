@@ -26,12 +26,12 @@ from laplax import tasks, utils
 from laplax.cli import common as cli
 from laplax.config import defaults
 from laplax.config import validation as config_lib
-from laplax.data.chat import mixture as chat_mixture
 from laplax.data.text import corpus as text
 from laplax.data.text import fineweb
 from laplax.data.vision import images, multicrop
 from laplax.evaluators import registry
 from laplax.models import spec as spec_lib
+from laplax.proj.nanochat.data import mixture as chat_mixture
 from laplax.tasks import base, schema
 from laplax.workdir import files as workdir_lib
 

@@ -26,20 +26,20 @@ INTERNAL = {
   # Raised inside a sandbox for a value that is not plain data (a program's
   # answer of a non-builtin type); it fails that run, recorded in the
   # result's status, not shown as laplax's error line.
-  "laplax.evaluators.sandbox_child.NotPlainData",
+  "laplax.sandbox.child.NotPlainData",
   # Raised in the HumanEval checker for a program's exception that is not
   # a builtin one; it fails the check, recorded in the result's status.
-  "laplax.evaluators.sandbox_child._RemoteError",
+  "laplax.sandbox.child._RemoteError",
   # A sandbox's line over the caller's limit; caught in the caller's loop
   # and turned into the run's failed status.
-  "laplax.evaluators.sandbox._Flood",
+  "laplax.sandbox._Flood",
   # The TypeError a sandboxed program gets for a refused call (nanochat's
   # ``None``-ed builtins raise one); it is the program's error, recorded in
   # the result, not laplax's.
-  "laplax.evaluators.sandbox_child.SandboxRefused",
+  "laplax.sandbox.child.SandboxRefused",
   # A chat request's body that is not JSON or breaks a bound; the server
   # answers it with a 400 of its one line, never the CLI's error line.
-  "laplax.chat.body.BodyError",
+  "laplax.proj.nanochat.chat.body.BodyError",
 }
 
 

@@ -1,12 +1,12 @@
 """laplax.data.text.shakespeare_shards: the works as parquet shards in the
 FineWeb-Edu layout (the validation works last) and the stand-in CORE bundle
-that laplax.evaluators.core reads."""
+that laplax.proj.nanochat.evaluators.core reads."""
 
 import pytest
 
 from laplax.data.text import fineweb_shards
 from laplax.data.text import shakespeare_shards as shards
-from laplax.evaluators import core
+from laplax.proj.nanochat.evaluators import core
 
 pq = pytest.importorskip("pyarrow.parquet")
 

@@ -4,7 +4,7 @@ speed).
 
     python -c "from helpers import chat_hold; chat_hold.main()" ARGS   # cwd tests/ or on sys.path
 
-runs laplax.chat's command line with ``ChatEngine.tokens`` wrapped: an answer
+runs laplax.proj.nanochat.chat's command line with ``ChatEngine.tokens`` wrapped: an answer
 to a message (the prompt's last) with :data:`MARK` gives its first real token, then the
 same token again every :data:`STEP_S` seconds, forever (each a short
 "decoding step"); other answers are the real ones. Ctrl-C in the terminal,
@@ -21,7 +21,7 @@ def hold_marked_answers() -> None:
   """Wraps ``ChatEngine.tokens`` (see the module docstring)."""
   import numpy as np
 
-  from laplax.chat.engine import ChatEngine
+  from laplax.proj.nanochat.chat.engine import ChatEngine
 
   real = ChatEngine.tokens
 
@@ -49,6 +49,6 @@ def _forever(it):
 def main() -> None:
   """``laplax-chat`` (its ``run_cli``) with the answers to :data:`MARK` held."""
   hold_marked_answers()
-  from laplax.chat import cli
+  from laplax.proj.nanochat.chat import cli
 
   cli.run_cli()

@@ -1,5 +1,5 @@
 """A DCLM eval bundle in its published layout, written by a test: ``core.yaml``,
-``eval_data/<label>.jsonl`` and ``eval_meta_data.csv`` (laplax.evaluators.core)."""
+``eval_data/<label>.jsonl`` and ``eval_meta_data.csv`` (laplax.proj.nanochat.evaluators.core)."""
 
 import json
 

@@ -36,7 +36,7 @@ from laplax.data.text import tokenizers
 from laplax.data.text.nanochat_tokenizer import PICKLE_FILE, NanochatTokenizer
 from laplax.models import spec as spec_lib
 from laplax.models.gpt import GPT
-from laplax.optim import nanochat as nanochat_optim
+from laplax.proj.nanochat.optim import first_release as nanochat_optim
 
 from helpers.configs import load
 from helpers.runs import ROOT

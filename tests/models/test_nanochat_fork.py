@@ -389,7 +389,7 @@ def fork_momentum_transcribed(it, total, ratio):
 
 
 def test_muon_momentum_schedule_is_base_train_s():
-  from laplax.optim import nanochat_fork
+  from laplax.proj.nanochat.optim import fork as nanochat_fork
 
   for it in (0, 1, 399, 400, 1000, 1749, 1750, 1751, 4979):
     got = float(nanochat_fork.fork_momentum(it, 4980, 0.65))
@@ -403,7 +403,7 @@ def test_muon_adamw_steps_equal_a_pytorch_transcription_of_optim_py():
   schedules; float32 Muon (the fork's COMPUTE_DTYPE off a GPU)."""
   import ml_collections
 
-  from laplax.optim import nanochat_fork
+  from laplax.proj.nanochat.optim import fork as nanochat_fork
 
   rng = np.random.default_rng(0)
   r = lambda *s: rng.standard_normal(s).astype(np.float32)
@@ -490,6 +490,7 @@ def test_recipe_trains_with_the_fork_s_optimiser():
   import optax
 
   from laplax import optim
+  from laplax.proj.nanochat.optim import fork as nanochat_fork
 
   c = load("gpt_d20", "recipe=nanochat-fork,depth=2,laplacian=1")
   c.model.max_length, c.model.dtype, c.model.embedding_dtype = 64, "float32", "float32"
@@ -499,7 +500,7 @@ def test_recipe_trains_with_the_fork_s_optimiser():
   tokens = jnp.asarray(np.tile(np.random.default_rng(0).integers(0, 50, 16), 5)[None, :65])
   params = jax.jit(model.init)(jax.random.PRNGKey(0), tokens[:, :-1])["params"]
   tx = optim.make_optimizer(c)
-  assert set(jax.tree_util.tree_leaves(optim.nanochat_fork_optim.fork_labels(params))) == {
+  assert set(jax.tree_util.tree_leaves(nanochat_fork.fork_labels(params))) == {
     "muon",
     "wte",
     "value_embeds",

@@ -244,8 +244,8 @@ def test_checker_finds_a_three_module_cycle_and_each_component_once(tmp_path):
 #: The floors of ``laplax/``, lowest first (``docs/architecture.md``); the
 #: names are first-level folders or modules of the package.
 FLOORS = (
-  ("errors", "utils", "spectral", "rotary"),
-  ("store",),
+  ("errors", "utils", "spectral", "rotary", "projects"),
+  ("store", "sandbox"),
   ("signals", "records"),
   ("sharding",),
   ("kernels",),
@@ -259,6 +259,7 @@ FLOORS = (
   ("evaluators",),
   ("train",),
   ("loading",),
+  ("proj",),
   ("cli", "chat"),
   ("convert", "sweep", "plan"),
 )
@@ -324,3 +325,54 @@ def test_floor_checker_finds_an_upward_and_a_sideways_import(tmp_path):
   assert found[0].startswith("pkg.low.a (floor 0, low) imports pkg.high.b (floor 2, high)")
   assert "pkg/low/a.py:2" in found[0]
   assert found[1].startswith("pkg.side (floor 1, side) imports pkg.peer (floor 1, peer)")
+
+
+#: The library's core: every folder below the projects but the sandbox. None of
+#: them imports a project (``laplax.proj``, found by :mod:`laplax.projects`
+#: instead) or the sandbox (``laplax.sandbox``, which only a project's
+#: evaluators run), not even inside a function.
+CORE = tuple(
+  name for names in FLOORS[: FLOORS.index(("proj",))] for name in names if name != "sandbox"
+)
+OUTSIDE_CORE = ("proj", "sandbox")
+
+
+def core_imports(root: str, package: str, core=CORE, outside=OUTSIDE_CORE) -> list[str]:
+  """``"a imports b, file:line"`` for every import from a module of a ``core``
+  folder of ``package`` to a module of an ``outside`` folder."""
+  graph = import_graph(root, (package,))
+  files = module_files(root, (package,))
+  found = []
+  for module, edges in sorted(graph.items()):
+    if module.split(".")[1:2] and module.split(".")[1] in core:
+      for target, line in sorted(edges.items()):
+        if target.split(".")[1:2] and target.split(".")[1] in outside:
+          found.append(f"{module} imports {target}: {os.path.relpath(files[module], root)}:{line}")
+  return found
+
+
+def test_core_imports_no_project_and_no_sandbox():
+  assert "proj" not in CORE and "sandbox" not in CORE and "evaluators" in CORE
+  found = core_imports(ROOT, "laplax")
+  assert not found, "the core imports a project or the sandbox:\n" + "\n".join(found)
+
+
+def test_core_checker_finds_a_function_level_import_of_a_project(tmp_path):
+  _write(
+    tmp_path,
+    {
+      "pkg/__init__.py": "",
+      "pkg/low/__init__.py": "",
+      "pkg/low/a.py": "def f():\n  from pkg.proj.x import b\n  return b\n",
+      "pkg/low/c.py": "from pkg import sandbox\n",
+      "pkg/sandbox/__init__.py": "",
+      "pkg/proj/__init__.py": "",
+      "pkg/proj/x/__init__.py": "",
+      "pkg/proj/x/b.py": "from pkg.low import a\nfrom pkg import sandbox\n",
+    },
+  )
+  found = core_imports(str(tmp_path), "pkg", core=("low",))
+  assert found == [
+    "pkg.low.a imports pkg.proj.x.b: pkg/low/a.py:2",
+    "pkg.low.c imports pkg.sandbox: pkg/low/c.py:1",
+  ]

@@ -109,12 +109,12 @@ def test_pin_check_catches_a_pin_outside_its_range():
 def test_console_scripts_are_the_checkout_scripts_entry_points():
   """``laplax-train`` / ``laplax-eval`` name callables in the package, the
   same functions ``python train.py`` / ``python eval.py`` run; ``laplax-chat``
-  is what ``python -m laplax.chat`` runs."""
+  is what ``python -m laplax.proj.nanochat.chat`` runs."""
   scripts = _pyproject()["project"]["scripts"]
   assert set(scripts) == {"laplax-train", "laplax-eval", "laplax-chat"}
   module_name, _, attribute = scripts["laplax-chat"].partition(":")
   target = getattr(importlib.import_module(module_name), attribute)
-  assert importlib.import_module("laplax.chat.__main__").run_cli is target
+  assert importlib.import_module("laplax.proj.nanochat.chat.__main__").run_cli is target
   for command, script in (("laplax-train", "train"), ("laplax-eval", "eval")):
     module_name, _, attribute = scripts[command].partition(":")
     assert module_name.startswith("laplax."), scripts[command]

@@ -271,7 +271,7 @@ def test_local_only_folders_refuse_gs_in_one_line(gcs, tmp_path, capfd):
   assert len(lines) == 1 and "gcloud storage cp -r gs://" in lines[0], r.stderr[-2000:]
   assert not (tmp_path / "run").exists() and store.listdir(_url(gcs, "tfds")) == []
   from laplax import sweep
-  from laplax.chat import cli as chat_cli
+  from laplax.proj.nanochat.chat import cli as chat_cli
 
   args = sweep._parse_args(["--config", CONFIG, "--workdir", _url(gcs, "sweep/"), "--seeds", "0"])
   assert args.workdir == _url(gcs, "sweep")

@@ -19,7 +19,7 @@ sweep at CPU scale"). Writes:
   validation split).
 * ``DIR/core_bundle/``: ``core.yaml``, ``eval_data/*.jsonl`` and
   ``eval_meta_data.csv`` in the DCLM eval bundle's published layout
-  (:mod:`laplax.evaluators.core`), with four tasks made here from the
+  (:mod:`laplax.proj.nanochat.evaluators.core`), with four tasks made here from the
   validation works' verse lines (lines of at least four words that are not
   speaker names or stage directions). **It is not DCLM's bundle and its
   score is not comparable with nanochat's CORE**: it only exercises the
