@@ -18,6 +18,8 @@ import pytest
 from laplax.convert import common, hf_gpt2, nanochat, timm_vit
 from laplax.models import spec as spec_lib
 from laplax.models import support
+from laplax.models.gpt import GPTSpec
+from laplax.models.vit import ViTSpec
 
 from helpers.configs import load
 
@@ -43,7 +45,7 @@ def new_field(monkeypatch):
   monkeypatch.setattr(
     spec_lib,
     "FAMILIES",
-    {"vit": _with_new_field(spec_lib.ViTSpec), "gpt": _with_new_field(spec_lib.GPTSpec)},
+    {"vit": _with_new_field(ViTSpec), "gpt": _with_new_field(GPTSpec)},
   )
 
 
@@ -105,9 +107,7 @@ def test_source_options_are_the_fields_marked_source(monkeypatch):
     "spectral.enabled": False,
     "dtype": "float32",
   }
-  monkeypatch.setattr(
-    spec_lib, "FAMILIES", {"vit": _with_new_field(spec_lib.ViTSpec, True), "gpt": spec_lib.GPTSpec}
-  )
+  monkeypatch.setattr(spec_lib, "FAMILIES", {"vit": _with_new_field(ViTSpec, True), "gpt": GPTSpec})
   assert support.source_options(spec_lib.FAMILIES["vit"])[NEW] == 0.0
   spec = spec_lib.build("vit", width=32, depth=2, num_heads=2, **{NEW: 0.5})
   assert [k for k, _, _ in support.unsupported(spec, "timm")] == [NEW]
