@@ -52,7 +52,7 @@ class Family:
     capture: ``(spec, layer) -> (module, reason)``: layer ``layer``'s
       attention as a standalone module for the analysis, and why the
       per-head Theorem 3.4 section does not apply (``None`` if it does);
-      ``None``: :func:`laplax.models.layers.block_attention`.
+      ``None``: :func:`laplax.models.layers.attention_module`.
   """
 
   name: str

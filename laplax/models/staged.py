@@ -52,7 +52,7 @@ def window_reverse(windows: jax.Array, window: tuple[int, int], h: int, w: int) 
 class StagedSpec(TransformerSpec):
   """A staged model's spec: ``stage_depths[s]`` units of blocks in stage ``s``.
 
-  A unit is :attr:`BLOCKS` attention blocks (a Swin block; DaViT's dual
+  A unit is ``BLOCKS`` attention blocks (a Swin block; DaViT's dual
   block, a spatial and a channel block), and ``depth`` counts the attention
   blocks, ``BLOCKS * sum(stage_depths)``; the Laplacian heads are one row per
   attention block of that block's heads (``num_laplacian_heads=k``: the last
