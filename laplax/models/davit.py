@@ -47,10 +47,17 @@ import jax.numpy as jnp
 from laplax import attention as attention_lib
 from laplax import sharding, utils
 from laplax.models import spec as spec_lib
-from laplax.models.layers import MLP, DropPath, LayerScale, attention_module, norm_layer
+from laplax.models.layers import attention_module, norm_layer
 from laplax.models.registry import Family
 from laplax.models.spec import MLP_ACTIVATIONS, spec_field
-from laplax.models.staged import StagedClassifier, StagedSpec, window_partition, window_reverse
+from laplax.models.staged import (
+  StagedClassifier,
+  StagedSpec,
+  mlp_branch,
+  residual,
+  window_partition,
+  window_reverse,
+)
 from laplax.models.support import ANY, everywhere
 
 
@@ -238,29 +245,11 @@ class DaViTBlock(nn.Module):
         name="attention",
       )(y.reshape(b, h * w, c), deterministic=deterministic)
       y = y.reshape(b, h, w, c)
-    if spec.layerscale_init is not None:
-      y = LayerScale(spec.layerscale_init, name="ls1")(y)
-    out["sa"] = y.reshape(b, h * w, c)
-    x = x + DropPath(self.drop_path)(y, deterministic)
-    out["+sa"] = x.reshape(b, h * w, c)
+    kw = dict(drop_path=self.drop_path, deterministic=deterministic, out=out)
+    x = residual(spec, x, y, scale="ls1", key="sa", **kw)
     x = ConvPosEnc(dtype, name="cpe2")(x)
-    kernel_init, out_init = spec.inits()
-    y = norm_layer(spec, "norm2")(x).astype(x.dtype)
-    y = MLP(
-      self.mlp_dim,
-      activation=spec.mlp_activation,
-      dropout=spec.dropout,
-      use_bias=spec.use_bias,
-      dtype=dtype,
-      kernel_init=kernel_init,
-      out_init=out_init,
-      name="mlp",
-    )(y, deterministic)
-    if spec.layerscale_init is not None:
-      y = LayerScale(spec.layerscale_init, name="ls2")(y)
-    out["mlp"] = y.reshape(b, h * w, c)
-    x = x + DropPath(self.drop_path)(y, deterministic)
-    out["+mlp"] = x.reshape(b, h * w, c)
+    y = mlp_branch(spec, x, self.mlp_dim, deterministic)
+    x = residual(spec, x, y, scale="ls2", key="mlp", **kw)
     return x, out
 
 

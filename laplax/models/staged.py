@@ -19,7 +19,7 @@ from typing import ClassVar
 import flax.linen as nn
 import jax
 
-from laplax.models.layers import classifier_head
+from laplax.models.layers import MLP, DropPath, LayerScale, classifier_head, norm_layer
 from laplax.models.spec import (
   MLP_ACTIVATIONS,
   REMAT_POLICIES,
@@ -46,6 +46,40 @@ def window_reverse(windows: jax.Array, window: tuple[int, int], h: int, w: int) 
   c = windows.shape[-1]
   x = windows.reshape(-1, h // wh, w // ww, wh, ww, c).transpose(0, 1, 3, 2, 4, 5)
   return x.reshape(-1, h, w, c)
+
+
+def residual(spec, x, y, *, scale: str, drop_path: float, deterministic: bool, out: dict, key: str):
+  """``x + drop_path(layerscale(y))`` of a staged block on the grid ``x [batch,
+  H, W, C]``: the branch ``y`` scaled by the LayerScale ``scale`` (when
+  ``spec.layerscale_init`` is set), recorded as ``out[key]`` and the sum as
+  ``out["+" + key]`` (tokens flattened to ``[batch, H * W, C]``, as
+  :class:`laplax.models.layers.Block`'s). Call it inside the block's
+  ``nn.compact`` method: the modules are the block's."""
+  b, h, w, c = x.shape
+  if spec.layerscale_init is not None:
+    y = LayerScale(spec.layerscale_init, name=scale)(y)
+  out[key] = y.reshape(b, h * w, c)
+  x = x + DropPath(drop_path)(y, deterministic)
+  out["+" + key] = x.reshape(b, h * w, c)
+  return x
+
+
+def mlp_branch(spec, x, mlp_dim: int, deterministic: bool) -> jax.Array:
+  """``mlp(norm2(x))`` of a staged block (the modules ``norm2`` and ``mlp``;
+  ``x [batch, H, W, C]`` -> same shape). Call it inside the block's
+  ``nn.compact`` method."""
+  kernel_init, out_init = spec.inits()
+  y = norm_layer(spec, "norm2")(x).astype(x.dtype)
+  return MLP(
+    mlp_dim,
+    activation=spec.mlp_activation,
+    dropout=spec.dropout,
+    use_bias=spec.use_bias,
+    dtype=spec.compute_dtype(),
+    kernel_init=kernel_init,
+    out_init=out_init,
+    name="mlp",
+  )(y, deterministic)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

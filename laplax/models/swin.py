@@ -34,10 +34,17 @@ import numpy as np
 
 from laplax import sharding, utils
 from laplax.models import spec as spec_lib
-from laplax.models.layers import MLP, DropPath, LayerScale, attention_module, norm_layer
+from laplax.models.layers import attention_module, norm_layer
 from laplax.models.registry import Family
 from laplax.models.spec import MLP_ACTIVATIONS, SpecError, spec_field
-from laplax.models.staged import StagedClassifier, StagedSpec, window_partition, window_reverse
+from laplax.models.staged import (
+  StagedClassifier,
+  StagedSpec,
+  mlp_branch,
+  residual,
+  window_partition,
+  window_reverse,
+)
 from laplax.models.support import ANY
 
 
@@ -184,28 +191,10 @@ class SwinBlock(nn.Module):
     y = window_reverse(y, self.window, hp, wp)[:, :h, :w]
     if shifted:
       y = jnp.roll(y, self.shift, axis=(1, 2))
-    if spec.layerscale_init is not None:
-      y = LayerScale(spec.layerscale_init, name="ls1")(y)
-    out["sa"] = y.reshape(b, h * w, c)
-    x = x + DropPath(self.drop_path)(y, deterministic)
-    out["+sa"] = x.reshape(b, h * w, c)
-    kernel_init, out_init = spec.inits()
-    y = norm_layer(spec, "norm2")(x).astype(x.dtype)
-    y = MLP(
-      self.mlp_dim,
-      activation=spec.mlp_activation,
-      dropout=spec.dropout,
-      use_bias=spec.use_bias,
-      dtype=spec.compute_dtype(),
-      kernel_init=kernel_init,
-      out_init=out_init,
-      name="mlp",
-    )(y, deterministic)
-    if spec.layerscale_init is not None:
-      y = LayerScale(spec.layerscale_init, name="ls2")(y)
-    out["mlp"] = y.reshape(b, h * w, c)
-    x = x + DropPath(self.drop_path)(y, deterministic)
-    out["+mlp"] = x.reshape(b, h * w, c)
+    kw = dict(drop_path=self.drop_path, deterministic=deterministic, out=out)
+    x = residual(spec, x, y, scale="ls1", key="sa", **kw)
+    y = mlp_branch(spec, x, self.mlp_dim, deterministic)
+    x = residual(spec, x, y, scale="ls2", key="mlp", **kw)
     return x, out
 
 
