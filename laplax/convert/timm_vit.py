@@ -149,7 +149,7 @@ def architecture(model) -> dict:
   if type(model).__name__ != "VisionTransformer":
     raise ConvertError(
       f"{type(model).__name__} is not a timm VisionTransformer; "
-      f"laplax converts timm's {' and '.join(c.TIMM_CLASS for c in converters())} models"
+      f"laplax converts these timm classes: {', '.join(c.TIMM_CLASS for c in converters())}"
     )
   block = model.blocks[0]
   if type(block).__name__ != "Block":
@@ -538,7 +538,7 @@ def convert_to_timm(workdir: str, out_dir: str, force: bool) -> str | None:
   config, spec, params, step = common.read_workdir(workdir)
   family = converter_of(config.model.name)
   if not _is_classification(config) or family is None:
-    names = " and ".join(c.FAMILY for c in converters())
+    names = ", ".join(c.FAMILY for c in converters())
     raise ConvertError(
       f"{workdir} is a {config.task} run of a {config.model.name}; --to timm converts "
       f"classifiers of the families {names} (a DINO backbone is not a timm classifier)"
