@@ -137,8 +137,10 @@ def test_a_registered_family_is_a_config_family(toy):
     config_lib._validate_model(config, "cpu")
   # The model: patches of 28 // 7 = 4 per side, 16 tokens, 10 classes.
   net = toy.Toy(spec_lib.build("toy", width=16, depth=2, num_heads=2, patch_size=7), num_classes=10)
-  params = net.init(jax.random.PRNGKey(0), np.zeros((2, 28, 28, 1), np.float32))
-  logits, out = net.apply(params, np.ones((2, 28, 28, 1), np.float32))
+  images = jax.ShapeDtypeStruct((2, 28, 28, 1), np.float32)
+  params = jax.eval_shape(net.init, jax.random.PRNGKey(0), images)  # traced, not compiled
+  assert params["params"]["embedding"]["kernel"].shape == (7 * 7, 16)
+  logits, out = jax.eval_shape(net.apply, params, images)
   assert logits.shape == (2, 10) and set(out) == {"block0", "block1"}
 
 
