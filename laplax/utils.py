@@ -116,3 +116,16 @@ def config_from_file(path: str, arg: str | None = None):
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   return module.get_config(arg)
+
+
+def matmul_kernels(params) -> Iterator[tuple[str, str, int]]:
+  """``(top-level name, full name "a/b/kernel", size)`` of every leaf of the
+  parameter tree ``params`` with 2 or more dimensions (the weights a model
+  multiplies by; arrays or ``jax.ShapeDtypeStruct``), in tree order: what the
+  analytic FLOP counts (:mod:`laplax.plan.flops`) sum."""
+  import jax
+
+  for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
+    name = "/".join(str(getattr(k, "key", k)) for k in path)
+    if leaf.ndim >= 2:
+      yield name.split("/")[0], name, leaf.size

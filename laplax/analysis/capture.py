@@ -18,9 +18,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from laplax.attention import MultiHeadAttention
+from laplax.models import registry
+from laplax.models.gpt import GPTSpec
 from laplax.models.layers import SCANNED_BLOCKS
 from laplax.models.layers import attention_module as block_attention
-from laplax.models.spec import GPTSpec, XCiTSpec
 
 PROJECTIONS = ("query", "key", "value")
 
@@ -70,10 +71,11 @@ def attention_module(model: nn.Module, layer: int):
 
   Built by :func:`laplax.models.layers.attention_module` with the reference kernel in
   float32: ``module.apply({"params": attention_params(params, layer)}, y, **kwargs)``
-  maps the normalised input ``y [batch, T, D]`` to the attention branch. An
-  XCiT's block is its own module (:func:`laplax.models.xcit.block_attention`:
-  the cross-covariance attention, or the class attention whose branch is the
-  class token's ``[batch, 1, D]``).
+  maps the normalised input ``y [batch, T, D]`` to the attention branch. A
+  family with its own attention modules builds it (its
+  :attr:`~laplax.models.registry.Family.capture`: an XCiT's cross-covariance
+  attention, or the class attention whose branch is the class token's
+  ``[batch, 1, D]``).
 
   Returns:
     ``(module, kwargs)``, a :class:`MultiHeadAttention` and the dict of
@@ -82,16 +84,10 @@ def attention_module(model: nn.Module, layer: int):
     does not apply).
   """
   laplacian = model.spec.laplacian_array[layer]
-  if isinstance(model.spec, XCiTSpec):
-    from laplax.models import xcit
-
-    module = xcit.block_attention(model.spec, layer, implementation="reference", dtype=None)
-    reason = (
-      "XCiT's attention is not softmax attention over tokens (XCA attends over each "
-      "head's channels, class attention has one query); Theorem 3.4's per-head "
-      "bound is not measured"
-    )
-    return module, {"is_causal": False, "laplacian": laplacian, "heads_reason": reason}
+  family = registry.of_spec(model.spec)
+  if family is not None and family.capture is not None:
+    module, reason = family.capture(model.spec, layer)
+    return module, {"is_causal": is_causal(model), "laplacian": laplacian, "heads_reason": reason}
   module = block_attention(model.spec, implementation="reference", dtype=None)
   return module, {"is_causal": is_causal(model), "laplacian": laplacian, "heads_reason": None}
 

@@ -474,7 +474,7 @@ def nanochat_fork_model(
   :func:`nanochat_options`' forward with ``q, k`` x 1.2 after the qk-norm,
   rotary base 100,000, the fork's initialisation (``kernel_init=
   "nanochat-fork"``), the vocabulary padded to a multiple of 64, and the
-  options of :class:`~laplax.models.spec.GPTSpec` the switches name.
+  options of :class:`~laplax.models.gpt.GPTSpec` the switches name.
   The optimiser is :func:`nanochat_options`' unless the caller sets another.
   """
   nanochat_options(c)
@@ -563,7 +563,7 @@ def gpt_flops_per_token(c: ml_collections.ConfigDict) -> int:
   :func:`gpt_vocab_size`; not the token or value embeddings, which are
   lookups, nor biases, norms and scalars) plus ``12 x heads x head_dim x
   min(window, T)`` per layer for ``Q K^T`` and ``P V`` (``T`` =
-  ``model.max_length``, the window of :func:`laplax.models.spec.window_sizes`).
+  ``model.max_length``, the window of :func:`laplax.models.gpt.window_sizes`).
   Source: ``estimate_flops`` of nanochat/gpt.py, yuchongzhang/nanochat
   1f70b557 (L387-417, with sliding windows); at 3a5e0bc (no windows, no gates)
   its ``6 (N - N_wte) + 12 l h q t`` (L225) is the same count. The fork's d20

@@ -17,8 +17,8 @@ import ml_collections
 from laplax import sharding, utils
 from laplax.config import defaults
 from laplax.errors import UserError
+from laplax.models import registry
 from laplax.models import spec as spec_lib
-from laplax.models import swin
 
 # Keys every config has (the documented contract of train.py).
 REQUIRED = (
@@ -575,7 +575,8 @@ def _validate_model(config, platform: str):
       f"on {platform!r}; use 'xla'",
     )
   image_size = get(config, "data.image_size", None)  # optional: an image data set's key
-  if m.name in ("vit", "swin") and image_size is not None:
+  family = registry.get(m.name)  # from_config above refused an unknown name
+  if family.image_patches and image_size is not None:
     check_int(config, "data.image_size", 1)
     check_patches(
       config, image_size, image_size, f"config.data.image_size={image_size}", "change one of them"
@@ -595,30 +596,17 @@ def _check_splash(config, model_spec, task_class) -> None:
 def attention_lengths(
   config: ml_collections.ConfigDict, image_side: int | None = None, crop_sides: tuple[int, ...] = ()
 ) -> tuple[int, ...]:
-  """Token counts the model's self-attention sees: the GPT's context
-  (``model.max_length``); a ViT's patches of ``data.image_size`` (else of
-  ``image_side``, the dataset's, when given) plus the class token with
-  ``model.pool='tok'``, and those of the ``crop_sides`` a task adds (DINO's
-  global and local crops come first). Counts that depend on an unknown image
-  size are left out."""
+  """Token counts the model's self-attention sees: the family's own rule when
+  it has one (:attr:`laplax.models.registry.Family.attention_lengths`: a
+  GPT's context ``model.max_length``, a Swin's windows), else a ViT's patches
+  of ``data.image_size`` (else of ``image_side``, the dataset's, when given)
+  plus the class token with ``model.pool='tok'``, and those of the
+  ``crop_sides`` a task adds (DINO's global and local crops come first).
+  Counts that depend on an unknown image size are left out."""
   m = config.model
-  if m.name in ("gpt", "bert"):
-    return (int(m.max_length),)
-  if m.name == "davit":  # its windows, padded to full size (the channel attention runs XLA)
-    return (int(m.window_size) ** 2,)
-  if m.name == "xcit":  # over channels and of one class query: XLA always (the spec says so)
-    return ()
-  if m.name == "swin":  # tokens of a window (a stage's grid when it is smaller)
-    side = get(config, "data.image_size", None) or image_side
-    if not side:
-      return ()
-    grid, out = int(side) // m.patch_size, []
-    for s in range(len(m.stage_depths)):
-      if s:
-        grid = (grid + 1) // 2
-      window = swin.stage_window((grid, grid), m.window_size)[0]
-      out.append(window[0] * window[1])
-    return tuple(dict.fromkeys(out))
+  family = registry.find(m.name)
+  if family is not None and family.attention_lengths is not None:
+    return family.attention_lengths(config, image_side, crop_sides)
   patches = lambda side: (int(side) // m.patch_size) ** 2 + (m.pool == "tok")
   sides = list(crop_sides) + [
     get(config, "data.image_size", None)  # images only
@@ -643,7 +631,7 @@ def attention_kernel(config: ml_collections.ConfigDict, task: Any = None, say: A
     task.attention_lengths(config, side),
     head_dim=spec.head_dim,
     dtype=spec.dtype,
-    bias=config.model.name == "swin",  # its relative position bias: XLA
+    bias=getattr(registry.find(config.model.name), "relative_bias", False),  # XLA takes it
   )
   if say is not None:
     say(line)

@@ -113,9 +113,6 @@ DEFAULT_CONFIGS = {
   "hf-nystromformer": "bert_cramming.py",
   "nanochat": "gpt_d20.py",
 }
-SWIN_CONFIG = "swin_imagenet.py"  # the default of a timm swin_* model
-DAVIT_CONFIG = "davit_imagenet.py"  # the default of a timm davit_* model
-XCIT_CONFIG = "xcit_imagenet.py"  # the default of a timm xcit_* model
 
 
 def _config(source: str):
@@ -134,17 +131,18 @@ def _config(source: str):
 def _with_default_config(argv: list[str]) -> list[str]:
   """``argv`` with ``--config`` set to the source's default config file when
   ``--from`` is given without one (so ``--config.key=value`` overrides parse):
-  ``configs/swin_imagenet.py`` for a timm ``swin_*`` model, ``configs/davit_imagenet.py``
-  for a ``davit_*`` one, ``configs/xcit_imagenet.py`` for an ``xcit_*`` one."""
+  for a timm model, the ``DEFAULT_CONFIG`` of the timm converter whose
+  ``MODEL_PREFIXES`` starts its name (``configs/swin_imagenet.py`` for a
+  ``swin_*`` model; :func:`laplax.convert.timm_vit.converters`)."""
   source = cli.flag_value(argv, "from")
   name = DEFAULT_CONFIGS.get(source, "")
   model = cli.flag_value(argv, "model") or ""
-  if source == "timm" and model.startswith("swin"):
-    name = SWIN_CONFIG
-  elif source == "timm" and model.startswith("davit"):
-    name = DAVIT_CONFIG
-  elif source == "timm" and model.startswith("xcit"):
-    name = XCIT_CONFIG
+  if source == "timm":
+    from laplax.convert import timm_vit
+
+    for converter in timm_vit.converters():
+      if model.startswith(converter.MODEL_PREFIXES):  # () matches nothing
+        name = converter.DEFAULT_CONFIG
   path = os.path.join(REPO_CONFIGS, name)
   if source in DEFAULT_CONFIGS and cli.flag_value(argv, "config") is None and os.path.isfile(path):
     return argv[:1] + [f"--config={path}"] + argv[1:]

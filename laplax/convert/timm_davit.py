@@ -38,6 +38,14 @@ TARGET = "timm-davit"
 NAME = "timm's DaVit"
 #: The class ``--to timm`` writes (``timm_config.json``'s ``timm_class``).
 TIMM_CLASS = "DaVit"
+#: The timm module that defines :data:`TIMM_CLASS` (``--to timm`` rebuilds it).
+TIMM_MODULE = "timm.models.davit"
+#: The laplax family (``config.model.name``) it converts.
+FAMILY = "davit"
+#: timm model names (``--model``) of that class: their prefixes.
+MODEL_PREFIXES = ("davit",)
+#: The config file (under ``configs/``) of ``--from timm --model davit_*`` without ``--config``.
+DEFAULT_CONFIG = "davit_imagenet.py"
 
 
 def architecture(model) -> dict:

@@ -41,6 +41,14 @@ TARGET = "timm-swin"
 NAME = "timm's SwinTransformer"
 #: The class ``--to timm`` writes (``timm_config.json``'s ``timm_class``).
 TIMM_CLASS = "SwinTransformer"
+#: The timm module that defines :data:`TIMM_CLASS` (``--to timm`` rebuilds it).
+TIMM_MODULE = "timm.models.swin_transformer"
+#: The laplax family (``config.model.name``) it converts.
+FAMILY = "swin"
+#: timm model names (``--model``) of that class: their prefixes.
+MODEL_PREFIXES = ("swin",)
+#: The config file (under ``configs/``) of ``--from timm --model swin_*`` without ``--config``.
+DEFAULT_CONFIG = "swin_imagenet.py"
 
 
 def architecture(model) -> dict:

@@ -149,8 +149,7 @@ def architecture(model) -> dict:
   if type(model).__name__ != "VisionTransformer":
     raise ConvertError(
       f"{type(model).__name__} is not a timm VisionTransformer; "
-      f"laplax converts timm ViT / DeiT-3, Swin (SwinTransformer), DaViT (DaVit) and "
-      f"XCiT (Xcit) models"
+      f"laplax converts these timm classes: {', '.join(c.TIMM_CLASS for c in converters())}"
     )
   block = model.blocks[0]
   if type(block).__name__ != "Block":
@@ -395,16 +394,43 @@ NAME = "timm's VisionTransformer"
 TIMM_CLASS = "VisionTransformer"
 
 
-def family_of(model):
-  """The converter module of a timm model: :mod:`laplax.convert.timm_swin` for a
-  ``SwinTransformer``, :mod:`~laplax.convert.timm_davit` for a ``DaVit``,
-  :mod:`~laplax.convert.timm_xcit` for an ``Xcit``, else this module (whose
-  :func:`architecture` refuses what is not a ``VisionTransformer``)."""
-  from laplax.convert import timm_davit, timm_swin, timm_xcit
+#: The timm module that defines :data:`TIMM_CLASS`.
+TIMM_MODULE = "timm.models.vision_transformer"
+#: The laplax family it converts (``config.model.name``).
+FAMILY = "vit"
+#: timm model names with a default config of their own: none (``configs/deit3_imagenet.py``,
+#: ``--from timm``'s default).
+MODEL_PREFIXES = ()
+DEFAULT_CONFIG = "deit3_imagenet.py"
 
-  for family in (timm_swin, timm_davit, timm_xcit):
-    if type(model).__name__ == family.TIMM_CLASS:
-      return family
+
+def converters() -> tuple:
+  """The timm converter modules: every ``laplax.convert.timm_*`` module that
+  declares a ``TIMM_CLASS`` (this one included), in module name order. Each
+  declares ``TIMM_CLASS``, ``TIMM_MODULE``, ``FAMILY`` (the laplax family),
+  ``TARGET``, ``NAME``, ``MODEL_PREFIXES`` and ``DEFAULT_CONFIG``, and
+  defines ``architecture``, ``timm_to_laplax``, ``model_keys`` and
+  ``laplax_to_timm`` (``docs/architecture.md``, "Adding a model family")."""
+  import importlib
+  import pkgutil
+
+  package = importlib.import_module("laplax.convert")
+  out = []
+  for info in pkgutil.iter_modules(package.__path__):
+    if info.name.startswith("timm_"):
+      module = importlib.import_module(f"{package.__name__}.{info.name}")
+      if hasattr(module, "TIMM_CLASS"):
+        out.append(module)
+  return tuple(out)
+
+
+def family_of(model):
+  """The converter module of a timm model: the one of :func:`converters`
+  whose ``TIMM_CLASS`` is the model's class, else this module (whose
+  :func:`architecture` refuses what is not a ``VisionTransformer``)."""
+  for converter in converters():
+    if type(model).__name__ == converter.TIMM_CLASS:
+      return converter
   return _this()
 
 
@@ -414,13 +440,10 @@ def _this():
   return sys.modules[__name__]
 
 
-#: laplax model families (``config.model.name``) -> their timm converter module name.
-FAMILY_MODULES = {
-  "vit": "timm_vit",
-  "swin": "timm_swin",
-  "davit": "timm_davit",
-  "xcit": "timm_xcit",
-}
+def converter_of(family: str):
+  """The converter module of laplax family ``family`` (``config.model.name``),
+  or ``None``."""
+  return next((c for c in converters() if c.FAMILY == family), None)
 
 
 def _is_classification(config) -> bool:
@@ -513,14 +536,13 @@ def convert_to_timm(workdir: str, out_dir: str, force: bool) -> str | None:
   if os.path.exists(out_dir):
     raise ConvertError(f"--out {out_dir} exists; give a new directory (nothing was written)")
   config, spec, params, step = common.read_workdir(workdir)
-  if not _is_classification(config) or config.model.name not in FAMILY_MODULES:
+  family = converter_of(config.model.name)
+  if not _is_classification(config) or family is None:
+    names = ", ".join(c.FAMILY for c in converters())
     raise ConvertError(
       f"{workdir} is a {config.task} run of a {config.model.name}; --to timm converts "
-      f"ViT, Swin, DaViT and XCiT classifiers (a DINO backbone is not a timm classifier)"
+      f"classifiers of the families {names} (a DINO backbone is not a timm classifier)"
     )
-  import importlib
-
-  family = importlib.import_module(f"laplax.convert.{FAMILY_MODULES[config.model.name]}")
   note = common.refuse_laplax_only(spec, "timm", force)
   params = {k: v for k, v in common.flat(params).items() if not k.endswith("laplacian_mix")}
   state, model_args = family.laplax_to_timm(common.nested(params), spec, config)
@@ -553,22 +575,16 @@ def timm_from_dir(out_dir: str) -> Any:
   """The timm model a ``--to timm`` directory describes (its ``timm_class``,
   ``VisionTransformer`` when absent), its weights loaded with ``strict=True``
   (needs timm and torch)."""
+  import importlib
+
   import torch
   from safetensors.torch import load_file
-  from timm.models.davit import DaVit
-  from timm.models.swin_transformer import SwinTransformer
-  from timm.models.vision_transformer import VisionTransformer
-  from timm.models.xcit import Xcit
 
   with open(os.path.join(out_dir, TIMM_CONFIG)) as f:
     saved = json.load(f)
-  classes = {
-    "VisionTransformer": VisionTransformer,
-    "SwinTransformer": SwinTransformer,
-    "DaVit": DaVit,
-    "Xcit": Xcit,
-  }
-  model = classes[saved.get("timm_class", "VisionTransformer")](**saved["model_args"])
+  name = saved.get("timm_class", "VisionTransformer")
+  converter = next(c for c in converters() if c.TIMM_CLASS == name)
+  model = getattr(importlib.import_module(converter.TIMM_MODULE), name)(**saved["model_args"])
   model.load_state_dict(load_file(os.path.join(out_dir, WEIGHTS)), strict=True)
   del torch
   return model.eval()

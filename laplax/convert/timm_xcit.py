@@ -48,6 +48,14 @@ TARGET = "timm-xcit"
 NAME = "timm's Xcit"
 #: The class ``--to timm`` writes (``timm_config.json``'s ``timm_class``).
 TIMM_CLASS = "Xcit"
+#: The timm module that defines :data:`TIMM_CLASS` (``--to timm`` rebuilds it).
+TIMM_MODULE = "timm.models.xcit"
+#: The laplax family (``config.model.name``) it converts.
+FAMILY = "xcit"
+#: timm model names (``--model``) of that class: their prefixes.
+MODEL_PREFIXES = ("xcit",)
+#: The config file (under ``configs/``) of ``--from timm --model xcit_*`` without ``--config``.
+DEFAULT_CONFIG = "xcit_imagenet.py"
 #: The BatchNorm tensors and the laplax parameters they become.
 BN_NAMES = (("weight", "scale"), ("bias", "bias"), ("running_mean", "mean"), ("running_var", "var"))
 

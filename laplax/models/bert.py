@@ -25,6 +25,7 @@ every layer's ``W_Q, W_K, W_V``.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import flax.linen as nn
@@ -34,7 +35,112 @@ import numpy as np
 
 from laplax import sharding
 from laplax.models.layers import ACTIVATIONS, EMBED_AXES, norm_layer, transformer_blocks
-from laplax.models.spec import BERTSpec
+from laplax.models.registry import Family
+from laplax.models.spec import (
+  KERNEL_INITS,
+  MLP_ACTIVATIONS,
+  PLAIN_ACTIVATIONS,
+  SpecError,
+  TransformerSpec,
+  check_splash_lengths,
+  spec_field,
+)
+from laplax.models.support import Rule, everywhere
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class BERTSpec(TransformerSpec):
+  """A bidirectional encoder with a masked-LM head (:class:`laplax.models.bert.BERT`).
+
+  The defaults are the original BERT (Devlin et al. 2019; Hugging Face
+  ``BertForMaskedLM``): post-norm blocks, learned positions, token types,
+  LayerNorm after the embeddings (eps 1e-12), biases, exact GELU, the MLM
+  head's transform (dense, GELU, LayerNorm) and a decoder bias, tied to the
+  token embedding. The cramming architecture (Geiping & Goldstein 2023,
+  ``JonasGeiping/cramming``, ``arch/crammed-bert.yaml``) is ``post_norm=False``,
+  ``use_bias=False``, ``mlp_activation="gelu_glu"``,
+  ``posemb="scaled_sinusoidal"``, ``type_vocab_size=0``, ``final_norm=True``,
+  ``mlm_transform=False``, ``decoder_bias=False``, ``pooler="mean"``
+  (``configs/bert_cramming.py``).
+
+  Attributes:
+    max_length: positions of the position embedding (tokens).
+    posemb: ``"learn"`` (BERT) or ``"scaled_sinusoidal"`` (cramming's
+      ``ScaledSinosoidal``: the fixed sin/cos table times one learned scalar,
+      initialised ``1 / sqrt(width)``).
+    type_vocab_size: token-type (segment) ids; 0: no token-type embedding.
+    post_norm: post-norm blocks ``x = norm(x + f(x))`` (BERT) instead of pre-norm.
+    embed_norm: a LayerNorm after the summed embeddings (both BERT and cramming).
+    final_norm: a norm after the last block (cramming's ``final_norm``).
+    mlm_transform: the MLM head's dense + activation + LayerNorm before the
+      decoder (BERT's ``cls.predictions.transform``; cramming skips it).
+    decoder_bias: a bias ``[vocab_size]`` on the tied decoder.
+    pooler: the classifier's pooling: ``"cls"`` (BERT: token 0, dense, tanh)
+      or ``"mean"`` (cramming's ``pooler: avg``: the mean over the real
+      tokens, dense, tanh).
+    pooler_dim: the pooler's dense width (``None``: ``width``; cramming 1024).
+  """
+
+  max_length: int = spec_field(128, "int", min=1, convert=everywhere())
+  posemb: str = spec_field(
+    "learn",
+    "choice",
+    choices=("learn", "scaled_sinusoidal"),
+    convert={"hf-bert": ("learn",), "hf-nystromformer": ("learn",)},
+  )
+  type_vocab_size: int = spec_field(
+    2,
+    "int",
+    min=0,
+    convert={
+      "hf-bert": Rule(lambda v, spec: v >= 1, "type_vocab_size >= 1"),
+      "hf-nystromformer": Rule(lambda v, spec: v >= 1, "type_vocab_size >= 1"),
+    },
+  )
+  post_norm: bool = spec_field(
+    True, "bool", convert={"hf-bert": (True,), "hf-nystromformer": (True,)}
+  )
+  embed_norm: bool = spec_field(
+    True, "bool", convert={"hf-bert": (True,), "hf-nystromformer": (True,)}
+  )
+  final_norm: bool = spec_field(
+    False, "bool", convert={"hf-bert": (False,), "hf-nystromformer": (False,)}
+  )
+  mlm_transform: bool = spec_field(
+    True, "bool", convert={"hf-bert": (True,), "hf-nystromformer": (True,)}
+  )
+  decoder_bias: bool = spec_field(
+    True, "bool", convert={"hf-bert": (True,), "hf-nystromformer": (True,)}
+  )
+  pooler: str = spec_field("cls", "choice", choices=("cls", "mean"), convert=everywhere())
+  pooler_dim: int | None = spec_field(None, "int", min=1, optional=True, convert=everywhere())
+  kernel_init: str = spec_field("normal", "choice", choices=KERNEL_INITS, convert=everywhere())
+  norm_eps: float = spec_field(
+    1e-12,
+    "float",
+    open_min=True,
+    max=1.0,
+    convert=everywhere("hf-bert", "hf-nystromformer", "peer"),
+  )
+  mlp_activation: str = spec_field(
+    "gelu_exact",
+    "choice",
+    choices=MLP_ACTIVATIONS,
+    convert={
+      "hf-bert": ("gelu", "gelu_exact"),
+      "hf-nystromformer": ("gelu", "gelu_exact"),
+      "peer": PLAIN_ACTIVATIONS,
+    },
+  )
+
+  def __post_init__(self):
+    super().__post_init__()
+    if self.posemb == "scaled_sinusoidal" and self.width % 2:
+      raise SpecError(
+        f"model.posemb='scaled_sinusoidal' needs an even model.width, got {self.width}; "
+        f"change the width or use posemb='learn'"
+      )
+    check_splash_lengths(self, (self.max_length,))
 
 
 def sinusoidal_table(length: int, width: int) -> np.ndarray:
@@ -61,7 +167,7 @@ class BERT(nn.Module):
   width]``.
 
   Attributes:
-    spec: the :class:`~laplax.models.spec.BERTSpec`.
+    spec: the :class:`~laplax.models.bert.BERTSpec`.
     vocab_size: vocabulary size (from the tokenizer).
     num_labels: ``None`` (the MLM head) or the classes of a sequence
       classifier (1: a regression, GLUE's STS-B); the pooler
@@ -187,3 +293,14 @@ class BERT(nn.Module):
     pooled = nn.Dense(spec.pooler_dim or spec.width, kernel_init=init, name="pooler")(pooled)
     pooled = nn.Dropout(spec.dropout)(jnp.tanh(pooled), deterministic=not train)
     return nn.Dense(self.num_labels, kernel_init=init, name="classifier")(pooled)
+
+
+def attention_lengths(config, image_side=None, crop_sides=()) -> tuple[int, ...]:
+  """``(model.max_length,)``: the tokens a BERT's attention sees
+  (:attr:`laplax.models.registry.Family.attention_lengths`)."""
+  del image_side, crop_sides
+  return (int(config.model.max_length),)
+
+
+#: The BERT family: ``config.model.name="bert"`` (the masked-LM and GLUE tasks build it).
+FAMILY = Family(name="bert", spec=BERTSpec, model=BERT, attention_lengths=attention_lengths)

@@ -38,22 +38,65 @@ Reference code: ``timm/models/davit.py`` (``Stem``, ``Downsample``,
 
 from __future__ import annotations
 
+import dataclasses
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
 from laplax import attention as attention_lib
-from laplax import sharding
-from laplax.models.layers import (
-  MLP,
-  DropPath,
-  LayerScale,
-  attention_module,
-  classifier_head,
-  norm_layer,
+from laplax import sharding, utils
+from laplax.models import spec as spec_lib
+from laplax.models.layers import attention_module, norm_layer
+from laplax.models.registry import Family
+from laplax.models.spec import MLP_ACTIVATIONS, spec_field
+from laplax.models.staged import (
+  StagedClassifier,
+  StagedSpec,
+  mlp_branch,
+  residual,
+  window_partition,
+  window_reverse,
 )
-from laplax.models.spec import REMAT_POLICIES, DaViTSpec
-from laplax.models.swin import window_partition, window_reverse
+from laplax.models.support import ANY, everywhere
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DaViTSpec(StagedSpec):
+  """A DaViT (Ding et al. 2022, arXiv 2204.03645; timm's ``DaVit``): a
+  :class:`~laplax.models.staged.StagedSpec` of dual blocks.
+
+  A dual block is a spatial block (window attention) then a channel block
+  (channel group attention), so ``depth`` counts the attention blocks, ``2 *
+  sum(stage_depths)``: block ``2 j`` is the spatial and ``2 j + 1`` the
+  channel block of dual block ``j``, and the heads of a channel block are its
+  channel groups. The stem is timm's (a 7 x 7 convolution of stride 4 and a
+  LayerNorm); stages after the first start with a LayerNorm and a 2 x 2
+  convolution of stride 2.
+
+  Attributes:
+    patch_size: the stem's stride in pixels (timm's ``Stem`` supports 4 only).
+    stage_depths: dual blocks per stage.
+    window_size: side of the spatial attention windows in tokens (a grid
+      that is not a multiple is padded with zeros, as timm).
+    drop_path: the deepest dual block's stochastic-depth rate (linear over
+      dual blocks, the two blocks of one sharing it: timm's ``stagewise``).
+  """
+
+  BLOCKS = 2
+  BLOCK_NOUN = "DaViT attention blocks"
+  POSSESSIVE = "a DaViT's"
+
+  patch_size: int = spec_field(4, "int", min=4, max=4, convert=everywhere())
+  stage_depths: tuple = spec_field((1, 1), "ints", convert=everywhere())
+  drop_path: float = spec_field(0.0, "float", max=0.99, convert={"timm-davit": ANY})
+  # timm's DaViT: no LayerScale, the exact GELU, LayerNorms of eps 1e-5.
+  mlp_activation: str = spec_field(
+    "gelu_exact",
+    "choice",
+    choices=MLP_ACTIVATIONS,
+    convert={"timm-davit": ("gelu_exact",), "hf-gpt2": ANY, "peer": ANY},
+  )
 
 
 class ChannelAttention(attention_lib.MultiHeadAttention):
@@ -160,7 +203,7 @@ class DaViTBlock(nn.Module):
   flattened to ``[batch, H * W, dim]``; ``"input"`` after ``cpe1``).
 
   Attributes:
-    spec: the model's :class:`~laplax.models.spec.DaViTSpec`.
+    spec: the model's :class:`DaViTSpec`.
     kind: ``"spatial"`` or ``"channel"``.
     num_heads: this stage's heads (channel groups).
     mlp_dim: this stage's MLP size.
@@ -202,29 +245,11 @@ class DaViTBlock(nn.Module):
         name="attention",
       )(y.reshape(b, h * w, c), deterministic=deterministic)
       y = y.reshape(b, h, w, c)
-    if spec.layerscale_init is not None:
-      y = LayerScale(spec.layerscale_init, name="ls1")(y)
-    out["sa"] = y.reshape(b, h * w, c)
-    x = x + DropPath(self.drop_path)(y, deterministic)
-    out["+sa"] = x.reshape(b, h * w, c)
+    kw = dict(drop_path=self.drop_path, deterministic=deterministic, out=out)
+    x = residual(spec, x, y, scale="ls1", key="sa", **kw)
     x = ConvPosEnc(dtype, name="cpe2")(x)
-    kernel_init, out_init = spec.inits()
-    y = norm_layer(spec, "norm2")(x).astype(x.dtype)
-    y = MLP(
-      self.mlp_dim,
-      activation=spec.mlp_activation,
-      dropout=spec.dropout,
-      use_bias=spec.use_bias,
-      dtype=dtype,
-      kernel_init=kernel_init,
-      out_init=out_init,
-      name="mlp",
-    )(y, deterministic)
-    if spec.layerscale_init is not None:
-      y = LayerScale(spec.layerscale_init, name="ls2")(y)
-    out["mlp"] = y.reshape(b, h * w, c)
-    x = x + DropPath(self.drop_path)(y, deterministic)
-    out["+mlp"] = x.reshape(b, h * w, c)
+    y = mlp_branch(spec, x, self.mlp_dim, deterministic)
+    x = residual(spec, x, y, scale="ls2", key="mlp", **kw)
     return x, out
 
 
@@ -241,61 +266,107 @@ def _conv(features, kernel, stride, padding, dtype, name):
   )
 
 
-class DaViT(nn.Module):
+class DaViT(StagedClassifier):
   """DaViT classifier with Laplacian heads and spectral conditioning.
 
   ``images`` float ``[batch, height, width, channels]`` (any size: the stem
   and the downsamplings pad to their strides) -> ``(logits [batch,
-  num_classes] float32, out)``, ``out`` with ``out["block{i}"]`` (see
-  :class:`DaViTBlock`), ``out["encoded"]`` (the last stage's tokens
-  ``[batch, tokens, width * 2^(stages-1)]``) and ``out["pre_logits"]``
-  (their mean, normalised).
+  num_classes] float32, out)`` (:class:`~laplax.models.staged.StagedClassifier`):
+  ``out["block{i}"]`` as :class:`DaViTBlock`'s, ``out["encoded"]`` the last
+  stage's tokens and ``out["pre_logits"]`` their mean, normalised (timm's
+  ``NormMlpClassifierHead``).
 
   Attributes:
-    spec: the :class:`~laplax.models.spec.DaViTSpec`.
+    spec: the :class:`DaViTSpec`.
     num_classes: classifier outputs (0: the pooled features are returned).
     head_init_zero: zero-initialised classifier; else Xavier uniform.
   """
 
   spec: DaViTSpec
-  num_classes: int = 0
-  head_init_zero: bool = True
 
-  @nn.compact
-  def __call__(self, images: jax.Array, *, train: bool = False):
-    """Classifies ``images``; ``train`` enables dropout and drop-path."""
+  def block_class(self) -> type:
+    """:class:`DaViTBlock`."""
+    return DaViTBlock
+
+  def stem(self, images: jax.Array) -> jax.Array:
+    """timm's ``Stem``: the image padded to a multiple of the stride, a 7 x 7
+    convolution (``embedding``) and a LayerNorm (``embedding_norm``)."""
     spec = self.spec
-    out = {}
     dtype = spec.compute_dtype()
     x = images.astype(dtype or images.dtype)
     p = spec.patch_size
     x = jnp.pad(x, ((0, 0), (0, (-x.shape[1]) % p), (0, (-x.shape[2]) % p), (0, 0)))
     x = _conv(spec.width, 7, p, ((3, 3), (3, 3)), dtype, "embedding")(x)
-    x = norm_layer(spec, "embedding_norm")(x).astype(x.dtype)
-    x = nn.Dropout(spec.dropout)(x, deterministic=not train)
-    rates = spec.drop_path_rates()
-    block_cls = DaViTBlock
-    if spec.remat != "none":
-      block_cls = nn.remat(DaViTBlock, policy=REMAT_POLICIES[spec.remat], static_argnums=(2,))
-    for s, (first, depth, width, mlp_dim) in enumerate(spec.stages()):
-      if s:
-        x = norm_layer(spec, f"downsample{s}_norm")(x).astype(x.dtype)
-        x = jnp.pad(x, ((0, 0), (0, x.shape[1] % 2), (0, x.shape[2] % 2), (0, 0)))
-        x = _conv(width, 2, 2, "VALID", dtype, f"downsample{s}")(x)
-      for j in range(depth):
-        i = first + j
-        x, out[f"block{i}"] = block_cls(
-          spec,
-          kind="spatial" if j % 2 == 0 else "channel",
-          num_heads=spec.layer_heads()[i],
-          mlp_dim=mlp_dim,
-          laplacian_mask=spec.laplacian[i],
-          drop_path=rates[i],
-          name=f"block{i}",
-        )(x, not train)
+    return norm_layer(spec, "embedding_norm")(x).astype(x.dtype)
+
+  def downsample(self, x: jax.Array, stage: int, width: int) -> jax.Array:
+    """timm's ``Downsample``: a LayerNorm, zero padding to even sides, a 2 x 2
+    convolution of stride 2 (``downsample{stage}_norm``, ``downsample{stage}``)."""
+    x = norm_layer(self.spec, f"downsample{stage}_norm")(x).astype(x.dtype)
+    x = jnp.pad(x, ((0, 0), (0, x.shape[1] % 2), (0, x.shape[2] % 2), (0, 0)))
+    return _conv(width, 2, 2, "VALID", self.spec.compute_dtype(), f"downsample{stage}")(x)
+
+  def block_options(self, grid: tuple[int, int], j: int) -> dict:
+    """Spatial (even ``j``) and channel blocks in turn."""
+    del grid
+    return {"kind": "spatial" if j % 2 == 0 else "channel"}
+
+  def pool(self, x: jax.Array, out: dict) -> jax.Array:
+    """The mean over the grid, then ``encoder_norm``."""
     out["encoded"] = x.reshape(x.shape[0], -1, x.shape[-1])
-    x = norm_layer(spec, "encoder_norm")(x.mean(axis=(1, 2)))
-    out["pre_logits"] = x
-    x = classifier_head(x, self.num_classes, self.head_init_zero)
-    out["logits"] = x
-    return x, out
+    return norm_layer(self.spec, "encoder_norm")(x.mean(axis=(1, 2)))
+
+
+def attention_lengths(config, image_side=None, crop_sides=()) -> tuple[int, ...]:
+  """The tokens of a spatial window, ``window_size^2`` (the grid padded to
+  whole windows; the channel attention runs XLA whatever its length)
+  (:attr:`laplax.models.registry.Family.attention_lengths`)."""
+  del image_side, crop_sides
+  return (int(config.model.window_size) ** 2,)
+
+
+def analytic_flops(config, task, params, remat: bool) -> tuple[int, float]:
+  """:func:`laplax.plan.flops.analytic_flops` of a DaViT: each kernel
+  (convolutions included: their size is the multiply-adds per output
+  position) on the positions of its stage (``ceil(grid_0 / 2^s)^2`` per
+  image, the stem's output grid ``ceil(H / patch)``; the head on one), and
+  per block ``12 N width_s`` per position (16 with remat) with ``N`` the
+  window's ``window_size^2`` tokens in a spatial block (over the grid padded
+  to whole windows) and the group's ``d = width_s / heads`` channels in a
+  channel block."""
+  spec = spec_lib.from_config(config.model)
+  grids, grid = [], -(-task.image_shape[0] // spec.patch_size)
+  for s in range(len(spec.stage_depths)):
+    grid = grid if s == 0 else -(-grid // 2)
+    grids.append(grid)
+  stage_of = {"embedding": 0}
+  for s, (first, depth, _, _) in enumerate(spec.stages()):
+    stage_of.update({f"block{i}": s for i in range(first, first + depth)})
+    stage_of[f"downsample{s}"] = s
+  w, a = (8, 16) if remat else (6, 12)
+  count, per_image = 0, 0.0
+  for top, _, size in utils.matmul_kernels(params):
+    count += size
+    per_image += w * size * (1 if top == "head" else grids[stage_of[top]] ** 2)
+  heads = spec.layer_heads()
+  ws = spec.window_size
+  for s, (first, depth, width, _) in enumerate(spec.stages()):
+    padded = -(-grids[s] // ws) * ws
+    for j in range(depth):
+      if j % 2 == 0:  # spatial: windows of ws^2 tokens over the padded grid
+        per_image += a * ws * ws * width * padded**2
+      else:  # channel groups of d channels, over every position
+        per_image += a * (width // heads[first + j]) * width * grids[s] ** 2
+  return count, float(per_image * config.batch_size)
+
+
+#: The DaViT family: ``config.model.name="davit"``, trained by the
+#: classification task (any image size: its stem pads).
+FAMILY = Family(
+  name="davit",
+  spec=DaViTSpec,
+  model=DaViT,
+  task="classification",
+  attention_lengths=attention_lengths,
+  flops=analytic_flops,
+)

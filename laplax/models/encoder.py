@@ -6,12 +6,13 @@ baselines): token (or patch) embedding plus learned or sinusoidal positions,
 dropout, pre-LN blocks (:func:`~laplax.models.layers.transformer_blocks`, so
 every attention kernel, Laplacian heads and spectral conditioning apply), a
 final norm with the padded tokens zeroed, mean or class-token pooling, and
-an MLP head. The model takes its :class:`~laplax.models.spec.EncoderSpec`
+an MLP head. The model takes its :class:`~laplax.models.encoder.EncoderSpec`
 whole.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import flax.linen as nn
@@ -21,7 +22,38 @@ import numpy as np
 
 from laplax import sharding
 from laplax.models.layers import EMBED_AXES, norm_layer, transformer_blocks
-from laplax.models.spec import EncoderSpec
+from laplax.models.registry import Family
+from laplax.models.spec import TransformerSpec, spec_field
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EncoderSpec(TransformerSpec):
+  """A sequence classifier (the Long Range Arena models of Tay et al. 2021 and
+  of the Nystromformer authors' ``LRA/code/model.py``): token or patch
+  embedding, positions, pre-LN blocks, a final norm, pooling, an MLP head.
+
+  Attributes:
+    inputs: ``"tokens"`` (int ids ``[batch, length]``) or ``"patches"``
+      (images ``[batch, H, W, C]``, ``patch_size`` square patches).
+    vocab_size: token ids (``"tokens"``).
+    max_length: the longest sequence (the learned position table's size).
+    patch_size: patch side (``"patches"``).
+    posemb: ``"learn"`` (normal 0.02) or ``"sincos"`` (Vaswani et al. 2017,
+      the authors' ``fixed_pos_emb``: sin and cos interleaved).
+    pool: ``"mean"`` (the final-norm tokens, padded ones zeroed, averaged over
+      the whole length, as the authors' ``pooling``) or ``"cls"`` (a learned
+      class token first).
+    classifier_hidden: the head's hidden layer (``Dense -> ReLU -> Dense``, the
+      authors' ``SCHead``); 0: one linear layer.
+  """
+
+  inputs: str = spec_field("tokens", "choice", choices=("tokens", "patches"))
+  vocab_size: int = spec_field(32, "int", min=1)
+  max_length: int = spec_field(2000, "int", min=1)
+  patch_size: int = spec_field(1, "int", min=1)
+  posemb: str = spec_field("learn", "choice", choices=("learn", "sincos"))
+  pool: str = spec_field("mean", "choice", choices=("mean", "cls"))
+  classifier_hidden: int = spec_field(128, "int", min=0)
 
 
 def posemb_sincos_1d(length: int, dim: int) -> np.ndarray:
@@ -55,7 +87,7 @@ class Encoder(nn.Module):
   token dropped, so the length stays (the authors' ``append_cls``).
 
   Attributes:
-    spec: the :class:`~laplax.models.spec.EncoderSpec`.
+    spec: the :class:`~laplax.models.encoder.EncoderSpec`.
     num_classes: classifier outputs (0: the pooled features are the output).
   """
 
@@ -156,7 +188,7 @@ class DualEncoder(nn.Module):
   ``[batch, 4 * width]``, ``out["towers"]`` each tower's ``out``.
 
   Attributes:
-    spec: the :class:`~laplax.models.spec.EncoderSpec` of the tower.
+    spec: the :class:`~laplax.models.encoder.EncoderSpec` of the tower.
     num_classes: classifier outputs.
   """
 
@@ -176,3 +208,8 @@ class DualEncoder(nn.Module):
     x = nn.Dense(self.num_classes, dtype=jnp.float32, name="head")(x)
     out["logits"] = x
     return x, out
+
+
+#: The sequence-classifier family: ``config.model.name="encoder"`` (the LRA
+#: tasks build it; its attention lengths follow the default rule).
+FAMILY = Family(name="encoder", spec=EncoderSpec, model=Encoder)

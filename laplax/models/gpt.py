@@ -14,7 +14,7 @@ causal form ``v_t - sum_{j<=t} p_tj v_j`` (token 0's output is exactly 0) and
 spectral conditioning applies to every layer's ``W_Q, W_K, W_V``.
 
 The options of the Laplacian authors' nanochat fork (yuchongzhang/nanochat
-1f70b557, nanochat/gpt.py; the fields of :class:`~laplax.models.spec.GPTSpec`,
+1f70b557, nanochat/gpt.py; the fields of :class:`~laplax.models.gpt.GPTSpec`,
 off by default) run the fork's trunk (:func:`fork_trunk`): the previous-token
 smear, per-layer ``resid_lambdas`` and ``x0_lambdas``, value embeddings on
 alternating layers, per-layer sliding windows and the mid-layer backout; the
@@ -29,6 +29,9 @@ heads only (``[batch, max_length, kv_heads, head_dim]`` per layer).
 
 from __future__ import annotations
 
+import dataclasses
+import math
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -36,7 +39,170 @@ import optax
 
 from laplax import sharding
 from laplax.models.layers import EMBED_AXES, REMAT_POLICIES, Block, norm_layer, transformer_blocks
-from laplax.models.spec import GPTSpec
+from laplax.models.registry import Family
+from laplax.models.spec import (
+  DTYPES,
+  KERNEL_INITS,
+  SpecError,
+  TransformerSpec,
+  check_splash_lengths,
+  spec_field,
+)
+from laplax.models.support import ANY, CONVERT_TARGETS, Rule, everywhere
+
+
+def window_sizes(pattern: str | None, depth: int, max_length: int) -> tuple[int | None, ...]:
+  """Per-layer sliding windows of the fork's ``window_pattern`` (its
+  ``_compute_window_sizes``, nanochat/gpt.py at yuchongzhang/nanochat 1f70b557).
+
+  The pattern of ``S`` and ``L`` is tiled over the ``depth`` layers and the
+  last layer is ``L``. ``L`` is the full context (``None``); ``S`` is
+  ``ceil(max_length / 4 / 128) * 128`` tokens back (512 at 2048): query ``i``
+  sees key ``j`` iff ``0 <= i - j <= window``. ``pattern`` ``None``: all full.
+  """
+  if pattern is None:
+    return (None,) * depth
+  short = -(-max_length // 4 // 128) * 128
+  out = [None if pattern[i % len(pattern)] == "L" else short for i in range(depth)]
+  out[-1] = None
+  return tuple(out)
+
+
+# ``convert`` support of ``num_kv_heads``: nanochat has grouped-query attention,
+# the other targets one key/value head per query head, however written.
+_ONE_KV_PER_HEAD = Rule(lambda v, spec: spec.kv_heads == spec.num_heads, "num_heads (or None)")
+_KV_HEADS_SUPPORT = dict(dict.fromkeys(CONVERT_TARGETS, _ONE_KV_PER_HEAD), nanochat=ANY)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class GPTSpec(TransformerSpec):
+  """A causal LM (GPT-2 form): context, position encoding, tied embeddings.
+
+  Attributes:
+    max_length: context length in tokens.
+    num_kv_heads: key/value heads, a divisor of ``num_heads``: grouped-query
+      attention (Ainslie et al. 2023; nanochat/gpt.py's ``n_kv_head``, its
+      ``c_k, c_v`` of ``kv_heads * head_dim`` columns), query head ``h``
+      using key/value head ``h // (num_heads / num_kv_heads)``, a Laplacian
+      head that head's values; ``None``: ``num_heads`` (one per query head).
+      :attr:`kv_heads` is the number.
+    posemb: ``"learn"`` (GPT-2) or ``"rope"`` (rotary on queries and keys).
+    tie_embeddings: the output layer is the transposed token embedding.
+    embed_norm: a ``norm`` of the token embedding before the first block
+      (nanochat/gpt.py normalises there).
+    logit_softcap: ``c`` of the logit soft-cap ``c tanh(logits / c)`` (15 in
+      nanochat/gpt.py), in float32; ``None``: none.
+    embedding_dtype: the token embedding's parameter dtype (nanochat keeps
+      ``wte`` in bfloat16, and so its AdamW moments).
+    kernel_init: :data:`KERNEL_INITS`: ``"gpt2"`` (normal 0.02, the output
+      projections ``0.02 / sqrt(2 depth)``, token embedding normal 0.02) or
+      ``"nanochat"`` (nanochat/gpt.py's ``init_weights``: every matrix
+      :func:`nanochat_normal`, the token embedding N(0, 1), ``lm_head``
+      zeros; ``zero_init_out`` zeroes ``W_O`` and the MLP output as there) or
+      ``"nanochat-fork"`` (the fork's: ``W_Q, W_K, W_V`` uniform
+      ``+-sqrt(3 / width)``, the MLP's first layer 0.4 times that, ``W_O``
+      and the MLP output zeros, token embedding N(0, 0.8), ``lm_head`` N(0,
+      0.001), value embeddings as ``W_V``, gates U(0, 0.02), the scalars below
+      at the fork's values).
+    value_embeds, resid_lambdas, x0_lambdas, smear, backout, window_pattern,
+      vocab_multiple: the options of the Laplacian authors' nanochat fork
+      (yuchongzhang/nanochat 1f70b557, nanochat/gpt.py), each off by default:
+    value_embeds: a value embedding table ``[vocab, width]`` on alternating
+      layers, the last one included (layer ``i`` iff ``i % 2 == (depth - 1) %
+      2``), added to the values as ``v + 3 sigmoid(ve_gate(x[..., :12])) ve``
+      with one gate per key/value head (``ve_gate`` ``[12, kv_heads]``, on
+      the block's normed input); the table is ``[vocab, kv_heads * head_dim]``.
+    resid_lambdas: a learned scalar per layer multiplying the residual stream
+      before the block (initialised ``1.15 - 0.10 i / (depth - 1)``).
+    x0_lambdas: a learned scalar per layer times the (normed, smeared)
+      embedding ``x0`` added before the block (``0.20 - 0.15 i / (depth - 1)``).
+    smear: ``x[t] += smear_lambda sigmoid(smear_gate(x[t, :24])) x[t - 1]`` on
+      the normed embedding (``smear_lambda`` 0, ``smear_gate [24, 1]`` U(0, 0.02)).
+    backout: ``x -= backout_lambda h`` before the final norm, ``h`` the
+      residual stream after block ``depth // 2`` (``backout_lambda`` 0.2).
+    window_pattern: per-layer causal sliding windows from a pattern of ``S``
+      and ``L`` (:func:`window_sizes`; the fork's ``"SSSL"``); ``None``: full
+      causal attention everywhere.
+    vocab_multiple: the token embedding, ``lm_head`` and value embeddings have
+      ``vocab_size`` rounded up to a multiple of this (the fork pads to 64);
+      the logits are cut back to ``vocab_size``.
+    loss_chunk: the training and evaluation loss takes the logits, soft-cap
+      and cross-entropy this many positions at a time
+      (:func:`laplax.models.gpt.token_losses`: the float32 ``[batch, length,
+      vocab]`` logits never formed); must divide ``max_length`` (a chunk of
+      ``max_length`` or more: all positions at once). The same
+      loss, the ``lm_head`` gradient summed in another order (float32
+      rounding); memory only. ``None``: all positions at once.
+  """
+
+  max_length: int = spec_field(128, "int", min=1, convert=everywhere())
+  num_kv_heads: int | None = spec_field(
+    None, "int", optional=True, min=1, convert=_KV_HEADS_SUPPORT
+  )
+  posemb: str = spec_field(
+    "learn", "choice", choices=("learn", "rope"), convert={"nanochat": ("rope",), "peer": ANY}
+  )
+  tie_embeddings: bool = spec_field(
+    True, "bool", convert={"hf-gpt2": ANY, "nanochat": (False,), "peer": ANY}
+  )
+  embed_norm: bool = spec_field(False, "bool", convert={"nanochat": (True,)})
+  logit_softcap: float | None = spec_field(
+    None, "float", optional=True, open_min=True, convert={"nanochat": (15.0,)}
+  )
+  embedding_dtype: str = spec_field("float32", "choice", choices=DTYPES, convert={"nanochat": ANY})
+  kernel_init: str = spec_field("gpt2", "choice", choices=KERNEL_INITS, convert=everywhere())
+  value_embeds: bool = spec_field(False, "bool", convert={"nanochat": ANY})
+  resid_lambdas: bool = spec_field(False, "bool", convert={"nanochat": ANY})
+  x0_lambdas: bool = spec_field(False, "bool", convert={"nanochat": ANY})
+  smear: bool = spec_field(False, "bool", convert={"nanochat": ANY})
+  backout: bool = spec_field(False, "bool", convert={"nanochat": ANY})
+  window_pattern: str | None = spec_field(None, "pattern", optional=True, convert={"nanochat": ANY})
+  vocab_multiple: int = spec_field(1, "int", min=1, convert={"nanochat": ANY})
+  loss_chunk: int | None = spec_field(None, "int", optional=True, min=1, convert=everywhere())
+
+  def __post_init__(self):
+    super().__post_init__()
+    if self.num_heads % self.kv_heads:
+      divisors = ", ".join(str(d) for d in range(1, self.num_heads + 1) if self.num_heads % d == 0)
+      raise SpecError(
+        f"model.num_kv_heads={self.num_kv_heads} must divide model.num_heads={self.num_heads} "
+        f"(key/value heads shared by the heads); use one of {divisors} or None"
+      )
+    check_splash_lengths(self, (self.max_length,))
+    if self.scan_layers and self.fork_trunk:
+      raise SpecError(
+        "model.scan_layers=True is not built for the nanochat fork's per-layer options "
+        "(value_embeds, resid/x0_lambdas, smear, backout, window_pattern); set "
+        "model.scan_layers=False"
+      )
+
+    chunk = self.loss_chunk
+    if chunk is not None and chunk < self.max_length and self.max_length % chunk:
+      raise SpecError(
+        f"model.loss_chunk={self.loss_chunk} must divide model.max_length={self.max_length}; "
+        f"use a divisor (e.g. {math.gcd(self.max_length, self.loss_chunk)}) or None"
+      )
+
+  @property
+  def fork_trunk(self) -> bool:
+    """Whether any option of the fork's trunk is on (the GPT then runs its own loop)."""
+    return bool(
+      self.value_embeds
+      or self.resid_lambdas
+      or self.x0_lambdas
+      or self.smear
+      or self.backout
+      or self.window_pattern is not None
+    )
+
+  def windows(self) -> tuple[int | None, ...]:
+    """Each layer's sliding window (:func:`window_sizes`; ``None`` = full)."""
+    return window_sizes(self.window_pattern, self.depth, self.max_length)
+
+  def padded_vocab(self, vocab_size: int) -> int:
+    """``vocab_size`` rounded up to a multiple of ``vocab_multiple``."""
+    return -(-vocab_size // self.vocab_multiple) * self.vocab_multiple
+
 
 # The channels of the normed embedding the fork's smear gate reads.
 SMEAR_GATE_CHANNELS = 24
@@ -138,7 +304,7 @@ class GPT(nn.Module):
   and ``out["encoded"]`` the final-norm hidden states ``[batch, length, width]``.
 
   Attributes:
-    spec: the :class:`~laplax.models.spec.GPTSpec` (sizes, context, Laplacian
+    spec: the :class:`~laplax.models.gpt.GPTSpec` (sizes, context, Laplacian
       heads, attention and spectral settings, position encoding, tying,
       biases, dtype, remat, scan).
     vocab_size: vocabulary size (from the tokenizer).
@@ -314,3 +480,14 @@ def token_losses(
     return optax.softmax_cross_entropy_with_integer_labels(logits, t)
 
   return jax.lax.map(one, (xs, ts)).swapaxes(0, 1).reshape(batch, length)
+
+
+def attention_lengths(config, image_side=None, crop_sides=()) -> tuple[int, ...]:
+  """The context, ``(model.max_length,)``: the tokens a GPT's attention sees
+  (:attr:`laplax.models.registry.Family.attention_lengths`)."""
+  del image_side, crop_sides
+  return (int(config.model.max_length),)
+
+
+#: The GPT family: ``config.model.name="gpt"`` (the language-model tasks build it).
+FAMILY = Family(name="gpt", spec=GPTSpec, model=GPT, attention_lengths=attention_lengths)

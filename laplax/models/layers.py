@@ -272,7 +272,7 @@ def attention_module(
 class Block(nn.Module):
   """Pre-LN Transformer block with Laplacian heads and spectral conditioning.
 
-  With a spec whose ``post_norm`` is True (:class:`~laplax.models.spec.BERTSpec`)
+  With a spec whose ``post_norm`` is True (:class:`~laplax.models.bert.BERTSpec`)
   it is BERT's post-LN block (Devlin et al. 2019; Hugging Face ``BertLayer``):
   ``x = norm1(x + attention(x))``, ``x = norm2(x + mlp(x))``; ``"+sa"`` and
   ``"+mlp"`` are then the normalised residuals.

@@ -12,10 +12,15 @@ and the lines that read it (the idea of the Flax lm1b example's
 * :class:`AttentionSpec`: what every layer's
   :class:`~laplax.attention.MultiHeadAttention` shares; its field names are
   attribute names of that module, passed on as they are.
-* :class:`TransformerSpec` with :class:`ViTSpec` and :class:`GPTSpec`: sizes,
-  the Laplacian heads resolved into one bool array ``[depth, num_heads]``
-  (Zhang & Papyan 2026: the last ``k`` heads of a layer by default), and the
-  model-level switches.
+* :class:`TransformerSpec`: what every family shares: sizes, the Laplacian
+  heads resolved into one bool array ``[depth, num_heads]`` (Zhang & Papyan
+  2026: the last ``k`` heads of a layer by default), and the model-level
+  switches.
+
+Each family's spec subclasses :class:`TransformerSpec` in the family's own
+module (``laplax.models.vit.ViTSpec``, ``laplax.models.gpt.GPTSpec``, ...),
+found by ``config.model.name`` through :mod:`laplax.models.registry`
+(:data:`FAMILIES`).
 
 Validation is derived from the fields: each field's metadata gives its config
 key, type and range, and ``__post_init__`` checks them and the consistency
@@ -42,7 +47,8 @@ import numpy as np
 from laplax import attention, spectral
 from laplax.errors import UserError
 from laplax.kernels import nystrom, splash
-from laplax.models.support import ANY, CONVERT_TARGETS, EXPORTS, FORCE, Rule, everywhere
+from laplax.models import registry
+from laplax.models.support import ANY, EXPORTS, FORCE, Rule, everywhere
 
 DTYPES = ("float32", "bfloat16")
 # Rematerialisation of each block (``model.remat``): name -> jax.checkpoint
@@ -72,8 +78,8 @@ NORMS = ("layernorm", "rmsnorm")
 # in halves ``x, gate``, ``gelu_exact(gate) * x``, so the second layer reads
 # ``mlp_dim // 2``).
 MLP_ACTIVATIONS = ("gelu", "gelu_exact", "relu2", "gelu_glu")
-# The activations every GPT/ViT converter target expresses (no gated one).
-_PLAIN_ACTIVATIONS = ("gelu", "gelu_exact", "relu2")
+#: The activations every GPT/ViT converter target expresses (no gated one).
+PLAIN_ACTIVATIONS = ("gelu", "gelu_exact", "relu2")
 # ``model.qk_norm_type``: the qk-norm's kind when ``model.qk_norm`` is on.
 QK_NORM_TYPES = attention.QK_NORM_TYPES
 
@@ -106,28 +112,13 @@ def nanochat_uniform(scale: float = 1.0):
   return init
 
 
-def window_sizes(pattern: str | None, depth: int, max_length: int) -> tuple[int | None, ...]:
-  """Per-layer sliding windows of the fork's ``window_pattern`` (its
-  ``_compute_window_sizes``, nanochat/gpt.py at yuchongzhang/nanochat 1f70b557).
-
-  The pattern of ``S`` and ``L`` is tiled over the ``depth`` layers and the
-  last layer is ``L``. ``L`` is the full context (``None``); ``S`` is
-  ``ceil(max_length / 4 / 128) * 128`` tokens back (512 at 2048): query ``i``
-  sees key ``j`` iff ``0 <= i - j <= window``. ``pattern`` ``None``: all full.
-  """
-  if pattern is None:
-    return (None,) * depth
-  short = -(-max_length // 4 // 128) * 128
-  out = [None if pattern[i % len(pattern)] == "L" else short for i in range(depth)]
-  out[-1] = None
-  return tuple(out)
-
-
 class SpecError(UserError, ValueError):
   """A model setting that cannot be built; one line ``model.KEY=...: the fix``."""
 
 
-def _field(default, check: str, key: str | None = None, convert: Mapping | None = None, **rules):
+def spec_field(
+  default, check: str, key: str | None = None, convert: Mapping | None = None, **rules
+):
   """A spec field whose metadata says how to validate it, its config key and
   which values each converter target supports (``convert``: target ->
   :data:`~laplax.models.support.ANY`, :data:`~laplax.models.support.FORCE`,
@@ -147,7 +138,7 @@ def _is_number(v) -> bool:
   )
 
 
-def _check_value(key: str, value: Any, meta: Mapping) -> None:
+def check_value(key: str, value: Any, meta: Mapping) -> None:
   """Raises :class:`SpecError` when ``value`` breaks the field's ``meta`` rules."""
   check = meta["check"]
   if check == "int":
@@ -201,7 +192,7 @@ class _Checked:
       value = getattr(self, f.name)
       if value is None and f.metadata.get("optional"):
         continue
-      _check_value(f.metadata["key"] or f.name, value, f.metadata)
+      check_value(f.metadata["key"] or f.name, value, f.metadata)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -216,9 +207,9 @@ class SpectralSpec(_Checked):
       (stored in that order; ``"q"`` or ``"v"`` for ablations).
   """
 
-  lam: float = _field(10.0, "float", "spectral.lam")
-  mode: str = _field(spectral.DEFAULT_MODE, "choice", "spectral.mode", choices=spectral.MODES)
-  targets: str = _field(spectral.TARGETS, "targets", "spectral.targets")
+  lam: float = spec_field(10.0, "float", "spectral.lam")
+  mode: str = spec_field(spectral.DEFAULT_MODE, "choice", "spectral.mode", choices=spectral.MODES)
+  targets: str = spec_field(spectral.TARGETS, "targets", "spectral.targets")
 
   def __post_init__(self):
     super().__post_init__()
@@ -266,33 +257,33 @@ class AttentionSpec(_Checked):
       Hugging Face's Nystromformer nor the authors' code has one).
   """
 
-  num_heads: int = _field(4, "int", min=1, convert=everywhere())
-  qk_norm: bool = _field(False, "bool", convert={"timm": ANY, "nanochat": (True,)})
-  qk_norm_type: str = _field(
+  num_heads: int = spec_field(4, "int", min=1, convert=everywhere())
+  qk_norm: bool = spec_field(False, "bool", convert={"timm": ANY, "nanochat": (True,)})
+  qk_norm_type: str = spec_field(
     "layernorm",
     "choice",
     choices=QK_NORM_TYPES,
     convert={"nanochat": ("rmsnorm",)},
     active="qk_norm",
   )
-  qk_scale: float = _field(1.0, "float", open_min=True, convert={"nanochat": ANY})
-  attention_dropout: float = _field(0.0, "float", max=0.99, convert=everywhere(*EXPORTS))
-  implementation: str | None = _field(
+  qk_scale: float = spec_field(1.0, "float", open_min=True, convert={"nanochat": ANY})
+  attention_dropout: float = spec_field(0.0, "float", max=0.99, convert=everywhere(*EXPORTS))
+  implementation: str | None = spec_field(
     None, "choice", choices=attention.IMPLEMENTATIONS, convert=everywhere()
   )
-  xla_keep_probs: bool | None = _field(None, "bool", optional=True, convert=everywhere())
+  xla_keep_probs: bool | None = spec_field(None, "bool", optional=True, convert=everywhere())
   rope: bool = dataclasses.field(default=False, metadata={"derived": "posemb"})
-  rope_theta: float = _field(
+  rope_theta: float = spec_field(
     10_000.0, "float", open_min=True, active="rope", convert={"nanochat": ANY}
   )
-  rope_style: str = _field(
+  rope_style: str = spec_field(
     "roformer",
     "choice",
     choices=attention.ROPE_STYLES,
     convert={"nanochat": ("nanochat",)},
     active="rope",
   )
-  laplacian_mix: str = _field(
+  laplacian_mix: str = spec_field(
     "fixed",
     "choice",
     choices=attention.LAPLACIAN_MIXES,
@@ -309,27 +300,27 @@ class AttentionSpec(_Checked):
     },
   )
 
-  num_landmarks: int = _field(
+  num_landmarks: int = spec_field(
     64, "int", min=1, active="implementation", convert={"hf-nystromformer": ANY}
   )
-  pinv_iterations: int = _field(
+  pinv_iterations: int = spec_field(
     6, "int", min=0, active="implementation", convert={"hf-nystromformer": (6,)}
   )
-  pinv_init: str = _field(
+  pinv_init: str = spec_field(
     "original",
     "choice",
     choices=nystrom.PINV_INITS,
     active="implementation",
     convert={"hf-nystromformer": ("original",)},
   )
-  nystrom_padding: str = _field(
+  nystrom_padding: str = spec_field(
     "keys",
     "choice",
     choices=nystrom.PADDINGS,
     active="implementation",
     convert={"hf-nystromformer": ("keys",)},
   )
-  conv_kernel_size: int | None = _field(
+  conv_kernel_size: int | None = spec_field(
     None, "int", min=1, optional=True, active="implementation", convert={"hf-nystromformer": ANY}
   )
 
@@ -359,12 +350,6 @@ class AttentionSpec(_Checked):
       out["spectral_mode"] = self.spectral.mode
       out["spectral_targets"] = self.spectral.targets
     return out
-
-
-# ``convert`` support of ``num_kv_heads``: nanochat has grouped-query attention,
-# the other targets one key/value head per query head, however written.
-_ONE_KV_PER_HEAD = Rule(lambda v, spec: spec.kv_heads == spec.num_heads, "num_heads (or None)")
-_KV_HEADS_SUPPORT = dict(dict.fromkeys(CONVERT_TARGETS, _ONE_KV_PER_HEAD), nanochat=ANY)
 
 
 def _same_last_heads(laplacian, spec) -> bool:
@@ -409,9 +394,9 @@ class TransformerSpec(_Checked):
       Flax's default and timm's ViTs'; GPT-2 uses 1e-5).
   """
 
-  width: int = _field(128, "int", min=1, convert=everywhere())
-  depth: int = _field(4, "int", min=1, convert=everywhere())
-  mlp_dim: int = _field(
+  width: int = spec_field(128, "int", min=1, convert=everywhere())
+  depth: int = spec_field(4, "int", min=1, convert=everywhere())
+  mlp_dim: int = spec_field(
     256,
     "int",
     min=1,
@@ -437,35 +422,35 @@ class TransformerSpec(_Checked):
       },
     },
   )
-  dropout: float = _field(0.0, "float", max=0.99, convert=everywhere(*EXPORTS))
-  layerscale_init: float | None = _field(None, "float", optional=True, convert={"timm": ANY})
-  use_bias: bool = _field(
+  dropout: float = spec_field(0.0, "float", max=0.99, convert=everywhere(*EXPORTS))
+  layerscale_init: float | None = spec_field(None, "float", optional=True, convert={"timm": ANY})
+  use_bias: bool = spec_field(
     True,
     "bool",
     convert={"nanochat": (False,), "peer": ANY, "hf-bert": (True,), "hf-nystromformer": (True,)},
   )
-  dtype: str = _field(
+  dtype: str = spec_field(
     "float32", "choice", choices=DTYPES, source=True, convert=everywhere(*EXPORTS)
   )
-  remat: str = _field("none", "choice", choices=tuple(REMAT_POLICIES), convert=everywhere())
-  scan_layers: bool = _field(False, "bool", convert=everywhere())
-  zero_init_out: bool = _field(False, "bool", convert=everywhere(*EXPORTS))
+  remat: str = spec_field("none", "choice", choices=tuple(REMAT_POLICIES), convert=everywhere())
+  scan_layers: bool = spec_field(False, "bool", convert=everywhere())
+  zero_init_out: bool = spec_field(False, "bool", convert=everywhere(*EXPORTS))
   kernel_init: str = dataclasses.field(default="xavier_uniform", metadata={"convert": everywhere()})
-  norm: str = _field("layernorm", "choice", choices=NORMS, convert={"nanochat": ("rmsnorm",)})
-  mlp_activation: str = _field(
+  norm: str = spec_field("layernorm", "choice", choices=NORMS, convert={"nanochat": ("rmsnorm",)})
+  mlp_activation: str = spec_field(
     "gelu",
     "choice",
     choices=MLP_ACTIVATIONS,
     convert={
       "timm": ("gelu", "gelu_exact"),
-      "hf-gpt2": _PLAIN_ACTIVATIONS,
+      "hf-gpt2": PLAIN_ACTIVATIONS,
       "hf-bert": ("gelu", "gelu_exact"),
       "hf-nystromformer": ("gelu", "gelu_exact"),
       "nanochat": ("relu2",),
-      "peer": _PLAIN_ACTIVATIONS,
+      "peer": PLAIN_ACTIVATIONS,
     },
   )
-  norm_eps: float = _field(
+  norm_eps: float = spec_field(
     1e-6,
     "float",
     open_min=True,
@@ -579,421 +564,6 @@ class TransformerSpec(_Checked):
     return self.inits()[0]
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class ViTSpec(TransformerSpec):
-  """A ViT (DeiT-3 form): patches, pooling, position embedding, drop-path.
-
-  Attributes:
-    patch_size: square patch side in pixels.
-    pool: ``"tok"`` (class token) or ``"gap"`` (mean of the patch tokens).
-    posemb: ``"learn"`` or ``"sincos2d"``.
-    drop_path: the deepest block's stochastic-depth rate (linear in depth).
-    fc_norm: the final norm after pooling instead of before it (timm's
-      ``fc_norm``, the MAE / BEiT recipe for mean pooling).
-  """
-
-  patch_size: int = _field(4, "int", min=1, convert=everywhere())
-  pool: str = _field("tok", "choice", choices=("tok", "gap"), convert=everywhere())
-  posemb: str = _field("learn", "choice", choices=("learn", "sincos2d"), convert={"timm": ANY})
-  drop_path: float = _field(0.0, "float", max=0.99, convert={"timm": ANY})
-  fc_norm: bool = _field(False, "bool", convert={"timm": ANY})
-
-  def drop_path_rates(self) -> tuple[float, ...]:
-    """``drop_path * i / (depth - 1)`` for block ``i`` (DeiT, Touvron et al. 2021)."""
-    return tuple(self.drop_path * i / max(self.depth - 1, 1) for i in range(self.depth))
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class SwinSpec(TransformerSpec):
-  """A Swin Transformer v1 (Liu et al. 2021; timm's ``SwinTransformer``).
-
-  Stage ``s`` (0-based) has ``stage_depths[s]`` blocks of width ``width *
-  2^s``, ``num_heads * 2^s`` heads and MLP size ``mlp_dim * 2^s`` (every
-  Swin of the paper and of timm doubles both); stages after the first start
-  with a patch merging (2x2 neighbours concatenated, LayerNorm, a linear
-  map to twice the width without bias). ``depth`` is the number of blocks,
-  ``sum(stage_depths)``. The Laplacian heads are one row per block of that
-  block's heads (``num_laplacian_heads=k``: the last ``k`` of every block).
-
-  Attributes:
-    patch_size: square patch side in pixels (the patch embedding's stride).
-    stage_depths: blocks per stage.
-    window_size: side of the attention windows in tokens (a stage whose grid
-      is not larger than it attends over its whole grid, unshifted, as timm).
-    drop_path: the deepest block's stochastic-depth rate (linear over blocks).
-  """
-
-  patch_size: int = _field(4, "int", min=1, convert=everywhere())
-  stage_depths: tuple = _field((2, 2), "ints", convert=everywhere())
-  window_size: int = _field(7, "int", min=1, convert=everywhere())
-  drop_path: float = _field(0.0, "float", max=0.99, convert={"timm-swin": ANY})
-  # timm's Swin: no LayerScale, the exact GELU, nn.LayerNorm's eps 1e-5.
-  layerscale_init: float | None = _field(None, "float", optional=True)
-  mlp_activation: str = _field(
-    "gelu_exact",
-    "choice",
-    choices=MLP_ACTIVATIONS,
-    convert={"timm-swin": ("gelu_exact",), "hf-gpt2": ANY, "peer": ANY},
-  )
-  norm_eps: float = _field(
-    1e-5, "float", open_min=True, max=1.0, convert=everywhere("hf-gpt2", "nanochat", "peer")
-  )
-
-  def __post_init__(self):
-    _check_value("stage_depths", self.stage_depths, {"check": "ints"})
-    object.__setattr__(self, "stage_depths", tuple(int(d) for d in self.stage_depths))
-    if self.depth != sum(self.stage_depths):
-      raise SpecError(
-        f"model.depth={self.depth} must be the number of Swin blocks, "
-        f"sum(model.stage_depths={self.stage_depths})={sum(self.stage_depths)}; set it so"
-      )
-    super().__post_init__()
-    if self.scan_layers:
-      raise SpecError(
-        "model.scan_layers=True: a Swin's stages differ in width; use model.scan_layers=False"
-      )
-    if self.attention.implementation in ("cudnn", "splash"):
-      raise SpecError(
-        f"model.implementation={self.attention.implementation!r}: a Swin's attention has a "
-        f"relative position bias, which only the XLA kernel takes; use 'xla' or None"
-      )
-
-  def layer_heads(self) -> tuple[int, ...]:
-    """Heads of each block: ``num_heads * 2^s`` in stage ``s``."""
-    return tuple(
-      self.attention.num_heads * 2**s for s, d in enumerate(self.stage_depths) for _ in range(d)
-    )
-
-  def stages(self) -> tuple[tuple[int, int, int, int], ...]:
-    """``(first block, blocks, width, mlp_dim)`` of every stage."""
-    out, first = [], 0
-    for s, d in enumerate(self.stage_depths):
-      out.append((first, d, self.width * 2**s, self.mlp_dim * 2**s))
-      first += d
-    return tuple(out)
-
-  def drop_path_rates(self) -> tuple[float, ...]:
-    """``drop_path * i / (depth - 1)`` for block ``i`` (timm's linspace over all blocks)."""
-    return tuple(self.drop_path * i / max(self.depth - 1, 1) for i in range(self.depth))
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class DaViTSpec(TransformerSpec):
-  """A DaViT (Ding et al. 2022, arXiv 2204.03645; timm's ``DaVit``).
-
-  Stage ``s`` (0-based) has ``stage_depths[s]`` dual blocks of width
-  ``width * 2^s``, ``num_heads * 2^s`` heads (and channel groups) and MLP size
-  ``mlp_dim * 2^s``; a dual block is a spatial block (window attention) then a
-  channel block (channel group attention). ``depth`` counts the attention
-  blocks, ``2 * sum(stage_depths)``: block ``2 j`` is the spatial and ``2 j +
-  1`` the channel block of dual block ``j``, and the Laplacian heads are one
-  row per attention block (``num_laplacian_heads=k``: the last ``k`` heads, or
-  groups, of every block). The stem is timm's (a 7 x 7 convolution of stride
-  4 and a LayerNorm); stages after the first start with a LayerNorm and a 2 x
-  2 convolution of stride 2.
-
-  Attributes:
-    patch_size: the stem's stride in pixels (timm's ``Stem`` supports 4 only).
-    stage_depths: dual blocks per stage.
-    window_size: side of the spatial attention windows in tokens (a grid
-      that is not a multiple is padded with zeros, as timm).
-    drop_path: the deepest dual block's stochastic-depth rate (linear over
-      dual blocks, the two blocks of one sharing it: timm's ``stagewise``).
-  """
-
-  patch_size: int = _field(4, "int", min=4, max=4, convert=everywhere())
-  stage_depths: tuple = _field((1, 1), "ints", convert=everywhere())
-  window_size: int = _field(7, "int", min=1, convert=everywhere())
-  drop_path: float = _field(0.0, "float", max=0.99, convert={"timm-davit": ANY})
-  # timm's DaViT: no LayerScale, the exact GELU, LayerNorms of eps 1e-5.
-  layerscale_init: float | None = _field(None, "float", optional=True)
-  mlp_activation: str = _field(
-    "gelu_exact",
-    "choice",
-    choices=MLP_ACTIVATIONS,
-    convert={"timm-davit": ("gelu_exact",), "hf-gpt2": ANY, "peer": ANY},
-  )
-  norm_eps: float = _field(
-    1e-5, "float", open_min=True, max=1.0, convert=everywhere("hf-gpt2", "nanochat", "peer")
-  )
-
-  def __post_init__(self):
-    _check_value("stage_depths", self.stage_depths, {"check": "ints"})
-    object.__setattr__(self, "stage_depths", tuple(int(d) for d in self.stage_depths))
-    if self.depth != 2 * sum(self.stage_depths):
-      raise SpecError(
-        f"model.depth={self.depth} must be the number of DaViT attention blocks, "
-        f"2 * sum(model.stage_depths={self.stage_depths})={2 * sum(self.stage_depths)}; set it so"
-      )
-    super().__post_init__()
-    if self.scan_layers:
-      raise SpecError(
-        "model.scan_layers=True: a DaViT's stages differ in width; use model.scan_layers=False"
-      )
-
-  def layer_heads(self) -> tuple[int, ...]:
-    """Heads (channel groups) of each attention block: ``num_heads * 2^s`` in stage ``s``."""
-    return tuple(
-      self.attention.num_heads * 2**s for s, d in enumerate(self.stage_depths) for _ in range(2 * d)
-    )
-
-  def stages(self) -> tuple[tuple[int, int, int, int], ...]:
-    """``(first attention block, attention blocks, width, mlp_dim)`` of every stage."""
-    out, first = [], 0
-    for s, d in enumerate(self.stage_depths):
-      out.append((first, 2 * d, self.width * 2**s, self.mlp_dim * 2**s))
-      first += 2 * d
-    return tuple(out)
-
-  def drop_path_rates(self) -> tuple[float, ...]:
-    """``drop_path * j / (dual blocks - 1)`` for both blocks of dual block ``j``."""
-    n = sum(self.stage_depths)
-    return tuple(self.drop_path * (i // 2) / max(n - 1, 1) for i in range(self.depth))
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class XCiTSpec(TransformerSpec):
-  """An XCiT (El-Nouby et al. 2021, arXiv 2106.09681; timm's ``Xcit``).
-
-  A convolutional patch embedding (``log2(patch_size)`` 3 x 3 convolutions of
-  stride 2, each followed by a BatchNorm, GELUs between them), the Fourier
-  position encoding, ``depth - cls_attn_layers`` XCA blocks (cross-covariance
-  attention over each head's channels, a local patch interaction, an MLP),
-  then ``cls_attn_layers`` class-attention blocks (only the class token
-  queries), a final LayerNorm and a linear head on the class token.
-  ``depth`` counts every attention block, the class-attention ones
-  included (as DaViT's counts its spatial and channel blocks): blocks
-  ``0 .. depth - cls_attn_layers - 1`` are XCA blocks and the last
-  ``cls_attn_layers`` class-attention blocks, and the Laplacian heads are one
-  row per block (``num_laplacian_heads=k``: the last ``k`` heads of every
-  one). timm's XCiT-M24 is ``depth=26, cls_attn_layers=2``.
-
-  Attributes:
-    patch_size: the patch embedding's total stride, a power of two (timm's
-      ``ConvPatchEmbed`` has 16, four convolutions of widths ``width / 8,
-      width / 4, width / 2, width``, and 8, three; 4 and 2 continue the
-      scheme with two and one).
-    cls_attn_layers: the class-attention blocks (at least 1).
-    tokens_norm: the class-attention blocks normalise every token before
-      their MLP (timm's ``tokens_norm``), not only the class token.
-    use_pos_embed: add the Fourier position encoding (timm's ``use_pos_embed``).
-    drop_path: the XCA blocks' stochastic-depth rate, the same in every one
-      (timm's XCiT is not linear in depth; its class-attention blocks have none).
-    layerscale_init: ``eta``, the initial value of the blocks' LayerScales
-      (``gamma1``, ``gamma3``, ``gamma2``; always present in an XCiT).
-  """
-
-  patch_size: int = _field(16, "int", min=2, convert=dict(everywhere(), **{"timm-xcit": (8, 16)}))
-  cls_attn_layers: int = _field(2, "int", min=1, convert={"timm-xcit": ANY})
-  tokens_norm: bool = _field(False, "bool", convert={"timm-xcit": ANY})
-  use_pos_embed: bool = _field(True, "bool", convert={"timm-xcit": ANY})
-  drop_path: float = _field(0.0, "float", max=0.99, convert={"timm-xcit": ANY})
-  # timm's XCiT: LayerScale (eta) in every block, the exact GELU, LayerNorms
-  # of eps 1e-6, Linear weights initialised normal 0.02 (truncated there).
-  layerscale_init: float = _field(1.0, "float", convert={"timm-xcit": ANY})
-  mlp_activation: str = _field(
-    "gelu_exact",
-    "choice",
-    choices=MLP_ACTIVATIONS,
-    convert={"timm-xcit": ("gelu_exact",), "hf-gpt2": ANY, "peer": ANY},
-  )
-  kernel_init: str = dataclasses.field(default="normal", metadata={"convert": everywhere()})
-
-  def __post_init__(self):
-    super().__post_init__()
-    p, implementation = self.patch_size, self.attention.implementation
-    if p & (p - 1) or self.width % (p // 2):
-      raise SpecError(
-        f"model.patch_size={p} must be a power of two (timm: 8, 16) whose half divides model.width"
-      )
-    if self.depth <= self.cls_attn_layers:
-      raise SpecError(
-        f"model.depth={self.depth} counts the XCA and the class-attention blocks: more than "
-        f"model.cls_attn_layers={self.cls_attn_layers}"
-      )
-    if self.scan_layers:
-      raise SpecError("model.scan_layers=True: XCiT's blocks differ; use model.scan_layers=False")
-    if self.attention.qk_norm:
-      raise SpecError("model.qk_norm=True: XCiT's attentions have none; use model.qk_norm=False")
-    if implementation in ("cudnn", "splash", "nystrom"):
-      raise SpecError(
-        f"model.implementation={implementation!r}: XCiT's attentions run XLA; use 'xla' or None"
-      )
-
-  @property
-  def xca_depth(self) -> int:
-    """The XCA blocks, ``depth - cls_attn_layers``."""
-    return self.depth - self.cls_attn_layers
-
-  def patch_widths(self) -> tuple[int, ...]:
-    """Output channels of the patch embedding's convolutions: ``width / 2^j``
-    for ``j = log2(patch_size) - 1 .. 0``."""
-    n = max(self.patch_size.bit_length() - 1, 1)
-    return tuple(self.width // 2**j for j in range(n - 1, -1, -1))
-
-  def drop_path_rates(self) -> tuple[float, ...]:
-    """``drop_path`` for every XCA block, 0 for the class-attention blocks (timm)."""
-    return (self.drop_path,) * self.xca_depth + (0.0,) * self.cls_attn_layers
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class GPTSpec(TransformerSpec):
-  """A causal LM (GPT-2 form): context, position encoding, tied embeddings.
-
-  Attributes:
-    max_length: context length in tokens.
-    num_kv_heads: key/value heads, a divisor of ``num_heads``: grouped-query
-      attention (Ainslie et al. 2023; nanochat/gpt.py's ``n_kv_head``, its
-      ``c_k, c_v`` of ``kv_heads * head_dim`` columns), query head ``h``
-      using key/value head ``h // (num_heads / num_kv_heads)``, a Laplacian
-      head that head's values; ``None``: ``num_heads`` (one per query head).
-      :attr:`kv_heads` is the number.
-    posemb: ``"learn"`` (GPT-2) or ``"rope"`` (rotary on queries and keys).
-    tie_embeddings: the output layer is the transposed token embedding.
-    embed_norm: a ``norm`` of the token embedding before the first block
-      (nanochat/gpt.py normalises there).
-    logit_softcap: ``c`` of the logit soft-cap ``c tanh(logits / c)`` (15 in
-      nanochat/gpt.py), in float32; ``None``: none.
-    embedding_dtype: the token embedding's parameter dtype (nanochat keeps
-      ``wte`` in bfloat16, and so its AdamW moments).
-    kernel_init: :data:`KERNEL_INITS`: ``"gpt2"`` (normal 0.02, the output
-      projections ``0.02 / sqrt(2 depth)``, token embedding normal 0.02) or
-      ``"nanochat"`` (nanochat/gpt.py's ``init_weights``: every matrix
-      :func:`nanochat_normal`, the token embedding N(0, 1), ``lm_head``
-      zeros; ``zero_init_out`` zeroes ``W_O`` and the MLP output as there) or
-      ``"nanochat-fork"`` (the fork's: ``W_Q, W_K, W_V`` uniform
-      ``+-sqrt(3 / width)``, the MLP's first layer 0.4 times that, ``W_O``
-      and the MLP output zeros, token embedding N(0, 0.8), ``lm_head`` N(0,
-      0.001), value embeddings as ``W_V``, gates U(0, 0.02), the scalars below
-      at the fork's values).
-    value_embeds, resid_lambdas, x0_lambdas, smear, backout, window_pattern,
-      vocab_multiple: the options of the Laplacian authors' nanochat fork
-      (yuchongzhang/nanochat 1f70b557, nanochat/gpt.py), each off by default:
-    value_embeds: a value embedding table ``[vocab, width]`` on alternating
-      layers, the last one included (layer ``i`` iff ``i % 2 == (depth - 1) %
-      2``), added to the values as ``v + 3 sigmoid(ve_gate(x[..., :12])) ve``
-      with one gate per key/value head (``ve_gate`` ``[12, kv_heads]``, on
-      the block's normed input); the table is ``[vocab, kv_heads * head_dim]``.
-    resid_lambdas: a learned scalar per layer multiplying the residual stream
-      before the block (initialised ``1.15 - 0.10 i / (depth - 1)``).
-    x0_lambdas: a learned scalar per layer times the (normed, smeared)
-      embedding ``x0`` added before the block (``0.20 - 0.15 i / (depth - 1)``).
-    smear: ``x[t] += smear_lambda sigmoid(smear_gate(x[t, :24])) x[t - 1]`` on
-      the normed embedding (``smear_lambda`` 0, ``smear_gate [24, 1]`` U(0, 0.02)).
-    backout: ``x -= backout_lambda h`` before the final norm, ``h`` the
-      residual stream after block ``depth // 2`` (``backout_lambda`` 0.2).
-    window_pattern: per-layer causal sliding windows from a pattern of ``S``
-      and ``L`` (:func:`window_sizes`; the fork's ``"SSSL"``); ``None``: full
-      causal attention everywhere.
-    vocab_multiple: the token embedding, ``lm_head`` and value embeddings have
-      ``vocab_size`` rounded up to a multiple of this (the fork pads to 64);
-      the logits are cut back to ``vocab_size``.
-    loss_chunk: the training and evaluation loss takes the logits, soft-cap
-      and cross-entropy this many positions at a time
-      (:func:`laplax.models.gpt.token_losses`: the float32 ``[batch, length,
-      vocab]`` logits never formed); must divide ``max_length`` (a chunk of
-      ``max_length`` or more: all positions at once). The same
-      loss, the ``lm_head`` gradient summed in another order (float32
-      rounding); memory only. ``None``: all positions at once.
-  """
-
-  max_length: int = _field(128, "int", min=1, convert=everywhere())
-  num_kv_heads: int | None = _field(None, "int", optional=True, min=1, convert=_KV_HEADS_SUPPORT)
-  posemb: str = _field(
-    "learn", "choice", choices=("learn", "rope"), convert={"nanochat": ("rope",), "peer": ANY}
-  )
-  tie_embeddings: bool = _field(
-    True, "bool", convert={"hf-gpt2": ANY, "nanochat": (False,), "peer": ANY}
-  )
-  embed_norm: bool = _field(False, "bool", convert={"nanochat": (True,)})
-  logit_softcap: float | None = _field(
-    None, "float", optional=True, open_min=True, convert={"nanochat": (15.0,)}
-  )
-  embedding_dtype: str = _field("float32", "choice", choices=DTYPES, convert={"nanochat": ANY})
-  kernel_init: str = _field("gpt2", "choice", choices=KERNEL_INITS, convert=everywhere())
-  value_embeds: bool = _field(False, "bool", convert={"nanochat": ANY})
-  resid_lambdas: bool = _field(False, "bool", convert={"nanochat": ANY})
-  x0_lambdas: bool = _field(False, "bool", convert={"nanochat": ANY})
-  smear: bool = _field(False, "bool", convert={"nanochat": ANY})
-  backout: bool = _field(False, "bool", convert={"nanochat": ANY})
-  window_pattern: str | None = _field(None, "pattern", optional=True, convert={"nanochat": ANY})
-  vocab_multiple: int = _field(1, "int", min=1, convert={"nanochat": ANY})
-  loss_chunk: int | None = _field(None, "int", optional=True, min=1, convert=everywhere())
-
-  def __post_init__(self):
-    super().__post_init__()
-    if self.num_heads % self.kv_heads:
-      divisors = ", ".join(str(d) for d in range(1, self.num_heads + 1) if self.num_heads % d == 0)
-      raise SpecError(
-        f"model.num_kv_heads={self.num_kv_heads} must divide model.num_heads={self.num_heads} "
-        f"(key/value heads shared by the heads); use one of {divisors} or None"
-      )
-    check_splash_lengths(self, (self.max_length,))
-    if self.scan_layers and self.fork_trunk:
-      raise SpecError(
-        "model.scan_layers=True is not built for the nanochat fork's per-layer options "
-        "(value_embeds, resid/x0_lambdas, smear, backout, window_pattern); set "
-        "model.scan_layers=False"
-      )
-
-    chunk = self.loss_chunk
-    if chunk is not None and chunk < self.max_length and self.max_length % chunk:
-      raise SpecError(
-        f"model.loss_chunk={self.loss_chunk} must divide model.max_length={self.max_length}; "
-        f"use a divisor (e.g. {math.gcd(self.max_length, self.loss_chunk)}) or None"
-      )
-
-  @property
-  def fork_trunk(self) -> bool:
-    """Whether any option of the fork's trunk is on (the GPT then runs its own loop)."""
-    return bool(
-      self.value_embeds
-      or self.resid_lambdas
-      or self.x0_lambdas
-      or self.smear
-      or self.backout
-      or self.window_pattern is not None
-    )
-
-  def windows(self) -> tuple[int | None, ...]:
-    """Each layer's sliding window (:func:`window_sizes`; ``None`` = full)."""
-    return window_sizes(self.window_pattern, self.depth, self.max_length)
-
-  def padded_vocab(self, vocab_size: int) -> int:
-    """``vocab_size`` rounded up to a multiple of ``vocab_multiple``."""
-    return -(-vocab_size // self.vocab_multiple) * self.vocab_multiple
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class EncoderSpec(TransformerSpec):
-  """A sequence classifier (the Long Range Arena models of Tay et al. 2021 and
-  of the Nystromformer authors' ``LRA/code/model.py``): token or patch
-  embedding, positions, pre-LN blocks, a final norm, pooling, an MLP head.
-
-  Attributes:
-    inputs: ``"tokens"`` (int ids ``[batch, length]``) or ``"patches"``
-      (images ``[batch, H, W, C]``, ``patch_size`` square patches).
-    vocab_size: token ids (``"tokens"``).
-    max_length: the longest sequence (the learned position table's size).
-    patch_size: patch side (``"patches"``).
-    posemb: ``"learn"`` (normal 0.02) or ``"sincos"`` (Vaswani et al. 2017,
-      the authors' ``fixed_pos_emb``: sin and cos interleaved).
-    pool: ``"mean"`` (the final-norm tokens, padded ones zeroed, averaged over
-      the whole length, as the authors' ``pooling``) or ``"cls"`` (a learned
-      class token first).
-    classifier_hidden: the head's hidden layer (``Dense -> ReLU -> Dense``, the
-      authors' ``SCHead``); 0: one linear layer.
-  """
-
-  inputs: str = _field("tokens", "choice", choices=("tokens", "patches"))
-  vocab_size: int = _field(32, "int", min=1)
-  max_length: int = _field(2000, "int", min=1)
-  patch_size: int = _field(1, "int", min=1)
-  posemb: str = _field("learn", "choice", choices=("learn", "sincos"))
-  pool: str = _field("mean", "choice", choices=("mean", "cls"))
-  classifier_hidden: int = _field(128, "int", min=0)
-
-
 def patch_grid(height: int, width: int, patch_size: int) -> tuple[int, int]:
   """The ViT's grid of patches of a ``height x width`` image,
   ``(height // patch_size, width // patch_size)``: the one statement of the
@@ -1027,109 +597,6 @@ def check_splash_lengths(spec: TransformerSpec, lengths) -> None:
         f"tokens; use model.implementation='xla' (or None: XLA "
         f"where splash does not fit) or change the length"
       )
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class BERTSpec(TransformerSpec):
-  """A bidirectional encoder with a masked-LM head (:class:`laplax.models.bert.BERT`).
-
-  The defaults are the original BERT (Devlin et al. 2019; Hugging Face
-  ``BertForMaskedLM``): post-norm blocks, learned positions, token types,
-  LayerNorm after the embeddings (eps 1e-12), biases, exact GELU, the MLM
-  head's transform (dense, GELU, LayerNorm) and a decoder bias, tied to the
-  token embedding. The cramming architecture (Geiping & Goldstein 2023,
-  ``JonasGeiping/cramming``, ``arch/crammed-bert.yaml``) is ``post_norm=False``,
-  ``use_bias=False``, ``mlp_activation="gelu_glu"``,
-  ``posemb="scaled_sinusoidal"``, ``type_vocab_size=0``, ``final_norm=True``,
-  ``mlm_transform=False``, ``decoder_bias=False``, ``pooler="mean"``
-  (``configs/bert_cramming.py``).
-
-  Attributes:
-    max_length: positions of the position embedding (tokens).
-    posemb: ``"learn"`` (BERT) or ``"scaled_sinusoidal"`` (cramming's
-      ``ScaledSinosoidal``: the fixed sin/cos table times one learned scalar,
-      initialised ``1 / sqrt(width)``).
-    type_vocab_size: token-type (segment) ids; 0: no token-type embedding.
-    post_norm: post-norm blocks ``x = norm(x + f(x))`` (BERT) instead of pre-norm.
-    embed_norm: a LayerNorm after the summed embeddings (both BERT and cramming).
-    final_norm: a norm after the last block (cramming's ``final_norm``).
-    mlm_transform: the MLM head's dense + activation + LayerNorm before the
-      decoder (BERT's ``cls.predictions.transform``; cramming skips it).
-    decoder_bias: a bias ``[vocab_size]`` on the tied decoder.
-    pooler: the classifier's pooling: ``"cls"`` (BERT: token 0, dense, tanh)
-      or ``"mean"`` (cramming's ``pooler: avg``: the mean over the real
-      tokens, dense, tanh).
-    pooler_dim: the pooler's dense width (``None``: ``width``; cramming 1024).
-  """
-
-  max_length: int = _field(128, "int", min=1, convert=everywhere())
-  posemb: str = _field(
-    "learn",
-    "choice",
-    choices=("learn", "scaled_sinusoidal"),
-    convert={"hf-bert": ("learn",), "hf-nystromformer": ("learn",)},
-  )
-  type_vocab_size: int = _field(
-    2,
-    "int",
-    min=0,
-    convert={
-      "hf-bert": Rule(lambda v, spec: v >= 1, "type_vocab_size >= 1"),
-      "hf-nystromformer": Rule(lambda v, spec: v >= 1, "type_vocab_size >= 1"),
-    },
-  )
-  post_norm: bool = _field(True, "bool", convert={"hf-bert": (True,), "hf-nystromformer": (True,)})
-  embed_norm: bool = _field(True, "bool", convert={"hf-bert": (True,), "hf-nystromformer": (True,)})
-  final_norm: bool = _field(
-    False, "bool", convert={"hf-bert": (False,), "hf-nystromformer": (False,)}
-  )
-  mlm_transform: bool = _field(
-    True, "bool", convert={"hf-bert": (True,), "hf-nystromformer": (True,)}
-  )
-  decoder_bias: bool = _field(
-    True, "bool", convert={"hf-bert": (True,), "hf-nystromformer": (True,)}
-  )
-  pooler: str = _field("cls", "choice", choices=("cls", "mean"), convert=everywhere())
-  pooler_dim: int | None = _field(None, "int", min=1, optional=True, convert=everywhere())
-  kernel_init: str = _field("normal", "choice", choices=KERNEL_INITS, convert=everywhere())
-  norm_eps: float = _field(
-    1e-12,
-    "float",
-    open_min=True,
-    max=1.0,
-    convert=everywhere("hf-bert", "hf-nystromformer", "peer"),
-  )
-  mlp_activation: str = _field(
-    "gelu_exact",
-    "choice",
-    choices=MLP_ACTIVATIONS,
-    convert={
-      "hf-bert": ("gelu", "gelu_exact"),
-      "hf-nystromformer": ("gelu", "gelu_exact"),
-      "peer": _PLAIN_ACTIVATIONS,
-    },
-  )
-
-  def __post_init__(self):
-    super().__post_init__()
-    if self.posemb == "scaled_sinusoidal" and self.width % 2:
-      raise SpecError(
-        f"model.posemb='scaled_sinusoidal' needs an even model.width, got {self.width}; "
-        f"change the width or use posemb='learn'"
-      )
-    check_splash_lengths(self, (self.max_length,))
-
-
-#: Model family (``config.model.name``) -> its spec class.
-FAMILIES = {
-  "vit": ViTSpec,
-  "gpt": GPTSpec,
-  "encoder": EncoderSpec,
-  "bert": BERTSpec,
-  "swin": SwinSpec,
-  "davit": DaViTSpec,
-  "xcit": XCiTSpec,
-}
 
 
 def laplacian_mask(
@@ -1233,6 +700,39 @@ def layer_laplacian(
   )
 
 
+class _SpecClasses(Mapping):
+  """``{config.model.name: spec class}`` of every family, read from
+  :mod:`laplax.models.registry` when asked (so a family registered later is in it)."""
+
+  def __getitem__(self, name: str) -> type:
+    return registry.get(name).spec
+
+  def __iter__(self):
+    return iter(registry.families())
+
+  def __len__(self) -> int:
+    return len(registry.families())
+
+
+#: Model family (``config.model.name``) -> its spec class (:mod:`laplax.models.registry`).
+FAMILIES: Mapping[str, type] = _SpecClasses()
+
+
+def __getattr__(name: str) -> type:
+  """A family's spec class by its class name (``spec.ViTSpec``: the name it
+  had here before the specs moved to their families' modules).
+
+  Raises:
+    AttributeError: no family's spec class has that name.
+  """
+  if name.startswith("_") or not name.endswith("Spec"):  # ``__path__``: asked while importing
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+  for family in registry.families().values():
+    if family.spec.__name__ == name:
+      return family.spec
+  raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def _spec_fields(cls) -> dict:
   """``{config key: (owner class, field)}`` of a spec class and its nested specs."""
   out = {}
@@ -1243,8 +743,9 @@ def _spec_fields(cls) -> dict:
   return out
 
 
-def from_config(model: Mapping) -> ViTSpec | GPTSpec | BERTSpec:
-  """The spec of a ``config.model`` section (a ConfigDict or a plain dict).
+def from_config(model: Mapping) -> TransformerSpec:
+  """The spec of a ``config.model`` section (a ConfigDict or a plain dict):
+  an instance of the spec class of family ``model.name`` (:data:`FAMILIES`).
 
   Keys the section lacks take the fields' defaults (configs of runs saved
   before a field existed). ``spectral.enabled`` decides whether the
@@ -1271,7 +772,7 @@ def from_config(model: Mapping) -> ViTSpec | GPTSpec | BERTSpec:
     values["mlp_dim"] = 4 * values["width"] if _is_int(values["width"]) else None
   sp = get("spectral") or {}
   enabled = sp.get("enabled", False) if hasattr(sp, "get") else False
-  _check_value("spectral.enabled", enabled, {"check": "bool"})
+  check_value("spectral.enabled", enabled, {"check": "bool"})
   spectral_spec = SpectralSpec(
     lam=values.pop("spectral.lam"),
     mode=values.pop("spectral.mode"),
@@ -1283,9 +784,9 @@ def from_config(model: Mapping) -> ViTSpec | GPTSpec | BERTSpec:
     if "check" in f.metadata
   }
   attn["rope"] = values.get("posemb") == "rope"
-  _check_value("num_heads", attn["num_heads"], {"check": "int", "min": 1})
+  check_value("num_heads", attn["num_heads"], {"check": "int", "min": 1})
   for key in ("width", "depth"):
-    _check_value(key, values[key], {"check": "int", "min": 1})
+    check_value(key, values[key], {"check": "int", "min": 1})
   attention_spec = AttentionSpec(**attn, spectral=spectral_spec if enabled else None)
   plain = cls(attention=attention_spec, **values)
   layer_heads = plain.layer_heads()
@@ -1297,7 +798,7 @@ def from_config(model: Mapping) -> ViTSpec | GPTSpec | BERTSpec:
   return dataclasses.replace(plain, laplacian=tuple(map(tuple, heads)))
 
 
-def build(name: str = "vit", **model_keys) -> ViTSpec | GPTSpec | BERTSpec:
+def build(name: str = "vit", **model_keys) -> TransformerSpec:
   """:func:`from_config` of ``{"name": name, **model_keys}``, for notebooks and tests.
 
   Example: ``build("vit", width=64, depth=2, num_heads=2, num_laplacian_heads=1)``.

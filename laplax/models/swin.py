@@ -25,42 +25,71 @@ Reference code: ``timm/models/swin_transformer.py`` (``WindowAttention``,
 
 from __future__ import annotations
 
+import dataclasses
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from laplax import sharding
+from laplax import sharding, utils
 from laplax.models import spec as spec_lib
-from laplax.models.layers import (
-  MLP,
-  DropPath,
-  LayerScale,
-  attention_module,
-  classifier_head,
-  norm_layer,
+from laplax.models.layers import attention_module, norm_layer
+from laplax.models.registry import Family
+from laplax.models.spec import MLP_ACTIVATIONS, SpecError, spec_field
+from laplax.models.staged import (
+  StagedClassifier,
+  StagedSpec,
+  mlp_branch,
+  residual,
+  window_partition,
+  window_reverse,
 )
-from laplax.models.spec import REMAT_POLICIES, SwinSpec
+from laplax.models.support import ANY
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SwinSpec(StagedSpec):
+  """A Swin Transformer v1 (Liu et al. 2021; timm's ``SwinTransformer``): a
+  :class:`~laplax.models.staged.StagedSpec` of one block a unit.
+
+  Every Swin of the paper and of timm doubles width and heads a stage; stages
+  after the first start with a patch merging (2x2 neighbours concatenated,
+  LayerNorm, a linear map to twice the width without bias). ``depth`` is the
+  number of blocks, ``sum(stage_depths)``.
+
+  Attributes:
+    patch_size: square patch side in pixels (the patch embedding's stride).
+    stage_depths: blocks per stage.
+    window_size: side of the attention windows in tokens (a stage whose grid
+      is not larger than it attends over its whole grid, unshifted, as timm).
+    drop_path: the deepest block's stochastic-depth rate (linear over blocks).
+  """
+
+  BLOCKS = 1
+  BLOCK_NOUN = "Swin blocks"
+  POSSESSIVE = "a Swin's"
+
+  drop_path: float = spec_field(0.0, "float", max=0.99, convert={"timm-swin": ANY})
+  # timm's Swin: no LayerScale, the exact GELU, nn.LayerNorm's eps 1e-5.
+  mlp_activation: str = spec_field(
+    "gelu_exact",
+    "choice",
+    choices=MLP_ACTIVATIONS,
+    convert={"timm-swin": ("gelu_exact",), "hf-gpt2": ANY, "peer": ANY},
+  )
+
+  def __post_init__(self):
+    super().__post_init__()
+    if self.attention.implementation in ("cudnn", "splash"):
+      raise SpecError(
+        f"model.implementation={self.attention.implementation!r}: a Swin's attention has a "
+        f"relative position bias, which only the XLA kernel takes; use 'xla' or None"
+      )
+
 
 #: timm's value of the masked logits of shifted windows (added, not -inf).
 SHIFT_MASK_VALUE = -100.0
-
-
-def window_partition(x: jax.Array, window: tuple[int, int]) -> jax.Array:
-  """``[B, H, W, C] -> [B * windows, wh * ww, C]`` (JAX or NumPy; windows row-major per image;
-  ``H``, ``W`` divisible by the window)."""
-  b, h, w, c = x.shape
-  wh, ww = window
-  x = x.reshape(b, h // wh, wh, w // ww, ww, c).transpose(0, 1, 3, 2, 4, 5)
-  return x.reshape(-1, wh * ww, c)
-
-
-def window_reverse(windows: jax.Array, window: tuple[int, int], h: int, w: int) -> jax.Array:
-  """The inverse of :func:`window_partition`: ``[B * windows, wh * ww, C] -> [B, H, W, C]``."""
-  wh, ww = window
-  c = windows.shape[-1]
-  x = windows.reshape(-1, h // wh, w // ww, wh, ww, c).transpose(0, 1, 3, 2, 4, 5)
-  return x.reshape(-1, h, w, c)
 
 
 def relative_position_index(window: tuple[int, int]) -> np.ndarray:
@@ -109,7 +138,7 @@ class SwinBlock(nn.Module):
   ``"mlp"``, ``"+mlp"``, tokens flattened to ``[batch, height * width, dim]``).
 
   Attributes:
-    spec: the model's :class:`~laplax.models.spec.SwinSpec`.
+    spec: the model's :class:`SwinSpec`.
     num_heads: this stage's heads.
     mlp_dim: this stage's MLP size.
     window, shift: ``(rows, cols)`` of the windows and of the shift (0: none).
@@ -162,28 +191,10 @@ class SwinBlock(nn.Module):
     y = window_reverse(y, self.window, hp, wp)[:, :h, :w]
     if shifted:
       y = jnp.roll(y, self.shift, axis=(1, 2))
-    if spec.layerscale_init is not None:
-      y = LayerScale(spec.layerscale_init, name="ls1")(y)
-    out["sa"] = y.reshape(b, h * w, c)
-    x = x + DropPath(self.drop_path)(y, deterministic)
-    out["+sa"] = x.reshape(b, h * w, c)
-    kernel_init, out_init = spec.inits()
-    y = norm_layer(spec, "norm2")(x).astype(x.dtype)
-    y = MLP(
-      self.mlp_dim,
-      activation=spec.mlp_activation,
-      dropout=spec.dropout,
-      use_bias=spec.use_bias,
-      dtype=spec.compute_dtype(),
-      kernel_init=kernel_init,
-      out_init=out_init,
-      name="mlp",
-    )(y, deterministic)
-    if spec.layerscale_init is not None:
-      y = LayerScale(spec.layerscale_init, name="ls2")(y)
-    out["mlp"] = y.reshape(b, h * w, c)
-    x = x + DropPath(self.drop_path)(y, deterministic)
-    out["+mlp"] = x.reshape(b, h * w, c)
+    kw = dict(drop_path=self.drop_path, deterministic=deterministic, out=out)
+    x = residual(spec, x, y, scale="ls1", key="sa", **kw)
+    y = mlp_branch(spec, x, self.mlp_dim, deterministic)
+    x = residual(spec, x, y, scale="ls2", key="mlp", **kw)
     return x, out
 
 
@@ -216,34 +227,36 @@ class PatchMerging(nn.Module):
     )(x)
 
 
-class Swin(nn.Module):
+class Swin(StagedClassifier):
   """Swin classifier with Laplacian heads and spectral conditioning.
 
   ``images`` float ``[batch, height, width, channels]`` -> ``(logits [batch,
-  num_classes] float32, out)``, ``out`` with ``out["block{i}"]`` (see
-  :class:`SwinBlock`), ``out["encoded"]`` (the last stage's normalised
-  tokens ``[batch, tokens, width * 2^(stages-1)]``) and
-  ``out["pre_logits"]`` (their mean).
+  num_classes] float32, out)`` (:class:`~laplax.models.staged.StagedClassifier`):
+  ``out["block{i}"]`` as :class:`SwinBlock`'s, ``out["encoded"]`` the last
+  stage's normalised tokens and ``out["pre_logits"]`` their mean. The patch
+  embedding is a strided convolution and a LayerNorm (``embedding``,
+  ``embedding_norm``), the stages after the first start with a
+  :class:`PatchMerging` (``merge{s}``).
 
   Attributes:
-    spec: the :class:`~laplax.models.spec.SwinSpec`.
+    spec: the :class:`SwinSpec`.
     num_classes: classifier outputs (0: the pooled features are returned).
     head_init_zero: zero-initialised classifier; else Xavier uniform.
   """
 
   spec: SwinSpec
-  num_classes: int = 0
-  head_init_zero: bool = True
 
-  @nn.compact
-  def __call__(self, images: jax.Array, *, train: bool = False):
-    """Classifies ``images``; ``train`` enables dropout and drop-path.
+  def block_class(self) -> type:
+    """:class:`SwinBlock`."""
+    return SwinBlock
+
+  def stem(self, images: jax.Array) -> jax.Array:
+    """The patch embedding of ``images``.
 
     Raises:
       SpecError: an image size not divisible by the patch size.
     """
     spec = self.spec
-    out = {}
     p, dtype = spec.patch_size, spec.compute_dtype()
     spec_lib.patch_grid(images.shape[1], images.shape[2], p)
     x = nn.Conv(
@@ -258,32 +271,83 @@ class Swin(nn.Module):
       ),
       bias_init=sharding.logical_init(nn.initializers.zeros, ("embed",)),
     )(images.astype(dtype or images.dtype))
-    x = norm_layer(spec, "embedding_norm")(x).astype(x.dtype)
-    x = nn.Dropout(spec.dropout)(x, deterministic=not train)
-    rates = spec.drop_path_rates()
-    block_cls = SwinBlock
-    if spec.remat != "none":
-      block_cls = nn.remat(SwinBlock, policy=REMAT_POLICIES[spec.remat], static_argnums=(2,))
-    for s, (first, depth, width, mlp_dim) in enumerate(spec.stages()):
-      if s:
-        x = PatchMerging(spec, width, name=f"merge{s}")(x)
-      window, shift = stage_window(x.shape[1:3], spec.window_size)
-      for j in range(depth):
-        i = first + j
-        x, out[f"block{i}"] = block_cls(
-          spec,
-          num_heads=spec.layer_heads()[i],
-          mlp_dim=mlp_dim,
-          window=window,
-          shift=shift if j % 2 else (0, 0),
-          laplacian_mask=spec.laplacian[i],
-          drop_path=rates[i],
-          name=f"block{i}",
-        )(x, not train)
-    x = norm_layer(spec, "encoder_norm")(x)
+    return norm_layer(spec, "embedding_norm")(x).astype(x.dtype)
+
+  def downsample(self, x: jax.Array, stage: int, width: int) -> jax.Array:
+    """:class:`PatchMerging` ``merge{stage}``."""
+    return PatchMerging(self.spec, width, name=f"merge{stage}")(x)
+
+  def block_options(self, grid: tuple[int, int], j: int) -> dict:
+    """The stage's windows (:func:`stage_window`), every second block shifted."""
+    window, shift = stage_window(grid, self.spec.window_size)
+    return {"window": window, "shift": shift if j % 2 else (0, 0)}
+
+  def pool(self, x: jax.Array, out: dict) -> jax.Array:
+    """``encoder_norm``, then the mean over the grid."""
+    x = norm_layer(self.spec, "encoder_norm")(x)
     out["encoded"] = x.reshape(x.shape[0], -1, x.shape[-1])
-    x = x.mean(axis=(1, 2))
-    out["pre_logits"] = x
-    x = classifier_head(x, self.num_classes, self.head_init_zero)
-    out["logits"] = x
-    return x, out
+    return x.mean(axis=(1, 2))
+
+
+def attention_lengths(config, image_side=None, crop_sides=()) -> tuple[int, ...]:
+  """The tokens of a window in each stage (a stage's grid when it is smaller),
+  for images of ``data.image_size`` (else ``image_side``; none known: ``()``)
+  (:attr:`laplax.models.registry.Family.attention_lengths`)."""
+  del crop_sides
+  m = config.model
+  data = config.get("data") or {}
+  side = data.get("image_size", None) or image_side
+  if not side:
+    return ()
+  grid, out = int(side) // m.patch_size, []
+  for s in range(len(m.stage_depths)):
+    if s:
+      grid = (grid + 1) // 2
+    window = stage_window((grid, grid), m.window_size)[0]
+    out.append(window[0] * window[1])
+  return tuple(dict.fromkeys(out))
+
+
+def analytic_flops(config, task, params, remat: bool) -> tuple[int, float]:
+  """:func:`laplax.plan.flops.analytic_flops` of a Swin: each weight matmul on
+  the tokens of its stage (``(grid / 2^s)^2`` per image; a patch merging on
+  its output grid, the patch embedding on the first), and per block ``Q K^T``
+  and ``P V`` over windows of ``N`` tokens: ``12 N width_s`` per token (16
+  with remat)."""
+  spec = spec_lib.from_config(config.model)
+  grids, grid = [], task.image_shape[0] // spec.patch_size
+  for s in range(len(spec.stage_depths)):
+    grid = grid if s == 0 else (grid + 1) // 2
+    grids.append(grid)
+  stage_of = {}
+  for s, (first, depth, _, _) in enumerate(spec.stages()):
+    for i in range(first, first + depth):
+      stage_of[f"block{i}"] = s
+    stage_of[f"merge{s}"] = s
+  stage_of["embedding"] = 0
+  w, a = (8, 16) if remat else (6, 12)
+  count, per_image = 0, 0.0
+  for top, name, size in utils.matmul_kernels(params):
+    if "relative_position_bias" in name:
+      continue
+    count += size
+    tokens = 1 if top == "head" else grids[stage_of[top]] ** 2
+    per_image += w * size * tokens
+  for s, (_, depth, width, _) in enumerate(spec.stages()):
+    window = stage_window((grids[s], grids[s]), spec.window_size)[0]
+    per_image += depth * a * window[0] * window[1] * width * grids[s] ** 2
+  return count, float(per_image * config.batch_size)
+
+
+#: The Swin family: ``config.model.name="swin"``, trained by the
+#: classification task; its windows' relative position bias runs on XLA.
+FAMILY = Family(
+  name="swin",
+  spec=SwinSpec,
+  model=Swin,
+  task="classification",
+  attention_lengths=attention_lengths,
+  relative_bias=True,
+  image_patches=True,
+  flops=analytic_flops,
+)

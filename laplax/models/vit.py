@@ -3,10 +3,12 @@
 Patch embedding, class token, learned or 2-D sin-cos position embedding,
 pre-LN blocks with LayerScale and drop-path, optional qk-norm, and a linear
 classifier on the class token (or the mean of the patch tokens). The model
-takes its :class:`~laplax.models.spec.ViTSpec` whole.
+takes its :class:`~laplax.models.vit.ViTSpec` whole.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import flax.linen as nn
 import jax
@@ -16,7 +18,34 @@ import numpy as np
 from laplax import sharding
 from laplax.models import spec as spec_lib
 from laplax.models.layers import EMBED_AXES, classifier_head, norm_layer, transformer_blocks
-from laplax.models.spec import ViTSpec
+from laplax.models.registry import Family
+from laplax.models.spec import TransformerSpec, spec_field
+from laplax.models.support import ANY, everywhere
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ViTSpec(TransformerSpec):
+  """A ViT (DeiT-3 form): patches, pooling, position embedding, drop-path.
+
+  Attributes:
+    patch_size: square patch side in pixels.
+    pool: ``"tok"`` (class token) or ``"gap"`` (mean of the patch tokens).
+    posemb: ``"learn"`` or ``"sincos2d"``.
+    drop_path: the deepest block's stochastic-depth rate (linear in depth).
+    fc_norm: the final norm after pooling instead of before it (timm's
+      ``fc_norm``, the MAE / BEiT recipe for mean pooling).
+  """
+
+  patch_size: int = spec_field(4, "int", min=1, convert=everywhere())
+  pool: str = spec_field("tok", "choice", choices=("tok", "gap"), convert=everywhere())
+  posemb: str = spec_field("learn", "choice", choices=("learn", "sincos2d"), convert={"timm": ANY})
+  drop_path: float = spec_field(0.0, "float", max=0.99, convert={"timm": ANY})
+  fc_norm: bool = spec_field(False, "bool", convert={"timm": ANY})
+
+  def drop_path_rates(self) -> tuple[float, ...]:
+    """``drop_path * i / (depth - 1)`` for block ``i`` (DeiT, Touvron et al. 2021)."""
+    return tuple(self.drop_path * i / max(self.depth - 1, 1) for i in range(self.depth))
+
 
 # width, depth, mlp_dim, num_heads (ViT / DeiT naming).
 VARIANTS = {
@@ -71,7 +100,7 @@ class ViT(nn.Module):
   and ``out["pre_logits"]`` (pooled, normalised).
 
   Attributes:
-    spec: the :class:`~laplax.models.spec.ViTSpec` (sizes, Laplacian heads,
+    spec: the :class:`~laplax.models.vit.ViTSpec` (sizes, Laplacian heads,
       attention and spectral settings, patch size, pooling, position
       embedding, drop-path, LayerScale, dtype, remat, scan).
     num_classes: classifier outputs (0 = no head; logits are the features).
@@ -151,3 +180,9 @@ class ViT(nn.Module):
     x = classifier_head(x, self.num_classes, self.head_init_zero)
     out["logits"] = x
     return x, out
+
+
+#: The ViT family: ``config.model.name="vit"``, trained by the classification
+#: task; its attention sees the patches (and the class token), the default
+#: rule of :func:`laplax.config.validation.attention_lengths`.
+FAMILY = Family(name="vit", spec=ViTSpec, model=ViT, task="classification", image_patches=True)

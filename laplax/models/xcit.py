@@ -61,6 +61,7 @@ Reference code: ``timm/models/xcit.py`` (``ConvPatchEmbed``,
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -70,8 +71,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from laplax import attention as attention_lib
-from laplax import sharding
+from laplax import sharding, utils
 from laplax.kernels import reference_attention
+from laplax.models import spec as spec_lib
 from laplax.models.layers import (
   MLP,
   DropPath,
@@ -81,7 +83,103 @@ from laplax.models.layers import (
   gelu_exact,
   norm_layer,
 )
-from laplax.models.spec import REMAT_POLICIES, XCiTSpec
+from laplax.models.registry import Family
+from laplax.models.spec import (
+  MLP_ACTIVATIONS,
+  REMAT_POLICIES,
+  SpecError,
+  TransformerSpec,
+  spec_field,
+)
+from laplax.models.support import ANY, everywhere
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class XCiTSpec(TransformerSpec):
+  """An XCiT (El-Nouby et al. 2021, arXiv 2106.09681; timm's ``Xcit``).
+
+  A convolutional patch embedding (``log2(patch_size)`` 3 x 3 convolutions of
+  stride 2, each followed by a BatchNorm, GELUs between them), the Fourier
+  position encoding, ``depth - cls_attn_layers`` XCA blocks (cross-covariance
+  attention over each head's channels, a local patch interaction, an MLP),
+  then ``cls_attn_layers`` class-attention blocks (only the class token
+  queries), a final LayerNorm and a linear head on the class token.
+  ``depth`` counts every attention block, the class-attention ones
+  included (as DaViT's counts its spatial and channel blocks): blocks
+  ``0 .. depth - cls_attn_layers - 1`` are XCA blocks and the last
+  ``cls_attn_layers`` class-attention blocks, and the Laplacian heads are one
+  row per block (``num_laplacian_heads=k``: the last ``k`` heads of every
+  one). timm's XCiT-M24 is ``depth=26, cls_attn_layers=2``.
+
+  Attributes:
+    patch_size: the patch embedding's total stride, a power of two (timm's
+      ``ConvPatchEmbed`` has 16, four convolutions of widths ``width / 8,
+      width / 4, width / 2, width``, and 8, three; 4 and 2 continue the
+      scheme with two and one).
+    cls_attn_layers: the class-attention blocks (at least 1).
+    tokens_norm: the class-attention blocks normalise every token before
+      their MLP (timm's ``tokens_norm``), not only the class token.
+    use_pos_embed: add the Fourier position encoding (timm's ``use_pos_embed``).
+    drop_path: the XCA blocks' stochastic-depth rate, the same in every one
+      (timm's XCiT is not linear in depth; its class-attention blocks have none).
+    layerscale_init: ``eta``, the initial value of the blocks' LayerScales
+      (``gamma1``, ``gamma3``, ``gamma2``; always present in an XCiT).
+  """
+
+  patch_size: int = spec_field(
+    16, "int", min=2, convert=dict(everywhere(), **{"timm-xcit": (8, 16)})
+  )
+  cls_attn_layers: int = spec_field(2, "int", min=1, convert={"timm-xcit": ANY})
+  tokens_norm: bool = spec_field(False, "bool", convert={"timm-xcit": ANY})
+  use_pos_embed: bool = spec_field(True, "bool", convert={"timm-xcit": ANY})
+  drop_path: float = spec_field(0.0, "float", max=0.99, convert={"timm-xcit": ANY})
+  # timm's XCiT: LayerScale (eta) in every block, the exact GELU, LayerNorms
+  # of eps 1e-6, Linear weights initialised normal 0.02 (truncated there).
+  layerscale_init: float = spec_field(1.0, "float", convert={"timm-xcit": ANY})
+  mlp_activation: str = spec_field(
+    "gelu_exact",
+    "choice",
+    choices=MLP_ACTIVATIONS,
+    convert={"timm-xcit": ("gelu_exact",), "hf-gpt2": ANY, "peer": ANY},
+  )
+  kernel_init: str = dataclasses.field(default="normal", metadata={"convert": everywhere()})
+
+  def __post_init__(self):
+    super().__post_init__()
+    p, implementation = self.patch_size, self.attention.implementation
+    if p & (p - 1) or self.width % (p // 2):
+      raise SpecError(
+        f"model.patch_size={p} must be a power of two (timm: 8, 16) whose half divides model.width"
+      )
+    if self.depth <= self.cls_attn_layers:
+      raise SpecError(
+        f"model.depth={self.depth} counts the XCA and the class-attention blocks: more than "
+        f"model.cls_attn_layers={self.cls_attn_layers}"
+      )
+    if self.scan_layers:
+      raise SpecError("model.scan_layers=True: XCiT's blocks differ; use model.scan_layers=False")
+    if self.attention.qk_norm:
+      raise SpecError("model.qk_norm=True: XCiT's attentions have none; use model.qk_norm=False")
+    if implementation in ("cudnn", "splash", "nystrom"):
+      raise SpecError(
+        f"model.implementation={implementation!r}: XCiT's attentions run XLA; use 'xla' or None"
+      )
+
+  @property
+  def xca_depth(self) -> int:
+    """The XCA blocks, ``depth - cls_attn_layers``."""
+    return self.depth - self.cls_attn_layers
+
+  def patch_widths(self) -> tuple[int, ...]:
+    """Output channels of the patch embedding's convolutions: ``width / 2^j``
+    for ``j = log2(patch_size) - 1 .. 0``."""
+    n = max(self.patch_size.bit_length() - 1, 1)
+    return tuple(self.width // 2**j for j in range(n - 1, -1, -1))
+
+  def drop_path_rates(self) -> tuple[float, ...]:
+    """``drop_path`` for every XCA block, 0 for the class-attention blocks (timm)."""
+    return (self.drop_path,) * self.xca_depth + (0.0,) * self.cls_attn_layers
+
 
 #: PyTorch ``BatchNorm2d``'s epsilon (timm's XCiT keeps the default).
 BN_EPS = 1e-5
@@ -404,7 +502,7 @@ class XCABlock(nn.Module):
   and ``"+lpi"``.
 
   Attributes:
-    spec: the model's :class:`~laplax.models.spec.XCiTSpec`.
+    spec: the model's :class:`XCiTSpec`.
     grid: ``(H, W)`` of the ``N = H W`` tokens.
     laplacian_mask: this block's Laplacian heads (``num_heads`` booleans).
     drop_path: this block's stochastic-depth rate.
@@ -448,7 +546,7 @@ class ClassAttentionBlock(nn.Module):
   No drop-path (timm gives these blocks none).
 
   Attributes:
-    spec: the model's :class:`~laplax.models.spec.XCiTSpec`.
+    spec: the model's :class:`XCiTSpec`.
     laplacian_mask: this block's Laplacian heads (``num_heads`` booleans).
   """
 
@@ -494,7 +592,7 @@ class XCiT(nn.Module):
   ``out["pre_logits"]`` (its class token).
 
   Attributes:
-    spec: the :class:`~laplax.models.spec.XCiTSpec`.
+    spec: the :class:`XCiTSpec`.
     num_classes: classifier outputs (0: the class token's features are returned).
     head_init_zero: zero-initialised classifier; else Xavier uniform.
   """
@@ -560,3 +658,75 @@ class XCiT(nn.Module):
     x = classifier_head(x, self.num_classes, self.head_init_zero)
     out["logits"] = x
     return x, out
+
+
+def capture_attention(spec: XCiTSpec, layer: int) -> tuple[attention_lib.MultiHeadAttention, str]:
+  """Layer ``layer``'s attention for the analysis: :func:`block_attention`
+  with the reference kernel in float32, and why Theorem 3.4's per-head
+  section does not apply (:attr:`laplax.models.registry.Family.capture`)."""
+  module = block_attention(spec, layer, implementation="reference", dtype=None)
+  reason = (
+    "XCiT's attention is not softmax attention over tokens (XCA attends over each "
+    "head's channels, class attention has one query); Theorem 3.4's per-head "
+    "bound is not measured"
+  )
+  return module, reason
+
+
+def attention_lengths(config, image_side=None, crop_sides=()) -> tuple[int, ...]:
+  """None: its attentions are over channels and of one class query, on XLA
+  always (the spec refuses the fused kernels)
+  (:attr:`laplax.models.registry.Family.attention_lengths`)."""
+  del config, image_side, crop_sides
+  return ()
+
+
+def analytic_flops(config, task, params, remat: bool) -> tuple[int, float]:
+  """:func:`laplax.plan.flops.analytic_flops` of an XCiT: the convolutional
+  patch embedding on its output grids (``ceil(H / 2^(k+1))^2`` for the
+  ``k``-th convolution), the XCA blocks' kernels on the ``N`` patch tokens
+  with ``12 d width`` per token for the attention over each head's ``d``
+  channels, the class-attention blocks' query, output and MLP on the class
+  token alone and their keys and values on the ``N + 1`` tokens (``12 (N +
+  1) width`` for the one query), the head on one token (16 for 12 with
+  remat). The position encoding's projection, computed once per step, is
+  left out."""
+  spec = spec_lib.from_config(config.model)
+  size = task.image_shape[0]
+  grids = []
+  for _ in spec.patch_widths():
+    size = -(-size // 2)
+    grids.append(size)
+  n = grids[-1] ** 2
+  xca = spec.depth - spec.cls_attn_layers
+  w, a = (8, 16) if remat else (6, 12)
+  count, per_image = 0, 0.0
+  for top, name, size in utils.matmul_kernels(params):
+    if top in ("pos_embedding", "cls"):
+      continue
+    count += size
+    if top.startswith("embedding"):
+      tokens = grids[int(top[len("embedding") :] or 0)] ** 2
+    elif top == "head":
+      tokens = 1
+    elif int(top[len("block") :]) < xca:
+      tokens = n
+    else:
+      tokens = n + 1 if "/key/" in name or "/value/" in name else 1
+    per_image += w * size * tokens
+  d = spec.width // spec.num_heads
+  per_image += a * xca * d * spec.width * n + a * spec.cls_attn_layers * (n + 1) * spec.width
+  return count, float(per_image * config.batch_size)
+
+
+#: The XCiT family: ``config.model.name="xcit"``, trained by the
+#: classification task; the analysis captures its own attention modules.
+FAMILY = Family(
+  name="xcit",
+  spec=XCiTSpec,
+  model=XCiT,
+  task="classification",
+  attention_lengths=attention_lengths,
+  flops=analytic_flops,
+  capture=capture_attention,
+)

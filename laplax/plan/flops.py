@@ -11,12 +11,15 @@ the compiled program's ``cost_analysis()``):
 (forward and backward of every weight matmul plus the ``Q K^T`` and ``P V``
 products, Kaplan et al. 2020, "Scaling Laws for Neural Language Models",
 Table 1; with ``remat`` another forward: 8 and 16), with a formula of their own
-for Swin, DaViT, XCiT, the masked-LM encoder, Nystrom attention and DINO's
+for the families that declare their own (``Family.flops``,
+:mod:`laplax.models.registry`: Swin, DaViT, XCiT), the masked-LM encoder, Nystrom attention and DINO's
 multi-crop student and teacher. ``params`` may be arrays or
 ``jax.ShapeDtypeStruct`` (``jax.eval_shape`` of the init: nothing allocated).
 """
 
 from __future__ import annotations
+
+from laplax import utils
 
 
 def analytic_flops(config, task, params, remat: bool) -> tuple[float, float]:
@@ -35,10 +38,12 @@ def analytic_flops(config, task, params, remat: bool) -> tuple[float, float]:
   """
   import jax
 
+  from laplax.models import registry
+
   m = config.model
-  family = {"swin": _swin_flops, "davit": _davit_flops, "xcit": _xcit_flops}.get(m.name)
-  if family is not None:
-    return family(config, task, params, remat)
+  family = registry.find(m.name)
+  if family is not None and family.flops is not None:  # the family's own count
+    return family.flops(config, task, params, remat)
   if config.task == "mlm":
     return _mlm_flops(config, task, params, remat)
   if config.task == "dino":
@@ -111,7 +116,7 @@ def _dino_flops(config, task, params, remat: bool) -> tuple[int, float]:
   del task
   m, mc = config.model, config.data.multicrop
   backbone, head = 0, 0
-  for top, name, size in _matmuls(params):
+  for top, name, size in utils.matmul_kernels(params):
     if name.startswith(("backbone/pos_embedding", "backbone/cls")):
       continue
     if top == "head":
@@ -127,128 +132,6 @@ def _dino_flops(config, task, params, remat: bool) -> tuple[int, float]:
   student = crops(mc.num_global, mc.global_size, w, a) + crops(mc.num_local, mc.local_size, w, a)
   teacher = crops(mc.num_global, mc.global_size, 2, 4)
   return backbone + head, float((student + teacher) * config.batch_size)
-
-
-def _swin_flops(config, task, params, remat: bool) -> tuple[int, float]:
-  """:func:`analytic_flops` of a Swin: each weight matmul on the tokens of its
-  stage (``(grid / 2^s)^2`` per image; a patch merging on its output grid, the
-  patch embedding on the first), and per block ``Q K^T`` and ``P V`` over
-  windows of ``N`` tokens: ``12 N width_s`` per token (16 with remat)."""
-  import jax
-
-  from laplax.models import spec as spec_lib
-  from laplax.models.swin import stage_window
-
-  spec = spec_lib.from_config(config.model)
-  grids, grid = [], task.image_shape[0] // spec.patch_size
-  for s in range(len(spec.stage_depths)):
-    grid = grid if s == 0 else (grid + 1) // 2
-    grids.append(grid)
-  stage_of = {}
-  for s, (first, depth, _, _) in enumerate(spec.stages()):
-    for i in range(first, first + depth):
-      stage_of[f"block{i}"] = s
-    stage_of[f"merge{s}"] = s
-  stage_of["embedding"] = 0
-  w, a = (8, 16) if remat else (6, 12)
-  count, per_image = 0, 0.0
-  for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
-    name = "/".join(str(getattr(k, "key", k)) for k in path)
-    if leaf.ndim < 2 or "relative_position_bias" in name:
-      continue
-    count += leaf.size
-    top = name.split("/")[0]
-    tokens = 1 if top == "head" else grids[stage_of[top]] ** 2
-    per_image += w * leaf.size * tokens
-  for s, (_, depth, width, _) in enumerate(spec.stages()):
-    window = stage_window((grids[s], grids[s]), spec.window_size)[0]
-    per_image += depth * a * window[0] * window[1] * width * grids[s] ** 2
-  return count, float(per_image * config.batch_size)
-
-
-def _matmuls(params):
-  """``(top-level name, full name, size)`` of every kernel (2 or more dimensions)."""
-  import jax
-
-  for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
-    name = "/".join(str(getattr(k, "key", k)) for k in path)
-    if leaf.ndim >= 2:
-      yield name.split("/")[0], name, leaf.size
-
-
-def _davit_flops(config, task, params, remat: bool) -> tuple[int, float]:
-  """:func:`analytic_flops` of a DaViT: each kernel (convolutions included:
-  their size is the multiply-adds per output position) on the positions of its
-  stage (``ceil(grid_0 / 2^s)^2`` per image, the stem's output grid
-  ``ceil(H / patch)``; the head on one), and per block ``12 N width_s`` per
-  position (16 with remat) with ``N`` the window's ``window_size^2`` tokens
-  in a spatial block (over the grid padded to whole windows) and the group's
-  ``d = width_s / heads`` channels in a channel block."""
-  from laplax.models import spec as spec_lib
-
-  spec = spec_lib.from_config(config.model)
-  grids, grid = [], -(-task.image_shape[0] // spec.patch_size)
-  for s in range(len(spec.stage_depths)):
-    grid = grid if s == 0 else -(-grid // 2)
-    grids.append(grid)
-  stage_of = {"embedding": 0}
-  for s, (first, depth, _, _) in enumerate(spec.stages()):
-    stage_of.update({f"block{i}": s for i in range(first, first + depth)})
-    stage_of[f"downsample{s}"] = s
-  w, a = (8, 16) if remat else (6, 12)
-  count, per_image = 0, 0.0
-  for top, _, size in _matmuls(params):
-    count += size
-    per_image += w * size * (1 if top == "head" else grids[stage_of[top]] ** 2)
-  heads = spec.layer_heads()
-  ws = spec.window_size
-  for s, (first, depth, width, _) in enumerate(spec.stages()):
-    padded = -(-grids[s] // ws) * ws
-    for j in range(depth):
-      if j % 2 == 0:  # spatial: windows of ws^2 tokens over the padded grid
-        per_image += a * ws * ws * width * padded**2
-      else:  # channel groups of d channels, over every position
-        per_image += a * (width // heads[first + j]) * width * grids[s] ** 2
-  return count, float(per_image * config.batch_size)
-
-
-def _xcit_flops(config, task, params, remat: bool) -> tuple[int, float]:
-  """:func:`analytic_flops` of an XCiT: the convolutional patch embedding on
-  its output grids (``ceil(H / 2^(k+1))^2`` for the ``k``-th convolution), the
-  XCA blocks' kernels on the ``N`` patch tokens with ``12 d width`` per token
-  for the attention over each head's ``d`` channels, the class-attention
-  blocks' query, output and MLP on the class token alone and their keys and
-  values on the ``N + 1`` tokens (``12 (N + 1) width`` for the one query), the
-  head on one token (16 for 12 with remat). The position encoding's
-  projection, computed once per step, is left out."""
-  from laplax.models import spec as spec_lib
-
-  spec = spec_lib.from_config(config.model)
-  size = task.image_shape[0]
-  grids = []
-  for _ in spec.patch_widths():
-    size = -(-size // 2)
-    grids.append(size)
-  n = grids[-1] ** 2
-  xca = spec.depth - spec.cls_attn_layers
-  w, a = (8, 16) if remat else (6, 12)
-  count, per_image = 0, 0.0
-  for top, name, size in _matmuls(params):
-    if top in ("pos_embedding", "cls"):
-      continue
-    count += size
-    if top.startswith("embedding"):
-      tokens = grids[int(top[len("embedding") :] or 0)] ** 2
-    elif top == "head":
-      tokens = 1
-    elif int(top[len("block") :]) < xca:
-      tokens = n
-    else:
-      tokens = n + 1 if "/key/" in name or "/value/" in name else 1
-    per_image += w * size * tokens
-  d = spec.width // spec.num_heads
-  per_image += a * xca * d * spec.width * n + a * spec.cls_attn_layers * (n + 1) * spec.width
-  return count, float(per_image * config.batch_size)
 
 
 def _mlm_flops(config, task, params, remat: bool) -> tuple[int, float]:
@@ -267,7 +150,7 @@ def _mlm_flops(config, task, params, remat: bool) -> tuple[int, float]:
     predicted = mlm.num_masked(config.mlm.probability, length)
   w, a = (8, 16) if remat else (6, 12)
   count, per_seq = 0, 0.0
-  for top, _, size in _matmuls(params):
+  for top, _, size in utils.matmul_kernels(params):
     if top in ("pos_embedding", "type_embedding"):
       continue
     count += size

@@ -32,6 +32,7 @@ import jax
 
 from laplax import tasks
 from laplax.models import spec as spec_lib
+from laplax.models.staged import StagedSpec
 
 #: Values of the width a transformer block keeps per token for its backward
 #: pass at 16 bits (Korthikanti et al. 2022: 34 bytes / 2).
@@ -61,8 +62,9 @@ def tree_bytes(tree) -> int:
 
 def _stage_tokens(config, spec, tokens: int) -> list[tuple[int, int, int]]:
   """``(blocks, tokens per example, width)`` of each stage (one for a plain
-  transformer): Swin and DaViT halve the grid side and double the width a stage."""
-  if not hasattr(spec, "stages") or config.model.name not in ("swin", "davit"):
+  transformer): a staged model's spec (:class:`~laplax.models.staged.StagedSpec`,
+  Swin and DaViT) halves the grid side and doubles the width a stage."""
+  if not isinstance(spec, StagedSpec):
     return [(spec.depth, tokens, spec.width)]
   side = int(config.data.image_size) // spec.patch_size
   out = []

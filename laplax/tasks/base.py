@@ -33,7 +33,7 @@ class Task(Protocol):
   Attributes:
     config: the run's config.
     family: the model family its ``config.model.name`` must be (``"vit"``,
-      ``"gpt"``; :data:`laplax.models.spec.FAMILIES`).
+      ``"gpt"``; :mod:`laplax.models.registry`).
     base_config: a function returning the task's base config, which holds
       every key the trainer reads (:mod:`laplax.config.defaults`).
     batch_axis: the examples' axis in every batch field (DINO's views

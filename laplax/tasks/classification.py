@@ -19,15 +19,9 @@ import optax
 from laplax.config import defaults
 from laplax.config import validation as config_lib
 from laplax.data.vision import images
+from laplax.models import registry
 from laplax.models import spec as spec_lib
-from laplax.models.davit import DaViT
-from laplax.models.swin import Swin
-from laplax.models.vit import ViT
-from laplax.models.xcit import XCiT
 from laplax.tasks.base import TaskBase, counted
-
-#: ``config.model.name`` -> the classifier it builds.
-MODELS = {"vit": ViT, "swin": Swin, "davit": DaViT, "xcit": XCiT}
 
 
 def mixup_cutmix(
@@ -82,8 +76,9 @@ class ClassificationTask(TaskBase):
   """
 
   family = "vit"
-  #: The model families it trains (``config.model.name``; :data:`MODELS`).
-  families = tuple(MODELS)
+  #: The model families it trains (``config.model.name``): those whose
+  #: :attr:`~laplax.models.registry.Family.task` is ``"classification"``.
+  families = registry.TrainedBy("classification")
   base_config = staticmethod(defaults.base_config)
 
   @classmethod
@@ -114,7 +109,7 @@ class ClassificationTask(TaskBase):
     self.config = config
     self.num_classes = num_classes
     self.image_shape = tuple(image_shape)
-    self.model = MODELS[config.model.name](
+    self.model = registry.get(config.model.name).model(
       spec_lib.from_config(config.model), num_classes=num_classes
     )
 

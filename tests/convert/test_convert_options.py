@@ -12,12 +12,15 @@ the converters kept by hand before.
 
 import dataclasses
 import importlib.util
+import os
 
 import pytest
 
 from laplax.convert import common, hf_gpt2, nanochat, timm_vit
 from laplax.models import spec as spec_lib
 from laplax.models import support
+from laplax.models.gpt import GPTSpec
+from laplax.models.vit import ViTSpec
 
 from helpers.configs import load
 
@@ -43,7 +46,7 @@ def new_field(monkeypatch):
   monkeypatch.setattr(
     spec_lib,
     "FAMILIES",
-    {"vit": _with_new_field(spec_lib.ViTSpec), "gpt": _with_new_field(spec_lib.GPTSpec)},
+    {"vit": _with_new_field(ViTSpec), "gpt": _with_new_field(GPTSpec)},
   )
 
 
@@ -105,9 +108,7 @@ def test_source_options_are_the_fields_marked_source(monkeypatch):
     "spectral.enabled": False,
     "dtype": "float32",
   }
-  monkeypatch.setattr(
-    spec_lib, "FAMILIES", {"vit": _with_new_field(spec_lib.ViTSpec, True), "gpt": spec_lib.GPTSpec}
-  )
+  monkeypatch.setattr(spec_lib, "FAMILIES", {"vit": _with_new_field(ViTSpec, True), "gpt": GPTSpec})
   assert support.source_options(spec_lib.FAMILIES["vit"])[NEW] == 0.0
   spec = spec_lib.build("vit", width=32, depth=2, num_heads=2, **{NEW: 0.5})
   assert [k for k, _, _ in support.unsupported(spec, "timm")] == [NEW]
@@ -215,3 +216,21 @@ def test_nanochat_refuses_each_departure_from_its_recipe(key, value):
   with pytest.raises(common.ConvertError) as e:
     nanochat._refuse_options(_nanochat_spec(**{key: value}))
   _one_line(e, f"model.{key}=", "nanochat's GPT has no equivalent")
+
+
+def test_each_timm_converter_declares_its_family_and_default_config():
+  """The timm converters are found among the ``timm_*`` modules, each naming
+  its laplax family (one that the classification task trains), its timm
+  class and the default config ``--from timm`` takes for its model names."""
+  from laplax.models import registry
+
+  configs = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(__file__))), "configs")
+  converters = timm_vit.converters()
+  assert timm_vit in converters and len({c.TIMM_CLASS for c in converters}) == len(converters)
+  assert {c.FAMILY for c in converters} >= {"vit"} and len(converters) >= 4
+  for c in converters:
+    assert registry.get(c.FAMILY).task == "classification", c.__name__
+    assert timm_vit.converter_of(c.FAMILY) is c
+    assert os.path.isfile(os.path.join(configs, c.DEFAULT_CONFIG)), c.DEFAULT_CONFIG
+    assert all(c.DEFAULT_CONFIG.startswith(prefix) for prefix in c.MODEL_PREFIXES)
+  assert timm_vit.converter_of("gpt") is None
