@@ -62,6 +62,8 @@ STEPS, HOLD_AT, SIGNALLED, KILLED = 8, 3, 2, 1
 KILL_BOUND_S = 60
 HANG_GUARD_S = 300
 TIMING = ("steps_per_sec", "data_wait_fraction")
+# What JAX's distributed client prints when it ends a process whose peer died.
+JAX_ABORT = "Terminating process because the JAX distributed service detected fatal errors"
 HELPER = os.path.join(ROOT, "tests", "helpers", "hosts_run.py")
 GPT = [
   *GPT_TINY,
@@ -212,11 +214,20 @@ def _kill_one(hosts, root):
   t0 = time.monotonic()
   codes = hosts.wait()
   seconds = time.monotonic() - t0
-  assert codes == [-9 if i == KILLED else 1 for i in range(PROCESSES)], hosts.outputs()
+  assert codes[KILLED] == -9, hosts.outputs()
   assert seconds < KILL_BOUND_S, seconds
+  # Known limit (issue 54): JAX's coordination service may end a survivor
+  # first, from C++ (LOG(FATAL), SIGABRT), before laplax's watcher writes its
+  # line; seen on a quiet machine. Such a process must show JAX's own reason;
+  # at least one survivor must end with laplax's line.
+  aborted = {i for i, code in enumerate(codes) if code == -signal.SIGABRT and i != KILLED}
+  for i in aborted:
+    assert JAX_ABORT in hosts.out(i), hosts.outputs()
+  survivors = set(range(PROCESSES)) - {KILLED} - aborted
+  assert survivors and all(codes[i] == 1 for i in survivors), hosts.outputs()
   # Process 0 knows every pid and names it to the others; itself it is named by index.
   pid = f" (pid {hosts.procs[KILLED].pid})" if KILLED else ""
-  for i in set(range(PROCESSES)) - {KILLED}:
+  for i in survivors:
     err = hosts.out(i)
     lines = [line for line in re.split(r"[\r\n]", err) if line.startswith("stopped")]
     assert len(lines) == 1 and "Traceback" not in err, err[-3000:]
