@@ -149,6 +149,38 @@ def _with_default_config(argv: list[str]) -> list[str]:
   return argv
 
 
+def _export(target: str) -> None:
+  """``--to TARGET``: writes ``--workdir``'s run as ``target``'s files into
+  ``--out``, a new local directory or ``gs://`` folder (written locally, then
+  uploaded: :func:`laplax.convert.remote.write_output`).
+
+  Raises:
+    UsageError: no ``--out``.
+    ConvertError: the run cannot be expressed in ``target`` or ``--out`` exists.
+  """
+  from laplax import store
+  from laplax.convert import common, hf_bert, hf_gpt2, nanochat, timm_vit
+
+  if not _OUT.value:
+    raise cli.UsageError(f"--out is required with --to {target} (a new directory)")
+  if target == "nanochat":
+    write = lambda out: nanochat.convert_to_nanochat(_WORKDIR.value, out)
+  else:
+    convert = {
+      "timm": timm_vit.convert_to_timm,
+      "hf-gpt2": hf_gpt2.convert_to_hf,
+      "hf-bert": hf_bert.convert_to_hf,
+    }[target]
+    write = lambda out: convert(_WORKDIR.value, out, _FORCE.value)
+  if store.is_remote(_OUT.value):
+    from laplax.convert import remote
+
+    note = remote.write_output(_OUT.value.rstrip("/"), write, common.ConvertError)
+  else:
+    note = write(_OUT.value)
+  print(f"wrote {_OUT.value}" + (f"; --force: {note}" if note else ""))
+
+
 def main(guard: signals.Guard) -> int:
   """Runs the conversion the flags ask for."""
   sys.argv = _with_default_config(sys.argv)
@@ -219,24 +251,7 @@ def main(guard: signals.Guard) -> int:
       f"{_WORKDIR.value}, fine-tune with train.py --config.init_from={_WORKDIR.value}"
     )
   else:
-    if not _OUT.value:
-      raise cli.UsageError(f"--out is required with --to {target} (a new directory)")
-    if target == "nanochat":
-      write = lambda out: nanochat.convert_to_nanochat(_WORKDIR.value, out)
-    else:
-      convert = {
-        "timm": timm_vit.convert_to_timm,
-        "hf-gpt2": hf_gpt2.convert_to_hf,
-        "hf-bert": hf_bert.convert_to_hf,
-      }[target]
-      write = lambda out: convert(_WORKDIR.value, out, _FORCE.value)
-    if store.is_remote(_OUT.value):
-      from laplax.convert import remote
-
-      note = remote.write_output(_OUT.value.rstrip("/"), write, common.ConvertError)
-    else:
-      note = write(_OUT.value)
-    print(f"wrote {_OUT.value}" + (f"; --force: {note}" if note else ""))
+    _export(target)
   return 0
 
 
