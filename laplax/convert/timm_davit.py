@@ -179,8 +179,8 @@ def laplax_to_timm(params: Mapping, spec, config=None) -> tuple[dict, dict]:
   and layouts) with ``strict=True``.
 
   Raises:
-    ConvertError: a laplax option timm's DaVit lacks (every spec field whose
-      ``convert`` metadata does not admit its value for ``"timm-davit"``:
+    ConvertError: a laplax option timm's DaVit lacks (every option whose value
+      :data:`SUPPORT` does not admit:
       LayerScale, qk-norm, another GELU, ...).
   """
   del config  # DaViT runs at any image size

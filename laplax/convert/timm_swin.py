@@ -202,8 +202,8 @@ def laplax_to_timm(params: Mapping, spec, config=None) -> tuple[dict, dict]:
   ``config.data.image_size`` (the relative position tables are sized for it).
 
   Raises:
-    ConvertError: a laplax option timm's Swin lacks (every spec field whose
-      ``convert`` metadata does not admit its value for ``"timm-swin"``:
+    ConvertError: a laplax option timm's Swin lacks (every option whose value
+      :data:`SUPPORT` does not admit:
       LayerScale, qk-norm, another GELU or norm eps, ...), or no image size.
   """
   common.refuse_unsupported(spec, SUPPORT, NAME, "this workdir cannot be written as timm")

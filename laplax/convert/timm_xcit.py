@@ -222,8 +222,8 @@ def laplax_to_timm(params: Mapping, spec, config=None) -> tuple[dict, dict]:
   ``strict=True``.
 
   Raises:
-    ConvertError: a laplax option timm's Xcit lacks (every spec field whose
-      ``convert`` metadata does not admit its value for ``"timm-xcit"``: a
+    ConvertError: a laplax option timm's Xcit lacks (every option whose value
+      :data:`SUPPORT` does not admit: a
       patch size other than 8 or 16, another GELU, another LayerNorm eps, ...).
   """
   common.refuse_unsupported(spec, SUPPORT, NAME, "this workdir cannot be written as timm")

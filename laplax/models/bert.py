@@ -2,7 +2,7 @@
 
 The original BERT (Devlin et al. 2019, "BERT: Pre-training of Deep
 Bidirectional Transformers"; the Hugging Face ``BertForMaskedLM`` computes
-the same logits, ``laplax.convert --from hf-bert``): token, learned position
+the same logits; ``python -m laplax.convert`` maps its weights): token, learned position
 and token-type embeddings summed, LayerNorm, dropout; post-norm blocks
 (:class:`~laplax.models.layers.Block` with ``spec.post_norm``); the MLM head
 ``LayerNorm(gelu(dense(h)))`` decoded by the transposed token embedding plus a
