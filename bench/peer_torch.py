@@ -28,10 +28,10 @@ same function as laplax's model for the settings of the default configs,
 A setting the peer does not implement (spectral conditioning, qk-norm,
 LayerScale, dropout, drop-path, RMSNorm, the learned Laplacian mix, Mixup,
 bfloat16, ...) raises ``ValueError`` in :func:`check_supported` rather than
-timing a different model; the model settings it implements are declared
-by the spec's fields (``convert`` metadata, target ``"peer"``, in
-:mod:`laplax.models.support`), so a new field is refused until it declares
-the peer. :func:`make_optimizer` is AdamW with the config's betas, weight decay on the parameters laplax decays
+timing a different model; the model settings it implements are its own
+table :data:`SUPPORT` (one per family it implements, GPT and ViT, read by
+:func:`laplax.convert.support.unsupported`), so a new spec field is refused
+until the table lists it. :func:`make_optimizer` is AdamW with the config's betas, weight decay on the parameters laplax decays
 (:func:`laplax.optim.decay_mask` of the mapped laplax names) at the
 config's peak learning rate (constant: the schedule costs nothing), eps
 1e-8 (optax's and PyTorch's default), PyTorch's fused CPU/GPU kernel;
@@ -58,11 +58,41 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from laplax import tasks
+from laplax import attention, tasks
+from laplax.convert import support
+from laplax.convert.support import ANY
 from laplax.models import spec as spec_lib
-from laplax.models import support
 
 SUPPORTED = "the settings of configs/gpt_shakespeare.py and configs/vit_fashion_mnist.py"
+
+
+def _same_last_heads(laplacian, spec) -> bool:
+  """Whether every layer's Laplacian heads are its last ``k``, one ``k`` for all
+  (the Laplacian authors' code, and so the peer)."""
+  counts = {int(np.sum(row)) for row in laplacian}
+  return len(counts) == 1 and all(
+    np.array_equal(row, attention.laplacian_heads(spec.num_heads, int(np.sum(row))))
+    for row in laplacian
+  )
+
+
+# What both peers take: the sizes and the options that change no computed value
+# (:data:`laplax.convert.support.EVERYWHERE`), biases or none, the plain
+# activations, the norm eps, and the Laplacian heads as the authors compute them.
+_BOTH = {
+  **support.EVERYWHERE,
+  "laplacian_mask": support.Rule(_same_last_heads, "the same last k heads in every layer"),
+  "use_bias": ANY,
+  "mlp_activation": support.PLAIN_ACTIVATIONS,
+  "norm_eps": ANY,
+}
+#: ``{family: {config key: support}}``: the model options each peer implements
+#: (:mod:`laplax.convert.support`; any other option only at its default): the
+#: GPT's rotary or learned positions and tied or untied embeddings besides.
+SUPPORT = {
+  "gpt": {**_BOTH, "posemb": ANY, "tie_embeddings": ANY},
+  "vit": _BOTH,
+}
 ACTIVATIONS = {
   "gelu": lambda: nn.GELU(approximate="tanh"),
   "gelu_exact": nn.GELU,
@@ -77,12 +107,19 @@ class _ReLU2(nn.Module):
 
 def check_supported(config) -> None:
   """Raises ValueError naming the first setting of ``config`` the peer lacks:
-  a model option whose spec field does not declare ``"peer"`` support for
-  its value (:func:`laplax.models.support.unsupported`: a field that does not
-  name the peer must be at its default, so a new field is refused), or a
-  training setting outside the model (optimizer, a ViT's loss).
+  a model family other than GPT and ViT, a model option whose value the
+  family's :data:`SUPPORT` does not admit
+  (:func:`laplax.convert.support.unsupported`: an option it does not list
+  must be at its default, so a new spec field is refused), or a training
+  setting outside the model (optimizer, a ViT's loss).
   """
-  refused = support.unsupported(spec_lib.from_config(config.model), "peer")
+  family = config.model.get("name", "vit")
+  if family not in SUPPORT:
+    raise ValueError(
+      f"the PyTorch peer has no model.name={family!r} (it implements {SUPPORTED}: "
+      f"{' or '.join(map(repr, SUPPORT))}); set that or drop --peer"
+    )
+  refused = support.unsupported(spec_lib.from_config(config.model), SUPPORT[family])
   if refused:
     key, shown, supported = refused[0]
     raise ValueError(

@@ -37,10 +37,10 @@ directory (``model_<step>.pt``, ``meta_<step>.json``, ``tokenizer.pkl``).
 For timm and GPT-2 a model with Laplacian heads or spectral conditioning is
 refused unless ``--force``; nanochat carries Laplacian heads as the
 authors' ``laplacian_heads``. Every other model option is checked against
-what the target declares on the spec's fields (``convert`` metadata,
-:func:`laplax.models.support.unsupported`): an option the target does not
-declare is refused unless at its default, by ``--to`` and ``--from`` alike
-(fail closed: a new spec field is refused until it names the target).
+what the target's converter module declares in its own table (``SUPPORT``,
+:func:`laplax.convert.support.unsupported`): an option the table does not
+list is refused unless at its default, by ``--to`` and ``--from`` alike
+(fail closed: a new spec field is refused until the converter lists it).
 ``--workdir`` may be ``gs://BUCKET/PATH`` for ``--from`` and ``--to`` alike
 (:mod:`laplax.convert.remote`); ``--out`` is a local directory or a ``gs://``
 folder (written locally, then uploaded: :func:`laplax.convert.remote.write_output`).

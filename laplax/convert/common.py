@@ -27,9 +27,9 @@ import numpy as np
 
 from laplax import state as state_lib
 from laplax import utils
+from laplax.convert import support
 from laplax.errors import UserError
 from laplax.models import spec as spec_lib
-from laplax.models import support
 from laplax.models.layers import SCANNED_BLOCKS
 
 
@@ -623,27 +623,32 @@ def read_workdir(workdir: str):
 #: The ``config.model`` options a conversion from another framework resets to
 #: the source's model (plain attention, float32 compute, so the logits are the
 #: source's) unless the command line sets them: the spec fields whose metadata
-#: marks them ``source`` (:func:`laplax.models.support.source_options`).
+#: marks them ``source`` (:func:`laplax.convert.support.source_options`).
 SOURCE_OPTIONS = {
   k: v for cls in spec_lib.FAMILIES.values() for k, v in support.source_options(cls).items()
 }
 
 
 def refuse_unsupported(
-  spec: spec_lib.TransformerSpec, target: str, name: str, fix: str, *, skip_source: bool = False
+  spec: spec_lib.TransformerSpec,
+  table: Mapping[str, Any],
+  name: str,
+  fix: str,
+  *,
+  skip_source: bool = False,
 ) -> None:
-  """Refuses the first option of ``spec`` that converter ``target`` cannot
-  express, as the fields' metadata declares it
-  (:func:`laplax.models.support.unsupported`: an option a field does not
-  declare for ``target`` is refused unless at its default, so a new spec
-  field fails closed). ``name`` is the target as the message names it,
-  ``fix`` ends the line; ``skip_source`` (``--from``) leaves the options
-  the command line may add (:data:`SOURCE_OPTIONS`) to the caller.
+  """Refuses the first option of ``spec`` that a converter cannot express, as
+  its ``table`` (the converter module's ``SUPPORT``) declares it
+  (:func:`laplax.convert.support.unsupported`: an option the table does not
+  list is refused unless at its default, so a new spec field fails closed).
+  ``name`` is the target as the message names it, ``fix`` ends the line;
+  ``skip_source`` (``--from``) leaves the options the command line may add
+  (:data:`SOURCE_OPTIONS`) to the caller.
 
   Raises:
     ConvertError: ``model.KEY=VALUE: NAME has no equivalent (it has ...); FIX``.
   """
-  refused = support.unsupported(spec, target, skip_source=skip_source)
+  refused = support.unsupported(spec, table, skip_source=skip_source)
   if refused:
     key, shown, supported = refused[0]
     raise ConvertError(f"model.{key}={shown}: {name} has no equivalent (it has {supported}); {fix}")

@@ -27,7 +27,8 @@ from collections.abc import Mapping
 import ml_collections
 import numpy as np
 
-from laplax.convert import common
+from laplax.convert import common, support
+from laplax.convert.support import ANY, Rule
 
 CONFIG_FILE = common.HF_CONFIG_FILE
 SAFETENSORS_FILE = common.HF_SAFETENSORS_FILE
@@ -36,6 +37,25 @@ TOKENIZER_FILE = common.HF_TOKENIZER_FILE
 #: What the refusals ask for.
 DIRECTORY = "a BertForMaskedLM.save_pretrained directory"
 TARGET = "Hugging Face BERT"
+#: The model options ``BertForMaskedLM`` expresses (:mod:`laplax.convert.support`;
+#: any other option only at its default): BERT's post-norm blocks with biases,
+#: learned positions, token types, the embedding norm, the MLM transform and
+#: decoder bias, no final norm; GELU (either form), the norm eps.
+SUPPORT = {
+  **support.EVERYWHERE,
+  **support.EXPORTED,
+  **support.LAPLAX_ONLY,
+  "use_bias": (True,),
+  "mlp_activation": ("gelu", "gelu_exact"),
+  "norm_eps": ANY,
+  "posemb": ("learn",),
+  "type_vocab_size": Rule(lambda v, spec: v >= 1, "type_vocab_size >= 1"),
+  "post_norm": (True,),
+  "embed_norm": (True,),
+  "final_norm": (False,),
+  "mlm_transform": (True,),
+  "decoder_bias": (True,),
+}
 # HF ``hidden_act`` -> laplax ``model.mlp_activation`` (HF's "gelu" is the erf form).
 ACTIVATIONS_FROM_HF = {"gelu": "gelu_exact", "gelu_new": "gelu", "gelu_pytorch_tanh": "gelu"}
 ACTIVATIONS_TO_HF = {"gelu_exact": "gelu", "gelu": "gelu_new"}
@@ -267,7 +287,7 @@ def convert_from_hf(model_dir: str, config: ml_collections.ConfigDict, workdir: 
   config = laplax_config(hf, config)
   spec = spec_lib.from_config(config.model)
   common.refuse_unsupported(
-    spec, "hf-bert", TARGET, "the converted model would not compute BERT's logits", skip_source=True
+    spec, SUPPORT, TARGET, "the converted model would not compute BERT's logits", skip_source=True
   )
   tensors, source = common.read_hf_tensors(model_dir, DIRECTORY)
   flat = hf_to_laplax(check_hf_tensors(tensors, hf, source), spec.depth)
@@ -319,7 +339,7 @@ def convert_to_hf(workdir: str, out_dir: str, force: bool = False) -> str | None
       f"{workdir} is a {config.get('task')} run of model {config.model.get('name')!r}; "
       f"--to hf-bert needs a BERT"
     )
-  common.refuse_unsupported(spec, "hf-bert", TARGET, "this workdir cannot be written as BERT")
+  common.refuse_unsupported(spec, SUPPORT, TARGET, "this workdir cannot be written as BERT")
   note = common.refuse_laplax_only(spec, TARGET, force)
   flat = common.flat(params)
   if any(k.endswith("laplacian_mix") for k in flat):

@@ -36,7 +36,8 @@ from collections.abc import Mapping
 import ml_collections
 import numpy as np
 
-from laplax.convert import common
+from laplax.convert import common, support
+from laplax.convert.support import ANY
 
 CONFIG_FILE = common.HF_CONFIG_FILE
 SAFETENSORS_FILE = common.HF_SAFETENSORS_FILE
@@ -46,6 +47,16 @@ TOKENIZER_FILE = common.HF_TOKENIZER_FILE
 #: What the refusals ask for.
 DIRECTORY = "a GPT2LMHeadModel.save_pretrained directory"
 TARGET = "Hugging Face GPT-2"
+#: The model options GPT-2 expresses (:mod:`laplax.convert.support`; any other
+#: option only at its default): its activations, the norm eps, untied embeddings.
+SUPPORT = {
+  **support.EVERYWHERE,
+  **support.EXPORTED,
+  **support.LAPLAX_ONLY,
+  "mlp_activation": support.PLAIN_ACTIVATIONS,
+  "norm_eps": ANY,
+  "tie_embeddings": ANY,
+}
 PREFIX = "transformer."
 # HF ``activation_function`` -> laplax ``model.mlp_activation``; the inverse
 # writes the first HF name of each.
@@ -362,7 +373,7 @@ def convert_from_hf(model_dir: str, config: ml_collections.ConfigDict, workdir: 
   spec = spec_lib.from_config(config.model)
   common.refuse_unsupported(
     spec,
-    "hf-gpt2",
+    SUPPORT,
     TARGET,
     "the converted model would not compute GPT-2's logits; set it there",
     skip_source=True,
@@ -416,9 +427,8 @@ def hf_config(spec, vocab_size: int, eos_token_id: int | None = None) -> dict:
 
 def _refuse_options(spec) -> None:
   """Raises :class:`ConvertError` for a GPT option HF GPT-2 has not: every
-  spec field whose ``convert`` metadata does not admit its value for
-  ``"hf-gpt2"`` (:func:`~laplax.convert.common.refuse_unsupported`)."""
-  common.refuse_unsupported(spec, "hf-gpt2", TARGET, "this workdir cannot be written as GPT-2")
+  option whose value :data:`SUPPORT` does not admit (:func:`~laplax.convert.common.refuse_unsupported`)."""
+  common.refuse_unsupported(spec, SUPPORT, TARGET, "this workdir cannot be written as GPT-2")
 
 
 def _eos_token_id(tokenizer_path: str | None) -> int | None:

@@ -32,8 +32,22 @@ import ml_collections
 import numpy as np
 
 from laplax.convert import common, hf_bert
+from laplax.convert.support import ANY
 
 TARGET = "Hugging Face Nystromformer"
+#: The model options ``NystromformerForMaskedLM`` expresses
+#: (:mod:`laplax.convert.support`; any other option only at its default):
+#: BERT's (:data:`laplax.convert.hf_bert.SUPPORT`) and the Nystrom attention's
+#: landmarks and convolution skip, with its six iterations of the original
+#: pseudo-inverse and padded keys.
+SUPPORT = {
+  **hf_bert.SUPPORT,
+  "num_landmarks": ANY,
+  "pinv_iterations": (6,),
+  "pinv_init": ("original",),
+  "nystrom_padding": ("keys",),
+  "conv_kernel_size": ANY,
+}
 PREFIX = "nystromformer."
 #: Buffers of some checkpoints (not parameters).
 _BUFFERS = ("nystromformer.embeddings.position_ids", "nystromformer.embeddings.token_type_ids")
@@ -153,7 +167,7 @@ def convert_from_hf(model_dir: str, config: ml_collections.ConfigDict, workdir: 
   spec = spec_lib.from_config(config.model)
   common.refuse_unsupported(
     spec,
-    "hf-nystromformer",
+    SUPPORT,
     TARGET,
     "the converted model would not compute the Nystromformer's logits",
     skip_source=True,

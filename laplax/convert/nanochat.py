@@ -74,12 +74,47 @@ import ml_collections
 import numpy as np
 
 from laplax import store
-from laplax.convert import common
+from laplax.convert import common, support
+from laplax.convert.support import ANY, Rule
 from laplax.data.errors import DataError
 from laplax.data.text.nanochat_tokenizer import PICKLE_FILE, TOKENIZER_FILE, NanochatTokenizer
 
 ConvertError = common.ConvertError
 TARGET = "nanochat"
+#: The model options nanochat's GPT expresses (:mod:`laplax.convert.support`;
+#: any other option only at its default): its recipe (a parameter-free
+#: RMSNorm qk-norm, nanochat's rotary form, no biases, RMSNorm, ReLU^2, untied
+#: embeddings, the embedding norm, the logit softcap 15, an MLP of 4 * width),
+#: the later releases' and the Laplacian authors' fork's switches, grouped-query
+#: attention and the Laplacian heads (the fork's, no ``--force``).
+SUPPORT = {
+  **support.EVERYWHERE,
+  **support.EXPORTED,
+  "mlp_dim": Rule(lambda v, spec: v == 4 * spec.width, "4 * width"),
+  "num_kv_heads": ANY,
+  "laplacian_mask": ANY,
+  "qk_norm": (True,),
+  "qk_norm_type": ("rmsnorm",),
+  "qk_scale": ANY,
+  "rope_theta": ANY,
+  "rope_style": ("nanochat",),
+  "posemb": ("rope",),
+  "use_bias": (False,),
+  "norm": ("rmsnorm",),
+  "mlp_activation": ("relu2",),
+  "norm_eps": ANY,
+  "tie_embeddings": (False,),
+  "embed_norm": (True,),
+  "logit_softcap": (15.0,),
+  "embedding_dtype": ANY,
+  "value_embeds": ANY,
+  "resid_lambdas": ANY,
+  "x0_lambdas": ANY,
+  "smear": ANY,
+  "backout": ANY,
+  "window_pattern": ANY,
+  "vocab_multiple": ANY,
+}
 PREFIX = "transformer."
 # What torch.compile prepends to the names of a compiled model's state dict.
 COMPILED_PREFIX = "_orig_mod."
@@ -517,7 +552,7 @@ def convert_from_nanochat(
   spec = spec_lib.from_config(config.model)
   common.refuse_unsupported(
     spec,
-    "nanochat",
+    SUPPORT,
     "nanochat's GPT",
     "the converted model would not compute nanochat's logits; set it there",
     skip_source=True,
@@ -566,11 +601,10 @@ def laplacian_counts(spec) -> int | list[int]:
 
 def _refuse_options(spec) -> None:
   """Raises :class:`ConvertError` for a GPT that nanochat's model does not
-  compute: every spec field whose ``convert`` metadata does not admit its
-  value for ``"nanochat"`` (:func:`~laplax.convert.common.refuse_unsupported`)."""
+  compute: every option whose value :data:`SUPPORT` does not admit (:func:`~laplax.convert.common.refuse_unsupported`)."""
   common.refuse_unsupported(
     spec,
-    "nanochat",
+    SUPPORT,
     "nanochat's GPT",
     "this workdir cannot be written as nanochat (train it with the nanochat recipe)",
   )

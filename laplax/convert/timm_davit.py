@@ -29,11 +29,19 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from laplax.convert import common
+from laplax.convert import common, support
 from laplax.convert.common import ConvertError
+from laplax.convert.support import ANY
 
-#: The converter target of the spec fields' ``convert`` metadata.
-TARGET = "timm-davit"
+#: The model options timm's DaVit expresses (:mod:`laplax.convert.support`;
+#: any other option only at its default): the exact GELU, drop-path.
+SUPPORT = {
+  **support.EVERYWHERE,
+  **support.EXPORTED,
+  **support.LAPLAX_ONLY,
+  "mlp_activation": ("gelu_exact",),
+  "drop_path": ANY,
+}
 #: How refusals name the target.
 NAME = "timm's DaVit"
 #: The class ``--to timm`` writes (``timm_config.json``'s ``timm_class``).
@@ -171,12 +179,12 @@ def laplax_to_timm(params: Mapping, spec, config=None) -> tuple[dict, dict]:
   and layouts) with ``strict=True``.
 
   Raises:
-    ConvertError: a laplax option timm's DaVit lacks (every spec field whose
-      ``convert`` metadata does not admit its value for ``"timm-davit"``:
+    ConvertError: a laplax option timm's DaVit lacks (every option whose value
+      :data:`SUPPORT` does not admit:
       LayerScale, qk-norm, another GELU, ...).
   """
   del config  # DaViT runs at any image size
-  common.refuse_unsupported(spec, TARGET, NAME, "this workdir cannot be written as timm")
+  common.refuse_unsupported(spec, SUPPORT, NAME, "this workdir cannot be written as timm")
   w = common.TimmWriter(params)
   w.conv("embedding", "stem.conv")
   w.norm("embedding_norm", "stem.norm")

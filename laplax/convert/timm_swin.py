@@ -32,11 +32,19 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from laplax.convert import common
+from laplax.convert import common, support
 from laplax.convert.common import ConvertError
+from laplax.convert.support import ANY
 
-#: The converter target of the spec fields' ``convert`` metadata.
-TARGET = "timm-swin"
+#: The model options timm's SwinTransformer expresses (:mod:`laplax.convert.support`;
+#: any other option only at its default): the exact GELU, drop-path.
+SUPPORT = {
+  **support.EVERYWHERE,
+  **support.EXPORTED,
+  **support.LAPLAX_ONLY,
+  "mlp_activation": ("gelu_exact",),
+  "drop_path": ANY,
+}
 #: How refusals name the target.
 NAME = "timm's SwinTransformer"
 #: The class ``--to timm`` writes (``timm_config.json``'s ``timm_class``).
@@ -194,11 +202,11 @@ def laplax_to_timm(params: Mapping, spec, config=None) -> tuple[dict, dict]:
   ``config.data.image_size`` (the relative position tables are sized for it).
 
   Raises:
-    ConvertError: a laplax option timm's Swin lacks (every spec field whose
-      ``convert`` metadata does not admit its value for ``"timm-swin"``:
+    ConvertError: a laplax option timm's Swin lacks (every option whose value
+      :data:`SUPPORT` does not admit:
       LayerScale, qk-norm, another GELU or norm eps, ...), or no image size.
   """
-  common.refuse_unsupported(spec, TARGET, NAME, "this workdir cannot be written as timm")
+  common.refuse_unsupported(spec, SUPPORT, NAME, "this workdir cannot be written as timm")
   size = config.data.get("image_size") if config is not None else None
   if not size:
     raise ConvertError(

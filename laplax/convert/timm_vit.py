@@ -39,8 +39,9 @@ from typing import Any
 import numpy as np
 
 from laplax import store
-from laplax.convert import common
+from laplax.convert import common, support
 from laplax.convert.common import ConvertError
+from laplax.convert.support import ANY
 
 TIMM_CONFIG = "timm_config.json"  # --to timm: the VisionTransformer arguments
 WEIGHTS = "model.safetensors"
@@ -281,16 +282,14 @@ def laplax_to_timm(params: Mapping, spec, config=None) -> tuple[dict, dict]:
   float32, PyTorch names and layouts) with ``strict=True``.
 
   Raises:
-    ConvertError: a laplax option timm's ViT lacks (every spec field whose
-      ``convert`` metadata does not admit its value for ``"timm"``:
-      RMSNorm, ReLU^2, no biases, an RMSNorm qk-norm, a qk scale, a norm eps
-      other than 1e-6, any field that does not name timm at a value other
-      than its default; :func:`~laplax.convert.common.refuse_unsupported`),
+    ConvertError: a laplax option timm's ViT lacks (every option whose value
+      :data:`SUPPORT` does not admit: RMSNorm, ReLU^2, no biases, an RMSNorm
+      qk-norm, a qk scale, a norm eps other than 1e-6, any option it does not
+      list at a value other than its default;
+      :func:`~laplax.convert.common.refuse_unsupported`),
       or a fixed sin-cos position embedding without a known image size.
   """
-  common.refuse_unsupported(
-    spec, "timm", "timm's VisionTransformer", "this workdir cannot be written as timm"
-  )
+  common.refuse_unsupported(spec, SUPPORT, NAME, "this workdir cannot be written as timm")
   f = common.flat(params)
   d, p = spec.width, spec.patch_size
   kernel = np.asarray(f["embedding/kernel"])
@@ -387,9 +386,23 @@ def load_weights(path: str) -> dict[str, np.ndarray]:
   return {k: v.detach().float().numpy() for k, v in state.items() if hasattr(v, "numpy")}
 
 
-#: The converter target of the spec fields' ``convert`` metadata, the name
-#: refusals give it and the class ``--to timm`` writes (as :mod:`laplax.convert.timm_swin`).
-TARGET = "timm"
+#: The model options timm's VisionTransformer expresses
+#: (:mod:`laplax.convert.support`; any other option only at its default): a
+#: qk-norm (LayerNorm), LayerScale, GELU (either form), the position
+#: embedding, drop-path and the norm before the head.
+SUPPORT = {
+  **support.EVERYWHERE,
+  **support.EXPORTED,
+  **support.LAPLAX_ONLY,
+  "qk_norm": ANY,
+  "layerscale_init": ANY,
+  "mlp_activation": ("gelu", "gelu_exact"),
+  "posemb": ANY,
+  "drop_path": ANY,
+  "fc_norm": ANY,
+}
+#: The name refusals give the target and the class ``--to timm`` writes (as
+#: :mod:`laplax.convert.timm_swin`).
 NAME = "timm's VisionTransformer"
 TIMM_CLASS = "VisionTransformer"
 
@@ -408,7 +421,7 @@ def converters() -> tuple:
   """The timm converter modules: every ``laplax.convert.timm_*`` module that
   declares a ``TIMM_CLASS`` (this one included), in module name order. Each
   declares ``TIMM_CLASS``, ``TIMM_MODULE``, ``FAMILY`` (the laplax family),
-  ``TARGET``, ``NAME``, ``MODEL_PREFIXES`` and ``DEFAULT_CONFIG``, and
+  ``SUPPORT``, ``NAME``, ``MODEL_PREFIXES`` and ``DEFAULT_CONFIG``, and
   defines ``architecture``, ``timm_to_laplax``, ``model_keys`` and
   ``laplax_to_timm`` (``docs/architecture.md``, "Adding a model family")."""
   import importlib
@@ -508,7 +521,7 @@ def convert_from_timm(
     raise ConvertError(str(e)) from None
   common.refuse_unsupported(
     spec,
-    family.TARGET,
+    family.SUPPORT,
     family.NAME,
     "the converted model would not compute timm's logits; set it there",
     skip_source=True,

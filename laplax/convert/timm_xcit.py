@@ -39,11 +39,26 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from laplax.convert import common
+from laplax.convert import common, support
 from laplax.convert.common import ConvertError
+from laplax.convert.support import ANY
 
-#: The converter target of the spec fields' ``convert`` metadata.
-TARGET = "timm-xcit"
+#: The model options timm's Xcit expresses (:mod:`laplax.convert.support`;
+#: any other option only at its default): its patch sizes 8 and 16, the exact
+#: GELU, LayerScale, the class-attention layers, the token norm, the position
+#: encoding switch, drop-path.
+SUPPORT = {
+  **support.EVERYWHERE,
+  **support.EXPORTED,
+  **support.LAPLAX_ONLY,
+  "patch_size": (8, 16),
+  "mlp_activation": ("gelu_exact",),
+  "layerscale_init": ANY,
+  "cls_attn_layers": ANY,
+  "tokens_norm": ANY,
+  "use_pos_embed": ANY,
+  "drop_path": ANY,
+}
 #: How refusals name the target.
 NAME = "timm's Xcit"
 #: The class ``--to timm`` writes (``timm_config.json``'s ``timm_class``).
@@ -207,11 +222,11 @@ def laplax_to_timm(params: Mapping, spec, config=None) -> tuple[dict, dict]:
   ``strict=True``.
 
   Raises:
-    ConvertError: a laplax option timm's Xcit lacks (every spec field whose
-      ``convert`` metadata does not admit its value for ``"timm-xcit"``: a
+    ConvertError: a laplax option timm's Xcit lacks (every option whose value
+      :data:`SUPPORT` does not admit: a
       patch size other than 8 or 16, another GELU, another LayerNorm eps, ...).
   """
-  common.refuse_unsupported(spec, TARGET, NAME, "this workdir cannot be written as timm")
+  common.refuse_unsupported(spec, SUPPORT, NAME, "this workdir cannot be written as timm")
   w = common.TimmWriter(params)
   f, sd = w.f, w.sd
   counters = []

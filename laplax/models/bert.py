@@ -2,7 +2,7 @@
 
 The original BERT (Devlin et al. 2019, "BERT: Pre-training of Deep
 Bidirectional Transformers"; the Hugging Face ``BertForMaskedLM`` computes
-the same logits, ``laplax.convert --from hf-bert``): token, learned position
+the same logits; ``python -m laplax.convert`` maps its weights): token, learned position
 and token-type embeddings summed, LayerNorm, dropout; post-norm blocks
 (:class:`~laplax.models.layers.Block` with ``spec.post_norm``); the MLM head
 ``LayerNorm(gelu(dense(h)))`` decoded by the transposed token embedding plus a
@@ -39,13 +39,11 @@ from laplax.models.registry import Family
 from laplax.models.spec import (
   KERNEL_INITS,
   MLP_ACTIVATIONS,
-  PLAIN_ACTIVATIONS,
   SpecError,
   TransformerSpec,
   check_splash_lengths,
   spec_field,
 )
-from laplax.models.support import Rule, everywhere
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -81,56 +79,35 @@ class BERTSpec(TransformerSpec):
     pooler_dim: the pooler's dense width (``None``: ``width``; cramming 1024).
   """
 
-  max_length: int = spec_field(128, "int", min=1, convert=everywhere())
+  max_length: int = spec_field(128, "int", min=1)
   posemb: str = spec_field(
     "learn",
     "choice",
     choices=("learn", "scaled_sinusoidal"),
-    convert={"hf-bert": ("learn",), "hf-nystromformer": ("learn",)},
   )
   type_vocab_size: int = spec_field(
     2,
     "int",
     min=0,
-    convert={
-      "hf-bert": Rule(lambda v, spec: v >= 1, "type_vocab_size >= 1"),
-      "hf-nystromformer": Rule(lambda v, spec: v >= 1, "type_vocab_size >= 1"),
-    },
   )
-  post_norm: bool = spec_field(
-    True, "bool", convert={"hf-bert": (True,), "hf-nystromformer": (True,)}
-  )
-  embed_norm: bool = spec_field(
-    True, "bool", convert={"hf-bert": (True,), "hf-nystromformer": (True,)}
-  )
-  final_norm: bool = spec_field(
-    False, "bool", convert={"hf-bert": (False,), "hf-nystromformer": (False,)}
-  )
-  mlm_transform: bool = spec_field(
-    True, "bool", convert={"hf-bert": (True,), "hf-nystromformer": (True,)}
-  )
-  decoder_bias: bool = spec_field(
-    True, "bool", convert={"hf-bert": (True,), "hf-nystromformer": (True,)}
-  )
-  pooler: str = spec_field("cls", "choice", choices=("cls", "mean"), convert=everywhere())
-  pooler_dim: int | None = spec_field(None, "int", min=1, optional=True, convert=everywhere())
-  kernel_init: str = spec_field("normal", "choice", choices=KERNEL_INITS, convert=everywhere())
+  post_norm: bool = spec_field(True, "bool")
+  embed_norm: bool = spec_field(True, "bool")
+  final_norm: bool = spec_field(False, "bool")
+  mlm_transform: bool = spec_field(True, "bool")
+  decoder_bias: bool = spec_field(True, "bool")
+  pooler: str = spec_field("cls", "choice", choices=("cls", "mean"))
+  pooler_dim: int | None = spec_field(None, "int", min=1, optional=True)
+  kernel_init: str = spec_field("normal", "choice", choices=KERNEL_INITS)
   norm_eps: float = spec_field(
     1e-12,
     "float",
     open_min=True,
     max=1.0,
-    convert=everywhere("hf-bert", "hf-nystromformer", "peer"),
   )
   mlp_activation: str = spec_field(
     "gelu_exact",
     "choice",
     choices=MLP_ACTIVATIONS,
-    convert={
-      "hf-bert": ("gelu", "gelu_exact"),
-      "hf-nystromformer": ("gelu", "gelu_exact"),
-      "peer": PLAIN_ACTIVATIONS,
-    },
   )
 
   def __post_init__(self):

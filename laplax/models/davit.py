@@ -58,7 +58,6 @@ from laplax.models.staged import (
   window_partition,
   window_reverse,
 )
-from laplax.models.support import ANY, everywhere
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -87,15 +86,14 @@ class DaViTSpec(StagedSpec):
   BLOCK_NOUN = "DaViT attention blocks"
   POSSESSIVE = "a DaViT's"
 
-  patch_size: int = spec_field(4, "int", min=4, max=4, convert=everywhere())
-  stage_depths: tuple = spec_field((1, 1), "ints", convert=everywhere())
-  drop_path: float = spec_field(0.0, "float", max=0.99, convert={"timm-davit": ANY})
+  patch_size: int = spec_field(4, "int", min=4, max=4)
+  stage_depths: tuple = spec_field((1, 1), "ints")
+  drop_path: float = spec_field(0.0, "float", max=0.99)
   # timm's DaViT: no LayerScale, the exact GELU, LayerNorms of eps 1e-5.
   mlp_activation: str = spec_field(
     "gelu_exact",
     "choice",
     choices=MLP_ACTIVATIONS,
-    convert={"timm-davit": ("gelu_exact",), "hf-gpt2": ANY, "peer": ANY},
   )
 
 

@@ -48,7 +48,6 @@ from laplax.models.spec import (
   check_splash_lengths,
   spec_field,
 )
-from laplax.models.support import ANY, CONVERT_TARGETS, Rule, everywhere
 
 
 def window_sizes(pattern: str | None, depth: int, max_length: int) -> tuple[int | None, ...]:
@@ -66,12 +65,6 @@ def window_sizes(pattern: str | None, depth: int, max_length: int) -> tuple[int 
   out = [None if pattern[i % len(pattern)] == "L" else short for i in range(depth)]
   out[-1] = None
   return tuple(out)
-
-
-# ``convert`` support of ``num_kv_heads``: nanochat has grouped-query attention,
-# the other targets one key/value head per query head, however written.
-_ONE_KV_PER_HEAD = Rule(lambda v, spec: spec.kv_heads == spec.num_heads, "num_heads (or None)")
-_KV_HEADS_SUPPORT = dict(dict.fromkeys(CONVERT_TARGETS, _ONE_KV_PER_HEAD), nanochat=ANY)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -135,30 +128,22 @@ class GPTSpec(TransformerSpec):
       rounding); memory only. ``None``: all positions at once.
   """
 
-  max_length: int = spec_field(128, "int", min=1, convert=everywhere())
-  num_kv_heads: int | None = spec_field(
-    None, "int", optional=True, min=1, convert=_KV_HEADS_SUPPORT
-  )
-  posemb: str = spec_field(
-    "learn", "choice", choices=("learn", "rope"), convert={"nanochat": ("rope",), "peer": ANY}
-  )
-  tie_embeddings: bool = spec_field(
-    True, "bool", convert={"hf-gpt2": ANY, "nanochat": (False,), "peer": ANY}
-  )
-  embed_norm: bool = spec_field(False, "bool", convert={"nanochat": (True,)})
-  logit_softcap: float | None = spec_field(
-    None, "float", optional=True, open_min=True, convert={"nanochat": (15.0,)}
-  )
-  embedding_dtype: str = spec_field("float32", "choice", choices=DTYPES, convert={"nanochat": ANY})
-  kernel_init: str = spec_field("gpt2", "choice", choices=KERNEL_INITS, convert=everywhere())
-  value_embeds: bool = spec_field(False, "bool", convert={"nanochat": ANY})
-  resid_lambdas: bool = spec_field(False, "bool", convert={"nanochat": ANY})
-  x0_lambdas: bool = spec_field(False, "bool", convert={"nanochat": ANY})
-  smear: bool = spec_field(False, "bool", convert={"nanochat": ANY})
-  backout: bool = spec_field(False, "bool", convert={"nanochat": ANY})
-  window_pattern: str | None = spec_field(None, "pattern", optional=True, convert={"nanochat": ANY})
-  vocab_multiple: int = spec_field(1, "int", min=1, convert={"nanochat": ANY})
-  loss_chunk: int | None = spec_field(None, "int", optional=True, min=1, convert=everywhere())
+  max_length: int = spec_field(128, "int", min=1)
+  num_kv_heads: int | None = spec_field(None, "int", optional=True, min=1)
+  posemb: str = spec_field("learn", "choice", choices=("learn", "rope"))
+  tie_embeddings: bool = spec_field(True, "bool")
+  embed_norm: bool = spec_field(False, "bool")
+  logit_softcap: float | None = spec_field(None, "float", optional=True, open_min=True)
+  embedding_dtype: str = spec_field("float32", "choice", choices=DTYPES)
+  kernel_init: str = spec_field("gpt2", "choice", choices=KERNEL_INITS)
+  value_embeds: bool = spec_field(False, "bool")
+  resid_lambdas: bool = spec_field(False, "bool")
+  x0_lambdas: bool = spec_field(False, "bool")
+  smear: bool = spec_field(False, "bool")
+  backout: bool = spec_field(False, "bool")
+  window_pattern: str | None = spec_field(None, "pattern", optional=True)
+  vocab_multiple: int = spec_field(1, "int", min=1)
+  loss_chunk: int | None = spec_field(None, "int", optional=True, min=1)
 
   def __post_init__(self):
     super().__post_init__()

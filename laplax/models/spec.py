@@ -28,10 +28,13 @@ key, type and range, and ``__post_init__`` checks them and the consistency
 messages. The config defaults of the model section
 (:func:`config_defaults`) come from the same fields.
 
-The converters read from the same metadata which values of a field each
-target can express (``convert``, :mod:`laplax.models.support`); a field that
-does not name a target supports its default alone there, so a new field is
-refused by every converter until its metadata says otherwise.
+What each converter can express of these fields is the converter's own
+table (:mod:`laplax.convert.support`); a field a converter does not list
+supports its default alone there, so a new field is refused by every
+converter until its table lists it. The fields' metadata says only what is
+the field's own: its config key, whether it is nested, derived from another
+field or active only with a switch, and which options a conversion from
+another framework resets (``source``).
 """
 
 from __future__ import annotations
@@ -48,7 +51,6 @@ from laplax import attention, spectral
 from laplax.errors import UserError
 from laplax.kernels import nystrom, splash
 from laplax.models import registry
-from laplax.models.support import ANY, EXPORTS, FORCE, Rule, everywhere
 
 DTYPES = ("float32", "bfloat16")
 # Rematerialisation of each block (``model.remat``): name -> jax.checkpoint
@@ -78,8 +80,6 @@ NORMS = ("layernorm", "rmsnorm")
 # in halves ``x, gate``, ``gelu_exact(gate) * x``, so the second layer reads
 # ``mlp_dim // 2``).
 MLP_ACTIVATIONS = ("gelu", "gelu_exact", "relu2", "gelu_glu")
-#: The activations every GPT/ViT converter target expresses (no gated one).
-PLAIN_ACTIVATIONS = ("gelu", "gelu_exact", "relu2")
 # ``model.qk_norm_type``: the qk-norm's kind when ``model.qk_norm`` is on.
 QK_NORM_TYPES = attention.QK_NORM_TYPES
 
@@ -116,16 +116,9 @@ class SpecError(UserError, ValueError):
   """A model setting that cannot be built; one line ``model.KEY=...: the fix``."""
 
 
-def spec_field(
-  default, check: str, key: str | None = None, convert: Mapping | None = None, **rules
-):
-  """A spec field whose metadata says how to validate it, its config key and
-  which values each converter target supports (``convert``: target ->
-  :data:`~laplax.models.support.ANY`, :data:`~laplax.models.support.FORCE`,
-  a tuple of values or a :class:`~laplax.models.support.Rule`)."""
-  return dataclasses.field(
-    default=default, metadata=dict(rules, check=check, key=key, convert=convert or {})
-  )
+def spec_field(default, check: str, key: str | None = None, **rules):
+  """A spec field whose metadata says how to validate it and its config key."""
+  return dataclasses.field(default=default, metadata=dict(rules, check=check, key=key))
 
 
 def _is_int(v) -> bool:
@@ -216,11 +209,6 @@ class SpectralSpec(_Checked):
     object.__setattr__(self, "targets", spectral.check_targets(self.targets))
 
 
-# ``convert`` support of the laplax methods (Laplacian heads, their mix, spectral
-# conditioning) in the exports other than nanochat: written only with --force.
-_LAPLAX_ONLY = {t: FORCE for t in EXPORTS if t != "nanochat"}
-
-
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class AttentionSpec(_Checked):
   """Settings every layer's :class:`~laplax.attention.MultiHeadAttention` shares.
@@ -257,37 +245,30 @@ class AttentionSpec(_Checked):
       Hugging Face's Nystromformer nor the authors' code has one).
   """
 
-  num_heads: int = spec_field(4, "int", min=1, convert=everywhere())
-  qk_norm: bool = spec_field(False, "bool", convert={"timm": ANY, "nanochat": (True,)})
+  num_heads: int = spec_field(4, "int", min=1)
+  qk_norm: bool = spec_field(False, "bool")
   qk_norm_type: str = spec_field(
     "layernorm",
     "choice",
     choices=QK_NORM_TYPES,
-    convert={"nanochat": ("rmsnorm",)},
     active="qk_norm",
   )
-  qk_scale: float = spec_field(1.0, "float", open_min=True, convert={"nanochat": ANY})
-  attention_dropout: float = spec_field(0.0, "float", max=0.99, convert=everywhere(*EXPORTS))
-  implementation: str | None = spec_field(
-    None, "choice", choices=attention.IMPLEMENTATIONS, convert=everywhere()
-  )
-  xla_keep_probs: bool | None = spec_field(None, "bool", optional=True, convert=everywhere())
+  qk_scale: float = spec_field(1.0, "float", open_min=True)
+  attention_dropout: float = spec_field(0.0, "float", max=0.99)
+  implementation: str | None = spec_field(None, "choice", choices=attention.IMPLEMENTATIONS)
+  xla_keep_probs: bool | None = spec_field(None, "bool", optional=True)
   rope: bool = dataclasses.field(default=False, metadata={"derived": "posemb"})
-  rope_theta: float = spec_field(
-    10_000.0, "float", open_min=True, active="rope", convert={"nanochat": ANY}
-  )
+  rope_theta: float = spec_field(10_000.0, "float", open_min=True, active="rope")
   rope_style: str = spec_field(
     "roformer",
     "choice",
     choices=attention.ROPE_STYLES,
-    convert={"nanochat": ("nanochat",)},
     active="rope",
   )
   laplacian_mix: str = spec_field(
     "fixed",
     "choice",
     choices=attention.LAPLACIAN_MIXES,
-    convert=_LAPLAX_ONLY,
     source=True,
   )
   spectral: SpectralSpec | None = dataclasses.field(
@@ -296,32 +277,25 @@ class AttentionSpec(_Checked):
       "key": "spectral.enabled",
       "source": {"spectral.enabled": False},
       "show": lambda v: repr(v is not None),
-      "convert": _LAPLAX_ONLY,
     },
   )
 
-  num_landmarks: int = spec_field(
-    64, "int", min=1, active="implementation", convert={"hf-nystromformer": ANY}
-  )
-  pinv_iterations: int = spec_field(
-    6, "int", min=0, active="implementation", convert={"hf-nystromformer": (6,)}
-  )
+  num_landmarks: int = spec_field(64, "int", min=1, active="implementation")
+  pinv_iterations: int = spec_field(6, "int", min=0, active="implementation")
   pinv_init: str = spec_field(
     "original",
     "choice",
     choices=nystrom.PINV_INITS,
     active="implementation",
-    convert={"hf-nystromformer": ("original",)},
   )
   nystrom_padding: str = spec_field(
     "keys",
     "choice",
     choices=nystrom.PADDINGS,
     active="implementation",
-    convert={"hf-nystromformer": ("keys",)},
   )
   conv_kernel_size: int | None = spec_field(
-    None, "int", min=1, optional=True, active="implementation", convert={"hf-nystromformer": ANY}
+    None, "int", min=1, optional=True, active="implementation"
   )
 
   def __post_init__(self):
@@ -350,16 +324,6 @@ class AttentionSpec(_Checked):
       out["spectral_mode"] = self.spectral.mode
       out["spectral_targets"] = self.spectral.targets
     return out
-
-
-def _same_last_heads(laplacian, spec) -> bool:
-  """Whether every layer's Laplacian heads are its last ``k``, one ``k`` for all
-  (the Laplacian authors' code, and so the PyTorch peer)."""
-  counts = {int(np.sum(row)) for row in laplacian}
-  return len(counts) == 1 and all(
-    np.array_equal(row, attention.laplacian_heads(spec.num_heads, int(np.sum(row))))
-    for row in laplacian
-  )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -394,16 +358,12 @@ class TransformerSpec(_Checked):
       Flax's default and timm's ViTs'; GPT-2 uses 1e-5).
   """
 
-  width: int = spec_field(128, "int", min=1, convert=everywhere())
-  depth: int = spec_field(4, "int", min=1, convert=everywhere())
+  width: int = spec_field(128, "int", min=1)
+  depth: int = spec_field(4, "int", min=1)
   mlp_dim: int = spec_field(
     256,
     "int",
     min=1,
-    convert=dict(
-      everywhere(*(t for t in EXPORTS if t != "nanochat"), "peer"),
-      nanochat=Rule(lambda v, spec: v == 4 * spec.width, "4 * width"),
-    ),
   )
   attention: AttentionSpec = dataclasses.field(
     default_factory=AttentionSpec, metadata={"nested": True}
@@ -415,47 +375,30 @@ class TransformerSpec(_Checked):
       "plain": lambda v: not np.any(v),
       "source": {"num_laplacian_heads": 0, "laplacian_mask": None},
       "show": lambda v: repr([list(row) for row in v]),
-      "convert": {
-        **_LAPLAX_ONLY,
-        "nanochat": ANY,
-        "peer": Rule(_same_last_heads, "the same last k heads in every layer"),
-      },
     },
   )
-  dropout: float = spec_field(0.0, "float", max=0.99, convert=everywhere(*EXPORTS))
-  layerscale_init: float | None = spec_field(None, "float", optional=True, convert={"timm": ANY})
+  dropout: float = spec_field(0.0, "float", max=0.99)
+  layerscale_init: float | None = spec_field(None, "float", optional=True)
   use_bias: bool = spec_field(
     True,
     "bool",
-    convert={"nanochat": (False,), "peer": ANY, "hf-bert": (True,), "hf-nystromformer": (True,)},
   )
-  dtype: str = spec_field(
-    "float32", "choice", choices=DTYPES, source=True, convert=everywhere(*EXPORTS)
-  )
-  remat: str = spec_field("none", "choice", choices=tuple(REMAT_POLICIES), convert=everywhere())
-  scan_layers: bool = spec_field(False, "bool", convert=everywhere())
-  zero_init_out: bool = spec_field(False, "bool", convert=everywhere(*EXPORTS))
-  kernel_init: str = dataclasses.field(default="xavier_uniform", metadata={"convert": everywhere()})
-  norm: str = spec_field("layernorm", "choice", choices=NORMS, convert={"nanochat": ("rmsnorm",)})
+  dtype: str = spec_field("float32", "choice", choices=DTYPES, source=True)
+  remat: str = spec_field("none", "choice", choices=tuple(REMAT_POLICIES))
+  scan_layers: bool = spec_field(False, "bool")
+  zero_init_out: bool = spec_field(False, "bool")
+  kernel_init: str = "xavier_uniform"
+  norm: str = spec_field("layernorm", "choice", choices=NORMS)
   mlp_activation: str = spec_field(
     "gelu",
     "choice",
     choices=MLP_ACTIVATIONS,
-    convert={
-      "timm": ("gelu", "gelu_exact"),
-      "hf-gpt2": PLAIN_ACTIVATIONS,
-      "hf-bert": ("gelu", "gelu_exact"),
-      "hf-nystromformer": ("gelu", "gelu_exact"),
-      "nanochat": ("relu2",),
-      "peer": PLAIN_ACTIVATIONS,
-    },
   )
   norm_eps: float = spec_field(
     1e-6,
     "float",
     open_min=True,
     max=1.0,
-    convert=everywhere("hf-gpt2", "hf-bert", "hf-nystromformer", "nanochat", "peer"),
   )
 
   def __post_init__(self):

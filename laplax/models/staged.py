@@ -28,7 +28,6 @@ from laplax.models.spec import (
   check_value,
   spec_field,
 )
-from laplax.models.support import everywhere
 
 
 def window_partition(x: jax.Array, window: tuple[int, int]) -> jax.Array:
@@ -108,15 +107,13 @@ class StagedSpec(TransformerSpec):
   #: The family in messages ("a Swin's").
   POSSESSIVE: ClassVar[str] = "a staged model's"
 
-  patch_size: int = spec_field(4, "int", min=1, convert=everywhere())
-  stage_depths: tuple = spec_field((2, 2), "ints", convert=everywhere())
-  window_size: int = spec_field(7, "int", min=1, convert=everywhere())
+  patch_size: int = spec_field(4, "int", min=1)
+  stage_depths: tuple = spec_field((2, 2), "ints")
+  window_size: int = spec_field(7, "int", min=1)
   drop_path: float = spec_field(0.0, "float", max=0.99)
   layerscale_init: float | None = spec_field(None, "float", optional=True)
   mlp_activation: str = spec_field("gelu_exact", "choice", choices=MLP_ACTIVATIONS)
-  norm_eps: float = spec_field(
-    1e-5, "float", open_min=True, max=1.0, convert=everywhere("hf-gpt2", "nanochat", "peer")
-  )
+  norm_eps: float = spec_field(1e-5, "float", open_min=True, max=1.0)
 
   def __post_init__(self):
     check_value("stage_depths", self.stage_depths, {"check": "ints"})

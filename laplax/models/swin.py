@@ -45,7 +45,6 @@ from laplax.models.staged import (
   window_partition,
   window_reverse,
 )
-from laplax.models.support import ANY
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -70,13 +69,12 @@ class SwinSpec(StagedSpec):
   BLOCK_NOUN = "Swin blocks"
   POSSESSIVE = "a Swin's"
 
-  drop_path: float = spec_field(0.0, "float", max=0.99, convert={"timm-swin": ANY})
+  drop_path: float = spec_field(0.0, "float", max=0.99)
   # timm's Swin: no LayerScale, the exact GELU, nn.LayerNorm's eps 1e-5.
   mlp_activation: str = spec_field(
     "gelu_exact",
     "choice",
     choices=MLP_ACTIVATIONS,
-    convert={"timm-swin": ("gelu_exact",), "hf-gpt2": ANY, "peer": ANY},
   )
 
   def __post_init__(self):

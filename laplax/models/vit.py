@@ -20,7 +20,6 @@ from laplax.models import spec as spec_lib
 from laplax.models.layers import EMBED_AXES, classifier_head, norm_layer, transformer_blocks
 from laplax.models.registry import Family
 from laplax.models.spec import TransformerSpec, spec_field
-from laplax.models.support import ANY, everywhere
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -36,11 +35,11 @@ class ViTSpec(TransformerSpec):
       ``fc_norm``, the MAE / BEiT recipe for mean pooling).
   """
 
-  patch_size: int = spec_field(4, "int", min=1, convert=everywhere())
-  pool: str = spec_field("tok", "choice", choices=("tok", "gap"), convert=everywhere())
-  posemb: str = spec_field("learn", "choice", choices=("learn", "sincos2d"), convert={"timm": ANY})
-  drop_path: float = spec_field(0.0, "float", max=0.99, convert={"timm": ANY})
-  fc_norm: bool = spec_field(False, "bool", convert={"timm": ANY})
+  patch_size: int = spec_field(4, "int", min=1)
+  pool: str = spec_field("tok", "choice", choices=("tok", "gap"))
+  posemb: str = spec_field("learn", "choice", choices=("learn", "sincos2d"))
+  drop_path: float = spec_field(0.0, "float", max=0.99)
+  fc_norm: bool = spec_field(False, "bool")
 
   def drop_path_rates(self) -> tuple[float, ...]:
     """``drop_path * i / (depth - 1)`` for block ``i`` (DeiT, Touvron et al. 2021)."""

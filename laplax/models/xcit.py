@@ -91,7 +91,6 @@ from laplax.models.spec import (
   TransformerSpec,
   spec_field,
 )
-from laplax.models.support import ANY, everywhere
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -126,23 +125,20 @@ class XCiTSpec(TransformerSpec):
       (``gamma1``, ``gamma3``, ``gamma2``; always present in an XCiT).
   """
 
-  patch_size: int = spec_field(
-    16, "int", min=2, convert=dict(everywhere(), **{"timm-xcit": (8, 16)})
-  )
-  cls_attn_layers: int = spec_field(2, "int", min=1, convert={"timm-xcit": ANY})
-  tokens_norm: bool = spec_field(False, "bool", convert={"timm-xcit": ANY})
-  use_pos_embed: bool = spec_field(True, "bool", convert={"timm-xcit": ANY})
-  drop_path: float = spec_field(0.0, "float", max=0.99, convert={"timm-xcit": ANY})
+  patch_size: int = spec_field(16, "int", min=2)
+  cls_attn_layers: int = spec_field(2, "int", min=1)
+  tokens_norm: bool = spec_field(False, "bool")
+  use_pos_embed: bool = spec_field(True, "bool")
+  drop_path: float = spec_field(0.0, "float", max=0.99)
   # timm's XCiT: LayerScale (eta) in every block, the exact GELU, LayerNorms
   # of eps 1e-6, Linear weights initialised normal 0.02 (truncated there).
-  layerscale_init: float = spec_field(1.0, "float", convert={"timm-xcit": ANY})
+  layerscale_init: float = spec_field(1.0, "float")
   mlp_activation: str = spec_field(
     "gelu_exact",
     "choice",
     choices=MLP_ACTIVATIONS,
-    convert={"timm-xcit": ("gelu_exact",), "hf-gpt2": ANY, "peer": ANY},
   )
-  kernel_init: str = dataclasses.field(default="normal", metadata={"convert": everywhere()})
+  kernel_init: str = "normal"
 
   def __post_init__(self):
     super().__post_init__()

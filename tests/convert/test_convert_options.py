@@ -1,13 +1,14 @@
-"""The converters fail closed: what each target supports is the spec fields' metadata.
+"""The converters fail closed: what each target supports is the converter's own table.
 
-Each converter target (``--to/--from timm``, ``hf-gpt2``, ``nanochat`` and
-the PyTorch peer of ``bench/``) refuses, in one line naming ``model.KEY=VALUE``,
-every option whose spec field does not declare the target at its value
-(:func:`laplax.models.support.unsupported`). A spec field added here (a
+Each converter (``--to/--from timm``, ``hf-gpt2``, ``nanochat`` and the
+PyTorch peer of ``bench/``) refuses, in one line naming ``model.KEY=VALUE``,
+every option whose value its module's ``SUPPORT`` table does not admit
+(:func:`laplax.convert.support.unsupported`). A spec field added here (a
 subclass of the spec, as a new field of ``laplax/models/spec.py`` would be)
-with a value other than its default is refused by every converter, and
-accepted at its default; the declared support reproduces the refusal lists
-the converters kept by hand before.
+with a value other than its default is refused by every converter until
+that converter's table lists it, and accepted at its default; the tables
+reproduce the refusal lists the converters kept by hand before, and the
+model specs name no converter.
 """
 
 import dataclasses
@@ -16,9 +17,19 @@ import os
 
 import pytest
 
-from laplax.convert import common, hf_gpt2, nanochat, timm_vit
+from laplax.convert import (
+  common,
+  hf_bert,
+  hf_gpt2,
+  hf_nystromformer,
+  nanochat,
+  support,
+  timm_davit,
+  timm_swin,
+  timm_vit,
+  timm_xcit,
+)
 from laplax.models import spec as spec_lib
-from laplax.models import support
 from laplax.models.gpt import GPTSpec
 from laplax.models.vit import ViTSpec
 
@@ -75,13 +86,71 @@ def test_a_new_spec_field_is_refused_by_every_converter_unless_default(new_field
   with pytest.raises(common.ConvertError) as e:
     nanochat._refuse_options(_nanochat_spec(**{NEW: 0.5}))
   _one_line(e, "model.new_option=0.5", "nanochat")
-  for target, spec in (("timm", vit), ("hf-gpt2", gpt), ("nanochat", _nanochat_spec(**{NEW: 0.5}))):
+  for module, spec in ((timm_vit, vit), (hf_gpt2, gpt), (nanochat, _nanochat_spec(**{NEW: 0.5}))):
     with pytest.raises(common.ConvertError, match="new_option=0.5"):  # --from too
-      common.refuse_unsupported(spec, target, target, "fix", skip_source=True)
+      common.refuse_unsupported(spec, module.SUPPORT, "target", "fix", skip_source=True)
   # At its default the new field changes nothing a target computes: accepted.
-  assert support.unsupported(spec_lib.build("vit", width=32, depth=2, num_heads=2), "timm") == []
-  assert support.unsupported(spec_lib.build("gpt", width=32, depth=2, num_heads=2), "hf-gpt2") == []
-  assert support.unsupported(_nanochat_spec(), "nanochat") == []
+  vit0 = spec_lib.build("vit", width=32, depth=2, num_heads=2)
+  assert support.unsupported(vit0, timm_vit.SUPPORT) == []
+  gpt0 = spec_lib.build("gpt", width=32, depth=2, num_heads=2)
+  assert support.unsupported(gpt0, hf_gpt2.SUPPORT) == []
+  assert support.unsupported(_nanochat_spec(), nanochat.SUPPORT) == []
+
+
+def test_a_converters_own_table_decides_its_new_fields(new_field, monkeypatch):
+  """Listing the new field in one converter's table lets that converter take
+  it, at the values listed; every other converter still refuses it."""
+  vit = spec_lib.build("vit", width=32, depth=2, num_heads=2, **{NEW: 0.5})
+  gpt = spec_lib.build("gpt", width=32, depth=2, num_heads=2, **{NEW: 0.5})
+  monkeypatch.setitem(timm_vit.SUPPORT, NEW, (0.0, 0.5))
+  assert support.unsupported(vit, timm_vit.SUPPORT) == []
+  common.refuse_unsupported(vit, timm_vit.SUPPORT, timm_vit.NAME, "fix")  # no refusal
+  other = spec_lib.build("vit", width=32, depth=2, num_heads=2, **{NEW: 0.25})
+  assert support.unsupported(other, timm_vit.SUPPORT) == [(NEW, "0.25", "0.0 or 0.5")]
+  for module in (timm_swin, timm_davit, timm_xcit, hf_gpt2, hf_bert, hf_nystromformer, nanochat):
+    assert NEW not in module.SUPPORT, module.__name__
+    refused = support.unsupported(gpt, module.SUPPORT)
+    assert (NEW, "0.5", "0.0") in refused, module.__name__
+
+
+def _config_keys() -> set:
+  """Every config key of every family's spec (the keys a table may list)."""
+  keys = set()
+
+  def walk(cls):
+    for f in dataclasses.fields(cls):
+      if f.metadata.get("nested"):
+        walk(f.default_factory)
+      keys.add(f.metadata.get("key") or f.name)
+
+  for cls in spec_lib.FAMILIES.values():
+    walk(cls)
+  return keys
+
+
+def test_tables_list_only_spec_options_and_the_specs_name_no_converter():
+  """A key in a converter's table that no spec has (a typo) would leave the
+  option it meant refused: every key is a spec field's config key. The specs
+  carry no converter support of their own (the tables alone decide)."""
+  keys = _config_keys()
+  modules = (timm_vit, timm_swin, timm_davit, timm_xcit, hf_gpt2, hf_bert, hf_nystromformer)
+  tables = {m.__name__: m.SUPPORT for m in (*modules, nanochat)}
+  if importlib.util.find_spec("torch") is not None:
+    from bench import peer_torch
+
+    tables.update({f"peer {family}": t for family, t in peer_torch.SUPPORT.items()})
+  for name, table in tables.items():
+    assert set(table) <= keys, (name, set(table) - keys)
+  assert {"laplacian_mask", "spectral.enabled", "num_heads"} <= keys
+
+  def walk(cls):
+    for f in dataclasses.fields(cls):
+      assert "convert" not in f.metadata, (cls.__name__, f.name)
+      if f.metadata.get("nested"):
+        walk(f.default_factory)
+
+  for cls in spec_lib.FAMILIES.values():
+    walk(cls)
 
 
 @pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="the peer is PyTorch")
@@ -98,6 +167,16 @@ def test_a_new_spec_field_is_refused_by_the_pytorch_peer(new_field):
     _one_line(e, "the PyTorch peer has no model.new_option=0.5")
 
 
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="the peer is PyTorch")
+def test_the_pytorch_peer_refuses_a_family_it_has_no_table_for():
+  from bench import peer_torch
+
+  assert set(peer_torch.SUPPORT) == {"gpt", "vit"}
+  with pytest.raises(ValueError) as e:
+    peer_torch.check_supported(load("bert_cramming"))
+  _one_line(e, "the PyTorch peer has no model.name='bert'", "'gpt' or 'vit'", "drop --peer")
+
+
 def test_source_options_are_the_fields_marked_source(monkeypatch):
   """``--from`` resets the fields marked ``source`` (the Laplacian heads, their
   mix, spectral conditioning, the compute dtype) and a new one so marked."""
@@ -111,12 +190,12 @@ def test_source_options_are_the_fields_marked_source(monkeypatch):
   monkeypatch.setattr(spec_lib, "FAMILIES", {"vit": _with_new_field(ViTSpec, True), "gpt": GPTSpec})
   assert support.source_options(spec_lib.FAMILIES["vit"])[NEW] == 0.0
   spec = spec_lib.build("vit", width=32, depth=2, num_heads=2, **{NEW: 0.5})
-  assert [k for k, _, _ in support.unsupported(spec, "timm")] == [NEW]
-  assert support.unsupported(spec, "timm", skip_source=True) == []
+  assert [k for k, _, _ in support.unsupported(spec, timm_vit.SUPPORT)] == [NEW]
+  assert support.unsupported(spec, timm_vit.SUPPORT, skip_source=True) == []
 
 
 # (family, model keys, target, refused key or None): the refusal lists the
-# converters kept by hand, now read from the fields' metadata.
+# converters kept by hand, now read from their tables.
 CASES = [
   ("vit", dict(norm="rmsnorm"), "timm", "norm"),
   ("vit", dict(mlp_activation="relu2"), "timm", "mlp_activation"),
@@ -191,8 +270,15 @@ CASES = [
 
 @pytest.mark.parametrize("family,model,target,refused", CASES)
 def test_declared_support_reproduces_the_old_refusal_lists(family, model, target, refused):
+  if target == "peer":
+    pytest.importorskip("torch", reason="the peer is PyTorch")
+    from bench import peer_torch
+
+    table = peer_torch.SUPPORT[family]
+  else:
+    table = {"timm": timm_vit, "hf-gpt2": hf_gpt2}[target].SUPPORT
   spec = spec_lib.build(family, width=32, depth=2, num_heads=2, **model)
-  got = [k for k, _, _ in support.unsupported(spec, target)]
+  got = [k for k, _, _ in support.unsupported(spec, table)]
   assert got == ([] if refused is None else [refused])
 
 

@@ -268,4 +268,4 @@ def test_convert_from_and_to_hf_bert(tmp_path):
     cfg = load("bert_cramming")
     cfg.model.update(width=D, depth=2, num_heads=H, mlp_dim=F, max_length=L)
     spec = spec_lib.from_config(cfg.model)
-    common.refuse_unsupported(spec, "hf-bert", hf_bert.TARGET, "fix")
+    common.refuse_unsupported(spec, hf_bert.SUPPORT, hf_bert.TARGET, "fix")
