@@ -31,7 +31,6 @@ import dataclasses
 import jax
 
 from laplax import tasks
-from laplax.models import spec as spec_lib
 from laplax.models.staged import StagedSpec
 
 #: Values of the width a transformer block keeps per token for its backward
