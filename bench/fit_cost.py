@@ -46,7 +46,7 @@ def measure(spec: str, data_dir: str) -> None:
 
   config = cli._load_config_file(spec)
   config.data.data_dir = data_dir
-  task = tasks.make_task(config, None)
+  task = tasks.make_task(tasks.validate(config), None)
   tx = optim.make_optimizer(config)
   schedule = optim.learning_rate_schedule(config.optim, config.total_steps)
   mesh = sharding.make_mesh(config.mesh_shape)

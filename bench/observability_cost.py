@@ -44,7 +44,7 @@ def sample_cost(path: str, overrides: list[str], repeats: int) -> None:
   config = registry.complete(load_config(path))  # the evaluators' settings, for --set eval.*
   for item in overrides:
     apply_override(config, item)
-  task = loop.setup(config, None, check=False)
+  _, task = loop.setup(config, None, check=False)
   state = state_lib.init_state(task, optim.make_optimizer(config), config.seed)
   print(
     f"config {path} {' '.join(overrides)}: sample of {config.eval.sample_tokens} tokens "

@@ -82,7 +82,7 @@ class Loaded:
     Raises:
       ConfigError, DataError: the config's data cannot be prepared here.
     """
-    return loop.setup(self.config, self.workdir, check=False)
+    return loop.setup(self.config, self.workdir, check=False)[1]
 
   def evaluate(self, evals: str | None = None) -> dict:
     """The numbers ``eval.py`` writes for this step, without figures or writing anything.

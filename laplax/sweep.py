@@ -716,7 +716,7 @@ def write_summary(runs: Sequence[Run], configs: dict, args) -> list[str]:
   (and, for language models, ``results.csv``: :func:`result_rows`); the
   paths written. A language-model sweep's ``summary.md`` starts with
   :data:`NANOCHAT_METRICS` per cell."""
-  from laplax import store
+  from laplax import store, tasks
 
   finished = [r for r in runs if not _steps_left(r, configs[r.name], args.analysis)]
   cells = {}
@@ -740,7 +740,7 @@ def write_summary(runs: Sequence[Run], configs: dict, args) -> list[str]:
     f"# Sweep {args.workdir}\n\n`{result['command']}`\n\n{len(finished)} of "
     f"{len(runs)} runs finished; mean ± sample std over seeds.\n\n"
   )
-  language_models = all(c.task == "lm" for c in configs.values())
+  language_models = all(tasks.is_language_model(c) for c in configs.values())
   lead = [(k, h) for k, h in NANOCHAT_METRICS if any(k in c["metrics"] for c in aggregated)]
   if language_models and lead:
     names = ", ".join(f"`{h}` = `{k}`" for k, h in lead)

@@ -1,21 +1,22 @@
-"""Validation of a training ConfigDict, before anything is compiled, prepared or written.
+"""The checks of a training ConfigDict, before anything is compiled, prepared or written.
 
 Every problem is reported as one :class:`ConfigError` whose message is a single
 line saying what is wrong and how to fix it; the CLIs print it and exit 2.
+Here are the helpers and the checks that span sections (keys, model, mesh,
+patches, a saved run's architecture); :mod:`laplax.config.run` checks a config
+section by section into the typed run spec.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
 from typing import Any
 
 import jax
 import ml_collections
 
 from laplax import sharding, utils
-from laplax.config import defaults
 from laplax.errors import UserError
 from laplax.models import registry
 from laplax.models import spec as spec_lib
@@ -144,137 +145,6 @@ def require_keys(config: ml_collections.ConfigDict) -> None:
       ) from None
 
 
-def validate(
-  config: ml_collections.ConfigDict,
-  num_devices: int | None = None,
-  strict_keys: bool = True,
-  *,
-  task_class: Any,
-  num_processes: int | None = None,
-  platform: str | None = None,
-) -> None:
-  """Checks types, ranges and consistency of every key the trainer reads.
-
-  ``task_class`` is the class of ``config.task`` (callers go through
-  :func:`laplax.tasks.validate`, which looks it up in the registry): its
-  ``validate(config)`` checks the task's own sections, its ``known_keys`` and
-  ``attention_lengths`` say which keys exist and which token counts the
-  attention sees.
-
-  With ``num_devices`` (the trainer passes ``jax.device_count()``, after the
-  multi-process runtime started) the mesh is also checked against the devices
-  and the batch, heads and MLP sizes against the mesh (:func:`validate_mesh`).
-  With ``strict_keys`` (training; ``eval.py`` reads the configs of saved runs) a
-  key that no config of the task has (:func:`unknown_keys`, e.g. a misspelt
-  key in a config file) is an error. ``num_processes`` and ``platform``
-  (``"tpu"``, ``"gpu"``, ``"cpu"``) stand for ``jax.process_count()`` and
-  ``jax.default_backend()``: ``python -m laplax.plan`` checks a config for a
-  machine it does not run on.
-
-  Raises:
-    ConfigError: the first problem found, as one line naming the key and the fix.
-  """
-  require_keys(config)
-  name = get(config, "data.name", None)  # the task's data table is that data set's
-  require(
-    isinstance(name, str) and name.strip() != "",
-    f"config.data.name={name!r} must name a data set, e.g. 'fashion_mnist_idx' or 'text_corpus'",
-  )
-  if strict_keys:
-    extra = unknown_keys(config, task_class)
-    require(
-      not (extra and extra[0] in REPLACED_KEYS),
-      f"config.{extra[0] if extra else ''} was replaced by config.evals; "
-      f"{REPLACED_KEYS.get(extra[0] if extra else '')}",
-    )
-    require(
-      not extra,
-      f"config.{extra[0] if extra else ''} is not a key of a laplax "
-      f"{config.task} config; check its spelling against "
-      f"laplax/config/defaults.py" + (f" ({len(extra)} such keys)" if len(extra) > 1 else ""),
-    )
-  families = getattr(task_class, "families", (task_class.family,))
-  require(
-    get(config, "model.name") in families,
-    f"config.model.name={get(config, 'model.name')!r} does not fit "
-    f"task {config.task!r}; use model.name=" + " or ".join(repr(f) for f in families),
-  )
-  for key in ("data.data_dir", "data.source_dir"):
-    value = get(config, key)
-    require(
-      isinstance(value, str) and value.strip() != "",
-      f"config.{key}={value!r} must be a directory path; give a folder, e.g. ~/tensorflow_datasets",
-    )
-  check_int(config, "seed", 0)
-  check_int(config, "batch_size", 1)
-  check_int(config, "total_steps", 0)
-  for key in ("log_every", "eval_every", "checkpoint_every"):
-    check_int(config, key, 1)
-  check_int(config, "eval_batch_size", 1)
-  init_from = config.init_from or ""
-  require(
-    isinstance(init_from, str),
-    f"config.init_from={init_from!r} must be the path of a laplax workdir",
-  )
-  if init_from:
-    from laplax import store  # gs:// workdirs too
-
-    require(
-      store.isdir(os.path.join(os.path.expanduser(init_from), "checkpoints")),
-      f"config.init_from={init_from} is not a laplax workdir (no checkpoints/ "
-      f"in it); give a train.py or laplax.convert --workdir",
-    )
-  if config.keep_checkpoints is not None:
-    check_int(config, "keep_checkpoints", 1)
-  verify = config.checkpoint_verify
-  require(isinstance(verify, bool), f"config.checkpoint_verify={verify!r} must be True or False")
-  for key in ("data.crop_padding", "data.prefetch", "data.num_threads"):
-    if get(config, key, None) is not None:  # optional: some data sets have not these keys
-      check_int(config, key, 0)
-  exclude = config.optim.weight_decay_exclude
-  require(
-    isinstance(exclude, (list, tuple)) and all(isinstance(p, str) for p in exclude),
-    f"config.optim.weight_decay_exclude={exclude!r} must be a tuple of parameter-name regexes",
-  )
-
-  _validate_evals(config, task_class)
-  model_spec = _validate_model(config, platform or jax.default_backend())
-  task_class.validate(config)
-  _check_splash(config, model_spec, task_class)
-
-  o = config.optim
-  check_float(config, "optim.lr", 0.0, open_min=True)
-  check_float(config, "optim.weight_decay", 0.0)
-  check_float(config, "optim.b1", 0.0, 1.0)
-  check_float(config, "optim.b2", 0.0, 1.0)
-  check_int(config, "optim.warmup_steps", 0)
-  if o.grad_clip is not None:
-    check_float(config, "optim.grad_clip", 0.0, open_min=True)
-  check_float(config, "optim.min_lr_ratio", 0.0, 1.0)
-  skip = config.optim.skip_nonfinite
-  require(isinstance(skip, bool), f"config.optim.skip_nonfinite={skip!r} must be True or False")
-  for key in ("debug.nan_at_step", "debug.stall_at_step"):
-    if get(config, key) is not None:
-      check_int(config, key, 1)
-  if get(config, "optim.weight_decay_end", None) is not None:  # optional: DINO's key
-    check_float(config, "optim.weight_decay_end", 0.0)
-  _validate_muon(config)
-  _validate_memory(config)
-  _validate_budgets(config)
-  _validate_sharding(config)
-  _validate_observability(config)
-  if num_devices is not None:
-    validate_mesh(config, num_devices, num_processes, platform=platform)
-
-
-def _validate_evals(config, task_class):
-  """The form of ``config.evals`` (:func:`check_evals`); the names are
-  checked against the task by :func:`laplax.evaluators.registry.validate`,
-  where the evaluators declare their tasks."""
-  del task_class
-  check_evals(config.evals, None, config.task)
-
-
 def split_evals(evals: str) -> tuple[str, ...]:
   """The names of a comma-separated evaluator list, in order (blanks dropped)."""
   return tuple(n.strip() for n in str(evals).split(",") if n.strip())
@@ -310,172 +180,13 @@ def check_evals(evals: Any, known: tuple[str, ...] | None, task: str) -> tuple[s
   return names
 
 
-def _validate_muon(config):
-  """``optim.optimizer``, ``optim.schedule`` and the Muon / nanochat keys
-  (``None`` where a number is optional)."""
-  name = config.optim.optimizer
-  require(
-    name in ("adamw", "muon", "nanochat", "nanochat-fork"),
-    f"config.optim.optimizer={name!r} is unknown; use 'adamw', 'muon', 'nanochat' or "
-    f"'nanochat-fork'",
-  )
-  schedule = config.optim.schedule
-  require(
-    schedule in ("cosine", "warmdown", "progress", "triangle"),
-    f"config.optim.schedule={schedule!r} is unknown; use 'cosine', 'warmdown', 'progress' "
-    f"or 'triangle'",
-  )
-  if get(config, "optim.eps", None) is not None:
-    check_float(config, "optim.eps", 0.0, open_min=True)
-  if get(config, "optim.schedule_steps") is not None:
-    check_int(config, "optim.schedule_steps", 1)
-  if get(config, "optim.warmdown_ratio") is not None:
-    check_float(config, "optim.warmdown_ratio", 0.0, 1.0)
-  if get(config, "optim.adam_eps") is not None:
-    check_float(config, "optim.adam_eps", 0.0)
-  if get(config, "optim.muon_momentum_start") is not None:
-    check_float(config, "optim.muon_momentum_start", 0.0, 1.0)
-  if get(config, "optim.muon_momentum_ramp_steps") is not None:
-    check_int(config, "optim.muon_momentum_ramp_steps", 0)
-  if get(config, "optim.muon_lr") is not None:
-    check_float(config, "optim.muon_lr", 0.0, open_min=True)
-  if get(config, "optim.muon_momentum") is not None:
-    check_float(config, "optim.muon_momentum", 0.0, 1.0)
-  if get(config, "optim.muon_weight_decay") is not None:
-    check_float(config, "optim.muon_weight_decay", 0.0)
-  for key in ("optim.embedding_lr", "optim.unembedding_lr"):
-    if get(config, key) is not None:
-      check_float(config, key, 0.0, open_min=True)
-
-
-def _validate_memory(config):
-  """``check_memory``, ``optim.grad_accum_steps`` (``None`` means 1),
-  ``optim.grad_accum_unroll``."""
-  check_memory = config.check_memory
-  require(
-    isinstance(check_memory, bool), f"config.check_memory={check_memory!r} must be True or False"
-  )
-  unroll = config.optim.grad_accum_unroll
-  require(
-    isinstance(unroll, bool), f"config.optim.grad_accum_unroll={unroll!r} must be True or False"
-  )
-  if config.optim.grad_accum_steps is None:
-    return
-  accum = check_int(config, "optim.grad_accum_steps", 1)
-  require(
-    config.batch_size % accum == 0,
-    f"config.batch_size={config.batch_size} is not divisible by "
-    f"config.optim.grad_accum_steps={accum} (the global batch is cut into "
-    f"that many micro-batches); use a multiple of {accum} or set "
-    f"--config.optim.grad_accum_steps=1",
-  )
-
-
-def _validate_budgets(config):
-  """How long a run trains and on how big a batch: ``target_flops`` (language
-  models), ``optim.budget_hours`` and ``optim.batch_size_ramp``."""
-  if "target_flops" in config and config.target_flops is not None:
-    flops = check_float(config, "target_flops", 0.0, open_min=True)
-    if config.total_steps == 0:
-      per_step = defaults.gpt_flops_per_token(config) * config.batch_size * config.model.max_length
-      raise ConfigError(
-        f"config.target_flops={flops:g} is less than half a step of {per_step:.4g} FLOPs "
-        f"(batch_size x max_length tokens x {defaults.gpt_flops_per_token(config):,} FLOPs "
-        f"a token), so the run would train 0 updates; raise it or lower config.batch_size"
-      )
-  o = config.optim
-  if o.budget_hours is not None:
-    check_float(config, "optim.budget_hours", 0.0, open_min=True)
-    require(
-      o.optimizer == "adamw",
-      f"config.optim.budget_hours={o.budget_hours} schedules by wall time only "
-      f"optim.optimizer='adamw' (now {o.optimizer!r}); use adamw or leave "
-      f"budget_hours unset and bound the run by total_steps",
-    )
-  ramp = check_float(config, "optim.batch_size_ramp", 0.0, 1.0)
-  require(
-    ramp < 1.0,
-    "config.optim.batch_size_ramp=1.0 must be below 1: the fraction of the budget "
-    "over which the batch grows to batch_size (cramming's bert-o4: 0.6); 0 is off",
-  )
-  require(
-    ramp == 0.0 or (o.grad_accum_steps or 1) > 1,
-    f"config.optim.batch_size_ramp={ramp} grows the batch by accumulating "
-    f"micro-batches of batch_size / optim.grad_accum_steps examples; set "
-    f"config.optim.grad_accum_steps above 1 (the micro-batches of the full batch)",
-  )
-
-
-WANDB_MODES = ("online", "offline", "disabled")
-
-
-def _validate_observability(config):
-  """``profile.*`` and ``wandb.*`` (the evaluators check their ``eval.*``)."""
-  for key, low, fix in (
-    ("profile.start_step", 1, "the first traced training step (steps count from 1)"),
-    ("profile.num_steps", 0, "the number of traced steps, 0 for no trace"),
-  ):
-    value = get(config, key, None)
-    if value is None:
-      continue
-    require(
-      isinstance(value, int) and not isinstance(value, bool) and value >= low,
-      f"config.{key}={value!r} must be an integer >= {low}: {fix}",
-    )
-  for key in ("project", "entity", "name"):
-    value = get(config, f"wandb.{key}")
-    require(
-      value is None or (isinstance(value, str) and value.strip()),
-      f"config.wandb.{key}={value!r} must be a non-empty string (or unset)",
-    )
-  mode = config.wandb.mode
-  require(
-    mode is None or mode in WANDB_MODES,
-    f"config.wandb.mode={mode!r} is unknown; use one of "
-    f"{', '.join(map(repr, WANDB_MODES))} (or leave it unset)",
-  )
-
-
-def _validate_sharding(config):
-  """``mesh_shape``, ``sharding_rules``, ``distributed.*``."""
-  try:
-    sharding.parse_mesh_shape(config.mesh_shape)
-    sharding.parse_rules(config.sharding_rules or sharding.DEFAULT_RULES)
-  except ValueError as e:
-    raise ConfigError(f"config.{e}") from None
-  dist = config.distributed
-  require(
-    isinstance(dist.enabled, bool),
-    f"config.distributed.enabled={dist.enabled!r} must be True or False",
-  )
-  address = dist.coordinator_address
-  if address is None:
-    return
-  require(
-    isinstance(address, str) and address.rpartition(":")[2].isdigit(),
-    f"config.distributed.coordinator_address={address!r} must be 'host:port'",
-  )
-  num = dist.num_processes
-  pid = dist.process_id
-  require(
-    isinstance(num, int)
-    and not isinstance(num, bool)
-    and num >= 1
-    and isinstance(pid, int)
-    and not isinstance(pid, bool)
-    and 0 <= pid < num,
-    f"config.distributed.num_processes={num!r} and process_id={pid!r} must be "
-    f"integers with 0 <= process_id < num_processes when coordinator_address "
-    f"is set",
-  )
-
-
 def validate_mesh(
   config: ml_collections.ConfigDict,
   num_devices: int,
   num_processes: int | None = None,
   *,
   platform: str | None = None,
+  model: spec_lib.TransformerSpec | None = None,
 ) -> tuple[int, int, int]:
   """Checks ``config.mesh_shape`` against the devices and the model and batch sizes.
 
@@ -493,7 +204,9 @@ def validate_mesh(
   Raises:
     ConfigError: the first mismatch, as one line with the fix.
   """
-  shape, problems = mesh_problems(config, num_devices, num_processes, platform=platform)
+  shape, problems = mesh_problems(
+    config, num_devices, num_processes, platform=platform, model=model
+  )
   require(not problems, problems[0] if problems else "")
   return shape
 
@@ -504,6 +217,7 @@ def mesh_problems(
   num_processes: int | None = None,
   *,
   platform: str | None = None,
+  model: spec_lib.TransformerSpec | None = None,
 ) -> tuple[tuple[int, int, int] | None, list[str]]:
   """``(mesh shape, problems)``: the resolved ``(data, fsdp, tensor)`` of
   ``config.mesh_shape`` on ``num_devices`` devices (``None`` if it does not
@@ -544,7 +258,8 @@ def mesh_problems(
       f"the {processes} processes; each process must hold its own rows of the "
       f"batch"
     )
-  model = spec_lib.from_config(config.model)  # mlp_dim None -> 4 * width
+  if model is None:  # python -m laplax.plan: a config not built into a run
+    model = spec_lib.from_config(config.model)  # mlp_dim None -> 4 * width
   sizes = {"num_heads": model.attention.num_heads, "mlp_dim": model.mlp_dim}
   for name, key in (("heads", "num_heads"), ("mlp", "mlp_dim")):
     tp = sharding.axis_size(shape, rules, name)
@@ -557,12 +272,18 @@ def mesh_problems(
   return shape, problems
 
 
-def _validate_model(config, platform: str):
+def check_model(config: ml_collections.ConfigDict, platform: str) -> spec_lib.TransformerSpec:
   """The model section: every field of the model spec
   (:func:`laplax.models.spec.from_config`: types, ranges, heads vs width,
   Laplacian heads vs heads, qk-norm, spectral, rotary), then what the spec
-  cannot know (the backend for cuDNN, the image size for the patches, the
-  token counts splash needs)."""
+  cannot know (the backend for cuDNN, the image size for the patches).
+
+  Returns:
+    The model spec, built once for the run (:class:`laplax.config.run.RunSpec`).
+
+  Raises:
+    ConfigError: the first problem, as one line naming the key.
+  """
   m = config.model
   try:
     model_spec = spec_lib.from_config(m)
@@ -582,15 +303,6 @@ def _validate_model(config, platform: str):
       config, image_size, image_size, f"config.data.image_size={image_size}", "change one of them"
     )
   return model_spec
-
-
-def _check_splash(config, model_spec, task_class) -> None:
-  """``model.implementation='splash'`` against the token counts known from
-  the config (the task's ``attention_lengths``)."""
-  try:
-    spec_lib.check_splash_lengths(model_spec, task_class.attention_lengths(config))
-  except spec_lib.SpecError as e:
-    raise ConfigError(f"config.{e}") from None
 
 
 def attention_lengths(
@@ -620,11 +332,12 @@ def attention_kernel(config: ml_collections.ConfigDict, task: Any = None, say: A
   ``"splash"``, ``"cudnn"``, ``"splash+xla"``...): :func:`laplax.kernels.describe`
   of the task's ``attention_lengths`` (with ``task.image_shape`` when the task has
   one) on the current platform (inside :func:`laplax.sharding.context`: the
-  mesh's). ``say``, if given, is called with the one line that says which
-  kernel runs and why (``train.py`` prints it at the start)."""
+  mesh's), for the task's model spec (``task.spec``). ``say``, if given, is
+  called with the one line that says which kernel runs and why (``train.py``
+  prints it at the start)."""
   from laplax import kernels
 
-  spec = spec_lib.from_config(config.model)
+  spec = task.spec
   side = (getattr(task, "image_shape", None) or (None,))[0]
   name, line = kernels.describe(
     spec.attention.implementation,

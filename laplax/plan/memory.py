@@ -31,7 +31,6 @@ import dataclasses
 import jax
 
 from laplax import tasks
-from laplax.models import spec as spec_lib
 from laplax.models.staged import StagedSpec
 
 #: Values of the width a transformer block keeps per token for its backward
@@ -78,7 +77,7 @@ def estimate(config, task, state, *, rows: int, fsdp: int, tensor: int) -> Estim
   """The :class:`Estimate` of ``config``'s step on one device: ``task`` (built
   from shapes), ``state`` its abstract train state, ``rows`` the examples of a
   micro-batch on the device, ``fsdp`` and ``tensor`` the mesh axes."""
-  spec = spec_lib.from_config(config.model)
+  spec = task.spec  # the spec its model is built from
   params = tree_bytes(state.params)
   accum = config.optim.grad_accum_steps or 1
   shard = fsdp * tensor

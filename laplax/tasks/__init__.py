@@ -1,7 +1,8 @@
 """Tasks: what the one training loop needs to know about a model and its loss.
 
-A task builds its model from the config (through the model spec,
-:func:`laplax.models.spec.from_config`), says what a batch looks like, and
+A task builds its model from the run's model spec
+(:class:`laplax.config.run.RunSpec`, built once by :func:`validate`), says
+what a batch looks like, and
 gives the training loss and the evaluation. Every task follows the
 :class:`~laplax.tasks.base.Task` protocol, so the loop calls the same
 methods of every task. Adding a task is one class here and one entry in
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import ml_collections
 
+from laplax.config import run as run_lib
 from laplax.config import validation as config_lib
 from laplax.tasks.base import Task, with_debug_faults
 from laplax.tasks.classification import ClassificationTask
@@ -32,16 +34,17 @@ TASKS = {
 }
 
 
-def make_task(config: ml_collections.ConfigDict, workdir: str | None) -> Task:
-  """Prepares the data of ``config.task`` and returns the task object
-  (wrapped by :func:`~laplax.tasks.base.with_debug_faults` for
-  ``config.debug.nan_at_step`` and ``config.debug.stall_at_step``).
+def make_task(run: run_lib.RunSpec, workdir: str | None) -> Task:
+  """Prepares the data of the checked run ``run`` (:func:`validate`'s) and
+  returns its task object, built on the run's model spec (wrapped by
+  :func:`~laplax.tasks.base.with_debug_faults` for ``config.debug.nan_at_step``
+  and ``config.debug.stall_at_step``).
 
   Raises:
     DataError, ConfigError: one-line user errors.
   """
-  task = TASKS[config.task].from_data(config, workdir)
-  return with_debug_faults(task, config.debug)
+  task = run.task.from_data(run.config, workdir, spec=run.model)
+  return with_debug_faults(task, run.config.debug)
 
 
 def task_class(config: ml_collections.ConfigDict) -> type | None:
@@ -69,10 +72,11 @@ def validate(
   *,
   num_processes: int | None = None,
   platform: str | None = None,
-) -> None:
-  """Checks every key the trainer reads: ``config.task`` names a task of
-  :data:`TASKS`, then :func:`laplax.config.validation.validate` with that
-  task's class (its own sections, keys and token counts).
+) -> run_lib.RunSpec:
+  """Checks every key the trainer reads and returns the run spec:
+  ``config.task`` names a task of :data:`TASKS`, then
+  :func:`laplax.config.run.build` with that task's class (its own sections,
+  keys and token counts).
 
   With ``num_devices`` the mesh is checked against the devices; with
   ``strict_keys`` (training; ``eval.py`` reads saved configs) a key that no
@@ -88,7 +92,7 @@ def validate(
     config.task in TASKS,
     f"config.task={config.task!r} is unknown; use one of {', '.join(task_names())}",
   )
-  config_lib.validate(
+  return run_lib.build(
     config,
     num_devices,
     strict_keys,

@@ -25,6 +25,7 @@ from laplax import utils
 from laplax.config import defaults
 from laplax.config import validation as config_lib
 from laplax.data.errors import DataError
+from laplax.models import spec as spec_lib
 
 
 class Task(Protocol):
@@ -90,6 +91,20 @@ class Task(Protocol):
     (a classifier or an unembedding), or ``None``."""
 
 
+def model_spec(
+  config: ml_collections.ConfigDict, spec: spec_lib.TransformerSpec | None = None
+) -> spec_lib.TransformerSpec:
+  """A task's model spec: ``spec``, the run's (:attr:`laplax.config.run.RunSpec.model`,
+  which ``train.py`` and ``eval.py`` build once and pass down), or for a task
+  built from a config alone (``python -m laplax.plan``, tests, benchmarks)
+  :func:`laplax.models.spec.from_config` of ``config.model``.
+
+  Raises:
+    SpecError: ``config.model`` is not a valid model (``spec`` not given).
+  """
+  return spec_lib.from_config(config.model) if spec is None else spec
+
+
 class TaskBase:
   """The defaults of a :class:`Task` without state, frozen parameters or monitor.
 
@@ -105,6 +120,8 @@ class TaskBase:
   #: eval batches (``None``: it can).
   analysis_loss_unavailable: str | None = None
   config: ml_collections.ConfigDict
+  #: The model spec the task's model is built from (:func:`model_spec`).
+  spec: spec_lib.TransformerSpec
   model: nn.Module
 
   @staticmethod
@@ -115,7 +132,7 @@ class TaskBase:
   @classmethod
   def validate(cls, config: ml_collections.ConfigDict) -> None:
     """Checks the config sections only this task has (the others are
-    :func:`laplax.config.validation.validate`'s); none here.
+    :func:`laplax.config.run.build`'s); none here.
 
     Raises:
       ConfigError: the first problem, as one line with its fix.

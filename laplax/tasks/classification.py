@@ -21,7 +21,7 @@ from laplax.config import validation as config_lib
 from laplax.data.vision import images
 from laplax.models import registry
 from laplax.models import spec as spec_lib
-from laplax.tasks.base import TaskBase, counted
+from laplax.tasks.base import TaskBase, counted, model_spec
 
 
 def mixup_cutmix(
@@ -104,17 +104,27 @@ class ClassificationTask(TaskBase):
     config_lib.check_float(config, "loss.cutmix", 0.0)
 
   def __init__(
-    self, config: ml_collections.ConfigDict, num_classes: int, image_shape: tuple[int, int, int]
+    self,
+    config: ml_collections.ConfigDict,
+    num_classes: int,
+    image_shape: tuple[int, int, int],
+    *,
+    spec: spec_lib.TransformerSpec | None = None,
   ):
     self.config = config
+    self.spec = model_spec(config, spec)
     self.num_classes = num_classes
     self.image_shape = tuple(image_shape)
-    self.model = registry.get(config.model.name).model(
-      spec_lib.from_config(config.model), num_classes=num_classes
-    )
+    self.model = registry.get(config.model.name).model(self.spec, num_classes=num_classes)
 
   @classmethod
-  def from_data(cls, config: ml_collections.ConfigDict, workdir: str | None):
+  def from_data(
+    cls,
+    config: ml_collections.ConfigDict,
+    workdir: str | None,
+    *,
+    spec: spec_lib.TransformerSpec | None = None,
+  ):
     """Prepares the image dataset and builds the task (writes nothing in workdir).
 
     Raises:
@@ -125,7 +135,7 @@ class ClassificationTask(TaskBase):
     images.prepare(config.data)
     info = images.info(config.data)
     config_lib.check_image_size(config, info.image_shape)
-    return cls(config, info.num_classes, info.image_shape)
+    return cls(config, info.num_classes, info.image_shape, spec=spec)
 
   def tokens_per_example(self) -> int:
     """The image's patches, plus the class token with ``model.pool='tok'``."""

@@ -29,7 +29,7 @@ from laplax.models import dino
 from laplax.models import spec as spec_lib
 from laplax.models.vit import ViT
 from laplax.tasks import classification
-from laplax.tasks.base import TaskBase
+from laplax.tasks.base import TaskBase, model_spec
 
 
 class DINOTask(TaskBase):
@@ -140,13 +140,18 @@ class DINOTask(TaskBase):
   batch_axis = 1  # examples are the second axis of the views [V, B, ...]
 
   def __init__(
-    self, config: ml_collections.ConfigDict, num_classes: int, image_shape: tuple[int, int, int]
+    self,
+    config: ml_collections.ConfigDict,
+    num_classes: int,
+    image_shape: tuple[int, int, int],
+    *,
+    spec: spec_lib.TransformerSpec | None = None,
   ):
     self.config = config
+    self.spec = spec = model_spec(config, spec)
     self.num_classes = num_classes
     self.image_shape = tuple(image_shape)
     d, mc = config.dino, config.data.multicrop
-    spec = spec_lib.from_config(config.model)
     grid = (mc.global_size // spec.patch_size,) * 2
     head = dino.DINOHead(
       out_dim=d.out_dim,
@@ -171,7 +176,13 @@ class DINOTask(TaskBase):
     return feats, out["encoded"][:, 1:]
 
   @classmethod
-  def from_data(cls, config: ml_collections.ConfigDict, workdir: str | None):
+  def from_data(
+    cls,
+    config: ml_collections.ConfigDict,
+    workdir: str | None,
+    *,
+    spec: spec_lib.TransformerSpec | None = None,
+  ):
     """Prepares the image dataset and builds the task (writes nothing in workdir).
 
     Raises:
@@ -180,7 +191,7 @@ class DINOTask(TaskBase):
     del workdir
     images.prepare(config.data)
     info = images.info(config.data)
-    return cls(config, info.num_classes, info.image_shape)
+    return cls(config, info.num_classes, info.image_shape, spec=spec)
 
   def tokens_per_example(self) -> int:
     """All of the student's views: ``num_global`` global and ``num_local``

@@ -46,7 +46,7 @@ from laplax.config import validation as config_lib
 from laplax.data.errors import DataError
 from laplax.models import spec as spec_lib
 from laplax.models.bert import BERT
-from laplax.tasks.base import TaskBase, counted
+from laplax.tasks.base import TaskBase, counted, model_spec
 
 #: glue.task -> (TFDS text features, number of labels (1: regression),
 #: eval splits by score suffix, cramming's target metrics in its average).
@@ -337,15 +337,24 @@ class GLUETask(TaskBase):
     del image_side
     return (int(config.data.max_length),)
 
-  def __init__(self, config, tokenizer: tokenizers.Tokenizer | None, vocab_size=None):
+  def __init__(
+    self,
+    config,
+    tokenizer: tokenizers.Tokenizer | None,
+    vocab_size=None,
+    *,
+    spec: spec_lib.TransformerSpec | None = None,
+  ):
     self.config = config
+    self.spec = model_spec(config, spec)
     self.tokenizer = tokenizer
     self.name = config.glue.task
     self.features, self.num_labels, self.eval_splits, self.targets = TASKS[self.name]
     self.length = int(config.data.max_length)
     vocab = vocab_size or (tokenizer.get_vocab_size() if tokenizer else config.data.vocab_size)
-    spec = spec_lib.from_config(config.model)
-    spec = dataclasses.replace(spec, pooler=config.glue.pooler, dropout=float(config.glue.dropout))
+    spec = dataclasses.replace(
+      self.spec, pooler=config.glue.pooler, dropout=float(config.glue.dropout)
+    )
     self.model = BERT(spec, vocab_size=int(vocab), num_labels=self.num_labels)
 
   @classmethod
@@ -355,7 +364,13 @@ class GLUETask(TaskBase):
     return cls(config, None, vocab_size or int(config.data.vocab_size))
 
   @classmethod
-  def from_data(cls, config: ml_collections.ConfigDict, workdir: str | None):
+  def from_data(
+    cls,
+    config: ml_collections.ConfigDict,
+    workdir: str | None,
+    *,
+    spec: spec_lib.TransformerSpec | None = None,
+  ):
     """Reads the tokenizer (``WORKDIR/tokenizer.json``, else that of
     ``config.init_from``) and opens the training split once.
 
@@ -374,7 +389,7 @@ class GLUETask(TaskBase):
     missing = [t for t in ("[CLS]", "[SEP]", "[PAD]") if tokenizer.token_to_id(t) is None]
     if missing:
       raise DataError(f"{path} has no {missing[0]} token; GLUE needs a BERT WordPiece tokenizer")
-    task = cls(config, tokenizer)
+    task = cls(config, tokenizer, spec=spec)
     task._source("train")
     return task
 

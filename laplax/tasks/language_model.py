@@ -21,7 +21,7 @@ from laplax.config import defaults
 from laplax.data import lm_input
 from laplax.models import spec as spec_lib
 from laplax.models.gpt import GPT
-from laplax.tasks.base import TaskBase, counted
+from laplax.tasks.base import TaskBase, counted, model_spec
 
 
 class LanguageModelTask(TaskBase):
@@ -62,11 +62,18 @@ class LanguageModelTask(TaskBase):
         config.eval.sample_tokens = 0
     super().upgrade_saved(config)
 
-  def __init__(self, config: ml_collections.ConfigDict, tokenizer: Any):
+  def __init__(
+    self,
+    config: ml_collections.ConfigDict,
+    tokenizer: Any,
+    *,
+    spec: spec_lib.TransformerSpec | None = None,
+  ):
     self.config = config
+    self.spec = model_spec(config, spec)
     self.tokenizer = tokenizer
     self.seq_len = config.model.max_length
-    self.model = GPT(spec_lib.from_config(config.model), vocab_size=tokenizer.vocab_size)
+    self.model = GPT(self.spec, vocab_size=tokenizer.vocab_size)
     self.token_bytes = jnp.asarray(tokenizer.token_bytes, jnp.float32)
     self.zero_byte_tokens = bool((np.asarray(tokenizer.token_bytes) == 0).any())
 
@@ -89,7 +96,13 @@ class LanguageModelTask(TaskBase):
     return cls(config, VocabularySize(vocab_size))
 
   @classmethod
-  def from_data(cls, config: ml_collections.ConfigDict, workdir: str | None):
+  def from_data(
+    cls,
+    config: ml_collections.ConfigDict,
+    workdir: str | None,
+    *,
+    spec: spec_lib.TransformerSpec | None = None,
+  ):
     """Prepares corpus and tokenizer (a trained tokenizer is saved in ``workdir``).
 
     Raises:
@@ -97,7 +110,7 @@ class LanguageModelTask(TaskBase):
     """
     from laplax.data import lm_input
 
-    return cls(config, lm_input.prepare(config, workdir))
+    return cls(config, lm_input.prepare(config, workdir), spec=spec)
 
   def tokens_per_example(self) -> int:
     """The context, ``model.max_length``."""

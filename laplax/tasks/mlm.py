@@ -41,7 +41,7 @@ from laplax.config import validation as config_lib
 from laplax.data import lm_input
 from laplax.models import spec as spec_lib
 from laplax.models.bert import BERT
-from laplax.tasks.base import TaskBase, counted
+from laplax.tasks.base import TaskBase, counted, model_spec
 
 RULES = ("cramming", "bert")
 #: Token ids the masking never chooses ([PAD] [UNK] [CLS] [SEP] [MASK] of
@@ -163,12 +163,19 @@ class MaskedLMTask(TaskBase):
       f"[MASK] and [CLS] tokens; use data.tokenizer='wordpiece'",
     )
 
-  def __init__(self, config: ml_collections.ConfigDict, tokenizer: Any):
+  def __init__(
+    self,
+    config: ml_collections.ConfigDict,
+    tokenizer: Any,
+    *,
+    spec: spec_lib.TransformerSpec | None = None,
+  ):
     self.config = config
+    self.spec = model_spec(config, spec)
     self.tokenizer = tokenizer
     self.seq_len = int(config.model.max_length)
     self.vocab_size = int(tokenizer.vocab_size)
-    self.model = BERT(spec_lib.from_config(config.model), vocab_size=self.vocab_size)
+    self.model = BERT(self.spec, vocab_size=self.vocab_size)
 
   @classmethod
   def from_shapes(cls, config, *, image_shape=None, num_classes=None, vocab_size=None):
@@ -179,11 +186,18 @@ class MaskedLMTask(TaskBase):
     return cls(config, VocabularySize(vocab_size or int(config.data.vocab_size)))
 
   @classmethod
-  def from_data(cls, config: ml_collections.ConfigDict, workdir: str | None):
+  def from_data(
+    cls,
+    config: ml_collections.ConfigDict,
+    workdir: str | None,
+    *,
+    spec: spec_lib.TransformerSpec | None = None,
+  ):
     """Prepares corpus and WordPiece tokenizer (saved in ``workdir``)."""
     from laplax.data.text import corpus as text
 
-    return cls(config, text.prepare(config.data, workdir, seq_len=int(config.model.max_length) - 1))
+    tokenizer = text.prepare(config.data, workdir, seq_len=int(config.model.max_length) - 1)
+    return cls(config, tokenizer, spec=spec)
 
   def tokens_per_example(self) -> int:
     """``model.max_length``."""

@@ -40,7 +40,7 @@ from laplax.config import validation as config_lib
 from laplax.data.lra import image, listops, text
 from laplax.models import spec as spec_lib
 from laplax.models.encoder import DualEncoder, Encoder
-from laplax.tasks.base import TaskBase, counted
+from laplax.tasks.base import TaskBase, counted, model_spec
 
 DATASETS = ("listops", "text", "retrieval", "image", "pathfinder")
 NUM_CLASSES = {"listops": 10, "text": 2, "retrieval": 2, "image": 10, "pathfinder": 2}
@@ -173,13 +173,20 @@ class SequenceClassificationTask(TaskBase):
     del image_side
     return (int(config.data.max_length),)
 
-  def __init__(self, config: ml_collections.ConfigDict, num_classes: int | None = None):
+  def __init__(
+    self,
+    config: ml_collections.ConfigDict,
+    num_classes: int | None = None,
+    *,
+    spec: spec_lib.TransformerSpec | None = None,
+  ):
     self.config = config
+    self.spec = model_spec(config, spec)
     self.num_classes = num_classes or NUM_CLASSES[config.data.name]
     self.length = int(config.data.max_length)
     self.dual = config.data.name == "retrieval"
     model = DualEncoder if self.dual else Encoder
-    self.model = model(spec_lib.from_config(config.model), num_classes=self.num_classes)
+    self.model = model(self.spec, num_classes=self.num_classes)
     self.keys = ("tokens", "mask", "tokens2", "mask2") if self.dual else ("tokens", "mask")
 
   @classmethod
@@ -189,11 +196,17 @@ class SequenceClassificationTask(TaskBase):
     return cls(config, num_classes)
 
   @classmethod
-  def from_data(cls, config: ml_collections.ConfigDict, workdir: str | None):
+  def from_data(
+    cls,
+    config: ml_collections.ConfigDict,
+    workdir: str | None,
+    *,
+    spec: spec_lib.TransformerSpec | None = None,
+  ):
     """Reads the training split once to check it (a malformed file is a
     one-line :class:`~laplax.data.errors.DataError`)."""
     del workdir
-    task = cls(config)
+    task = cls(config, spec=spec)
     task._split("train")
     return task
 

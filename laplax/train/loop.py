@@ -34,6 +34,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from laplax import optim, sharding, signals, store, tasks
+from laplax.config import run as run_lib
 from laplax.config import validation as config_lib
 from laplax.data.errors import DataError
 from laplax.errors import UserError
@@ -100,8 +101,12 @@ def jit_train_step(
   )
 
 
-def setup(config: ml_collections.ConfigDict, workdir: str | None, check: bool = True):
-  """Validates the config and the workdir, then prepares the task's data.
+def setup(
+  config: ml_collections.ConfigDict, workdir: str | None, check: bool = True
+) -> tuple[run_lib.RunSpec, Task]:
+  """Checks the config into its run spec (once: :func:`laplax.tasks.validate`)
+  and the workdir, then prepares the task's data; returns ``(run, task)``, the
+  task built on the run's model spec.
 
   Before the data is prepared nothing is written; the data preparation writes
   only into ``data.data_dir`` (and a trained tokenizer into ``workdir``).
@@ -115,7 +120,7 @@ def setup(config: ml_collections.ConfigDict, workdir: str | None, check: bool = 
       without the ``wandb`` package, and :class:`~laplax.train.fit.FitError`,
       a batch larger than its split, when ``check``).
   """
-  tasks.validate(config, jax.device_count() if check else None, strict_keys=check)
+  run = tasks.validate(config, jax.device_count() if check else None, strict_keys=check)
   registry.validate(config)
   if check:
     check_wandb(config)
@@ -131,7 +136,7 @@ def setup(config: ml_collections.ConfigDict, workdir: str | None, check: bool = 
   if check and workdir is not None and config.init_from:
     finetune.copy_init_tokenizer(config, workdir)
   try:
-    task = tasks.make_task(config, workdir)
+    task = tasks.make_task(run, workdir)
   except OSError as e:
     raise config_lib.ConfigError(
       f"cannot prepare the data: {e.strerror or type(e).__name__}"
@@ -140,7 +145,7 @@ def setup(config: ml_collections.ConfigDict, workdir: str | None, check: bool = 
     ) from None
   if check:  # sizes against the prepared splits (laplax.train.fit)
     fit.check_data(task)
-  return task
+  return run, task
 
 
 def micro_batches(batch: Any, n: int, axis: int = 0) -> Any:
@@ -368,9 +373,9 @@ def train_and_evaluate(
   before = set(store.listdir(workdir)) if store.isdir(workdir) else None
   task = None
   try:
-    task = setup(config, workdir)
+    run, task = setup(config, workdir)
     with lock_lib.hold(workdir, force_unlock):
-      return _train_in(config, workdir, task, clock)
+      return _train_in(run, workdir, task, clock)
   except (finetune.InitFromError, fit.FitError):
     _remove_new(workdir, before)  # what this start wrote: nothing is left
     raise
@@ -396,11 +401,12 @@ def _remove_new(workdir: str, before: set | None) -> None:
       store.remove(path)
 
 
-def _train_in(config, workdir: str, task: Task, clock=time.monotonic) -> dict:
-  """:func:`_train` on the config's mesh, under its logical axis rules."""
+def _train_in(run: run_lib.RunSpec, workdir: str, task: Task, clock=time.monotonic) -> dict:
+  """:func:`_train` on the run's mesh, under its logical axis rules."""
   # Mesh and logical axis rules; everything below is traced inside them.
-  mesh = sharding.make_mesh(config.mesh_shape)
-  rules = sharding.rules_from_config(config)
+  mesh = sharding.make_mesh(run.mesh.mesh_shape)
+  rules = run.mesh.rules
+  config = run.config
   with sharding.context(mesh, rules):
     return _train(config, workdir, task, mesh, rules, budget_lib.Budget(config, clock))
 

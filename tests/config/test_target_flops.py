@@ -12,6 +12,7 @@ from ml_collections import config_flags
 from laplax import sweep, tasks
 from laplax.cli import common as cli
 from laplax.config import defaults
+from laplax.config import run as run_lib
 from laplax.config import validation as config_lib
 
 from helpers.configs import load
@@ -130,12 +131,12 @@ def test_a_budget_of_no_update_is_one_error_line():
   c.target_flops = 1.0
   defaults.apply_target_flops(c)
   with pytest.raises(config_lib.ConfigError) as e:
-    config_lib._validate_budgets(c)
+    run_lib.check_target_flops(c)
   assert "config.target_flops=1 is less than half a step" in str(e.value)
   assert "\n" not in str(e.value)
   c.target_flops = -1.0
   with pytest.raises(config_lib.ConfigError, match=r"config.target_flops=-1.0 must be a finite"):
-    config_lib._validate_budgets(c)
+    run_lib.check_target_flops(c)
 
 
 def test_the_sweep_s_budget_grid_and_results_column(tmp_path):

@@ -75,7 +75,7 @@ def test_a_dino_run_saved_before_evals_keeps_what_its_switches_meant(saved, expe
   schema.complete(c)
   assert registry.names(c) == tuple(expected.split(","))
   assert "linear_probe" not in c.eval and "segmentation" not in c.eval
-  config_lib.validate(c, task_class=tasks.task_class(c))
+  tasks.validate(c)
   registry.validate(c)
   if saved:
     with c.unlocked():

@@ -270,8 +270,7 @@ def test_dino_task_reads_the_mosaic_masks(mosaic_data_dir):
   c = load("dino_fashion_mosaic")
   c.data.name, c.data.data_dir = "fashion_mosaic/small", mosaic_data_dir
   c.eval.update(segmentation_train_images=30, segmentation_test_images=12)
-  tasks.validate(c)
-  task = tasks.make_task(c, None)
+  task = tasks.make_task(tasks.validate(c), None)
   assert task.num_classes == 10 and task.image_shape == (56, 56, 1)
   from laplax.evaluators import dino_segmentation
 

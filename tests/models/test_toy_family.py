@@ -134,7 +134,7 @@ def test_a_registered_family_is_a_config_family(toy):
   assert config_lib.attention_lengths(config) == (16,)
   config.model.patch_size = 5  # 28 is not a multiple of 5: the image_patches check
   with pytest.raises(config_lib.ConfigError, match="not divisible by config.model.patch_size=5"):
-    config_lib._validate_model(config, "cpu")
+    config_lib.check_model(config, "cpu")
   # The model: patches of 28 // 7 = 4 per side, 16 tokens, 10 classes.
   net = toy.Toy(spec_lib.build("toy", width=16, depth=2, num_heads=2, patch_size=7), num_classes=10)
   images = jax.ShapeDtypeStruct((2, 28, 28, 1), np.float32)

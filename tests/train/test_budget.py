@@ -292,10 +292,10 @@ def test_a_ramped_run_resumes_bitwise(corpus, tmp_path):
   ],
 )
 def test_bad_budget_keys_are_one_line(keys, message):
-  from laplax.config import validation
+  from laplax.config import run, validation
 
   c = load("bert_cramming")
   c.optim.update(keys)
   with pytest.raises(validation.ConfigError) as e:
-    validation._validate_budgets(c)
+    run.Optim.from_config(c)
   assert message in str(e.value) and "\n" not in str(e.value)
