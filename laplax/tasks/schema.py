@@ -63,6 +63,8 @@ OLD_RUN_VALUES = {
   "profile.start_step": 1,
   # SFT runs saved before the SmolTalk cut existed used all of SmolTalk train.
   "data.smoltalk_stop": None,
+  # LRA ListOps runs saved before the key existed dropped the brackets.
+  "data.listops_closers": False,
 }
 
 
