@@ -321,10 +321,22 @@ def _validate_muon(config):
   )
   schedule = config.optim.schedule
   require(
-    schedule in ("cosine", "warmdown", "progress", "triangle"),
-    f"config.optim.schedule={schedule!r} is unknown; use 'cosine', 'warmdown', 'progress' "
-    f"or 'triangle'",
+    schedule in ("cosine", "warmdown", "progress", "triangle", "onecycle"),
+    f"config.optim.schedule={schedule!r} is unknown; use 'cosine', 'warmdown', 'progress', "
+    f"'triangle' or 'onecycle'",
   )
+  if schedule == "onecycle":  # torch's OneCycleLR, AdamW's beta1 cycled (laplax.optim)
+    steps, warmup = config.optim.schedule_steps or config.total_steps, config.optim.warmup_steps
+    require(
+      name == "adamw" and config.optim.budget_hours is None,
+      "config.optim.schedule='onecycle' cycles AdamW's beta1 by steps; use it with "
+      "optim.optimizer='adamw' and without optim.budget_hours",
+    )
+    require(
+      warmup == 0 or 2 <= warmup <= steps,
+      f"config.optim.warmup_steps={warmup} must be 0 or 2..{steps} with "
+      "optim.schedule='onecycle' (torch's OneCycleLR divides by pct_start * steps - 1)",
+    )
   if get(config, "optim.eps", None) is not None:
     check_float(config, "optim.eps", 0.0, open_min=True)
   if get(config, "optim.schedule_steps") is not None:
