@@ -333,9 +333,9 @@ def _validate_muon(config):
       "optim.optimizer='adamw' and without optim.budget_hours",
     )
     require(
-      warmup == 0 or 2 <= warmup <= steps,
-      f"config.optim.warmup_steps={warmup} must be 0 or 2..{steps} with "
-      "optim.schedule='onecycle' (torch's OneCycleLR divides by pct_start * steps - 1)",
+      min(warmup, steps) != 1,
+      f"config.optim.warmup_steps={warmup} must not be 1 (of {steps} steps) with "
+      "optim.schedule='onecycle': torch's OneCycleLR divides by pct_start * steps - 1 = 0",
     )
   if get(config, "optim.eps", None) is not None:
     check_float(config, "optim.eps", 0.0, open_min=True)

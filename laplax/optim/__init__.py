@@ -78,12 +78,15 @@ def onecycle_schedules(
   read ``N - 1`` (torch raises past ``N``). ``float32`` values of a
   ``count`` (int or scalar array).
 
+  A warm-up longer than ``N`` is cut to ``N`` (``pct_start = 1``; torch
+  refuses more), as the cosine schedule cuts it, so a shortened run works.
+
   Raises:
-    ValueError: ``warmup_steps`` is not 0 or 2..N (torch divides by zero
-      when ``e1 = 0``, and ``pct_start`` must be in [0, 1]).
+    ValueError: the warm-up is 1 step (torch divides by ``e1 = 0``).
   """
-  if not (warmup_steps == 0 or 2 <= warmup_steps <= total_steps):
-    raise ValueError(f"onecycle needs warmup_steps 0 or 2..{total_steps}, got {warmup_steps}")
+  warmup_steps = min(warmup_steps, total_steps)
+  if warmup_steps == 1:
+    raise ValueError("onecycle needs warmup_steps 0 or at least 2 (torch divides by zero)")
   o = ONECYCLE
   initial = peak / o["div_factor"]
   end1 = float(warmup_steps / total_steps * total_steps) - 1  # torch: pct_start * N - 1
@@ -94,7 +97,7 @@ def onecycle_schedules(
       step = jnp.minimum(jnp.asarray(count, jnp.float32), last)
       first = step <= math.floor(end1)  # integer steps: step <= e1
       one = _lerp(start, middle, step, end1 - step, max(end1, 1.0))
-      two = _lerp(middle, end, step - end1, last - step, last - end1)
+      two = _lerp(middle, end, step - end1, last - step, (last - end1) or 1.0)  # 0: unused
       return jnp.where(first, one, two)
 
     return schedule

@@ -111,7 +111,7 @@ def test_other_schedules_build_the_same_adamw_bitwise(schedule):
 
 @pytest.mark.parametrize(
   "key,value,fragment",
-  [("optim.warmup_steps", 1, "must be 0 or 2.."), ("optim.optimizer", "muon", "'adamw'")],
+  [("optim.warmup_steps", 1, "must not be 1"), ("optim.optimizer", "muon", "'adamw'")],
 )
 def test_onecycle_refuses_what_torch_cannot_do(key, value, fragment):
   c = base_config()
@@ -122,3 +122,16 @@ def test_onecycle_refuses_what_torch_cannot_do(key, value, fragment):
   with pytest.raises(config_lib.ConfigError, match=fragment) as e:
     tasks.validate(c)
   assert "\n" not in str(e.value)
+
+
+def test_a_warmup_longer_than_the_run_is_cut_to_it():
+  """pct_start 1: torch's schedule with warm-up N, the rate rising to the
+  peak at the last step (beta1 down to 0.85)."""
+  lr, b1 = optim.onecycle_schedules(1e-3, 4, 30)
+  same_lr, same_b1 = optim.onecycle_schedules(1e-3, 4, 4)
+  steps = jnp.arange(4)
+  assert np.array_equal(np.asarray(lr(steps)), np.asarray(same_lr(steps)))
+  np.testing.assert_allclose(np.asarray(lr(steps)), 1e-3 / 25 + (1e-3 - 1e-3 / 25) * steps / 3)
+  np.testing.assert_allclose(float(b1(3)), 0.85, rtol=1e-7)
+  with pytest.raises(ValueError, match="at least 2"):
+    optim.onecycle_schedules(1e-3, 4, 1)
