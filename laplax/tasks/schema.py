@@ -65,6 +65,8 @@ OLD_RUN_VALUES = {
   "data.smoltalk_stop": None,
   # LRA ListOps runs saved before the key existed dropped the brackets.
   "data.listops_closers": False,
+  # LRA Image and Pathfinder runs saved before the key masked no pixel.
+  "data.mask_zero_pixels": False,
 }
 
 

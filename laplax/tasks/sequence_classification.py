@@ -71,9 +71,9 @@ def load_split(data_config: ml_collections.ConfigDict, split: str, length: int) 
   elif name == "retrieval":
     out = text.load_aan(d.data_dir, split, cut)
   elif name == "image":
-    out = image.load_cifar10(d.data_dir, split)
+    out = image.load_cifar10(d.data_dir, split, d.mask_zero_pixels)
   else:
-    out = image.load_pathfinder(d.data_dir, split, d.task_name)
+    out = image.load_pathfinder(d.data_dir, split, d.task_name, d.mask_zero_pixels)
   pad = length - out["tokens"].shape[1]
   return {k: np.pad(a, ((0, 0), (0, pad))) if a.ndim == 2 else a for k, a in out.items()}
 
@@ -87,7 +87,10 @@ def data_config() -> ml_collections.ConfigDict:
   4,096); ``listops_closers``: ListOps' ``]`` is a token, as the LRA
   pipeline since its March 2021 fix (True), or dropped, as before it and in
   the Nystromformer authors' data (False; runs saved before the key read
-  False) (:mod:`laplax.data.lra.listops`)."""
+  False) (:mod:`laplax.data.lra.listops`); ``mask_zero_pixels``: Image and
+  Pathfinder pixels of value 0 are masked, as the Nystromformer authors'
+  data and LRA's Transformer (True), or every pixel is real (False; runs
+  saved before the key read False) (:mod:`laplax.data.lra.image`)."""
   d = ml_collections.ConfigDict()
   d.name = "listops"
   d.data_dir = "~/lra_release/listops-1000"
@@ -97,6 +100,7 @@ def data_config() -> ml_collections.ConfigDict:
   d.max_length = 2000
   d.cut_length = 0
   d.listops_closers = True
+  d.mask_zero_pixels = True
   return d
 
 
@@ -115,6 +119,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.norm_eps = 1e-5
   c.loss.label_smoothing = 0.0
   c.optim.weight_decay = 0.0
+  c.optim.eps = 1e-8  # AdamW's (the LRA configs: the authors' 1e-6)
   c.optim.weight_decay_exclude = ("pos_embedding", "cls")
   return c
 
