@@ -192,7 +192,7 @@ ROWS = (
   (
     "v5e:8x8",
     "--topology v5e:8x8 --config configs/nystrom_lra.py:task=text --mesh (32,1,2)",
-    "LRA text, batch 32 x 4096 tokens: one example on each of 32 chip pairs",
+    "LRA text, batch 32 x 1024 tokens: one example on each of 32 chip pairs",
   ),
   (
     "v5e:8x8",

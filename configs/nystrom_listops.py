@@ -13,6 +13,11 @@ of each layer), ``size`` (``full``: the authors' settings, 2,000 tokens,
 5,000 steps of 32, cut at 2,000 and padded to 2,048 as their
 ``run_tasks.py``; ``cpu``: ListOps generated with ``--min_length 20
 --max_length 128`` (128 tokens), 16 landmarks, 300 steps of 32).
+
+The tokens are those of LRA's pipeline since its March 2021 fix, ``]`` a
+token (``data.listops_closers``, :mod:`laplax.data.lra.listops`); the
+authors' prepared data predates the fix and drops the brackets:
+``--config.data.listops_closers=False``.
 """
 
 from laplax.config.defaults import parse_arg
@@ -22,7 +27,8 @@ from laplax.tasks.sequence_classification import base_config
 def get_config(arg=None):
   """The authors' ListOps model: 2 layers, width 64, 2 heads of 32, MLP 128,
   learned positions, mean pooling, dropout 0.1 (attention dropout 0.1 with
-  softmax only), AdamW lr 1e-4 without weight decay, 1,000 warm-up steps."""
+  softmax only), AdamW lr 1e-4, eps 1e-6, without weight decay, torch's
+  OneCycleLR with 1,000 warm-up steps (``optim.schedule="onecycle"``)."""
   a = parse_arg(arg, attention="nystrom", landmarks=64, spectral=None, laplacian=0, size="full")
   if a.attention not in ("nystrom", "softmax") or a.size not in ("full", "cpu"):
     raise ValueError("attention must be nystrom or softmax, size full or cpu")
@@ -35,8 +41,8 @@ def get_config(arg=None):
   c.log_every = 50
   c.optim.lr = 1e-4
   c.optim.warmup_steps = 1000
-  c.optim.schedule = "warmdown"
-  c.optim.warmdown_ratio = 1.0  # linear decay after the warm-up ("lr_decay": "linear")
+  c.optim.schedule = "onecycle"  # run_tasks.py: torch's OneCycleLR, beta1 cycled
+  c.optim.eps = 1e-6
   # 2,000 tokens in 2,048 positions: the authors' run_tasks.py pads to a power of two.
   c.data.cut_length = 2000
   c.data.max_length = c.model.max_length = 2048

@@ -49,7 +49,7 @@ from laplax.models import spec as spec_lib
 
 WANDB_MODES = ("online", "offline", "disabled")
 OPTIMIZERS = ("adamw", "muon", "nanochat", "nanochat-fork")
-SCHEDULES = ("cosine", "warmdown", "progress", "triangle")
+SCHEDULES = ("cosine", "warmdown", "progress", "triangle", "onecycle")
 
 
 def _optional(config: ml_collections.ConfigDict, key: str, check, *bounds) -> Any:
@@ -197,9 +197,21 @@ def _optimizer_keys(config: ml_collections.ConfigDict) -> dict:
   schedule = config.optim.schedule
   require(
     schedule in SCHEDULES,
-    f"config.optim.schedule={schedule!r} is unknown; use 'cosine', 'warmdown', 'progress' "
-    f"or 'triangle'",
+    f"config.optim.schedule={schedule!r} is unknown; use 'cosine', 'warmdown', 'progress', "
+    f"'triangle' or 'onecycle'",
   )
+  if schedule == "onecycle":  # torch's OneCycleLR, AdamW's beta1 cycled (laplax.optim)
+    steps, warmup = config.optim.schedule_steps or config.total_steps, config.optim.warmup_steps
+    require(
+      name == "adamw" and config.optim.budget_hours is None,
+      "config.optim.schedule='onecycle' cycles AdamW's beta1 by steps; use it with "
+      "optim.optimizer='adamw' and without optim.budget_hours",
+    )
+    require(
+      min(warmup, steps) != 1,
+      f"config.optim.warmup_steps={warmup} must not be 1 (of {steps} steps) with "
+      "optim.schedule='onecycle': torch's OneCycleLR divides by pct_start * steps - 1 = 0",
+    )
   rate = lambda key: _optional(config, f"optim.{key}", check_float, 0.0, float("inf"), True)
   return dict(
     optimizer=name,

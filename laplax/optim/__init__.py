@@ -1,9 +1,11 @@
 """The optax optimiser of a config: AdamW (or Muon for the block matrices, or
 a project's optimiser that :func:`register_optimizer` names, such as nanochat's), warm-up +
-cosine or nanochat's constant + linear warm-down, clipping, decay mask."""
+cosine or nanochat's constant + linear warm-down or torch's ``OneCycleLR`` (with
+AdamW's beta1 cycled), clipping, decay mask."""
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
 from typing import Any
@@ -51,6 +53,69 @@ def warmdown_schedule(
   return schedule
 
 
+#: torch ``OneCycleLR``'s defaults, which the Nystromformer authors' LRA runs keep.
+ONECYCLE = dict(div_factor=25.0, final_div_factor=1e4, base_momentum=0.85, max_momentum=0.95)
+
+
+def onecycle_schedules(
+  peak: float, total_steps: int, warmup_steps: int
+) -> tuple[optax.Schedule, optax.Schedule]:
+  """``(learning rate, beta1)`` at update ``count`` (0-based) of torch's
+  ``OneCycleLR(max_lr=peak, total_steps=N, pct_start=warmup_steps / N,
+  anneal_strategy="linear")`` with its other defaults (:data:`ONECYCLE`;
+  ``three_phase=False``, ``cycle_momentum=True``), as the Nystromformer
+  authors' ``LRA/code/run_tasks.py`` (mlpen/Nystromformer) builds it and
+  steps it after each update.
+
+  Its two phases, transcribed from ``torch/optim/lr_scheduler.py``: phase 1
+  ends at the float step ``e1 = pct_start * N - 1``, phase 2 at ``N - 1``;
+  at step ``s`` of the phase from ``a`` to ``e``, ``pct = (s - a) / (e -
+  a)`` and the value ``(end - start) pct + start``. The rate goes from
+  ``peak / div_factor`` to ``peak`` (phase 1), then to ``peak / div_factor
+  / final_div_factor``; beta1 (torch's momentum of Adam) from
+  ``max_momentum`` to ``base_momentum``, then back (:func:`_lerp`: the
+  same values, in ``float32`` to ~1e-7 of the peak). Steps past ``N - 1``
+  read ``N - 1`` (torch raises past ``N``). ``float32`` values of a
+  ``count`` (int or scalar array).
+
+  A warm-up longer than ``N`` is cut to ``N`` (``pct_start = 1``; torch
+  refuses more), as the cosine schedule cuts it, so a shortened run works.
+
+  Raises:
+    ValueError: the warm-up is 1 step (torch divides by ``e1 = 0``).
+  """
+  warmup_steps = min(warmup_steps, total_steps)
+  if warmup_steps == 1:
+    raise ValueError("onecycle needs warmup_steps 0 or at least 2 (torch divides by zero)")
+  o = ONECYCLE
+  initial = peak / o["div_factor"]
+  end1 = float(warmup_steps / total_steps * total_steps) - 1  # torch: pct_start * N - 1
+  last = total_steps - 1
+
+  def cycle(start, middle, end):
+    def schedule(count):
+      step = jnp.minimum(jnp.asarray(count, jnp.float32), last)
+      first = step <= math.floor(end1)  # integer steps: step <= e1
+      one = _lerp(start, middle, step, end1 - step, max(end1, 1.0))
+      two = _lerp(middle, end, step - end1, last - step, (last - end1) or 1.0)  # 0: unused
+      return jnp.where(first, one, two)
+
+    return schedule
+
+  lr = cycle(initial, peak, initial / o["final_div_factor"])
+  beta1 = cycle(o["max_momentum"], o["base_momentum"], o["max_momentum"])
+  return lr, beta1
+
+
+def _lerp(a: float, b: float, done, left, span: float):
+  """torch's linear anneal ``(b - a) pct + a`` at ``pct = done / span``
+  (``left = span - done``), from the nearer end in ``float32``: ``a + (b -
+  a) pct`` in the first half, ``b - (b - a)(1 - pct)`` in the second, so the
+  rate near its small end keeps its own precision, not the peak's."""
+  pct, rest = done / span, left / span
+  return jnp.where(pct <= 0.5, a + (b - a) * pct, b - (b - a) * rest)
+
+
 def learning_rate_schedule(
   optim: ml_collections.ConfigDict, total_steps: int, peak: float | None = None
 ) -> optax.Schedule:
@@ -67,7 +132,9 @@ def learning_rate_schedule(
   the fraction of the epoch read, rising from 0 to 1;
   :mod:`laplax.proj.nanochat.data.mixture`). ``N`` is ``optim.schedule_steps`` when
   set (nanochat's SFT: ``(1 - it / 651)`` for 650 updates), else
-  ``total_steps``.
+  ``total_steps``. ``"onecycle"``: torch's ``OneCycleLR`` of the
+  Nystromformer authors' LRA runs (:func:`onecycle_schedules`, its warm-up
+  ``optim.warmup_steps``).
   """
   peak = optim.lr if peak is None else peak
   total_steps = optim.schedule_steps or total_steps
@@ -77,6 +144,8 @@ def learning_rate_schedule(
     )
   if optim.schedule == "triangle":
     return triangle_schedule(peak, total_steps)
+  if optim.schedule == "onecycle":
+    return onecycle_schedules(peak, total_steps, optim.warmup_steps)[0]
   if optim.schedule == "warmdown":
     return warmdown_schedule(
       peak, total_steps, optim.warmdown_ratio, optim.min_lr_ratio, optim.warmup_steps
@@ -272,6 +341,26 @@ def project_optimizer(
   return _PROJECT_OPTIMIZERS.get(name)
 
 
+def onecycle_adamw(
+  o: ml_collections.ConfigDict, total_steps: int, mask: Callable[[Any], Any]
+) -> optax.GradientTransformation:
+  """``optax.adamw`` with ``optim.schedule="onecycle"``: the rate and beta1
+  of :func:`onecycle_schedules`, beta1 set at each update by
+  ``optax.inject_hyperparams`` (torch's ``OneCycleLR`` sets ``betas[0]``
+  before each ``AdamW`` step; Adam's bias correction then reads
+  ``1 - beta1_t ** t`` in both). ``optim.b1`` is not read; ``optim.b2``,
+  ``optim.eps`` and the weight decay (``mask`` where it applies) as
+  :func:`make_optimizer`'s AdamW. The same chain as ``optax.adamw``, its
+  first state ``InjectHyperparamsState`` around ``ScaleByAdamState``."""
+  schedules = onecycle_schedules(o.lr, o.schedule_steps or total_steps, o.warmup_steps)
+  adam = optax.inject_hyperparams(optax.scale_by_adam, static_args=("b2", "eps", "eps_root"))
+  return optax.chain(
+    adam(b1=schedules[1], b2=o.b2, eps=o.get("eps", 1e-8)),  # optional key, as below
+    optax.add_decayed_weights(weight_decay_schedule(o, total_steps), mask),
+    optax.scale_by_learning_rate(schedules[0]),
+  )
+
+
 def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
   """``clip_by_global_norm(optim.grad_clip)`` then AdamW with the schedule above,
   or with ``optim.optimizer="muon"`` the partition of :func:`_muon_partition`,
@@ -291,16 +380,19 @@ def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransform
   if build is not None:
     return build(config)
   exclude = tuple(o.weight_decay_exclude or ())
-  adamw = optax.adamw(
-    # A wall-time budget: the step scales the update by the schedule at the
-    # elapsed time (laplax.train.loop.make_train_step), -1 here.
-    1.0 if o.budget_hours is not None else learning_rate_schedule(o, config.total_steps),
-    b1=o.b1,
-    b2=o.b2,
-    eps=o.get("eps", 1e-8),  # optional: configs saved before the key
-    weight_decay=weight_decay_schedule(o, config.total_steps),
-    mask=lambda p: decay_mask(p, exclude),
-  )
+  if o.schedule == "onecycle":
+    adamw = onecycle_adamw(o, config.total_steps, lambda p: decay_mask(p, exclude))
+  else:
+    adamw = optax.adamw(
+      # A wall-time budget: the step scales the update by the schedule at the
+      # elapsed time (laplax.train.loop.make_train_step), -1 here.
+      1.0 if o.budget_hours is not None else learning_rate_schedule(o, config.total_steps),
+      b1=o.b1,
+      b2=o.b2,
+      eps=o.get("eps", 1e-8),  # optional: configs saved before the key
+      weight_decay=weight_decay_schedule(o, config.total_steps),
+      mask=lambda p: decay_mask(p, exclude),
+    )
   if o.optimizer == "muon":
     adamw = _muon_partition(o, config.total_steps, adamw)
   if o.grad_clip:

@@ -63,6 +63,10 @@ OLD_RUN_VALUES = {
   "profile.start_step": 1,
   # SFT runs saved before the SmolTalk cut existed used all of SmolTalk train.
   "data.smoltalk_stop": None,
+  # LRA ListOps runs saved before the key existed dropped the brackets.
+  "data.listops_closers": False,
+  # LRA Image and Pathfinder runs saved before the key masked no pixel.
+  "data.mask_zero_pixels": False,
 }
 
 

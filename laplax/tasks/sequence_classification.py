@@ -46,7 +46,7 @@ DATASETS = ("listops", "text", "retrieval", "image", "pathfinder")
 NUM_CLASSES = {"listops": 10, "text": 2, "retrieval": 2, "image": 10, "pathfinder": 2}
 #: The token ids each dataset uses (``model.vocab_size`` must cover them).
 VOCAB_SIZES = {
-  "listops": len(listops.VOCAB),
+  "listops": listops.vocab_size(closers=True),
   "text": text.VOCAB_SIZE,
   "retrieval": text.VOCAB_SIZE,
   "image": image.VOCAB_SIZE,
@@ -64,16 +64,16 @@ def load_split(data_config: ml_collections.ConfigDict, split: str, length: int) 
   d, name = data_config, data_config.name
   cut = int(d.cut_length) or length
   if name == "listops":
-    ids, mask, labels = listops.load_split(d.data_dir, split, cut, d.task_name)
+    ids, mask, labels = listops.load_split(d.data_dir, split, cut, d.task_name, d.listops_closers)
     out = {"tokens": ids, "mask": mask, "label": labels}
   elif name == "text":
     out = text.load_imdb(d.data_dir, split, cut)
   elif name == "retrieval":
     out = text.load_aan(d.data_dir, split, cut)
   elif name == "image":
-    out = image.load_cifar10(d.data_dir, split)
+    out = image.load_cifar10(d.data_dir, split, d.mask_zero_pixels)
   else:
-    out = image.load_pathfinder(d.data_dir, split, d.task_name)
+    out = image.load_pathfinder(d.data_dir, split, d.task_name, d.mask_zero_pixels)
   pad = length - out["tokens"].shape[1]
   return {k: np.pad(a, ((0, 0), (0, pad))) if a.ndim == 2 else a for k, a in out.items()}
 
@@ -84,7 +84,13 @@ def data_config() -> ml_collections.ConfigDict:
   and ``cut_length``: when positive, inputs are cut there and padded to
   ``max_length`` (the Nystromformer authors round the LRA lengths up to a
   power of two: ListOps 2,000 in 2,048 positions, Text and Retrieval 4,000 in
-  4,096)."""
+  4,096); ``listops_closers``: ListOps' ``]`` is a token, as the LRA
+  pipeline since its March 2021 fix (True), or dropped, as before it and in
+  the Nystromformer authors' data (False; runs saved before the key read
+  False) (:mod:`laplax.data.lra.listops`); ``mask_zero_pixels``: Image and
+  Pathfinder pixels of value 0 are masked, as the Nystromformer authors'
+  data and LRA's Transformer (True), or every pixel is real (False; runs
+  saved before the key read False) (:mod:`laplax.data.lra.image`)."""
   d = ml_collections.ConfigDict()
   d.name = "listops"
   d.data_dir = "~/lra_release/listops-1000"
@@ -93,6 +99,8 @@ def data_config() -> ml_collections.ConfigDict:
   d.eval_split = "val"
   d.max_length = 2000
   d.cut_length = 0
+  d.listops_closers = True
+  d.mask_zero_pixels = True
   return d
 
 
@@ -111,6 +119,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.norm_eps = 1e-5
   c.loss.label_smoothing = 0.0
   c.optim.weight_decay = 0.0
+  c.optim.eps = 1e-8  # AdamW's (the LRA configs: the authors' 1e-6)
   c.optim.weight_decay_exclude = ("pos_embedding", "cls")
   return c
 
@@ -145,9 +154,12 @@ class SequenceClassificationTask(TaskBase):
       f"config.data.cut_length={cut} exceeds config.data.max_length={config.data.max_length}",
     )
     name = config.data.name
+    need = VOCAB_SIZES[name]
+    if name == "listops":
+      need = listops.vocab_size(config.data.listops_closers)
     config_lib.require(
-      config.model.vocab_size >= VOCAB_SIZES[name],
-      f"config.model.vocab_size={config.model.vocab_size} is below the {VOCAB_SIZES[name]} "
+      config.model.vocab_size >= need,
+      f"config.model.vocab_size={config.model.vocab_size} is below the {need} "
       f"token ids of {name}; raise it",
     )
     if name in ("image", "pathfinder"):

@@ -76,7 +76,10 @@ def test_cli_round_trip_and_malformed_files(tmp_path, capsys):
   ids, mask, labels = listops.load_split(str(out), "val", 64)
   assert ids.shape == (5, 64) and mask.sum(1).min() > 0 and labels.shape == (5,)
   first = listops.read_tsv(str(out / "basic_val.tsv"))[0][0]
-  words = [w.lstrip("[") for w in first.split() if w not in ("(", ")", "]")]
+  words = [w.lstrip("[") for w in first.split() if w not in ("(", ")")]
+  assert [list(listops.VOCAB)[i] for i in ids[0][mask[0]]] == words
+  ids, mask, _ = listops.load_split(str(out), "val", 64, closers=False)
+  words = [w for w in words if w != "]"]
   assert [list(listops.VOCAB)[i] for i in ids[0][mask[0]]] == words
   before = (out / "basic_train.tsv").read_text()
   assert listops.main(args) == 2  # exists: nothing overwritten
@@ -90,6 +93,35 @@ def test_cli_round_trip_and_malformed_files(tmp_path, capsys):
   bad.write_text("a,b\n")
   with pytest.raises(DataError, match="header"):
     listops.read_tsv(str(bad))
+
+
+def test_closing_brackets_are_tokens_as_the_fixed_release_pipeline():
+  """LRA c209b2a's pipeline (``]`` -> ``X``, parentheses removed, the
+  operators reserved words): bracket placement changes the ids; the pipeline
+  before it (``closers=False``) cannot tell them apart."""
+  a = "( ( ( ( [MAX 2 ) ( ( ( [MIN 3 ) 4 ) ] ) ) 5 ) ] )"  # [MAX 2 [MIN 3 4 ] 5 ]
+  b = "( ( ( [MAX 2 ) ( ( ( ( [MIN 3 ) 4 ) 5 ) ] ) ) ] )"  # [MAX 2 [MIN 3 4 5 ] ]
+  assert listops.evaluate(a.split()) == 5 and listops.evaluate(b.split()) == 3
+  v = listops.VOCAB
+  assert listops.encode(a, 10).tolist() == [
+    v["MAX"], v["2"], v["MIN"], v["3"], v["4"], v["]"], v["5"], v["]"], 0, 0
+  ]  # fmt: skip
+  assert listops.encode(b, 8).tolist() != listops.encode(a, 8).tolist()
+  assert listops.encode(a, 8, closers=False).tolist() == listops.encode(b, 8, False).tolist()
+  assert listops.encode(a, 8, False).tolist() == [v[w] for w in "MAX 2 MIN 3 4 5".split()] + [0, 0]
+  assert listops.words(a) == "[MAX 2 [MIN 3 4 X 5 X".split()
+  assert listops.encode(a, 3).tolist() == [v["MAX"], v["2"], v["MIN"]]  # cut
+  assert max(listops.VOCAB.values()) < listops.vocab_size(True) == 16 <= 32
+  assert listops.vocab_size(False) == 15
+  for s, _ in listops.generate(40, seed=3, min_length=20, max_length=200):
+    n = sum(1 if w.isdigit() else 2 for w in s.split() if w not in ("(", ")", "]"))
+    ids = listops.encode(s, 256)
+    assert (ids != 0).sum() == n  # the generator's length rule
+    assert (ids == v["]"]).sum() == (ids >= v["MIN"]).sum() - (ids == v["]"]).sum()
+  with pytest.raises(DataError, match="'MAX' is not one of"):
+    listops.encode("MAX 2 3 ]", 8)  # the operator without its bracket
+  with pytest.raises(DataError, match="'X' is not one of"):
+    listops.encode("[MAX 2 3 X", 8, closers=False)
 
 
 @pytest.mark.slow

@@ -17,6 +17,7 @@ import os
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import pytest
 import tensorflow_datasets as tfds
@@ -104,7 +105,10 @@ def test_pathfinder_reader(tmp_path):
   got = np.concatenate([d[s]["tokens"] for s in d])
   np.testing.assert_array_equal(got, pixels)
   assert np.concatenate([d[s]["label"] for s in d]).tolist() == labels.tolist()
-  assert [len(d[s]["label"]) for s in d] == [8, 1, 1] and d["train"]["mask"].all()
+  assert [len(d[s]["label"]) for s in d] == [8, 1, 1]
+  mask = np.concatenate([d[s]["mask"] for s in d])
+  assert 0 < (~mask).sum() and np.array_equal(mask, pixels != 0)  # the authors' ids != 0
+  assert image.load_pathfinder(str(tmp_path), "val", mask_zero=False)["mask"].all()
   meta = tmp_path / "curv_baseline" / "metadata" / "10.npy"
   meta.write_text("imgs/0 sample_0.png 0 7 14\n")
   with pytest.raises(DataError, match=r"10.npy:1: expected") as e:
@@ -189,7 +193,7 @@ def test_retrieval_and_pathfinder_configs(tmp_path, capfd):
     "task=retrieval,size=cpu,laplacian=1,spectral=10.0", tmp_path, tmp_path / "r", capfd, SHORT
   )
   pf = tmp_path / "pathfinder32"
-  write_pathfinder(pf, 40)
+  write_pathfinder(pf, 40, difficulty="curv_contour_length_14")  # the config's default
   train_and_eval(
     "task=pathfinder,size=cpu,attention=softmax,laplacian=1", pf, tmp_path / "p", capfd
   )
@@ -224,3 +228,34 @@ def test_every_lra_config_validates(task):
       assert n & (n - 1) == 0  # a power of two, as the authors pad
       if attention == "nystrom":
         assert n % c.model.num_landmarks == 0
+
+
+def test_lra_configs_have_the_authors_settings():
+  """Text 1,000 bytes in 1,024 positions (``LRA/datasets/text.py``) and a
+  4,096-row position table; torch's OneCycleLR, eps 1e-6; Pathfinder's hard
+  difficulty; zero pixels masked and ListOps' brackets as tokens (new runs;
+  runs saved before those keys read the old behaviour)."""
+  from laplax.tasks import schema
+
+  from helpers.configs import load
+
+  c = load("nystrom_lra", "task=text")
+  assert (c.data.cut_length, c.data.max_length, c.model.max_length) == (1000, 1024, 4096)
+  c = load("nystrom_lra", "task=text,text_length=4000")
+  assert (c.data.cut_length, c.data.max_length, c.model.max_length) == (4000, 4096, 4096)
+  c = load("nystrom_lra", "task=retrieval")
+  assert (c.data.cut_length, c.data.max_length, c.model.max_length) == (4000, 4096, 4096)
+  for arg in ("task=listops", "task=image,size=cpu", "task=pathfinder"):
+    c = load("nystrom_lra", arg)
+    assert (c.optim.schedule, c.optim.eps, c.optim.weight_decay) == ("onecycle", 1e-6, 0.0)
+    assert c.data.mask_zero_pixels and c.data.listops_closers
+  assert load("nystrom_lra", "task=pathfinder").data.task_name == "curv_contour_length_14"
+  c = load("nystrom_lra", "task=pathfinder,difficulty=curv_baseline")
+  assert c.data.task_name == "curv_baseline"
+  with pytest.raises(ValueError, match="difficulty must be one of"):
+    load("nystrom_lra", "task=pathfinder,difficulty=hard")
+  old = c.to_dict()
+  del old["data"]["mask_zero_pixels"], old["data"]["listops_closers"], old["optim"]["eps"]
+  old = schema.complete(ml_collections.ConfigDict(old))
+  assert not old.data.mask_zero_pixels and not old.data.listops_closers
+  assert old.optim.eps == 1e-8  # what make_optimizer read for a config without the key

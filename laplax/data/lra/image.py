@@ -4,7 +4,7 @@ Image (Tay et al. 2021, ``lra_benchmarks/image/input_pipeline.py``): TFDS
 ``cifar10``, ``train[:90%]`` / ``train[90%:]`` / ``test`` as train /
 validation / test, each image turned to grayscale as TensorFlow's
 ``tf.image.rgb_to_grayscale`` does (:func:`grayscale`) and read row by row:
-1,024 tokens, ids 0..255 (every token real; no padding).
+1,024 tokens, ids 0..255.
 
 Pathfinder (``lra_benchmarks/data/pathfinder.py``, ``Pathfinder32``): the
 release's ``lra_release/pathfinder32/{curv_baseline, curv_contour_length_9,
@@ -16,6 +16,12 @@ separated by spaces, ``SUBDIR FILE ... LABEL`` with the image at
 lines in file order, are split ``[:80%]`` / ``[80%:90%]`` / ``[90%:]`` as the
 release's pipeline does (bounds rounded as TFDS's percent slices); empty
 image files are dropped, as the release's ``tf.strings.length > 0`` filter.
+
+``mask_zero`` (the config key ``data.mask_zero_pixels``): pixels of value 0
+are masked as padding, as the Nystromformer authors' ``LRADataset`` (its
+mask is ``input_ids != 0`` for every task; ``LRA/code/dataset.py`` of
+mlpen/Nystromformer) and LRA's own Transformer (``inputs > 0``) do; without
+it (runs saved before the key) every pixel is a real token.
 """
 
 from __future__ import annotations
@@ -46,8 +52,13 @@ def grayscale(images: np.ndarray) -> np.ndarray:
   return (gray * np.float32(255.5)).astype(np.int32)
 
 
-def load_cifar10(data_dir: str, split: str) -> dict:
-  """``{"tokens": int32 [n, 1024], "mask": bool (all True), "label": int32 [n]}``.
+def pixel_mask(tokens: np.ndarray, mask_zero: bool) -> np.ndarray:
+  """``bool`` like ``tokens``: ``tokens != 0`` with ``mask_zero``, else all True."""
+  return tokens != 0 if mask_zero else np.ones_like(tokens, bool)
+
+
+def load_cifar10(data_dir: str, split: str, mask_zero: bool = True) -> dict:
+  """``{"tokens": int32 [n, 1024], "mask": bool (:func:`pixel_mask`), "label": int32 [n]}``.
 
   Raises:
     DataError: TFDS ``cifar10`` not prepared in ``data_dir``, or images not ``32 x 32 x 3``.
@@ -61,7 +72,7 @@ def load_cifar10(data_dir: str, split: str) -> dict:
     raise DataError(f"TFDS cifar10 in {data_dir} has images of {images.shape[1:]}, not 32x32x3")
   tokens = grayscale(images).reshape(n, SIDE * SIDE)
   labels = np.asarray([int(source[i]["label"]) for i in range(n)], np.int32)
-  return {"tokens": tokens, "mask": np.ones_like(tokens, bool), "label": labels}
+  return {"tokens": tokens, "mask": pixel_mask(tokens, mask_zero), "label": labels}
 
 
 def _numeric(path: str):
@@ -131,8 +142,10 @@ def split_bounds(n: int) -> dict[str, tuple[int, int]]:
   return {"train": (0, a), "val": (a, b), "test": (b, n)}
 
 
-def load_pathfinder(root: str, split: str, difficulty: str = "curv_baseline") -> dict:
-  """``{"tokens": int32 [n, 1024], "mask": bool (all True), "label": int32 [n]}``.
+def load_pathfinder(
+  root: str, split: str, difficulty: str = "curv_baseline", mask_zero: bool = True
+) -> dict:
+  """``{"tokens": int32 [n, 1024], "mask": bool (:func:`pixel_mask`), "label": int32 [n]}``.
 
   Raises:
     DataError: as :func:`read_metadata` and :func:`read_png`, or an empty split.
@@ -144,4 +157,4 @@ def load_pathfinder(root: str, split: str, difficulty: str = "curv_baseline") ->
     raise DataError(f"Pathfinder {difficulty} in {root} has no {split} examples")
   tokens = np.stack([read_png(p).reshape(-1) for p, _ in rows]).astype(np.int32)
   labels = np.asarray([y for _, y in rows], np.int32)
-  return {"tokens": tokens, "mask": np.ones_like(tokens, bool), "label": labels}
+  return {"tokens": tokens, "mask": pixel_mask(tokens, mask_zero), "label": labels}

@@ -15,10 +15,26 @@ distinct. Release limits: depth 10, 10 arguments, lengths 500..2000, 96,000 /
 
 :func:`read_tsv` reads such a file and :func:`encode` turns a ``Source``
 into token ids as the release's pipeline (``lra_benchmarks/listops/
-input_pipeline.py``) does: tfds' ``Tokenizer`` keeps the alphanumeric words
-only, so the brackets and parentheses are dropped and an expression becomes
-its operators and digits in order (its ids differ: the release builds its
-vocabulary from a set; here it is :data:`VOCAB`).
+input_pipeline.py``) does, in one of its two versions (``closers``, the
+config key ``data.listops_closers``):
+
+* ``True`` (the default of new runs): the pipeline since google-research/
+  long-range-arena c209b2a (March 2021): ``]`` becomes ``X``, ``(`` and
+  ``)`` are removed, and tfds' ``TokenTextEncoder`` splits the rest into its
+  vocabulary's words, the operators with their ``[`` (``[MAX``: reserved
+  tokens, mixed alphanumeric) and the digits. An expression becomes one
+  token per digit and two per operator (the operator and its closer), the
+  generator's length; ``[MAX 2 [MIN 3 4 ] 5 ]`` and ``[MAX 2 [MIN 3 4 5 ] ]``
+  differ.
+* ``False``: the pipeline before that commit (tfds' ``Tokenizer`` keeps the
+  alphanumeric words only): the brackets are dropped and an expression
+  becomes its operators and digits in order, so the two above are equal.
+  The Nystromformer authors' data preparation (``LRA/datasets/listops.py``
+  of mlpen/Nystromformer) imports this version, and runs saved before the
+  key existed read it.
+
+The ids differ from the release's (it numbers a set's words; here they are
+:data:`VOCAB`'s, the closer last so that the words keep their ids).
 
 ``python -m laplax.data.listops --out DIR`` writes the three files; a
 malformed file read by the task is one line and exit status 2.
@@ -44,8 +60,17 @@ VALUE_P = 0.25
 RELEASE = dict(
   max_depth=10, max_args=10, min_length=500, max_length=2000, train=96_000, val=2_000, test=2_000
 )
-#: Token ids: 0 is padding, then the digits and the operators' words.
-VOCAB = {w: i for i, w in enumerate(["<pad>", *map(str, range(10)), "MIN", "MAX", "MED", "SM"])}
+#: Token ids: 0 is padding, then the digits, the operators' words and the
+#: closer ``]`` (the release's ``X``; ``closers=False`` has no closer).
+VOCAB = {
+  w: i for i, w in enumerate(["<pad>", *map(str, range(10)), "MIN", "MAX", "MED", "SM", END])
+}
+#: The release's tokens since c209b2a (after ``]`` -> ``X``) -> their ids.
+CLOSER_TOKENS = {
+  **{str(d): VOCAB[str(d)] for d in range(10)},
+  **{op: VOCAB[op[1:]] for op in OPERATORS},
+  "X": VOCAB[END],
+}
 SPLITS = ("train", "val", "test")
 
 
@@ -181,25 +206,48 @@ def read_tsv(path: str) -> list[tuple[str, int]]:
   return rows
 
 
-def encode(source: str, max_length: int) -> np.ndarray:
-  """Token ids ``int32 [max_length]`` of a ``Source`` (alphanumeric words, as
-  the release's tfds ``Tokenizer``; cut at ``max_length``, zero-padded).
+def vocab_size(closers: bool) -> int:
+  """The token ids :func:`encode` uses (padding included): 16 with the
+  closer, 15 without."""
+  return len(VOCAB) if closers else len(VOCAB) - 1
+
+
+def words(source: str, closers: bool = True) -> list[str]:
+  """The release pipeline's tokens of a ``Source`` (module docstring):
+  with ``closers``, ``]`` renamed ``X`` and the parentheses removed, then
+  tfds ``TokenTextEncoder``'s split (the reserved ``[MIN``, ``[MAX``,
+  ``[MED``, ``[SM`` whole, the rest into alphanumeric words); without, the
+  alphanumeric words of tfds' ``Tokenizer``."""
+  if not closers:
+    return re.findall(r"[A-Za-z0-9]+", source)
+  text = source.replace("]", "X").replace("(", "").replace(")", "")
+  return re.findall(r"\[(?:MIN|MAX|MED|SM)|[A-Za-z0-9]+", text)
+
+
+def encode(source: str, max_length: int, closers: bool = True) -> np.ndarray:
+  """Token ids ``int32 [max_length]`` of a ``Source`` (:func:`words`, cut at
+  ``max_length``, zero-padded).
 
   Raises:
-    DataError: a word outside :data:`VOCAB`.
+    DataError: a word outside the vocabulary (:data:`CLOSER_TOKENS` with
+      ``closers``, else :data:`VOCAB`'s digits and operators).
   """
+  vocab = CLOSER_TOKENS if closers else {w: i for w, i in VOCAB.items() if w != END}
   ids = np.zeros(max_length, np.int32)
-  words = re.findall(r"[A-Za-z0-9]+", source)[:max_length]
+  tokens = words(source, closers)[:max_length]
   try:
-    ids[: len(words)] = [VOCAB[w] for w in words]
+    ids[: len(tokens)] = [vocab[w] for w in tokens]
   except KeyError as e:
-    raise DataError(f"ListOps word {e.args[0]!r} is not one of {', '.join(VOCAB)}") from None
+    raise DataError(f"ListOps word {e.args[0]!r} is not one of {', '.join(vocab)}") from None
   return ids
 
 
-def load_split(data_dir: str, split: str, max_length: int, task_name: str = "basic"):
+def load_split(
+  data_dir: str, split: str, max_length: int, task_name: str = "basic", closers: bool = True
+):
   """``(ids int32 [n, max_length], mask bool [n, max_length], labels int32 [n])``
-  of ``DATA_DIR/{task_name}_{split}.tsv``.
+  of ``DATA_DIR/{task_name}_{split}.tsv``, tokenized by :func:`encode`
+  (``closers``).
 
   Raises:
     DataError: as :func:`read_tsv` and :func:`encode`, or an empty split.
@@ -208,7 +256,7 @@ def load_split(data_dir: str, split: str, max_length: int, task_name: str = "bas
   rows = read_tsv(path)
   if not rows:
     raise DataError(f"{path} has no examples; generate or download the split again")
-  ids = np.stack([encode(s, max_length) for s, _ in rows])
+  ids = np.stack([encode(s, max_length, closers) for s, _ in rows])
   labels = np.asarray([t for _, t in rows], np.int32)
   return ids, ids != 0, labels
 

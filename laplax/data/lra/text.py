@@ -4,7 +4,9 @@ Text (Tay et al. 2021, ``lra_benchmarks/text_classification/
 input_pipeline.py``): TFDS ``imdb_reviews`` (``plain_text``), its ``test``
 split both for validation and test as the release does, each review encoded
 by tfds' ``ByteTextEncoder`` (a UTF-8 byte ``b`` is id ``b + 1``, 0 is
-padding: 257 ids), cut at 4,000 and zero-padded.
+padding: 257 ids), cut at the config's length and zero-padded (LRA's own
+text config: 4,000; the Nystromformer authors' data preparation: 1,000,
+``configs/nystrom_lra.py``).
 
 Retrieval (``lra_benchmarks/matching/input_pipeline.py``): the release's
 ``lra_release/tsv_data/new_aan_pairs.{train,eval,test}.tsv``, tab-separated
