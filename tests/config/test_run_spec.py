@@ -80,7 +80,7 @@ BAD = [
     run_lib.Optim,
     "optim.schedule",
     "linear",
-    "config.optim.schedule='linear' is unknown; use 'cosine', 'warmdown', 'progress' or 'triangle'",
+    "config.optim.schedule='linear' is unknown; use 'cosine', 'warmdown', 'progress', 'triangle' or 'onecycle'",
   ),
   (
     run_lib.Optim,
