@@ -350,12 +350,12 @@ class AttentionSpec(_Checked):
 
   @property
   def spectral_mode(self) -> str:
-    """``spectral.mode`` (:data:`laplax.spectral.DEFAULT_MODE` when off)."""
+    """``spectral.mode`` (``laplax.spectral.DEFAULT_MODE`` when off)."""
     return spectral.DEFAULT_MODE if self.spectral is None else self.spectral.mode
 
   @property
   def spectral_targets(self) -> str:
-    """``spectral.targets`` (:data:`laplax.spectral.TARGETS` when off)."""
+    """``spectral.targets`` (``laplax.spectral.TARGETS``, all three, when off)."""
     return spectral.TARGETS if self.spectral is None else self.spectral.targets
 
   @property
