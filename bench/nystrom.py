@@ -83,11 +83,11 @@ def cost_table(lengths, repeats: int) -> None:
     row = []
     for name in ("softmax", "nystrom"):
       impl = "xla" if name == "softmax" else "nystrom"
-      opts = dict(num_landmarks=64) if name == "nystrom" else None
+      opts = nystrom.NystromSpec(num_landmarks=64) if name == "nystrom" else None
 
       def loss(q, k, v, impl=impl, opts=opts):
         out = attention.attend(
-          q, k, v, laplacian=np.zeros(2, bool), implementation=impl, kernel_options=opts
+          q, k, v, laplacian=np.zeros(2, bool), implementation=impl, nystrom=opts
         )
         return jnp.sum(out**2)
 

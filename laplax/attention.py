@@ -17,6 +17,16 @@ kinds of head and no ``[length, length]`` tensor is formed.
 projections, qk-norm, rotary, dropout and the spectral conditioning of
 :mod:`laplax.spectral`.
 
+It is composed of public parts that take the attention spec whole (a
+``laplax.models.spec.AttentionSpec`` or a :class:`MultiHeadAttention`: the
+same field names): :func:`check_settings`, :func:`project_qkv` (the
+projection with its spectral correction), :func:`value_embed_gate`,
+:func:`norm_and_rotate` (qk-norm and rotary), :func:`laplacian_mix`,
+:func:`attention_dropout_rng`, :func:`attend`, :func:`nystrom_conv` and
+:func:`out_projection`. Other attentions (DaViT's channel attention, XCiT's
+cross-covariance and class attention) compose the same parts
+(docs/architecture.md, "Attention parts").
+
 See docs/methods.md for both methods, their config keys and laplax's choices.
 """
 
@@ -101,8 +111,8 @@ def attend(
   residual_value: jax.Array | None = None,
   return_weights: bool = False,
   mix: jax.Array | None = None,
-  keep_probs: bool | None = None,
-  kernel_options: dict | None = None,
+  xla_keep_probs: bool | None = None,
+  nystrom: Any = None,
   bias: jax.Array | None = None,
   window: int | None = None,
 ):
@@ -144,12 +154,13 @@ def attend(
       0`` is a standard head and ``alpha = 1`` a Laplacian head exactly (the
       learned mix, :class:`MultiHeadAttention` with ``laplacian_mix=
       "learned"``); ``laplacian`` is then only checked for its shape.
-    keep_probs: whether the XLA kernel keeps the float32 ``P`` for its
+    xla_keep_probs: whether the XLA kernel keeps the float32 ``P`` for its
       backward pass (``None``: on a CPU only; :func:`laplax.kernels.attention`).
-    kernel_options: keyword arguments of the kernel; for ``"nystrom"``
-      (:func:`laplax.kernels.nystrom.nystrom_attention`, ``P~ V`` in place of
+    nystrom: the options of ``"nystrom"``, a
+      :class:`laplax.kernels.nystrom.NystromSpec` (``None``: its defaults;
+      :func:`laplax.kernels.nystrom.nystrom_attention`, ``P~ V`` in place of
       ``P V``, so a Laplacian head is ``V - P~ V``; no attention dropout, no
-      causal mask, key-padding masks only) ``num_landmarks`` and its options.
+      causal mask, key-padding masks only).
     bias: optional float additive bias of the logits, broadcastable to
       ``[batch, num_heads, q_length, kv_length]``: ``P = softmax(scale Q K^T
       + bias + mask)`` (Swin's learned relative position bias plus its
@@ -197,9 +208,9 @@ def attend(
     dropout_rate=dropout_rate,
     dropout_rng=dropout_rng,
     return_weights=return_weights,
-    keep_probs=keep_probs,
+    xla_keep_probs=xla_keep_probs,
     bias=bias,
-    kernel_options=kernel_options,
+    nystrom=nystrom,
     window=window,
   )
   out = _laplacian_outputs(pv, laplacian, laplacian_np, residual_value, value, query.shape[1], mix)
@@ -334,9 +345,26 @@ def rms_norm(x: jax.Array, eps: float | None = None) -> jax.Array:
   return y * jax.lax.rsqrt(jnp.mean(jnp.square(y), axis=-1, keepdims=True) + eps)
 
 
-def _check_settings(mha: MultiHeadAttention, model_dim: int) -> None:
-  """The settings of :class:`MultiHeadAttention` ``mha`` that a model spec
-  would refuse, checked for direct use (a plain function: Flax wraps methods).
+# The attention parts. Each takes the attention spec whole: a
+# ``laplax.models.spec.AttentionSpec`` or a :class:`MultiHeadAttention` (its
+# attributes carry the same names), read by field name, never renamed. The
+# parts that create parameters are plain functions called inside the owning
+# module's compact method, so the parameters are that module's (``query``,
+# ``key``, ``value``, ``query_norm``, ``laplacian_mix``, ...), whatever module
+# composes them (docs/architecture.md, "Attention parts").
+
+
+def check_settings(
+  spec: Any, model_dim: int, *, num_kv_heads: int | None = None, head_dim: int | None = None
+) -> None:
+  """Refuses settings of the attention spec ``spec`` that no attention can run.
+
+  Args:
+    spec: the attention spec (``num_heads``, ``spectral_lam``,
+      ``spectral_targets``, ``qk_norm``, ``qk_norm_type``, ``rope``).
+    model_dim: the width of the input.
+    num_kv_heads: key/value heads (``None``: one per head).
+    head_dim: per-head dimension (``None``: ``model_dim // num_heads``).
 
   Raises:
     ValueError: ``num_heads`` < 1, ``num_kv_heads`` not dividing it,
@@ -344,16 +372,16 @@ def _check_settings(mha: MultiHeadAttention, model_dim: int) -> None:
       of ``"qkv"``, an unknown ``qk_norm_type``, or ``rope`` with an odd head
       dimension; the message names the setting and the fix.
   """
-  if mha.num_heads < 1:
-    raise ValueError(f"num_heads={mha.num_heads!r} must be an integer >= 1")
-  kv = mha.num_kv_heads
-  if kv is not None and not (isinstance(kv, int) and kv >= 1 and mha.num_heads % kv == 0):
+  if spec.num_heads < 1:
+    raise ValueError(f"num_heads={spec.num_heads!r} must be an integer >= 1")
+  kv = num_kv_heads
+  if kv is not None and not (isinstance(kv, int) and kv >= 1 and spec.num_heads % kv == 0):
     raise ValueError(
-      f"num_kv_heads={kv!r} must divide num_heads={mha.num_heads} (each key/value head "
+      f"num_kv_heads={kv!r} must divide num_heads={spec.num_heads} (each key/value head "
       f"serves num_heads / num_kv_heads query heads); use a divisor or None"
     )
-  targets = mha.spectral_targets
-  if mha.spectral_lam and (
+  targets = spec.spectral_targets
+  if spec.spectral_lam and (
     not targets
     or len(set(targets)) != len(targets)
     or any(t not in spectral.TARGETS for t in targets)
@@ -362,39 +390,72 @@ def _check_settings(mha: MultiHeadAttention, model_dim: int) -> None:
       f"spectral_targets={targets!r} must be distinct letters of "
       f"{spectral.TARGETS!r}, e.g. 'qkv' or 'qk'"
     )
-  if mha.qk_norm and mha.qk_norm_type not in QK_NORM_TYPES:
+  if spec.qk_norm and spec.qk_norm_type not in QK_NORM_TYPES:
     raise ValueError(
-      f"qk_norm_type={mha.qk_norm_type!r} is unknown; use one of {', '.join(QK_NORM_TYPES)}"
+      f"qk_norm_type={spec.qk_norm_type!r} is unknown; use one of {', '.join(QK_NORM_TYPES)}"
     )
-  head_dim = mha.head_dim or model_dim // mha.num_heads
-  if mha.rope and head_dim % 2:
+  head_dim = head_dim or model_dim // spec.num_heads
+  if spec.rope and head_dim % 2:
     raise ValueError(
       f"rope needs an even head dimension, got {head_dim} "
-      f"(model dim {model_dim}, num_heads {mha.num_heads}); "
+      f"(model dim {model_dim}, num_heads {spec.num_heads}); "
       f"set head_dim or num_heads so that it is even"
     )
 
 
-def _project_qkv(mha: MultiHeadAttention, x: jax.Array, head_dim: int, dtype: Any):
-  """q ``[batch, length, num_heads, head_dim]``, k and v ``[batch, length,
-  num_kv_heads, head_dim]`` of :class:`MultiHeadAttention` ``mha`` (a plain
-  function called from its compact ``__call__``, so the three
-  ``ProjectionDense`` are its submodules ``query``, ``key``, ``value``)."""
+def project_qkv(
+  spec: Any,
+  x: jax.Array,
+  *,
+  head_dim: int,
+  dtype: Any,
+  kv_heads: int | None = None,
+  use_bias: bool = True,
+  kernel_init: Callable = nn.initializers.xavier_uniform(),
+  fuse: bool = True,
+):
+  """The projection with its spectral correction: ``q, k, v`` of ``x``.
+
+  Call it inside a compact method: the three :class:`ProjectionDense` are
+  the caller's submodules ``query``, ``key`` and ``value`` (``kernel
+  [model_dim, heads * head_dim]``, ``bias``), whose ``W_Q, W_K, W_V`` the
+  spec's ``spectral_lam``, ``spectral_mode`` and ``spectral_targets``
+  condition (:func:`laplax.spectral.correction`). Where the correction is
+  off or the compute is float32 (and ``fuse``), one matmul with the three
+  effective kernels stacked ``[model_dim, 3, features]`` (under grouped-query
+  attention q alone, then k and v stacked), the same parameters and
+  products; else each projection apart (each adds its ``x C`` in float32).
+
+  Args:
+    spec: the attention spec (``num_heads`` and the spectral settings).
+    x: ``[batch, length, model_dim]``.
+    head_dim: per-head dimension.
+    dtype: compute dtype of the matmuls.
+    kv_heads: key/value heads (``None``: ``num_heads``).
+    use_bias, kernel_init: the projections' biases and kernel initialiser.
+    fuse: allow the stacked matmul (False: apart, as analysis wants for
+      ``capture_intermediates``).
+
+  Returns:
+    ``q [batch, length, num_heads, head_dim]``, ``k, v [batch, length,
+    kv_heads, head_dim]``, float32 where corrected, else ``dtype``.
+  """
   model_dim = x.shape[-1]
-  heads_of = {"q": mha.num_heads, "k": mha.kv_heads, "v": mha.kv_heads}
+  kv_heads = spec.num_heads if kv_heads is None else kv_heads
+  heads_of = {"q": spec.num_heads, "k": kv_heads, "v": kv_heads}
+  lam = spec.spectral_lam
 
   def projection(name, target):
-    lam = mha.spectral_lam if target in mha.spectral_targets else None
     return ProjectionDense(
       heads_of[target] * head_dim,
       num_heads=heads_of[target],
-      use_bias=mha.use_bias,
-      spectral_lam=lam,
-      spectral_mode=mha.spectral_mode,
+      use_bias=use_bias,
+      spectral_lam=lam if target in spec.spectral_targets else None,
+      spectral_mode=spec.spectral_mode,
       spectral_target=target,
-      query_columns=mha.num_heads * head_dim,
-      dtype=mha.dtype,
-      kernel_init=mha.kernel_init,
+      query_columns=spec.num_heads * head_dim,
+      dtype=dtype,
+      kernel_init=kernel_init,
       name=name,
     )
 
@@ -403,77 +464,218 @@ def _project_qkv(mha: MultiHeadAttention, x: jax.Array, head_dim: int, dtype: An
     return nn.with_logical_constraint(y, HEADS_AXES)
 
   names = (("query", "q"), ("key", "k"), ("value", "v"))
-  fuse = mha.spectral_lam is None or jnp.dtype(dtype) == jnp.float32
-  if fuse and not mha.is_mutable_collection("intermediates"):  # analysis: apart
-    # One matmul for q, k and v: the three kernels stacked [in, 3, features]
-    # (a new axis, so a "heads"-sharded kernel stays sharded), the same
-    # parameters and products as three ProjectionDense calls (in float32 a
-    # corrected one multiplies by W + C, spectral.project's float32 form).
-    # With grouped-query attention k and v are narrower than q: q alone, then
-    # k and v stacked.
-    layers = {t: projection(n, t) for n, t in names}
-    weights = {t: layers[t].weights(model_dim) for _, t in names}
-    groups = ["qkv"] if mha.kv_heads == mha.num_heads else ["q", "kv"]
-    out = {}
-    with jax.named_scope("qkv"):  # the ops' name in profiles (bench/profile_step.py)
-      for group in groups:
-        kernels = [
-          spectral.conditioned(
-            weights[t][0],
-            lam=mha.spectral_lam,
-            mode=mha.spectral_mode,
-            num_heads=heads_of[t],
-            target=t,
-            query_columns=layers[t].query_columns,
-          )
-          if mha.spectral_lam is not None and t in mha.spectral_targets
-          else weights[t][0]
-          for t in group
-        ]
-        kernel = jnp.stack(kernels, axis=1).astype(dtype)
-        y = jnp.einsum("...i,itf->...tf", x.astype(dtype), kernel)
-        if mha.use_bias:
-          y = y + jnp.stack([weights[t][1] for t in group]).astype(dtype)
-        out.update({t: heads(y[..., i, :], t) for i, t in enumerate(group)})
-    q, k, v = out["q"], out["k"], out["v"]
-  else:
-    q, k, v = (heads(projection(n, t)(x), t) for n, t in names)
-  return q, k, v
+  if not (fuse and (lam is None or jnp.dtype(dtype) == jnp.float32)):
+    return tuple(heads(projection(n, t)(x), t) for n, t in names)
+  # One matmul for q, k and v: the three kernels stacked [in, 3, features]
+  # (a new axis, so a "heads"-sharded kernel stays sharded), the same
+  # parameters and products as three ProjectionDense calls (in float32 a
+  # corrected one multiplies by W + C, spectral.project's float32 form).
+  # With grouped-query attention k and v are narrower than q: q alone, then
+  # k and v stacked.
+  layers = {t: projection(n, t) for n, t in names}
+  weights = {t: layers[t].weights(model_dim) for _, t in names}
+  groups = ["qkv"] if kv_heads == spec.num_heads else ["q", "kv"]
+  out = {}
+  with jax.named_scope("qkv"):  # the ops' name in profiles (bench/profile_step.py)
+    for group in groups:
+      kernels = [
+        spectral.conditioned(
+          weights[t][0],
+          lam=lam,
+          mode=spec.spectral_mode,
+          num_heads=heads_of[t],
+          target=t,
+          query_columns=layers[t].query_columns,
+        )
+        if lam is not None and t in spec.spectral_targets
+        else weights[t][0]
+        for t in group
+      ]
+      kernel = jnp.stack(kernels, axis=1).astype(dtype)
+      y = jnp.einsum("...i,itf->...tf", x.astype(dtype), kernel)
+      if use_bias:
+        y = y + jnp.stack([weights[t][1] for t in group]).astype(dtype)
+      out.update({t: heads(y[..., i, :], t) for i, t in enumerate(group)})
+  return out["q"], out["k"], out["v"]
 
 
-def _nystrom_options(mha: MultiHeadAttention) -> dict:
-  """The ``kernel_options`` of ``implementation="nystrom"``."""
-  return dict(
-    num_landmarks=mha.num_landmarks,
-    pinv_iterations=mha.pinv_iterations,
-    pinv_init=mha.pinv_init,
-    padding=mha.nystrom_padding,
+def value_embed_gate(
+  x: jax.Array, v: jax.Array, value_embed: jax.Array | None, *, kv_heads: int, dtype: Any
+) -> jax.Array:
+  """The fork's gated value embedding: ``v + 3 sigmoid(ve_gate(x[..., :12])) value_embed``.
+
+  yuchongzhang/nanochat 1f70b557, nanochat/gpt.py ``CausalSelfAttention``:
+  one gate per key/value head, the caller's submodule ``ve_gate`` (``kernel
+  [12, kv_heads]``, U(0, 0.02), no bias; call it inside a compact method).
+
+  Args:
+    x: the block input ``[batch, length, model_dim]`` (its first
+      :data:`VE_GATE_CHANNELS` channels feed the gate).
+    v: values ``[batch, length, kv_heads, head_dim]``.
+    value_embed: ``[batch, length, kv_heads * head_dim]`` or ``None`` (then
+      ``v`` is returned).
+    kv_heads: key/value heads; dtype: the gate's compute dtype.
+
+  Returns:
+    ``[batch, length, kv_heads, head_dim]`` in ``v.dtype``.
+  """
+  if value_embed is None:
+    return v
+  gate = nn.Dense(
+    kv_heads,
+    use_bias=False,
+    dtype=dtype,
+    kernel_init=sharding.logical_init(
+      lambda key, shape, dt=jnp.float32: jax.random.uniform(key, shape, dt, 0.0, 0.02),
+      (None, "heads"),
+    ),
+    name="ve_gate",
+  )(x[..., :VE_GATE_CHANNELS].astype(dtype))
+  ve = value_embed.astype(v.dtype).reshape(v.shape)
+  return v + (3.0 * jax.nn.sigmoid(gate))[..., None].astype(v.dtype) * ve
+
+
+def norm_and_rotate(spec: Any, q: jax.Array, k: jax.Array, positions, max_length=None):
+  """``q, k`` after the spec's qk-norm, ``qk_scale`` and rotary.
+
+  The order follows ``rope_style``: ``"nanochat"`` rotates first (as
+  nanochat/gpt.py), ``"roformer"`` after the norm. The ``"layernorm"``
+  qk-norm is the caller's float32 ``nn.LayerNorm`` submodules ``query_norm``
+  and ``key_norm`` (call it inside a compact method); ``"rmsnorm"`` is
+  :func:`rms_norm`, parameter-free.
+
+  Args:
+    spec: the attention spec (``qk_norm``, ``qk_norm_type``, ``qk_scale``,
+      ``rope``, ``rope_theta``, ``rope_style``).
+    q, k: ``[batch, length, heads, head_dim]``.
+    positions: int ``[length]`` (traced when decoding).
+    max_length: the rotary table's length (a KV cache's), ``None``: the input's.
+
+  Returns:
+    ``(q, k)``, same shapes; float32 after a qk-norm.
+  """
+  rotate = lambda y: rotary(
+    y, positions, spec.rope_theta, max_length=max_length, style=spec.rope_style
   )
+  rope_first = spec.rope and spec.rope_style == "nanochat"
+  if rope_first:  # nanochat/gpt.py: rotary, then the qk-norm
+    q, k = rotate(q), rotate(k)
+  if spec.qk_norm and spec.qk_norm_type == "rmsnorm":
+    q, k = rms_norm(q), rms_norm(k)
+  elif spec.qk_norm:
+    norm = dict(dtype=jnp.float32, **sharding.layer_norm_inits("head_dim"))
+    q = nn.LayerNorm(name="query_norm", **norm)(q)
+    k = nn.LayerNorm(name="key_norm", **norm)(k)
+  if spec.qk_scale != 1.0:
+    q, k = q * spec.qk_scale, k * spec.qk_scale
+  if spec.rope and not rope_first:
+    q, k = rotate(q), rotate(k)
+  return q, k
 
 
-def _nystrom_conv(mha: MultiHeadAttention, v: jax.Array, mask: jax.Array | None) -> jax.Array:
-  """The depthwise convolution skip of the values (a plain function called
-  from the compact ``__call__``: its parameter ``nystrom_conv [k, heads]`` is
-  the module's), PyTorch's ``Conv2d`` initialisation ``U(+-1/sqrt(k))``.
-  With ``nystrom_padding="zero"`` the padded values are zeroed first (the
-  authors' LRA code)."""
-  k = mha.conv_kernel_size
+def laplacian_mix(module: nn.Module, spec: Any, laplacian) -> jax.Array | None:
+  """The Laplacian mix of the spec's ``laplacian_mix``: ``alpha`` for :func:`attend`.
+
+  ``"fixed"``: ``None`` (the heads of ``laplacian`` output ``V - P V``, the
+  others ``P V``). ``"learned"``: ``alpha = sigmoid(a)``, float32
+  ``[num_heads]``, with ``a`` the parameter ``laplacian_mix [num_heads]`` of
+  ``module`` (call it inside ``module``'s compact method), initialised at
+  ``+-LAPLACIAN_MIX_INIT`` on the heads ``laplacian`` marks Laplacian or not.
+
+  Args:
+    module: the attention module that owns the parameter.
+    spec: the attention spec (``laplacian_mix``, ``num_heads``).
+    laplacian: bool ``[num_heads]`` (may be traced).
+
+  Raises:
+    ValueError: an unknown ``laplacian_mix``.
+  """
+  if spec.laplacian_mix == "fixed":
+    return None
+  if spec.laplacian_mix != "learned":
+    raise ValueError(
+      f"laplacian_mix={spec.laplacian_mix!r} is unknown; use one of {', '.join(LAPLACIAN_MIXES)}"
+    )
+  pattern = jnp.asarray(laplacian, jnp.float32)
+  logits = module.param(
+    "laplacian_mix",
+    sharding.logical_init(
+      lambda rng, shape: LAPLACIAN_MIX_INIT * (2.0 * pattern - 1.0), ("heads",)
+    ),
+    (spec.num_heads,),
+  )
+  return jax.nn.sigmoid(logits)
+
+
+def attention_dropout_rng(module: nn.Module, spec: Any, deterministic: bool) -> jax.Array | None:
+  """The ``"dropout"`` RNG of the spec's ``attention_dropout`` on ``P``, or
+  ``None`` when it is off (``deterministic`` or a rate of 0)."""
+  if deterministic or spec.attention_dropout <= 0.0:
+    return None
+  return module.make_rng("dropout")
+
+
+def nystrom_conv(module: nn.Module, spec: Any, v: jax.Array, mask: jax.Array | None) -> jax.Array:
+  """The depthwise convolution skip of the values of ``implementation="nystrom"``.
+
+  :func:`laplax.kernels.nystrom.depthwise_conv` of ``v`` with the parameter
+  ``nystrom_conv [conv_kernel_size, num_heads]`` of ``module`` (call it
+  inside ``module``'s compact method), PyTorch's ``Conv2d`` initialisation
+  ``U(+-1/sqrt(k))``. With ``nystrom_padding="zero"`` the padded values are
+  zeroed first (the authors' LRA code).
+
+  Args:
+    module: the attention module that owns the parameter.
+    spec: the attention spec (``conv_kernel_size``, ``nystrom_padding``,
+      ``num_heads``).
+    v: values ``[batch, length, kv_heads, head_dim]``.
+    mask: the key-padding mask of :func:`attend`, or ``None``.
+
+  Returns:
+    ``[batch, length, num_heads, head_dim]``.
+
+  Raises:
+    ValueError: an even ``conv_kernel_size``.
+  """
+  k = spec.conv_kernel_size
   if k % 2 == 0:
     raise ValueError(f"conv_kernel_size={k} must be odd (a 'same' convolution); use {k + 1}")
   bound = k**-0.5
-  weight = mha.param(
+  weight = module.param(
     "nystrom_conv",
     sharding.logical_init(
       lambda rng, shape: jax.random.uniform(rng, shape, jnp.float32, -bound, bound),
       (None, "heads"),
     ),
-    (k, mha.num_heads),
+    (k, spec.num_heads),
   )
-  v = repeat_kv(v, mha.num_heads)
+  v = repeat_kv(v, spec.num_heads)
   keys_ok = nystrom.key_padding(mask, v.shape[0], v.shape[1])
-  if keys_ok is not None and mha.nystrom_padding == "zero":
+  if keys_ok is not None and spec.nystrom_padding == "zero":
     v = v * keys_ok[:, :, None, None].astype(v.dtype)
   return nystrom.depthwise_conv(v, weight)
+
+
+def out_projection(
+  y: jax.Array,
+  model_dim: int,
+  *,
+  dtype: Any = None,
+  use_bias: bool = True,
+  out_init: Callable = nn.initializers.xavier_uniform(),
+) -> jax.Array:
+  """``W_O``: the heads' outputs ``y [..., heads * head_dim] -> [..., model_dim]``,
+  the caller's :class:`ProjectionDense` submodule ``out`` (never spectrally
+  corrected; call it inside a compact method), compute in ``dtype``
+  (default ``y.dtype``)."""
+  return ProjectionDense(
+    model_dim,
+    dtype=dtype,
+    kernel_init=out_init,
+    use_bias=use_bias,
+    axes=("heads", "embed"),
+    name="out",
+  )(y)
 
 
 class MultiHeadAttention(nn.Module):
@@ -554,8 +756,8 @@ class MultiHeadAttention(nn.Module):
     kernel_init: initialiser of ``W_Q, W_K, W_V``.
     out_init: initialiser of ``W_O`` (GPT uses a depth-scaled normal).
     num_landmarks, pinv_iterations, pinv_init, nystrom_padding: the options of
-      ``implementation="nystrom"`` (:func:`laplax.kernels.nystrom.nystrom_attention`;
-      ``nystrom_padding`` is its ``padding``).
+      ``implementation="nystrom"`` (:func:`laplax.kernels.nystrom.nystrom_attention`,
+      the same names; :attr:`nystrom` is them as its sub-spec).
     conv_kernel_size: with ``"nystrom"``, the depthwise convolution of the
       values (:func:`laplax.kernels.nystrom.depthwise_conv`, parameter
       ``nystrom_conv [k, num_heads]``) added to every head's output, Laplacian
@@ -601,6 +803,17 @@ class MultiHeadAttention(nn.Module):
     """Key/value heads: ``num_kv_heads``, or ``num_heads`` when it is ``None``."""
     return self.num_heads if self.num_kv_heads is None else self.num_kv_heads
 
+  @property
+  def nystrom(self) -> nystrom.NystromSpec:
+    """The options of ``implementation="nystrom"`` as its sub-spec (the
+    attributes of the same names)."""
+    return nystrom.NystromSpec(
+      num_landmarks=self.num_landmarks,
+      pinv_iterations=self.pinv_iterations,
+      pinv_init=self.pinv_init,
+      nystrom_padding=self.nystrom_padding,
+    )
+
   @nn.compact
   def __call__(
     self,
@@ -629,24 +842,33 @@ class MultiHeadAttention(nn.Module):
     """
     if bias is not None and decode:
       raise ValueError("an additive attention bias is not supported with decode=True")
-    _check_settings(self, x.shape[-1])
+    check_settings(self, x.shape[-1], num_kv_heads=self.num_kv_heads, head_dim=self.head_dim)
     head_dim = self.head_dim or x.shape[-1] // self.num_heads
     if laplacian is None:
       laplacian = laplacian_heads(self.num_heads, self.num_laplacian_heads, self.laplacian_mask)
     dtype = self.dtype or x.dtype
     # Project (spectrally conditioned W_Q, W_K, W_V), then norm and rotate.
-    q, k, v = _project_qkv(self, x, head_dim, dtype)
-    v = self._value_embed(x, v, value_embed, dtype)
+    q, k, v = project_qkv(
+      self,
+      x,
+      head_dim=head_dim,
+      dtype=dtype,
+      kv_heads=self.kv_heads,
+      use_bias=self.use_bias,
+      kernel_init=self.kernel_init,
+      fuse=not self.is_mutable_collection("intermediates"),  # analysis: apart
+    )
+    v = value_embed_gate(x, v, value_embed, kv_heads=self.kv_heads, dtype=dtype)
     cache = self._cache(k, v, dtype) if decode else None
     start = 0 if cache is None or cache["init"] else cache["index"].value
     max_length = None if cache is None else cache["key"].value.shape[1]
-    q, k = self._norm_and_rotate(q, k, start + np.arange(x.shape[1]), max_length)
+    q, k = norm_and_rotate(self, q, k, start + np.arange(x.shape[1]), max_length)
     q, k, v = q.astype(dtype), k.astype(dtype), v.astype(dtype)
     # Attend: P V by the kernel, V - P V on the Laplacian heads (or the mix).
-    dropout_rng = None
-    if not deterministic and self.attention_dropout > 0.0:
-      dropout_rng = self.make_rng("dropout")
-    heads = dict(laplacian=laplacian, mix=self._mix(laplacian), dropout_rng=dropout_rng)
+    dropout_rng = attention_dropout_rng(self, self, deterministic)
+    heads = dict(
+      laplacian=laplacian, mix=laplacian_mix(self, self, laplacian), dropout_rng=dropout_rng
+    )
     if cache is not None and not cache["init"]:
       y = self._attend_cached(q, k, v, cache, start, mask, **heads)
     else:
@@ -654,35 +876,10 @@ class MultiHeadAttention(nn.Module):
     # Combine the heads: W_O, then dropout.
     y = nn.with_logical_constraint(y, HEADS_AXES)
     y = y.reshape(*x.shape[:-1], self.num_heads * head_dim)
-    y = ProjectionDense(
-      x.shape[-1],
-      dtype=self.dtype,
-      kernel_init=self.out_init,
-      use_bias=self.use_bias,
-      axes=("heads", "embed"),
-      name="out",
-    )(y)
+    y = out_projection(
+      y, x.shape[-1], dtype=self.dtype, use_bias=self.use_bias, out_init=self.out_init
+    )
     return nn.Dropout(self.dropout)(y, deterministic=deterministic)
-
-  def _value_embed(self, x, v, value_embed, dtype):
-    """``v`` ``[batch, length, kv_heads, head_dim]`` plus the fork's gated value
-    embedding ``3 sigmoid(ve_gate(x[..., :12])) value_embed`` (one gate per
-    key/value head, parameter ``ve_gate/kernel [12, kv_heads]``, U(0, 0.02));
-    ``v`` itself when ``value_embed`` is ``None``."""
-    if value_embed is None:
-      return v
-    gate = nn.Dense(
-      self.kv_heads,
-      use_bias=False,
-      dtype=dtype,
-      kernel_init=sharding.logical_init(
-        lambda key, shape, dt=jnp.float32: jax.random.uniform(key, shape, dt, 0.0, 0.02),
-        (None, "heads"),
-      ),
-      name="ve_gate",
-    )(x[..., :VE_GATE_CHANNELS].astype(dtype))
-    ve = value_embed.astype(v.dtype).reshape(v.shape)
-    return v + (3.0 * jax.nn.sigmoid(gate))[..., None].astype(v.dtype) * ve
 
   def _cache(self, k, v, dtype) -> dict:
     """The KV cache's variables ``key``, ``value`` (``[batch, max_length,
@@ -696,51 +893,6 @@ class MultiHeadAttention(nn.Module):
       value=self.variable("cache", "cached_value", jnp.zeros, v.shape, dtype),
       index=self.variable("cache", "cache_index", lambda: jnp.zeros((), jnp.int32)),
     )
-
-  def _norm_and_rotate(self, q, k, positions, max_length):
-    """``q, k`` after the qk-norm, ``qk_scale`` and rotary at ``positions``
-    (int ``[length]``, traced when decoding), in the order of ``rope_style``:
-    nanochat rotates first, roformer after the norm."""
-    rotate = lambda y: rotary(
-      y, positions, self.rope_theta, max_length=max_length, style=self.rope_style
-    )
-    rope_first = self.rope and self.rope_style == "nanochat"
-    if rope_first:  # nanochat/gpt.py: rotary, then the qk-norm
-      q, k = rotate(q), rotate(k)
-    if self.qk_norm and self.qk_norm_type == "rmsnorm":
-      q, k = rms_norm(q), rms_norm(k)
-    elif self.qk_norm:
-      norm = dict(dtype=jnp.float32, **sharding.layer_norm_inits("head_dim"))
-      q = nn.LayerNorm(name="query_norm", **norm)(q)
-      k = nn.LayerNorm(name="key_norm", **norm)(k)
-    if self.qk_scale != 1.0:
-      q, k = q * self.qk_scale, k * self.qk_scale
-    if self.rope and not rope_first:
-      q, k = rotate(q), rotate(k)
-    return q, k
-
-  def _mix(self, laplacian):
-    """``alpha`` float32 ``[num_heads]`` of the learned mix (the parameter
-    ``laplacian_mix`` through a sigmoid), or ``None`` for the fixed heads.
-
-    Raises:
-      ValueError: an unknown ``laplacian_mix``.
-    """
-    if self.laplacian_mix == "fixed":
-      return None
-    if self.laplacian_mix != "learned":
-      raise ValueError(
-        f"laplacian_mix={self.laplacian_mix!r} is unknown; use one of {', '.join(LAPLACIAN_MIXES)}"
-      )
-    pattern = jnp.asarray(laplacian, jnp.float32)
-    logits = self.param(
-      "laplacian_mix",
-      sharding.logical_init(
-        lambda rng, shape: LAPLACIAN_MIX_INIT * (2.0 * pattern - 1.0), ("heads",)
-      ),
-      (self.num_heads,),
-    )
-    return jax.nn.sigmoid(logits)
 
   def _attend(self, q, k, v, mask, is_causal, bias, *, laplacian, mix, dropout_rng):
     """:func:`attend` on the chunk itself (with the sliding ``window`` as a
@@ -764,13 +916,13 @@ class MultiHeadAttention(nn.Module):
       dropout_rate=self.attention_dropout,
       dropout_rng=dropout_rng,
       mix=mix,
-      keep_probs=self.xla_keep_probs,
-      kernel_options=_nystrom_options(self) if self.implementation == "nystrom" else None,
+      xla_keep_probs=self.xla_keep_probs,
+      nystrom=self.nystrom if self.implementation == "nystrom" else None,
       bias=bias,
       window=window,
     )
     if self.implementation == "nystrom" and self.conv_kernel_size:
-      y = y + _nystrom_conv(self, v, mask)
+      y = y + nystrom_conv(self, self, v, mask)
     if self.is_mutable_collection("intermediates"):  # analysis only
       if window is not None:
         local = window_mask(np.arange(q.shape[1]), k.shape[1], window)[None, None]
@@ -805,5 +957,5 @@ class MultiHeadAttention(nn.Module):
       dropout_rate=self.attention_dropout,
       dropout_rng=dropout_rng,
       mix=mix,
-      keep_probs=self.xla_keep_probs,
+      xla_keep_probs=self.xla_keep_probs,
     )

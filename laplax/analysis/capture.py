@@ -93,8 +93,10 @@ def attention_module(model: nn.Module, layer: int):
 
 
 def _capture_filter(module: nn.Module, method_name: str) -> bool:
+  # A block's attention is its submodule "attention" (a MultiHeadAttention,
+  # or an attention composed of the same parts: DaViT's, XCiT's).
   return method_name == "__call__" and (
-    isinstance(module, MultiHeadAttention) or module.name == "norm1"
+    isinstance(module, MultiHeadAttention) or module.name in ("norm1", "attention")
   )
 
 

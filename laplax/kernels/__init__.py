@@ -34,7 +34,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from laplax.kernels import nystrom, splash
+from laplax.kernels import nystrom as nystrom_lib
+from laplax.kernels import splash
 from laplax.kernels.common import MASK_VALUE, causal_mask, combine_masks, repeat_kv, window_mask
 from laplax.kernels.reference import reference_attention
 from laplax.kernels.splash import splash_attention
@@ -229,9 +230,9 @@ def attention(
   dropout_rate: float = 0.0,
   dropout_rng=None,
   return_weights: bool = False,
-  keep_probs: bool | None = None,
+  xla_keep_probs: bool | None = None,
   bias=None,
-  kernel_options: dict | None = None,
+  nystrom: nystrom_lib.NystromSpec | None = None,
   window: int | None = None,
 ):
   """``(P V, P or None)`` by the kernel :func:`choose` picks: the one seam
@@ -251,17 +252,18 @@ def attention(
       are set (runs the reference kernel; splash refuses it, Nystrom ignores
       it).
     return_weights: also return ``P`` (runs the reference kernel).
-    keep_probs: whether the XLA kernel keeps the float32 ``P`` for its
-      backward pass; ``None``: on a CPU only (the fastest there; elsewhere
+    xla_keep_probs: whether the XLA kernel keeps the float32 ``P`` for its
+      backward pass (``model.xla_keep_probs``); ``None``: on a CPU only (the fastest there; elsewhere
       ``P`` is computed again instead of kept, ``bench/compile_report.py
       --xla-keeps-p`` measures the difference).
     bias: an additive float bias of the logits broadcastable to ``[batch,
       heads, q_length, kv_length]`` (Swin's relative position bias), or
       ``None``. The XLA and reference kernels take one: ``None`` then runs
       XLA (or the reference kernel where dropout or ``P`` is asked for).
-    kernel_options: keyword arguments of the kernel; for ``"nystrom"``
-      (:func:`laplax.kernels.nystrom.nystrom_attention`) ``num_landmarks``
-      and its options.
+    nystrom: the options of ``"nystrom"``
+      (:class:`laplax.kernels.nystrom.NystromSpec`, passed to
+      :func:`laplax.kernels.nystrom.nystrom_attention` under the same
+      names); ``None``: its defaults.
     window: a causal sliding window, or ``None``: the query at position
       ``p`` (aligned to the last keys) sees key ``j`` iff ``0 <= p - j <=
       window`` (nanochat's ``window_size=(window, 0)``). Splash takes it as
@@ -298,8 +300,17 @@ def attention(
       raise ValueError(
         "implementation='nystrom' has no causal mask, no additive bias and no return_weights"
       )
-    pv = nystrom.nystrom_attention(
-      query, key, value, mask=mask, scale=scale, **(kernel_options or {})
+    options = nystrom or nystrom_lib.NystromSpec()
+    pv = nystrom_lib.nystrom_attention(
+      query,
+      key,
+      value,
+      mask=mask,
+      scale=scale,
+      num_landmarks=options.num_landmarks,
+      pinv_iterations=options.pinv_iterations,
+      pinv_init=options.pinv_init,
+      nystrom_padding=options.nystrom_padding,
     )
     return pv, None
   use_dropout = dropout_rate > 0.0 and dropout_rng is not None
@@ -344,7 +355,7 @@ def attention(
   if kernel == "splash":
     return splash_attention(query, key, value, mask, is_causal, scale, platform, window), None
   heads = query.shape[-2]
-  keep = platform == "cpu" if keep_probs is None else bool(keep_probs)
+  keep = platform == "cpu" if xla_keep_probs is None else bool(xla_keep_probs)
   pv = xla_attention(
     query,
     repeat_kv(key, heads),

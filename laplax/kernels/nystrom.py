@@ -18,8 +18,8 @@ the authors' ``LRA/code/attention_nystrom.py`` (``mlpen/Nystromformer``):
   before the segment means;
 * with as many landmarks as tokens the exact softmax is used
   (``exact_when_full``, as both references do);
-* a key-padding mask enters ``softmax(Q~ K^T)`` only (``padding="keys"``,
-  Hugging Face); ``padding="zero"`` also zeroes the padded queries and keys
+* a key-padding mask enters ``softmax(Q~ K^T)`` only (``nystrom_padding="keys"``,
+  Hugging Face); ``nystrom_padding="zero"`` also zeroes the padded queries and keys
   before the landmarks are taken (the authors' LRA code);
 * the optional depthwise convolution of the values along the length
   (:func:`depthwise_conv`, ``conv_kernel_size``) is a separate skip branch
@@ -32,6 +32,8 @@ minus a weighted mean" (docs/nystrom.md).
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 
@@ -43,6 +45,23 @@ from laplax.kernels.common import MASK_VALUE, repeat_kv
 PINV_INITS = ("original", "exact")
 #: How a key-padding mask enters (see the module docstring).
 PADDINGS = ("keys", "zero")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class NystromSpec:
+  """The options of :func:`nystrom_attention` under their config names
+  (``model.num_landmarks``, ``model.pinv_iterations``, ``model.pinv_init``,
+  ``model.nystrom_padding``): the Nystrom sub-spec of an attention spec
+  (``AttentionSpec.nystrom``, ``MultiHeadAttention.nystrom``), passed whole
+  from :func:`laplax.attention.attend` through :func:`laplax.kernels.attention`
+  to the kernel. The model spec validates the values; the kernel refuses
+  bad ones with a ValueError.
+  """
+
+  num_landmarks: int = 64
+  pinv_iterations: int = 6
+  pinv_init: str = "original"
+  nystrom_padding: str = "keys"
 
 
 def segment_means(x: jax.Array, num_landmarks: int) -> jax.Array:
@@ -149,7 +168,7 @@ def nystrom_attention(
   scale: float | None = None,
   pinv_iterations: int = 6,
   pinv_init: str = "original",
-  padding: str = "keys",
+  nystrom_padding: str = "keys",
   exact_when_full: bool = True,
 ) -> jax.Array:
   """``P~ V``, the Nystrom approximation of softmax attention (module docstring).
@@ -163,7 +182,7 @@ def nystrom_attention(
       attend), or ``None``.
     scale: logit scale, default ``head_dim^-1/2``.
     pinv_iterations, pinv_init: :func:`iterative_pinv`'s.
-    padding: one of :data:`PADDINGS`.
+    nystrom_padding: one of :data:`PADDINGS` (``model.nystrom_padding``).
     exact_when_full: ``m == length`` computes the exact softmax (both
       references); False runs the approximation there too.
 
@@ -173,7 +192,7 @@ def nystrom_attention(
 
   Raises:
     ValueError: lengths of queries and keys that differ, ``m`` not dividing
-      the length, an unknown ``padding`` or ``pinv_init``, or a mask other
+      the length, an unknown ``nystrom_padding`` or ``pinv_init``, or a mask other
       than key padding.
   """
   b, n, heads, d = query.shape
@@ -187,8 +206,10 @@ def nystrom_attention(
       f"num_landmarks={num_landmarks!r} must divide the length {n} (segment means of "
       f"length / num_landmarks tokens); pad the sequence or change num_landmarks"
     )
-  if padding not in PADDINGS:
-    raise ValueError(f"padding={padding!r} is unknown; use one of {', '.join(PADDINGS)}")
+  if nystrom_padding not in PADDINGS:
+    raise ValueError(
+      f"nystrom_padding={nystrom_padding!r} is unknown; use one of {', '.join(PADDINGS)}"
+    )
   key, value = repeat_kv(key, heads), repeat_kv(value, heads)  # grouped-query attention
   keys_ok = key_padding(mask, b, n)
   scale = d**-0.5 if scale is None else scale
@@ -197,7 +218,7 @@ def nystrom_attention(
   q = jnp.swapaxes(query, 1, 2).astype(f32) * root  # [b, h, n, d]
   k = jnp.swapaxes(key, 1, 2).astype(f32) * root
   v = jnp.swapaxes(value, 1, 2).astype(f32)
-  if keys_ok is not None and padding == "zero":
+  if keys_ok is not None and nystrom_padding == "zero":
     zero = keys_ok[:, None, :, None].astype(f32)
     q, k = q * zero, k * zero
 

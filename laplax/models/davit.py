@@ -24,9 +24,10 @@ each channel minus the ``P``-weighted mean of its group's channels.
 operands, always on the XLA kernel (or the reference one; the fused kernels
 do not take features of ``N`` dimensions).
 
-Every attention is a :class:`laplax.attention.MultiHeadAttention` (the
-channel one its subclass :class:`ChannelAttention`), so both of laplax's
-methods apply to all of them: Laplacian heads (``num_laplacian_heads``, the
+The window attention is a :class:`laplax.attention.MultiHeadAttention`, the
+channel one (:class:`ChannelAttention`) is composed of the same attention
+parts (:mod:`laplax.attention`), so both of laplax's methods apply to all
+of them: Laplacian heads (``num_laplacian_heads``, the
 last ``k`` heads or groups of every block) and ``spectral`` on ``W_Q, W_K,
 W_V`` (the parameters named as timm's fused ``qkv`` rows, whatever role the
 channel attention gives them).
@@ -97,72 +98,83 @@ class DaViTSpec(StagedSpec):
   )
 
 
-class ChannelAttention(attention_lib.MultiHeadAttention):
+class ChannelAttention(nn.Module):
   """Channel group attention (timm's ``ChannelAttention``) with Laplacian groups.
 
-  ``x [batch, length, model_dim] -> [batch, length, model_dim]``: the
-  attributes, parameters (``query``, ``key``, ``value``, ``out``) and spectral
-  conditioning are :class:`~laplax.attention.MultiHeadAttention`'s; the
-  attention runs over each group's ``d = model_dim / num_heads`` channels
-  (module docstring): ``P = softmax(d^-1/2 k^T v)``, output ``(P q^T)^T``,
-  or ``(q^T - P q^T)^T`` on a Laplacian group. ``laplacian_mix="learned"``
-  mixes as there. qk-norm, rotary, sliding windows, Nystrom and the KV cache
-  are refused (ValueError).
+  ``x [batch, length, model_dim] -> [batch, length, model_dim]``, composed
+  of the attention parts of :mod:`laplax.attention` on the spec's
+  attention settings: the parameters (``query``, ``key``, ``value``,
+  ``out``) and spectral conditioning of :func:`~laplax.attention.project_qkv`
+  and :func:`~laplax.attention.out_projection`; the attention runs over each
+  group's ``d = model_dim / num_heads`` channels (module docstring): ``P =
+  softmax(d^-1/2 k^T v)``, output ``(P q^T)^T``, or ``(q^T - P q^T)^T`` on a
+  Laplacian group, by :func:`~laplax.attention.attend`;
+  ``laplacian_mix="learned"`` mixes as there
+  (:func:`~laplax.attention.laplacian_mix`).
+
+  Attributes:
+    spec: the model's :class:`DaViTSpec` (attention settings, dropout,
+      biases, compute dtype, initialisers).
+    num_heads: this stage's channel groups (``spec.attention.num_heads``
+      replaced).
+    laplacian_mask: this block's Laplacian groups (``num_heads`` booleans;
+      ``None``: none).
   """
 
+  spec: DaViTSpec
+  num_heads: int
+  laplacian_mask: tuple | None = None
+
   @nn.compact
-  def __call__(self, x: jax.Array, *, deterministic: bool = True, **unused):  # noqa: D417
-    """Applies channel attention (``x`` float ``[batch, length, model_dim]``)."""
-    if self.qk_norm or self.rope or self.window is not None or self.implementation == "nystrom":
+  def __call__(self, x: jax.Array, *, deterministic: bool = True):
+    """Applies channel attention (``x`` float ``[batch, length, model_dim]``).
+
+    Raises:
+      ValueError: qk-norm, rotary or the Nystrom kernel in the spec (the
+        spatial attentions take them, this one does not).
+    """
+    model = self.spec
+    spec = dataclasses.replace(model.attention, num_heads=self.num_heads)
+    if spec.qk_norm or spec.rope or spec.implementation == "nystrom":
       raise ValueError(
-        "DaViT's channel attention takes no qk-norm, rotary, sliding window or Nystrom "
-        "kernel; turn them off"
+        "DaViT's channel attention takes no qk-norm, rotary or Nystrom kernel; turn them off "
+        "(model.qk_norm=False, model.implementation='xla' or None)"
       )
-    attention_lib._check_settings(self, x.shape[-1])
+    attention_lib.check_settings(spec, x.shape[-1])
     b, n, c = x.shape
     d = c // self.num_heads
-    laplacian = attention_lib.laplacian_heads(
-      self.num_heads, self.num_laplacian_heads, self.laplacian_mask
+    laplacian = attention_lib.laplacian_heads(self.num_heads, 0, self.laplacian_mask)
+    dtype = model.compute_dtype() or x.dtype
+    kernel_init, out_init = model.inits()
+    q, k, v = attention_lib.project_qkv(  # [b, n, heads, d]
+      spec,
+      x,
+      head_dim=d,
+      dtype=dtype,
+      use_bias=model.use_bias,
+      kernel_init=kernel_init,
+      fuse=not self.is_mutable_collection("intermediates"),
     )
-    dtype = self.dtype or x.dtype
-    q, k, v = attention_lib._project_qkv(self, x, d, dtype)  # [b, n, heads, d]
     q, k, v = q.astype(dtype), k.astype(dtype), v.astype(dtype)
     channels = lambda y: y.transpose(0, 3, 2, 1)  # [b, d, heads, n]: channels as tokens
-    mix = None
-    if self.laplacian_mix == "learned":
-      pattern = jnp.asarray(laplacian, jnp.float32)
-      logits = self.param(
-        "laplacian_mix",
-        sharding.logical_init(
-          lambda rng, shape: attention_lib.LAPLACIAN_MIX_INIT * (2.0 * pattern - 1.0), ("heads",)
-        ),
-        (self.num_heads,),
-      )
-      mix = jax.nn.sigmoid(logits)
-    dropout_rng = None
-    if not deterministic and self.attention_dropout > 0.0:
-      dropout_rng = self.make_rng("dropout")
+    mix = attention_lib.laplacian_mix(self, spec, laplacian)
     y = attention_lib.attend(
       channels(k),
       channels(v),
       channels(q),
       laplacian=laplacian,
-      implementation="reference" if self.implementation == "reference" else "xla",
+      implementation="reference" if spec.implementation == "reference" else "xla",
       scale=d**-0.5,
-      dropout_rate=self.attention_dropout,
-      dropout_rng=dropout_rng,
+      dropout_rate=spec.attention_dropout,
+      dropout_rng=attention_lib.attention_dropout_rng(self, spec, deterministic),
       mix=mix,
+      xla_keep_probs=spec.xla_keep_probs,
     )
     y = channels(y).reshape(b, n, c)
-    y = attention_lib.ProjectionDense(
-      c,
-      dtype=self.dtype,
-      kernel_init=self.out_init,
-      use_bias=self.use_bias,
-      axes=("heads", "embed"),
-      name="out",
-    )(y)
-    return nn.Dropout(self.dropout)(y, deterministic=deterministic)
+    y = attention_lib.out_projection(
+      y, c, dtype=model.compute_dtype(), use_bias=model.use_bias, out_init=out_init
+    )
+    return nn.Dropout(model.dropout)(y, deterministic=deterministic)
 
 
 class ConvPosEnc(nn.Module):
@@ -235,13 +247,9 @@ class DaViTBlock(nn.Module):
       )
       y = window_reverse(y, (ws, ws), h + pad_h, w + pad_w)[:, :h, :w]
     else:
-      y = attention_module(
-        spec,
-        self.laplacian_mask,
-        module=ChannelAttention,
-        num_heads=self.num_heads,
-        name="attention",
-      )(y.reshape(b, h * w, c), deterministic=deterministic)
+      y = ChannelAttention(spec, self.num_heads, self.laplacian_mask, name="attention")(
+        y.reshape(b, h * w, c), deterministic=deterministic
+      )
       y = y.reshape(b, h, w, c)
     kw = dict(drop_path=self.drop_path, deterministic=deterministic, out=out)
     x = residual(spec, x, y, scale="ls1", key="sa", **kw)

@@ -238,21 +238,20 @@ class DropPath(nn.Module):
 
 
 def attention_module(
-  spec: TransformerSpec,
-  laplacian_mask: tuple | None = None,
-  module: type = MultiHeadAttention,
-  **overrides,
+  spec: TransformerSpec, laplacian_mask: tuple | None = None, **overrides
 ) -> MultiHeadAttention:
-  """The :class:`~laplax.attention.MultiHeadAttention` of a block of ``spec``
-  (or of the subclass ``module``: DaViT's channel attention).
+  """The :class:`~laplax.attention.MultiHeadAttention` of a block of ``spec``.
 
   The one place where a model spec becomes attention attributes:
   ``spec.attention`` (heads, qk-norm, attention dropout, kernel, rotary,
-  Laplacian mix, spectral conditioning) plus the model-level key/value heads
-  (a GPT's ``num_kv_heads``; ``None`` where there is one per head), dropout,
-  biases, compute dtype and initialisers. ``overrides`` replace attributes (the
+  Laplacian mix, spectral conditioning, Nystrom options; the attributes of
+  the same names) plus the model-level key/value heads (a GPT's
+  ``num_kv_heads``; ``None`` where there is one per head), dropout, biases,
+  compute dtype and initialisers. ``overrides`` replace attributes (the
   analysis rebuilds a block with ``implementation="reference"`` and float32
-  compute); ``laplacian_mask`` is the layer's tuple of ``num_heads`` booleans.
+  compute); ``laplacian_mask`` is the layer's tuple of ``num_heads``
+  booleans. Attentions of other shapes (DaViT's channel attention, XCiT's)
+  compose the parts of :mod:`laplax.attention` from the spec themselves.
   """
   kernel_init, out_init = spec.inits()
   kwargs = dict(
@@ -266,7 +265,7 @@ def attention_module(
     out_init=out_init,
   )
   kwargs.update(overrides)
-  return module(**kwargs)
+  return MultiHeadAttention(**kwargs)
 
 
 class Block(nn.Module):

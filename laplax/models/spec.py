@@ -316,6 +316,33 @@ class AttentionSpec(_Checked):
         f"model.attention_dropout=0 or model.implementation='xla'"
       )
 
+  @property
+  def spectral_lam(self) -> float | None:
+    """``spectral.lam``, ``None`` when the conditioning is off (the name the
+    attention parts, :mod:`laplax.attention`, read)."""
+    return None if self.spectral is None else self.spectral.lam
+
+  @property
+  def spectral_mode(self) -> str:
+    """``spectral.mode`` (``laplax.spectral.DEFAULT_MODE`` when off)."""
+    return spectral.DEFAULT_MODE if self.spectral is None else self.spectral.mode
+
+  @property
+  def spectral_targets(self) -> str:
+    """``spectral.targets`` (``laplax.spectral.TARGETS``, all three, when off)."""
+    return spectral.TARGETS if self.spectral is None else self.spectral.targets
+
+  @property
+  def nystrom(self) -> nystrom.NystromSpec:
+    """The options of ``implementation="nystrom"`` as the kernel's sub-spec,
+    under the same names (:class:`laplax.kernels.nystrom.NystromSpec`)."""
+    return nystrom.NystromSpec(
+      num_landmarks=self.num_landmarks,
+      pinv_iterations=self.pinv_iterations,
+      pinv_init=self.pinv_init,
+      nystrom_padding=self.nystrom_padding,
+    )
+
   def module_kwargs(self) -> dict:
     """The :class:`~laplax.attention.MultiHeadAttention` attributes this spec sets."""
     out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "spectral"}

@@ -36,8 +36,8 @@ kernels do not take features of ``N`` dimensions).
 attention of the class token's query alone over every token (``scale
 d^-1/2``); a Laplacian head outputs ``v_cls - P v``.
 
-Both are :class:`laplax.attention.MultiHeadAttention` subclasses, so both
-methods apply to every attention of the model: Laplacian heads (the last
+Both are composed of the attention parts of :mod:`laplax.attention` (as
+:class:`laplax.attention.MultiHeadAttention` is), so both methods apply to every attention of the model: Laplacian heads (the last
 ``k`` heads of every block, or ``model.laplacian_mask`` per block) and
 ``spectral`` on ``W_Q, W_K, W_V`` (``query``, ``key``, ``value``: timm's
 fused ``qkv`` rows in an XCA, its ``q``, ``k``, ``v`` in a class attention).
@@ -78,7 +78,6 @@ from laplax.models.layers import (
   MLP,
   DropPath,
   LayerScale,
-  attention_module,
   classifier_head,
   gelu_exact,
   norm_layer,
@@ -249,41 +248,49 @@ class BatchNorm(nn.Module):
     return y.astype(x.dtype)
 
 
-def _refuse(mha: attention_lib.MultiHeadAttention, is_causal: bool, what: str) -> None:
-  """The settings XCiT's attentions do not take (ValueError naming them)."""
+def _refuse(spec: spec_lib.AttentionSpec, is_causal: bool, what: str) -> None:
+  """The settings XCiT's attentions do not take (ValueError naming them; the
+  model spec refuses its own, :class:`XCiTSpec`)."""
   if (
-    mha.qk_norm
-    or mha.rope
-    or mha.window is not None
-    or is_causal
-    or mha.implementation in ("nystrom", "cudnn", "splash")
+    spec.qk_norm or spec.rope or is_causal or spec.implementation in ("nystrom", "cudnn", "splash")
   ):
     raise ValueError(
-      f"XCiT's {what} takes no qk-norm, rotary, sliding window, causal mask or "
+      f"XCiT's {what} takes no qk-norm, rotary, causal mask or "
       f"cudnn/splash/Nystrom kernel; turn them off"
     )
 
 
-def _kernel(mha: attention_lib.MultiHeadAttention) -> str:
+def _kernel(spec: spec_lib.AttentionSpec) -> str:
   """The kernel of XCiT's attentions: the reference one if asked for, else XLA."""
-  return "reference" if mha.implementation == "reference" else "xla"
+  return "reference" if spec.implementation == "reference" else "xla"
 
 
-class XCA(attention_lib.MultiHeadAttention):
+class XCA(nn.Module):
   """Cross-covariance attention (timm's ``XCA``) with Laplacian heads.
 
-  ``x [batch, N, model_dim] -> [batch, N, model_dim]``: the attributes,
-  parameters (``query``, ``key``, ``value``, ``out``) and spectral
-  conditioning are :class:`~laplax.attention.MultiHeadAttention`'s, plus
-  ``temperature [num_heads]`` (init 1; timm's ``[heads, 1, 1]``). Per head
-  (module docstring) ``P = softmax(tau q^T k)`` over the ``d`` channels, ``q``
-  and ``k`` L2-normalised over the ``N`` tokens; the output is ``P v^T``, or
-  ``v^T - P v^T`` on a Laplacian head. ``laplacian_mix="learned"`` mixes as
-  there. qk-norm, rotary, windows, causal masks and the fused kernels are
-  refused (ValueError). For analysis (a mutable ``"intermediates"``) ``P``
-  (float32 ``[batch, heads, d, d]``) is sown as ``"attention_weights"`` and
-  the heads' outputs (``[batch, N, heads, d]``) as ``"head_outputs"``.
+  ``x [batch, N, model_dim] -> [batch, N, model_dim]``, composed of the
+  attention parts of :mod:`laplax.attention` on the spec's attention
+  settings: parameters ``query``, ``key``, ``value`` (with their spectral
+  conditioning, :func:`~laplax.attention.project_qkv`) and ``out``
+  (:func:`~laplax.attention.out_projection`), plus ``temperature
+  [num_heads]`` (init 1; timm's ``[heads, 1, 1]``). Per head (module
+  docstring) ``P = softmax(tau q^T k)`` over the ``d`` channels, ``q`` and
+  ``k`` L2-normalised over the ``N`` tokens; the output is ``P v^T``, or
+  ``v^T - P v^T`` on a Laplacian head (:func:`~laplax.attention.attend`).
+  ``laplacian_mix="learned"`` mixes as there. For analysis (a mutable
+  ``"intermediates"``) ``P`` (float32 ``[batch, heads, d, d]``) is sown as
+  ``"attention_weights"`` and the heads' outputs (``[batch, N, heads, d]``)
+  as ``"head_outputs"``.
+
+  Attributes:
+    spec: the model's :class:`XCiTSpec` (attention settings, dropout,
+      biases, compute dtype, initialisers).
+    laplacian_mask: this block's Laplacian heads (``num_heads`` booleans;
+      ``None``: none).
   """
+
+  spec: XCiTSpec
+  laplacian_mask: tuple | None = None
 
   @nn.compact
   def __call__(  # noqa: D417
@@ -296,73 +303,82 @@ class XCA(attention_lib.MultiHeadAttention):
     **unused,
   ):
     """Applies XCA (``x`` float ``[batch, N, model_dim]``; ``laplacian``, bool
-    ``[num_heads]``, overrides the attributes' Laplacian heads)."""
-    _refuse(self, is_causal, "cross-covariance attention")
-    attention_lib._check_settings(self, x.shape[-1])
+    ``[num_heads]``, overrides the attributes' Laplacian heads).
+
+    Raises:
+      ValueError: qk-norm, rotary, a causal mask or a fused/Nystrom kernel.
+    """
+    model, spec = self.spec, self.spec.attention
+    _refuse(spec, is_causal, "cross-covariance attention")
+    attention_lib.check_settings(spec, x.shape[-1])
     b, n, c = x.shape
-    d = c // self.num_heads
+    d = c // spec.num_heads
     if laplacian is None:
-      laplacian = attention_lib.laplacian_heads(
-        self.num_heads, self.num_laplacian_heads, self.laplacian_mask
-      )
-    dtype = self.dtype or x.dtype
-    q, k, v = attention_lib._project_qkv(self, x, d, dtype)  # [b, n, heads, d]
+      laplacian = attention_lib.laplacian_heads(spec.num_heads, 0, self.laplacian_mask)
+    dtype = model.compute_dtype() or x.dtype
+    kernel_init, out_init = model.inits()
+    q, k, v = attention_lib.project_qkv(  # [b, n, heads, d]
+      spec,
+      x,
+      head_dim=d,
+      dtype=dtype,
+      use_bias=model.use_bias,
+      kernel_init=kernel_init,
+      fuse=not self.is_mutable_collection("intermediates"),
+    )
     temperature = self.param(
       "temperature",
       sharding.logical_init(nn.initializers.ones, ("heads",)),
-      (self.num_heads,),
+      (spec.num_heads,),
       jnp.float32,
     )
     q = l2_normalize(q, axis=1) * temperature[:, None]
     k = l2_normalize(k, axis=1)
     channels = lambda y: y.transpose(0, 3, 2, 1)  # [b, d, heads, n]: channels as tokens
     q, k, v = (channels(t).astype(dtype) for t in (q, k, v))
-    dropout_rng = None
-    if not deterministic and self.attention_dropout > 0.0:
-      dropout_rng = self.make_rng("dropout")
+    dropout_rng = attention_lib.attention_dropout_rng(self, spec, deterministic)
     y = attention_lib.attend(
       q,
       k,
       v,
       laplacian=laplacian,
-      implementation=_kernel(self),
+      implementation=_kernel(spec),
       scale=1.0,
-      dropout_rate=self.attention_dropout,
+      dropout_rate=spec.attention_dropout,
       dropout_rng=dropout_rng,
-      mix=self._mix(laplacian),
-      keep_probs=self.xla_keep_probs,
+      mix=attention_lib.laplacian_mix(self, spec, laplacian),
+      xla_keep_probs=spec.xla_keep_probs,
     )
     y = channels(y)  # [b, n, heads, d]
     if self.is_mutable_collection("intermediates"):  # analysis only
       _, weights = reference_attention(q, k, v, scale=1.0)
       self.sow("intermediates", "attention_weights", weights)
       self.sow("intermediates", "head_outputs", y)
-    y = attention_lib.ProjectionDense(
-      c,
-      dtype=self.dtype,
-      kernel_init=self.out_init,
-      use_bias=self.use_bias,
-      axes=("heads", "embed"),
-      name="out",
-    )(y.reshape(b, n, c))
-    return nn.Dropout(self.dropout)(y, deterministic=deterministic)
+    y = attention_lib.out_projection(
+      y.reshape(b, n, c), c, dtype=model.compute_dtype(), use_bias=model.use_bias, out_init=out_init
+    )
+    return nn.Dropout(model.dropout)(y, deterministic=deterministic)
 
 
-class ClassAttention(attention_lib.MultiHeadAttention):
+class ClassAttention(nn.Module):
   """Class attention (timm's ``ClassAttn``, CaiT's) with Laplacian heads.
 
   ``x [batch, 1 + N, model_dim]`` (the class token first) -> the class
   token's update ``[batch, 1, model_dim]``: its query alone attends to every
   token, ``P = softmax(d^-1/2 q_cls k^T)``, output ``P v``, or ``v_cls - P v``
-  on a Laplacian head. Parameters ``query``, ``key``, ``value``, ``out`` (the
-  query projects the class token only) and spectral conditioning as
-  :class:`~laplax.attention.MultiHeadAttention`'s; refusals as :class:`XCA`'s.
+  on a Laplacian head (:func:`~laplax.attention.attend`). Parameters
+  ``query``, ``key``, ``value``, ``out`` (the query projects the class token
+  only; :class:`~laplax.attention.ProjectionDense` with the spec's spectral
+  conditioning); attributes and refusals as :class:`XCA`'s.
   For analysis ``P`` is sown with the class token's key moved last
   (``[batch, heads, 1, 1 + N]``: the convention of
   :func:`laplax.analysis.conditioning.attention_self_weight` for fewer queries
   than keys) and the heads' outputs as ``[batch, 1 + N, heads, d]``, zero
   but for the class token.
   """
+
+  spec: XCiTSpec
+  laplacian_mask: tuple | None = None
 
   @nn.compact
   def __call__(  # noqa: D417
@@ -374,72 +390,68 @@ class ClassAttention(attention_lib.MultiHeadAttention):
     laplacian: jax.Array | None = None,
     **unused,
   ):
-    """Applies class attention (``x`` float ``[batch, 1 + N, model_dim]``)."""
-    _refuse(self, is_causal, "class attention")
-    attention_lib._check_settings(self, x.shape[-1])
+    """Applies class attention (``x`` float ``[batch, 1 + N, model_dim]``).
+
+    Raises:
+      ValueError: as :class:`XCA`.
+    """
+    model, spec = self.spec, self.spec.attention
+    _refuse(spec, is_causal, "class attention")
+    attention_lib.check_settings(spec, x.shape[-1])
     b, n, c = x.shape
-    d = c // self.num_heads
+    d = c // spec.num_heads
     if laplacian is None:
-      laplacian = attention_lib.laplacian_heads(
-        self.num_heads, self.num_laplacian_heads, self.laplacian_mask
-      )
-    dtype = self.dtype or x.dtype
+      laplacian = attention_lib.laplacian_heads(spec.num_heads, 0, self.laplacian_mask)
+    dtype = model.compute_dtype() or x.dtype
+    kernel_init, out_init = model.inits()
 
     def project(name, target, y):
-      lam = self.spectral_lam if target in self.spectral_targets else None
+      lam = spec.spectral_lam if target in spec.spectral_targets else None
       y = attention_lib.ProjectionDense(
         c,
-        num_heads=self.num_heads,
-        use_bias=self.use_bias,
+        num_heads=spec.num_heads,
+        use_bias=model.use_bias,
         spectral_lam=lam,
-        spectral_mode=self.spectral_mode,
+        spectral_mode=spec.spectral_mode,
         spectral_target=target,
-        dtype=self.dtype,
-        kernel_init=self.kernel_init,
+        dtype=model.compute_dtype(),
+        kernel_init=kernel_init,
         name=name,
       )(y)
-      return y.reshape(b, y.shape[1], self.num_heads, d).astype(dtype)
+      return y.reshape(b, y.shape[1], spec.num_heads, d).astype(dtype)
 
     q = project("query", "q", x[:, :1])
     k = project("key", "k", x)
     v = project("value", "v", x)
-    dropout_rng = None
-    if not deterministic and self.attention_dropout > 0.0:
-      dropout_rng = self.make_rng("dropout")
+    dropout_rng = attention_lib.attention_dropout_rng(self, spec, deterministic)
     y = attention_lib.attend(
       q,
       k,
       v,
       laplacian=laplacian,
-      implementation=_kernel(self),
-      dropout_rate=self.attention_dropout,
+      implementation=_kernel(spec),
+      dropout_rate=spec.attention_dropout,
       dropout_rng=dropout_rng,
       residual_value=v[:, :1],
-      mix=self._mix(laplacian),
-      keep_probs=self.xla_keep_probs,
+      mix=attention_lib.laplacian_mix(self, spec, laplacian),
+      xla_keep_probs=spec.xla_keep_probs,
     )  # [b, 1, heads, d]
     if self.is_mutable_collection("intermediates"):  # analysis only
       _, weights = reference_attention(q, k, v)
       self.sow("intermediates", "attention_weights", jnp.roll(weights, -1, axis=-1))
       rest = jnp.zeros((b, n - 1) + y.shape[2:], y.dtype)
       self.sow("intermediates", "head_outputs", jnp.concatenate([y, rest], 1))
-    y = attention_lib.ProjectionDense(
-      c,
-      dtype=self.dtype,
-      kernel_init=self.out_init,
-      use_bias=self.use_bias,
-      axes=("heads", "embed"),
-      name="out",
-    )(y.reshape(b, 1, c))
-    return nn.Dropout(self.dropout)(y, deterministic=deterministic)
+    y = attention_lib.out_projection(
+      y.reshape(b, 1, c), c, dtype=model.compute_dtype(), use_bias=model.use_bias, out_init=out_init
+    )
+    return nn.Dropout(model.dropout)(y, deterministic=deterministic)
 
 
-def block_attention(spec: XCiTSpec, layer: int, **overrides) -> attention_lib.MultiHeadAttention:
+def block_attention(spec: XCiTSpec, layer: int) -> nn.Module:
   """Block ``layer``'s attention module (:class:`XCA` or :class:`ClassAttention`)
-  with its Laplacian heads, ``overrides`` replacing attributes (the analysis
-  rebuilds it with ``implementation="reference"`` in float32)."""
+  with its Laplacian heads."""
   module = XCA if layer < spec.xca_depth else ClassAttention
-  return attention_module(spec, spec.laplacian[layer], module=module, **overrides)
+  return module(spec, spec.laplacian[layer])
 
 
 def _conv(features, stride, dtype, name, *, depthwise=False, use_bias=True):
@@ -519,9 +531,7 @@ class XCABlock(nn.Module):
     for name, norm, scale in branches:
       y = norm_layer(spec, norm)(x).astype(x.dtype)
       if name == "sa":
-        y = attention_module(spec, self.laplacian_mask, module=XCA, name="attention")(
-          y, deterministic=deterministic
-        )
+        y = XCA(spec, self.laplacian_mask, name="attention")(y, deterministic=deterministic)
       elif name == "lpi":
         y = LPI(spec.compute_dtype(), name="lpi")(y.reshape(b, *self.grid, c)).reshape(b, n, c)
       else:
@@ -555,7 +565,7 @@ class ClassAttentionBlock(nn.Module):
     spec = self.spec
     out = {"input": x}
     y = norm_layer(spec, "norm1")(x).astype(x.dtype)
-    cls = attention_module(spec, self.laplacian_mask, module=ClassAttention, name="attention")(
+    cls = ClassAttention(spec, self.laplacian_mask, name="attention")(
       y, deterministic=deterministic
     )
     y = LayerScale(spec.layerscale_init, name="ls1")(
@@ -656,11 +666,12 @@ class XCiT(nn.Module):
     return x, out
 
 
-def capture_attention(spec: XCiTSpec, layer: int) -> tuple[attention_lib.MultiHeadAttention, str]:
+def capture_attention(spec: XCiTSpec, layer: int) -> tuple[nn.Module, str]:
   """Layer ``layer``'s attention for the analysis: :func:`block_attention`
   with the reference kernel in float32, and why Theorem 3.4's per-head
   section does not apply (:attr:`laplax.models.registry.Family.capture`)."""
-  module = block_attention(spec, layer, implementation="reference", dtype=None)
+  reference = dataclasses.replace(spec.attention, implementation="reference")
+  module = block_attention(dataclasses.replace(spec, attention=reference, dtype="float32"), layer)
   reason = (
     "XCiT's attention is not softmax attention over tokens (XCA attends over each "
     "head's channels, class attention has one query); Theorem 3.4's per-head "

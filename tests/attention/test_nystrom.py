@@ -4,7 +4,7 @@
   weights, every bias perturbed): ``MultiHeadAttention`` with its weights
   gives its context layer (through the output projection) to 1e-5, with and
   without a key-padding mask and the depthwise convolution, both ``Z_0``
-  initialisations; the authors' padding (``padding="zero"``) against a
+  initialisations; the authors' padding (``nystrom_padding="zero"``) against a
   PyTorch transcription of their ``LRA/code/attention_nystrom.py``.
 * With as many landmarks as tokens it is softmax attention (the exact path;
   and the approximation itself once the pseudo-inverse has converged:
@@ -149,7 +149,7 @@ def test_authors_padding_matches_their_code():
   keep[0, 20:] = False
   weight = jnp.asarray(np.random.default_rng(3).normal(size=(5, 2)), jnp.float32)
   mask = jnp.asarray(keep)[:, None, None, :]
-  got = nystrom.nystrom_attention(q, k, v, num_landmarks=4, mask=mask, padding="zero")
+  got = nystrom.nystrom_attention(q, k, v, num_landmarks=4, mask=mask, nystrom_padding="zero")
   vz = v * jnp.asarray(keep, jnp.float32)[:, :, None, None]
   got = got + nystrom.depthwise_conv(vz, weight)
   want = _authors_reference(q, k, v, keep, 4, weight)
@@ -181,7 +181,7 @@ def test_landmarks_equal_tokens_is_softmax():
     laplacian=np.array([True, False]),
     mask=mask,
     implementation="nystrom",
-    kernel_options=dict(num_landmarks=32),
+    nystrom=nystrom.NystromSpec(num_landmarks=32),
   )
   np.testing.assert_allclose(np.asarray(lap[:, :, 0]), np.asarray(v - exact)[:, :, 0], atol=1e-5)
   np.testing.assert_allclose(np.asarray(lap[:, :, 1]), np.asarray(exact)[:, :, 1], atol=1e-5)

@@ -212,7 +212,7 @@ def test_xla_kernel_recomputing_p_gives_the_same_gradients():
   # compile_report --xla-keeps-p).
   residuals = lambda keep=None: jax.vjp(
     lambda q: kernels.attention(
-      q, k, v, mask=None, is_causal=True, scale=0.2, implementation="xla", keep_probs=keep
+      q, k, v, mask=None, is_causal=True, scale=0.2, implementation="xla", xla_keep_probs=keep
     )[0],
     q,
   )[1]
