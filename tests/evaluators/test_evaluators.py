@@ -116,9 +116,9 @@ def dino_run(fmnist_data_dir):
     apply_override(c, arg[len("--config.") :])
   with c.unlocked():
     c.evals = ALL_DINO
-  tasks.validate(c)
+  run = tasks.validate(c)
   registry.validate(c)
-  task = tasks.make_task(c, None)
+  task = tasks.make_task(run, None)
   return task, state_lib.init_state(task, optim.make_optimizer(c), c.seed)
 
 

@@ -22,7 +22,8 @@ from helpers.runs import ROOT
 # A stand-in: records its name and arguments, then takes the first line of its
 # queue ("CODE [OUTPUT]", or "usr1"/"term": send SIGUSR1/SIGTERM to the parent
 # and exit 0 at its SIGTERM, as train.py saves and exits; "int": send SIGINT to
-# the parent and exit 130) and exits with CODE (0 if empty).
+# the parent and exit 130 a second later, as a Ctrl-C reaches the launcher and
+# gcloud at once and gcloud takes a while to end) and exits with CODE (0 if empty).
 STAND_IN = r"""#!/usr/bin/env bash
 name=$(basename "$0")
 printf '%s\x1f' "$name" "$@" >> "$FAKE_DIR/calls"
@@ -36,7 +37,7 @@ if [ "$line" = usr1 ] || [ "$line" = term ]; then
   for _ in $(seq 100); do sleep 0.1; done
   exit 9
 fi
-if [ "$line" = int ]; then kill -INT "$PPID"; exit 130; fi
+if [ "$line" = int ]; then kill -INT "$PPID"; sleep 1; exit 130; fi
 code=${line%% *}
 [ "$line" = "${line#* }" ] || echo "${line#* }"
 exit "${code:-0}"
