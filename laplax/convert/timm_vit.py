@@ -358,6 +358,20 @@ def laplax_to_timm(params: Mapping, spec, config=None) -> tuple[dict, dict]:
   return sd, model_args
 
 
+#: Where timm's classifiers keep their weight ``[num_classes, features]``
+#: (ViT, DeiT, XCiT: ``head``; Swin, DaViT: ``head.fc``).
+HEAD_WEIGHTS = ("head.weight", "head.fc.weight")
+
+
+def head_classes(state: Mapping[str, Any]) -> int | None:
+  """The number of classes of a timm state dict's classifier (the rows of its
+  :data:`HEAD_WEIGHTS` tensor), ``None`` without one (a backbone)."""
+  for key in HEAD_WEIGHTS:
+    if key in state and np.ndim(state[key]) == 2:
+      return int(np.shape(state[key])[0])
+  return None
+
+
 def load_weights(path: str) -> dict[str, np.ndarray]:
   """A ``.safetensors`` or ``.pth`` file -> ``{name: float32 array}`` (a
   ``.pth`` holding ``{"model": state_dict}`` as DeiT's do is unwrapped).
@@ -489,14 +503,15 @@ def convert_from_timm(
       f"--config is a {config.get('task')} config; --from timm needs "
       f"a classification config (e.g. configs/deit3_imagenet.py)"
     )
-  model = timm_model(name, parse_model_args(model_args))
+  args = parse_model_args(model_args)
+  state = load_weights(weights) if weights else None
+  if state is not None and "num_classes" not in args and head_classes(state) is not None:
+    args["num_classes"] = head_classes(state)  # a fine-tuned model's own classes
+  model = timm_model(name, args)
   family = family_of(model)
   arch = family.architecture(model)
-  state = (
-    load_weights(weights)
-    if weights
-    else {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
-  )
+  if state is None:
+    state = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
   params = family.timm_to_laplax(state, arch)
   keys = family.model_keys(arch)
   if keys["name"] != config.model.get("name"):  # another family: its model section,
