@@ -187,6 +187,19 @@ def _only(flat: Mapping[str, Any], suffix: str, workdir: str):
   return tuple(found[0].shape) if found else None
 
 
+def _vocabulary(config: ml_collections.ConfigDict, rows: int) -> int:
+  """The vocabulary of a token table of ``rows`` rows: the config's (256 for
+  bytes, else ``data.vocab_size``) where the table is that vocabulary padded
+  to ``model.vocab_multiple`` (a GPT of the Laplacian authors' nanochat fork:
+  its logits are cut back to the vocabulary, so no padded id is ever scored
+  or sampled), else the rows."""
+  if not tasks.is_language_model(config):
+    return rows
+  vocab = 256 if config.data.tokenizer == "byte" else int(config.data.vocab_size)
+  multiple = int(config.model.vocab_multiple)
+  return vocab if -(-vocab // multiple) * multiple == rows else rows
+
+
 def checkpoint_sizes(
   config: ml_collections.ConfigDict, params: Mapping, workdir: str = "the workdir"
 ) -> dict:
@@ -195,7 +208,8 @@ def checkpoint_sizes(
   ``num_classes`` (the ``head`` kernel ``[width, classes]``; 0 without), ``image_shape``
   ``(H, W, C)`` (C from the patch kernel ``[p, p, C, width]``; the square grid of a
   learned position embedding ``[1, N, width]``, else ``config.data.image_size``; DINO:
-  the global crops' size) and ``vocab_size`` (the token embedding ``[V, width]``).
+  the global crops' size) and ``vocab_size`` (the token embedding ``[V, width]``;
+  a GPT's vocabulary without the padding of ``model.vocab_multiple``).
 
   Raises:
     LoadError: a tree without the parameters the config's model has.
@@ -211,7 +225,7 @@ def checkpoint_sizes(
         f"the checkpoint in {workdir} has no token embedding; it is not the "
         f"{config.model.name.upper()} of its config.json"
       )
-    return {"vocab_size": int(embedding[0])}
+    return {"vocab_size": _vocabulary(config, int(embedding[0]))}
   if tasks.task_class(config).family == "encoder":  # sequence classification
     head = flat.get("head/kernel")
     return {"num_classes": int(head.shape[1]) if head is not None else 0}

@@ -24,6 +24,13 @@ session (xdist workers and every subprocess inherit the environment):
 
 A value the user has set for any of these is left as it is.
 
+:func:`pytest_runtest_teardown` keeps SIGINT as a terminal gives it to a
+command: a test that leaves it ignored in the test process (ignored
+dispositions pass to every child, and a shell cannot trap a signal ignored at
+its start, nor Python turn it into KeyboardInterrupt) gets it restored and a
+warning naming it, so that the Ctrl-C tests after it see what a user's
+terminal gives.
+
 :func:`pytest_collection_modifyitems` puts the longest test files first
 (:data:`LONGEST_FIRST`), so that with ``-n 2 --dist loadfile`` the other
 worker runs the many short files meanwhile instead of waiting at the end.
@@ -31,7 +38,10 @@ worker runs the many short files meanwhile instead of waiting at the end.
 
 import os
 import shutil
+import signal
 import tempfile
+import threading
+import warnings
 
 import pytest
 
@@ -101,3 +111,23 @@ def corpus(tmp_path_factory):
   for name in ("a", "b", "c"):
     (d / f"{name}.txt").write_text(SENTENCE * 150)
   return d
+
+
+def _sigint_ignored() -> bool:
+  """Whether SIGINT is ignored (``SIG_IGN``) in this process, from ``/proc``
+  (also where native code set it, which :func:`signal.getsignal` misses)."""
+  try:
+    with open("/proc/self/status") as f:
+      ignored = next(line for line in f if line.startswith("SigIgn:"))
+  except (OSError, StopIteration):
+    return False
+  return bool(int(ignored.split()[1], 16) >> (signal.SIGINT - 1) & 1)
+
+
+def pytest_runtest_teardown(item, nextitem):
+  """Restores SIGINT's default (KeyboardInterrupt) after a test that left it ignored."""
+  if threading.current_thread() is threading.main_thread() and _sigint_ignored():
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    warnings.warn(
+      f"{item.nodeid} left SIGINT ignored; restored for the tests after it", stacklevel=1
+    )

@@ -364,6 +364,11 @@ def bert_base_config() -> ml_collections.ConfigDict:
   c.mlm = ml_collections.ConfigDict()
   c.mlm.rule = "cramming"
   c.mlm.probability = 0.25
+  # cramming's corpus has no [CLS] (include_cls_token_in_corpus: False): a
+  # window is the packed tokens as they are, each document ending in [SEP]
+  # (data.wordpiece_normalizer="cramming"). True puts [CLS] on every window's
+  # first token (BERT's input; laplax's packing before the key).
+  c.mlm.cls_first = False
   c.eval = ml_collections.ConfigDict()
   c.evals = "mlm_loss"
   return c

@@ -113,8 +113,12 @@ class TimmReader:
     self.used.add(name)
     value = self.state[name]
     if shape is not None and tuple(value.shape) != tuple(shape):
+      hint = ""
+      if name.startswith("head.") and value.shape[:1] != tuple(shape)[:1]:  # a classifier
+        hint = f" (a {value.shape[0]}-class head: --model_args num_classes={value.shape[0]})"
       raise ConvertError(
-        f"timm tensor {name} has shape {tuple(value.shape)}; this architecture needs {tuple(shape)}"
+        f"timm tensor {name} has shape {tuple(value.shape)}; this architecture needs "
+        f"{tuple(shape)}{hint}"
       )
     return value
 

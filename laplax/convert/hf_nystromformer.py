@@ -21,6 +21,10 @@ by the input's length: with fewer landmarks than that it computes Nystrom
 attention only for inputs of exactly that length (the converted model takes
 any length the landmarks divide), and with as many landmarks as that, the
 exact softmax (laplax: whenever the landmarks equal the tokens).
+The converted model keeps the first ``min(max_position_embeddings,
+segment_means_seq_len)`` positions (:func:`positions_kept`): the public
+checkpoints' tables are two rows longer than ``segment_means_seq_len`` (514
+and 512), and only that length is one both models compute.
 
 :func:`convert_from_hf` writes a new laplax workdir (an ``mlm`` task).
 Errors are :class:`~laplax.convert.common.ConvertError` with one line.
@@ -99,10 +103,17 @@ def read_hf_config(model_dir: str) -> dict:
   return hf_bert.read_hf_config_dict(bert, path)
 
 
+def positions_kept(hf: dict) -> int:
+  """The positions (``model.max_length``) of the converted model:
+  ``min(max_position_embeddings, segment_means_seq_len)``, the length at which
+  HF's attention computes what laplax's does (module docstring)."""
+  return min(hf["max_position_embeddings"], hf["segment_means_seq_len"])
+
+
 def to_bert_tensors(tensors: dict, hf: dict, source: str) -> tuple[dict, dict]:
   """``(BERT-named tensors, {layer: conv [heads, 1, k, 1]})`` of a
   ``NystromformerForMaskedLM`` state dict: the prefix renamed, the buffers
-  dropped, the position table's first two rows cut off.
+  dropped, of the position table the rows ``2 .. 2 + positions_kept(hf)``.
 
   Raises:
     ConvertError: a convolution weight missing, unexpected or of the wrong shape.
@@ -116,7 +127,14 @@ def to_bert_tensors(tensors: dict, hf: dict, source: str) -> tuple[dict, dict]:
       continue
     out["bert." + name[len(PREFIX) :] if name.startswith(PREFIX) else name] = value
   if _POSITIONS in out:
-    out[_POSITIONS] = out[_POSITIONS][POSITION_OFFSET:]
+    table = out[_POSITIONS]
+    if table.shape[0] != hf["max_position_embeddings"] + POSITION_OFFSET:
+      raise ConvertError(
+        f"{source}: the position table has {table.shape[0]} rows; config.json's "
+        f"max_position_embeddings={hf['max_position_embeddings']} needs "
+        f"{hf['max_position_embeddings'] + POSITION_OFFSET}"
+      )
+    out[_POSITIONS] = table[POSITION_OFFSET : POSITION_OFFSET + positions_kept(hf)]
   k, heads = hf.get("conv_kernel_size"), hf["num_attention_heads"]
   for i in range(hf["num_hidden_layers"]):
     if k is None:
@@ -134,8 +152,9 @@ def to_bert_tensors(tensors: dict, hf: dict, source: str) -> tuple[dict, dict]:
 
 
 def laplax_config(hf: dict, config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-  """:func:`hf_bert.laplax_config` with Nystrom attention as the HF config sets it."""
-  config = hf_bert.laplax_config(hf, config)
+  """:func:`hf_bert.laplax_config` with Nystrom attention as the HF config
+  sets it, on :func:`positions_kept` positions."""
+  config = hf_bert.laplax_config(dict(hf, max_position_embeddings=positions_kept(hf)), config)
   with config.unlocked():
     config.model.update(
       implementation="nystrom",
@@ -174,7 +193,8 @@ def convert_from_hf(model_dir: str, config: ml_collections.ConfigDict, workdir: 
   )
   tensors, source = common.read_hf_tensors(model_dir, DIRECTORY)
   bert_tensors, conv = to_bert_tensors(dict(tensors), hf, source)
-  flat = hf_bert.hf_to_laplax(hf_bert.check_hf_tensors(bert_tensors, hf, source), spec.depth)
+  kept = dict(hf, max_position_embeddings=positions_kept(hf))
+  flat = hf_bert.hf_to_laplax(hf_bert.check_hf_tensors(bert_tensors, kept, source), spec.depth)
   for i, weight in conv.items():
     flat[f"block{i}/attention/nystrom_conv"] = np.ascontiguousarray(
       np.asarray(weight, np.float32)[:, 0, :, 0].T

@@ -48,6 +48,9 @@ NAME = "timm's DaVit"
 TIMM_CLASS = "DaVit"
 #: The timm module that defines :data:`TIMM_CLASS` (``--to timm`` rebuilds it).
 TIMM_MODULE = "timm.models.davit"
+#: ``--weights`` in the authors' release layout convert (timm's
+#: ``checkpoint_filter_fn``, :func:`laplax.convert.timm_vit.timm_layout`).
+RELEASE_LAYOUTS = True
 #: The laplax family (``config.model.name``) it converts.
 FAMILY = "davit"
 #: timm model names (``--model``) of that class: their prefixes.

@@ -29,6 +29,7 @@ by name (:func:`timm_model`) and reading ``.pth`` files import PyTorch.
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 import os
@@ -358,6 +359,37 @@ def laplax_to_timm(params: Mapping, spec, config=None) -> tuple[dict, dict]:
   return sd, model_args
 
 
+def timm_layout(state: dict[str, np.ndarray], model, family) -> dict[str, np.ndarray]:
+  """``state`` in the layout of timm's ``model``: unchanged when it has
+  exactly the model's tensor names, else renamed by timm's own
+  ``checkpoint_filter_fn`` of the family's module (what ``timm.create_model(...,
+  pretrained=True)`` applies to the authors' release files: Microsoft's Swin
+  and DaViT, facebookresearch's XCiT with ``pos_embeder`` and a fused
+  class-attention ``qkv``). What does not then match is refused by the
+  converter's shape and name checks."""
+  if set(state) == set(model.state_dict()):
+    return state
+  import torch
+
+  module = importlib.import_module(family.TIMM_MODULE)
+  renamed = module.checkpoint_filter_fn({k: torch.from_numpy(v) for k, v in state.items()}, model)
+  return {k: v.detach().float().numpy() for k, v in renamed.items()}
+
+
+#: Where timm's classifiers keep their weight ``[num_classes, features]``
+#: (ViT, DeiT, XCiT: ``head``; Swin, DaViT: ``head.fc``).
+HEAD_WEIGHTS = ("head.weight", "head.fc.weight")
+
+
+def head_classes(state: Mapping[str, Any]) -> int | None:
+  """The number of classes of a timm state dict's classifier (the rows of its
+  :data:`HEAD_WEIGHTS` tensor), ``None`` without one (a backbone)."""
+  for key in HEAD_WEIGHTS:
+    if key in state and np.ndim(state[key]) == 2:
+      return int(np.shape(state[key])[0])
+  return None
+
+
 def load_weights(path: str) -> dict[str, np.ndarray]:
   """A ``.safetensors`` or ``.pth`` file -> ``{name: float32 array}`` (a
   ``.pth`` holding ``{"model": state_dict}`` as DeiT's do is unwrapped).
@@ -424,7 +456,6 @@ def converters() -> tuple:
   ``SUPPORT``, ``NAME``, ``MODEL_PREFIXES`` and ``DEFAULT_CONFIG``, and
   defines ``architecture``, ``timm_to_laplax``, ``model_keys`` and
   ``laplax_to_timm`` (``docs/architecture.md``, "Adding a model family")."""
-  import importlib
   import pkgutil
 
   package = importlib.import_module("laplax.convert")
@@ -489,14 +520,17 @@ def convert_from_timm(
       f"--config is a {config.get('task')} config; --from timm needs "
       f"a classification config (e.g. configs/deit3_imagenet.py)"
     )
-  model = timm_model(name, parse_model_args(model_args))
+  args = parse_model_args(model_args)
+  state = load_weights(weights) if weights else None
+  if state is not None and "num_classes" not in args and head_classes(state) is not None:
+    args["num_classes"] = head_classes(state)  # a fine-tuned model's own classes
+  model = timm_model(name, args)
   family = family_of(model)
   arch = family.architecture(model)
-  state = (
-    load_weights(weights)
-    if weights
-    else {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
-  )
+  if state is None:
+    state = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
+  elif getattr(family, "RELEASE_LAYOUTS", False):
+    state = timm_layout(state, model, family)
   params = family.timm_to_laplax(state, arch)
   keys = family.model_keys(arch)
   if keys["name"] != config.model.get("name"):  # another family: its model section,

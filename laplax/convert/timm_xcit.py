@@ -65,6 +65,9 @@ NAME = "timm's Xcit"
 TIMM_CLASS = "Xcit"
 #: The timm module that defines :data:`TIMM_CLASS` (``--to timm`` rebuilds it).
 TIMM_MODULE = "timm.models.xcit"
+#: ``--weights`` in the authors' release layout convert (timm's
+#: ``checkpoint_filter_fn``, :func:`laplax.convert.timm_vit.timm_layout`).
+RELEASE_LAYOUTS = True
 #: The laplax family (``config.model.name``) it converts.
 FAMILY = "xcit"
 #: timm model names (``--model``) of that class: their prefixes.

@@ -11,7 +11,10 @@ sentence (Hugging Face's ``longest_first``). The model is the pre-trained
 :class:`~laplax.models.bert.BERT` with its pooled classifier
 (``num_labels``; 1 for STS-B's regression), pooled as ``glue.pooler``
 (cramming's ``arch_modifications.classification_head.pooler: zero_index``:
-token 0) with ``glue.dropout``.
+token 0), with cramming's fine-tuning dropout (its ``eval_in_train_mode``):
+``glue.dropout`` on the embeddings, residual branches and classifier
+(``hidden_dropout_prob``), ``glue.attention_dropout`` on the attention
+probabilities (``attention.dropout_prob``), 0.1 each.
 
 Loss: softmax cross-entropy (mean squared error for STS-B). Evaluation
 (:meth:`GLUETask.evaluate`) on ``validation`` (MNLI: ``validation_matched``
@@ -130,7 +133,13 @@ def average_ranks(x: np.ndarray) -> np.ndarray:
 
 
 def spearman(x: np.ndarray, y: np.ndarray) -> float:
-  """Spearman's rank correlation: :func:`pearson` of the :func:`average_ranks`."""
+  """Spearman's rank correlation: :func:`pearson` of the :func:`average_ranks`;
+  NaN when ``x`` or ``y`` holds a NaN (a diverged model's predictions), as
+  SciPy's ``spearmanr`` (``nan_policy="propagate"``) that Hugging Face's
+  metric calls, not the finite rank of a NaN."""
+  x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
+  if np.isnan(x).any() or np.isnan(y).any():
+    return math.nan
   return pearson(average_ranks(x), average_ranks(y))
 
 
@@ -258,8 +267,9 @@ def base_config() -> ml_collections.ConfigDict:
   ``config/eval/GLUE_sane.yaml`` and ``eval/optim/adam.yaml``): AdamW lr
   4e-5, betas (0.9, 0.98), eps 1e-6, no weight decay, no gradient clipping,
   batch 16, 5 epochs, linear warm-up over 10% of the steps then cosine decay
-  to 0, 128 tokens, token-0 pooler with dropout 0.1 (its
-  ``eval_in_train_mode``)."""
+  to 0, 128 tokens, token-0 pooler, dropout 0.1 on the hidden states and on
+  the attention probabilities (its ``eval_in_train_mode``, ``arch/crammed-bert.yaml``'s
+  ``hidden_dropout_prob`` and ``attention.dropout_prob``)."""
   c = defaults.bert_base_config()
   c.task = "glue"
   c.evals = "glue"
@@ -269,6 +279,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.glue.task = "cola"
   c.glue.pooler = "cls"
   c.glue.dropout = 0.1
+  c.glue.attention_dropout = 0.1
   c.batch_size = 16
   c.eval_batch_size = 128
   c.optim.lr = 4e-5
@@ -325,6 +336,7 @@ class GLUETask(TaskBase):
       f"config.glue.pooler={pooler!r} is unknown; use one of {', '.join(POOLERS)}",
     )
     config_lib.check_float(config, "glue.dropout", 0.0, 1.0)
+    config_lib.check_float(config, "glue.attention_dropout", 0.0, 0.99)
     config_lib.check_int(config, "data.max_length", 5)
     n, m = config.data.max_length, config.model.max_length
     config_lib.require(
@@ -352,8 +364,14 @@ class GLUETask(TaskBase):
     self.features, self.num_labels, self.eval_splits, self.targets = TASKS[self.name]
     self.length = int(config.data.max_length)
     vocab = vocab_size or (tokenizer.get_vocab_size() if tokenizer else config.data.vocab_size)
+    attention = dataclasses.replace(
+      self.spec.attention, attention_dropout=float(config.glue.attention_dropout)
+    )
     spec = dataclasses.replace(
-      self.spec, pooler=config.glue.pooler, dropout=float(config.glue.dropout)
+      self.spec,
+      pooler=config.glue.pooler,
+      dropout=float(config.glue.dropout),
+      attention=attention,
     )
     self.model = BERT(spec, vocab_size=int(vocab), num_labels=self.num_labels)
 

@@ -5,8 +5,11 @@ The corpus is any text corpus the language-model pipeline reads
 (:mod:`laplax.data.text.corpus`; a WordPiece tokenizer trained on its train
 split, ``data.tokenizer="wordpiece"``), packed: every example is a window of
 ``model.max_length`` consecutive tokens of the concatenated documents (the
-LM pipeline's random windows, so resuming is exact), whose first token is
-replaced by ``[CLS]``. The masking is drawn inside the compiled step from the
+LM pipeline's random windows, so resuming is exact), each document ending in
+``[SEP]`` and no ``[CLS]`` (cramming's corpus: ``include_sep_token_in_corpus``,
+not ``include_cls_token_in_corpus``; ``data.wordpiece_normalizer``);
+``mlm.cls_first=True`` puts ``[CLS]`` on every window's first token instead
+(BERT's input, and laplax's packing before the key). The masking is drawn inside the compiled step from the
 step's RNG, so a resumed run masks exactly as an uninterrupted one.
 
 Masking (:func:`mask_tokens`; ``config.mlm``):
@@ -39,6 +42,7 @@ import optax
 from laplax.config import defaults
 from laplax.config import validation as config_lib
 from laplax.data import lm_input
+from laplax.data.text import tokenizers
 from laplax.models import spec as spec_lib
 from laplax.models.bert import BERT
 from laplax.tasks.base import TaskBase, counted, model_spec
@@ -142,7 +146,8 @@ class MaskedLMTask(TaskBase):
 
   @classmethod
   def validate(cls, config: ml_collections.ConfigDict) -> None:
-    """``mlm.rule``, ``mlm.probability``, the corpus and the WordPiece tokenizer.
+    """``mlm.rule``, ``mlm.probability``, ``mlm.cls_first``, the corpus and the
+    WordPiece tokenizer.
 
     Raises:
       ConfigError: one line naming the key and the fix.
@@ -153,6 +158,10 @@ class MaskedLMTask(TaskBase):
     )
     config_lib.check_float(config, "mlm.probability", 0.0, 1.0, open_min=True)
     config_lib.require(
+      isinstance(config.mlm.cls_first, bool),
+      f"config.mlm.cls_first={config.mlm.cls_first!r} must be True or False",
+    )
+    config_lib.require(
       not (lm_input.is_fineweb(config) or lm_input.is_project_input(config)),
       f"config.data.name={config.data.name!r}: masked-LM pre-training reads a text corpus "
       f"(data.name='text_corpus')",
@@ -161,6 +170,12 @@ class MaskedLMTask(TaskBase):
       config.data.tokenizer == "wordpiece",
       f"config.data.tokenizer={config.data.tokenizer!r}: masked-LM pre-training needs "
       f"[MASK] and [CLS] tokens; use data.tokenizer='wordpiece'",
+    )
+    normalizer = config.data.wordpiece_normalizer
+    config_lib.require(
+      normalizer in tokenizers.WORDPIECE_NORMALIZERS,
+      f"config.data.wordpiece_normalizer={normalizer!r} is unknown; use one of "
+      f"{', '.join(tokenizers.WORDPIECE_NORMALIZERS)}",
     )
 
   def __init__(
@@ -236,9 +251,16 @@ class MaskedLMTask(TaskBase):
     """Initial parameters from ``rng`` (the MLM head's, no pooler)."""
     return self.model.init({"params": rng}, jnp.zeros((1, self.seq_len), jnp.int32))["params"]
 
+  def packed(self, tokens: jax.Array) -> jax.Array:
+    """The model's input of packed windows ``tokens`` (int32 ``[batch,
+    max_length]``): the windows as they are (cramming), or with ``[CLS]`` on
+    each first token (``mlm.cls_first``)."""
+    tokens = jnp.asarray(tokens, jnp.int32)
+    return tokens.at[:, 0].set(CLS_ID) if self.config.mlm.cls_first else tokens
+
   def _masked_loss(self, params, tokens, real, rng, train: bool):
     """``(sum of CE, sum of correct, count)`` over the chosen tokens of ``tokens``."""
-    tokens = jnp.asarray(tokens, jnp.int32).at[:, 0].set(CLS_ID)
+    tokens = self.packed(tokens)
     valid = real & (tokens >= NUM_SPECIAL)
     m = self.config.mlm
     inputs, positions, targets, weights = mask_tokens(

@@ -67,6 +67,12 @@ OLD_RUN_VALUES = {
   "data.listops_closers": False,
   # LRA Image and Pathfinder runs saved before the key masked no pixel.
   "data.mask_zero_pixels": False,
+  # WordPiece tokenizers trained before the key read text as BERT's normaliser.
+  "data.wordpiece_normalizer": "bert",
+  # Masked-LM runs saved before the key put [CLS] on each window's first token.
+  "mlm.cls_first": True,
+  # GLUE runs saved before the key fine-tuned without attention dropout.
+  "glue.attention_dropout": 0.0,
 }
 
 

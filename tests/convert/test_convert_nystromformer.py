@@ -1,7 +1,8 @@
 """``--from hf-nystromformer`` (laplax/convert/hf_nystromformer.py) against ``transformers``.
 
 A random ``NystromformerForMaskedLM`` (2 layers, width 64, 4 heads, 16
-landmarks, length 128, every LayerNorm, bias and convolution perturbed)
+landmarks, length 128 in a position table of 130 as the public checkpoints
+lay it out, every LayerNorm, bias and convolution perturbed)
 converted and loaded with ``laplax.load`` gives HF's masked-LM logits to
 1e-4 of their largest value. Inputs are unpadded: in transformers 5.24,
 ``NystromformerModel`` with a padding mask and fewer landmarks than tokens
@@ -34,7 +35,7 @@ def tiny_hf_nystromformer(seed=0, conv=9):
     num_hidden_layers=2,
     num_attention_heads=H,
     intermediate_size=F,
-    max_position_embeddings=L,
+    max_position_embeddings=L + 2,  # the public checkpoints': 514 for 512
     segment_means_seq_len=L,
     num_landmarks=M,
     conv_kernel_size=conv,
@@ -63,6 +64,7 @@ def test_convert_from_hf_nystromformer(tmp_path):
   loaded = laplax.load(str(tmp_path / "w"))
   spec = loaded.model.spec
   assert spec.attention.implementation == "nystrom" and spec.attention.num_landmarks == M
+  assert spec.max_length == L
   tokens = np.random.RandomState(0).randint(0, V, (2, L))
   logits, _ = loaded.model.apply({"params": loaded.params}, tokens, train=False)
   with torch.no_grad():

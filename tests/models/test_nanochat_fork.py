@@ -194,6 +194,12 @@ def test_fork_logits_equal_a_pytorch_transcription_through_from_nanochat(tmp_pat
   assert got.shape == want.shape == (2, LENGTH, mc["vocab_size"])
   scale = np.abs(want).max()
   assert np.abs(got - want).max() <= 1e-5 * scale, np.abs(got - want).max() / scale
+  if not switches:  # laplax.load: the vocabulary, not the padded table's rows
+    import laplax
+
+    run = laplax.load(str(tmp_path / "wd"))
+    loaded = jax.jit(lambda p, t: run.model.apply({"params": p}, t)[0])(run.params, idx)
+    np.testing.assert_array_equal(np.asarray(loaded), got)
   # the window matters here: the S layers differ from full attention
   with torch.no_grad():
     full = fork_forward(sd, {**mc, "window_pattern": "L"}, torch.from_numpy(idx)).numpy()

@@ -71,8 +71,8 @@ class Fakes:
       f.writelines(line + "\n" for line in lines)
 
   def run(self, script: str, *args: str, timeout=60, **env) -> subprocess.CompletedProcess:
-    return subprocess.run(
-      ["bash", os.path.join(ROOT, "scripts", script), *args],
+    return subprocess.run(  # SIGINT at its default, as a terminal starts a command
+      ["env", "--default-signal=INT", "bash", os.path.join(ROOT, "scripts", script), *args],
       env={**self.env, **env, "LAPLAX_TPU_POLL_S": "0"},
       capture_output=True,
       text=True,

@@ -240,3 +240,35 @@ def test_fine_tune_from_a_pretrained_workdir_writes_the_metric(tmp_path):
     result = json.load(f)
   assert -1.0 <= result["matthews_correlation"] <= 1.0
   assert result["num_examples"] == 10 and result["step"] == 4
+
+
+def test_stsb_spearman_of_nan_predictions_is_nan_as_scipy():
+  labels, outputs = np.arange(6.0), np.array([0.1, np.nan, 2.0, 3.0, 4.0, 5.0])
+  assert np.isnan(scipy.stats.spearmanr(labels, outputs)[0])
+  assert np.isnan(glue.spearman(labels, outputs)) and np.isnan(glue.spearman(outputs, labels))
+  assert np.isnan(glue.scores("stsb", labels, outputs)["spearmanr"])
+
+
+def test_fine_tuning_drops_attention_probabilities_as_cramming():
+  """With the hidden dropout off, two dropout keys give two losses exactly when
+  ``glue.attention_dropout`` is on (cramming's ``attention.dropout_prob``)."""
+  c = load("bert_glue")
+  c.model.update(width=32, depth=1, num_heads=2, mlp_dim=64, pooler_dim=32)
+  c.data.max_length = c.model.max_length = 16
+  c.glue.dropout = 0.0
+  rng = np.random.default_rng(0)
+  batch = {
+    "tokens": rng.integers(5, 64, (4, 16)).astype(np.int32),
+    "types": np.zeros((4, 16), np.int32),
+    "mask": np.ones((4, 16), np.int32),
+    "label": np.array([0.0, 1.0, 1.0, 0.0], np.float32),
+  }
+  losses = {}
+  for rate in (0.1, 0.0):
+    c.glue.attention_dropout = rate
+    task = glue.GLUETask.from_shapes(c, vocab_size=64)
+    assert task.model.spec.attention.attention_dropout == rate
+    params = task.init(jax.random.PRNGKey(0))
+    losses[rate] = [float(task.loss(params, batch, jax.random.PRNGKey(k))[0]) for k in (1, 2)]
+  assert losses[0.1][0] != losses[0.1][1]
+  assert losses[0.0][0] == losses[0.0][1]

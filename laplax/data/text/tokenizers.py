@@ -35,6 +35,16 @@ TOKENIZERS = ("byte", "bpe", "nanochat", "wordpiece")
 #: The special tokens of the WordPiece tokenizer (BERT's), ids 0..4 in this order.
 WORDPIECE_SPECIAL = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 TOKENIZER_FILE = "tokenizer.json"  # the BPE tokenizer, in the workdir
+#: ``data.wordpiece_normalizer``, how a new WordPiece tokenizer reads text:
+#: ``"cramming"`` is cramming's (JonasGeiping/cramming,
+#: ``data/tokenizer_preparation.py``: ``_get_sane_normalizers`` with the
+#: ``force_lowercase``, ``strip_accents`` and ``force_english_keyboard`` of its
+#: The Pile and BookCorpus-Wikipedia configs; the ``Whitespace`` pre-tokenizer
+#: of its ``WordPiece``; ``include_sep_token_in_corpus``: every encoded text
+#: ends in ``[SEP]``). ``"bert"`` is what laplax trained before: Hugging
+#: Face's ``BertNormalizer`` without lower-casing, ``BertPreTokenizer``, no
+#: ``[SEP]``. A trained tokenizer keeps its rules in its ``tokenizer.json``.
+WORDPIECE_NORMALIZERS = ("cramming", "bert")
 
 _BYTE_TOKEN_BYTES = np.ones(256, np.int32)
 _BYTE_TOKEN_BYTES.setflags(write=False)
@@ -164,10 +174,32 @@ class BPETokenizer:
     return self._tokenizer.decode(np.asarray(ids).reshape(-1).tolist())
 
 
+def cramming_normalizer() -> tokenizers.normalizers.Normalizer:
+  """cramming's text normalisation for its WordPiece tokenizers, in its order:
+  ````` `` ````` and ``''`` become ``"``, Unicode NFD, lower case, combining
+  accents removed, runs of spaces become one, every non-ASCII character
+  removed (``_get_sane_normalizers(force_english_keyboard=True,
+  force_lowercase=True, strip_accents=True)``, JonasGeiping/cramming
+  ``data/tokenizer_preparation.py``)."""
+  n = tokenizers.normalizers
+  return n.Sequence(
+    [
+      n.Replace("``", '"'),
+      n.Replace("''", '"'),
+      n.NFD(),
+      n.Lowercase(),
+      n.StripAccents(),
+      n.Replace(tokenizers.Regex(" {2,}"), " "),
+      n.Replace(tokenizers.Regex(r"[^\x00-\x7F]+"), ""),
+    ]
+  )
+
+
 class WordPieceTokenizer(BPETokenizer):
-  """BERT's WordPiece (HuggingFace ``tokenizers``: ``BertNormalizer`` without
-  lower-casing, ``BertPreTokenizer``, ``WordPieceTrainer``), for masked-LM
-  pre-training (:mod:`laplax.tasks.mlm`). Ids 0..4 are
+  """BERT's WordPiece (HuggingFace ``tokenizers``' ``WordPiece`` model and
+  ``WordPieceTrainer``; the normalisation, word splitting and ``[SEP]`` of
+  :data:`WORDPIECE_NORMALIZERS`), for masked-LM pre-training
+  (:mod:`laplax.tasks.mlm`). Ids 0..4 are
   :data:`WORDPIECE_SPECIAL` (``[PAD] [UNK] [CLS] [SEP] [MASK]``); saved as
   ``WORKDIR/tokenizer.json``, the file ``BertForMaskedLM`` directories carry.
   ``decode`` joins the word pieces (whitespace is not kept exactly). Training
@@ -203,15 +235,29 @@ class WordPieceTokenizer(BPETokenizer):
     self.fingerprint = "wordpiece-" + self.fingerprint.split("-", 1)[1]
 
   @classmethod
-  def train(cls, texts: Sequence[str], vocab_size: int) -> WordPieceTokenizer:
-    """Learns a WordPiece vocabulary of ``vocab_size`` on ``texts``.
+  def train(
+    cls, texts: Sequence[str], vocab_size: int, normalizer: str = "cramming"
+  ) -> WordPieceTokenizer:
+    """Learns a WordPiece vocabulary of ``vocab_size`` on ``texts``, reading
+    text as ``normalizer`` (:data:`WORDPIECE_NORMALIZERS`) says.
 
     Raises:
       DataError: the texts support fewer than ``vocab_size`` pieces.
+      ValueError: an unknown ``normalizer``.
     """
+    if normalizer not in WORDPIECE_NORMALIZERS:
+      raise ValueError(f"normalizer={normalizer!r}; use one of {WORDPIECE_NORMALIZERS}")
     tokenizer = tokenizers.Tokenizer(tokenizers.models.WordPiece(unk_token="[UNK]"))
-    tokenizer.normalizer = tokenizers.normalizers.BertNormalizer(lowercase=False)
-    tokenizer.pre_tokenizer = tokenizers.pre_tokenizers.BertPreTokenizer()
+    if normalizer == "cramming":
+      tokenizer.normalizer = cramming_normalizer()
+      tokenizer.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+      sep = WORDPIECE_SPECIAL.index("[SEP]")
+      tokenizer.post_processor = tokenizers.processors.TemplateProcessing(
+        single="$A [SEP]", special_tokens=[("[SEP]", sep)]
+      )
+    else:
+      tokenizer.normalizer = tokenizers.normalizers.BertNormalizer(lowercase=False)
+      tokenizer.pre_tokenizer = tokenizers.pre_tokenizers.BertPreTokenizer()
     tokenizer.decoder = tokenizers.decoders.WordPiece()
     trainer = tokenizers.trainers.WordPieceTrainer(
       vocab_size=vocab_size, special_tokens=list(WORDPIECE_SPECIAL), show_progress=False
@@ -266,6 +312,16 @@ def _bpe_vocab_size(data_config) -> int:
   return size
 
 
+def _wordpiece_normalizer(data_config) -> str:
+  normalizer = data_config.wordpiece_normalizer
+  if normalizer not in WORDPIECE_NORMALIZERS:
+    raise DataError(
+      f"--config.data.wordpiece_normalizer={normalizer!r} is unknown; use one of "
+      f"{', '.join(WORDPIECE_NORMALIZERS)}."
+    )
+  return normalizer
+
+
 def tokenizer_path(workdir: str, kind: str = "bpe") -> str:
   """Where the trained tokenizer of a run lives: ``WORKDIR/tokenizer.json``
   (BPE) or ``WORKDIR/nanochat_tokenizer.json`` (``kind="nanochat"``)."""
@@ -295,7 +351,9 @@ def make_tokenizer(data_config: ml_collections.ConfigDict, texts: Sequence[str])
   if kind == "nanochat":
     return NanochatTokenizer.train(texts, _bpe_vocab_size(data_config))
   if kind == "wordpiece":
-    return WordPieceTokenizer.train(texts, _bpe_vocab_size(data_config))
+    return WordPieceTokenizer.train(
+      texts, _bpe_vocab_size(data_config), _wordpiece_normalizer(data_config)
+    )
   return BPETokenizer.train(texts, _bpe_vocab_size(data_config))
 
 

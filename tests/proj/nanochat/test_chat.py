@@ -127,7 +127,15 @@ def laplax_chat(held=False):
   "(hold)" never end by themselves (helpers/chat_hold.py)."""
   if not held:
     return [sys.executable, "-m", "laplax.proj.nanochat.chat"]
-  return [sys.executable, "-c", HOLD.format(tests=os.path.join(ROOT, "tests"))]
+  # SIGINT at its default whatever this process has, as a terminal starts a
+  # command (an ignored SIGINT would pass to the child, and Ctrl-C do nothing).
+  return [
+    "env",
+    "--default-signal=INT",
+    sys.executable,
+    "-c",
+    HOLD.format(tests=os.path.join(ROOT, "tests")),
+  ]
 
 
 class Terminal:
