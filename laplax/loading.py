@@ -100,7 +100,7 @@ class Loaded:
     """
     task = self.task
     wanted = (
-      registry.names(self.config)
+      run_lib.section(self.run_spec or self.config, "evaluation").evals
       if evals is None
       else registry.check_names(evals, self.config.task)
     )
@@ -133,7 +133,7 @@ class Loaded:
     """
     run = self.run_spec or self.config
     target = state_lib.abstract_state(self.shapes_task, optim.make_optimizer(run), self.config.seed)
-    checkpointer = _checkpointer(self.workdir, self.config)
+    checkpointer = _checkpointer(self.workdir, run_lib.section(run, "schedule"))
     state, _ = _read(checkpointer, target, self.step, partial=False)
     return jax.device_put(state, jax.local_devices()[0])
 
@@ -254,10 +254,11 @@ def abstract_weights(task) -> dict:
   return jax.eval_shape(init)
 
 
-def _checkpointer(workdir: str, config) -> ckpt_lib.Checkpointer:
-  """A read-only :class:`~laplax.workdir.checkpoint.Checkpointer` of ``workdir``."""
+def _checkpointer(workdir: str, schedule: run_lib.Schedule) -> ckpt_lib.Checkpointer:
+  """A read-only :class:`~laplax.workdir.checkpoint.Checkpointer` of ``workdir``
+  (``checkpoint_verify`` of the run's schedule section)."""
   return ckpt_lib.Checkpointer(
-    os.path.join(workdir, CHECKPOINT_DIR), verify=bool(config.checkpoint_verify), read_only=True
+    os.path.join(workdir, CHECKPOINT_DIR), verify=schedule.checkpoint_verify, read_only=True
   )
 
 
@@ -342,8 +343,8 @@ def load(workdir: str, step: int | None = None, run: run_lib.RunSpec | None = No
 
   def target(state_dir: str) -> dict:  # the model at the sizes this step holds
     saved = ckpt_lib.saved_shapes(state_dir)
-    built["task"] = tasks.task_class(config).from_shapes(
-      config, **checkpoint_sizes(config, saved["params"], workdir)
+    built["task"] = run.task.from_shapes(
+      config, spec=run.model, **checkpoint_sizes(config, saved["params"], workdir)
     )
     weights = abstract_weights(built["task"])
     built["difference"] = first_difference(saved["params"], weights["params"])
@@ -351,7 +352,10 @@ def load(workdir: str, step: int | None = None, run: run_lib.RunSpec | None = No
 
   try:
     state, _ = _read(
-      _checkpointer(workdir, config), target, None if step is None else int(step), partial=True
+      _checkpointer(workdir, run.schedule),
+      target,
+      None if step is None else int(step),
+      partial=True,
     )
   except LoadError:
     if built.get("difference"):  # the checkpoints are fine; config.json is not theirs
