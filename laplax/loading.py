@@ -28,6 +28,7 @@ import ml_collections
 
 from laplax import optim, sharding, store, tasks
 from laplax import state as state_lib
+from laplax.config import run as run_lib
 from laplax.config import validation as config_lib
 from laplax.errors import UserError
 from laplax.evaluators import registry
@@ -61,6 +62,8 @@ class Loaded:
     workdir: the loaded directory.
     shapes_task: the task built without data at the checkpoint's sizes
       (:meth:`~laplax.tasks.base.TaskBase.from_shapes`).
+    run_spec: the checked run spec of ``config``
+      (:class:`laplax.config.run.RunSpec`), built once by :func:`load`.
   """
 
   model: nn.Module
@@ -72,6 +75,7 @@ class Loaded:
   task_state: Any = None
   workdir: str = ""
   shapes_task: Any = dataclasses.field(default=None, repr=False, compare=False)
+  run_spec: run_lib.RunSpec | None = dataclasses.field(default=None, repr=False, compare=False)
 
   @functools.cached_property
   def task(self):
@@ -82,7 +86,7 @@ class Loaded:
     Raises:
       ConfigError, DataError: the config's data cannot be prepared here.
     """
-    return loop.setup(self.config, self.workdir, check=False)[1]
+    return loop.setup(self.config, self.workdir, check=False, run=self.run_spec)[1]
 
   def evaluate(self, evals: str | None = None) -> dict:
     """The numbers ``eval.py`` writes for this step, without figures or writing anything.
@@ -96,7 +100,7 @@ class Loaded:
     """
     task = self.task
     wanted = (
-      registry.names(self.config)
+      run_lib.section(self.run_spec or self.config, "evaluation").evals
       if evals is None
       else registry.check_names(evals, self.config.task)
     )
@@ -127,10 +131,9 @@ class Loaded:
     Raises:
       LoadError: the step has become unreadable since it was loaded.
     """
-    target = state_lib.abstract_state(
-      self.shapes_task, optim.make_optimizer(self.config), self.config.seed
-    )
-    checkpointer = _checkpointer(self.workdir, self.config)
+    run = self.run_spec or self.config
+    target = state_lib.abstract_state(self.shapes_task, optim.make_optimizer(run), self.config.seed)
+    checkpointer = _checkpointer(self.workdir, run_lib.section(run, "schedule"))
     state, _ = _read(checkpointer, target, self.step, partial=False)
     return jax.device_put(state, jax.local_devices()[0])
 
@@ -265,10 +268,11 @@ def abstract_weights(task) -> dict:
   return jax.eval_shape(init)
 
 
-def _checkpointer(workdir: str, config) -> ckpt_lib.Checkpointer:
-  """A read-only :class:`~laplax.workdir.checkpoint.Checkpointer` of ``workdir``."""
+def _checkpointer(workdir: str, schedule: run_lib.Schedule) -> ckpt_lib.Checkpointer:
+  """A read-only :class:`~laplax.workdir.checkpoint.Checkpointer` of ``workdir``
+  (``checkpoint_verify`` of the run's schedule section)."""
   return ckpt_lib.Checkpointer(
-    os.path.join(workdir, CHECKPOINT_DIR), verify=bool(config.checkpoint_verify), read_only=True
+    os.path.join(workdir, CHECKPOINT_DIR), verify=schedule.checkpoint_verify, read_only=True
   )
 
 
@@ -314,7 +318,7 @@ def first_difference(saved: Any, expected: Any) -> str | None:
   return None
 
 
-def load(workdir: str, step: int | None = None) -> Loaded:
+def load(workdir: str, step: int | None = None, run: run_lib.RunSpec | None = None) -> Loaded:
   """Restores a laplax run (a ``train.py`` or ``laplax.convert`` workdir) onto one device.
 
   Builds the model at the saved parameters' sizes (:func:`checkpoint_sizes`) and
@@ -322,6 +326,11 @@ def load(workdir: str, step: int | None = None) -> Loaded:
   first (``checkpoint_verify``), whatever mesh it was saved on, onto
   ``jax.local_devices()[0]``. With ``step=None`` and an unreadable newest checkpoint,
   the newest readable one is used with a logged warning.
+
+  ``run``: the run spec of ``workdir/config.json`` checked already (``eval.py``
+  checks it with its ``--config.eval*`` overrides before anything is read:
+  :func:`laplax.cli.eval.apply_overrides`); ``None``: this checks the saved
+  config (:func:`laplax.tasks.validate`, :func:`laplax.evaluators.registry.validate`).
 
   Returns:
     A :class:`Loaded`.
@@ -332,7 +341,7 @@ def load(workdir: str, step: int | None = None) -> Loaded:
       are not the config's model (:func:`first_difference`).
     ConfigError, SpecError: the saved config does not validate.
   """
-  config = saved_config(workdir)
+  config = saved_config(workdir) if run is None else run.config
   steps = saved_steps(workdir)
   if not steps:
     raise LoadError(f"{workdir} has no checkpoint; train first with train.py --workdir {workdir}")
@@ -340,15 +349,16 @@ def load(workdir: str, step: int | None = None) -> Loaded:
     raise LoadError(
       f"step {step} is not saved in {workdir}; saved steps: {', '.join(map(str, steps))}"
     )
-  tasks.validate(config, None, strict_keys=False)
-  registry.validate(config)
+  if run is None:
+    run = tasks.validate(config, None, strict_keys=False)
+    registry.validate(config)
   config.lock()
   built = {}
 
   def target(state_dir: str) -> dict:  # the model at the sizes this step holds
     saved = ckpt_lib.saved_shapes(state_dir)
-    built["task"] = tasks.task_class(config).from_shapes(
-      config, **checkpoint_sizes(config, saved["params"], workdir)
+    built["task"] = run.task.from_shapes(
+      config, spec=run.model, **checkpoint_sizes(config, saved["params"], workdir)
     )
     weights = abstract_weights(built["task"])
     built["difference"] = first_difference(saved["params"], weights["params"])
@@ -356,7 +366,10 @@ def load(workdir: str, step: int | None = None) -> Loaded:
 
   try:
     state, _ = _read(
-      _checkpointer(workdir, config), target, None if step is None else int(step), partial=True
+      _checkpointer(workdir, run.schedule),
+      target,
+      None if step is None else int(step),
+      partial=True,
     )
   except LoadError:
     if built.get("difference"):  # the checkpoints are fine; config.json is not theirs
@@ -381,4 +394,5 @@ def load(workdir: str, step: int | None = None) -> Loaded:
     task_state=task_state,
     workdir=workdir,
     shapes_task=built["task"],
+    run_spec=run,
   )

@@ -305,9 +305,9 @@ def check_runs(runs: Sequence[Run]) -> dict:
       config = cli.load_config_flag("config", values, argv)
       cli.model_from_init(config, argv)
       cli.apply_target_flops(config, argv)
-      tasks.validate(config, jax.device_count())
+      checked = tasks.validate(config, jax.device_count())
       registry.validate(config)
-      workdir_lib.check_wandb(config)
+      workdir_lib.check_wandb(checked)
       workdir_lib.check_workdir(config, run.workdir)
     except (cli.UsageError, config_lib.ConfigError) as e:
       raise SweepError(f"run {run.name}: {utils.first_line(e)}") from None

@@ -246,8 +246,11 @@ def _typed(key: str, raw: str, like):
   raise cli.UsageError(f"--config.{key}={raw}: not a {type(like).__name__}")
 
 
-def apply_overrides(config, overrides: list[tuple[str, str]]) -> None:
-  """Sets the ``(KEY, VALUE)`` overrides of a saved, complete config and validates it.
+def apply_overrides(config, overrides: list[tuple[str, str]]):
+  """Sets the ``(KEY, VALUE)`` overrides of a saved, complete config and
+  validates it; returns its run spec (:func:`laplax.tasks.validate`), which
+  :func:`laplax.loading.load` then takes as checked, or ``None`` without
+  overrides (``load`` checks the saved config).
 
   Raises:
     cli.UsageError: an unknown key or a value of the wrong type.
@@ -257,7 +260,7 @@ def apply_overrides(config, overrides: list[tuple[str, str]]) -> None:
   from laplax.evaluators import registry
 
   if not overrides:
-    return
+    return None
   registry.complete(config)  # the settings of the task's evaluators, at their defaults
   known = dict(config.eval) if "eval" in config else {}  # a classifier has none
   for dotted, raw in overrides:
@@ -277,8 +280,9 @@ def apply_overrides(config, overrides: list[tuple[str, str]]) -> None:
       )
     with config.unlocked():
       config.eval[key] = _typed(dotted, raw, known[key])
-  tasks.validate(config, None, strict_keys=False)
+  run = tasks.validate(config, None, strict_keys=False)
   registry.validate(config)
+  return run
 
 
 def _check_flags() -> None:
@@ -329,7 +333,7 @@ def main(guard: signals.Guard) -> int:
 
   config = restore.saved_config(workdir)
   overrides += _chat_overrides(config, workdir)
-  apply_overrides(config, overrides)
+  checked = apply_overrides(config, overrides)  # the run spec, built once
   if (_SAMPLE.value is not None or _CHOICES.value) and not tasks.is_language_model(config):
     raise cli.UsageError(
       "--sample and --choices need a language-model workdir "
@@ -347,8 +351,7 @@ def main(guard: signals.Guard) -> int:
       f"--step {_STEP.value} is not saved in {workdir}; saved steps: {', '.join(map(str, steps))}"
     )
   out = _out_path(workdir)
-  run = restore.load(workdir, step=_STEP.value)
-  apply_overrides(run.config, overrides)  # before the task (built from it) is
+  run = restore.load(workdir, step=_STEP.value, run=checked)
   config, task, state = run.config, run.task, run.eval_state
   if _STEP.value is None and run.step < run.latest_step:
     print(
@@ -369,17 +372,21 @@ def main(guard: signals.Guard) -> int:
         f"--analysis writes its figures beside analysis.json, which {workdir} (an object "
         f"store) cannot hold yet; give --out FILE, a local path"
       )
-    return _run_analysis(config, task, state, workdir, analysis, out)
+    return _run_analysis(run.run_spec, task, state, workdir, analysis, out)
 
   # gs://: the figures are drawn locally, then uploaded into the workdir.
   where = tempfile.mkdtemp(prefix="laplax-figures-") if remote else None
   summary, figures = _evaluate(
-    task, state, where or (os.path.dirname(out) if out else workdir), items
+    task,
+    state,
+    run.run_spec.evaluation.evals,
+    where or (os.path.dirname(out) if out else workdir),
+    items,
   )
   if figures and out is None:  # with --out the workdir is only read
     from laplax.workdir import files as workdir_lib
 
-    workdir_lib.log_figures(workdir, config, int(state.step), figures)
+    workdir_lib.log_figures(workdir, run.run_spec, int(state.step), figures)
     for figure in figures if remote else ():
       store.upload(figure, store.join(workdir, os.path.basename(figure)))
   if where is not None:
@@ -399,8 +406,11 @@ def main(guard: signals.Guard) -> int:
   return 0
 
 
-def _evaluate(task, state, out_dir: str, items: list[dict] | None) -> tuple[dict, list[str]]:
-  """``(summary, figures)`` of ``config.evals``' ``eval.py`` evaluators, then ``--choices``.
+def _evaluate(
+  task, state, evals: tuple[str, ...], out_dir: str, items: list[dict] | None
+) -> tuple[dict, list[str]]:
+  """``(summary, figures)`` of the ``eval.py`` evaluators of ``evals`` (the
+  run spec's ``config.evals``), then ``--choices``.
 
   Every evaluator's data is read before any computes.
 
@@ -411,7 +421,7 @@ def _evaluate(task, state, out_dir: str, items: list[dict] | None) -> tuple[dict
   from laplax.evaluators import registry
 
   choices = registry.get("multiple_choice")(task, items) if items is not None else None
-  evaluators = registry.build(task, registry.EVAL, multiple_choice=choices)
+  evaluators = registry.build(task, registry.EVAL, evals, multiple_choice=choices)
   ctx = registry.Context(out_dir=out_dir, mesh=sharding.make_mesh())
   summary, _ = registry.run(evaluators, state, ctx)
   return summary, ctx.figures
@@ -558,12 +568,14 @@ def _training_loss(task, state):
   return loss_fn
 
 
-def _run_analysis(config, task, state, workdir: str, opts: dict, out: str | None) -> int:
+def _run_analysis(run_spec, task, state, workdir: str, opts: dict, out: str | None) -> int:
   """``--analysis``: streams the eval split, writes analysis.json (or ``out``)
-  and the plots (into the workdir or ``out``'s directory)."""
+  and the plots (into the workdir or ``out``'s directory); ``run_spec``: the
+  checked run (its ``config``; W&B from its observability section)."""
   from laplax import spectral as spectral_lib
   from laplax.analysis import plots, report, summary
 
+  config = run_spec.config
   sp = config.model.spectral
   spectral = {
     "enabled": bool(sp.enabled),
@@ -629,7 +641,7 @@ def _run_analysis(config, task, state, workdir: str, opts: dict, out: str | None
   if out is None:  # with --out the workdir is only read
     from laplax.workdir import files as workdir_lib
 
-    workdir_lib.log_figures(workdir, config, int(state.step), figures)
+    workdir_lib.log_figures(workdir, run_spec, int(state.step), figures)
   rows = summary.summary(analysis)
   keys = [k for k, _, _ in summary.QUANTITIES if any(v is not None for v in rows[k])]
   print(

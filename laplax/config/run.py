@@ -437,6 +437,34 @@ class RunSpec:
     return self.config.data
 
 
+#: The typed sections of a run spec, by field name (:func:`section`).
+SECTIONS = {
+  "schedule": Schedule,
+  "optim": Optim,
+  "mesh": Mesh,
+  "evaluation": Evaluation,
+  "observability": Observability,
+}
+
+
+def section(run: RunSpec | ml_collections.ConfigDict, name: str) -> Any:
+  """The section ``name`` of :data:`SECTIONS` of ``run``: the run spec's own,
+  or, for a ``ConfigDict`` (the public functions that users and tests call
+  with a config), built from it by the section's ``from_config``.
+
+  Raises:
+    ConfigError: a ``ConfigDict`` whose section does not check.
+  """
+  if isinstance(run, RunSpec):
+    return getattr(run, name)
+  return SECTIONS[name].from_config(run)
+
+
+def config_of(run: RunSpec | ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """The ``ConfigDict`` of ``run``: the run spec's ``config``, or ``run`` itself."""
+  return run.config if isinstance(run, RunSpec) else run
+
+
 def build(
   config: ml_collections.ConfigDict,
   num_devices: int | None = None,

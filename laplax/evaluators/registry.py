@@ -190,16 +190,20 @@ def validate(config: ml_collections.ConfigDict) -> None:
     get(name).validate(config)
 
 
-def build(task: Task, stage: str, **extra: Evaluator) -> list[Evaluator]:
-  """The evaluators of ``task.config.evals`` that run at ``stage``
-  (:data:`TRAIN` or :data:`EVAL`), in the config's order, then ``extra``'s
-  (``eval.py --choices``' ``multiple_choice``). ``prepare`` is called on each
-  (data read and checked before anything is computed).
+def build(
+  task: Task, stage: str, evals: tuple[str, ...] | None = None, **extra: Evaluator
+) -> list[Evaluator]:
+  """The evaluators named by ``evals`` (the run spec's evaluation section,
+  ``run.evaluation.evals``; ``None``: those of ``task.config.evals``) that
+  run at ``stage`` (:data:`TRAIN` or :data:`EVAL`), in that order, then
+  ``extra``'s (``eval.py --choices``' ``multiple_choice``). ``prepare`` is
+  called on each (data read and checked before anything is computed).
 
   Raises:
     DataError, ConfigError: an evaluator's data cannot be used.
   """
-  out = [get(n)(task) for n in names(task.config) if get(n).runs_at(stage, task.config)]
+  evals = names(task.config) if evals is None else evals
+  out = [get(n)(task) for n in evals if get(n).runs_at(stage, task.config)]
   out += [e for e in extra.values() if e is not None]
   for evaluator in out:
     evaluator.prepare()

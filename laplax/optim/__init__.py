@@ -1,7 +1,14 @@
-"""The optax optimiser of a config: AdamW (or Muon for the block matrices, or
+"""The optax optimiser of a run: AdamW (or Muon for the block matrices, or
 a project's optimiser that :func:`register_optimizer` names, such as nanochat's), warm-up +
 cosine or nanochat's constant + linear warm-down or torch's ``OneCycleLR`` (with
-AdamW's beta1 cycled), clipping, decay mask."""
+AdamW's beta1 cycled), clipping, decay mask.
+
+The functions read the run spec's typed optimiser section
+(:class:`laplax.config.run.Optim`, ``run.optim``; its fields are the keys of
+``config.optim``) and the number of updates (``run.schedule.total_steps``).
+A ``ConfigDict``'s ``config.optim`` is read the same way, by the same
+attribute names: this floor is below :mod:`laplax.config`, so it does not
+build the section itself (:func:`optim_of`)."""
 
 from __future__ import annotations
 
@@ -18,11 +25,26 @@ import optax
 from laplax import projects, utils
 from laplax.models import layers
 
-#: ``optim.optimizer`` -> ``build(config)`` of the optimisers the projects add
-#: (:func:`register_optimizer`); AdamW and Muon are this module's own.
-_PROJECT_OPTIMIZERS: dict[
-  str, Callable[[ml_collections.ConfigDict], optax.GradientTransformation]
-] = {}
+#: ``optim.optimizer`` -> ``build(optim, total_steps)`` of the optimisers the
+#: projects add (:func:`register_optimizer`); AdamW and Muon are this module's own.
+_PROJECT_OPTIMIZERS: dict[str, Callable[[Any, int], optax.GradientTransformation]] = {}
+
+
+def optim_of(run: Any) -> tuple[Any, int]:
+  """``(optimiser section, total_steps)`` of a run spec
+  (:class:`laplax.config.run.RunSpec`: ``run.optim``,
+  ``run.schedule.total_steps``) or of a complete ``ConfigDict``
+  (``config.optim``, ``config.total_steps``: the same fields, unchecked)."""
+  if isinstance(run, ml_collections.ConfigDict):
+    return run.optim, run.total_steps
+  return run.optim, run.schedule.total_steps
+
+
+def _eps(o: Any) -> float:
+  """``optim.eps``, AdamW's epsilon; ``1e-8`` (optax's) when unset or missing
+  (configs saved before the key)."""
+  eps = getattr(o, "eps", None)
+  return 1e-8 if eps is None else eps
 
 
 def warmdown_schedule(
@@ -117,9 +139,12 @@ def _lerp(a: float, b: float, done, left, span: float):
 
 
 def learning_rate_schedule(
-  optim: ml_collections.ConfigDict, total_steps: int, peak: float | None = None
+  optim: Any, total_steps: int, peak: float | None = None
 ) -> optax.Schedule:
   """The learning rate at each update, peaking at ``peak`` (default ``optim.lr``).
+
+  ``optim`` is the run's optimiser section (``run.optim``,
+  :class:`laplax.config.run.Optim`) or a config's ``config.optim``.
 
   ``optim.schedule`` ``"cosine"`` (the default; also when the key is
   missing): linear warm-up from 0 over ``optim.warmup_steps``, then cosine
@@ -206,9 +231,10 @@ def cosine_ramp(start: float, end: float, steps: int) -> optax.Schedule:
   return lambda t: end - decay(t)
 
 
-def weight_decay_schedule(optim: ml_collections.ConfigDict, total_steps: int):
-  """``optim.weight_decay``, or a cosine ramp to ``optim.weight_decay_end`` if set."""
-  end = optim.get("weight_decay_end", None)  # optional by design: DINO's base config has it
+def weight_decay_schedule(optim: Any, total_steps: int):
+  """``optim.weight_decay``, or a cosine ramp to ``optim.weight_decay_end`` if set
+  (``optim``: the optimiser section or ``config.optim``)."""
+  end = getattr(optim, "weight_decay_end", None)  # optional by design: DINO's base config has it
   if end is None:
     return optim.weight_decay
   return cosine_ramp(optim.weight_decay, end, total_steps)
@@ -270,7 +296,7 @@ def _muon_dims(params: Any) -> Any:
 
 
 def _muon_partition(
-  o: ml_collections.ConfigDict, total_steps: int, adamw: optax.GradientTransformation
+  o: Any, total_steps: int, adamw: optax.GradientTransformation
 ) -> optax.GradientTransformation:
   """``optax.partition`` of :func:`param_labels`: ``optax.contrib.muon`` on the
   block matrices; AdamW (same betas, decay and mask as ``adamw``) on the
@@ -282,7 +308,7 @@ def _muon_partition(
   """
 
   def group(key):
-    lr = o[key]
+    lr = getattr(o, key)
     return learning_rate_schedule(o, total_steps, o.lr if lr is None else lr)
 
   exclude = tuple(o.weight_decay_exclude or ())
@@ -314,11 +340,12 @@ def _muon_partition(
 
 
 def register_optimizer(
-  name: str, build: Callable[[ml_collections.ConfigDict], optax.GradientTransformation]
+  name: str, build: Callable[[Any, int], optax.GradientTransformation]
 ) -> None:
-  """Makes ``optim.optimizer=name`` give ``build(config)`` (a project's
-  optimiser, registered when :func:`laplax.projects.discover` imports the
-  project's ``optim`` module).
+  """Makes ``optim.optimizer=name`` give ``build(optim, total_steps)`` (a
+  project's optimiser, registered when :func:`laplax.projects.discover`
+  imports the project's ``optim`` module; ``optim`` is the run's optimiser
+  section, :func:`optim_of`).
 
   Raises:
     ValueError: ``name`` is AdamW's or Muon's, or another builder has it.
@@ -328,9 +355,7 @@ def register_optimizer(
   _PROJECT_OPTIMIZERS[name] = build
 
 
-def project_optimizer(
-  name: str,
-) -> Callable[[ml_collections.ConfigDict], optax.GradientTransformation] | None:
+def project_optimizer(name: str) -> Callable[[Any, int], optax.GradientTransformation] | None:
   """The builder a project registered for ``optim.optimizer=name``, the
   projects' ``optim`` modules imported first if no builder has the name;
   ``None`` for AdamW, Muon and an unknown name."""
@@ -342,7 +367,7 @@ def project_optimizer(
 
 
 def onecycle_adamw(
-  o: ml_collections.ConfigDict, total_steps: int, mask: Callable[[Any], Any]
+  o: Any, total_steps: int, mask: Callable[[Any], Any]
 ) -> optax.GradientTransformation:
   """``optax.adamw`` with ``optim.schedule="onecycle"``: the rate and beta1
   of :func:`onecycle_schedules`, beta1 set at each update by
@@ -355,13 +380,13 @@ def onecycle_adamw(
   schedules = onecycle_schedules(o.lr, o.schedule_steps or total_steps, o.warmup_steps)
   adam = optax.inject_hyperparams(optax.scale_by_adam, static_args=("b2", "eps", "eps_root"))
   return optax.chain(
-    adam(b1=schedules[1], b2=o.b2, eps=o.get("eps", 1e-8)),  # optional key, as below
+    adam(b1=schedules[1], b2=o.b2, eps=_eps(o)),
     optax.add_decayed_weights(weight_decay_schedule(o, total_steps), mask),
     optax.scale_by_learning_rate(schedules[0]),
   )
 
 
-def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
+def make_optimizer(run: Any) -> optax.GradientTransformation:
   """``clip_by_global_norm(optim.grad_clip)`` then AdamW with the schedule above,
   or with ``optim.optimizer="muon"`` the partition of :func:`_muon_partition`,
   or a project's optimiser of that name (:func:`register_optimizer`; nanochat's
@@ -371,30 +396,33 @@ def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransform
   the train step multiplies its update by the schedule at the step of the
   elapsed time (:func:`budget_step`), the same product as the schedule's own.
 
-  Keys read: ``optim.{optimizer, lr, b1, b2, weight_decay,
-  weight_decay_end (optional), warmup_steps, min_lr_ratio, grad_clip,
-  weight_decay_exclude, budget_hours}``, the Muon keys, and ``total_steps``.
+  ``run`` is the run spec (:class:`laplax.config.run.RunSpec`, what the
+  trainer passes: its ``optim`` section and ``schedule.total_steps``) or a
+  complete ``ConfigDict`` (:func:`optim_of`). Fields read: ``optim.{optimizer,
+  lr, b1, b2, eps, weight_decay, weight_decay_end, warmup_steps, min_lr_ratio,
+  grad_clip, weight_decay_exclude, budget_hours}``, the Muon fields, and
+  ``total_steps``.
   """
-  o = config.optim
+  o, total_steps = optim_of(run)
   build = project_optimizer(o.optimizer)
   if build is not None:
-    return build(config)
+    return build(o, total_steps)
   exclude = tuple(o.weight_decay_exclude or ())
   if o.schedule == "onecycle":
-    adamw = onecycle_adamw(o, config.total_steps, lambda p: decay_mask(p, exclude))
+    adamw = onecycle_adamw(o, total_steps, lambda p: decay_mask(p, exclude))
   else:
     adamw = optax.adamw(
       # A wall-time budget: the step scales the update by the schedule at the
       # elapsed time (laplax.train.loop.make_train_step), -1 here.
-      1.0 if o.budget_hours is not None else learning_rate_schedule(o, config.total_steps),
+      1.0 if o.budget_hours is not None else learning_rate_schedule(o, total_steps),
       b1=o.b1,
       b2=o.b2,
-      eps=o.get("eps", 1e-8),  # optional: configs saved before the key
-      weight_decay=weight_decay_schedule(o, config.total_steps),
+      eps=_eps(o),
+      weight_decay=weight_decay_schedule(o, total_steps),
       mask=lambda p: decay_mask(p, exclude),
     )
   if o.optimizer == "muon":
-    adamw = _muon_partition(o, config.total_steps, adamw)
+    adamw = _muon_partition(o, total_steps, adamw)
   if o.grad_clip:
     return optax.chain(optax.clip_by_global_norm(o.grad_clip), adamw)
   return adamw

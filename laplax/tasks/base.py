@@ -188,15 +188,18 @@ class TaskBase:
     image_shape: tuple[int, int, int] | None = None,
     num_classes: int | None = None,
     vocab_size: int | None = None,
+    spec: spec_lib.TransformerSpec | None = None,
   ):
     """The task built from sizes alone, with no dataset opened (the converters
     and ``bench/`` build their tasks this way; :meth:`from_data` prepares the
     data first). Image tasks need ``image_shape`` ``(H, W, C)`` and
     ``num_classes``; a language model ``vocab_size`` (default: 256 for the
-    byte tokenizer, else ``config.data.vocab_size``). Here the image tasks'
-    ``cls(config, num_classes, image_shape)``."""
+    byte tokenizer, else ``config.data.vocab_size``). ``spec``: the run's
+    model spec (:attr:`laplax.config.run.RunSpec.model`; ``None``: built from
+    ``config.model``, :func:`model_spec`). Here the image tasks'
+    ``cls(config, num_classes, image_shape, spec=spec)``."""
     del vocab_size
-    return cls(config, num_classes, image_shape)
+    return cls(config, num_classes, image_shape, spec=spec)
 
   def tokens_per_example(self) -> int:
     """Tokens the trained network sees per example (the model's input)."""

@@ -376,10 +376,10 @@ class GLUETask(TaskBase):
     self.model = BERT(spec, vocab_size=int(vocab), num_labels=self.num_labels)
 
   @classmethod
-  def from_shapes(cls, config, *, image_shape=None, num_classes=None, vocab_size=None):
+  def from_shapes(cls, config, *, image_shape=None, num_classes=None, vocab_size=None, spec=None):
     """The task for ``vocab_size`` tokens (default ``data.vocab_size``), no data read."""
     del image_shape, num_classes
-    return cls(config, None, vocab_size or int(config.data.vocab_size))
+    return cls(config, None, vocab_size or int(config.data.vocab_size), spec=spec)
 
   @classmethod
   def from_data(

@@ -85,6 +85,7 @@ class LanguageModelTask(TaskBase):
     image_shape: tuple[int, int, int] | None = None,
     num_classes: int | None = None,
     vocab_size: int | None = None,
+    spec: spec_lib.TransformerSpec | None = None,
   ):
     """The task for a vocabulary of ``vocab_size`` tokens (default: 256 for
     the byte tokenizer, else ``config.data.vocab_size``), no corpus or
@@ -93,7 +94,7 @@ class LanguageModelTask(TaskBase):
     if vocab_size is None:
       byte = config.data.tokenizer == "byte"
       vocab_size = 256 if byte else int(config.data.vocab_size)
-    return cls(config, VocabularySize(vocab_size))
+    return cls(config, VocabularySize(vocab_size), spec=spec)
 
   @classmethod
   def from_data(

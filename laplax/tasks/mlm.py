@@ -193,12 +193,12 @@ class MaskedLMTask(TaskBase):
     self.model = BERT(self.spec, vocab_size=self.vocab_size)
 
   @classmethod
-  def from_shapes(cls, config, *, image_shape=None, num_classes=None, vocab_size=None):
+  def from_shapes(cls, config, *, image_shape=None, num_classes=None, vocab_size=None, spec=None):
     """The task for ``vocab_size`` tokens (default ``config.data.vocab_size``), no corpus read."""
     del image_shape, num_classes
     from laplax.tasks.language_model import VocabularySize
 
-    return cls(config, VocabularySize(vocab_size or int(config.data.vocab_size)))
+    return cls(config, VocabularySize(vocab_size or int(config.data.vocab_size)), spec=spec)
 
   @classmethod
   def from_data(

@@ -202,10 +202,10 @@ class SequenceClassificationTask(TaskBase):
     self.keys = ("tokens", "mask", "tokens2", "mask2") if self.dual else ("tokens", "mask")
 
   @classmethod
-  def from_shapes(cls, config, *, image_shape=None, num_classes=None, vocab_size=None):
+  def from_shapes(cls, config, *, image_shape=None, num_classes=None, vocab_size=None, spec=None):
     """The task from the config alone (no file opened)."""
     del image_shape, vocab_size
-    return cls(config, num_classes)
+    return cls(config, num_classes, spec=spec)
 
   @classmethod
   def from_data(

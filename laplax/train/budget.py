@@ -35,6 +35,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from laplax import optim
+from laplax.config import run as run_lib
 
 #: The key of a checkpoint's data state that holds the loop's own state
 #: (``{"elapsed_seconds": float}``); the input pipeline never sees it.
@@ -64,19 +65,27 @@ def spent_at(step_dir: str, budget_hours: float | None) -> bool:
   return elapsed is not None and elapsed / 3600 > budget_hours
 
 
-def uses_controls(config: ml_collections.ConfigDict) -> bool:
-  """Whether the train step of ``config`` takes ``controls`` (a wall-time
-  budget or a batch-size ramp)."""
-  o = config.optim
+Run = run_lib.RunSpec | ml_collections.ConfigDict
+
+
+def uses_controls(run: Run) -> bool:
+  """Whether the train step of ``run`` takes ``controls`` (a wall-time
+  budget or a batch-size ramp of its optimiser section, ``run.optim``; a
+  ``ConfigDict``'s section is built from it: :func:`laplax.config.run.section`)."""
+  return _controlled(run_lib.section(run, "optim"))
+
+
+def _controlled(o: run_lib.Optim) -> bool:
+  """Whether the optimiser section ``o`` has a wall-time budget or a ramp."""
   return o.budget_hours is not None or bool(o.batch_size_ramp)
 
 
-def controls_spec(config: ml_collections.ConfigDict) -> tuple:
+def controls_spec(run: Run) -> tuple:
   """The train step's extra arguments as ``jax.ShapeDtypeStruct``: ``()``, or
   ``({"schedule_step": int32 [], "micro_batches": int32 []},)`` when
   :func:`uses_controls` (for ``lower``; :meth:`Budget.controls` gives the
   values)."""
-  if not uses_controls(config):
+  if not uses_controls(run):
     return ()
   scalar = jax.ShapeDtypeStruct((), jnp.int32)
   return ({"schedule_step": scalar, "micro_batches": scalar},)
@@ -110,18 +119,19 @@ class Budget:
   read once by :meth:`start`, once by :meth:`controls` and once by
   :meth:`spent` per step with a wall-time budget, twice per
   :meth:`paused` block; never without one.
+
+  ``run``: the run spec (its ``optim`` and ``schedule`` sections) or a
+  complete ``ConfigDict`` (the sections built from it).
   """
 
-  def __init__(
-    self, config: ml_collections.ConfigDict, clock: Callable[[], float] = time.monotonic
-  ):
-    o = config.optim
+  def __init__(self, run: Run, clock: Callable[[], float] = time.monotonic):
+    o, schedule = run_lib.section(run, "optim"), run_lib.section(run, "schedule")
     self.hours = o.budget_hours
-    self.total_steps = int(config.total_steps)
+    self.total_steps = int(schedule.total_steps)
     self.ramp = float(o.batch_size_ramp or 0.0)
-    self.batch_size = int(config.batch_size)
-    self.micro_batch = self.batch_size // int(o.grad_accum_steps or 1)
-    self.used = uses_controls(config)
+    self.batch_size = int(schedule.batch_size)
+    self.micro_batch = self.batch_size // int(o.grad_accum_steps)
+    self.used = _controlled(o)
     self._clock = clock
     self._restored = 0.0
     self._start = 0.0

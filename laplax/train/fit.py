@@ -41,6 +41,7 @@ import jax
 import ml_collections
 import numpy as np
 
+from laplax.config import run as run_lib
 from laplax.config.validation import ConfigError
 from laplax.train import budget
 
@@ -221,7 +222,7 @@ def _refuse_memory(config, detail: str, have: int, where: str) -> None:
 
 
 def check_memory(
-  config: ml_collections.ConfigDict,
+  run: run_lib.RunSpec | ml_collections.ConfigDict,
   task: Any,
   train_step: Any,
   abstract: Any,
@@ -232,12 +233,13 @@ def check_memory(
   docstring); compiles ``train_step`` (a jitted ``(state, batch)`` function,
   or ``(state, batch, controls)``: :func:`laplax.train.budget.controls_spec`)
   for the abstract state and batch. Nothing when ``config.check_memory`` is
-  False.
+  False. ``run``: the run spec (the trainer's) or its config.
 
   Raises:
     FitError: the lower bound or the compiled step's memory exceeds what the
       device has, or the compiler ran out of memory.
   """
+  config = run_lib.config_of(run)
   if not config.check_memory:
     return
   device = jax.local_devices()[0]
@@ -261,7 +263,7 @@ def check_memory(
     k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=batch_sharding[k]) for k, v in spec.items()
   }
   try:
-    compiled = train_step.lower(state, batch, *budget.controls_spec(config)).compile()
+    compiled = train_step.lower(state, batch, *budget.controls_spec(run)).compile()
   except Exception as e:
     message = out_of_memory(e, config)
     if message is None:

@@ -80,6 +80,7 @@ def jit_train_step(
   schedule,
   state_sharding: TrainState,
   batch_sharding: dict,
+  run: run_lib.RunSpec | None = None,
 ):
   """:func:`make_train_step` jitted with explicit shardings; the state is donated.
 
@@ -88,13 +89,14 @@ def jit_train_step(
   replicated scalars; with a wall-time budget or a batch-size ramp
   (:func:`laplax.train.budget.uses_controls`) ``(state, batch, controls)``,
   the controls replicated (:func:`laplax.train.budget.controls_spec`). Trace
-  it (first call) inside :func:`laplax.sharding.context`.
+  it (first call) inside :func:`laplax.sharding.context`. ``run``: as
+  :func:`make_train_step`'s.
   """
   mesh = jax.tree_util.tree_leaves(state_sharding)[0].mesh
   replicated = NamedSharding(mesh, P())
-  extra = (replicated,) if budget_lib.uses_controls(task.config) else ()
+  extra = (replicated,) if budget_lib.uses_controls(_run_of(task, run)) else ()
   return jax.jit(
-    make_train_step(task, tx, schedule),
+    make_train_step(task, tx, schedule, run=run),
     in_shardings=(state_sharding, batch_sharding, *extra),
     out_shardings=(state_sharding, replicated),
     donate_argnums=0,
@@ -102,7 +104,10 @@ def jit_train_step(
 
 
 def setup(
-  config: ml_collections.ConfigDict, workdir: str | None, check: bool = True
+  config: ml_collections.ConfigDict,
+  workdir: str | None,
+  check: bool = True,
+  run: run_lib.RunSpec | None = None,
 ) -> tuple[run_lib.RunSpec, Task]:
   """Checks the config into its run spec (once: :func:`laplax.tasks.validate`)
   and the workdir, then prepares the task's data; returns ``(run, task)``, the
@@ -113,17 +118,20 @@ def setup(
 
   ``check``: also check the mesh against this machine's devices
   (``config.mesh_shape``), the workdir, and the batch sizes against the
-  prepared splits (training; ``eval.py`` passes False).
+  prepared splits (training; ``eval.py`` passes False). ``run``: the run
+  spec of ``config``, checked already (``eval.py``'s, built once by
+  :func:`laplax.loading.load`); then it is not checked again.
 
   Raises:
     ConfigError, DataError: one-line user errors (also: ``config.wandb.project``
       without the ``wandb`` package, and :class:`~laplax.train.fit.FitError`,
       a batch larger than its split, when ``check``).
   """
-  run = tasks.validate(config, jax.device_count() if check else None, strict_keys=check)
-  registry.validate(config)
+  if run is None:
+    run = tasks.validate(config, jax.device_count() if check else None, strict_keys=check)
+    registry.validate(config)
   if check:
-    check_wandb(config)
+    check_wandb(run)
   if check and workdir is not None:
     check_workdir(config, workdir)
   data_dir = os.path.expanduser(str(config.data.data_dir or ""))
@@ -133,7 +141,7 @@ def setup(
       f"{existing_ancestor(data_dir)} is a file; give a directory for the "
       f"prepared datasets"
     )
-  if check and workdir is not None and config.init_from:
+  if check and workdir is not None and run.schedule.init_from:
     finetune.copy_init_tokenizer(config, workdir)
   try:
     task = tasks.make_task(run, workdir)
@@ -173,10 +181,25 @@ def micro_batches(batch: Any, n: int, axis: int = 0) -> Any:
   return jax.tree_util.tree_map(split, batch)
 
 
+def _run_of(task: Task, run: run_lib.RunSpec | None) -> run_lib.RunSpec | ml_collections.ConfigDict:
+  """``run``, or the task's config when none is given (a task built without
+  the trainer: tests, benchmarks, ``python -m laplax.plan``)."""
+  return task.config if run is None else run
+
+
 def make_train_step(
-  task: Task, tx: optax.GradientTransformation, schedule, grad_accum_steps: int | None = None
+  task: Task,
+  tx: optax.GradientTransformation,
+  schedule,
+  grad_accum_steps: int | None = None,
+  run: run_lib.RunSpec | None = None,
 ):
   """The pure train step ``(state, batch) -> (state, metrics)`` (to be jitted).
+
+  ``run`` is the run spec (the trainer's): its optimiser section
+  (``run.optim``: accumulation, budgets, the non-finite guard) and
+  ``run.schedule.batch_size`` are read; ``None``: the sections built from
+  ``task.config`` (:func:`laplax.config.run.section`).
 
   ``task.loss(params, batch, rng, task_state, step) -> (loss, (metrics,
   aux))`` gives the gradient (the :class:`~laplax.tasks.base.Task`
@@ -185,7 +208,7 @@ def make_train_step(
   step)`` updates the task's state after the parameters.
 
   Gradient accumulation: with ``grad_accum_steps = n > 1`` (default
-  ``config.optim.grad_accum_steps`` of the task; ``None`` means 1) the batch,
+  ``optim.grad_accum_steps`` of the run; ``None`` in a config means 1) the batch,
   still the global batch, is cut by :func:`micro_batches` into ``n``
   micro-batches along ``task.batch_axis`` (DINO's views ``[V, B, ...]``: 1),
   and ``jax.lax.scan`` sums the gradients, metrics and aux of the
@@ -222,14 +245,14 @@ def make_train_step(
   is 1). Otherwise the update is applied and the caller stops on the metrics
   (:func:`first_nonfinite`).
   """
-  o = task.config.optim
-  n = int(grad_accum_steps or o.grad_accum_steps or 1)  # None: 1
+  o = run_lib.section(_run_of(task, run), "optim")
+  n = int(grad_accum_steps or o.grad_accum_steps)
   skip_nonfinite = bool(o.skip_nonfinite)
   unroll = bool(o.grad_accum_unroll)
   axis = task.batch_axis
   by_time = o.budget_hours is not None
   ramp = bool(o.batch_size_ramp)
-  batch_size = task.config.batch_size
+  batch_size = task.config.batch_size if run is None else run.schedule.batch_size
 
   def gradients(params, batch, rng, task_state, step):
     """(grads, metrics, aux) of one (micro-)batch."""
@@ -406,22 +429,21 @@ def _train_in(run: run_lib.RunSpec, workdir: str, task: Task, clock=time.monoton
   # Mesh and logical axis rules; everything below is traced inside them.
   mesh = sharding.make_mesh(run.mesh.mesh_shape)
   rules = run.mesh.rules
-  config = run.config
   with sharding.context(mesh, rules):
-    return _train(config, workdir, task, mesh, rules, budget_lib.Budget(config, clock))
+    return _train(run, workdir, task, mesh, rules, budget_lib.Budget(run, clock))
 
 
-def _open_workdir(config, workdir: str) -> ckpt_lib.Checkpointer:
+def _open_workdir(schedule: run_lib.Schedule, workdir: str) -> ckpt_lib.Checkpointer:
   """The checkpointer of ``workdir/checkpoints/`` (the workdir exists: the lock)."""
   return ckpt_lib.Checkpointer(
     os.path.join(workdir, CHECKPOINT_DIR),
-    max_to_keep=config.keep_checkpoints,
-    verify=bool(config.checkpoint_verify),
+    max_to_keep=schedule.keep_checkpoints,
+    verify=schedule.checkpoint_verify,
   )
 
 
 def _restore_or_start(
-  config, workdir: str, task: Task, tx, checkpointer, train_iter, state_sharding, abstract, budget
+  run, workdir: str, task: Task, tx, checkpointer, train_iter, state_sharding, abstract, budget
 ):
   """The restored state (onto this mesh; the data position set) or the initial
   one (created sharded, saved as step 0). ``budget`` takes the elapsed time
@@ -431,9 +453,10 @@ def _restore_or_start(
   (checkpoints without it are refused), on resume only once the state is
   restored, so that a failed restore changes nothing.
   """
+  config, seed = run.config, run.schedule.seed
   if checkpointer.latest_step() is not None:
     state, data_state = checkpointer.restore(
-      sharded_abstract_state(task, tx, config.seed, state_sharding, abstract),
+      sharded_abstract_state(task, tx, seed, state_sharding, abstract),
       discard_unreadable=True,
     )
     train_iter.set_state(budget.restore(data_state))  # the elapsed time to the budget
@@ -442,9 +465,9 @@ def _restore_or_start(
       write_config(config, workdir, last_step=checkpointer.latest_step())
     return state
   init = None
-  if config.init_from:  # checked before anything is written
+  if run.schedule.init_from:  # checked before anything is written
     init = finetune.initial_params(
-      config.init_from,
+      run.schedule.init_from,
       abstract.params,
       fresh=getattr(task, "init_fresh", ()),
       dropped=getattr(task, "init_dropped", ()),
@@ -452,7 +475,7 @@ def _restore_or_start(
   if jax.process_index() == 0:
     write_config(config, workdir)
   checkpointer.warn_incomplete(delete=True)
-  state = create_state(task, tx, config.seed, state_sharding)
+  state = create_state(task, tx, seed, state_sharding)
   if init is not None:
     params = jax.tree_util.tree_map(
       lambda new, old: old if new is None else new,
@@ -571,15 +594,15 @@ def _on_error(writer: MetricWriter, profiler: Profiler, checkpointer, bar):
     raise
 
 
-def _open_writer(config, workdir: str, checkpointer, state, task) -> tuple[MetricWriter, int]:
+def _open_writer(run, workdir: str, checkpointer, state, task) -> tuple[MetricWriter, int]:
   """The metrics writer, with the records after the restored step dropped (at step 0:
   all) and the config (and, at step 0, the parameter count and attention kernel)
   written; and that step."""
-  start = int(state.step)
+  start, config = int(state.step), run.config
   kernel = config_lib.attention_kernel(
     config, task, say=print if jax.process_index() == 0 else None
   )
-  writer = MetricWriter(workdir, config, last_step=checkpointer.last_complete)
+  writer = MetricWriter(workdir, run, last_step=checkpointer.last_complete)
   # Records after the restored step go; from step 0 (a run ended before its
   # first checkpoint) all of them, so that the info record below is written once.
   writer.drop_after(start if start > 0 else -1)
@@ -597,7 +620,7 @@ def _open_writer(config, workdir: str, checkpointer, state, task) -> tuple[Metri
 
 
 def _train(
-  config: ml_collections.ConfigDict,
+  run: run_lib.RunSpec,
   workdir: str,
   task: Task,
   mesh: jax.sharding.Mesh,
@@ -606,28 +629,31 @@ def _train(
 ) -> dict:
   """The body of :func:`train_and_evaluate`, inside the mesh and rules;
   ``budget`` gives the steps' controls, the wall-time stop and the elapsed
-  time saved with each checkpoint."""
+  time saved with each checkpoint. Reads the run's sections: the schedule
+  (steps, cadences, checkpoints), the optimiser, the evaluation and the
+  observability."""
   # Workdir, optimizer, checkpoints.
-  checkpointer = _open_workdir(config, workdir)
-  tx = optim.make_optimizer(config)
-  schedule = optim.learning_rate_schedule(config.optim, config.total_steps)
+  steps = run.schedule
+  checkpointer = _open_workdir(steps, workdir)
+  tx = optim.make_optimizer(run)
+  schedule = optim.learning_rate_schedule(run.optim, steps.total_steps)
 
   # Input: each process reads its rows of the global batch; the evaluators of
   # config.evals that run during training.
   train_iter = iter(task.train_dataset(jax.process_index(), jax.process_count()))
-  evaluators = registry.build(task, registry.TRAIN)
+  evaluators = registry.build(task, registry.TRAIN, run.evaluation.evals)
   batch_sharding = batch_shardings(task, mesh, rules)
-  global_batch = task.batch_spec(config.batch_size)
+  global_batch = task.batch_spec(steps.batch_size)
   # Sharding, then the initial state (created sharded) or resume (onto this mesh).
-  abstract, state_sharding = abstract_and_shardings(task, tx, config.seed, mesh, rules)
-  train_step = jit_train_step(task, tx, schedule, state_sharding, batch_sharding)
-  if config.total_steps > (checkpointer.latest_step() or 0):  # a step will run
-    fit.check_memory(config, task, train_step, abstract, state_sharding, batch_sharding)
+  abstract, state_sharding = abstract_and_shardings(task, tx, steps.seed, mesh, rules)
+  train_step = jit_train_step(task, tx, schedule, state_sharding, batch_sharding, run)
+  if steps.total_steps > (checkpointer.latest_step() or 0):  # a step will run
+    fit.check_memory(run, task, train_step, abstract, state_sharding, batch_sharding)
   resumed = checkpointer.latest_step() is not None
   state = _restore_or_start(
-    config, workdir, task, tx, checkpointer, train_iter, state_sharding, abstract, budget
+    run, workdir, task, tx, checkpointer, train_iter, state_sharding, abstract, budget
   )
-  writer, start = _open_writer(config, workdir, checkpointer, state, task)
+  writer, start = _open_writer(run, workdir, checkpointer, state, task)
 
   place = lambda batch: sharding.whole_batch(batch, mesh, rules)
   pending: list[tuple[int, Any]] = []  # (step, metrics) since the last log
@@ -637,7 +663,7 @@ def _train(
 
   interval, summary = LogInterval(), {}
   bar = tqdm.tqdm(
-    total=config.total_steps,
+    total=steps.total_steps,
     initial=start,
     unit="step",
     dynamic_ncols=True,
@@ -647,7 +673,7 @@ def _train(
   say = bar.write if jax.process_index() == 0 else lambda text: None  # process 0 logs
   if resumed:
     say(f"resumed from step {start} in {checkpointer.directory}")
-  profiler = Profiler(config, workdir)
+  profiler = Profiler(run, workdir)
   profiler.check(start, say)
 
   with (
@@ -657,7 +683,7 @@ def _train(
   ):
     previous = state.step  # the output of the step before (here: the restored state)
     saved = start  # the last step saved (or restored)
-    end = start if budget.spent_before() else config.total_steps
+    end = start if budget.spent_before() else steps.total_steps
     budget.start()
     for step in range(start + 1, end + 1):
       # A stop is decided before the next batch is read, so that the data
@@ -687,14 +713,14 @@ def _train(
       pending.append((step, metrics))
       bar.update(1)
       spent = budget.spent()  # the wall-time budget (cramming's deadline)
-      last = step == config.total_steps or spent
-      logged = step % config.log_every == 0 or last
+      last = step == steps.total_steps or spent
+      logged = step % steps.log_every == 0 or last
       if logged:
         check_finite()
         _log(step, pending, interval, stop, writer, task, say, bar)
         pending = []
-      save = step % config.checkpoint_every == 0 or last
-      evaluate = step % config.eval_every == 0 or last
+      save = step % steps.checkpoint_every == 0 or last
+      evaluate = step % steps.eval_every == 0 or last
       if not logged and (save or evaluate):
         check_finite()  # never save or evaluate a state past a non-finite step
       if save:
@@ -721,14 +747,14 @@ def _train(
             say(_stopped_line(stop, step, checkpointer))
       if spent:
         say(
-          f"the budget of {config.optim.budget_hours} h of training is spent at step "
+          f"the budget of {run.optim.budget_hours} h of training is spent at step "
           f"{step} ({budget.elapsed / 3600:.4g} h); checkpoint saved in {checkpointer.directory}"
         )
         break
     checkpointer.close()
   profiler.stop(state)
   bar.close()
-  if (start >= config.total_steps or budget.spent_before()) and start > 0:
+  if (start >= steps.total_steps or budget.spent_before()) and start > 0:
     summary, _ = registry.run(evaluators, state, registry.Context(place=place, say=say))
   writer.close()
   return summary

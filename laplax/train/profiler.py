@@ -1,7 +1,7 @@
 """The profiler of the training loop: a ``jax.profiler`` trace of chosen steps.
 
-``config.profile.start_step`` and ``config.profile.num_steps`` (0 = no trace)
-choose the steps; the trace goes under ``WORKDIR/profile/`` (docs/observability.md).
+``config.profile.start_step`` and ``config.profile.num_steps`` (0 = no trace;
+the run spec's observability section, ``run.observability``) choose the steps; the trace goes under ``WORKDIR/profile/`` (docs/observability.md).
 """
 
 from __future__ import annotations
@@ -11,6 +11,8 @@ from typing import Any
 
 import jax
 import ml_collections
+
+from laplax.config import run as run_lib
 
 PROFILE_DIR = "profile"
 
@@ -28,12 +30,17 @@ class Profiler:
   the run's last step) is computed. Every process traces; with several
   processes each writes under ``profile/process_<index>/`` (processes on one
   host would otherwise write the same file).
+
+  ``run``: the run spec (its ``observability`` and ``schedule`` sections) or
+  a complete ``ConfigDict`` (the sections built from it); unset keys trace
+  nothing.
   """
 
-  def __init__(self, config: ml_collections.ConfigDict, workdir: str):
-    self.first = int(config.profile.start_step)
-    self.num = int(config.profile.num_steps)
-    self.total = int(config.total_steps)
+  def __init__(self, run: run_lib.RunSpec | ml_collections.ConfigDict, workdir: str):
+    seen = run_lib.section(run, "observability")
+    self.first = int(seen.profile_start_step or 1)
+    self.num = int(seen.profile_num_steps or 0)
+    self.total = int(run_lib.section(run, "schedule").total_steps)
     self.last = min(self.first + self.num - 1, self.total)
     self.directory = os.path.join(workdir, PROFILE_DIR)
     if jax.process_count() > 1:

@@ -23,6 +23,7 @@ import jax
 import ml_collections
 
 from laplax import records, store, tasks, utils
+from laplax.config import run as run_lib
 from laplax.config import validation as config_lib
 from laplax.tasks import schema
 from laplax.workdir import saving, tb_upload
@@ -48,13 +49,24 @@ def _summary_writer():
   return SummaryWriter
 
 
-def check_wandb(config: ml_collections.ConfigDict) -> None:
-  """Checks that ``wandb`` imports when ``config.wandb.project`` is set.
+#: A run spec, or a complete ``ConfigDict`` whose sections are built from it
+#: (:func:`laplax.config.run.section`).
+Run = run_lib.RunSpec | ml_collections.ConfigDict
+
+
+def check_wandb(run: Run) -> None:
+  """Checks that ``wandb`` imports when ``config.wandb.project`` is set (the
+  run's observability section, ``run.observability``).
 
   Raises:
     ConfigError: a project is set and the package is missing (or broken).
   """
-  project = config.wandb.project
+  _check_wandb(run_lib.section(run, "observability"))
+
+
+def _check_wandb(seen: run_lib.Observability) -> None:
+  """:func:`check_wandb` of an observability section."""
+  project = seen.wandb_project
   if not project:
     return
   try:
@@ -84,8 +96,10 @@ class MetricWriter:
 
   Args:
     workdir: the run's directory.
-    config: the run's config (``wandb.entity``, ``wandb.name``, ``wandb.mode``; the
-      run id kept in ``workdir/wandb_run_id``, console silenced).
+    config: the run spec or its config (its observability section's
+      ``wandb.project``, ``wandb.entity``, ``wandb.name``, ``wandb.mode``; the
+      run id kept in ``workdir/wandb_run_id``, console silenced; the config
+      goes to W&B whole).
     use_wandb: ``False`` leaves W&B out.
     last_step: returns the newest complete checkpoint's step (for error messages).
 
@@ -97,7 +111,7 @@ class MetricWriter:
   def __init__(
     self,
     workdir: str,
-    config: ml_collections.ConfigDict | None = None,
+    config: Run | None = None,
     use_wandb: bool = True,
     last_step: Callable[[], int | None] | None = None,
   ):
@@ -114,8 +128,9 @@ class MetricWriter:
     self._thread_error = _ThreadOSError()
     if not self.active:
       return
-    if use_wandb and config is not None and config.wandb.project:
-      self.wandb = _start_wandb(workdir, config)
+    seen = run_lib.section(config, "observability") if use_wandb and config is not None else None
+    if seen is not None and seen.wandb_project:
+      self.wandb = _start_wandb(workdir, run_lib.config_of(config), seen)
     with self._tb_guard(check=False):
       # A large queue: a writer thread killed by a full disk cannot block a put
       # before the error is seen.
@@ -333,26 +348,26 @@ class _ThreadOSError:
       raise self.error
 
 
-def _start_wandb(workdir: str, config: ml_collections.ConfigDict):
-  """Starts (or resumes, by the id in ``workdir/wandb_run_id``) the W&B run.
+def _start_wandb(workdir: str, config: ml_collections.ConfigDict, seen: run_lib.Observability):
+  """Starts (or resumes, by the id in ``workdir/wandb_run_id``) the W&B run of
+  the observability section ``seen``, with ``config`` as its config.
 
   Raises:
     ConfigError: wandb is missing or ``wandb.init`` failed.
   """
-  check_wandb(config)
+  _check_wandb(seen)
   import wandb
 
-  w = config.wandb
   id_path = os.path.join(workdir, WANDB_RUN_ID)
   run_id = None
   if store.exists(id_path):
     run_id = store.read_text(id_path).strip() or None
   try:
     run = wandb.init(
-      project=w.project,
-      entity=w.entity,
-      name=w.name or store.name(store.absolute(workdir)),
-      mode=w.mode,
+      project=seen.wandb_project,
+      entity=seen.wandb_entity,
+      name=seen.wandb_name or store.name(store.absolute(workdir)),
+      mode=seen.wandb_mode,
       dir=tempfile.mkdtemp(prefix="laplax-wandb-") if store.is_remote(workdir) else workdir,
       id=run_id,
       resume="allow",
@@ -369,10 +384,9 @@ def _start_wandb(workdir: str, config: ml_collections.ConfigDict):
   return run
 
 
-def log_figures(
-  workdir: str, config: ml_collections.ConfigDict, step: int, paths: list[str]
-) -> None:
-  """Adds ``eval.py``'s PNG figures to TensorBoard (tag: file name, at ``step``) and W&B.
+def log_figures(workdir: str, config: Run, step: int, paths: list[str]) -> None:
+  """Adds ``eval.py``'s PNG figures to TensorBoard (tag: file name, at ``step``) and W&B
+  (``config``: the run spec, or its config).
 
   Without a working ``wandb`` one warning line; the figures go to TensorBoard only.
   """

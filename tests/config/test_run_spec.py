@@ -6,7 +6,10 @@ import dataclasses
 import json
 import pathlib
 
+import jax
+import jax.numpy as jnp
 import ml_collections
+import numpy as np
 import pytest
 
 from laplax import sharding, tasks, utils
@@ -159,3 +162,75 @@ def test_a_bad_model_is_the_model_spec_s_one_line(capsys):
     cli.run(lambda guard: tasks.validate(c, num_devices=1))
   assert exit_info.value.code == 2
   assert capsys.readouterr().err.strip().splitlines() == [f"error: {line}"]
+
+
+def _diverged_run():
+  """The default ViT's run spec with sections that differ from its ConfigDict
+  (which keeps ``lr=2e-3``, 100 warm-up and 1,200 steps of batch 256 in 4
+  micro-batches, no budget, no trace): a reader of ``config.*`` sees the
+  ConfigDict's values, a reader of the sections these."""
+  c = _config()
+  run = tasks.validate(c)
+  optim = dataclasses.replace(
+    run.optim,
+    lr=0.5,
+    warmup_steps=0,
+    min_lr_ratio=0.0,
+    grad_accum_steps=2,
+    batch_size_ramp=0.5,
+    skip_nonfinite=True,
+  )
+  schedule = dataclasses.replace(run.schedule, total_steps=2, batch_size=8)
+  seen = dataclasses.replace(run.observability, profile_start_step=2, profile_num_steps=3)
+  return dataclasses.replace(run, optim=optim, schedule=schedule, observability=seen)
+
+
+def test_the_optimiser_follows_the_run_spec_s_sections():
+  """``make_optimizer(run)`` reads ``run.optim`` and ``run.schedule``: two
+  AdamW updates of a vector with one gradient (no decay on a vector) move
+  each entry by ``-lr_t sign(g)`` (Adam's bias-corrected ``m/sqrt(v)`` is
+  ``g/|g|`` for a constant ``g``, to ``eps`` and ``1 - b2`` in float32:
+  ``1e-5``), at the cosine rates of
+  ``lr=0.5`` over ``total_steps=2`` without warm-up: 0.5, then ``0.5 (1 +
+  cos(pi/2)) / 2 = 0.25``. The ConfigDict's values (2e-3 after 100 warm-up
+  steps of 1,200) would give 0 and 2e-5."""
+  from laplax import optim
+
+  run = _diverged_run()
+  tx = optim.make_optimizer(run)
+  params = {"w": jnp.array([1.0, -2.0])}
+  grads = {"w": jnp.array([2.0, -3.0])}
+  state = tx.init(params)
+  moves = []
+  for _ in range(2):
+    updates, state = tx.update(grads, state, params)
+    moves.append(np.asarray(updates["w"]))
+  np.testing.assert_allclose(moves, [[-0.5, 0.5], [-0.25, 0.25]], rtol=1e-4)
+  schedule = optim.learning_rate_schedule(run.optim, run.schedule.total_steps)
+  np.testing.assert_allclose([float(schedule(0)), float(schedule(1))], [0.5, 0.25], rtol=1e-6)
+
+
+def test_the_loop_s_parts_follow_the_run_spec_s_sections(tmp_path):
+  """The budget, the profiler and the train step read the sections: 2 steps
+  of batch 8 in micro-batches of 4 with a ramp (the step takes controls and
+  reports its batch size), the non-finite guard on, steps 2-3 traced (cut
+  to the run's 2 steps)."""
+  from laplax import optim
+  from laplax import state as state_lib
+  from laplax.train import budget as budget_lib
+  from laplax.train import loop
+  from laplax.train.profiler import Profiler
+
+  run = _diverged_run()
+  budget = budget_lib.Budget(run)
+  assert (budget.total_steps, budget.batch_size, budget.micro_batch, budget.ramp) == (2, 8, 4, 0.5)
+  assert budget_lib.uses_controls(run) and not budget_lib.uses_controls(run.config)
+  profiler = Profiler(run, str(tmp_path))
+  assert (profiler.first, profiler.num, profiler.last) == (2, 3, 2)
+  task = tasks.ClassificationTask(run.config, 10, (28, 28, 1), spec=run.model)
+  tx = optim.make_optimizer(run)
+  step = loop.make_train_step(task, tx, optim.learning_rate_schedule(run.optim, 2), run=run)
+  state = state_lib.abstract_state(task, tx, 0)
+  batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in task.batch_spec(8).items()}
+  _, metrics = jax.eval_shape(step, state, batch, *budget_lib.controls_spec(run))
+  assert {"batch_size", "skipped_updates"} <= set(metrics)

@@ -7,26 +7,27 @@ AdamW (:mod:`~laplax.proj.nanochat.optim.first_release`), and
 
 from __future__ import annotations
 
-import ml_collections
+from typing import Any
+
 import optax
 
 from laplax import optim
 from laplax.proj.nanochat.optim import first_release, fork
 
 
-def _nanochat(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
+def _nanochat(o: Any, total_steps: int) -> optax.GradientTransformation:
   """:func:`~laplax.proj.nanochat.optim.first_release.nanochat_partition` with
-  the config's learning-rate schedule at each group's peak."""
-  o = config.optim
+  the run's learning-rate schedule at each group's peak (``o``: the run's
+  optimiser section, :func:`laplax.optim.optim_of`)."""
   return first_release.nanochat_partition(
-    o, optim.param_labels, lambda peak: optim.learning_rate_schedule(o, config.total_steps, peak)
+    o, optim.param_labels, lambda peak: optim.learning_rate_schedule(o, total_steps, peak)
   )
 
 
-def _nanochat_fork(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
+def _nanochat_fork(o: Any, total_steps: int) -> optax.GradientTransformation:
   """:func:`~laplax.proj.nanochat.optim.fork.nanochat_fork`: the fork's MuonAdamW
   and schedules (no clipping)."""
-  return fork.nanochat_fork(config.optim, config.total_steps)
+  return fork.nanochat_fork(o, total_steps)
 
 
 optim.register_optimizer("nanochat", _nanochat)

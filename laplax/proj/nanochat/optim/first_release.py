@@ -196,7 +196,7 @@ def nanochat_partition(o, labels, schedule) -> optax.GradientTransformation:
   """
 
   def lr(key):
-    peak = o[key]
+    peak = getattr(o, key)
     return schedule(o.lr if peak is None else peak)
 
   def adam(key):

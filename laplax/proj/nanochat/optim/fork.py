@@ -210,7 +210,7 @@ def nanochat_fork(o, total_steps: int, muon_dtype=jnp.bfloat16) -> optax.Gradien
         new, a, b = muon_update(p, g, s[0], s[1], mu, o.muon_lr * mult, wd, muon_dtype)
       else:
         key, factor, b1, b2, decay = ADAMW_GROUPS[label]
-        base = factor * (o[key] if key else 1.0)
+        base = factor * (getattr(o, key) if key else 1.0)
         new, a, b = adamw_update(p, g, s[0], s[1], t, base * mult, b1, b2, decay)
       # in float32, so that p + update is new exactly where p is bfloat16
       return new.astype(jnp.float32) - p.astype(jnp.float32), (a, b)
