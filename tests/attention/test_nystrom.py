@@ -110,7 +110,8 @@ def test_matches_hf_self_attention(n, m, conv, padded, init):
     pinv_init=init,
   )
   mask = jnp.asarray(keep)[:, None, None, :] if padded else None
-  got = mha.apply({"params": _laplax_params(module, out, conv)}, jnp.asarray(x), mask=mask)
+  # Jitted: one compile instead of one per operation run eagerly.
+  got = jax.jit(mha.apply)({"params": _laplax_params(module, out, conv)}, jnp.asarray(x), mask=mask)
   np.testing.assert_allclose(np.asarray(got), want, atol=1e-5 * np.abs(want).max(), rtol=0)
 
 
@@ -149,9 +150,14 @@ def test_authors_padding_matches_their_code():
   keep[0, 20:] = False
   weight = jnp.asarray(np.random.default_rng(3).normal(size=(5, 2)), jnp.float32)
   mask = jnp.asarray(keep)[:, None, None, :]
-  got = nystrom.nystrom_attention(q, k, v, num_landmarks=4, mask=mask, nystrom_padding="zero")
-  vz = v * jnp.asarray(keep, jnp.float32)[:, :, None, None]
-  got = got + nystrom.depthwise_conv(vz, weight)
+
+  @jax.jit
+  def laplax_attention(q, k, v, mask, weight):
+    got = nystrom.nystrom_attention(q, k, v, num_landmarks=4, mask=mask, nystrom_padding="zero")
+    vz = v * mask[:, 0, 0, :, None, None].astype(jnp.float32)
+    return got + nystrom.depthwise_conv(vz, weight)
+
+  got = laplax_attention(q, k, v, mask, weight)
   want = _authors_reference(q, k, v, keep, 4, weight)
   np.testing.assert_allclose(np.asarray(got), want, atol=2e-5 * np.abs(want).max(), rtol=0)
 
@@ -252,7 +258,7 @@ def test_no_length_by_length_array(padded):
     num_heads=2, implementation="nystrom", num_landmarks=m, conv_kernel_size=5
   )
   x = jnp.asarray(np.random.default_rng(0).normal(size=(1, n, 16)), jnp.float32)
-  params = mha.init(jax.random.key(0), x)
+  params = jax.jit(mha.init)(jax.random.key(0), x)
 
   def loss(params, x):
     return jnp.sum(mha.apply(params, x, mask=mask) ** 2)

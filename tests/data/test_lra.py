@@ -156,7 +156,12 @@ def test_dual_encoder_is_the_tower_twice_and_an_nli_head():
   assert out["pre_logits"].shape == (3, 64)
 
 
+# The configs' data, task and attention; one block of width 32 (every layer
+# of the configs' two is the same code).
 TINY = [
+  "--config.model.depth=1",
+  "--config.model.width=32",
+  "--config.model.mlp_dim=64",
   "--config.total_steps=2",
   "--config.batch_size=4",
   "--config.eval_batch_size=4",

@@ -4,17 +4,17 @@ The multi-device checks need JAX started with 8 fake CPU devices, so they run
 in subprocesses: ``tests/helpers/sharding_run.py`` once for the module (sharded
 steps against one device, checkpoints across meshes), then two ``train.py``
 processes of 4 devices joined by ``jax.distributed`` over loopback with gloo
-collectives.
+collectives. (A SIGTERM to one of two processes stopping both at one step,
+with one checkpoint of that step: ``tests/train/test_stop.py``, one device
+per process; the sharded checkpoint that two processes of 4 devices write
+together: :func:`test_two_processes_match_one`.)
 """
 
 import json
 import os
-import re
-import signal
 import socket
 import subprocess
 import sys
-import time
 import typing
 
 import jax
@@ -26,7 +26,7 @@ from laplax.config import validation as config_lib
 
 from helpers import sharding_run as sharding_helper
 from helpers.models import make_gpt
-from helpers.runs import ROOT, read_metrics, run, xla_env
+from helpers.runs import ROOT, read_metrics, run_in_process, xla_env
 
 HELPER = os.path.join(ROOT, "tests", "helpers", "sharding_run.py")
 GPT_CONFIG = os.path.join(ROOT, "configs", "gpt_shakespeare.py")
@@ -196,66 +196,16 @@ def test_two_processes_match_one(helper, tmp_path):
   assert sorted(os.listdir(workdir / "checkpoints")) == ["0", "3"]
 
 
-@pytest.mark.slow
-@pytest.mark.subprocess
-def test_sigterm_to_one_of_two_processes_stops_both_at_the_same_step(helper, tmp_path):
-  """SIGTERM reaches only process 1: the two processes agree on a step (JAX's
-  preemption sync point, any step, not only a log step), save that step
-  together and both exit 0."""
-  paths = helper[1]
-  workdir = tmp_path / "two"
-  common = (
-    [
-      "train.py",
-      "--config",
-      GPT_CONFIG,
-      "--workdir",
-      str(workdir),
-      f"--config.data.source_dir={paths['corpus']}",
-      f"--config.data.data_dir={paths['data_dir']}",
-    ]
-    + TINY_GPT
-    + [
-      "--config.total_steps=400",
-      "--config.log_every=2",
-      "--config.eval_every=400",
-      "--config.checkpoint_every=400",
-      f"--config.distributed.coordinator_address=localhost:{free_port()}",
-      "--config.distributed.num_processes=2",
-    ]
-  )
-  procs = [
-    subprocess.Popen(
-      [sys.executable] + common + [f"--config.distributed.process_id={i}"],
-      cwd=ROOT,
-      env=device_env(4),
-      stdout=subprocess.PIPE,
-      stderr=subprocess.PIPE,
-      text=True,
-    )
-    for i in range(2)
-  ]
-  deadline = time.time() + 240
-  while time.time() < deadline and procs[0].poll() is None:
-    metrics = workdir / "metrics.jsonl"
-    if metrics.exists() and '"split": "train"' in metrics.read_text():
-      break
-    time.sleep(0.05)
-  procs[1].send_signal(signal.SIGTERM)
-  outs = [p.communicate(timeout=120) for p in procs]
-  for p, (_, err) in zip(procs, outs):
-    assert p.returncode == 0, err[-4000:]
-  stopped = re.search(r"stopped by a signal to another process at step (\d+)", outs[0][0])
-  assert stopped, outs[0][0][-2000:]
-  step = int(stopped.group(1))
-  assert 0 < step < 400
-  assert max(r["step"] for r in read_metrics(workdir) if r["split"] == "train") <= step
-  assert sorted(int(s) for s in os.listdir(workdir / "checkpoints") if s.isdigit()) == [0, step]
-
-
+# (devices, overrides, message); one device: this process (JAX here sees one
+# CPU device), more: a subprocess with that many fake devices.
 BAD_MESHES = {
   "two entries": (1, ["--config.mesh_shape=(2,4)"], "must be 3 integers"),
   "not integers": (1, ["--config.mesh_shape=(2,x,1)"], "must be 3 integers"),
+  "more devices than the machine": (
+    1,
+    ["--config.mesh_shape=(2,4,1)"],
+    "has 8 devices but JAX sees 1",
+  ),
   "batch not divisible by data x fsdp": (
     8,
     ["--config.mesh_shape=(2,2,2)", "--config.batch_size=30", "--config.optim.grad_accum_steps=1"],
@@ -275,57 +225,48 @@ BAD_MESHES = {
 
 @pytest.mark.slow
 @pytest.mark.subprocess
-def test_bad_mesh_one_line_exit_2_nothing_written(tmp_path):
-  """Each bad input through train.py: one line, exit code 2, no workdir."""
-  procs = {}
-  for name, (devices, extra, _) in BAD_MESHES.items():
-    workdir = tmp_path / name.replace(" ", "_")
-    procs[name] = (
-      workdir,
-      subprocess.Popen(
-        [
-          sys.executable,
-          "train.py",
-          "--config",
-          VIT_CONFIG,
-          "--workdir",
-          str(workdir),
-          "--config.total_steps=1",
-        ]
-        + extra,
-        cwd=ROOT,
-        env=device_env(devices),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-      ),
-    )
-  for name, (workdir, p) in procs.items():
-    _, err = p.communicate(timeout=120)
-    lines = [l for l in err.splitlines() if l.strip()]
-    assert p.returncode == 2, (name, err[-2000:])
-    assert len(lines) == 1 and "Traceback" not in err, (name, err)
-    assert BAD_MESHES[name][2] in lines[0], (name, lines[0])
-    assert not workdir.exists(), name
-
-
-@pytest.mark.slow
-@pytest.mark.subprocess
-def test_mesh_of_more_devices_than_the_machine(tmp_path):
-  r = run(
+def test_bad_mesh_one_line_exit_2_nothing_written(tmp_path, capfd):
+  """Each bad input through train.py: one line, exit code 2, no workdir. The
+  one-device cases run train.py in this process (:func:`run_in_process`), the
+  8-device ones in subprocesses, started together."""
+  argv = lambda workdir, extra: (
     [
       "train.py",
       "--config",
       VIT_CONFIG,
       "--workdir",
-      str(tmp_path / "w"),
-      "--config.mesh_shape=(2,4,1)",
+      str(workdir),
+      "--config.total_steps=1",
     ]
+    + extra
   )
-  lines = [l for l in r.stderr.splitlines() if l.strip()]
-  assert r.returncode == 2 and len(lines) == 1, r.stderr
-  assert "has 8 devices but JAX sees 1" in lines[0]
-  assert not (tmp_path / "w").exists()
+  procs = {}
+  for name, (devices, extra, _) in BAD_MESHES.items():
+    workdir = tmp_path / name.replace(" ", "_")
+    if devices > 1:
+      procs[name] = subprocess.Popen(
+        [sys.executable] + argv(workdir, extra),
+        cwd=ROOT,
+        env=device_env(devices),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+      )
+  results = {}
+  for name, (devices, extra, _) in BAD_MESHES.items():
+    if devices == 1:
+      r = run_in_process(argv(tmp_path / name.replace(" ", "_"), extra), capfd)
+      results[name] = (r.returncode, r.stderr)
+  for name, p in procs.items():
+    _, err = p.communicate(timeout=120)
+    results[name] = (p.returncode, err)
+  assert sorted(results) == sorted(BAD_MESHES)
+  for name, (code, err) in results.items():
+    lines = [l for l in err.splitlines() if l.strip()]
+    assert code == 2, (name, err[-2000:])
+    assert len(lines) == 1 and "Traceback" not in err, (name, err)
+    assert BAD_MESHES[name][2] in lines[0], (name, lines[0])
+    assert not (tmp_path / name.replace(" ", "_")).exists(), name
 
 
 # ------------------------------------------------------------ in-process units
