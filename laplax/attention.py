@@ -386,15 +386,15 @@ def check_settings(
   """Refuses settings of the attention spec ``spec`` that no attention can run.
 
   Args:
-    spec: the attention spec (``num_heads``, ``spectral_lam``,
-      ``spectral_targets``, its ``qk_norm`` and ``rope`` sub-specs).
+    spec: the attention spec (``num_heads``, its ``spectral``, ``qk_norm``
+      and ``rope`` sub-specs).
     model_dim: the width of the input.
     num_kv_heads: key/value heads (``None``: one per head).
     head_dim: per-head dimension (``None``: ``model_dim // num_heads``).
 
   Raises:
     ValueError: ``num_heads`` < 1, ``num_kv_heads`` not dividing it,
-      ``spectral_targets`` (with spectral conditioning on) not distinct letters
+      ``spectral.targets`` (with spectral conditioning on) not distinct letters
       of ``"qkv"``, an unknown ``qk_norm_type``, or ``rope`` with an odd head
       dimension; the message names the setting and the fix.
   """
@@ -406,11 +406,16 @@ def check_settings(
       f"num_kv_heads={kv!r} must divide num_heads={spec.num_heads} (each key/value head "
       f"serves num_heads / num_kv_heads query heads); use a divisor or None"
     )
-  targets = spec.spectral_targets
-  if spec.spectral_lam and (
-    not targets
-    or len(set(targets)) != len(targets)
-    or any(t not in spectral.TARGETS for t in targets)
+  sp = spec.spectral
+  targets = None if sp is None else sp.targets
+  if (
+    sp is not None
+    and sp.lam
+    and (
+      not targets
+      or len(set(targets)) != len(targets)
+      or any(t not in spectral.TARGETS for t in targets)
+    )
   ):
     raise ValueError(
       f"spectral_targets={targets!r} must be distinct letters of "
@@ -446,15 +451,15 @@ def project_qkv(
   Call it inside a compact method: the three :class:`ProjectionDense` are
   the caller's submodules ``query``, ``key`` and ``value`` (``kernel
   [model_dim, heads * head_dim]``, ``bias``), whose ``W_Q, W_K, W_V`` the
-  spec's ``spectral_lam``, ``spectral_mode`` and ``spectral_targets``
-  condition (:func:`laplax.spectral.correction`). Where the correction is
+  spec's ``spectral`` sub-spec (:class:`~laplax.spectral.SpectralSpec`:
+  ``lam``, ``mode``, ``targets``; ``None``: none) conditions (:func:`laplax.spectral.correction`). Where the correction is
   off or the compute is float32 (and ``fuse``), one matmul with the three
   effective kernels stacked ``[model_dim, 3, features]`` (under grouped-query
   attention q alone, then k and v stacked), the same parameters and
   products; else each projection apart (each adds its ``x C`` in float32).
 
   Args:
-    spec: the attention spec (``num_heads`` and the spectral settings).
+    spec: the attention spec (``num_heads`` and ``spectral``).
     x: ``[batch, length, model_dim]``.
     head_dim: per-head dimension.
     dtype: compute dtype of the matmuls.
@@ -470,15 +475,17 @@ def project_qkv(
   model_dim = x.shape[-1]
   kv_heads = spec.num_heads if kv_heads is None else kv_heads
   heads_of = {"q": spec.num_heads, "k": kv_heads, "v": kv_heads}
-  lam = spec.spectral_lam
+  sp = spec.spectral
+  lam, mode = (None, spectral.DEFAULT_MODE) if sp is None else (sp.lam, sp.mode)
+  targets = "" if sp is None else sp.targets
 
   def projection(name, target):
     return ProjectionDense(
       heads_of[target] * head_dim,
       num_heads=heads_of[target],
       use_bias=use_bias,
-      spectral_lam=lam if target in spec.spectral_targets else None,
-      spectral_mode=spec.spectral_mode,
+      spectral_lam=lam if target in targets else None,
+      spectral_mode=mode,
       spectral_target=target,
       query_columns=spec.num_heads * head_dim,
       dtype=dtype,
@@ -509,12 +516,12 @@ def project_qkv(
         spectral.conditioned(
           weights[t][0],
           lam=lam,
-          mode=spec.spectral_mode,
+          mode=mode,
           num_heads=heads_of[t],
           target=t,
           query_columns=layers[t].query_columns,
         )
-        if lam is not None and t in spec.spectral_targets
+        if lam is not None and t in targets
         else weights[t][0]
         for t in group
       ]
@@ -762,7 +769,8 @@ class MultiHeadAttention(nn.Module):
       with the kernel's default scale); 1.0 multiplies nothing.
     attention_dropout: dropout on ``P`` (forces the reference kernel).
     dropout: dropout on the output projection.
-    spectral_lam, spectral_mode: spectral conditioning (``None`` = off).
+    spectral_lam, spectral_mode: spectral conditioning (``None`` = off),
+      where ``spectral`` is not given.
     spectral_targets: which of ``W_Q, W_K, W_V`` are corrected (a string of
       ``"qkv"`` letters). The corrected projections are summed in float32
       (:class:`ProjectionDense`); qk-norm and rotary then see them in float32
@@ -805,8 +813,13 @@ class MultiHeadAttention(nn.Module):
       ``implementation="splash"`` and ``"nystrom"`` refuse it.
     nystrom: the sub-spec :class:`~laplax.kernels.nystrom.NystromSpec` of
       the Nystrom options (what the models pass); ``None``: built from the
-      five attributes above. Where a sub-spec is given (``qk_norm``,
-      ``rope``, ``nystrom``), the flat attributes it stands for are not read.
+      five attributes above.
+    spectral: the sub-spec :class:`~laplax.spectral.SpectralSpec` of the
+      spectral conditioning (what the models pass); ``None``: built from
+      ``spectral_lam``, ``spectral_mode``, ``spectral_targets`` where
+      ``spectral_lam`` is set, else off. Where a sub-spec is given
+      (``qk_norm``, ``rope``, ``nystrom``, ``spectral``), the flat
+      attributes it stands for are not read.
   """
 
   num_heads: int
@@ -839,10 +852,12 @@ class MultiHeadAttention(nn.Module):
   conv_kernel_size: int | None = None
   window: int | None = None
   nystrom: NystromSpec | None = None
+  spectral: spectral.SpectralSpec | None = None
 
   def __post_init__(self):
-    """Makes ``qk_norm``, ``rope`` and ``nystrom`` the sub-specs the
-    attention parts read (:class:`QKNormSpec`, :class:`~laplax.rotary.RotarySpec`
+    """Makes ``qk_norm``, ``rope``, ``nystrom`` and ``spectral`` the
+    sub-specs the attention parts read (:class:`QKNormSpec`,
+    :class:`~laplax.rotary.RotarySpec`, :class:`~laplax.spectral.SpectralSpec`
     or ``None``; :class:`~laplax.kernels.nystrom.NystromSpec`), built from
     the flat keyword arguments where a bool or ``None`` was passed; a
     sub-spec passed is kept as it is (so a ``clone`` keeps them)."""
@@ -861,6 +876,11 @@ class MultiHeadAttention(nn.Module):
         conv_kernel_size=self.conv_kernel_size,
       )
       object.__setattr__(self, "nystrom", options)
+    if self.spectral is None and self.spectral_lam is not None:
+      conditioning = spectral.SpectralSpec(
+        lam=self.spectral_lam, mode=self.spectral_mode, targets=self.spectral_targets
+      )
+      object.__setattr__(self, "spectral", conditioning)
     super().__post_init__()
 
   @property

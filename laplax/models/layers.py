@@ -245,10 +245,9 @@ def attention_module(
 
   The one place where a model spec becomes attention attributes: every
   field of ``spec.attention`` under its own name (heads, qk-norm, attention
-  dropout, kernel, rotary, Laplacian mix, Nystrom options; the sub-specs
-  ``qk_norm``, ``rope`` and ``nystrom`` as the same objects), the spectral
-  conditioning as ``spectral_lam``, ``spectral_mode``, ``spectral_targets``,
-  plus the model-level key/value heads (a GPT's ``num_kv_heads``; ``None``
+  dropout, kernel, rotary, Laplacian mix, Nystrom options, spectral
+  conditioning; the sub-specs ``qk_norm``, ``rope``, ``nystrom`` and
+  ``spectral`` as the same objects), plus the model-level key/value heads (a GPT's ``num_kv_heads``; ``None``
   where there is one per head), dropout, biases, compute dtype and
   initialisers. ``overrides`` replace attributes (the analysis rebuilds a
   block with ``implementation="reference"`` and float32 compute);
@@ -258,11 +257,8 @@ def attention_module(
   """
   attn = spec.attention
   kernel_init, out_init = spec.inits()
-  kwargs = {f.name: getattr(attn, f.name) for f in dataclasses.fields(attn) if f.name != "spectral"}
+  kwargs = {f.name: getattr(attn, f.name) for f in dataclasses.fields(attn)}
   kwargs.update(
-    spectral_lam=attn.spectral_lam,
-    spectral_mode=attn.spectral_mode,
-    spectral_targets=attn.spectral_targets,
     laplacian_mask=laplacian_mask,
     num_kv_heads=None if spec.kv_heads == spec.num_heads else spec.kv_heads,
     dropout=spec.dropout,

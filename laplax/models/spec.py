@@ -7,8 +7,9 @@ analysis reads it from the model (``model.spec``). An option is a field here
 and the lines that read it (the idea of the Flax lm1b example's
 ``TransformerConfig`` and nanoGPT's ``GPTConfig``).
 
-* :class:`SpectralSpec`: ``lambda * I_k`` / SVD conditioning of ``W_Q, W_K,
-  W_V`` (Saratchandran & Lucey 2025, Theorems 3.5 and 3.8).
+* :class:`SpectralSpec` (:class:`laplax.spectral.SpectralSpec`): ``lambda *
+  I_k`` / SVD conditioning of ``W_Q, W_K, W_V`` (Saratchandran & Lucey 2025,
+  Theorems 3.5 and 3.8).
 * :class:`AttentionSpec`: what every layer's
   :class:`~laplax.attention.MultiHeadAttention` shares; its field names are
   attribute names of that module, passed on as they are.
@@ -198,25 +199,9 @@ class _Checked:
     check_fields(self)
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class SpectralSpec(_Checked):
-  """The fixed correction ``C`` of ``W_Q, W_K, W_V`` (see :mod:`laplax.spectral`).
-
-  Attributes:
-    lam: ``lambda`` of ``lambda * I_k`` (Theorem 3.8; 10 in the paper).
-    mode: layout of ``I_k`` or the SVD correction (:data:`laplax.spectral.MODES`;
-      ``"full"`` by default, see :mod:`laplax.spectral` for why).
-    targets: which of ``W_Q, W_K, W_V`` are corrected, letters of ``"qkv"``
-      (stored in that order; ``"q"`` or ``"v"`` for ablations).
-  """
-
-  lam: float = spec_field(10.0, "float", "spectral.lam")
-  mode: str = spec_field(spectral.DEFAULT_MODE, "choice", "spectral.mode", choices=spectral.MODES)
-  targets: str = spec_field(spectral.TARGETS, "targets", "spectral.targets")
-
-  def __post_init__(self):
-    super().__post_init__()
-    object.__setattr__(self, "targets", spectral.check_targets(self.targets))
+#: The conditioning of ``W_Q, W_K, W_V``: the ``spectral`` sub-spec,
+#: defined beside the code that reads it (:class:`laplax.spectral.SpectralSpec`).
+SpectralSpec = spectral.SpectralSpec
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -303,6 +288,8 @@ class AttentionSpec(_Checked):
 
   def __post_init__(self):
     super().__post_init__()
+    if self.spectral is not None:
+      check_fields(self.spectral)
     for f in dataclasses.fields(self):
       sub, value = f.metadata.get("nested"), getattr(self, f.name)
       if sub is None or value is None:
@@ -781,6 +768,7 @@ def from_config(model: Mapping) -> TransformerSpec:
     mode=values.pop("spectral.mode"),
     targets=values.pop("spectral.targets"),
   )
+  check_fields(spectral_spec)
   check_value("num_heads", values["num_heads"], {"check": "int", "min": 1})
   for key in ("width", "depth"):
     check_value(key, values[key], {"check": "int", "min": 1})
