@@ -186,9 +186,8 @@ def test_sub_specs_from_config_keys_reach_multi_head_attention_whole():
   assert a.rope == rotary.RotarySpec(rope_theta=500.0, rope_style="nanochat")
   assert a.qk_norm == attention.QKNormSpec(qk_norm_type="rmsnorm")
   assert a.nystrom == nystrom.NystromSpec(num_landmarks=8, conv_kernel_size=3)
-  assert (
-    spec_lib.build("gpt", width=16, num_heads=2, qk_norm_type="rmsnorm").attention.qk_norm is None
-  )
+  off = spec_lib.build("gpt", width=16, num_heads=2, qk_norm_type="rmsnorm", rope_theta=500.0)
+  assert off.attention.qk_norm is None and off.attention.rope is None  # switches off
   mha = layers.attention_module(spec)
   assert mha.rope is a.rope and mha.qk_norm is a.qk_norm and mha.nystrom is a.nystrom
   assert mha.clone().rope is a.rope  # kept as passed
