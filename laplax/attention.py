@@ -32,6 +32,7 @@ See docs/methods.md for both methods, their config keys and laplax's choices.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -49,8 +50,9 @@ from laplax.kernels import (
   repeat_kv,
   window_mask,
 )
+from laplax.kernels.nystrom import NystromSpec
 from laplax.rotary import STYLES as ROPE_STYLES  # noqa: F401  (re-exported)
-from laplax.rotary import rotary, rotary_table  # noqa: F401  (rotary_table re-exported)
+from laplax.rotary import RotarySpec, rotary, rotary_table  # noqa: F401  (rotary_table re-exported)
 
 # Logical axes of queries, keys, values and head outputs (laplax.sharding).
 HEADS_AXES = ("batch", "length", "heads", "head_dim")
@@ -63,6 +65,27 @@ QK_NORM_TYPES = ("layernorm", "rmsnorm")
 LAPLACIAN_MIX_INIT = 4.0
 # The channels of the block input the fork's value-embedding gate reads.
 VE_GATE_CHANNELS = 12
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class QKNormSpec:
+  """The qk-norm under its config name (``model.qk_norm_type``): the
+  ``qk_norm`` sub-spec of an attention spec
+  (``laplax.models.spec.AttentionSpec.qk_norm``,
+  :attr:`MultiHeadAttention.qk_norm`; ``None`` there = no qk-norm, the
+  config's ``model.qk_norm=False``), read whole by :func:`norm_and_rotate`.
+  The field's metadata gives its config check (the model spec raises it,
+  naming the key).
+
+  Attributes:
+    qk_norm_type: ``"layernorm"`` (learnable ``query_norm`` / ``key_norm``,
+      DeiT-3) or ``"rmsnorm"`` (:func:`rms_norm`, no parameters;
+      nanochat/gpt.py), one of :data:`QK_NORM_TYPES`.
+  """
+
+  qk_norm_type: str = dataclasses.field(
+    default="layernorm", metadata={"check": "choice", "key": None, "choices": QK_NORM_TYPES}
+  )
 
 
 def laplacian_heads(
@@ -347,7 +370,10 @@ def rms_norm(x: jax.Array, eps: float | None = None) -> jax.Array:
 
 # The attention parts. Each takes the attention spec whole: a
 # ``laplax.models.spec.AttentionSpec`` or a :class:`MultiHeadAttention` (its
-# attributes carry the same names), read by field name, never renamed. The
+# attributes carry the same names and the same sub-specs: ``qk_norm``
+# :class:`QKNormSpec`, ``rope`` :class:`~laplax.rotary.RotarySpec`, ``nystrom``
+# :class:`~laplax.kernels.nystrom.NystromSpec`, each ``None`` where off but
+# ``nystrom``), read by field name, never renamed. The
 # parts that create parameters are plain functions called inside the owning
 # module's compact method, so the parameters are that module's (``query``,
 # ``key``, ``value``, ``query_norm``, ``laplacian_mix``, ...), whatever module
@@ -360,15 +386,15 @@ def check_settings(
   """Refuses settings of the attention spec ``spec`` that no attention can run.
 
   Args:
-    spec: the attention spec (``num_heads``, ``spectral_lam``,
-      ``spectral_targets``, ``qk_norm``, ``qk_norm_type``, ``rope``).
+    spec: the attention spec (``num_heads``, its ``spectral``, ``qk_norm``
+      and ``rope`` sub-specs).
     model_dim: the width of the input.
     num_kv_heads: key/value heads (``None``: one per head).
     head_dim: per-head dimension (``None``: ``model_dim // num_heads``).
 
   Raises:
     ValueError: ``num_heads`` < 1, ``num_kv_heads`` not dividing it,
-      ``spectral_targets`` (with spectral conditioning on) not distinct letters
+      ``spectral.targets`` (with spectral conditioning on) not distinct letters
       of ``"qkv"``, an unknown ``qk_norm_type``, or ``rope`` with an odd head
       dimension; the message names the setting and the fix.
   """
@@ -380,22 +406,28 @@ def check_settings(
       f"num_kv_heads={kv!r} must divide num_heads={spec.num_heads} (each key/value head "
       f"serves num_heads / num_kv_heads query heads); use a divisor or None"
     )
-  targets = spec.spectral_targets
-  if spec.spectral_lam and (
-    not targets
-    or len(set(targets)) != len(targets)
-    or any(t not in spectral.TARGETS for t in targets)
+  sp = spec.spectral
+  targets = None if sp is None else sp.targets
+  if (
+    sp is not None
+    and sp.lam
+    and (
+      not targets
+      or len(set(targets)) != len(targets)
+      or any(t not in spectral.TARGETS for t in targets)
+    )
   ):
     raise ValueError(
       f"spectral_targets={targets!r} must be distinct letters of "
       f"{spectral.TARGETS!r}, e.g. 'qkv' or 'qk'"
     )
-  if spec.qk_norm and spec.qk_norm_type not in QK_NORM_TYPES:
+  if spec.qk_norm is not None and spec.qk_norm.qk_norm_type not in QK_NORM_TYPES:
     raise ValueError(
-      f"qk_norm_type={spec.qk_norm_type!r} is unknown; use one of {', '.join(QK_NORM_TYPES)}"
+      f"qk_norm_type={spec.qk_norm.qk_norm_type!r} is unknown; use one of "
+      f"{', '.join(QK_NORM_TYPES)}"
     )
   head_dim = head_dim or model_dim // spec.num_heads
-  if spec.rope and head_dim % 2:
+  if spec.rope is not None and head_dim % 2:
     raise ValueError(
       f"rope needs an even head dimension, got {head_dim} "
       f"(model dim {model_dim}, num_heads {spec.num_heads}); "
@@ -419,15 +451,15 @@ def project_qkv(
   Call it inside a compact method: the three :class:`ProjectionDense` are
   the caller's submodules ``query``, ``key`` and ``value`` (``kernel
   [model_dim, heads * head_dim]``, ``bias``), whose ``W_Q, W_K, W_V`` the
-  spec's ``spectral_lam``, ``spectral_mode`` and ``spectral_targets``
-  condition (:func:`laplax.spectral.correction`). Where the correction is
+  spec's ``spectral`` sub-spec (:class:`~laplax.spectral.SpectralSpec`:
+  ``lam``, ``mode``, ``targets``; ``None``: none) conditions (:func:`laplax.spectral.correction`). Where the correction is
   off or the compute is float32 (and ``fuse``), one matmul with the three
   effective kernels stacked ``[model_dim, 3, features]`` (under grouped-query
   attention q alone, then k and v stacked), the same parameters and
   products; else each projection apart (each adds its ``x C`` in float32).
 
   Args:
-    spec: the attention spec (``num_heads`` and the spectral settings).
+    spec: the attention spec (``num_heads`` and ``spectral``).
     x: ``[batch, length, model_dim]``.
     head_dim: per-head dimension.
     dtype: compute dtype of the matmuls.
@@ -443,15 +475,17 @@ def project_qkv(
   model_dim = x.shape[-1]
   kv_heads = spec.num_heads if kv_heads is None else kv_heads
   heads_of = {"q": spec.num_heads, "k": kv_heads, "v": kv_heads}
-  lam = spec.spectral_lam
+  sp = spec.spectral
+  lam, mode = (None, spectral.DEFAULT_MODE) if sp is None else (sp.lam, sp.mode)
+  targets = "" if sp is None else sp.targets
 
   def projection(name, target):
     return ProjectionDense(
       heads_of[target] * head_dim,
       num_heads=heads_of[target],
       use_bias=use_bias,
-      spectral_lam=lam if target in spec.spectral_targets else None,
-      spectral_mode=spec.spectral_mode,
+      spectral_lam=lam if target in targets else None,
+      spectral_mode=mode,
       spectral_target=target,
       query_columns=spec.num_heads * head_dim,
       dtype=dtype,
@@ -482,12 +516,12 @@ def project_qkv(
         spectral.conditioned(
           weights[t][0],
           lam=lam,
-          mode=spec.spectral_mode,
+          mode=mode,
           num_heads=heads_of[t],
           target=t,
           query_columns=layers[t].query_columns,
         )
-        if lam is not None and t in spec.spectral_targets
+        if lam is not None and t in targets
         else weights[t][0]
         for t in group
       ]
@@ -538,15 +572,16 @@ def value_embed_gate(
 def norm_and_rotate(spec: Any, q: jax.Array, k: jax.Array, positions, max_length=None):
   """``q, k`` after the spec's qk-norm, ``qk_scale`` and rotary.
 
-  The order follows ``rope_style``: ``"nanochat"`` rotates first (as
+  The order follows ``rope.rope_style``: ``"nanochat"`` rotates first (as
   nanochat/gpt.py), ``"roformer"`` after the norm. The ``"layernorm"``
   qk-norm is the caller's float32 ``nn.LayerNorm`` submodules ``query_norm``
   and ``key_norm`` (call it inside a compact method); ``"rmsnorm"`` is
   :func:`rms_norm`, parameter-free.
 
   Args:
-    spec: the attention spec (``qk_norm``, ``qk_norm_type``, ``qk_scale``,
-      ``rope``, ``rope_theta``, ``rope_style``).
+    spec: the attention spec: its ``qk_norm`` (:class:`QKNormSpec` or
+      ``None``), ``qk_scale`` and ``rope`` (:class:`~laplax.rotary.RotarySpec`
+      or ``None``).
     q, k: ``[batch, length, heads, head_dim]``.
     positions: int ``[length]`` (traced when decoding).
     max_length: the rotary table's length (a KV cache's), ``None``: the input's.
@@ -554,21 +589,22 @@ def norm_and_rotate(spec: Any, q: jax.Array, k: jax.Array, positions, max_length
   Returns:
     ``(q, k)``, same shapes; float32 after a qk-norm.
   """
+  rope, qk_norm = spec.rope, spec.qk_norm
   rotate = lambda y: rotary(
-    y, positions, spec.rope_theta, max_length=max_length, style=spec.rope_style
+    y, positions, rope.rope_theta, max_length=max_length, style=rope.rope_style
   )
-  rope_first = spec.rope and spec.rope_style == "nanochat"
+  rope_first = rope is not None and rope.rope_style == "nanochat"
   if rope_first:  # nanochat/gpt.py: rotary, then the qk-norm
     q, k = rotate(q), rotate(k)
-  if spec.qk_norm and spec.qk_norm_type == "rmsnorm":
+  if qk_norm is not None and qk_norm.qk_norm_type == "rmsnorm":
     q, k = rms_norm(q), rms_norm(k)
-  elif spec.qk_norm:
+  elif qk_norm is not None:
     norm = dict(dtype=jnp.float32, **sharding.layer_norm_inits("head_dim"))
     q = nn.LayerNorm(name="query_norm", **norm)(q)
     k = nn.LayerNorm(name="key_norm", **norm)(k)
   if spec.qk_scale != 1.0:
     q, k = q * spec.qk_scale, k * spec.qk_scale
-  if spec.rope and not rope_first:
+  if rope is not None and not rope_first:
     q, k = rotate(q), rotate(k)
   return q, k
 
@@ -619,15 +655,15 @@ def nystrom_conv(module: nn.Module, spec: Any, v: jax.Array, mask: jax.Array | N
   """The depthwise convolution skip of the values of ``implementation="nystrom"``.
 
   :func:`laplax.kernels.nystrom.depthwise_conv` of ``v`` with the parameter
-  ``nystrom_conv [conv_kernel_size, num_heads]`` of ``module`` (call it
+  ``nystrom_conv [nystrom.conv_kernel_size, num_heads]`` of ``module`` (call it
   inside ``module``'s compact method), PyTorch's ``Conv2d`` initialisation
   ``U(+-1/sqrt(k))``. With ``nystrom_padding="zero"`` the padded values are
   zeroed first (the authors' LRA code).
 
   Args:
     module: the attention module that owns the parameter.
-    spec: the attention spec (``conv_kernel_size``, ``nystrom_padding``,
-      ``num_heads``).
+    spec: the attention spec (``num_heads`` and its ``nystrom``
+      sub-spec: ``conv_kernel_size``, ``nystrom_padding``).
     v: values ``[batch, length, kv_heads, head_dim]``.
     mask: the key-padding mask of :func:`attend`, or ``None``.
 
@@ -637,7 +673,7 @@ def nystrom_conv(module: nn.Module, spec: Any, v: jax.Array, mask: jax.Array | N
   Raises:
     ValueError: an even ``conv_kernel_size``.
   """
-  k = spec.conv_kernel_size
+  k = spec.nystrom.conv_kernel_size
   if k % 2 == 0:
     raise ValueError(f"conv_kernel_size={k} must be odd (a 'same' convolution); use {k + 1}")
   bound = k**-0.5
@@ -651,7 +687,7 @@ def nystrom_conv(module: nn.Module, spec: Any, v: jax.Array, mask: jax.Array | N
   )
   v = repeat_kv(v, spec.num_heads)
   keys_ok = nystrom.key_padding(mask, v.shape[0], v.shape[1])
-  if keys_ok is not None and spec.nystrom_padding == "zero":
+  if keys_ok is not None and spec.nystrom.nystrom_padding == "zero":
     v = v * keys_ok[:, :, None, None].astype(v.dtype)
   return nystrom.depthwise_conv(v, weight)
 
@@ -721,15 +757,20 @@ class MultiHeadAttention(nn.Module):
     head_dim: per-head dimension; default ``model_dim // num_heads``.
     num_laplacian_heads: the last ``k`` heads use ``I - P``.
     laplacian_mask: explicit per-head booleans (overrides the count).
-    qk_norm: normalise queries and keys over ``head_dim`` (DeiT-3 recipe).
-    qk_norm_type: ``"layernorm"`` (learnable ``query_norm`` / ``key_norm``)
-      or ``"rmsnorm"`` (:func:`rms_norm`, no parameters; nanochat/gpt.py).
+    qk_norm: normalise queries and keys over ``head_dim`` (DeiT-3 recipe):
+      True, False or the sub-spec :class:`QKNormSpec` itself (what the
+      models pass, ``None`` = off); after construction always the sub-spec
+      or ``None`` (:meth:`__post_init__`).
+    qk_norm_type: with ``qk_norm=True``, ``"layernorm"`` (learnable
+      ``query_norm`` / ``key_norm``) or ``"rmsnorm"`` (:func:`rms_norm`, no
+      parameters; nanochat/gpt.py): the :class:`QKNormSpec` built.
     qk_scale: factor on ``q`` and on ``k`` after the qk-norm (a later
       nanochat: 1.2 each, so the logits are ``1.44 q.k / sqrt(head_dim)``
       with the kernel's default scale); 1.0 multiplies nothing.
     attention_dropout: dropout on ``P`` (forces the reference kernel).
     dropout: dropout on the output projection.
-    spectral_lam, spectral_mode: spectral conditioning (``None`` = off).
+    spectral_lam, spectral_mode: spectral conditioning (``None`` = off),
+      where ``spectral`` is not given.
     spectral_targets: which of ``W_Q, W_K, W_V`` are corrected (a string of
       ``"qkv"`` letters). The corrected projections are summed in float32
       (:class:`ProjectionDense`); qk-norm and rotary then see them in float32
@@ -747,17 +788,21 @@ class MultiHeadAttention(nn.Module):
       Papyan call their fixed choice of heads likely suboptimal; this lets a
       run learn the mix.
     use_bias: biases on the q/k/v/out projections.
-    rope: rotary position embedding on queries and keys (:func:`laplax.rotary.rotary`).
-    rope_theta: its base (10,000; the later nanochat's 100,000 is an option).
-    rope_style: ``"roformer"`` (``+angle``, float32 table, after the
-      qk-norm) or ``"nanochat"`` (``-angle``, bfloat16 table, before the
-      qk-norm, as nanochat/gpt.py); :mod:`laplax.rotary`.
+    rope: rotary position embedding on queries and keys
+      (:func:`laplax.rotary.rotary`): True, False or the sub-spec
+      :class:`~laplax.rotary.RotarySpec` itself (what the models pass,
+      ``None`` = off); after construction always the sub-spec or ``None``.
+    rope_theta, rope_style: with ``rope=True``, the base (10,000; the later
+      nanochat's 100,000 is an option) and ``"roformer"`` (``+angle``,
+      float32 table, after the qk-norm) or ``"nanochat"`` (``-angle``,
+      bfloat16 table, before the qk-norm, as nanochat/gpt.py): the
+      :class:`~laplax.rotary.RotarySpec` built.
     dtype: compute dtype of the matmuls (parameters stay float32).
     kernel_init: initialiser of ``W_Q, W_K, W_V``.
     out_init: initialiser of ``W_O`` (GPT uses a depth-scaled normal).
     num_landmarks, pinv_iterations, pinv_init, nystrom_padding: the options of
       ``implementation="nystrom"`` (:func:`laplax.kernels.nystrom.nystrom_attention`,
-      the same names; :attr:`nystrom` is them as its sub-spec).
+      the same names), where ``nystrom`` is not given.
     conv_kernel_size: with ``"nystrom"``, the depthwise convolution of the
       values (:func:`laplax.kernels.nystrom.depthwise_conv`, parameter
       ``nystrom_conv [k, num_heads]``) added to every head's output, Laplacian
@@ -766,6 +811,15 @@ class MultiHeadAttention(nn.Module):
       - j <= window`` (the fork's ``window_size=(window, 0)``, nanochat's
       flash_attention.py), as a mask through :func:`attend`; ``None``: full.
       ``implementation="splash"`` and ``"nystrom"`` refuse it.
+    nystrom: the sub-spec :class:`~laplax.kernels.nystrom.NystromSpec` of
+      the Nystrom options (what the models pass); ``None``: built from the
+      five attributes above.
+    spectral: the sub-spec :class:`~laplax.spectral.SpectralSpec` of the
+      spectral conditioning (what the models pass); ``None``: built from
+      ``spectral_lam``, ``spectral_mode``, ``spectral_targets`` where
+      ``spectral_lam`` is set, else off. Where a sub-spec is given
+      (``qk_norm``, ``rope``, ``nystrom``, ``spectral``), the flat
+      attributes it stands for are not read.
   """
 
   num_heads: int
@@ -773,7 +827,7 @@ class MultiHeadAttention(nn.Module):
   head_dim: int | None = None
   num_laplacian_heads: int = 0
   laplacian_mask: Sequence[bool] | None = None
-  qk_norm: bool = False
+  qk_norm: bool | QKNormSpec | None = False
   qk_norm_type: str = "layernorm"
   qk_scale: float = 1.0
   attention_dropout: float = 0.0
@@ -785,7 +839,7 @@ class MultiHeadAttention(nn.Module):
   xla_keep_probs: bool | None = None
   laplacian_mix: str = "fixed"
   use_bias: bool = True
-  rope: bool = False
+  rope: bool | RotarySpec | None = False
   rope_theta: float = 10_000.0
   rope_style: str = "roformer"
   dtype: Any = None
@@ -797,22 +851,42 @@ class MultiHeadAttention(nn.Module):
   nystrom_padding: str = "keys"
   conv_kernel_size: int | None = None
   window: int | None = None
+  nystrom: NystromSpec | None = None
+  spectral: spectral.SpectralSpec | None = None
+
+  def __post_init__(self):
+    """Makes ``qk_norm``, ``rope``, ``nystrom`` and ``spectral`` the
+    sub-specs the attention parts read (:class:`QKNormSpec`,
+    :class:`~laplax.rotary.RotarySpec`, :class:`~laplax.spectral.SpectralSpec`
+    or ``None``; :class:`~laplax.kernels.nystrom.NystromSpec`), built from
+    the flat keyword arguments where a bool or ``None`` was passed; a
+    sub-spec passed is kept as it is (so a ``clone`` keeps them)."""
+    if not isinstance(self.qk_norm, QKNormSpec):
+      qk_norm = QKNormSpec(qk_norm_type=self.qk_norm_type) if self.qk_norm else None
+      object.__setattr__(self, "qk_norm", qk_norm)
+    if not isinstance(self.rope, RotarySpec):
+      rope = RotarySpec(rope_theta=self.rope_theta, rope_style=self.rope_style)
+      object.__setattr__(self, "rope", rope if self.rope else None)
+    if self.nystrom is None:
+      options = NystromSpec(
+        num_landmarks=self.num_landmarks,
+        pinv_iterations=self.pinv_iterations,
+        pinv_init=self.pinv_init,
+        nystrom_padding=self.nystrom_padding,
+        conv_kernel_size=self.conv_kernel_size,
+      )
+      object.__setattr__(self, "nystrom", options)
+    if self.spectral is None and self.spectral_lam is not None:
+      conditioning = spectral.SpectralSpec(
+        lam=self.spectral_lam, mode=self.spectral_mode, targets=self.spectral_targets
+      )
+      object.__setattr__(self, "spectral", conditioning)
+    super().__post_init__()
 
   @property
   def kv_heads(self) -> int:
     """Key/value heads: ``num_kv_heads``, or ``num_heads`` when it is ``None``."""
     return self.num_heads if self.num_kv_heads is None else self.num_kv_heads
-
-  @property
-  def nystrom(self) -> nystrom.NystromSpec:
-    """The options of ``implementation="nystrom"`` as its sub-spec (the
-    attributes of the same names)."""
-    return nystrom.NystromSpec(
-      num_landmarks=self.num_landmarks,
-      pinv_iterations=self.pinv_iterations,
-      pinv_init=self.pinv_init,
-      nystrom_padding=self.nystrom_padding,
-    )
 
   @nn.compact
   def __call__(
@@ -921,7 +995,7 @@ class MultiHeadAttention(nn.Module):
       bias=bias,
       window=window,
     )
-    if self.implementation == "nystrom" and self.conv_kernel_size:
+    if self.implementation == "nystrom" and self.nystrom.conv_kernel_size:
       y = y + nystrom_conv(self, self, v, mask)
     if self.is_mutable_collection("intermediates"):  # analysis only
       if window is not None:

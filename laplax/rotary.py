@@ -5,10 +5,14 @@ theta^(-2i/head_dim)``: ``"roformer"`` by ``+angle`` with a float64 table rounde
 float32; ``"nanochat"`` (nanochat/gpt.py, ``apply_rotary_emb``) by ``-angle`` with
 PyTorch's float32 table stored in bfloat16. The two differ by a sign flip of the
 second half of every ``W_Q``, ``W_K`` head, so weights transfer only within one.
+
+:class:`RotarySpec` is the rotary sub-spec of an attention spec (its
+``rope``; ``None`` where the rotary is off).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import jax
@@ -17,6 +21,30 @@ import ml_dtypes
 import numpy as np
 
 STYLES = ("roformer", "nanochat")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RotarySpec:
+  """The rotary options under their config names (``model.rope_theta``,
+  ``model.rope_style``): the ``rope`` sub-spec of an attention spec
+  (``laplax.models.spec.AttentionSpec.rope``,
+  ``laplax.attention.MultiHeadAttention.rope``; ``None`` there = no rotary),
+  passed whole to :func:`laplax.attention.norm_and_rotate`, which calls
+  :func:`rotary` with them. The fields' metadata gives their config checks
+  (the model spec raises them, naming the key).
+
+  Attributes:
+    rope_theta: the rotary base (10,000 as nanochat's first release; a
+      later nanochat uses 100,000).
+    rope_style: the convention, one of :data:`STYLES`.
+  """
+
+  rope_theta: float = dataclasses.field(
+    default=10_000.0, metadata={"check": "float", "key": None, "open_min": True}
+  )
+  rope_style: str = dataclasses.field(
+    default="roformer", metadata={"check": "choice", "key": None, "choices": STYLES}
+  )
 
 
 def rotary_table(

@@ -16,10 +16,13 @@ The query, key and value projections compute ``x (W + C)`` with ``W [D, H * d]``
 :func:`project` adds ``x C`` as a slice of ``x``, since ``W + C`` in bfloat16 would
 round ``W`` away. No parameter, optimizer state or gradient memory is added. The
 layouts and laplax's choices: docs/methods.md, "Spectrally conditioned attention".
+:class:`SpectralSpec` is these settings as the ``spectral`` sub-spec of an
+attention spec (``None`` there = off).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -32,6 +35,39 @@ MODES = ("full", "per_head", "fused", "svd")
 DEFAULT_MODE = "full"
 # Which projections a correction applies to, in the order of the fused kernel.
 TARGETS = "qkv"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SpectralSpec:
+  """The fixed correction ``C`` of ``W_Q, W_K, W_V`` under its config names
+  (``model.spectral.lam``, ``.mode``, ``.targets``): the ``spectral``
+  sub-spec of an attention spec (``laplax.models.spec.AttentionSpec.spectral``,
+  ``laplax.attention.MultiHeadAttention.spectral``; ``None`` there = off),
+  read whole by :func:`laplax.attention.project_qkv`. The fields' metadata
+  gives their config checks (the model spec raises them, naming the key).
+
+  Attributes:
+    lam: ``lambda`` of ``lambda * I_k`` (Theorem 3.8; 10 in the paper).
+    mode: layout of ``I_k`` or the SVD correction (:data:`MODES`; ``"full"``
+      by default).
+    targets: which of ``W_Q, W_K, W_V`` are corrected, letters of ``"qkv"``
+      (stored in that order where they are valid, :func:`check_targets`;
+      ``"q"`` or ``"v"`` for ablations).
+  """
+
+  lam: float = dataclasses.field(default=10.0, metadata={"check": "float", "key": "spectral.lam"})
+  mode: str = dataclasses.field(
+    default=DEFAULT_MODE, metadata={"check": "choice", "key": "spectral.mode", "choices": MODES}
+  )
+  targets: str = dataclasses.field(
+    default=TARGETS, metadata={"check": "targets", "key": "spectral.targets"}
+  )
+
+  def __post_init__(self):
+    try:
+      object.__setattr__(self, "targets", check_targets(self.targets))
+    except ValueError:  # left as given: the spec or the attention refuses it, naming the key
+      pass
 
 
 def _check_mode(mode: str) -> None:

@@ -620,7 +620,9 @@ def _fork_model(spec, vocab_size: int) -> bool:
   padded = -(-vocab_size // FORK_VOCAB_MULTIPLE) * FORK_VOCAB_MULTIPLE
   fork = spec.fork_trunk or spec.attention.qk_scale != 1.0 or spec.vocab_multiple != 1
   want = (1.2, 100_000.0, padded) if fork else (1.0, 10_000.0, vocab_size)
-  have = (spec.attention.qk_scale, spec.attention.rope_theta, spec.padded_vocab(vocab_size))
+  rope = spec.attention.rope
+  theta = None if rope is None else rope.rope_theta
+  have = (spec.attention.qk_scale, theta, spec.padded_vocab(vocab_size))
   if have != want:
     which = "the authors' fork" if fork else "nanochat's first release"
     raise ConvertError(

@@ -18,10 +18,14 @@ adds its own entries in its module.
 
 What :func:`unsupported` reads of a field besides the table is the field's
 own metadata, the same for every converter: ``key`` (the config key, the
-table's key), ``nested`` (a nested spec whose fields are checked too),
-``derived`` (a field computed from another, checked through it: ``rope``
-from ``posemb``), ``active`` (a sibling switch without which the field does
-nothing: the rotary settings), ``plain`` (a test of the default for fields
+table's key), ``nested`` (a nested spec or sub-spec whose fields are
+checked too, under their own config keys, where it is attached: the
+attention settings, its ``qk_norm``, ``rope`` and ``nystrom`` sub-specs),
+``switch`` (a sub-spec whose key is a bool: ``qk_norm`` is True where the
+sub-spec is attached), ``derived`` (a field computed from another, checked
+through it: ``rope`` from ``posemb``), ``active`` (a sibling setting
+without which the field does nothing: the Nystrom options without
+``implementation``), ``plain`` (a test of the default for fields
 normalised after construction: the Laplacian heads), ``show`` (how the value
 is shown) and ``source`` (the options ``--from`` resets to the source's
 plain model: :func:`source_options`).
@@ -151,23 +155,28 @@ def unsupported(
   """
   out = []
 
+  def check(meta, key, value, default):
+    support = table.get(key)
+    ok = _supported(support, value, spec)
+    if ok is None:  # the default alone
+      ok = meta["plain"](value) if "plain" in meta else value == default
+    if not ok:
+      out.append((key, meta.get("show", repr)(value), _describe(support, default)))
+
   def walk(node):
     for f in dataclasses.fields(node):
       meta, value = f.metadata, getattr(node, f.name)
+      if meta.get("active") and not getattr(node, meta["active"]):
+        continue
       if meta.get("nested"):
-        walk(value)
+        if meta.get("switch"):  # its key says whether it is attached (``qk_norm``)
+          check(meta, meta["key"], value is not None, False)
+        if value is not None:
+          walk(value)
         continue
       if meta.get("derived") or (meta.get("source") and skip_source):
         continue
-      if meta.get("active") and not getattr(node, meta["active"]):
-        continue
-      key = meta.get("key") or f.name
-      support = table.get(key)
-      ok = _supported(support, value, spec)
-      if ok is None:  # the default alone
-        ok = meta["plain"](value) if "plain" in meta else value == _default(f)
-      if not ok:
-        out.append((key, meta.get("show", repr)(value), _describe(support, _default(f))))
+      check(meta, meta.get("key") or f.name, value, _default(f))
 
   walk(spec)
   return out
@@ -183,8 +192,9 @@ def source_options(cls: type) -> dict:
   at its default."""
   out = {}
   for f in dataclasses.fields(cls):
-    if f.metadata.get("nested"):
-      out.update(source_options(f.default_factory))
+    nested = f.metadata.get("nested")
+    if nested:
+      out.update(source_options(nested if isinstance(nested, type) else f.default_factory))
     source = f.metadata.get("source")
     if isinstance(source, dict):
       out.update(source)

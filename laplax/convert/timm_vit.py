@@ -324,7 +324,7 @@ def laplax_to_timm(params: Mapping, spec, config=None) -> tuple[dict, dict]:
     w.norm(f"{o}/norm1", f"{b}.norm1")
     w.norm(f"{o}/norm2", f"{b}.norm2")
     w.qkv(a, f"{b}.attn.qkv")
-    if spec.attention.qk_norm:
+    if spec.attention.qk_norm is not None:
       for t, l in (("q_norm", "query_norm"), ("k_norm", "key_norm")):
         w.norm(f"{a}/{l}", f"{b}.attn.{t}")
     w.linear(f"{a}/out", f"{b}.attn.proj")
@@ -349,7 +349,7 @@ def laplax_to_timm(params: Mapping, spec, config=None) -> tuple[dict, dict]:
     num_heads=spec.num_heads,
     mlp_ratio=spec.mlp_dim / d,
     qkv_bias=True,
-    qk_norm=spec.attention.qk_norm,
+    qk_norm=spec.attention.qk_norm is not None,
     init_values=spec.layerscale_init,
     class_token=spec.pool == "tok",
     no_embed_class=True,

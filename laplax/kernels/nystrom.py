@@ -49,19 +49,42 @@ PADDINGS = ("keys", "zero")
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class NystromSpec:
-  """The options of :func:`nystrom_attention` under their config names
+  """The options of ``implementation="nystrom"`` under their config names
   (``model.num_landmarks``, ``model.pinv_iterations``, ``model.pinv_init``,
-  ``model.nystrom_padding``): the Nystrom sub-spec of an attention spec
-  (``AttentionSpec.nystrom``, ``MultiHeadAttention.nystrom``), passed whole
-  from :func:`laplax.attention.attend` through :func:`laplax.kernels.attention`
-  to the kernel. The model spec validates the values; the kernel refuses
-  bad ones with a ValueError.
+  ``model.nystrom_padding``, ``model.conv_kernel_size``): the ``nystrom``
+  sub-spec of an attention spec (``laplax.models.spec.AttentionSpec.nystrom``,
+  ``laplax.attention.MultiHeadAttention.nystrom``), passed whole from
+  :func:`laplax.attention.attend` through :func:`laplax.kernels.attention`
+  to :func:`nystrom_attention` (its keyword arguments of the same names) and
+  to :func:`laplax.attention.nystrom_conv` (``conv_kernel_size``,
+  ``nystrom_padding``). The fields' metadata gives their config checks (the
+  model spec raises them, naming the key; they count where
+  ``model.implementation`` is set); the kernel refuses bad values with a
+  ValueError.
+
+  Attributes:
+    num_landmarks: ``m``, the segment-mean landmarks (dividing the length).
+    pinv_iterations, pinv_init: :func:`iterative_pinv`'s.
+    nystrom_padding: how a key-padding mask enters, one of :data:`PADDINGS`.
+    conv_kernel_size: the depthwise convolution skip of the values
+      (:func:`depthwise_conv`, odd); ``None``: none.
   """
 
-  num_landmarks: int = 64
-  pinv_iterations: int = 6
-  pinv_init: str = "original"
-  nystrom_padding: str = "keys"
+  num_landmarks: int = dataclasses.field(
+    default=64, metadata={"check": "int", "key": None, "min": 1}
+  )
+  pinv_iterations: int = dataclasses.field(
+    default=6, metadata={"check": "int", "key": None, "min": 0}
+  )
+  pinv_init: str = dataclasses.field(
+    default="original", metadata={"check": "choice", "key": None, "choices": PINV_INITS}
+  )
+  nystrom_padding: str = dataclasses.field(
+    default="keys", metadata={"check": "choice", "key": None, "choices": PADDINGS}
+  )
+  conv_kernel_size: int | None = dataclasses.field(
+    default=None, metadata={"check": "int", "key": None, "min": 1, "optional": True}
+  )
 
 
 def segment_means(x: jax.Array, num_landmarks: int) -> jax.Array:

@@ -4,6 +4,7 @@ optionally rematerialised) that ViT and GPT share."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -242,20 +243,22 @@ def attention_module(
 ) -> MultiHeadAttention:
   """The :class:`~laplax.attention.MultiHeadAttention` of a block of ``spec``.
 
-  The one place where a model spec becomes attention attributes:
-  ``spec.attention`` (heads, qk-norm, attention dropout, kernel, rotary,
-  Laplacian mix, spectral conditioning, Nystrom options; the attributes of
-  the same names) plus the model-level key/value heads (a GPT's
-  ``num_kv_heads``; ``None`` where there is one per head), dropout, biases,
-  compute dtype and initialisers. ``overrides`` replace attributes (the
-  analysis rebuilds a block with ``implementation="reference"`` and float32
-  compute); ``laplacian_mask`` is the layer's tuple of ``num_heads``
-  booleans. Attentions of other shapes (DaViT's channel attention, XCiT's)
-  compose the parts of :mod:`laplax.attention` from the spec themselves.
+  The one place where a model spec becomes attention attributes: every
+  field of ``spec.attention`` under its own name (heads, qk-norm, attention
+  dropout, kernel, rotary, Laplacian mix, Nystrom options, spectral
+  conditioning; the sub-specs ``qk_norm``, ``rope``, ``nystrom`` and
+  ``spectral`` as the same objects), plus the model-level key/value heads (a GPT's ``num_kv_heads``; ``None``
+  where there is one per head), dropout, biases, compute dtype and
+  initialisers. ``overrides`` replace attributes (the analysis rebuilds a
+  block with ``implementation="reference"`` and float32 compute);
+  ``laplacian_mask`` is the layer's tuple of ``num_heads`` booleans.
+  Attentions of other shapes (DaViT's channel attention, XCiT's) compose the
+  parts of :mod:`laplax.attention` from the spec themselves.
   """
+  attn = spec.attention
   kernel_init, out_init = spec.inits()
-  kwargs = dict(
-    spec.attention.module_kwargs(),
+  kwargs = {f.name: getattr(attn, f.name) for f in dataclasses.fields(attn)}
+  kwargs.update(
     laplacian_mask=laplacian_mask,
     num_kv_heads=None if spec.kv_heads == spec.num_heads else spec.kv_heads,
     dropout=spec.dropout,

@@ -7,8 +7,9 @@ analysis reads it from the model (``model.spec``). An option is a field here
 and the lines that read it (the idea of the Flax lm1b example's
 ``TransformerConfig`` and nanoGPT's ``GPTConfig``).
 
-* :class:`SpectralSpec`: ``lambda * I_k`` / SVD conditioning of ``W_Q, W_K,
-  W_V`` (Saratchandran & Lucey 2025, Theorems 3.5 and 3.8).
+* :class:`SpectralSpec` (:class:`laplax.spectral.SpectralSpec`): ``lambda *
+  I_k`` / SVD conditioning of ``W_Q, W_K, W_V`` (Saratchandran & Lucey 2025,
+  Theorems 3.5 and 3.8).
 * :class:`AttentionSpec`: what every layer's
   :class:`~laplax.attention.MultiHeadAttention` shares; its field names are
   attribute names of that module, passed on as they are.
@@ -47,7 +48,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from laplax import attention, spectral
+from laplax import attention, rotary, spectral
 from laplax.errors import UserError
 from laplax.kernels import nystrom, splash
 from laplax.models import registry
@@ -175,52 +176,58 @@ def check_value(key: str, value: Any, meta: Mapping) -> None:
       raise SpecError(f"model.{key}={value!r} is unknown; use one of {shown}")
 
 
+def check_fields(node) -> None:
+  """Checks every field of the dataclass ``node`` that carries ``check``
+  metadata (a spec or a sub-spec), naming its config key.
+
+  Raises:
+    SpecError: the first bad value, one line ``model.KEY=...``.
+  """
+  for f in dataclasses.fields(node):
+    if "check" not in f.metadata:
+      continue
+    value = getattr(node, f.name)
+    if value is None and f.metadata.get("optional"):
+      continue
+    check_value(f.metadata["key"] or f.name, value, f.metadata)
+
+
 class _Checked:
   """Validates every field that carries ``check`` metadata in ``__post_init__``."""
 
   def __post_init__(self):
-    for f in dataclasses.fields(self):
-      if "check" not in f.metadata:
-        continue
-      value = getattr(self, f.name)
-      if value is None and f.metadata.get("optional"):
-        continue
-      check_value(f.metadata["key"] or f.name, value, f.metadata)
+    check_fields(self)
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class SpectralSpec(_Checked):
-  """The fixed correction ``C`` of ``W_Q, W_K, W_V`` (see :mod:`laplax.spectral`).
-
-  Attributes:
-    lam: ``lambda`` of ``lambda * I_k`` (Theorem 3.8; 10 in the paper).
-    mode: layout of ``I_k`` or the SVD correction (:data:`laplax.spectral.MODES`;
-      ``"full"`` by default, see :mod:`laplax.spectral` for why).
-    targets: which of ``W_Q, W_K, W_V`` are corrected, letters of ``"qkv"``
-      (stored in that order; ``"q"`` or ``"v"`` for ablations).
-  """
-
-  lam: float = spec_field(10.0, "float", "spectral.lam")
-  mode: str = spec_field(spectral.DEFAULT_MODE, "choice", "spectral.mode", choices=spectral.MODES)
-  targets: str = spec_field(spectral.TARGETS, "targets", "spectral.targets")
-
-  def __post_init__(self):
-    super().__post_init__()
-    object.__setattr__(self, "targets", spectral.check_targets(self.targets))
+#: The conditioning of ``W_Q, W_K, W_V``: the ``spectral`` sub-spec,
+#: defined beside the code that reads it (:class:`laplax.spectral.SpectralSpec`).
+SpectralSpec = spectral.SpectralSpec
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class AttentionSpec(_Checked):
   """Settings every layer's :class:`~laplax.attention.MultiHeadAttention` shares.
 
+  The kernel options are nested sub-specs, each defined beside the code that
+  reads it and passed whole, under the same name, from here through
+  :class:`~laplax.attention.MultiHeadAttention` to the attention parts and
+  the kernel: ``qk_norm`` (:class:`laplax.attention.QKNormSpec`), ``rope``
+  (:class:`laplax.rotary.RotarySpec`), ``nystrom``
+  (:class:`laplax.kernels.nystrom.NystromSpec`) and ``spectral``
+  (:class:`SpectralSpec`). Their fields keep their config keys
+  (``model.qk_norm_type``, ``model.rope_theta``, ``model.num_landmarks``,
+  ...; :func:`from_config`), and their checks name them.
+
   Attributes:
     num_heads: heads per layer.
-    qk_norm: normalise queries and keys over ``head_dim`` (DeiT-3 recipe).
-    qk_norm_type: ``"layernorm"`` (learnable, DeiT-3) or ``"rmsnorm"``
-      (parameter-free, nanochat/gpt.py).
+    qk_norm: normalise queries and keys over ``head_dim`` (DeiT-3 recipe):
+      the :class:`~laplax.attention.QKNormSpec` (``model.qk_norm_type``:
+      ``"layernorm"``, learnable, DeiT-3, or ``"rmsnorm"``, parameter-free,
+      nanochat/gpt.py); ``None`` = off (``model.qk_norm=False``).
     qk_scale: constant factor on queries and on keys after the qk-norm
       (1.2 in a later nanochat: logits ``1.44 q.k / sqrt(head_dim)``; 1.0 in
-      its first release).
+      its first release); applied with or without the qk-norm, so a field
+      of its own.
     attention_dropout: dropout on ``P`` (forces the reference kernel).
     implementation: the kernel of :func:`laplax.attention.attend` (``None``:
       chosen by platform and shape, :mod:`laplax.kernels`; ``"splash"``
@@ -229,41 +236,36 @@ class AttentionSpec(_Checked):
     xla_keep_probs: whether the XLA kernel keeps the float32 ``P`` for its
       backward pass (``None``: on a CPU only; True or False everywhere, e.g.
       ``bench/compile_report.py --xla-keeps-p``); memory and time, never values.
-    rope: rotary position embedding on queries and keys.
-    rope_theta: the rotary base (10,000 as nanochat's first release; a later
-      nanochat uses 100,000).
-    rope_style: the rotary convention, :mod:`laplax.rotary`: ``"roformer"``
-      or ``"nanochat"`` (``-angle``, bfloat16 table, before the qk-norm).
+    rope: rotary position embedding on queries and keys, the
+      :class:`~laplax.rotary.RotarySpec` (``model.rope_theta``: the base,
+      10,000 as nanochat's first release, a later nanochat uses 100,000;
+      ``model.rope_style``: ``"roformer"`` or ``"nanochat"``, ``-angle``,
+      bfloat16 table, before the qk-norm); ``None`` = off (derived from
+      ``model.posemb == "rope"``).
     laplacian_mix: ``"fixed"`` (the heads of ``laplacian`` use ``I - P``) or
       ``"learned"`` (a learned ``alpha`` per head and layer, initialised at
       that pattern; see :class:`~laplax.attention.MultiHeadAttention`).
     spectral: the conditioning of ``W_Q, W_K, W_V`` (``None`` = off).
-    num_landmarks, pinv_iterations, pinv_init, nystrom_padding,
-      conv_kernel_size: ``implementation="nystrom"``'s options
-      (:func:`laplax.kernels.nystrom.nystrom_attention`; the convolution skip
-      of the values, ``None`` = none); no attention dropout there (neither
-      Hugging Face's Nystromformer nor the authors' code has one).
+    nystrom: ``implementation="nystrom"``'s options, the
+      :class:`~laplax.kernels.nystrom.NystromSpec` (``model.num_landmarks``,
+      ``pinv_iterations``, ``pinv_init``, ``nystrom_padding``,
+      ``conv_kernel_size``: the convolution skip of the values, ``None`` =
+      none); no attention dropout there (neither Hugging Face's
+      Nystromformer nor the authors' code has one).
   """
 
   num_heads: int = spec_field(4, "int", min=1)
-  qk_norm: bool = spec_field(False, "bool")
-  qk_norm_type: str = spec_field(
-    "layernorm",
-    "choice",
-    choices=QK_NORM_TYPES,
-    active="qk_norm",
+  qk_norm: attention.QKNormSpec | None = dataclasses.field(
+    default=None,
+    metadata={"key": "qk_norm", "nested": attention.QKNormSpec, "switch": True},
   )
   qk_scale: float = spec_field(1.0, "float", open_min=True)
   attention_dropout: float = spec_field(0.0, "float", max=0.99)
   implementation: str | None = spec_field(None, "choice", choices=attention.IMPLEMENTATIONS)
   xla_keep_probs: bool | None = spec_field(None, "bool", optional=True)
-  rope: bool = dataclasses.field(default=False, metadata={"derived": "posemb"})
-  rope_theta: float = spec_field(10_000.0, "float", open_min=True, active="rope")
-  rope_style: str = spec_field(
-    "roformer",
-    "choice",
-    choices=attention.ROPE_STYLES,
-    active="rope",
+  rope: rotary.RotarySpec | None = dataclasses.field(
+    default=None,
+    metadata={"derived": "posemb", "when": "rope", "nested": rotary.RotarySpec},
   )
   laplacian_mix: str = spec_field(
     "fixed",
@@ -279,36 +281,33 @@ class AttentionSpec(_Checked):
       "show": lambda v: repr(v is not None),
     },
   )
-
-  num_landmarks: int = spec_field(64, "int", min=1, active="implementation")
-  pinv_iterations: int = spec_field(6, "int", min=0, active="implementation")
-  pinv_init: str = spec_field(
-    "original",
-    "choice",
-    choices=nystrom.PINV_INITS,
-    active="implementation",
-  )
-  nystrom_padding: str = spec_field(
-    "keys",
-    "choice",
-    choices=nystrom.PADDINGS,
-    active="implementation",
-  )
-  conv_kernel_size: int | None = spec_field(
-    None, "int", min=1, optional=True, active="implementation"
+  nystrom: nystrom.NystromSpec = dataclasses.field(
+    default_factory=nystrom.NystromSpec,
+    metadata={"nested": nystrom.NystromSpec, "active": "implementation"},
   )
 
   def __post_init__(self):
     super().__post_init__()
+    if self.spectral is not None:
+      check_fields(self.spectral)
+    for f in dataclasses.fields(self):
+      sub, value = f.metadata.get("nested"), getattr(self, f.name)
+      if sub is None or value is None:
+        continue
+      if not isinstance(value, sub):
+        raise SpecError(
+          f"AttentionSpec.{f.name}={value!r} must be a {sub.__name__} or None "
+          f"(build the spec with laplax.models.spec.from_config)"
+        )
+      check_fields(value)
     if self.implementation == "nystrom" and self.attention_dropout > 0:
       raise SpecError(
         f"model.implementation='nystrom' has no attention dropout "
         f"(model.attention_dropout={self.attention_dropout}); set model.attention_dropout=0"
       )
-    if self.conv_kernel_size is not None and self.conv_kernel_size % 2 == 0:
-      raise SpecError(
-        f"model.conv_kernel_size={self.conv_kernel_size} must be odd (a 'same' convolution)"
-      )
+    conv = self.nystrom.conv_kernel_size
+    if conv is not None and conv % 2 == 0:
+      raise SpecError(f"model.conv_kernel_size={conv} must be odd (a 'same' convolution)")
     if self.implementation == "splash" and self.attention_dropout > 0:
       raise SpecError(
         f"model.implementation='splash' has no attention dropout "
@@ -331,26 +330,6 @@ class AttentionSpec(_Checked):
   def spectral_targets(self) -> str:
     """``spectral.targets`` (``laplax.spectral.TARGETS``, all three, when off)."""
     return spectral.TARGETS if self.spectral is None else self.spectral.targets
-
-  @property
-  def nystrom(self) -> nystrom.NystromSpec:
-    """The options of ``implementation="nystrom"`` as the kernel's sub-spec,
-    under the same names (:class:`laplax.kernels.nystrom.NystromSpec`)."""
-    return nystrom.NystromSpec(
-      num_landmarks=self.num_landmarks,
-      pinv_iterations=self.pinv_iterations,
-      pinv_init=self.pinv_init,
-      nystrom_padding=self.nystrom_padding,
-    )
-
-  def module_kwargs(self) -> dict:
-    """The :class:`~laplax.attention.MultiHeadAttention` attributes this spec sets."""
-    out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "spectral"}
-    out["spectral_lam"] = None if self.spectral is None else self.spectral.lam
-    if self.spectral is not None:
-      out["spectral_mode"] = self.spectral.mode
-      out["spectral_targets"] = self.spectral.targets
-    return out
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -462,7 +441,7 @@ class TransformerSpec(_Checked):
         f"model.mlp_dim={self.mlp_dim} must be even with model.mlp_activation='gelu_glu' "
         f"(its halves are the value and the gate); choose an even mlp_dim"
       )
-    if self.attention.rope and self.head_dim % 2:
+    if self.attention.rope is not None and self.head_dim % 2:
       raise SpecError(
         f"rotary position encoding needs an even head_dim, got "
         f"{self.head_dim}; change model.width or model.num_heads"
@@ -703,14 +682,55 @@ def __getattr__(name: str) -> type:
   raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+#: A sub-spec's switch (metadata ``switch``: ``model.qk_norm``): a bool config
+#: key whose value is whether the sub-spec is attached.
+_SWITCH = {"check": "bool"}
+
+
 def _spec_fields(cls) -> dict:
-  """``{config key: (owner class, field)}`` of a spec class and its nested specs."""
+  """``{config key: (default, metadata)}`` of a spec class and its nested
+  specs, in field order: the family's fields, the :class:`AttentionSpec`'s
+  with its sub-specs' fields in place (a sub-spec's ``switch`` key first),
+  then the ``spectral`` section's."""
   out = {}
-  for owner in (cls, AttentionSpec, SpectralSpec):
+
+  def add(owner):
     for f in dataclasses.fields(owner):
-      if "check" in f.metadata:
-        out[f.metadata["key"] or f.name] = (owner, f)
+      sub = f.metadata.get("nested")
+      if isinstance(sub, type):  # a sub-spec: its fields under their own keys
+        if f.metadata.get("switch"):
+          out[f.metadata["key"]] = (False, _SWITCH)
+        add(sub)
+      elif "check" in f.metadata:
+        out[f.metadata["key"] or f.name] = (f.default, f.metadata)
+
+  for owner in (cls, AttentionSpec, SpectralSpec):
+    add(owner)
   return out
+
+
+def _sub_spec(f: dataclasses.Field, values: dict):
+  """The sub-spec of :class:`AttentionSpec` field ``f`` (metadata ``nested``)
+  from the config ``values`` (its keys popped), checked whether attached or
+  not, or ``None`` where its switch (``qk_norm``) or the field it derives
+  from (``posemb``) turns it off."""
+  sub = f.metadata["nested"]
+  built = sub(
+    **{
+      g.name: values.pop(g.metadata["key"] or g.name)
+      for g in dataclasses.fields(sub)
+      if "check" in g.metadata
+    }
+  )
+  check_fields(built)
+  if f.metadata.get("switch"):
+    on = values.pop(f.metadata["key"])
+    check_value(f.metadata["key"], on, _SWITCH)
+  elif f.metadata.get("derived"):
+    on = values.get(f.metadata["derived"]) == f.metadata["when"]
+  else:
+    on = True
+  return built if on else None
 
 
 def from_config(model: Mapping) -> TransformerSpec:
@@ -719,8 +739,9 @@ def from_config(model: Mapping) -> TransformerSpec:
 
   Keys the section lacks take the fields' defaults (configs of runs saved
   before a field existed). ``spectral.enabled`` decides whether the
-  :class:`SpectralSpec` is attached; its ``lam`` and ``mode`` are checked
-  either way. ``mlp_dim`` ``None`` means ``4 * width``.
+  :class:`SpectralSpec` is attached, ``qk_norm`` the qk-norm's sub-spec,
+  ``posemb == "rope"`` the rotary's; their fields are checked either way.
+  ``mlp_dim`` ``None`` means ``4 * width``.
 
   Raises:
     SpecError: an unknown ``name`` (family) or the first bad value, as one line
@@ -731,12 +752,11 @@ def from_config(model: Mapping) -> TransformerSpec:
   if cls is None:
     raise SpecError(f"model.name={get('name')!r} is unknown; use one of {', '.join(FAMILIES)}")
   values = {}
-  for key, (_, f) in _spec_fields(cls).items():
+  for key, (default, _) in _spec_fields(cls).items():
     node, leaf = model, key
     if "." in key:
       section, leaf = key.split(".", 1)
       node = get(section) or {}
-    default = f.default
     values[key] = node.get(leaf, default) if hasattr(node, "get") else default
   if values.get("mlp_dim") is None:
     values["mlp_dim"] = 4 * values["width"] if _is_int(values["width"]) else None
@@ -748,15 +768,16 @@ def from_config(model: Mapping) -> TransformerSpec:
     mode=values.pop("spectral.mode"),
     targets=values.pop("spectral.targets"),
   )
-  attn = {
-    f.name: values.pop(f.metadata["key"] or f.name)
-    for f in dataclasses.fields(AttentionSpec)
-    if "check" in f.metadata
-  }
-  attn["rope"] = values.get("posemb") == "rope"
-  check_value("num_heads", attn["num_heads"], {"check": "int", "min": 1})
+  check_fields(spectral_spec)
+  check_value("num_heads", values["num_heads"], {"check": "int", "min": 1})
   for key in ("width", "depth"):
     check_value(key, values[key], {"check": "int", "min": 1})
+  attn = {}
+  for f in dataclasses.fields(AttentionSpec):
+    if isinstance(f.metadata.get("nested"), type):
+      attn[f.name] = _sub_spec(f, values)
+    elif "check" in f.metadata:
+      attn[f.name] = values.pop(f.metadata["key"] or f.name)
   attention_spec = AttentionSpec(**attn, spectral=spectral_spec if enabled else None)
   plain = cls(attention=attention_spec, **values)
   layer_heads = plain.layer_heads()
@@ -786,13 +807,14 @@ def config_defaults(name: str) -> dict:
   Returns ``{config key: default}`` with the nested ``spectral`` section
   (``enabled`` False) and the Laplacian-head conveniences
   (``num_laplacian_heads`` 0, ``laplacian_mask`` None), in field order.
+  A sub-spec's fields are keys of the section itself (``qk_norm`` its
+  switch, False; ``qk_norm_type``, ``rope_theta``, ``num_landmarks``, ...).
   Derived fields (``rope``: ``posemb == "rope"``) and fields without a
   config key (``kernel_init``: the family's) are not in it.
   """
   cls = FAMILIES[name]
   out: dict = {"name": name}
-  for key, (_, f) in _spec_fields(cls).items():
-    value = f.default
+  for key, (value, _) in _spec_fields(cls).items():
     if "." in key:
       section, leaf = key.split(".", 1)
       out.setdefault(section, {"enabled": False})[leaf] = value
@@ -805,7 +827,7 @@ def config_defaults(name: str) -> dict:
 
 def field_type(name: str, key: str):
   """The Python type a config key of family ``name`` holds (for None defaults)."""
-  for k, (_, f) in _spec_fields(FAMILIES[name]).items():
+  for k, (_, meta) in _spec_fields(FAMILIES[name]).items():
     if k == key:
-      return {"int": int, "float": float, "bool": bool}.get(f.metadata["check"], str)
+      return {"int": int, "float": float, "bool": bool}.get(meta["check"], str)
   raise KeyError(key)

@@ -10,6 +10,9 @@
   ``alpha V + (1 - 2 alpha) P V``; the mix's parameter starts at
   ``sigmoid(+-4)``.
 * The Nystrom sub-spec reaches the kernel whole, under its config names.
+* The sub-specs (qk-norm, rotary, Nystrom) travel from the config keys to
+  MultiHeadAttention as the same objects, and its flat keyword arguments
+  build equal ones.
 """
 
 from __future__ import annotations
@@ -20,8 +23,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from laplax import attention
+from laplax import attention, rotary
 from laplax.kernels import nystrom
+from laplax.models import layers
 from laplax.models import spec as spec_lib
 
 
@@ -74,7 +78,17 @@ def test_composed_attention_equals_multi_head_attention():
   mask = model.laplacian[0]
   x = jnp.asarray(np.random.default_rng(0).normal(size=(2, 8, 32)), jnp.float32)
   composed = Composed(model.attention, mask)
-  mha = attention.MultiHeadAttention(**model.attention.module_kwargs(), laplacian_mask=mask)
+  a = model.attention
+  mha = attention.MultiHeadAttention(
+    num_heads=a.num_heads,
+    qk_norm=a.qk_norm,
+    rope=a.rope,
+    laplacian_mix=a.laplacian_mix,
+    implementation=a.implementation,
+    spectral_lam=a.spectral_lam,
+    spectral_mode=a.spectral_mode,
+    laplacian_mask=mask,
+  )
   params = composed.init(jax.random.key(1), x)["params"]
   want = mha.init(jax.random.key(1), x)["params"]
   # The same tree, created from the same names: the same initial values.
@@ -153,3 +167,41 @@ def test_nystrom_sub_spec_reaches_the_kernel_under_its_names():
   np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
   keys = nystrom.nystrom_attention(q, k, v, mask=mask, num_landmarks=4)
   assert not np.allclose(np.asarray(got), np.asarray(keys))  # the padding option took effect
+
+
+def test_sub_specs_from_config_keys_reach_multi_head_attention_whole():
+  spec = spec_lib.build(
+    "gpt",
+    width=16,
+    num_heads=2,
+    posemb="rope",
+    rope_theta=500.0,
+    rope_style="nanochat",
+    qk_norm=True,
+    qk_norm_type="rmsnorm",
+    num_landmarks=8,
+    conv_kernel_size=3,
+  )
+  a = spec.attention
+  assert a.rope == rotary.RotarySpec(rope_theta=500.0, rope_style="nanochat")
+  assert a.qk_norm == attention.QKNormSpec(qk_norm_type="rmsnorm")
+  assert a.nystrom == nystrom.NystromSpec(num_landmarks=8, conv_kernel_size=3)
+  off = spec_lib.build("gpt", width=16, num_heads=2, qk_norm_type="rmsnorm", rope_theta=500.0)
+  assert off.attention.qk_norm is None and off.attention.rope is None  # switches off
+  mha = layers.attention_module(spec)
+  assert mha.rope is a.rope and mha.qk_norm is a.qk_norm and mha.nystrom is a.nystrom
+  assert mha.clone().rope is a.rope  # kept as passed
+  # The user's flat keyword arguments build the same sub-specs.
+  flat = attention.MultiHeadAttention(
+    num_heads=2,
+    rope=True,
+    rope_theta=500.0,
+    rope_style="nanochat",
+    qk_norm=True,
+    qk_norm_type="rmsnorm",
+    num_landmarks=8,
+    conv_kernel_size=3,
+  )
+  assert (flat.rope, flat.qk_norm, flat.nystrom) == (a.rope, a.qk_norm, a.nystrom)
+  off = attention.MultiHeadAttention(num_heads=2)
+  assert off.rope is None and off.qk_norm is None and off.nystrom == nystrom.NystromSpec()

@@ -210,7 +210,7 @@ def test_recipes_set_the_authors_options_and_unknown_ones_are_refused():
   assert not plain.model.qk_norm and plain.model.layerscale_init is None
   assert deit3.model.qk_norm and deit3.model.layerscale_init == 1e-6
   spec = spec_lib.from_config(deit3.model)
-  assert spec.attention.qk_norm and spec.attention.qk_norm_type == "layernorm"
+  assert spec.attention.qk_norm.qk_norm_type == "layernorm"
   gpt, nano = load("gpt_shakespeare"), load("gpt_shakespeare", "recipe=nanochat")
   d20 = load("gpt_d20")
   assert gpt.optim.optimizer == "adamw" and not gpt.model.zero_init_out

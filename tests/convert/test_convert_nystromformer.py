@@ -63,7 +63,7 @@ def test_convert_from_hf_nystromformer(tmp_path):
   hf_nystromformer.convert_from_hf(str(tmp_path / "hf"), load("bert_cramming"), str(tmp_path / "w"))
   loaded = laplax.load(str(tmp_path / "w"))
   spec = loaded.model.spec
-  assert spec.attention.implementation == "nystrom" and spec.attention.num_landmarks == M
+  assert spec.attention.implementation == "nystrom" and spec.attention.nystrom.num_landmarks == M
   assert spec.max_length == L
   tokens = np.random.RandomState(0).randint(0, V, (2, L))
   logits, _ = loaded.model.apply({"params": loaded.params}, tokens, train=False)

@@ -119,8 +119,9 @@ def _config_keys() -> set:
 
   def walk(cls):
     for f in dataclasses.fields(cls):
-      if f.metadata.get("nested"):
-        walk(f.default_factory)
+      nested = f.metadata.get("nested")
+      if nested:  # a sub-spec names its class (it may default to None)
+        walk(nested if isinstance(nested, type) else f.default_factory)
       keys.add(f.metadata.get("key") or f.name)
 
   for cls in spec_lib.FAMILIES.values():
@@ -146,8 +147,9 @@ def test_tables_list_only_spec_options_and_the_specs_name_no_converter():
   def walk(cls):
     for f in dataclasses.fields(cls):
       assert "convert" not in f.metadata, (cls.__name__, f.name)
-      if f.metadata.get("nested"):
-        walk(f.default_factory)
+      nested = f.metadata.get("nested")
+      if nested:  # a sub-spec names its class (it may default to None)
+        walk(nested if isinstance(nested, type) else f.default_factory)
 
   for cls in spec_lib.FAMILIES.values():
     walk(cls)

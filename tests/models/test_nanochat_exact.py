@@ -157,7 +157,7 @@ def test_logits_equal_a_pytorch_nanochat_through_from_nanochat(
   )
   want = laplacian_heads if isinstance(laplacian_heads, list) else [laplacian_heads] * 2
   assert spec.laplacian_array.sum(1).tolist() == want
-  assert spec.attention.rope_style == "nanochat" and spec.logit_softcap == 15.0
+  assert spec.attention.rope.rope_style == "nanochat" and spec.logit_softcap == 15.0
   assert config.model.embedding_dtype == "float32" and config.model.dtype == "float32"
   tokens = _tokens(mc)
   got = np.asarray(jax.jit(lambda p, t: model.apply({"params": p}, t)[0])(params, tokens))
