@@ -104,16 +104,19 @@ def read_hf_config(model_dir: str) -> dict:
 
 
 def positions_kept(hf: dict) -> int:
-  """The positions (``model.max_length``) of the converted model:
-  ``min(max_position_embeddings, segment_means_seq_len)``, the length at which
-  HF's attention computes what laplax's does (module docstring)."""
+  """The number of positions the converted model keeps.
+
+  Its ``model.max_length``: the smaller of ``max_position_embeddings`` and
+  ``segment_means_seq_len``, the length at which HF's attention computes what
+  laplax's does (module docstring).
+  """
   return min(hf["max_position_embeddings"], hf["segment_means_seq_len"])
 
 
 def to_bert_tensors(tensors: dict, hf: dict, source: str) -> tuple[dict, dict]:
   """``(BERT-named tensors, {layer: conv [heads, 1, k, 1]})`` of a
   ``NystromformerForMaskedLM`` state dict: the prefix renamed, the buffers
-  dropped, of the position table the rows ``2 .. 2 + positions_kept(hf)``.
+  dropped, of the position table ``positions_kept(hf)`` rows from row 2 on.
 
   Raises:
     ConvertError: a convolution weight missing, unexpected or of the wrong shape.

@@ -175,10 +175,11 @@ class BPETokenizer:
 
 
 def cramming_normalizer() -> tokenizers.normalizers.Normalizer:
-  """cramming's text normalisation for its WordPiece tokenizers, in its order:
-  ````` `` ````` and ``''`` become ``"``, Unicode NFD, lower case, combining
-  accents removed, runs of spaces become one, every non-ASCII character
-  removed (``_get_sane_normalizers(force_english_keyboard=True,
+  """cramming's text normalisation for its WordPiece tokenizers.
+
+  In its order: doubled backquotes and doubled apostrophes become a double
+  quote, Unicode NFD, lower case, combining accents removed, runs of spaces
+  become one, every non-ASCII character removed (``_get_sane_normalizers(force_english_keyboard=True,
   force_lowercase=True, strip_accents=True)``, JonasGeiping/cramming
   ``data/tokenizer_preparation.py``)."""
   n = tokenizers.normalizers
